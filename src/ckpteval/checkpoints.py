@@ -1,0 +1,69 @@
+"""Find a training run's checkpoints on disk and order them by step.
+
+Discovery happens when the Snakefile is parsed (not in a Snakemake `checkpoint` rule), so `-n`,
+`--dag` and target-file reruns see every job, and checkpoints written since the last invocation
+are picked up by simply running again. A directory counts only once it looks completely written:
+a configured marker file, or otherwise the format's own completeness rule, so a checkpoint that a
+trainer is still writing is skipped until a later invocation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckpteval.errors import UserError
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint of a run: `name` is the directory name and the `{ckpt}` wildcard value."""
+
+    name: str
+    step: int
+    path: Path
+    is_base: bool = False
+
+
+def pattern_regex(pattern: str) -> re.Pattern[str]:
+    """`step_{step}` -> a regex matching `step_120` with the step as group 1."""
+    if pattern.count("{step}") != 1:
+        raise UserError(f"checkpoint pattern {pattern!r} must contain {{step}} exactly once")
+    head, tail = pattern.split("{step}")
+    return re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + r"\Z")
+
+
+def discover_checkpoints(
+    run_dir: Path, patterns: list[str], *, marker: str | None = None
+) -> list[Checkpoint]:
+    """Complete checkpoint directories directly below `run_dir`, ordered by step.
+
+    Two directories with the same step (e.g. `step_5` and `checkpoint-5`) are ambiguous and refused.
+    """
+    regexes = [pattern_regex(p) for p in patterns]
+    found: dict[int, Checkpoint] = {}
+    for child in sorted(run_dir.iterdir()):
+        if not child.is_dir() or child.name.startswith("."):
+            continue
+        match = next((m for rx in regexes if (m := rx.match(child.name))), None)
+        if match is None:
+            continue
+        complete = (child / marker).exists() if marker else is_complete(child)
+        if not complete:
+            continue
+        step = int(match.group(1))
+        if step in found:
+            raise UserError(
+                f"{run_dir}: {found[step].name} and {child.name} are both step {step}; "
+                "keep one or narrow runs.<run>.patterns"
+            )
+        found[step] = Checkpoint(child.name, step, child)
+    return [found[s] for s in sorted(found)]
+
+
+def is_complete(path: Path) -> bool:
+    """Whether a checkpoint directory looks fully written, by the rules of its format."""
+    from ckpteval.formats import is_complete as format_is_complete
+
+    return format_is_complete(path)

@@ -1,0 +1,68 @@
+"""The `ckpteval` command: standalone scorers, sweep status, config checks.
+
+A `UserError` anywhere below becomes one line on stderr and exit status 2; anything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ckpteval import __version__
+from ckpteval.errors import UserError
+
+
+def _add_check_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "check", help="validate a config and list the checkpoints and tasks it would evaluate")
+    p.add_argument("--configfile", default="config/config.yaml", type=Path)
+    p.set_defaults(func=_run_check)
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    from ckpteval.config import build_plan, load_config, validate_config
+
+    config = load_config(args.configfile)
+    validate_config(config)
+    plan = build_plan(config)
+    for run in plan.runs.values():
+        steps = ", ".join(f"{c.name}" for c in run.checkpoints) or "none complete yet"
+        print(f"run {run.name}: {len(run.checkpoints)} checkpoint(s): {steps}")
+    for name, task in plan.tasks.items():
+        print(f"task {name}: {task.kind}, checker {task.checker}, "
+              f"variants {', '.join(plan.task_variants[name])}")
+    print(f"{len(plan.cells())} cells (checkpoint x task x variant)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ckpteval", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"ckpteval {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_check_parser(subparsers)
+    for module, adder in _PLUGGED:
+        getattr(__import__(f"ckpteval.{module}", fromlist=[adder]), adder)(subparsers)
+    return parser
+
+
+# Subcommands that live beside the code they drive: (module, function adding the subparser).
+_PLUGGED: list[tuple[str, str]] = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"ckpteval: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ckpteval: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Atomic file writes, JSONL reading and appending, and content hashes.
+
+Every output of the workflow is written to a temporary name in the same directory and renamed when
+complete, so a killed job never leaves a file that looks finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from ckpteval.errors import UserError
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temp file beside `path`; rename it over `path` only if the block completes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write `obj` as indented JSON, atomically."""
+    with atomic_open(path) as handle:
+        json.dump(obj, handle, indent=2, sort_keys=True, default=_jsonable)
+        handle.write("\n")
+
+
+def write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict[str, Any]]) -> int:
+    """Write one JSON object per line, atomically; returns the number of lines."""
+    count = 0
+    with atomic_open(path) as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False, default=_jsonable) + "\n")
+            count += 1
+    return count
+
+
+def append_jsonl(path: str | os.PathLike[str], rows: Iterable[dict[str, Any]]) -> None:
+    """Append lines and fsync: a crash loses at most a torn last line, which readers skip."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(r, ensure_ascii=False, default=_jsonable) + "\n" for r in rows)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON file; a missing or malformed file is a `UserError` naming it."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+
+
+def iter_jsonl(
+    path: str | os.PathLike[str], *, errors: list[str] | None = None
+) -> Iterator[dict[str, Any]]:
+    """Yield the JSON objects of a JSONL file, one per non-blank line.
+
+    With `errors` given, a malformed line (bad JSON, not an object, not UTF-8) is described there as
+    `file:line: problem` and skipped; without it, the first one raises a `UserError`.
+    """
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    with handle:
+        for lineno, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8"))
+                if not isinstance(row, dict):
+                    raise ValueError("expected a JSON object")
+            except (UnicodeDecodeError, ValueError) as exc:
+                message = f"{path}:{lineno}: malformed line ({type(exc).__name__}: {exc})"
+                if errors is None:
+                    raise UserError(message) from None
+                errors.append(message)
+                continue
+            yield row
+
+
+def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file, streamed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_json(obj: Any) -> str:
+    """Hex SHA-256 of an object's canonical JSON: the key of anything content-addressed."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_jsonable)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _jsonable(obj: Any) -> Any:
+    """Turn numpy scalars, paths and dataclasses into JSON-native values."""
+    if hasattr(obj, "item") and callable(obj.item):
+        return obj.item()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if hasattr(obj, "__dataclass_fields__"):
+        import dataclasses
+
+        return dataclasses.asdict(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")

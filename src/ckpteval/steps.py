@@ -1,0 +1,109 @@
+"""The four workflow steps as functions of a Snakemake job; `workflow/scripts/*.py` call these.
+
+Each step function takes the job's `snakemake` object and calls one package function with plain
+arguments. `run_step` sends the process's stdout/stderr (including what C extensions and vLLM
+print) to the job's log file, and turns a `UserError` into one line on the console and in the
+log, with no traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ckpteval.errors import UserError
+from ckpteval.io import iter_jsonl, sha256_file
+
+
+def run_step(step: Callable[[Any], None], smk: Any) -> None:
+    """Run one step with its output going to the job's log; exit 1 with one line on UserError."""
+    console = os.fdopen(os.dup(2), "w", buffering=1)
+    log_path = Path(str(smk.log[0])) if smk.log else None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        sys.stdout = os.fdopen(1, "w", buffering=1)
+        sys.stderr = os.fdopen(2, "w", buffering=1)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, force=True,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        step(smk)
+    except UserError as exc:
+        message = f"ckpteval: error: {exc}"
+        print(message, file=sys.stderr, flush=True)
+        print(message + (f" (log: {log_path})" if log_path else ""), file=console, flush=True)
+        sys.exit(1)
+
+
+def consolidate(smk: Any) -> None:
+    from ckpteval.consolidate import consolidate_checkpoint
+
+    p = smk.params
+    consolidate_checkpoint(
+        Path(p.source), Path(smk.output.model), Path(smk.output.manifest),
+        fmt=p.format, base_model=Path(p.base_model) if p.base_model else None,
+        dtype=p.dtype, smoke=p.smoke, engine_args=dict(p.engine),
+    )
+
+
+def infer(smk: Any) -> None:
+    from ckpteval.config import build_tasks
+    from ckpteval.infer import Job, run_infer
+
+    tasks, variants, _ = build_tasks(smk.config)
+    jobs = [Job(tasks[t], variants[v], Path(out))
+            for (t, v), out in zip(smk.params.jobs, smk.output.generations, strict=True)]
+    run_infer(Path(smk.input.model), Path(smk.input.manifest), jobs,
+              engine_cfg=dict(smk.config["engine"]), cache_dir=Path(smk.params.cache_dir),
+              gpus=smk.config.get("gpus"))
+
+
+def evaluate(smk: Any) -> None:
+    from ckpteval.config import build_tasks
+    from ckpteval.io import read_json
+
+    cell = dict(smk.params.cell)
+    tasks, variants, _ = build_tasks(smk.config)
+    task, variant = tasks[cell["task"]], variants[cell["variant"]]
+    generations = Path(smk.input.generations)
+    provenance = {
+        **cell, "sampling": variant.sampling.name, "seed": variant.seed,
+        "model_hash": read_json(smk.input.manifest)["weights_sha256"],
+        "generation_file": str(generations), "generation_sha256": sha256_file(generations),
+    }
+    if task.kind == "harness":
+        from ckpteval.harness import score_harness_file
+
+        score_harness_file(generations, Path(smk.output.samples), Path(smk.output.metrics),
+                           provenance=provenance)
+        return
+    from ckpteval.evaluate import score_samples
+
+    errors: list[str] = []
+    samples = list(iter_jsonl(generations, errors=errors))
+    ev = smk.config["evaluate"]
+    options: dict[str, Any] = {"sandbox": ev["sandbox"]}
+    if ev.get("piston_url"):
+        options["endpoint"] = ev["piston_url"]
+    score_samples(
+        task.checker, task.problems(), samples, Path(smk.output.samples), Path(smk.output.metrics),
+        workers=int(smk.threads), timeout=float(ev["timeout"]), ks=ev["ks"],
+        checker_options=options, provenance=provenance, input_errors=errors,
+    )
+
+
+def aggregate(smk: Any) -> None:
+    from ckpteval.aggregate import build_summary
+
+    build_summary([Path(p) for p in smk.input.cells], Path(smk.params.summary_dir),
+                  title=smk.config["aggregate"]["title"],
+                  bootstrap=int(smk.config["aggregate"]["bootstrap"]))

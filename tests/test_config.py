@@ -1,0 +1,120 @@
+"""Config validation, checkpoint discovery and task resolution: every mistake is one clear line."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from ckpteval.checkpoints import discover_checkpoints, pattern_regex
+from ckpteval.config import build_plan, validate_config
+from ckpteval.errors import UserError
+
+
+def _ckpt(run: Path, name: str, complete: bool = True) -> Path:
+    d = run / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    weights = {"w": np.zeros(4, dtype=np.float32)}
+    save_file(weights, str(d / "model.safetensors"))
+    if not complete:  # a trainer mid-write: the file is shorter than its header says
+        data = (d / "model.safetensors").read_bytes()
+        (d / "model.safetensors").write_bytes(data[:-4])
+    return d
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    for name in ("step_100", "step_20", "checkpoint-300"):
+        _ckpt(run, name)
+    _ckpt(run, "step_400", complete=False)  # still being written
+    (run / "logs").mkdir()
+    (run / "step_x").mkdir()
+    return run
+
+
+def _config(run_dir: Path, **extra: Any) -> dict[str, Any]:
+    return {"runs": {"r1": {"path": str(run_dir)}}, "tasks": {"arith": None}, **extra}
+
+
+def test_defaults_are_filled_and_checkpoints_ordered_by_step(run_dir: Path) -> None:
+    config = _config(run_dir)
+    validate_config(config)
+    assert config["engine"]["max_model_len"] == 4096
+    assert config["engine"]["gpu_memory_utilization"] == 0.8
+    assert config["engine"]["seed"] == 42
+    assert config["seeds"] == [42]
+    plan = build_plan(config)
+    ckpts = plan.runs["r1"].checkpoints
+    assert [(c.name, c.step) for c in ckpts] == [("step_20", 20), ("step_100", 100),
+                                                  ("checkpoint-300", 300)]
+    assert plan.task_variants == {"arith": ("greedy-s42",)}
+    assert len(plan.cells()) == 3
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda c: c["runs"]["r1"].update(path=5), "config: runs.r1.path: 5 is not of type 'string'"),
+        (lambda c: c.update(bogus=1), "config: (top level): Additional properties are not allowed"),
+        (lambda c: c["runs"]["r1"].update(patterns=["ckpt"]), "must contain the placeholder {step}"),
+        (lambda c: c.update(engine={"gpu_memory_utilization": 2}), "engine.gpu_memory_utilization"),
+        (lambda c: c.update(seeds=[]), "config: seeds:"),
+        (lambda c: c.pop("tasks"), "'tasks' is a required property"),
+    ],
+)
+def test_schema_errors_are_one_line_naming_the_key(run_dir: Path, mutate: Any, expected: str) -> None:
+    config = _config(run_dir)
+    mutate(config)
+    with pytest.raises(UserError) as err:
+        validate_config(config)
+    message = str(err.value)
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_missing_run_dir_and_unknown_task_name_the_key(run_dir: Path, tmp_path: Path) -> None:
+    config = _config(tmp_path / "nope")
+    validate_config(config)
+    with pytest.raises(UserError, match=r"runs\.r1\.path: .*nope is not a directory"):
+        build_plan(config)
+    config = _config(run_dir)
+    config["tasks"] = {"gsm9k": {}}
+    validate_config(config)
+    with pytest.raises(UserError, match=r"tasks\.gsm9k: unknown task; built-in tasks are .*arith"):
+        build_plan(config)
+
+
+def test_harness_tasks_sampling_and_tensor_parallel(run_dir: Path) -> None:
+    config = _config(run_dir, tasks={"gsm8k": {"harness": "gsm8k", "num_fewshot": 5},
+                                     "arith": {"sampling": ["hot"]}},
+                     sampling={"greedy": {}, "hot": {"temperature": 0.6, "n": 4}}, seeds=[1, 2])
+    validate_config(config)
+    plan = build_plan(config)
+    assert plan.tasks["gsm8k"].kind == "harness"
+    assert plan.task_variants["gsm8k"] == ("greedy-s1", "greedy-s2", "hot-s1", "hot-s2")
+    assert plan.task_variants["arith"] == ("hot-s1", "hot-s2")
+    bad = copy.deepcopy(config)
+    bad["tasks"]["arith"]["sampling"] = ["cold"]
+    with pytest.raises(UserError, match=r"tasks\.arith\.sampling: 'cold' is not a sampling config"):
+        build_plan(bad)
+    config["engine"] = {"tensor_parallel_size": 2}
+    validate_config(config)
+    with pytest.raises(UserError, match="tensor_parallel_size: 2 > 1 changes scores"):
+        build_plan(config)
+
+
+def test_discovery_marker_duplicate_steps_and_patterns(run_dir: Path) -> None:
+    assert pattern_regex("global_step{step}").match("global_step12").group(1) == "12"
+    assert pattern_regex("step_{step}").match("step_12x") is None
+    (run_dir / "step_100" / "DONE").write_text("")
+    found = discover_checkpoints(run_dir, ["step_{step}"], marker="DONE")
+    assert [c.name for c in found] == ["step_100"]
+    _ckpt(run_dir, "checkpoint-100")
+    with pytest.raises(UserError, match="checkpoint-100 and step_100 are both step 100"):
+        discover_checkpoints(run_dir, ["step_{step}", "checkpoint-{step}"])
