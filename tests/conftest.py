@@ -61,7 +61,7 @@ def small_config(run_dir: Path, **overrides: Any) -> dict[str, Any]:
         "tasks": {"arith": {}, "arith_harness": {"limit": 10}, "pyfunc": {"limit": 3},
                   "rustfunc": {"limit": 2}},
         "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 48}},
-        "engine": {"gpu_memory_utilization": 0.05, "enforce_eager": True},
+        "engine": {"gpu_memory_utilization": 0.15, "enforce_eager": True},
         "consolidate": {"smoke": "transformers"},
         "evaluate": {"workers": 2, "timeout": 10},
     }
