@@ -1,0 +1,42 @@
+"""The `ckpteval` command: subcommands are wired, user mistakes are one line with exit status 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+
+def _ckpteval(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ckpteval.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_check_lists_checkpoints_and_cells(tmp_path: Path) -> None:
+    for step in (5, 10):
+        d = tmp_path / "run" / f"step_{step}"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+        save_file({"w": np.zeros(2, dtype=np.float32)}, str(d / "model.safetensors"))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("runs: {r: {path: run}}\ntasks: {arith: {}, pyfunc: {}}\nseeds: [1, 2]\n")
+    proc = _ckpteval("check", "--configfile", str(cfg), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "run r: 2 checkpoint(s): step_5, step_10" in proc.stdout
+    assert "task pyfunc: generate, checker python, variants greedy-s1, greedy-s2" in proc.stdout
+    assert "8 cells" in proc.stdout
+
+
+def test_mistakes_are_one_line_with_status_2(tmp_path: Path) -> None:
+    proc = _ckpteval("check", "--configfile", "nope.yaml", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "ckpteval: error: nope.yaml: config file not found"
+    (tmp_path / "bad.yaml").write_text("runs: [1, 2\n")
+    proc = _ckpteval("check", "--configfile", "bad.yaml", cwd=tmp_path)
+    assert proc.returncode == 2 and "bad.yaml: not valid YAML" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = _ckpteval("--help", cwd=tmp_path)
+    assert all(cmd in proc.stdout for cmd in ("check", "score", "status", "watch"))
