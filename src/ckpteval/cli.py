@@ -38,11 +38,39 @@ def _run_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_aggregate_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "aggregate", help="summarize whatever cells of a sweep exist (missing ones are listed)")
+    p.add_argument("--configfile", default="config/config.yaml", type=Path)
+    p.add_argument("--out", type=Path, help="summary directory (default: <outdir>/summary)")
+    p.set_defaults(func=_run_aggregate)
+
+
+def _run_aggregate(args: argparse.Namespace) -> int:
+    from ckpteval.aggregate import build_summary
+    from ckpteval.config import build_plan, load_config, validate_config
+
+    config = load_config(args.configfile)
+    validate_config(config)
+    plan = build_plan(config)
+    out = Path(plan.outdir)
+    cells = [out / "scores" / c["run"] / c["ckpt"] / c["task"] / f"{c['variant']}.json"
+             for c in plan.cells()]
+    summary = args.out or out / "summary"
+    build_summary(cells, summary, title=config["aggregate"]["title"],
+                  bootstrap=int(config["aggregate"]["bootstrap"]))
+    present = sum(p.exists() for p in cells)
+    print(f"{summary}: {present} of {len(cells)} cells summarized"
+          + (f"; missing ones in {summary / 'missing.csv'}" if present < len(cells) else ""))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckpteval", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"ckpteval {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_check_parser(subparsers)
+    _add_aggregate_parser(subparsers)
     for module, adder in _PLUGGED:
         getattr(__import__(f"ckpteval.{module}", fromlist=[adder]), adder)(subparsers)
     return parser

@@ -18,12 +18,17 @@ from typing import IO, Any
 from ckpteval.errors import UserError
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
     """Open a temp file beside `path`; rename it over `path` only if the block completes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are shared like any other file
     try:
         with os.fdopen(fd, mode) as handle:
             yield handle

@@ -1,14 +1,27 @@
 # Every cell -> one tidy table, seed/config analysis, plots over training steps, an HTML report.
+# `snakemake --report report.zip` collects the outputs marked report() with their captions.
+# With --keep-going a failed cell holds this rule back; `ckpteval aggregate` summarizes whatever
+# cells exist and lists the missing ones.
 rule aggregate:
     input:
         cells=get_score_files,
     output:
         parquet=f"{OUT}/summary/metrics.parquet",
-        csv=f"{OUT}/summary/metrics.csv",
+        csv=report(f"{OUT}/summary/metrics.csv", caption="../report/metrics.rst", category="Tables"),
         md=f"{OUT}/summary/metrics.md",
         seeds=f"{OUT}/summary/seeds.csv",
         configs=f"{OUT}/summary/configs.csv",
-        report=f"{OUT}/summary/report.html",
+        passk=f"{OUT}/summary/passk.csv",
+        errors=f"{OUT}/summary/errors.csv",
+        deltas=report(f"{OUT}/summary/deltas.csv", caption="../report/metrics.rst", category="Tables"),
+        missing=f"{OUT}/summary/missing.csv",
+        plots=report(
+            directory(f"{OUT}/summary/plots"),
+            patterns=["{name}.png"],
+            caption="../report/plots.rst",
+            category="Plots",
+        ),
+        report=report(f"{OUT}/summary/report.html", caption="../report/summary.rst", category="Summary"),
     log:
         "logs/aggregate/aggregate.log",
     params:

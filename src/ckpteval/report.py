@@ -1,0 +1,325 @@
+"""Plots (PNG) and a self-contained HTML report of a summary built by `ckpteval.aggregate`.
+
+Plots, one set per task, under `summary/plots/`:
+- `{task}-steps.png`: the task's main metric over training step, one line per run (and sampling
+  config when a task has several), a 95% band of ±1.96 standard errors, the run's baseline as a
+  dashed horizontal line, and a marker where a checkpoint is significantly worse than the previous.
+- `{task}-passk.png` (tasks with pass@k): pass@k against k for the baseline and up to
+  `PASSK_CURVES` checkpoints spread over each run, seeds pooled.
+- `{task}-errors.png` (tasks whose cells count error types): the fraction of samples per error type
+  at each checkpoint, averaged over variants, one panel per run.
+
+`report.html` holds the tables and the plots inlined as base64, so it can be mailed or archived as
+one file. Figures are drawn with matplotlib's object API (no pyplot, no global backend state).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import cycle
+from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
+
+from ckpteval.aggregate import CONFIDENCE, STDERR_LEGEND, Summary, metrics_wide
+from ckpteval.io import atomic_open
+
+PASSK_CURVES = 4
+# Fixed margins with the legend right of the axes: matplotlib's automatic layouts cost ~40% more.
+_MARGINS = {"left": 0.08, "right": 0.74, "top": 0.92, "bottom": 0.12}
+_LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "fontsize": "small"}
+_Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)  # 1.96 for 95%
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A written PNG and the caption the report (and Snakemake's `--report`) shows with it."""
+
+    task: str
+    path: Path
+    caption: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+
+def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
+    """Draw every plot of the summary into `plot_dir`; PNGs left from earlier builds are removed."""
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    plots: list[Plot] = []
+    for task, metric in summary.main_metrics.items():
+        slug = _slug(task)
+        steps = summary.seeds[(summary.seeds["task"] == task) & (summary.seeds["metric"] == metric)]
+        if not steps.empty:
+            path = plot_dir / f"{slug}-steps.png"
+            _save(_steps_figure(task, metric, steps, summary.deltas), path)
+            plots.append(Plot(task, path, (
+                f"{task}: {metric} over training step; bands are 95% intervals (±1.96 stderr), "
+                "dashed lines the runs' baselines, red triangles significant drops from the "
+                "previous checkpoint."
+            )))
+        passk = summary.passk[summary.passk["task"] == task]
+        if not passk.empty and passk["k"].max() > 1:
+            path = plot_dir / f"{slug}-passk.png"
+            _save(_passk_figure(task, passk), path)
+            plots.append(Plot(task, path, (
+                f"{task}: pass@k against k (unbiased estimator, seeds pooled) for the baseline and "
+                "checkpoints spread over each run."
+            )))
+        errors = summary.errors[summary.errors["task"] == task].dropna(subset=["fraction"])
+        if not errors.empty:
+            path = plot_dir / f"{slug}-errors.png"
+            _save(_errors_figure(task, errors), path)
+            plots.append(Plot(task, path, (
+                f"{task}: fraction of samples per error type at each checkpoint (mean over "
+                "variants)."
+            )))
+    written = {p.path.name for p in plots}
+    for stale in plot_dir.glob("*.png"):
+        if stale.name not in written:
+            stale.unlink()
+    return plots
+
+
+def _steps_figure(task: str, metric: str, seeds: pd.DataFrame, deltas: pd.DataFrame) -> Figure:
+    fig = Figure(figsize=(9, 4.2), dpi=100)
+    fig.subplots_adjust(**_MARGINS)
+    ax = fig.subplots()
+    several = seeds["sampling"].nunique() > 1
+    colors = _colors()
+    flagged_label = "significant drop vs previous"
+    for (run, sampling), group in seeds.groupby(["run", "sampling"], sort=False):
+        color = next(colors)
+        label = f"{run} · {sampling}" if several else run
+        trained = group[~group["is_baseline"] & group["step"].notna()].sort_values("step")
+        if not trained.empty:
+            x = trained["step"].to_numpy(np.float64)
+            y = trained["mean"].to_numpy(np.float64)
+            half = _Z * trained["cell_stderr"].to_numpy(np.float64)
+            ax.plot(x, y, marker="o", markersize=3, color=color, label=label)
+            ax.fill_between(x, y - half, y + half, color=color, alpha=0.2, linewidth=0)
+            drops = deltas[
+                (deltas["run"] == run) & (deltas["task"] == task) & (deltas["sampling"] == sampling)
+                & (deltas["comparison"] == "previous") & deltas["regression"]
+            ]
+            at = trained.set_index("step")["mean"].reindex(drops["step"]).dropna()
+            if len(at):
+                ax.plot(at.index.to_numpy(np.float64), at.to_numpy(), linestyle="none",
+                        marker="v", markersize=8, color="red", label=flagged_label)
+                flagged_label = "_nolegend_"
+        for value in group.loc[group["is_baseline"], "mean"].dropna():
+            ax.axhline(value, color=color, linestyle="--", linewidth=1, label=f"{label} baseline")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{task}: {metric}")
+    ax.grid(alpha=0.3)
+    ax.legend(**_LEGEND)
+    return fig
+
+
+def _passk_figure(task: str, passk: pd.DataFrame) -> Figure:
+    fig = Figure(figsize=(9, 4.2), dpi=100)
+    fig.subplots_adjust(**_MARGINS)
+    ax = fig.subplots()
+    sampling = passk.groupby("sampling")["k"].max().idxmax()
+    rows = passk[passk["sampling"] == sampling]
+    styles = ["-", "--", ":", "-."]
+    for index, (run, group) in enumerate(rows.groupby("run", sort=False)):
+        style = styles[index % len(styles)]
+        ckpts = group.drop_duplicates("ckpt")
+        trained = ckpts[~ckpts["is_baseline"]].sort_values("step")
+        spread = np.linspace(0, len(trained) - 1, PASSK_CURVES).round().astype(int)
+        picks = trained.iloc[np.unique(spread)] if len(trained) else trained
+        steps = trained["step"].astype(np.float64)
+        span = (steps.max() - steps.min()) or 1.0
+        for _, ckpt in ckpts[ckpts["is_baseline"]].iterrows():
+            curve = group[group["ckpt"] == ckpt["ckpt"]]
+            ax.plot(curve["k"], curve["value"], style, color="black", marker=".",
+                    label=f"{run} baseline")
+        for _, ckpt in picks.iterrows():
+            curve = group[group["ckpt"] == ckpt["ckpt"]]
+            shade = 0.15 + 0.75 * (float(ckpt["step"]) - steps.min()) / span \
+                if pd.notna(ckpt["step"]) else 0.5
+            ax.plot(curve["k"], curve["value"], style, marker=".", color=_viridis(shade),
+                    label=f"{run} {ckpt['ckpt']}")
+    if rows["k"].max() > 2:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k")
+    ax.set_title(f"{task}: pass@k ({sampling})")
+    ax.grid(alpha=0.3)
+    ax.legend(**_LEGEND)
+    return fig
+
+
+def _errors_figure(task: str, errors: pd.DataFrame) -> Figure:
+    runs = list(dict.fromkeys(errors["run"]))
+    height = 2.8 * len(runs) + 0.8
+    fig = Figure(figsize=(9, height), dpi=100)
+    fig.subplots_adjust(left=0.08, right=0.77, top=1 - 0.4 / height, bottom=0.7 / height,
+                        hspace=0.45)
+    axes = np.atleast_1d(fig.subplots(len(runs), 1, squeeze=False)[:, 0])
+    types = list(errors.groupby("error_type")["count"].sum().sort_values(ascending=False).index)
+    colors = dict(zip(types, _colors_list(len(types))))
+    for ax, run in zip(axes, runs):
+        rows = errors[errors["run"] == run]
+        table = (
+            rows.groupby(["is_baseline", "step", "ckpt", "error_type"], sort=False, dropna=False)
+            ["fraction"].mean().unstack("error_type", fill_value=0.0).reset_index()
+            .sort_values(["is_baseline", "step"], ascending=[False, True], na_position="first")
+        )
+        labels = ["base" if b else (str(s) if pd.notna(s) else c)
+                  for b, s, c in zip(table["is_baseline"], table["step"], table["ckpt"])]
+        bottom = np.zeros(len(table))
+        x = np.arange(len(table))
+        for error_type in types:
+            if error_type not in table:
+                continue
+            heights = table[error_type].to_numpy(np.float64)
+            ax.bar(x, heights, bottom=bottom, color=colors[error_type], label=error_type)
+            bottom += heights
+        ax.set_xticks(x, labels, rotation=90 if len(x) > 12 else 0, fontsize="small")
+        ax.set_ylabel("fraction of samples")
+        ax.set_title(f"{task}: error types ({run})")
+        ax.legend(**_LEGEND)
+    axes[-1].set_xlabel("checkpoint (step)")
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> None:
+    with atomic_open(path, "wb") as handle:
+        fig.savefig(handle, format="png")
+
+
+def _colors() -> Iterator[tuple[float, ...]]:
+    return cycle(_colors_list(10))
+
+
+def _colors_list(n: int) -> list[tuple[float, ...]]:
+    palette = colormaps["tab10"].colors
+    return [palette[i % len(palette)] for i in range(n)]
+
+
+def _viridis(x: float) -> tuple[float, ...]:
+    return colormaps["viridis"](x)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", name)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em; }
+th, td { padding: 0.2em 0.6em; border-bottom: 1px solid #ddd; text-align: right; }
+th { background: #f4f4f4; position: sticky; top: 0; }
+td:first-child, th:first-child { text-align: left; }
+figure { margin: 1em 0; } figcaption { font-size: 0.85em; color: #555; max-width: 750px; }
+.bad { color: #b00; } .note { color: #555; font-size: 0.9em; }
+details > summary { cursor: pointer; font-weight: 600; margin: 0.5em 0; }
+"""
+
+
+def write_html(summary: Summary, plots: Sequence[Plot], path: Path) -> None:
+    """Write the self-contained report: summary line, missing files, regressions, plots, tables."""
+    with atomic_open(path, "w") as handle:
+        handle.write(render_html(summary, plots))
+
+
+def render_html(summary: Summary, plots: Sequence[Plot]) -> str:
+    tidy = summary.tidy
+    title = html.escape(summary.title)
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{title}</h1>",
+        f"<p>{summary.n_cells} scored cells: {tidy['run'].nunique()} run(s), "
+        f"{tidy[['run', 'ckpt']].drop_duplicates().shape[0]} checkpoint(s), "
+        f"{tidy['task'].nunique()} task(s), {tidy['variant'].nunique()} variant(s). "
+        f"{len(summary.missing)} file(s) missing or unusable.</p>",
+    ]
+    if not summary.missing.empty:
+        parts += ["<h2 class='bad'>Missing or unusable files</h2>",
+                  "<p class='note'>Cells of kind <i>cell</i> are left out of every table; "
+                  "<i>samples</i> files only lose paired deltas and pass@k curves.</p>",
+                  _table(summary.missing)]
+    parts.append("<h2>Regressions</h2>")
+    deltas = summary.deltas
+    regressions = deltas[deltas["regression"].astype(bool)] if not deltas.empty else deltas
+    if regressions.empty:
+        parts.append("<p>No checkpoint is significantly worse (95% paired bootstrap interval "
+                     "below zero) than its run's baseline or its previous checkpoint.</p>")
+    else:
+        parts += [f"<p class='bad'>{len(regressions)} comparison(s) with a 95% interval below "
+                  "zero. With many comparisons some are expected by chance (5% each).</p>",
+                  _table(regressions)]
+    parts.append("<h2>Plots</h2>")
+    for plot in plots:
+        data = base64.b64encode(plot.path.read_bytes()).decode("ascii")
+        parts.append(
+            f"<figure><img alt='{html.escape(plot.path.name)}' "
+            f"src='data:image/png;base64,{data}'><figcaption>{html.escape(plot.caption)}"
+            "</figcaption></figure>"
+        )
+    if not plots:
+        parts.append("<p>No plots: no scored cells.</p>")
+    parts += ["<h2>Metrics</h2>", f"<p class='note'>{html.escape(STDERR_LEGEND)}</p>"]
+    if not summary.seeds.empty:
+        header, rows = metrics_wide(summary.seeds)
+        parts.append(_table(pd.DataFrame(rows, columns=header)))
+    parts += [
+        "<h2>Paired deltas</h2>",
+        "<p class='note'>Checkpoint minus reference on the samples both scored (same task_id, "
+        "seed, sample_idx), seeds of a sampling config pooled; 95% percentile bootstrap "
+        "interval over problems.</p>",
+        _table(deltas),
+        _section("Seeds: spread over seeds", summary.seeds),
+        _section("Sampling configs across checkpoints", summary.configs),
+        _section("pass@k (seeds pooled)", _passk_wide(summary.passk)),
+        _section("Error types (fraction of samples)", _errors_wide(summary.errors)),
+        "</body></html>\n",
+    ]
+    return "\n".join(parts)
+
+
+def _section(heading: str, frame: pd.DataFrame) -> str:
+    if frame.empty:
+        return f"<h2>{html.escape(heading)}</h2><p>None.</p>"
+    return (f"<h2>{html.escape(heading)}</h2><details><summary>{len(frame)} rows</summary>"
+            f"{_table(frame)}</details>")
+
+
+def _table(frame: pd.DataFrame) -> str:
+    return frame.to_html(index=False, na_rep="", border=0, float_format=lambda v: f"{v:.4g}")
+
+
+def _passk_wide(passk: pd.DataFrame) -> pd.DataFrame:
+    if passk.empty:
+        return passk
+    keys = ["run", "ckpt", "step", "task", "sampling", "seeds", "n_problems"]
+    wide = passk.pivot_table(index=keys, columns="k", values="value", sort=False, dropna=False)
+    wide.columns = [f"pass@{k}" for k in wide.columns]
+    return wide.dropna(how="all").reset_index()
+
+
+def _errors_wide(errors: pd.DataFrame) -> pd.DataFrame:
+    if errors.empty:
+        return errors
+    keys = ["run", "ckpt", "step", "task", "variant"]
+    wide = errors.pivot_table(index=keys, columns="error_type", values="fraction", sort=False,
+                              dropna=False)
+    return wide.dropna(how="all").reset_index()

@@ -1,0 +1,365 @@
+"""Progress of a sweep, read from the files: each expected cell is done, running, failed or missing.
+
+A cell is (run, ckpt, task, variant). Its state is decided from the files alone, so it works while
+Snakemake runs (locally or under Slurm), after it stopped, and from another shell:
+
+- **done**: `scores/{run}/{ckpt}/{task}/{variant}.json` exists (it is written atomically, last).
+- **running**: a temp file of one of its outputs (`.{name}.*.tmp`, as `ckpteval.io.atomic_open`
+  makes them) was modified in the last `STALE_AFTER_S` seconds, or Snakemake marked one of the
+  cell's outputs incomplete (`.snakemake/incomplete/`: its job started) and a running Snakemake
+  holds a lock on it (`.snakemake/locks/*.output.lock`). A Snakemake killed with SIGKILL leaves
+  its lock behind, so its started jobs show as running until `snakemake --unlock`, which Snakemake
+  itself demands before it runs again.
+- **failed**: not done or running, and one of
+  - the newest Snakemake log (`.snakemake/log/*.snakemake.log`) has an `Error in rule` block whose
+    outputs concern the cell;
+  - a job log concerning the cell ends with an error: its last non-empty line is a Python
+    exception (`SomeError: ...`, `KeyboardInterrupt`), an `error:`/`fatal:` line (also Slurm's
+    `slurmstepd: error: ... CANCELLED ...`) or `Killed`;
+  - Snakemake's incomplete marker is there but no Snakemake holds the lock: the job was interrupted.
+- **missing**: none of the above (not started, or waiting for an upstream job).
+
+Which files *concern* a cell: an output or log path whose parts after the step or rule directory
+(`scores/`, `generations/`, `models/` under `outdir`; `logs/<rule>/`), with a `.json`, `.jsonl`,
+`.log` or similar suffix dropped, are a prefix of (run, ckpt, task, variant) of length >= 2. So
+`logs/infer/{run}/{ckpt}.log` and `models/{run}/{ckpt}/` concern every cell of that checkpoint,
+`logs/evaluate/{run}/{ckpt}/{task}/{variant}.log` one cell.
+
+Snakemake's working directory (for `.snakemake/`) and the logs directory default to the parent of
+`outdir`, where the workflow keeps them (`results/` next to `logs/` and `.snakemake/`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import re
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ckpteval.errors import UserError
+
+STATES = ("done", "running", "failed", "missing")
+CELL_COLUMNS = ["run", "ckpt", "step", "task", "variant", "state", "detail"]
+STALE_AFTER_S = 600.0
+STEP_DIRS = ("models", "generations", "scores")
+_SUFFIXES = {".json", ".jsonl", ".log", ".txt", ".done", ".parquet", ".tmp"}
+_TMP = re.compile(r"^\.(?P<name>.+)\.[^.]+\.tmp$")
+_ERROR_LINE = re.compile(
+    r"^(?:[\w.]*(?:Error|Exception|Interrupt)\b"  # a Python exception line ends a traceback
+    r"|Killed\b"  # the kernel's OOM killer, as a shell reports it
+    r"|.*\b(?:error|fatal)\s*:)",  # error: ..., ERROR: ..., slurmstepd: error: *** CANCELLED
+    re.IGNORECASE,
+)
+_TAIL_BYTES = 4096
+
+Key = tuple[str, ...]
+
+
+def cell_states(
+    outdir: Path, expected: Sequence[dict[str, Any]], *, workdir: Path | None = None,
+    logdir: Path | None = None, now: float | None = None,
+) -> pd.DataFrame:
+    """One row per expected cell: run, ckpt, step, task, variant, state, detail (why)."""
+    outdir = Path(outdir).resolve()
+    workdir = Path(workdir).resolve() if workdir else outdir.parent
+    logdir = Path(logdir).resolve() if logdir else outdir.parent / "logs"
+    now = time.time() if now is None else now
+    evidence = _Evidence.collect(outdir, workdir, logdir, now)
+    rows = []
+    for cell in expected:
+        try:
+            key = tuple(str(cell[k]) for k in ("run", "ckpt", "task", "variant"))
+        except KeyError as exc:
+            raise ValueError(f"expected cell {cell!r} lacks {exc}") from None
+        state, detail = evidence.state(outdir, key)
+        rows.append({"run": key[0], "ckpt": key[1], "step": cell.get("step"), "task": key[2],
+                     "variant": key[3], "state": state, "detail": detail})
+    return pd.DataFrame(rows, columns=CELL_COLUMNS).astype({"step": "Int64"})
+
+
+def status_matrix(
+    outdir: Path, expected: list[dict[str, Any]], *, workdir: Path | None = None,
+    logdir: Path | None = None,
+) -> pd.DataFrame:
+    """Checkpoint x task: rows indexed by (run, ckpt) in the order given, a column per task, each
+    entry the state of its variants taken together (failed > running > missing > done)."""
+    return matrix_from_cells(cell_states(outdir, expected, workdir=workdir, logdir=logdir))
+
+
+def matrix_from_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """Fold variants into one state per (run, ckpt, task); see `status_matrix`."""
+    rank = {"failed": 0, "running": 1, "missing": 2, "done": 3}
+    worst = cells.assign(rank=cells["state"].map(rank)).groupby(
+        ["run", "ckpt", "task"], sort=False)["rank"].min()
+    matrix = worst.map({v: k for k, v in rank.items()}).unstack("task")
+    order = list(dict.fromkeys(zip(cells["run"], cells["ckpt"])))
+    tasks = list(dict.fromkeys(cells["task"]))
+    return matrix.reindex(index=pd.MultiIndex.from_tuples(order, names=["run", "ckpt"]),
+                          columns=tasks)
+
+
+def format_status(cells: pd.DataFrame, *, max_failed: int = 20) -> str:
+    """The printable matrix (with `k/n` done when variants differ), totals, and why cells failed."""
+    if cells.empty:
+        return "No cells expected: the config lists no checkpoints or tasks."
+    matrix = matrix_from_cells(cells)
+    done = cells.assign(d=cells["state"] == "done").groupby(
+        ["run", "ckpt", "task"], sort=False)["d"].agg(["sum", "size"])
+    steps = cells.drop_duplicates(["run", "ckpt"]).set_index(["run", "ckpt"])["step"]
+    header = ["checkpoint", *matrix.columns]
+    body = []
+    for (run, ckpt), states in matrix.iterrows():
+        step = steps.get((run, ckpt))
+        label = f"{run}/{ckpt}" + ("" if pd.isna(step) else f" ({step})")
+        entries = []
+        for task, state in states.items():
+            n_done, n = done.loc[(run, ckpt, task)]
+            text = state.upper() if state == "failed" else state
+            entries.append(text if n_done in (0, n) else f"{text} {n_done}/{n}")
+        body.append([label, *entries])
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *body]]
+    counts = cells["state"].value_counts()
+    lines += ["", ", ".join(f"{counts.get(s, 0)} {s}" for s in STATES) + f" ({len(cells)} cells)"]
+    failed = cells[cells["state"] == "failed"]
+    if len(failed):
+        lines += ["", "failed:"]
+        for _, row in failed.head(max_failed).iterrows():
+            lines.append(f"  {row['run']}/{row['ckpt']}/{row['task']}/{row['variant']}: "
+                         f"{row['detail']}")
+        if len(failed) > max_failed:
+            lines.append(f"  ... and {len(failed) - max_failed} more")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evidence from the files
+
+
+class _Evidence:
+    """What the files say, indexed by the (run, ckpt[, task[, variant]]) prefixes they concern."""
+
+    def __init__(self) -> None:
+        self.running: dict[Key, str] = {}
+        self.failed: dict[Key, str] = {}
+        self.job_logs: dict[Key, list[Path]] = defaultdict(list)
+
+    @classmethod
+    def collect(cls, outdir: Path, workdir: Path, logdir: Path, now: float) -> _Evidence:
+        ev = cls()
+        for step in STEP_DIRS:
+            for tmp in _walk(outdir / step, hidden=True):
+                match = _TMP.match(tmp.name)
+                if match and now - _mtime(tmp) < STALE_AFTER_S:
+                    key = _key(tmp.with_name(match["name"]).relative_to(outdir / step))
+                    ev.running.setdefault(key, f"writing {tmp}")
+        for log in _walk(logdir):
+            rel = log.relative_to(logdir)
+            if len(rel.parts) >= 3:  # <rule>/<run>/<ckpt>...
+                ev.job_logs[_key(Path(*rel.parts[1:]))].append(log)
+        snakemake_dir = workdir / ".snakemake"
+        locked = set(_locked_outputs(snakemake_dir, workdir))
+        for path in _incomplete_outputs(snakemake_dir, workdir):
+            key = _output_key(outdir, path)
+            if key is None:
+                continue
+            if path in locked:
+                ev.running.setdefault(key, f"Snakemake job running for {path}")
+            else:
+                ev.failed.setdefault(key, f"interrupted: {path} is marked incomplete by Snakemake "
+                                          "but no Snakemake is running")
+        for outputs, detail in _snakemake_errors(snakemake_dir):
+            for output in outputs:
+                path = Path(output) if Path(output).is_absolute() else workdir / output
+                key = _output_key(outdir, path)
+                if key is not None:
+                    ev.failed.setdefault(key, detail)
+        return ev
+
+    def state(self, outdir: Path, cell: Key) -> tuple[str, str]:
+        score = outdir.joinpath("scores", *cell[:3], f"{cell[3]}.json")
+        if score.exists():
+            return "done", str(score)
+        prefixes = [cell[:n] for n in (4, 3, 2)]
+        for prefix in prefixes:
+            if prefix in self.running:
+                return "running", self.running[prefix]
+        for prefix in prefixes:
+            if prefix in self.failed:
+                return "failed", self.failed[prefix]
+        for prefix in prefixes:
+            for log in self.job_logs.get(prefix, ()):
+                line = _last_line(log)
+                if line is not None and _ERROR_LINE.match(line):
+                    return "failed", f"{log}: {line[:200]}"
+        return "missing", ""
+
+
+def _walk(root: Path, *, hidden: bool = False) -> Iterable[Path]:
+    """Regular files under `root` (none if it does not exist); dot-files only when `hidden`."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            if hidden == name.startswith("."):
+                yield Path(dirpath) / name
+
+
+def _key(rel: Path) -> Key:
+    """Path parts after the step/rule directory, the last one without a known file suffix."""
+    parts = list(rel.parts)
+    suffix = Path(parts[-1]).suffix
+    if suffix in _SUFFIXES:
+        parts[-1] = parts[-1][: -len(suffix)]
+    return tuple(parts)
+
+
+def _output_key(outdir: Path, path: Path) -> Key | None:
+    """The key of an output path under `outdir/<step>/`, or None for other paths."""
+    try:
+        rel = path.resolve().relative_to(outdir)
+    except ValueError:
+        return None
+    if len(rel.parts) < 3 or rel.parts[0] not in STEP_DIRS:
+        return None
+    return _key(Path(*rel.parts[1:]))
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:  # renamed into place while we looked
+        return 0.0
+
+
+def _incomplete_outputs(snakemake_dir: Path, workdir: Path) -> list[Path]:
+    """Outputs Snakemake marked incomplete: file names under `incomplete/` are the urlsafe-base64
+    of the output path, split into `@`-prefixed directories when longer than a file name."""
+    root = snakemake_dir / "incomplete"
+    out = []
+    for marker in _walk(root):
+        rel = marker.relative_to(root)
+        encoded = "".join(p.removeprefix("@") for p in rel.parts)
+        try:
+            name = base64.urlsafe_b64decode(encoded).decode()
+        except (ValueError, UnicodeDecodeError):
+            continue  # not a marker (e.g. "migration_underway")
+        out.append(_absolute(name, workdir))
+    return out
+
+
+def _locked_outputs(snakemake_dir: Path, workdir: Path) -> Iterable[Path]:
+    """Outputs a running Snakemake has locked (`locks/N.output.lock`, one path per line)."""
+    for lock in sorted((snakemake_dir / "locks").glob("*.output.lock")):
+        try:
+            text = lock.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.strip():
+                yield _absolute(line.strip(), workdir)
+
+
+def _snakemake_errors(snakemake_dir: Path) -> list[tuple[list[str], str]]:
+    """(outputs, detail) of each `Error in rule` block in the newest Snakemake log."""
+    logs = sorted((snakemake_dir / "log").glob("*.snakemake.log"), key=_mtime)
+    if not logs:
+        return []
+    newest = logs[-1]
+    try:
+        lines = newest.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    errors = []
+    for i, line in enumerate(lines):
+        match = re.match(r"\s*Error in rule (\S+?):?(?:,|$)", line)
+        if not match:
+            continue
+        outputs: list[str] = []
+        logs_of_job = ""
+        for item in lines[i + 1:i + 40]:
+            field = re.match(r"\s+(output|log): (.*)", item)
+            if field and field[1] == "output":
+                outputs = [o.strip() for o in field[2].split(",") if o.strip()]
+            elif field:
+                logs_of_job = field[2].split(" (check log")[0]
+            elif not item.startswith(" ") or item.startswith("Error in rule"):
+                break
+        detail = f"rule {match[1]} failed (see {logs_of_job or newest})"
+        errors.append((outputs, detail))
+    return errors
+
+
+def _last_line(path: Path) -> str | None:
+    """The last non-empty line of a file, read from its tail; None if unreadable or empty."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - _TAIL_BYTES))
+            tail = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def _absolute(name: str, workdir: Path) -> Path:
+    path = Path(name)
+    return (path if path.is_absolute() else workdir / path).resolve()
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def add_status_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """`ckpteval status`: the progress matrix of the sweep a config describes."""
+    parser = subparsers.add_parser(
+        "status", help="progress of a sweep: checkpoint x task, done/running/failed/missing",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("--configfile", type=Path, default=Path("config/config.yaml"),
+                        help="the workflow config (default: %(default)s)")
+    parser.add_argument("--outdir", type=Path, help="results directory (default: the config's)")
+    parser.add_argument("--watch", type=float, metavar="SECONDS",
+                        help="redraw every SECONDS until every cell is done or failed")
+    parser.set_defaults(func=run_status)
+    return parser
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """Print the matrix; exit status 1 if any cell failed, else 0."""
+    expected, outdir = _expected_cells(args.configfile)
+    outdir = args.outdir or outdir
+    while True:
+        cells = cell_states(outdir, expected)
+        text = format_status(cells)
+        if args.watch:
+            sys.stdout.write("\033[H\033[J")  # clear the terminal, like `watch`
+        print(text, flush=True)
+        settled = cells["state"].isin(["done", "failed"]).all()
+        if not args.watch or settled:
+            return 1 if (cells["state"] == "failed").any() else 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 1 if (cells["state"] == "failed").any() else 0
+
+
+def _expected_cells(configfile: Path) -> tuple[list[dict[str, Any]], Path]:
+    """The cells a config asks for, and its outdir (relative paths resolve against the cwd, as in
+    the workflow)."""
+    from ckpteval.config import build_plan, load_config, validate_config
+
+    if not configfile.exists():
+        raise UserError(f"{configfile}: config file not found; pass --configfile")
+    config = load_config(configfile)
+    validate_config(config)
+    plan = build_plan(config)
+    return plan.cells(), Path(plan.outdir)

@@ -1,0 +1,398 @@
+"""The summary tables from hand-written cell files: tidy table, seeds, configs, pass@k, errors,
+paired deltas, missing and corrupt cells, runs without a baseline."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ckpteval.aggregate import (
+    TIDY_COLUMNS,
+    build_summary,
+    load_cells,
+    load_samples,
+    metrics_markdown,
+    summarize,
+)
+from ckpteval.errors import UserError
+from ckpteval.metrics import pass_at_k_table
+
+
+def write_cell(
+    root: Path, run: str, ckpt: str, step: int | None, task: str, variant: str, *,
+    metrics: dict[str, Any], samples: list[tuple[Any, int, bool]] | list[dict] | None = None,
+    is_baseline: bool = False, error_types: dict[str, int] | None = None,
+) -> Path:
+    """Write `{variant}.json` (and `.jsonl` when `samples` is given) as the evaluate step does.
+
+    `metrics` maps a name to a value or to a full `{"value", "stderr", "n"}` entry; `samples` are
+    (task_id, sample_idx, passed) triples (score = passed) or complete per-sample dicts.
+    """
+    sampling, seed = variant.rsplit("-s", 1)
+    cell_dir = root / "scores" / run / ckpt / task
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    entries = {
+        name: m if isinstance(m, dict) else {"value": m, "stderr": 0.01, "n": 10}
+        for name, m in metrics.items()
+    }
+    cell = {
+        "checker": "test", "scorer_version": "v1", "n_problems": 10, "n_samples": 1,
+        "metrics": entries, "error_types": error_types or {}, "input_errors": [],
+        "duration_s": 0.1, "run": run, "ckpt": ckpt, "step": step, "task": task,
+        "variant": variant, "sampling": sampling, "seed": int(seed),
+        "model_hash": f"hash-{ckpt}", "generation_file": "g.jsonl", "generation_sha256": "0",
+        "is_baseline": is_baseline,
+    }
+    path = cell_dir / f"{variant}.json"
+    path.write_text(json.dumps(cell))
+    if samples is not None:
+        lines = [
+            s if isinstance(s, dict) else
+            {"task_id": s[0], "sample_idx": s[1], "passed": s[2], "score": float(s[2]),
+             "error_type": None if s[2] else "wrong_answer"}
+            for s in samples
+        ]
+        (cell_dir / f"{variant}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def verdicts(passes: list[int], samples: int = 1) -> list[tuple[str, int, bool]]:
+    """(task_id, sample_idx, passed) for problems p0, p1, ...: problem i passes its first
+    `passes[i]` samples."""
+    return [(f"p{i}", s, s < n) for i, n in enumerate(passes) for s in range(samples)]
+
+
+# tidy table --------------------------------------------------------------------------------------
+
+
+def test_tidy_table_from_hand_written_cells(tmp_path: Path) -> None:
+    paths = [
+        write_cell(tmp_path, "r", "step_1000", 1000, "code", "greedy-s1",
+                   metrics={"pass@1": 0.6, "compile_rate": 0.9}),
+        write_cell(tmp_path, "r", "base", 0, "code", "greedy-s1", is_baseline=True,
+                   metrics={"pass@1": {"value": 0.1, "stderr": "N/A", "n": 10},
+                            "compile_rate": 0.5}),
+        write_cell(tmp_path, "r", "step_200", 200, "code", "greedy-s1",
+                   metrics={"pass@1": 0.3, "compile_rate": 0.8}),
+    ]
+    tidy = summarize(paths).tidy
+    assert list(tidy.columns) == TIDY_COLUMNS
+    # baseline first, then by step as a number (200 before 1000), metrics in the file's order
+    assert list(zip(tidy["ckpt"], tidy["metric"])) == [
+        ("base", "pass@1"), ("base", "compile_rate"), ("step_200", "pass@1"),
+        ("step_200", "compile_rate"), ("step_1000", "pass@1"), ("step_1000", "compile_rate"),
+    ]
+    assert list(tidy["value"]) == [0.1, 0.5, 0.3, 0.8, 0.6, 0.9]
+    assert math.isnan(tidy["stderr"][0])  # lm-eval's "N/A" stderr
+    assert tidy["stderr"][1] == 0.01 and tidy["n"][1] == 10
+    assert list(tidy["is_baseline"]) == [True, True, False, False, False, False]
+    assert tidy["step"].dtype == "Int64" and list(tidy["step"].unique()) == [0, 200, 1000]
+    first = tidy.iloc[2]
+    assert (first["run"], first["task"], first["variant"], first["sampling"], first["seed"]) == (
+        "r", "code", "greedy-s1", "greedy", 1)
+    assert (first["scorer_version"], first["model_hash"]) == ("v1", "hash-step_200")
+    assert first["source"] == str(paths[2])
+
+
+def test_seed_table_mean_std_stderr_over_seeds(tmp_path: Path) -> None:
+    paths = [
+        write_cell(tmp_path, "r", "step_1", 1, "math", "t1-s1",
+                   metrics={"accuracy": {"value": 0.4, "stderr": 0.03, "n": 50}}),
+        write_cell(tmp_path, "r", "step_1", 1, "math", "t1-s2",
+                   metrics={"accuracy": {"value": 0.6, "stderr": 0.04, "n": 50}}),
+        write_cell(tmp_path, "r", "step_1", 1, "math", "greedy-s1",
+                   metrics={"accuracy": {"value": 0.55, "stderr": 0.05, "n": 50}}),
+    ]
+    seeds = summarize(paths).seeds.set_index("sampling")
+    t1 = seeds.loc["t1"]
+    assert t1["mean"] == pytest.approx(0.5)
+    assert t1["std"] == pytest.approx(math.sqrt(0.02))  # sample std of 0.4, 0.6
+    assert t1["stderr"] == pytest.approx(0.1)  # std / sqrt(2)
+    assert t1["n_seeds"] == 2 and t1["seeds"] == "1 2"
+    assert t1["cell_stderr"] == pytest.approx(math.sqrt((0.03**2 + 0.04**2) / 2))
+    greedy = seeds.loc["greedy"]
+    assert greedy["n_seeds"] == 1 and math.isnan(greedy["std"])
+    assert greedy["cell_stderr"] == pytest.approx(0.05)
+
+
+def test_config_table_summarises_each_sampling_config(tmp_path: Path) -> None:
+    paths = [write_cell(tmp_path, "r", "base", 0, "t", "greedy-s1", is_baseline=True,
+                        metrics={"acc": 0.1})]
+    for step, value in [(100, 0.3), (200, 0.7), (300, 0.5)]:
+        paths.append(write_cell(tmp_path, "r", f"s{step}", step, "t", "greedy-s1",
+                                metrics={"acc": value}))
+    row = summarize(paths).configs.iloc[0]
+    assert (row["n_ckpts"], row["n_seeds"]) == (3, 1)
+    assert row["mean"] == pytest.approx(0.5)
+    assert (row["first_step"], row["first_value"]) == (100, 0.3)
+    assert (row["last_step"], row["last_value"]) == (300, 0.5)
+    assert (row["max_step"], row["max_value"]) == (200, 0.7)
+    assert row["baseline_value"] == 0.1
+
+
+# missing and corrupt input -----------------------------------------------------------------------
+
+
+def test_missing_and_corrupt_cells_are_listed_and_the_rest_is_built(tmp_path: Path) -> None:
+    good = write_cell(tmp_path, "r", "s1", 1, "t", "greedy-s1", metrics={"acc": 0.5},
+                      samples=verdicts([1, 0]))
+    absent = tmp_path / "scores" / "r" / "s2" / "t" / "greedy-s1.json"
+    truncated = write_cell(tmp_path, "r", "s3", 3, "t", "greedy-s1", metrics={"acc": 0.5})
+    truncated.write_text(truncated.read_text()[:40])
+    no_seed = write_cell(tmp_path, "r", "s4", 4, "t", "greedy-s1", metrics={"acc": 0.5})
+    data = json.loads(no_seed.read_text())
+    del data["seed"]
+    no_seed.write_text(json.dumps(data))
+    bad_metric = write_cell(tmp_path, "r", "s5", 5, "t", "greedy-s1", metrics={"acc": 0.5})
+    bad_metric.write_text(bad_metric.read_text().replace('"value": 0.5', '"value": "high"'))
+    bad_n = write_cell(tmp_path, "r", "s6", 6, "t", "greedy-s1",
+                       metrics={"acc": {"value": 0.5, "stderr": 0.1, "n": 2.5}})
+    duplicate = tmp_path / "copy.json"
+    duplicate.write_text(good.read_text())
+
+    summary_dir = tmp_path / "summary"
+    build_summary([good, absent, truncated, no_seed, bad_metric, bad_n, duplicate], summary_dir)
+
+    missing = pd.read_csv(summary_dir / "missing.csv").set_index("path")
+    assert missing.loc[str(absent), "reason"] == "file not found"
+    assert missing.loc[str(absent), ["run", "ckpt", "task", "variant"]].tolist() == [
+        "r", "s2", "t", "greedy-s1"]
+    assert missing.loc[str(truncated), "reason"].startswith("not valid JSON")
+    assert "'seed'" in missing.loc[str(no_seed), "reason"]
+    assert "metrics.acc" in missing.loc[str(bad_metric), "reason"]
+    assert missing.loc[str(bad_n), "reason"] == "metrics.acc.n is not an integer"
+    assert missing.loc[str(duplicate), "reason"] == f"duplicate of {good}"
+    assert set(missing["kind"]) == {"cell"}
+    tidy = pd.read_parquet(summary_dir / "metrics.parquet")
+    assert list(tidy["ckpt"]) == ["s1"]
+    html = (summary_dir / "report.html").read_text()
+    for path in (absent, truncated, no_seed, bad_metric):
+        assert str(path) in html
+
+
+def test_bad_per_sample_files(tmp_path: Path) -> None:
+    no_samples = write_cell(tmp_path, "r", "s1", 1, "t", "greedy-s1", metrics={"acc": 0.5})
+    torn = write_cell(tmp_path, "r", "s2", 2, "t", "greedy-s1", metrics={"acc": 0.5},
+                      samples=verdicts([1, 1, 0]))
+    with open(torn.with_suffix(".jsonl"), "a") as handle:
+        handle.write('{"task_id": "p3", "sample_id')  # a writer killed mid-line
+    numeric = write_cell(tmp_path, "r", "s3", 3, "t", "greedy-s1", metrics={"acc": 0.5},
+                         samples=[(7, 0, True), (8, 0, False)])
+    no_id = write_cell(tmp_path, "r", "s4", 4, "t", "greedy-s1", metrics={"acc": 0.5},
+                       samples=[{"task_id": "p0", "sample_idx": 0, "passed": True, "score": 1.0},
+                                {"sample_idx": 1, "passed": True, "score": 1.0}])
+    cells, problems = load_cells([no_samples, torn, numeric, no_id])
+    assert not problems
+    samples, sample_problems = load_samples(cells)
+    notes = {Path(p.path).parent.parent.name: p.reason for p in sample_problems}
+    assert notes["s1"].startswith("file not found")
+    assert "1 malformed line(s) skipped" in notes["s2"]
+    assert "without task_id or sample_idx" in notes["s4"]
+    assert all(p.kind == "samples" for p in sample_problems)
+    assert samples.groupby("cell").size().to_dict() == {1: 3, 2: 2, 3: 1}
+    assert list(samples.loc[samples["cell"] == 2, "passed"]) == [1.0, 0.0]
+
+
+def test_bootstrap_count_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="bootstrap"):
+        build_summary([], tmp_path / "summary", bootstrap=0)
+
+
+def test_summary_of_nothing_still_writes_every_file(tmp_path: Path) -> None:
+    summary_dir = tmp_path / "summary"
+    build_summary([tmp_path / "nope.json"], summary_dir)
+    for name in ("metrics.parquet", "metrics.csv", "metrics.md", "seeds.csv", "configs.csv",
+                 "passk.csv", "errors.csv", "deltas.csv", "missing.csv", "report.html"):
+        assert (summary_dir / name).exists(), name
+    assert list(pd.read_parquet(summary_dir / "metrics.parquet").columns) == TIDY_COLUMNS
+    assert "No scored cells." in (summary_dir / "metrics.md").read_text()
+
+
+# paired deltas -----------------------------------------------------------------------------------
+
+
+def test_deltas_against_baseline_and_previous_step(tmp_path: Path) -> None:
+    # 4 problems, one sample each. base passes p0; s100 passes p0 p1; s200 passes p0 p1 p2.
+    paths = [
+        write_cell(tmp_path, "r", "base", 0, "code", "greedy-s1", is_baseline=True,
+                   metrics={"pass@1": 0.25}, samples=verdicts([1, 0, 0, 0])),
+        write_cell(tmp_path, "r", "s200", 200, "code", "greedy-s1",
+                   metrics={"pass@1": 0.75}, samples=verdicts([1, 1, 1, 0])),
+        write_cell(tmp_path, "r", "s100", 100, "code", "greedy-s1",
+                   metrics={"pass@1": 0.5}, samples=verdicts([1, 1, 0, 0])),
+    ]
+    deltas = summarize(paths, bootstrap=2000).deltas
+    got = {(r.ckpt, r.comparison): r for r in deltas.itertuples()}
+    assert set(got) == {("s100", "baseline"), ("s200", "baseline"), ("s200", "previous")}
+    prev = got[("s200", "previous")]
+    assert (prev.ref_ckpt, prev.step, prev.ref_step) == ("s100", 200, 100)
+    assert (prev.metric, prev.seeds, prev.n_problems, prev.n_pairs) == ("pass@1", "1", 4, 4)
+    # per-problem differences [0, 0, 1, 0]: see test_stats' hand-computed interval
+    assert (prev.delta, prev.ci_low, prev.ci_high) == (0.25, 0.0, 0.75)
+    assert not prev.significant and not prev.regression
+    assert got[("s200", "baseline")].delta == pytest.approx(0.5)
+
+
+def test_a_real_drop_is_flagged_as_regression(tmp_path: Path) -> None:
+    good = [1] * 30 + [0] * 10
+    worse = [1] * 15 + [0] * 25  # loses 15 problems the previous step solved
+    paths = [
+        write_cell(tmp_path, "r", "s1", 1, "t", "greedy-s1", metrics={"pass@1": 0.75},
+                   samples=verdicts(good)),
+        write_cell(tmp_path, "r", "s2", 2, "t", "greedy-s1", metrics={"pass@1": 0.375},
+                   samples=verdicts(worse)),
+    ]
+    row = summarize(paths).deltas.iloc[0]
+    assert row["delta"] == pytest.approx(-0.375)
+    assert row["ci_high"] < 0 and row["significant"] and row["regression"]
+
+
+def test_deltas_pool_seeds_and_pair_only_shared_samples(tmp_path: Path) -> None:
+    # Seeds 1 and 2 for s1, only seed 1 for s2: pairs come from seed 1 only. Scores are partial
+    # credit (the main metric is not pass@1), so `score` is compared, not `passed`.
+    def rows(scores: list[float]) -> list[dict]:
+        return [{"task_id": f"p{i}", "sample_idx": 0, "passed": s == 1.0, "score": s}
+                for i, s in enumerate(scores)]
+
+    paths = [
+        write_cell(tmp_path, "r", "s1", 1, "t", "t7-s1", metrics={"acc": 0.5},
+                   samples=rows([0.5, 0.5, 0.5])),
+        write_cell(tmp_path, "r", "s1", 1, "t", "t7-s2", metrics={"acc": 0.0},
+                   samples=rows([0.0, 0.0, 0.0])),
+        write_cell(tmp_path, "r", "s2", 2, "t", "t7-s1", metrics={"acc": 0.75},
+                   samples=rows([0.75, 0.75, 0.75])),
+    ]
+    row = summarize(paths).deltas.iloc[0]
+    assert (row["metric"], row["seeds"], row["n_pairs"], row["n_problems"]) == ("acc", "1", 3, 3)
+    assert row["delta"] == pytest.approx(0.25)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((0.25, 0.25))
+
+
+def test_declared_primary_metric_is_the_main_one(tmp_path: Path) -> None:
+    # A harness cell: per-sample `score` holds its primary metric, which is not the first listed.
+    path = write_cell(tmp_path, "r", "s1", 1, "h", "greedy-s1",
+                      metrics={"exact_match,flexible-extract": 0.5,
+                               "exact_match,strict-match": 0.25},
+                      samples=verdicts([1, 0, 0, 0]))
+    data = json.loads(path.read_text())
+    data["primary_metric"] = "exact_match,strict-match"
+    path.write_text(json.dumps(data))
+    other = write_cell(tmp_path, "r", "s2", 2, "h", "greedy-s1",
+                       metrics={"exact_match,flexible-extract": 0.5,
+                                "exact_match,strict-match": 0.5},
+                       samples=verdicts([1, 1, 0, 0]))
+    summary = summarize([path, other])
+    assert summary.main_metrics == {"h": "exact_match,strict-match"}
+    assert summary.deltas["metric"].tolist() == ["exact_match,strict-match"]
+    assert summary.deltas["delta"].tolist() == [0.25]
+
+
+def test_run_without_baseline_has_no_baseline_comparisons(tmp_path: Path) -> None:
+    paths = []
+    for run, has_base in (("with", True), ("without", False)):
+        if has_base:
+            paths.append(write_cell(tmp_path, run, "base", 0, "t", "greedy-s1", is_baseline=True,
+                                    metrics={"pass@1": 0.0}, samples=verdicts([0, 0])))
+        for step in (1, 2):
+            paths.append(write_cell(tmp_path, run, f"s{step}", step, "t", "greedy-s1",
+                                    metrics={"pass@1": 0.5}, samples=verdicts([1, 0])))
+    summary = summarize(paths)
+    by_run = summary.deltas.groupby("run")["comparison"].agg(lambda c: sorted(c))
+    assert by_run["with"] == ["baseline", "baseline", "previous"]
+    assert by_run["without"] == ["previous"]
+    configs = summary.configs.set_index("run")
+    assert configs.loc["with", "baseline_value"] == 0.0
+    assert math.isnan(configs.loc["without", "baseline_value"])
+
+
+# pass@k and errors -------------------------------------------------------------------------------
+
+
+def test_passk_pools_seeds_and_matches_the_metrics_module(tmp_path: Path) -> None:
+    seed1 = verdicts([2, 1, 0, 2], samples=2)
+    seed2 = verdicts([1, 0, 0, 2], samples=2)
+    paths = [
+        write_cell(tmp_path, "r", "s1", 1, "code", "t8-s1", metrics={"pass@1": 0.625},
+                   samples=seed1),
+        write_cell(tmp_path, "r", "s1", 1, "code", "t8-s2", metrics={"pass@1": 0.375},
+                   samples=seed2),
+    ]
+    passk = summarize(paths).passk
+    # pooled: 4 samples per problem, passes 3, 1, 0, 4
+    expected = pass_at_k_table([(4, 3), (4, 1), (4, 0), (4, 4)])
+    assert list(passk["k"]) == [1, 2, 3, 4]
+    for k, value, stderr in zip(passk["k"], passk["value"], passk["stderr"]):
+        assert value == pytest.approx(expected[k][0])
+        assert stderr == pytest.approx(expected[k][1])
+    assert set(passk["seeds"]) == {"1 2"} and set(passk["min_samples"]) == {4}
+    assert passk["value"].iloc[0] == pytest.approx(0.5)  # (3 + 1 + 0 + 4) / 16
+
+
+def test_passk_only_for_tasks_reporting_pass_at_k(tmp_path: Path) -> None:
+    paths = [write_cell(tmp_path, "r", "s1", 1, "math", "t-s1", metrics={"accuracy": 0.5},
+                        samples=verdicts([1, 0], samples=2))]
+    assert summarize(paths).passk.empty
+
+
+def test_error_fractions_are_of_scored_samples(tmp_path: Path) -> None:
+    paths = [write_cell(tmp_path, "r", "s1", 1, "code", "greedy-s1", metrics={"pass@1": 0.25},
+                        samples=verdicts([1, 0, 0, 0]),
+                        error_types={"compile_error": 2, "timeout": 1})]
+    errors = summarize(paths).errors.set_index("error_type")
+    assert errors.loc["compile_error", "count"] == 2
+    assert errors.loc["compile_error", "fraction"] == pytest.approx(0.5)
+    assert errors.loc["timeout", "fraction"] == pytest.approx(0.25)
+
+
+# markdown and files ------------------------------------------------------------------------------
+
+
+def test_metrics_markdown_rows_by_step_columns_task_metric(tmp_path: Path) -> None:
+    paths = [
+        write_cell(tmp_path, "r", "s20", 20, "code", "greedy-s1",
+                   metrics={"pass@1": {"value": 0.5, "stderr": 0.1, "n": 10}}),
+        write_cell(tmp_path, "r", "s3", 3, "code", "greedy-s1",
+                   metrics={"pass@1": {"value": 0.25, "stderr": 0.05, "n": 10}}),
+        write_cell(tmp_path, "r", "base", 0, "code", "greedy-s1", is_baseline=True,
+                   metrics={"pass@1": {"value": 0.0, "stderr": 0.0, "n": 10}}),
+        write_cell(tmp_path, "r", "s3", 3, "math", "greedy-s1", metrics={"acc": 0.1}),
+        write_cell(tmp_path, "r", "s3", 3, "math", "t7-s1", metrics={"acc": 0.2}),
+    ]
+    text = metrics_markdown(summarize(paths).seeds, "demo")
+    lines = text.splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    assert lines[0] == "# demo"
+    assert table[0] == "| run | ckpt | step | code/pass@1 | math/acc (greedy) | math/acc (t7) |"
+    assert table[2] == "| r | base (baseline) | 0 | 0.000 |  |  |"
+    assert table[3] == "| r | s3 | 3 | 0.250 ± 0.050 | 0.100 ± 0.010 | 0.200 ± 0.010 |"
+    assert table[4] == "| r | s20 | 20 | 0.500 ± 0.100 |  |  |"
+
+
+def test_build_summary_writes_consistent_atomic_files(tmp_path: Path) -> None:
+    paths = [
+        write_cell(tmp_path, "r", "base", 0, "code", "t8-s1", is_baseline=True,
+                   metrics={"pass@1": 0.2, "compile_rate": 0.5}, samples=verdicts([1, 0, 0], 2),
+                   error_types={"compile_error": 3}),
+        write_cell(tmp_path, "r", "s1", 1, "code", "t8-s1",
+                   metrics={"pass@1": 0.5, "compile_rate": 0.9}, samples=verdicts([2, 1, 0], 2),
+                   error_types={"wrong_answer": 3}),
+    ]
+    summary_dir = tmp_path / "summary"
+    build_summary(paths, summary_dir, title="t", bootstrap=200, seed=3)
+    tidy = pd.read_parquet(summary_dir / "metrics.parquet")
+    csv = pd.read_csv(summary_dir / "metrics.csv")
+    assert list(csv.columns) == TIDY_COLUMNS
+    np.testing.assert_allclose(tidy["value"], csv["value"])
+    assert list(tidy["ckpt"]) == list(csv["ckpt"]) == ["base", "base", "s1", "s1"]
+    assert not list(summary_dir.rglob("*.tmp")), "temp files left behind"
+    deltas = pd.read_csv(summary_dir / "deltas.csv")
+    assert list(deltas["comparison"]) == ["baseline"]
+    first = (summary_dir / "deltas.csv").read_text()
+    build_summary(paths, summary_dir, title="t", bootstrap=200, seed=3)
+    assert (summary_dir / "deltas.csv").read_text() == first, "same seed, same intervals"

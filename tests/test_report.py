@@ -1,0 +1,109 @@
+"""The plots and the self-contained HTML report."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ckpteval.aggregate import build_summary, summarize
+from ckpteval.report import _steps_figure, write_plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _cell(root: Path, run: str, ckpt: str, step: int, task: str, variant: str,
+          passes: list[int], samples: int, *, is_baseline: bool = False) -> Path:
+    """A cell whose problem i passes its first passes[i] samples; code tasks report pass@k."""
+    sampling, seed = variant.rsplit("-s", 1)
+    cell_dir = root / "scores" / run / ckpt / task
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    rows = [{"task_id": f"p{i}", "sample_idx": s, "passed": s < n, "score": float(s < n),
+             "error_type": None if s < n else "wrong_answer"}
+            for i, n in enumerate(passes) for s in range(samples)]
+    (cell_dir / f"{variant}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    value = sum(passes) / (len(passes) * samples)
+    name = "pass@1" if task == "code" else "accuracy"
+    metrics = {name: {"value": value, "stderr": 0.05, "n": len(passes)}}
+    failures = len(rows) - sum(passes)
+    cell = {"run": run, "ckpt": ckpt, "step": step, "task": task, "variant": variant,
+            "sampling": sampling, "seed": int(seed), "is_baseline": is_baseline,
+            "scorer_version": "v1", "model_hash": "h", "metrics": metrics,
+            "error_types": {"wrong_answer": failures - failures // 2,
+                            "compile_error": failures // 2} if task == "code" else {}}
+    path = cell_dir / f"{variant}.json"
+    path.write_text(json.dumps(cell))
+    return path
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> list[Path]:
+    """Two runs (only one with a baseline), a code task (4 samples) and a math task; run `with`
+    drops sharply at step 300."""
+    paths = []
+    curve = {100: 10, 200: 20, 300: 4, 400: 30}
+    for run in ("with", "without"):
+        if run == "with":
+            paths.append(_cell(tmp_path, run, "base", 0, "code", "t8-s1", [0] * 40, 4,
+                               is_baseline=True))
+        for step, solved in curve.items():
+            solved = solved if run == "with" else 20
+            passes = [4] * solved + [1] * 5 + [0] * (35 - solved)
+            paths.append(_cell(tmp_path, run, f"step_{step}", step, "code", "t8-s1", passes, 4))
+            paths.append(_cell(tmp_path, run, f"step_{step}", step, "math", "greedy-s1",
+                               [1] * (step // 100) + [0] * 6, 1))
+    return paths
+
+
+def test_report_is_self_contained_with_tables_and_inlined_plots(
+    tmp_path: Path, sweep: list[Path]
+) -> None:
+    summary_dir = tmp_path / "summary"
+    (summary_dir / "plots").mkdir(parents=True)
+    (summary_dir / "plots" / "gone-steps.png").write_bytes(PNG_MAGIC)  # from an older build
+    missing = tmp_path / "scores" / "with" / "step_500" / "code" / "t8-s1.json"
+    build_summary([*sweep, missing], summary_dir, title="Demo <sweep>", bootstrap=300)
+
+    pngs = sorted(p.name for p in (summary_dir / "plots").glob("*.png"))
+    assert pngs == ["code-errors.png", "code-passk.png", "code-steps.png", "math-steps.png"]
+    html = (summary_dir / "report.html").read_text()
+    inlined = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
+    assert len(inlined) == 4
+    files = {(summary_dir / "plots" / name).read_bytes() for name in pngs}
+    assert {base64.b64decode(data) for data in inlined} == files
+    assert all(data.startswith(PNG_MAGIC) and len(data) > 5000 for data in files)
+    assert not re.search(r"(src|href)=['\"](?!data:)", html), "report must not reference files"
+
+    assert "<h1>Demo &lt;sweep&gt;</h1>" in html  # escaped title
+    for heading in ("Missing or unusable files", "Regressions", "Metrics", "Paired deltas",
+                    "Seeds: spread over seeds", "pass@k (seeds pooled)", "Error types"):
+        assert heading in html
+    assert str(missing) in html
+    assert html.count("<table") >= 7
+    assert "<th>code/pass@1</th>" in html and "<th>math/accuracy</th>" in html
+    assert "base (baseline)" in html
+    # the drop at step 300 of run "with" is flagged in the regressions section
+    regressions = html.split("<h2>Regressions</h2>")[1].split("<h2>")[0]
+    assert "step_300" in regressions and "step_200" in regressions and "previous" in regressions
+
+
+def test_steps_plot_lines_bands_and_baselines(sweep: list[Path]) -> None:
+    summary = summarize(sweep, bootstrap=300)
+    seeds = summary.seeds[(summary.seeds["task"] == "code") & (summary.seeds["metric"] == "pass@1")]
+    fig = _steps_figure("code", "pass@1", seeds, summary.deltas)
+    ax = fig.axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels.count("with") == 1 and labels.count("without") == 1
+    assert "with baseline" in labels and "without baseline" not in labels
+    assert "significant drop vs previous" in labels
+    line = next(line for line in ax.get_lines() if line.get_label() == "with")
+    assert list(line.get_xdata()) == [100, 200, 300, 400]
+    assert len(ax.collections) == 2  # one 95% band per run
+
+
+def test_no_plots_without_cells(tmp_path: Path) -> None:
+    summary = summarize([tmp_path / "absent.json"])
+    assert write_plots(summary, tmp_path / "plots") == []

@@ -1,0 +1,206 @@
+"""`ckpteval status`: cell states from the files, with a real Snakemake run for the markers."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ckpteval.errors import UserError
+from ckpteval.status import (
+    CELL_COLUMNS,
+    add_status_parser,
+    cell_states,
+    format_status,
+    matrix_from_cells,
+    status_matrix,
+)
+
+
+def expected(
+    ckpts: list[str], tasks: list[str], variants: tuple[str, ...] = ("greedy-s1",)
+) -> list[dict]:
+    return [{"run": "r", "ckpt": c, "step": int(c.split("_")[1]), "task": t, "variant": v}
+            for c in ckpts for t in tasks for v in variants]
+
+
+def touch(path: Path, text: str = "", age_s: float = 0.0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if age_s:
+        stamp = time.time() - age_s
+        os.utime(path, (stamp, stamp))
+    return path
+
+
+def marker(workdir: Path, output: str) -> None:
+    """Snakemake's incomplete marker for `output` (a path relative to the working directory)."""
+    name = base64.urlsafe_b64encode(output.encode()).decode()
+    touch(workdir / ".snakemake" / "incomplete" / name, '{"external_jobid": null}')
+
+
+def states(outdir: Path, cells: list[dict]) -> dict[tuple[str, str], str]:
+    frame = cell_states(outdir, cells)
+    return {(r.ckpt, r.task): r.state for r in frame.itertuples()}
+
+
+def test_states_from_files(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    cells = expected([f"step_{i}" for i in range(1, 9)], ["a", "b"])
+    # done: the score json exists, even though an older attempt's log ends with an error
+    touch(out / "scores/r/step_1/a/greedy-s1.json", "{}")
+    touch(tmp_path / "logs/evaluate/r/step_1/a/greedy-s1.log", "ValueError: old attempt")
+    # running: a fresh temp file of the generation; a stale one (a killed writer) is ignored
+    touch(out / "generations/r/step_2/a/.greedy-s1.jsonl.k2j3x_9a.tmp")
+    touch(out / "generations/r/step_2/b/.greedy-s1.jsonl.zz81qq0p.tmp", age_s=3600)
+    # failed: the checkpoint's infer log ends with a traceback -> every task of step_3
+    touch(tmp_path / "logs/infer/r/step_3.log",
+          "loading\nTraceback (most recent call last):\n  File \"x\", line 1\n"
+          "torch.OutOfMemoryError: CUDA out of memory\n\n")
+    # a log that ends normally says nothing
+    touch(tmp_path / "logs/evaluate/r/step_4/a/greedy-s1.log", "scored 20 samples\n")
+    # a one-line user error as the workflow's scripts print it
+    touch(tmp_path / "logs/evaluate/r/step_4/b/greedy-s1.log", "ckpteval: error: task x: bad\n")
+    # Snakemake's incomplete marker: running while a Snakemake holds the lock, else interrupted
+    marker(tmp_path, "results/scores/r/step_5/a/greedy-s1.json")
+    touch(tmp_path / ".snakemake/locks/0.output.lock", "results/scores/r/step_5/a/greedy-s1.json\n")
+    marker(tmp_path, "results/generations/r/step_6/a/greedy-s1.jsonl")
+    # the newest Snakemake log names a failed job's output; an older log is ignored
+    touch(tmp_path / ".snakemake/log/2026-01-01T000000.000000.snakemake.log", textwrap.dedent("""\
+        Error in rule evaluate:
+            jobid: 9
+            output: results/scores/r/step_8/a/greedy-s1.json
+        """), age_s=100)
+    touch(tmp_path / ".snakemake/log/2026-01-02T000000.000000.snakemake.log", textwrap.dedent("""\
+        [Sat Nov 21 06:22:01 2026]
+        Error in rule evaluate:
+            message: None
+            jobid: 2
+            output: results/scores/r/step_7/b/greedy-s1.jsonl, results/scores/r/step_7/b/s.json
+            log: logs/evaluate/r/step_7/b/greedy-s1.log (check log file(s) for error details)
+        Exiting because a job execution failed. Look above for error messages
+        """))
+
+    got = states(out, cells)
+    assert got == {
+        ("step_1", "a"): "done", ("step_1", "b"): "missing",
+        ("step_2", "a"): "running", ("step_2", "b"): "missing",
+        ("step_3", "a"): "failed", ("step_3", "b"): "failed",
+        ("step_4", "a"): "missing", ("step_4", "b"): "failed",
+        ("step_5", "a"): "running", ("step_5", "b"): "missing",
+        ("step_6", "a"): "failed", ("step_6", "b"): "missing",
+        ("step_7", "a"): "missing", ("step_7", "b"): "failed",
+        ("step_8", "a"): "missing", ("step_8", "b"): "missing",
+    }
+    detail = cell_states(out, cells).set_index(["ckpt", "task"])["detail"]
+    assert "logs/infer/r/step_3.log: torch.OutOfMemoryError" in detail[("step_3", "b")]
+    assert detail[("step_6", "a")].startswith("interrupted")
+    assert detail[("step_7", "b")] == (
+        "rule evaluate failed (see logs/evaluate/r/step_7/b/greedy-s1.log)")
+
+
+def test_matrix_folds_variants_and_prints(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    cells = expected(["step_10", "step_2"], ["a", "b"], variants=("greedy-s1", "t7-s1"))
+    for variant in ("greedy-s1", "t7-s1"):
+        touch(out / f"scores/r/step_10/a/{variant}.json", "{}")
+    touch(out / "scores/r/step_10/b/greedy-s1.json", "{}")
+    touch(out / "scores/r/step_2/a/.t7-s1.json.abcdefgh.tmp")
+    touch(tmp_path / "logs/evaluate/r/step_2/b/t7-s1.log", "KeyboardInterrupt\n")
+
+    matrix = status_matrix(out, cells)
+    assert list(matrix.index) == [("r", "step_10"), ("r", "step_2")]  # the order given
+    assert matrix.to_dict("index") == {
+        ("r", "step_10"): {"a": "done", "b": "missing"},
+        ("r", "step_2"): {"a": "running", "b": "failed"},
+    }
+    text = format_status(cell_states(out, cells))
+    lines = text.splitlines()
+    assert lines[0].split() == ["checkpoint", "a", "b"]
+    assert lines[1].split() == ["r/step_10", "(10)", "done", "missing", "1/2"]
+    assert lines[2].split() == ["r/step_2", "(2)", "running", "FAILED"]
+    assert "3 done, 1 running, 1 failed, 3 missing (8 cells)" in text
+    assert "r/step_2/b/t7-s1: " in text and "KeyboardInterrupt" in text
+
+
+def test_nothing_expected() -> None:
+    empty = pd.DataFrame(columns=CELL_COLUMNS)
+    assert "No cells expected" in format_status(empty)
+    assert matrix_from_cells(empty).empty
+
+
+SNAKEFILE = """\
+rule all:
+    input:
+        expand("results/scores/r/{ckpt}/t/greedy-s1.json", ckpt=["step_1", "step_2", "step_3"])
+
+rule evaluate:
+    output: "results/scores/{run}/{ckpt}/{task}/{variant}.json"
+    log: "logs/evaluate/{run}/{ckpt}/{task}/{variant}.log"
+    shell:
+        '''
+        case {wildcards.ckpt} in
+          step_2) echo "ValueError: sample 3 is broken" > {log}; exit 1 ;;
+          step_3) for i in $(seq 600); do [ -e go ] && break; sleep 0.1; done ;;
+        esac
+        echo '{{}}' > {output}
+        '''
+"""
+
+
+def test_states_during_and_after_a_real_snakemake_run(tmp_path: Path) -> None:
+    (tmp_path / "Snakefile").write_text(SNAKEFILE)
+    cells = expected(["step_1", "step_2", "step_3", "step_4"], ["t"])
+    out = tmp_path / "results"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "-c2", "--keep-going", "--quiet", "all"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        seen_running = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            if states(out, cells)[("step_3", "t")] == "running":
+                seen_running = True
+                break
+            time.sleep(0.2)
+        assert seen_running, "the waiting job never showed as running"
+        assert states(out, cells)[("step_4", "t")] == "missing"
+    finally:
+        (tmp_path / "go").touch()  # let the waiting job finish, whatever happened above
+        output, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, output  # step_2 failed
+    final = cell_states(out, cells).set_index("ckpt")
+    assert list(final["state"]) == ["done", "failed", "done", "missing"]
+    assert "logs/evaluate/r/step_2/t/greedy-s1.log" in final.loc["step_2", "detail"]
+
+
+def test_status_command_reads_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    for step in (5, 10):
+        touch(tmp_path / f"run/step_{step}/DONE")
+    (tmp_path / "cfg.yaml").write_text(
+        "outdir: results\nruns:\n  r: {path: run, complete_marker: DONE}\ntasks:\n  arith: {}\n")
+    touch(tmp_path / "results/scores/r/step_5/arith/greedy-s42.json", "{}")
+    touch(tmp_path / "logs/infer/r/step_10.log", "RuntimeError: engine died\n")
+    monkeypatch.chdir(tmp_path)
+    parser = argparse.ArgumentParser()
+    add_status_parser(parser.add_subparsers())
+
+    args = parser.parse_args(["status", "--configfile", "cfg.yaml"])
+    assert args.func(args) == 1  # a failed cell
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1].split() == ["r/step_5", "(5)", "done"]
+    assert printed[2].split() == ["r/step_10", "(10)", "FAILED"]
+
+    args = parser.parse_args(["status", "--configfile", "nope.yaml"])
+    with pytest.raises(UserError, match="nope.yaml"):
+        args.func(args)
