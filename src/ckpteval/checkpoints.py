@@ -9,6 +9,7 @@ trainer is still writing is skipped until a later invocation.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,3 +68,17 @@ def is_complete(path: Path) -> bool:
     from ckpteval.formats import is_complete as format_is_complete
 
     return format_is_complete(path)
+
+
+def checkpoint_fingerprint(path: Path) -> str:
+    """A cheap digest of a checkpoint's files (relative name, size, mtime), read without opening them.
+
+    It changes when a trainer rewrites weights in place, so the consolidate rule can rerun (and the
+    weights hash decide what else must); it is blind to a directory's own mtime.
+    """
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        st = f.stat()
+        digest.update(f"{f.relative_to(path) if f != path else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]

@@ -3,6 +3,7 @@
 import sys
 from pathlib import Path
 
+from ckpteval.checkpoints import checkpoint_fingerprint
 from ckpteval.config import build_plan, validate_config
 from ckpteval.errors import UserError
 
@@ -35,6 +36,13 @@ def get_checkpoint_source(wildcards):
 
 def get_checkpoint_path(wildcards):
     return str(PLAN.checkpoint(wildcards.run, wildcards.ckpt).path)
+
+
+def get_source_fingerprint(wildcards):
+    """Names, sizes and mtimes of the checkpoint's files: a changed param reruns consolidate (and,
+    through the new weights hash, everything downstream) when weights are overwritten in place,
+    while the raw input itself stays ancient()."""
+    return checkpoint_fingerprint(PLAN.checkpoint(wildcards.run, wildcards.ckpt).path)
 
 
 def get_format(wildcards):

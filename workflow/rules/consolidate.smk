@@ -1,6 +1,7 @@
 # Whatever a trainer wrote -> a verified HF directory vLLM loads, plus a manifest with the weights
 # hash every later file is traced to. Raw checkpoint inputs are ancient(): a trainer touching a
-# directory does not rerun the sweep.
+# directory does not rerun the sweep; weights rewritten in place change the fingerprint param,
+# which reruns this job, and the new weights hash reruns what depends on it.
 rule consolidate:
     input:
         source=get_checkpoint_source,
@@ -16,7 +17,8 @@ rule consolidate:
         dtype=config["consolidate"]["dtype"],
         smoke=config["consolidate"]["smoke"],
         engine=config["engine"],
+        fingerprint=get_source_fingerprint,
     resources:
-        mem_mb=8000,
+        gpu=1 if config["consolidate"]["smoke"] == "vllm" else 0,
     script:
         "../scripts/consolidate.py"
