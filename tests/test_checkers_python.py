@@ -1,0 +1,114 @@
+"""The python checker on real samples: passing, failing, broken, slow, crashing and hostile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckpteval.checkers import Job, Verdict, get_checker
+from ckpteval.checkers.extract import code_block, python_program
+from ckpteval.io import iter_jsonl
+
+PYFUNC = Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks" / "pyfunc.jsonl"
+PROBLEMS = {row["task_id"]: row for row in iter_jsonl(PYFUNC)}
+SUM_SQ = PROBLEMS["pyfunc/0"]  # sum_of_squares(nums)
+GOOD_BODY = "    return sum(n * n for n in nums)\n"
+MBPP = {"task_id": "mbpp/1", "text": "Add two numbers.", "code": "def add(a, b):\n    return a + b\n",
+        "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], "test_setup_code": ""}
+
+# (name, problem, completion, expected error_type); None means the sample must pass.
+CASES = [
+    ("body", SUM_SQ, GOOD_BODY, None),
+    ("full function in a fence with prose", SUM_SQ,
+     "Here you go:\n```python\ndef sum_of_squares(nums):\n    return sum(x * x for x in nums)\n```\n"
+     "This sums squares.", None),
+    ("full function, no fence", SUM_SQ,
+     "from typing import List\n\ndef sum_of_squares(nums: List[int]) -> int:\n"
+     "    total = 0\n    for n in nums:\n        total += n * n\n    return total\n", None),
+    ("body then [DONE]", SUM_SQ, GOOD_BODY + "[DONE]\nmore text that is not code", None),
+    ("wrong answer", SUM_SQ, "    return 0\n", "wrong_answer"),
+    ("syntax error", SUM_SQ, "    return (\n", "compile_error"),
+    ("exception", SUM_SQ, "    raise ValueError('boom')\n", "runtime_error"),
+    ("infinite loop", SUM_SQ, "    while True:\n        pass\n", "timeout"),
+    ("exit(0) inside the function", SUM_SQ, "    import os\n    os._exit(0)\n", "runtime_error"),
+    ("SystemExit(0)", SUM_SQ, "    raise SystemExit(0)\n", "runtime_error"),
+    ("fork bomb", SUM_SQ, "    import os\n    while True:\n        try:\n            os.fork()\n"
+     "        except OSError:\n            pass\n", "timeout"),
+    ("memory bomb", SUM_SQ, "    x = bytearray(1 << 40)\n    return 0\n", "memory_limit"),
+    ("printing gigabytes", SUM_SQ,
+     "    import sys\n    while True:\n        sys.stdout.write('x' * 1000000)\n", "output_limit"),
+    ("reading the home directory", SUM_SQ,
+     "    import os\n    return len(os.listdir('/root/.ssh')) + len(open('/root/.bashrc').read())\n",
+     "runtime_error"),
+    ("writing outside the temp dir", SUM_SQ,
+     "    open('/usr/lib/ckpteval-evil', 'w').write('x')\n" + GOOD_BODY, "runtime_error"),
+    ("opening a socket", SUM_SQ,
+     "    import socket\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\n" + GOOD_BODY,
+     "runtime_error"),
+    ("killing the parent (no effect) then answering", SUM_SQ,
+     "    import os, signal\n    try:\n        os.kill(os.getppid(), signal.SIGKILL)\n"
+     "    except OSError:\n        pass\n" + GOOD_BODY, None),
+    ("mbpp reference", MBPP, MBPP["code"], None),
+    ("mbpp [BEGIN]/[DONE]", MBPP, "[BEGIN]\ndef add(a, b):\n    return a + b\n[DONE]", None),
+    ("mbpp wrong", MBPP, "def add(a, b):\n    return a - b\n", "wrong_answer"),
+]
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, Verdict]:
+    """All cases checked in one call, two workers, a 3 s timeout."""
+    checker = get_checker("python", sandbox="bwrap")
+    jobs = [Job(p["task_id"], p, completion) for _, p, completion, _ in CASES]
+    results = checker.check(jobs, workers=2, timeout=3)
+    return {name: v for (name, *_), v in zip(CASES, results, strict=True)}
+
+
+@pytest.mark.parametrize("name,expected", [(c[0], c[3]) for c in CASES])
+def test_case_verdict(verdicts: dict[str, Verdict], name: str, expected: str | None) -> None:
+    verdict = verdicts[name]
+    assert verdict.error_type == expected, verdict
+    assert verdict.passed == (expected is None)
+    assert verdict.compile_ok == (expected != "compile_error")
+
+
+def test_failure_keeps_the_useful_stderr(verdicts: dict[str, Verdict]) -> None:
+    assert "AssertionError" in verdicts["wrong answer"].stderr_tail
+    assert "ValueError: boom" in verdicts["exception"].stderr_tail
+    assert "/tmp/ckpteval-py-" not in verdicts["exception"].stderr_tail  # stable paths
+
+
+def test_code_block_prefers_the_language_block() -> None:
+    text = "```text\nnot code\n```\nand\n```python\nx = 1\n```"
+    assert code_block(text, ("python",)) == "x = 1\n"
+    assert code_block("```python\ny = 2\n", ("python",)) == "y = 2\n"  # unterminated fence
+    assert code_block("plain", ("python",)) == "plain"
+
+
+def test_full_function_keeps_the_prompt_imports_and_helpers() -> None:
+    problem = {"prompt": "import math\n\ndef helper(x):\n    return x\n\n"
+                         "def f(x):\n    \"\"\"doc\"\"\"\n", "entry_point": "f"}
+    program = python_program(problem, "def f(x):\n    return helper(math.floor(x))\n")
+    namespace: dict[str, object] = {}
+    exec(compile(program, "p", "exec"), namespace)  # noqa: S102 - our own fixed program
+    assert namespace["f"](2.5) == 2  # type: ignore[operator]
+
+
+def test_self_test_jobs_pass_and_fail_as_they_should() -> None:
+    checker = get_checker("python")
+    references = checker.reference_jobs(PROBLEMS)
+    wrong = checker.known_wrong_jobs(PROBLEMS)
+    results = checker.check([*references, *wrong], workers=2, timeout=5)
+    assert len(references) == len(PROBLEMS) == 8
+    assert all(v.passed for v in results[: len(references)])
+    assert not any(v.passed for v in results[len(references):])
+
+
+def test_sandbox_none_gives_the_same_verdicts(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING"):
+        checker = get_checker("python", sandbox="none")
+    assert "WITHOUT isolation" in caplog.text
+    jobs = [Job("pyfunc/0", SUM_SQ, GOOD_BODY), Job("pyfunc/0", SUM_SQ, "    return 0\n"),
+            Job("pyfunc/0", SUM_SQ, "    import os\n    os._exit(0)\n")]
+    assert [v.error_type for v in checker.check(jobs, workers=1, timeout=5)] == \
+           [None, "wrong_answer", "runtime_error"]
