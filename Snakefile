@@ -18,6 +18,7 @@ include: "workflow/rules/aggregate.smk"
 
 localrules:
     all,
+    aggregate,
 
 
 rule all:

