@@ -9,6 +9,21 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+# A Snakemake killed with SIGKILL leaves its locks in .snakemake/locks/, and every later run would
+# refuse to start until `snakemake --unlock`. The main process claims the working directory at
+# parse time and clears locks that no live Snakemake of this workflow holds; incomplete outputs
+# stay marked, so --rerun-incomplete (profiles/default) redoes the killed jobs.
+if workflow.is_main_process:
+    import sys
+
+    from ckpteval.status import claim_workdir
+
+    _stale_locks = claim_workdir()
+    if _stale_locks:
+        print(f"ckpteval: removed {len(_stale_locks)} stale Snakemake lock file(s) left by a killed "
+              "run", file=sys.stderr)
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/consolidate.smk"
 include: "workflow/rules/infer.smk"

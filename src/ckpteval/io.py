@@ -7,6 +7,7 @@ complete, so a killed job never leaves a file that looks finished.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -24,9 +25,16 @@ os.umask(_UMASK)
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
-    """Open a temp file beside `path`; rename it over `path` only if the block completes."""
+    """Open a temp file beside `path`; rename it over `path` only if the block completes.
+
+    Temp files of `path` that a killed writer left behind are removed first: one job writes a
+    given output at a time, so an older temp file of the same name can only be debris.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.????????.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are shared like any other file
     try:

@@ -7,9 +7,9 @@ Snakemake runs (locally or under Slurm), after it stopped, and from another shel
 - **running**: a temp file of one of its outputs (`.{name}.*.tmp`, as `ckpteval.io.atomic_open`
   makes them) was modified in the last `STALE_AFTER_S` seconds, or Snakemake marked one of the
   cell's outputs incomplete (`.snakemake/incomplete/`: its job started) and a running Snakemake
-  holds a lock on it (`.snakemake/locks/*.output.lock`). A Snakemake killed with SIGKILL leaves
-  its lock behind, so its started jobs show as running until `snakemake --unlock`, which Snakemake
-  itself demands before it runs again.
+  holds a lock on it (`.snakemake/locks/*.output.lock`). Locks count only while a Snakemake of
+  this workflow is alive in the working directory (`claim_workdir`): a Snakemake killed with
+  SIGKILL leaves its locks behind, and its started jobs then show as interrupted.
 - **failed**: not done or running, and one of
   - the newest Snakemake log (`.snakemake/log/*.snakemake.log`) has an `Error in rule` block whose
     outputs concern the cell;
@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import fcntl
 import os
 import re
 import sys
@@ -60,7 +62,71 @@ _ERROR_LINE = re.compile(
 )
 _TAIL_BYTES = 4096
 
+#: Held with a shared flock by every Snakemake process of this workflow in a working directory,
+#: from parse time until it exits (`claim_workdir`). The kernel drops it when the process dies,
+#: even of SIGKILL, so "nobody holds it" means "no Snakemake of ours is alive here".
+OWNER_FILE = "ckpteval-owner.lock"
+
 Key = tuple[str, ...]
+_owner_fd: int | None = None
+
+
+def claim_workdir(snakemake_dir: Path = Path(".snakemake")) -> list[Path]:
+    """Mark this process as a live Snakemake of the workflow, and remove stale Snakemake locks.
+
+    Called at parse time by the main Snakemake process. Snakemake's own locks
+    (`.snakemake/locks/`) carry no process id, so after a SIGKILL they stay and every later
+    `snakemake` refuses to start until `--unlock`. Here the locks are removed only if no other
+    live Snakemake holds the owner file; then this process holds it (shared) until it exits.
+    Incomplete-output markers are kept: `--rerun-incomplete` redoes those jobs. Returns the lock
+    files removed. On a filesystem that cannot lock, nothing is removed (Snakemake then asks for
+    `--unlock` as usual).
+    """
+    global _owner_fd
+    if _owner_fd is not None:
+        return []
+    try:
+        snakemake_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(snakemake_dir / OWNER_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return []
+    removed: list[Path] = []
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass  # another live Snakemake holds it: its locks are real
+    else:
+        for lock in sorted((snakemake_dir / "locks").glob("*.lock")):
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+                removed.append(lock)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while another process is cleaning up
+    except OSError:
+        os.close(fd)
+        return removed
+    _owner_fd = fd
+    return removed
+
+
+def snakemake_alive(snakemake_dir: Path) -> bool:
+    """Whether a Snakemake of this workflow holds the working directory (see `claim_workdir`).
+
+    Without an owner file (a Snakemake older than `claim_workdir`, or none ever ran), its locks
+    are taken at their word.
+    """
+    path = snakemake_dir / OWNER_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return any((snakemake_dir / "locks").glob("*.lock"))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's lock, if it got one
+    return False
 
 
 def cell_states(
@@ -166,7 +232,8 @@ class _Evidence:
             if len(rel.parts) >= 3:  # <rule>/<run>/<ckpt>...
                 ev.job_logs[_key(Path(*rel.parts[1:]))].append(log)
         snakemake_dir = workdir / ".snakemake"
-        locked = set(_locked_outputs(snakemake_dir, workdir))
+        locked = set(_locked_outputs(snakemake_dir, workdir)) if snakemake_alive(snakemake_dir) \
+            else set()
         for path in _incomplete_outputs(snakemake_dir, workdir):
             key = _output_key(outdir, path)
             if key is None:
