@@ -94,9 +94,6 @@ ARITH = [json.loads(line) for line in
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="`shard` is not wired into the workflow yet: schema key, build_plan "
-                          "filter and rule all's targets (see ckpteval.shard's docstring)")
 def test_two_shards_then_an_unsharded_aggregate(tmp_path: Path) -> None:
     """Two Snakemakes in one directory split 8 checkpoints by hash; the third run only aggregates."""
     steps = range(1, 9)

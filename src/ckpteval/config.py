@@ -9,7 +9,9 @@ surfaces before the DAG is built.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import yaml
 
 from ckpteval.checkpoints import Checkpoint, discover_checkpoints
 from ckpteval.errors import UserError
+from ckpteval.shard import Shard, parse_shard, select
 from ckpteval.tasks import TaskSpec, resolve_task
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -50,13 +53,32 @@ class Variant:
         return self.sampling.variant(self.seed)
 
 
+BACKENDS = ("vllm", "openai", "replay")
+
+
 @dataclass(frozen=True)
 class Run:
+    """A training run (backend `vllm`), a model behind an endpoint (`openai`), or generations that
+    already exist (`replay`). Only `vllm` runs have weights to consolidate."""
+
     name: str
-    path: Path
+    path: Path | None
     format: str
     base_model: Path | None
     checkpoints: tuple[Checkpoint, ...]
+    backend: str = "vllm"
+    endpoint: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    solutions: str | None = None
+
+    @property
+    def has_weights(self) -> bool:
+        return self.backend == "vllm"
+
+    def solutions_file(self, task: str, variant: str, step: int) -> Path:
+        """The replay file holding `task`'s generations for `variant` at `step`."""
+        assert self.solutions is not None, f"run {self.name} is not a replay run"
+        return Path(self.solutions.replace("{task}", task).replace("{variant}", variant)
+                    .replace("{step}", str(step)))
 
 
 @dataclass(frozen=True)
@@ -69,6 +91,20 @@ class Plan:
     variants: dict[str, Variant]
     task_variants: dict[str, tuple[str, ...]]
     config: dict[str, Any] = field(repr=False)
+    shard: Shard | None = None
+
+    @property
+    def engine_groups(self) -> dict[str, tuple[str, ...]]:
+        """Engine group -> its tasks; each group is one infer job per checkpoint. The default
+        group `""` (every task without `engine_group`) is the rule `infer`."""
+        groups: dict[str, list[str]] = {}
+        for name in self.tasks:
+            group = (self.config["tasks"][name] or {}).get("engine_group") or ""
+            groups.setdefault(group, []).append(name)
+        return {g: tuple(ts) for g, ts in sorted(groups.items())}
+
+    def runs_with_backend(self, backend: str) -> list[str]:
+        return [name for name, run in self.runs.items() if run.backend == backend]
 
     def checkpoint(self, run: str, ckpt: str) -> Checkpoint:
         try:
@@ -116,9 +152,10 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> 
 
     if not isinstance(config, dict) or not config:
         raise UserError("config is empty: give a config file with --configfile (see config/README.md)")
-    for name, opts in (config.get("tasks") or {}).items():
-        if opts is None:
-            config["tasks"][name] = {}
+    if isinstance(config.get("tasks"), dict):
+        for name, opts in config["tasks"].items():
+            if opts is None:
+                config["tasks"][name] = {}
     try:
         validate(config, str(schema_path), set_default=True)
     except WorkflowError:
@@ -146,13 +183,30 @@ def _short(error: Any) -> str:
     return error.message if len(error.message) < 200 else error.message[:200] + "..."
 
 
+def sampling_configs(raw: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Sampling]:
+    """The config's sampling configs by name. A list is named from the values
+    (`{temperature: 0.6, top_p: 0.95, n: 8}` -> `t0.6p0.95n8`, plus `m<max_new_tokens>` when that
+    is not the default 512), so variants read `t0.6p0.95n8-s1`."""
+    def make(name: str, s: dict[str, Any]) -> Sampling:
+        return Sampling(name, float(s.get("temperature", 0.0)), float(s.get("top_p", 1.0)),
+                        int(s.get("max_new_tokens", 512)), int(s.get("n", 1)))
+
+    if isinstance(raw, dict):
+        return {name: make(name, s) for name, s in raw.items()}
+    out: dict[str, Sampling] = {}
+    for s in raw:
+        sampling = make("", s)
+        name = (f"t{sampling.temperature:g}p{sampling.top_p:g}n{sampling.n}"
+                + (f"m{sampling.max_new_tokens}" if sampling.max_new_tokens != 512 else ""))
+        if name in out:
+            raise UserError(f"config: sampling: two entries are both {name}; drop one")
+        out[name] = make(name, s)
+    return out
+
+
 def build_tasks(config: dict[str, Any]) -> tuple[dict[str, TaskSpec], dict[str, Variant], dict[str, tuple[str, ...]]]:
     """Tasks, variants, and which variants each task runs, from a validated config (no disk I/O)."""
-    samplings = {
-        name: Sampling(name, float(s["temperature"]), float(s["top_p"]),
-                       int(s["max_new_tokens"]), int(s["n"]))
-        for name, s in config["sampling"].items()
-    }
+    samplings = sampling_configs(config["sampling"])
     variants = {
         s.variant(seed): Variant(s, seed) for s in samplings.values() for seed in config["seeds"]
     }
@@ -180,6 +234,18 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None) -> Plan:
 
     runs: dict[str, Run] = {}
     for name, r in config["runs"].items():
+        backend = r["backend"]
+        if backend != "vllm":
+            runs[name] = _weightless_run(name, r, base_dir, task_variants)
+            continue
+        if not r.get("path"):
+            raise UserError(f"config: runs.{name}.path: required for backend vllm (the training "
+                            "run's output directory)")
+        for key in ("endpoint", "solutions"):
+            if r.get(key) is not None:
+                raise UserError(f"config: runs.{name}.{key}: only for backend "
+                                f"{'openai' if key == 'endpoint' else 'replay'}; this run's backend "
+                                "is vllm (set runs.<name>.backend)")
         path = _resolve(r["path"], base_dir)
         if not path.is_dir():
             raise UserError(
@@ -202,7 +268,80 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None) -> Plan:
             f"config: engine.tensor_parallel_size: {tp} > 1 changes scores between runs; keep 1 "
             "(one GPU per job), or set engine.allow_tensor_parallel: true for models that do not fit"
         )
-    return Plan(config["outdir"], runs, tasks, variants, task_variants, config)
+    shard = parse_shard(config.get("shard"))
+    runs = {name: dataclasses.replace(run, checkpoints=tuple(select(run.checkpoints, name, shard)))
+            for name, run in runs.items()}
+    return Plan(config["outdir"], runs, tasks, variants, task_variants, config, shard)
+
+
+def _weightless_run(name: str, r: dict[str, Any], base_dir: Path,
+                    task_variants: dict[str, tuple[str, ...]]) -> Run:
+    """An `openai` or `replay` run: no weights, no consolidation; checkpoints named `step_<N>`.
+
+    An endpoint serves one model (checkpoint `step_<runs.<name>.step>`). Replay files come from
+    the `solutions` pattern (`{task}`, optionally `{variant}` and `{step}`; a directory means
+    `<dir>/{task}.jsonl`); with `{step}`, every step whose files all exist is a checkpoint.
+    """
+    backend = r["backend"]
+    key = f"config: runs.{name}"
+    if r.get("evaluate_base") or r.get("base_model"):
+        raise UserError(f"{key}.base_model: only vllm runs have a base model to evaluate")
+    if backend == "openai":
+        if not r.get("endpoint"):
+            raise UserError(f"{key}.endpoint: backend openai needs endpoint: {{base_url, model}}")
+        if r.get("solutions") is not None:
+            raise UserError(f"{key}.solutions: only for backend replay")
+        step = int(r["step"])
+        ckpt = Checkpoint(f"step_{step}", step, _resolve(r["path"], base_dir) if r.get("path")
+                          else base_dir)
+        return Run(name, None, backend, None, (ckpt,), backend, dict(r["endpoint"]), None)
+    if r.get("endpoint") is not None:
+        raise UserError(f"{key}.endpoint: only for backend openai")
+    if not r.get("solutions"):
+        raise UserError(f"{key}.solutions: backend replay needs solutions: a directory of "
+                        "<task>.jsonl files or a pattern with {task}")
+    pattern = str(_resolve(r["solutions"], base_dir))
+    if "{" not in pattern:
+        if not Path(pattern).is_dir():
+            raise UserError(f"{key}.solutions: {pattern} is neither a directory nor a pattern "
+                            "with {task}")
+        pattern = str(Path(pattern) / "{task}.jsonl")
+    unknown = set(re.findall(r"\{(\w*)\}", pattern)) - {"task", "variant", "step"}
+    if "{task}" not in pattern or unknown:
+        raise UserError(f"{key}.solutions: {r['solutions']!r} must contain {{task}} and may "
+                        "contain {variant} and {step}, nothing else in braces")
+    if "{variant}" not in pattern:
+        for task, variants in task_variants.items():
+            if len(variants) > 1:
+                raise UserError(
+                    f"{key}.solutions: task {task} runs {len(variants)} variants "
+                    f"({', '.join(variants)}) but the pattern has no {{variant}}; add it, or "
+                    f"give tasks.{task}.sampling one sampling config and seeds one seed")
+    files = [(t, v) for t, vs in task_variants.items() for v in vs]
+    run = Run(name, None, backend, None, (), backend, None, pattern)
+    steps = _replay_steps(pattern) if "{step}" in pattern else [int(r["step"])]
+    complete = [s for s in steps if all(run.solutions_file(t, v, s).is_file() for t, v in files)]
+    if not steps:
+        raise UserError(f"{key}.solutions: no file matches {pattern}")
+    if not complete:
+        missing = next(path for t, v in files
+                       if not (path := run.solutions_file(t, v, steps[0])).is_file())
+        raise UserError(f"{key}.solutions: no file {missing}")
+    base = Path(pattern.split("{", 1)[0])
+    ckpts = tuple(Checkpoint(f"step_{s}", s, base if base.is_dir() else base.parent)
+                  for s in sorted(complete))
+    return Run(name, None, backend, None, ckpts, backend, None, pattern)
+
+
+def _replay_steps(pattern: str) -> list[int]:
+    """Steps for which at least one file matching a `{step}` solutions pattern exists."""
+    import glob
+
+    regex = re.compile(re.escape(pattern).replace(r"\{step\}", r"(?P<step>\d+)")
+                       .replace(r"\{task\}", r"[^/]+").replace(r"\{variant\}", r"[^/]+") + r"\Z")
+    wild = pattern.replace("{task}", "*").replace("{variant}", "*").replace("{step}", "*")
+    steps = {int(m.group("step")) for f in glob.glob(wild) if (m := regex.match(f))}
+    return sorted(steps)
 
 
 def _resolve(path: str, base_dir: Path) -> Path:

@@ -1,35 +1,376 @@
-"""Score files for lm-eval (harness) tasks: lm-eval already scored each sample in the infer job.
+"""lm-evaluation-harness tasks: load them (offline-aware), run them on a backend through ckpteval's
+request cache, and turn their samples into score files.
 
-Non-code lm-eval tasks are scored by lm-eval's own filters and metrics while they run; the
-generation lines carry those per-sample values (`metrics`, keyed `<metric>,<filter>`). This module
-turns them into ckpteval's per-sample and per-cell score files, so harness and ckpteval tasks land
-in one table, and checks that the means agree with lm-eval's own aggregate (recorded in the
-generation's meta file) so a conversion bug can never pass silently.
+Running (infer step). `HarnessRunner` loads every harness task of the job before any engine starts,
+so a dataset that cannot be found offline or a missing lm-eval extra fails in seconds with one
+line. Non-code tasks go through `lm_eval.simple_evaluate` on a `CachedHarnessLM`: lm-eval builds
+prompts, few-shot context, filters and metrics exactly as `lm_eval --model vllm` does, while every
+request is answered from ckpteval's cache or, in chunks, by the backend's lm-eval model (the very
+engine ckpteval's own tasks use) and appended to the cache at once. lm-eval's own sqlite cache
+skips sampled requests and writes only after a whole batch; this one keys sampled requests by
+their seed and survives a kill mid-task. The engine loads only if a request is missing.
+
+Code tasks (`humaneval`, `mbpp`, or `checker: python`) only take their requests from lm-eval: the
+completions are generated like ckpteval's own tasks (with `n` samples for pass@k) and each line
+carries its `problem`, so the evaluate step scores it in the python checker's sandbox, never with
+lm-eval's `code_eval` (which loads from the hub and would execute code inside the GPU job).
+
+Scoring (evaluate step). Non-code tasks were scored by lm-eval while they ran: the generation lines
+carry its per-sample metrics (`metrics`, keyed `<metric>,<filter>`), which become ckpteval's
+per-sample and per-cell files, checked against lm-eval's own aggregate (recorded in the generation
+meta) so a conversion bug can never pass silently.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ckpteval import __version__
-from ckpteval.io import iter_jsonl, read_json, write_json, write_jsonl
+from ckpteval.backends import Backend, Prompt, SamplingSpec
+from ckpteval.errors import UserError
+from ckpteval.io import iter_jsonl, read_json, sha256_json, write_json, write_jsonl
 from ckpteval.metrics import mean_and_stderr
+from ckpteval.tasks import HARNESS_TASK_DIR, TaskSpec
+
+log = logging.getLogger(__name__)
 
 SCORER_VERSION = f"ckpteval-{__version__}/harness-1"
 
+#: Fields of a code task's document that the python checker reads (HumanEval and MBPP shapes).
+PYTHON_PROBLEM_KEYS = ("prompt", "test", "entry_point", "canonical_solution", "code", "test_list",
+                       "test_setup_code", "test_imports", "challenge_test_list")
+
+
+class HarnessRunner:
+    """Loads and runs the harness tasks of one infer job on its backend."""
+
+    def __init__(self, backend: Backend, include_paths: Sequence[str] = (), *,
+                 chunk_size: int = 256) -> None:
+        self.backend = backend
+        self.include_paths = [str(HARNESS_TASK_DIR), *[str(p) for p in include_paths]]
+        self.chunk_size = chunk_size
+        self._local: Any = None
+        self._full: Any = None
+        self._preloaded: dict[str, dict[str, Any]] = {}
+
+    def manager(self, name: str) -> Any:
+        """An lm-eval task index that knows `name`: ckpteval's and the configured YAMLs (fast),
+        else every lm-eval task too (indexing all of lm-eval's YAMLs takes 10-20 s: once, and
+        only when a task needs it)."""
+        from lm_eval.tasks import TaskManager
+
+        if self._local is None:
+            self._local = TaskManager(include_path=self.include_paths, include_defaults=False)
+        if name in self._local.all_tasks:
+            return self._local
+        if self._full is None:
+            self._full = TaskManager(include_path=self.include_paths)
+        return self._full
+
+    def preflight(self, tasks: Iterable[TaskSpec]) -> None:
+        """Load every harness task now, so a missing dataset or package fails before the engine."""
+        for task in tasks:
+            if task.kind == "harness" and task.name not in self._preloaded:
+                if task.options.get("chat_template") and self.backend.name == "openai":
+                    raise UserError(
+                        f"config: tasks.{task.name}.chat_template: lm-eval tasks on an openai run "
+                        "send plain completions; drop chat_template or use a vllm run")
+                self._preloaded[task.name] = self.load(task)
+
+    def load(self, task: TaskSpec) -> dict[str, Any]:
+        """lm-eval's {tasks, groups} for `task`, or a `UserError` saying what is missing."""
+        name = str(task.harness_task)
+        manager = self.manager(name)
+        if name not in manager.all_tasks:
+            raise UserError(
+                f"config: tasks.{task.name}.harness: lm-eval has no task {name!r}; "
+                "`lm_eval ls tasks` lists them (local YAMLs: lm_eval.include_paths)")
+        started = time.monotonic()
+        try:
+            loaded = manager.load([name])
+        except (ImportError, AssertionError) as exc:
+            raise UserError(
+                f"task {task.name}: lm-eval task {name!r} needs a package that is not installed "
+                f"({_first_line(exc)}); install lm-eval's extra for it, e.g. pip install "
+                "'lm-eval[ifeval]' or 'lm-eval[math]'") from None
+        except (ConnectionError, OSError, ValueError) as exc:
+            raise UserError(
+                f"task {task.name}: lm-eval task {name!r} cannot load its dataset "
+                f"({_first_line(exc)}); download it once on a machine with network into the "
+                "shared Hugging Face cache (HF_HOME), or give a local lm-eval YAML "
+                "(lm_eval.include_paths)") from None
+        log.info("lm-eval task %s loaded in %.1f s", name, time.monotonic() - started)
+        return dict(loaded)
+
+    def _objects(self, task: TaskSpec) -> dict[str, Any]:
+        """The preflight's objects the first time; freshly loaded ones after that (lm-eval runs
+        mutate task configs, and every variant must start from the YAML's)."""
+        return self._preloaded.pop(task.name, None) or self.load(task)
+
+    # ------------------------------------------------------------------------- non-code tasks
+
+    def run(self, job: Any, cache_file: Path) -> dict[str, Any]:
+        """Run a non-code harness task through lm-eval; write its generation file; return stats."""
+        import lm_eval
+
+        s = job.variant.sampling
+        if s.n != 1:
+            raise UserError(
+                f"task {job.task.name}: sampling {s.name} has n={s.n}; lm-eval tasks take one "
+                "sample per request (use a task's `repeats` in its lm-eval YAML, or a seed list)")
+        opts = job.task.options
+        gen_kwargs: dict[str, Any] = {}
+        if s.temperature > 0:
+            gen_kwargs = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p,
+                          "seed": job.variant.seed}
+        if opts.get("max_new_tokens"):
+            gen_kwargs["max_gen_toks"] = int(opts["max_new_tokens"])
+        loaded = self._objects(job.task)
+        name = str(job.task.harness_task)
+        targets = [loaded["groups"][name]] if name in loaded["groups"] else list(
+            loaded["tasks"].values())
+        lm = cached_harness_lm(self.backend, cache_file, chunk_size=self.chunk_size,
+                               label=f"{job.task.name} {job.variant.name}")
+        seed = job.variant.seed
+        results = lm_eval.simple_evaluate(
+            model=lm, tasks=targets, num_fewshot=opts.get("num_fewshot"), limit=opts.get("limit"),
+            batch_size="auto", log_samples=True, task_manager=self.manager(name),
+            gen_kwargs=gen_kwargs or None, apply_chat_template=bool(opts.get("chat_template")),
+            system_instruction=opts.get("system_prompt"), random_seed=seed,
+            numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+            bootstrap_iters=0)
+        if results is None:
+            raise RuntimeError("lm-eval returned no results")
+        rows = harness_lines(results["samples"], lm.completion_tokens)
+        write_jsonl(job.out, rows)
+        aggregate = results["results"].get(name) or (
+            results["results"][targets[0].task_name] if len(targets) == 1 else {})
+        return {"n_problems": len(rows), "n_samples": len(rows),
+                "n_cached_prompts": lm.n_cached, "n_generated_prompts": lm.n_generated,
+                "lm_eval_results": {k: v for k, v in aggregate.items() if k != "alias"},
+                "lm_eval_config": {t: results.get("configs", {}).get(t, {})
+                                   for t in results["samples"]},
+                "lm_eval_gen_kwargs": gen_kwargs or None,
+                "prompt_tokens": None, "completion_tokens": lm.total_completion_tokens}
+
+    # ----------------------------------------------------------------------------- code tasks
+
+    def code_requests(self, job: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Prompt],
+                                                SamplingSpec]:
+        """(problems, prompts, sampling) of a code task, from lm-eval's requests for it."""
+        loaded = self._objects(job.task)
+        if len(loaded["tasks"]) != 1:
+            raise UserError(f"task {job.task.name}: code tasks must be one lm-eval task, not a "
+                            f"group of {len(loaded['tasks'])}")
+        task = next(iter(loaded["tasks"].values()))
+        opts = job.task.options
+        wanted = opts.get("num_fewshot")
+        default = task.get_config("num_fewshot")
+        if wanted is not None and default != 0:
+            task.set_config(key="num_fewshot", value=int(wanted))
+        elif wanted is not None:
+            log.warning("%s: num_fewshot is 0 in its lm-eval config; %s ignored (as lm-eval does)",
+                        job.task.name, wanted)
+        elif default is None:
+            task.set_config(key="num_fewshot", value=0)
+        task.set_fewshot_seed(seed=job.variant.seed)
+        chat = bool(opts.get("chat_template"))
+        task.build_all_requests(
+            limit=opts.get("limit"), rank=0, world_size=1,
+            system_instruction=opts.get("system_prompt"), apply_chat_template=chat,
+            chat_template=functools.partial(chat_template, self.backend) if chat else None,
+            tokenizer_name=_tokenizer_name(self.backend) if chat else "")
+        problems: dict[str, dict[str, Any]] = {}
+        prompts: dict[str, Prompt] = {}
+        kwargs: list[dict[str, Any]] = []
+        for inst in task.instances:
+            context, gen = inst.args
+            doc = inst.doc
+            tid = str(doc["task_id"]) if "task_id" in doc else f"{task.task_name}/{inst.doc_id}"
+            problems[tid] = {k: doc[k] for k in PYTHON_PROBLEM_KEYS if k in doc}
+            prompts[tid] = context
+            kwargs.append(gen)
+        if not prompts:
+            raise UserError(f"task {job.task.name}: lm-eval built no requests")
+        gen = kwargs[0]
+        if any(k != gen for k in kwargs):
+            raise UserError(f"task {job.task.name}: requests differ in generation settings; "
+                            "ckpteval samples a code task with one setting")
+        s = job.variant.sampling
+        max_tokens = int(opts.get("max_new_tokens") or gen.get("max_gen_toks") or 256)
+        until = gen.get("until") or []
+        spec = SamplingSpec(n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens,
+                            seed=job.variant.seed,
+                            stop=tuple([until] if isinstance(until, str) else until))
+        return problems, prompts, spec
+
+
+def _tokenizer_name(backend: Backend) -> str:
+    tokenizer = getattr(backend, "tokenizer", None)
+    return str(getattr(tokenizer, "name_or_path", backend.name)).replace("/", "__")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def harness_lines(samples: Mapping[str, list[dict[str, Any]]],
+                  completion_tokens: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+    """Generation lines from lm-eval's logged samples: one per (task, doc), filters merged."""
+    lines: dict[tuple[str, int], dict[str, Any]] = {}
+    for task_name, task_samples in samples.items():
+        for sample in task_samples:
+            doc_id = int(sample["doc_id"])
+            completion = sample["resps"][0][0] if sample["resps"] and sample["resps"][0] else ""
+            line = lines.setdefault((task_name, doc_id), {
+                "task_id": f"{task_name}/{doc_id}", "sample_idx": 0,
+                "prompt": sample["arguments"][0][0], "completion": completion,
+                "target": sample["target"], "filtered": {}, "metrics": {},
+                "completion_tokens": (completion_tokens or {}).get(completion),
+            })
+            filt = sample.get("filter", "none")
+            line["filtered"][filt] = sample["filtered_resps"][0] if sample["filtered_resps"] else None
+            for metric in sample.get("metrics", []):
+                if metric in sample:
+                    line["metrics"][f"{metric},{filt}"] = float(sample[metric])
+    return [lines[k] for k in sorted(lines)]
+
+
+@functools.cache
+def _cached_lm_class() -> type:
+    from lm_eval.api.model import LM
+
+    return type("CachedHarnessLM", (CachedHarnessLM, LM), {})
+
+
+def cached_harness_lm(backend: Backend, cache_file: Path, *, chunk_size: int = 256,
+                      label: str = "") -> Any:
+    """A `CachedHarnessLM` that is also an lm-eval `LM` (lm-eval is imported only here, so the
+    evaluate step, which only scores, never pays for importing it)."""
+    return _cached_lm_class()(backend, cache_file, chunk_size=chunk_size, label=label)
+
+
+def chat_template(backend: Backend, chat_history: list[dict[str, str]],
+                  add_generation_prompt: bool = True) -> str:
+    """lm-eval's VLLM chat rendering, with the model's own tokenizer (no engine needed)."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None:
+        raise UserError(f"backend {backend.name} has no tokenizer to render a chat template")
+    return str(tokenizer.apply_chat_template(
+        chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
+        continue_final_message=not add_generation_prompt))
+
+
+class CachedHarnessLM:
+    """An lm-eval model answering from ckpteval's cache, asking the backend's lm-eval model only
+    for what is missing, chunk by chunk (each chunk is in the cache before the next starts).
+    Build it with `cached_harness_lm`."""
+
+    def __init__(self, backend: Backend, cache_file: Path, *, chunk_size: int = 256,
+                 label: str = "") -> None:
+        super().__init__()
+        self.backend = backend
+        self.cache_file = cache_file
+        self.chunk_size = chunk_size
+        self.label = label
+        self.n_cached = 0
+        self.n_generated = 0
+        self.completion_tokens: dict[str, int] = {}  # completion text -> its tokens
+        self.total_completion_tokens = 0
+
+    @property
+    def tokenizer_name(self) -> str:
+        return _tokenizer_name(self.backend)
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]],
+                            add_generation_prompt: bool = True) -> str:
+        return chat_template(self.backend, chat_history, add_generation_prompt)
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        return self._answer("generate_until", requests)
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        return [tuple(r) for r in self._answer("loglikelihood", requests)]  # type: ignore[misc]
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        return self._answer("loglikelihood_rolling", requests)
+
+    def _answer(self, kind: str, requests: list[Any]) -> list[Any]:
+        from ckpteval.infer import append_cache, read_cache
+
+        ident = self.backend.harness_identity()
+        keys = [sha256_json({"kind": kind, "args": list(req.args), "backend": ident})
+                for req in requests]
+        cached = read_cache(self.cache_file, set(keys))
+        todo = [i for i, key in enumerate(keys) if key not in cached]
+        self.n_cached += len(requests) - len(todo)
+        self.n_generated += len(todo)
+        log.info("%s: %d lm-eval %s requests, %d cached, %d to run", self.label, len(requests),
+                 kind, len(requests) - len(todo), len(todo))
+        done = 0
+        for start in range(0, len(todo), self.chunk_size):
+            chunk = todo[start:start + self.chunk_size]
+            model = self.backend.harness_model()
+            answers = getattr(model, kind)([requests[i] for i in chunk])
+            rows = []
+            for i, answer in zip(chunk, answers, strict=True):
+                row = {"key": keys[i], "kind": kind, "value": answer}
+                if kind == "generate_until":
+                    row["tokens"] = self.backend.count_tokens(answer)
+                rows.append(row)
+            append_cache(self.cache_file, rows)
+            cached.update((r["key"], r) for r in rows)
+            done += len(chunk)
+            log.info("%s: %d/%d lm-eval requests run", self.label, done, len(todo))
+        values = [cached[key]["value"] for key in keys]
+        if kind == "generate_until":
+            for key, value in zip(keys, values, strict=True):
+                tokens = cached[key].get("tokens")
+                if tokens is not None:
+                    self.completion_tokens[value] = tokens
+                    self.total_completion_tokens += tokens
+        return values
+
+
+# ----------------------------------------------------------------------------------- scoring
 
 def score_harness_file(
-    generations: Path, out_jsonl: Path, out_json: Path, *, provenance: dict[str, Any]
+    generations: Path, out_jsonl: Path, out_json: Path, *, provenance: dict[str, Any],
+    workers: int = 2, timeout: float | None = None, ks: Sequence[int] | None = None,
+    checker_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write per-sample verdicts and cell metrics for one harness generation file."""
-    started = time.monotonic()
+    """Write per-sample verdicts and cell metrics for one harness generation file.
+
+    Code tasks (lines carrying `problem`) are scored by the python checker in its sandbox, with
+    `workers`, `timeout`, `ks` and `checker_options` as for ckpteval's own tasks.
+    """
     errors: list[str] = []
     rows = list(iter_jsonl(generations, errors=errors))
     meta_path = generations.with_suffix(".meta.json")
-    reference = read_json(meta_path).get("lm_eval_results", {}) if meta_path.exists() else {}
+    meta = read_json(meta_path) if meta_path.exists() else {}
+    if rows and "problem" in rows[0]:
+        from ckpteval.evaluate import score_samples
+
+        problems = {r["task_id"]: r["problem"] for r in rows if "problem" in r}
+        return score_samples(meta.get("checker", "python"), problems, rows, out_jsonl, out_json,
+                             workers=workers, timeout=timeout, ks=ks,
+                             checker_options=checker_options or {}, provenance=provenance,
+                             input_errors=errors)
+    return _score_lm_eval_metrics(generations, rows, errors, meta.get("lm_eval_results", {}),
+                                  out_jsonl, out_json, provenance)
+
+
+def _score_lm_eval_metrics(generations: Path, rows: list[dict[str, Any]], errors: list[str],
+                           reference: dict[str, Any], out_jsonl: Path, out_json: Path,
+                           provenance: dict[str, Any]) -> dict[str, Any]:
+    started = time.monotonic()
     keys = sorted({k for r in rows for k in r.get("metrics", {})})
     primary = keys[0] if keys else None
     verdicts = []
@@ -45,7 +386,7 @@ def score_harness_file(
         values = [r["metrics"][key] for r in rows if key in r.get("metrics", {})]
         mean, stderr = mean_and_stderr(values)
         ref = reference.get(key)
-        if ref is not None and not math.isclose(float(ref), mean, abs_tol=1e-9):
+        if isinstance(ref, (int, float)) and not math.isclose(float(ref), mean, abs_tol=1e-9):
             raise RuntimeError(
                 f"{generations}: {key} mean {mean} disagrees with lm-eval's own {ref}; "
                 "the per-sample conversion is wrong"

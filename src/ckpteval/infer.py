@@ -1,44 +1,55 @@
-"""One vLLM engine per checkpoint serves every task and variant of that checkpoint.
+"""The infer step: one backend per job serves every task and variant of a checkpoint, resumably.
 
-The engine is built once through lm-eval's `VLLM` model class, so lm-eval (harness) tasks run on
-it with lm-eval's own prompts, few-shot context, filters and metrics, and ckpteval's generation
-tasks use the very same `vllm.LLM` underneath. Nothing is generated twice:
+With the vLLM backend the engine loads at most once per job (and not at all when every request is
+cached); lm-eval (harness) tasks run on it with lm-eval's own prompts, few-shot context, filters
+and metrics, and ckpteval's generation tasks use the very same engine. Nothing is generated twice:
+every finished chunk of requests is appended to a content-addressed cache
 
-- generation tasks append every finished chunk of requests to a content-addressed cache
-  (`<outdir>/cache/<weights hash>/<task>.jsonl`, keyed by prompt, sampling, seed, stop strings and
-  engine identity); a killed or partly re-requested job regenerates only what is missing, and the
-  engine is not even loaded when everything is cached;
-- harness tasks use lm-eval's request cache (sqlite) under the same directory.
+    <outdir>/cache/<model>/<task>.jsonl      one line per request: {key, task_id, ..., outputs}
 
-The cache is not a declared output, so it survives Snakemake deleting a failed job's outputs.
+where `<model>` is the manifest's weights hash (or a weightless model card's identity hash) and
+`key` hashes the prompt (or lm-eval request), the sampling parameters with their seed, and the
+backend's identity (engine version, dtype, context length). A killed job, a rerun after one
+generation file was deleted, or a changed task regenerates only the requests that are missing. The
+cache is not a declared output, so it survives Snakemake deleting a failed job's outputs.
 
 Generation file schema (`generations/{run}/{ckpt}/{task}/{variant}.jsonl`), one line per
 (problem, sample): task_id, sample_idx, prompt, completion, finish_reason, prompt_tokens,
 completion_tokens; harness lines add target, filtered (per filter) and metrics (lm-eval's
-per-sample values keyed `<metric>,<filter>`). Beside it, `{variant}.meta.json` records engine
-arguments, versions, device, timings and token counts.
+per-sample values keyed `<metric>,<filter>`); code harness lines add `problem` (what the python
+checker needs: prompt/test/entry_point or test_list, and the reference solution). Beside it,
+`{variant}.meta.json` records the backend and its arguments, versions, device, host, Slurm job,
+timings (load, generation, wall), token counts, tokens/s and how many prompts came from the cache.
 """
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import logging
 import os
 import platform
 import socket
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ckpteval import __version__
+from ckpteval.backends import (Backend, Generation, Prompt, SamplingSpec, cache_namespace,
+                               make_backend)
 from ckpteval.config import Variant
 from ckpteval.errors import UserError
-from ckpteval.gpus import lease_gpu
-from ckpteval.io import append_jsonl, iter_jsonl, read_json, sha256_json, write_json, write_jsonl
-from ckpteval.tasks import HARNESS_TASK_DIR, TaskSpec
+from ckpteval.gpus import Lease, lease_gpu
+from ckpteval.io import iter_jsonl, read_json, sha256_json, write_json, write_jsonl
+from ckpteval.tasks import TaskSpec
 
 log = logging.getLogger("ckpteval.infer")
+
+#: Each retry of a job that ran out of GPU memory asks vLLM for this fraction of the last attempt's
+#: `gpu_memory_utilization` (0.8 -> 0.68 -> 0.58).
+OOM_BACKOFF = 0.85
 
 
 @dataclass(frozen=True)
@@ -54,248 +65,348 @@ class Job:
         return self.out.with_suffix(".meta.json")
 
 
-class Engine:
-    """The checkpoint's vLLM engine, created on first use (never, if every request is cached)."""
-
-    def __init__(self, model_dir: Path, engine_cfg: dict[str, Any]) -> None:
-        self.model_dir = model_dir
-        self.cfg = engine_cfg
-        self._lm: Any = None
-        self.load_seconds = 0.0
-        self.loads = 0
-
-    @property
-    def identity(self) -> dict[str, Any]:
-        """What, besides weights, prompt and sampling, can change a generation."""
-        import vllm
-
-        return {"vllm": vllm.__version__, "dtype": self.cfg["dtype"],
-                "max_model_len": self.cfg["max_model_len"],
-                "tensor_parallel_size": self.cfg["tensor_parallel_size"]}
-
-    @property
-    def lm(self) -> Any:
-        """lm-eval's VLLM wrapper; `.model` is the `vllm.LLM`, `.tokenizer` its tokenizer."""
-        if self._lm is None:
-            from lm_eval.models.vllm_causallms import VLLM
-
-            start = time.monotonic()
-            log.info("loading vLLM engine for %s", self.model_dir)
-            self._lm = VLLM(
-                pretrained=str(self.model_dir),
-                dtype=self.cfg["dtype"],
-                max_model_len=self.cfg["max_model_len"],
-                seed=self.cfg["seed"],
-                tensor_parallel_size=self.cfg["tensor_parallel_size"],
-                gpu_memory_utilization=self.cfg["gpu_memory_utilization"],
-                enforce_eager=self.cfg["enforce_eager"],
-                batch_size="auto",
-            )
-            self.load_seconds = time.monotonic() - start
-            self.loads += 1
-            log.info("engine loaded in %.1f s", self.load_seconds)
-        return self._lm
+def gpu_memory_utilization(configured: float, attempt: int) -> float:
+    """vLLM's memory fraction for Snakemake attempt `attempt` (1 = first try)."""
+    return round(configured * OOM_BACKOFF ** max(0, attempt - 1), 4)
 
 
 def run_infer(
-    model_dir: Path,
-    manifest_path: Path,
     jobs: Sequence[Job],
     *,
+    manifest_path: Path,
+    model_dir: Path | None,
+    run_cfg: dict[str, Any],
     engine_cfg: dict[str, Any],
     cache_dir: Path,
     gpus: Sequence[int | str] | None = None,
-) -> None:
-    """Generate every job's file for one checkpoint with at most one engine load."""
+    include_paths: Sequence[str] = (),
+    attempt: int = 1,
+    where: str = "runs",
+    backend: Backend | None = None,
+) -> dict[str, Any]:
+    """Write every job's generation file and meta for one checkpoint; returns a summary.
+
+    `run_cfg` is the run's config entry (its `backend`, `endpoint`); `attempt` is Snakemake's
+    attempt number: a retry after a CUDA out-of-memory error asks vLLM for less memory. A
+    `backend` given by the caller (bench/infer.py) is used as is and left open.
+    """
+    from ckpteval.harness import HarnessRunner
+
     manifest = read_json(manifest_path)
-    model_hash = manifest["weights_sha256"]
-    lease = lease_gpu(gpus)
-    log.info("device: %s (%s)", lease.device or "cpu", lease.how)
-    if lease.device is None:
+    cache = cache_dir / cache_namespace(manifest)
+    engine_cfg = dict(engine_cfg)
+    engine_cfg["gpu_memory_utilization"] = gpu_memory_utilization(
+        float(engine_cfg["gpu_memory_utilization"]), attempt)
+    if attempt > 1:
+        log.warning("attempt %d: engine.gpu_memory_utilization lowered to %s after a failure",
+                    attempt, engine_cfg["gpu_memory_utilization"])
+    backend_name = run_cfg.get("backend", "vllm")
+    lease = lease_gpu(gpus) if backend_name == "vllm" else Lease(None, "none")
+    log.info("backend %s; device: %s (%s)", backend_name, lease.device or "cpu", lease.how)
+    if lease.device is None and "CUDA_VISIBLE_DEVICES" not in os.environ:
         # On CPU, vLLM's engine-core subprocess only adds start-up time (FIELD-NOTES).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    engine = Engine(model_dir, engine_cfg)
-    cache = cache_dir / model_hash[:24]
+    own_backend = backend is None
+    if backend is None:
+        backend = make_backend(run_cfg, model_dir=model_dir, engine_cfg=engine_cfg, where=where)
+    chunk_size = int(engine_cfg["chunk_size"])
+    harness = HarnessRunner(backend, include_paths, chunk_size=chunk_size)
+    meta_base = {"backend": backend.name, "model_dir": str(model_dir) if model_dir else None,
+                 "model_hash": manifest.get("weights_sha256"),
+                 "model_identity": manifest.get("identity_sha256"), "engine_args": engine_cfg,
+                 "device": job_environment(lease), "versions": versions()}
     try:
-        for job in jobs:
+        harness.preflight([job.task for job in jobs])
+        batch = [prepare_requests(backend, harness, job, cache) for job in jobs
+                 if job.task.kind == "generate" or job.task.is_code_harness]
+        missing = MissingRequests(backend, batch, chunk_size)
+        harness_jobs = [job for job in jobs if job.task.kind == "harness"
+                        and not job.task.is_code_harness]
+        if harness_jobs:
+            # lm-eval's engine calls take ckpteval's chunks along: one engine batch, not two
+            # (each separate call ends draining the engine on its longest sequences).
+            for chunk in missing.chunks:
+                backend.ride_along(chunk.prompts, chunk.specs,
+                                   functools.partial(missing.finish, chunk))
+        done: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        for job in harness_jobs:
             started = time.time()
-            load_before = engine.load_seconds
-            if job.task.kind == "harness":
-                stats = _run_harness(engine, job, cache)
-            else:
-                stats = _run_generate(engine, job, cache)
-            wall = time.time() - started
-            gen_seconds = wall - (engine.load_seconds - load_before)
-            write_json(job.meta, {
-                "task": job.task.name, "variant": job.variant.name,
-                "task_hash": job.task.config_hash(), "model_dir": str(model_dir),
-                "model_hash": model_hash, "engine_args": engine_cfg,
-                "engine_loads": engine.loads, "load_seconds": round(engine.load_seconds, 3),
-                "generation_seconds": round(gen_seconds, 3), "wall_seconds": round(wall, 3),
-                "tokens_per_s": round(stats["completion_tokens"] / gen_seconds, 2)
-                if gen_seconds > 0 and stats["completion_tokens"] else None,
-                "started_at": started, "finished_at": time.time(),
-                "device": {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                           "lease": lease.how, "host": socket.gethostname(),
-                           "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-                           "gpu_name": _gpu_name()},
-                "versions": _versions(), **stats,
-            })
+            before = backend.load_seconds + backend.ride_seconds
+            stats = harness.run(job, cache / f"{job.task.name}.jsonl")
+            spent = time.time() - started - (backend.load_seconds + backend.ride_seconds - before)
+            done[id(job)] = stats, {"started_at": started, "generation_seconds": max(0.0, spent)}
+        backend.drop_riders()
+        started = time.time()
+        missing.generate_rest(backend)
+        batch_seconds = sum(req.seconds for req in batch)
+        for req in batch:
+            done[id(req.job)] = _write_generations(req), {
+                "started_at": started, "generation_seconds": req.seconds,
+                "batch_seconds": batch_seconds}
+        for job in jobs:
+            _write_meta(job, backend, meta_base, *done[id(job)])
+    except Exception as exc:
+        if is_cuda_oom(exc):
+            raise UserError(
+                f"CUDA out of memory with engine.gpu_memory_utilization "
+                f"{engine_cfg['gpu_memory_utilization']} (attempt {attempt}); the rule retries once "
+                "with less; if that fails too, lower engine.gpu_memory_utilization or "
+                "engine.max_model_len") from None
+        raise
     finally:
+        if own_backend:
+            backend.close()
         lease.release()
-    log.info("done: %d generation files, %d engine load(s)", len(jobs), engine.loads)
+    log.info("done: %d generation files, %d engine load(s)", len(jobs), backend.loads)
+    return {"engine_loads": backend.loads, "load_seconds": backend.load_seconds}
 
 
-def _sampling_params(job: Job) -> dict[str, Any]:
+def _write_meta(job: Job, backend: Backend, base: dict[str, Any], stats: dict[str, Any],
+                timing: dict[str, Any]) -> None:
+    seconds = float(timing["generation_seconds"])
+    tokens = stats.get("completion_tokens") or 0
+    write_json(job.meta, {
+        **base, "task": job.task.name, "variant": job.variant.name,
+        "task_hash": job.task.config_hash(), "checker": job.task.checker,
+        "backend_identity": backend.identity, "engine_loads": backend.loads,
+        "load_seconds": round(backend.load_seconds, 3),
+        **{k: round(v, 3) if isinstance(v, float) and k != "started_at" else v
+           for k, v in timing.items()},
+        "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 and tokens else None,
+        "finished_at": time.time(), **stats,
+    })
+
+
+@dataclass
+class Requests:
+    """A generation job's requests (a ckpteval task, or an lm-eval code task) and, once
+    generated or found in the cache, their rows. `seconds` is this job's share of the batch."""
+
+    job: Job
+    problems: dict[str, dict[str, Any]]
+    prompts: dict[str, Prompt]
+    spec: SamplingSpec
+    cache_file: Path
+    keys: dict[str, str]
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    n_cached: int = 0
+    seconds: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.job.task.name} {self.job.variant.name}"
+
+
+def prepare_requests(backend: Backend, harness: Any, job: Job, cache: Path) -> Requests:
+    """Render a job's prompts and find which of them the cache already answers."""
+    if job.task.is_code_harness:
+        problems, prompts, spec = harness.code_requests(job)
+    else:
+        problems = job.task.problems()
+        prompts = render_prompts(backend, job, problems)
+        spec = sampling_spec(job)
+    ident = backend.identity
+    keys = {tid: cache_key(p, spec, ident) for tid, p in prompts.items()}
+    cache_file = cache / f"{job.task.name}.jsonl"
+    rows = read_cache(cache_file, set(keys.values()))
+    n_cached = sum(1 for key in keys.values() if key in rows)
+    log.info("%s %s: %d prompts, %d cached, %d to generate", job.task.name, job.variant.name,
+             len(prompts), n_cached, len(prompts) - n_cached)
+    return Requests(job, problems, prompts, spec, cache_file, keys, rows, n_cached)
+
+
+@dataclass
+class Chunk:
+    """Up to `engine.chunk_size` missing requests, generated in one engine call and appended to
+    the cache together. `items` are ((cache file, key), (the first job asking, task_id))."""
+
+    items: list[tuple[tuple[Path, str], tuple[Requests, str]]]
+    done: bool = False
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return [req.prompts[tid] for _, (req, tid) in self.items]
+
+    @property
+    def specs(self) -> list[SamplingSpec]:
+        return [req.spec for _, (req, _) in self.items]
+
+
+class MissingRequests:
+    """Every job's requests the cache does not answer, deduplicated and cut into chunks.
+
+    Prompts are checked against the context length when this is built, so a prompt that cannot
+    fit stops the job before the engine loads.
+    """
+
+    def __init__(self, backend: Backend, batch: Sequence[Requests], chunk_size: int) -> None:
+        todo: dict[tuple[Path, str], tuple[Requests, str]] = {}
+        self.waiting: list[tuple[Requests, str]] = []
+        for req in batch:
+            missing = {tid: key for tid, key in req.keys.items() if key not in req.rows}
+            if missing:
+                backend.check_prompts({tid: req.prompts[tid] for tid in missing},
+                                      req.spec.max_tokens, req.job.task.name)
+            for tid, key in missing.items():
+                todo.setdefault((req.cache_file, key), (req, tid))
+                self.waiting.append((req, key))
+        items = list(todo.items())
+        self.total = len(items)
+        self.chunks = [Chunk(items[i:i + chunk_size]) for i in range(0, len(items), chunk_size)]
+        self.rows: dict[tuple[Path, str], dict[str, Any]] = {}
+        self.finished = 0
+
+    def finish(self, chunk: Chunk, generations: Sequence[Generation], seconds: float) -> None:
+        """Store a chunk's generations in the cache; `seconds` is its engine time, shared among
+        its jobs by tokens generated."""
+        by_file: dict[Path, list[dict[str, Any]]] = {}
+        tokens: dict[int, int] = {}
+        jobs: dict[int, Requests] = {}
+        for ((cache_file, key), (req, tid)), g in zip(chunk.items, generations, strict=True):
+            row = {"key": key, "task_id": tid, "prompt_tokens": g.prompt_tokens,
+                   "outputs": [{"text": o.text, "finish_reason": o.finish_reason,
+                                "tokens": o.tokens} for o in g.outputs]}
+            by_file.setdefault(cache_file, []).append(row)
+            self.rows[(cache_file, key)] = row
+            jobs[id(req)] = req
+            tokens[id(req)] = tokens.get(id(req), 0) + sum(o.tokens or 1 for o in g.outputs)
+        for cache_file, rows in by_file.items():
+            append_cache(cache_file, rows)
+        total = sum(tokens.values()) or 1
+        for ident, req in jobs.items():
+            req.seconds += seconds * tokens[ident] / total
+        chunk.done = True
+        self.finished += len(chunk.items)
+        new_tokens = sum(o.tokens or 0 for g in generations for o in g.outputs)
+        log.info("generated %d/%d requests (%s): %.1f tokens/s", self.finished, self.total,
+                 ", ".join(sorted({req.label for req in jobs.values()})),
+                 new_tokens / max(seconds, 1e-9))
+
+    def generate_rest(self, backend: Backend) -> None:
+        """Generate the chunks no earlier engine call took along, then give every job its rows."""
+        for chunk in self.chunks:
+            if chunk.done:
+                continue
+            t0 = time.monotonic()
+            load_before = backend.load_seconds
+            generations = backend.generate(chunk.prompts, chunk.specs)
+            self.finish(chunk, generations,
+                        time.monotonic() - t0 - (backend.load_seconds - load_before))
+        for req, key in self.waiting:
+            req.rows[key] = self.rows[(req.cache_file, key)]
+
+
+def render_prompts(backend: Backend, job: Job, problems: dict[str, dict[str, Any]]) -> dict[str, Prompt]:
+    """task_id -> prompt, through the tokenizer's chat template when the task asks for it."""
+    prompts: dict[str, Prompt] = {tid: job.task.render(p) for tid, p in problems.items()}
+    if not job.task.options.get("chat_template"):
+        return prompts
+    system = job.task.options.get("system_prompt")
+    return {tid: backend.render_chat(system, str(text)) for tid, text in prompts.items()}
+
+
+def sampling_spec(job: Job) -> SamplingSpec:
+    """A ckpteval task's sampling: the variant's, with the task's stop strings and token budget."""
     s = job.variant.sampling
     b = job.task.builtin
     max_tokens = job.task.options.get("max_new_tokens") or min(
         s.max_new_tokens, b.max_new_tokens or s.max_new_tokens)
-    return {"n": s.n, "temperature": s.temperature, "top_p": s.top_p, "max_tokens": max_tokens,
-            "seed": job.variant.seed, "stop": list(b.stop),
-            "include_stop_str_in_output": b.include_stop}
+    return SamplingSpec(n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens,
+                        seed=job.variant.seed, stop=b.stop, include_stop_str_in_output=b.include_stop)
 
 
-def _render_prompts(engine: Engine, job: Job, problems: dict[str, dict[str, Any]]) -> dict[str, str]:
-    prompts = {tid: job.task.render(p) for tid, p in problems.items()}
-    if not job.task.options.get("chat_template"):
-        return prompts
-    tokenizer = engine.lm.tokenizer
-    system = job.task.options.get("system_prompt")
-    out = {}
-    for tid, text in prompts.items():
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": text}]
-        out[tid] = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return out
+def cache_key(prompt: Prompt, spec: SamplingSpec, identity: dict[str, Any]) -> str:
+    """The cache key of a request: prompt, sampling (with seed) and the backend's identity."""
+    return sha256_json({"prompt": prompt, "sampling": spec.as_dict(), "backend": identity})
 
 
-def _run_generate(engine: Engine, job: Job, cache: Path) -> dict[str, Any]:
-    """Sample completions for a ckpteval generation task, chunk by chunk, through the cache."""
-    from vllm import SamplingParams
-
-    problems = job.task.problems()
-    prompts = _render_prompts(engine, job, problems)
-    params = _sampling_params(job)
-    cache_file = cache / f"{job.task.name}.jsonl"
-    cached: dict[str, dict[str, Any]] = {}
-    if cache_file.exists():
-        torn: list[str] = []
-        cached = {row["key"]: row for row in iter_jsonl(cache_file, errors=torn) if "key" in row}
-    ident = engine.identity
-
-    def key(prompt: str) -> str:
-        return sha256_json({"prompt": prompt, "params": params, "engine": ident})
-
-    todo = [tid for tid, p in prompts.items() if key(p) not in cached]
-    n_cached = len(prompts) - len(todo)
-    log.info("%s %s: %d prompts, %d cached, %d to generate", job.task.name, job.variant.name,
-             len(prompts), n_cached, len(todo))
-    chunk = int(engine.cfg["chunk_size"])
-    max_len = int(engine.cfg["max_model_len"])
-    for start in range(0, len(todo), chunk):
-        ids = todo[start:start + chunk]
-        llm = engine.lm.model
-        tokenizer = llm.get_tokenizer()
-        for tid in ids:
-            n_tokens = len(tokenizer(prompts[tid])["input_ids"])
-            if n_tokens + params["max_tokens"] > max_len:
-                raise UserError(
-                    f"task {job.task.name}, problem {tid}: prompt of {n_tokens} tokens + "
-                    f"max_new_tokens {params['max_tokens']} exceeds engine.max_model_len {max_len}; "
-                    "raise engine.max_model_len or lower the task's max_new_tokens"
-                )
-        outputs = llm.generate([prompts[t] for t in ids], SamplingParams(**params), use_tqdm=False)
-        rows = []
-        for tid, out in zip(ids, outputs, strict=True):
-            rows.append({
-                "key": key(prompts[tid]), "task_id": tid, "prompt_tokens": len(out.prompt_token_ids),
-                "outputs": [{"text": o.text, "finish_reason": o.finish_reason,
-                             "tokens": len(o.token_ids)} for o in out.outputs],
-            })
-        append_jsonl(cache_file, rows)
-        cached.update({r["key"]: r for r in rows})
-        log.info("%s %s: %d/%d generated", job.task.name, job.variant.name,
-                 min(start + chunk, len(todo)), len(todo))
-
-    lines = []
-    for tid, prompt in prompts.items():
-        row = cached[key(prompt)]
-        for idx, o in enumerate(row["outputs"]):
-            lines.append({"task_id": tid, "sample_idx": idx, "prompt": prompt,
-                          "completion": o["text"], "finish_reason": o["finish_reason"],
-                          "prompt_tokens": row["prompt_tokens"], "completion_tokens": o["tokens"]})
-    write_jsonl(job.out, lines)
-    return {"n_problems": len(prompts), "n_samples": len(lines), "n_cached_prompts": n_cached,
-            "n_generated_prompts": len(todo),
-            "prompt_tokens": sum(cached[key(p)]["prompt_tokens"] for p in prompts.values()),
-            "completion_tokens": sum(line["completion_tokens"] for line in lines)}
+def read_cache(cache_file: Path, wanted: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Cache rows by key (only `wanted` keys if given); a torn last line is skipped."""
+    if not cache_file.exists():
+        return {}
+    torn: list[str] = []
+    rows = {}
+    for row in iter_jsonl(cache_file, errors=torn):
+        key = row.get("key")
+        if key and (wanted is None or key in wanted):
+            rows[key] = row
+    if torn:
+        log.warning("%s: skipped %d torn line(s) (a killed job's last write)", cache_file, len(torn))
+    return rows
 
 
-def _run_harness(engine: Engine, job: Job, cache: Path) -> dict[str, Any]:
-    """Run an lm-eval task on the shared engine; keep its per-sample outputs and metrics."""
-    import lm_eval
-    from lm_eval.tasks import TaskManager
+def append_cache(cache_file: Path, rows: list[dict[str, Any]]) -> None:
+    """Append rows under an exclusive lock: runs sharing weights (a base model in two runs) may
+    append to one cache file at the same time. A torn last line from a kill is skipped on read,
+    so each append starts on a fresh line."""
+    import json
 
-    s = job.variant.sampling
-    if s.n != 1:
-        raise UserError(
-            f"task {job.task.name}: sampling {s.name} has n={s.n}; lm-eval tasks take one sample "
-            "per request (use a task's `repeats` in its lm-eval YAML instead)"
-        )
-    gen_kwargs = None
-    if s.temperature > 0:
-        gen_kwargs = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p,
-                      "max_gen_toks": s.max_new_tokens, "seed": job.variant.seed}
-    opts = job.task.options
-    cache.mkdir(parents=True, exist_ok=True)
-    manager = TaskManager(include_path=str(HARNESS_TASK_DIR))
-    if job.task.harness_task not in manager.all_tasks:
-        raise UserError(
-            f"task {job.task.name}: lm-eval has no task {job.task.harness_task!r}; "
-            "check tasks.<name>.harness (lm_eval --tasks list shows the names)"
-        )
-    results = lm_eval.simple_evaluate(
-        model=engine.lm,
-        tasks=[job.task.harness_task],
-        num_fewshot=opts.get("num_fewshot"),
-        limit=opts.get("limit"),
-        batch_size="auto",
-        log_samples=True,
-        use_cache=str(cache / f"lm_eval_{job.task.name}_{job.variant.name}"),
-        task_manager=manager,
-        gen_kwargs=gen_kwargs,
-        apply_chat_template=bool(opts.get("chat_template", False)),
-        system_instruction=opts.get("system_prompt"),
-        random_seed=job.variant.seed, numpy_random_seed=job.variant.seed,
-        torch_random_seed=job.variant.seed, fewshot_random_seed=job.variant.seed,
-        bootstrap_iters=0,
-    )
-    if results is None:
-        raise RuntimeError("lm-eval returned no results")
-    name = job.task.harness_task
-    lines: dict[int, dict[str, Any]] = {}
-    for sample in results["samples"][name]:
-        doc_id = int(sample["doc_id"])
-        line = lines.setdefault(doc_id, {
-            "task_id": f"{name}/{doc_id}", "sample_idx": 0, "prompt": sample["arguments"][0][0],
-            "completion": sample["resps"][0][0] if sample["resps"] and sample["resps"][0] else "",
-            "target": sample["target"], "filtered": {}, "metrics": {},
-        })
-        filt = sample.get("filter", "none")
-        line["filtered"][filt] = sample["filtered_resps"][0] if sample["filtered_resps"] else None
-        for metric in sample.get("metrics", []):
-            if metric in sample:
-                line["metrics"][f"{metric},{filt}"] = float(sample[metric])
-    rows = [lines[d] for d in sorted(lines)]
-    write_jsonl(job.out, rows)
-    aggregate = {k: v for k, v in results["results"][name].items() if k != "alias"}
-    return {"n_problems": len(rows), "n_samples": len(rows), "lm_eval_results": aggregate,
-            "lm_eval_config": results.get("configs", {}).get(name, {}),
-            "prompt_tokens": None, "completion_tokens": 0}
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+    fd = os.open(cache_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_size and not _ends_with_newline(cache_file):
+            data = b"\n" + data
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def _versions() -> dict[str, str]:
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) == b"\n"
+
+
+def _write_generations(req: Requests) -> dict[str, Any]:
+    keep_problem = req.job.task.is_code_harness
+
+    def lines() -> Iterator[dict[str, Any]]:
+        for tid, prompt in req.prompts.items():
+            row = req.rows[req.keys[tid]]
+            for idx, o in enumerate(row["outputs"]):
+                line = {"task_id": tid, "sample_idx": idx, "prompt": prompt,
+                        "completion": o["text"], "finish_reason": o["finish_reason"],
+                        "prompt_tokens": row["prompt_tokens"], "completion_tokens": o["tokens"]}
+                if keep_problem:
+                    line["problem"] = req.problems[tid]
+                yield line
+
+    n_lines = write_jsonl(req.job.out, lines())
+    rows = [req.rows[key] for key in req.keys.values()]
+    return {"n_problems": len(req.prompts), "n_samples": n_lines,
+            "n_cached_prompts": req.n_cached, "n_generated_prompts": len(req.prompts) - req.n_cached,
+            "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in rows),
+            "completion_tokens": sum(o["tokens"] or 0 for r in rows for o in r["outputs"]),
+            "sampling": req.spec.as_dict()}
+
+
+def is_cuda_oom(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is the GPU running out of memory, at load or later."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if (type(current).__name__ == "OutOfMemoryError" or "CUDA out of memory" in text
+                or "less than desired GPU memory utilization" in text):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def job_environment(lease: Lease | None = None) -> dict[str, Any]:
+    """Where a job ran: host, devices, scheduler job, GPU name."""
+    return {"host": socket.gethostname(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "lease": lease.how if lease else None,
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "gpu_name": _gpu_name() if lease and lease.how != "none" else None}
+
+
+def versions() -> dict[str, str]:
     import importlib.metadata as md
 
     out = {"ckpteval": __version__, "python": platform.python_version()}

@@ -56,15 +56,37 @@ def consolidate(smk: Any) -> None:
 
 
 def infer(smk: Any) -> None:
+    """Every rule of the infer side (workflow/rules/infer.smk), told apart by rule name:
+    `model_card` (a weightless run's models/{run}/{ckpt}.json), `replay` (one existing solutions
+    file), else an engine or endpoint job generating its engine group's files."""
     from ckpteval.config import build_tasks
+    from ckpteval.io import write_json
+
+    run = smk.wildcards.run
+    run_cfg = smk.config["runs"][run]
+    if smk.rule == "model_card":
+        from ckpteval.backends import model_card
+
+        write_json(smk.output.manifest, model_card(run, run_cfg["backend"], dict(smk.params.settings)))
+        return
+    tasks, variants, _ = build_tasks(smk.config)
+    if smk.rule == "replay":
+        from ckpteval.backends.replay import replay_solutions
+
+        replay_solutions(Path(smk.input.solutions), tasks[smk.wildcards.task],
+                         smk.wildcards.variant, Path(smk.output.generations),
+                         where=f"config: runs.{run}")
+        return
     from ckpteval.infer import Job, run_infer
 
-    tasks, variants, _ = build_tasks(smk.config)
     jobs = [Job(tasks[t], variants[v], Path(out))
             for (t, v), out in zip(smk.params.jobs, smk.output.generations, strict=True)]
-    run_infer(Path(smk.input.model), Path(smk.input.manifest), jobs,
-              engine_cfg=dict(smk.config["engine"]), cache_dir=Path(smk.params.cache_dir),
-              gpus=smk.config.get("gpus"))
+    run_infer(jobs, manifest_path=Path(smk.input.manifest),
+              model_dir=Path(smk.input.model) if "model" in smk.input.keys() else None,
+              run_cfg=run_cfg, engine_cfg=dict(smk.config["engine"]),
+              cache_dir=Path(smk.params.cache_dir), gpus=smk.config.get("gpus"),
+              include_paths=smk.config["lm_eval"]["include_paths"],
+              attempt=int(smk.resources.get("infer_attempt", 1)), where=f"config: runs.{run}")
 
 
 def evaluate(smk: Any) -> None:
@@ -86,10 +108,10 @@ def evaluate(smk: Any) -> None:
         score_harness_file(generations, Path(smk.output.samples), Path(smk.output.metrics),
                            provenance=provenance)
         return
-    from ckpteval.evaluate import score_samples
+    from ckpteval.evaluate import read_samples, score_samples
 
     errors: list[str] = []
-    samples = list(iter_jsonl(generations, errors=errors))
+    samples = list(read_samples(generations, errors))
     ev = smk.config["evaluate"]
     options: dict[str, Any] = {"sandbox": ev["sandbox"]}
     if ev.get("piston_url"):

@@ -7,6 +7,9 @@ Two kinds of task:
 - `harness`: lm-evaluation-harness tasks (`harness: <lm-eval task name>` in the config). lm-eval
   builds prompts, few-shot context and filters, runs them on the same vLLM engine, and scores
   non-code tasks itself; the evaluate step turns its per-sample metrics into ckpteval's files.
+  Code tasks (`humaneval`, `mbpp`, or any harness task with `checker: python`) only take their
+  prompts from lm-eval: lm-eval's `code_eval` metric loads from the hub and would run generated
+  code inside the GPU job, so their samples go to the evaluate step's sandboxed python checker.
 
 A new built-in task is one `register()` call.
 """
@@ -41,6 +44,10 @@ class Builtin:
     version: str = "1"
 
 
+#: Config keys that choose where or how often a task runs, not what it asks the model.
+_SCHEDULING_OPTIONS = ("sampling", "engine_group")
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """A configured task. `options` are the config keys given for it (limit, num_fewshot, ...)."""
@@ -50,6 +57,11 @@ class TaskSpec:
     checker: str
     harness_task: str | None = None
     options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def is_code_harness(self) -> bool:
+        """An lm-eval task whose prompts come from lm-eval but whose samples ckpteval scores."""
+        return self.kind == "harness" and self.checker != "harness"
 
     @property
     def builtin(self) -> Builtin:
@@ -72,8 +84,9 @@ class TaskSpec:
 
     def config_hash(self) -> str:
         """Changes whenever what the task asks the model changes: data, prompt, options, version."""
-        ident: dict[str, Any] = {"name": self.name, "kind": self.kind, "options": self.options,
-                                 "harness_task": self.harness_task}
+        options = {k: v for k, v in self.options.items() if k not in _SCHEDULING_OPTIONS}
+        ident: dict[str, Any] = {"name": self.name, "kind": self.kind, "options": options,
+                                 "harness_task": self.harness_task, "checker": self.checker}
         if self.kind == "generate":
             b = self.builtin
             ident.update(version=b.version, stop=b.stop, include_stop=b.include_stop,
@@ -107,6 +120,33 @@ def _prompt_field(problem: dict[str, Any]) -> str:
     return problem["prompt"]
 
 
+# Four worked examples in the style of Qwen's MATH evaluation: a full chain of thought that ends in
+# `\boxed{}`, so the model learns where to put the answer the math checker extracts.
+MATH_QWEN_EXEMPLARS = (
+    ("If $3x + 7 = 25$, what is the value of $x$?",
+     "Subtract 7 from both sides to get $3x = 18$. Dividing both sides by 3 gives $x = 6$. "
+     "The final answer is $\\boxed{6}$."),
+    ("How many positive divisors does $36$ have?",
+     "Write $36 = 2^2 \\cdot 3^2$. A divisor takes the prime 2 to a power in $\\{0, 1, 2\\}$ and the "
+     "prime 3 to a power in $\\{0, 1, 2\\}$, so there are $3 \\cdot 3 = 9$ divisors. "
+     "The final answer is $\\boxed{9}$."),
+    ("A bag holds 4 red marbles and 6 blue marbles. Two marbles are drawn without replacement. "
+     "What is the probability that both are red? Express your answer as a common fraction.",
+     "There are $\\binom{10}{2} = 45$ ways to draw two marbles and $\\binom{4}{2} = 6$ ways to "
+     "draw two red ones, so the probability is $\\frac{6}{45} = \\frac{2}{15}$. "
+     "The final answer is $\\boxed{\\frac{2}{15}}$."),
+    ("What is the sum of the interior angles of a hexagon, in degrees?",
+     "The interior angles of a polygon with $n$ sides add up to $(n - 2) \\cdot 180$ degrees. "
+     "A hexagon has $n = 6$, so the sum is $4 \\cdot 180 = 720$. "
+     "The final answer is $\\boxed{720}$."),
+)
+
+
+def _math_qwen(problem: dict[str, Any]) -> str:
+    shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in MATH_QWEN_EXEMPLARS)
+    return f"{shots}Question: {problem['question']}\nAnswer:"
+
+
 BUILTINS: dict[str, Builtin] = {}
 
 
@@ -125,23 +165,33 @@ register("rustfunc", Builtin(_package_jsonl("rustfunc.jsonl"), _prompt_field, "r
                              stop=("\n}\n",), include_stop=True, max_new_tokens=256))
 register("humaneval", Builtin(_load_humaneval, _prompt_field, "python",
                               stop=PYTHON_STOPS, max_new_tokens=512))
+register("math_qwen", Builtin(_package_jsonl("math_qwen.jsonl"), _math_qwen, "math",
+                              stop=("\nQuestion:",), max_new_tokens=512))
 
 # lm-eval tasks that ship with ckpteval (under harness_tasks/), usable by their config name.
 LOCAL_HARNESS = {"arith_harness": "ckpteval_arith"}
+
+# lm-eval code tasks -> ckpteval's copies of them (same dataset, prompts, few-shot examples and
+# stop sequences as lm-eval 0.4.13's YAMLs, without the `code_eval` metric that loads from the hub).
+CODE_HARNESS = {"humaneval": "ckpteval_humaneval", "mbpp": "ckpteval_mbpp"}
 
 
 def resolve_task(name: str, options: dict[str, Any]) -> TaskSpec:
     """Turn a config entry into a TaskSpec, or say in one line why it cannot be."""
     harness = options.get("harness") or LOCAL_HARNESS.get(name)
     if harness:
-        return TaskSpec(name, "harness", "harness", harness_task=harness, options=dict(options))
+        if harness in CODE_HARNESS:
+            return TaskSpec(name, "harness", "python", harness_task=CODE_HARNESS[harness],
+                            options=dict(options))
+        return TaskSpec(name, "harness", options.get("checker") or "harness",
+                        harness_task=harness, options=dict(options))
     if name not in BUILTINS:
         raise UserError(
             f"config: tasks.{name}: unknown task; built-in tasks are "
             f"{', '.join(sorted([*BUILTINS, *LOCAL_HARNESS]))}; for an lm-eval task add "
             f"`harness: <lm-eval task name>` under tasks.{name}"
         )
-    for key in ("num_fewshot",):
+    for key in ("num_fewshot", "checker"):
         if key in options:
             raise UserError(f"config: tasks.{name}.{key}: only lm-eval (harness) tasks take {key}")
     return TaskSpec(name, "generate", BUILTINS[name].checker, options=dict(options))

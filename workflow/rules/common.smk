@@ -1,5 +1,6 @@
 # Parse-time facts: validate the config, discover checkpoints, resolve tasks; and the small named
 # input/param functions the rules use. A user mistake stops here with one line, before any job.
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +16,9 @@ except UserError as _error:
     sys.exit(1)
 
 OUT = PLAN.outdir
-INFER_JOBS = [(task, variant) for task, variants in PLAN.task_variants.items() for variant in variants]
+VLLM_RUNS = PLAN.runs_with_backend("vllm")
+OPENAI_RUNS = PLAN.runs_with_backend("openai")
+REPLAY_RUNS = PLAN.runs_with_backend("replay")
 SUMMARY_FILES = ["metrics.parquet", "metrics.csv", "metrics.md", "seeds.csv", "configs.csv", "report.html"]
 
 
@@ -27,6 +30,9 @@ wildcard_constraints:
 
 
 def get_final_outputs(wildcards):
+    # A shard (`--config shard=i/n`) scores its own checkpoints; an unsharded run aggregates all.
+    if PLAN.shard is not None:
+        return get_score_files(wildcards)
     return [f"{OUT}/summary/{name}" for name in SUMMARY_FILES]
 
 
@@ -55,12 +61,53 @@ def get_base_model(wildcards):
     return str(base) if base else None
 
 
-def get_generation_outputs():
-    return [f"{OUT}/generations/{{run}}/{{ckpt}}/{t}/{v}.jsonl" for t, v in INFER_JOBS]
+# ---- infer side: engine groups x backends (rules are defined per group in infer.smk)
 
 
-def get_generation_metas():
-    return [f"{OUT}/generations/{{run}}/{{ckpt}}/{t}/{v}.meta.json" for t, v in INFER_JOBS]
+def runs_regex(names):
+    """A wildcard constraint matching exactly these run names."""
+    return "|".join(re.escape(n) for n in names)
+
+
+def group_jobs(group):
+    """(task, variant) pairs one infer job of engine group `group` generates."""
+    return [(t, v) for t in PLAN.engine_groups[group] for v in PLAN.task_variants[t]]
+
+
+def infer_rule_name(prefix, group):
+    """`infer` / `endpoint` for the default engine group, `<prefix>_<group>` for named ones."""
+    return f"{prefix}_{group}" if group else prefix
+
+
+def get_generation_outputs(group):
+    return [f"{OUT}/generations/{{run}}/{{ckpt}}/{t}/{v}.jsonl" for t, v in group_jobs(group)]
+
+
+def get_generation_metas(group):
+    return [f"{OUT}/generations/{{run}}/{{ckpt}}/{t}/{v}.meta.json" for t, v in group_jobs(group)]
+
+
+def get_infer_log(group):
+    return f"logs/infer/{{run}}/{{ckpt}}{'.' + group if group else ''}.log"
+
+
+def get_infer_attempt(wildcards, attempt):
+    """Snakemake's attempt number: a retry after a CUDA OOM asks vLLM for less memory."""
+    return attempt
+
+
+def get_solutions(wildcards):
+    run = PLAN.runs[wildcards.run]
+    step = PLAN.checkpoint(wildcards.run, wildcards.ckpt).step
+    return str(run.solutions_file(wildcards.task, wildcards.variant, step))
+
+
+def get_model_card_settings(wildcards):
+    """What a weightless run's model card records (a change reruns it and everything after)."""
+    run = PLAN.runs[wildcards.run]
+    if run.backend == "openai":
+        return {"base_url": run.endpoint["base_url"], "model": run.endpoint["model"]}
+    return {"solutions": run.solutions}
 
 
 def get_cell(wildcards):

@@ -1,18 +1,88 @@
-# One vLLM engine per checkpoint serves every task and variant (one GPU, tensor parallel 1).
-# Finished requests go to a content-addressed cache under {OUT}/cache, so a killed job resumes.
-rule infer:
-    input:
-        model=f"{OUT}/models/{{run}}/{{ckpt}}",
-        manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
-    output:
-        generations=get_generation_outputs(),
-        metas=get_generation_metas(),
-    log:
-        "logs/infer/{run}/{ckpt}.log",
-    params:
-        jobs=INFER_JOBS,
-        cache_dir=f"{OUT}/cache",
-    resources:
-        gpu=1,
-    script:
-        "../scripts/infer.py"
+# Generations for every checkpoint, by the run's backend (runs.<name>.backend):
+# - vllm: rule `infer` (one per engine group: `infer_<group>`): one vLLM engine per job serves every
+#   task and variant of the group on one leased GPU; a CUDA OOM is retried once with less memory.
+# - openai: rule `endpoint` (`endpoint_<group>`): the same job against an OpenAI-compatible server;
+#   no GPU here.
+# - replay: rule `replay`, one job per generation file: existing solutions, validated and copied.
+# Weightless runs (openai, replay) get a model card as models/{run}/{ckpt}.json instead of a
+# consolidated model. Finished requests go to a content-addressed cache under {OUT}/cache, which
+# is not a declared output: a killed or retried job resumes from it.
+for _group in PLAN.engine_groups:
+    if VLLM_RUNS:
+
+        rule:
+            name:
+                infer_rule_name("infer", _group)
+            input:
+                model=f"{OUT}/models/{{run}}/{{ckpt}}",
+                manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+            output:
+                generations=get_generation_outputs(_group),
+                metas=get_generation_metas(_group),
+            log:
+                get_infer_log(_group),
+            wildcard_constraints:
+                run=runs_regex(VLLM_RUNS),
+            params:
+                jobs=group_jobs(_group),
+                cache_dir=f"{OUT}/cache",
+            resources:
+                gpu=1,
+                infer_attempt=get_infer_attempt,
+            retries: 1
+            script:
+                "../scripts/infer.py"
+
+    if OPENAI_RUNS:
+
+        rule:
+            name:
+                infer_rule_name("endpoint", _group)
+            input:
+                manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+            output:
+                generations=get_generation_outputs(_group),
+                metas=get_generation_metas(_group),
+            log:
+                get_infer_log(_group),
+            wildcard_constraints:
+                run=runs_regex(OPENAI_RUNS),
+            params:
+                jobs=group_jobs(_group),
+                cache_dir=f"{OUT}/cache",
+            script:
+                "../scripts/infer.py"
+
+
+if REPLAY_RUNS:
+
+    rule replay:
+        input:
+            solutions=get_solutions,
+        output:
+            generations=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
+            meta=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.meta.json",
+        log:
+            "logs/replay/{run}/{ckpt}/{task}/{variant}.log",
+        wildcard_constraints:
+            run=runs_regex(REPLAY_RUNS),
+        script:
+            "../scripts/infer.py"
+
+
+if OPENAI_RUNS or REPLAY_RUNS:
+
+    rule model_card:
+        output:
+            manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+        log:
+            "logs/model_card/{run}/{ckpt}.log",
+        wildcard_constraints:
+            run=runs_regex(OPENAI_RUNS + REPLAY_RUNS),
+        params:
+            settings=get_model_card_settings,
+        localrule: True
+        script:
+            "../scripts/infer.py"
+
+    ruleorder: model_card > consolidate

@@ -1,0 +1,119 @@
+"""The replay backend ("solutions only"): generations that already exist go straight to evaluate.
+
+A replay run names JSONL files of completions (`runs.<name>.solutions`): `{task_id, completion}`
+lines (as HumanEval's `samples.jsonl`), or per-sample lines with `sample_idx` and any of
+`prompt`, `finish_reason`, `prompt_tokens`, `completion_tokens`. Nothing is generated: no engine,
+no GPU lease. Each file is checked against the task before it becomes a generation file:
+
+- a malformed line, a line without a string `completion`, a duplicate (task_id, sample_idx), or a
+  task_id the task does not have stops the job with one line naming the file and line;
+- task_ids the task has but that lie beyond its `limit` are dropped (a full HumanEval samples
+  file serves a `limit: 8` config);
+- problems without any line are reported in the log and the meta (`missing_problems`); the
+  evaluate step counts them as `problems_without_samples`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ckpteval.errors import UserError
+from ckpteval.io import sha256_file, write_json, write_jsonl
+from ckpteval.tasks import TaskSpec
+
+log = logging.getLogger(__name__)
+
+_KEPT = ("prompt", "finish_reason", "prompt_tokens", "completion_tokens")
+
+
+def replay_solutions(source: Path, task: TaskSpec, variant: str, out: Path, *,
+                     where: str) -> dict[str, Any]:
+    """Validate `source` against `task` and write it as the generation file `out` (+ meta)."""
+    from ckpteval.infer import job_environment, versions
+
+    started = time.time()
+    if task.kind != "generate":
+        raise UserError(f"{where}: task {task.name} is an lm-eval task, scored inside lm-eval "
+                        "while it generates; replay runs take ckpteval's own tasks only")
+    if not source.is_file():
+        raise UserError(f"{where}: no solutions file {source} for task {task.name}")
+    problems = task.problems()
+    known = {row["task_id"] for row in task.builtin.load()}
+    lines: list[dict[str, Any]] = []
+    seen: set[tuple[str, int]] = set()
+    next_idx: Counter[str] = Counter()
+    unknown: list[str] = []
+    dropped = 0
+    for lineno, row in _numbered_rows(source):
+        at = f"{source}:{lineno}"
+        tid, completion = row.get("task_id"), row.get("completion")
+        if not isinstance(tid, str) or not tid:
+            raise UserError(f"{at}: no task_id (each line needs task_id and completion)")
+        if not isinstance(completion, str):
+            raise UserError(f"{at}: completion missing or not a string (task {tid})")
+        if tid not in known:
+            unknown.append(f"{tid!r} (line {lineno})")
+            continue
+        if tid not in problems:
+            dropped += 1
+            continue
+        idx = row.get("sample_idx", next_idx[tid])
+        if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
+            raise UserError(f"{at}: sample_idx must be a non-negative integer (task {tid})")
+        if (tid, idx) in seen:
+            raise UserError(f"{at}: a second sample {idx} of task {tid}; give each sample its own "
+                            "sample_idx, or leave sample_idx out to number them in file order")
+        seen.add((tid, idx))
+        next_idx[tid] = max(next_idx[tid], idx + 1)
+        line = {"task_id": tid, "sample_idx": idx, "prompt": task.render(problems[tid]),
+                "completion": completion, "finish_reason": None, "prompt_tokens": None,
+                "completion_tokens": None}
+        line.update({k: row[k] for k in _KEPT if k in row})
+        lines.append(line)
+    if unknown:
+        raise UserError(
+            f"{source}: {len(unknown)} line(s) name task_ids that task {task.name} does not have "
+            f"(first: {unknown[0]}); check that {where}.solutions maps {{task}} to this task's file")
+    if not lines:
+        raise UserError(f"{source}: no samples for task {task.name} within its problems")
+    covered = {line["task_id"] for line in lines}
+    missing = [tid for tid in problems if tid not in covered]
+    if missing:
+        log.warning("%s: %d of %d problems of task %s have no sample (first: %s)", source,
+                    len(missing), len(problems), task.name, missing[0])
+    order = {tid: i for i, tid in enumerate(problems)}
+    lines.sort(key=lambda line: (order[line["task_id"]], line["sample_idx"]))
+    write_jsonl(out, lines)
+    stats = {"task": task.name, "variant": variant, "backend": "replay", "checker": task.checker,
+             "task_hash": task.config_hash(), "solutions_file": str(source),
+             "solutions_sha256": sha256_file(source), "n_problems": len(problems) - len(missing),
+             "n_samples": len(lines), "missing_problems": missing,
+             "dropped_beyond_limit": dropped, "engine_loads": 0, "load_seconds": 0.0,
+             "n_cached_prompts": 0, "n_generated_prompts": 0,
+             "started_at": started, "finished_at": time.time(),
+             "device": job_environment(None), "versions": versions()}
+    write_json(out.with_suffix(".meta.json"), stats)
+    log.info("replayed %d samples of task %s from %s", len(lines), task.name, source)
+    return stats
+
+
+def _numbered_rows(source: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; a malformed line is a `UserError`."""
+    with open(source, "rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise UserError(f"{source}:{lineno}: not valid JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise UserError(f"{source}:{lineno}: expected a JSON object with task_id and "
+                                "completion")
+            yield lineno, row

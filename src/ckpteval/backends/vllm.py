@@ -1,0 +1,155 @@
+"""The vLLM backend: one engine per infer job, built through lm-eval's `VLLM` model class.
+
+lm-eval's wrapper owns the `vllm.LLM` (its `.model`), so harness tasks run with lm-eval's own
+request handling and ckpteval's tasks call the very same engine. The engine is created on first
+use; prompt lengths and chat templates only need the Hugging Face tokenizer, which loads in a
+fraction of a second, so a job whose requests are all cached never starts vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ckpteval.backends import Backend, Completion, Generation, Prompt, SamplingSpec
+from ckpteval.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class VllmBackend(Backend):
+    name = "vllm"
+
+    def __init__(self, model_dir: Path, engine_cfg: dict[str, Any]) -> None:
+        self.model_dir = model_dir
+        self.cfg = engine_cfg
+        self._lm: Any = None
+        self._tokenizer: Any = None
+        self._riders: list[tuple[list[Prompt], list[SamplingSpec], Callable[..., None]]] = []
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        import importlib.metadata as md
+
+        return {"backend": "vllm", "vllm": md.version("vllm"), "dtype": self.cfg["dtype"],
+                "max_model_len": self.cfg["max_model_len"], "seed": self.cfg["seed"],
+                "tensor_parallel_size": self.cfg["tensor_parallel_size"]}
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        return self._tokenizer
+
+    def render_chat(self, system: str | None, user: str) -> Prompt:
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user}]
+        return str(self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=True))
+
+    def check_prompts(self, prompts: dict[str, Prompt], max_tokens: int, task: str) -> None:
+        limit = int(self.cfg["max_model_len"])
+        ids = list(prompts)
+        if not ids:
+            return
+        lengths = [len(x) for x in self.tokenizer([str(prompts[i]) for i in ids])["input_ids"]]
+        for tid, n_tokens in zip(ids, lengths, strict=True):
+            if n_tokens + max_tokens > limit:
+                raise UserError(
+                    f"task {task}, problem {tid}: prompt of {n_tokens} tokens + max_new_tokens "
+                    f"{max_tokens} exceeds engine.max_model_len {limit}; raise engine.max_model_len "
+                    f"or lower tasks.{task}.max_new_tokens")
+
+    @property
+    def lm(self) -> Any:
+        """lm-eval's VLLM wrapper; `.model` is the `vllm.LLM`. Created on first access."""
+        if self._lm is None:
+            from lm_eval.models.vllm_causallms import VLLM
+            from vllm.platforms import current_platform
+
+            extra: dict[str, Any] = {}
+            if current_platform.is_cpu():
+                # vLLM's CPU worker crashes ("CPU Generator does not use offset") when a seeded
+                # sampling request's prompt is prefilled in chunks; whole-prompt prefill avoids it.
+                extra["enable_chunked_prefill"] = False
+            start = time.monotonic()
+            log.info("loading vLLM engine for %s (gpu_memory_utilization %s)", self.model_dir,
+                     self.cfg["gpu_memory_utilization"])
+            self._lm = VLLM(
+                pretrained=str(self.model_dir),
+                dtype=self.cfg["dtype"],
+                max_model_len=self.cfg["max_model_len"],
+                seed=self.cfg["seed"],
+                tensor_parallel_size=self.cfg["tensor_parallel_size"],
+                gpu_memory_utilization=self.cfg["gpu_memory_utilization"],
+                enforce_eager=self.cfg["enforce_eager"],
+                batch_size="auto",
+                **extra,
+            )
+            self.load_seconds = time.monotonic() - start
+            self.loads += 1
+            log.info("engine loaded in %.1f s", self.load_seconds)
+        return self._lm
+
+    def generate(self, prompts: list[Prompt], specs: list[SamplingSpec]) -> list[Generation]:
+        from vllm import SamplingParams
+
+        params = [SamplingParams(**spec.as_dict()) for spec in specs]
+        outputs = self.lm.model.generate([str(p) for p in prompts], params, use_tqdm=False)
+        return [_generation(out) for out in outputs]
+
+    def ride_along(self, prompts: list[Prompt], specs: list[SamplingSpec],
+                   done: Callable[[list[Generation], float], None]) -> None:
+        self._riders.append((prompts, specs, done))
+
+    def drop_riders(self) -> None:
+        self._riders.clear()
+
+    def harness_model(self) -> Any:
+        """lm-eval's VLLM on this engine; each of its engine calls takes the next queued
+        `ride_along` requests with it (vLLM answers mixed requests in input order)."""
+        lm = self.lm
+        llm = lm.model
+        if not getattr(llm, "_ckpteval_riding", False):
+            plain = llm.generate
+
+            def generate(prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any) -> Any:
+                if not self._riders:
+                    return plain(prompts, sampling_params, *args, **kwargs)
+                from vllm import SamplingParams
+
+                extra, specs, done = self._riders.pop(0)
+                own = list(prompts)
+                params = (list(sampling_params) if isinstance(sampling_params, list)
+                          else [sampling_params] * len(own))
+                started = time.monotonic()
+                outputs = plain(own + [str(p) for p in extra],
+                                params + [SamplingParams(**s.as_dict()) for s in specs],
+                                *args, **kwargs)
+                seconds = time.monotonic() - started
+                theirs, ours = outputs[:len(own)], outputs[len(own):]
+                tokens = [sum(len(o.token_ids) for o in out.outputs) for out in outputs]
+                share = seconds * sum(tokens[len(own):]) / max(1, sum(tokens))
+                self.ride_seconds += share
+                done([_generation(out) for out in ours], share)
+                return theirs
+
+            llm.generate = generate
+            llm._ckpteval_riding = True
+        return lm
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of a completion's text (lm-eval returns text only)."""
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _generation(out: Any) -> Generation:
+    """A vLLM `RequestOutput` as a `Generation`."""
+    return Generation(len(out.prompt_token_ids),
+                      tuple(Completion(o.text, o.finish_reason, len(o.token_ids))
+                            for o in out.outputs))
