@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import UserError
-from ckpteval.io import iter_jsonl, sha256_file
+from ckpteval.io import sha256_file
 
 
 def run_step(step: Callable[[Any], None], smk: Any) -> None:
