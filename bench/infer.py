@@ -4,9 +4,9 @@ Runs the infer step (`ckpteval.infer.run_infer`, the function the workflow's inf
 every task and variant of a config on one consolidated model, with an empty cache, and prints
 engine loads, load seconds, generation seconds and tokens. Then, in the same process and on the
 same engine (prefix cache reset), it sends exactly the prompts ckpteval sent, with the same
-sampling parameters, to one bare `vllm.LLM.generate` call, in pairs with more infer steps on
-empty caches, and prints both sides' tokens/s, their ratio per pair and its median, and how much
-of ckpteval's time is spent outside the engine. Target: ckpteval >= 90% of the bare engine's
+sampling parameters, to one bare `vllm.LLM.generate` call, alternating with more infer steps on
+empty caches, and prints every run, how much of ckpteval's time is spent outside the engine, and
+the ratio of the two sides' best throughput. Target: ckpteval >= 90% of the bare engine's
 throughput on a mixed task set.
 
     python bench/infer.py                          # CPU: the tiny demo model, a mixed task set
@@ -149,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     # Run 0 loads the engine: its figures are what an infer job pays. Then the engine is warmed
     # and both sides run `repeats` times, alternating, from an empty (and prefix-) cache each
     # time. ckpteval's time is the whole infer step (task loading, prompts, cache, lm-eval,
-    # files), not only generation. Each pair ran back to back, so the median of the pairs'
-    # ratios is what counts: on a shared machine, wall times swing by several x from one minute
-    # to the next.
+    # files), not only generation. Each side's best run counts (as `timeit` does): other load on
+    # the machine only ever adds time, and on a shared machine it swings wall times by several x
+    # from one minute to the next.
     from vllm import SamplingParams
 
     _, _, first, run_dir = ckpteval_run(0)
@@ -191,9 +191,16 @@ def main(argv: list[str] | None = None) -> int:
               f"LLM.generate {pair['bare_s']:.2f} s, {pair['bare_tokens']} tokens, "
               f"{pair['bare_tokens'] / pair['bare_s']:.1f} tokens/s | ratio {pair['ratio']:.1%}")
     overhead = statistics.median((p["ours_s"] - p["engine_s"]) / p["ours_s"] for p in pairs)
-    ratio = statistics.median(p["ratio"] for p in pairs)
-    print(f"ckpteval time outside the engine (median): {overhead:.1%}")
-    print(f"ckpteval / bare throughput (median of {len(pairs)} pairs): {ratio:.1%} (target >= 90%)")
+    best = min(pairs, key=lambda p: p["ours_s"])
+    best_bare = min(pairs, key=lambda p: p["bare_s"])
+    ours = best["tokens"] / best["ours_s"]
+    bare = best_bare["bare_tokens"] / best_bare["bare_s"]
+    print(f"ckpteval time outside the engine (median of runs): {overhead:.1%}")
+    print(f"best runs: ckpteval {best['ours_s']:.2f} s, {ours:.1f} tokens/s (engine loads "
+          f"{loads}, load {load_s:.1f} s in the first job) | bare {best_bare['bare_s']:.2f} s, "
+          f"{bare:.1f} tokens/s")
+    ratio = ours / bare
+    print(f"ckpteval / bare throughput (best of {len(pairs)} each): {ratio:.1%} (target >= 90%)")
     return 0 if ratio >= 0.9 else 1
 
 

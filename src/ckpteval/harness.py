@@ -3,12 +3,13 @@ request cache, and turn their samples into score files.
 
 Running (infer step). `HarnessRunner` loads every harness task of the job before any engine starts,
 so a dataset that cannot be found offline or a missing lm-eval extra fails in seconds with one
-line. Non-code tasks go through `lm_eval.simple_evaluate` on a `CachedHarnessLM`: lm-eval builds
-prompts, few-shot context, filters and metrics exactly as `lm_eval --model vllm` does, while every
-request is answered from ckpteval's cache or, in chunks, by the backend's lm-eval model (the very
-engine ckpteval's own tasks use) and appended to the cache at once. lm-eval's own sqlite cache
-skips sampled requests and writes only after a whole batch; this one keys sampled requests by
-their seed and survives a kill mid-task. The engine loads only if a request is missing.
+line. Non-code tasks go through lm-eval's `evaluate`, set up as `simple_evaluate` sets it up, on a
+`CachedHarnessLM`: lm-eval builds prompts, few-shot context, filters and metrics exactly as
+`lm_eval --model vllm` does, while every request is answered from ckpteval's cache or, in chunks,
+by the backend's lm-eval model (the very engine ckpteval's own tasks use; its calls also carry
+ckpteval's pending requests, so the engine sees one batch) and appended to the cache at once.
+lm-eval's own sqlite cache skips sampled requests and writes only after a whole batch; this one
+keys sampled requests by their seed and survives a kill mid-task. The engine loads only if a request is missing.
 
 Code tasks (`humaneval`, `mbpp`, or `checker: python`) only take their requests from lm-eval: the
 completions are generated like ckpteval's own tasks (with `n` samples for pass@k) and each line
@@ -117,8 +118,6 @@ class HarnessRunner:
 
     def run(self, job: Any, cache_file: Path) -> dict[str, Any]:
         """Run a non-code harness task through lm-eval; write its generation file; return stats."""
-        import lm_eval
-
         s = job.variant.sampling
         if s.n != 1:
             raise UserError(
@@ -133,24 +132,19 @@ class HarnessRunner:
             gen_kwargs["max_gen_toks"] = int(opts["max_new_tokens"])
         loaded = self._objects(job.task)
         name = str(job.task.harness_task)
-        targets = [loaded["groups"][name]] if name in loaded["groups"] else list(
-            loaded["tasks"].values())
         lm = cached_harness_lm(self.backend, cache_file, chunk_size=self.chunk_size,
                                label=f"{job.task.name} {job.variant.name}")
-        seed = job.variant.seed
-        results = lm_eval.simple_evaluate(
-            model=lm, tasks=targets, num_fewshot=opts.get("num_fewshot"), limit=opts.get("limit"),
-            batch_size="auto", log_samples=True, task_manager=self.manager(name),
-            gen_kwargs=gen_kwargs or None, apply_chat_template=bool(opts.get("chat_template")),
-            system_instruction=opts.get("system_prompt"), random_seed=seed,
-            numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-            bootstrap_iters=0)
-        if results is None:
+        results = run_lm_eval(lm, loaded, seed=job.variant.seed, gen_kwargs=gen_kwargs,
+                              num_fewshot=opts.get("num_fewshot"), limit=opts.get("limit"),
+                              chat=bool(opts.get("chat_template")),
+                              system_prompt=opts.get("system_prompt"))
+        if not results:
             raise RuntimeError("lm-eval returned no results")
         rows = harness_lines(results["samples"], lm.completion_tokens)
         write_jsonl(job.out, rows)
+        leaves = list(loaded["tasks"])
         aggregate = results["results"].get(name) or (
-            results["results"][targets[0].task_name] if len(targets) == 1 else {})
+            results["results"][leaves[0]] if len(leaves) == 1 else {})
         return {"n_problems": len(rows), "n_samples": len(rows),
                 "n_cached_prompts": lm.n_cached, "n_generated_prompts": lm.n_generated,
                 "lm_eval_results": {k: v for k, v in aggregate.items() if k != "alias"},
@@ -170,16 +164,8 @@ class HarnessRunner:
                             f"group of {len(loaded['tasks'])}")
         task = next(iter(loaded["tasks"].values()))
         opts = job.task.options
-        wanted = opts.get("num_fewshot")
-        default = task.get_config("num_fewshot")
-        if wanted is not None and default != 0:
-            task.set_config(key="num_fewshot", value=int(wanted))
-        elif wanted is not None:
-            log.warning("%s: num_fewshot is 0 in its lm-eval config; %s ignored (as lm-eval does)",
-                        job.task.name, wanted)
-        elif default is None:
-            task.set_config(key="num_fewshot", value=0)
-        task.set_fewshot_seed(seed=job.variant.seed)
+        configure_task(task, num_fewshot=opts.get("num_fewshot"), gen_kwargs=None,
+                       seed=job.variant.seed)
         chat = bool(opts.get("chat_template"))
         task.build_all_requests(
             limit=opts.get("limit"), rank=0, world_size=1,
@@ -209,6 +195,48 @@ class HarnessRunner:
                             seed=job.variant.seed,
                             stop=tuple([until] if isinstance(until, str) else until))
         return problems, prompts, spec
+
+
+def configure_task(task: Any, *, num_fewshot: int | None, gen_kwargs: dict[str, Any] | None,
+                   seed: int) -> None:
+    """Apply config overrides to a loaded lm-eval task exactly as `lm_eval.simple_evaluate`
+    (0.4.13) does: generation settings merged in, `num_fewshot` overriding the YAML's unless
+    that is 0, a missing one meaning 0, and the few-shot sampler seeded."""
+    if task.get_config("output_type") == "generate_until" and gen_kwargs:
+        task.set_config(key="generation_kwargs", value=gen_kwargs, update=True)
+    default = task.get_config("num_fewshot")
+    if num_fewshot is not None:
+        if default == 0:
+            log.warning("%s: num_fewshot is 0 in its lm-eval config; %s ignored (as lm-eval "
+                        "does)", task.task_name, num_fewshot)
+        else:
+            task.set_config(key="num_fewshot", value=int(num_fewshot))
+    elif default is None:
+        task.set_config(key="num_fewshot", value=0)
+    task.set_fewshot_seed(seed=seed)
+
+
+def run_lm_eval(lm: Any, loaded: dict[str, Any], *, seed: int, gen_kwargs: dict[str, Any],
+                num_fewshot: int | None, limit: int | None, chat: bool,
+                system_prompt: str | None) -> dict[str, Any]:
+    """`lm_eval.simple_evaluate(model=lm, ..., random/numpy/torch/fewshot seeds = seed)` on
+    already loaded tasks, minus what only decorates its result (environment and git
+    information, which costs a `pip list` subprocess per task): the seeds, the task overrides
+    (`configure_task`) and `lm_eval.evaluator.evaluate` are the same calls."""
+    import random
+
+    import numpy as np
+    from lm_eval.evaluator import evaluate
+    from lm_eval.utils import set_torch_seed
+
+    random.seed(seed)
+    np.random.seed(seed)
+    set_torch_seed(seed)
+    for task in loaded["tasks"].values():
+        configure_task(task, num_fewshot=num_fewshot, gen_kwargs=gen_kwargs, seed=seed)
+    results = evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=0, log_samples=True,
+                       system_instruction=system_prompt, apply_chat_template=chat)
+    return dict(results) if results is not None else {}
 
 
 def _tokenizer_name(backend: Backend) -> str:

@@ -19,7 +19,12 @@ completion_tokens; harness lines add target, filtered (per filter) and metrics (
 per-sample values keyed `<metric>,<filter>`); code harness lines add `problem` (what the python
 checker needs: prompt/test/entry_point or test_list, and the reference solution). Beside it,
 `{variant}.meta.json` records the backend and its arguments, versions, device, host, Slurm job,
-timings (load, generation, wall), token counts, tokens/s and how many prompts came from the cache.
+timings (load; generation, for ckpteval tasks as their token share of the job's batch), token
+counts, tokens/s and how many prompts came from the cache.
+
+All ckpteval tasks and variants of a job are generated together, in chunks that mix them, and
+those chunks ride along with lm-eval's own engine calls (`Backend.ride_along`): the engine sees
+one batch instead of one per task, each ending with the engine draining on its longest sequences.
 """
 
 from __future__ import annotations
@@ -37,8 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval import __version__
-from ckpteval.backends import (Backend, Generation, Prompt, SamplingSpec, cache_namespace,
-                               make_backend)
+from ckpteval.backends import (
+    Backend,
+    Generation,
+    Prompt,
+    SamplingSpec,
+    cache_namespace,
+    make_backend,
+)
 from ckpteval.config import Variant
 from ckpteval.errors import UserError
 from ckpteval.gpus import Lease, lease_gpu
