@@ -53,10 +53,8 @@ def _run_aggregate(args: argparse.Namespace) -> int:
     config = load_config(args.configfile)
     validate_config(config)
     plan = build_plan(config)
-    out = Path(plan.outdir)
-    cells = [out / "scores" / c["run"] / c["ckpt"] / c["task"] / f"{c['variant']}.json"
-             for c in plan.cells()]
-    summary = args.out or out / "summary"
+    cells = [Path(p) for p in plan.score_files()]
+    summary = args.out or Path(plan.outdir) / "summary"
     build_summary(cells, summary, title=config["aggregate"]["title"],
                   bootstrap=int(config["aggregate"]["bootstrap"]))
     present = sum(p.exists() for p in cells)

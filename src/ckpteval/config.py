@@ -112,6 +112,11 @@ class Plan:
         except (KeyError, StopIteration):
             raise UserError(f"no checkpoint {ckpt!r} in run {run!r}") from None
 
+    def score_files(self) -> list[str]:
+        """The evaluate step's cell metrics file of every cell, under `outdir`."""
+        return [f"{self.outdir}/scores/{c['run']}/{c['ckpt']}/{c['task']}/{c['variant']}.json"
+                for c in self.cells()]
+
     def cells(self) -> list[dict[str, Any]]:
         """Every (run, ckpt, task, variant) the config asks for, in step order."""
         out = []

@@ -117,4 +117,4 @@ def get_cell(wildcards):
 
 
 def get_score_files(wildcards):
-    return [f"{OUT}/scores/{c['run']}/{c['ckpt']}/{c['task']}/{c['variant']}.json" for c in PLAN.cells()]
+    return PLAN.score_files()
