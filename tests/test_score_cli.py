@@ -47,6 +47,22 @@ def test_python_with_bad_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 16
 
 
+def test_timeout_options_reach_the_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    arith = [json.loads(line) for line in (TASKS / "arith.jsonl").read_text().splitlines()]
+    samples = write_jsonl(tmp_path / "a.jsonl", [{"task_id": p["task_id"], "completion": p["answer"]}
+                                                 for p in arith])
+    assert score("gsm8k", "--problems", str(TASKS / "arith.jsonl"), "--samples", str(samples),
+                 "--out", str(tmp_path / "a.jsonl.out"), "--timeout", "2",
+                 "--timeout-factor", "0") == 0
+    timeouts = json.loads((tmp_path / "a.jsonl.out.json").read_text())["timeouts"]
+    assert (timeouts["configured"], timeouts["factor"]) == (2.0, 0.0)
+    for bad in ("-1", "x", "inf"):
+        with pytest.raises(SystemExit):
+            score("gsm8k", "--problems", str(TASKS / "arith.jsonl"), "--samples", str(samples),
+                  "--out", str(tmp_path / "b.jsonl"), "--timeout-factor", bad)
+        assert "--timeout-factor" in capsys.readouterr().err
+
+
 def test_rust_and_gsm8k(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rust = [json.loads(line) for line in (TASKS / "rustfunc.jsonl").read_text().splitlines()]
     samples = write_jsonl(tmp_path / "rs.jsonl", [{"task_id": p["task_id"], "completion": "    todo!()\n}\n"}

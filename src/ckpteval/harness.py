@@ -371,25 +371,28 @@ class CachedHarnessLM:
 
 def score_harness_file(
     generations: Path, out_jsonl: Path, out_json: Path, *, provenance: dict[str, Any],
-    workers: int = 2, timeout: float | None = None, ks: Sequence[int] | None = None,
-    checker_options: Mapping[str, Any] | None = None,
+    workers: int = 2, timeout: float | None = None, timeout_factor: float | None = None,
+    ks: Sequence[int] | None = None, checker_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write per-sample verdicts and cell metrics for one harness generation file.
 
     Code tasks (lines carrying `problem`) are scored by the python checker in its sandbox, with
-    `workers`, `timeout`, `ks` and `checker_options` as for ckpteval's own tasks.
+    `workers`, `timeout`, `timeout_factor` (None: `score_samples`' default), `ks` and
+    `checker_options` as for ckpteval's own tasks.
     """
     errors: list[str] = []
     rows = list(iter_jsonl(generations, errors=errors))
     meta_path = generations.with_suffix(".meta.json")
     meta = read_json(meta_path) if meta_path.exists() else {}
     if rows and "problem" in rows[0]:
-        from ckpteval.evaluate import score_samples
+        from ckpteval.evaluate import DEFAULT_TIMEOUT_FACTOR, score_samples
 
         problems = {r["task_id"]: r["problem"] for r in rows if "problem" in r}
         return score_samples(meta.get("checker", "python"), problems, rows, out_jsonl, out_json,
-                             workers=workers, timeout=timeout, ks=ks,
-                             checker_options=checker_options or {}, provenance=provenance,
+                             workers=workers, timeout=timeout,
+                             timeout_factor=(DEFAULT_TIMEOUT_FACTOR if timeout_factor is None
+                                             else timeout_factor),
+                             ks=ks, checker_options=checker_options or {}, provenance=provenance,
                              input_errors=errors)
     return _score_lm_eval_metrics(generations, rows, errors, meta.get("lm_eval_results", {}),
                                   out_jsonl, out_json, provenance)

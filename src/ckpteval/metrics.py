@@ -8,7 +8,8 @@ n - c < k. A cell's pass@k is the mean over problems, with the standard error of
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -27,14 +28,57 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def mean_and_stderr(values: Sequence[float]) -> tuple[float, float]:
     """Mean and standard error of the mean (sample std / sqrt(n)); stderr is 0 for n < 2."""
-    n = len(values)
+    return _mean_and_stderr(len(values), lambda: iter(values))
+
+
+def _mean_and_stderr(n: int, values: Callable[[], Iterator[float]]) -> tuple[float, float]:
+    """The two-pass computation behind `mean_and_stderr`, over values that can be read twice."""
     if n == 0:
         return math.nan, math.nan
-    mean = sum(values) / n
+    mean = sum(values()) / n
     if n < 2:
         return mean, 0.0
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    var = sum((v - mean) ** 2 for v in values()) / (n - 1)
     return mean, math.sqrt(var / n)
+
+
+class RunningMean:
+    """Values added one at a time; `result()` is `mean_and_stderr` of them, bit for bit.
+
+    The standard error's second pass sums rounded squares in input order, and a different order
+    (or a one-pass formula) changes its last bits, so the values themselves are kept, compactly:
+    one bit each while every value is 0 or 1 (compile rates, pass/fail scores: 125 kB per million
+    samples), eight bytes each once any other value arrives.
+    """
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._bits = bytearray()
+        self._floats: array[float] | None = None
+
+    def add(self, value: float) -> None:
+        value = float(value)
+        if self._floats is None and value in (0.0, 1.0):
+            if self.n % 8 == 0:
+                self._bits.append(0)
+            if value:
+                self._bits[-1] |= 1 << (self.n % 8)
+        else:
+            if self._floats is None:
+                self._floats = array("d", self._values())
+            self._floats.append(value)
+        self.n += 1
+
+    def _values(self) -> Iterator[float]:
+        if self._floats is not None:
+            yield from self._floats
+            return
+        for i in range(self.n):
+            yield float(self._bits[i >> 3] >> (i & 7) & 1)
+
+    def result(self) -> tuple[float, float]:
+        """(mean, stderr), as `mean_and_stderr(values)` returns them."""
+        return _mean_and_stderr(self.n, self._values)
 
 
 def pass_at_k_table(

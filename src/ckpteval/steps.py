@@ -102,24 +102,26 @@ def evaluate(smk: Any) -> None:
         "model_hash": read_json(smk.input.manifest)["weights_sha256"],
         "generation_file": str(generations), "generation_sha256": sha256_file(generations),
     }
-    if task.kind == "harness":
-        from ckpteval.harness import score_harness_file
-
-        score_harness_file(generations, Path(smk.output.samples), Path(smk.output.metrics),
-                           provenance=provenance)
-        return
-    from ckpteval.evaluate import read_samples, score_samples
-
-    errors: list[str] = []
-    samples = list(read_samples(generations, errors))
     ev = smk.config["evaluate"]
     options: dict[str, Any] = {"sandbox": ev["sandbox"]}
     if ev.get("piston_url"):
         options["endpoint"] = ev["piston_url"]
+    scoring: dict[str, Any] = {
+        "workers": int(smk.threads), "timeout": float(ev["timeout"]),
+        "timeout_factor": float(ev["timeout_factor"]), "ks": ev["ks"], "checker_options": options,
+    }
+    if task.kind == "harness":
+        from ckpteval.harness import score_harness_file
+
+        score_harness_file(generations, Path(smk.output.samples), Path(smk.output.metrics),
+                           provenance=provenance, **scoring)
+        return
+    from ckpteval.evaluate import read_samples, score_samples
+
+    errors: list[str] = []
     score_samples(
-        task.checker, task.problems(), samples, Path(smk.output.samples), Path(smk.output.metrics),
-        workers=int(smk.threads), timeout=float(ev["timeout"]), ks=ev["ks"],
-        checker_options=options, provenance=provenance, input_errors=errors,
+        task.checker, task.problems(), read_samples(generations, errors), Path(smk.output.samples),
+        Path(smk.output.metrics), provenance=provenance, input_errors=errors, **scoring,
     )
 
 

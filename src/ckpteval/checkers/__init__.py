@@ -44,7 +44,13 @@ STDERR_TAIL_CHARS = 2000
 
 @dataclass
 class Verdict:
-    """The outcome of one sample. `extras` are checker-specific fields added to its JSONL line."""
+    """The outcome of one sample. `extras` are checker-specific fields added to its JSONL line.
+
+    `duration_s` is everything the sample cost (its share of a batch compile included); `run_s`
+    is how long its program ran under the run timeout (the slowest run, for checkers that run it
+    once per test), or None when nothing ran. A reference solution's `run_s` is what
+    `ckpteval.evaluate` calibrates that problem's timeout from; it is not written to the JSONL.
+    """
 
     passed: bool
     error_type: str | None = None
@@ -53,6 +59,7 @@ class Verdict:
     stderr_tail: str = ""
     score: float | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    run_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.error_type is not None and self.error_type not in ERROR_TYPES:
@@ -71,11 +78,14 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Job:
-    """One sample to check: its problem record and its raw completion."""
+    """One sample to check: its problem record and its raw completion. `timeout`, when set,
+    replaces the run timeout the checker would otherwise use for this job (`Checker.run_timeout`):
+    it is how `ckpteval.evaluate` gives each problem its calibrated timeout."""
 
     task_id: str
     problem: Mapping[str, Any]
     completion: str
+    timeout: float | None = None
 
 
 #: Receives (job index, verdict) pairs as a checker reaches them.
@@ -104,14 +114,21 @@ class Checker(abc.ABC):
     def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
         """Raise `UserError` if `problem` lacks what this checker needs."""
 
+    def run_timeout(self, problem: Mapping[str, Any], timeout: float | None) -> float:
+        """Seconds a run of a sample of `problem` gets when its job sets no `timeout`, given the
+        call's `timeout` (None: the checker's default)."""
+        return timeout or self.default_timeout
+
     def check(self, jobs: Sequence[Job], *, workers: int, timeout: float | None = None,
               on_verdicts: OnVerdicts | None = None) -> list[Verdict]:
-        """One verdict per job, in order. `on_verdicts` hears of verdicts as they are reached,
-        as (job index, verdict) pairs, from any thread (callers persist progress with it)."""
+        """One verdict per job, in order, each job run under its own `timeout` if it has one,
+        else the call's. `on_verdicts` hears of verdicts as they are reached, as (job index,
+        verdict) pairs, from any thread (callers persist progress with it)."""
         timeout = timeout or self.default_timeout
         verdicts: list[Verdict | None] = [None] * len(jobs)
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futures = {pool.submit(self.check_one, job, timeout): i for i, job in enumerate(jobs)}
+            futures = {pool.submit(self.check_one, job, job.timeout or timeout): i
+                       for i, job in enumerate(jobs)}
             with cancel_on_error(futures):
                 for future in as_completed(futures):
                     verdicts[futures[future]] = verdict = future.result()

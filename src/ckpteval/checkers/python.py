@@ -66,7 +66,8 @@ class PythonChecker(Checker):
 
     def check(self, jobs: Sequence[Job], *, workers: int, timeout: float | None = None,
               on_verdicts: OnVerdicts | None = None) -> list[Verdict]:
-        """Samples in batches; each batch shares one sandbox, each sample its own process."""
+        """Samples in batches; each batch shares one sandbox, each sample its own process under
+        its job's timeout, or else `timeout`."""
         timeout = timeout or self.default_timeout
         verdicts: list[Verdict | None] = [None] * len(jobs)
         # Several batches per worker, so that a batch of slow samples does not idle the others.
@@ -104,14 +105,15 @@ class PythonChecker(Checker):
                 (sample_dir / "main.py").write_text(source, encoding="utf-8")
                 tokens[i] = token
                 commands.append(Command([self.interpreter, "-I", "-S", "-B", "main.py"],
-                                        Limits(wall_s=timeout, memory_bytes=self.memory_bytes),
+                                        Limits(wall_s=job.timeout or timeout,
+                                               memory_bytes=self.memory_bytes),
                                         cwd=sample_dir, python_file=sample_dir / "main.py"))
             results = self.sandbox.run_many(commands, workdir=workdir, readable=[self.prefix],
                                             preload=PRELOAD)
             for i, result in zip(tokens, results):
                 verdict = classify(result, tokens[i])
                 verdict.stderr_tail = verdict.stderr_tail.replace(f"{workdir}/s{i}/", "")
-                verdict.duration_s = result.duration_s
+                verdict.duration_s = verdict.run_s = result.duration_s
                 verdicts[i] = verdict
         return verdicts  # type: ignore[return-value]
 

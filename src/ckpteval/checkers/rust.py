@@ -18,8 +18,10 @@ sample alone (tests check this).
 
 The compiler runs in the sandbox too: `include_str!("/root/...")` and friends read files at
 compile time, so rustc sees only the toolchain and the batch's directory. The test binary is then
-run once per sample, filtered to that sample's `ckpteval_tests`, under its own timeout (runs go in
-chunks of `RUN_CHUNK`, each chunk sharing one sandbox; see `Sandbox.run_many`). A sample passes only if libtest announces its
+run once per sample, filtered to that sample's `ckpteval_tests`, under its own timeout (its job's
+`timeout` if set, else the call's; compiles keep `compile_timeout`), in chunks of `RUN_CHUNK`, each
+chunk sharing one sandbox (see `Sandbox.run_many`). A verdict's `run_s` is that test run alone,
+without the sample's share of the batch compile. A sample passes only if libtest announces its
 tests and reports every one `ok`: a test that calls `process::exit(0)` ends the binary with status
 0 without the report, and fails.
 """
@@ -81,6 +83,7 @@ class _Unit:
     module: str = ""
     first_line: int = 0
     compile_s: float = 0.0
+    timeout: float = 0.0
 
 
 class RustChecker(Checker):
@@ -128,7 +131,7 @@ class RustChecker(Checker):
         for i, job in enumerate(jobs):
             source = _unit_source(job)
             alone = bool(_ALONE_ONLY.search(job.completion)) or not delimiters_balanced(source)
-            units.append(_Unit(i, source, alone))
+            units.append(_Unit(i, source, alone, timeout=job.timeout or timeout))
         batched = [u for u in units if not u.alone_only]
         size = max(1, min(self.batch_size, -(-len(batched) // (2 * workers))))
         groups = [batched[i:i + size] for i in range(0, len(batched), size)]
@@ -145,7 +148,7 @@ class RustChecker(Checker):
             for group, workdir in zip(groups, workdirs):
                 runnable = [u for u in group if u.verdict is None]
                 chunks += [(workdir, runnable[i:i + RUN_CHUNK]) for i in range(0, len(runnable), RUN_CHUNK)]
-            futures = [pool.submit(self._run_chunk, workdir, chunk, timeout) for workdir, chunk in chunks]
+            futures = [pool.submit(self._run_chunk, workdir, chunk) for workdir, chunk in chunks]
             with cancel_on_error(futures):
                 for future, (_, chunk) in zip(futures, chunks):
                     future.result()
@@ -153,14 +156,16 @@ class RustChecker(Checker):
                         on_verdicts([(u.index, u.verdict) for u in chunk])  # type: ignore[misc]
         return [u.verdict for u in units]  # type: ignore[misc]
 
-    def _run_chunk(self, workdir: Path, units: list[_Unit], timeout: float) -> None:
-        """Run the tests of compiled units (one sandbox for the chunk, one process per unit)."""
+    def _run_chunk(self, workdir: Path, units: list[_Unit]) -> None:
+        """Run the tests of compiled units (one sandbox for the chunk, one process per unit, each
+        under its unit's timeout)."""
         commands = [Command([str(u.binary), "--test-threads=1", f"{u.module}ckpteval_tests::"],
-                            Limits(wall_s=timeout, memory_bytes=self.memory_bytes),
+                            Limits(wall_s=u.timeout, memory_bytes=self.memory_bytes),
                             env={"RUST_BACKTRACE": "0"}) for u in units]
         for unit, result in zip(units, self.sandbox.run_many(commands, workdir=workdir)):
             unit.verdict = classify(result, unit.first_line)
             unit.verdict.duration_s = unit.compile_s + result.duration_s
+            unit.verdict.run_s = result.duration_s
 
     def _compile_group(self, group: list[_Unit], workdir: Path) -> None:
         """Compile `group` as one crate, dropping modules with errors until the rest compiles.

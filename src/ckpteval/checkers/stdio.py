@@ -19,8 +19,10 @@ accepts with exit status 0 (testlib's convention), in the local sandbox.
 Two backends run solutions. `local` (default): compile once in the sandbox, then run each test in
 its own sandbox with the time limit (wall clock, twice the limit plus half a second of start-up)
 and the memory limit (address space, plus 64 MB for the runtime). `piston`: a Piston endpoint
-(`endpoint="http://host:2000"`), `POST /api/v2/execute` per test with bounded concurrency and
-retries; an endpoint that stays down raises `PistonError`, which fails the run.
+(`endpoint="http://host:2000"`), `POST /api/v2/execute` per test (`run_timeout`: the time limit)
+with bounded concurrency and retries; an endpoint that stays down raises `PistonError`, which
+fails the run. A job's own `timeout` (a calibrated limit) replaces the time limit per test; a
+verdict's `run_s` is its slowest test run (Piston's `wall_time`, when the endpoint reports it).
 """
 
 from __future__ import annotations
@@ -125,12 +127,17 @@ class StdioChecker(Checker):
             raise UserError(f"problem {task_id}: stdio problems need `tests`: a non-empty list of "
                             "{input, output} objects")
 
+    def run_timeout(self, problem: Mapping[str, Any], timeout: float | None) -> float:
+        """The time limit per test: the problem's own `time_limit`, else the call's `timeout`."""
+        return float(problem.get("time_limit") or timeout or self.default_timeout)
+
     def check_one(self, job: Job, timeout: float) -> Verdict:
-        """`timeout` is the time limit per test unless the problem sets its own `time_limit`."""
+        """The time limit per test is the job's `timeout` if set (a calibrated limit, which
+        `ckpteval.evaluate` never makes lower than `run_timeout`), else `run_timeout`."""
         start = time.monotonic()
         problem = job.problem
         program = detect_program(job.completion)
-        time_limit = float(problem.get("time_limit") or timeout)
+        time_limit = job.timeout or self.run_timeout(problem, timeout)
         memory = int(problem.get("memory_limit") or DEFAULT_MEMORY_MB) << 20
         tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
         judge = self._judge(job.task_id, problem)
@@ -261,20 +268,23 @@ class _Local(_Backend):
                 return compiled
             limits = Limits(wall_s=2 * time_limit + 0.5, cpu_s=math.ceil(time_limit) + 1,
                             memory_bytes=memory + RUNTIME_MEMORY_SLACK)
+            slowest = 0.0
             for number, test in enumerate(tests, start=1):
                 stdin = Path(stdin_dir) / f"{number}.in"
                 stdin.write_text(str(test["input"]), encoding="utf-8")
                 result = self.sandbox.run(compiled, limits=limits, workdir=Path(work),
                                           stdin=stdin, readable=_toolchains())
+                slowest = max(slowest, result.duration_s)
                 failure = _run_failure(result)
                 if failure is None and not judge.accepts(test, result.stdout):
                     failure = "wrong_answer"
                 if failure:
                     return Verdict(False, failure, compile_ok=True,
                                    stderr_tail=tail(result.stderr).replace(f"{work}/", ""),
-                                   extras={"tests_passed": number - 1, "tests_total": len(tests)})
+                                   extras={"tests_passed": number - 1, "tests_total": len(tests)},
+                                   run_s=slowest)
         return Verdict(True, compile_ok=True, extras={"tests_passed": len(tests),
-                                                     "tests_total": len(tests)})
+                                                     "tests_total": len(tests)}, run_s=slowest)
 
 
 def _run_failure(result: RunResult) -> str | None:
@@ -322,6 +332,7 @@ class _Piston(_Backend):
         if version is None:
             raise PistonError(f"piston at {self.endpoint}: no runtime for {language}; installed: "
                               f"{', '.join(sorted(self.versions()))}")
+        slowest: float | None = None
         for number, test in enumerate(tests, start=1):
             reply = self._request("POST", "/api/v2/execute", {
                 "language": language, "version": version,
@@ -337,15 +348,18 @@ class _Piston(_Backend):
                                stderr_tail=tail(compiled.get("stderr") or compiled.get("output") or ""),
                                extras=extras)
             run = reply.get("run") or {}
+            wall_ms = run.get("wall_time")  # Piston >= 3.1 reports it; older ones do not
+            if isinstance(wall_ms, (int, float)) and not isinstance(wall_ms, bool):
+                slowest = max(slowest or 0.0, wall_ms / 1000)
             failure = _piston_failure(run)
             if failure is None and not judge.accepts(test, str(run.get("stdout", "")).encode()):
                 failure = "wrong_answer"
             if failure:
                 return Verdict(False, failure, compile_ok=True,
                                stderr_tail=tail(str(run.get("stderr") or run.get("message") or "")),
-                               extras=extras)
+                               extras=extras, run_s=slowest)
         return Verdict(True, compile_ok=True, extras={"tests_passed": len(tests),
-                                                     "tests_total": len(tests)})
+                                                     "tests_total": len(tests)}, run_s=slowest)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         """One call with retries on connection errors, 429, 5xx and replies that are not Piston's
