@@ -7,6 +7,17 @@
    evaluate job per (checkpoint, task), one aggregate. Durations are drawn from a seeded
    distribution in simulated minutes and slept scaled down (`--scale` seconds per minute):
    per-task generation times with a per-checkpoint log-normal spread, log-normal scoring times.
+   Each infer job's Snakemake `priority` is ckpteval's own estimate of its GPU seconds
+   (`ckpteval.schedule.expected_seconds`, what the workflow's infer rules use), fed with what the
+   workflow would know in the scenario (`--scenario`):
+
+   - first:     one run evaluated for the first time: every checkpoint has the same model size
+                and tasks, so every estimate is equal and Snakemake's own order decides;
+   - sizes:     two runs in one sweep, a 1.7B and a 7B model (a third of the checkpoints), priced
+                by weight bytes x tokens before anything is measured;
+   - remeasure: the run evaluated again (a new engine setting or vLLM version): the
+                `.meta.json` of the earlier sweep measured every job, within a 5% spread.
+
    Every job records its start and end; the script prints
 
    - makespan: first job start to last job end;
@@ -16,16 +27,17 @@
    - their ratio (target <= 1.10), GPU-slot utilisation (GPU busy time / (GPUs x span of the
      infer phase)), and whether any two infer jobs held one device at once;
    - for reference, the makespan of overhead-free list schedules of the same jobs: longest job
-     first (what a scheduler that knew the durations would do), and in the order Snakemake
-     started them. Their distance to the bound is granularity (30 jobs on 8 GPUs leave slots idle
+     first (what a scheduler that knew the durations would do), in the order Snakemake
+     started them, and in step order (what equal priorities give). Their distance to the bound is granularity (30 jobs on 8 GPUs leave slots idle
      in the last wave), not Snakemake; the rest of the gap to the measured makespan is per-job
      overhead (process start-up on this 2-core machine), which shrinks as jobs get longer.
 
 2. Dry run. Seconds for `snakemake -n` (greedy scheduler) on a 10,000-job DAG: the synthetic
    sweep's, and the repository's own workflow on 1,111 empty checkpoint directories x 7 tasks.
 
-    python bench/schedule.py [--checkpoints 30] [--tasks 7] [--gpus 8] [--cores 32] [--scale 1.0]
-                             [--seed 0] [--dryrun-jobs 10000] [--workdir DIR]
+    python bench/schedule.py [--scenario first|sizes|remeasure|all] [--checkpoints 30] [--tasks 7]
+                             [--gpus 8] [--cores 32] [--scale 1.0] [--seed 0]
+                             [--dryrun-jobs 10000] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -57,10 +69,22 @@ AGGREGATE_MINUTES = 0.5
 SNAKEFILE = '''\
 import json, sys
 
+from ckpteval.schedule import Measurement, expected_seconds
+
 PLAN = json.load(open("plan.json"))
 CKPTS = list(PLAN["infer"])
 TASKS = PLAN["tasks"]
 JOB = sys.executable + " " + PLAN["job_script"]
+
+
+def infer_priority(wildcards):
+    """What the workflow's infer rules do: expected GPU seconds from static figures and history."""
+    known = PLAN["known"][wildcards.ckpt]
+    history = PLAN["history"][known["run"]]
+    return expected_seconds(
+        {(t, "v"): units for t, units in known["static"].items()},
+        {(t, "v"): [Measurement(step, sec) for step, sec in history.get(t, [])] for t in TASKS},
+        known["step"])
 
 localrules: all
 
@@ -76,6 +100,7 @@ rule infer:
     output: expand("generations/{{ckpt}}/{task}.json", task=TASKS)
     params: seconds=lambda w: PLAN["infer"][w.ckpt]
     resources: gpu=1
+    priority: infer_priority
     shell: JOB + " infer '{output}' {params.seconds}"
 
 rule evaluate:
@@ -113,17 +138,33 @@ for out in outputs:
 '''
 
 
-def draw_plan(checkpoints: int, tasks: int, seed: int) -> dict:
-    """Seeded durations in simulated minutes: infer per checkpoint, evaluate per cell, aggregate."""
+SCENARIOS = ("first", "sizes", "remeasure")
+#: Decoding cost of a 7B model relative to a 1.7B one (weight bytes, memory-bound decoding).
+BIG_MODEL_FACTOR = 7.0 / 1.7
+REMEASURE_SIGMA = 0.05
+
+
+def draw_plan(checkpoints: int, tasks: int, seed: int, scenario: str = "first") -> dict:
+    """Seeded durations in simulated minutes (infer per checkpoint, evaluate per cell, aggregate)
+    and what ckpteval would know of each infer job before it runs (`known`, `history`)."""
     rng = random.Random(seed)
     names = [f"t{i}" for i in range(tasks)]
     base = [TASK_MINUTES[i % len(TASK_MINUTES)] for i in range(tasks)]
-    infer, evaluate = {}, {}
+    infer, evaluate, known = {}, {}, {}
+    history: dict[str, dict[str, list]] = {"small": {}, "big": {}}
     for c in range(checkpoints):
-        ckpt = f"step_{(c + 1) * 500}"
-        infer[ckpt] = LOAD_MINUTES + sum(b * rng.lognormvariate(0, GEN_SIGMA) for b in base)
+        ckpt, step = f"step_{(c + 1) * 500}", (c + 1) * 500
+        run = "big" if scenario == "sizes" and c % 3 == 2 else "small"
+        size = BIG_MODEL_FACTOR if run == "big" else 1.0
+        gen = [b * size * rng.lognormvariate(0, GEN_SIGMA) for b in base]
+        infer[ckpt] = LOAD_MINUTES * size + sum(gen)
         evaluate[ckpt] = {t: EVAL_MEDIAN_MINUTES * rng.lognormvariate(0, EVAL_SIGMA) for t in names}
-    return {"tasks": names, "infer": infer, "evaluate": evaluate, "aggregate": AGGREGATE_MINUTES}
+        known[ckpt] = {"run": run, "step": step, "static": {t: b * size for t, b in zip(names, base)}}
+        if scenario == "remeasure":
+            for t, g in zip(names, gen):
+                history[run].setdefault(t, []).append([step, g * rng.lognormvariate(0, REMEASURE_SIGMA)])
+    return {"tasks": names, "infer": infer, "evaluate": evaluate, "aggregate": AGGREGATE_MINUTES,
+            "known": known, "history": history}
 
 
 def scaled(plan: dict, scale: float) -> dict:
@@ -133,6 +174,9 @@ def scaled(plan: dict, scale: float) -> dict:
         "infer": {c: m * scale for c, m in plan["infer"].items()},
         "evaluate": {c: {t: m * scale for t, m in ts.items()} for c, ts in plan["evaluate"].items()},
         "aggregate": plan["aggregate"] * scale,
+        "known": plan["known"],
+        "history": {run: {t: [[step, sec * scale] for step, sec in ms] for t, ms in tasks.items()}
+                    for run, tasks in plan["history"].items()},
     }
 
 
@@ -180,7 +224,7 @@ def device_clashes(records: list[dict]) -> int:
 
 
 def run_schedule(args: argparse.Namespace, workdir: Path) -> None:
-    minutes = draw_plan(args.checkpoints, args.tasks, args.seed)
+    minutes = draw_plan(args.checkpoints, args.tasks, args.seed, args.scenario)
     plan = scaled(minutes, args.scale)
     plan.update(gpus=args.gpus, lock_dir=str(workdir / "gpu-locks"),
                 job_script=str(workdir / "job.py"))
@@ -188,7 +232,7 @@ def run_schedule(args: argparse.Namespace, workdir: Path) -> None:
     (workdir / "Snakefile").write_text(SNAKEFILE)
     (workdir / "job.py").write_text(JOB_SCRIPT)
     jobs = 2 * args.checkpoints + args.checkpoints * args.tasks + 1
-    print(f"sweep: {args.checkpoints} checkpoints x {args.tasks} tasks = {jobs} jobs "
+    print(f"scenario {args.scenario}: {args.checkpoints} checkpoints x {args.tasks} tasks = {jobs} jobs "
           f"({args.checkpoints} on GPU), {args.gpus} fake GPUs, {args.cores} cores, "
           f"1 simulated minute = {args.scale} s; load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs")
@@ -215,13 +259,15 @@ def run_schedule(args: argparse.Namespace, workdir: Path) -> None:
     started_order = [Path(r["output"]).parts[1] for r in sorted(infer, key=lambda r: r["start"])]
     lpt = simulate(plan, args.gpus, sorted(plan["infer"], key=plan["infer"].__getitem__, reverse=True))
     same_order = simulate(plan, args.gpus, started_order)
+    step_order = simulate(plan, args.gpus, list(plan["infer"]))
     print(f"snakemake wall (incl. DAG build): {wall:.1f} s")
     print(f"makespan:          {makespan:.2f} s  ({makespan / args.scale:.0f} simulated min)")
     print(f"lower bound:       {bound:.2f} s  ({term})")
     print(f"makespan / bound:  {makespan / bound:.3f}  (target <= 1.10)")
     print(f"for reference, overhead-free list schedules: longest-first {lpt:.2f} s "
           f"({lpt / bound:.3f} x bound), in Snakemake's start order {same_order:.2f} s "
-          f"({same_order / bound:.3f} x bound)")
+          f"({same_order / bound:.3f} x bound), in step order as without priorities {step_order:.2f} s "
+          f"({step_order / bound:.3f} x bound)")
     print(f"GPU-slot use:      {busy / (args.gpus * infer_span):.1%} over the infer phase, "
           f"{busy / (args.gpus * makespan):.1%} over the makespan")
     print(f"device clashes:    {device_clashes(records)}")
@@ -285,6 +331,8 @@ def _children_cpu() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all",
+                        help="what ckpteval knows of the jobs before they run (see above)")
     parser.add_argument("--checkpoints", type=int, default=30)
     parser.add_argument("--tasks", type=int, default=7)
     parser.add_argument("--gpus", type=int, default=8)
@@ -298,8 +346,12 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="ckpteval-bench-schedule-") as tmp:
         root = args.workdir or Path(tmp)
-        (root / "sweep").mkdir(parents=True, exist_ok=True)
-        run_schedule(args, root / "sweep")
+        scenarios = SCENARIOS if args.scenario == "all" else (args.scenario,)
+        for scenario in scenarios:
+            workdir = root / f"sweep-{scenario}"
+            workdir.mkdir(parents=True, exist_ok=True)
+            run_schedule(argparse.Namespace(**{**vars(args), "scenario": scenario}), workdir)
+            print()
         if args.dryrun_jobs:
             (root / "dryrun").mkdir(exist_ok=True)
             run_dryrun(args.dryrun_jobs, root / "dryrun")

@@ -7,6 +7,7 @@ from pathlib import Path
 from ckpteval.checkpoints import checkpoint_fingerprint
 from ckpteval.config import build_plan, validate_config
 from ckpteval.errors import UserError
+from ckpteval.schedule import InferCosts
 
 try:
     validate_config(config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml")
@@ -89,6 +90,20 @@ def get_generation_metas(group):
 
 def get_infer_log(group):
     return f"logs/infer/{{run}}/{{ckpt}}{'.' + group if group else ''}.log"
+
+
+INFER_COSTS = InferCosts(PLAN)
+
+
+def get_infer_priority(group):
+    """A job's priority is its expected GPU seconds (ckpteval.schedule): Snakemake starts the
+    longest infer jobs first, so the last wave of a sweep is made of short ones."""
+    pairs = group_jobs(group)
+
+    def priority(wildcards):
+        return float(f"{INFER_COSTS(wildcards.run, wildcards.ckpt, pairs):.6g}")
+
+    return priority
 
 
 def get_infer_attempt(wildcards, attempt):

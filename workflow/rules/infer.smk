@@ -6,7 +6,8 @@
 # - replay: rule `replay`, one job per generation file: existing solutions, validated and copied.
 # Weightless runs (openai, replay) get a model card as models/{run}/{ckpt}.json instead of a
 # consolidated model. Finished requests go to a content-addressed cache under {OUT}/cache, which
-# is not a declared output: a killed or retried job resumes from it.
+# is not a declared output: a killed or retried job resumes from it. An infer job's priority is
+# its expected GPU seconds (ckpteval.schedule): the longest start first.
 for _group in PLAN.engine_groups:
     if VLLM_RUNS:
 
@@ -29,6 +30,7 @@ for _group in PLAN.engine_groups:
             resources:
                 gpu=1,
                 infer_attempt=get_infer_attempt,
+            priority: get_infer_priority(_group)
             retries: 1
             script:
                 "../scripts/infer.py"
