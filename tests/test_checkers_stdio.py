@@ -3,16 +3,11 @@ client against a small Piston-shaped server on 127.0.0.1 that really runs the pr
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import FakePiston, down_url, piston_ok
 
 from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers.stdio import PistonError, detect_program, outputs_match
@@ -102,111 +97,34 @@ def test_output_comparison() -> None:
     assert detect_program("print(1)").language == "python"
 
 
-# ------------------------------------------------------------------------------ fake Piston
+# ---------------------------------------------------------------------- Piston (fake, loopback)
 
-class FakePiston(ThreadingHTTPServer):
-    """Piston's API on loopback, running Python programs for real; can fail on demand."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _PistonHandler)
-        self.fail_next = 0
-        self.requests = 0
-        self.active = 0
-        self.max_active = 0
-        self.lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _PistonHandler(BaseHTTPRequestHandler):
-    server: FakePiston
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _reply(self, code: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        if self.path == "/api/v2/runtimes":
-            self._reply(200, [{"language": "python", "version": "3.9.4", "aliases": ["py"]},
-                              {"language": "python", "version": "3.10.0", "aliases": ["py", "python3"]}])
-        else:
-            self._reply(404, {"message": "not found"})
-
-    def do_POST(self) -> None:  # noqa: N802
-        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with self.server.lock:
-            self.server.requests += 1
-            if self.server.fail_next > 0:
-                self.server.fail_next -= 1
-                self._reply(503, {"message": "overloaded"})
-                return
-            self.server.active += 1
-            self.server.max_active = max(self.server.max_active, self.server.active)
-        try:
-            assert request["language"] == "python" and request["version"] == "3.10.0"
-            run = _execute(request["files"][0]["content"], request["stdin"], request["run_timeout"] / 1000)
-        finally:
-            with self.server.lock:  # before replying: the client may send its next call at once
-                self.server.active -= 1
-        self._reply(200, {"language": "python", "version": "3.10.0", "run": run})
-
-
-def _execute(code: str, stdin: str, timeout: float) -> dict[str, Any]:
-    try:
-        done = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"stdout": "", "stderr": "", "output": "", "code": None, "signal": "SIGKILL",
-                "status": "TO", "message": "Timeout"}
-    return {"stdout": done.stdout, "stderr": done.stderr, "output": done.stdout + done.stderr,
-            "code": done.returncode, "signal": None,
-            **({"status": "RE", "message": "Runtime error"} if done.returncode else {})}
-
-
-@pytest.fixture()
-def piston() -> Iterator[FakePiston]:
-    server = FakePiston()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def test_piston_backend_judges_like_local(piston: FakePiston) -> None:
-    checker = get_checker("stdio", endpoint=piston.url, piston_concurrency=2)
+def test_piston_backend_judges_like_local() -> None:
     jobs = [Job("aplusb", APLUSB, PY_OK), Job("aplusb", APLUSB, "print(4)"),
             Job("aplusb", APLUSB, "raise ValueError('x')"), Job("aplusb", APLUSB, "while True: pass"),
             Job("split", SPLIT, "n = int(input())\nprint(0, n)\n")] * 2
-    verdicts = checker.check(jobs, workers=4)
+    with FakePiston() as piston:
+        checker = get_checker("stdio", endpoint=piston.url, piston_concurrency=2)
+        verdicts = checker.check(jobs, workers=4)
     assert [v.error_type for v in verdicts[:5]] == [None, "wrong_answer", "runtime_error", "timeout", None]
     assert [v.error_type for v in verdicts[:5]] == [v.error_type for v in verdicts[5:]]
     assert 1 <= piston.max_active <= 2  # bounded concurrency
 
 
-def test_piston_retries_transient_failures(piston: FakePiston) -> None:
-    piston.fail_next = 2
-    checker = get_checker("stdio", endpoint=piston.url, piston_retries=3)
-    verdict = checker.check([Job("aplusb", APLUSB, PY_OK)], workers=1)[0]
+def test_piston_retries_transient_failures() -> None:
+    def refuse_two(number: int, request: dict[str, Any]) -> tuple[int, bytes]:
+        return (503, b'{"message": "overloaded"}') if number <= 2 else piston_ok(number, request)
+
+    with FakePiston(refuse_two) as piston:
+        checker = get_checker("stdio", endpoint=piston.url, piston_retries=3)
+        verdict = checker.check([Job("aplusb", APLUSB, PY_OK)], workers=1)[0]
     assert verdict.passed
-    assert piston.requests == 3 + 2  # 2 refused + 3 tests
+    assert len(piston.times) == 3 + 2  # 2 refused + 3 tests
 
 
 def test_piston_down_fails_the_run_not_the_samples(tmp_path: Path) -> None:
-    server = FakePiston()
-    url = server.url
-    server.server_close()  # nothing listens there any more
     with pytest.raises(PistonError, match="failed after 2 attempts"):
         score_samples("stdio", {"aplusb": APLUSB}, [{"task_id": "aplusb", "completion": PY_OK}],
                       tmp_path / "o.jsonl", tmp_path / "o.json", workers=1,
-                      checker_options={"endpoint": url, "piston_retries": 1})
+                      checker_options={"endpoint": down_url(), "piston_retries": 1})
     assert not (tmp_path / "o.json").exists()

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -411,54 +412,78 @@ def _fails(source: Path, tmp_path: Path, pattern: str, **kwargs: Any) -> str:
     return message
 
 
-def test_truncated_shard_is_named(tiny: Tiny, tmp_path: Path) -> None:
-    source = _hf_copy(tiny, tmp_path / "truncated")
+def _truncate_weights(source: Path) -> None:
     weights = source / "model.safetensors"
     os.truncate(weights, weights.stat().st_size - 1000)
-    _fails(
-        source,
-        tmp_path,
-        r"truncated: .*model.safetensors: truncated shard: tensor data ends at "
-        r"byte \d+, file has \d+ bytes",
-        fmt="hf",
-    )
 
 
-def test_missing_tensor_is_named(tiny: Tiny, tmp_path: Path) -> None:
-    source = _hf_copy(tiny, tmp_path / "missing")
-    _rewrite_weights(source, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-    _fails(
-        source,
-        tmp_path,
-        r"model.safetensors: 1 tensor\(s\) missing that LlamaForCausalLM "
-        r"expects: model.layers.1.mlp.up_proj.weight",
-    )
-
-
-def test_unexpected_tensor_is_named(tiny: Tiny, tmp_path: Path) -> None:
-    source = _hf_copy(tiny, tmp_path / "unexpected")
-    _rewrite_weights(
-        source, lambda t: t.update({"model.layers.2.mlp.up_proj.weight": torch.zeros(2)})
-    )
-    _fails(
-        source,
-        tmp_path,
-        r"1 unexpected tensor\(s\) LlamaForCausalLM has no place for: "
-        r"model.layers.2.mlp.up_proj.weight",
-    )
-
-
-def test_shape_mismatch_with_config_is_named(tiny: Tiny, tmp_path: Path) -> None:
-    source = _hf_copy(tiny, tmp_path / "shape")
+def _widen_mlp_in_config(source: Path) -> None:
     config = json.loads((source / "config.json").read_text())
     config["intermediate_size"] = 512
     (source / "config.json").write_text(json.dumps(config))
-    _fails(
-        source,
-        tmp_path,
-        r"model.safetensors: shape mismatch: tensor model.layers.0.mlp.\w+_proj."
-        r"weight is \[\d+, \d+\], config.json's LlamaForCausalLM expects",
-    )
+
+
+def _edit_weights(edit: Callable[[dict[str, torch.Tensor]], Any]) -> Callable[[Path], None]:
+    return lambda source: _rewrite_weights(source, edit)
+
+
+@pytest.mark.parametrize(
+    ("name", "corrupt", "pattern", "kwargs"),
+    [
+        pytest.param(
+            "truncated",
+            _truncate_weights,
+            r"truncated: .*model.safetensors: truncated shard: tensor data ends at "
+            r"byte \d+, file has \d+ bytes",
+            {"fmt": "hf"},
+            id="truncated-shard",
+        ),
+        pytest.param(
+            "missing",
+            _edit_weights(lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
+            r"model.safetensors: 1 tensor\(s\) missing that LlamaForCausalLM "
+            r"expects: model.layers.1.mlp.up_proj.weight",
+            {},
+            id="missing-tensor",
+        ),
+        pytest.param(
+            "unexpected",
+            _edit_weights(
+                lambda t: t.update({"model.layers.2.mlp.up_proj.weight": torch.zeros(2)})
+            ),
+            r"1 unexpected tensor\(s\) LlamaForCausalLM has no place for: "
+            r"model.layers.2.mlp.up_proj.weight",
+            {},
+            id="unexpected-tensor",
+        ),
+        pytest.param(
+            "shape",
+            _widen_mlp_in_config,
+            r"model.safetensors: shape mismatch: tensor model.layers.0.mlp.\w+_proj."
+            r"weight is \[\d+, \d+\], config.json's LlamaForCausalLM expects",
+            {},
+            id="shape-mismatch-with-config",
+        ),
+        pytest.param(
+            "nan",
+            _edit_weights(lambda t: t["model.norm.weight"].fill_(float("nan"))),
+            r"smoke generation \(transformers\) produced NaN/inf logits",
+            {},
+            id="nan-weights-fail-the-smoke-check",
+        ),
+    ],
+)
+def test_broken_hf_checkpoint_is_named(
+    tiny: Tiny,
+    tmp_path: Path,
+    name: str,
+    corrupt: Callable[[Path], None],
+    pattern: str,
+    kwargs: dict[str, Any],
+) -> None:
+    source = _hf_copy(tiny, tmp_path / name)
+    corrupt(source)
+    _fails(source, tmp_path, pattern, **kwargs)
 
 
 def test_unknown_format_and_incomplete_checkpoint(tiny: Tiny, tmp_path: Path) -> None:
@@ -474,12 +499,6 @@ def test_unknown_format_and_incomplete_checkpoint(tiny: Tiny, tmp_path: Path) ->
 
     with pytest.raises(UserError, match="unknown checkpoint format 'gguf'"):
         consolidate(tiny.hf_dir, tmp_path, fmt="gguf")
-
-
-def test_nan_weights_fail_the_smoke_check(tiny: Tiny, tmp_path: Path) -> None:
-    source = _hf_copy(tiny, tmp_path / "nan")
-    _rewrite_weights(source, lambda t: t["model.norm.weight"].fill_(float("nan")))
-    _fails(source, tmp_path, r"smoke generation \(transformers\) produced NaN/inf logits")
 
 
 def test_untied_lm_head_under_a_tied_config_is_refused(tiny: Tiny, tmp_path: Path) -> None:

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import run_snakemake, write_config
+from fakes import JsonHandler, LoopbackServer, down_url
 
 from ckpteval.backends import model_card
 from ckpteval.backends.replay import replay_solutions
@@ -25,21 +23,18 @@ from ckpteval.tasks import resolve_task
 
 # ------------------------------------------------------------------------------- fake endpoint
 
-class FakeEndpoint(ThreadingHTTPServer):
+class FakeEndpoint(LoopbackServer):
     """Answers /v1/completions and /v1/chat/completions deterministically; can fail on purpose."""
 
-    daemon_threads = True
-
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.bodies: list[dict[str, Any]] = []
         self.unavailable = 0  # answer this many requests with 503 first
         self.reject_marker: str | None = None  # 400 for prompts containing it
-        self.lock = threading.Lock()
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+        return f"{self.url}/v1"
 
 
 def completion_for(prompt: str, seed: int, index: int) -> str:
@@ -47,24 +42,21 @@ def completion_for(prompt: str, seed: int, index: int) -> str:
     return f" #### {(len(prompt) + 7 * seed + index) % 50}"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     server: FakeEndpoint
 
-    def log_message(self, *args: Any) -> None:
-        return
-
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.read_json()
         with self.server.lock:
             self.server.bodies.append(body)
             if self.server.unavailable > 0:
                 self.server.unavailable -= 1
-                return self._send(503, {"error": {"message": "warming up"}})
+                return self.send_json(503, {"error": {"message": "warming up"}})
         chat = self.path.endswith("/chat/completions")
         prompts = ([body["messages"][-1]["content"]] if chat else
                    body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]])
         if self.server.reject_marker and any(self.server.reject_marker in p for p in prompts):
-            return self._send(400, {"error": {"message": "prompt is too long for this model"}})
+            return self.send_json(400, {"error": {"message": "prompt is too long for this model"}})
         n = int(body.get("n", 1))
         choices = []
         for p_idx, prompt in enumerate(prompts):
@@ -74,34 +66,16 @@ class _Handler(BaseHTTPRequestHandler):
                 choice.update({"message": {"role": "assistant", "content": text}} if chat
                               else {"text": text})
                 choices.append(choice)
-        self._send(200, {"id": "x", "object": "text_completion", "model": body["model"],
-                         "choices": choices,
-                         "usage": {"prompt_tokens": sum(len(p.split()) for p in prompts),
-                                   "completion_tokens": 3 * len(choices)}})
-
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_json(200, {"id": "x", "object": "text_completion", "model": body["model"],
+                             "choices": choices,
+                             "usage": {"prompt_tokens": sum(len(p.split()) for p in prompts),
+                                       "completion_tokens": 3 * len(choices)}})
 
 
 @pytest.fixture
 def endpoint() -> Iterator[FakeEndpoint]:
-    server = FakeEndpoint()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    with FakeEndpoint() as server:
+        yield server
 
 
 def _setup(tmp_path: Path, run: dict[str, Any], tasks: dict[str, Any],
@@ -178,7 +152,7 @@ def test_openai_chat_template_tasks_use_chat_completions(endpoint: FakeEndpoint,
 
 def test_endpoint_failures_are_one_line_naming_the_url(endpoint: FakeEndpoint,
                                                        tmp_path: Path) -> None:
-    dead = f"http://127.0.0.1:{_free_port()}/v1"
+    dead = f"{down_url()}/v1"
     run = {"backend": "openai", "endpoint": {"base_url": dead, "model": "tiny", "retries": 1}}
     config, jobs, card = _setup(tmp_path, run, {"arith": {"limit": 1}})
     with pytest.raises(UserError) as err:

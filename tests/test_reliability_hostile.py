@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import processes_with
 
 from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers import python as python_checker
@@ -410,14 +411,8 @@ def _processes_named(marker: str, settle_s: float = 2.0) -> list[str]:
     """Command lines containing `marker` that are still alive `settle_s` after the run."""
     deadline = time.monotonic() + settle_s
     while True:
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmdline and pid != str(os.getpid()):
-                found.append(pid + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace"))
+        found = [pid + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace")
+                 for pid, cmdline in processes_with(marker).items() if pid != str(os.getpid())]
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)

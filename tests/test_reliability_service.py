@@ -1,25 +1,23 @@
 """A Piston endpoint that is down, slow, failing or talking nonsense: bounded retries with
 backoff, then one clear error; never a wrong verdict, never a traceback.
 
-The endpoint is a small Piston-shaped HTTP server on 127.0.0.1 (Piston itself cannot run here):
-it runs our own trusted Python programs for real, and misbehaves on demand. tests/test_checkers_stdio.py
-covers the working client (verdicts, bounded concurrency, a couple of 503s); this module covers
-the faults.
+The endpoint is tests/fakes.py's FakePiston, a small Piston-shaped HTTP server on 127.0.0.1
+(Piston itself cannot run here): it runs our own trusted Python programs for real, and misbehaves
+on demand. tests/test_checkers_stdio.py covers the working client (verdicts, bounded concurrency,
+a couple of 503s); this module covers the faults.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import FakePiston, down_url, piston_ok
 
 from ckpteval.checkers import Job, get_checker
 from ckpteval.checkers.stdio import PistonError
@@ -32,100 +30,13 @@ APLUSB = {"task_id": "aplusb", "tests": [{"input": "1 2\n", "output": "3\n"},
           "language": "python"}
 RIGHT = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 WRONG = "```python\nprint(4)\n```"
-RUNTIMES = [{"language": "python", "version": "3.10.0", "aliases": ["py", "python3"]}]
-
-#: Reply for one POST /api/v2/execute: (HTTP status, body bytes), given the request number (1-based).
-Behaviour = Callable[[int, dict[str, Any]], tuple[int, bytes]]
-
-
-class FakePiston(ThreadingHTTPServer):
-    """Piston's two endpoints on loopback; `execute` decides each reply, `delay_s` slows every one."""
-
-    daemon_threads = True
-
-    def __init__(self, execute: Behaviour | None = None, runtimes: bytes | None = None,
-                 delay_s: float = 0.0) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.execute = execute or (lambda n, request: (200, json.dumps(_run(request)).encode()))
-        self.runtimes = runtimes if runtimes is not None else json.dumps(RUNTIMES).encode()
-        self.delay_s = delay_s
-        self.times: list[float] = []      # arrival time of every execute request
-        self.runtime_requests = 0
-        self.active = 0
-        self.max_active = 0
-        self.lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakePiston
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _send(self, code: int, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        with self.server.lock:
-            self.server.runtime_requests += 1
-        if self.server.runtimes == b"503":
-            self._send(503, b'{"message": "overloaded"}')
-        else:
-            self._send(200, self.server.runtimes)
-
-    def do_POST(self) -> None:  # noqa: N802
-        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with self.server.lock:
-            self.server.times.append(time.monotonic())
-            number = len(self.server.times)
-            self.server.active += 1
-            self.server.max_active = max(self.server.max_active, self.server.active)
-        try:
-            time.sleep(self.server.delay_s)
-            code, body = self.server.execute(number, request)
-        finally:
-            with self.server.lock:
-                self.server.active -= 1
-        self._send(code, body)
-
-
-def _run(request: dict[str, Any]) -> dict[str, Any]:
-    """Run the (trusted, test-written) program as Piston would and describe it Piston's way."""
-    done = subprocess.run([sys.executable, "-c", request["files"][0]["content"]],
-                          input=request["stdin"], capture_output=True, text=True, timeout=30)
-    return {"language": "python", "version": "3.10.0",
-            "run": {"stdout": done.stdout, "stderr": done.stderr, "output": done.stdout + done.stderr,
-                    "code": done.returncode, "signal": None, "status": "RE" if done.returncode else None,
-                    "message": None}}
-
-
-def _ok(number: int, request: dict[str, Any]) -> tuple[int, bytes]:
-    return 200, json.dumps(_run(request)).encode()
 
 
 @pytest.fixture()
 def serve() -> Iterator[Callable[..., FakePiston]]:
     """Start fake endpoints for a test; all are shut down after it."""
-    servers: list[FakePiston] = []
-
-    def start(*args: Any, **kwargs: Any) -> FakePiston:
-        server = FakePiston(*args, **kwargs)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with ExitStack() as stack:
+        yield lambda *args, **kwargs: stack.enter_context(FakePiston(*args, **kwargs))
 
 
 def _check(url: str, completions: list[str], *, retries: int = 3, concurrency: int = 2,
@@ -144,9 +55,7 @@ def _gaps(times: list[float]) -> list[float]:
 
 def test_endpoint_down_fails_with_one_clear_line(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    down = FakePiston()
-    url = down.url
-    down.server_close()  # nothing listens there any more
+    url = down_url()
     samples = tmp_path / "samples.jsonl"
     samples.write_text(json.dumps({"task_id": "aplusb", "completion": RIGHT}) + "\n")
     problems = tmp_path / "problems.jsonl"
@@ -188,7 +97,7 @@ def test_server_errors_are_retried_with_growing_backoff_then_fail(serve: Callabl
 
 def test_transient_server_errors_and_429_are_absorbed(serve: Callable[..., FakePiston]) -> None:
     flaky = {1: 500, 2: 429, 5: 502}
-    server = serve(lambda n, request: (flaky[n], b"{}") if n in flaky else _ok(n, request))
+    server = serve(lambda n, request: (flaky[n], b"{}") if n in flaky else piston_ok(n, request))
     verdicts = _check(server.url, [RIGHT, WRONG], concurrency=1, workers=1)
     assert [v.error_type for v in verdicts] == [None, "wrong_answer"]
     assert len(server.times) == 3 + len(flaky)  # 2 tests of RIGHT, 1 of WRONG, 3 retried
@@ -243,7 +152,7 @@ def test_partial_results_survive_an_endpoint_that_dies_midway(
     alive = {"until": 20}  # the self-test's and most samples' requests succeed, then it dies
 
     def dying(n: int, request: dict[str, Any]) -> tuple[int, bytes]:
-        return _ok(n, request) if n <= alive["until"] else (503, b'{"message": "gone"}')
+        return piston_ok(n, request) if n <= alive["until"] else (503, b'{"message": "gone"}')
 
     server = serve(dying)
     options = {"endpoint": server.url, "piston_retries": 1, "piston_concurrency": 1}

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import processes_with
 
 from ckpteval.checkers.python import python_interpreter
 from ckpteval.errors import UserError
@@ -32,15 +33,7 @@ def run_py(sandbox: Sandbox, tmp_path: Path, code: str, **limits: float) -> RunR
 
 def survivors(marker: Path) -> list[str]:
     """Processes of this test's program still alive (other runs may share the machine)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if str(marker).encode() in cmdline and b"main.py" in cmdline:
-            found.append(pid)
-    return found
+    return [pid for pid, cmdline in processes_with(str(marker)).items() if b"main.py" in cmdline]
 
 
 def test_runs_as_non_root_without_privileges(sandbox: Sandbox, tmp_path: Path) -> None:
