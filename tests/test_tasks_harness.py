@@ -215,6 +215,8 @@ def test_the_evaluate_step_scores_code_harness_tasks_with_the_evaluate_settings(
     write_jsonl(gen, [{"task_id": "inc/0", "sample_idx": i, "prompt": problem["prompt"],
                        "completion": c, "problem": problem}
                       for i, c in enumerate(["    return x + 1\n", "    return x\n"])])
+    with gen.open("a") as handle:  # a torn line: reported once, by file and line, and skipped
+        handle.write('{"task_id": "inc/0", "sample_idx": 2, "compl\n')
     write_json(gen.with_suffix(".meta.json"), {"checker": "python"})
     write_json(tmp_path / "manifest.json", {"weights_sha256": "abc"})
     out = tmp_path / "scores"
@@ -229,6 +231,8 @@ def test_the_evaluate_step_scores_code_harness_tasks_with_the_evaluate_settings(
     assert cell["timeouts"]["configured"] == 3.0 and cell["timeouts"]["factor"] == 2.0
     assert sorted(cell["metrics"]) == ["compile_rate", "pass@1"]  # ks=[1]: no pass@2
     assert cell["metrics"]["pass@1"]["value"] == 0.5 and cell["model_hash"] == "abc"
+    assert len(cell["input_errors"]) == 1 and cell["input_errors"][0].startswith(f"{gen}:3: malformed")
+    assert cell["n_samples"] == 2
 
 
 _OFFLINE_PROBE = """

@@ -378,22 +378,28 @@ def score_harness_file(
 
     Code tasks (lines carrying `problem`) are scored by the python checker in its sandbox, with
     `workers`, `timeout`, `timeout_factor` (None: `score_samples`' default), `ks` and
-    `checker_options` as for ckpteval's own tasks.
+    `checker_options` as for ckpteval's own tasks. They stream like ckpteval's own tasks: one
+    pass collects the problems (one per task), a second feeds the samples to `score_samples`.
     """
     errors: list[str] = []
-    rows = list(iter_jsonl(generations, errors=errors))
     meta_path = generations.with_suffix(".meta.json")
     meta = read_json(meta_path) if meta_path.exists() else {}
-    if rows and "problem" in rows[0]:
+    first = next(iter_jsonl(generations, errors=[]), None)
+    if first is not None and "problem" in first:
         from ckpteval.evaluate import DEFAULT_TIMEOUT_FACTOR, score_samples
 
-        problems = {r["task_id"]: r["problem"] for r in rows if "problem" in r}
+        problems: dict[str, Any] = {}
+        for row in iter_jsonl(generations, errors=[]):  # bad lines are reported by the second pass
+            if "problem" in row and isinstance(row.get("task_id"), str):
+                problems.setdefault(row["task_id"], row["problem"])
+        rows = iter_jsonl(generations, errors=errors)
         return score_samples(meta.get("checker", "python"), problems, rows, out_jsonl, out_json,
                              workers=workers, timeout=timeout,
                              timeout_factor=(DEFAULT_TIMEOUT_FACTOR if timeout_factor is None
                                              else timeout_factor),
                              ks=ks, checker_options=checker_options or {}, provenance=provenance,
                              input_errors=errors)
+    rows = list(iter_jsonl(generations, errors=errors))
     return _score_lm_eval_metrics(generations, rows, errors, meta.get("lm_eval_results", {}),
                                   out_jsonl, out_json, provenance)
 
