@@ -118,3 +118,24 @@ def test_discovery_marker_duplicate_steps_and_patterns(run_dir: Path) -> None:
     _ckpt(run_dir, "checkpoint-100")
     with pytest.raises(UserError, match="checkpoint-100 and step_100 are both step 100"):
         discover_checkpoints(run_dir, ["step_{step}", "checkpoint-{step}"])
+
+
+def test_bare_torch_files_are_checkpoints_once_fully_written(tmp_path: Path) -> None:
+    """A trainer that saves `step_N.pt` files: each complete one is checkpoint `step_N`, pointing
+    at the file; one still being written (no zip end record) waits; other files are ignored."""
+    import torch
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (50, 150):
+        torch.save({"model": {"w": torch.zeros(4)}, "step": step}, run / f"step_{step}.pt")
+    data = (run / "step_150.pt").read_bytes()
+    (run / "step_150.pt").write_bytes(data[: len(data) // 2])  # mid-write
+    (run / "step_200.log").write_text("not a checkpoint")
+    _ckpt(run, "step_100")
+    found = discover_checkpoints(run, ["step_{step}"])
+    assert [(c.name, c.step, c.path.name) for c in found] == [
+        ("step_50", 50, "step_50.pt"), ("step_100", 100, "step_100")]
+    torch.save({"w": torch.zeros(4)}, run / "step_100.pth")
+    with pytest.raises(UserError, match="step_100 and step_100.pth are both step 100"):
+        discover_checkpoints(run, ["step_{step}"])

@@ -128,3 +128,25 @@ def test_user_mistakes_stop_before_any_job_with_one_line(sweep: Path, tmp_path: 
     assert proc.returncode != 0 and "config: seeds: '42' is not of type 'array'" in out
     assert "Traceback" not in out
     assert not (tmp_path / "results").exists()
+
+
+def test_a_bare_torch_file_is_discovered_and_consolidated(sweep: Path, demo_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """A trainer that writes `step_N.pt` state dicts: the file is checkpoint `step_N`, consolidated
+    with the run's base_model for config and tokenizer, into the same weights as the HF save."""
+    import torch
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    state = load_file(demo_dir / "run" / "step_100" / "model.safetensors")
+    torch.save({"model": state, "step": 7}, run / "step_7.pt")
+    config = small_config(run)
+    config["runs"]["demo"]["base_model"] = str(demo_dir / "base")
+    write_config(tmp_path, config)
+    proc = run_snakemake(tmp_path, "results/models/demo/step_7.json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    manifest = json.loads((tmp_path / "results/models/demo/step_7.json").read_text())
+    reference = json.loads((sweep / "results/models/demo/step_100.json").read_text())
+    assert manifest["format"] == "torch"
+    assert manifest["weights_sha256"] == reference["weights_sha256"]

@@ -27,6 +27,10 @@ class Checkpoint:
     is_base: bool = False
 
 
+#: A bare file in a run directory is a checkpoint when it is one of these (`torch.save` files).
+BARE_FILE_SUFFIXES = (".pt", ".pth", ".bin")
+
+
 def pattern_regex(pattern: str) -> re.Pattern[str]:
     """`step_{step}` -> a regex matching `step_120` with the step as group 1."""
     if pattern.count("{step}") != 1:
@@ -38,28 +42,38 @@ def pattern_regex(pattern: str) -> re.Pattern[str]:
 def discover_checkpoints(
     run_dir: Path, patterns: list[str], *, marker: str | None = None
 ) -> list[Checkpoint]:
-    """Complete checkpoint directories directly below `run_dir`, ordered by step.
+    """Complete checkpoints directly below `run_dir`, ordered by step.
 
-    Two directories with the same step (e.g. `step_5` and `checkpoint-5`) are ambiguous and refused.
+    A checkpoint is a directory whose name matches a pattern, or a bare `torch.save` file
+    (`step_5.pt`, `.pth`, `.bin`) whose name without the suffix does; the file's checkpoint is
+    named without it. A directory is complete when its `marker` exists, or else by its format's
+    rules; a bare file always by its format's (a zip save has its end record). Two checkpoints
+    with the same step (e.g. `step_5` and `checkpoint-5`) are ambiguous and refused.
     """
     regexes = [pattern_regex(p) for p in patterns]
     found: dict[int, Checkpoint] = {}
     for child in sorted(run_dir.iterdir()):
-        if not child.is_dir() or child.name.startswith("."):
+        if child.name.startswith("."):
             continue
-        match = next((m for rx in regexes if (m := rx.match(child.name))), None)
+        if child.is_dir():
+            name = child.name
+        elif child.is_file() and child.suffix in BARE_FILE_SUFFIXES:
+            name = child.name[: -len(child.suffix)]
+        else:
+            continue
+        match = next((m for rx in regexes if (m := rx.match(name))), None)
         if match is None:
             continue
-        complete = (child / marker).exists() if marker else is_complete(child)
+        complete = (child / marker).exists() if marker and child.is_dir() else is_complete(child)
         if not complete:
             continue
         step = int(match.group(1))
         if step in found:
             raise UserError(
-                f"{run_dir}: {found[step].name} and {child.name} are both step {step}; "
+                f"{run_dir}: {found[step].path.name} and {child.name} are both step {step}; "
                 "keep one or narrow runs.<run>.patterns"
             )
-        found[step] = Checkpoint(child.name, step, child)
+        found[step] = Checkpoint(name, step, child)
     return [found[s] for s in sorted(found)]
 
 
