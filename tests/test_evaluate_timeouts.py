@@ -90,17 +90,23 @@ def test_rust_run_s_is_the_test_run_alone() -> None:
     assert slow.duration_s > slow.run_s  # the duration also counts its share of the compile
 
 
-def test_stdio_honours_a_jobs_timeout_over_the_problems_time_limit() -> None:
-    problem = {"tests": [{"input": "1\n", "output": "1\n"}], "time_limit": 3}
+def test_stdio_calibrates_only_problems_without_their_own_time_limit() -> None:
+    """A job's timeout replaces the configured one; a problem's own `time_limit` is what the
+    problem asks (too slow is wrong) and stays."""
+    test = [{"input": "1\n", "output": "1\n"}]
+    free, judged = {"tests": test}, {"tests": test, "time_limit": 0.3}
     sleeper = "```python\nimport time\ntime.sleep(1.5)\nprint(input())\n```"
     checker = get_checker("stdio")
     try:
-        unlimited, limited = checker.check(
-            [Job("t", problem, sleeper), Job("t", problem, sleeper, timeout=0.3)], workers=2)
+        configured, calibrated, own = checker.check(
+            [Job("t", free, sleeper), Job("t", free, sleeper, timeout=3.0),
+             Job("t", judged, sleeper, timeout=3.0)], workers=2, timeout=0.3)
     finally:
         checker.close()
-    assert unlimited.passed and 1.5 <= unlimited.run_s < 3, unlimited  # the slowest test's run
-    assert limited.error_type == "timeout", limited  # wall limit 2 x 0.3 + 0.5 s
+    assert configured.error_type == "timeout", configured  # wall limit 2 x 0.3 + 0.5 s
+    assert calibrated.passed and 1.5 <= calibrated.run_s < 3, calibrated  # the slowest test's run
+    assert own.error_type == "timeout", own
+    assert checker.own_time_limit(judged) and not checker.own_time_limit(free)
 
 
 class _Configured(Checker):
@@ -111,6 +117,9 @@ class _Configured(Checker):
 
     def run_timeout(self, problem: Mapping[str, Any], timeout: float | None) -> float:
         return float(problem.get("time_limit") or timeout or self.default_timeout)
+
+    def own_time_limit(self, problem: Mapping[str, Any]) -> bool:
+        return "time_limit" in problem
 
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
         return []
@@ -124,9 +133,9 @@ def test_calibration_raises_timeouts_never_lowers_them() -> None:
                 "compile-error-ref": {}}
     references = [Job(t, p, "ref") for t, p in problems.items()]
     verdicts = [Verdict(True, run_s=0.1), Verdict(True, run_s=1.0), Verdict(True),
-                Verdict(True, run_s=1.5), Verdict(False, "compile_error")]
+                Verdict(True, run_s=2.0), Verdict(False, "compile_error")]
     timeouts = calibrate_timeouts(_Configured(), problems, None, 5.0, references, verdicts)
-    assert timeouts.limits == {"slow": 5.0}  # 5 x 1.0 > 2; 5 x 1.5 <= the problem's own 8 s
+    assert timeouts.limits == {"slow": 5.0}  # 5 x 1.0 > 2; a problem's own 8 s limit stays
     assert timeouts.report == {"configured": 2.0, "factor": 5.0, "calibrated_problems": 1,
                                "max_s": 8.0, "median_s": 2.0}
     assert timeouts.apply(Job("slow", {}, "x")).timeout == 5.0

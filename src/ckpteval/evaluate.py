@@ -410,7 +410,8 @@ def calibrate_timeouts(checker: Checker, problems: Mapping[str, Mapping[str, Any
                        verdicts: Sequence[Verdict]) -> Timeouts:
     """Per-problem timeouts: `max(configured, factor x the slowest run of the problem's reference
     solution)`, from the references' verdicts (`Verdict.run_s`). Problems without a measured
-    reference keep the configured timeout (`Checker.run_timeout`)."""
+    reference keep the configured timeout (`Checker.run_timeout`), and so do problems that set
+    their own time limit (`Checker.own_time_limit`: too slow for it is a wrong answer)."""
     measured: dict[str, float] = {}
     for job, verdict in zip(references, verdicts):
         if verdict.run_s is not None:
@@ -419,7 +420,7 @@ def calibrate_timeouts(checker: Checker, problems: Mapping[str, Mapping[str, Any
     effective: list[float] = []
     for task_id, problem in problems.items():
         configured = checker.run_timeout(problem, timeout)
-        calibrated = factor * measured.get(task_id, 0.0)
+        calibrated = 0.0 if checker.own_time_limit(problem) else factor * measured.get(task_id, 0.0)
         if calibrated > configured:
             limits[task_id] = calibrated
         effective.append(max(configured, calibrated))

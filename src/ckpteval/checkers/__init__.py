@@ -119,6 +119,12 @@ class Checker(abc.ABC):
         call's `timeout` (None: the checker's default)."""
         return timeout or self.default_timeout
 
+    def own_time_limit(self, problem: Mapping[str, Any]) -> bool:
+        """Whether `problem` sets its own time limit. Such a limit is part of what the problem asks
+        (a solution too slow for it is wrong, as on a judge), so it is never calibrated and a job's
+        `timeout` does not replace it."""
+        return False
+
     def check(self, jobs: Sequence[Job], *, workers: int, timeout: float | None = None,
               on_verdicts: OnVerdicts | None = None) -> list[Verdict]:
         """One verdict per job, in order, each job run under its own `timeout` if it has one,

@@ -21,8 +21,9 @@ its own sandbox with the time limit (wall clock, twice the limit plus half a sec
 and the memory limit (address space, plus 64 MB for the runtime). `piston`: a Piston endpoint
 (`endpoint="http://host:2000"`), `POST /api/v2/execute` per test (`run_timeout`: the time limit)
 with bounded concurrency and retries; an endpoint that stays down raises `PistonError`, which
-fails the run. A job's own `timeout` (a calibrated limit) replaces the time limit per test; a
-verdict's `run_s` is its slowest test run (Piston's `wall_time`, when the endpoint reports it).
+fails the run. A problem's own `time_limit` is what it asks and is never calibrated; for
+problems without one, a job's `timeout` (a calibrated limit) replaces the call's; a verdict's
+`run_s` is its slowest test run (Piston's `wall_time`, when the endpoint reports it).
 """
 
 from __future__ import annotations
@@ -131,13 +132,19 @@ class StdioChecker(Checker):
         """The time limit per test: the problem's own `time_limit`, else the call's `timeout`."""
         return float(problem.get("time_limit") or timeout or self.default_timeout)
 
+    def own_time_limit(self, problem: Mapping[str, Any]) -> bool:
+        return bool(problem.get("time_limit"))
+
     def check_one(self, job: Job, timeout: float) -> Verdict:
-        """The time limit per test is the job's `timeout` if set (a calibrated limit, which
-        `ckpteval.evaluate` never makes lower than `run_timeout`), else `run_timeout`."""
+        """The time limit per test is the problem's own `time_limit` if it has one (too slow is
+        wrong, as on a judge; its CPU-time limit keeps that verdict steady on a busy machine),
+        else the job's `timeout` if set (a calibrated limit), else the call's `timeout`."""
         start = time.monotonic()
         problem = job.problem
         program = detect_program(job.completion)
-        time_limit = job.timeout or self.run_timeout(problem, timeout)
+        own = self.own_time_limit(problem)
+        time_limit = self.run_timeout(problem, timeout) if own else (job.timeout or
+                                                                     self.run_timeout(problem, timeout))
         memory = int(problem.get("memory_limit") or DEFAULT_MEMORY_MB) << 20
         tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
         judge = self._judge(job.task_id, problem)
