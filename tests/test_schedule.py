@@ -91,10 +91,13 @@ def test_snakemake_gives_each_infer_job_its_expected_seconds_as_priority(tmp_pat
     result = run_snakemake(workdir, "-n", "--cores", "1", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     text = result.stdout + result.stderr
-    priority = {}
+    priority: dict[str, dict[tuple[str, str], float]] = {"infer": {}, "consolidate": {}}
     for block in text.split("\n\n"):
-        if "rule infer:" in block:
+        rule = re.search(r"rule (infer|consolidate):", block)
+        if rule:
             run, ckpt = re.search(r"wildcards: run=(\w+), ckpt=(\w+)", block).groups()
-            priority[(run, ckpt)] = float(re.search(r"priority: (\S+)", block).group(1))
-    assert set(priority) == {("small", "step_100"), ("small", "step_200"), ("big", "step_100")}
-    assert max(priority, key=priority.__getitem__) == ("big", "step_100")
+            priority[rule.group(1)][(run, ckpt)] = float(re.search(r"priority: (\S+)", block).group(1))
+    assert set(priority["infer"]) == {("small", "step_100"), ("small", "step_200"), ("big", "step_100")}
+    assert max(priority["infer"], key=priority["infer"].__getitem__) == ("big", "step_100")
+    # One engine group: a checkpoint's consolidation carries its infer job's priority.
+    assert priority["consolidate"] == priority["infer"]

@@ -106,6 +106,12 @@ def get_infer_priority(group):
     return priority
 
 
+def get_consolidate_priority(wildcards):
+    """A checkpoint's consolidation goes as early as its infer jobs would: the sum of their
+    expected GPU seconds, so the longest jobs are ready first."""
+    return float(f"{sum(INFER_COSTS(wildcards.run, wildcards.ckpt, group_jobs(g)) for g in PLAN.engine_groups):.6g}")
+
+
 def get_infer_attempt(wildcards, attempt):
     """Snakemake's attempt number: a retry after a CUDA OOM asks vLLM for less memory."""
     return attempt
