@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -140,12 +141,46 @@ def test_a_failure_midway_leaves_no_output_and_keeps_the_finished_chunks(tmp_pat
     assert not out.exists() and not (tmp_path / "out.json").exists()
     assert not list(tmp_path.glob(".out.jsonl.*.tmp"))  # the half-written file is gone
     partial = (tmp_path / "out.jsonl.partial").read_text().splitlines()
-    assert len(partial) == 7  # two chunks, and sample 6 of the third: kept for the rerun
+    assert len(partial) == 7  # samples 0-6, checked before 7 failed: kept for the rerun
     samples[7]["completion"] = "ok again"  # another completion: a new verdict, not a reused one
     cell = score_samples(_DiesOnRequest.name, {"p0": {}}, samples, out, tmp_path / "out.json",
                          workers=1, chunk_size=3)
     assert cell["self_test"]["reused_verdicts"] == 7 and cell["n_samples"] == 10
     assert not (tmp_path / "out.jsonl.partial").exists()
+
+
+class _SlowFirst(_Deterministic):
+    """Its `ok slow` sample waits (up to 2 s) until its `ok last` sample has been checked: it
+    passes if it stopped waiting then, and times out otherwise."""
+
+    name = "slow-first-test-double"
+
+    def __init__(self) -> None:
+        self.last_checked = threading.Event()
+
+    def check_one(self, job: Job, timeout: float) -> Verdict:
+        if job.completion == "ok slow":
+            return Verdict(True) if self.last_checked.wait(2) else Verdict(False, "timeout")
+        if job.completion == "ok last":
+            self.last_checked.set()
+        return super().check_one(job, timeout)
+
+
+register(_SlowFirst.name, _SlowFirst)
+
+
+def test_a_slow_sample_does_not_hold_up_the_next_chunks(tmp_path: Path) -> None:
+    """While one worker waits on the first sample, the other checks the samples of the chunks
+    after it: a scorer that finished each chunk before starting the next would wait out the 2 s
+    (the last sample is three chunks away)."""
+    samples = [{"task_id": "p0", "completion": c}
+               for c in ["ok slow", *(f"wa {i}" for i in range(10)), "ok last"]]
+    cell = score_samples(_SlowFirst.name, {"p0": {}}, samples, tmp_path / "out.jsonl",
+                         tmp_path / "out.json", workers=2, chunk_size=4)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(line["sample_idx"], line["error_type"]) for line in lines] == [
+        (0, None), *((i, "wrong_answer") for i in range(1, 11)), (11, None)]
+    assert cell["error_types"] == {"wrong_answer": 10}
 
 
 def test_duplicates_are_found_in_any_order() -> None:

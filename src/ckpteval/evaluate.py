@@ -1,8 +1,9 @@
 """Score a file of samples with a checker: self-test, verdicts, cell metrics, both files atomically.
 
 This is the one entry point of the evaluate step, shared by the workflow's evaluate rule and the
-standalone `ckpteval score` command. It streams: samples are read, checked (`CHUNK_SIZE` per
-checker call) and written as they come, so its memory does not grow with the samples file.
+standalone `ckpteval score` command. It streams: samples are read, checked (up to `CHUNK_SIZE`
+at once, through `Checker.check_stream`) and written as they come, so its memory does not grow
+with the samples file.
 
 Files written (the schemas live here):
 
@@ -39,7 +40,7 @@ import logging
 import statistics
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -55,12 +56,17 @@ log = logging.getLogger(__name__)
 
 SCORER_VERSION = f"ckpteval-{__version__}"
 
-#: Samples per `Checker.check` call: what bounds the scorer's memory (a chunk's samples, jobs and
-#: verdicts), large enough that batching checkers (rust, python) still fill their batches.
+#: Samples being checked at once (`Checker.check_stream`'s window; for a checker that does not
+#: stream, samples per `Checker.check` call): what bounds the scorer's memory for completions,
+#: large enough that batching checkers (rust, python) still fill their batches.
 CHUNK_SIZE = 1024
-#: A chunk also ends once its completions add up to this many characters (long degenerate
+#: The window also closes once its completions add up to this many characters (long degenerate
 #: completions: 1,024 of up to `MAX_COMPLETION_CHARS` each would be gigabytes).
 CHUNK_CHARS = 32 << 20
+#: Verdicts that may wait for the verdict of an earlier, slow sample, in chunks: enough that the
+#: other workers go on while a sample runs into its timeout (a few seconds of the whole machine's
+#: work), few enough to hold (a verdict is at most its 2,000-character stderr tail and extras).
+REORDER_CHUNKS = 8
 
 #: A problem's timeout is at least this many times its reference solution's run time.
 DEFAULT_TIMEOUT_FACTOR = 5.0
@@ -125,10 +131,10 @@ def score_samples(
     failures raise.
 
     Memory does not grow with the number of samples (beyond one bit each for the compile rate or
-    accuracy, the input error messages, and the sample indices that arrive out of order): samples
-    are checked `chunk_size` at a time, each chunk's lines appended to a temp file beside
-    `out_jsonl` that is renamed into place once every sample is scored, and the cell's metrics are
-    kept as running counts.
+    accuracy, the input error messages, and the sample indices that arrive out of order): at most
+    `chunk_size` samples are being checked at once (`REORDER_CHUNKS` times as many verdicts may
+    wait for a slow one), lines are appended to a temp file beside `out_jsonl` that is renamed
+    into place once every sample is scored, and the cell's metrics are kept as running counts.
 
     Each problem's run timeout is `max(configured, timeout_factor x its reference solution's run
     time in the self-test)` (`calibrate_timeouts`), so a correct but slowish sample on a busy
@@ -191,43 +197,35 @@ def score_samples(
 def _scored_lines(impl: Checker, rows: Iterable[_Row], progress: _Progress, timeouts: Timeouts,
                   totals: _CellTotals, *, workers: int, timeout: float | None,
                   chunk_size: int) -> Iterator[dict[str, Any]]:
-    """The output lines of `rows`, in order, checking them `chunk_size` at a time (verdicts of
-    an earlier, interrupted run of the same cell are reused); each line is added to `totals`."""
-    for chunk in _batches(rows, chunk_size):
-        keys = [progress.key(row.task_id, row.sample_idx, row.job.completion) if row.job else ""
-                for row in chunk]
-        todo = [i for i, row in enumerate(chunk) if row.job and keys[i] not in progress.known]
-        fresh: dict[int, Verdict] = {}
-        if todo:
-            jobs = [timeouts.apply(chunk[i].job) for i in todo]  # type: ignore[arg-type]
-            verdicts = impl.check(jobs, workers=workers, timeout=timeout,
-                                  on_verdicts=progress.listener([keys[i] for i in todo]))
-            fresh = dict(zip(todo, verdicts, strict=True))
-        for i, row in enumerate(chunk):
-            if row.preset is not None:
-                verdict = row.preset
-            elif i in fresh:
-                verdict = fresh[i]
-            else:
-                verdict = progress.known.pop(keys[i])
+    """The output lines of `rows`, in order, through one `Checker.check_stream` (`chunk_size`
+    jobs at a time in its window; verdicts of an earlier, interrupted run of the same cell are
+    reused); each line is added to `totals`."""
+    waiting: deque[tuple[int, str, int]] = deque()  # (index, task_id, sample_idx) read, not yet out
+    keys: dict[int, str] = {}  # progress key of each waiting job, by index
+
+    def items() -> Iterator[Job | Verdict]:
+        for index, row in enumerate(rows):
+            waiting.append((index, row.task_id, row.sample_idx))
+            if row.job is None:
+                yield row.preset  # type: ignore[misc]
+                continue
+            key = progress.key(row.task_id, row.sample_idx, row.job.completion)
+            known = progress.known.pop(key, None)
+            if known is not None:
                 totals.reused += 1
-            line = {"task_id": row.task_id, "sample_idx": row.sample_idx, **verdict.record()}
-            totals.add(line)
-            yield line
+                yield known
+            else:
+                keys[index] = key
+                yield timeouts.apply(row.job)
 
-
-def _batches(rows: Iterable[_Row], size: int) -> Iterator[list[_Row]]:
-    """Consecutive rows, up to `size` of them and `CHUNK_CHARS` characters of completions."""
-    batch: list[_Row] = []
-    chars = 0
-    for row in rows:
-        batch.append(row)
-        chars += len(row.job.completion) if row.job else 0
-        if len(batch) >= size or chars >= CHUNK_CHARS:
-            yield batch
-            batch, chars = [], 0
-    if batch:
-        yield batch
+    for verdict in impl.check_stream(items(), workers=workers, timeout=timeout,
+                                     on_verdicts=progress.listener(keys), window=chunk_size,
+                                     window_chars=CHUNK_CHARS, buffer=REORDER_CHUNKS * chunk_size):
+        index, task_id, sample_idx = waiting.popleft()
+        keys.pop(index, None)
+        line = {"task_id": task_id, "sample_idx": sample_idx, **verdict.record()}
+        totals.add(line)
+        yield line
 
 
 class _CellTotals:
@@ -303,8 +301,9 @@ class _Progress:
         return sha256_json([self.identity, task_id, sample_idx,
                             hashlib.sha256(completion.encode("utf-8", "surrogatepass")).hexdigest()])
 
-    def listener(self, keys: Sequence[str]) -> OnVerdicts:
-        """Persist the verdicts of a call whose job `i` is the sample keyed `keys[i]`."""
+    def listener(self, keys: Mapping[int, str]) -> OnVerdicts:
+        """Persist the verdicts of a stream whose item `i`, if checked, is the sample keyed
+        `keys[i]`."""
         lock = threading.Lock()
 
         def on_verdicts(items: list[tuple[int, Verdict]]) -> None:

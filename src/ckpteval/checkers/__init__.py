@@ -14,9 +14,13 @@ from __future__ import annotations
 import abc
 import contextlib
 import inspect
+import itertools
 import os
+import queue
+import sys
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,7 +106,11 @@ class Checker(abc.ABC):
     """Scores completions of one kind of problem. Subclasses set `name` and `version`.
 
     `check` must return one verdict per job, in order; infrastructure failures raise instead.
-    The default `check` runs `check_one` on a thread pool; checkers that batch (rust) override it.
+    The default `check` and `check_stream` run `check_batch` on a thread pool, and the default
+    `check_batch` runs `check_one` on each job: a checker checks one job at a time (stdio, math)
+    or sets `batch_size_for` to share costs within a batch (python). Checkers that need a whole
+    call's jobs at once (rust compiles them together) override `check`, which makes them
+    `streams = False`.
     """
 
     name: str = ""
@@ -110,6 +118,14 @@ class Checker(abc.ABC):
     default_timeout: float = 10.0
     #: Whether verdicts carry a meaningful `compile_ok` (code checkers report a compile rate).
     compiles: bool = False
+    #: Whether `check_stream` may start jobs as they come (else it calls `check` on chunks).
+    #: A subclass that overrides `check` does not stream unless it says so.
+    streams: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "check" in cls.__dict__ and "streams" not in cls.__dict__:
+            cls.streams = False
 
     def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
         """Raise `UserError` if `problem` lacks what this checker needs."""
@@ -130,20 +146,138 @@ class Checker(abc.ABC):
         """One verdict per job, in order, each job run under its own `timeout` if it has one,
         else the call's. `on_verdicts` hears of verdicts as they are reached, as (job index,
         verdict) pairs, from any thread (callers persist progress with it)."""
-        timeout = timeout or self.default_timeout
-        verdicts: list[Verdict | None] = [None] * len(jobs)
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futures = {pool.submit(self.check_one, job, job.timeout or timeout): i
-                       for i, job in enumerate(jobs)}
-            with cancel_on_error(futures):
-                for future in as_completed(futures):
-                    verdicts[futures[future]] = verdict = future.result()
-                    if on_verdicts:
-                        on_verdicts([(futures[future], verdict)])
-        return verdicts  # type: ignore[return-value]
+        size = max(1, len(jobs))
+        return list(self._stream(jobs, workers=workers, timeout=timeout, on_verdicts=on_verdicts,
+                                 window=size, window_chars=sys.maxsize, buffer=size))
+
+    def check_stream(self, items: Iterable[Job | Verdict], *, workers: int,
+                     timeout: float | None = None, on_verdicts: OnVerdicts | None = None,
+                     window: int, window_chars: int, buffer: int) -> Iterator[Verdict]:
+        """One verdict per item, in order, as `check` would give them: a `Verdict` item is
+        passed through (decided without running), a `Job` is checked. `items` is read lazily.
+
+        What it holds at once is bounded: at most `window` jobs read and not yet checked, with
+        up to `window_chars` characters of completions (but always one job), and at most
+        `buffer` items read and not yet yielded (verdicts reached after that of a slow job wait
+        for it). A streaming checker keeps its workers busy across the whole input: a slow job
+        holds up the output, not the other workers, until the buffer is full. A checker that
+        does not stream (`streams = False`) gets `check` calls on consecutive chunks of `window`
+        items (or `window_chars` characters), each call ending before the next starts.
+
+        `on_verdicts` hears of verdicts as they are reached, as (item index, verdict) pairs,
+        passed-through items excepted; after a job raised, of none.
+        """
+        if self.streams:
+            return self._stream(items, workers=workers, timeout=timeout, on_verdicts=on_verdicts,
+                                window=window, window_chars=window_chars, buffer=buffer)
+        return self._chunked(items, workers=workers, timeout=timeout, on_verdicts=on_verdicts,
+                             window=window, window_chars=window_chars)
+
+    def batch_size_for(self, n_jobs: int, workers: int) -> int:
+        """Jobs per `check_batch` call, given how many jobs are at hand (a call's, or a stream's
+        window) and the workers: 1, unless a batch shares a cost (a sandbox) among its jobs."""
+        return 1
+
+    def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
+        """Verdicts of consecutive jobs, on one worker; each job runs under its own `timeout` if
+        it has one, else `timeout`."""
+        return [self.check_one(job, job.timeout or timeout) for job in jobs]
 
     def check_one(self, job: Job, timeout: float) -> Verdict:
         raise NotImplementedError(f"{type(self).__name__} checks in batches; call check()")
+
+    def _stream(self, items: Iterable[Job | Verdict], *, workers: int, timeout: float | None,
+                on_verdicts: OnVerdicts | None, window: int, window_chars: int,
+                buffer: int) -> Iterator[Verdict]:
+        """`check_stream` on a thread pool: a batch starts once it is full, or once the input
+        ends or a worker would idle; finished batches are collected in the order they started,
+        so that a failure stops the stream at the first failed batch."""
+        timeout = timeout or self.default_timeout
+        workers = max(1, workers)
+        size = max(1, self.batch_size_for(window, workers))
+        source = enumerate(items)
+        slots: deque[_Slot] = deque()  # items read and not yet yielded, in order
+        batch: list[tuple[int, _Slot, Job]] = []  # jobs read and not yet started
+        running: dict[Future[list[Verdict]], tuple[int, list[tuple[int, _Slot, Job]]]] = {}
+        finished: queue.SimpleQueue[Future[list[Verdict]]] = queue.SimpleQueue()
+        order = itertools.count()  # of the batches' starts
+        held = held_chars = 0  # jobs read and not yet checked, and their characters
+        exhausted = False
+        with ThreadPoolExecutor(max_workers=workers) as pool, cancel_on_error(running):
+
+            def start() -> None:
+                nonlocal batch
+                future = pool.submit(self.check_batch, [job for *_, job in batch], timeout)
+                running[future] = (next(order), batch)
+                future.add_done_callback(finished.put)
+                batch = []
+
+            while True:
+                while (not exhausted and len(slots) < buffer and held < window
+                       and (held == 0 or held_chars < window_chars)):
+                    index, item = next(source, (-1, None))
+                    if item is None:
+                        exhausted = True
+                    elif isinstance(item, Verdict):
+                        slots.append(_Slot(item))
+                    else:
+                        slots.append(slot := _Slot())
+                        batch.append((index, slot, item))
+                        held, held_chars = held + 1, held_chars + len(item.completion)
+                        if len(batch) >= size:
+                            start()
+                if batch and (exhausted or len(running) < workers):
+                    start()
+                while slots and slots[0].verdict is not None:
+                    yield slots.popleft().verdict  # type: ignore[misc]
+                if not slots:
+                    if exhausted:
+                        return
+                    continue
+                done = [finished.get()]
+                while not finished.empty():
+                    done.append(finished.get_nowait())
+                for future in sorted(done, key=lambda f: running[f][0]):
+                    verdicts = future.result()
+                    _, entries = running.pop(future)
+                    for (_, slot, job), verdict in zip(entries, verdicts, strict=True):
+                        slot.verdict = verdict
+                        held, held_chars = held - 1, held_chars - len(job.completion)
+                    if on_verdicts:
+                        on_verdicts([(index, verdict) for (index, *_), verdict
+                                     in zip(entries, verdicts)])
+
+    def _chunked(self, items: Iterable[Job | Verdict], *, workers: int, timeout: float | None,
+                 on_verdicts: OnVerdicts | None, window: int,
+                 window_chars: int) -> Iterator[Verdict]:
+        """`check_stream` for a checker that does not stream: `check` on consecutive chunks."""
+        chunk: list[Job | Verdict] = []
+        first = chars = 0
+        for item in items:
+            chunk.append(item)
+            chars += len(item.completion) if isinstance(item, Job) else 0
+            if len(chunk) >= window or chars >= window_chars:
+                yield from self._check_chunk(chunk, first, workers=workers, timeout=timeout,
+                                             on_verdicts=on_verdicts)
+                first, chunk, chars = first + len(chunk), [], 0
+        yield from self._check_chunk(chunk, first, workers=workers, timeout=timeout,
+                                     on_verdicts=on_verdicts)
+
+    def _check_chunk(self, chunk: list[Job | Verdict], first: int, *, workers: int,
+                     timeout: float | None, on_verdicts: OnVerdicts | None) -> Iterator[Verdict]:
+        """The verdicts of the items `first`, `first + 1`, ... of a stream, by one `check` call."""
+        todo = [i for i, item in enumerate(chunk) if isinstance(item, Job)]
+        if not todo:
+            yield from chunk  # type: ignore[misc]
+            return
+
+        def listener(done: list[tuple[int, Verdict]]) -> None:
+            on_verdicts([(first + todo[i], verdict) for i, verdict in done])  # type: ignore[misc]
+
+        checked = iter(self.check([chunk[i] for i in todo], workers=workers,  # type: ignore[misc]
+                                  timeout=timeout, on_verdicts=listener if on_verdicts else None))
+        for item in chunk:
+            yield next(checked) if isinstance(item, Job) else item
 
     @abc.abstractmethod
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
@@ -155,6 +289,13 @@ class Checker(abc.ABC):
 
     def close(self) -> None:
         """Release helper processes; the checker is not used afterwards."""
+
+
+@dataclass
+class _Slot:
+    """An item of a stream between being read and being yielded: its verdict once known."""
+
+    verdict: Verdict | None = None
 
 
 @contextlib.contextmanager

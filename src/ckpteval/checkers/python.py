@@ -21,11 +21,10 @@ import signal
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from ckpteval.checkers import Checker, Job, OnVerdicts, Verdict, cancel_on_error, register, tail
+from ckpteval.checkers import Checker, Job, Verdict, register, tail
 from ckpteval.checkers.extract import python_program
 from ckpteval.errors import UserError
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
@@ -64,27 +63,14 @@ class PythonChecker(Checker):
             raise UserError(f"problem {task_id}: python problems need prompt, test and entry_point "
                             f"(HumanEval) or test_list (MBPP); missing {', '.join(missing)}")
 
-    def check(self, jobs: Sequence[Job], *, workers: int, timeout: float | None = None,
-              on_verdicts: OnVerdicts | None = None) -> list[Verdict]:
-        """Samples in batches; each batch shares one sandbox, each sample its own process under
-        its job's timeout, or else `timeout`."""
-        timeout = timeout or self.default_timeout
-        verdicts: list[Verdict | None] = [None] * len(jobs)
-        # Several batches per worker, so that a batch of slow samples does not idle the others.
-        size = max(1, min(self.batch_size, -(-len(jobs) // (4 * max(1, workers)))))
-        batches = [range(i, min(i + size, len(jobs))) for i in range(0, len(jobs), size)]
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futures = {pool.submit(self._check_batch, [jobs[i] for i in b], timeout): b for b in batches}
-            with cancel_on_error(futures):
-                for future in as_completed(futures):
-                    done = list(zip(futures[future], future.result()))
-                    for i, verdict in done:
-                        verdicts[i] = verdict
-                    if on_verdicts:
-                        on_verdicts(done)
-        return verdicts  # type: ignore[return-value]
+    def batch_size_for(self, n_jobs: int, workers: int) -> int:
+        """Up to `batch_size`, and several batches per worker, so that a batch of slow samples
+        does not idle the others."""
+        return max(1, min(self.batch_size, -(-n_jobs // (4 * max(1, workers)))))
 
-    def _check_batch(self, jobs: list[Job], timeout: float) -> list[Verdict]:
+    def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
+        """Samples sharing one sandbox, each in its own process under its job's timeout, or else
+        `timeout`."""
         verdicts: list[Verdict | None] = [None] * len(jobs)
         with tempfile.TemporaryDirectory(prefix="ckpteval-py-") as tmp:
             workdir = Path(tmp)

@@ -91,6 +91,7 @@ class RustChecker(Checker):
     version = "1"
     default_timeout = 10.0
     compiles = True
+    streams = False  # a call's samples are compiled together
 
     def __init__(self, *, sandbox: str = "bwrap", batch_size: int = 128,
                  compile_timeout: float = 120.0, memory_bytes: int = 1 << 30) -> None:

@@ -1,0 +1,201 @@
+"""Checker.check_stream: verdicts in input order, passed-through verdicts, progress, and what it
+holds at once (jobs in its window, items behind a slow job), for checkers that stream and for
+those that are fed chunks."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from ckpteval.checkers import Checker, Job, Verdict
+
+
+class _Echo(Checker):
+    """Passes completions starting with `ok` after a random pause; records how many jobs are
+    between being read (`reads`) and being checked, and what `check_stream` started."""
+
+    name = "echo"
+
+    def __init__(self, batch: int = 1) -> None:
+        self.batch = batch
+        self.lock = threading.Lock()
+        self.reads = self.checked = self.most_held = 0
+        self.batches: list[int] = []
+
+    def items(self, source: Sequence[Job | Verdict]) -> Iterator[Job | Verdict]:
+        for item in source:
+            if isinstance(item, Job):
+                with self.lock:
+                    self.reads += 1
+                    self.most_held = max(self.most_held, self.reads - self.checked)
+            yield item
+
+    def batch_size_for(self, n_jobs: int, workers: int) -> int:
+        return self.batch
+
+    def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
+        self.batches.append(len(jobs))
+        return super().check_batch(jobs, timeout)
+
+    def check_one(self, job: Job, timeout: float) -> Verdict:
+        time.sleep(random.Random(job.completion).random() / 500)
+        with self.lock:
+            self.checked += 1
+        ok = job.completion.startswith("ok")
+        return Verdict(ok, None if ok else "wrong_answer", stderr_tail=job.completion)
+
+    def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
+        return []
+
+    def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
+        return []
+
+
+class _Chunked(_Echo):
+    """The same verdicts, but only through whole `check` calls (as rust)."""
+
+    streams = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    def check(self, jobs: Sequence[Job], *, workers: int, timeout: float | None = None,
+              on_verdicts: Any = None) -> list[Verdict]:
+        self.calls.append(len(jobs))
+        return super().check(jobs, workers=workers, timeout=timeout, on_verdicts=on_verdicts)
+
+
+def _items(n: int, seed: int) -> list[Job | Verdict]:
+    """Jobs and, between them, verdicts decided without running (every fifth item)."""
+    rng = random.Random(seed)
+    return [Verdict(False, "too_large", stderr_tail=f"preset {i}") if i % 5 == 3 else
+            Job("t", {}, f"{rng.choice(['ok', 'no'])} {i}" + "x" * rng.randrange(20))
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("make", [_Echo, lambda: _Echo(batch=3), _Chunked],
+                         ids=["one-by-one", "batches", "chunked"])
+@pytest.mark.parametrize("window", [1, 4, 50])
+def test_verdicts_come_in_order_within_the_window(make: Callable[[], _Echo], window: int) -> None:
+    checker = make()
+    items = _items(200, seed=window)
+    heard: list[int] = []
+    verdicts = list(checker.check_stream(checker.items(items), workers=3, window=window,
+                                         window_chars=10**9, buffer=4 * window,
+                                         on_verdicts=lambda done: heard.extend(i for i, _ in done)))
+    assert [v.stderr_tail for v in verdicts] == [
+        item.stderr_tail if isinstance(item, Verdict) else item.completion for item in items]
+    assert [v.passed for v in verdicts] == [
+        isinstance(item, Job) and item.completion.startswith("ok") for item in items]
+    assert sorted(heard) == [i for i, item in enumerate(items) if isinstance(item, Job)]
+    assert checker.most_held <= window
+    if isinstance(checker, _Chunked):
+        assert checker.calls and max(checker.calls) <= window
+        assert sum(checker.calls) == sum(isinstance(item, Job) for item in items)
+    else:
+        assert max(checker.batches) == min(checker.batch, window)
+        assert sum(checker.batches) == checker.reads
+
+
+def test_characters_of_completions_close_the_window() -> None:
+    checker = _Echo()
+    items = [Job("t", {}, f"ok {i} " + "x" * 100) for i in range(40)]
+    verdicts = list(checker.check_stream(checker.items(items), workers=4, window=30,
+                                         window_chars=250, buffer=100))
+    assert all(v.passed for v in verdicts) and len(verdicts) == 40
+    assert checker.most_held <= 3  # 3 x 106 characters reach 250; a fourth waits
+
+
+class _HeadWaits(_Echo):
+    """The first job waits until the stream has read `release_at` jobs (or a second: then it
+    `waited_out`); the others are quick. `read_when_released` is how many jobs had been read when
+    it stopped waiting."""
+
+    def __init__(self, release_at: int) -> None:
+        super().__init__()
+        self.release_at = release_at
+        self.released = threading.Event()
+        self.waited_out = False
+        self.read_when_released = 0
+
+    def items(self, source: Sequence[Job | Verdict]) -> Iterator[Job | Verdict]:
+        for item in super().items(source):
+            if self.reads >= self.release_at:
+                self.released.set()
+            yield item
+
+    def check_one(self, job: Job, timeout: float) -> Verdict:
+        if job.completion == "ok head":
+            self.waited_out = not self.released.wait(timeout=1)
+            self.read_when_released = self.reads
+        return super().check_one(job, timeout)
+
+
+def test_a_slow_job_holds_up_the_output_not_the_other_workers() -> None:
+    """The head job waits for the 30th read: the other worker checks the 29 after it meanwhile,
+    window after window; a stream that waited for each window to finish would never get there."""
+    checker = _HeadWaits(release_at=30)
+    jobs = [Job("t", {}, "ok head"), *(Job("t", {}, f"ok {i}") for i in range(1, 40))]
+    verdicts = list(checker.check_stream(checker.items(jobs), workers=2, window=4,
+                                         window_chars=10**9, buffer=100))
+    assert all(v.passed for v in verdicts) and len(verdicts) == 40
+    assert not checker.waited_out and checker.read_when_released >= 30
+    assert checker.most_held <= 4
+
+
+def test_the_buffer_behind_a_slow_job_is_bounded() -> None:
+    """With room for 12 items behind nothing else, the head job is never released: the stream
+    reads 12 and then waits for it."""
+    checker = _HeadWaits(release_at=13)
+    jobs = [Job("t", {}, "ok head"), *(Job("t", {}, f"ok {i}") for i in range(1, 40))]
+    verdicts = list(checker.check_stream(checker.items(jobs), workers=2, window=4,
+                                         window_chars=10**9, buffer=12))
+    assert len(verdicts) == 40 and checker.waited_out
+    assert checker.read_when_released == 12
+
+
+class _FailsAt(_Echo):
+    def check_one(self, job: Job, timeout: float) -> Verdict:
+        if job.completion == "die":
+            raise RuntimeError("the sandbox went away")
+        return super().check_one(job, timeout)
+
+
+def test_a_failure_stops_the_stream_and_what_was_not_started() -> None:
+    checker = _FailsAt()
+    jobs = [Job("t", {}, "ok" if i != 5 else "die") for i in range(200)]
+    heard: list[int] = []
+    stream = checker.check_stream(checker.items(jobs), workers=1, window=3, window_chars=10**9,
+                                  buffer=6, on_verdicts=lambda done: heard.extend(i for i, _ in done))
+    with pytest.raises(RuntimeError, match="went away"):
+        list(stream)
+    assert heard == [0, 1, 2, 3, 4]  # and not the verdicts of jobs after the failed one
+    assert checker.reads <= 8  # up to the window: jobs 5, 6 and 7
+
+
+def test_a_checker_overriding_check_does_not_stream_unless_it_says_so() -> None:
+    from ckpteval.checkers import Checker
+
+    class Whole(Checker):
+        def check(self, jobs, **kwargs):  # type: ignore[no-untyped-def, override]
+            return []
+
+        def reference_jobs(self, problems):  # type: ignore[no-untyped-def]
+            return []
+
+        def known_wrong_jobs(self, problems):  # type: ignore[no-untyped-def]
+            return []
+
+    class Opted(Whole):
+        streams = True
+
+    assert Whole.streams is False and Opted.streams is True
+    from ckpteval.checkers.python import PythonChecker
+    from ckpteval.checkers.rust import RustChecker
+    assert PythonChecker.streams is True and RustChecker.streams is False
