@@ -89,13 +89,20 @@ class InferCosts:
         self.plan = plan
         self._measured: dict[tuple[str, str, str], list[Measurement]] = {}
         self._bytes: dict[tuple[str, str], int] = {}
+        self._static: dict[Key, int] = {}
 
     def __call__(self, run: str, ckpt: str, pairs: Sequence[Key]) -> float:
         checkpoint = self.plan.checkpoint(run, ckpt)
         size = max(1, self._weight_bytes(run, ckpt))
-        static = {(t, v): self._requests(t, v) * self._max_tokens(t, v) * size / 1e9 for t, v in pairs}
+        static = {(t, v): self._tokens(t, v) * size / 1e9 for t, v in pairs}
         measured = {(t, v): self._measurements(run, t, v) for t, v in pairs}
         return expected_seconds(static, measured, checkpoint.step)
+
+    def _tokens(self, task: str, variant: str) -> int:
+        """Requests x max new tokens of a (task, variant): the most it can decode."""
+        if (task, variant) not in self._static:
+            self._static[(task, variant)] = self._requests(task, variant) * self._max_tokens(task, variant)
+        return self._static[(task, variant)]
 
     def _requests(self, task: str, variant: str) -> int:
         spec = self.plan.tasks[task]
