@@ -24,6 +24,7 @@ once per (run, task, variant), so the Snakefile pays for a directory listing, no
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 from collections.abc import Mapping, Sequence
@@ -50,22 +51,36 @@ class Measurement:
 
 
 def nearest(measurements: Sequence[Measurement], step: int) -> Measurement | None:
-    """The measurement at `step`, else at the nearest step (ties: the earlier step)."""
+    """The measurement at `step`, else at the nearest step (ties: the earlier step), from
+    measurements sorted by step."""
     if not measurements:
         return None
-    return min(measurements, key=lambda m: (abs(m.step - step), m.step))
+    i = bisect.bisect_left(measurements, step, key=lambda m: m.step)
+    candidates = measurements[max(0, i - 1):i + 1]
+    return min(candidates, key=lambda m: (abs(m.step - step), m.step))
+
+
+def learnt_rate(static: Mapping[Key, float],
+                measured: Mapping[Key, Sequence[Measurement]]) -> float | None:
+    """Seconds per static unit: the median over every measurement of a pair with a static figure;
+    None without any."""
+    rates = [m.seconds / static[key] for key, ms in measured.items() if static.get(key, 0) > 0
+             for m in ms]
+    return statistics.median(rates) if rates else None
 
 
 def expected_seconds(
     static: Mapping[Key, float],
     measured: Mapping[Key, Sequence[Measurement]],
     step: int,
+    rate: float | None = None,
 ) -> float:
     """Expected cost of one infer job at `step`: the sum over its pairs (`static` keys) of the
-    nearest measurement, else the static figure at the rate learnt from pairs that have both."""
-    rates = [m.seconds / static[key] for key, ms in measured.items() if key in static and static[key] > 0
-             for m in ms]
-    rate = statistics.median(rates) if rates else 1.0
+    nearest measurement (lists sorted by step), else the static figure at `rate` (by default the
+    rate `learnt_rate` finds in these figures; without measurements, 1: static figures still order
+    jobs)."""
+    if rate is None:
+        rate = learnt_rate(static, measured) or 1.0
     total = 0.0
     for key, units in static.items():
         found = nearest(measured.get(key, ()), step)
@@ -90,13 +105,30 @@ class InferCosts:
         self._measured: dict[tuple[str, str, str], list[Measurement]] = {}
         self._bytes: dict[tuple[str, str], int] = {}
         self._static: dict[Key, int] = {}
+        self._token_rates: dict[tuple[str, tuple[Key, ...]], float | None] = {}
+        self._costs: dict[tuple[str, str, tuple[Key, ...]], float] = {}
 
     def __call__(self, run: str, ckpt: str, pairs: Sequence[Key]) -> float:
-        checkpoint = self.plan.checkpoint(run, ckpt)
-        size = max(1, self._weight_bytes(run, ckpt))
-        static = {(t, v): self._tokens(t, v) * size / 1e9 for t, v in pairs}
-        measured = {(t, v): self._measurements(run, t, v) for t, v in pairs}
-        return expected_seconds(static, measured, checkpoint.step)
+        """Expected seconds of the job generating `pairs` at checkpoint `ckpt` of `run` (asked
+        twice per job: by its infer rule and, summed over groups, by its consolidate rule)."""
+        key = (run, ckpt, tuple(pairs))
+        if key not in self._costs:
+            size = max(1, self._weight_bytes(run, ckpt))
+            static = {(t, v): self._tokens(t, v) * size / 1e9 for t, v in pairs}
+            measured = {(t, v): self._measurements(run, t, v) for t, v in pairs}
+            # Learnt once per run and pairs, per token: within a run, measured pairs price the
+            # others at the same seconds per token whatever the checkpoint's size.
+            token_rate = self._token_rate(run, key[2], measured)
+            rate = 1.0 if token_rate is None else token_rate * 1e9 / size
+            self._costs[key] = expected_seconds(static, measured, self.plan.checkpoint(run, ckpt).step,
+                                                rate)
+        return self._costs[key]
+
+    def _token_rate(self, run: str, pairs: tuple[Key, ...],
+                    measured: Mapping[Key, Sequence[Measurement]]) -> float | None:
+        if (run, pairs) not in self._token_rates:
+            self._token_rates[(run, pairs)] = learnt_rate({k: self._tokens(*k) for k in pairs}, measured)
+        return self._token_rates[(run, pairs)]
 
     def _tokens(self, task: str, variant: str) -> int:
         """Requests x max new tokens of a (task, variant): the most it can decode."""
@@ -136,7 +168,7 @@ class InferCosts:
                 seconds = _generation_seconds(meta)
                 if ckpt in steps and seconds is not None:
                     found.append(Measurement(steps[ckpt], seconds))
-            self._measured[key] = found
+            self._measured[key] = sorted(found, key=lambda m: m.step)
         return self._measured[key]
 
 
