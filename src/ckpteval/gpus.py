@@ -9,13 +9,14 @@ that already bound a device (Slurm sets CUDA_VISIBLE_DEVICES for `--gpus=1`), we
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ckpteval.io import first_free_lock
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +61,11 @@ def lease_gpu(
     lock_dir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_seconds
     announced = False
+    locks = [(device, lock_dir / f"gpu{device}.lock") for device in pool]
     while True:
-        for device in pool:
-            fd = os.open(lock_dir / f"gpu{device}.lock", os.O_CREAT | os.O_RDWR, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
+        taken = first_free_lock(locks, 0o666)
+        if taken is not None:
+            device, fd = taken
             os.set_inheritable(fd, True)
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())

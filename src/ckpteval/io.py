@@ -1,4 +1,4 @@
-"""Atomic file writes, JSONL reading and appending, and content hashes.
+"""Atomic file writes, JSONL reading and appending, content hashes, and pools of lock files.
 
 Every output of the workflow is written to a temporary name in the same directory and renamed when
 complete, so a killed job never leaves a file that looks finished.
@@ -7,17 +7,20 @@ complete, so a killed job never leaves a file that looks finished.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from ckpteval.errors import UserError
 
+
+T = TypeVar("T")
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -145,3 +148,18 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, (set, frozenset)):
         return sorted(obj)
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def first_free_lock(pool: Sequence[tuple[T, Path]], mode: int) -> tuple[T, int] | None:
+    """The first (item, lock file) of `pool` whose file no process holds, with an exclusive
+    `flock` taken on it: (item, fd); closing `fd`, or the holder's death, frees it. None when all
+    are held. Lock files are created with `mode`."""
+    for item, path in pool:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, mode)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return item, fd
+    return None

@@ -35,7 +35,6 @@ Failures of the sandbox itself (bwrap missing, refusing to start, the driver dyi
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import math
@@ -52,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpteval.errors import UserError
+from ckpteval.io import first_free_lock
 
 log = logging.getLogger(__name__)
 
@@ -403,14 +403,11 @@ def _uid_slot() -> Iterator[int]:
     """Hold an exclusive uid from `UID_POOL` for one run, across every process on this host."""
     _LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
     deadline = time.monotonic() + 600
+    pool = [(uid, _LOCK_DIR / f"{uid}.lock") for uid in UID_POOL]
     while True:
-        for uid in UID_POOL:
-            fd = os.open(_LOCK_DIR / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
+        taken = first_free_lock(pool, 0o600)
+        if taken is not None:
+            uid, fd = taken
             try:
                 yield uid
             finally:
