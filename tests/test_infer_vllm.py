@@ -217,3 +217,55 @@ def test_harness_path_equals_lm_eval_cli(resumed: dict[str, Any], model: dict[st
     for key in ("exact_match,strict-match", "exact_match,flexible-extract"):
         assert ref[key] == results[key]
     assert sum(line["completion"] != "" for line in ours) >= 5  # real generations, not blanks
+
+
+def test_an_assist_job_generates_a_published_chunk_as_the_job_would(
+        resumed: dict[str, Any], model: dict[str, Path], tmp_path: Path) -> None:
+    """A board published here (the job) from the fixture's requests; `run_assist` in a child
+    process loads its own vLLM engine, takes every chunk and writes the same completions."""
+    from ckpteval.backends import SamplingSpec
+    from ckpteval.backends.vllm import VllmBackend
+    from ckpteval.config import validate_config
+    from ckpteval.infer import cache_key, read_cache
+    from ckpteval.share import Board, boards_root
+
+    work = resumed["work"]
+    config = _config(TASKS, resumed["include"], chunk_size=4)
+    validate_config(config)
+    identity = VllmBackend(model["model"], config["engine"]).identity
+    namespace = cache_namespace(read_json(model["manifest"]))
+    items = []
+    for task, variant in (("arith", "greedy-s42"), ("pyfunc", "greedy-s42")):
+        sampling = _meta(work, task, variant)["sampling"]
+        spec = SamplingSpec(**{**sampling, "stop": tuple(sampling["stop"])})
+        for line in (work / "gen" / task / f"{variant}.jsonl").open():
+            row = json.loads(line)
+            items.append({"cache_file": str(tmp_path / "cache" / namespace / f"{task}.jsonl"),
+                          "key": cache_key(row["prompt"], spec, identity), "task_id": row["task_id"],
+                          "prompt": row["prompt"], "spec": spec.as_dict(), "completion": row["completion"]})
+    fixture_cache = {key: row for task in ("arith", "pyfunc")
+                     for key, row in read_cache(work / "cache" / namespace / f"{task}.jsonl").items()}
+    assert all(item["key"] in fixture_cache for item in items)  # the job's very keys
+    chunks = [items[i:i + 5] for i in range(0, len(items), 5)]
+    board = Board.publish(boards_root(tmp_path / "cache"), "r/step_1", {
+        "run_cfg": {"backend": "vllm"}, "model_dir": str(model["model"]),
+        "engine_cfg": config["engine"], "identity": identity, "chunk_cost": [1] * len(chunks)},
+        chunks)
+    try:
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        proc = subprocess.run(
+            [sys.executable, "-c", "import json, logging, sys; from pathlib import Path; "
+             "from ckpteval.infer import run_assist; logging.basicConfig(level=logging.INFO); "
+             "print('SUMMARY', json.dumps(run_assist(Path(sys.argv[1]), 'a1', grace_seconds=3)))",
+             str(tmp_path / "cache")], env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        summary = json.loads(proc.stdout.split("SUMMARY", 1)[1])
+        assert summary["chunks"] == len(chunks) and summary["requests"] == len(items) == 23
+        assert all(board.done(i)["by"] == "a1" for i in range(len(chunks)))
+    finally:
+        board.leave()
+    helped = {key: row for task in ("arith", "pyfunc")
+              for key, row in read_cache(tmp_path / "cache" / namespace / f"{task}.jsonl").items()}
+    assert set(helped) == {item["key"] for item in items}
+    for item in items:  # greedy on the same model and engine settings: the same completion
+        assert helped[item["key"]]["outputs"][0]["text"] == item["completion"]

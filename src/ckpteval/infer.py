@@ -54,6 +54,7 @@ from ckpteval.config import Variant
 from ckpteval.errors import UserError
 from ckpteval.gpus import Lease, lease_gpu
 from ckpteval.io import iter_jsonl, read_json, sha256_json, write_json, write_jsonl
+from ckpteval.share import Board, boards_root, work_through
 from ckpteval.tasks import TaskSpec
 
 log = logging.getLogger("ckpteval.infer")
@@ -94,12 +95,14 @@ def run_infer(
     attempt: int = 1,
     where: str = "runs",
     backend: Backend | None = None,
+    share_as: str | None = None,
 ) -> dict[str, Any]:
     """Write every job's generation file and meta for one checkpoint; returns a summary.
 
     `run_cfg` is the run's config entry (its `backend`, `endpoint`); `attempt` is Snakemake's
     attempt number: a retry after a CUDA out-of-memory error asks vLLM for less memory. A
-    `backend` given by the caller (bench/infer.py) is used as is and left open.
+    `backend` given by the caller (bench/infer.py) is used as is and left open. With `share_as`
+    (a name for this job), missing requests are published for assist jobs (ckpteval.share).
     """
     from ckpteval.harness import HarnessRunner
 
@@ -126,11 +129,16 @@ def run_infer(
                  "model_hash": manifest.get("weights_sha256"),
                  "model_identity": manifest.get("identity_sha256"), "engine_args": engine_cfg,
                  "device": job_environment(lease), "versions": versions()}
+    missing: MissingRequests | None = None
     try:
         harness.preflight([job.task for job in jobs])
         batch = [prepare_requests(backend, harness, job, cache) for job in jobs
                  if job.task.kind == "generate" or job.task.is_code_harness]
         missing = MissingRequests(backend, batch, chunk_size)
+        if share_as and backend_name == "vllm" and len(missing.chunks) >= 2:
+            missing.publish(boards_root(cache_dir), share_as, {
+                "run_cfg": run_cfg, "model_dir": str(model_dir), "engine_cfg": engine_cfg,
+                "identity": backend.identity, "where": where})
         harness_jobs = [job for job in jobs if job.task.kind == "harness"
                         and not job.task.is_code_harness]
         if harness_jobs:
@@ -138,7 +146,8 @@ def run_infer(
             # (each separate call ends draining the engine on its longest sequences).
             for chunk in missing.chunks:
                 backend.ride_along(chunk.prompts, chunk.specs,
-                                   functools.partial(missing.finish, chunk))
+                                   functools.partial(missing.finish, chunk),
+                                   claim=functools.partial(missing.claim, chunk))
         done: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
         for job in harness_jobs:
             started = time.time()
@@ -165,11 +174,70 @@ def run_infer(
                 "engine.max_model_len") from None
         raise
     finally:
+        if missing is not None and missing.board is not None:
+            missing.board.leave()
         if own_backend:
             backend.close()
         lease.release()
     log.info("done: %d generation files, %d engine load(s)", len(jobs), backend.loads)
     return {"engine_loads": backend.loads, "load_seconds": backend.load_seconds}
+
+
+def run_assist(cache_dir: Path, name: str, *, gpus: Sequence[int | str] | None = None,
+               grace_seconds: float = 30.0) -> dict[str, Any]:
+    """An assist job: on a leased GPU, help the infer jobs still running (ckpteval.share)."""
+    from ckpteval.share import assist
+
+    lease = lease_gpu(gpus)
+    log.info("assist job %s; device: %s (%s)", name, lease.device or "cpu", lease.how)
+    if lease.device is None and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        stats = assist(boards_root(cache_dir), name, _assist_engine, grace_seconds=grace_seconds)
+    finally:
+        lease.release()
+    summary = {"boards": stats.boards, "chunks": stats.chunks, "requests": stats.requests,
+               "engine_seconds": round(stats.engine_seconds, 3),
+               "load_seconds": round(stats.load_seconds, 3), "device": job_environment(lease)}
+    log.info("assist job %s done: %d request(s) in %d chunk(s) for %d job(s)", name,
+             stats.requests, stats.chunks, stats.boards)
+    return summary
+
+
+class _AssistEngine:
+    """An engine like the board's job's, generating its chunks into the same cache."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def generate_chunk(self, chunk: list[dict[str, Any]]) -> int:
+        prompts = [item["prompt"] for item in chunk]
+        specs = [SamplingSpec(**{**item["spec"], "stop": tuple(item["spec"]["stop"])})
+                 for item in chunk]
+        by_file: dict[str, list[dict[str, Any]]] = {}
+        for item, g in zip(chunk, self.backend.generate(prompts, specs), strict=True):
+            by_file.setdefault(item["cache_file"], []).append(cache_row(item["key"], item["task_id"], g))
+        for cache_file, rows in by_file.items():
+            append_cache(Path(cache_file), rows)
+        return len(chunk)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def _assist_engine(board: Board) -> _AssistEngine | None:
+    info = board.info
+    backend = make_backend(info["run_cfg"], model_dir=Path(info["model_dir"]),
+                           engine_cfg=info["engine_cfg"], where=info.get("where", "runs"))
+    if sha256_json(backend.identity) != sha256_json(info["identity"]):
+        log.warning("%s: its engine differs from this node's (%s vs %s); not helping",
+                    info["job"], info["identity"], backend.identity)
+        backend.close()
+        return None
+    started = time.monotonic()
+    backend.load()
+    log.info("engine for %s loaded in %.1f s", info["job"], time.monotonic() - started)
+    return _AssistEngine(backend)
 
 
 def _write_meta(job: Job, backend: Backend, base: dict[str, Any], stats: dict[str, Any],
@@ -201,6 +269,7 @@ class Requests:
     keys: dict[str, str]
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     n_cached: int = 0
+    n_assisted: int = 0
     seconds: float = 0.0
 
     @property
@@ -232,6 +301,7 @@ class Chunk:
     the cache together. `items` are ((cache file, key), (the first job asking, task_id))."""
 
     items: list[tuple[tuple[Path, str], tuple[Requests, str]]]
+    index: int = 0
     done: bool = False
 
     @property
@@ -247,8 +317,12 @@ class MissingRequests:
     """Every job's requests the cache does not answer, deduplicated and cut into chunks.
 
     Prompts are checked against the context length when this is built, so a prompt that cannot
-    fit stops the job before the engine loads.
+    fit stops the job before the engine loads. Once `publish`ed, chunks are claimed before they
+    are generated, so an assist job can take the last ones (ckpteval.share).
     """
+
+    #: Seconds between looks at an assistant's chunks the job waits for.
+    POLL_SECONDS = 0.5
 
     def __init__(self, backend: Backend, batch: Sequence[Requests], chunk_size: int) -> None:
         todo: dict[tuple[Path, str], tuple[Requests, str]] = {}
@@ -263,48 +337,108 @@ class MissingRequests:
                 self.waiting.append((req, key))
         items = list(todo.items())
         self.total = len(items)
-        self.chunks = [Chunk(items[i:i + chunk_size]) for i in range(0, len(items), chunk_size)]
+        self.chunks = [Chunk(items[i:i + chunk_size], index=n)
+                       for n, i in enumerate(range(0, len(items), chunk_size))]
         self.rows: dict[tuple[Path, str], dict[str, Any]] = {}
         self.finished = 0
+        self.board: Board | None = None
+        self._backend = backend
+        self._engine_seconds = 0.0
+        self._cost_done = 0
+
+    def publish(self, root: Path, name: str, info: dict[str, Any]) -> None:
+        """Offer the chunks to assist jobs; `info` says how to load an engine like this one."""
+        payloads = [[{"cache_file": str(cache_file), "key": key, "task_id": tid,
+                      "prompt": req.prompts[tid], "spec": req.spec.as_dict()}
+                     for (cache_file, key), (req, tid) in chunk.items] for chunk in self.chunks]
+        self.board = Board.publish(root, name, {**info, "chunk_cost": [
+            _cost(chunk) for chunk in self.chunks]}, payloads)
+        log.info("%d chunks published for assist jobs (%s)", len(self.chunks), self.board.path)
+
+    def claim(self, chunk: Chunk) -> bool:
+        """Whether this job generates `chunk` (False: an assist job has it)."""
+        return self.board is None or self.board.claim(chunk.index)
 
     def finish(self, chunk: Chunk, generations: Sequence[Generation], seconds: float) -> None:
         """Store a chunk's generations in the cache; `seconds` is its engine time, shared among
         its jobs by tokens generated."""
+        rows = [cache_row(key, tid, g)
+                for ((_, key), (_, tid)), g in zip(chunk.items, generations, strict=True)]
         by_file: dict[Path, list[dict[str, Any]]] = {}
+        for ((cache_file, _), _), row in zip(chunk.items, rows, strict=True):
+            by_file.setdefault(cache_file, []).append(row)
+        for cache_file, file_rows in by_file.items():
+            append_cache(cache_file, file_rows)
+        self._account(chunk, rows, seconds)
+        if self.board is not None:
+            self.board.mark_done(chunk.index, seconds)
+            self._engine_seconds += seconds
+            self._cost_done += _cost(chunk)
+            self.board.report(self._backend.load_seconds, self._engine_seconds, self._cost_done)
+
+    def _account(self, chunk: Chunk, rows: Sequence[dict[str, Any]], seconds: float,
+                 assisted: bool = False) -> None:
         tokens: dict[int, int] = {}
         jobs: dict[int, Requests] = {}
-        for ((cache_file, key), (req, tid)), g in zip(chunk.items, generations, strict=True):
-            row = {"key": key, "task_id": tid, "prompt_tokens": g.prompt_tokens,
-                   "outputs": [{"text": o.text, "finish_reason": o.finish_reason,
-                                "tokens": o.tokens} for o in g.outputs]}
-            by_file.setdefault(cache_file, []).append(row)
+        for ((cache_file, key), (req, _)), row in zip(chunk.items, rows, strict=True):
             self.rows[(cache_file, key)] = row
             jobs[id(req)] = req
-            tokens[id(req)] = tokens.get(id(req), 0) + sum(o.tokens or 1 for o in g.outputs)
-        for cache_file, rows in by_file.items():
-            append_cache(cache_file, rows)
+            tokens[id(req)] = tokens.get(id(req), 0) + sum(o["tokens"] or 1 for o in row["outputs"])
+            if assisted:
+                req.n_assisted += 1
         total = sum(tokens.values()) or 1
         for ident, req in jobs.items():
             req.seconds += seconds * tokens[ident] / total
         chunk.done = True
         self.finished += len(chunk.items)
-        new_tokens = sum(o.tokens or 0 for g in generations for o in g.outputs)
-        log.info("generated %d/%d requests (%s): %.1f tokens/s", self.finished, self.total,
+        new_tokens = sum(o["tokens"] or 0 for row in rows for o in row["outputs"])
+        log.info("generated %d/%d requests (%s%s): %.1f tokens/s", self.finished, self.total,
                  ", ".join(sorted({req.label for req in jobs.values()})),
-                 new_tokens / max(seconds, 1e-9))
+                 "; by an assist job" if assisted else "", new_tokens / max(seconds, 1e-9))
 
     def generate_rest(self, backend: Backend) -> None:
-        """Generate the chunks no earlier engine call took along, then give every job its rows."""
-        for chunk in self.chunks:
-            if chunk.done:
-                continue
-            t0 = time.monotonic()
-            load_before = backend.load_seconds
-            generations = backend.generate(chunk.prompts, chunk.specs)
-            self.finish(chunk, generations,
-                        time.monotonic() - t0 - (backend.load_seconds - load_before))
+        """Generate the chunks no earlier engine call or assist job took, wait for the assist
+        jobs' (taking back those of one that died), then give every job its rows."""
+        assisted = work_through(self.board, [c.index for c in self.chunks if not c.done],
+                                lambda i: self._generate(backend, self.chunks[i]),
+                                poll_seconds=self.POLL_SECONDS)
+        self._collect(assisted)
         for req, key in self.waiting:
             req.rows[key] = self.rows[(req.cache_file, key)]
+
+    def _generate(self, backend: Backend, chunk: Chunk) -> None:
+        t0 = time.monotonic()
+        load_before = backend.load_seconds
+        generations = backend.generate(chunk.prompts, chunk.specs)
+        self.finish(chunk, generations, time.monotonic() - t0 - (backend.load_seconds - load_before))
+
+    def _collect(self, assisted: Sequence[tuple[int, float]]) -> None:
+        """Account the chunks assist jobs generated, reading their rows from the cache."""
+        wanted: dict[Path, set[str]] = {}
+        for index, _ in assisted:
+            for (cache_file, key), _ in self.chunks[index].items:
+                wanted.setdefault(cache_file, set()).add(key)
+        cached = {cache_file: read_cache(cache_file, keys) for cache_file, keys in wanted.items()}
+        for index, seconds in assisted:
+            chunk = self.chunks[index]
+            try:
+                rows = [cached[cache_file][key] for (cache_file, key), _ in chunk.items]
+            except KeyError:
+                raise RuntimeError(f"an assist job marked chunk {index} done but the cache lacks "
+                                   "some of its requests") from None
+            self._account(chunk, rows, seconds, assisted=True)
+
+
+def _cost(chunk: Chunk) -> int:
+    """A chunk's size for pricing the work left: samples x token budget."""
+    return sum(req.spec.n * req.spec.max_tokens for _, (req, _) in chunk.items)
+
+
+def cache_row(key: str, task_id: str, g: Generation) -> dict[str, Any]:
+    """One cache line: a request's key and every sample of its generation."""
+    return {"key": key, "task_id": task_id, "prompt_tokens": g.prompt_tokens,
+            "outputs": [{"text": o.text, "finish_reason": o.finish_reason, "tokens": o.tokens}
+                        for o in g.outputs]}
 
 
 def render_prompts(backend: Backend, job: Job, problems: dict[str, dict[str, Any]]) -> dict[str, Prompt]:
@@ -389,6 +523,7 @@ def _write_generations(req: Requests) -> dict[str, Any]:
     rows = [req.rows[key] for key in req.keys.values()]
     return {"n_problems": len(req.prompts), "n_samples": n_lines,
             "n_cached_prompts": req.n_cached, "n_generated_prompts": len(req.prompts) - req.n_cached,
+            "n_assisted_prompts": req.n_assisted,
             "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in rows),
             "completion_tokens": sum(o["tokens"] or 0 for r in rows for o in r["outputs"]),
             "sampling": req.spec.as_dict()}

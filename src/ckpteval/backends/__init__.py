@@ -97,11 +97,17 @@ class Backend(abc.ABC):
         text only, so harness token counts are recounted this way)."""
         return None
 
+    def load(self) -> None:
+        """Load the engine now rather than on first use (an assist job prices its load)."""
+
     def ride_along(self, prompts: list[Prompt], specs: list[SamplingSpec],
-                   done: Callable[[list[Generation], float], None]) -> None:
+                   done: Callable[[list[Generation], float], None],
+                   claim: Callable[[], bool] | None = None) -> None:
         """Offer requests to travel with the next engine call lm-eval makes; `done(generations,
-        seconds)` receives them if they do. Backends that cannot merge calls ignore the offer
-        (the caller generates whatever was not taken)."""
+        seconds)` receives them if they do. `claim()`, asked when a call takes them, may say
+        they went elsewhere (an assist job took them): the next offer travels instead.
+        Backends that cannot merge calls ignore the offer (the caller generates whatever was
+        not taken)."""
 
     def drop_riders(self) -> None:
         """Withdraw offers no engine call took."""

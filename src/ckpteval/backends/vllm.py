@@ -28,7 +28,8 @@ class VllmBackend(Backend):
         self.cfg = engine_cfg
         self._lm: Any = None
         self._tokenizer: Any = None
-        self._riders: list[tuple[list[Prompt], list[SamplingSpec], Callable[..., None]]] = []
+        self._riders: list[tuple[list[Prompt], list[SamplingSpec], Callable[..., None],
+                                 Callable[[], bool] | None]] = []
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -103,9 +104,20 @@ class VllmBackend(Backend):
         outputs = self.lm.model.generate([str(p) for p in prompts], params, use_tqdm=False)
         return [_generation(out) for out in outputs]
 
+    def load(self) -> None:
+        self.lm  # noqa: B018 - the property loads the engine
+
     def ride_along(self, prompts: list[Prompt], specs: list[SamplingSpec],
-                   done: Callable[[list[Generation], float], None]) -> None:
-        self._riders.append((prompts, specs, done))
+                   done: Callable[[list[Generation], float], None],
+                   claim: Callable[[], bool] | None = None) -> None:
+        self._riders.append((prompts, specs, done, claim))
+
+    def _next_rider(self) -> tuple[list[Prompt], list[SamplingSpec], Callable[..., None]] | None:
+        while self._riders:
+            prompts, specs, done, claim = self._riders.pop(0)
+            if claim is None or claim():
+                return prompts, specs, done
+        return None
 
     def drop_riders(self) -> None:
         self._riders.clear()
@@ -119,11 +131,12 @@ class VllmBackend(Backend):
             plain = llm.generate
 
             def generate(prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any) -> Any:
-                if not self._riders:
+                rider = self._next_rider()
+                if rider is None:
                     return plain(prompts, sampling_params, *args, **kwargs)
                 from vllm import SamplingParams
 
-                extra, specs, done = self._riders.pop(0)
+                extra, specs, done = rider
                 own = list(prompts)
                 params = (list(sampling_params) if isinstance(sampling_params, list)
                           else [sampling_params] * len(own))
