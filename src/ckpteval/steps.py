@@ -86,7 +86,19 @@ def infer(smk: Any) -> None:
               run_cfg=run_cfg, engine_cfg=dict(smk.config["engine"]),
               cache_dir=Path(smk.params.cache_dir), gpus=smk.config.get("gpus"),
               include_paths=smk.config["lm_eval"]["include_paths"],
-              attempt=int(smk.resources.get("infer_attempt", 1)), where=f"config: runs.{run}")
+              attempt=int(smk.resources.get("infer_attempt", 1)), where=f"config: runs.{run}",
+              share_as=f"{run}/{smk.wildcards.ckpt}:{smk.rule}"
+              if int(smk.resources.get("share_chunks", 0)) else None)
+
+
+def assist(smk: Any) -> None:
+    """An assist job: lend this GPU to the infer jobs still running (ckpteval.share)."""
+    from ckpteval.infer import run_assist
+    from ckpteval.io import write_json
+
+    summary = run_assist(Path(smk.params.cache_dir), smk.params.name, gpus=smk.config.get("gpus"),
+                         grace_seconds=float(smk.params.grace_seconds))
+    write_json(smk.output.record, summary)
 
 
 def evaluate(smk: Any) -> None:

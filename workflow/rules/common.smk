@@ -7,6 +7,7 @@ from pathlib import Path
 from ckpteval.checkpoints import checkpoint_fingerprint
 from ckpteval.config import build_plan, validate_config
 from ckpteval.errors import UserError
+from ckpteval.io import sha256_json
 from ckpteval.schedule import InferCosts
 
 try:
@@ -32,9 +33,10 @@ wildcard_constraints:
 
 def get_final_outputs(wildcards):
     # A shard (`--config shard=i/n`) scores its own checkpoints; an unsharded run aggregates all.
+    # Assist jobs (if any GPU would otherwise idle at the sweep's end) are targets too.
     if PLAN.shard is not None:
-        return get_score_files(wildcards)
-    return [f"{OUT}/summary/{name}" for name in SUMMARY_FILES]
+        return get_score_files(wildcards) + ASSIST_RECORDS
+    return [f"{OUT}/summary/{name}" for name in SUMMARY_FILES] + ASSIST_RECORDS
 
 
 def get_checkpoint_source(wildcards):
@@ -110,6 +112,52 @@ def get_consolidate_priority(wildcards):
     """A checkpoint's consolidation goes as early as its infer jobs would: the sum of their
     expected GPU seconds, so the longest jobs are ready first."""
     return float(f"{sum(INFER_COSTS(wildcards.run, wildcards.ckpt, group_jobs(g)) for g in PLAN.engine_groups):.6g}")
+
+
+# ---- tail assist (ckpteval.share): GPUs idle at a sweep's end help the infer jobs still running
+
+
+def pending_infer_checkpoints():
+    """(run, ckpt) of vllm runs with a generation file still to write, as this Snakemake sees them."""
+    return [(run, c.name) for run in VLLM_RUNS for c in PLAN.runs[run].checkpoints
+            if not all(Path(f"{OUT}/generations/{run}/{c.name}/{t}/{v}.jsonl").exists()
+                       for t, vs in PLAN.task_variants.items() for v in vs)]
+
+
+def assist_records():
+    """One assist job per GPU beyond the first (`resources: gpu` of the profile), when `assist`
+    is on and some vllm checkpoint has generations to write; named by what is pending, so a
+    later sweep gets fresh ones and a finished one none."""
+    gpus = workflow.global_resources.get("gpu")
+    count = int(gpus.value) - 1 if gpus is not None and gpus.value else 0
+    pending = pending_infer_checkpoints() if config.get("assist", True) and count > 0 else []
+    if not pending:
+        return []
+    token = sha256_json(sorted(pending))[:12]
+    return [f"{OUT}/assist/{token}/{i}.json" for i in range(count)]
+
+
+ASSIST_RECORDS = assist_records()
+
+
+def get_assist_inputs(wildcards):
+    """An assist job starts once every pending checkpoint is consolidated: from then on, every
+    infer job is ready and (higher priority) gets a GPU before any assist job does."""
+    return [f"{OUT}/models/{run}/{ckpt}.json" for run, ckpt in pending_infer_checkpoints()]
+
+
+def get_share_chunks(wildcards):
+    """1 when this sweep has assist jobs: the infer job then publishes its chunks for them. A
+    resource, not a param: whether a GPU was spare must not make Snakemake rerun the job later.
+    A job re-run on a cluster node does not see the profile's global resources, so there it
+    publishes whenever `assist` is on (a board is a few files)."""
+    if workflow.is_main_process:
+        return 1 if ASSIST_RECORDS else 0
+    return 1 if config.get("assist", True) else 0
+
+
+def get_assist_name(wildcards):
+    return f"assist-{wildcards.token}-{wildcards.i}"
 
 
 def get_infer_attempt(wildcards, attempt):

@@ -30,6 +30,7 @@ for _group in PLAN.engine_groups:
             resources:
                 gpu=1,
                 infer_attempt=get_infer_attempt,
+                share_chunks=get_share_chunks,
             priority: get_infer_priority(_group)
             retries: 1
             script:
@@ -54,6 +55,33 @@ for _group in PLAN.engine_groups:
                 cache_dir=f"{OUT}/cache",
             script:
                 "../scripts/infer.py"
+
+
+# Tail assist (ckpteval.share): one job per GPU beyond the first, lowest priority, so Snakemake
+# starts one only when every infer job already has a GPU. It helps the running infer job with the
+# most work left: loads that checkpoint's model and generates its last chunks into the shared
+# cache; it ends when no job has enough left to repay an engine load. Off with `assist: false`.
+if VLLM_RUNS:
+
+    rule assist:
+        input:
+            get_assist_inputs,
+        output:
+            record=f"{OUT}/assist/{{token}}/{{i}}.json",
+        log:
+            "logs/assist/{token}/{i}.log",
+        wildcard_constraints:
+            token=r"[0-9a-f]+",
+            i=r"[0-9]+",
+        params:
+            cache_dir=f"{OUT}/cache",
+            name=get_assist_name,
+            grace_seconds=30,
+        resources:
+            gpu=1,
+        priority: -1
+        script:
+            "../scripts/assist.py"
 
 
 if REPLAY_RUNS:
