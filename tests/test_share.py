@@ -110,6 +110,27 @@ def test_a_killed_assistants_chunk_is_taken_back_and_generated_by_the_job(tmp_pa
     board.leave()
 
 
+def test_a_failing_assistant_ends_cleanly_and_its_chunk_goes_back_to_the_job(tmp_path: Path) -> None:
+    """An assist job whose engine fails (an OOM on a smaller GPU) records the error and exits 0:
+    it is an optimisation, and the job generates the chunk it had claimed."""
+    board = _publish(tmp_path, 6)
+
+    class Failing:
+        def generate_chunk(self, chunk: Any) -> int:
+            raise RuntimeError("CUDA out of memory")
+
+        def close(self) -> None:
+            pass
+
+    stats = assist(tmp_path, "a1", lambda b: Failing(), grace_seconds=0, poll_seconds=0.01)
+    assert stats.error == "RuntimeError: CUDA out of memory" and stats.chunks == 0
+    assert board.claimant(5) == "a1" and not board.alive("a1")
+    generated: list[int] = []
+    assert work_through(board, range(6), generated.append, poll_seconds=0.01) == []
+    assert generated == [0, 1, 2, 3, 4, 5] and board.claimant(5) == MAIN
+    board.leave()
+
+
 def test_a_dead_jobs_board_is_not_offered_and_its_retry_replaces_it(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("fork")
     proc = ctx.Process(target=_publish, args=(tmp_path, 4))
@@ -143,6 +164,20 @@ def test_offers_price_the_work_left_from_the_jobs_own_rate(tmp_path: Path) -> No
         board.claim(i)
     assert offers(tmp_path) == []  # one chunk left: the job takes it sooner than an engine loads
     board.leave()
+
+
+def test_a_job_still_loading_is_priced_at_the_other_jobs_rate(tmp_path: Path) -> None:
+    """Offers are compared in one unit: a job with no rate yet gets the median of the others'."""
+    measured = _publish(tmp_path, 10, job="r/step_1")
+    measured.claim(0)
+    measured.report(load_seconds=20.0, engine_seconds=60.0, cost_done=10)  # 6 s per cost unit
+    loading = _publish(tmp_path, 28, job="r/step_2")  # nothing generated yet
+    priced = {o.board.path: o for o in offers(tmp_path)}
+    assert priced[measured.path].remaining_seconds == pytest.approx(9 * 10 * 6)
+    assert priced[loading.path].remaining_seconds == pytest.approx(28 * 10 * 6)
+    assert max(priced.values(), key=lambda o: o.share).board.path == loading.path
+    measured.leave()
+    loading.leave()
 
 
 def test_offer_share_with_unknown_rate_counts_chunks(tmp_path: Path) -> None:

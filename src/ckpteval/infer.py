@@ -54,7 +54,7 @@ from ckpteval.config import Variant
 from ckpteval.errors import UserError
 from ckpteval.gpus import Lease, lease_gpu
 from ckpteval.io import iter_jsonl, read_json, sha256_json, write_json, write_jsonl
-from ckpteval.share import Board, boards_root, work_through
+from ckpteval.share import Board, Engine, boards_root, work_through
 from ckpteval.tasks import TaskSpec
 
 log = logging.getLogger("ckpteval.infer")
@@ -198,13 +198,14 @@ def run_assist(cache_dir: Path, name: str, *, gpus: Sequence[int | str] | None =
         lease.release()
     summary = {"boards": stats.boards, "chunks": stats.chunks, "requests": stats.requests,
                "engine_seconds": round(stats.engine_seconds, 3),
-               "load_seconds": round(stats.load_seconds, 3), "device": job_environment(lease)}
+               "load_seconds": round(stats.load_seconds, 3), "error": stats.error,
+               "device": job_environment(lease)}
     log.info("assist job %s done: %d request(s) in %d chunk(s) for %d job(s)", name,
              stats.requests, stats.chunks, stats.boards)
     return summary
 
 
-class _AssistEngine:
+class _AssistEngine(Engine):
     """An engine like the board's job's, generating its chunks into the same cache."""
 
     def __init__(self, backend: Backend) -> None:

@@ -269,8 +269,12 @@ class Offer:
 
 
 def offers(root: Path) -> list[Offer]:
-    """Every live board with unclaimed chunks, priced from its job's progress so far."""
-    out = []
+    """Every live board with unclaimed chunks, priced from its job's progress so far.
+
+    A job still loading has no rate yet: its work is priced at the median rate of the jobs that
+    have one, so every offer is in seconds and the largest wins. Only when no job has a rate
+    are offers left unpriced (`remaining_seconds` None: compared by chunks)."""
+    seen = []
     for board in live_boards(root):
         try:
             info = board.info
@@ -281,10 +285,15 @@ def offers(root: Path) -> list[Offer]:
         if len(unclaimed) < 2:
             continue  # the job takes the last one itself sooner than a new engine loads
         costs = info.get("chunk_cost") or [1] * info["chunks"]
-        left = sum(costs[i] for i in unclaimed)
         prog = board.progress()
         rate = prog["engine_seconds"] / prog["cost_done"] if prog.get("cost_done") else None
-        out.append(Offer(board, left * rate if rate is not None else None, len(unclaimed), helpers))
+        seen.append((board, sum(costs[i] for i in unclaimed), rate, len(unclaimed), helpers))
+    known = sorted(rate for _, _, rate, _, _ in seen if rate is not None)
+    fallback = known[len(known) // 2] if known else None
+    out = []
+    for board, left, rate, unclaimed, helpers in seen:
+        rate = rate if rate is not None else fallback
+        out.append(Offer(board, left * rate if rate is not None else None, unclaimed, helpers))
     return out
 
 
@@ -304,10 +313,11 @@ class AssistStats:
     requests: int = 0
     engine_seconds: float = 0.0
     load_seconds: float = 0.0
+    error: str | None = None
 
 
 class Engine:
-    """What an assistant needs from a backend for one board: `load()` returns seconds spent."""
+    """What an assistant needs from a backend for one board (loaded when `assist` gets it)."""
 
     def generate_chunk(self, chunk: Any) -> int:  # pragma: no cover - interface
         raise NotImplementedError
@@ -355,6 +365,11 @@ def assist(root: Path, name: str, open_engine: Callable[[Board], Engine | None],
             _help(board, open_engine, stats)
         except FileNotFoundError:
             log.info("%s finished meanwhile", board.path.name)
+        except Exception as exc:  # noqa: BLE001 - a helper's failure must not fail the sweep
+            # The job sees this helper's lock go and generates its claimed chunk itself.
+            log.exception("helping %s failed; leaving its chunks to the job", board.path.name)
+            stats.error = f"{type(exc).__name__}: {exc}"
+            return stats
         finally:
             board.leave()
         skipped.add(board.path)
