@@ -4,9 +4,10 @@
    profiles/local with a fake pool of 8 GPUs (`--resources gpu=8`; each infer job leases a device
    with ckpteval.gpus, exactly as the workflow's infer job does). The DAG has the workflow's shape:
    one infer job per checkpoint (engine load + every task's generation, on one GPU), one CPU
-   evaluate job per (checkpoint, task), one aggregate. Durations are drawn from a seeded
-   distribution in simulated minutes and slept scaled down (`--scale` seconds per minute):
-   per-task generation times with a per-checkpoint log-normal spread, log-normal scoring times.
+   evaluate job per (checkpoint, task), one aggregate, and with tail assist (`--assist`) one
+   assist job per GPU beyond the first. Durations are drawn from a seeded distribution in
+   simulated minutes and slept scaled down (`--scale` seconds per minute): per-task generation
+   times with a per-checkpoint log-normal spread, log-normal scoring times.
    Each infer job's Snakemake `priority` is ckpteval's own estimate of its GPU seconds
    (`ckpteval.schedule.expected_seconds`, what the workflow's infer rules use), fed with what the
    workflow would know in the scenario (`--scenario`):
@@ -18,25 +19,45 @@
    - remeasure: the run evaluated again (a new engine setting or vLLM version): the
                 `.meta.json` of the earlier sweep measured every job, within a 5% spread.
 
-   Every job records its start and end; the script prints
+   Tail assist runs the workflow's mechanism through the real ckpteval.share code; only the engine
+   is fake. An infer job cuts each task's generation into 4 chunks (~256 requests, about a
+   simulated minute each; ~28 per job, chunk cost proportional to its seconds), publishes them on a
+   board under cache/.boards (Board.publish), sleeps its engine load, then generates them in order
+   with share.work_through (sleeping each chunk, then Board.mark_done and Board.report), waiting
+   at the end for the chunks assistants took. The assist rule mirrors the workflow's: input every
+   consolidated model, `gpu=1`, priority -1, so Snakemake starts one only when every infer job
+   has a GPU. It leases a device and runs share.assist: it joins the board with the most work
+   left, sleeps that checkpoint's load time, and sleeps chunks taken from the back, until no board
+   is worth another load. With assist off, infer jobs publish nothing (as with `assist: false`).
 
-   - makespan: first job start to last job end;
+   Every job records its start and end; the script prints, for assist off and on (`--assist`),
+
+   - makespan: first job start to last job end, assist jobs included (the ratio pays their
+     extra engine loads);
    - lower bound: the larger of (a) total GPU work / GPUs + the shortest possible tail after the
      last GPU job (its slowest evaluation, then aggregate), and (b) the longest chain
      infer -> evaluate -> aggregate;
-   - their ratio (target <= 1.10), GPU-slot utilisation (GPU busy time / (GPUs x span of the
-     infer phase)), and whether any two infer jobs held one device at once;
-   - for reference, the makespan of overhead-free list schedules of the same jobs: longest job
-     first (what a scheduler that knew the durations would do), in the order Snakemake
-     started them, and in step order (what equal priorities give). Their distance to the bound is granularity (30 jobs on 8 GPUs leave slots idle
-     in the last wave), not Snakemake; the rest of the gap to the measured makespan is per-job
-     overhead (process start-up on this 2-core machine), which shrinks as jobs get longer.
+   - their ratio (target <= 1.10), GPU-slot utilisation (device-held time of infer and assist
+     jobs / (GPUs x span of the infer phase)), and whether any two GPU jobs held one device at once;
+   - with assist on: what the assist jobs did (GPU-minutes loading, generating, idle), when each
+     ran and whose chunks it generated, and for each helped (or last-ending) infer job how many
+     of its chunks assistants generated and how long it waited for them at the end;
+   - with both settings, the two ratios side by side (compare within one run: timings on a
+     shared machine drift between runs);
+   - for reference, the makespan of overhead-free list schedules of the same whole jobs, without
+     assist: longest job first (what a scheduler that knew the durations would do), in the order
+     Snakemake started them, and in step order (what equal priorities give). Their distance to
+     the bound is granularity (30 jobs on 8 GPUs leave slots idle in the last wave), not
+     Snakemake: that is the gap tail assist closes, by splitting the last jobs. The rest of the
+     gap to the measured makespan is per-job overhead (process start-up on this 2-core machine),
+     which shrinks as jobs get longer.
 
 2. Dry run. Seconds for `snakemake -n` (greedy scheduler) on a 10,000-job DAG: the synthetic
    sweep's, and the repository's own workflow on 1,111 empty checkpoint directories x 7 tasks.
 
-    python bench/schedule.py [--scenario first|sizes|remeasure|all] [--checkpoints 30] [--tasks 7]
-                             [--gpus 8] [--cores 32] [--scale 1.0] [--seed 0]
+    python bench/schedule.py [--scenario first|sizes|remeasure|all] [--assist on|off|both]
+                             [--checkpoints 30] [--tasks 7] [--gpus 8] [--cores 32]
+                             [--scale 1.0] [--seed 0]
                              [--dryrun-jobs 10000] [--workdir DIR]
 """
 
@@ -65,6 +86,14 @@ GEN_SIGMA = 0.25
 EVAL_MEDIAN_MINUTES = 1.0
 EVAL_SIGMA = 0.6
 AGGREGATE_MINUTES = 0.5
+#: An infer job's generation of one task, cut into this many chunks of ~256 requests (a minute
+#: each, give or take): ~28 chunks per job, as MissingRequests cuts them.
+CHUNKS_PER_TASK = 4
+#: An assist job that finds nothing worth helping waits this long for boards (simulated minutes:
+#: a job publishes its board a moment after it starts; the workflow waits 30 s).
+ASSIST_GRACE_MINUTES = 5.0
+#: How often an assist job looks at the boards (simulated minutes; the workflow: every 2 s).
+ASSIST_POLL_MINUTES = 0.2
 
 SNAKEFILE = '''\
 import json, sys
@@ -88,8 +117,10 @@ def infer_priority(wildcards):
 
 localrules: all
 
+ASSISTS = expand("assist/{i}.json", i=range(PLAN["gpus"] - 1)) if PLAN.get("assist") else []
+
 rule all:
-    input: "summary.json"
+    input: "summary.json", ASSISTS
 
 rule consolidate:
     output: "models/{ckpt}.json"
@@ -114,28 +145,115 @@ rule aggregate:
     output: "summary.json"
     params: seconds=PLAN["aggregate"]
     shell: JOB + " aggregate {output} {params.seconds}"
+
+# The workflow's tail assist: one job per GPU beyond the first, started only once every infer job
+# is ready (and, higher in priority, has a GPU first); it helps the infer jobs still running.
+rule assist:
+    input: expand("models/{ckpt}.json", ckpt=CKPTS)
+    output: "assist/{i}.json"
+    wildcard_constraints: i=r"[0-9]+"
+    resources: gpu=1
+    priority: -1
+    shell: JOB + " assist {output} 0"
 '''
 
-# One job: lease a fake GPU for infer (as the workflow does), sleep, write a record per output.
-JOB_SCRIPT = '''\
-import json, os, sys, time
+# One job. infer and assist lease a fake GPU (as the workflow's do); infer loads (sleeps), then
+# generates its chunks (sleeps) through ckpteval.share.work_through, on a published board when the
+# sweep has assist jobs; assist runs ckpteval.share.assist with an engine that sleeps. Each job
+# writes a record per output.
+JOB_SCRIPT = """\
+import json, logging, sys, time
 from pathlib import Path
 
 kind, outputs, seconds = sys.argv[1], sys.argv[2].split(), float(sys.argv[3])
-device = None
-if kind == "infer":
+plan = json.load(open("plan.json"))
+name = Path(outputs[0]).parts[1] if kind == "infer" else Path(outputs[0]).stem
+Path("logs").mkdir(exist_ok=True)
+logging.basicConfig(filename=f"logs/{kind}-{name}.log", level=logging.INFO,
+                    format="%(created).3f %(name)s %(message)s")
+record = {"kind": kind, "output": outputs[0], "device": None}
+
+
+def lease():
     from ckpteval.gpus import lease_gpu
-    plan = json.load(open("plan.json"))
-    lease = lease_gpu([str(d) for d in range(plan["gpus"])], Path(plan["lock_dir"]),
-                      poll_seconds=0.05)
-    device = lease.device
-start = time.time()
-time.sleep(seconds)
-record = {"kind": kind, "output": outputs[0], "device": device, "start": start, "end": time.time()}
+    return lease_gpu([str(d) for d in range(plan["gpus"])], Path(plan["lock_dir"]),
+                     poll_seconds=0.05)
+
+
+if kind == "infer":
+    from ckpteval.share import Board, work_through
+    held = lease()
+    record.update(device=held.device, start=time.time())
+    load = plan["load"][name]
+    # Each task's generation in chunks_per_task chunks (~256 requests each); cost: as seconds.
+    secs = [m / plan["chunks_per_task"] for m in plan["generate"][name]
+            for _ in range(plan["chunks_per_task"])]
+    costs = [max(1, round(s / plan["scale"] * 1000)) for s in secs]
+    board = None
+    if plan["assist"]:
+        board = Board.publish(Path(plan["boards"]), name,
+                              info={"chunk_cost": costs, "load_seconds": load},
+                              chunks=[{"seconds": s} for s in secs])
+    t0 = time.monotonic()
+    time.sleep(load)
+    state = {"load": time.monotonic() - t0, "engine": 0.0, "cost": 0, "own": 0, "own_end": None}
+
+    def generate(i):
+        t = time.monotonic()
+        time.sleep(secs[i])
+        took = time.monotonic() - t
+        state["engine"] += took
+        state["cost"] += costs[i]
+        state["own"] += 1
+        if board is not None:
+            board.mark_done(i, took)
+            board.report(state["load"], state["engine"], state["cost"])
+        state["own_end"] = time.time()
+
+    try:
+        assisted = work_through(board, list(range(len(secs))), generate, poll_seconds=0.05)
+    finally:
+        if board is not None:
+            board.leave()
+    record.update(chunks=len(secs), own_chunks=state["own"], assisted_chunks=len(assisted),
+                  assisted_seconds=sum(s for _, s in assisted), own_end=state["own_end"])
+elif kind == "assist":
+    from ckpteval.share import Engine, assist
+    held = lease()
+    record.update(device=held.device, start=time.time())
+    joined = []
+
+    class Sleeper(Engine):
+        def __init__(self, entry):
+            self.entry = entry
+
+        def generate_chunk(self, chunk):
+            time.sleep(chunk["seconds"])
+            self.entry["chunks"] += 1
+            self.entry["seconds"] += chunk["seconds"]
+            return 1
+
+    def open_engine(board):
+        info = board.info
+        entry = {"job": info["job"], "joined": time.time(), "load": info["load_seconds"],
+                 "chunks": 0, "seconds": 0.0}
+        joined.append(entry)
+        time.sleep(info["load_seconds"])
+        return Sleeper(entry)
+
+    stats = assist(Path(plan["boards"]), f"assist-{name}", open_engine,
+                   default_load_seconds=plan["default_load"], grace_seconds=plan["grace"],
+                   poll_seconds=plan["assist_poll"])
+    record.update(boards=stats.boards, chunks=stats.chunks, engine_seconds=stats.engine_seconds,
+                  load_seconds=stats.load_seconds, joined=joined)
+else:
+    record["start"] = time.time()
+    time.sleep(seconds)
+record["end"] = time.time()
 for out in outputs:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(record))
-'''
+"""
 
 
 SCENARIOS = ("first", "sizes", "remeasure")
@@ -150,7 +268,7 @@ def draw_plan(checkpoints: int, tasks: int, seed: int, scenario: str = "first") 
     rng = random.Random(seed)
     names = [f"t{i}" for i in range(tasks)]
     base = [TASK_MINUTES[i % len(TASK_MINUTES)] for i in range(tasks)]
-    infer, evaluate, known = {}, {}, {}
+    infer, generate, load, evaluate, known = {}, {}, {}, {}, {}
     history: dict[str, dict[str, list]] = {"small": {}, "big": {}}
     for c in range(checkpoints):
         ckpt, step = f"step_{(c + 1) * 500}", (c + 1) * 500
@@ -158,13 +276,15 @@ def draw_plan(checkpoints: int, tasks: int, seed: int, scenario: str = "first") 
         size = BIG_MODEL_FACTOR if run == "big" else 1.0
         gen = [b * size * rng.lognormvariate(0, GEN_SIGMA) for b in base]
         infer[ckpt] = LOAD_MINUTES * size + sum(gen)
+        generate[ckpt], load[ckpt] = gen, LOAD_MINUTES * size
         evaluate[ckpt] = {t: EVAL_MEDIAN_MINUTES * rng.lognormvariate(0, EVAL_SIGMA) for t in names}
         known[ckpt] = {"run": run, "step": step, "static": {t: b * size for t, b in zip(names, base)}}
         if scenario == "remeasure":
             for t, g in zip(names, gen):
                 history[run].setdefault(t, []).append([step, g * rng.lognormvariate(0, REMEASURE_SIGMA)])
-    return {"tasks": names, "infer": infer, "evaluate": evaluate, "aggregate": AGGREGATE_MINUTES,
-            "known": known, "history": history}
+    return {"tasks": names, "infer": infer, "generate": generate, "load": load,
+            "evaluate": evaluate, "aggregate": AGGREGATE_MINUTES, "known": known,
+            "history": history}
 
 
 def scaled(plan: dict, scale: float) -> dict:
@@ -172,6 +292,8 @@ def scaled(plan: dict, scale: float) -> dict:
     return {
         "tasks": plan["tasks"],
         "infer": {c: m * scale for c, m in plan["infer"].items()},
+        "generate": {c: [m * scale for m in ms] for c, ms in plan["generate"].items()},
+        "load": {c: m * scale for c, m in plan["load"].items()},
         "evaluate": {c: {t: m * scale for t, m in ts.items()} for c, ts in plan["evaluate"].items()},
         "aggregate": plan["aggregate"] * scale,
         "known": plan["known"],
@@ -210,11 +332,14 @@ def simulate(plan: dict, gpus: int, order: list[str]) -> float:
     return last_eval + plan["aggregate"]
 
 
+GPU_KINDS = ("infer", "assist")
+
+
 def device_clashes(records: list[dict]) -> int:
-    """Pairs of infer jobs that held the same fake device at overlapping times."""
+    """Pairs of GPU jobs (infer or assist) that held the same fake device at overlapping times."""
     by_device: dict[str, list[dict]] = {}
     for r in records:
-        if r["kind"] == "infer":
+        if r["kind"] in GPU_KINDS:
             by_device.setdefault(r["device"], []).append(r)
     clashes = 0
     for held in by_device.values():
@@ -223,19 +348,30 @@ def device_clashes(records: list[dict]) -> int:
     return clashes
 
 
-def run_schedule(args: argparse.Namespace, workdir: Path) -> None:
+def held_within(records: list[dict], lo: float, hi: float) -> float:
+    """Device seconds the GPU jobs among `records` held between `lo` and `hi`."""
+    return sum(max(0.0, min(r["end"], hi) - max(r["start"], lo))
+               for r in records if r["kind"] in GPU_KINDS)
+
+
+def run_schedule(args: argparse.Namespace, workdir: Path) -> dict:
     minutes = draw_plan(args.checkpoints, args.tasks, args.seed, args.scenario)
     plan = scaled(minutes, args.scale)
     plan.update(gpus=args.gpus, lock_dir=str(workdir / "gpu-locks"),
-                job_script=str(workdir / "job.py"))
+                job_script=str(workdir / "job.py"), scale=args.scale, assist=args.assist,
+                boards=str(workdir / "cache" / ".boards"), chunks_per_task=CHUNKS_PER_TASK,
+                default_load=LOAD_MINUTES * args.scale, grace=ASSIST_GRACE_MINUTES * args.scale,
+                assist_poll=max(0.05, ASSIST_POLL_MINUTES * args.scale))
     (workdir / "plan.json").write_text(json.dumps(plan))
     (workdir / "Snakefile").write_text(SNAKEFILE)
     (workdir / "job.py").write_text(JOB_SCRIPT)
-    jobs = 2 * args.checkpoints + args.checkpoints * args.tasks + 1
-    print(f"scenario {args.scenario}: {args.checkpoints} checkpoints x {args.tasks} tasks = {jobs} jobs "
-          f"({args.checkpoints} on GPU), {args.gpus} fake GPUs, {args.cores} cores, "
-          f"1 simulated minute = {args.scale} s; load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} CPUs")
+    assists = args.gpus - 1 if args.assist else 0
+    jobs = 2 * args.checkpoints + args.checkpoints * args.tasks + 1 + assists
+    print(f"scenario {args.scenario}, assist {'on' if args.assist else 'off'}: "
+          f"{args.checkpoints} checkpoints x {args.tasks} tasks = {jobs} jobs "
+          f"({args.checkpoints} infer{f' + {assists} assist' if assists else ''} on GPU), "
+          f"{args.gpus} fake GPUs, {args.cores} cores, 1 simulated minute = {args.scale} s; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
     started = time.monotonic()
     result = subprocess.run(
@@ -251,11 +387,16 @@ def run_schedule(args: argparse.Namespace, workdir: Path) -> None:
     records += [json.loads((workdir / "generations" / c / f"{plan['tasks'][0]}.json").read_text())
                 for c in plan["infer"]]
     records.append(json.loads((workdir / "summary.json").read_text()))
-    makespan = max(r["end"] for r in records) - min(r["start"] for r in records)
+    helpers = [json.loads(p.read_text()) for p in sorted((workdir / "assist").glob("*.json"))]
+    t0 = min(r["start"] for r in records)
+    summary_end = max(r["end"] for r in records)
+    # The sweep ends when its last job does: `all` waits for the assist jobs too.
+    makespan = max(r["end"] for r in records + helpers) - t0
     bound, term = lower_bound(plan, args.gpus, args.cores)
     infer = [r for r in records if r["kind"] == "infer"]
-    busy = sum(r["end"] - r["start"] for r in infer)
-    infer_span = max(r["end"] for r in infer) - min(r["start"] for r in infer)
+    infer_lo, infer_hi = min(r["start"] for r in infer), max(r["end"] for r in infer)
+    infer_span = infer_hi - infer_lo
+    gpu_records = infer + helpers
     started_order = [Path(r["output"]).parts[1] for r in sorted(infer, key=lambda r: r["start"])]
     lpt = simulate(plan, args.gpus, sorted(plan["infer"], key=plan["infer"].__getitem__, reverse=True))
     same_order = simulate(plan, args.gpus, started_order)
@@ -264,13 +405,50 @@ def run_schedule(args: argparse.Namespace, workdir: Path) -> None:
     print(f"makespan:          {makespan:.2f} s  ({makespan / args.scale:.0f} simulated min)")
     print(f"lower bound:       {bound:.2f} s  ({term})")
     print(f"makespan / bound:  {makespan / bound:.3f}  (target <= 1.10)")
-    print(f"for reference, overhead-free list schedules: longest-first {lpt:.2f} s "
+    print(f"for reference, overhead-free list schedules without assist: longest-first {lpt:.2f} s "
           f"({lpt / bound:.3f} x bound), in Snakemake's start order {same_order:.2f} s "
           f"({same_order / bound:.3f} x bound), in step order as without priorities {step_order:.2f} s "
           f"({step_order / bound:.3f} x bound)")
-    print(f"GPU-slot use:      {busy / (args.gpus * infer_span):.1%} over the infer phase, "
-          f"{busy / (args.gpus * makespan):.1%} over the makespan")
-    print(f"device clashes:    {device_clashes(records)}")
+    slots = args.gpus * infer_span
+    by_assist = held_within(helpers, infer_lo, infer_hi) / slots
+    print(f"GPU-slot use:      {held_within(gpu_records, infer_lo, infer_hi) / slots:.1%} over the "
+          f"infer phase, {held_within(gpu_records, t0, t0 + makespan) / (args.gpus * makespan):.1%} "
+          "over the makespan"
+          + (f"; assist jobs held {by_assist:.1%} of the infer phase's slots" if helpers else ""))
+    print(f"device clashes:    {device_clashes(gpu_records)}")
+    if args.assist:
+        report_assist(plan, infer, helpers, t0, summary_end, args.scale)
+    return {"makespan": makespan, "bound": bound}
+
+
+def report_assist(plan: dict, infer: list[dict], helpers: list[dict], t0: float, summary_end: float,
+                  scale: float) -> None:
+    """When each assist job ran, whom it helped, and what the helped infer jobs got back."""
+    def at(t: float) -> str:
+        return f"{(t - t0) / scale:.1f}"
+
+    loads = sum(r["load_seconds"] for r in helpers)
+    chunks = sum(r["engine_seconds"] for r in helpers)
+    held = sum(r["end"] - r["start"] for r in helpers)
+    late = (max((r["end"] for r in helpers), default=summary_end) - summary_end) / scale
+    print(f"assist jobs:       {len(helpers)}, holding {held / scale:.1f} GPU-min: "
+          f"{loads / scale:.1f} loading, {chunks / scale:.1f} generating "
+          f"{sum(r['chunks'] for r in helpers)} chunks, the rest idle; the last ended "
+          f"{abs(late):.1f} min {'after' if late > 0 else 'before'} the summary "
+          "(times below: simulated minutes from the sweep's start)")
+    for r in sorted(helpers, key=lambda r: r["start"]):
+        visits = ", ".join(f"{j['job']} at {at(j['joined'])} ({j['chunks']} chunks, "
+                           f"{j['seconds'] / scale:.1f} min)" for j in r["joined"]) or "nobody"
+        print(f"  {Path(r['output']).stem} on GPU {r['device']}: {at(r['start'])}-{at(r['end'])}, "
+              f"helped {visits}")
+    helped = sorted((r for r in infer if r.get("assisted_chunks")), key=lambda r: r["start"])
+    last_infer = sorted(infer, key=lambda r: r["end"])[-3:]
+    for r in sorted({id(r): r for r in helped + last_infer}.values(), key=lambda r: r["end"]):
+        waited = r["end"] - r["own_end"] if r.get("own_end") else 0.0
+        print(f"  {Path(r['output']).parts[1]} on GPU {r['device']}: "
+              f"{at(r['start'])}-{at(r['end'])}, {r['assisted_chunks']}/{r['chunks']} chunks "
+              f"({r['assisted_seconds'] / scale:.1f} min) by assist jobs, "
+              f"waited {waited / scale:.1f} min for them at the end")
 
 
 WORKFLOW_TASKS = {"arith": {}, "pyfunc": {}, "rustfunc": {}, "humaneval": {}, "arith_harness": {},
@@ -340,6 +518,8 @@ def main() -> None:
                         help="cores Snakemake may schedule (jobs only sleep; a GPU node has many)")
     parser.add_argument("--scale", type=float, default=1.0, help="seconds per simulated minute")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--assist", choices=["on", "off", "both"], default="both",
+                        help="tail assist jobs (ckpteval.share) on, off, or each in turn")
     parser.add_argument("--dryrun-jobs", type=int, default=10000, help="0 to skip the dry run")
     parser.add_argument("--workdir", type=Path, help="keep files here (default: a temp dir)")
     args = parser.parse_args()
@@ -347,11 +527,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ckpteval-bench-schedule-") as tmp:
         root = args.workdir or Path(tmp)
         scenarios = SCENARIOS if args.scenario == "all" else (args.scenario,)
+        settings = {"on": (True,), "off": (False,), "both": (False, True)}[args.assist]
         for scenario in scenarios:
-            workdir = root / f"sweep-{scenario}"
-            workdir.mkdir(parents=True, exist_ok=True)
-            run_schedule(argparse.Namespace(**{**vars(args), "scenario": scenario}), workdir)
-            print()
+            figures = {}
+            for assist in settings:
+                workdir = root / f"sweep-{scenario}-assist-{'on' if assist else 'off'}"
+                workdir.mkdir(parents=True, exist_ok=True)
+                settings_of_run = {**vars(args), "scenario": scenario, "assist": assist}
+                figures[assist] = run_schedule(argparse.Namespace(**settings_of_run), workdir)
+                print()
+            if len(figures) == 2:
+                off, on = figures[False], figures[True]
+                print(f"scenario {scenario}: makespan / bound {off['makespan'] / off['bound']:.3f} "
+                      f"without assist, {on['makespan'] / on['bound']:.3f} with "
+                      f"(makespan x {on['makespan'] / off['makespan']:.3f})")
+                print()
         if args.dryrun_jobs:
             (root / "dryrun").mkdir(exist_ok=True)
             run_dryrun(args.dryrun_jobs, root / "dryrun")
