@@ -65,10 +65,12 @@ def test_verdicts(checker: MathChecker, gold: str, completion: str, error: str |
 def test_math_verify_runs_outside_the_main_thread_with_a_timeout(checker: MathChecker) -> None:
     jobs = [Job(str(i), {"answer": "\\boxed{x^2 + 2x + 1}"}, "\\boxed{(x+1)^2}") for i in range(6)]
     assert all(v.passed for v in checker.check(jobs, workers=3))  # threads, not the main one
-    # A limit no sympy call can meet: the helper is killed, the sample is a timeout ...
-    slow = checker.check([Job("t", {"answer": "\\boxed{x^2 + 2x + 1}"}, "\\boxed{(x+1)^2}")],
-                         workers=1, timeout=1e-6)[0]
-    assert slow.error_type == "timeout"
+    # A comparison sympy needs ~1.5 s for, under a 0.05 s limit: the helper is killed, the sample
+    # is a timeout ... (A tiny limit on a fast comparison raced: a job thread preempted between
+    # sending and waiting found the answer already there on a busy machine.)
+    slow = checker.check([Job("t", {"answer": "\\boxed{x^{40}}"}, "\\boxed{(x+y+z)^{40}}")],
+                         workers=1, timeout=0.05)[0]
+    assert slow.error_type == "timeout" and slow.duration_s < 1.0
     # ... and the next call gets a fresh helper.
     assert checker.check(jobs[:1], workers=1)[0].passed
 
