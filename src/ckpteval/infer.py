@@ -36,7 +36,7 @@ import os
 import platform
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,11 +115,8 @@ def run_infer(
         log.warning("attempt %d: engine.gpu_memory_utilization lowered to %s after a failure",
                     attempt, engine_cfg["gpu_memory_utilization"])
     backend_name = run_cfg.get("backend", "vllm")
-    lease = lease_gpu(gpus) if backend_name == "vllm" else Lease(None, "none")
+    lease = lease_engine_device(gpus) if backend_name == "vllm" else Lease(None, "none")
     log.info("backend %s; device: %s (%s)", backend_name, lease.device or "cpu", lease.how)
-    if lease.device is None and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        # On CPU, vLLM's engine-core subprocess only adds start-up time (FIELD-NOTES).
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     own_backend = backend is None
     if backend is None:
         backend = make_backend(run_cfg, model_dir=model_dir, engine_cfg=engine_cfg, where=where)
@@ -183,15 +180,22 @@ def run_infer(
     return {"engine_loads": backend.loads, "load_seconds": backend.load_seconds}
 
 
+def lease_engine_device(gpus: Sequence[int | str] | None) -> Lease:
+    """A GPU for a vLLM engine (ckpteval.gpus); without one, vLLM runs on CPU, where its
+    engine-core subprocess only adds start-up time (FIELD-NOTES)."""
+    lease = lease_gpu(gpus)
+    if lease.device is None and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return lease
+
+
 def run_assist(cache_dir: Path, name: str, *, gpus: Sequence[int | str] | None = None,
                grace_seconds: float = 30.0) -> dict[str, Any]:
     """An assist job: on a leased GPU, help the infer jobs still running (ckpteval.share)."""
     from ckpteval.share import assist
 
-    lease = lease_gpu(gpus)
+    lease = lease_engine_device(gpus)
     log.info("assist job %s; device: %s (%s)", name, lease.device or "cpu", lease.how)
-    if lease.device is None and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         stats = assist(boards_root(cache_dir), name, _assist_engine, grace_seconds=grace_seconds)
     finally:
@@ -215,11 +219,9 @@ class _AssistEngine(Engine):
         prompts = [item["prompt"] for item in chunk]
         specs = [SamplingSpec(**{**item["spec"], "stop": tuple(item["spec"]["stop"])})
                  for item in chunk]
-        by_file: dict[str, list[dict[str, Any]]] = {}
-        for item, g in zip(chunk, self.backend.generate(prompts, specs), strict=True):
-            by_file.setdefault(item["cache_file"], []).append(cache_row(item["key"], item["task_id"], g))
-        for cache_file, rows in by_file.items():
-            append_cache(Path(cache_file), rows)
+        generations = self.backend.generate(prompts, specs)
+        store_rows((Path(item["cache_file"]), cache_row(item["key"], item["task_id"], g))
+                   for item, g in zip(chunk, generations, strict=True))
         return len(chunk)
 
     def close(self) -> None:
@@ -365,11 +367,7 @@ class MissingRequests:
         its jobs by tokens generated."""
         rows = [cache_row(key, tid, g)
                 for ((_, key), (_, tid)), g in zip(chunk.items, generations, strict=True)]
-        by_file: dict[Path, list[dict[str, Any]]] = {}
-        for ((cache_file, _), _), row in zip(chunk.items, rows, strict=True):
-            by_file.setdefault(cache_file, []).append(row)
-        for cache_file, file_rows in by_file.items():
-            append_cache(cache_file, file_rows)
+        store_rows((cache_file, row) for ((cache_file, _), _), row in zip(chunk.items, rows, strict=True))
         self._account(chunk, rows, seconds)
         if self.board is not None:
             self.board.mark_done(chunk.index, seconds)
@@ -479,6 +477,15 @@ def read_cache(cache_file: Path, wanted: set[str] | None = None) -> dict[str, di
     if torn:
         log.warning("%s: skipped %d torn line(s) (a killed job's last write)", cache_file, len(torn))
     return rows
+
+
+def store_rows(rows: Iterable[tuple[Path, dict[str, Any]]]) -> None:
+    """Append (cache file, row) pairs to their cache files, one locked append per file."""
+    by_file: dict[Path, list[dict[str, Any]]] = {}
+    for cache_file, row in rows:
+        by_file.setdefault(cache_file, []).append(row)
+    for cache_file, file_rows in by_file.items():
+        append_cache(cache_file, file_rows)
 
 
 def append_cache(cache_file: Path, rows: list[dict[str, Any]]) -> None:

@@ -34,7 +34,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,7 +232,8 @@ def work_through(board: Board | None, indices: Sequence[int], generate: Callable
             mine.append(index)
     if board is None:
         return []
-    pending = [i for i in indices if i not in set(mine)]
+    mine_set = set(mine)
+    pending = [i for i in indices if i not in mine_set]
     if pending:
         log.info("waiting for %d chunk(s) assist jobs are generating", len(pending))
     finished: list[tuple[int, float]] = []
@@ -260,6 +261,8 @@ class Offer:
     remaining_seconds: float | None
     unclaimed: int
     helpers: int
+    #: The job's engine load, what a helper's own load is expected to cost (None: not loaded yet).
+    load_seconds: float | None = None
 
     @property
     def share(self) -> float:
@@ -268,14 +271,15 @@ class Offer:
         return left / (2 + self.helpers)
 
 
-def offers(root: Path) -> list[Offer]:
-    """Every live board with unclaimed chunks, priced from its job's progress so far.
+def offers(root: Path, boards: Iterable[Board] | None = None) -> list[Offer]:
+    """Every live board with unclaimed chunks (of `boards` if the caller already listed
+    `live_boards(root)`), priced from its job's progress so far.
 
     A job still loading has no rate yet: its work is priced at the median rate of the jobs that
     have one, so every offer is in seconds and the largest wins. Only when no job has a rate
     are offers left unpriced (`remaining_seconds` None: compared by chunks)."""
     seen = []
-    for board in live_boards(root):
+    for board in live_boards(root) if boards is None else boards:
         try:
             info = board.info
             unclaimed = board.unclaimed(info["chunks"])
@@ -287,13 +291,15 @@ def offers(root: Path) -> list[Offer]:
         costs = info.get("chunk_cost") or [1] * info["chunks"]
         prog = board.progress()
         rate = prog["engine_seconds"] / prog["cost_done"] if prog.get("cost_done") else None
-        seen.append((board, sum(costs[i] for i in unclaimed), rate, len(unclaimed), helpers))
-    known = sorted(rate for _, _, rate, _, _ in seen if rate is not None)
+        seen.append((board, sum(costs[i] for i in unclaimed), rate, len(unclaimed), helpers,
+                     prog.get("load_seconds")))
+    known = sorted(rate for _, _, rate, _, _, _ in seen if rate is not None)
     fallback = known[len(known) // 2] if known else None
     out = []
-    for board, left, rate, unclaimed, helpers in seen:
+    for board, left, rate, unclaimed, helpers, load in seen:
         rate = rate if rate is not None else fallback
-        out.append(Offer(board, left * rate if rate is not None else None, unclaimed, helpers))
+        out.append(Offer(board, left * rate if rate is not None else None, unclaimed, helpers,
+                         load))
     return out
 
 
@@ -342,13 +348,11 @@ def assist(root: Path, name: str, open_engine: Callable[[Board], Engine | None],
     started = time.monotonic()
     seen_board = False
     while True:
-        seen_board = seen_board or any(True for _ in live_boards(root))
-        candidates = [o for o in offers(root) if o.board.path not in skipped]
+        boards = list(live_boards(root))
+        seen_board = seen_board or bool(boards)
+        candidates = [o for o in offers(root, boards) if o.board.path not in skipped]
         best = max(candidates, key=lambda o: o.share, default=None)
-        load = default_load_seconds
-        if best is not None:
-            load = float(best.board.progress().get("load_seconds") or default_load_seconds)
-        if best is None or not worth_helping(best, load):
+        if best is None or not worth_helping(best, float(best.load_seconds or default_load_seconds)):
             if seen_board or time.monotonic() - started > grace_seconds:
                 return stats
             time.sleep(poll_seconds)

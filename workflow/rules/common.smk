@@ -1,5 +1,6 @@
 # Parse-time facts: validate the config, discover checkpoints, resolve tasks; and the small named
 # input/param functions the rules use. A user mistake stops here with one line, before any job.
+import functools
 import re
 import sys
 from pathlib import Path
@@ -117,8 +118,10 @@ def get_consolidate_priority(wildcards):
 # ---- tail assist (ckpteval.share): GPUs idle at a sweep's end help the infer jobs still running
 
 
+@functools.cache
 def pending_infer_checkpoints():
-    """(run, ckpt) of vllm runs with a generation file still to write, as this Snakemake sees them."""
+    """(run, ckpt) of vllm runs with a generation file still to write, as this Snakemake saw
+    them when it first asked (once per process: every assist job's input is the same list)."""
     return [(run, c.name) for run in VLLM_RUNS for c in PLAN.runs[run].checkpoints
             if not all(Path(f"{OUT}/generations/{run}/{c.name}/{t}/{v}.jsonl").exists()
                        for t, vs in PLAN.task_variants.items() for v in vs)]
