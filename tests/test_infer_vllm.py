@@ -226,7 +226,7 @@ def test_an_assist_job_generates_a_published_chunk_as_the_job_would(
     from ckpteval.backends import SamplingSpec
     from ckpteval.backends.vllm import VllmBackend
     from ckpteval.config import validate_config
-    from ckpteval.infer import cache_key, read_cache
+    from ckpteval.cache import cache_key, read_cache
     from ckpteval.share import Board, boards_root
 
     work = resumed["work"]

@@ -35,7 +35,7 @@ from typing import Any
 from ckpteval import __version__
 from ckpteval.backends import Backend, Prompt, SamplingSpec
 from ckpteval.errors import UserError
-from ckpteval.io import iter_jsonl, read_json, sha256_json, write_json, write_jsonl
+from ckpteval.io import iter_jsonl, read_json, write_json, write_jsonl
 from ckpteval.metrics import mean_and_stderr
 from ckpteval.tasks import HARNESS_TASK_DIR, TaskSpec
 
@@ -331,11 +331,10 @@ class CachedHarnessLM:
         return self._answer("loglikelihood_rolling", requests)
 
     def _answer(self, kind: str, requests: list[Any]) -> list[Any]:
-        from ckpteval.infer import append_cache, read_cache
+        from ckpteval.cache import append_cache, read_cache, request_key
 
         ident = self.backend.harness_identity()
-        keys = [sha256_json({"kind": kind, "args": list(req.args), "backend": ident})
-                for req in requests]
+        keys = [request_key({"kind": kind, "args": list(req.args)}, ident) for req in requests]
         cached = read_cache(self.cache_file, set(keys))
         todo = [i for i, key in enumerate(keys) if key not in cached]
         self.n_cached += len(requests) - len(todo)

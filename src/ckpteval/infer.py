@@ -29,14 +29,13 @@ one batch instead of one per task, each ending with the engine draining on its l
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import logging
 import os
 import platform
 import socket
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,10 +49,11 @@ from ckpteval.backends import (
     cache_namespace,
     make_backend,
 )
+from ckpteval.cache import cache_key, cache_row, read_cache, store_rows
 from ckpteval.config import Variant
 from ckpteval.errors import UserError
-from ckpteval.gpus import Lease, lease_gpu
-from ckpteval.io import iter_jsonl, read_json, sha256_json, write_json, write_jsonl
+from ckpteval.gpus import Lease, lease_engine_device
+from ckpteval.io import read_json, sha256_json, write_json, write_jsonl
 from ckpteval.share import Board, Engine, boards_root, work_through
 from ckpteval.tasks import TaskSpec
 
@@ -66,11 +66,13 @@ OOM_BACKOFF = 0.85
 
 @dataclass(frozen=True)
 class Job:
-    """One (task, variant) of the checkpoint, and the files it must produce."""
+    """One (task, variant) of the checkpoint, and the files it must produce. `record` goes into
+    the meta as it is (the workflow's identity of the cell: ckpteval.contract)."""
 
     task: TaskSpec
     variant: Variant
     out: Path
+    record: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def meta(self) -> Path:
@@ -180,15 +182,6 @@ def run_infer(
     return {"engine_loads": backend.loads, "load_seconds": backend.load_seconds}
 
 
-def lease_engine_device(gpus: Sequence[int | str] | None) -> Lease:
-    """A GPU for a vLLM engine (ckpteval.gpus); without one, vLLM runs on CPU, where its
-    engine-core subprocess only adds start-up time (FIELD-NOTES)."""
-    lease = lease_gpu(gpus)
-    if lease.device is None and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    return lease
-
-
 def run_assist(cache_dir: Path, name: str, *, gpus: Sequence[int | str] | None = None,
                grace_seconds: float = 30.0) -> dict[str, Any]:
     """An assist job: on a leased GPU, help the infer jobs still running (ckpteval.share)."""
@@ -255,7 +248,7 @@ def _write_meta(job: Job, backend: Backend, base: dict[str, Any], stats: dict[st
         **{k: round(v, 3) if isinstance(v, float) and k != "started_at" else v
            for k, v in timing.items()},
         "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 and tokens else None,
-        "finished_at": time.time(), **stats,
+        "finished_at": time.time(), **stats, **job.record,
     })
 
 
@@ -433,13 +426,6 @@ def _cost(chunk: Chunk) -> int:
     return sum(req.spec.n * req.spec.max_tokens for _, (req, _) in chunk.items)
 
 
-def cache_row(key: str, task_id: str, g: Generation) -> dict[str, Any]:
-    """One cache line: a request's key and every sample of its generation."""
-    return {"key": key, "task_id": task_id, "prompt_tokens": g.prompt_tokens,
-            "outputs": [{"text": o.text, "finish_reason": o.finish_reason, "tokens": o.tokens}
-                        for o in g.outputs]}
-
-
 def render_prompts(backend: Backend, job: Job, problems: dict[str, dict[str, Any]]) -> dict[str, Prompt]:
     """task_id -> prompt, through the tokenizer's chat template when the task asks for it."""
     prompts: dict[str, Prompt] = {tid: job.task.render(p) for tid, p in problems.items()}
@@ -457,60 +443,6 @@ def sampling_spec(job: Job) -> SamplingSpec:
         s.max_new_tokens, b.max_new_tokens or s.max_new_tokens)
     return SamplingSpec(n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens,
                         seed=job.variant.seed, stop=b.stop, include_stop_str_in_output=b.include_stop)
-
-
-def cache_key(prompt: Prompt, spec: SamplingSpec, identity: dict[str, Any]) -> str:
-    """The cache key of a request: prompt, sampling (with seed) and the backend's identity."""
-    return sha256_json({"prompt": prompt, "sampling": spec.as_dict(), "backend": identity})
-
-
-def read_cache(cache_file: Path, wanted: set[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Cache rows by key (only `wanted` keys if given); a torn last line is skipped."""
-    if not cache_file.exists():
-        return {}
-    torn: list[str] = []
-    rows = {}
-    for row in iter_jsonl(cache_file, errors=torn):
-        key = row.get("key")
-        if key and (wanted is None or key in wanted):
-            rows[key] = row
-    if torn:
-        log.warning("%s: skipped %d torn line(s) (a killed job's last write)", cache_file, len(torn))
-    return rows
-
-
-def store_rows(rows: Iterable[tuple[Path, dict[str, Any]]]) -> None:
-    """Append (cache file, row) pairs to their cache files, one locked append per file."""
-    by_file: dict[Path, list[dict[str, Any]]] = {}
-    for cache_file, row in rows:
-        by_file.setdefault(cache_file, []).append(row)
-    for cache_file, file_rows in by_file.items():
-        append_cache(cache_file, file_rows)
-
-
-def append_cache(cache_file: Path, rows: list[dict[str, Any]]) -> None:
-    """Append rows under an exclusive lock: runs sharing weights (a base model in two runs) may
-    append to one cache file at the same time. A torn last line from a kill is skipped on read,
-    so each append starts on a fresh line."""
-    import json
-
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
-    fd = os.open(cache_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        if os.fstat(fd).st_size and not _ends_with_newline(cache_file):
-            data = b"\n" + data
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        handle.seek(-1, os.SEEK_END)
-        return handle.read(1) == b"\n"
 
 
 def _write_generations(req: Requests) -> dict[str, Any]:
