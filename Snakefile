@@ -6,7 +6,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded demo's config, unless the user gives their own: `--configfile mine.yaml` replaces
+# it (Snakemake would otherwise merge the user's keys into the demo's runs and tasks).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 # A Snakemake killed with SIGKILL leaves its locks in .snakemake/locks/, and every later run would
