@@ -97,8 +97,11 @@ def test_harness_tasks_sampling_and_tensor_parallel(run_dir: Path) -> None:
     validate_config(config)
     plan = build_plan(config)
     assert plan.tasks["gsm8k"].kind == "harness"
-    assert plan.task_variants["gsm8k"] == ("greedy-s1", "greedy-s2", "hot-s1", "hot-s2")
+    # Greedy decoding runs once (labelled with engine.seed); sampled configs once per seed.
+    assert plan.task_variants["gsm8k"] == ("greedy-s42", "hot-s1", "hot-s2")
     assert plan.task_variants["arith"] == ("hot-s1", "hot-s2")
+    config["engine"]["seed"] = 7
+    assert build_plan(config).task_variants["gsm8k"] == ("greedy-s7", "hot-s1", "hot-s2")
     bad = copy.deepcopy(config)
     bad["tasks"]["arith"]["sampling"] = ["cold"]
     with pytest.raises(UserError, match=r"tasks\.arith\.sampling: 'cold' is not a sampling config"):

@@ -250,9 +250,9 @@ def test_sampling_list_is_named_from_its_values() -> None:
               "seeds": [1, 2]}
     validate_config(config)
     _, variants, task_variants = build_tasks(config)
-    assert task_variants == {"arith": ("t0p1n1m64-s1", "t0p1n1m64-s2"),
-                             "pyfunc": ("t0.6p0.95n8-s1", "t0.6p0.95n8-s2", "t0p1n1m64-s1",
-                                        "t0p1n1m64-s2")}
+    # The greedy config runs once, labelled with engine.seed; the sampled one once per seed.
+    assert task_variants == {"arith": ("t0p1n1m64-s42",),
+                             "pyfunc": ("t0.6p0.95n8-s1", "t0.6p0.95n8-s2", "t0p1n1m64-s42")}
     assert variants["t0.6p0.95n8-s2"].sampling.n == 8 and variants["t0.6p0.95n8-s2"].seed == 2
     config["sampling"].append({"temperature": 0.6, "top_p": 0.95, "n": 8, "max_new_tokens": 512})
     validate_config(config)
@@ -262,7 +262,7 @@ def test_sampling_list_is_named_from_its_values() -> None:
 
 def test_weightless_runs_in_the_plan(tmp_path: Path) -> None:
     for step in (10, 20):
-        _write(tmp_path / "sol" / f"step_{step}" / "arith-greedy-s1.jsonl", [])
+        _write(tmp_path / "sol" / f"step_{step}" / "arith-greedy-s42.jsonl", [])
     _write(tmp_path / "sol" / "step_30" / "other.jsonl", [])  # no arith file: not a checkpoint
     config = {"runs": {"rep": {"backend": "replay",
                                "solutions": str(tmp_path / "sol/step_{step}/{task}-{variant}.jsonl")},
@@ -274,11 +274,11 @@ def test_weightless_runs_in_the_plan(tmp_path: Path) -> None:
     assert [(c.name, c.step) for c in plan.runs["rep"].checkpoints] == [("step_10", 10),
                                                                         ("step_20", 20)]
     assert [c.name for c in plan.runs["ep"].checkpoints] == ["step_7"]
-    assert plan.runs["rep"].solutions_file("arith", "greedy-s1", 20) == (
-        tmp_path / "sol" / "step_20" / "arith-greedy-s1.jsonl")
+    assert plan.runs["rep"].solutions_file("arith", "greedy-s42", 20) == (
+        tmp_path / "sol" / "step_20" / "arith-greedy-s42.jsonl")
     assert not plan.runs["ep"].has_weights and plan.runs_with_backend("replay") == ["rep"]
 
-    bad = {**config, "seeds": [1, 2]}
+    bad = {**config, "seeds": [1, 2], "sampling": {"hot": {"temperature": 0.7}}}
     validate_config(bad)
     with pytest.raises(UserError, match=r"runs\.rep\.solutions: .*"):
         build_plan({**bad, "runs": {"rep": {**config["runs"]["rep"],
@@ -318,8 +318,8 @@ def test_workflow_with_weightless_runs_has_no_consolidate_and_reruns_nothing(
     dry = run_snakemake(tmp_path, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.stdout, re.M))
-    assert counts == {"model_card": "3", "replay": "2", "endpoint": "1", "evaluate": "3",
-                      "aggregate": "1", "all": "1", "total": "11"}
+    assert counts == {"model_card": "3", "replay": "2", "endpoint": "1", "generation": "1",
+                      "evaluate": "3", "aggregate": "1", "all": "1", "total": "12"}
     proc = run_snakemake(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = tmp_path / "results"
@@ -337,7 +337,7 @@ def test_workflow_with_weightless_runs_has_no_consolidate_and_reruns_nothing(
 def test_cache_survives_a_torn_last_line(tmp_path: Path) -> None:
     """A job killed mid-append leaves a torn line: it is skipped, and the next append starts on
     a line of its own."""
-    from ckpteval.infer import append_cache, read_cache
+    from ckpteval.cache import append_cache, read_cache
 
     cache = tmp_path / "c.jsonl"
     append_cache(cache, [{"key": "a", "v": 1}])

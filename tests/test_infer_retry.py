@@ -116,9 +116,13 @@ def test_engine_groups_are_one_infer_job_each_with_retry_resources(tmp_path: Pat
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.stdout, re.M))
     assert (counts["infer"], counts["infer_code"], counts["consolidate"]) == ("2", "2", "2")
-    jobs = re.findall(r"rule (infer\w*):\n(.*?)\n\n", dry.stdout, re.S)
+    # Each group's engine job stages its own tasks' cells; rule `generation` places each one.
+    jobs = re.findall(r"rule (infer\w*|generation):\n(.*?)\n\n", dry.stdout, re.S)
     code = next(body for rule, body in jobs if rule == "infer_code")
-    assert "pyfunc/greedy-s42.jsonl" in code and "arith/" not in code
+    assert "output: results/staging/demo/step_10/code" in code or "step_20/code" in code
+    placed = [body for rule, body in jobs if rule == "generation" and "/code" in body]
+    assert len(placed) == 4 and all("pyfunc/" in b or "rustfunc/" in b for b in placed)
+    assert counts["generation"] == "8"
     assert "logs/infer/demo/step_10.code.log" in dry.stdout or "step_20.code.log" in dry.stdout
     assert re.search(r"resources: .*gpu=1.*infer_attempt=1", dry.stdout)
     assert counts["evaluate"] == "8"

@@ -11,7 +11,7 @@ Output (`build_summary`), all under `summary_dir`, each file written atomically:
 
 | file | one row per |
 | --- | --- |
-| `metrics.parquet`, `.csv` | (cell, metric): `TIDY_COLUMNS` |
+| `metrics.parquet`, `.csv` | (cell, metric): `TIDY_COLUMNS`, then `source_deleted` (the checkpoint's source is gone) |
 | `metrics.md` | checkpoint, by (run, step); `task/metric` columns, mean over seeds ± stderr |
 | `seeds.csv` | (run, ckpt, task, sampling, metric): mean, std, stderr and count over seeds |
 | `configs.csv` | (run, task, sampling, metric): the sampling config across the run's checkpoints |
@@ -38,7 +38,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -605,15 +605,19 @@ def summarize(
 
 def build_summary(
     cell_jsons: Sequence[Path], summary_dir: Path, *, title: str = "ckpteval",
-    bootstrap: int = 1000, seed: int = 0,
+    bootstrap: int = 1000, seed: int = 0, deleted: Collection[str] = (),
 ) -> None:
-    """Build `summary_dir` from the cell jsons (see the module docstring for what is written)."""
+    """Build `summary_dir` from the cell jsons (see the module docstring for what is written).
+    `deleted` names checkpoints (`run/ckpt`) whose source is gone: their cells stay, marked in
+    the tidy table's `source_deleted` column and listed in the report."""
     from ckpteval import report
 
     if bootstrap < 1:
         raise UserError(f"bootstrap: {bootstrap} resamples; give at least 1 (1000 is usual)")
     summary_dir = Path(summary_dir)
     summary = summarize(cell_jsons, title=title, bootstrap=bootstrap, seed=seed)
+    summary.tidy["source_deleted"] = (summary.tidy["run"].astype(str) + "/"
+                                      + summary.tidy["ckpt"].astype(str)).isin(set(deleted))
     write_parquet(summary.tidy, summary_dir / "metrics.parquet")
     for name, frame in (
         ("metrics.csv", summary.tidy), ("seeds.csv", summary.seeds),

@@ -9,12 +9,16 @@ trainer is still writing is skipped until a later invocation.
 
 from __future__ import annotations
 
-import hashlib
+import json
+import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ckpteval.errors import UserError
+from ckpteval.io import sha256_file, sha256_json, write_json
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,8 @@ class Checkpoint:
     step: int
     path: Path
     is_base: bool = False
+    #: Its source is gone (a trainer's `save_total_limit`), its results are still on disk.
+    deleted: bool = False
 
 
 #: A bare file in a run directory is a checkpoint when it is one of these (`torch.save` files).
@@ -39,6 +45,27 @@ def pattern_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + r"\Z")
 
 
+def _candidates(run_dir: Path, patterns: list[str]) -> Iterator[tuple[Path, str, int]]:
+    """(path, checkpoint name, step) of every entry of `run_dir` a pattern matches."""
+    regexes = [pattern_regex(p) for p in patterns]
+    for child in sorted(run_dir.iterdir()):
+        if child.name.startswith("."):
+            continue
+        if child.is_dir():
+            name = child.name
+        elif child.is_file() and child.suffix in BARE_FILE_SUFFIXES:
+            name = child.name[: -len(child.suffix)]
+        else:
+            continue
+        match = next((m for rx in regexes if (m := rx.match(name))), None)
+        if match is not None:
+            yield child, name, int(match.group(1))
+
+
+def _complete(child: Path, marker: str | None) -> bool:
+    return (child / marker).exists() if marker and child.is_dir() else is_complete(child)
+
+
 def discover_checkpoints(
     run_dir: Path, patterns: list[str], *, marker: str | None = None
 ) -> list[Checkpoint]:
@@ -50,24 +77,10 @@ def discover_checkpoints(
     rules; a bare file always by its format's (a zip save has its end record). Two checkpoints
     with the same step (e.g. `step_5` and `checkpoint-5`) are ambiguous and refused.
     """
-    regexes = [pattern_regex(p) for p in patterns]
     found: dict[int, Checkpoint] = {}
-    for child in sorted(run_dir.iterdir()):
-        if child.name.startswith("."):
+    for child, name, step in _candidates(run_dir, patterns):
+        if not _complete(child, marker):
             continue
-        if child.is_dir():
-            name = child.name
-        elif child.is_file() and child.suffix in BARE_FILE_SUFFIXES:
-            name = child.name[: -len(child.suffix)]
-        else:
-            continue
-        match = next((m for rx in regexes if (m := rx.match(name))), None)
-        if match is None:
-            continue
-        complete = (child / marker).exists() if marker and child.is_dir() else is_complete(child)
-        if not complete:
-            continue
-        step = int(match.group(1))
         if step in found:
             raise UserError(
                 f"{run_dir}: {found[step].path.name} and {child.name} are both step {step}; "
@@ -77,6 +90,75 @@ def discover_checkpoints(
     return [found[s] for s in sorted(found)]
 
 
+def deleted_checkpoints(models_dir: Path, present: set[str],
+                        patterns: list[str]) -> list[Checkpoint]:
+    """Checkpoints consolidated earlier (a manifest under `models_dir`) whose source no longer
+    exists and which discovery no longer lists: their results stay in the summary, marked."""
+    if not models_dir.is_dir():
+        return []
+    regexes = [pattern_regex(p) for p in patterns]
+    out = []
+    for manifest in sorted(models_dir.glob("*.json")):
+        name = manifest.stem
+        if name in present:
+            continue
+        try:
+            source = json.loads(manifest.read_text(encoding="utf-8")).get("source")
+        except (OSError, ValueError, AttributeError):
+            continue
+        match = next((m for rx in regexes if (m := rx.match(name))), None)
+        if not source or Path(source).exists() or match is None:
+            continue
+        out.append(Checkpoint(name, int(match.group(1)), Path(source), deleted=True))
+    return sorted(out, key=lambda c: c.step)
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A checkpoint that does not look completely written: still being written, or broken."""
+
+    name: str
+    path: Path
+    #: Seconds since any of its files last changed.
+    idle_seconds: float
+    problem: str
+
+
+def unfinished_checkpoints(
+    run_dir: Path, patterns: list[str], *, marker: str | None = None
+) -> list[Unfinished]:
+    """The entries `discover_checkpoints` skips as not completely written, with what is wrong
+    (a truncated tensor file, a missing shard, no marker) and how long they have been idle:
+    one that stays so past `runs.<name>.settle_seconds` is broken, not still being written."""
+    import time
+
+    out = []
+    for child, name, _ in _candidates(run_dir, patterns):
+        if _complete(child, marker):
+            continue
+        files = [child] if child.is_file() else [child, *child.rglob("*")]
+        newest = max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
+        out.append(Unfinished(name, child, max(0.0, time.time() - newest),
+                              _problem(child, marker)))
+    return out
+
+
+def _problem(path: Path, marker: str | None) -> str:
+    """One line: why `path` does not count as a complete checkpoint."""
+    from ckpteval.formats import detect_format, get_format
+
+    if marker and path.is_dir():
+        return f"no {marker} file (runs.<name>.complete_marker)"
+    try:
+        fmt = get_format(detect_format(path))
+        fmt.open(path, None, "bfloat16")
+    except UserError as exc:
+        return str(exc).splitlines()[0]
+    except Exception as exc:  # noqa: BLE001 - a broken file may fail any way; say how
+        return f"{path}: unreadable ({type(exc).__name__}: {exc})"
+    return f"{path}: incomplete {fmt.name} checkpoint (needs {fmt.markers})"
+
+
 def is_complete(path: Path) -> bool:
     """Whether a checkpoint directory looks fully written, by the rules of its format."""
     from ckpteval.formats import is_complete as format_is_complete
@@ -84,15 +166,79 @@ def is_complete(path: Path) -> bool:
     return format_is_complete(path)
 
 
-def checkpoint_fingerprint(path: Path) -> str:
-    """A cheap digest of a checkpoint's files (relative name, size, mtime), read without opening them.
+def source_files(path: Path) -> dict[str, os.stat_result]:
+    """A checkpoint's files (relative name -> stat); a bare checkpoint file is its own name."""
+    if path.is_file():
+        return {path.name: path.stat()}
+    return {str(f.relative_to(path)): f.stat() for f in sorted(path.rglob("*")) if f.is_file()}
 
-    It changes when a trainer rewrites weights in place, so the consolidate rule can rerun (and the
-    weights hash decide what else must); it is blind to a directory's own mtime.
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def hash_source(path: Path) -> dict[str, dict[str, Any]]:
+    """What the consolidate job records of its source: each file's stat and content hash."""
+    files = source_files(path)
+    root = path if path.is_dir() else path.parent
+    return {rel: {"stat": _stat_key(st), "sha256": sha256_file(root / rel)}
+            for rel, st in files.items()}
+
+
+def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
+    """Keep `id_file` (the consolidate rule's input) describing the content of checkpoint `path`,
+    with a modification time that says whether that content is what was consolidated: older
+    than `manifest` when the checkpoint's bytes are those the consolidate job recorded (its
+    `source_files`: stat and sha256 per file), newer otherwise. So a touched or copied file
+    (hashed again, once) reruns nothing, and neither does restoring the original bytes; new
+    bytes, or files added or removed, rerun the checkpoint's chain.
+
+    Returns "same" (the consolidated content), "changed", or "unknown" (files never hashed: a
+    checkpoint not consolidated yet, whose job runs anyway).
     """
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        st = f.stat()
-        digest.update(f"{f.relative_to(path) if f != path else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:16]
+    import time
+
+    current = source_files(path)
+    root = path if path.is_dir() else path.parent
+    old = _read_id(id_file)
+    recorded = _read_id(manifest).get("source_files") or {}
+    known: dict[str, dict[tuple[int, ...], str]] = {}
+    for source in (recorded, old.get("files", {})):
+        for rel, entry in source.items():
+            if entry.get("sha256"):
+                known.setdefault(rel, {})[tuple(entry["stat"])] = entry["sha256"]
+    files: dict[str, dict[str, Any]] = {}
+    for rel, st in current.items():
+        stat = _stat_key(st)
+        sha = known.get(rel, {}).get(tuple(stat))
+        if sha is None and rel in known:  # touched, copied or rewritten: look at the bytes
+            sha = sha256_file(root / rel)
+        files[rel] = {"stat": stat, "sha256": sha}
+    content = (sha256_json({rel: f["sha256"] for rel, f in files.items()})
+               if all(f["sha256"] for f in files.values()) else None)
+    if old.get("files") != files or old.get("content") != content or not id_file.exists():
+        write_json(id_file, {"source": str(path), "content": content, "files": files})
+    consolidated = _content(recorded) if recorded else None
+    status = ("unknown" if content is None else
+              "same" if content == consolidated else "changed")
+    if manifest.exists():
+        built, mtime = manifest.stat().st_mtime_ns, id_file.stat().st_mtime_ns
+        if status == "same" and mtime >= built:
+            os.utime(id_file, ns=(built - 1_000_000, built - 1_000_000))
+        elif status != "same" and mtime <= built:
+            now = max(time.time_ns(), built + 1_000_000)
+            os.utime(id_file, ns=(now, now))
+    return status
+
+
+def _content(recorded: dict[str, Any]) -> str | None:
+    shas = {rel: entry.get("sha256") for rel, entry in recorded.items()}
+    return sha256_json(shas) if all(shas.values()) else None
+
+
+def _read_id(id_file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(id_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -24,10 +24,12 @@ def _add_check_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_check(args: argparse.Namespace) -> int:
     from ckpteval.config import build_plan, load_config, validate_config
+    from ckpteval.tasks import check_harness_names
 
     config = load_config(args.configfile)
     validate_config(config)
     plan = build_plan(config)
+    check_harness_names(plan.tasks, config["lm_eval"]["include_paths"])
     for run in plan.runs.values():
         steps = ", ".join(f"{c.name}" for c in run.checkpoints) or "none complete yet"
         print(f"run {run.name}: {len(run.checkpoints)} checkpoint(s): {steps}")
@@ -35,6 +37,8 @@ def _run_check(args: argparse.Namespace) -> int:
         print(f"task {name}: {task.kind}, checker {task.checker}, "
               f"variants {', '.join(plan.task_variants[name])}")
     print(f"{len(plan.cells())} cells (checkpoint x task x variant)")
+    for line in plan.broken_lines():
+        print(f"warning: {line}")
     return 0
 
 

@@ -18,7 +18,13 @@ from typing import Any
 
 import yaml
 
-from ckpteval.checkpoints import Checkpoint, discover_checkpoints
+from ckpteval.checkpoints import (
+    Checkpoint,
+    Unfinished,
+    deleted_checkpoints,
+    discover_checkpoints,
+    unfinished_checkpoints,
+)
 from ckpteval.errors import UserError
 from ckpteval.shard import Shard, parse_shard, select
 from ckpteval.tasks import TaskSpec, resolve_task
@@ -92,6 +98,16 @@ class Plan:
     task_variants: dict[str, tuple[str, ...]]
     config: dict[str, Any] = field(repr=False)
     shard: Shard | None = None
+    #: (run, checkpoint) entries that look broken: not completely written and unchanged for
+    #: longer than the run's `settle_seconds`. They are reported, never silently skipped.
+    broken: tuple[tuple[str, Unfinished], ...] = ()
+    #: Per run, checkpoints whose source is gone but whose results are on disk (kept, marked).
+    deleted: dict[str, tuple[Checkpoint, ...]] = field(default_factory=dict)
+
+    def broken_lines(self) -> list[str]:
+        """One line per broken checkpoint, naming the file and the problem."""
+        return [f"run {run}: checkpoint {u.name} looks broken (unchanged for "
+                f"{u.idle_seconds / 60:.0f} min): {u.problem}" for run, u in self.broken]
 
     @property
     def engine_groups(self) -> dict[str, tuple[str, ...]]:
@@ -107,8 +123,10 @@ class Plan:
         return [name for name, run in self.runs.items() if run.backend == backend]
 
     def checkpoint(self, run: str, ckpt: str) -> Checkpoint:
+        """A checkpoint of the plan, or one whose source was deleted (its results stay)."""
         try:
-            return next(c for c in self.runs[run].checkpoints if c.name == ckpt)
+            return next(c for c in (*self.runs[run].checkpoints, *self.deleted.get(run, ()))
+                        if c.name == ckpt)
         except (KeyError, StopIteration):
             raise UserError(f"no checkpoint {ckpt!r} in run {run!r}") from None
 
@@ -209,11 +227,19 @@ def sampling_configs(raw: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Sa
     return out
 
 
+def seeds_for(sampling: Sampling, config: dict[str, Any]) -> list[int]:
+    """The seeds a sampling config runs: every configured seed for sampled configs; one for a
+    greedy one (temperature 0), whose samples no seed changes, labelled with `engine.seed`."""
+    if sampling.temperature == 0:
+        return [int((config.get("engine") or {}).get("seed", 42))]
+    return [int(seed) for seed in config["seeds"]]
+
+
 def build_tasks(config: dict[str, Any]) -> tuple[dict[str, TaskSpec], dict[str, Variant], dict[str, tuple[str, ...]]]:
     """Tasks, variants, and which variants each task runs, from a validated config (no disk I/O)."""
     samplings = sampling_configs(config["sampling"])
     variants = {
-        s.variant(seed): Variant(s, seed) for s in samplings.values() for seed in config["seeds"]
+        s.variant(seed): Variant(s, seed) for s in samplings.values() for seed in seeds_for(s, config)
     }
     tasks: dict[str, TaskSpec] = {}
     task_variants: dict[str, tuple[str, ...]] = {}
@@ -227,7 +253,7 @@ def build_tasks(config: dict[str, Any]) -> tuple[dict[str, TaskSpec], dict[str, 
                     f"defined: {', '.join(samplings)}"
                 )
         task_variants[name] = tuple(
-            samplings[s].variant(seed) for s in wanted for seed in config["seeds"]
+            samplings[s].variant(seed) for s in wanted for seed in seeds_for(samplings[s], config)
         )
     return tasks, variants, task_variants
 
@@ -238,6 +264,8 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None) -> Plan:
     tasks, variants, task_variants = build_tasks(config)
 
     runs: dict[str, Run] = {}
+    broken: list[tuple[str, Unfinished]] = []
+    deleted: dict[str, tuple[Checkpoint, ...]] = {}
     for name, r in config["runs"].items():
         backend = r["backend"]
         if backend != "vllm":
@@ -263,6 +291,20 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None) -> Plan:
         if r.get("evaluate_base") and base_model is None:
             raise UserError(f"config: runs.{name}.evaluate_base needs runs.{name}.base_model")
         ckpts = discover_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
+        unfinished = unfinished_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
+        broken += [(name, u) for u in unfinished if u.idle_seconds >= r["settle_seconds"]]
+        if not ckpts and not unfinished and not (Path(config["outdir"]) / "models" / name).is_dir():
+            entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+            raise UserError(
+                f"config: runs.{name}.patterns: nothing in {path} matches "
+                f"{', '.join(r['patterns'])}"
+                + (f" (it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"
+                   if entries else " (it is empty)"))
+        present = {c.name for c in ckpts} | {u.name for u in unfinished}
+        gone = deleted_checkpoints(Path(config["outdir"]) / "models" / name, present | {"base"},
+                                   r["patterns"])
+        if gone:
+            deleted[name] = tuple(gone)
         if r.get("evaluate_base"):
             ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]
         runs[name] = Run(name, path, r["format"], base_model, tuple(ckpts))
@@ -276,7 +318,8 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None) -> Plan:
     shard = parse_shard(config.get("shard"))
     runs = {name: dataclasses.replace(run, checkpoints=tuple(select(run.checkpoints, name, shard)))
             for name, run in runs.items()}
-    return Plan(config["outdir"], runs, tasks, variants, task_variants, config, shard)
+    return Plan(config["outdir"], runs, tasks, variants, task_variants, config, shard,
+                tuple(broken), deleted)
 
 
 def _weightless_run(name: str, r: dict[str, Any], base_dir: Path,

@@ -154,6 +154,7 @@ def consolidate_checkpoint(
     smoke: str = "vllm",
     engine_args: dict[str, Any] | None = None,
     max_shard_bytes: int = MAX_SHARD_BYTES,
+    record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Consolidate `source` into `out_dir` and write its manifest to `manifest_path`; return it.
 
@@ -166,7 +167,8 @@ def consolidate_checkpoint(
     config and tokenizer files the checkpoint lacks, and a LoRA adapter's base weights.
     `dtype` is the output dtype of floating-point weights. `smoke` picks the engine of the smoke
     generation ("vllm", "transformers", "none"); `engine_args` go to `vllm.LLM` (keys it does not
-    know are left out). `max_shard_bytes` bounds each written safetensors file.
+    know are left out). `max_shard_bytes` bounds each written safetensors file. `record` is
+    merged into the manifest (the workflow's identity of the model, the source's file hashes).
     """
     started = time.monotonic()
     source, out_dir, manifest_path = Path(source), Path(out_dir), Path(manifest_path)
@@ -225,6 +227,7 @@ def consolidate_checkpoint(
             "ckpteval_version": __version__,
             "consolidate_version": CONSOLIDATE_VERSION,
             "seconds": round(time.monotonic() - started, 3),
+            **(record or {}),
         }
         _publish(staging, out_dir, manifest_path)
     except BaseException:

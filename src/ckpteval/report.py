@@ -252,6 +252,11 @@ def render_html(summary: Summary, plots: Sequence[Plot]) -> str:
         f"{tidy['task'].nunique()} task(s), {tidy['variant'].nunique()} variant(s). "
         f"{len(summary.missing)} file(s) missing or unusable.</p>",
     ]
+    if "source_deleted" in tidy and tidy["source_deleted"].any():
+        gone = tidy[tidy["source_deleted"]][["run", "ckpt", "step"]].drop_duplicates()
+        parts += ["<h2>Checkpoints whose source was deleted</h2>",
+                  "<p class='note'>Their scores were computed before the trainer removed them; "
+                  "they stay in every table and plot.</p>", _table(gone)]
     if not summary.missing.empty:
         parts += ["<h2 class='bad'>Missing or unusable files</h2>",
                   "<p class='note'>Cells of kind <i>cell</i> are left out of every table; "

@@ -402,11 +402,11 @@ def add_status_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_status(args: argparse.Namespace) -> int:
     """Print the matrix; exit status 1 if any cell failed, else 0."""
-    expected, outdir = _expected_cells(args.configfile)
+    expected, outdir, broken = _expected_cells(args.configfile)
     outdir = args.outdir or outdir
     while True:
         cells = cell_states(outdir, expected)
-        text = format_status(cells)
+        text = format_status(cells) + "".join(f"\nwarning: {line}" for line in broken)
         if args.watch:
             sys.stdout.write("\033[H\033[J")  # clear the terminal, like `watch`
         print(text, flush=True)
@@ -419,9 +419,9 @@ def run_status(args: argparse.Namespace) -> int:
             return 1 if (cells["state"] == "failed").any() else 0
 
 
-def _expected_cells(configfile: Path) -> tuple[list[dict[str, Any]], Path]:
-    """The cells a config asks for, and its outdir (relative paths resolve against the cwd, as in
-    the workflow)."""
+def _expected_cells(configfile: Path) -> tuple[list[dict[str, Any]], Path, list[str]]:
+    """The cells a config asks for, its outdir (relative paths resolve against the cwd, as in
+    the workflow), and a line per checkpoint that looks broken."""
     from ckpteval.config import build_plan, load_config, validate_config
 
     if not configfile.exists():
@@ -429,4 +429,4 @@ def _expected_cells(configfile: Path) -> tuple[list[dict[str, Any]], Path]:
     config = load_config(configfile)
     validate_config(config)
     plan = build_plan(config)
-    return plan.cells(), Path(plan.outdir)
+    return plan.cells(), Path(plan.outdir), plan.broken_lines()

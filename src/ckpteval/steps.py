@@ -8,13 +8,15 @@ log, with no traceback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ckpteval.contract import Identity
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_file
 
@@ -45,20 +47,34 @@ def run_step(step: Callable[[Any], None], smk: Any) -> None:
 
 
 def consolidate(smk: Any) -> None:
+    """Settings that change the model come as the job's identity (params); the others (the
+    smoke test's engine arguments) are read from the config: they never rerun this job."""
+    from ckpteval.checkpoints import hash_source
     from ckpteval.consolidate import consolidate_checkpoint
+    from ckpteval.gpus import Lease, lease_engine_device
 
-    p = smk.params
-    consolidate_checkpoint(
-        Path(p.source), Path(smk.output.model), Path(smk.output.manifest),
-        fmt=p.format, base_model=Path(p.base_model) if p.base_model else None,
-        dtype=p.dtype, smoke=p.smoke, engine_args=dict(p.engine),
-    )
+    p, cfg = smk.params, smk.config
+    source = Path(smk.input.source)
+    record = {**Identity.from_text(p.identity).record(),
+              "source_files": hash_source(source) if source.exists() else {}}
+    smoke = cfg["consolidate"]["smoke"]
+    lease = lease_engine_device(cfg.get("gpus")) if smoke == "vllm" else Lease(None, "none")
+    try:
+        consolidate_checkpoint(
+            source, Path(smk.output.model), Path(smk.output.manifest),
+            fmt=p.format, base_model=Path(p.base_model) if p.base_model else None,
+            dtype=cfg["consolidate"]["dtype"], smoke=smoke, engine_args=dict(cfg["engine"]),
+            record=record,
+        )
+    finally:
+        lease.release()
 
 
 def infer(smk: Any) -> None:
     """Every rule of the infer side (workflow/rules/infer.smk), told apart by rule name:
     `model_card` (a weightless run's models/{run}/{ckpt}.json), `replay` (one existing solutions
-    file), else an engine or endpoint job generating its engine group's files."""
+    file), `generation` (a cell's staged files moved into place), else an engine or endpoint job
+    writing the stale cells of its engine group into its staging directory."""
     from ckpteval.config import build_tasks
     from ckpteval.io import write_json
 
@@ -67,7 +83,12 @@ def infer(smk: Any) -> None:
     if smk.rule == "model_card":
         from ckpteval.backends import model_card
 
-        write_json(smk.output.manifest, model_card(run, run_cfg["backend"], dict(smk.params.settings)))
+        write_json(smk.output.manifest, {
+            **model_card(run, run_cfg["backend"], dict(smk.params.settings)),
+            **Identity.from_text(smk.params.identity).record()})
+        return
+    if smk.rule == "generation":
+        _place_generation(smk)
         return
     tasks, variants, _ = build_tasks(smk.config)
     if smk.rule == "replay":
@@ -76,19 +97,76 @@ def infer(smk: Any) -> None:
         replay_solutions(Path(smk.input.solutions), tasks[smk.wildcards.task],
                          smk.wildcards.variant, Path(smk.output.generations),
                          where=f"config: runs.{run}")
+        write_json(Path(smk.output.meta), {**read_meta(Path(smk.output.meta)),
+                                           **Identity.from_text(smk.params.identity).record()})
         return
     from ckpteval.infer import Job, run_infer
 
-    jobs = [Job(tasks[t], variants[v], Path(out))
-            for (t, v), out in zip(smk.params.jobs, smk.output.generations, strict=True)]
-    run_infer(jobs, manifest_path=Path(smk.input.manifest),
-              model_dir=Path(smk.input.model) if "model" in smk.input.keys() else None,
-              run_cfg=run_cfg, engine_cfg=dict(smk.config["engine"]),
-              cache_dir=Path(smk.params.cache_dir), gpus=smk.config.get("gpus"),
-              include_paths=smk.config["lm_eval"]["include_paths"],
-              attempt=int(smk.resources.get("infer_attempt", 1)), where=f"config: runs.{run}",
-              share_as=f"{run}/{smk.wildcards.ckpt}:{smk.rule}"
-              if int(smk.resources.get("share_chunks", 0)) else None)
+    staging = Path(smk.output.staging)
+    jobs = [Job(tasks[cell["task"]], variants[cell["variant"]],
+                staging / cell["task"] / f"{cell['variant']}.jsonl", record=cell["record"])
+            for cell in smk.params.cells]
+    attempt = int(smk.resources.get("infer_attempt", 1))
+    with oom_only_retries(Path(str(smk.log[0])), attempt):
+        staging.mkdir(parents=True, exist_ok=True)
+        run_infer(jobs, manifest_path=Path(smk.input.manifest),
+                  model_dir=Path(smk.input.model) if "model" in smk.input.keys() else None,
+                  run_cfg=run_cfg, engine_cfg=dict(smk.config["engine"]),
+                  cache_dir=Path(smk.params.cache_dir), gpus=smk.config.get("gpus"),
+                  include_paths=smk.config["lm_eval"]["include_paths"], attempt=attempt,
+                  where=f"config: runs.{run}",
+                  share_as=f"{run}/{smk.wildcards.ckpt}:{smk.rule}"
+                  if int(smk.resources.get("share_chunks", 0)) else None)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    from ckpteval.io import read_json
+
+    return read_json(path) if path.exists() else {}
+
+
+def _place_generation(smk: Any) -> None:
+    """Move a cell's generation file and meta from its engine job's staging directory into
+    place (a rename: the file appears complete or not at all)."""
+    task, variant = smk.wildcards.task, smk.wildcards.variant
+    staged = Path(smk.input.staging) / task / f"{variant}.jsonl"
+    meta = staged.with_suffix(".meta.json")
+    if not staged.exists() or not meta.exists():
+        raise UserError(f"{staged}: the engine job did not write this cell; run the workflow "
+                        "again (its engine job reruns)")
+    recorded, wanted = read_meta(meta).get("identity"), Identity.from_text(smk.params.identity)
+    if recorded != wanted.digest:
+        raise UserError(f"{staged}: staged for settings {recorded}, the config asks for "
+                        f"{wanted.digest}; run the workflow again")
+    Path(smk.output.generations).parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staged, smk.output.generations)
+    os.replace(meta, smk.output.meta)
+
+
+@contextlib.contextmanager
+def oom_only_retries(log_path: Path, attempt: int) -> Iterator[None]:
+    """Snakemake retries a failed infer job once (`retries: 1`): worth it after the GPU ran out
+    of memory (the retry asks for less), not after any other failure, which would only fail
+    again after another engine load. A failure is noted beside the job's log; a retry that
+    finds a failure other than out-of-memory stops at once with that failure's own message."""
+    from ckpteval.infer import is_cuda_oom
+    from ckpteval.io import write_json
+
+    note = log_path.with_name(log_path.name + ".failure.json")
+    if attempt <= 1:
+        note.unlink(missing_ok=True)
+    elif note.exists():
+        failure = read_meta(note)
+        if not failure.get("oom"):
+            raise UserError(f"not retried (attempt {attempt}): the last attempt failed with "
+                            f"an error that is not out-of-memory: {failure.get('message')}")
+    try:
+        yield
+    except BaseException as exc:
+        oom = is_cuda_oom(exc) or (isinstance(exc, UserError) and "out of memory" in str(exc))
+        message = (str(exc).splitlines() or [type(exc).__name__])[0]
+        write_json(note, {"oom": oom, "message": message, "attempt": attempt})
+        raise
 
 
 def assist(smk: Any) -> None:
@@ -109,10 +187,12 @@ def evaluate(smk: Any) -> None:
     tasks, variants, _ = build_tasks(smk.config)
     task, variant = tasks[cell["task"]], variants[cell["variant"]]
     generations = Path(smk.input.generations)
+    manifest = read_json(smk.input.manifest)
     provenance = {
         **cell, "sampling": variant.sampling.name, "seed": variant.seed,
-        "model_hash": read_json(smk.input.manifest)["weights_sha256"],
+        "model_hash": manifest.get("weights_sha256"),
         "generation_file": str(generations), "generation_sha256": sha256_file(generations),
+        "scoring": Identity.from_text(smk.params.identity).settings,
     }
     ev = smk.config["evaluate"]
     options: dict[str, Any] = {"sandbox": ev["sandbox"]}
@@ -142,4 +222,5 @@ def aggregate(smk: Any) -> None:
 
     build_summary([Path(p) for p in smk.input.cells], Path(smk.params.summary_dir),
                   title=smk.config["aggregate"]["title"],
-                  bootstrap=int(smk.config["aggregate"]["bootstrap"]))
+                  bootstrap=int(smk.config["aggregate"]["bootstrap"]),
+                  deleted=list(smk.params.deleted))

@@ -195,3 +195,54 @@ def resolve_task(name: str, options: dict[str, Any]) -> TaskSpec:
         if key in options:
             raise UserError(f"config: tasks.{name}.{key}: only lm-eval (harness) tasks take {key}")
     return TaskSpec(name, "generate", BUILTINS[name].checker, options=dict(options))
+
+
+def check_harness_names(tasks: dict[str, TaskSpec], include_paths: list[str]) -> None:
+    """Every harness task's lm-eval name exists, or a `UserError` naming the config key (with
+    the closest names): checked when the workflow is parsed, before any job. Indexing all of
+    lm-eval's own tasks takes seconds, so their names are kept per lm-eval version in the user's
+    cache directory; ckpteval's and the configured include paths' YAMLs are indexed each time."""
+    import difflib
+
+    wanted = {name: str(t.harness_task) for name, t in tasks.items() if t.kind == "harness"}
+    if not wanted:
+        return
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(HARNESS_TASK_DIR), *[str(p) for p in include_paths]]
+    known = set(TaskManager(include_path=paths, include_defaults=False).all_tasks)
+    if not set(wanted.values()) <= known:
+        known |= lm_eval_task_names()
+    for name, harness in wanted.items():
+        if harness not in known:
+            close = difflib.get_close_matches(harness, sorted(known), n=3)
+            key = f"tasks.{name}.harness" if tasks[name].options.get("harness") else f"tasks.{name}"
+            raise UserError(
+                f"config: {key}: {harness!r} is not an lm-eval task"
+                + (f" (closest: {', '.join(close)})" if close else "")
+                + "; `lm_eval ls tasks` lists them, lm_eval.include_paths adds your own")
+
+
+def lm_eval_task_names() -> set[str]:
+    """The names of lm-eval's own tasks, from a cache file per lm-eval version."""
+    import importlib.metadata as md
+    import os
+
+    version = md.version("lm_eval")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ckpteval"
+    index = cache / f"lm_eval-{version}-tasks.json"
+    try:
+        return set(json.loads(index.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        pass
+    from lm_eval.tasks import TaskManager
+
+    names = set(TaskManager(include_defaults=True).all_tasks)
+    try:
+        from ckpteval.io import write_json
+
+        index.parent.mkdir(parents=True, exist_ok=True)
+        write_json(index, sorted(names))
+    except OSError:  # a read-only home: index again next time
+        pass
+    return names

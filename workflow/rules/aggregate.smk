@@ -26,5 +26,8 @@ rule aggregate:
         "logs/aggregate/aggregate.log",
     params:
         summary_dir=f"{OUT}/summary",
+        identity=get_summary_identity,
+        cells=get_summary_inputs_digest,
+        deleted=get_deleted_checkpoints,
     script:
         "../scripts/aggregate.py"

@@ -5,20 +5,45 @@ import re
 import sys
 from pathlib import Path
 
-from ckpteval.checkpoints import checkpoint_fingerprint
+from ckpteval.checkpoints import sync_source_identity
 from ckpteval.config import build_plan, validate_config
+from ckpteval.contract import generation_identity, model_identity, scoring_identity, summary_identity
 from ckpteval.errors import UserError
+from ckpteval.freshness import Freshness
 from ckpteval.io import sha256_json
 from ckpteval.schedule import InferCosts
+from ckpteval.tasks import check_harness_names
 
 try:
     validate_config(config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml")
     PLAN = build_plan(config)
+    if workflow.is_main_process:
+        check_harness_names(PLAN.tasks, config["lm_eval"]["include_paths"])
 except UserError as _error:
     print(f"ckpteval: error: {_error}", file=sys.stderr)
     sys.exit(1)
 
 OUT = PLAN.outdir
+FRESH = Freshness(PLAN)
+
+
+def _all_pairs(run):
+    return [(t, v) for t, vs in PLAN.task_variants.items() for v in vs]
+
+
+if workflow.is_main_process:
+    # Keep each checkpoint's content identity current (only new bytes move its mtime), then say
+    # in words what this invocation will redo for a changed setting, before Snakemake plans it.
+    for _run in PLAN.runs.values():
+        if _run.has_weights:
+            for _ckpt in _run.checkpoints:
+                _id_file = FRESH.source_id_path(_run.name, _ckpt.name)
+                _id_file.parent.mkdir(parents=True, exist_ok=True)
+                sync_source_identity(_ckpt.path, _id_file, FRESH.manifest_path(_run.name, _ckpt.name))
+    for _line in PLAN.broken_lines():
+        print(f"ckpteval: warning: {_line}", file=sys.stderr)
+    for _line in FRESH.explain(_all_pairs):
+        print(f"ckpteval: rerun: {_line}", file=sys.stderr)
 VLLM_RUNS = PLAN.runs_with_backend("vllm")
 OPENAI_RUNS = PLAN.runs_with_backend("openai")
 REPLAY_RUNS = PLAN.runs_with_backend("replay")
@@ -41,18 +66,21 @@ def get_final_outputs(wildcards):
 
 
 def get_checkpoint_source(wildcards):
-    return ancient(str(PLAN.checkpoint(wildcards.run, wildcards.ckpt).path))
+    ckpt = PLAN.checkpoint(wildcards.run, wildcards.ckpt)
+    return [] if ckpt.deleted else ancient(str(ckpt.path))
 
 
-def get_checkpoint_path(wildcards):
-    return str(PLAN.checkpoint(wildcards.run, wildcards.ckpt).path)
+def get_source_identity_file(wildcards):
+    """The checkpoint's content identity (ckpteval.checkpoints.sync_source_identity): its
+    modification time moves only when the checkpoint's bytes do, so a touched or copied
+    checkpoint reruns nothing and new bytes rerun its chain."""
+    if PLAN.checkpoint(wildcards.run, wildcards.ckpt).deleted:
+        return []
+    return str(FRESH.source_id_path(wildcards.run, wildcards.ckpt))
 
 
-def get_source_fingerprint(wildcards):
-    """Names, sizes and mtimes of the checkpoint's files: a changed param reruns consolidate (and,
-    through the new weights hash, everything downstream) when weights are overwritten in place,
-    while the raw input itself stays ancient()."""
-    return checkpoint_fingerprint(PLAN.checkpoint(wildcards.run, wildcards.ckpt).path)
+def get_model_identity(wildcards):
+    return model_identity(PLAN, wildcards.run, wildcards.ckpt).text
 
 
 def get_format(wildcards):
@@ -83,12 +111,48 @@ def infer_rule_name(prefix, group):
     return f"{prefix}_{group}" if group else prefix
 
 
-def get_generation_outputs(group):
-    return [f"{OUT}/generations/{{run}}/{{ckpt}}/{t}/{v}.jsonl" for t, v in group_jobs(group)]
+def group_of(task):
+    return next(g for g, tasks in PLAN.engine_groups.items() if task in tasks)
 
 
-def get_generation_metas(group):
-    return [f"{OUT}/generations/{{run}}/{{ckpt}}/{t}/{v}.meta.json" for t, v in group_jobs(group)]
+def staging_dir(group):
+    """Where an engine job of `group` writes its checkpoint's stale cells (a temp output)."""
+    return f"{OUT}/staging/{{run}}/{{ckpt}}/{group or 'main'}"
+
+
+def get_stale_cells(group):
+    """The cells one engine job of `group` (re)writes: its checkpoint's missing or outdated
+    generation files (ckpteval.freshness), each with the identity its meta records."""
+    pairs = group_jobs(group)
+
+    def cells(wildcards):
+        return [{"task": c.task, "variant": c.variant, "record": c.identity.record()}
+                for c in FRESH.stale_cells(wildcards.run, wildcards.ckpt, pairs)]
+
+    return cells
+
+
+def get_generation_inputs(wildcards):
+    """A cell's generation is placed from its engine job's staging directory only when it is
+    stale; an up-to-date cell has no engine job in the DAG (and the engine job of a checkpoint
+    that gets one new task writes that task's files only)."""
+    inputs = {"manifest": f"{OUT}/models/{wildcards.run}/{wildcards.ckpt}.json"}
+    if FRESH.stale(wildcards.run, wildcards.ckpt, wildcards.task, wildcards.variant) is not None:
+        group = group_of(wildcards.task)
+        inputs["staging"] = staging_dir(group).format(run=wildcards.run, ckpt=wildcards.ckpt)
+    return inputs
+
+
+def get_generation_identity(wildcards):
+    return generation_identity(PLAN, wildcards.run, wildcards.task, wildcards.variant).text
+
+
+def get_scoring_identity(wildcards):
+    return scoring_identity(PLAN, wildcards.run, wildcards.task, wildcards.variant).text
+
+
+def get_summary_identity(wildcards):
+    return summary_identity(config).text
 
 
 def get_infer_log(group):
@@ -104,7 +168,8 @@ def get_infer_priority(group):
     pairs = group_jobs(group)
 
     def priority(wildcards):
-        return float(f"{INFER_COSTS(wildcards.run, wildcards.ckpt, pairs):.6g}")
+        stale = [(c.task, c.variant) for c in FRESH.stale_cells(wildcards.run, wildcards.ckpt, pairs)]
+        return float(f"{INFER_COSTS(wildcards.run, wildcards.ckpt, stale):.6g}")
 
     return priority
 
@@ -122,9 +187,9 @@ def get_consolidate_priority(wildcards):
 def pending_infer_checkpoints():
     """(run, ckpt) of vllm runs with a generation file still to write, as this Snakemake saw
     them when it first asked (once per process: every assist job's input is the same list)."""
+    pairs = [(t, v) for t, vs in PLAN.task_variants.items() for v in vs]
     return [(run, c.name) for run in VLLM_RUNS for c in PLAN.runs[run].checkpoints
-            if not all(Path(f"{OUT}/generations/{run}/{c.name}/{t}/{v}.jsonl").exists()
-                       for t, vs in PLAN.task_variants.items() for v in vs)]
+            if FRESH.stale_cells(run, c.name, pairs)]
 
 
 def assist_records():
@@ -188,5 +253,38 @@ def get_cell(wildcards):
             "task": wildcards.task, "variant": wildcards.variant, "is_baseline": ckpt.is_base}
 
 
+@functools.cache
+def kept_deleted_cells():
+    """Score files of checkpoints whose source is gone, still valid for the current config:
+    they stay in the summary (marked). A deleted checkpoint's cell that a changed setting
+    outdated cannot be recomputed, and is left out with a warning."""
+    kept = []
+    for run, ckpts in PLAN.deleted.items():
+        for ckpt in ckpts:
+            for task, variants in PLAN.task_variants.items():
+                for variant in variants:
+                    path = Path(OUT) / "scores" / run / ckpt.name / task / f"{variant}.json"
+                    if not path.exists():
+                        continue
+                    if FRESH.stale(run, ckpt.name, task, variant) or FRESH.score_change(
+                            run, ckpt.name, task, variant):
+                        print(f"ckpteval: warning: run {run}: checkpoint {ckpt.name} was deleted; "
+                              f"its {task} {variant} scores are outdated and left out",
+                              file=sys.stderr)
+                        continue
+                    kept.append(str(path))
+    return kept
+
+
 def get_score_files(wildcards):
-    return PLAN.score_files()
+    return PLAN.score_files() + kept_deleted_cells()
+
+
+def get_summary_inputs_digest(wildcards):
+    """Which cells the summary holds: a cell that leaves the plan rebuilds it (Snakemake's
+    `input` trigger, which would do the same, is off: see profiles/default)."""
+    return sha256_json(sorted(get_score_files(wildcards)))[:16]
+
+
+def get_deleted_checkpoints(wildcards):
+    return sorted(f"{run}/{c.name}" for run, ckpts in PLAN.deleted.items() for c in ckpts)

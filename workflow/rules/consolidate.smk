@@ -1,24 +1,22 @@
 # Whatever a trainer wrote -> a verified HF directory vLLM loads, plus a manifest with the weights
-# hash every later file is traced to. Raw checkpoint inputs are ancient(): a trainer touching a
-# directory does not rerun the sweep; weights rewritten in place change the fingerprint param,
-# which reruns this job, and the new weights hash reruns what depends on it. Its priority follows
-# its infer jobs' expected GPU seconds (common.smk), so the longest checkpoints are ready first.
+# hash every later file is traced to. The raw checkpoint is ancient(): its modification time says
+# nothing. What reruns this job is its content identity file (models/{run}/{ckpt}.source.json,
+# kept at parse time: its mtime moves only when the checkpoint's bytes change) or its identity
+# param (the settings that change the model: ckpteval.contract). Its priority follows its infer
+# jobs' expected GPU seconds (common.smk), so the longest checkpoints are ready first.
 rule consolidate:
     input:
         source=get_checkpoint_source,
+        source_id=get_source_identity_file,
     output:
         model=directory(f"{OUT}/models/{{run}}/{{ckpt}}"),
         manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
     log:
         "logs/consolidate/{run}/{ckpt}.log",
     params:
-        source=get_checkpoint_path,
         format=get_format,
         base_model=get_base_model,
-        dtype=config["consolidate"]["dtype"],
-        smoke=config["consolidate"]["smoke"],
-        engine=config["engine"],
-        fingerprint=get_source_fingerprint,
+        identity=get_model_identity,
     resources:
         gpu=1 if config["consolidate"]["smoke"] == "vllm" else 0,
     priority: get_consolidate_priority

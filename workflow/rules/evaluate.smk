@@ -1,5 +1,7 @@
 # CPU scoring outside the GPU job: sandboxed checkers for generated code, answer checking for math,
-# lm-eval's per-sample metrics for harness tasks.
+# lm-eval's per-sample metrics for harness tasks. Its identity param holds the evaluate settings
+# the cell's checker reads (ckpteval.contract): a changed timeout rescores, a changed worker
+# count does not.
 rule evaluate:
     input:
         generations=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
@@ -11,6 +13,7 @@ rule evaluate:
         "logs/evaluate/{run}/{ckpt}/{task}/{variant}.log",
     params:
         cell=get_cell,
+        identity=get_scoring_identity,
     threads: config["evaluate"]["workers"]
     script:
         "../scripts/evaluate.py"

@@ -1,13 +1,17 @@
 # Generations for every checkpoint, by the run's backend (runs.<name>.backend):
-# - vllm: rule `infer` (one per engine group: `infer_<group>`): one vLLM engine per job serves every
-#   task and variant of the group on one leased GPU; a CUDA OOM is retried once with less memory.
+# - vllm: rule `infer` (one per engine group: `infer_<group>`): one vLLM engine per job serves the
+#   checkpoint's stale cells of the group (missing, or outdated by a changed setting:
+#   ckpteval.freshness) on one leased GPU; a CUDA OOM is retried once with less memory, any other
+#   failure is not retried. It writes them into a temp staging directory, and rule `generation`
+#   moves each cell's file into place, so a new task or a changed task setting rewrites that
+#   task's files only and nothing else is rescored.
 # - openai: rule `endpoint` (`endpoint_<group>`): the same job against an OpenAI-compatible server;
 #   no GPU here.
 # - replay: rule `replay`, one job per generation file: existing solutions, validated and copied.
 # Weightless runs (openai, replay) get a model card as models/{run}/{ckpt}.json instead of a
-# consolidated model. Finished requests go to a content-addressed cache under {OUT}/cache, which
-# is not a declared output: a killed or retried job resumes from it. An infer job's priority is
-# its expected GPU seconds (ckpteval.schedule): the longest start first.
+# consolidated model. Finished requests go to a content-addressed cache under {OUT}/cache
+# (ckpteval.cache), which is not a declared output: a killed or retried job resumes from it. An
+# infer job's priority is its expected GPU seconds (ckpteval.schedule): the longest start first.
 for _group in PLAN.engine_groups:
     if VLLM_RUNS:
 
@@ -18,14 +22,13 @@ for _group in PLAN.engine_groups:
                 model=f"{OUT}/models/{{run}}/{{ckpt}}",
                 manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
             output:
-                generations=get_generation_outputs(_group),
-                metas=get_generation_metas(_group),
+                staging=temp(directory(staging_dir(_group))),
             log:
                 get_infer_log(_group),
             wildcard_constraints:
                 run=runs_regex(VLLM_RUNS),
             params:
-                jobs=group_jobs(_group),
+                cells=get_stale_cells(_group),
                 cache_dir=f"{OUT}/cache",
             resources:
                 gpu=1,
@@ -44,17 +47,38 @@ for _group in PLAN.engine_groups:
             input:
                 manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
             output:
-                generations=get_generation_outputs(_group),
-                metas=get_generation_metas(_group),
+                staging=temp(directory(staging_dir(_group))),
             log:
                 get_infer_log(_group),
             wildcard_constraints:
                 run=runs_regex(OPENAI_RUNS),
             params:
-                jobs=group_jobs(_group),
+                cells=get_stale_cells(_group),
                 cache_dir=f"{OUT}/cache",
             script:
                 "../scripts/infer.py"
+
+
+# A cell's generation file and meta, moved into place from its engine job's staging directory.
+# Only a stale cell has the staging directory as input (common.smk): an up-to-date cell's job is
+# never planned, whatever its neighbours do. Its identity param names the settings it was made with.
+if VLLM_RUNS or OPENAI_RUNS:
+
+    rule generation:
+        input:
+            unpack(get_generation_inputs),
+        output:
+            generations=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
+            meta=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.meta.json",
+        log:
+            "logs/generation/{run}/{ckpt}/{task}/{variant}.log",
+        wildcard_constraints:
+            run=runs_regex(VLLM_RUNS + OPENAI_RUNS),
+        params:
+            identity=get_generation_identity,
+        localrule: True
+        script:
+            "../scripts/infer.py"
 
 
 # Tail assist (ckpteval.share): one job per GPU beyond the first, lowest priority, so Snakemake
@@ -96,6 +120,8 @@ if REPLAY_RUNS:
             "logs/replay/{run}/{ckpt}/{task}/{variant}.log",
         wildcard_constraints:
             run=runs_regex(REPLAY_RUNS),
+        params:
+            identity=get_generation_identity,
         script:
             "../scripts/infer.py"
 
@@ -111,6 +137,7 @@ if OPENAI_RUNS or REPLAY_RUNS:
             run=runs_regex(OPENAI_RUNS + REPLAY_RUNS),
         params:
             settings=get_model_card_settings,
+            identity=get_model_identity,
         localrule: True
         script:
             "../scripts/infer.py"

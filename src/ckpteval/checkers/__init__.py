@@ -360,6 +360,14 @@ def get_checker(name: str, **options: Any) -> Checker:
     return factory(**{k: v for k, v in options.items() if k in _parameters(factory)})
 
 
+def checker_version(name: str) -> str:
+    """Checker `name`'s version (part of every cell's scoring identity: a new version rescores);
+    "harness" for lm-eval's own metrics."""
+    _load_builtins()
+    factory = _REGISTRY.get(name)
+    return str(getattr(factory, "version", "1")) if factory is not None else "harness"
+
+
 def _parameters(factory: CheckerFactory) -> set[str]:
     return {p.name for p in inspect.signature(factory).parameters.values()
             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}

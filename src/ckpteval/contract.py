@@ -1,0 +1,298 @@
+"""The rerun contract: for every config key, which results a change of it invalidates.
+
+A job's identity is exactly the settings that change its output, as a hash of their sorted JSON
+(`Identity.digest`), declared as the job's one param: Snakemake's params trigger reruns it when a
+setting it depends on changes, and a setting it does not depend on (a memory fraction, a worker
+count, a chunk size, the order of keys in the file) never appears in it. The table `CONTRACT` is
+the only place that says which key belongs to which identity; the rules, the parse-time plan and
+the contract test (tests/test_contract.py, which walks every key of the schema) all read it.
+
+Effects, from the narrowest to the widest:
+
+| effect | a change reruns |
+| --- | --- |
+| `none` | nothing: how fast or where jobs run |
+| `summary` | the aggregate step only |
+| `scores` | the evaluate jobs of the cells whose checker reads the key, and the summary |
+| `generations` | the generation files of the cells the key applies to, their scores, the summary |
+| `model` | the run's consolidation, and so every result of its checkpoints |
+| `plan` | nothing already computed: it adds, drops or renames cells or checkpoints |
+
+A key's `applies` says which cells a `generations`/`scores` key touches: `*` in a key stands for
+the cell's run (`runs.*`), task (`tasks.*`) or sampling config (`sampling.*`), and `only` limits
+a row to cells of some backends or checkers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckpteval.io import sha256_json
+
+NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN = (
+    "none", "summary", "scores", "generations", "model", "plan")
+EFFECTS = (NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN)
+
+#: Checkers that run code in the sandbox (they read the sandbox and timeout settings).
+CODE_CHECKERS = ("python", "rust", "stdio")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One config key (schema path; `*` for a map's entries) and what changing it reruns."""
+
+    key: str
+    effect: str
+    why: str
+    #: For `generations`/`scores`: the cells it applies to, e.g. {"backend": ("vllm",)} or
+    #: {"checker": CODE_CHECKERS} or {"kind": ("harness",)}; empty: every cell the `*` selects.
+    only: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+CONTRACT: tuple[Row, ...] = (
+    Row("outdir", PLAN, "where results live; a new outdir starts empty"),
+    Row("shard", PLAN, "which checkpoints this invocation scores"),
+    Row("runs", PLAN, "a new run adds its cells; a removed run's results stay on disk"),
+    Row("runs.*.backend", MODEL, "another backend is another model"),
+    Row("runs.*.path", PLAN, "where checkpoints are found; the same bytes elsewhere rerun nothing "
+        "(identity by content)"),
+    Row("runs.*.patterns", PLAN, "which checkpoints are found"),
+    Row("runs.*.format", MODEL, "how checkpoint files are read"),
+    Row("runs.*.base_model", MODEL, "config, tokenizer and adapter base of the consolidated model"),
+    Row("runs.*.evaluate_base", PLAN, "adds or drops the base checkpoint's cells"),
+    Row("runs.*.complete_marker", PLAN, "which checkpoints count as fully written"),
+    Row("runs.*.settle_seconds", NONE, "when an unfinished-looking checkpoint is called broken"),
+    Row("runs.*.endpoint", NONE, "the endpoint section as a whole (its keys below decide)"),
+    Row("runs.*.endpoint.base_url", MODEL, "the served model"),
+    Row("runs.*.endpoint.model", MODEL, "the served model"),
+    Row("runs.*.endpoint.api_key_env", NONE, "credentials"),
+    Row("runs.*.endpoint.concurrency", NONE, "requests in flight"),
+    Row("runs.*.endpoint.retries", NONE, "retries of failed requests"),
+    Row("runs.*.endpoint.timeout", NONE, "how long a request may take"),
+    Row("runs.*.solutions", GENERATIONS, "the replayed files", {"backend": ("replay",)}),
+    Row("runs.*.step", PLAN, "the step a weightless run's checkpoint is named after"),
+    Row("tasks", PLAN, "a new task adds its cells; a removed task's results stay on disk"),
+    Row("tasks.*.harness", GENERATIONS, "which lm-eval task"),
+    Row("tasks.*.limit", GENERATIONS, "which problems are asked"),
+    Row("tasks.*.num_fewshot", GENERATIONS, "the prompts"),
+    Row("tasks.*.sampling", PLAN, "which variants the task runs"),
+    Row("tasks.*.chat_template", GENERATIONS, "the prompts"),
+    Row("tasks.*.system_prompt", GENERATIONS, "the prompts"),
+    Row("tasks.*.max_new_tokens", GENERATIONS, "the token budget"),
+    Row("tasks.*.checker", GENERATIONS, "how a harness task's samples are written and scored"),
+    Row("tasks.*.engine_group", NONE, "which engine job generates the task"),
+    Row("lm_eval", NONE, "the lm_eval section as a whole (its keys below decide)"),
+    Row("lm_eval.include_paths", GENERATIONS, "where lm-eval task YAMLs come from",
+        {"kind": ("harness",)}),
+    Row("sampling", PLAN, "which sampling configs exist (a list names them from their values)"),
+    Row("sampling.*.temperature", GENERATIONS, "the samples"),
+    Row("sampling.*.top_p", GENERATIONS, "the samples"),
+    Row("sampling.*.max_new_tokens", GENERATIONS, "the token budget"),
+    Row("sampling.*.n", GENERATIONS, "samples per problem"),
+    Row("seeds", PLAN, "which seeds sampled configs run (greedy configs run once)"),
+    Row("engine", NONE, "the engine section as a whole (its keys below decide)"),
+    Row("engine.dtype", GENERATIONS, "the engine's numerics", {"backend": ("vllm",)}),
+    Row("engine.max_model_len", GENERATIONS, "what fits in the context", {"backend": ("vllm",)}),
+    Row("engine.gpu_memory_utilization", NONE, "memory given to the engine"),
+    Row("engine.tensor_parallel_size", GENERATIONS, "how the model is split (changes numerics)",
+        {"backend": ("vllm",)}),
+    Row("engine.allow_tensor_parallel", NONE, "a safety switch"),
+    Row("engine.enforce_eager", NONE, "CUDA graphs or not"),
+    Row("engine.seed", PLAN, "the label of greedy variants (greedy-s<engine.seed>)"),
+    Row("engine.chunk_size", NONE, "requests per engine call"),
+    Row("assist", NONE, "whether idle GPUs help at a sweep's end"),
+    Row("gpus", NONE, "which GPUs this node leases"),
+    Row("consolidate", NONE, "the consolidate section as a whole (its keys below decide)"),
+    Row("consolidate.dtype", MODEL, "the consolidated weights' dtype"),
+    Row("consolidate.smoke", NONE, "how a consolidated model is checked, not what it is"),
+    Row("evaluate", NONE, "the evaluate section as a whole (its keys below decide)"),
+    Row("evaluate.workers", NONE, "parallel checker processes"),
+    Row("evaluate.timeout", SCORES, "when a slow sample times out",
+        {"checker": (*CODE_CHECKERS, "math", "gsm8k")}),
+    Row("evaluate.timeout_factor", SCORES, "timeouts calibrated from reference solutions",
+        {"checker": CODE_CHECKERS}),
+    Row("evaluate.sandbox", SCORES, "where code runs", {"checker": CODE_CHECKERS}),
+    Row("evaluate.ks", SCORES, "which pass@k a cell reports"),
+    Row("evaluate.piston_url", SCORES, "where stdin/stdout programs run", {"checker": ("stdio",)}),
+    Row("evaluate.piston_limits", SCORES, "the limits Piston enforces", {"checker": ("stdio",)}),
+    Row("aggregate", NONE, "the aggregate section as a whole (its keys below decide)"),
+    Row("aggregate.title", SUMMARY, "the report's title"),
+    Row("aggregate.bootstrap", SUMMARY, "bootstrap resamples of the confidence intervals"),
+)
+
+ROWS: dict[str, Row] = {row.key: row for row in CONTRACT}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What a `generations`/`scores` row needs to know about a cell to decide if it applies."""
+
+    run: str
+    task: str
+    sampling: str
+    backend: str
+    kind: str
+    checker: str
+
+    def star(self, key: str) -> str:
+        """`key` with its `*` replaced by this cell's run, task or sampling name."""
+        head = key.split(".", 1)[0]
+        name = {"runs": self.run, "tasks": self.task, "sampling": self.sampling}.get(head)
+        return key.replace("*", name, 1) if name is not None else key
+
+    def matches(self, row: Row) -> bool:
+        return all(getattr(self, attr) in values for attr, values in row.only.items())
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The settings a job's output depends on, flat `key -> value`; `digest` is its param."""
+
+    settings: dict[str, Any]
+
+    @property
+    def digest(self) -> str:
+        return sha256_json(self.settings)[:16]
+
+    @property
+    def text(self) -> str:
+        """The job's param: the settings as JSON with sorted keys, so a reordered config gives
+        the same text and `snakemake -n` shows a changed setting by name, old and new."""
+        return json.dumps(self.settings, sort_keys=True)
+
+    @classmethod
+    def from_text(cls, text: str) -> Identity:
+        """The identity a job got as its param."""
+        return cls(json.loads(text))
+
+    def record(self) -> dict[str, Any]:
+        """What an output records of its identity (read back by ckpteval.freshness)."""
+        return {"identity": self.digest, "settings": self.settings}
+
+    def changes(self, recorded: Mapping[str, Any] | None) -> list[str]:
+        """`key: old -> new` for each setting that differs from `recorded` (a file's record)."""
+        if recorded is None:
+            return []
+        keys = sorted(set(self.settings) | set(recorded))
+        return [f"{key}: {_show(recorded.get(key, _ABSENT))} -> {_show(self.settings.get(key, _ABSENT))}"
+                for key in keys if recorded.get(key, _ABSENT) != self.settings.get(key, _ABSENT)]
+
+
+_ABSENT = object()
+
+
+def _show(value: Any) -> str:
+    if value is _ABSENT:
+        return "(not a setting)"
+    text = "unset" if value is None else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def lookup(config: Mapping[str, Any], key: str) -> Any:
+    """The value at a dotted `key` of a (validated, defaults-filled) config, or None."""
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def rows_with(effect: str) -> Iterator[Row]:
+    return (row for row in CONTRACT if row.effect == effect)
+
+
+def cell_settings(config: Mapping[str, Any], cell: Cell, effect: str,
+                  extra: Mapping[str, Any] | None = None,
+                  sampling_values: Callable[[str], Any] | None = None) -> Identity:
+    """The settings of `effect` rows that apply to `cell`, by their concrete keys."""
+    settings: dict[str, Any] = dict(extra or {})
+    for row in rows_with(effect):
+        if not cell.matches(row):
+            continue
+        key = cell.star(row.key)
+        if row.key.startswith("sampling.*.") and sampling_values is not None:
+            settings[key] = sampling_values(row.key.rsplit(".", 1)[1])
+        else:
+            settings[key] = lookup(config, key)
+    return Identity(settings)
+
+
+def concrete_keys(schema: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    """Every key path of the config schema, `*` for the entries of a map (the contract test
+    asserts each has a row)."""
+    props = schema.get("properties") or {}
+    for name, sub in props.items():
+        key = f"{prefix}{name}"
+        yield key
+        yield from concrete_keys(sub, key + ".")
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict) and (extra.get("properties") or extra.get("additionalProperties")):
+        yield from concrete_keys(extra, prefix + "*.")
+    if isinstance(schema.get("items"), dict) and schema["items"].get("properties"):
+        yield from concrete_keys(schema["items"], prefix + "*.")
+
+
+def uncovered(schema: Mapping[str, Any]) -> list[str]:
+    """Schema keys with no contract row."""
+    return sorted({k for k in concrete_keys(schema)} - set(ROWS))
+
+
+def table_markdown() -> str:
+    """The contract as the README shows it."""
+    lines = ["| config key | a change reruns | why |", "| --- | --- | --- |"]
+    for row in CONTRACT:
+        scope = ", ".join(f"{k} {'/'.join(v)}" for k, v in row.only.items())
+        lines.append(f"| `{row.key}` | {row.effect}{f' ({scope})' if scope else ''} | {row.why} |")
+    return "\n".join(lines)
+
+
+
+# ---- the identities of the workflow's jobs, from a Plan (ckpteval.config)
+
+
+def _cell(plan: Any, run: str, task: str, variant: str) -> Cell:
+    spec = plan.tasks[task]
+    return Cell(run, task, plan.variants[variant].sampling.name, plan.runs[run].backend,
+                spec.kind, spec.checker)
+
+
+def generation_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
+    """What a generation file depends on besides its model: the task's definition (data, prompt,
+    options), the sampling config and seed, and the engine settings that change numerics."""
+    sampling = plan.variants[variant].sampling
+    extra = {"task.definition": plan.tasks[task].config_hash()[:16],
+             "variant.seed": plan.variants[variant].seed}
+    return cell_settings(plan.config, _cell(plan, run, task, variant), GENERATIONS, extra,
+                         sampling_values=lambda name: getattr(sampling, name))
+
+
+def scoring_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
+    """What a cell's scores depend on besides its generation file: the checker and the
+    evaluate settings it reads."""
+    from ckpteval.checkers import checker_version
+
+    spec = plan.tasks[task]
+    extra = {"checker": spec.checker, "checker.version": checker_version(spec.checker)}
+    return cell_settings(plan.config, _cell(plan, run, task, variant), SCORES, extra)
+
+
+def model_identity(plan: Any, run: str, ckpt: str) -> Identity:
+    """What a consolidated model (or a weightless run's model card) depends on besides the
+    checkpoint's bytes."""
+    settings = {}
+    base = plan.checkpoint(run, ckpt).is_base
+    for row in rows_with(MODEL):
+        if row.key.startswith("runs.*"):
+            key = row.key.replace("*", run, 1)
+            settings[key] = "auto" if base and row.key == "runs.*.format" else lookup(plan.config, key)
+        elif plan.runs[run].has_weights:
+            settings[row.key] = lookup(plan.config, row.key)
+    return Identity(settings)
+
+
+def summary_identity(config: Mapping[str, Any]) -> Identity:
+    return Identity({row.key: lookup(config, row.key) for row in rows_with(SUMMARY)})

@@ -1,0 +1,151 @@
+"""Which results on disk are still valid, decided when the workflow is parsed.
+
+Snakemake plans a job when an output is missing, an input is newer, or a declared param changed.
+That is enough for consolidate, evaluate and aggregate, whose params are their identities
+(ckpteval.contract). Generation files need one more step: one engine job per checkpoint writes
+all of a checkpoint's generations, and a job that rewrote every file because one task was new
+would rescore every cell. So the plan looks at each generation file's meta here and hands the
+engine job only the cells that are missing or outdated; the others have no producing job in the
+DAG and are plain inputs of their evaluate jobs. `explain` turns the same comparison into the
+lines `snakemake -n` prints: which setting changed, old -> new.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckpteval.contract import Identity, generation_identity, model_identity, scoring_identity
+
+
+@dataclass(frozen=True)
+class StaleCell:
+    """A generation file the engine job must (re)write, and why."""
+
+    task: str
+    variant: str
+    identity: Identity
+    reason: str
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+class Freshness:
+    """Parse-time comparison of the files under `outdir` with the plan (memoized per file)."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self.out = Path(plan.outdir)
+
+    def manifest_path(self, run: str, ckpt: str) -> Path:
+        return self.out / "models" / run / f"{ckpt}.json"
+
+    def source_id_path(self, run: str, ckpt: str) -> Path:
+        """The checkpoint's content identity file (ckpteval.checkpoints.sync_source_identity)."""
+        return self.out / "sources" / run / f"{ckpt}.json"
+
+    @functools.cache  # noqa: B019 - one Freshness per parse
+    def manifest(self, run: str, ckpt: str) -> dict[str, Any] | None:
+        return _read(self.manifest_path(run, ckpt))
+
+    @functools.cache  # noqa: B019
+    def model_change(self, run: str, ckpt: str) -> str | None:
+        """Why this checkpoint's model (consolidation or model card) will be rebuilt, or None."""
+        manifest = self.manifest(run, ckpt)
+        if manifest is None:
+            return "not built yet"
+        identity = model_identity(self.plan, run, ckpt)
+        if manifest.get("identity") != identity.digest:
+            changes = identity.changes(manifest.get("settings"))
+            return "; ".join(changes) if changes else "built by an older ckpteval"
+        if not self.plan.runs[run].has_weights:
+            return None
+        if not (self.out / "models" / run / ckpt).is_dir():
+            return "its directory is missing"
+        source, built = _mtime(self.source_id_path(run, ckpt)), _mtime(self.manifest_path(run, ckpt))
+        if source is not None and built is not None and source > built:
+            return "the checkpoint's files have new content"
+        return None
+
+    def model_ids(self, run: str, ckpt: str) -> tuple[Any, Any]:
+        """(weights hash, model card identity) of the model as it is now."""
+        manifest = self.manifest(run, ckpt) or {}
+        return manifest.get("weights_sha256"), manifest.get("identity_sha256")
+
+    def generation_paths(self, run: str, ckpt: str, task: str, variant: str) -> tuple[Path, Path]:
+        base = self.out / "generations" / run / ckpt / task / variant
+        return base.with_suffix(".jsonl"), base.with_suffix(".meta.json")
+
+    @functools.cache  # noqa: B019
+    def stale(self, run: str, ckpt: str, task: str, variant: str) -> StaleCell | None:
+        """The cell if its generation file must be (re)written, else None."""
+        identity = generation_identity(self.plan, run, task, variant)
+        jsonl, meta_path = self.generation_paths(run, ckpt, task, variant)
+        meta = _read(meta_path) if jsonl.exists() else None
+        if meta is None:
+            return StaleCell(task, variant, identity, "missing")
+        if meta.get("identity") != identity.digest:
+            changes = identity.changes(meta.get("settings"))
+            return StaleCell(task, variant, identity, "; ".join(changes) or "older format")
+        model = self.model_change(run, ckpt)
+        if model is not None:
+            return StaleCell(task, variant, identity, f"model: {model}")
+        if (meta.get("model_hash"), meta.get("model_identity")) != self.model_ids(run, ckpt):
+            return StaleCell(task, variant, identity, "generated by another model")
+        return None
+
+    def stale_cells(self, run: str, ckpt: str, pairs: list[tuple[str, str]]) -> list[StaleCell]:
+        return [cell for t, v in pairs if (cell := self.stale(run, ckpt, t, v)) is not None]
+
+    def score_change(self, run: str, ckpt: str, task: str, variant: str) -> str | None:
+        """Why a cell that exists will be rescored for a changed setting, or None."""
+        path = self.out / "scores" / run / ckpt / task / f"{variant}.json"
+        cell = _read(path)
+        if cell is None:
+            return None
+        identity = scoring_identity(self.plan, run, task, variant)
+        recorded = cell.get("scoring")  # the cell's provenance is merged into its top level
+        if recorded is None or Identity(recorded).digest == identity.digest:
+            return None
+        return "; ".join(identity.changes(recorded))
+
+    def explain(self, pairs_of: Any) -> list[str]:
+        """One line per distinct reason: what a run of the workflow will redo, and why."""
+        counts: dict[tuple[str, str], int] = {}
+
+        def add(what: str, why: str) -> None:
+            counts[(what, why)] = counts.get((what, why), 0) + 1
+
+        for run_name, run in self.plan.runs.items():
+            for ckpt in run.checkpoints:
+                model = self.model_change(run_name, ckpt.name)
+                if model is not None and model != "not built yet":
+                    add(f"model of {run_name}", model)
+                for cell in self.stale_cells(run_name, ckpt.name, pairs_of(run_name)):
+                    if cell.reason != "missing" and not cell.reason.startswith("model:"):
+                        add(f"generations of {cell.task}", cell.reason)
+                for task, variants in self.plan.task_variants.items():
+                    for variant in variants:
+                        why = self.score_change(run_name, ckpt.name, task, variant)
+                        if why:
+                            add(f"scores of {task}", why)
+        return [f"{what} ({n} {'checkpoint' if what.startswith('model') else 'cell'}"
+                f"{'s' if n > 1 else ''}): {why}" for (what, why), n in sorted(counts.items())]

@@ -1,0 +1,471 @@
+"""The rerun contract (ckpteval.contract), key by key, against `snakemake -n` on a finished sweep.
+
+A real sweep (two checkpoints of the demo model on vLLM, an OpenAI-compatible endpoint on
+loopback, three kinds of task) runs once; then every key of the config schema is changed in turn
+and the jobs Snakemake plans must be exactly what the contract table promises for that key: the
+affected cells' jobs, or nothing. Every variant is given with `--configfile` and written out with
+all its defaults filled in, so each dry run also checks that `--configfile` replaces the demo
+config and that writing out defaults (a reformatted config) reruns nothing. The file events that
+follow (touch, copy, delete, new bytes, a broken file) change the sweep's files and run last.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, run_snakemake
+from test_infer_backends import FakeEndpoint
+
+from ckpteval.config import validate_config
+from ckpteval.contract import (
+    CONTRACT,
+    GENERATIONS,
+    MODEL,
+    NONE,
+    PLAN,
+    ROWS,
+    SCORES,
+    SUMMARY,
+    Cell,
+    Identity,
+    concrete_keys,
+    lookup,
+)
+
+SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+
+
+def test_every_schema_key_has_exactly_one_contract_row() -> None:
+    keys = set(concrete_keys(SCHEMA))
+    assert sorted(keys - set(ROWS)) == [], "schema keys without a rerun-contract row"
+    assert sorted(set(ROWS) - keys) == [], "contract rows for keys the schema does not have"
+    assert len(ROWS) == len(CONTRACT)
+
+
+def test_an_identity_is_the_same_for_reordered_settings_and_names_what_changed() -> None:
+    a = Identity({"evaluate.timeout": 10, "evaluate.ks": [1, 5], "checker": "python"})
+    b = Identity({"checker": "python", "evaluate.ks": [1, 5], "evaluate.timeout": 10})
+    assert a.text == b.text and a.digest == b.digest
+    assert Identity.from_text(a.text) == a
+    c = Identity({**a.settings, "evaluate.timeout": 5})
+    assert c.digest != a.digest
+    assert c.changes(a.settings) == ["evaluate.timeout: 10 -> 5"]
+
+
+# ---------------------------------------------------------------------------- the finished sweep
+
+TASKS = {"arith": {}, "pyfunc": {"limit": 2}, "arith_harness": {"limit": 4}}
+KINDS = {"arith": ("generate", "gsm8k"), "pyfunc": ("generate", "python"),
+         "arith_harness": ("harness", "harness")}
+VLLM_CKPTS = ("step_100", "step_400")
+
+
+@dataclass
+class Sweep:
+    work: Path
+    config: dict[str, Any]
+    full: dict[str, Any]  # the same config with every default written out
+    endpoint: FakeEndpoint
+
+
+@pytest.fixture(scope="module")
+def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    work = tmp_path_factory.mktemp("contract")
+    for ckpt in VLLM_CKPTS:  # copies: later tests touch, replace and delete them
+        shutil.copytree(demo_dir / "run" / ckpt, work / "run" / ckpt)
+    shutil.copytree(demo_dir / "base", work / "base")
+    with FakeEndpoint() as endpoint:
+        config = {
+            "runs": {"demo": {"path": str(work / "run"), "base_model": str(work / "base")},
+                     "ep": {"backend": "openai", "step": 7,
+                            "endpoint": {"base_url": endpoint.base_url, "model": "tiny"}}},
+            "tasks": TASKS,
+            "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 32}},
+            "engine": {"gpu_memory_utilization": 0.15, "enforce_eager": True},
+            "consolidate": {"smoke": "none"},
+            "evaluate": {"workers": 2, "timeout": 10},
+        }
+        (work / "sweep.yaml").write_text(yaml.safe_dump(config))
+        proc = run_snakemake(work, "--configfile", "sweep.yaml")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        full = copy.deepcopy(config)
+        validate_config(full)
+        yield Sweep(work, config, full, endpoint)
+
+
+def planned(sweep: Sweep, config: dict[str, Any], name: str = "variant") -> Counter[str]:
+    """Jobs per rule that `snakemake -n --configfile <config>` plans (the target `all` left out)."""
+    path = sweep.work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = run_snakemake(sweep.work, "-n", "--configfile", path.name)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    if "Nothing to be done" in out:
+        return Counter()
+    table = out.split("Job stats:", 1)[1].split("total", 1)[0]
+    return Counter({rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)
+                    if rule not in ("all", "job")})
+
+
+def test_the_finished_sweep_plans_nothing_and_its_defaults_written_out_neither(sweep: Sweep) -> None:
+    assert planned(sweep, sweep.config, "same") == Counter()
+    assert planned(sweep, sweep.full, "full") == Counter()
+    reordered = {key: sweep.full[key] for key in reversed(list(sweep.full))}
+    reordered["engine"] = dict(reversed(list(sweep.full["engine"].items())))
+    assert planned(sweep, reordered, "reordered") == Counter()
+
+
+@pytest.mark.slow
+def test_configfile_replaces_the_demo_config_instead_of_merging_into_it(sweep: Sweep) -> None:
+    """A checkout whose demo was never built: its config/config.yaml names runs that do not
+    exist. With --configfile, Snakemake and `ckpteval check` see the user's file alone."""
+    demo = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    (sweep.work / "config").mkdir()
+    (sweep.work / "config" / "config.yaml").write_text(yaml.safe_dump(demo))
+    try:
+        assert planned(sweep, sweep.config, "mine") == Counter()
+        proc = run_snakemake(sweep.work, "-n", "--configfile", "mine.yaml", "--quiet", "rules")
+        assert "resources/demo" not in proc.stdout + proc.stderr
+        check = subprocess.run([sys.executable, "-m", "ckpteval.cli", "check", "--configfile",
+                                "mine.yaml"], cwd=sweep.work, capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+        assert f"{len(CELLS)} cells" in check.stdout and "humaneval" not in check.stdout
+    finally:
+        shutil.rmtree(sweep.work / "config")
+
+
+# Cells of the sweep: (run, ckpt, task, sampling, backend).
+CELLS = [(run, ckpt, task, "greedy", backend)
+         for run, backend, ckpts in (("demo", "vllm", VLLM_CKPTS), ("ep", "openai", ("step_7",)))
+         for ckpt in ckpts for task in TASKS]
+ENGINE_RULE = {"vllm": "infer", "openai": "endpoint"}
+
+
+def chain(cells: list[tuple[str, ...]], *, model: bool = False) -> Counter[str]:
+    """The jobs that regenerate `cells` (and rebuild their models if `model`), then rescore and
+    summarize them."""
+    if not cells:
+        return Counter()
+    jobs: Counter[str] = Counter()
+    for run, ckpt, backend in {(c[0], c[1], c[4]) for c in cells}:
+        jobs[ENGINE_RULE[backend]] += 1
+        if model:
+            jobs["consolidate" if backend == "vllm" else "model_card"] += 1
+    return jobs + Counter({"generation": len(cells), "evaluate": len(cells), "aggregate": 1})
+
+
+#: Which entry a `*` of a key stands for in the walk.
+STAR = {"runs": "demo", "tasks": "pyfunc", "sampling": "greedy"}
+STAR_FOR = {"runs.*.endpoint": "ep", "runs.*.step": "ep", "tasks.*.harness": "pyfunc",
+            "tasks.*.num_fewshot": "arith_harness", "tasks.*.checker": "arith_harness"}
+
+
+def star_name(key: str) -> str | None:
+    head = key.split(".", 1)[0]
+    if head not in STAR or "*" not in key:
+        return None
+    return next((v for k, v in STAR_FOR.items() if key.startswith(k)), STAR[head])
+
+
+def concrete(key: str) -> str:
+    name = star_name(key)
+    return key.replace("*", name, 1) if name else key
+
+
+def promise(row: Any) -> Counter[str]:
+    """The jobs the contract table promises for a change of `row.key` in the walk."""
+    if row.effect == NONE:
+        return Counter()
+    if row.effect == SUMMARY:
+        return Counter({"aggregate": 1})
+    name = star_name(row.key)
+    head = row.key.split(".", 1)[0]
+
+    def selected(c: tuple[str, ...]) -> bool:
+        cell = Cell(c[0], c[2], c[3], c[4], *KINDS[c[2]])
+        picked = name is None or {"runs": c[0], "tasks": c[2], "sampling": c[3]}[head] == name
+        return picked and cell.matches(row)
+
+    if row.effect == MODEL:
+        runs = {name} if name else {"demo"}
+        return chain([c for c in CELLS if c[0] in runs], model=True)
+    cells = [c for c in CELLS if selected(c)]
+    if row.effect == SCORES:
+        return Counter({"evaluate": len(cells), "aggregate": 1}) if cells else Counter()
+    assert row.effect == GENERATIONS
+    return chain(cells)
+
+
+def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
+    """A valid value other than `value` for `key`."""
+    special: dict[str, Any] = {
+        "runs.demo.format": "hf",
+        "runs.demo.base_model": str(sweep.work / "base-copy"),
+        "runs.demo.backend": "openai",
+        "runs.ep.endpoint.base_url": sweep.endpoint.base_url.replace("/v1", "/v2"),
+        "runs.ep.endpoint.model": "tiny-2",
+        "runs.ep.endpoint.api_key_env": "CKPTEVAL_TEST_KEY",
+        "tasks.pyfunc.harness": "ckpteval_arith",
+        "tasks.pyfunc.system_prompt": "Be brief.",
+        "tasks.arith_harness.checker": "python",
+        "tasks.pyfunc.engine_group": "other",
+        "engine.dtype": "float32",
+        "consolidate.dtype": "float32",
+        "consolidate.smoke": "transformers",
+        "evaluate.sandbox": "none",
+        "evaluate.piston_url": "http://127.0.0.1:9/",
+        "aggregate.title": "another title",
+        "lm_eval.include_paths": [str(sweep.work)],
+        "evaluate.ks": [1, 2],
+        "gpus": [],
+    }
+    if key in special:
+        return special[key]
+    if isinstance(value, bool) or value is None and key.endswith(("chat_template",)):
+        return not value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value + 1
+    if isinstance(value, float):
+        return round(value / 2, 4) if value else 0.5
+    if value is None and key.endswith(("limit", "num_fewshot", "max_new_tokens")):
+        return 3
+    raise AssertionError(f"no changed value for {key} = {value!r}: add one to the test")
+
+
+def set_key(config: dict[str, Any], key: str, value: Any) -> None:
+    node = config
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+# Plan keys: a change adds, drops or renames cells; what it plans is spelled out per key.
+def plan_case(key: str, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
+    config = copy.deepcopy(sweep.full)
+    if key == "outdir":
+        config["outdir"] = "results-elsewhere"
+        return config, chain(CELLS, model=True)
+    if key == "shard":
+        config["shard"] = "1/2"  # a shard scores its checkpoints (all done), no summary
+        return config, Counter()
+    if key == "runs":
+        config["runs"]["ep2"] = copy.deepcopy(config["runs"]["ep"])
+        return config, chain([("ep2", "step_7", t, "greedy", "openai") for t in TASKS], model=True)
+    if key == "runs.*.path":
+        moved = sweep.work / "run-moved"
+        if not moved.exists():  # the same bytes elsewhere, copied without their times
+            shutil.copytree(sweep.work / "run", moved, copy_function=shutil.copyfile)
+        config["runs"]["demo"]["path"] = str(moved)
+        return config, Counter()
+    if key == "runs.*.patterns":
+        config["runs"]["demo"]["patterns"] = ["step_{step}", "ckpt-{step}"]
+        return config, Counter()
+    if key == "runs.*.evaluate_base":
+        config["runs"]["demo"]["evaluate_base"] = True
+        return config, chain([("demo", "base", t, "greedy", "vllm") for t in TASKS], model=True)
+    if key == "runs.*.complete_marker":  # no checkpoint has it: demo's cells leave the summary
+        config["runs"]["demo"]["complete_marker"] = "DONE"
+        return config, Counter({"aggregate": 1})
+    if key == "runs.*.step":
+        config["runs"]["ep"]["step"] = 8
+        return config, chain([("ep", "step_8", t, "greedy", "openai") for t in TASKS], model=True)
+    if key == "tasks":
+        config["tasks"]["humaneval"] = {"limit": 1}
+        return config, chain([c[:2] + ("humaneval",) + c[3:] for c in CELLS if c[2] == "arith"])
+    if key == "tasks.*.sampling":
+        config["tasks"]["pyfunc"]["sampling"] = ["greedy"]
+        return config, Counter()
+    if key == "sampling":  # the list form names configs from their values: every cell renamed
+        config["sampling"] = [{"temperature": 0.0, "max_new_tokens": 32}]
+        return config, chain([c[:3] + ("t0p1n1m32",) + c[4:] for c in CELLS])
+    if key == "seeds":  # greedy configs run once, whatever the seeds
+        config["seeds"] = [1, 2]
+        return config, Counter()
+    if key == "engine.seed":  # renames the greedy variants of every cell
+        config["engine"]["seed"] = 7
+        return config, chain(CELLS)
+    raise AssertionError(f"no plan case for {key}: add one to the test")
+
+
+def case(row: Any, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
+    if row.effect == PLAN:
+        return plan_case(row.key, sweep)
+    config = copy.deepcopy(sweep.full)
+    key = concrete(row.key)
+    value = lookup(config, key)
+    if isinstance(value, dict):  # a whole section or entry: reorder it (a reformatted config)
+        set_key(config, key, dict(reversed(list(value.items()))))
+        return config, Counter()
+    if key == "runs.demo.backend":  # a vllm run turned into an endpoint run is another model
+        config["runs"]["demo"] = {"backend": "openai", "step": 7,
+                                  "endpoint": {"base_url": sweep.endpoint.base_url, "model": "t"}}
+        return config, chain([("demo", "step_7", t, "greedy", "openai") for t in TASKS],
+                             model=True)
+    if key == "engine.tensor_parallel_size":  # refused without its safety switch (a none key)
+        config["engine"]["allow_tensor_parallel"] = True
+    if key == "runs.demo.base_model" and not (sweep.work / "base-copy").exists():
+        shutil.copytree(sweep.work / "base", sweep.work / "base-copy")
+    set_key(config, key, changed_value(key, value, sweep))
+    return config, promise(row)
+
+
+#: Keys of backends the walk's sweep has no run of: tested on a sweep of their own below.
+ELSEWHERE = {"runs.*.solutions"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", [r for r in CONTRACT if r.key not in ELSEWHERE],
+                         ids=[r.key for r in CONTRACT if r.key not in ELSEWHERE])
+def test_changing_a_key_plans_exactly_what_the_contract_promises(sweep: Sweep, row: Any) -> None:
+    config, expected = case(row, sweep)
+    assert planned(sweep, config, "walk") == expected, f"{row.key} ({row.effect}): {row.why}"
+
+
+# ------------------------------------------------------------------- file events, on the same sweep
+
+
+def _files(ckpt: Path) -> list[Path]:
+    return sorted(p for p in ckpt.rglob("*") if p.is_file())
+
+
+@pytest.mark.slow
+def test_touching_or_copying_a_checkpoint_reruns_nothing(sweep: Sweep) -> None:
+    for path in _files(sweep.work / "run" / "step_100"):
+        os.utime(path)  # `touch`
+    assert planned(sweep, sweep.config, "touched") == Counter()
+    copy_dir = sweep.work / "run" / "step_400.copy"
+    shutil.copytree(sweep.work / "run" / "step_400", copy_dir, copy_function=shutil.copyfile)
+    shutil.rmtree(sweep.work / "run" / "step_400")
+    copy_dir.rename(sweep.work / "run" / "step_400")  # `cp` without -p: new inodes and times
+    assert planned(sweep, sweep.config, "copied") == Counter()
+
+
+@pytest.mark.slow
+def test_a_deleted_checkpoint_stays_in_the_summary_marked(sweep: Sweep) -> None:
+    """A trainer's save_total_limit removes an old checkpoint: only the summary is rebuilt (to
+    mark it); its scores stay in the table and the report, marked as deleted."""
+    gone = sweep.work / "run-deleted" / "step_100"
+    shutil.move(sweep.work / "run" / "step_100", gone)
+    try:
+        assert planned(sweep, sweep.config, "deleted") == Counter({"aggregate": 1})
+        retitled = {**copy.deepcopy(sweep.config), "aggregate": {"title": "after a deletion"}}
+        assert planned(sweep, retitled, "retitled") == Counter({"aggregate": 1})
+        proc = run_snakemake(sweep.work, "--configfile", "retitled.yaml")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        table = pd.read_parquet(sweep.work / "results" / "summary" / "metrics.parquet")
+        kept = table[table.ckpt == "step_100"]
+        assert len(kept) > 0 and set(kept["task"]) == set(TASKS)
+        assert kept["source_deleted"].all() and not table[table.ckpt != "step_100"][
+            "source_deleted"].any()
+        report = (sweep.work / "results" / "summary" / "report.html").read_text()
+        assert "step_100" in report and "deleted" in report
+    finally:
+        shutil.move(gone, sweep.work / "run" / "step_100")
+    assert planned(sweep, retitled, "restored") == Counter({"aggregate": 1})
+
+
+@pytest.mark.slow
+def test_new_bytes_rerun_exactly_that_checkpoints_chain_and_the_old_bytes_nothing(
+        sweep: Sweep) -> None:
+    weights = sweep.work / "run" / "step_100" / "model.safetensors"
+    original = weights.read_bytes()
+    other = (sweep.work / "run" / "step_400" / "model.safetensors").read_bytes()
+    assert other != original
+    weights.write_bytes(other)
+    cells = [c for c in CELLS if c[:2] == ("demo", "step_100")]
+    try:
+        assert planned(sweep, sweep.config, "new-bytes") == chain(cells, model=True)
+    finally:
+        weights.write_bytes(original)
+    assert planned(sweep, sweep.config, "old-bytes") == Counter()
+
+
+@pytest.mark.slow
+def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
+        sweep: Sweep, tmp_path: Path) -> None:
+    broken = sweep.work / "run" / "step_500"
+    shutil.copytree(sweep.work / "run" / "step_400", broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])  # truncated tensor data
+    old = time.time() - 3600
+    for path in [broken, *_files(broken)]:
+        os.utime(path, (old, old))
+    try:
+        path = sweep.work / "broken.yaml"
+        path.write_text(yaml.safe_dump(sweep.config))
+        proc = run_snakemake(sweep.work, "-n", "--configfile", path.name)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-3000:]
+        line = next(ln for ln in out.splitlines() if "step_500" in ln and "broken" in ln)
+        assert "model.safetensors" in line and "Traceback" not in out
+        check = subprocess.run([sys.executable, "-m", "ckpteval.cli", "check", "--configfile",
+                                str(path)], cwd=sweep.work, capture_output=True, text=True)
+        assert check.returncode == 0 and "step_500" in check.stdout, check.stderr
+        status = subprocess.run([sys.executable, "-m", "ckpteval.cli", "status", "--configfile",
+                                 str(path)], cwd=sweep.work, capture_output=True, text=True)
+        assert "step_500" in status.stdout and "broken" in status.stdout, status.stderr
+        # Still being written (changed a moment ago): not broken, not reported.
+        os.utime(weights)
+        proc = run_snakemake(sweep.work, "-n", "--configfile", path.name)
+        assert "step_500" not in proc.stdout + proc.stderr
+    finally:
+        shutil.rmtree(broken)
+    empty = tmp_path / "empty-run"
+    (empty / "notes").mkdir(parents=True)
+    nothing = {**sweep.config, "outdir": str(tmp_path / "out"),
+               "runs": {"demo": {"path": str(empty)}}}
+    path = sweep.work / "nothing.yaml"
+    path.write_text(yaml.safe_dump(nothing))
+    proc = run_snakemake(sweep.work, "-n", "--configfile", path.name)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert "runs.demo.patterns: nothing in" in out and "step_{step}" in out and "notes" in out
+
+
+# -------------------------------------------------------------- a key of replay runs, on its own
+
+
+@pytest.mark.slow
+def test_replay_solutions_rerun_that_runs_cells_only(tmp_path: Path) -> None:
+    def solutions(directory: Path, answer: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        rows = [{"task_id": f"arith/{i}", "completion": f" #### {answer}"} for i in range(20)]
+        (directory / "arith.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    solutions(tmp_path / "a", 1)
+    solutions(tmp_path / "b", 2)
+    config = {"runs": {"one": {"backend": "replay", "solutions": str(tmp_path / "a")},
+                       "two": {"backend": "replay", "solutions": str(tmp_path / "a")}},
+              "tasks": {"arith": {}}}
+    (tmp_path / "replay.yaml").write_text(yaml.safe_dump(config))
+    proc = run_snakemake(tmp_path, "--configfile", "replay.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep = Sweep(tmp_path, config, config, None)  # type: ignore[arg-type]
+    assert planned(sweep, config, "same") == Counter()
+    config["runs"]["two"]["solutions"] = str(tmp_path / "b")
+    assert planned(sweep, config, "changed") == Counter(
+        {"replay": 1, "evaluate": 1, "aggregate": 1})
+
+
+def test_the_docs_table_is_the_code_table() -> None:
+    from ckpteval.contract import table_markdown
+
+    doc = (REPO / "docs" / "reruns.md").read_text()
+    table = doc.split("-->\n", 1)[1].split("\n<!-- /contract-table", 1)[0]
+    assert table == table_markdown()
