@@ -24,6 +24,8 @@ SPLIT = {  # many valid outputs: print two non-negative integers summing to n
                "    a, b = map(int, open(sys.argv[2]).read().split())\nexcept ValueError:\n"
                "    sys.exit(1)\nsys.exit(0 if a >= 0 and b >= 0 and a + b == n else 1)\n",
     "canonical_solution": "n = int(input())\nprint(n, 0)\n", "language": "python"}
+HALF_SECOND = {"task_id": "half", "tests": [{"input": "1 2\n", "output": "3\n"}], "time_limit": 0.5}
+BURN = "import os, time\ndef burn(s):\n    while time.process_time() < s:\n        pass\n"
 PY_OK = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 CPP_OK = ("```cpp\n#include <iostream>\nint main() { long long a, b; std::cin >> a >> b; "
           "std::cout << a + b << std::endl; }\n```")
@@ -50,6 +52,13 @@ CASES = [
      "memory_limit"),
     ("printing gigabytes", APLUSB, "```cpp\n#include <cstdio>\nint main() { for (;;) std::puts(\"xxxxxxxxxxxxxxxx\"); }\n```",
      "output_limit"),
+    ("0.35 s of CPU within a 0.5 s limit", HALF_SECOND,
+     f"```python\n{BURN}burn(0.35)\nprint(3)\n```", None),
+    ("0.65 s of CPU over a 0.5 s limit", HALF_SECOND,
+     f"```python\n{BURN}burn(0.65)\nprint(3)\n```", "timeout"),
+    ("CPU spent in a child it never reaps counts", HALF_SECOND,
+     f"```python\n{BURN}r, w = os.pipe()\nif os.fork() == 0:\n    burn(0.65)\n"
+     "    os.write(w, b'x')\n    os._exit(0)\nos.read(r, 1)\nprint(3)\n```", "timeout"),
     ("fork bomb", APLUSB, "```cpp\n#include <unistd.h>\nint main() { for (;;) fork(); }\n```", "timeout"),
     ("reading the home directory", APLUSB,
      "```python\nprint(open('/root/.bashrc').read())\n```", "runtime_error"),

@@ -16,9 +16,13 @@ token by token; tokens that are both decimal numbers with a fractional part may 
 (absolute or relative). A checker program is run as `checker <input> <output> <answer>` and
 accepts with exit status 0 (testlib's convention), in the local sandbox.
 
-Two backends run solutions. `local` (default): compile once in the sandbox, then run each test in
-its own sandbox with the time limit (wall clock, twice the limit plus half a second of start-up)
-and the memory limit (address space, plus 64 MB for the runtime). `piston`: a Piston endpoint
+A time limit is CPU time, as on a judge: a test's run fails as `timeout` when the CPU time of
+its whole process tree exceeds the limit, whatever the machine's load. Two backends run solutions.
+`local` (default): compile once in the sandbox, then run each test in its own sandbox with the
+memory limit (address space, plus 64 MB for the runtime); the sandbox measures the CPU time
+exactly (`ckpteval._sandbox_driver`), RLIMIT_CPU at the next whole second above the limit stops
+endless loops, and a wall clock of 3 x the limit x the machine's load + 1 s (`wall_limit`) only
+catches programs that sleep or block. `piston`: a Piston endpoint
 (`endpoint="http://host:2000"`), `POST /api/v2/execute` per test (`run_timeout`: the time limit)
 with bounded concurrency and retries; an endpoint that stays down raises `PistonError`, which
 fails the run. A problem's own `time_limit` is what it asks and is never calibrated; for
@@ -32,6 +36,7 @@ import json
 import math
 import os
 import re
+import signal
 import tempfile
 import threading
 import time
@@ -56,6 +61,9 @@ _SOURCE_NAME = {"python": "main.py", "cpp": "main.cpp", "rust": "main.rs"}
 DEFAULT_TIME_LIMIT = 2.0
 DEFAULT_MEMORY_MB = 256
 RUNTIME_MEMORY_SLACK = 64 << 20
+#: The wall clock of a run is WALL_FACTOR x the CPU time limit x the load, plus WALL_SLACK_S.
+WALL_FACTOR = 3.0
+WALL_SLACK_S = 1.0
 
 
 class PistonError(RuntimeError):
@@ -261,7 +269,7 @@ def _compile(sandbox: Sandbox, program: Program, workdir: Path) -> list[str] | V
 
 
 class _Local(_Backend):
-    """Compile once, run every test in its own sandbox."""
+    """Compile once, run every test in its own sandbox; the verdict's time is CPU time."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
@@ -273,7 +281,8 @@ class _Local(_Backend):
             compiled = _compile(self.sandbox, program, Path(work))
             if isinstance(compiled, Verdict):
                 return compiled
-            limits = Limits(wall_s=2 * time_limit + 0.5, cpu_s=math.ceil(time_limit) + 1,
+            limits = Limits(wall_s=wall_limit(time_limit, load_scale()),
+                            cpu_s=cpu_backstop(time_limit),
                             memory_bytes=memory + RUNTIME_MEMORY_SLACK)
             slowest = 0.0
             for number, test in enumerate(tests, start=1):
@@ -282,7 +291,7 @@ class _Local(_Backend):
                 result = self.sandbox.run(compiled, limits=limits, workdir=Path(work),
                                           stdin=stdin, readable=_toolchains())
                 slowest = max(slowest, result.duration_s)
-                failure = _run_failure(result)
+                failure = _run_failure(result, time_limit)
                 if failure is None and not judge.accepts(test, result.stdout):
                     failure = "wrong_answer"
                 if failure:
@@ -294,11 +303,37 @@ class _Local(_Backend):
                                                      "tests_total": len(tests)}, run_s=slowest)
 
 
-def _run_failure(result: RunResult) -> str | None:
-    """The error type of a finished run, before looking at its output (None: it ran cleanly)."""
-    if result.timed_out or result.signal == 24:
+def cpu_backstop(time_limit: float) -> int:
+    """RLIMIT_CPU for a run: the first whole second above the limit. It only stops endless loops
+    (the kernel counts whole seconds); the verdict compares the measured CPU time with the limit."""
+    return math.floor(time_limit) + 1
+
+
+def wall_limit(time_limit: float, scale: float = 1.0) -> float:
+    """The wall clock a run gets: `WALL_FACTOR` times the limit, stretched by the machine's load
+    (`load_scale`), plus `WALL_SLACK_S`. It only catches programs that sleep or block: a program
+    within its CPU limit ends well before it, even on a machine busier than measured."""
+    return WALL_FACTOR * time_limit * scale + WALL_SLACK_S
+
+
+def load_scale() -> float:
+    """How many times slower than idle a CPU-bound program runs now: runnable tasks (the larger of
+    the 1-minute load average and the instant count) per core this process may use, 1 to 8."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        fields = Path("/proc/loadavg").read_text().split()
+        busy = max(float(fields[0]), float(fields[3].split("/")[0]))
+    except (OSError, ValueError, IndexError):
+        return 1.0
+    return min(8.0, max(1.0, busy / cores))
+
+
+def _run_failure(result: RunResult, time_limit: float) -> str | None:
+    """The error type of a finished run, before looking at its output (None: it ran cleanly).
+    More CPU time than the limit is a timeout whatever else happened, as on a judge."""
+    if result.timed_out or result.signal == signal.SIGXCPU or result.cpu_s > time_limit:
         return "timeout"
-    if result.output_limit or result.signal == 25:
+    if result.output_limit or result.signal == signal.SIGXFSZ:
         return "output_limit"
     if result.exit_code == 0:
         return None
