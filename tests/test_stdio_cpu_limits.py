@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -45,7 +46,7 @@ class Hogs:
     def __init__(self, n: int, max_s: int = 120) -> None:
         self.n, self.max_s = n, max_s
 
-    def __enter__(self) -> Hogs:
+    def __enter__(self) -> Self:
         code = f"import signal\nsignal.alarm({self.max_s})\nwhile True:\n    pass\n"
         self.procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(self.n)]
         return self
