@@ -75,6 +75,29 @@ def test_endpoint_down_fails_with_one_clear_line(tmp_path: Path,
     assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "out.json").exists()
 
 
+def test_a_server_with_lower_limits_is_one_line_until_they_are_configured(
+        serve: Callable[..., PistonStandin], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Piston configured with PISTON_RUN_TIMEOUT=2000 refuses Piston's default 3000: one line
+    naming the key; `--piston-limit run_timeout=2000` (evaluate.piston_limits) makes it work."""
+    server = serve(limits={"run_timeout": 2000})
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"task_id": "aplusb", "completion": RIGHT}) + "\n")
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(json.dumps(APLUSB) + "\n")
+    argv = ["score", "stdio", "--problems", str(problems), "--samples", str(samples),
+            "--out", str(tmp_path / "out.jsonl"), "--endpoint", server.url]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [(
+        f"ckpteval: error: piston at {server.url} refused run_timeout=3000: cannot exceed the "
+        "configured limit of 2000; set evaluate.piston_limits.run_timeout to at most 2000 (or "
+        "raise PISTON_RUN_TIMEOUT on the server)")], err
+    assert len(server.requests) <= 3  # at most one per self-test job (1 reference, 2 wrong): no retry
+    assert main([*argv, "--piston-limit", "run_timeout=2000"]) == 0
+    assert json.loads((tmp_path / "out.jsonl").read_text())["passed"] is True
+    assert {r["run_timeout"] for r in server.requests} == {3000, 2000}
+
+
 def test_a_down_endpoint_costs_retries_per_worker_not_per_sample(serve: Callable[..., PistonStandin]) -> None:
     server = serve(runtimes_body=b"503")
     start = time.monotonic()
