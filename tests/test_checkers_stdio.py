@@ -116,6 +116,7 @@ BURNING = {"task_id": "burning", "tests": [{"input": "1 2\n", "output": "3\n"}],
 SAME_VERDICTS = [
     ("python", APLUSB, PY_OK, None),
     ("c++", APLUSB, CPP_OK, None),
+    ("rust", APLUSB, RUST_OK, None),
     ("wrong answer", APLUSB, "```python\nprint(4)\n```", "wrong_answer"),
     ("runtime error", APLUSB, "```python\nraise ValueError('x')\n```", "runtime_error"),
     ("c++ compile error", APLUSB, "```cpp\nint main( {\n```", "compile_error"),
@@ -210,6 +211,21 @@ def test_problems_piston_cannot_judge_as_they_ask_are_one_line() -> None:
     roomy.validate_problem("long", long)
     with pytest.raises(UserError, match="evaluate.piston_limits: unknown key"):
         get_checker("stdio", endpoint=down_url(), piston_limits={"run_time": 1})
+
+
+def test_a_configured_timeout_over_pistons_limit_is_capped_not_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`evaluate.timeout` (10 s by default) is no problem's own limit: capped at run_cpu_time."""
+    free = {"task_id": "free", "tests": [{"input": "1 2\n", "output": "3\n"}]}
+    with PistonStandin() as piston:
+        checker = get_checker("stdio", endpoint=piston.url)
+        try:
+            verdict = checker.check([Job("free", free, PY_OK)], workers=1, timeout=10)[0]
+        finally:
+            checker.close()
+    assert verdict.passed, verdict
+    assert [(r["run_cpu_time"], r["run_timeout"]) for r in piston.requests] == [(3000, 3000)]
+    assert "timeouts above 3 s (evaluate.piston_limits) are capped" in caplog.text
 
 
 def test_output_over_output_max_size_is_an_output_limit() -> None:
