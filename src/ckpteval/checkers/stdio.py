@@ -27,8 +27,9 @@ catches programs that sleep or block.
 `piston`: a Piston endpoint (`endpoint="http://host:2000"`), `POST /api/v2/execute` per test,
 every request inside the server's limits (`piston_limits`, i.e. `evaluate.piston_limits`; Piston's
 own defaults unless configured: `PISTON_DEFAULT_LIMITS`): `run_cpu_time` is the time limit and the
-verdict compares the reply's `cpu_time` with it, `run_timeout` is the load-tolerant wall clock
-above (at most the configured `run_timeout`), the compile stage gets the configured limits.
+verdict compares the reply's `cpu_time` with it, `run_timeout` is the configured one (the longest
+wall clock the server allows: only sleepers should meet it), the compile stage gets the
+configured limits.
 `GET /api/v2/runtimes` is asked once; concurrency is bounded, connection errors, 429 and 5xx are
 retried. Whatever would make a verdict wrong is one line instead: a problem whose own
 `time_limit` or `memory_limit` is over the server's, or whose expected output is longer than
@@ -461,20 +462,20 @@ class _Piston(_Backend):
 
     def request_body(self, program: Program, language: str, version: str, stdin: str,
                      time_limit: float, memory: int) -> dict[str, Any]:
-        """One execute request: the time limit as CPU time (`run_cpu_time`), a wall clock that
-        tolerates a busy server (`wall_limit`, up to `run_timeout`), the compile stage's limits as
-        configured; a limit configured as 0 or less is left to the server."""
+        """One execute request: the time limit as CPU time (`run_cpu_time`), the longest wall
+        clock the server allows (`run_timeout`: how busy it is cannot be seen from here, and the
+        wall clock only catches sleepers), the compile stage's limits as configured; a limit
+        configured as 0 or less is left to the server (the wall clock is then `wall_limit`)."""
         limits = self.limits
         body: dict[str, Any] = {
             "language": language, "version": version,
             "files": [{"name": _SOURCE_NAME[program.language], "content": program.source}],
             "stdin": stdin, "args": [],
             "run_cpu_time": math.ceil(time_limit * 1000),
-            "run_timeout": math.ceil(wall_limit(time_limit) * 1000),
+            "run_timeout": (limits["run_timeout"] if limits["run_timeout"] > 0
+                            else math.ceil(wall_limit(time_limit) * 1000)),
             "run_memory_limit": memory,
         }
-        if limits["run_timeout"] > 0:
-            body["run_timeout"] = min(body["run_timeout"], limits["run_timeout"])
         if limits["run_memory_limit"] > 0:
             body["run_memory_limit"] = min(memory, limits["run_memory_limit"])
         for key in ("compile_timeout", "compile_cpu_time", "compile_memory_limit"):
