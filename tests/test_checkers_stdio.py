@@ -1,5 +1,6 @@
-"""The stdio checker: local sandboxed judging in three languages, checker programs, and a Piston
-client against a small Piston-shaped server on 127.0.0.1 that really runs the programs."""
+"""The stdio checker: local sandboxed judging in three languages, checker programs, time limits as
+CPU time, and a Piston client against tests/piston_standin.py, a loopback stand-in that validates
+requests and runs programs as Piston does: same verdicts as locally, one line when Piston refuses."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakePiston, down_url, piston_ok
+from fakes import down_url
+from piston_standin import PistonStandin, python_runtime
 
 from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers.stdio import PistonError, detect_program, outputs_match
+from ckpteval.errors import UserError
 from ckpteval.evaluate import score_samples
 
 APLUSB = {"task_id": "aplusb", "tests": [{"input": "1 2\n", "output": "3\n"},
@@ -24,6 +27,8 @@ SPLIT = {  # many valid outputs: print two non-negative integers summing to n
                "    a, b = map(int, open(sys.argv[2]).read().split())\nexcept ValueError:\n"
                "    sys.exit(1)\nsys.exit(0 if a >= 0 and b >= 0 and a + b == n else 1)\n",
     "canonical_solution": "n = int(input())\nprint(n, 0)\n", "language": "python"}
+HALF_SECOND = {"task_id": "half", "tests": [{"input": "1 2\n", "output": "3\n"}], "time_limit": 0.5}
+BURN = "import os, time\ndef burn(s):\n    while time.process_time() < s:\n        pass\n"
 PY_OK = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 CPP_OK = ("```cpp\n#include <iostream>\nint main() { long long a, b; std::cin >> a >> b; "
           "std::cout << a + b << std::endl; }\n```")
@@ -50,6 +55,13 @@ CASES = [
      "memory_limit"),
     ("printing gigabytes", APLUSB, "```cpp\n#include <cstdio>\nint main() { for (;;) std::puts(\"xxxxxxxxxxxxxxxx\"); }\n```",
      "output_limit"),
+    ("0.35 s of CPU within a 0.5 s limit", HALF_SECOND,
+     f"```python\n{BURN}burn(0.35)\nprint(3)\n```", None),
+    ("0.65 s of CPU over a 0.5 s limit", HALF_SECOND,
+     f"```python\n{BURN}burn(0.65)\nprint(3)\n```", "timeout"),
+    ("CPU spent in a child it never reaps counts", HALF_SECOND,
+     (f"```python\n{BURN}r, w = os.pipe()\nif os.fork() == 0:\n    burn(0.65)\n"
+      "    os.write(w, b'x')\n    os._exit(0)\nos.read(r, 1)\nprint(3)\n```"), "timeout"),
     ("fork bomb", APLUSB, "```cpp\n#include <unistd.h>\nint main() { for (;;) fork(); }\n```", "timeout"),
     ("reading the home directory", APLUSB,
      "```python\nprint(open('/root/.bashrc').read())\n```", "runtime_error"),
@@ -97,27 +109,149 @@ def test_output_comparison() -> None:
     assert detect_program("print(1)").language == "python"
 
 
-# ---------------------------------------------------------------------- Piston (fake, loopback)
+# ------------------------------------------------------- Piston (the stand-in on loopback)
 
-def test_piston_backend_judges_like_local() -> None:
-    jobs = [Job("aplusb", APLUSB, PY_OK), Job("aplusb", APLUSB, "print(4)"),
-            Job("aplusb", APLUSB, "raise ValueError('x')"), Job("aplusb", APLUSB, "while True: pass"),
-            Job("split", SPLIT, "n = int(input())\nprint(0, n)\n")] * 2
-    with FakePiston() as piston:
-        checker = get_checker("stdio", endpoint=piston.url, piston_concurrency=2)
-        verdicts = checker.check(jobs, workers=4)
-    assert [v.error_type for v in verdicts[:5]] == [None, "wrong_answer", "runtime_error", "timeout", None]
-    assert [v.error_type for v in verdicts[:5]] == [v.error_type for v in verdicts[5:]]
+BURNING = {"task_id": "burning", "tests": [{"input": "1 2\n", "output": "3\n"}], "time_limit": 0.5}
+#: <cstdio> compiles in a tenth of <iostream>'s CPU time: Piston's compile stage has a 10 s wall
+#: clock, which a loaded machine can make an <iostream> or rustc compile miss.
+CPP_STDIO_OK = ("```cpp\n#include <cstdio>\nint main() { long long a, b; "
+                "if (scanf(\"%lld %lld\", &a, &b) != 2) return 1; printf(\"%lld\\n\", a + b); }\n```")
+#: One problem set, every kind of verdict: both backends must agree on each.
+SAME_VERDICTS = [
+    ("python", APLUSB, PY_OK, None),
+    ("c++", APLUSB, CPP_STDIO_OK, None),
+    ("wrong answer", APLUSB, "```python\nprint(4)\n```", "wrong_answer"),
+    ("runtime error", APLUSB, "```python\nraise ValueError('x')\n```", "runtime_error"),
+    ("c++ compile error", APLUSB, "```cpp\nint main( {\n```", "compile_error"),
+    ("0.7x the CPU limit", BURNING, f"```python\n{BURN}burn(0.35)\nprint(3)\n```", None),
+    ("1.3x the CPU limit", BURNING, f"```python\n{BURN}burn(0.65)\nprint(3)\n```", "timeout"),
+    ("endless loop", BURNING, "```python\nwhile True:\n    pass\n```", "timeout"),
+    ("sleeper", BURNING, "```python\nimport time\ntime.sleep(30)\n```", "timeout"),
+    ("checker accepts", SPLIT, "```python\nn = int(input())\nprint(0, n)\n```", None),
+    ("checker rejects", SPLIT, "```python\nn = int(input())\nprint(1, n)\n```", "wrong_answer"),
+]
+
+
+def _verdicts(jobs: list[Job], **options: Any) -> list[Verdict]:
+    checker = get_checker("stdio", **options)
+    try:
+        return checker.check(jobs, workers=2)
+    finally:
+        checker.close()
+
+
+def test_piston_with_its_default_limits_judges_like_the_local_sandbox() -> None:
+    jobs = [Job(p["task_id"], p, completion) for _, p, completion, _ in SAME_VERDICTS]
+    expected = [e for *_, e in SAME_VERDICTS]
+    local = _verdicts(jobs)
+    with PistonStandin() as piston:
+        remote = _verdicts(jobs, endpoint=piston.url, piston_concurrency=2)
+    assert [v.error_type for v in local] == expected, local
+    assert [v.error_type for v in remote] == expected, remote
+    assert [v.compile_ok for v in remote] == [v.compile_ok for v in local]
     assert 1 <= piston.max_active <= 2  # bounded concurrency
+    assert piston.runtime_requests == 1  # asked once per checker
+    first = piston.requests[0]
+    assert (first["compile_timeout"], first["compile_cpu_time"]) == (10000, 10000)
+    limits = {(r["run_cpu_time"], r["run_timeout"]) for r in piston.requests}
+    assert limits == {(1000, 3000), (500, 3000), (2000, 3000)}  # CPU: the limit; wall: the most
+
+
+def test_piston_refusing_a_limit_is_one_line_naming_it() -> None:
+    """A server configured below Piston's defaults refuses requests within them: one line that
+    names the limit and the key to set, no retry, no verdict."""
+    with PistonStandin(limits={"run_timeout": 2000}) as piston, \
+            pytest.raises(PistonError) as caught:
+        _verdicts([Job("aplusb", APLUSB, PY_OK)], endpoint=piston.url)
+    assert str(caught.value) == (
+        f"piston at {piston.url} refused run_timeout=3000: cannot exceed the configured limit of "
+        "2000; set evaluate.piston_limits.run_timeout to at most 2000 (or raise "
+        "PISTON_RUN_TIMEOUT on the server)")
+    assert len(piston.requests) == 1
+    with PistonStandin(limits={"run_timeout": 2000}) as piston:  # configured to match: accepted
+        verdicts = _verdicts([Job("aplusb", APLUSB, PY_OK)], endpoint=piston.url,
+                             piston_limits={"run_timeout": 2000})
+    assert verdicts[0].passed and {r["run_timeout"] for r in piston.requests} == {2000}
+
+
+def test_the_old_60_s_compile_timeout_is_refused_by_the_stand_in() -> None:
+    """What every request used to send: the stand-in refuses it as Piston does."""
+    with PistonStandin() as piston, \
+            pytest.raises(PistonError, match="refused compile_timeout=60000: cannot exceed the "
+                                             "configured limit of 10000"):
+        _verdicts([Job("aplusb", APLUSB, CPP_OK)], endpoint=piston.url,
+                  piston_limits={"compile_timeout": 60000})
+
+
+def test_a_language_piston_lacks_is_one_line() -> None:
+    with PistonStandin(runtimes=[python_runtime()]) as piston, \
+            pytest.raises(PistonError) as caught:
+        _verdicts([Job("aplusb", APLUSB, CPP_OK)], endpoint=piston.url)
+    assert str(caught.value) == (
+        f"piston at {piston.url}: no c++ runtime installed (installed: py, py3, python, python3, "
+        "python3.12); install it (piston ppman install c++) or use the local sandbox")
+    assert piston.requests == []
+
+
+def test_problems_piston_cannot_judge_as_they_ask_are_one_line() -> None:
+    """A time limit over run_cpu_time, or an expected output longer than output_max_size, would
+    change verdicts if capped or compared: a `UserError` before anything runs."""
+    checker = get_checker("stdio", endpoint=down_url())
+    slow = {**APLUSB, "time_limit": 4}
+    with pytest.raises(UserError, match=r"problem slow: time_limit 4 s is over what Piston at .* "
+                                        r"allows \(run_cpu_time 3000 ms\); raise it on the server "
+                                        r"\(PISTON_RUN_CPU_TIME\) and in evaluate.piston_limits"):
+        checker.validate_problem("slow", slow)
+    long = {"tests": [{"input": "", "output": "1 " * 600}]}
+    with pytest.raises(UserError, match="test 1 expects 1200 characters of output, over Piston's "
+                                        "output_max_size of 1024"):
+        checker.validate_problem("long", long)
+    checker.validate_problem("aplusb", APLUSB)
+    roomy = get_checker("stdio", endpoint=down_url(),
+                        piston_limits={"run_cpu_time": 5000, "run_timeout": 10000,
+                                       "output_max_size": 65536})
+    roomy.validate_problem("slow", slow)
+    roomy.validate_problem("long", long)
+    with pytest.raises(UserError, match="evaluate.piston_limits: unknown key"):
+        get_checker("stdio", endpoint=down_url(), piston_limits={"run_time": 1})
+
+
+def test_a_configured_timeout_over_pistons_limit_is_capped_not_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`evaluate.timeout` (10 s by default) is no problem's own limit: capped at run_cpu_time."""
+    free = {"task_id": "free", "tests": [{"input": "1 2\n", "output": "3\n"}]}
+    with PistonStandin() as piston:
+        checker = get_checker("stdio", endpoint=piston.url)
+        try:
+            verdict = checker.check([Job("free", free, PY_OK)], workers=1, timeout=10)[0]
+        finally:
+            checker.close()
+    assert verdict.passed, verdict
+    assert [(r["run_cpu_time"], r["run_timeout"]) for r in piston.requests] == [(3000, 3000)]
+    assert "timeouts above 3 s (evaluate.piston_limits) are capped" in caplog.text
+
+
+def test_output_over_output_max_size_is_an_output_limit() -> None:
+    """Piston kills a program at output_max_size characters (status OL)."""
+    with PistonStandin() as piston:
+        verdict = _verdicts([Job("aplusb", APLUSB, "print('3 ' * 1000)")], endpoint=piston.url)[0]
+    assert verdict.error_type == "output_limit", verdict
+
+
+def test_an_input_over_pistons_body_limit_is_one_line() -> None:
+    huge = {"task_id": "huge", "tests": [{"input": "1 " * 60_000, "output": "1\n"}], "time_limit": 1}
+    with PistonStandin() as piston, \
+            pytest.raises(PistonError, match=r"refused the request \(HTTP 400\): "
+                                             r"PayloadTooLargeError: request entity too large"):
+        _verdicts([Job("huge", huge, PY_OK)], endpoint=piston.url)
 
 
 def test_piston_retries_transient_failures() -> None:
-    def refuse_two(number: int, request: dict[str, Any]) -> tuple[int, bytes]:
-        return (503, b'{"message": "overloaded"}') if number <= 2 else piston_ok(number, request)
+    def refuse_two(number: int, request: Any, piston: Any) -> tuple[int, bytes]:
+        return (503, b'{"message": "overloaded"}') if number <= 2 else piston()
 
-    with FakePiston(refuse_two) as piston:
-        checker = get_checker("stdio", endpoint=piston.url, piston_retries=3)
-        verdict = checker.check([Job("aplusb", APLUSB, PY_OK)], workers=1)[0]
+    with PistonStandin(refuse_two) as piston:
+        verdict = _verdicts([Job("aplusb", APLUSB, PY_OK)], endpoint=piston.url, piston_retries=3)[0]
     assert verdict.passed
     assert len(piston.times) == 3 + 2  # 2 refused + 3 tests
 

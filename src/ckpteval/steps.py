@@ -198,6 +198,7 @@ def evaluate(smk: Any) -> None:
     options: dict[str, Any] = {"sandbox": ev["sandbox"]}
     if ev.get("piston_url"):
         options["endpoint"] = ev["piston_url"]
+        options["piston_limits"] = dict(ev.get("piston_limits") or {})
     scoring: dict[str, Any] = {
         "workers": int(smk.threads), "timeout": float(ev["timeout"]),
         "timeout_factor": float(ev["timeout_factor"]), "ks": ev["ks"], "checker_options": options,

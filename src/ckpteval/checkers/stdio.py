@@ -16,22 +16,45 @@ token by token; tokens that are both decimal numbers with a fractional part may 
 (absolute or relative). A checker program is run as `checker <input> <output> <answer>` and
 accepts with exit status 0 (testlib's convention), in the local sandbox.
 
-Two backends run solutions. `local` (default): compile once in the sandbox, then run each test in
-its own sandbox with the time limit (wall clock, twice the limit plus half a second of start-up)
-and the memory limit (address space, plus 64 MB for the runtime). `piston`: a Piston endpoint
-(`endpoint="http://host:2000"`), `POST /api/v2/execute` per test (`run_timeout`: the time limit)
-with bounded concurrency and retries; an endpoint that stays down raises `PistonError`, which
-fails the run. A problem's own `time_limit` is what it asks and is never calibrated; for
-problems without one, a job's `timeout` (a calibrated limit) replaces the call's; a verdict's
-`run_s` is its slowest test run (Piston's `wall_time`, when the endpoint reports it).
+A time limit is CPU time, as on a judge: a test's run fails as `timeout` when the CPU time of
+its whole process tree exceeds the limit, whatever the machine's load. Two backends run solutions.
+`local` (default): compile once in the sandbox, then run each test in its own sandbox with the
+memory limit (address space, plus 64 MB for the runtime); the sandbox measures the CPU time
+exactly (`ckpteval._sandbox_driver`), RLIMIT_CPU at the next whole second above the limit stops
+endless loops, and a wall clock of 3 x the limit x the machine's load + 1 s (`wall_limit`) only
+catches programs that sleep or block.
+
+`piston`: a Piston endpoint (`endpoint="http://host:2000"`), `POST /api/v2/execute` per test,
+every request inside the server's limits (`piston_limits`, i.e. `evaluate.piston_limits`; Piston's
+own defaults unless configured: `PISTON_DEFAULT_LIMITS`): `run_cpu_time` is the time limit and the
+verdict compares the reply's `cpu_time` with it, `run_timeout` is the configured one (the longest
+wall clock the server allows: only sleepers should meet it), the compile stage gets the
+configured limits.
+`GET /api/v2/runtimes` is asked once; concurrency is bounded, connection errors, 429 and 5xx are
+retried. Whatever would make a verdict wrong is one line instead: a problem whose own
+`time_limit` or `memory_limit` is over the server's, or whose expected output is longer than
+`output_max_size` (Piston cuts stdout there; it is a server setting, not a request field) is a
+`UserError` before anything runs; a request Piston refuses (HTTP 400: "run_timeout cannot exceed
+the configured limit of 3000", a body over its 100 kB), a language it lacks, or an endpoint that
+stays down raises `PistonError`, which fails the run. A program that writes more than
+`output_max_size` characters to stdout or stderr is killed by Piston: `output_limit`. A limit that
+is not the problem's own (a configured or calibrated timeout) is capped at the server's, with a
+warning. Piston compiles C++ without -O2 and Rust without -O (its packages' scripts), so a
+compiled solution near its limit can pass locally and time out there.
+
+A problem's own `time_limit` is what it asks and is never calibrated; for problems without one,
+a job's `timeout` (a calibrated limit) replaces the call's; a verdict's `run_s` is its slowest
+test run on the wall clock (Piston's `wall_time`, when the endpoint reports it).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
+import signal
 import tempfile
 import threading
 import time
@@ -49,6 +72,8 @@ from ckpteval.checkers.rust import rust_sysroot
 from ckpteval.errors import UserError
 from ckpteval.sandbox import Limits, RunResult, Sandbox
 
+log = logging.getLogger(__name__)
+
 LANGUAGES = ("python", "cpp", "rust")
 _FENCE_NAMES = {"python": "python", "py": "python", "python3": "python", "cpp": "cpp", "c++": "cpp",
                 "cc": "cpp", "cxx": "cpp", "rust": "rust", "rs": "rust"}
@@ -56,6 +81,17 @@ _SOURCE_NAME = {"python": "main.py", "cpp": "main.cpp", "rust": "main.rs"}
 DEFAULT_TIME_LIMIT = 2.0
 DEFAULT_MEMORY_MB = 256
 RUNTIME_MEMORY_SLACK = 64 << 20
+#: The wall clock of a run is WALL_FACTOR x the CPU time limit x the load, plus WALL_SLACK_S.
+WALL_FACTOR = 3.0
+WALL_SLACK_S = 1.0
+
+
+#: Piston's own limits (api/src/config.js defaults): timeouts and CPU times in ms, memory in bytes
+#: (-1: none), output_max_size in characters per stream. `evaluate.piston_limits` overrides them
+#: to match a server configured otherwise (PISTON_RUN_TIMEOUT=..., limit_overrides).
+PISTON_DEFAULT_LIMITS = {"compile_timeout": 10000, "run_timeout": 3000, "compile_cpu_time": 10000,
+                         "run_cpu_time": 3000, "compile_memory_limit": -1, "run_memory_limit": -1,
+                         "output_max_size": 1024}
 
 
 class PistonError(RuntimeError):
@@ -114,10 +150,12 @@ class StdioChecker(Checker):
     compiles = True
 
     def __init__(self, *, sandbox: str = "bwrap", endpoint: str | None = None,
-                 piston_concurrency: int = 4, piston_retries: int = 3) -> None:
+                 piston_concurrency: int = 4, piston_retries: int = 3,
+                 piston_limits: Mapping[str, int] | None = None) -> None:
         self.sandbox = Sandbox(sandbox)
-        self.backend: _Backend = (_Piston(endpoint, piston_concurrency, piston_retries) if endpoint
-                                  else _Local(self.sandbox))
+        limits = _piston_limits(piston_limits)
+        self.backend: _Backend = (_Piston(endpoint, piston_concurrency, piston_retries, limits)
+                                  if endpoint else _Local(self.sandbox))
         self._checkers: dict[str, tuple[Path, list[str]]] = {}
         self._checker_lock = threading.Lock()
         self._checker_dirs: list[tempfile.TemporaryDirectory[str]] = []
@@ -127,6 +165,7 @@ class StdioChecker(Checker):
         if not tests or not all(isinstance(t, Mapping) and "input" in t and "output" in t for t in tests):
             raise UserError(f"problem {task_id}: stdio problems need `tests`: a non-empty list of "
                             "{input, output} objects")
+        self.backend.check_problem(task_id, problem, tests)
 
     def run_timeout(self, problem: Mapping[str, Any], timeout: float | None) -> float:
         """The time limit per test: the problem's own `time_limit`, else the call's `timeout`."""
@@ -143,8 +182,8 @@ class StdioChecker(Checker):
         problem = job.problem
         program = detect_program(job.completion)
         own = self.own_time_limit(problem)
-        time_limit = self.run_timeout(problem, timeout) if own else (job.timeout or
-                                                                     self.run_timeout(problem, timeout))
+        time_limit = self.run_timeout(problem, timeout) if own else self.backend.time_limit_for(
+            job.timeout or self.run_timeout(problem, timeout))
         memory = int(problem.get("memory_limit") or DEFAULT_MEMORY_MB) << 20
         tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
         judge = self._judge(job.task_id, problem)
@@ -219,6 +258,14 @@ class _Judge:
 
 
 class _Backend:
+    def check_problem(self, task_id: str, problem: Mapping[str, Any],
+                      tests: Sequence[Mapping[str, Any]]) -> None:
+        """Raise `UserError` if this backend cannot judge `problem` as it asks."""
+
+    def time_limit_for(self, time_limit: float) -> float:
+        """The limit a run gets for a configured or calibrated (not the problem's own) limit."""
+        return time_limit
+
     def judge(self, program: Program, tests: Sequence[Mapping[str, Any]], time_limit: float,
               memory: int, judge: _Judge) -> Verdict:
         raise NotImplementedError
@@ -261,7 +308,7 @@ def _compile(sandbox: Sandbox, program: Program, workdir: Path) -> list[str] | V
 
 
 class _Local(_Backend):
-    """Compile once, run every test in its own sandbox."""
+    """Compile once, run every test in its own sandbox; the verdict's time is CPU time."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
@@ -273,7 +320,8 @@ class _Local(_Backend):
             compiled = _compile(self.sandbox, program, Path(work))
             if isinstance(compiled, Verdict):
                 return compiled
-            limits = Limits(wall_s=2 * time_limit + 0.5, cpu_s=math.ceil(time_limit) + 1,
+            limits = Limits(wall_s=wall_limit(time_limit, load_scale()),
+                            cpu_s=cpu_backstop(time_limit),
                             memory_bytes=memory + RUNTIME_MEMORY_SLACK)
             slowest = 0.0
             for number, test in enumerate(tests, start=1):
@@ -282,7 +330,7 @@ class _Local(_Backend):
                 result = self.sandbox.run(compiled, limits=limits, workdir=Path(work),
                                           stdin=stdin, readable=_toolchains())
                 slowest = max(slowest, result.duration_s)
-                failure = _run_failure(result)
+                failure = _run_failure(result, time_limit)
                 if failure is None and not judge.accepts(test, result.stdout):
                     failure = "wrong_answer"
                 if failure:
@@ -294,11 +342,37 @@ class _Local(_Backend):
                                                      "tests_total": len(tests)}, run_s=slowest)
 
 
-def _run_failure(result: RunResult) -> str | None:
-    """The error type of a finished run, before looking at its output (None: it ran cleanly)."""
-    if result.timed_out or result.signal == 24:
+def cpu_backstop(time_limit: float) -> int:
+    """RLIMIT_CPU for a run: the first whole second above the limit. It only stops endless loops
+    (the kernel counts whole seconds); the verdict compares the measured CPU time with the limit."""
+    return math.floor(time_limit) + 1
+
+
+def wall_limit(time_limit: float, scale: float = 1.0) -> float:
+    """The wall clock a run gets: `WALL_FACTOR` times the limit, stretched by the machine's load
+    (`load_scale`), plus `WALL_SLACK_S`. It only catches programs that sleep or block: a program
+    within its CPU limit ends well before it, even on a machine busier than measured."""
+    return WALL_FACTOR * time_limit * scale + WALL_SLACK_S
+
+
+def load_scale() -> float:
+    """How many times slower than idle a CPU-bound program runs now: runnable tasks (the larger of
+    the 1-minute load average and the instant count) per core this process may use, 1 to 8."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        fields = Path("/proc/loadavg").read_text().split()
+        busy = max(float(fields[0]), float(fields[3].split("/")[0]))
+    except (OSError, ValueError, IndexError):
+        return 1.0
+    return min(8.0, max(1.0, busy / cores))
+
+
+def _run_failure(result: RunResult, time_limit: float) -> str | None:
+    """The error type of a finished run, before looking at its output (None: it ran cleanly).
+    More CPU time than the limit is a timeout whatever else happened, as on a judge."""
+    if result.timed_out or result.signal == signal.SIGXCPU or result.cpu_s > time_limit:
         return "timeout"
-    if result.output_limit or result.signal == 25:
+    if result.output_limit or result.signal == signal.SIGXFSZ:
         return "output_limit"
     if result.exit_code == 0:
         return None
@@ -309,19 +383,73 @@ def _run_failure(result: RunResult) -> str | None:
 
 
 class _Piston(_Backend):
-    """A Piston endpoint: one `POST /api/v2/execute` per test, bounded and retried."""
+    """A Piston endpoint: one `POST /api/v2/execute` per test, bounded and retried, every request
+    inside the server's limits (`limits`: what `evaluate.piston_limits` says they are)."""
 
     PISTON_LANGUAGE = {"python": "python", "cpp": "c++", "rust": "rust"}
 
-    def __init__(self, endpoint: str, concurrency: int, retries: int) -> None:
+    def __init__(self, endpoint: str, concurrency: int, retries: int,
+                 limits: Mapping[str, int]) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.retries = retries
+        self.limits = dict(limits)
         self.slots = threading.BoundedSemaphore(max(1, concurrency))
         self._versions: dict[str, str] | None = None
         self._lock = threading.Lock()
+        self._capped = False
+
+    @property
+    def max_time_limit(self) -> float:
+        """The largest time limit (s) Piston can enforce as CPU time with a wall clock at least as
+        long (`run_cpu_time`, `run_timeout`; a limit of 0 or less is none)."""
+        caps = [self.limits[k] for k in ("run_cpu_time", "run_timeout") if self.limits[k] > 0]
+        return min(caps) / 1000 if caps else math.inf
+
+    def check_problem(self, task_id: str, problem: Mapping[str, Any],
+                      tests: Sequence[Mapping[str, Any]]) -> None:
+        """A problem whose own limits or expected outputs this Piston cannot honour is a
+        `UserError`: capping its limit, or comparing an output Piston cut short, would change
+        verdicts silently."""
+        own = problem.get("time_limit")
+        if own and float(own) > self.max_time_limit:
+            key = min(("run_cpu_time", "run_timeout"), key=lambda k: self.limits[k]
+                      if self.limits[k] > 0 else math.inf)
+            raise UserError(
+                f"problem {task_id}: time_limit {own} s is over what Piston at {self.endpoint} "
+                f"allows ({key} {self.limits[key]} ms); raise it on the server (PISTON_"
+                f"{key.upper()}) and in evaluate.piston_limits.{key}, or use the local sandbox")
+        memory_cap = self.limits["run_memory_limit"]
+        own_memory = problem.get("memory_limit")
+        if own_memory and memory_cap > 0 and int(own_memory) << 20 > memory_cap:
+            raise UserError(
+                f"problem {task_id}: memory_limit {own_memory} MB is over what Piston at "
+                f"{self.endpoint} allows (run_memory_limit {memory_cap} bytes); raise it on the "
+                "server and in evaluate.piston_limits.run_memory_limit, or use the local sandbox")
+        size = self.limits["output_max_size"]
+        for number, test in enumerate(tests, start=1):
+            length = len(str(test["output"]).encode())
+            if size > 0 and length > size:
+                raise UserError(
+                    f"problem {task_id}: test {number} expects {length} characters of output, "
+                    f"over Piston's output_max_size of {size} (Piston cuts stdout there, so a "
+                    "right answer would fail); raise PISTON_OUTPUT_MAX_SIZE on the server and "
+                    "evaluate.piston_limits.output_max_size, or use the local sandbox")
+
+    def time_limit_for(self, time_limit: float) -> float:
+        """A limit that is not the problem's own (a configured or calibrated timeout), capped at
+        what Piston allows; said once in the log."""
+        if time_limit <= self.max_time_limit:
+            return time_limit
+        if not self._capped:
+            self._capped = True
+            log.warning("piston at %s: timeouts above %g s (evaluate.piston_limits) are capped "
+                        "there for problems without their own time_limit", self.endpoint,
+                        self.max_time_limit)
+        return self.max_time_limit
 
     def versions(self) -> dict[str, str]:
-        """Language (and alias) -> newest installed version, from `GET /api/v2/runtimes`."""
+        """Language (and alias) -> newest installed version, from `GET /api/v2/runtimes`, asked
+        once per checker."""
         with self._lock:
             if self._versions is None:
                 runtimes = self._request("GET", "/api/v2/runtimes", None)
@@ -332,33 +460,55 @@ class _Piston(_Backend):
                 self._versions = versions
             return self._versions
 
+    def request_body(self, program: Program, language: str, version: str, stdin: str,
+                     time_limit: float, memory: int) -> dict[str, Any]:
+        """One execute request: the time limit as CPU time (`run_cpu_time`), the longest wall
+        clock the server allows (`run_timeout`: how busy it is cannot be seen from here, and the
+        wall clock only catches sleepers), the compile stage's limits as configured; a limit
+        configured as 0 or less is left to the server (the wall clock is then `wall_limit`)."""
+        limits = self.limits
+        body: dict[str, Any] = {
+            "language": language, "version": version,
+            "files": [{"name": _SOURCE_NAME[program.language], "content": program.source}],
+            "stdin": stdin, "args": [],
+            "run_cpu_time": math.ceil(time_limit * 1000),
+            "run_timeout": (limits["run_timeout"] if limits["run_timeout"] > 0
+                            else math.ceil(wall_limit(time_limit) * 1000)),
+            "run_memory_limit": memory,
+        }
+        if limits["run_memory_limit"] > 0:
+            body["run_memory_limit"] = min(memory, limits["run_memory_limit"])
+        for key in ("compile_timeout", "compile_cpu_time", "compile_memory_limit"):
+            if limits[key] > 0:
+                body[key] = limits[key]
+        return body
+
     def judge(self, program: Program, tests: Sequence[Mapping[str, Any]], time_limit: float,
               memory: int, judge: _Judge) -> Verdict:
         language = self.PISTON_LANGUAGE.get(program.language, program.language)
         version = self.versions().get(language)
         if version is None:
-            raise PistonError(f"piston at {self.endpoint}: no runtime for {language}; installed: "
-                              f"{', '.join(sorted(self.versions()))}")
+            raise PistonError(f"piston at {self.endpoint}: no {language} runtime installed "
+                              f"(installed: {', '.join(sorted(self.versions())) or 'none'}); "
+                              f"install it (piston ppman install {language}) or use the local "
+                              "sandbox")
         slowest: float | None = None
         for number, test in enumerate(tests, start=1):
-            reply = self._request("POST", "/api/v2/execute", {
-                "language": language, "version": version,
-                "files": [{"name": _SOURCE_NAME[program.language], "content": program.source}],
-                "stdin": str(test["input"]), "args": [],
-                "compile_timeout": 60000, "run_timeout": int(time_limit * 1000),
-                "compile_memory_limit": -1, "run_memory_limit": memory,
-            })
+            body = self.request_body(program, language, version, str(test["input"]), time_limit,
+                                     memory)
+            reply = self._request("POST", "/api/v2/execute", body)
             extras = {"tests_passed": number - 1, "tests_total": len(tests)}
             compiled = reply.get("compile")
-            if compiled and compiled.get("code") not in (0, None):
-                return Verdict(False, "compile_error", compile_ok=False,
-                               stderr_tail=tail(compiled.get("stderr") or compiled.get("output") or ""),
-                               extras=extras)
+            if compiled is not None and compiled.get("code") != 0:  # Piston's own rule
+                return Verdict(False, "timeout" if compiled.get("status") == "TO" else "compile_error",
+                               compile_ok=False, extras=extras, stderr_tail=tail(
+                                   compiled.get("stderr") or compiled.get("output")
+                                   or compiled.get("message") or ""))
             run = reply.get("run") or {}
             wall_ms = run.get("wall_time")  # Piston >= 3.1 reports it; older ones do not
-            if isinstance(wall_ms, (int, float)) and not isinstance(wall_ms, bool):
+            if _is_ms(wall_ms):
                 slowest = max(slowest or 0.0, wall_ms / 1000)
-            failure = _piston_failure(run)
+            failure = _piston_failure(run, body["run_cpu_time"], body["run_memory_limit"])
             if failure is None and not judge.accepts(test, str(run.get("stdout", "")).encode()):
                 failure = "wrong_answer"
             if failure:
@@ -370,7 +520,8 @@ class _Piston(_Backend):
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         """One call with retries on connection errors, 429, 5xx and replies that are not Piston's
-        shape (a proxy's error page, a half-written body); `PistonError` when exhausted."""
+        shape (a proxy's error page, a half-written body); `PistonError` when exhausted, or at
+        once, in one line, when Piston refuses the request (4xx)."""
         data = json.dumps(body).encode() if body is not None else None
         last = ""
         for attempt in range(self.retries + 1):
@@ -382,10 +533,11 @@ class _Piston(_Backend):
                 with self.slots, urllib.request.urlopen(request, timeout=120) as response:
                     reply = json.loads(response.read())
             except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code}: {exc.read()[:300].decode('utf-8', 'replace')}"
+                text = exc.read()[:2000].decode("utf-8", "replace")
+                last = f"HTTP {exc.code}: {text[:300]}"
                 if exc.code == 429 or exc.code >= 500:
                     continue
-                raise PistonError(f"piston at {self.endpoint}{path}: {last}") from None
+                raise PistonError(self._refusal(path, exc.code, text, body, len(data or b""))) from None
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 last = str(getattr(exc, "reason", exc))
                 continue
@@ -396,6 +548,48 @@ class _Piston(_Backend):
             return reply
         raise PistonError(f"piston at {self.endpoint}{path} failed after {self.retries + 1} "
                           f"attempts: {last}")
+
+    def _refusal(self, path: str, code: int, text: str, body: dict[str, Any] | None,
+                 size: int) -> str:
+        """One line for a request Piston refused: the limit and the config key to set when it is
+        one of Piston's limits (v2.js: `<name> cannot exceed the configured limit of N`)."""
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            payload = None
+        message = text.strip()
+        if isinstance(payload, dict):  # v2.js replies {message}; Express's body parser {stack}
+            message = str(payload.get("message") or str(payload.get("stack") or "").split("\n")[0]
+                          or message)
+        message = " ".join(message.split())[:300]
+        limit = re.fullmatch(r"(\w+) cannot exceed the configured limit of (-?\d+)", message)
+        if limit and body is not None:
+            name, value = limit.groups()
+            return (f"piston at {self.endpoint} refused {name}={body.get(name)}: cannot exceed the "
+                    f"configured limit of {value}; set evaluate.piston_limits.{name} to at most "
+                    f"{value} (or raise PISTON_{name.upper()} on the server)")
+        if "too large" in message:
+            message += (f" (a {size}-byte request: Piston reads JSON bodies up to 100 kB, so a "
+                        "test input this large cannot go to it)")
+        return f"piston at {self.endpoint}{path} refused the request (HTTP {code}): {message}"
+
+
+def _piston_limits(configured: Mapping[str, Any] | None) -> dict[str, int]:
+    """Piston's limits as `evaluate.piston_limits` gives them (ms, bytes, characters; 0 or less:
+    none), Piston's own defaults for the rest. An unknown key or a non-integer is a `UserError`."""
+    configured = dict(configured or {})
+    unknown = sorted(set(configured) - set(PISTON_DEFAULT_LIMITS))
+    if unknown:
+        raise UserError(f"evaluate.piston_limits: unknown key(s) {', '.join(unknown)}; known: "
+                        f"{', '.join(PISTON_DEFAULT_LIMITS)}")
+    for key, value in configured.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"evaluate.piston_limits.{key}: {value!r} is not an integer")
+    return {**PISTON_DEFAULT_LIMITS, **configured}
+
+
+def _is_ms(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _malformed(path: str, reply: Any) -> str | None:
@@ -418,19 +612,26 @@ def _malformed(path: str, reply: Any) -> str | None:
     return None
 
 
-def _piston_failure(run: Mapping[str, Any]) -> str | None:
+def _piston_failure(run: Mapping[str, Any], cpu_limit_ms: int, memory: int) -> str | None:
+    """The error type of a Piston run before looking at its output. More CPU time than the limit
+    (`cpu_time`, ms) is a timeout, as locally; so is Piston's `TO` (its CPU or wall clock)."""
     status = run.get("status")
     if status == "XX":
         raise PistonError(f"piston internal error: {run.get('message')}")
-    if status == "TO" or (run.get("signal") == "SIGKILL" and status is None):
+    cpu_ms = run.get("cpu_time")
+    if status == "TO" or (_is_ms(cpu_ms) and cpu_ms > cpu_limit_ms) or (
+            run.get("signal") == "SIGKILL" and status is None):
         return "timeout"
-    if status in ("OL", "EL"):
+    if status in ("OL", "EL"):  # more than output_max_size on stdout or stderr: killed
         return "output_limit"
     if run.get("code") == 0 and not run.get("signal"):
         return None
     text = f"{run.get('stderr', '')}{run.get('message', '')}"
     if "MemoryError" in text or "bad_alloc" in text or "memory allocation of" in text:
         return "memory_limit"
+    used = run.get("memory")
+    if run.get("signal") == "SIGKILL" and memory > 0 and _is_ms(used) and used >= 0.95 * memory:
+        return "memory_limit"  # the cgroup's OOM kill
     return "runtime_error"
 
 
