@@ -117,7 +117,11 @@ CONTRACT: tuple[Row, ...] = (
     Row("evaluate.sandbox", SCORES, "where code runs", {"checker": CODE_CHECKERS}),
     Row("evaluate.ks", SCORES, "which pass@k a cell reports"),
     Row("evaluate.piston_url", SCORES, "where stdin/stdout programs run", {"checker": ("stdio",)}),
-    Row("evaluate.piston_limits", SCORES, "the limits Piston enforces", {"checker": ("stdio",)}),
+    Row("evaluate.piston_limits", NONE, "the piston_limits section as a whole (its keys decide)"),
+    *(Row(f"evaluate.piston_limits.{name}", SCORES, "a limit the Piston server enforces",
+          {"checker": ("stdio",)})
+      for name in ("compile_timeout", "run_timeout", "compile_cpu_time", "run_cpu_time",
+                   "compile_memory_limit", "run_memory_limit", "output_max_size")),
     Row("aggregate", NONE, "the aggregate section as a whole (its keys below decide)"),
     Row("aggregate.title", SUMMARY, "the report's title"),
     Row("aggregate.bootstrap", SUMMARY, "bootstrap resamples of the confidence intervals"),
