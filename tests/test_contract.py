@@ -101,7 +101,7 @@ def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
             "evaluate": {"workers": 2, "timeout": 10},
         }
         (work / "sweep.yaml").write_text(yaml.safe_dump(config))
-        proc = run_snakemake(work, "--configfile", "sweep.yaml")
+        proc = run_snakemake(work, "--configfile", str(work / "sweep.yaml"))
         assert proc.returncode == 0, proc.stderr[-4000:]
         full = copy.deepcopy(config)
         validate_config(full)
@@ -112,7 +112,7 @@ def planned(sweep: Sweep, config: dict[str, Any], name: str = "variant") -> Coun
     """Jobs per rule that `snakemake -n --configfile <config>` plans (the target `all` left out)."""
     path = sweep.work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = run_snakemake(sweep.work, "-n", "--configfile", path.name)
+    proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     if "Nothing to be done" in out:
@@ -139,7 +139,8 @@ def test_configfile_replaces_the_demo_config_instead_of_merging_into_it(sweep: S
     (sweep.work / "config" / "config.yaml").write_text(yaml.safe_dump(demo))
     try:
         assert planned(sweep, sweep.config, "mine") == Counter()
-        proc = run_snakemake(sweep.work, "-n", "--configfile", "mine.yaml", "--quiet", "rules")
+        proc = run_snakemake(sweep.work, "-n", "--configfile", str(sweep.work / "mine.yaml"),
+                             "--quiet", "rules")
         assert "resources/demo" not in proc.stdout + proc.stderr
         check = subprocess.run([sys.executable, "-m", "ckpteval.cli", "check", "--configfile",
                                 "mine.yaml"], cwd=sweep.work, capture_output=True, text=True)
@@ -359,30 +360,6 @@ def test_touching_or_copying_a_checkpoint_reruns_nothing(sweep: Sweep) -> None:
 
 
 @pytest.mark.slow
-def test_a_deleted_checkpoint_stays_in_the_summary_marked(sweep: Sweep) -> None:
-    """A trainer's save_total_limit removes an old checkpoint: only the summary is rebuilt (to
-    mark it); its scores stay in the table and the report, marked as deleted."""
-    gone = sweep.work / "run-deleted" / "step_100"
-    shutil.move(sweep.work / "run" / "step_100", gone)
-    try:
-        assert planned(sweep, sweep.config, "deleted") == Counter({"aggregate": 1})
-        retitled = {**copy.deepcopy(sweep.config), "aggregate": {"title": "after a deletion"}}
-        assert planned(sweep, retitled, "retitled") == Counter({"aggregate": 1})
-        proc = run_snakemake(sweep.work, "--configfile", "retitled.yaml")
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        table = pd.read_parquet(sweep.work / "results" / "summary" / "metrics.parquet")
-        kept = table[table.ckpt == "step_100"]
-        assert len(kept) > 0 and set(kept["task"]) == set(TASKS)
-        assert kept["source_deleted"].all() and not table[table.ckpt != "step_100"][
-            "source_deleted"].any()
-        report = (sweep.work / "results" / "summary" / "report.html").read_text()
-        assert "step_100" in report and "deleted" in report
-    finally:
-        shutil.move(gone, sweep.work / "run" / "step_100")
-    assert planned(sweep, retitled, "restored") == Counter({"aggregate": 1})
-
-
-@pytest.mark.slow
 def test_new_bytes_rerun_exactly_that_checkpoints_chain_and_the_old_bytes_nothing(
         sweep: Sweep) -> None:
     weights = sweep.work / "run" / "step_100" / "model.safetensors"
@@ -399,6 +376,30 @@ def test_new_bytes_rerun_exactly_that_checkpoints_chain_and_the_old_bytes_nothin
 
 
 @pytest.mark.slow
+def test_a_deleted_checkpoint_stays_in_the_summary_marked(sweep: Sweep) -> None:
+    """A trainer's save_total_limit removes an old checkpoint: only the summary is rebuilt (to
+    mark it); its scores stay in the table and the report, marked as deleted."""
+    gone = sweep.work / "run-deleted" / "step_100"
+    shutil.move(sweep.work / "run" / "step_100", gone)
+    try:
+        assert planned(sweep, sweep.config, "deleted") == Counter({"aggregate": 1})
+        retitled = {**copy.deepcopy(sweep.config), "aggregate": {"title": "after a deletion"}}
+        assert planned(sweep, retitled, "retitled") == Counter({"aggregate": 1})
+        proc = run_snakemake(sweep.work, "--configfile", str(sweep.work / "retitled.yaml"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        table = pd.read_parquet(sweep.work / "results" / "summary" / "metrics.parquet")
+        kept = table[table.ckpt == "step_100"]
+        assert len(kept) > 0 and set(kept["task"]) == set(TASKS)
+        assert kept["source_deleted"].all() and not table[table.ckpt != "step_100"][
+            "source_deleted"].any()
+        report = (sweep.work / "results" / "summary" / "report.html").read_text()
+        assert "step_100" in report and "deleted" in report
+    finally:
+        shutil.move(gone, sweep.work / "run" / "step_100")
+    assert planned(sweep, retitled, "restored") == Counter({"aggregate": 1})
+
+
+@pytest.mark.slow
 def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
         sweep: Sweep, tmp_path: Path) -> None:
     broken = sweep.work / "run" / "step_500"
@@ -411,7 +412,7 @@ def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
     try:
         path = sweep.work / "broken.yaml"
         path.write_text(yaml.safe_dump(sweep.config))
-        proc = run_snakemake(sweep.work, "-n", "--configfile", path.name)
+        proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-3000:]
         line = next(ln for ln in out.splitlines() if "step_500" in ln and "broken" in ln)
@@ -424,7 +425,7 @@ def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
         assert "step_500" in status.stdout and "broken" in status.stdout, status.stderr
         # Still being written (changed a moment ago): not broken, not reported.
         os.utime(weights)
-        proc = run_snakemake(sweep.work, "-n", "--configfile", path.name)
+        proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
         assert "step_500" not in proc.stdout + proc.stderr
     finally:
         shutil.rmtree(broken)
@@ -434,7 +435,7 @@ def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
                "runs": {"demo": {"path": str(empty)}}}
     path = sweep.work / "nothing.yaml"
     path.write_text(yaml.safe_dump(nothing))
-    proc = run_snakemake(sweep.work, "-n", "--configfile", path.name)
+    proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out
     assert "runs.demo.patterns: nothing in" in out and "step_{step}" in out and "notes" in out
@@ -456,7 +457,7 @@ def test_replay_solutions_rerun_that_runs_cells_only(tmp_path: Path) -> None:
                        "two": {"backend": "replay", "solutions": str(tmp_path / "a")}},
               "tasks": {"arith": {}}}
     (tmp_path / "replay.yaml").write_text(yaml.safe_dump(config))
-    proc = run_snakemake(tmp_path, "--configfile", "replay.yaml")
+    proc = run_snakemake(tmp_path, "--configfile", str(tmp_path / "replay.yaml"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep = Sweep(tmp_path, config, config, None)  # type: ignore[arg-type]
     assert planned(sweep, config, "same") == Counter()
