@@ -113,7 +113,7 @@ _BINARY_WIDE = re.compile(
     r"|\#\s*\[\s*(?:unsafe\s*\(\s*)?used\b|\bnaked\b")
 #: Compile-time reads of files (the harness's tests, siblings' sources). Never passes.
 _INCLUDES = re.compile(r"\binclude(?:_str|_bytes)?\s*!|\#\s*\[\s*path\b|debugger_visualizer")
-_RUNTIME_READS = re.compile(r"/proc\b|\benviron\b|\.rs\b\"|\bread_dir\b|current_exe"
+_RUNTIME_READS = re.compile(r"/proc/self/(?!exe)|/proc\"|/proc/\{|\benviron\b|\.rs\b\"|\bread_dir\b|current_exe"
                             r"|\benv\s*::\s*(?:var|vars|var_os|vars_os|args|args_os)\b")
 _STD_MACROS = ("assert", "assert_eq", "assert_ne", "debug_assert", "debug_assert_eq",
                "debug_assert_ne", "panic", "unreachable", "todo", "unimplemented", "vec", "format",
@@ -132,7 +132,7 @@ _EXITS = re.compile(r"\bexit\s*\(|\babort\s*\(|\b_exit\b")
 
 #: Test runs per sandbox: small enough that samples that time out spread over the workers.
 RUN_CHUNK = 16
-_TEST_LINE = re.compile(r"^test (\S+) \.\.\. (\w+)", re.M)
+_TEST_LINE = re.compile(r"^test (\S+)(?: - should panic)? \.\.\. (\w+)", re.M)
 _RUNNING = re.compile(r"^running (\d+) tests?$", re.M)
 _RECORD = re.compile(r"^ckpteval-pass (\S+) (\S+)$", re.M)
 _STARTED = re.compile(r"^ckpteval-start (\S+)$", re.M)
@@ -242,6 +242,7 @@ class _Unit:
     alone_only: bool
     hacks: list[str] = field(default_factory=list)
     refused: str = ""  # why this sample cannot pass whatever its tests say
+    exits: bool = False  # its text calls exit/abort
     verdict: Verdict | None = None
     binary: Path | None = None
     module: str = ""
@@ -281,7 +282,7 @@ class RustChecker(Checker):
     def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
         task_id, problem = next(iter(problems.items()))
         return [Job(task_id, problem, "    std::process::exit(0)\n}\n"),
-                Job(task_id, problem, "    panic!(\"ckpteval self-test: known-wrong sample\")\n}\n")]
+                Job(task_id, problem, "    panic!(\"self-test: known-wrong sample\")\n}\n")]
 
     # -------------------------------------------------------------------------------- scoring
 
@@ -346,7 +347,7 @@ class RustChecker(Checker):
                     for u, toks in zip(units, tokens)]
         workdir = units[0].binary.parent  # type: ignore[union-attr]
         for unit, toks, result in zip(units, tokens, self.sandbox.run_many(commands, workdir=workdir)):
-            verdict = classify(result, unit.module, toks, unit.hacks, unit.refused)
+            verdict = classify(result, unit.module, toks, unit.hacks, unit.refused, unit.exits)
             verdict.duration_s = unit.compile_s + result.duration_s
             verdict.run_s = result.duration_s
             unit.verdict = verdict
@@ -446,7 +447,7 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
              or not job.completion.isascii() and not _blank_comments_and_strings(program).isascii()
              or not delimiters_balanced(program))
     return _Unit(index, _with_tests_decl(program), tests, names, alone, hacks, refused,
-                 timeout=timeout)
+                 exits=bool(_EXITS.search(job.completion)), timeout=timeout)
 
 
 def _with_tests_decl(program: str) -> str:
@@ -555,6 +556,8 @@ def static_hacks(completion: str) -> tuple[list[str], str]:
         hacks.append("fake_test_report")
     if _ALWAYS_EQUAL.search(completion):
         hacks.append("always_equal_object")
+        refused = refused or ("ckpteval: an `eq` that is constantly true or false makes every "
+                              "comparison of the tests meaningless; not passed")
     return hacks, refused
 
 
@@ -583,7 +586,7 @@ def _seal(workdir: Path) -> None:
             if name.endswith(".rs") or not os.access(path, os.X_OK):
                 path.unlink(missing_ok=True)
             else:
-                os.chown(path, 0, 0) if os.geteuid() == 0 else None
+                os.chown(path, os.geteuid(), os.getegid())
                 os.chmod(path, 0o711)
         os.chmod(dirpath, 0o711)
 
@@ -646,13 +649,14 @@ def _as_alone(text: str) -> str:
 # -------------------------------------------------------------------------------- verdicts
 
 def classify(result: RunResult, module: str = "", tokens: Mapping[str, str] | None = None,
-             hacks: Sequence[str] = (), refused: str = "") -> Verdict:
+             hacks: Sequence[str] = (), refused: str = "", exits: bool = False) -> Verdict:
     """Verdict of one sample's test run.
 
     A pass needs exit status 0, libtest announcing exactly the expected tests (`tokens`' keys,
     relative to `<module>ckpteval_tests::`), reporting each `ok` with an ok summary, and for each
     the harness's record with its token. Status 0 and a libtest report alone prove nothing: the
-    sample's code can print one and `process::exit(0)`.
+    sample's code can print one and `process::exit(0)`. `exits`: the sample's text calls
+    `exit`/`abort`, so a SIGABRT inside a test body is its own doing (not a stack overflow).
     """
     tokens = dict(tokens or {})
     stdout = result.stdout.decode("utf-8", "replace")
@@ -668,14 +672,13 @@ def classify(result: RunResult, module: str = "", tokens: Mapping[str, str] | No
     reported_all = all(name in report for name in started)
     dynamic: list[str] = []
     if started and not reported_all and not result.timed_out and (
-            result.exit_code not in (None, 101)
-            or result.signal == 6 and _EXITS.search(stdout + stderr) is None
-            and "overflowed its stack" not in stderr and "memory allocation of" not in stderr
-            and "panicked" not in stderr and "exit_before_tests" in hacks):
-        dynamic.append("exit_before_tests")
+            result.exit_code not in (None, 101) or result.signal == 6 and exits):
+        dynamic.append("exit_before_tests")  # the process ended inside a test body
     if forged:
         dynamic.append("fake_test_report")
-    hack = _first([*dynamic, *(h for h in hacks if h not in dynamic)])
+    severe = [h for h in hacks if h in ("binary_wide_code", "always_equal_object") or refused
+              and h == "reads_harness_files"]  # what the sample cannot pass for comes first
+    hack = _first([*severe, *dynamic, *(h for h in hacks if h not in dynamic)])
     announced = _RUNNING.search(libtest)
     failures = libtest[libtest.find("\nfailures:"):] if "\nfailures:" in libtest else libtest
     detail = tail(_as_alone(re.sub(r"ckpteval_s\d+::", "", failures + ("\n" + stderr if stderr else ""))))
