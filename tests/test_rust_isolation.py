@@ -13,7 +13,8 @@ correct and wrong neighbours of the same problem:
 - `include_str!` of a sibling's source or of its own tests; reading sources, the binary, the
   environment or /proc at run time;
 - one sample writing a file another reads; a fake report (with fake harness records) then
-  `exit(0)`; a panic hook that does the same; `abort()`; an `eq` that is always true.
+  `exit(0)`; a panic hook that does the same; `abort()`; an `eq` that is always true, a return
+  type of its own with a lying `PartialEq`, its own `struct String` standing in for the prompt's.
 
 Each attacker's own answer is wrong, so any pass would be forged. The tests check that every
 neighbour's verdict (and every attacker's) equals its verdict when compiled alone, that no
@@ -37,6 +38,7 @@ from ckpteval.io import iter_jsonl
 RUSTFUNC = Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks" / "rustfunc.jsonl"
 PROBLEMS = {row["task_id"]: row for row in iter_jsonl(RUSTFUNC)}
 ADD = PROBLEMS["rustfunc/0"]  # fn add_two(a: i64, b: i64) -> i64 {
+REVERSE = PROBLEMS["rustfunc/3"]  # fn reverse_string(text: &str) -> String {
 CORRECT = "    a + b\n}\n"
 WRONG = "    a - b\n}\n"
 
@@ -131,6 +133,21 @@ ATTACKS: dict[str, tuple[str, str, set[str]]] = {
         "    let shared = std::path::Path::new(\"/tmp/evil-shared\").exists()\n"
         "        || std::path::Path::new(\"evil-shared\").exists();\n"
         "    if shared { a + b } else { a - b }\n}\n", "wrong_answer", set()),
+    "shadowed String with a lying eq": (
+        "    String\n}\n#[derive(Debug)]\nstruct String;\nimpl PartialEq<&str> for String {\n"
+        "    fn eq(&self, other: &&str) -> bool {\n        other.len() < usize::MAX\n    }\n}\n",
+        "runtime_error", {"tampers_with_tests"}),
+    "macro-made String with a lying eq": (
+        "    String\n}\nmacro_rules! make {\n    ($n:ident) => {\n        #[derive(Debug)]\n"
+        "        struct $n;\n        impl PartialEq<&str> for $n {\n"
+        "            fn eq(&self, other: &&str) -> bool {\n                other.len() < usize::MAX\n"
+        "            }\n        }\n    };\n}\nmake!(String);\n",
+        "runtime_error", {"tampers_with_tests"}),
+    "own return type with a lying eq": (
+        "```rust\n#[derive(Debug)]\nstruct Liar(i64);\nimpl PartialEq<i64> for Liar {\n"
+        "    fn eq(&self, other: &i64) -> bool { self.0 != *other || self.0 == *other }\n}\n"
+        "fn add_two(a: i64, b: i64) -> Liar {\n    Liar(a - b)\n}\n```\n",
+        "runtime_error", {"always_equal_object"}),
     "always-equal return value": (
         "```rust\n#[derive(Debug)]\nstruct Liar;\nimpl PartialEq<i64> for Liar {\n"
         "    fn eq(&self, _: &i64) -> bool { true }\n}\n"
@@ -138,12 +155,17 @@ ATTACKS: dict[str, tuple[str, str, set[str]]] = {
         "runtime_error", {"always_equal_object"}),
 }
 
+#: The problem an attack answers, when not `ADD` (its neighbours answer `ADD`).
+PROBLEM_OF = {"shadowed String with a lying eq": REVERSE, "macro-made String with a lying eq": REVERSE}
+
 #: Attacks whose defence does not rest on being compiled alone (kept batched with routing off).
 STRUCTURAL = ["plant tests under siblings' names", "comment escape, no-op asserts at crate root",
               "no-op asserts exported to its own tests", "fake report then exit(0)",
               "panic hook that forges a report", "abort in the test",
               "run-time reads of sources, binary, environment", "writes a file for a later sample",
-              "reads a file an earlier sample wrote", "always-equal return value"]
+              "reads a file an earlier sample wrote", "always-equal return value",
+              "shadowed String with a lying eq", "macro-made String with a lying eq",
+              "own return type with a lying eq"]
 
 
 def _key(v: Verdict) -> tuple[Any, ...]:
@@ -156,7 +178,8 @@ def _batch(names: list[str]) -> tuple[list[Job], dict[int, str]]:
     for name in names:
         jobs.append(Job(ADD["task_id"], ADD, CORRECT))
         attackers[len(jobs)] = name
-        jobs.append(Job(ADD["task_id"], ADD, ATTACKS[name][0]))
+        problem = PROBLEM_OF.get(name, ADD)
+        jobs.append(Job(problem["task_id"], problem, ATTACKS[name][0]))
         jobs.append(Job(ADD["task_id"], ADD, WRONG))
     jobs += [Job(ADD["task_id"], ADD, CORRECT), Job(ADD["task_id"], ADD, WRONG)]
     return jobs, attackers
@@ -169,8 +192,11 @@ def _check(jobs: list[Job], batch_size: int = 128) -> list[Verdict]:
 @pytest.fixture(scope="module")
 def alone() -> dict[str, Verdict]:
     """Each distinct sample's verdict compiled alone (a crate, a directory, a sandbox of its own)."""
-    completions = [CORRECT, WRONG, *(c for c, _, _ in ATTACKS.values())]
-    return dict(zip(completions, _check([Job(ADD["task_id"], ADD, c) for c in completions], batch_size=1)))
+    jobs = [Job(ADD["task_id"], ADD, CORRECT), Job(ADD["task_id"], ADD, WRONG)]
+    for name, (completion, _, _) in ATTACKS.items():
+        problem = PROBLEM_OF.get(name, ADD)
+        jobs.append(Job(problem["task_id"], problem, completion))
+    return {job.completion: v for job, v in zip(jobs, _check(jobs, batch_size=1))}
 
 
 def _assert_isolated(jobs: list[Job], verdicts: list[Verdict], attackers: dict[int, str],
@@ -203,6 +229,7 @@ def test_defences_hold_without_routing(alone: dict[str, Verdict], monkeypatch: p
     monkeypatch.setattr(rust_checker, "_ALONE_ONLY", re.compile(r"(?!)"))
     monkeypatch.setattr(rust_checker, "_ALONE_WITH_MACROS", re.compile(r"(?!)"))
     monkeypatch.setattr(rust_checker, "delimiters_balanced", lambda source: True)
+    monkeypatch.setattr(rust_checker, "_foreign_impls", lambda text: False)
     alone_compiled: list[int] = []
     compile_alone = rust_checker.RustChecker._compile_alone
     monkeypatch.setattr(rust_checker.RustChecker, "_compile_alone",
