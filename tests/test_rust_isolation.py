@@ -263,3 +263,13 @@ def test_harness_keeps_test_shapes() -> None:
     assert [(_key(v), v.hack) for v in verdicts] == [
         ((True, None, True), None), ((False, "runtime_error", True), None),
         ((False, "runtime_error", True), None)], verdicts
+
+
+def test_problem_without_tests_is_no_tests_and_runs_nothing() -> None:
+    """Tests cut short (no `#[test]` left) compile but run nothing: without a name to run,
+    libtest would run every test of the binary, the sample's own and its neighbours'."""
+    empty = {**ADD, "task_id": "empty", "tests": "#[cfg(test)]\nmod tests {\n    use super::*;\n}\n"}
+    own_test = CORRECT + "#[test]\nfn mine() {\n    panic!(\"must not run\");\n}\n"
+    verdicts = _check([Job("empty", empty, own_test), Job(ADD["task_id"], ADD, CORRECT)])
+    assert [(_key(v), v.run_s) for v in verdicts][0] == ((False, "no_tests", True), None)
+    assert verdicts[1].passed

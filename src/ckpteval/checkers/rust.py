@@ -343,11 +343,7 @@ class RustChecker(Checker):
         timeout = timeout or self.default_timeout
         workers = max(1, workers)
         units = [_make_unit(i, job, job.timeout or timeout) for i, job in enumerate(jobs)]
-        for unit in units:
-            if not unit.names and unit.verdict is None:
-                unit.verdict = Verdict(False, "no_tests", compile_ok=None, hack=_first(unit.hacks),
-                                       stderr_tail="the problem's tests define no #[test] function")
-        todo = [u for u in units if u.verdict is None]
+        todo = units
         batched = [u for u in todo if not u.alone_only]
         size = max(1, min(self.batch_size, -(-len(batched) // (2 * workers))))
         groups = [batched[i:i + size] for i in range(0, len(batched), size)]
@@ -365,6 +361,11 @@ class RustChecker(Checker):
         try:
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 list(pool.map(lambda g: self._compile_group(g, new_dir), groups))
+                for unit in units:
+                    if unit.verdict is None and not unit.names:  # nothing to run (no filter: all)
+                        unit.verdict = Verdict(False, "no_tests", compile_ok=True, hack=_first(unit.hacks),
+                                               duration_s=unit.compile_s,
+                                               stderr_tail="the problem's tests define no #[test] function")
                 if on_verdicts:
                     on_verdicts([(u.index, u.verdict) for u in units if u.verdict is not None])
                 chunks: list[list[_Unit]] = []
