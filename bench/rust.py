@@ -92,7 +92,7 @@ def main() -> int:
           f"solution fails ckpteval's checker (e.g. {', '.join(broken[:3])})")
 
     samples = make_samples(kept, args.per_problem, mutations=MUTATIONS, filler="    todo!()\n}",
-                           broken="let ckpteval_broken: i32 = \"not a number\";\n    {body}")
+                           broken="let broken_value: i32 = \"not a number\";\n    {body}")
     work = Path(tempfile.mkdtemp(prefix="bench-rust-"))
     problems_file = write_jsonl(work / "problems.jsonl", kept)
     samples_file = write_jsonl(work / "samples.jsonl", samples)

@@ -113,8 +113,16 @@ def test_compile_errors_name_the_problem(batched: dict[str, Verdict]) -> None:
 
 def test_batched_verdicts_equal_compiling_each_alone(batched: dict[str, Verdict]) -> None:
     alone = _check(batch_size=1)
-    assert {n: (v.passed, v.error_type, v.compile_ok) for n, v in alone.items()} == \
-           {n: (v.passed, v.error_type, v.compile_ok) for n, v in batched.items()}
+    assert {n: (v.passed, v.error_type, v.compile_ok, v.hack) for n, v in alone.items()} == \
+           {n: (v.passed, v.error_type, v.compile_ok, v.hack) for n, v in batched.items()}
+
+
+def test_ordinary_samples_are_not_flagged(batched: dict[str, Verdict]) -> None:
+    """Hack flags are for attempts on the checker, not for code that merely fails."""
+    flagged = {n: v.hack for n, v in batched.items() if v.hack is not None}
+    assert flagged == {"exit(0) from the test": "exit_before_tests",
+                       "reading the home directory at run time": "reads_harness_files",
+                       "reading a host file at compile time": "reads_harness_files"}
 
 
 def test_references_pass_and_known_wrong_fail() -> None:
@@ -122,8 +130,9 @@ def test_references_pass_and_known_wrong_fail() -> None:
     references = checker.reference_jobs(PROBLEMS)
     wrong = checker.known_wrong_jobs(PROBLEMS)
     results = checker.check([*references, *wrong], workers=2, timeout=5)
-    assert len(references) == 8 and all(v.passed for v in results[:8])
+    assert len(references) == 8 and all(v.passed and v.hack is None for v in results[:8])
     assert [v.error_type for v in results[8:]] == ["runtime_error", "runtime_error"]
+    assert [v.hack for v in results[8:]] == ["exit_before_tests", None]
 
 
 def test_program_shapes() -> None:
