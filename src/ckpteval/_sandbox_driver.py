@@ -52,6 +52,7 @@ import ast
 import ctypes
 import fcntl
 import json
+import math
 import os
 import resource
 import select
@@ -386,8 +387,7 @@ def _encode(value, refer, depth=0):
     if kind is int:
         return value if value.bit_length() <= _BIG_INT_BITS else ("I", format(value, "x"))
     if kind is float:
-        return value if value == value and value not in (float("inf"), float("-inf")) \
-            else ("F", repr(value))
+        return value if math.isfinite(value) else ("F", repr(value))
     if kind is complex:
         return ("C", _encode(value.real, refer), _encode(value.imag, refer))
     if kind is range:
@@ -595,8 +595,25 @@ def _sample_exception(name, text):
             cls in (StopIteration, StopAsyncIteration):
         cls = Exception
     exc = cls.__new__(cls)
-    exc.args = (f"in the sample: {text[-1500:]}",)
+    exc.args = (f"raised by the sample:\n{text[-1500:]}",)
     return exc
+
+
+def _format_failure(exc):
+    """A traceback without the harness's own frames (this file runs as `<string>`)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != "<string>"]
+    lines = traceback.format_list(frames) if frames else []
+    head = ["Traceback (most recent call last):\n"] if lines else []
+    return "".join(head + lines + traceback.format_exception_only(type(exc), exc))
+
+
+def _cache_source(name, source):
+    """Let tracebacks quote `source` (compiled as `name`)."""
+    import linecache
+
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
 
 
 def _test_names(code):
@@ -612,9 +629,9 @@ def _test_names(code):
 def _run_tests(tests, channel, report_fd):
     """Run the problem's tests against the sample process; report and return the exit status."""
     import builtins
-    import traceback
 
     runner = _Tests(channel)
+    _cache_source("<tests>", tests["test"])
     report = {"ok": False}
     try:
         namespace = {"__name__": "__ckpteval_tests__", "__builtins__": builtins}
@@ -643,9 +660,8 @@ def _run_tests(tests, channel, report_fd):
                 continue
             if kind == "callable":
                 namespace[name] = runner.named(name)
-            elif type(kind) is tuple and kind[:1] == ("module",) and type(kind[1]) is str \
-                    and kind[1].split(".")[0] in sys.stdlib_module_names:
-                namespace[name] = __import__(kind[1], fromlist=["_"])
+            elif kind == ("module", name) and name in sys.stdlib_module_names:
+                namespace[name] = __import__(name)  # `import math` in the program, not in the tests
             elif type(kind) is tuple and kind[:1] == ("value",) and len(kind) == 2:
                 namespace[name] = kind[1]
         exec(code, namespace)
@@ -659,7 +675,10 @@ def _run_tests(tests, channel, report_fd):
         if exc.forged:
             runner._hack("tampers_with_tests")
     except BaseException as exc:  # noqa: BLE001 - any failure of the tests is the sample's
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            text = _format_failure(exc)
+        except BaseException:  # noqa: BLE001
+            text = type(exc).__name__
         report = {"ok": False, "exception": type(exc).__name__, "traceback": text[-4000:]}
     report["hacks"] = runner.hacks
     report["compared_object"] = runner.compared
@@ -675,7 +694,6 @@ def _serve_sample(path, env, tests_path):
     """The sample process: run the program, then answer the test process's calls, forever (the
     driver kills it once the tests ended). Nothing here is trusted by anyone."""
     import builtins
-    import traceback
 
     os.environ.clear()
     os.environ.update(env)
@@ -751,7 +769,7 @@ def _serve_sample(path, env, tests_path):
 
     def failure(exc):
         try:
-            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            text = _format_failure(exc)
         except BaseException:  # noqa: BLE001
             text = type(exc).__name__
         return ("err", type(exc).__name__, list(hacks), text[-3000:])
@@ -765,7 +783,7 @@ def _serve_sample(path, env, tests_path):
         except SystemExit as exc:
             audit["on"] = False
             return ("exit", exc.code if isinstance(exc.code, (int, str, type(None))) else 1)
-        except MemoryError as exc:
+        except MemoryError:
             audit["on"] = False
             return ("err", "MemoryError", list(hacks), "MemoryError")
         except BaseException as exc:  # noqa: BLE001
