@@ -394,6 +394,10 @@ def _encode(value, refer, depth=0):
         return ("R", value.start, value.stop, value.step)
     if isinstance(value, bool):
         return bool(value)
+    fields = getattr(type(value), "_fields", None)
+    if isinstance(value, tuple) and type(fields) is tuple and all(type(f) is str for f in fields):
+        return ("N", str(type(value).__name__), list(fields),
+                [_encode(item, refer, depth + 1) for item in tuple.__iter__(value)])
     if isinstance(value, (list, tuple, set, frozenset)):
         tag = "L" if isinstance(value, list) else "T" if isinstance(value, tuple) else \
             "S" if isinstance(value, set) else "Z"
@@ -446,6 +450,10 @@ def _decode(tree, lookup, depth=0):
                     raise _SampleGone("a malformed dict in a reply")
                 result[_decode(pair[0], lookup, depth + 1)] = _decode(pair[1], lookup, depth + 1)
             return result
+        if tag == "N" and len(rest) == 3 and type(rest[0]) is str and type(rest[1]) is list \
+                and type(rest[2]) is list and len(rest[1]) == len(rest[2]) <= 255:
+            return _named_tuple(rest[0], tuple(rest[1]))(
+                *[_decode(item, lookup, depth + 1) for item in rest[2]])
         if tag == "I" and len(rest) == 1 and type(rest[0]) is str:
             return int(rest[0], 16)
         if tag == "F" and len(rest) == 1 and rest[0] in ("inf", "-inf", "nan"):
@@ -462,9 +470,23 @@ def _decode(tree, lookup, depth=0):
         if tag == "M" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) < 10000:
             import decimal
             return decimal.Decimal(rest[0])
-    except TypeError as exc:  # e.g. an unhashable key or set item
+    except (TypeError, ValueError) as exc:  # an unhashable key, a field name that is no name
         raise _SampleGone(f"a malformed reply: {exc}") from None
     raise _SampleGone(f"a malformed reply (tag {tag!r})")
+
+
+_NAMED_TUPLES = {}
+
+
+def _named_tuple(name, fields):
+    """A namedtuple class like the sample's (its fields, its name): equal to tuples like it."""
+    if (name, fields) not in _NAMED_TUPLES:
+        import collections
+
+        if not all(type(f) is str for f in fields):
+            raise TypeError("field names must be strings")
+        _NAMED_TUPLES[name, fields] = collections.namedtuple(name, fields)
+    return _NAMED_TUPLES[name, fields]
 
 
 class _Remote:
@@ -527,6 +549,7 @@ class _Tests:
         self.remotes = {}
         self.hacks = []
         self.compared = False
+        self.mutated = ()
 
     def _lookup(self, ref, info):
         """The remote object a reply refers to (by the sample's number for it)."""
@@ -553,9 +576,24 @@ class _Tests:
         raise TypeError(f"a test passes a {type(value).__name__} the sample process cannot get")
 
     def ask(self, op, target, args=(), kwargs=None):
-        self.channel.send((op, target, _encode(list(args), self._arg),
-                           _encode(dict(kwargs or {}), self._arg)))
-        return self.answer()
+        kwargs = kwargs or {}
+        self.channel.send((op, target, _encode(list(args), self._arg), _encode(kwargs, self._arg)))
+        self.mutated = ()
+        value = self.answer()
+        for key, tree in self.mutated if type(self.mutated) is list else ():
+            self._mutate(args[key] if type(key) is int and 0 <= key < len(args) else
+                         kwargs.get(key) if type(key) is str else None, tree)
+        return value
+
+    def _mutate(self, arg, tree):
+        """What the call did to a list, dict or set the tests passed: done to the tests' own
+        object too, as if the call had run here (the new contents are the sample's, as data)."""
+        new = _decode(tree, self._lookup)
+        if type(arg) is list and type(new) is list:
+            arg[:] = new
+        elif type(arg) in (dict, set) and type(new) is type(arg):
+            arg.clear()
+            arg.update(new)
 
     def answer(self, ready=False):
         raw = self.channel.receive_raw()
@@ -571,6 +609,9 @@ class _Tests:
             if hack in _HACKS:
                 self._hack(hack)
         if reply[0] == "ok" and len(reply) >= 2:
+            if len(reply) > 3 and type(reply[3]) is list \
+                    and all(type(m) is tuple and len(m) == 2 for m in reply[3]):
+                self.mutated = reply[3]
             return _decode(reply[1], self._lookup)
         if reply[0] == "err" and len(reply) >= 4 and type(reply[1]) is str:
             raise _sample_exception(reply[1], str(reply[3]))
@@ -776,10 +817,11 @@ def _serve_sample(path, env, tests_path):
 
     def run(step):
         audit["on"] = True
+        mutated.clear()
         try:
             value = step()
             audit["on"] = False
-            return ("ok", _encode(value, refer), list(hacks))
+            return ("ok", _encode(value, refer), list(hacks), list(mutated))
         except SystemExit as exc:
             audit["on"] = False
             return ("exit", exc.code if isinstance(exc.code, (int, str, type(None))) else 1)
@@ -789,6 +831,26 @@ def _serve_sample(path, env, tests_path):
         except BaseException as exc:  # noqa: BLE001
             audit["on"] = False
             return failure(exc)
+
+    mutated = []
+
+    def changed(args, kwargs, sent_args, sent_kwargs):
+        """The lists, dicts and sets among the arguments that the call changed (plain data
+        only), for the tests to see the change (a test may check an in-place sort)."""
+
+        def plain(value):
+            raise TypeError("not plain data")
+
+        try:
+            pairs = [(i, a, sent_args[1][i]) for i, a in enumerate(args)]
+            pairs += [(k, v, sent[1]) for (k, v), sent in zip(kwargs.items(), sent_kwargs[1])]
+            for key, value, before in pairs:
+                if type(value) in (list, dict, set):
+                    after = _encode(value, plain)
+                    if after != before:
+                        mutated.append((key, after))
+        except (TypeError, IndexError, RecursionError):
+            pass
 
     def program():
         with open(path, encoding="utf-8") as handle:
@@ -823,13 +885,16 @@ def _serve_sample(path, env, tests_path):
             while True:
                 time.sleep(3600)
 
-        def step(op=op, target=target, args=args, kwargs=kwargs):
-            args, kwargs = _decode(args, lookup), _decode(kwargs, lookup)
+        def step(op=op, target=target, sent_args=args, sent_kwargs=kwargs):
+            args, kwargs = _decode(sent_args, lookup), _decode(sent_kwargs, lookup)
             if op == "names":
                 return names(args)
             obj = lookup(target, None)
             if op == "call":
-                return obj(*args, **kwargs)
+                result = obj(*args, **kwargs)
+                audit["on"] = False
+                changed(args, kwargs, sent_args, sent_kwargs)
+                return result
             if op == "bool":
                 return bool(obj)
             if op == "len":
