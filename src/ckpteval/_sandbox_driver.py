@@ -130,7 +130,7 @@ def _exec_python(path, env):
 
 def _keep_fds(keep):
     """Close every fd from 3 up, except `keep`, which become 3, 4, ..."""
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1000) for fd in keep]
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in keep]  # above every target
     for target, fd in enumerate(high, start=3):
         os.dup2(fd, target)
     os.closerange(3 + len(keep), 1 << 16)
