@@ -226,7 +226,8 @@ _MAX_REPORT = 48 << 10    # a report fits in a pipe's buffer: the test process n
 _MAX_ITEMS = 1 << 20      # items materialised from an iterator the sample returns
 _BIG_INT_BITS = 12000     # ints above this go as hex: decimal parsing is capped (and quadratic)
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
-_TOOLING = ("linecache", "tokenize", "warnings", "traceback", "importlib", "codecs", "encodings")
+_TOOLING = ("linecache", "tokenize", "warnings", "traceback", "importlib", "codecs", "encodings",
+            "inspect", "doctest", "unittest", "pydoc")  # read sources for honest reasons
 
 
 def _run_judged(command, uid):
