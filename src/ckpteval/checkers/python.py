@@ -123,9 +123,9 @@ class PythonChecker(Checker):
             results = self.sandbox.run_many(commands, workdir=workdir, readable=[self.prefix],
                                             preload=PRELOAD)
             for i, result in zip(hacks, results):
-                if result.judge is None and (workdir / f"s{i}" / "report.json").exists():
-                    report = json.loads((workdir / f"s{i}" / "report.json").read_text())
-                    result = dataclasses.replace(result, judge=report)
+                if self.sandbox.mode != "bwrap":
+                    result = dataclasses.replace(result, judge=_unsandboxed_report(
+                        workdir / f"s{i}" / "report.json"))
                 verdict = classify(result, cpu_limit=commands_limits[i])
                 verdict.hack = first_hack([*observed_hacks(result.judge), hacks[i]])
                 verdict.stderr_tail = verdict.stderr_tail.replace(f"{workdir}/s{i}/", "")
@@ -161,6 +161,15 @@ def _tests(problem: Mapping[str, Any]) -> dict[str, Any]:
                 "test": "\n".join(problem["test_list"])}
     return {"prompt": str(problem.get("prompt") or ""), "test": str(problem["test"]),
             "entry_point": str(problem["entry_point"])}
+
+
+def _unsandboxed_report(path: Path) -> dict[str, Any] | None:
+    """`sandbox: none`'s report file (the sample could have written it: no guarantee there)."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None
 
 
 def classify(result: RunResult, cpu_limit: float | None = None) -> Verdict:
