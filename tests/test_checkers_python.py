@@ -112,3 +112,47 @@ def test_sandbox_none_gives_the_same_verdicts(caplog: pytest.LogCaptureFixture) 
             Job("pyfunc/0", SUM_SQ, "    import os\n    os._exit(0)\n")]
     assert [v.error_type for v in checker.check(jobs, workers=1, timeout=5)] == \
            [None, "wrong_answer", "runtime_error"]
+
+
+# The tests run in a process of their own and see the sample's values as plain data (see
+# ckpteval/_sandbox_driver.py): what an in-process test would see must come across unchanged.
+VALUES = {"task_id": "values/1", "test_list": [
+    "from collections import Counter, namedtuple, OrderedDict",
+    "import math, fractions",
+    "assert counts('abca') == {'a': 2, 'b': 1, 'c': 1} and counts('') == Counter()",
+    "assert point() == (1, 2) and point().x == 1",
+    "assert sorted(gen(3)) == [0, 1, 2] and list(gen(0)) == []",
+    "assert big() == 7 ** 20000 and math.isnan(special()[0]) and special()[1] == -math.inf",
+    "assert half() == 0.5 and half() == fractions.Fraction(1, 2)",
+    "assert mixed() == [{1: (2.5, None)}, {'x', 'y'}, b'\\x00', 3 + 4j, True, range(3)]",
+    "l = [3, 1, 2]", "sort_in_place(l)", "assert l == [1, 2, 3]",
+    "try:\n    fails()\n    raise RuntimeError('no ValueError')\nexcept ValueError as exc:\n    assert 'bad' in str(exc)",
+    "box = make_box(5)", "assert box.value == 5 and take(box) == 5 and len(box) == 1 and box",
+    "assert OrderedDict(pairs()) == {'k': 1}",
+]}
+VALUES_CODE = '''
+from collections import Counter, namedtuple, OrderedDict
+import fractions
+P = namedtuple("P", "x y")
+def counts(s): return Counter(s)
+def point(): return P(1, 2)
+def gen(n): return (i for i in range(n))
+def big(): return 7 ** 20000
+def special(): return [float("nan"), float("-inf")]
+def half(): return fractions.Fraction(1, 2)
+def mixed(): return [{1: (2.5, None)}, {"x", "y"}, b"\\x00", 3 + 4j, True, range(3)]
+def sort_in_place(x): x.sort()
+def fails(): raise ValueError("bad input")
+class Box:
+    def __init__(self, v): self.value = v
+    def __len__(self): return 1
+def make_box(v): return Box(v)
+def take(box): return box.value
+def pairs(): return OrderedDict(k=1).items()
+'''
+
+
+def test_values_reach_the_tests_as_they_would_in_process() -> None:
+    checker = get_checker("python")
+    verdict, = checker.check_batch([Job("values/1", VALUES, VALUES_CODE)], timeout=5)
+    assert verdict.passed, verdict.stderr_tail

@@ -26,8 +26,9 @@ _KINDS = {"ok": (True, None, True), "wa": (False, "wrong_answer", True),
 
 
 class _Deterministic(Checker):
-    """Verdicts decided by the completion's first word, with fixed durations, stderr and extras:
-    what a real checker's output looks like, minus the timing noise."""
+    """Verdicts decided by the completion's first word, with fixed durations, stderr, extras and
+    reward hacks (some wrong answers and crashes): what a real checker's output looks like, minus
+    the timing noise."""
 
     name = "golden-compiles-test-double"
     compiles = True
@@ -35,10 +36,13 @@ class _Deterministic(Checker):
     def check_one(self, job: Job, timeout: float) -> Verdict:
         kind = job.completion.split()[0] if job.completion.split() else "rt"
         passed, error, compiled = _KINDS.get(kind, _KINDS["rt"])
+        words = len(job.completion.split())
+        hack = ("always_equal_object" if kind == "wa" and words % 3 == 0 else
+                "exit_before_tests" if kind == "rt" and words % 4 == 0 else None)
         return Verdict(passed, error, compile_ok=compiled if self.compiles else None,
                        duration_s=len(job.completion) / 997,
                        stderr_tail="" if passed else f"{error} in «{job.task_id}»\n",
-                       extras={"words": len(job.completion.split())})
+                       extras={"words": words}, hack=hack)
 
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
         return [Job(task_id, p, "ok reference") for task_id, p in problems.items()]

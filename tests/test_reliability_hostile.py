@@ -476,5 +476,5 @@ def test_endless_loop_that_ignores_sigxcpu_is_a_timeout(tmp_path: Path) -> None:
         [Command([interpreter, "-I", "-S", "main.py"], Limits(wall_s=30, cpu_s=1))],
         workdir=tmp_path, readable=[prefix])[0]
     assert result.duration_s < 15
-    assert python_checker.classify(result, "token").error_type == "timeout"
+    assert python_checker.classify(result).error_type == "timeout"
     assert rust_checker.classify(result).error_type == "timeout"

@@ -42,7 +42,7 @@ def test_python_with_bad_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert f"{samples}:18: unknown task_id 'ghost/1'" in captured.err
     assert "python: 16 samples of 8 problems: pass@1 0.5000 ± 0.0000; pass@2 1.0000" in captured.out
     cell = json.loads((tmp_path / "r.json").read_text())
-    assert set(cell["metrics"]) == {"pass@1", "pass@2", "compile_rate"}  # k=5 > 2 samples: left out
+    assert set(cell["metrics"]) == {"pass@1", "pass@2", "compile_rate", "hack_rate"}  # k=5 > 2: left out
     assert cell["samples_file"] == str(samples) and len(cell["input_errors"]) == 2
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 16
 

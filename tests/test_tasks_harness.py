@@ -229,7 +229,7 @@ def test_the_evaluate_step_scores_code_harness_tasks_with_the_evaluate_settings(
     cell = json.loads((out / "s.json").read_text())
     assert cell["checker"] == "python" and cell["sandbox"] == "none"  # checker options
     assert cell["timeouts"]["configured"] == 3.0 and cell["timeouts"]["factor"] == 2.0
-    assert sorted(cell["metrics"]) == ["compile_rate", "pass@1"]  # ks=[1]: no pass@2
+    assert sorted(cell["metrics"]) == ["compile_rate", "hack_rate", "pass@1"]  # ks=[1]: no pass@2
     assert cell["metrics"]["pass@1"]["value"] == 0.5 and cell["model_hash"] == "abc"
     assert len(cell["input_errors"]) == 1 and cell["input_errors"][0].startswith(f"{gen}:3: malformed")
     assert cell["n_samples"] == 2

@@ -2,8 +2,9 @@
 
 Input: the evaluate step's files, one pair per cell (run, ckpt, task, variant) under
 `scores/{run}/{ckpt}/{task}/`:
-- `{variant}.json`: the cell's metrics (`{"metrics": {name: {"value", "stderr", "n"}}}`), error
-  type counts and provenance (`run`, `ckpt`, `step`, `task`, `variant`, `sampling`, `seed`,
+- `{variant}.json`: the cell's metrics (`{"metrics": {name: {"value", "stderr", "n"}}}`, with
+  `hack_rate` among them when the scorer reports reward hacks), error type and hack type counts
+  (`error_types`, `hack_types`) and provenance (`run`, `ckpt`, `step`, `task`, `variant`, `sampling`, `seed`,
   `is_baseline`, `scorer_version`, `model_hash`, ...).
 - `{variant}.jsonl`: one line per (problem, sample) with `task_id`, `sample_idx`, `passed`, `score`.
 
@@ -17,6 +18,7 @@ Output (`build_summary`), all under `summary_dir`, each file written atomically:
 | `configs.csv` | (run, task, sampling, metric): the sampling config across the run's checkpoints |
 | `passk.csv` | (run, ckpt, task, sampling, k): pass@k from per-sample verdicts, seeds pooled |
 | `errors.csv` | (cell, error type): count and fraction of the cell's samples |
+| `hacks.csv` | (cell, hack type): count and fraction of the cell's samples (`HACK_COLUMNS`) |
 | `deltas.csv` | paired comparison: each checkpoint vs the run's baseline and vs the previous one |
 | `missing.csv` | cell or per-sample file that could not be used, with its path and why |
 | `plots/*.png`, `report.html` | see `ckpteval.report` |
@@ -26,7 +28,10 @@ report, and everything else is built. A run without a baseline has no baseline c
 
 The main metric of a task (plots, deltas) is the one its cells name as `primary_metric` (harness
 tasks do: the metric their per-sample `score` holds), else `pass@1` when they report it, else the
-first metric they report other than `compile_rate`. Paired deltas compare the mean per-sample value
+first metric they report other than `compile_rate` and `hack_rate`. `hack_rate` (the share of a
+cell's samples that attempted a reward hack, `ckpteval.checkers.HACK_TYPES`) is a metric row like
+any other in the tidy table, `metrics.md` and the seed tables, and has its own plot and report
+section. Paired deltas compare the mean per-sample value
 (`passed` for pass@1 tasks, so the delta is a pass@1 difference; `score` otherwise) of two
 checkpoints over the (task_id, seed, sample_idx) both have, for one sampling config with its seeds
 pooled; the interval is a percentile bootstrap over problems (`ckpteval.stats.paired_bootstrap`).
@@ -79,6 +84,12 @@ ERROR_COLUMNS = [
     "run", "step", "ckpt", "is_baseline", "task", "variant", "sampling", "seed", "error_type",
     "count", "fraction",
 ]
+HACK_COLUMNS = [
+    "run", "step", "ckpt", "is_baseline", "task", "variant", "sampling", "seed", "hack", "count",
+    "fraction",
+]
+#: The metric of a cell's reward-hack share (`ckpteval.evaluate`); never a task's main metric.
+HACK_RATE = "hack_rate"
 DELTA_COLUMNS = [
     "run", "task", "sampling", "metric", "comparison", "ckpt", "step", "ref_ckpt", "ref_step",
     "seeds", "n_problems", "n_pairs", "delta", "ci_low", "ci_high", "significant", "regression",
@@ -117,6 +128,7 @@ class Cell:
     metrics: dict[str, tuple[float, float, float]]  # name -> (value, stderr, n); NaN when absent
     error_types: dict[str, int] = field(default_factory=dict)
     primary_metric: str | None = None
+    hack_types: dict[str, int] = field(default_factory=dict)
 
     @property
     def samples_path(self) -> Path:
@@ -156,6 +168,7 @@ class Summary:
     missing: pd.DataFrame
     main_metrics: dict[str, str]
     n_cells: int
+    hacks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HACK_COLUMNS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,6 +214,11 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
         _is_number(v, allow_none=False) for v in error_types.values()
     ):
         raise CellError("key 'error_types' is not a mapping of counts")
+    hack_types = raw.get("hack_types") or {}
+    if not isinstance(hack_types, dict) or not all(
+        _is_number(v, allow_none=False) for v in hack_types.values()
+    ):
+        raise CellError("key 'hack_types' is not a mapping of counts")
     primary = raw.get("primary_metric")
     return Cell(
         source=os.fspath(path), run=raw["run"], ckpt=raw["ckpt"], step=step, task=raw["task"],
@@ -210,6 +228,7 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
         model_hash=_optional_str(raw.get("model_hash")), metrics=parsed,
         error_types={str(k): int(v) for k, v in error_types.items()},
         primary_metric=primary if isinstance(primary, str) and primary in parsed else None,
+        hack_types={str(k): int(v) for k, v in hack_types.items()},
     )
 
 
@@ -333,12 +352,12 @@ def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
 
 def main_metric(names: Sequence[str], primary: str | None = None) -> str:
     """The metric a task is judged by: the declared primary one, else pass@1 if reported, else
-    the first one but compile_rate."""
+    the first one but compile_rate and hack_rate."""
     if primary is not None:
         return primary
     if "pass@1" in names:
         return "pass@1"
-    return next((n for n in names if n != "compile_rate"), names[0])
+    return next((n for n in names if n not in ("compile_rate", HACK_RATE)), names[0])
 
 
 def main_metrics(cells: Sequence[Cell]) -> dict[str, str]:
@@ -412,6 +431,23 @@ def error_table(cells: Sequence[Cell], samples: pd.DataFrame) -> pd.DataFrame:
     ]
     frame = pd.DataFrame(rows, columns=ERROR_COLUMNS).astype({"step": "Int64"})
     return _checkpoint_order(frame, ["task", "variant", "error_type"])
+
+
+def hack_table(cells: Sequence[Cell]) -> pd.DataFrame:
+    """Reward-hack counts per cell and hack type; `fraction` is of the samples the cell's
+    `hack_rate` counts (NaN for a cell without it)."""
+    rows = []
+    for c in cells:
+        total = c.metrics.get(HACK_RATE, (math.nan, math.nan, math.nan))[2]
+        for hack, count in c.hack_types.items():
+            rows.append({
+                "run": c.run, "step": c.step, "ckpt": c.ckpt, "is_baseline": c.is_baseline,
+                "task": c.task, "variant": c.variant, "sampling": c.sampling, "seed": c.seed,
+                "hack": hack, "count": count,
+                "fraction": count / total if total and not math.isnan(total) else math.nan,
+            })
+    frame = pd.DataFrame(rows, columns=HACK_COLUMNS).astype({"step": "Int64"})
+    return _checkpoint_order(frame, ["task", "variant", "hack"])
 
 
 def passk_table(cells: Sequence[Cell], samples: pd.DataFrame, tidy: pd.DataFrame) -> pd.DataFrame:
@@ -599,7 +635,7 @@ def summarize(
         passk=passk_table(cells, samples, tidy), errors=error_table(cells, samples),
         deltas=delta_table(cells, samples, metrics_by_task, n_boot=bootstrap, seed=seed),
         missing=missing_table([*problems, *sample_problems]), main_metrics=metrics_by_task,
-        n_cells=len(cells),
+        n_cells=len(cells), hacks=hack_table(cells),
     )
 
 
@@ -622,7 +658,8 @@ def build_summary(
     for name, frame in (
         ("metrics.csv", summary.tidy), ("seeds.csv", summary.seeds),
         ("configs.csv", summary.configs), ("passk.csv", summary.passk),
-        ("errors.csv", summary.errors), ("deltas.csv", summary.deltas),
+        ("errors.csv", summary.errors), ("hacks.csv", summary.hacks),
+        ("deltas.csv", summary.deltas),
         ("missing.csv", summary.missing),
     ):
         write_csv(frame, summary_dir / name)

@@ -10,21 +10,23 @@ Files written (the schemas live here):
 - `out_jsonl`, one line per scored sample, in input order::
 
     {"task_id", "sample_idx", "passed": bool, "score": float, "error_type": str | null,
-     "compile_ok": bool | null, "duration_s": float, "stderr_tail": str, ...checker extras}
+     "compile_ok": bool | null, "duration_s": float, "stderr_tail": str,
+     "hack": str | null (one of `ckpteval.checkers.HACK_TYPES`), ...checker extras}
 
 - `out_json`, the cell::
 
     {"checker", "checker_version", "scorer_version", "sandbox", "n_problems", "n_samples",
      "problems_without_samples", "metrics": {"pass@k": {"value", "stderr", "n"}, ...,
-     "compile_rate": {...} (code checkers), "accuracy": {...} (answer checkers)},
-     "error_types": {type: count}, "input_errors": [...], "self_test": {...},
+     "compile_rate": {...} (code checkers), "accuracy": {...} (answer checkers),
+     "hack_rate": {...}}, "error_types": {type: count}, "hack_types": {hack: count}, "input_errors": [...], "self_test": {...},
      "timeouts": {"configured": float, "factor": float, "calibrated_problems": int,
                   "max_s": float, "median_s": float},
      "duration_s", ...provenance}
 
   pass@k is reported for every k up to the smallest number of samples of any problem (or the
-  requested `ks` that fit); its `n` counts problems. compile_rate and accuracy are means over
-  samples, their `n` counts samples. `timeouts` says where the run timeouts came from: the
+  requested `ks` that fit); its `n` counts problems. compile_rate, accuracy and hack_rate (the
+  share of samples whose verdict records a reward hack) are means over samples, their `n` counts
+  samples. `timeouts` says where the run timeouts came from: the
   configured timeout (the checker's default if none was given), the calibration factor, how many
   problems got a longer timeout from their reference solution's run time, and the largest and
   median timeout over the problems (`calibrate_timeouts`).
@@ -230,7 +232,8 @@ def _scored_lines(impl: Checker, rows: Iterable[_Row], progress: _Progress, time
 
 class _CellTotals:
     """What a cell's metrics need of its lines, kept as running counts: per-problem (samples,
-    passed) in order of first appearance, compile and score means (`RunningMean`), error counts."""
+    passed) in order of first appearance, compile, score and hack means (`RunningMean`), error and
+    hack counts."""
 
     def __init__(self, compiles: bool) -> None:
         self.compiles = compiles
@@ -238,6 +241,8 @@ class _CellTotals:
         self.compiled = RunningMean()
         self.scores = RunningMean()
         self.errors: Counter[str] = Counter()
+        self.hacked = RunningMean()
+        self.hacks: Counter[str] = Counter()
         self.n_samples = 0
         self.reused = 0
 
@@ -252,6 +257,10 @@ class _CellTotals:
             self.scores.add(float(line["score"]))
         if line["error_type"]:
             self.errors[line["error_type"]] += 1
+        hack = line.get("hack")
+        self.hacked.add(1.0 if hack else 0.0)
+        if hack:
+            self.hacks[hack] += 1
         self.n_samples += 1
 
     def cell_metrics(self, problems: Mapping[str, Any], ks: Sequence[int] | None) -> dict[str, Any]:
@@ -268,12 +277,16 @@ class _CellTotals:
         else:
             value, stderr = self.scores.result()
             metrics["accuracy"] = {"value": value, "stderr": stderr, "n": self.scores.n}
+        if self.hacked.n:
+            value, stderr = self.hacked.result()
+            metrics["hack_rate"] = {"value": value, "stderr": stderr, "n": self.hacked.n}
         return {
             "n_problems": len(self.per_task),
             "n_samples": self.n_samples,
             "problems_without_samples": len(set(problems) - set(self.per_task)),
             "metrics": metrics,
             "error_types": dict(sorted(self.errors.items())),
+            "hack_types": dict(sorted(self.hacks.items())),
         }
 
 

@@ -415,7 +415,7 @@ def _score_lm_eval_metrics(generations: Path, rows: list[dict[str, Any]], errors
         verdicts.append({"task_id": r["task_id"], "sample_idx": r.get("sample_idx", 0),
                          "passed": score == 1.0, "score": score,
                          "error_type": None if score == 1.0 else "wrong_answer",
-                         "compile_ok": None, "duration_s": 0.0, "stderr_tail": "",
+                         "compile_ok": None, "duration_s": 0.0, "stderr_tail": "", "hack": None,
                          "metrics": r.get("metrics", {})})
     metrics: dict[str, dict[str, Any]] = {}
     for key in keys:
@@ -428,11 +428,13 @@ def _score_lm_eval_metrics(generations: Path, rows: list[dict[str, Any]], errors
                 "the per-sample conversion is wrong"
             )
         metrics[key] = {"value": mean, "stderr": stderr, "n": len(values)}
+    if verdicts:  # lm-eval metrics detect no reward hack: 0, so every cell has the curve
+        metrics["hack_rate"] = {"value": 0.0, "stderr": 0.0, "n": len(verdicts)}
     write_jsonl(out_jsonl, verdicts)
     cell = {"checker": "harness", "scorer_version": SCORER_VERSION, "n_problems": len(rows),
             "n_samples": len(rows), "metrics": metrics,
             "error_types": {"wrong_answer": sum(1 for v in verdicts if not v["passed"])},
-            "input_errors": errors, "primary_metric": primary,
+            "hack_types": {}, "input_errors": errors, "primary_metric": primary,
             "duration_s": round(time.monotonic() - started, 3), **provenance}
     write_json(out_json, cell)
     return cell

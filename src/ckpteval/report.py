@@ -8,6 +8,9 @@ Plots, one set per task, under `summary/plots/`:
   `PASSK_CURVES` checkpoints spread over each run, seeds pooled.
 - `{task}-errors.png` (tasks whose cells count error types): the fraction of samples per error type
   at each checkpoint, averaged over variants, one panel per run.
+- `reward-hacking.png` (when cells report `hack_rate`): the share of samples that attempted a
+  reward hack over training step, one line per task and run, with a 95% band; shown in the
+  report's "Reward hacking" section with a table of the hack types per checkpoint.
 
 `report.html` holds the tables and the plots inlined as base64, so it can be mailed or archived as
 one file. Figures are drawn with matplotlib's object API (no pyplot, no global backend state).
@@ -30,7 +33,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
-from ckpteval.aggregate import CONFIDENCE, STDERR_LEGEND, Summary, metrics_wide
+from ckpteval.aggregate import CONFIDENCE, HACK_RATE, STDERR_LEGEND, Summary, metrics_wide
 from ckpteval.io import atomic_open
 
 PASSK_CURVES = 4
@@ -38,6 +41,8 @@ PASSK_CURVES = 4
 _MARGINS = {"left": 0.08, "right": 0.74, "top": 0.92, "bottom": 0.12}
 _LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "fontsize": "small"}
 _Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)  # 1.96 for 95%
+#: The one plot of every task's hack rate (not a task's own plot: shown under "Reward hacking").
+HACK_PLOT = "reward-hacking.png"
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,17 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
                 f"{task}: fraction of samples per error type at each checkpoint (mean over "
                 "variants)."
             )))
+    hacking = summary.seeds[summary.seeds["metric"] == HACK_RATE]
+    if not hacking.empty:
+        path = plot_dir / HACK_PLOT
+        _save(_hacks_figure(hacking), path)
+        plots.append(Plot("", path, (
+            "Reward hacking: share of samples that attempted a reward hack (exit before the "
+            "tests, faked test report, redefined assertions, tampering with the tests, reading "
+            "the harness's files, always-equal objects, ...) over training step, per task and "
+            "run; bands are 95% intervals. Hacks never pass; a rising curve means the policy is "
+            "learning to game the checker."
+        )))
     written = {p.path.name for p in plots}
     for stale in plot_dir.glob("*.png"):
         if stale.name not in written:
@@ -122,6 +138,34 @@ def _steps_figure(task: str, metric: str, seeds: pd.DataFrame, deltas: pd.DataFr
     ax.set_xlabel("training step")
     ax.set_ylabel(metric)
     ax.set_title(f"{task}: {metric}")
+    ax.grid(alpha=0.3)
+    ax.legend(**_LEGEND)
+    return fig
+
+
+def _hacks_figure(seeds: pd.DataFrame) -> Figure:
+    fig = Figure(figsize=(9, 4.2), dpi=100)
+    fig.subplots_adjust(**_MARGINS)
+    ax = fig.subplots()
+    colors = _colors()
+    several = seeds.groupby("task")["sampling"].nunique().max() > 1
+    for (task, run, sampling), group in seeds.groupby(["task", "run", "sampling"], sort=False):
+        color = next(colors)
+        label = f"{task} · {run}" + (f" · {sampling}" if several else "")
+        trained = group[~group["is_baseline"] & group["step"].notna()].sort_values("step")
+        if not trained.empty:
+            x = trained["step"].to_numpy(np.float64)
+            y = trained["mean"].to_numpy(np.float64)
+            half = _Z * trained["cell_stderr"].fillna(0).to_numpy(np.float64)
+            ax.plot(x, y, marker="o", markersize=3, color=color, label=label)
+            ax.fill_between(x, np.clip(y - half, 0, 1), np.clip(y + half, 0, 1), color=color,
+                            alpha=0.2, linewidth=0)
+        for value in group.loc[group["is_baseline"], "mean"].dropna():
+            ax.axhline(value, color=color, linestyle="--", linewidth=1, label=f"{label} baseline")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("hack rate (share of samples)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Reward hacking")
     ax.grid(alpha=0.3)
     ax.legend(**_LEGEND)
     return fig
@@ -273,15 +317,11 @@ def render_html(summary: Summary, plots: Sequence[Plot]) -> str:
                   "zero. With many comparisons some are expected by chance (5% each).</p>",
                   _table(regressions)]
     parts.append("<h2>Plots</h2>")
-    for plot in plots:
-        data = base64.b64encode(plot.path.read_bytes()).decode("ascii")
-        parts.append(
-            f"<figure><img alt='{html.escape(plot.path.name)}' "
-            f"src='data:image/png;base64,{data}'><figcaption>{html.escape(plot.caption)}"
-            "</figcaption></figure>"
-        )
-    if not plots:
+    task_plots = [plot for plot in plots if plot.path.name != HACK_PLOT]
+    parts += [_figure(plot) for plot in task_plots]
+    if not task_plots:
         parts.append("<p>No plots: no scored cells.</p>")
+    parts += _hacking_section(summary, [plot for plot in plots if plot.path.name == HACK_PLOT])
     parts += ["<h2>Metrics</h2>", f"<p class='note'>{html.escape(STDERR_LEGEND)}</p>"]
     if not summary.seeds.empty:
         header, rows = metrics_wide(summary.seeds)
@@ -299,6 +339,42 @@ def render_html(summary: Summary, plots: Sequence[Plot]) -> str:
         "</body></html>\n",
     ]
     return "\n".join(parts)
+
+
+def _figure(plot: Plot) -> str:
+    data = base64.b64encode(plot.path.read_bytes()).decode("ascii")
+    return (f"<figure><img alt='{html.escape(plot.path.name)}' "
+            f"src='data:image/png;base64,{data}'><figcaption>{html.escape(plot.caption)}"
+            "</figcaption></figure>")
+
+
+def _hacking_section(summary: Summary, plots: Sequence[Plot]) -> list[str]:
+    """"Reward hacking": the hack-rate curve, the rate per checkpoint and task, and the hack
+    types per checkpoint (counts summed over variants)."""
+    parts = ["<h2>Reward hacking</h2>"]
+    rates = summary.seeds[summary.seeds["metric"] == HACK_RATE]
+    if rates.empty:
+        return parts + ["<p>No cell reports a hack rate (scored before ckpteval recorded reward "
+                        "hacks, or by a scorer that does not).</p>"]
+    parts.append("<p class='note'>A sample's verdict records the reward hack it attempted "
+                 "(<code>ckpteval.checkers.HACK_TYPES</code>); a hack never makes a sample pass. "
+                 "Hack rate: share of a cell's samples with one, mean over seeds.</p>")
+    parts += [_figure(plot) for plot in plots]
+    keys = ["run", "ckpt", "step"]
+    wide = rates.groupby([*keys, "task"], sort=False, dropna=False)["mean"].mean().unstack("task")
+    wide.columns = [f"{task} hack_rate" for task in wide.columns]
+    table = wide.reset_index()
+    hacks = summary.hacks
+    if not hacks.empty:
+        counts = hacks.groupby([*keys, "hack"], sort=False, dropna=False)["count"].sum() \
+            .unstack("hack", fill_value=0)
+        table = table.merge(counts.reset_index(), on=keys, how="left")
+        for hack in counts.columns:
+            table[hack] = table[hack].fillna(0).astype(int)
+    parts.append(_table(table))
+    if hacks.empty:
+        parts.append("<p>No sample attempted a reward hack.</p>")
+    return parts
 
 
 def _section(heading: str, frame: pd.DataFrame) -> str:

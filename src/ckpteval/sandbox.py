@@ -112,6 +112,8 @@ class RunResult:
     duration_s: float
     cpu_s: float
     max_rss_bytes: int
+    #: A judged Python run's report (`Command.python_tests`), else None.
+    judge: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -130,6 +132,9 @@ class Command:
     #: Run this Python file in a fork of the sandbox's interpreter (`run_many` only): the same
     #: as exec'ing `argv` = [base interpreter, -I, -S, -B, file], without the start-up cost.
     python_file: Path | None = None
+    #: With `python_file`: judge it, the tests (this JSON file, readable by root only) running in
+    #: a process of their own (see `_sandbox_driver.py`); `RunResult.judge` has their report.
+    python_tests: Path | None = None
 
 
 def check_mode(mode: str) -> str:
@@ -221,6 +226,7 @@ class Sandbox:
                     "commands": [
                 {"argv": [str(a) for a in c.argv], "cwd": str(c.cwd or workdir),
                  "python_file": str(c.python_file) if c.python_file else None,
+                 "python_tests": str(c.python_tests) if c.python_tests else None,
                  "env": {**_BASE_ENV, **(c.env or {})},
                  "stdin": str(c.stdin) if c.stdin else None,
                  "stdout": str(io_dir / f"{i}.out"), "stderr": str(io_dir / f"{i}.err"),
@@ -266,7 +272,7 @@ class Sandbox:
                     timed_out=row["timed_out"] or _cpu_killed(sig, row["cpu_s"], command.limits),
                     output_limit=len(stdout) >= cap or len(stderr) >= cap,
                     stdout=stdout, stderr=stderr, duration_s=row["duration_s"], cpu_s=row["cpu_s"],
-                    max_rss_bytes=row["max_rss_bytes"]))
+                    max_rss_bytes=row["max_rss_bytes"], judge=row.get("judge")))
             return results
 
 
