@@ -13,6 +13,7 @@ rule aggregate:
         configs=f"{OUT}/summary/configs.csv",
         passk=f"{OUT}/summary/passk.csv",
         errors=f"{OUT}/summary/errors.csv",
+        hacks=f"{OUT}/summary/hacks.csv",
         deltas=report(f"{OUT}/summary/deltas.csv", caption="../report/metrics.rst", category="Tables"),
         missing=f"{OUT}/summary/missing.csv",
         plots=report(
