@@ -461,9 +461,9 @@ def test_replay_solutions_rerun_that_runs_cells_only(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep = Sweep(tmp_path, config, config, None)  # type: ignore[arg-type]
     assert planned(sweep, config, "same") == Counter()
-    config["runs"]["two"]["solutions"] = str(tmp_path / "b")
+    config["runs"]["two"]["solutions"] = str(tmp_path / "b")  # run two's chain, nothing of one
     assert planned(sweep, config, "changed") == Counter(
-        {"replay": 1, "evaluate": 1, "aggregate": 1})
+        {"model_card": 1, "replay": 1, "evaluate": 1, "aggregate": 1})
 
 
 def test_the_docs_table_is_the_code_table() -> None:

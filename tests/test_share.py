@@ -251,6 +251,28 @@ def test_an_assisted_job_writes_what_it_would_alone_and_generates_each_request_o
 
 # ------------------------------------------------------------------- the workflow's assist jobs
 
+def _up_to_date(plan: Any, run: str, ckpt: str) -> None:
+    """What a finished consolidate job and infer job leave for a checkpoint: a manifest with the
+    model's identity and its source's hashes, and every cell's generation file with the meta
+    that records its identity (ckpteval.freshness then calls nothing of it stale)."""
+    from ckpteval.checkpoints import hash_source
+    from ckpteval.contract import generation_identity, model_identity
+
+    out = Path(plan.outdir)
+    (out / "models" / run / ckpt).mkdir(parents=True, exist_ok=True)
+    write_json(out / "models" / run / f"{ckpt}.json", {
+        **model_identity(plan, run, ckpt).record(), "weights_sha256": "w",
+        "source_files": hash_source(plan.checkpoint(run, ckpt).path)})
+    for task, variants in plan.task_variants.items():
+        for variant in variants:
+            gen = out / "generations" / run / ckpt / task / f"{variant}.jsonl"
+            gen.parent.mkdir(parents=True, exist_ok=True)
+            gen.write_text("")
+            write_json(gen.with_suffix(".meta.json"), {
+                **generation_identity(plan, run, task, variant).record(), "model_hash": "w",
+                "model_identity": None})
+
+
 def _assist_blocks(workdir: Path, *args: str) -> list[str]:
     result = run_snakemake(workdir, "-n", "--cores", "1", *args, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -274,12 +296,14 @@ def test_snakemake_adds_one_assist_job_per_spare_gpu_while_generations_are_missi
             ("big", "step_100"), ("small", "step_100"), ("small", "step_200")]
     assert _assist_blocks(workdir, "--resources", "gpu=1") == []  # one GPU: nothing to lend
 
-    # Once a checkpoint's generations exist it is not pending; once none is, no assist job.
+    # Once a checkpoint's generations are up to date it is not pending; once none is, no assist
+    # job. (A generation file without the meta that says what it was made with is not.)
+    out = workdir / "results" / "generations" / "small" / "step_100" / "arith" / "greedy-s42.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("")
+    assert len(_assist_blocks(workdir, "--resources", "gpu=3")) == 2
     for run, ckpt in (("small", "step_100"), ("small", "step_200"), ("big", "step_100")):
-        for task in ("arith", "pyfunc"):
-            out = workdir / "results" / "generations" / run / ckpt / task / "greedy-s42.jsonl"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text("")
+        _up_to_date(plan, run, ckpt)
     blocks = _assist_blocks(workdir, "--resources", "gpu=3")
     assert blocks == []
 

@@ -12,7 +12,7 @@ Output (`build_summary`), all under `summary_dir`, each file written atomically:
 
 | file | one row per |
 | --- | --- |
-| `metrics.parquet`, `.csv` | (cell, metric): `TIDY_COLUMNS`, then `source_deleted` (the checkpoint's source is gone) |
+| `metrics.parquet`, `.csv` | (cell, metric): `TIDY_COLUMNS` (`source_deleted`: the checkpoint's source is gone, its scores kept) |
 | `metrics.md` | checkpoint, by (run, step); `task/metric` columns, mean over seeds ± stderr |
 | `seeds.csv` | (run, ckpt, task, sampling, metric): mean, std, stderr and count over seeds |
 | `configs.csv` | (run, task, sampling, metric): the sampling config across the run's checkpoints |
@@ -66,7 +66,7 @@ from ckpteval.stats import (
 
 TIDY_COLUMNS = [
     "run", "step", "ckpt", "task", "variant", "sampling", "seed", "metric", "value", "stderr", "n",
-    "scorer_version", "model_hash", "is_baseline", "source",
+    "scorer_version", "model_hash", "is_baseline", "source", "source_deleted",
 ]
 SEED_COLUMNS = [
     "run", "step", "ckpt", "is_baseline", "task", "sampling", "metric", "mean", "std", "stderr",
@@ -341,6 +341,7 @@ def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
         for name, (value, stderr, n) in c.metrics.items()
     ]
     frame = pd.DataFrame(rows, columns=TIDY_COLUMNS)
+    frame["source_deleted"] = False  # build_summary marks checkpoints whose source is gone
     frame = frame.astype({
         "run": str, "ckpt": str, "task": str, "variant": str, "sampling": str, "metric": str,
         "source": str, "step": "Int64", "seed": np.int64, "value": np.float64,

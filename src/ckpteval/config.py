@@ -258,8 +258,13 @@ def build_tasks(config: dict[str, Any]) -> tuple[dict[str, TaskSpec], dict[str, 
     return tasks, variants, task_variants
 
 
-def build_plan(config: dict[str, Any], base_dir: Path | None = None) -> Plan:
-    """Resolve runs (discovering checkpoints), tasks and variants from a validated config."""
+def build_plan(config: dict[str, Any], base_dir: Path | None = None, *,
+               allow_empty_runs: bool = False) -> Plan:
+    """Resolve runs (discovering checkpoints), tasks and variants from a validated config.
+
+    A vllm run whose directory holds nothing its patterns match (and has no results yet) is a
+    `UserError` naming the patterns, unless `allow_empty_runs` (`ckpteval watch`, which waits
+    for a training run's first checkpoint)."""
     base_dir = base_dir or Path.cwd()
     tasks, variants, task_variants = build_tasks(config)
 
@@ -293,7 +298,8 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None) -> Plan:
         ckpts = discover_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
         unfinished = unfinished_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
         broken += [(name, u) for u in unfinished if u.idle_seconds >= r["settle_seconds"]]
-        if not ckpts and not unfinished and not (Path(config["outdir"]) / "models" / name).is_dir():
+        if (not ckpts and not unfinished and not allow_empty_runs
+                and not (Path(config["outdir"]) / "models" / name).is_dir()):
             entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
             raise UserError(
                 f"config: runs.{name}.patterns: nothing in {path} matches "

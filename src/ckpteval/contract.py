@@ -72,7 +72,7 @@ CONTRACT: tuple[Row, ...] = (
     Row("runs.*.endpoint.concurrency", NONE, "requests in flight"),
     Row("runs.*.endpoint.retries", NONE, "retries of failed requests"),
     Row("runs.*.endpoint.timeout", NONE, "how long a request may take"),
-    Row("runs.*.solutions", GENERATIONS, "the replayed files", {"backend": ("replay",)}),
+    Row("runs.*.solutions", MODEL, "which files a replay run replays (its model card names them)"),
     Row("runs.*.step", PLAN, "the step a weightless run's checkpoint is named after"),
     Row("tasks", PLAN, "a new task adds its cells; a removed task's results stay on disk"),
     Row("tasks.*.harness", GENERATIONS, "which lm-eval task"),

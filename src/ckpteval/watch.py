@@ -74,7 +74,7 @@ def complete_checkpoints(configfile: Path, base_dir: Path) -> Snapshot:
 
     config = load_config(configfile)
     validate_config(config)
-    plan = build_plan(config, base_dir)
+    plan = build_plan(config, base_dir, allow_empty_runs=True)  # training may not have saved yet
     return frozenset((run.name, c.name) for run in plan.runs.values() for c in run.checkpoints)
 
 
