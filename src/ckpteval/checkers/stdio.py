@@ -8,10 +8,16 @@ Problem record::
      "checker": str | {"language": "python" | "cpp", "source": str},  # optional special judge
      "time_limit": float,                                     # seconds per test (default 2)
      "memory_limit": int,                                     # MB (default 256)
-     "canonical_solution": str, "language": str}              # optional reference for the self-test
+     "canonical_solution": str, "language": str,              # optional reference for the self-test
+     "solution_language": str}                                # optional: the language asked for
+
+A verdict's extras say which test failed first (`first_failed_test`, its index within
+`first_failed_set`: "official" or "generated") and whether the official and the generated tests
+all passed (`official_passed`, `generated_passed`; `first_failure`).
 
 Solutions are Python, C++ or Rust, told apart by the completion's fence language (```cpp) or, for
-bare code, by its look (`#include`, `fn main`). Without a checker program, output is compared
+bare code, by its look (`#include`, `fn main`); a problem's `solution_language` (a task's
+`language`) fixes it instead, and the code block of that language is taken. Without a checker program, output is compared
 token by token; tokens that are both decimal numbers with a fractional part may differ by 1e-6
 (absolute or relative). A checker program is run as `checker <input> <output> <answer>` and
 accepts with exit status 0 (testlib's convention), in the local sandbox.
@@ -120,6 +126,28 @@ def detect_program(completion: str, language: str | None = None) -> Program:
     return Program(lang, code)
 
 
+def first_failure(verdict: Verdict, n_official: int, n_generated: int) -> dict[str, Any]:
+    """Which test failed first and how each test set fared, from a verdict's `tests_passed`
+    (tests run official first, then generated, and stop at the first failure):
+    `first_failed_test` (index within its set, None if none failed or nothing ran),
+    `first_failed_set` ("official" | "generated" | None), `official_passed` (every official
+    test passed: False for a program that did not compile) and `generated_passed` (every
+    generated test passed; None without generated tests, or when no generated test ran)."""
+    if verdict.passed:
+        return {"first_failed_test": None, "first_failed_set": None, "official_passed": True,
+                "generated_passed": True if n_generated else None}
+    ran = verdict.compile_ok and "tests_passed" in verdict.extras
+    if not ran:
+        return {"first_failed_test": None, "first_failed_set": None, "official_passed": False,
+                "generated_passed": None}
+    index = int(verdict.extras["tests_passed"])
+    if index < n_official:
+        return {"first_failed_test": index, "first_failed_set": "official",
+                "official_passed": False, "generated_passed": None}
+    return {"first_failed_test": index - n_official, "first_failed_set": "generated",
+            "official_passed": True, "generated_passed": False}
+
+
 def outputs_match(expected: str, actual: str) -> bool:
     """Token-wise equality; decimal tokens with a fractional part may differ by 1e-6."""
     want, got = expected.split(), actual.split()
@@ -145,7 +173,7 @@ def _is_number(token: str) -> bool:
 
 class StdioChecker(Checker):
     name = "stdio"
-    version = "1"
+    version = "2"  # 2: per-sample first_failed_test, official_passed, generated_passed
     default_timeout = DEFAULT_TIME_LIMIT
     compiles = True
 
@@ -180,7 +208,7 @@ class StdioChecker(Checker):
         else the job's `timeout` if set (a calibrated limit), else the call's `timeout`."""
         start = time.monotonic()
         problem = job.problem
-        program = detect_program(job.completion)
+        program = detect_program(job.completion, problem.get("solution_language"))
         own = self.own_time_limit(problem)
         time_limit = self.run_timeout(problem, timeout) if own else self.backend.time_limit_for(
             job.timeout or self.run_timeout(problem, timeout))
@@ -190,6 +218,8 @@ class StdioChecker(Checker):
         verdict = self.backend.judge(program, tests, time_limit, memory, judge)
         verdict.duration_s = time.monotonic() - start
         verdict.extras.setdefault("language", program.language)
+        verdict.extras.update(first_failure(verdict, len(problem.get("tests") or []),
+                                            len(problem.get("generated_tests") or [])))
         return verdict
 
     def _judge(self, task_id: str, problem: Mapping[str, Any]) -> _Judge:
@@ -286,11 +316,9 @@ def _compile(sandbox: Sandbox, program: Program, workdir: Path) -> list[str] | V
     source.write_text(program.source, encoding="utf-8")
     if program.language == "python":
         interpreter, _ = python_interpreter()
-        try:
-            compile(program.source, "main.py", "exec", dont_inherit=True)
-        except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-            return Verdict(False, "compile_error", compile_ok=False,
-                           stderr_tail=tail(f"{type(exc).__name__}: {exc}"))
+        syntax = _python_syntax_error(program)
+        if syntax is not None:
+            return syntax
         return [interpreter, "-I", "-S", "-B", str(source)]
     if program.language == "cpp":
         argv, readable = ["g++", "-O2", "-std=c++17", "-pipe", "main.cpp", "-o", "main"], []
@@ -305,6 +333,17 @@ def _compile(sandbox: Sandbox, program: Program, workdir: Path) -> list[str] | V
         kind = "timeout" if result.timed_out else "compile_error"
         return Verdict(False, kind, compile_ok=False, stderr_tail=tail(result.stderr))
     return [str(workdir / "main")]
+
+
+def _python_syntax_error(program: Program) -> Verdict | None:
+    """A Python program that does not parse is a compile error, on every backend alike (Piston
+    would run it and report the SyntaxError as a crash)."""
+    try:
+        compile(program.source, "main.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        return Verdict(False, "compile_error", compile_ok=False,
+                       stderr_tail=tail(f"{type(exc).__name__}: {exc}"))
+    return None
 
 
 class _Local(_Backend):
@@ -492,6 +531,8 @@ class _Piston(_Backend):
                               f"(installed: {', '.join(sorted(self.versions())) or 'none'}); "
                               f"install it (piston ppman install {language}) or use the local "
                               "sandbox")
+        if program.language == "python" and (syntax := _python_syntax_error(program)):
+            return syntax
         slowest: float | None = None
         for number, test in enumerate(tests, start=1):
             body = self.request_body(program, language, version, str(test["input"]), time_limit,
