@@ -204,3 +204,53 @@ def test_the_bundled_stdio_demo_passes_its_self_test_and_judges_right_from_wrong
     assert cell["self_test"]["references_passed"] == 5
     lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert [x["passed"] for x in lines] == [True, False, True]
+
+
+def _replay_plan(tmp_path: Path, solutions: str, tasks: dict[str, Any]) -> Any:
+    from ckpteval.config import build_plan
+
+    config = {"outdir": str(tmp_path / "results"),
+              "runs": {"r": {"backend": "replay", "solutions": solutions}}, "tasks": tasks}
+    validate_config(config)
+    return build_plan(config, tmp_path)
+
+
+def test_a_directory_per_checkpoint_of_solution_files(tmp_path: Path) -> None:
+    """model_solution_r/checkpoint_<step>/ with any number of JSONL files, found recursively;
+    with several tasks, each task's files under <task>/ (or <task>.jsonl)."""
+    root = tmp_path / "model_solution_r"
+    line = [{"task_id": "stdio_demo/0", "completion": "print(1)"}]
+    _write(root / "checkpoint_10" / "a.jsonl", line)
+    _write(root / "checkpoint_10" / "deep" / "er" / "b.jsonl", line)
+    _write(root / "checkpoint_30" / "c.jsonl", line)
+    (root / "checkpoint_40").mkdir()  # nothing written yet: not a checkpoint
+    plan = _replay_plan(tmp_path, str(root), {"stdio_demo": {}})
+    run = plan.runs["r"]
+    assert [(c.name, c.step) for c in run.checkpoints] == [("step_10", 10), ("step_30", 30)]
+    assert run.solutions_files("stdio_demo", "greedy-s42", 10) == [
+        root / "checkpoint_10" / "a.jsonl", root / "checkpoint_10" / "deep" / "er" / "b.jsonl"]
+    same = _replay_plan(tmp_path, str(root / "checkpoint_{step}"), {"stdio_demo": {}})
+    assert [c.name for c in same.runs["r"].checkpoints] == ["step_10", "step_30"]
+
+    two = {"stdio_demo": {}, "pyfunc": {}}
+    with pytest.raises(UserError, match=r"runs\.r\.solutions: no solutions of task stdio_demo in "
+                                        r".*checkpoint_10 \(with several tasks: "):
+        _replay_plan(tmp_path, str(root), two)
+    _write(root / "checkpoint_10" / "stdio_demo" / "x.jsonl", line)
+    _write(root / "checkpoint_10" / "pyfunc.jsonl", [{"task_id": "pyfunc/0", "completion": ""}])
+    plan = _replay_plan(tmp_path, str(root), two)
+    assert [c.name for c in plan.runs["r"].checkpoints] == ["step_10"]
+    assert plan.runs["r"].solutions_files("pyfunc", "greedy-s42", 10) == [
+        root / "checkpoint_10" / "pyfunc.jsonl"]
+    assert plan.runs["r"].solutions_files("stdio_demo", "greedy-s42", 10) == [
+        root / "checkpoint_10" / "stdio_demo" / "x.jsonl"]
+
+
+def test_the_old_solutions_forms_still_work(tmp_path: Path) -> None:
+    _write(tmp_path / "sol" / "stdio_demo.jsonl", [{"task_id": "stdio_demo/0", "completion": ""}])
+    plan = _replay_plan(tmp_path, str(tmp_path / "sol"), {"stdio_demo": {}})
+    assert plan.runs["r"].solutions_files("stdio_demo", "greedy-s42", 0) == [
+        tmp_path / "sol" / "stdio_demo.jsonl"]
+    _write(tmp_path / "p" / "s5" / "stdio_demo.jsonl", [{"task_id": "stdio_demo/0", "completion": ""}])
+    plan = _replay_plan(tmp_path, str(tmp_path / "p" / "s{step}" / "{task}.jsonl"), {"stdio_demo": {}})
+    assert [c.name for c in plan.runs["r"].checkpoints] == ["step_5"]

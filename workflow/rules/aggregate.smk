@@ -15,6 +15,7 @@ rule aggregate:
         errors=f"{OUT}/summary/errors.csv",
         deltas=report(f"{OUT}/summary/deltas.csv", caption="../report/metrics.rst", category="Tables"),
         missing=f"{OUT}/summary/missing.csv",
+        summary_json=f"{OUT}/summary/summary.json",
         plots=report(
             directory(f"{OUT}/summary/plots"),
             patterns=["{name}.png"],
