@@ -254,3 +254,20 @@ def test_the_old_solutions_forms_still_work(tmp_path: Path) -> None:
     _write(tmp_path / "p" / "s5" / "stdio_demo.jsonl", [{"task_id": "stdio_demo/0", "completion": ""}])
     plan = _replay_plan(tmp_path, str(tmp_path / "p" / "s{step}" / "{task}.jsonl"), {"stdio_demo": {}})
     assert [c.name for c in plan.runs["r"].checkpoints] == ["step_5"]
+
+
+def test_a_problem_piston_cannot_judge_is_refused_at_parse_time(tmp_path: Path) -> None:
+    from ckpteval.config import build_plan
+
+    path = _write(tmp_path / "cf.jsonl", [{**APLUSB, "time_limit": 5}])
+    config = {"outdir": str(tmp_path / "results"),
+              "runs": {"r": {"backend": "replay", "solutions": str(tmp_path / "sol/{task}.jsonl")}},
+              "tasks": {"cf": {"problems": str(path), "checker": "stdio"}},
+              "evaluate": {"piston_url": "http://127.0.0.1:9"}}
+    _write(tmp_path / "sol" / "cf.jsonl", [{"task_id": "aplusb", "completion": ""}])
+    validate_config(config)
+    with pytest.raises(UserError, match=r"config: tasks\.cf: problem aplusb: time_limit 5\.0 s is "
+                                        r"over what Piston at http://127\.0\.0\.1:9 allows"):
+        build_plan(config, tmp_path)
+    config["evaluate"]["piston_limits"] = {"run_timeout": 6000, "run_cpu_time": 6000}
+    assert build_plan(config, tmp_path).tasks["cf"].checker == "stdio"

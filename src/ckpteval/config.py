@@ -328,6 +328,7 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None) -> Plan:
             ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]
         runs[name] = Run(name, path, r["format"], base_model, tuple(ckpts))
 
+    check_piston_limits(tasks, config)
     tp = config["engine"]["tensor_parallel_size"]
     if tp > 1 and not config["engine"]["allow_tensor_parallel"]:
         raise UserError(
@@ -339,6 +340,28 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None) -> Plan:
             for name, run in runs.items()}
     return Plan(config["outdir"], runs, tasks, variants, task_variants, config, shard,
                 tuple(broken), deleted)
+
+
+def check_piston_limits(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> None:
+    """With `evaluate.piston_url`, a stdio problem the server cannot judge as it asks (its own
+    time or memory limit over the server's, an expected output longer than Piston keeps) is one
+    line naming the task now, at parse time, rather than in its evaluate job."""
+    evaluate = config.get("evaluate") or {}
+    if not evaluate.get("piston_url"):
+        return
+    stdio = {name: t for name, t in tasks.items() if t.kind == "generate" and t.checker == "stdio"}
+    if not stdio:
+        return
+    from ckpteval.checkers.stdio import _piston_limits, _Piston
+
+    piston = _Piston(evaluate["piston_url"], 1, 0, _piston_limits(evaluate.get("piston_limits")))
+    for name, task in stdio.items():
+        for tid, problem in task.problems().items():
+            tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
+            try:
+                piston.check_problem(tid, problem, tests)
+            except UserError as exc:
+                raise UserError(f"config: tasks.{name}: {exc}") from None
 
 
 def _weightless_run(name: str, r: dict[str, Any], base_dir: Path,
