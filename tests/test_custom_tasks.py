@@ -271,3 +271,28 @@ def test_a_problem_piston_cannot_judge_is_refused_at_parse_time(tmp_path: Path) 
         build_plan(config, tmp_path)
     config["evaluate"]["piston_limits"] = {"run_timeout": 6000, "run_cpu_time": 6000}
     assert build_plan(config, tmp_path).tasks["cf"].checker == "stdio"
+
+
+def test_a_checker_program_by_path_and_a_float_tolerance(tmp_path: Path) -> None:
+    """The problem file names its checker program by a path relative to itself; a problem's
+    `tolerance` replaces the default 1e-6 for decimal outputs."""
+    (tmp_path / "checkers").mkdir()
+    (tmp_path / "checkers" / "even.py").write_text(
+        "import sys\nx = int(open(sys.argv[2]).read())\nsys.exit(0 if x % 2 == 0 else 1)\n")
+    path = _write(tmp_path / "cf.jsonl", [
+        {"task_id": "even", "question": "Print an even number.",
+         "tests": [{"input": "\n", "output": "2\n"}],
+         "checker": {"language": "python", "path": "checkers/even.py"}},
+        {"task_id": "third", "question": "Print 1/3.", "tolerance": 1e-2,
+         "tests": [{"input": "\n", "output": "0.3333\n"}]}])
+    problems = _task(path).problems()
+    assert "sys.exit" in problems["even"]["checker"]["source"]
+    score_samples("stdio", problems, [
+        {"task_id": "even", "completion": "print(40)"}, {"task_id": "even", "completion": "print(3)"},
+        {"task_id": "third", "completion": "print(0.33)"},
+        {"task_id": "third", "completion": "print(0.3)"}],
+        tmp_path / "s.jsonl", tmp_path / "s.json", workers=2, checker_options={"sandbox": "bwrap"})
+    lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [x["passed"] for x in lines] == [True, False, True, False]
+    with pytest.raises(UserError, match=r"cf\.jsonl:1: problem t: tolerance must be a number"):
+        _task(_write(tmp_path / "cf.jsonl", [{**APLUSB, "task_id": "t", "tolerance": "big"}]))

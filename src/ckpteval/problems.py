@@ -5,8 +5,9 @@ Each line is one problem. Its id is `task_id` (else `id`, `problem_id` or `name`
 For `checker: stdio` a line is normalised from one of these shapes (one small function each):
 
 - ckpteval's own: `tests: [{input, output}, ...]`, optional `generated_tests` (same shape),
-  `checker` (python source, or `{language, source}`, or `{language, path}`), `time_limit`
-  (seconds), `memory_limit` (MB);
+  `checker` (python source, or `{language, source}`, or `{language, path}` relative to the
+  problem file), `time_limit` (seconds), `memory_limit` (MB), `tolerance` (decimal outputs,
+  absolute or relative; default 1e-6);
 - CodeContests (deepmind/code_contests): `public_tests`, `private_tests` and `generated_tests`
   as `{input: [...], output: [...]}` (official tests are public + private), `description`,
   `time_limit: {seconds, nanos}`, `memory_limit_bytes`;
@@ -94,6 +95,9 @@ def _load(files: tuple[tuple[Path, int, int], ...],
             if tid in seen:
                 raise UserError(f"{where}: duplicate problem id {tid!r} (first at {seen[tid]})")
             seen[tid] = where
+            spec = row.get("checker")
+            if isinstance(spec, Mapping) and "path" in spec and not Path(str(spec["path"])).is_absolute():
+                row = {**row, "checker": {**spec, "path": str(path.parent / str(spec["path"]))}}
             try:
                 problem = normalise(row)
             except (KeyError, TypeError, ValueError) as exc:

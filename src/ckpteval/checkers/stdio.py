@@ -7,6 +7,7 @@ Problem record::
      "generated_tests": [{"input", "output"}, ...],           # optional, judged after `tests`
      "checker": str | {"language": "python" | "cpp", "source": str},  # optional special judge
      "time_limit": float,                                     # seconds per test (default 2)
+     "tolerance": float,                                      # decimal outputs (default 1e-6)
      "memory_limit": int,                                     # MB (default 256)
      "canonical_solution": str, "language": str,              # optional reference for the self-test
      "solution_language": str}                                # optional: the language asked for
@@ -17,10 +18,11 @@ all passed (`official_passed`, `generated_passed`; `first_failure`).
 
 Solutions are Python, C++ or Rust, told apart by the completion's fence language (```cpp) or, for
 bare code, by its look (`#include`, `fn main`); a problem's `solution_language` (a task's
-`language`) fixes it instead, and the code block of that language is taken. Without a checker program, output is compared
-token by token; tokens that are both decimal numbers with a fractional part may differ by 1e-6
-(absolute or relative). A checker program is run as `checker <input> <output> <answer>` and
-accepts with exit status 0 (testlib's convention), in the local sandbox.
+`language`) fixes it instead, and the code block of that language is taken. Without a checker
+program, output is compared token by token; tokens that are both decimal numbers with a
+fractional part may differ by 1e-6 (absolute or relative; a problem's `tolerance` replaces it).
+A checker program is run as `checker <input> <output> <answer>` and accepts with exit status 0
+(testlib's convention), in the local sandbox.
 
 A time limit is CPU time, as on a judge: a test's run fails as `timeout` when the CPU time of
 its whole process tree exceeds the limit, whatever the machine's load. Two backends run solutions.
@@ -85,6 +87,7 @@ _FENCE_NAMES = {"python": "python", "py": "python", "python3": "python", "cpp": 
                 "cc": "cpp", "cxx": "cpp", "rust": "rust", "rs": "rust"}
 _SOURCE_NAME = {"python": "main.py", "cpp": "main.cpp", "rust": "main.rs"}
 DEFAULT_TIME_LIMIT = 2.0
+DEFAULT_TOLERANCE = 1e-6
 DEFAULT_MEMORY_MB = 256
 RUNTIME_MEMORY_SLACK = 64 << 20
 #: The wall clock of a run is WALL_FACTOR x the CPU time limit x the load, plus WALL_SLACK_S.
@@ -148,8 +151,9 @@ def first_failure(verdict: Verdict, n_official: int, n_generated: int) -> dict[s
             "official_passed": True, "generated_passed": False}
 
 
-def outputs_match(expected: str, actual: str) -> bool:
-    """Token-wise equality; decimal tokens with a fractional part may differ by 1e-6."""
+def outputs_match(expected: str, actual: str, tolerance: float = DEFAULT_TOLERANCE) -> bool:
+    """Token-wise equality; decimal tokens with a fractional part may differ by `tolerance`
+    (absolute or relative; a problem's `tolerance`, default 1e-6)."""
     want, got = expected.split(), actual.split()
     if len(want) != len(got):
         return False
@@ -158,7 +162,7 @@ def outputs_match(expected: str, actual: str) -> bool:
             continue
         if "." in a and _is_number(a) and _is_number(b):
             x, y = float(a), float(b)
-            if abs(x - y) <= 1e-6 or abs(x - y) <= 1e-6 * abs(x):
+            if abs(x - y) <= tolerance or abs(x - y) <= tolerance * abs(x):
                 continue
         return False
     return True
@@ -193,6 +197,11 @@ class StdioChecker(Checker):
         if not tests or not all(isinstance(t, Mapping) and "input" in t and "output" in t for t in tests):
             raise UserError(f"problem {task_id}: stdio problems need `tests`: a non-empty list of "
                             "{input, output} objects")
+        tolerance = problem.get("tolerance")
+        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(
+                tolerance, (int, float)) or not 0 <= tolerance < 1):
+            raise UserError(f"problem {task_id}: tolerance must be a number in [0, 1), not "
+                            f"{tolerance!r}")
         self.backend.check_problem(task_id, problem, tests)
 
     def run_timeout(self, problem: Mapping[str, Any], timeout: float | None) -> float:
@@ -225,7 +234,7 @@ class StdioChecker(Checker):
     def _judge(self, task_id: str, problem: Mapping[str, Any]) -> _Judge:
         spec = problem.get("checker")
         if not spec:
-            return _Judge(None, self.sandbox)
+            return _Judge(None, self.sandbox, _tolerance(problem))
         with self._checker_lock:
             if task_id not in self._checkers:
                 self._checkers[task_id] = self._build_checker(task_id, spec)
@@ -263,18 +272,25 @@ class StdioChecker(Checker):
         self._checker_dirs.clear()
 
 
+def _tolerance(problem: Mapping[str, Any]) -> float:
+    value = problem.get("tolerance")
+    return DEFAULT_TOLERANCE if value is None else float(value)
+
+
 class _Judge:
     """Decides whether one test's output is accepted: a token comparison or a checker program."""
 
-    def __init__(self, checker: tuple[Path, list[str]] | None, sandbox: Sandbox) -> None:
+    def __init__(self, checker: tuple[Path, list[str]] | None, sandbox: Sandbox,
+                 tolerance: float = DEFAULT_TOLERANCE) -> None:
         self.checker = checker
         self.sandbox = sandbox
+        self.tolerance = tolerance
 
     def accepts(self, test: Mapping[str, Any], output: bytes) -> bool:
         """Token comparison, or the checker program's exit status 0 (a crash or hang rejects)."""
         actual = output.decode("utf-8", "replace")
         if self.checker is None:
-            return outputs_match(str(test["output"]), actual)
+            return outputs_match(str(test["output"]), actual, self.tolerance)
         workdir, argv = self.checker
         with tempfile.TemporaryDirectory(prefix="ckpteval-judge-io-") as io_dir:
             os.chmod(io_dir, 0o755)
