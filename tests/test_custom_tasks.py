@@ -296,3 +296,21 @@ def test_a_checker_program_by_path_and_a_float_tolerance(tmp_path: Path) -> None
     assert [x["passed"] for x in lines] == [True, False, True, False]
     with pytest.raises(UserError, match=r"cf\.jsonl:1: problem t: tolerance must be a number"):
         _task(_write(tmp_path / "cf.jsonl", [{**APLUSB, "task_id": "t", "tolerance": "big"}]))
+
+
+def test_the_bundled_stdio_task_in_another_language(tmp_path: Path) -> None:
+    task = resolve_task("stdio_demo", {"language": "cpp", "limit": 1})
+    problem = task.problems()["stdio_demo/0"]
+    assert problem["solution_language"] == "cpp"
+    assert task.render(problem).endswith("Write a C++17 program that reads the input from "
+                                         "standard input and writes the answer to standard "
+                                         "output.\n\n```cpp\n")
+    assert task.config_hash() != resolve_task("stdio_demo", {"limit": 1}).config_hash()
+    cpp = "#include <iostream>\nint main() { long long a, b; std::cin >> a >> b; " \
+          "std::cout << a + b << std::endl; }\n"
+    score_samples("stdio", task.problems(), [
+        {"task_id": "stdio_demo/0", "completion": cpp},
+        {"task_id": "stdio_demo/0", "completion": f"```python\nprint(1)\n```\n```cpp\n{cpp}```"}],
+        tmp_path / "s.jsonl", tmp_path / "s.json", workers=2, checker_options={"sandbox": "bwrap"})
+    lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [(x["passed"], x["language"]) for x in lines] == [(True, "cpp"), (True, "cpp")]

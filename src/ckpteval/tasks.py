@@ -107,6 +107,9 @@ class TaskSpec:
 
     def render(self, problem: dict[str, Any]) -> str:
         template = self.options.get("prompt")
+        if template is None and self.checker == "stdio" and self.custom is None \
+                and self.options.get("language"):
+            template = STDIO_PROMPT  # a built-in stdio task asked in another language
         if template is not None:
             return render_template(template, problem, self.language, where=self.name)
         return self.builtin.render(problem)
@@ -128,7 +131,8 @@ def render_template(template: str, problem: dict[str, Any], language: str | None
     """`template` (str.format style) over the problem's fields, plus `language` and
     `language_name`; a field the problem lacks is a `UserError` naming the task."""
     lang = language or "python"
-    fields = {"language": lang, "language_name": _LANGUAGE_NAMES.get(lang, lang), **problem}
+    # the task's language, not a problem's own `language` (its reference solution's)
+    fields = {**problem, "language": lang, "language_name": _LANGUAGE_NAMES.get(lang, lang)}
     try:
         return template.format_map(fields)
     except KeyError as exc:

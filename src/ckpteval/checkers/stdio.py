@@ -258,7 +258,9 @@ class StdioChecker(Checker):
             if p.get("canonical_solution"):
                 language = p.get("language")
                 code = str(p["canonical_solution"])
-                jobs.append(Job(task_id, p, f"```{language}\n{code}\n```" if language else code))
+                # judged in its own language, whatever the task asks solutions in
+                own = {k: v for k, v in p.items() if k != "solution_language"}
+                jobs.append(Job(task_id, own, f"```{language}\n{code}\n```" if language else code))
         return jobs
 
     def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
