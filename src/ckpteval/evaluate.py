@@ -28,10 +28,11 @@ Files written (the schemas live here):
   requested `ks` that fit); its `n` counts problems. compile_rate and accuracy are means over
   samples, their `n` counts samples. stdio cells add `official_tests_pass_rate` (samples whose
   official tests all passed) and `generated_tests_pass_rate` (samples whose generated tests all
-  passed, over the samples whose generated tests ran), means over samples. `timeouts` says where the run timeouts came from: the
-  configured timeout (the checker's default if none was given), the calibration factor, how many
-  problems got a longer timeout from their reference solution's run time, and the largest and
-  median timeout over the problems (`calibrate_timeouts`).
+  passed, over the samples whose generated tests ran), means over samples. `timeouts` says
+  where the run timeouts came from: the configured timeout (the checker's default if none was
+  given), the calibration factor, how many problems got a longer timeout from their reference
+  solution's run time, and the largest and median timeout over the problems
+  (`calibrate_timeouts`).
 """
 
 from __future__ import annotations
