@@ -93,8 +93,14 @@ def test_local_verdict(verdicts: dict[str, Verdict], name: str, expected: str | 
 
 
 def test_progress_is_reported(verdicts: dict[str, Verdict]) -> None:
-    assert verdicts["python"].extras == {"tests_passed": 3, "tests_total": 3, "language": "python"}
-    assert verdicts["wrong on a generated test (32-bit overflow)"].extras["tests_passed"] == 2
+    assert verdicts["python"].extras == {
+        "tests_passed": 3, "tests_total": 3, "language": "python", "first_failed_test": None,
+        "first_failed_set": None, "official_passed": True, "generated_passed": True}
+    overflow = verdicts["wrong on a generated test (32-bit overflow)"].extras
+    assert overflow["tests_passed"] == 2
+    assert (overflow["first_failed_set"], overflow["first_failed_test"]) == ("generated", 0)
+    assert (overflow["official_passed"], overflow["generated_passed"]) == (True, False)
+    assert verdicts["c++ compile error"].extras["official_passed"] is False
     assert verdicts["rust"].extras["language"] == "rust"
 
 

@@ -225,6 +225,11 @@ def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
         "tasks.pyfunc.system_prompt": "Be brief.",
         "tasks.arith_harness.checker": "python",
         "tasks.pyfunc.engine_group": "other",
+        # pyfunc from its own file as a user's problem file: a task of its own (no token cap)
+        "tasks.pyfunc.problems": str(REPO / "src" / "ckpteval" / "data" / "tasks" / "pyfunc.jsonl"),
+        "tasks.pyfunc.language": "python",
+        "tasks.pyfunc.prompt": "# Complete the function.\n{prompt}",
+        "tasks.pyfunc.max_generated_tests": 1,  # a stdio-only setting: pyfunc's scores stay
         "engine.dtype": "float32",
         "consolidate.dtype": "float32",
         "consolidate.smoke": "transformers",

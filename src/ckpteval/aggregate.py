@@ -21,6 +21,7 @@ Output (`build_summary`), all under `summary_dir`, each file written atomically:
 | `hacks.csv` | (cell, hack type): count and fraction of the cell's samples (`HACK_COLUMNS`) |
 | `deltas.csv` | paired comparison: each checkpoint vs the run's baseline and vs the previous one |
 | `missing.csv` | cell or per-sample file that could not be used, with its path and why |
+| `summary.json` | run, checkpoint, task, variant: pass rate, counts, per problem (`write_summary_json`) |
 | `plots/*.png`, `report.html` | see `ckpteval.report` |
 
 A missing or corrupt cell file never stops the build: the cell is listed in `missing.csv` and the
@@ -668,6 +669,56 @@ def build_summary(
         handle.write(metrics_markdown(summary.seeds, title))
     plots = report.write_plots(summary, summary_dir / "plots")
     report.write_html(summary, plots, summary_dir / "report.html")
+    write_summary_json(cell_jsons, summary_dir / "summary.json")
+
+
+def write_summary_json(cell_jsons: Sequence[Path], path: Path) -> None:
+    """`summary.json`: per run, checkpoint (by step), task and variant, what the users' own
+    per-checkpoint scripts print: the pass rate (pass@1, else accuracy) with its counts, the
+    official and generated tests' pass rates (stdio), the error types, the per-file breakdown of
+    replayed solutions, and per problem: samples, passes, the first sample's verdict and (stdio)
+    the test it failed first. Cells that cannot be read are left out (missing.csv lists them)."""
+    from ckpteval.io import write_json
+
+    runs: dict[str, Any] = {}
+    for cell_path in sorted(map(Path, cell_jsons)):
+        try:
+            cell = json.loads(cell_path.read_text(encoding="utf-8"))
+            run, ckpt, task, variant = (str(cell[k]) for k in ("run", "ckpt", "task", "variant"))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        metrics = cell.get("metrics") or {}
+        main = metrics.get("pass@1") or metrics.get("accuracy") or {}
+        entry: dict[str, Any] = {
+            "pass_rate": main.get("value"), "n_problems": cell.get("n_problems"),
+            "n_samples": cell.get("n_samples"), "error_types": cell.get("error_types", {}),
+            **{name: metrics[name]["value"] for name in
+               ("official_tests_pass_rate", "generated_tests_pass_rate") if name in metrics},
+        }
+        if "per_file" in cell:
+            entry["per_file"] = cell["per_file"]
+        problems: dict[str, dict[str, Any]] = {}
+        samples = cell_path.with_suffix(".jsonl")
+        if samples.exists():
+            for line in iter_jsonl(samples, errors=[]):
+                tid = str(line.get("task_id"))
+                record = problems.setdefault(tid, {"samples": 0, "passed": 0})
+                record["samples"] += 1
+                record["passed"] += bool(line.get("passed"))
+                if "verdict" not in record:
+                    record["verdict"] = line.get("error_type") or "passed"
+                    if line.get("first_failed_set"):
+                        record["first_failed_test"] = line.get("first_failed_test")
+                        record["first_failed_set"] = line["first_failed_set"]
+            entry["n_passed"] = sum(r["passed"] for r in problems.values())
+            entry["problems"] = problems
+        ckpts = runs.setdefault(run, {})
+        ckpts.setdefault(ckpt, {"step": cell.get("step"), "tasks": {}})["tasks"].setdefault(
+            task, {})[variant] = entry
+    ordered = {run: dict(sorted(ckpts.items(), key=lambda kv: (kv[1]["step"] is None,
+                                                               kv[1]["step"] or 0, kv[0])))
+               for run, ckpts in sorted(runs.items())}
+    write_json(path, {"runs": ordered})
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:

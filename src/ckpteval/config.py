@@ -75,16 +75,35 @@ class Run:
     backend: str = "vllm"
     endpoint: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     solutions: str | None = None
+    #: Replay runs whose `solutions` is a directory per checkpoint (a pattern with {step} and
+    #: no {task}): a task's files are found in it (`solutions_files`).
+    per_checkpoint_dirs: bool = False
+    #: The run's only task, when it has one (its files are every JSONL file of the directory).
+    only_task: str | None = None
 
     @property
     def has_weights(self) -> bool:
         return self.backend == "vllm"
 
     def solutions_file(self, task: str, variant: str, step: int) -> Path:
-        """The replay file holding `task`'s generations for `variant` at `step`."""
+        """The replay file holding `task`'s generations for `variant` at `step` (for a directory
+        per checkpoint: that directory)."""
         assert self.solutions is not None, f"run {self.name} is not a replay run"
         return Path(self.solutions.replace("{task}", task).replace("{variant}", variant)
                     .replace("{step}", str(step)))
+
+    def solutions_files(self, task: str, variant: str, step: int) -> list[Path]:
+        """The replay files holding `task`'s generations at `step`. In a directory per
+        checkpoint: every JSONL file under `<dir>/<task>/`, else `<dir>/<task>.jsonl`, else
+        (a run of one task) every JSONL file under `<dir>`, found recursively, sorted."""
+        path = self.solutions_file(task, variant, step)
+        if not self.per_checkpoint_dirs:
+            return [path]
+        if (path / task).is_dir():
+            return _jsonl_under(path / task)
+        if (path / f"{task}.jsonl").is_file():
+            return [path / f"{task}.jsonl"]
+        return _jsonl_under(path) if self.only_task == task and path.is_dir() else []
 
 
 @dataclass(frozen=True)
@@ -315,6 +334,7 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None, *,
             ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]
         runs[name] = Run(name, path, r["format"], base_model, tuple(ckpts))
 
+    check_piston_limits(tasks, config)
     tp = config["engine"]["tensor_parallel_size"]
     if tp > 1 and not config["engine"]["allow_tensor_parallel"]:
         raise UserError(
@@ -328,6 +348,28 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None, *,
                 tuple(broken), deleted)
 
 
+def check_piston_limits(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> None:
+    """With `evaluate.piston_url`, a stdio problem the server cannot judge as it asks (its own
+    time or memory limit over the server's, an expected output longer than Piston keeps) is one
+    line naming the task now, at parse time, rather than in its evaluate job."""
+    evaluate = config.get("evaluate") or {}
+    if not evaluate.get("piston_url"):
+        return
+    stdio = {name: t for name, t in tasks.items() if t.kind == "generate" and t.checker == "stdio"}
+    if not stdio:
+        return
+    from ckpteval.checkers.stdio import _piston_limits, _Piston
+
+    piston = _Piston(evaluate["piston_url"], 1, 0, _piston_limits(evaluate.get("piston_limits")))
+    for name, task in stdio.items():
+        for tid, problem in task.problems().items():
+            tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
+            try:
+                piston.check_problem(tid, problem, tests)
+            except UserError as exc:
+                raise UserError(f"config: tasks.{name}: {exc}") from None
+
+
 def _weightless_run(name: str, r: dict[str, Any], base_dir: Path,
                     task_variants: dict[str, tuple[str, ...]]) -> Run:
     """An `openai` or `replay` run: no weights, no consolidation; checkpoints named `step_<N>`.
@@ -335,6 +377,9 @@ def _weightless_run(name: str, r: dict[str, Any], base_dir: Path,
     An endpoint serves one model (checkpoint `step_<runs.<name>.step>`). Replay files come from
     the `solutions` pattern (`{task}`, optionally `{variant}` and `{step}`; a directory means
     `<dir>/{task}.jsonl`); with `{step}`, every step whose files all exist is a checkpoint.
+    A directory per checkpoint (`model_solution_x/checkpoint_{step}`: a pattern with `{step}`
+    and no `{task}`, or a directory holding `checkpoint_<N>/` directories and no `<task>.jsonl`)
+    holds one or more JSONL files per task (`Run.solutions_files`).
     """
     backend = r["backend"]
     key = f"config: runs.{name}"
@@ -355,15 +400,20 @@ def _weightless_run(name: str, r: dict[str, Any], base_dir: Path,
         raise UserError(f"{key}.solutions: backend replay needs solutions: a directory of "
                         "<task>.jsonl files or a pattern with {task}")
     pattern = str(_resolve(r["solutions"], base_dir))
+    tasks = list(task_variants)
     if "{" not in pattern:
         if not Path(pattern).is_dir():
             raise UserError(f"{key}.solutions: {pattern} is neither a directory nor a pattern "
                             "with {task}")
-        pattern = str(Path(pattern) / "{task}.jsonl")
+        per_ckpt = _checkpoint_dirs_pattern(Path(pattern), tasks)
+        pattern = per_ckpt or str(Path(pattern) / "{task}.jsonl")
+    dirs = "{step}" in pattern and "{task}" not in pattern
     unknown = set(re.findall(r"\{(\w*)\}", pattern)) - {"task", "variant", "step"}
-    if "{task}" not in pattern or unknown:
+    if ("{task}" not in pattern and not dirs) or unknown or (dirs and "{variant}" in pattern):
         raise UserError(f"{key}.solutions: {r['solutions']!r} must contain {{task}} and may "
-                        "contain {variant} and {step}, nothing else in braces")
+                        "contain {variant} and {step}, nothing else in braces; or be a directory "
+                        "per checkpoint: a pattern with {step} alone (e.g. "
+                        "model_solution_x/checkpoint_{step})")
     if "{variant}" not in pattern:
         for task, variants in task_variants.items():
             if len(variants) > 1:
@@ -372,24 +422,61 @@ def _weightless_run(name: str, r: dict[str, Any], base_dir: Path,
                     f"({', '.join(variants)}) but the pattern has no {{variant}}; add it, or "
                     f"give tasks.{task}.sampling one sampling config and seeds one seed")
     files = [(t, v) for t, vs in task_variants.items() for v in vs]
-    run = Run(name, None, backend, None, (), backend, None, pattern)
-    steps = _replay_steps(pattern) if "{step}" in pattern else [int(r["step"])]
-    complete = [s for s in steps if all(run.solutions_file(t, v, s).is_file() for t, v in files)]
+    run = Run(name, None, backend, None, (), backend, None, pattern, dirs,
+              tasks[0] if len(tasks) == 1 else None)
+    steps = _replay_steps(pattern, dirs) if "{step}" in pattern else [int(r["step"])]
+    complete = [s for s in steps if all(run.solutions_files(t, v, s) and all(
+        p.is_file() for p in run.solutions_files(t, v, s)) for t, v in files)]
     if not steps:
-        raise UserError(f"{key}.solutions: no file matches {pattern}")
+        raise UserError(f"{key}.solutions: no {'directory' if dirs else 'file'} matches {pattern}")
     if not complete:
+        if dirs:
+            task = next(t for t, v in files if not run.solutions_files(t, v, steps[0]))
+            where = run.solutions_file(task, "", steps[0])
+            raise UserError(f"{key}.solutions: no solutions of task {task} in {where} (with "
+                            f"several tasks: {where}/{task}/*.jsonl or {where}/{task}.jsonl)")
         missing = next(path for t, v in files
                        if not (path := run.solutions_file(t, v, steps[0])).is_file())
         raise UserError(f"{key}.solutions: no file {missing}")
     base = Path(pattern.split("{", 1)[0])
     ckpts = tuple(Checkpoint(f"step_{s}", s, base if base.is_dir() else base.parent)
                   for s in sorted(complete))
-    return Run(name, None, backend, None, ckpts, backend, None, pattern)
+    return dataclasses.replace(run, checkpoints=ckpts)
 
 
-def _replay_steps(pattern: str) -> list[int]:
-    """Steps for which at least one file matching a `{step}` solutions pattern exists."""
+#: Directory names of checkpoints in a replay run's solutions directory: the prefix and the step.
+_CKPT_DIR = re.compile(r"(?P<prefix>(?:checkpoint|step|global_step|ckpt)[_-]?)(?P<step>\d+)\Z")
+
+
+def _checkpoint_dirs_pattern(path: Path, tasks: list[str]) -> str | None:
+    """For a solutions directory holding a directory per checkpoint (`checkpoint_<step>/`, or
+    step_, global_step, ckpt, with _ or - or nothing) and no `<task>.jsonl` of its own: the
+    pattern `<dir>/<prefix>{step}`; else None (the directory holds `<task>.jsonl` files)."""
+    if any((path / f"{t}.jsonl").is_file() for t in tasks):
+        return None
+    prefixes = {m.group("prefix") for p in path.iterdir()
+                if p.is_dir() and (m := _CKPT_DIR.match(p.name))}
+    if len(prefixes) > 1:
+        raise UserError(f"{path}: checkpoint directories named in {len(prefixes)} ways "
+                        f"({', '.join(sorted(prefixes))}...); give runs.<name>.solutions as a "
+                        "pattern with {step}, e.g. " + str(path / "checkpoint_{step}"))
+    return str(path / f"{prefixes.pop()}{{step}}") if prefixes else None
+
+
+def _jsonl_under(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*.jsonl") if p.is_file())
+
+
+def _replay_steps(pattern: str, dirs: bool = False) -> list[int]:
+    """Steps for which at least one file (`dirs`: directory) matching a `{step}` solutions
+    pattern exists."""
     import glob
+
+    if dirs:
+        regex = re.compile(re.escape(pattern.rstrip("/")).replace(r"\{step\}", r"(?P<step>\d+)")
+                           + r"\Z")
+        return sorted({int(m.group("step")) for f in glob.glob(pattern.replace("{step}", "*"))
+                       if Path(f).is_dir() and (m := regex.match(f.rstrip("/")))})
 
     regex = re.compile(re.escape(pattern).replace(r"\{step\}", r"(?P<step>\d+)")
                        .replace(r"\{task\}", r"[^/]+").replace(r"\{variant\}", r"[^/]+") + r"\Z")

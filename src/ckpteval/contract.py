@@ -82,7 +82,14 @@ CONTRACT: tuple[Row, ...] = (
     Row("tasks.*.chat_template", GENERATIONS, "the prompts"),
     Row("tasks.*.system_prompt", GENERATIONS, "the prompts"),
     Row("tasks.*.max_new_tokens", GENERATIONS, "the token budget"),
-    Row("tasks.*.checker", GENERATIONS, "how a harness task's samples are written and scored"),
+    Row("tasks.*.checker", GENERATIONS, "how a harness task's samples, or a problem file's "
+        "problems, are read, prompted and scored"),
+    Row("tasks.*.problems", GENERATIONS, "which problems are asked (by content: the same file "
+        "elsewhere reruns nothing)"),
+    Row("tasks.*.language", GENERATIONS, "the language the prompt asks for and the code taken"),
+    Row("tasks.*.prompt", GENERATIONS, "the prompts"),
+    Row("tasks.*.max_generated_tests", SCORES, "the generated tests a solution must pass",
+        {"checker": ("stdio",)}),
     Row("tasks.*.engine_group", NONE, "which engine job generates the task"),
     Row("lm_eval", NONE, "the lm_eval section as a whole (its keys below decide)"),
     Row("lm_eval.include_paths", GENERATIONS, "where lm-eval task YAMLs come from",

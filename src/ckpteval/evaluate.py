@@ -11,7 +11,8 @@ Files written (the schemas live here):
 
     {"task_id", "sample_idx", "passed": bool, "score": float, "error_type": str | null,
      "compile_ok": bool | null, "duration_s": float, "stderr_tail": str,
-     "hack": str | null (one of `ckpteval.checkers.HACK_TYPES`), ...checker extras}
+     "hack": str | null (one of `ckpteval.checkers.HACK_TYPES`), ...checker extras,
+     "source_file": str (replayed samples: the solutions file the sample came from)}
 
 - `out_json`, the cell::
 
@@ -21,15 +22,18 @@ Files written (the schemas live here):
      "hack_rate": {...}}, "error_types": {type: count}, "hack_types": {hack: count}, "input_errors": [...], "self_test": {...},
      "timeouts": {"configured": float, "factor": float, "calibrated_problems": int,
                   "max_s": float, "median_s": float},
+     "per_file": {source_file: {"n_samples", "n_passed", "n_problems", "pass_rate"}} (replay),
      "duration_s", ...provenance}
 
   pass@k is reported for every k up to the smallest number of samples of any problem (or the
   requested `ks` that fit); its `n` counts problems. compile_rate, accuracy and hack_rate (the
   share of samples whose verdict records a reward hack) are means over samples, their `n` counts
-  samples. `timeouts` says where the run timeouts came from: the
-  configured timeout (the checker's default if none was given), the calibration factor, how many
-  problems got a longer timeout from their reference solution's run time, and the largest and
-  median timeout over the problems (`calibrate_timeouts`).
+  samples. stdio cells add `official_tests_pass_rate` (samples whose official tests all passed)
+  and `generated_tests_pass_rate` (samples whose generated tests all passed, over the samples
+  whose generated tests ran), means over samples. `timeouts` says where the run timeouts came
+  from: the configured timeout (the checker's default if none was given), the calibration
+  factor, how many problems got a longer timeout from their reference solution's run time, and
+  the largest and median timeout over the problems (`calibrate_timeouts`).
 """
 
 from __future__ import annotations
@@ -202,12 +206,12 @@ def _scored_lines(impl: Checker, rows: Iterable[_Row], progress: _Progress, time
     """The output lines of `rows`, in order, through one `Checker.check_stream` (`chunk_size`
     jobs at a time in its window; verdicts of an earlier, interrupted run of the same cell are
     reused); each line is added to `totals`."""
-    waiting: deque[tuple[int, str, int]] = deque()  # (index, task_id, sample_idx) read, not yet out
+    waiting: deque[tuple[int, str, int, str | None]] = deque()  # read, not yet out
     keys: dict[int, str] = {}  # progress key of each waiting job, by index
 
     def items() -> Iterator[Job | Verdict]:
         for index, row in enumerate(rows):
-            waiting.append((index, row.task_id, row.sample_idx))
+            waiting.append((index, row.task_id, row.sample_idx, row.source_file))
             if row.job is None:
                 yield row.preset  # type: ignore[misc]
                 continue
@@ -223,9 +227,11 @@ def _scored_lines(impl: Checker, rows: Iterable[_Row], progress: _Progress, time
     for verdict in impl.check_stream(items(), workers=workers, timeout=timeout,
                                      on_verdicts=progress.listener(keys), window=chunk_size,
                                      window_chars=CHUNK_CHARS, buffer=REORDER_CHUNKS * chunk_size):
-        index, task_id, sample_idx = waiting.popleft()
+        index, task_id, sample_idx, source_file = waiting.popleft()
         keys.pop(index, None)
         line = {"task_id": task_id, "sample_idx": sample_idx, **verdict.record()}
+        if source_file is not None:
+            line["source_file"] = source_file
         totals.add(line)
         yield line
 
@@ -245,8 +251,20 @@ class _CellTotals:
         self.hacks: Counter[str] = Counter()
         self.n_samples = 0
         self.reused = 0
+        #: stdio: means of `official_passed` / `generated_passed` over the samples that say.
+        self.test_sets = {"official": RunningMean(), "generated": RunningMean()}
+        #: replayed samples by `source_file`: [samples, passed, problems seen].
+        self.per_file: dict[str, list[Any]] = {}
 
     def add(self, line: Mapping[str, Any]) -> None:
+        for name, mean in self.test_sets.items():
+            if line.get(f"{name}_passed") is not None:
+                mean.add(float(line[f"{name}_passed"]))
+        if line.get("source_file") is not None:
+            entry = self.per_file.setdefault(line["source_file"], [0, 0, set()])
+            entry[0] += 1
+            entry[1] += bool(line["passed"])
+            entry[2].add(line["task_id"])
         counts = self.per_task.setdefault(line["task_id"], [0, 0])
         counts[0] += 1
         counts[1] += bool(line["passed"])
@@ -280,7 +298,18 @@ class _CellTotals:
         if self.hacked.n:
             value, stderr = self.hacked.result()
             metrics["hack_rate"] = {"value": value, "stderr": stderr, "n": self.hacked.n}
-        return {
+        for name, mean in self.test_sets.items():
+            if mean.n:
+                value, stderr = mean.result()
+                metrics[f"{name}_tests_pass_rate"] = {"value": value, "stderr": stderr,
+                                                      "n": mean.n}
+        extra: dict[str, Any] = {}
+        if self.per_file:
+            extra["per_file"] = {
+                name: {"n_samples": n, "n_passed": passed, "n_problems": len(tids),
+                       "pass_rate": passed / n if n else 0.0}
+                for name, (n, passed, tids) in sorted(self.per_file.items())}
+        return {**extra,
             "n_problems": len(self.per_task),
             "n_samples": self.n_samples,
             "problems_without_samples": len(set(problems) - set(self.per_task)),
@@ -338,6 +367,9 @@ class _Row:
     sample_idx: int
     job: Job | None
     preset: Verdict | None = None
+    #: The replayed file the sample came from (a replay run's generation line), kept on its
+    #: scored line and counted in the cell's `per_file`.
+    source_file: str | None = None
 
 
 def _accepted(
@@ -367,6 +399,7 @@ def _accepted(
             errors.append(f"{where}: sample_idx must be an integer (task {task_id})")
             continue
         next_idx[task_id] = max(next_idx[task_id], idx + 1)
+        source = sample.get("source_file") if isinstance(sample.get("source_file"), str) else None
         if not seen.add(task_id, idx):
             errors.append(f"{where}: duplicate sample {idx} of task {task_id}; kept the first")
             continue
@@ -374,9 +407,10 @@ def _accepted(
             errors.append(f"{where}: completion of {len(completion):,} characters exceeds the "
                           f"{MAX_COMPLETION_CHARS:,} limit; scored as too_large (task {task_id})")
             yield _Row(task_id, idx, None, Verdict(
-                False, "too_large", stderr_tail=f"completion of {len(completion)} characters"))
+                False, "too_large", stderr_tail=f"completion of {len(completion)} characters"),
+                source)
         else:
-            yield _Row(task_id, idx, Job(task_id, problems[task_id], completion))
+            yield _Row(task_id, idx, Job(task_id, problems[task_id], completion), None, source)
 
 
 class _SeenIndices:

@@ -94,7 +94,9 @@ def infer(smk: Any) -> None:
     if smk.rule == "replay":
         from ckpteval.backends.replay import replay_solutions
 
-        replay_solutions(Path(smk.input.solutions), tasks[smk.wildcards.task],
+        sources = smk.input.solutions
+        sources = [sources] if isinstance(sources, str) else list(sources)
+        replay_solutions([Path(p) for p in sources], tasks[smk.wildcards.task],
                          smk.wildcards.variant, Path(smk.output.generations),
                          where=f"config: runs.{run}")
         write_json(Path(smk.output.meta), {**read_meta(Path(smk.output.meta)),

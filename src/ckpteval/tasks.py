@@ -11,13 +11,16 @@ Two kinds of task:
   prompts from lm-eval: lm-eval's `code_eval` metric loads from the hub and would run generated
   code inside the GPU job, so their samples go to the evaluate step's sandboxed python checker.
 
-A new built-in task is one `register()` call.
+A new built-in task is one `register()` call. A task from the user's own problem file
+(`tasks.<name>.problems`, ckpteval.problems) is a generate task whose `Builtin` is made from its
+options (`custom_builtin`): its problems are read and validated when the config is parsed.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -26,6 +29,7 @@ from typing import Any
 
 from ckpteval.errors import UserError
 from ckpteval.io import iter_jsonl, sha256_json
+from ckpteval.problems import cap_generated, load_problem_file
 
 HARNESS_TASK_DIR = Path(__file__).resolve().parent / "harness_tasks"
 PYTHON_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```")
@@ -42,10 +46,19 @@ class Builtin:
     include_stop: bool = False
     max_new_tokens: int | None = None
     version: str = "1"
+    #: stdio tasks: the language solutions are asked in (the prompt's, and the code block taken).
+    language: str | None = None
 
 
-#: Config keys that choose where or how often a task runs, not what it asks the model.
-_SCHEDULING_OPTIONS = ("sampling", "engine_group")
+#: Config keys that choose where or how often a task runs, not what it asks the model; and
+#: `problems`, whose path does not matter (the problems' content is hashed), and
+#: `max_generated_tests`, which changes scores only (its contract row is `scores`).
+_SCHEDULING_OPTIONS = ("sampling", "engine_group", "problems", "max_generated_tests")
+
+#: The checkers a task from a problem file can have, and the languages each takes.
+CUSTOM_CHECKERS = {"stdio": ("python", "cpp", "rust"), "python": ("python",),
+                   "rust": ("rust",), "math": ()}
+_LANGUAGE_NAMES = {"python": "Python 3", "cpp": "C++17", "rust": "Rust"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,8 @@ class TaskSpec:
     checker: str
     harness_task: str | None = None
     options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    #: A task from the user's problem file (`tasks.<name>.problems`): its Builtin.
+    custom: Builtin | None = field(default=None, hash=False, compare=False)
 
     @property
     def is_code_harness(self) -> bool:
@@ -65,21 +80,38 @@ class TaskSpec:
 
     @property
     def builtin(self) -> Builtin:
-        return BUILTINS[self.name]
+        return self.custom or BUILTINS[self.name]
 
-    def problems(self) -> dict[str, dict[str, Any]]:
-        """task_id -> problem record, honouring `limit`. Only for generate tasks."""
+    @property
+    def language(self) -> str | None:
+        """The language solutions are asked in (stdio tasks; None: told from each completion)."""
+        return self.options.get("language") or self.builtin.language
+
+    def problems(self, *, capped: bool = True) -> dict[str, dict[str, Any]]:
+        """task_id -> problem record, honouring `limit` and (stdio, when `capped`)
+        `max_generated_tests`. Only for generate tasks."""
         rows = self.builtin.load()
         limit = self.options.get("limit")
         rows = rows[:limit] if limit else rows
+        cap = self.options.get("max_generated_tests") if capped else None
         problems: dict[str, dict[str, Any]] = {}
         for row in rows:
             if row["task_id"] in problems:
                 raise UserError(f"task {self.name}: duplicate task_id {row['task_id']!r}")
+            if self.checker == "stdio":
+                row = cap_generated(row, cap)
+                if self.options.get("language"):
+                    row = {**row, "solution_language": self.options["language"]}
             problems[row["task_id"]] = row
         return problems
 
     def render(self, problem: dict[str, Any]) -> str:
+        template = self.options.get("prompt")
+        if template is None and self.checker == "stdio" and self.custom is None \
+                and self.options.get("language"):
+            template = STDIO_PROMPT  # a built-in stdio task asked in another language
+        if template is not None:
+            return render_template(template, problem, self.language, where=self.name)
         return self.builtin.render(problem)
 
     def config_hash(self) -> str:
@@ -90,8 +122,25 @@ class TaskSpec:
         if self.kind == "generate":
             b = self.builtin
             ident.update(version=b.version, stop=b.stop, include_stop=b.include_stop,
-                         problems=sha256_json(self.problems()))
+                         problems=sha256_json(self.problems(capped=False)))
         return sha256_json(ident)
+
+
+def render_template(template: str, problem: dict[str, Any], language: str | None, *,
+                    where: str) -> str:
+    """`template` (str.format style) over the problem's fields, plus `language` and
+    `language_name`; a field the problem lacks is a `UserError` naming the task."""
+    lang = language or "python"
+    # the task's language, not a problem's own `language` (its reference solution's)
+    fields = {**problem, "language": lang, "language_name": _LANGUAGE_NAMES.get(lang, lang)}
+    try:
+        return template.format_map(fields)
+    except KeyError as exc:
+        raise UserError(f"config: tasks.{where}.prompt: problem {problem.get('task_id')!r} has "
+                        f"no field {exc} (it has {', '.join(sorted(problem))})") from None
+    except (ValueError, IndexError, AttributeError) as exc:
+        raise UserError(f"config: tasks.{where}.prompt: not a valid template ({exc}); write "
+                        "literal braces as {{ and }}") from None
 
 
 def _package_jsonl(name: str) -> Callable[[], list[dict[str, Any]]]:
@@ -142,6 +191,30 @@ MATH_QWEN_EXEMPLARS = (
 )
 
 
+#: The default prompt of stdin/stdout tasks: the statement, then an open code block of the
+#: task's language that the model fills in (the task stops at the closing fence).
+STDIO_PROMPT = ("{question}\n\nWrite a {language_name} program that reads the input from standard "
+                "input and writes the answer to standard output.\n\n```{language}\n")
+#: MBPP-shaped python problems (`text`, `test_list`) without a `prompt` of their own.
+MBPP_PROMPT = ("{text}\nYour code should pass these tests:\n{tests_text}\n\n```python\n")
+MATH_PROMPT = "Question: {question}\nAnswer:"
+
+
+def _stdio_render(language: str) -> Callable[[dict[str, Any]], str]:
+    def render(problem: dict[str, Any]) -> str:
+        return render_template(STDIO_PROMPT, problem, language, where="(default)")
+
+    return render
+
+
+def _stdio_package(name: str) -> Callable[[], list[dict[str, Any]]]:
+    def load() -> list[dict[str, Any]]:
+        path = Path(str(resources.files("ckpteval") / "data" / "tasks" / name))
+        return [p for _, p in load_problem_file(path, "stdio")]
+
+    return load
+
+
 def _math_qwen(problem: dict[str, Any]) -> str:
     shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in MATH_QWEN_EXEMPLARS)
     return f"{shots}Question: {problem['question']}\nAnswer:"
@@ -167,6 +240,8 @@ register("humaneval", Builtin(_load_humaneval, _prompt_field, "python",
                               stop=PYTHON_STOPS, max_new_tokens=512))
 register("math_qwen", Builtin(_package_jsonl("math_qwen.jsonl"), _math_qwen, "math",
                               stop=("\nQuestion:",), max_new_tokens=512))
+register("stdio_demo", Builtin(_stdio_package("stdio_demo.jsonl"), _stdio_render("python"), "stdio",
+                               stop=("```",), max_new_tokens=512, language="python"))
 
 # lm-eval tasks that ship with ckpteval (under harness_tasks/), usable by their config name.
 LOCAL_HARNESS = {"arith_harness": "ckpteval_arith"}
@@ -176,15 +251,95 @@ LOCAL_HARNESS = {"arith_harness": "ckpteval_arith"}
 CODE_HARNESS = {"humaneval": "ckpteval_humaneval", "mbpp": "ckpteval_mbpp"}
 
 
+def custom_builtin(name: str, options: dict[str, Any]) -> Builtin:
+    """The Builtin of a task from the user's problem file (`tasks.<name>.problems`): problems
+    normalised and validated for its checker (one line naming file and line otherwise), a
+    default prompt per checker, and stops that fit it (none under a prompt of the user's)."""
+    checker = options.get("checker") or (BUILTINS[name].checker if name in BUILTINS else None)
+    key = f"config: tasks.{name}"
+    if checker not in CUSTOM_CHECKERS:
+        raise UserError(f"{key}.checker: a task with `problems` needs checker: one of "
+                        f"{', '.join(CUSTOM_CHECKERS)}")
+    language = options.get("language")
+    if language is not None and language not in CUSTOM_CHECKERS[checker]:
+        raise UserError(f"{key}.language: {language!r} does not fit checker {checker}"
+                        + (f" (it takes {', '.join(CUSTOM_CHECKERS[checker])})"
+                           if CUSTOM_CHECKERS[checker] else " (it takes no language)"))
+    path = Path(os.path.expanduser(os.path.expandvars(str(options["problems"]))))
+    rows = load_problem_file(path, checker)
+    validate = _problem_validator(checker)
+    for where, problem in rows:
+        try:
+            validate(problem["task_id"], problem)
+        except UserError as exc:
+            raise UserError(f"{where}: {exc}") from None
+    problems = [p for _, p in rows]
+    language = options.get("language") or ("python" if checker == "stdio" else None)
+    first = problems[0]
+    if checker == "stdio":
+        render, stop = _stdio_render(language or "python"), ("```",)
+        include = False
+    elif checker == "python" and not first.get("prompt") and "test_list" in first:
+        def render(p: dict[str, Any]) -> str:
+            return render_template(MBPP_PROMPT, {**p, "tests_text": "\n".join(p["test_list"])},
+                                   "python", where=name)
+        stop, include = ("```",), False
+    elif checker in ("python", "rust"):
+        render, include = _prompt_field, checker == "rust"
+        stop = PYTHON_STOPS if checker == "python" else ("\n}\n",)
+    else:
+        def render(p: dict[str, Any]) -> str:
+            return render_template(MATH_PROMPT, p, None, where=name)
+        stop, include = ("\nQuestion:",), False
+    if options.get("prompt") is not None:
+        stop, include = (), False
+    return Builtin(lambda: [dict(p) for p in problems], render, checker, stop=stop,
+                   include_stop=include, version="custom-1", language=language)
+
+
+def _problem_validator(checker: str) -> Callable[[str, dict[str, Any]], None]:
+    """The checker's `validate_problem`, without starting what a checker instance starts
+    (sandboxes, helper processes): what it checks is the problem's shape."""
+    from ckpteval.checkers import _REGISTRY, _load_builtins
+
+    _load_builtins()
+    cls = _REGISTRY[checker]
+    instance = cls.__new__(cls)  # type: ignore[operator]
+    if checker == "stdio":
+        from ckpteval.checkers.stdio import _Backend
+
+        instance.backend = _Backend()
+    return instance.validate_problem
+
+
 def resolve_task(name: str, options: dict[str, Any]) -> TaskSpec:
     """Turn a config entry into a TaskSpec, or say in one line why it cannot be."""
     harness = options.get("harness") or LOCAL_HARNESS.get(name)
+    if harness and options.get("problems") is not None:
+        raise UserError(f"config: tasks.{name}.problems: an lm-eval (harness) task takes its "
+                        "problems from lm-eval; drop `harness` or `problems`")
     if harness:
+        if options.get("checker") not in (None, "python"):
+            raise UserError(f"config: tasks.{name}.checker: lm-eval (harness) tasks take checker: "
+                            "python only (their code samples go to the python checker)")
+        for key in ("language", "prompt", "max_generated_tests"):
+            if key in options:
+                raise UserError(f"config: tasks.{name}.{key}: only ckpteval's own tasks take "
+                                f"{key}; lm-eval builds its prompts")
         if harness in CODE_HARNESS:
             return TaskSpec(name, "harness", "python", harness_task=CODE_HARNESS[harness],
                             options=dict(options))
         return TaskSpec(name, "harness", options.get("checker") or "harness",
                         harness_task=harness, options=dict(options))
+    if options.get("problems") is not None:
+        if "num_fewshot" in options:
+            raise UserError(f"config: tasks.{name}.num_fewshot: only lm-eval (harness) tasks take "
+                            "num_fewshot")
+        custom = custom_builtin(name, options)
+        spec = TaskSpec(name, "generate", custom.checker, options=dict(options), custom=custom)
+        _check_language(spec)
+        _check_prompt(spec)
+        return spec
     if name not in BUILTINS:
         raise UserError(
             f"config: tasks.{name}: unknown task; built-in tasks are "
@@ -193,8 +348,32 @@ def resolve_task(name: str, options: dict[str, Any]) -> TaskSpec:
         )
     for key in ("num_fewshot", "checker"):
         if key in options:
-            raise UserError(f"config: tasks.{name}.{key}: only lm-eval (harness) tasks take {key}")
-    return TaskSpec(name, "generate", BUILTINS[name].checker, options=dict(options))
+            raise UserError(f"config: tasks.{name}.{key}: only lm-eval (harness) tasks"
+                            + (" and tasks with `problems`" if key == "checker" else "")
+                            + f" take {key}")
+    spec = TaskSpec(name, "generate", BUILTINS[name].checker, options=dict(options))
+    _check_language(spec)
+    if "prompt" in options:
+        _check_prompt(spec)
+    return spec
+
+
+def _check_language(spec: TaskSpec) -> None:
+    language = spec.options.get("language")
+    if language is None:
+        return
+    allowed = CUSTOM_CHECKERS.get(spec.checker, ())
+    if language not in allowed:
+        raise UserError(f"config: tasks.{spec.name}.language: {language!r} does not fit checker "
+                        f"{spec.checker}" + (f" (it takes {', '.join(allowed)})" if allowed
+                                             else " (it takes no language)"))
+
+
+def _check_prompt(spec: TaskSpec) -> None:
+    """Render the first problem now, so that a template naming a missing field fails at parse."""
+    problems = spec.problems()
+    if problems:
+        spec.render(next(iter(problems.values())))
 
 
 def check_harness_names(tasks: dict[str, TaskSpec], include_paths: list[str]) -> None:

@@ -16,6 +16,7 @@ rule aggregate:
         hacks=f"{OUT}/summary/hacks.csv",
         deltas=report(f"{OUT}/summary/deltas.csv", caption="../report/metrics.rst", category="Tables"),
         missing=f"{OUT}/summary/missing.csv",
+        summary_json=f"{OUT}/summary/summary.json",
         plots=report(
             directory(f"{OUT}/summary/plots"),
             patterns=["{name}.png"],

@@ -236,7 +236,7 @@ def get_infer_attempt(wildcards, attempt):
 def get_solutions(wildcards):
     run = PLAN.runs[wildcards.run]
     step = PLAN.checkpoint(wildcards.run, wildcards.ckpt).step
-    return str(run.solutions_file(wildcards.task, wildcards.variant, step))
+    return [str(p) for p in run.solutions_files(wildcards.task, wildcards.variant, step)]
 
 
 def get_model_card_settings(wildcards):

@@ -7,14 +7,22 @@ Problem record::
      "generated_tests": [{"input", "output"}, ...],           # optional, judged after `tests`
      "checker": str | {"language": "python" | "cpp", "source": str},  # optional special judge
      "time_limit": float,                                     # seconds per test (default 2)
+     "tolerance": float,                                      # decimal outputs (default 1e-6)
      "memory_limit": int,                                     # MB (default 256)
-     "canonical_solution": str, "language": str}              # optional reference for the self-test
+     "canonical_solution": str, "language": str,              # optional reference for the self-test
+     "solution_language": str}                                # optional: the language asked for
+
+A verdict's extras say which test failed first (`first_failed_test`, its index within
+`first_failed_set`: "official" or "generated") and whether the official and the generated tests
+all passed (`official_passed`, `generated_passed`; `first_failure`).
 
 Solutions are Python, C++ or Rust, told apart by the completion's fence language (```cpp) or, for
-bare code, by its look (`#include`, `fn main`). Without a checker program, output is compared
-token by token; tokens that are both decimal numbers with a fractional part may differ by 1e-6
-(absolute or relative). A checker program is run as `checker <input> <output> <answer>` and
-accepts with exit status 0 (testlib's convention), in the local sandbox.
+bare code, by its look (`#include`, `fn main`); a problem's `solution_language` (a task's
+`language`) fixes it instead, and the code block of that language is taken. Without a checker
+program, output is compared token by token; tokens that are both decimal numbers with a
+fractional part may differ by 1e-6 (absolute or relative; a problem's `tolerance` replaces it).
+A checker program is run as `checker <input> <output> <answer>` and accepts with exit status 0
+(testlib's convention), in the local sandbox.
 
 A time limit is CPU time, as on a judge: a test's run fails as `timeout` when the CPU time of
 its whole process tree exceeds the limit, whatever the machine's load. Two backends run solutions.
@@ -79,6 +87,7 @@ _FENCE_NAMES = {"python": "python", "py": "python", "python3": "python", "cpp": 
                 "cc": "cpp", "cxx": "cpp", "rust": "rust", "rs": "rust"}
 _SOURCE_NAME = {"python": "main.py", "cpp": "main.cpp", "rust": "main.rs"}
 DEFAULT_TIME_LIMIT = 2.0
+DEFAULT_TOLERANCE = 1e-6
 DEFAULT_MEMORY_MB = 256
 RUNTIME_MEMORY_SLACK = 64 << 20
 #: The wall clock of a run is WALL_FACTOR x the CPU time limit x the load, plus WALL_SLACK_S.
@@ -120,8 +129,31 @@ def detect_program(completion: str, language: str | None = None) -> Program:
     return Program(lang, code)
 
 
-def outputs_match(expected: str, actual: str) -> bool:
-    """Token-wise equality; decimal tokens with a fractional part may differ by 1e-6."""
+def first_failure(verdict: Verdict, n_official: int, n_generated: int) -> dict[str, Any]:
+    """Which test failed first and how each test set fared, from a verdict's `tests_passed`
+    (tests run official first, then generated, and stop at the first failure):
+    `first_failed_test` (index within its set, None if none failed or nothing ran),
+    `first_failed_set` ("official" | "generated" | None), `official_passed` (every official
+    test passed: False for a program that did not compile) and `generated_passed` (every
+    generated test passed; None without generated tests, or when no generated test ran)."""
+    if verdict.passed:
+        return {"first_failed_test": None, "first_failed_set": None, "official_passed": True,
+                "generated_passed": True if n_generated else None}
+    ran = verdict.compile_ok and "tests_passed" in verdict.extras
+    if not ran:
+        return {"first_failed_test": None, "first_failed_set": None, "official_passed": False,
+                "generated_passed": None}
+    index = int(verdict.extras["tests_passed"])
+    if index < n_official:
+        return {"first_failed_test": index, "first_failed_set": "official",
+                "official_passed": False, "generated_passed": None}
+    return {"first_failed_test": index - n_official, "first_failed_set": "generated",
+            "official_passed": True, "generated_passed": False}
+
+
+def outputs_match(expected: str, actual: str, tolerance: float = DEFAULT_TOLERANCE) -> bool:
+    """Token-wise equality; decimal tokens with a fractional part may differ by `tolerance`
+    (absolute or relative; a problem's `tolerance`, default 1e-6)."""
     want, got = expected.split(), actual.split()
     if len(want) != len(got):
         return False
@@ -130,7 +162,7 @@ def outputs_match(expected: str, actual: str) -> bool:
             continue
         if "." in a and _is_number(a) and _is_number(b):
             x, y = float(a), float(b)
-            if abs(x - y) <= 1e-6 or abs(x - y) <= 1e-6 * abs(x):
+            if abs(x - y) <= tolerance or abs(x - y) <= tolerance * abs(x):
                 continue
         return False
     return True
@@ -145,7 +177,7 @@ def _is_number(token: str) -> bool:
 
 class StdioChecker(Checker):
     name = "stdio"
-    version = "1"
+    version = "2"  # 2: per-sample first_failed_test, official_passed, generated_passed
     default_timeout = DEFAULT_TIME_LIMIT
     compiles = True
 
@@ -165,6 +197,11 @@ class StdioChecker(Checker):
         if not tests or not all(isinstance(t, Mapping) and "input" in t and "output" in t for t in tests):
             raise UserError(f"problem {task_id}: stdio problems need `tests`: a non-empty list of "
                             "{input, output} objects")
+        tolerance = problem.get("tolerance")
+        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(
+                tolerance, (int, float)) or not 0 <= tolerance < 1):
+            raise UserError(f"problem {task_id}: tolerance must be a number in [0, 1), not "
+                            f"{tolerance!r}")
         self.backend.check_problem(task_id, problem, tests)
 
     def run_timeout(self, problem: Mapping[str, Any], timeout: float | None) -> float:
@@ -180,7 +217,7 @@ class StdioChecker(Checker):
         else the job's `timeout` if set (a calibrated limit), else the call's `timeout`."""
         start = time.monotonic()
         problem = job.problem
-        program = detect_program(job.completion)
+        program = detect_program(job.completion, problem.get("solution_language"))
         own = self.own_time_limit(problem)
         time_limit = self.run_timeout(problem, timeout) if own else self.backend.time_limit_for(
             job.timeout or self.run_timeout(problem, timeout))
@@ -190,12 +227,14 @@ class StdioChecker(Checker):
         verdict = self.backend.judge(program, tests, time_limit, memory, judge)
         verdict.duration_s = time.monotonic() - start
         verdict.extras.setdefault("language", program.language)
+        verdict.extras.update(first_failure(verdict, len(problem.get("tests") or []),
+                                            len(problem.get("generated_tests") or [])))
         return verdict
 
     def _judge(self, task_id: str, problem: Mapping[str, Any]) -> _Judge:
         spec = problem.get("checker")
         if not spec:
-            return _Judge(None, self.sandbox)
+            return _Judge(None, self.sandbox, _tolerance(problem))
         with self._checker_lock:
             if task_id not in self._checkers:
                 self._checkers[task_id] = self._build_checker(task_id, spec)
@@ -219,7 +258,9 @@ class StdioChecker(Checker):
             if p.get("canonical_solution"):
                 language = p.get("language")
                 code = str(p["canonical_solution"])
-                jobs.append(Job(task_id, p, f"```{language}\n{code}\n```" if language else code))
+                # judged in its own language, whatever the task asks solutions in
+                own = {k: v for k, v in p.items() if k != "solution_language"}
+                jobs.append(Job(task_id, own, f"```{language}\n{code}\n```" if language else code))
         return jobs
 
     def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
@@ -233,18 +274,25 @@ class StdioChecker(Checker):
         self._checker_dirs.clear()
 
 
+def _tolerance(problem: Mapping[str, Any]) -> float:
+    value = problem.get("tolerance")
+    return DEFAULT_TOLERANCE if value is None else float(value)
+
+
 class _Judge:
     """Decides whether one test's output is accepted: a token comparison or a checker program."""
 
-    def __init__(self, checker: tuple[Path, list[str]] | None, sandbox: Sandbox) -> None:
+    def __init__(self, checker: tuple[Path, list[str]] | None, sandbox: Sandbox,
+                 tolerance: float = DEFAULT_TOLERANCE) -> None:
         self.checker = checker
         self.sandbox = sandbox
+        self.tolerance = tolerance
 
     def accepts(self, test: Mapping[str, Any], output: bytes) -> bool:
         """Token comparison, or the checker program's exit status 0 (a crash or hang rejects)."""
         actual = output.decode("utf-8", "replace")
         if self.checker is None:
-            return outputs_match(str(test["output"]), actual)
+            return outputs_match(str(test["output"]), actual, self.tolerance)
         workdir, argv = self.checker
         with tempfile.TemporaryDirectory(prefix="ckpteval-judge-io-") as io_dir:
             os.chmod(io_dir, 0o755)
@@ -286,11 +334,9 @@ def _compile(sandbox: Sandbox, program: Program, workdir: Path) -> list[str] | V
     source.write_text(program.source, encoding="utf-8")
     if program.language == "python":
         interpreter, _ = python_interpreter()
-        try:
-            compile(program.source, "main.py", "exec", dont_inherit=True)
-        except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-            return Verdict(False, "compile_error", compile_ok=False,
-                           stderr_tail=tail(f"{type(exc).__name__}: {exc}"))
+        syntax = _python_syntax_error(program)
+        if syntax is not None:
+            return syntax
         return [interpreter, "-I", "-S", "-B", str(source)]
     if program.language == "cpp":
         argv, readable = ["g++", "-O2", "-std=c++17", "-pipe", "main.cpp", "-o", "main"], []
@@ -305,6 +351,17 @@ def _compile(sandbox: Sandbox, program: Program, workdir: Path) -> list[str] | V
         kind = "timeout" if result.timed_out else "compile_error"
         return Verdict(False, kind, compile_ok=False, stderr_tail=tail(result.stderr))
     return [str(workdir / "main")]
+
+
+def _python_syntax_error(program: Program) -> Verdict | None:
+    """A Python program that does not parse is a compile error, on every backend alike (Piston
+    would run it and report the SyntaxError as a crash)."""
+    try:
+        compile(program.source, "main.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        return Verdict(False, "compile_error", compile_ok=False,
+                       stderr_tail=tail(f"{type(exc).__name__}: {exc}"))
+    return None
 
 
 class _Local(_Backend):
@@ -492,6 +549,8 @@ class _Piston(_Backend):
                               f"(installed: {', '.join(sorted(self.versions())) or 'none'}); "
                               f"install it (piston ppman install {language}) or use the local "
                               "sandbox")
+        if program.language == "python" and (syntax := _python_syntax_error(program)):
+            return syntax
         slowest: float | None = None
         for number, test in enumerate(tests, start=1):
             body = self.request_body(program, language, version, str(test["input"]), time_limit,
