@@ -477,3 +477,36 @@ def test_the_docs_table_is_the_code_table() -> None:
     doc = (REPO / "docs" / "reruns.md").read_text()
     table = doc.split("-->\n", 1)[1].split("\n<!-- /contract-table", 1)[0]
     assert table == table_markdown()
+
+
+def test_a_new_optional_key_leaves_every_existing_identity_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Upgrading ckpteval to a version with one more (unset) setting must not rerun a sweep."""
+    import ckpteval.contract as contract
+    from ckpteval.config import build_plan
+
+    (tmp_path / "run" / "step_1").mkdir(parents=True)
+    from safetensors.numpy import save_file
+    import numpy as np
+
+    (tmp_path / "run" / "step_1" / "config.json").write_text("{}")
+    save_file({"w": np.zeros(2, dtype=np.float32)}, str(tmp_path / "run" / "step_1" / "model.safetensors"))
+    config = {"runs": {"r": {"path": str(tmp_path / "run")}}, "tasks": {"arith": {}, "pyfunc": {}},
+              "outdir": str(tmp_path / "out")}
+    validate_config(config)
+    plan = build_plan(config)
+    before = [contract.generation_identity(plan, "r", t, "greedy-s42").digest for t in ("arith", "pyfunc")]
+    models = contract.model_identity(plan, "r", "step_1").digest
+    scores = contract.scoring_identity(plan, "r", "pyfunc", "greedy-s42").digest
+    more = (*contract.CONTRACT,
+            contract.Row("tasks.*.new_option", GENERATIONS, "a future key"),
+            contract.Row("runs.*.new_option", MODEL, "a future key"),
+            contract.Row("evaluate.new_option", SCORES, "a future key"))
+    monkeypatch.setattr(contract, "CONTRACT", more)
+    after = [contract.generation_identity(plan, "r", t, "greedy-s42").digest for t in ("arith", "pyfunc")]
+    assert after == before
+    assert contract.model_identity(plan, "r", "step_1").digest == models
+    assert contract.scoring_identity(plan, "r", "pyfunc", "greedy-s42").digest == scores
+    config["tasks"]["pyfunc"]["new_option"] = 3  # once set, it is part of that task's identity
+    assert contract.generation_identity(plan, "r", "pyfunc", "greedy-s42").digest != before[1]
+    assert contract.generation_identity(plan, "r", "arith", "greedy-s42").digest == before[0]

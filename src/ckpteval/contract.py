@@ -197,7 +197,7 @@ _ABSENT = object()
 
 def _show(value: Any) -> str:
     if value is _ABSENT:
-        return "(not a setting)"
+        return "unset"
     text = "unset" if value is None else str(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -219,7 +219,8 @@ def rows_with(effect: str) -> Iterator[Row]:
 def cell_settings(config: Mapping[str, Any], cell: Cell, effect: str,
                   extra: Mapping[str, Any] | None = None,
                   sampling_values: Callable[[str], Any] | None = None) -> Identity:
-    """The settings of `effect` rows that apply to `cell`, by their concrete keys."""
+    """The settings of `effect` rows that apply to `cell`, by their concrete keys. An unset key
+    (None) is left out, so a new optional key does not change every existing identity."""
     settings: dict[str, Any] = dict(extra or {})
     for row in rows_with(effect):
         if not cell.matches(row):
@@ -229,7 +230,11 @@ def cell_settings(config: Mapping[str, Any], cell: Cell, effect: str,
             settings[key] = sampling_values(row.key.rsplit(".", 1)[1])
         else:
             settings[key] = lookup(config, key)
-    return Identity(settings)
+    return Identity(_set(settings))
+
+
+def _set(settings: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in settings.items() if value is not None}
 
 
 def concrete_keys(schema: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
@@ -302,8 +307,8 @@ def model_identity(plan: Any, run: str, ckpt: str) -> Identity:
             settings[key] = "auto" if base and row.key == "runs.*.format" else lookup(plan.config, key)
         elif plan.runs[run].has_weights:
             settings[row.key] = lookup(plan.config, row.key)
-    return Identity(settings)
+    return Identity(_set(settings))
 
 
 def summary_identity(config: Mapping[str, Any]) -> Identity:
-    return Identity({row.key: lookup(config, row.key) for row in rows_with(SUMMARY)})
+    return Identity(_set({row.key: lookup(config, row.key) for row in rows_with(SUMMARY)}))
