@@ -52,9 +52,9 @@ def problem_files(path: Path) -> list[Path]:
     return [path]
 
 
-def numbered_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def numbered_lines(path: Path, what: str = "one problem") -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) of a JSONL file (gzip when it ends in .gz); a malformed line is a
-    `UserError` naming file and line."""
+    `UserError` naming file and line, and `what` each line should be."""
     opener: Callable[..., Any] = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rb") as handle:
@@ -66,7 +66,7 @@ def numbered_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 except (UnicodeDecodeError, ValueError) as exc:
                     raise UserError(f"{path}:{lineno}: not valid JSON ({exc})") from None
                 if not isinstance(row, dict):
-                    raise UserError(f"{path}:{lineno}: expected a JSON object (one problem)")
+                    raise UserError(f"{path}:{lineno}: expected a JSON object ({what})")
                 yield lineno, row
     except (OSError, EOFError) as exc:
         raise UserError(f"{path}: cannot read ({exc})") from None

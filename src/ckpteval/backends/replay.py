@@ -16,16 +16,16 @@ no GPU lease. Each file is checked against the task before it becomes a generati
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import UserError
+from ckpteval.problems import numbered_lines
 from ckpteval.io import sha256_file, write_json, write_jsonl
 from ckpteval.tasks import TaskSpec
 
@@ -62,7 +62,7 @@ def replay_solutions(sources: Path | Sequence[Path], task: TaskSpec, variant: st
     unknown: list[str] = []
     unknown_in: Path | None = None
     dropped = 0
-    for source, lineno, row in ((s, n, r) for s in sources for n, r in _numbered_rows(s)):
+    for source, lineno, row in ((s, n, r) for s in sources for n, r in numbered_lines(s, "task_id and completion")):
         at = f"{source}:{lineno}"
         tid, completion = row.get("task_id"), row.get("completion")
         if not isinstance(tid, str) or not tid:
@@ -118,19 +118,3 @@ def replay_solutions(sources: Path | Sequence[Path], task: TaskSpec, variant: st
     log.info("replayed %d samples of task %s from %d file(s)", len(lines), task.name,
              len(sources))
     return stats
-
-
-def _numbered_rows(source: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for each non-blank line; a malformed line is a `UserError`."""
-    with open(source, "rb") as handle:
-        for lineno, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise UserError(f"{source}:{lineno}: not valid JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{source}:{lineno}: expected a JSON object with task_id and "
-                                "completion")
-            yield lineno, row
