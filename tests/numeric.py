@@ -126,3 +126,28 @@ def assert_same_or_near_tie(
             f"near-tie: {problems[0]}: {ours!r} vs {theirs!r}"
         )
     return False
+
+
+def other_machine_env(cpuinfo: str | None = None) -> dict[str, str]:
+    """Environment that makes this machine compute like a smaller one: one thread, and CPU kernels
+    one instruction-set level down (AVX2 on an AVX-512 CPU, baseline on an AVX2 one).
+
+    Float results depend on both (reduction order, vector width). `make test-threads` runs the
+    `numeric` tests under it; the vLLM smoke test runs under it too (a child process inherits it).
+    ATen's capability is only ever lowered: forcing a level the CPU lacks would crash.
+    """
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as handle:
+                cpuinfo = handle.read()
+        except OSError:
+            cpuinfo = ""
+    flags = set(cpuinfo.split())
+    aten = "avx2" if "avx512f" in flags else "default"
+    return {
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "ATEN_CPU_CAPABILITY": aten,
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+    }
