@@ -66,7 +66,9 @@ def reference_logits(
     return exact, tolerance
 
 
-def off_greedy(logits: torch.Tensor, tolerance: torch.Tensor, token_ids: Sequence[int]) -> list[str]:
+def off_greedy(
+    logits: torch.Tensor, tolerance: torch.Tensor, token_ids: Sequence[int]
+) -> list[str]:
     """Positions where the chosen token is not within tolerance of that row's best logit."""
     problems = []
     for position, (row, tol, token) in enumerate(zip(logits, tolerance, token_ids, strict=True)):

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from numeric import assert_greedy_under, other_machine_env
 from safetensors.torch import load_file, save_file
 
 from ckpteval.consolidate import (
@@ -34,7 +35,6 @@ from ckpteval.consolidate import (
 )
 from ckpteval.errors import UserError
 from ckpteval.formats.safetensors_io import summarize_weights, weight_files
-from numeric import assert_greedy_under, other_machine_env
 
 HERE = Path(__file__).resolve().parent
 TIED = "lm_head.weight"
@@ -102,7 +102,9 @@ def greedy_ids(model: Any, tokenizer: Any) -> list[int]:
     return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-def assert_smoke_of(manifest: dict[str, Any], model: Any, tokenizer: Any, dtype: torch.dtype) -> None:
+def assert_smoke_of(
+    manifest: dict[str, Any], model: Any, tokenizer: Any, dtype: torch.dtype
+) -> None:
     """The manifest's smoke tokens are `model`'s greedy continuation of the smoke prompt."""
     prompt_ids = tokenizer(SMOKE_PROMPT)["input_ids"]
     assert len(manifest["smoke"]["token_ids"]) == SMOKE_TOKENS

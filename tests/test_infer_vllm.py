@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from numeric import assert_same_or_near_tie
 from test_tasks_harness import local_code_tasks
 
 from ckpteval.backends import cache_namespace
 from ckpteval.harness import score_harness_file
 from ckpteval.io import read_json
 from ckpteval.tasks import HARNESS_TASK_DIR
-from numeric import assert_same_or_near_tie
 
 pytestmark = pytest.mark.slow
 
@@ -227,7 +227,8 @@ def test_harness_path_equals_lm_eval_cli(resumed: dict[str, Any], model: dict[st
     equal = 0
     for line in ours:
         doc = theirs[int(line["task_id"].rsplit("/", 1)[1])]
-        if assert_same_or_near_tie(*reference, line["prompt"], line["completion"], doc["completion"]):
+        if assert_same_or_near_tie(*reference, line["prompt"], line["completion"],
+                                   doc["completion"]):
             equal += 1
             assert line["filtered"] == doc["filtered"] and line["metrics"] == doc["metrics"]
     results = json.loads(next(tmp_path.rglob("results_*.json")).read_text())["results"]["ckpteval_arith"]
@@ -291,6 +292,7 @@ def test_an_assist_job_generates_a_published_chunk_as_the_job_would(
     assert set(helped) == {item["key"] for item in items}
     # Greedy on the same model and engine settings: the same completion, up to a near-tie broken
     # the other way in a differently composed batch.
-    equal = sum(assert_same_or_near_tie(*reference, item["prompt"], helped[item["key"]]["outputs"][0]["text"],
-                                        item["completion"]) for item in items)
+    equal = sum(assert_same_or_near_tie(*reference, item["prompt"],
+                                        helped[item["key"]]["outputs"][0]["text"], item["completion"])
+                for item in items)
     assert equal >= len(items) // 2, "most completions must match exactly: near-ties are rare"
