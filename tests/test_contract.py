@@ -86,8 +86,9 @@ class Sweep:
 @pytest.fixture(scope="module")
 def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     work = tmp_path_factory.mktemp("contract")
-    for ckpt in VLLM_CKPTS:  # copies: later tests touch, replace and delete them
-        shutil.copytree(demo_dir / "run" / ckpt, work / "run" / ckpt)
+    steps = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    for name, ckpt in zip(VLLM_CKPTS, (steps[0], steps[-1])):  # copies: later tests touch,
+        shutil.copytree(ckpt, work / "run" / name)              # replace and delete them
     shutil.copytree(demo_dir / "base", work / "base")
     with FakeEndpoint() as endpoint:
         config = {

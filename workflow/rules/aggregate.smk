@@ -14,7 +14,7 @@ rule aggregate:
         passk=f"{OUT}/summary/passk.csv",
         errors=f"{OUT}/summary/errors.csv",
         hacks=f"{OUT}/summary/hacks.csv",
-        deltas=report(f"{OUT}/summary/deltas.csv", caption="../report/metrics.rst", category="Tables"),
+        deltas=report(f"{OUT}/summary/deltas.csv", caption="../report/deltas.rst", category="Tables"),
         missing=f"{OUT}/summary/missing.csv",
         summary_json=f"{OUT}/summary/summary.json",
         plots=report(
