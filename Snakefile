@@ -24,8 +24,11 @@ if workflow.is_main_process:
 
     _stale_locks = claim_workdir()
     if _stale_locks:
-        print(f"ckpteval: removed {len(_stale_locks)} stale Snakemake lock file(s) left by a killed "
-              "run", file=sys.stderr)
+        print(
+            f"ckpteval: removed {len(_stale_locks)} stale Snakemake lock file(s) left by a killed "
+            "run",
+            file=sys.stderr,
+        )
 
 
 include: "workflow/rules/common.smk"
@@ -41,6 +44,6 @@ localrules:
 
 
 rule all:
+    default_target: True
     input:
         get_final_outputs,
-    default_target: True

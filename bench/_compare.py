@@ -35,14 +35,27 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_ckpteval(checker: str, problems: list[dict], samples: list[dict], work: Path, workers: int,
-                 timeout: float) -> tuple[float, dict, list[dict]]:
+def run_ckpteval(
+    checker: str,
+    problems: list[dict],
+    samples: list[dict],
+    work: Path,
+    workers: int,
+    timeout: float,
+) -> tuple[float, dict, list[dict]]:
     """Score `samples` bubblewrap-sandboxed, self-test included: wall seconds, the score cell and
     the per-sample rows (`work/ckpteval.jsonl`)."""
     start = time.monotonic()
-    cell = score_samples(checker, {p["task_id"]: p for p in problems}, samples, work / "ckpteval.jsonl",
-                         work / "ckpteval.json", workers=workers, timeout=timeout,
-                         checker_options={"sandbox": "bwrap"})
+    cell = score_samples(
+        checker,
+        {p["task_id"]: p for p in problems},
+        samples,
+        work / "ckpteval.jsonl",
+        work / "ckpteval.json",
+        workers=workers,
+        timeout=timeout,
+        checker_options={"sandbox": "bwrap"},
+    )
     wall = time.monotonic() - start
     return wall, cell, read_jsonl(work / "ckpteval.jsonl")
 
@@ -51,18 +64,23 @@ def run_other(command: list[str], samples_file: Path, **popen: Any) -> tuple[flo
     """Run the other tool's `evaluate_functional_correctness` (its output hidden): wall seconds
     and the per-sample results it writes beside the samples (`<samples_file>_results.jsonl`)."""
     start = time.monotonic()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **popen)
+    subprocess.run(
+        command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **popen
+    )
     wall = time.monotonic() - start
     return wall, read_jsonl(Path(f"{samples_file}_results.jsonl"))
 
 
-def report(disagreements: list[tuple], compared: int, ours_wall: float, theirs_wall: float,
-           target: float) -> int:
+def report(
+    disagreements: list[tuple], compared: int, ours_wall: float, theirs_wall: float, target: float
+) -> int:
     """Print the verdict disagreements (the first 20) and the throughput ratio against `target`;
     the exit status: 1 if any verdict disagrees."""
     print(f"verdict disagreements: {len(disagreements)} of {compared} samples")
     for row in disagreements[:20]:
         print("  ", row)
-    print(f"throughput ratio (same workers, so per core): ckpteval is {theirs_wall / ours_wall:.2f}x "
-          f"as fast; target >= {target:g}x")
+    print(
+        f"throughput ratio (same workers, so per core): ckpteval is {theirs_wall / ours_wall:.2f}x "
+        f"as fast; target >= {target:g}x"
+    )
     return 0 if not disagreements else 1

@@ -9,8 +9,14 @@ from __future__ import annotations
 import re
 
 
-def make_samples(problems: list[dict], per_problem: int, *, mutations: list[tuple[str, str]],
-                 filler: str, broken: str) -> list[dict]:
+def make_samples(
+    problems: list[dict],
+    per_problem: int,
+    *,
+    mutations: list[tuple[str, str]],
+    filler: str,
+    broken: str,
+) -> list[dict]:
     """`per_problem` samples per problem: the reference, mutants, `filler`s, then `broken`
     (`{body}` in it stands for the reference solution)."""
     samples = []

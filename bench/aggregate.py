@@ -46,14 +46,26 @@ def write_sweep(root: Path, rng: np.random.Generator) -> list[Path]:
                     skill -= 0.6  # a real regression for the deltas to find
                 p_pass = 1.0 / (1.0 + np.exp(difficulty - skill))
                 for seed in SEEDS:
-                    paths.append(_write_cell(
-                        root, rng, run, ckpt, step, task, seed, p_pass, is_baseline=step == 0
-                    ))
+                    paths.append(
+                        _write_cell(
+                            root, rng, run, ckpt, step, task, seed, p_pass, is_baseline=step == 0
+                        )
+                    )
     return paths
 
 
-def _write_cell(root: Path, rng: np.random.Generator, run: str, ckpt: str, step: int, task: str,
-                seed: int, p_pass: np.ndarray, *, is_baseline: bool) -> Path:
+def _write_cell(
+    root: Path,
+    rng: np.random.Generator,
+    run: str,
+    ckpt: str,
+    step: int,
+    task: str,
+    seed: int,
+    p_pass: np.ndarray,
+    *,
+    is_baseline: bool,
+) -> Path:
     variant = f"{SAMPLING}-s{seed}"
     cell_dir = root / "scores" / run / ckpt / task
     cell_dir.mkdir(parents=True, exist_ok=True)
@@ -84,12 +96,25 @@ def _write_cell(root: Path, rng: np.random.Generator, run: str, ckpt: str, step:
         metrics = {"accuracy": _metric(per_problem)}
         error_types = {"wrong_answer": int(failures.sum())}
     cell = {
-        "checker": "python" if code else "math", "scorer_version": "bench-1",
-        "n_problems": PROBLEMS, "n_samples": PROBLEMS * SAMPLES, "metrics": metrics,
-        "error_types": error_types, "input_errors": [], "duration_s": 1.0, "run": run,
-        "ckpt": ckpt, "step": step, "task": task, "variant": variant, "sampling": SAMPLING,
-        "seed": seed, "model_hash": f"{run}-{ckpt}", "generation_file": "synthetic",
-        "generation_sha256": "0" * 64, "is_baseline": is_baseline,
+        "checker": "python" if code else "math",
+        "scorer_version": "bench-1",
+        "n_problems": PROBLEMS,
+        "n_samples": PROBLEMS * SAMPLES,
+        "metrics": metrics,
+        "error_types": error_types,
+        "input_errors": [],
+        "duration_s": 1.0,
+        "run": run,
+        "ckpt": ckpt,
+        "step": step,
+        "task": task,
+        "variant": variant,
+        "sampling": SAMPLING,
+        "seed": seed,
+        "model_hash": f"{run}-{ckpt}",
+        "generation_file": "synthetic",
+        "generation_sha256": "0" * 64,
+        "is_baseline": is_baseline,
     }
     path = cell_dir / f"{variant}.json"
     path.write_text(json.dumps(cell))
@@ -98,8 +123,11 @@ def _write_cell(root: Path, rng: np.random.Generator, run: str, ckpt: str, step:
 
 def _metric(per_problem: np.ndarray) -> dict[str, float]:
     n = len(per_problem)
-    return {"value": float(per_problem.mean()),
-            "stderr": float(per_problem.std(ddof=1) / np.sqrt(n)), "n": n}
+    return {
+        "value": float(per_problem.mean()),
+        "stderr": float(per_problem.std(ddof=1) / np.sqrt(n)),
+        "n": n,
+    }
 
 
 def main() -> None:
@@ -112,19 +140,25 @@ def main() -> None:
         start = time.perf_counter()
         paths = write_sweep(root, np.random.default_rng(0))
         rows = len(paths) * PROBLEMS * SAMPLES
-        print(f"wrote {len(paths)} cells, {rows:,} per-sample rows in "
-              f"{time.perf_counter() - start:.1f} s (not part of the target)")
+        print(
+            f"wrote {len(paths)} cells, {rows:,} per-sample rows in "
+            f"{time.perf_counter() - start:.1f} s (not part of the target)"
+        )
         start, cpu = time.perf_counter(), time.process_time()
         build_summary(paths, root / "summary", title="bench", bootstrap=args.bootstrap, seed=0)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         # Wall time is the target; CPU time and the load average say how much other work on a
         # shared machine stretched it.
-        print(f"build_summary: {seconds:.2f} s for {rows:,} rows (target < 10 s); "
-              f"{cpu:.2f} s CPU; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(
+            f"build_summary: {seconds:.2f} s for {rows:,} rows (target < 10 s); "
+            f"{cpu:.2f} s CPU; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        )
         deltas = (root / "summary" / "deltas.csv").read_text().count("\n") - 1
         plots = len(list((root / "summary" / "plots").glob("*.png")))
-        print(f"summary: {deltas} paired deltas, {plots} plots, report "
-              f"{(root / 'summary' / 'report.html').stat().st_size / 1e6:.1f} MB")
+        print(
+            f"summary: {deltas} paired deltas, {plots} plots, report "
+            f"{(root / 'summary' / 'report.html').stat().st_size / 1e6:.1f} MB"
+        )
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -30,20 +30,30 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from ckpteval.evaluate import CHUNK_SIZE, score_samples  # noqa: E402
 from _compare import read_jsonl  # noqa: E402
 from _samples import make_samples  # noqa: E402
 from python import MUTATIONS  # noqa: E402
 
-ENDLESS = {"loop": "    while True:\n        pass\n", "sleep": "    import time\n    time.sleep(3600)\n"}
+from ckpteval.evaluate import CHUNK_SIZE, score_samples  # noqa: E402
+
+ENDLESS = {
+    "loop": "    while True:\n        pass\n",
+    "sleep": "    import time\n    time.sleep(3600)\n",
+}
 
 
-def samples_with_endless(problems: list[dict], n: int, loops: float, endless: str,
-                       seed: int) -> list[dict]:
+def samples_with_endless(
+    problems: list[dict], n: int, loops: float, endless: str, seed: int
+) -> list[dict]:
     """`n` samples spread over `problems`, a `loops` share of them `endless`."""
     per_problem = -(-n // len(problems))
-    samples = make_samples(problems, per_problem, mutations=MUTATIONS,
-                           filler="    return None\n", broken="    return (\n")
+    samples = make_samples(
+        problems,
+        per_problem,
+        mutations=MUTATIONS,
+        filler="    return None\n",
+        broken="    return (\n",
+    )
     rng = random.Random(seed)
     samples = rng.sample(samples, n)  # problems interleaved, as generations of a shuffled run
     for i in rng.sample(range(n), round(loops * n)):
@@ -51,16 +61,33 @@ def samples_with_endless(problems: list[dict], n: int, loops: float, endless: st
     return samples
 
 
-def timed_run(problems: list[dict], samples: list[dict], work: Path, workers: int, timeout: float,
-              chunk_size: int) -> tuple[float, list[tuple]]:
+def timed_run(
+    problems: list[dict],
+    samples: list[dict],
+    work: Path,
+    workers: int,
+    timeout: float,
+    chunk_size: int,
+) -> tuple[float, list[tuple]]:
     """Wall seconds of `score_samples` and each sample's (task_id, sample_idx, passed, error)."""
     start = time.monotonic()
-    score_samples("python", {p["task_id"]: p for p in problems}, samples, work / "out.jsonl",
-                  work / "out.json", workers=workers, timeout=timeout, timeout_factor=0,
-                  checker_options={"sandbox": "bwrap"}, chunk_size=chunk_size)
+    score_samples(
+        "python",
+        {p["task_id"]: p for p in problems},
+        samples,
+        work / "out.jsonl",
+        work / "out.json",
+        workers=workers,
+        timeout=timeout,
+        timeout_factor=0,
+        checker_options={"sandbox": "bwrap"},
+        chunk_size=chunk_size,
+    )
     wall = time.monotonic() - start
-    return wall, [(r["task_id"], r["sample_idx"], r["passed"], r["error_type"])
-                  for r in read_jsonl(work / "out.jsonl")]
+    return wall, [
+        (r["task_id"], r["sample_idx"], r["passed"], r["error_type"])
+        for r in read_jsonl(work / "out.jsonl")
+    ]
 
 
 def main() -> int:
@@ -82,9 +109,11 @@ def main() -> int:
     endless = ENDLESS[args.endless]
     samples = samples_with_endless(problems, args.samples, args.loops, endless, args.seed)
     n_loops = sum(s["completion"] == endless for s in samples)
-    print(f"problems: {len(problems)}; samples: {len(samples)} ({n_loops} endless, {args.endless}); "
-          f"workers: {args.workers}; timeout: {args.timeout:g} s (not calibrated); "
-          f"chunks of {args.chunk_size} vs one of {len(samples)}; self-test included in both")
+    print(
+        f"problems: {len(problems)}; samples: {len(samples)} ({n_loops} endless, {args.endless}); "
+        f"workers: {args.workers}; timeout: {args.timeout:g} s (not calibrated); "
+        f"chunks of {args.chunk_size} vs one of {len(samples)}; self-test included in both"
+    )
 
     sizes = {"chunked": args.chunk_size, "one chunk": len(samples) + 1}
     walls: dict[str, list[float]] = {name: [] for name in sizes}
@@ -92,27 +121,37 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-chunks-") as tmp:
         for _ in range(args.repeat):
             for name, size in sizes.items():
-                wall, rows = timed_run(problems, samples, Path(tmp), args.workers, args.timeout, size)
+                wall, rows = timed_run(
+                    problems, samples, Path(tmp), args.workers, args.timeout, size
+                )
                 walls[name].append(wall)
                 if verdicts.setdefault(name, rows) != rows:
                     print(f"{name}: verdicts differ between repeats (a sample near its timeout?)")
-                print(f"  {name:9} (chunk_size {size:5}): {wall:6.1f} s "
-                      f"{len(samples) / wall * 60:7.0f} samples/min", flush=True)
+                print(
+                    f"  {name:9} (chunk_size {size:5}): {wall:6.1f} s "
+                    f"{len(samples) / wall * 60:7.0f} samples/min",
+                    flush=True,
+                )
 
     best = {name: min(w) for name, w in walls.items()}
     for name, wall in best.items():
-        print(f"{name:9}: best {wall:6.1f} s {len(samples) / wall * 60:7.0f} samples/min "
-              f"(runs: {', '.join(f'{w:.1f}' for w in walls[name])})")
-    disagreements = [(a, b) for a, b in zip(verdicts["chunked"], verdicts["one chunk"], strict=True)
-                     if a != b]
+        print(
+            f"{name:9}: best {wall:6.1f} s {len(samples) / wall * 60:7.0f} samples/min "
+            f"(runs: {', '.join(f'{w:.1f}' for w in walls[name])})"
+        )
+    disagreements = [
+        (a, b) for a, b in zip(verdicts["chunked"], verdicts["one chunk"], strict=True) if a != b
+    ]
     print(f"verdict disagreements: {len(disagreements)} of {len(samples)} samples")
     for row in disagreements[:20]:
         print("  ", row)
     ratio = best["chunked"] / best["one chunk"]
     paired = [a / b for a, b in zip(walls["chunked"], walls["one chunk"])]
-    print(f"wall ratio chunked / one chunk: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%) of the best runs"
-          + (f", {', '.join(f'{r:.3f}' for r in paired)} run by run" if len(paired) > 1 else "")
-          + "; target <= 1.05")
+    print(
+        f"wall ratio chunked / one chunk: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%) of the best runs"
+        + (f", {', '.join(f'{r:.3f}' for r in paired)} run by run" if len(paired) > 1 else "")
+        + "; target <= 1.05"
+    )
     return 0 if not disagreements else 1
 
 

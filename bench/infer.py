@@ -35,10 +35,18 @@ import yaml
 # The default mixed task set: ckpteval's own tasks (Python, Rust, math, arithmetic, a chat-free
 # CoT prompt) and an lm-eval task, greedy and sampled.
 MIXED: dict[str, Any] = {
-    "tasks": {"arith": {}, "arith_harness": {}, "math_qwen": {}, "pyfunc": {}, "rustfunc": {},
-              "humaneval": {"limit": 48}},
-    "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 128},
-                 "hot": {"temperature": 0.8, "top_p": 0.95, "n": 4, "max_new_tokens": 128}},
+    "tasks": {
+        "arith": {},
+        "arith_harness": {},
+        "math_qwen": {},
+        "pyfunc": {},
+        "rustfunc": {},
+        "humaneval": {"limit": 48},
+    },
+    "sampling": {
+        "greedy": {"temperature": 0.0, "max_new_tokens": 128},
+        "hot": {"temperature": 0.8, "top_p": 0.95, "n": 4, "max_new_tokens": 128},
+    },
     "engine": {"gpu_memory_utilization": 0.15, "enforce_eager": True},
 }
 
@@ -68,24 +76,31 @@ def _config(path: Path | None) -> dict[str, Any]:
     return config
 
 
-def _bare_requests(gen_dir: Path, metas: list[dict[str, Any]], eos: str) -> tuple[list[str], list[Any]]:
+def _bare_requests(
+    gen_dir: Path, metas: list[dict[str, Any]], eos: str
+) -> tuple[list[str], list[Any]]:
     """Exactly what ckpteval sent: each problem's prompt once, with its file's sampling."""
     from vllm import SamplingParams
 
     prompts: list[str] = []
     params: list[Any] = []
     for meta in metas:
-        lines = [json.loads(x) for x in (gen_dir / meta["task"] / f"{meta['variant']}.jsonl").open()]
+        lines = [
+            json.loads(x) for x in (gen_dir / meta["task"] / f"{meta['variant']}.jsonl").open()
+        ]
         if "sampling" in meta:
             sp = SamplingParams(**meta["sampling"])
             first = [x for x in lines if x["sample_idx"] == 0]
         else:  # an lm-eval task: its YAML's generation settings, as lm-eval's VLLM applies them
             config = next(iter(meta["lm_eval_config"].values()))
             gen = {**config.get("generation_kwargs", {}), **(meta.get("lm_eval_gen_kwargs") or {})}
-            sp = SamplingParams(max_tokens=int(gen.get("max_gen_toks", 256)),
-                                stop=[*gen.get("until", []), eos],
-                                temperature=float(gen.get("temperature", 0.0)),
-                                top_p=float(gen.get("top_p", 1.0)), seed=gen.get("seed"))
+            sp = SamplingParams(
+                max_tokens=int(gen.get("max_gen_toks", 256)),
+                stop=[*gen.get("until", []), eos],
+                temperature=float(gen.get("temperature", 0.0)),
+                top_p=float(gen.get("top_p", 1.0)),
+                seed=gen.get("seed"),
+            )
             first = lines
         for line in first:
             prompts.append(line["prompt"])
@@ -98,8 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="consolidated model dir (manifest <dir>.json)")
     parser.add_argument("--config", type=Path, help="a ckpteval config (tasks, sampling, engine)")
     parser.add_argument("--workdir", type=Path, help="where the demo model and outputs go")
-    parser.add_argument("--repeats", type=int, default=7,
-                        help="timed (ckpteval, bare) pairs after the first run (default 7)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=7,
+        help="timed (ckpteval, bare) pairs after the first run (default 7)",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -124,16 +143,25 @@ def main(argv: list[str] | None = None) -> int:
     def ckpteval_run(index: int) -> tuple[float, int, list[dict[str, Any]], Path]:
         """The whole infer step on an empty cache: (wall s, tokens, metas, output dir)."""
         run_dir = work / f"run-{index}"
-        jobs = [Job(tasks[t], variants[v], run_dir / "gen" / t / f"{v}.jsonl")
-                for t, vs in task_variants.items() for v in vs]
+        jobs = [
+            Job(tasks[t], variants[v], run_dir / "gen" / t / f"{v}.jsonl")
+            for t, vs in task_variants.items()
+            for v in vs
+        ]
         if index:
             backend.lm.model.reset_prefix_cache()
         engine_seconds[0] = 0.0
         wall = time.monotonic()
-        run_infer(jobs, manifest_path=manifest, model_dir=model, run_cfg={"backend": "vllm"},
-                  engine_cfg=config["engine"], cache_dir=run_dir / "cache",
-                  include_paths=config.get("lm_eval", {}).get("include_paths", []),
-                  backend=backend)
+        run_infer(
+            jobs,
+            manifest_path=manifest,
+            model_dir=model,
+            run_cfg={"backend": "vllm"},
+            engine_cfg=config["engine"],
+            cache_dir=run_dir / "cache",
+            include_paths=config.get("lm_eval", {}).get("include_paths", []),
+            backend=backend,
+        )
         wall = time.monotonic() - wall
         metas = [json.loads(j.meta.read_text()) for j in jobs]
         return wall, sum(m["completion_tokens"] or 0 for m in metas), metas, run_dir
@@ -143,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         llm.reset_prefix_cache()
         wall = time.monotonic()
         outputs = generate(prompts, params, use_tqdm=False)
-        return (time.monotonic() - wall,
-                sum(len(o.token_ids) for out in outputs for o in out.outputs))
+        return (
+            time.monotonic() - wall,
+            sum(len(o.token_ids) for out in outputs for o in out.outputs),
+        )
 
     # Run 0 loads the engine: its figures are what an infer job pays. Then the engine is warmed
     # and both sides run `repeats` times, alternating, from an empty (and prefix-) cache each
@@ -167,38 +197,54 @@ def main(argv: list[str] | None = None) -> int:
             engine_seconds[0] += time.monotonic() - t0
 
     llm.generate = timed_generate  # ckpteval's calls are timed; bare_run calls `generate` itself
-    prompts, params = _bare_requests(run_dir / "gen", first, backend.lm.tokenizer.decode(
-        backend.lm.eot_token_id))
+    prompts, params = _bare_requests(
+        run_dir / "gen", first, backend.lm.tokenizer.decode(backend.lm.eot_token_id)
+    )
     generate(["warm up"], SamplingParams(max_tokens=8), use_tqdm=False)
     pairs = []
     for index in range(args.repeats):
         ours_s, tokens, metas, _ = ckpteval_run(index + 1)
         inside = engine_seconds[0]
         bare_s, bare_tokens = bare_run(prompts, params)
-        pairs.append({"ours_s": ours_s, "engine_s": inside, "bare_s": bare_s, "tokens": tokens,
-                      "bare_tokens": bare_tokens,
-                      "ratio": (tokens / ours_s) / (bare_tokens / bare_s)})
+        pairs.append(
+            {
+                "ours_s": ours_s,
+                "engine_s": inside,
+                "bare_s": bare_s,
+                "tokens": tokens,
+                "bare_tokens": bare_tokens,
+                "ratio": (tokens / ours_s) / (bare_tokens / bare_s),
+            }
+        )
     samples = sum(m["n_samples"] for m in metas)
     cells = ", ".join(f"{m['task']}/{m['variant']}" for m in metas)
     print(f"model: {model}")
-    print(f"tasks x variants: {len(metas)} files, {len(prompts)} prompts, {samples} samples ({cells})")
-    print(f"first infer job: engine loads {loads}, load {load_s:.1f} s, generation "
-          f"{sum(m['generation_seconds'] for m in first):.1f} s, "
-          f"{sum(m['completion_tokens'] or 0 for m in first)} completion tokens")
+    print(
+        f"tasks x variants: {len(metas)} files, {len(prompts)} prompts, {samples} samples ({cells})"
+    )
+    print(
+        f"first infer job: engine loads {loads}, load {load_s:.1f} s, generation "
+        f"{sum(m['generation_seconds'] for m in first):.1f} s, "
+        f"{sum(m['completion_tokens'] or 0 for m in first)} completion tokens"
+    )
     for i, pair in enumerate(pairs, start=1):
-        print(f"pair {i}: ckpteval {pair['ours_s']:.2f} s ({pair['engine_s']:.2f} s in the engine), "
-              f"{pair['tokens']} tokens, {pair['tokens'] / pair['ours_s']:.1f} tokens/s | bare "
-              f"LLM.generate {pair['bare_s']:.2f} s, {pair['bare_tokens']} tokens, "
-              f"{pair['bare_tokens'] / pair['bare_s']:.1f} tokens/s | ratio {pair['ratio']:.1%}")
+        print(
+            f"pair {i}: ckpteval {pair['ours_s']:.2f} s ({pair['engine_s']:.2f} s in the engine), "
+            f"{pair['tokens']} tokens, {pair['tokens'] / pair['ours_s']:.1f} tokens/s | bare "
+            f"LLM.generate {pair['bare_s']:.2f} s, {pair['bare_tokens']} tokens, "
+            f"{pair['bare_tokens'] / pair['bare_s']:.1f} tokens/s | ratio {pair['ratio']:.1%}"
+        )
     overhead = statistics.median((p["ours_s"] - p["engine_s"]) / p["ours_s"] for p in pairs)
     best = min(pairs, key=lambda p: p["ours_s"])
     best_bare = min(pairs, key=lambda p: p["bare_s"])
     ours = best["tokens"] / best["ours_s"]
     bare = best_bare["bare_tokens"] / best_bare["bare_s"]
     print(f"ckpteval time outside the engine (median of runs): {overhead:.1%}")
-    print(f"best runs: ckpteval {best['ours_s']:.2f} s, {ours:.1f} tokens/s (engine loads "
-          f"{loads}, load {load_s:.1f} s in the first job) | bare {best_bare['bare_s']:.2f} s, "
-          f"{bare:.1f} tokens/s")
+    print(
+        f"best runs: ckpteval {best['ours_s']:.2f} s, {ours:.1f} tokens/s (engine loads "
+        f"{loads}, load {load_s:.1f} s in the first job) | bare {best_bare['bare_s']:.2f} s, "
+        f"{bare:.1f} tokens/s"
+    )
     ratio = ours / bare
     print(f"ckpteval / bare throughput (best of {len(pairs)} each): {ratio:.1%} (target >= 90%)")
     return 0 if ratio >= 0.9 else 1

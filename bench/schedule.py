@@ -278,13 +278,26 @@ def draw_plan(checkpoints: int, tasks: int, seed: int, scenario: str = "first") 
         infer[ckpt] = LOAD_MINUTES * size + sum(gen)
         generate[ckpt], load[ckpt] = gen, LOAD_MINUTES * size
         evaluate[ckpt] = {t: EVAL_MEDIAN_MINUTES * rng.lognormvariate(0, EVAL_SIGMA) for t in names}
-        known[ckpt] = {"run": run, "step": step, "static": {t: b * size for t, b in zip(names, base)}}
+        known[ckpt] = {
+            "run": run,
+            "step": step,
+            "static": {t: b * size for t, b in zip(names, base)},
+        }
         if scenario == "remeasure":
             for t, g in zip(names, gen):
-                history[run].setdefault(t, []).append([step, g * rng.lognormvariate(0, REMEASURE_SIGMA)])
-    return {"tasks": names, "infer": infer, "generate": generate, "load": load,
-            "evaluate": evaluate, "aggregate": AGGREGATE_MINUTES, "known": known,
-            "history": history}
+                history[run].setdefault(t, []).append(
+                    [step, g * rng.lognormvariate(0, REMEASURE_SIGMA)]
+                )
+    return {
+        "tasks": names,
+        "infer": infer,
+        "generate": generate,
+        "load": load,
+        "evaluate": evaluate,
+        "aggregate": AGGREGATE_MINUTES,
+        "known": known,
+        "history": history,
+    }
 
 
 def scaled(plan: dict, scale: float) -> dict:
@@ -294,11 +307,15 @@ def scaled(plan: dict, scale: float) -> dict:
         "infer": {c: m * scale for c, m in plan["infer"].items()},
         "generate": {c: [m * scale for m in ms] for c, ms in plan["generate"].items()},
         "load": {c: m * scale for c, m in plan["load"].items()},
-        "evaluate": {c: {t: m * scale for t, m in ts.items()} for c, ts in plan["evaluate"].items()},
+        "evaluate": {
+            c: {t: m * scale for t, m in ts.items()} for c, ts in plan["evaluate"].items()
+        },
         "aggregate": plan["aggregate"] * scale,
         "known": plan["known"],
-        "history": {run: {t: [[step, sec * scale] for step, sec in ms] for t, ms in tasks.items()}
-                    for run, tasks in plan["history"].items()},
+        "history": {
+            run: {t: [[step, sec * scale] for step, sec in ms] for t, ms in tasks.items()}
+            for run, tasks in plan["history"].items()
+        },
     }
 
 
@@ -350,42 +367,72 @@ def device_clashes(records: list[dict]) -> int:
 
 def held_within(records: list[dict], lo: float, hi: float) -> float:
     """Device seconds the GPU jobs among `records` held between `lo` and `hi`."""
-    return sum(max(0.0, min(r["end"], hi) - max(r["start"], lo))
-               for r in records if r["kind"] in GPU_KINDS)
+    return sum(
+        max(0.0, min(r["end"], hi) - max(r["start"], lo)) for r in records if r["kind"] in GPU_KINDS
+    )
 
 
 def run_schedule(args: argparse.Namespace, workdir: Path) -> dict:
     minutes = draw_plan(args.checkpoints, args.tasks, args.seed, args.scenario)
     plan = scaled(minutes, args.scale)
-    plan.update(gpus=args.gpus, lock_dir=str(workdir / "gpu-locks"),
-                job_script=str(workdir / "job.py"), scale=args.scale, assist=args.assist,
-                boards=str(workdir / "cache" / ".boards"), chunks_per_task=CHUNKS_PER_TASK,
-                default_load=LOAD_MINUTES * args.scale, grace=ASSIST_GRACE_MINUTES * args.scale,
-                assist_poll=max(0.05, ASSIST_POLL_MINUTES * args.scale))
+    plan.update(
+        gpus=args.gpus,
+        lock_dir=str(workdir / "gpu-locks"),
+        job_script=str(workdir / "job.py"),
+        scale=args.scale,
+        assist=args.assist,
+        boards=str(workdir / "cache" / ".boards"),
+        chunks_per_task=CHUNKS_PER_TASK,
+        default_load=LOAD_MINUTES * args.scale,
+        grace=ASSIST_GRACE_MINUTES * args.scale,
+        assist_poll=max(0.05, ASSIST_POLL_MINUTES * args.scale),
+    )
     (workdir / "plan.json").write_text(json.dumps(plan))
     (workdir / "Snakefile").write_text(SNAKEFILE)
     (workdir / "job.py").write_text(JOB_SCRIPT)
     assists = args.gpus - 1 if args.assist else 0
     jobs = 2 * args.checkpoints + args.checkpoints * args.tasks + 1 + assists
-    print(f"scenario {args.scenario}, assist {'on' if args.assist else 'off'}: "
-          f"{args.checkpoints} checkpoints x {args.tasks} tasks = {jobs} jobs "
-          f"({args.checkpoints} infer{f' + {assists} assist' if assists else ''} on GPU), "
-          f"{args.gpus} fake GPUs, {args.cores} cores, 1 simulated minute = {args.scale} s; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"scenario {args.scenario}, assist {'on' if args.assist else 'off'}: "
+        f"{args.checkpoints} checkpoints x {args.tasks} tasks = {jobs} jobs "
+        f"({args.checkpoints} infer{f' + {assists} assist' if assists else ''} on GPU), "
+        f"{args.gpus} fake GPUs, {args.cores} cores, 1 simulated minute = {args.scale} s; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
 
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--profile", str(LOCAL_PROFILE),
-         "--resources", f"gpu={args.gpus}", "--cores", str(args.cores), "--quiet", "all"],
-        cwd=workdir, text=True, capture_output=True, check=False)
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--profile",
+            str(LOCAL_PROFILE),
+            "--resources",
+            f"gpu={args.gpus}",
+            "--cores",
+            str(args.cores),
+            "--quiet",
+            "all",
+        ],
+        cwd=workdir,
+        text=True,
+        capture_output=True,
+        check=False,
+    )
     wall = time.monotonic() - started
     if result.returncode != 0:
         sys.exit(f"snakemake failed:\n{result.stderr[-3000:]}")
 
-    records = [json.loads(p.read_text()) for sub in ("models", "scores")
-               for p in (workdir / sub).rglob("*.json")]
-    records += [json.loads((workdir / "generations" / c / f"{plan['tasks'][0]}.json").read_text())
-                for c in plan["infer"]]
+    records = [
+        json.loads(p.read_text())
+        for sub in ("models", "scores")
+        for p in (workdir / sub).rglob("*.json")
+    ]
+    records += [
+        json.loads((workdir / "generations" / c / f"{plan['tasks'][0]}.json").read_text())
+        for c in plan["infer"]
+    ]
     records.append(json.loads((workdir / "summary.json").read_text()))
     helpers = [json.loads(p.read_text()) for p in sorted((workdir / "assist").glob("*.json"))]
     t0 = min(r["start"] for r in records)
@@ -398,32 +445,40 @@ def run_schedule(args: argparse.Namespace, workdir: Path) -> dict:
     infer_span = infer_hi - infer_lo
     gpu_records = infer + helpers
     started_order = [Path(r["output"]).parts[1] for r in sorted(infer, key=lambda r: r["start"])]
-    lpt = simulate(plan, args.gpus, sorted(plan["infer"], key=plan["infer"].__getitem__, reverse=True))
+    lpt = simulate(
+        plan, args.gpus, sorted(plan["infer"], key=plan["infer"].__getitem__, reverse=True)
+    )
     same_order = simulate(plan, args.gpus, started_order)
     step_order = simulate(plan, args.gpus, list(plan["infer"]))
     print(f"snakemake wall (incl. DAG build): {wall:.1f} s")
     print(f"makespan:          {makespan:.2f} s  ({makespan / args.scale:.0f} simulated min)")
     print(f"lower bound:       {bound:.2f} s  ({term})")
     print(f"makespan / bound:  {makespan / bound:.3f}  (target <= 1.10)")
-    print(f"for reference, overhead-free list schedules without assist: longest-first {lpt:.2f} s "
-          f"({lpt / bound:.3f} x bound), in Snakemake's start order {same_order:.2f} s "
-          f"({same_order / bound:.3f} x bound), in step order as without priorities {step_order:.2f} s "
-          f"({step_order / bound:.3f} x bound)")
+    print(
+        f"for reference, overhead-free list schedules without assist: longest-first {lpt:.2f} s "
+        f"({lpt / bound:.3f} x bound), in Snakemake's start order {same_order:.2f} s "
+        f"({same_order / bound:.3f} x bound), in step order as without priorities {step_order:.2f} s "
+        f"({step_order / bound:.3f} x bound)"
+    )
     slots = args.gpus * infer_span
     by_assist = held_within(helpers, infer_lo, infer_hi) / slots
-    print(f"GPU-slot use:      {held_within(gpu_records, infer_lo, infer_hi) / slots:.1%} over the "
-          f"infer phase, {held_within(gpu_records, t0, t0 + makespan) / (args.gpus * makespan):.1%} "
-          "over the makespan"
-          + (f"; assist jobs held {by_assist:.1%} of the infer phase's slots" if helpers else ""))
+    print(
+        f"GPU-slot use:      {held_within(gpu_records, infer_lo, infer_hi) / slots:.1%} over the "
+        f"infer phase, {held_within(gpu_records, t0, t0 + makespan) / (args.gpus * makespan):.1%} "
+        "over the makespan"
+        + (f"; assist jobs held {by_assist:.1%} of the infer phase's slots" if helpers else "")
+    )
     print(f"device clashes:    {device_clashes(gpu_records)}")
     if args.assist:
         report_assist(plan, infer, helpers, t0, summary_end, args.scale)
     return {"makespan": makespan, "bound": bound}
 
 
-def report_assist(plan: dict, infer: list[dict], helpers: list[dict], t0: float, summary_end: float,
-                  scale: float) -> None:
+def report_assist(
+    plan: dict, infer: list[dict], helpers: list[dict], t0: float, summary_end: float, scale: float
+) -> None:
     """When each assist job ran, whom it helped, and what the helped infer jobs got back."""
+
     def at(t: float) -> str:
         return f"{(t - t0) / scale:.1f}"
 
@@ -431,28 +486,47 @@ def report_assist(plan: dict, infer: list[dict], helpers: list[dict], t0: float,
     chunks = sum(r["engine_seconds"] for r in helpers)
     held = sum(r["end"] - r["start"] for r in helpers)
     late = (max((r["end"] for r in helpers), default=summary_end) - summary_end) / scale
-    print(f"assist jobs:       {len(helpers)}, holding {held / scale:.1f} GPU-min: "
-          f"{loads / scale:.1f} loading, {chunks / scale:.1f} generating "
-          f"{sum(r['chunks'] for r in helpers)} chunks, the rest idle; the last ended "
-          f"{abs(late):.1f} min {'after' if late > 0 else 'before'} the summary "
-          "(times below: simulated minutes from the sweep's start)")
+    print(
+        f"assist jobs:       {len(helpers)}, holding {held / scale:.1f} GPU-min: "
+        f"{loads / scale:.1f} loading, {chunks / scale:.1f} generating "
+        f"{sum(r['chunks'] for r in helpers)} chunks, the rest idle; the last ended "
+        f"{abs(late):.1f} min {'after' if late > 0 else 'before'} the summary "
+        "(times below: simulated minutes from the sweep's start)"
+    )
     for r in sorted(helpers, key=lambda r: r["start"]):
-        visits = ", ".join(f"{j['job']} at {at(j['joined'])} ({j['chunks']} chunks, "
-                           f"{j['seconds'] / scale:.1f} min)" for j in r["joined"]) or "nobody"
-        print(f"  {Path(r['output']).stem} on GPU {r['device']}: {at(r['start'])}-{at(r['end'])}, "
-              f"helped {visits}")
+        visits = (
+            ", ".join(
+                f"{j['job']} at {at(j['joined'])} ({j['chunks']} chunks, "
+                f"{j['seconds'] / scale:.1f} min)"
+                for j in r["joined"]
+            )
+            or "nobody"
+        )
+        print(
+            f"  {Path(r['output']).stem} on GPU {r['device']}: {at(r['start'])}-{at(r['end'])}, "
+            f"helped {visits}"
+        )
     helped = sorted((r for r in infer if r.get("assisted_chunks")), key=lambda r: r["start"])
     last_infer = sorted(infer, key=lambda r: r["end"])[-3:]
     for r in sorted({id(r): r for r in helped + last_infer}.values(), key=lambda r: r["end"]):
         waited = r["end"] - r["own_end"] if r.get("own_end") else 0.0
-        print(f"  {Path(r['output']).parts[1]} on GPU {r['device']}: "
-              f"{at(r['start'])}-{at(r['end'])}, {r['assisted_chunks']}/{r['chunks']} chunks "
-              f"({r['assisted_seconds'] / scale:.1f} min) by assist jobs, "
-              f"waited {waited / scale:.1f} min for them at the end")
+        print(
+            f"  {Path(r['output']).parts[1]} on GPU {r['device']}: "
+            f"{at(r['start'])}-{at(r['end'])}, {r['assisted_chunks']}/{r['chunks']} chunks "
+            f"({r['assisted_seconds'] / scale:.1f} min) by assist jobs, "
+            f"waited {waited / scale:.1f} min for them at the end"
+        )
 
 
-WORKFLOW_TASKS = {"arith": {}, "pyfunc": {}, "rustfunc": {}, "humaneval": {}, "arith_harness": {},
-                  "gsm8k": {"harness": "gsm8k"}, "mbpp": {"harness": "mbpp"}}
+WORKFLOW_TASKS = {
+    "arith": {},
+    "pyfunc": {},
+    "rustfunc": {},
+    "humaneval": {},
+    "arith_harness": {},
+    "gsm8k": {"harness": "gsm8k"},
+    "mbpp": {"harness": "mbpp"},
+}
 
 
 def run_dryrun(jobs: int, workdir: Path) -> None:
@@ -481,11 +555,18 @@ def run_dryrun(jobs: int, workdir: Path) -> None:
         ckpt.mkdir(parents=True)
         (ckpt / "DONE").touch()
     (real / "config").mkdir()
-    (real / "config" / "config.yaml").write_text(json.dumps({
-        "runs": {"sweep": {"path": "run", "complete_marker": "DONE"}}, "tasks": WORKFLOW_TASKS}))
-    wall, cpu = _time_dryrun(real, ["--snakefile", str(REPO / "Snakefile"), "--directory", str(real)])
-    print(f"dry run, ckpteval workflow, {total} jobs ({checkpoints} checkpoints x {tasks} tasks): "
-          f"{wall:.1f} s ({cpu:.1f} s CPU)")
+    (real / "config" / "config.yaml").write_text(
+        json.dumps(
+            {"runs": {"sweep": {"path": "run", "complete_marker": "DONE"}}, "tasks": WORKFLOW_TASKS}
+        )
+    )
+    wall, cpu = _time_dryrun(
+        real, ["--snakefile", str(REPO / "Snakefile"), "--directory", str(real)]
+    )
+    print(
+        f"dry run, ckpteval workflow, {total} jobs ({checkpoints} checkpoints x {tasks} tasks): "
+        f"{wall:.1f} s ({cpu:.1f} s CPU)"
+    )
 
 
 def _time_dryrun(cwd: Path, args: list[str]) -> tuple[float, float]:
@@ -493,9 +574,25 @@ def _time_dryrun(cwd: Path, args: list[str]) -> tuple[float, float]:
     cpu_before = _children_cpu()
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--profile", str(LOCAL_PROFILE), "-n", "--quiet",
-         "--cores", "32", "--resources", "gpu=8", *args],
-        cwd=cwd, text=True, capture_output=True, check=False)
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--profile",
+            str(LOCAL_PROFILE),
+            "-n",
+            "--quiet",
+            "--cores",
+            "32",
+            "--resources",
+            "gpu=8",
+            *args,
+        ],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        check=False,
+    )
     seconds = time.monotonic() - started
     if result.returncode != 0:
         sys.exit(f"dry run failed:\n{result.stderr[-3000:]}")
@@ -509,17 +606,29 @@ def _children_cpu() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all",
-                        help="what ckpteval knows of the jobs before they run (see above)")
+    parser.add_argument(
+        "--scenario",
+        choices=[*SCENARIOS, "all"],
+        default="all",
+        help="what ckpteval knows of the jobs before they run (see above)",
+    )
     parser.add_argument("--checkpoints", type=int, default=30)
     parser.add_argument("--tasks", type=int, default=7)
     parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--cores", type=int, default=32,
-                        help="cores Snakemake may schedule (jobs only sleep; a GPU node has many)")
+    parser.add_argument(
+        "--cores",
+        type=int,
+        default=32,
+        help="cores Snakemake may schedule (jobs only sleep; a GPU node has many)",
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="seconds per simulated minute")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--assist", choices=["on", "off", "both"], default="both",
-                        help="tail assist jobs (ckpteval.share) on, off, or each in turn")
+    parser.add_argument(
+        "--assist",
+        choices=["on", "off", "both"],
+        default="both",
+        help="tail assist jobs (ckpteval.share) on, off, or each in turn",
+    )
     parser.add_argument("--dryrun-jobs", type=int, default=10000, help="0 to skip the dry run")
     parser.add_argument("--workdir", type=Path, help="keep files here (default: a temp dir)")
     args = parser.parse_args()
@@ -538,9 +647,11 @@ def main() -> None:
                 print()
             if len(figures) == 2:
                 off, on = figures[False], figures[True]
-                print(f"scenario {scenario}: makespan / bound {off['makespan'] / off['bound']:.3f} "
-                      f"without assist, {on['makespan'] / on['bound']:.3f} with "
-                      f"(makespan x {on['makespan'] / off['makespan']:.3f})")
+                print(
+                    f"scenario {scenario}: makespan / bound {off['makespan'] / off['bound']:.3f} "
+                    f"without assist, {on['makespan'] / on['bound']:.3f} with "
+                    f"(makespan x {on['makespan'] / off['makespan']:.3f})"
+                )
                 print()
         if args.dryrun_jobs:
             (root / "dryrun").mkdir(exist_ok=True)

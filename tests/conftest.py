@@ -59,8 +59,12 @@ def small_config(run_dir: Path, **overrides: Any) -> dict[str, Any]:
     """A config that exercises every kind of task on the tiny model in little time."""
     config: dict[str, Any] = {
         "runs": {"demo": {"path": str(run_dir)}},
-        "tasks": {"arith": {}, "arith_harness": {"limit": 10}, "pyfunc": {"limit": 3},
-                  "rustfunc": {"limit": 2}},
+        "tasks": {
+            "arith": {},
+            "arith_harness": {"limit": 10},
+            "pyfunc": {"limit": 3},
+            "rustfunc": {"limit": 2},
+        },
         "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 48}},
         "engine": {"gpu_memory_utilization": 0.15, "enforce_eager": True},
         "consolidate": {"smoke": "transformers"},
@@ -70,11 +74,23 @@ def small_config(run_dir: Path, **overrides: Any) -> dict[str, Any]:
     return config
 
 
-def run_snakemake(workdir: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+def run_snakemake(
+    workdir: Path, *args: str, timeout: float = 1800
+) -> subprocess.CompletedProcess[str]:
     """`python -m snakemake` on the repository's workflow in `workdir`, with the local profile."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(workdir), "--profile", str(REPO / "profiles" / "local"), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--profile",
+        str(REPO / "profiles" / "local"),
+        *args,
+    ]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -52,10 +52,17 @@ from ckpteval.checkers.python import python_interpreter
 from ckpteval.checkers.rust import rust_sysroot
 
 #: api/src/config.js defaults.
-PISTON_DEFAULTS = {"compile_timeout": 10000, "run_timeout": 3000, "compile_cpu_time": 10000,
-                   "run_cpu_time": 3000, "compile_memory_limit": -1, "run_memory_limit": -1,
-                   "output_max_size": 1024, "max_file_size": 10_000_000,
-                   "max_concurrent_jobs": 64}
+PISTON_DEFAULTS = {
+    "compile_timeout": 10000,
+    "run_timeout": 3000,
+    "compile_cpu_time": 10000,
+    "run_cpu_time": 3000,
+    "compile_memory_limit": -1,
+    "run_memory_limit": -1,
+    "output_max_size": 1024,
+    "max_file_size": 10_000_000,
+    "max_concurrent_jobs": 64,
+}
 #: body-parser's `json()` default limit ("100kb").
 BODY_LIMIT = 100 * 1024
 #: Node's pipe reads arrive in chunks of at most this many bytes.
@@ -87,18 +94,29 @@ def _rust_compile(box: Path, names: Sequence[str]) -> list[str]:
 
 
 def python_runtime(version: str = "3.12.0") -> Runtime:
-    return Runtime("python", version, ("py", "py3", "python3", f"python{version.rsplit('.', 1)[0]}"),
-                   run=lambda args: [python_interpreter()[0], *args])
+    return Runtime(
+        "python",
+        version,
+        ("py", "py3", "python3", f"python{version.rsplit('.', 1)[0]}"),
+        run=lambda args: [python_interpreter()[0], *args],
+    )
 
 
 def cpp_runtime() -> Runtime:
-    return Runtime("c++", "10.2.0", ("cpp", "g++"), run=lambda args: ["./a.out", *args[1:]],
-                   compile=_gcc_compile, runtime="gcc")
+    return Runtime(
+        "c++",
+        "10.2.0",
+        ("cpp", "g++"),
+        run=lambda args: ["./a.out", *args[1:]],
+        compile=_gcc_compile,
+        runtime="gcc",
+    )
 
 
 def rust_runtime() -> Runtime:
-    return Runtime("rust", "1.68.2", ("rs",), run=lambda args: ["./binary", *args[1:]],
-                   compile=_rust_compile)
+    return Runtime(
+        "rust", "1.68.2", ("rs",), run=lambda args: ["./binary", *args[1:]], compile=_rust_compile
+    )
 
 
 def default_runtimes() -> list[Runtime]:
@@ -122,14 +140,17 @@ def _satisfies(version: str, wanted: str) -> bool:
         return True
     parts = wanted.split(".")
     have = version.split(".")
-    return all(w in ("x", "X", "*") or (i < len(have) and have[i] == w) for i, w in enumerate(parts))
+    return all(
+        w in ("x", "X", "*") or (i < len(have) and have[i] == w) for i, w in enumerate(parts)
+    )
 
 
 class Piston:
     """Piston's job logic without HTTP: `runtimes()` and `execute(body) -> (status, payload)`."""
 
-    def __init__(self, runtimes: Sequence[Runtime] | None = None,
-                 limits: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self, runtimes: Sequence[Runtime] | None = None, limits: Mapping[str, int] | None = None
+    ) -> None:
         self.installed = list(runtimes if runtimes is not None else default_runtimes())
         self.config = {**PISTON_DEFAULTS, **(limits or {})}
         self.slots = threading.BoundedSemaphore(self.config["max_concurrent_jobs"])
@@ -139,8 +160,15 @@ class Piston:
         return rt.limit_overrides.get(name) or self.config[name]
 
     def runtimes(self) -> list[dict[str, Any]]:
-        return [{"language": rt.language, "version": rt.version, "aliases": list(rt.aliases),
-                 **({"runtime": rt.runtime} if rt.runtime else {})} for rt in self.installed]
+        return [
+            {
+                "language": rt.language,
+                "version": rt.version,
+                "aliases": list(rt.aliases),
+                **({"runtime": rt.runtime} if rt.runtime else {}),
+            }
+            for rt in self.installed
+        ]
 
     def get_job(self, body: Any) -> tuple[Runtime, dict[str, Any]]:
         """v2.js `get_job`: the runtime and the job's limits, or `Reject` with Piston's message."""
@@ -155,9 +183,12 @@ class Piston:
         for i, file in enumerate(files):
             if not isinstance(file, dict) or not isinstance(file.get("content"), str):
                 raise Reject(f"files[{i}].content is required as a string")
-        matching = [rt for rt in self.installed
-                    if (rt.language == language or language in rt.aliases)
-                    and _satisfies(rt.version, version)]
+        matching = [
+            rt
+            for rt in self.installed
+            if (rt.language == language or language in rt.aliases)
+            and _satisfies(rt.version, version)
+        ]
         if not matching:
             raise Reject(f"{language}-{version} runtime is unknown")
         rt = max(matching, key=lambda r: _version_tuple(r.version))
@@ -184,8 +215,11 @@ class Piston:
                 name = f"{stage}_{constraint}"
                 job[name] = body[name] if body.get(name) is not None else self.limit(rt, name)
         stdin = body.get("stdin") if body.get("stdin") is not None else ""
-        job.update(files=files, args=body.get("args") or [],
-                   stdin=stdin if str(stdin).endswith("\n") else f"{stdin}\n")
+        job.update(
+            files=files,
+            args=body.get("args") or [],
+            stdin=stdin if str(stdin).endswith("\n") else f"{stdin}\n",
+        )
         return rt, job
 
     def execute(self, body: Any) -> tuple[int, dict[str, Any]]:
@@ -214,28 +248,44 @@ class Piston:
             result["run"] = self.safe_call(rt, box, rt.run([names[0], *job["args"]]), job, "run")
             return 200, result
 
-    def safe_call(self, rt: Runtime, box: Path, argv: list[str], job: Mapping[str, Any],
-                  stage: str) -> dict[str, Any]:
+    def safe_call(
+        self, rt: Runtime, box: Path, argv: list[str], job: Mapping[str, Any], stage: str
+    ) -> dict[str, Any]:
         """job.js `safe_call` over isolate: run `argv` in `box` within the stage's limits."""
         wall_ms, cpu_ms = job[f"{stage}_timeout"], job[f"{stage}_cpu_time"]
         memory = job[f"{stage}_memory_limit"]
         output_max = self.limit(rt, "output_max_size")
-        rlimits = [f"--cpu={math.ceil(cpu_ms / 1000) + 1}",
-                   f"--fsize={self.limit(rt, 'max_file_size')}"]
+        rlimits = [
+            f"--cpu={math.ceil(cpu_ms / 1000) + 1}",
+            f"--fsize={self.limit(rt, 'max_file_size')}",
+        ]
         if memory >= 0:
             rlimits.append(f"--as={memory + (64 << 20)}")  # isolate's cgroup counts resident memory
         stdin_path = box.parent / f"{box.name}.stdin"
         stdin_path.write_text(job["stdin"], encoding="utf-8")
-        state: dict[str, Any] = {"stdout": b"", "stderr": b"", "output": b"", "status": None,
-                                 "message": None}
+        state: dict[str, Any] = {
+            "stdout": b"",
+            "stderr": b"",
+            "output": b"",
+            "status": None,
+            "message": None,
+        }
         lock = threading.Lock()
         start = time.monotonic()
         with open(stdin_path, "rb") as stdin:
-            proc = subprocess.Popen(["prlimit", *rlimits, "--", *argv], cwd=box, stdin=stdin,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp",
-                                         "PISTON_LANGUAGE": rt.language},
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                ["prlimit", *rlimits, "--", *argv],
+                cwd=box,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={
+                    "PATH": "/usr/local/bin:/usr/bin:/bin",
+                    "HOME": "/tmp",
+                    "PISTON_LANGUAGE": rt.language,
+                },
+                start_new_session=True,
+            )
 
         def kill() -> None:
             try:
@@ -254,8 +304,10 @@ class Piston:
                         state[key] += chunk
                         state["output"] += chunk
 
-        pumps = [threading.Thread(target=pump, args=(proc.stdout, "stdout", "OL"), daemon=True),
-                 threading.Thread(target=pump, args=(proc.stderr, "stderr", "EL"), daemon=True)]
+        pumps = [
+            threading.Thread(target=pump, args=(proc.stdout, "stdout", "OL"), daemon=True),
+            threading.Thread(target=pump, args=(proc.stderr, "stderr", "EL"), daemon=True),
+        ]
         for thread in pumps:
             thread.start()
         timed_out = None
@@ -295,14 +347,18 @@ class Piston:
                 status_text, message = "SG", f"Caught fatal signal {-proc.returncode}"
             elif code:
                 status_text, message = "RE", f"Exited with error status {code}"
-        return {"stdout": state["stdout"].decode("utf-8", "replace"),
-                "stderr": state["stderr"].decode("utf-8", "replace"),
-                "output": state["output"].decode("utf-8", "replace"),
-                "code": None if status_text == "TO" else code,
-                "signal": "SIGKILL" if status_text in ("TO", "OL", "EL") else sig,
-                "message": message, "status": status_text,
-                "cpu_time": round(cpu / 1000, 3) * 1000, "wall_time": round(wall / 1000, 3) * 1000,
-                "memory": usage.ru_maxrss * 1024}
+        return {
+            "stdout": state["stdout"].decode("utf-8", "replace"),
+            "stderr": state["stderr"].decode("utf-8", "replace"),
+            "output": state["output"].decode("utf-8", "replace"),
+            "code": None if status_text == "TO" else code,
+            "signal": "SIGKILL" if status_text in ("TO", "OL", "EL") else sig,
+            "message": message,
+            "status": status_text,
+            "cpu_time": round(cpu / 1000, 3) * 1000,
+            "wall_time": round(wall / 1000, 3) * 1000,
+            "memory": usage.ru_maxrss * 1024,
+        }
 
 
 def _tree_cpu_ms(pid: int) -> float:
@@ -321,7 +377,9 @@ def _tree_cpu_ms(pid: int) -> float:
 Behaviour = Callable[[int, Any, Callable[[], tuple[int, bytes]]], tuple[int, bytes]]
 
 
-def passthrough(number: int, request: Any, piston: Callable[[], tuple[int, bytes]]) -> tuple[int, bytes]:
+def passthrough(
+    number: int, request: Any, piston: Callable[[], tuple[int, bytes]]
+) -> tuple[int, bytes]:
     return piston()
 
 
@@ -332,9 +390,15 @@ class PistonStandin(LoopbackServer):
     Records every execute request (`requests`) and its arrival (`times`), the runtimes requests,
     and the most execute requests in progress at once (`max_active`)."""
 
-    def __init__(self, execute: Behaviour = passthrough, *, runtimes: Sequence[Runtime] | None = None,
-                 limits: Mapping[str, int] | None = None, runtimes_body: bytes | None = None,
-                 delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        execute: Behaviour = passthrough,
+        *,
+        runtimes: Sequence[Runtime] | None = None,
+        limits: Mapping[str, int] | None = None,
+        runtimes_body: bytes | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
         super().__init__(_Handler)
         self.piston = Piston(runtimes, limits)
         self.execute = execute
@@ -358,7 +422,9 @@ class _Handler(JsonHandler):
         body = self.server.runtimes_body
         if body == b"503":
             return self.send_body(503, b'{"message": "overloaded"}')
-        self.send_body(200, body if body is not None else json.dumps(self.server.piston.runtimes()).encode())
+        self.send_body(
+            200, body if body is not None else json.dumps(self.server.piston.runtimes()).encode()
+        )
 
     def do_POST(self) -> None:
         if self.path != "/api/v2/execute":
@@ -367,8 +433,13 @@ class _Handler(JsonHandler):
             return self.send_json(415, {"message": "requests must be of type application/json"})
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if len(raw) > BODY_LIMIT:
-            return self.send_json(400, {"stack": "PayloadTooLargeError: request entity too large\n"
-                                                 "    at readStream (raw-body/index.js:156:17)"})
+            return self.send_json(
+                400,
+                {
+                    "stack": "PayloadTooLargeError: request entity too large\n"
+                    "    at readStream (raw-body/index.js:156:17)"
+                },
+            )
         try:
             request = json.loads(raw)
         except ValueError as exc:

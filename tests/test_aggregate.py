@@ -25,9 +25,17 @@ from ckpteval.metrics import pass_at_k_table
 
 
 def write_cell(
-    root: Path, run: str, ckpt: str, step: int | None, task: str, variant: str, *,
-    metrics: dict[str, Any], samples: list[tuple[Any, int, bool]] | list[dict] | None = None,
-    is_baseline: bool = False, error_types: dict[str, int] | None = None,
+    root: Path,
+    run: str,
+    ckpt: str,
+    step: int | None,
+    task: str,
+    variant: str,
+    *,
+    metrics: dict[str, Any],
+    samples: list[tuple[Any, int, bool]] | list[dict] | None = None,
+    is_baseline: bool = False,
+    error_types: dict[str, int] | None = None,
 ) -> Path:
     """Write `{variant}.json` (and `.jsonl` when `samples` is given) as the evaluate step does.
 
@@ -42,20 +50,39 @@ def write_cell(
         for name, m in metrics.items()
     }
     cell = {
-        "checker": "test", "scorer_version": "v1", "n_problems": 10, "n_samples": 1,
-        "metrics": entries, "error_types": error_types or {}, "input_errors": [],
-        "duration_s": 0.1, "run": run, "ckpt": ckpt, "step": step, "task": task,
-        "variant": variant, "sampling": sampling, "seed": int(seed),
-        "model_hash": f"hash-{ckpt}", "generation_file": "g.jsonl", "generation_sha256": "0",
+        "checker": "test",
+        "scorer_version": "v1",
+        "n_problems": 10,
+        "n_samples": 1,
+        "metrics": entries,
+        "error_types": error_types or {},
+        "input_errors": [],
+        "duration_s": 0.1,
+        "run": run,
+        "ckpt": ckpt,
+        "step": step,
+        "task": task,
+        "variant": variant,
+        "sampling": sampling,
+        "seed": int(seed),
+        "model_hash": f"hash-{ckpt}",
+        "generation_file": "g.jsonl",
+        "generation_sha256": "0",
         "is_baseline": is_baseline,
     }
     path = cell_dir / f"{variant}.json"
     path.write_text(json.dumps(cell))
     if samples is not None:
         lines = [
-            s if isinstance(s, dict) else
-            {"task_id": s[0], "sample_idx": s[1], "passed": s[2], "score": float(s[2]),
-             "error_type": None if s[2] else "wrong_answer"}
+            s
+            if isinstance(s, dict)
+            else {
+                "task_id": s[0],
+                "sample_idx": s[1],
+                "passed": s[2],
+                "score": float(s[2]),
+                "error_type": None if s[2] else "wrong_answer",
+            }
             for s in samples
         ]
         (cell_dir / f"{variant}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -73,20 +100,45 @@ def verdicts(passes: list[int], samples: int = 1) -> list[tuple[str, int, bool]]
 
 def test_tidy_table_from_hand_written_cells(tmp_path: Path) -> None:
     paths = [
-        write_cell(tmp_path, "r", "step_1000", 1000, "code", "greedy-s1",
-                   metrics={"pass@1": 0.6, "compile_rate": 0.9}),
-        write_cell(tmp_path, "r", "base", 0, "code", "greedy-s1", is_baseline=True,
-                   metrics={"pass@1": {"value": 0.1, "stderr": "N/A", "n": 10},
-                            "compile_rate": 0.5}),
-        write_cell(tmp_path, "r", "step_200", 200, "code", "greedy-s1",
-                   metrics={"pass@1": 0.3, "compile_rate": 0.8}),
+        write_cell(
+            tmp_path,
+            "r",
+            "step_1000",
+            1000,
+            "code",
+            "greedy-s1",
+            metrics={"pass@1": 0.6, "compile_rate": 0.9},
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "base",
+            0,
+            "code",
+            "greedy-s1",
+            is_baseline=True,
+            metrics={"pass@1": {"value": 0.1, "stderr": "N/A", "n": 10}, "compile_rate": 0.5},
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "step_200",
+            200,
+            "code",
+            "greedy-s1",
+            metrics={"pass@1": 0.3, "compile_rate": 0.8},
+        ),
     ]
     tidy = summarize(paths).tidy
     assert list(tidy.columns) == TIDY_COLUMNS
     # baseline first, then by step as a number (200 before 1000), metrics in the file's order
     assert list(zip(tidy["ckpt"], tidy["metric"])) == [
-        ("base", "pass@1"), ("base", "compile_rate"), ("step_200", "pass@1"),
-        ("step_200", "compile_rate"), ("step_1000", "pass@1"), ("step_1000", "compile_rate"),
+        ("base", "pass@1"),
+        ("base", "compile_rate"),
+        ("step_200", "pass@1"),
+        ("step_200", "compile_rate"),
+        ("step_1000", "pass@1"),
+        ("step_1000", "compile_rate"),
     ]
     assert list(tidy["value"]) == [0.1, 0.5, 0.3, 0.8, 0.6, 0.9]
     assert math.isnan(tidy["stderr"][0])  # lm-eval's "N/A" stderr
@@ -95,19 +147,45 @@ def test_tidy_table_from_hand_written_cells(tmp_path: Path) -> None:
     assert tidy["step"].dtype == "Int64" and list(tidy["step"].unique()) == [0, 200, 1000]
     first = tidy.iloc[2]
     assert (first["run"], first["task"], first["variant"], first["sampling"], first["seed"]) == (
-        "r", "code", "greedy-s1", "greedy", 1)
+        "r",
+        "code",
+        "greedy-s1",
+        "greedy",
+        1,
+    )
     assert (first["scorer_version"], first["model_hash"]) == ("v1", "hash-step_200")
     assert first["source"] == str(paths[2])
 
 
 def test_seed_table_mean_std_stderr_over_seeds(tmp_path: Path) -> None:
     paths = [
-        write_cell(tmp_path, "r", "step_1", 1, "math", "t1-s1",
-                   metrics={"accuracy": {"value": 0.4, "stderr": 0.03, "n": 50}}),
-        write_cell(tmp_path, "r", "step_1", 1, "math", "t1-s2",
-                   metrics={"accuracy": {"value": 0.6, "stderr": 0.04, "n": 50}}),
-        write_cell(tmp_path, "r", "step_1", 1, "math", "greedy-s1",
-                   metrics={"accuracy": {"value": 0.55, "stderr": 0.05, "n": 50}}),
+        write_cell(
+            tmp_path,
+            "r",
+            "step_1",
+            1,
+            "math",
+            "t1-s1",
+            metrics={"accuracy": {"value": 0.4, "stderr": 0.03, "n": 50}},
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "step_1",
+            1,
+            "math",
+            "t1-s2",
+            metrics={"accuracy": {"value": 0.6, "stderr": 0.04, "n": 50}},
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "step_1",
+            1,
+            "math",
+            "greedy-s1",
+            metrics={"accuracy": {"value": 0.55, "stderr": 0.05, "n": 50}},
+        ),
     ]
     seeds = summarize(paths).seeds.set_index("sampling")
     t1 = seeds.loc["t1"]
@@ -122,11 +200,15 @@ def test_seed_table_mean_std_stderr_over_seeds(tmp_path: Path) -> None:
 
 
 def test_config_table_summarises_each_sampling_config(tmp_path: Path) -> None:
-    paths = [write_cell(tmp_path, "r", "base", 0, "t", "greedy-s1", is_baseline=True,
-                        metrics={"acc": 0.1})]
+    paths = [
+        write_cell(
+            tmp_path, "r", "base", 0, "t", "greedy-s1", is_baseline=True, metrics={"acc": 0.1}
+        )
+    ]
     for step, value in [(100, 0.3), (200, 0.7), (300, 0.5)]:
-        paths.append(write_cell(tmp_path, "r", f"s{step}", step, "t", "greedy-s1",
-                                metrics={"acc": value}))
+        paths.append(
+            write_cell(tmp_path, "r", f"s{step}", step, "t", "greedy-s1", metrics={"acc": value})
+        )
     row = summarize(paths).configs.iloc[0]
     assert (row["n_ckpts"], row["n_seeds"]) == (3, 1)
     assert row["mean"] == pytest.approx(0.5)
@@ -140,8 +222,9 @@ def test_config_table_summarises_each_sampling_config(tmp_path: Path) -> None:
 
 
 def test_missing_and_corrupt_cells_are_listed_and_the_rest_is_built(tmp_path: Path) -> None:
-    good = write_cell(tmp_path, "r", "s1", 1, "t", "greedy-s1", metrics={"acc": 0.5},
-                      samples=verdicts([1, 0]))
+    good = write_cell(
+        tmp_path, "r", "s1", 1, "t", "greedy-s1", metrics={"acc": 0.5}, samples=verdicts([1, 0])
+    )
     absent = tmp_path / "scores" / "r" / "s2" / "t" / "greedy-s1.json"
     truncated = write_cell(tmp_path, "r", "s3", 3, "t", "greedy-s1", metrics={"acc": 0.5})
     truncated.write_text(truncated.read_text()[:40])
@@ -151,8 +234,15 @@ def test_missing_and_corrupt_cells_are_listed_and_the_rest_is_built(tmp_path: Pa
     no_seed.write_text(json.dumps(data))
     bad_metric = write_cell(tmp_path, "r", "s5", 5, "t", "greedy-s1", metrics={"acc": 0.5})
     bad_metric.write_text(bad_metric.read_text().replace('"value": 0.5', '"value": "high"'))
-    bad_n = write_cell(tmp_path, "r", "s6", 6, "t", "greedy-s1",
-                       metrics={"acc": {"value": 0.5, "stderr": 0.1, "n": 2.5}})
+    bad_n = write_cell(
+        tmp_path,
+        "r",
+        "s6",
+        6,
+        "t",
+        "greedy-s1",
+        metrics={"acc": {"value": 0.5, "stderr": 0.1, "n": 2.5}},
+    )
     duplicate = tmp_path / "copy.json"
     duplicate.write_text(good.read_text())
 
@@ -162,7 +252,11 @@ def test_missing_and_corrupt_cells_are_listed_and_the_rest_is_built(tmp_path: Pa
     missing = pd.read_csv(summary_dir / "missing.csv").set_index("path")
     assert missing.loc[str(absent), "reason"] == "file not found"
     assert missing.loc[str(absent), ["run", "ckpt", "task", "variant"]].tolist() == [
-        "r", "s2", "t", "greedy-s1"]
+        "r",
+        "s2",
+        "t",
+        "greedy-s1",
+    ]
     assert missing.loc[str(truncated), "reason"].startswith("not valid JSON")
     assert "'seed'" in missing.loc[str(no_seed), "reason"]
     assert "metrics.acc" in missing.loc[str(bad_metric), "reason"]
@@ -178,15 +272,34 @@ def test_missing_and_corrupt_cells_are_listed_and_the_rest_is_built(tmp_path: Pa
 
 def test_bad_per_sample_files(tmp_path: Path) -> None:
     no_samples = write_cell(tmp_path, "r", "s1", 1, "t", "greedy-s1", metrics={"acc": 0.5})
-    torn = write_cell(tmp_path, "r", "s2", 2, "t", "greedy-s1", metrics={"acc": 0.5},
-                      samples=verdicts([1, 1, 0]))
+    torn = write_cell(
+        tmp_path, "r", "s2", 2, "t", "greedy-s1", metrics={"acc": 0.5}, samples=verdicts([1, 1, 0])
+    )
     with open(torn.with_suffix(".jsonl"), "a") as handle:
         handle.write('{"task_id": "p3", "sample_id')  # a writer killed mid-line
-    numeric = write_cell(tmp_path, "r", "s3", 3, "t", "greedy-s1", metrics={"acc": 0.5},
-                         samples=[(7, 0, True), (8, 0, False)])
-    no_id = write_cell(tmp_path, "r", "s4", 4, "t", "greedy-s1", metrics={"acc": 0.5},
-                       samples=[{"task_id": "p0", "sample_idx": 0, "passed": True, "score": 1.0},
-                                {"sample_idx": 1, "passed": True, "score": 1.0}])
+    numeric = write_cell(
+        tmp_path,
+        "r",
+        "s3",
+        3,
+        "t",
+        "greedy-s1",
+        metrics={"acc": 0.5},
+        samples=[(7, 0, True), (8, 0, False)],
+    )
+    no_id = write_cell(
+        tmp_path,
+        "r",
+        "s4",
+        4,
+        "t",
+        "greedy-s1",
+        metrics={"acc": 0.5},
+        samples=[
+            {"task_id": "p0", "sample_idx": 0, "passed": True, "score": 1.0},
+            {"sample_idx": 1, "passed": True, "score": 1.0},
+        ],
+    )
     cells, problems = load_cells([no_samples, torn, numeric, no_id])
     assert not problems
     samples, sample_problems = load_samples(cells)
@@ -207,8 +320,18 @@ def test_bootstrap_count_must_be_positive(tmp_path: Path) -> None:
 def test_summary_of_nothing_still_writes_every_file(tmp_path: Path) -> None:
     summary_dir = tmp_path / "summary"
     build_summary([tmp_path / "nope.json"], summary_dir)
-    for name in ("metrics.parquet", "metrics.csv", "metrics.md", "seeds.csv", "configs.csv",
-                 "passk.csv", "errors.csv", "deltas.csv", "missing.csv", "report.html"):
+    for name in (
+        "metrics.parquet",
+        "metrics.csv",
+        "metrics.md",
+        "seeds.csv",
+        "configs.csv",
+        "passk.csv",
+        "errors.csv",
+        "deltas.csv",
+        "missing.csv",
+        "report.html",
+    ):
         assert (summary_dir / name).exists(), name
     assert list(pd.read_parquet(summary_dir / "metrics.parquet").columns) == TIDY_COLUMNS
     assert "No scored cells." in (summary_dir / "metrics.md").read_text()
@@ -220,12 +343,37 @@ def test_summary_of_nothing_still_writes_every_file(tmp_path: Path) -> None:
 def test_deltas_against_baseline_and_previous_step(tmp_path: Path) -> None:
     # 4 problems, one sample each. base passes p0; s100 passes p0 p1; s200 passes p0 p1 p2.
     paths = [
-        write_cell(tmp_path, "r", "base", 0, "code", "greedy-s1", is_baseline=True,
-                   metrics={"pass@1": 0.25}, samples=verdicts([1, 0, 0, 0])),
-        write_cell(tmp_path, "r", "s200", 200, "code", "greedy-s1",
-                   metrics={"pass@1": 0.75}, samples=verdicts([1, 1, 1, 0])),
-        write_cell(tmp_path, "r", "s100", 100, "code", "greedy-s1",
-                   metrics={"pass@1": 0.5}, samples=verdicts([1, 1, 0, 0])),
+        write_cell(
+            tmp_path,
+            "r",
+            "base",
+            0,
+            "code",
+            "greedy-s1",
+            is_baseline=True,
+            metrics={"pass@1": 0.25},
+            samples=verdicts([1, 0, 0, 0]),
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "s200",
+            200,
+            "code",
+            "greedy-s1",
+            metrics={"pass@1": 0.75},
+            samples=verdicts([1, 1, 1, 0]),
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "s100",
+            100,
+            "code",
+            "greedy-s1",
+            metrics={"pass@1": 0.5},
+            samples=verdicts([1, 1, 0, 0]),
+        ),
     ]
     deltas = summarize(paths, bootstrap=2000).deltas
     got = {(r.ckpt, r.comparison): r for r in deltas.itertuples()}
@@ -243,10 +391,26 @@ def test_a_real_drop_is_flagged_as_regression(tmp_path: Path) -> None:
     good = [1] * 30 + [0] * 10
     worse = [1] * 15 + [0] * 25  # loses 15 problems the previous step solved
     paths = [
-        write_cell(tmp_path, "r", "s1", 1, "t", "greedy-s1", metrics={"pass@1": 0.75},
-                   samples=verdicts(good)),
-        write_cell(tmp_path, "r", "s2", 2, "t", "greedy-s1", metrics={"pass@1": 0.375},
-                   samples=verdicts(worse)),
+        write_cell(
+            tmp_path,
+            "r",
+            "s1",
+            1,
+            "t",
+            "greedy-s1",
+            metrics={"pass@1": 0.75},
+            samples=verdicts(good),
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "s2",
+            2,
+            "t",
+            "greedy-s1",
+            metrics={"pass@1": 0.375},
+            samples=verdicts(worse),
+        ),
     ]
     row = summarize(paths).deltas.iloc[0]
     assert row["delta"] == pytest.approx(-0.375)
@@ -257,16 +421,42 @@ def test_deltas_pool_seeds_and_pair_only_shared_samples(tmp_path: Path) -> None:
     # Seeds 1 and 2 for s1, only seed 1 for s2: pairs come from seed 1 only. Scores are partial
     # credit (the main metric is not pass@1), so `score` is compared, not `passed`.
     def rows(scores: list[float]) -> list[dict]:
-        return [{"task_id": f"p{i}", "sample_idx": 0, "passed": s == 1.0, "score": s}
-                for i, s in enumerate(scores)]
+        return [
+            {"task_id": f"p{i}", "sample_idx": 0, "passed": s == 1.0, "score": s}
+            for i, s in enumerate(scores)
+        ]
 
     paths = [
-        write_cell(tmp_path, "r", "s1", 1, "t", "t7-s1", metrics={"acc": 0.5},
-                   samples=rows([0.5, 0.5, 0.5])),
-        write_cell(tmp_path, "r", "s1", 1, "t", "t7-s2", metrics={"acc": 0.0},
-                   samples=rows([0.0, 0.0, 0.0])),
-        write_cell(tmp_path, "r", "s2", 2, "t", "t7-s1", metrics={"acc": 0.75},
-                   samples=rows([0.75, 0.75, 0.75])),
+        write_cell(
+            tmp_path,
+            "r",
+            "s1",
+            1,
+            "t",
+            "t7-s1",
+            metrics={"acc": 0.5},
+            samples=rows([0.5, 0.5, 0.5]),
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "s1",
+            1,
+            "t",
+            "t7-s2",
+            metrics={"acc": 0.0},
+            samples=rows([0.0, 0.0, 0.0]),
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "s2",
+            2,
+            "t",
+            "t7-s1",
+            metrics={"acc": 0.75},
+            samples=rows([0.75, 0.75, 0.75]),
+        ),
     ]
     row = summarize(paths).deltas.iloc[0]
     assert (row["metric"], row["seeds"], row["n_pairs"], row["n_problems"]) == ("acc", "1", 3, 3)
@@ -276,17 +466,29 @@ def test_deltas_pool_seeds_and_pair_only_shared_samples(tmp_path: Path) -> None:
 
 def test_declared_primary_metric_is_the_main_one(tmp_path: Path) -> None:
     # A harness cell: per-sample `score` holds its primary metric, which is not the first listed.
-    path = write_cell(tmp_path, "r", "s1", 1, "h", "greedy-s1",
-                      metrics={"exact_match,flexible-extract": 0.5,
-                               "exact_match,strict-match": 0.25},
-                      samples=verdicts([1, 0, 0, 0]))
+    path = write_cell(
+        tmp_path,
+        "r",
+        "s1",
+        1,
+        "h",
+        "greedy-s1",
+        metrics={"exact_match,flexible-extract": 0.5, "exact_match,strict-match": 0.25},
+        samples=verdicts([1, 0, 0, 0]),
+    )
     data = json.loads(path.read_text())
     data["primary_metric"] = "exact_match,strict-match"
     path.write_text(json.dumps(data))
-    other = write_cell(tmp_path, "r", "s2", 2, "h", "greedy-s1",
-                       metrics={"exact_match,flexible-extract": 0.5,
-                                "exact_match,strict-match": 0.5},
-                       samples=verdicts([1, 1, 0, 0]))
+    other = write_cell(
+        tmp_path,
+        "r",
+        "s2",
+        2,
+        "h",
+        "greedy-s1",
+        metrics={"exact_match,flexible-extract": 0.5, "exact_match,strict-match": 0.5},
+        samples=verdicts([1, 1, 0, 0]),
+    )
     summary = summarize([path, other])
     assert summary.main_metrics == {"h": "exact_match,strict-match"}
     assert summary.deltas["metric"].tolist() == ["exact_match,strict-match"]
@@ -297,11 +499,32 @@ def test_run_without_baseline_has_no_baseline_comparisons(tmp_path: Path) -> Non
     paths = []
     for run, has_base in (("with", True), ("without", False)):
         if has_base:
-            paths.append(write_cell(tmp_path, run, "base", 0, "t", "greedy-s1", is_baseline=True,
-                                    metrics={"pass@1": 0.0}, samples=verdicts([0, 0])))
+            paths.append(
+                write_cell(
+                    tmp_path,
+                    run,
+                    "base",
+                    0,
+                    "t",
+                    "greedy-s1",
+                    is_baseline=True,
+                    metrics={"pass@1": 0.0},
+                    samples=verdicts([0, 0]),
+                )
+            )
         for step in (1, 2):
-            paths.append(write_cell(tmp_path, run, f"s{step}", step, "t", "greedy-s1",
-                                    metrics={"pass@1": 0.5}, samples=verdicts([1, 0])))
+            paths.append(
+                write_cell(
+                    tmp_path,
+                    run,
+                    f"s{step}",
+                    step,
+                    "t",
+                    "greedy-s1",
+                    metrics={"pass@1": 0.5},
+                    samples=verdicts([1, 0]),
+                )
+            )
     summary = summarize(paths)
     by_run = summary.deltas.groupby("run")["comparison"].agg(lambda c: sorted(c))
     assert by_run["with"] == ["baseline", "baseline", "previous"]
@@ -318,10 +541,12 @@ def test_passk_pools_seeds_and_matches_the_metrics_module(tmp_path: Path) -> Non
     seed1 = verdicts([2, 1, 0, 2], samples=2)
     seed2 = verdicts([1, 0, 0, 2], samples=2)
     paths = [
-        write_cell(tmp_path, "r", "s1", 1, "code", "t8-s1", metrics={"pass@1": 0.625},
-                   samples=seed1),
-        write_cell(tmp_path, "r", "s1", 1, "code", "t8-s2", metrics={"pass@1": 0.375},
-                   samples=seed2),
+        write_cell(
+            tmp_path, "r", "s1", 1, "code", "t8-s1", metrics={"pass@1": 0.625}, samples=seed1
+        ),
+        write_cell(
+            tmp_path, "r", "s1", 1, "code", "t8-s2", metrics={"pass@1": 0.375}, samples=seed2
+        ),
     ]
     passk = summarize(paths).passk
     # pooled: 4 samples per problem, passes 3, 1, 0, 4
@@ -335,15 +560,35 @@ def test_passk_pools_seeds_and_matches_the_metrics_module(tmp_path: Path) -> Non
 
 
 def test_passk_only_for_tasks_reporting_pass_at_k(tmp_path: Path) -> None:
-    paths = [write_cell(tmp_path, "r", "s1", 1, "math", "t-s1", metrics={"accuracy": 0.5},
-                        samples=verdicts([1, 0], samples=2))]
+    paths = [
+        write_cell(
+            tmp_path,
+            "r",
+            "s1",
+            1,
+            "math",
+            "t-s1",
+            metrics={"accuracy": 0.5},
+            samples=verdicts([1, 0], samples=2),
+        )
+    ]
     assert summarize(paths).passk.empty
 
 
 def test_error_fractions_are_of_scored_samples(tmp_path: Path) -> None:
-    paths = [write_cell(tmp_path, "r", "s1", 1, "code", "greedy-s1", metrics={"pass@1": 0.25},
-                        samples=verdicts([1, 0, 0, 0]),
-                        error_types={"compile_error": 2, "timeout": 1})]
+    paths = [
+        write_cell(
+            tmp_path,
+            "r",
+            "s1",
+            1,
+            "code",
+            "greedy-s1",
+            metrics={"pass@1": 0.25},
+            samples=verdicts([1, 0, 0, 0]),
+            error_types={"compile_error": 2, "timeout": 1},
+        )
+    ]
     errors = summarize(paths).errors.set_index("error_type")
     assert errors.loc["compile_error", "count"] == 2
     assert errors.loc["compile_error", "fraction"] == pytest.approx(0.5)
@@ -355,12 +600,34 @@ def test_error_fractions_are_of_scored_samples(tmp_path: Path) -> None:
 
 def test_metrics_markdown_rows_by_step_columns_task_metric(tmp_path: Path) -> None:
     paths = [
-        write_cell(tmp_path, "r", "s20", 20, "code", "greedy-s1",
-                   metrics={"pass@1": {"value": 0.5, "stderr": 0.1, "n": 10}}),
-        write_cell(tmp_path, "r", "s3", 3, "code", "greedy-s1",
-                   metrics={"pass@1": {"value": 0.25, "stderr": 0.05, "n": 10}}),
-        write_cell(tmp_path, "r", "base", 0, "code", "greedy-s1", is_baseline=True,
-                   metrics={"pass@1": {"value": 0.0, "stderr": 0.0, "n": 10}}),
+        write_cell(
+            tmp_path,
+            "r",
+            "s20",
+            20,
+            "code",
+            "greedy-s1",
+            metrics={"pass@1": {"value": 0.5, "stderr": 0.1, "n": 10}},
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "s3",
+            3,
+            "code",
+            "greedy-s1",
+            metrics={"pass@1": {"value": 0.25, "stderr": 0.05, "n": 10}},
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "base",
+            0,
+            "code",
+            "greedy-s1",
+            is_baseline=True,
+            metrics={"pass@1": {"value": 0.0, "stderr": 0.0, "n": 10}},
+        ),
         write_cell(tmp_path, "r", "s3", 3, "math", "greedy-s1", metrics={"acc": 0.1}),
         write_cell(tmp_path, "r", "s3", 3, "math", "t7-s1", metrics={"acc": 0.2}),
     ]
@@ -376,12 +643,29 @@ def test_metrics_markdown_rows_by_step_columns_task_metric(tmp_path: Path) -> No
 
 def test_build_summary_writes_consistent_atomic_files(tmp_path: Path) -> None:
     paths = [
-        write_cell(tmp_path, "r", "base", 0, "code", "t8-s1", is_baseline=True,
-                   metrics={"pass@1": 0.2, "compile_rate": 0.5}, samples=verdicts([1, 0, 0], 2),
-                   error_types={"compile_error": 3}),
-        write_cell(tmp_path, "r", "s1", 1, "code", "t8-s1",
-                   metrics={"pass@1": 0.5, "compile_rate": 0.9}, samples=verdicts([2, 1, 0], 2),
-                   error_types={"wrong_answer": 3}),
+        write_cell(
+            tmp_path,
+            "r",
+            "base",
+            0,
+            "code",
+            "t8-s1",
+            is_baseline=True,
+            metrics={"pass@1": 0.2, "compile_rate": 0.5},
+            samples=verdicts([1, 0, 0], 2),
+            error_types={"compile_error": 3},
+        ),
+        write_cell(
+            tmp_path,
+            "r",
+            "s1",
+            1,
+            "code",
+            "t8-s1",
+            metrics={"pass@1": 0.5, "compile_rate": 0.9},
+            samples=verdicts([2, 1, 0], 2),
+            error_types={"wrong_answer": 3},
+        ),
     ]
     summary_dir = tmp_path / "summary"
     build_summary(paths, summary_dir, title="t", bootstrap=200, seed=3)

@@ -14,16 +14,19 @@ from ckpteval.io import iter_jsonl
 ARITH = Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks" / "arith.jsonl"
 
 
-@pytest.mark.parametrize("completion,answer,how", [
-    (" 3 + 4 = 7 #### 7\n", "7", "####"),
-    ("#### 1,234\nQuestion: next", "1,234", "####"),
-    ("so \\boxed{\\frac{1}{2}} and later \\boxed{\\sqrt{2}}", "\\sqrt{2}", "boxed"),
-    ("\\boxed{\\frac{a}{b^{2}}}", "\\frac{a}{b^{2}}", "boxed"),
-    ("Thus, the final answer is $42$.", "42", "answer_is"),
-    ("The answer is 5. Then the answer is 6.", "6", "answer_is"),
-    ("The answer is 3.5 apples.", "3.5 apples", "answer_is"),
-    ("I cannot tell.", None, None),
-])
+@pytest.mark.parametrize(
+    "completion,answer,how",
+    [
+        (" 3 + 4 = 7 #### 7\n", "7", "####"),
+        ("#### 1,234\nQuestion: next", "1,234", "####"),
+        ("so \\boxed{\\frac{1}{2}} and later \\boxed{\\sqrt{2}}", "\\sqrt{2}", "boxed"),
+        ("\\boxed{\\frac{a}{b^{2}}}", "\\frac{a}{b^{2}}", "boxed"),
+        ("Thus, the final answer is $42$.", "42", "answer_is"),
+        ("The answer is 5. Then the answer is 6.", "6", "answer_is"),
+        ("The answer is 3.5 apples.", "3.5 apples", "answer_is"),
+        ("I cannot tell.", None, None),
+    ],
+)
 def test_extract_answer(completion: str, answer: str | None, how: str | None) -> None:
     assert extract_answer(completion) == (answer, how)
 
@@ -46,16 +49,19 @@ def checker() -> MathChecker:
     impl.close()
 
 
-@pytest.mark.parametrize("gold,completion,error", [
-    ("4 + 9 = 13 #### 13", " 4 + 9 = 13 #### 13\n", None),
-    ("#### 1234", "#### 1,234.00", None),
-    ("#### 13", "#### 14", "wrong_answer"),
-    ("#### 13", "13", "no_answer"),
-    ("\\boxed{\\frac{1}{2}}", "The answer is \\boxed{0.5}", None),
-    ("\\boxed{x^2 + 2x + 1}", "so \\boxed{(x+1)^2}", None),
-    ("\\boxed{\\sqrt{2}/2}", "The answer is $\\frac{\\sqrt2}{2}$", None),
-    ("\\boxed{x^2}", "\\boxed{x^3}", "wrong_answer"),
-])
+@pytest.mark.parametrize(
+    "gold,completion,error",
+    [
+        ("4 + 9 = 13 #### 13", " 4 + 9 = 13 #### 13\n", None),
+        ("#### 1234", "#### 1,234.00", None),
+        ("#### 13", "#### 14", "wrong_answer"),
+        ("#### 13", "13", "no_answer"),
+        ("\\boxed{\\frac{1}{2}}", "The answer is \\boxed{0.5}", None),
+        ("\\boxed{x^2 + 2x + 1}", "so \\boxed{(x+1)^2}", None),
+        ("\\boxed{\\sqrt{2}/2}", "The answer is $\\frac{\\sqrt2}{2}$", None),
+        ("\\boxed{x^2}", "\\boxed{x^3}", "wrong_answer"),
+    ],
+)
 def test_verdicts(checker: MathChecker, gold: str, completion: str, error: str | None) -> None:
     verdict = checker.check([Job("t", {"answer": gold}, completion)], workers=1)[0]
     assert verdict.error_type == error, verdict
@@ -68,8 +74,9 @@ def test_math_verify_runs_outside_the_main_thread_with_a_timeout(checker: MathCh
     # A comparison sympy needs ~1.5 s for, under a 0.05 s limit: the helper is killed, the sample
     # is a timeout ... (A tiny limit on a fast comparison raced: a job thread preempted between
     # sending and waiting found the answer already there on a busy machine.)
-    slow = checker.check([Job("t", {"answer": "\\boxed{x^{40}}"}, "\\boxed{(x+y+z)^{40}}")],
-                         workers=1, timeout=0.05)[0]
+    slow = checker.check(
+        [Job("t", {"answer": "\\boxed{x^{40}}"}, "\\boxed{(x+y+z)^{40}}")], workers=1, timeout=0.05
+    )[0]
     assert slow.error_type == "timeout" and slow.duration_s < 1.0
     # ... and the next call gets a fresh helper.
     assert checker.check(jobs[:1], workers=1)[0].passed

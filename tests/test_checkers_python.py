@@ -10,22 +10,37 @@ from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers.extract import code_block, python_program
 from ckpteval.io import iter_jsonl
 
-PYFUNC = Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks" / "pyfunc.jsonl"
+PYFUNC = (
+    Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks" / "pyfunc.jsonl"
+)
 PROBLEMS = {row["task_id"]: row for row in iter_jsonl(PYFUNC)}
 SUM_SQ = PROBLEMS["pyfunc/0"]  # sum_of_squares(nums)
 GOOD_BODY = "    return sum(n * n for n in nums)\n"
-MBPP = {"task_id": "mbpp/1", "text": "Add two numbers.", "code": "def add(a, b):\n    return a + b\n",
-        "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], "test_setup_code": ""}
+MBPP = {
+    "task_id": "mbpp/1",
+    "text": "Add two numbers.",
+    "code": "def add(a, b):\n    return a + b\n",
+    "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"],
+    "test_setup_code": "",
+}
 
 # (name, problem, completion, expected error_type); None means the sample must pass.
 CASES = [
     ("body", SUM_SQ, GOOD_BODY, None),
-    ("full function in a fence with prose", SUM_SQ,
-     "Here you go:\n```python\ndef sum_of_squares(nums):\n    return sum(x * x for x in nums)\n```\n"
-     "This sums squares.", None),
-    ("full function, no fence", SUM_SQ,
-     "from typing import List\n\ndef sum_of_squares(nums: List[int]) -> int:\n"
-     "    total = 0\n    for n in nums:\n        total += n * n\n    return total\n", None),
+    (
+        "full function in a fence with prose",
+        SUM_SQ,
+        "Here you go:\n```python\ndef sum_of_squares(nums):\n    return sum(x * x for x in nums)\n```\n"
+        "This sums squares.",
+        None,
+    ),
+    (
+        "full function, no fence",
+        SUM_SQ,
+        "from typing import List\n\ndef sum_of_squares(nums: List[int]) -> int:\n"
+        "    total = 0\n    for n in nums:\n        total += n * n\n    return total\n",
+        None,
+    ),
     ("body then [DONE]", SUM_SQ, GOOD_BODY + "[DONE]\nmore text that is not code", None),
     ("wrong answer", SUM_SQ, "    return 0\n", "wrong_answer"),
     ("syntax error", SUM_SQ, "    return (\n", "compile_error"),
@@ -33,22 +48,45 @@ CASES = [
     ("infinite loop", SUM_SQ, "    while True:\n        pass\n", "timeout"),
     ("exit(0) inside the function", SUM_SQ, "    import os\n    os._exit(0)\n", "runtime_error"),
     ("SystemExit(0)", SUM_SQ, "    raise SystemExit(0)\n", "runtime_error"),
-    ("fork bomb", SUM_SQ, "    import os\n    while True:\n        try:\n            os.fork()\n"
-     "        except OSError:\n            pass\n", "timeout"),
+    (
+        "fork bomb",
+        SUM_SQ,
+        "    import os\n    while True:\n        try:\n            os.fork()\n"
+        "        except OSError:\n            pass\n",
+        "timeout",
+    ),
     ("memory bomb", SUM_SQ, "    x = bytearray(1 << 40)\n    return 0\n", "memory_limit"),
-    ("printing gigabytes", SUM_SQ,
-     "    import sys\n    while True:\n        sys.stdout.write('x' * 1000000)\n", "output_limit"),
-    ("reading the home directory", SUM_SQ,
-     "    import os\n    return len(os.listdir('/root/.ssh')) + len(open('/root/.bashrc').read())\n",
-     "runtime_error"),
-    ("writing outside the temp dir", SUM_SQ,
-     "    open('/usr/lib/ckpteval-evil', 'w').write('x')\n" + GOOD_BODY, "runtime_error"),
-    ("opening a socket", SUM_SQ,
-     "    import socket\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\n" + GOOD_BODY,
-     "runtime_error"),
-    ("killing the parent (no effect) then answering", SUM_SQ,
-     "    import os, signal\n    try:\n        os.kill(os.getppid(), signal.SIGKILL)\n"
-     "    except OSError:\n        pass\n" + GOOD_BODY, None),
+    (
+        "printing gigabytes",
+        SUM_SQ,
+        "    import sys\n    while True:\n        sys.stdout.write('x' * 1000000)\n",
+        "output_limit",
+    ),
+    (
+        "reading the home directory",
+        SUM_SQ,
+        "    import os\n    return len(os.listdir('/root/.ssh')) + len(open('/root/.bashrc').read())\n",
+        "runtime_error",
+    ),
+    (
+        "writing outside the temp dir",
+        SUM_SQ,
+        "    open('/usr/lib/ckpteval-evil', 'w').write('x')\n" + GOOD_BODY,
+        "runtime_error",
+    ),
+    (
+        "opening a socket",
+        SUM_SQ,
+        "    import socket\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\n" + GOOD_BODY,
+        "runtime_error",
+    ),
+    (
+        "killing the parent (no effect) then answering",
+        SUM_SQ,
+        "    import os, signal\n    try:\n        os.kill(os.getppid(), signal.SIGKILL)\n"
+        "    except OSError:\n        pass\n" + GOOD_BODY,
+        None,
+    ),
     ("mbpp reference", MBPP, MBPP["code"], None),
     ("mbpp [BEGIN]/[DONE]", MBPP, "[BEGIN]\ndef add(a, b):\n    return a + b\n[DONE]", None),
     ("mbpp wrong", MBPP, "def add(a, b):\n    return a - b\n", "wrong_answer"),
@@ -86,8 +124,10 @@ def test_code_block_prefers_the_language_block() -> None:
 
 
 def test_full_function_keeps_the_prompt_imports_and_helpers() -> None:
-    problem = {"prompt": "import math\n\ndef helper(x):\n    return x\n\n"
-                         "def f(x):\n    \"\"\"doc\"\"\"\n", "entry_point": "f"}
+    problem = {
+        "prompt": 'import math\n\ndef helper(x):\n    return x\n\ndef f(x):\n    """doc"""\n',
+        "entry_point": "f",
+    }
     program = python_program(problem, "def f(x):\n    return helper(math.floor(x))\n")
     namespace: dict[str, object] = {}
     exec(compile(program, "p", "exec"), namespace)  # noqa: S102 - our own fixed program
@@ -101,36 +141,48 @@ def test_self_test_jobs_pass_and_fail_as_they_should() -> None:
     results = checker.check([*references, *wrong], workers=2, timeout=5)
     assert len(references) == len(PROBLEMS) == 8
     assert all(v.passed for v in results[: len(references)])
-    assert not any(v.passed for v in results[len(references):])
+    assert not any(v.passed for v in results[len(references) :])
 
 
 def test_sandbox_none_gives_the_same_verdicts(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING"):
         checker = get_checker("python", sandbox="none")
     assert "WITHOUT isolation" in caplog.text
-    jobs = [Job("pyfunc/0", SUM_SQ, GOOD_BODY), Job("pyfunc/0", SUM_SQ, "    return 0\n"),
-            Job("pyfunc/0", SUM_SQ, "    import os\n    os._exit(0)\n")]
-    assert [v.error_type for v in checker.check(jobs, workers=1, timeout=5)] == \
-           [None, "wrong_answer", "runtime_error"]
+    jobs = [
+        Job("pyfunc/0", SUM_SQ, GOOD_BODY),
+        Job("pyfunc/0", SUM_SQ, "    return 0\n"),
+        Job("pyfunc/0", SUM_SQ, "    import os\n    os._exit(0)\n"),
+    ]
+    assert [v.error_type for v in checker.check(jobs, workers=1, timeout=5)] == [
+        None,
+        "wrong_answer",
+        "runtime_error",
+    ]
 
 
 # The tests run in a process of their own and see the sample's values as plain data (see
 # ckpteval/_sandbox_driver.py): what an in-process test would see must come across unchanged.
-VALUES = {"task_id": "values/1", "test_list": [
-    "from collections import Counter, namedtuple, OrderedDict",
-    "import math, fractions",
-    "assert counts('abca') == {'a': 2, 'b': 1, 'c': 1} and counts('') == Counter()",
-    "assert point() == (1, 2) and point().x == 1",
-    "assert sorted(gen(3)) == [0, 1, 2] and list(gen(0)) == []",
-    "assert big() == 7 ** 20000 and math.isnan(special()[0]) and special()[1] == -math.inf",
-    "assert half() == 0.5 and half() == fractions.Fraction(1, 2)",
-    "assert mixed() == [{1: (2.5, None)}, {'x', 'y'}, b'\\x00', 3 + 4j, True, range(3)]",
-    "l = [3, 1, 2]", "sort_in_place(l)", "assert l == [1, 2, 3]",
-    "try:\n    fails()\n    raise RuntimeError('no ValueError')\nexcept ValueError as exc:\n    assert 'bad' in str(exc)",
-    "box = make_box(5)", "assert box.value == 5 and take(box) == 5 and len(box) == 1 and box",
-    "assert OrderedDict(pairs()) == {'k': 1}",
-]}
-VALUES_CODE = '''
+VALUES = {
+    "task_id": "values/1",
+    "test_list": [
+        "from collections import Counter, namedtuple, OrderedDict",
+        "import math, fractions",
+        "assert counts('abca') == {'a': 2, 'b': 1, 'c': 1} and counts('') == Counter()",
+        "assert point() == (1, 2) and point().x == 1",
+        "assert sorted(gen(3)) == [0, 1, 2] and list(gen(0)) == []",
+        "assert big() == 7 ** 20000 and math.isnan(special()[0]) and special()[1] == -math.inf",
+        "assert half() == 0.5 and half() == fractions.Fraction(1, 2)",
+        "assert mixed() == [{1: (2.5, None)}, {'x', 'y'}, b'\\x00', 3 + 4j, True, range(3)]",
+        "l = [3, 1, 2]",
+        "sort_in_place(l)",
+        "assert l == [1, 2, 3]",
+        "try:\n    fails()\n    raise RuntimeError('no ValueError')\nexcept ValueError as exc:\n    assert 'bad' in str(exc)",
+        "box = make_box(5)",
+        "assert box.value == 5 and take(box) == 5 and len(box) == 1 and box",
+        "assert OrderedDict(pairs()) == {'k': 1}",
+    ],
+}
+VALUES_CODE = """
 from collections import Counter, namedtuple, OrderedDict
 import fractions
 P = namedtuple("P", "x y")
@@ -149,10 +201,10 @@ class Box:
 def make_box(v): return Box(v)
 def take(box): return box.value
 def pairs(): return OrderedDict(k=1).items()
-'''
+"""
 
 
 def test_values_reach_the_tests_as_they_would_in_process() -> None:
     checker = get_checker("python")
-    verdict, = checker.check_batch([Job("values/1", VALUES, VALUES_CODE)], timeout=5)
+    (verdict,) = checker.check_batch([Job("values/1", VALUES, VALUES_CODE)], timeout=5)
     assert verdict.passed, verdict.stderr_tail

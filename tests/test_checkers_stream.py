@@ -65,8 +65,14 @@ class _Chunked(_Echo):
         super().__init__()
         self.calls: list[int] = []
 
-    def check(self, jobs: Sequence[Job], *, workers: int, timeout: float | None = None,
-              on_verdicts: Any = None) -> list[Verdict]:
+    def check(
+        self,
+        jobs: Sequence[Job],
+        *,
+        workers: int,
+        timeout: float | None = None,
+        on_verdicts: Any = None,
+    ) -> list[Verdict]:
         self.calls.append(len(jobs))
         return super().check(jobs, workers=workers, timeout=timeout, on_verdicts=on_verdicts)
 
@@ -74,25 +80,38 @@ class _Chunked(_Echo):
 def _items(n: int, seed: int) -> list[Job | Verdict]:
     """Jobs and, between them, verdicts decided without running (every fifth item)."""
     rng = random.Random(seed)
-    return [Verdict(False, "too_large", stderr_tail=f"preset {i}") if i % 5 == 3 else
-            Job("t", {}, f"{rng.choice(['ok', 'no'])} {i}" + "x" * rng.randrange(20))
-            for i in range(n)]
+    return [
+        Verdict(False, "too_large", stderr_tail=f"preset {i}")
+        if i % 5 == 3
+        else Job("t", {}, f"{rng.choice(['ok', 'no'])} {i}" + "x" * rng.randrange(20))
+        for i in range(n)
+    ]
 
 
-@pytest.mark.parametrize("make", [_Echo, lambda: _Echo(batch=3), _Chunked],
-                         ids=["one-by-one", "batches", "chunked"])
+@pytest.mark.parametrize(
+    "make", [_Echo, lambda: _Echo(batch=3), _Chunked], ids=["one-by-one", "batches", "chunked"]
+)
 @pytest.mark.parametrize("window", [1, 4, 50])
 def test_verdicts_come_in_order_within_the_window(make: Callable[[], _Echo], window: int) -> None:
     checker = make()
     items = _items(200, seed=window)
     heard: list[int] = []
-    verdicts = list(checker.check_stream(checker.items(items), workers=3, window=window,
-                                         window_chars=10**9, buffer=4 * window,
-                                         on_verdicts=lambda done: heard.extend(i for i, _ in done)))
+    verdicts = list(
+        checker.check_stream(
+            checker.items(items),
+            workers=3,
+            window=window,
+            window_chars=10**9,
+            buffer=4 * window,
+            on_verdicts=lambda done: heard.extend(i for i, _ in done),
+        )
+    )
     assert [v.stderr_tail for v in verdicts] == [
-        item.stderr_tail if isinstance(item, Verdict) else item.completion for item in items]
+        item.stderr_tail if isinstance(item, Verdict) else item.completion for item in items
+    ]
     assert [v.passed for v in verdicts] == [
-        isinstance(item, Job) and item.completion.startswith("ok") for item in items]
+        isinstance(item, Job) and item.completion.startswith("ok") for item in items
+    ]
     assert sorted(heard) == [i for i, item in enumerate(items) if isinstance(item, Job)]
     assert checker.most_held <= window
     if isinstance(checker, _Chunked):
@@ -106,8 +125,11 @@ def test_verdicts_come_in_order_within_the_window(make: Callable[[], _Echo], win
 def test_characters_of_completions_close_the_window() -> None:
     checker = _Echo()
     items = [Job("t", {}, f"ok {i} " + "x" * 100) for i in range(40)]
-    verdicts = list(checker.check_stream(checker.items(items), workers=4, window=30,
-                                         window_chars=250, buffer=100))
+    verdicts = list(
+        checker.check_stream(
+            checker.items(items), workers=4, window=30, window_chars=250, buffer=100
+        )
+    )
     assert all(v.passed for v in verdicts) and len(verdicts) == 40
     assert checker.most_held <= 3  # 3 x 106 characters reach 250; a fourth waits
 
@@ -142,8 +164,11 @@ def test_a_slow_job_holds_up_the_output_not_the_other_workers() -> None:
     window after window; a stream that waited for each window to finish would never get there."""
     checker = _HeadWaits(release_at=30)
     jobs = [Job("t", {}, "ok head"), *(Job("t", {}, f"ok {i}") for i in range(1, 40))]
-    verdicts = list(checker.check_stream(checker.items(jobs), workers=2, window=4,
-                                         window_chars=10**9, buffer=100))
+    verdicts = list(
+        checker.check_stream(
+            checker.items(jobs), workers=2, window=4, window_chars=10**9, buffer=100
+        )
+    )
     assert all(v.passed for v in verdicts) and len(verdicts) == 40
     assert not checker.waited_out and checker.read_when_released >= 30
     assert checker.most_held <= 4
@@ -154,8 +179,11 @@ def test_the_buffer_behind_a_slow_job_is_bounded() -> None:
     reads 12 and then waits for it."""
     checker = _HeadWaits(release_at=13)
     jobs = [Job("t", {}, "ok head"), *(Job("t", {}, f"ok {i}") for i in range(1, 40))]
-    verdicts = list(checker.check_stream(checker.items(jobs), workers=2, window=4,
-                                         window_chars=10**9, buffer=12))
+    verdicts = list(
+        checker.check_stream(
+            checker.items(jobs), workers=2, window=4, window_chars=10**9, buffer=12
+        )
+    )
     assert len(verdicts) == 40 and checker.waited_out
     assert checker.read_when_released == 12
 
@@ -171,8 +199,14 @@ def test_a_failure_stops_the_stream_and_what_was_not_started() -> None:
     checker = _FailsAt()
     jobs = [Job("t", {}, "ok" if i != 5 else "die") for i in range(200)]
     heard: list[int] = []
-    stream = checker.check_stream(checker.items(jobs), workers=1, window=3, window_chars=10**9,
-                                  buffer=6, on_verdicts=lambda done: heard.extend(i for i, _ in done))
+    stream = checker.check_stream(
+        checker.items(jobs),
+        workers=1,
+        window=3,
+        window_chars=10**9,
+        buffer=6,
+        on_verdicts=lambda done: heard.extend(i for i, _ in done),
+    )
     with pytest.raises(RuntimeError, match="went away"):
         list(stream)
     assert heard == [0, 1, 2, 3, 4]  # and not the verdicts of jobs after the failed one
@@ -198,4 +232,5 @@ def test_a_checker_overriding_check_does_not_stream_unless_it_says_so() -> None:
     assert Whole.streams is False and Opted.streams is True
     from ckpteval.checkers.python import PythonChecker
     from ckpteval.checkers.rust import RustChecker
+
     assert PythonChecker.streams is True and RustChecker.streams is False

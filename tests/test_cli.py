@@ -11,8 +11,13 @@ from safetensors.numpy import save_file
 
 
 def _ckpteval(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ckpteval.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpteval.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_check_lists_checkpoints_and_cells(tmp_path: Path) -> None:
@@ -22,14 +27,17 @@ def test_check_lists_checkpoints_and_cells(tmp_path: Path) -> None:
         (d / "config.json").write_text("{}")
         save_file({"w": np.zeros(2, dtype=np.float32)}, str(d / "model.safetensors"))
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("runs: {r: {path: run}}\ntasks: {arith: {}, pyfunc: {}}\nseeds: [1, 2]\n"
-                   "sampling: {greedy: {}, hot: {temperature: 0.7}}\n")
+    cfg.write_text(
+        "runs: {r: {path: run}}\ntasks: {arith: {}, pyfunc: {}}\nseeds: [1, 2]\n"
+        "sampling: {greedy: {}, hot: {temperature: 0.7}}\n"
+    )
     proc = _ckpteval("check", "--configfile", str(cfg), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "run r: 2 checkpoint(s): step_5, step_10" in proc.stdout
     # Greedy decoding runs once (labelled with engine.seed), sampled configs once per seed.
-    assert ("task pyfunc: generate, checker python, variants greedy-s42, hot-s1, hot-s2"
-            in proc.stdout)
+    assert (
+        "task pyfunc: generate, checker python, variants greedy-s42, hot-s1, hot-s2" in proc.stdout
+    )
     assert "12 cells" in proc.stdout
 
 

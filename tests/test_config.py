@@ -51,8 +51,11 @@ def test_defaults_are_filled_and_checkpoints_ordered_by_step(run_dir: Path) -> N
     assert config["seeds"] == [42]
     plan = build_plan(config)
     ckpts = plan.runs["r1"].checkpoints
-    assert [(c.name, c.step) for c in ckpts] == [("step_20", 20), ("step_100", 100),
-                                                  ("checkpoint-300", 300)]
+    assert [(c.name, c.step) for c in ckpts] == [
+        ("step_20", 20),
+        ("step_100", 100),
+        ("checkpoint-300", 300),
+    ]
     assert plan.task_variants == {"arith": ("greedy-s42",)}
     assert len(plan.cells()) == 3
 
@@ -60,15 +63,23 @@ def test_defaults_are_filled_and_checkpoints_ordered_by_step(run_dir: Path) -> N
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda c: c["runs"]["r1"].update(path=5), "config: runs.r1.path: 5 is not of type 'string'"),
+        (
+            lambda c: c["runs"]["r1"].update(path=5),
+            "config: runs.r1.path: 5 is not of type 'string'",
+        ),
         (lambda c: c.update(bogus=1), "config: (top level): Additional properties are not allowed"),
-        (lambda c: c["runs"]["r1"].update(patterns=["ckpt"]), "must contain the placeholder {step}"),
+        (
+            lambda c: c["runs"]["r1"].update(patterns=["ckpt"]),
+            "must contain the placeholder {step}",
+        ),
         (lambda c: c.update(engine={"gpu_memory_utilization": 2}), "engine.gpu_memory_utilization"),
         (lambda c: c.update(seeds=[]), "config: seeds:"),
         (lambda c: c.pop("tasks"), "'tasks' is a required property"),
     ],
 )
-def test_schema_errors_are_one_line_naming_the_key(run_dir: Path, mutate: Any, expected: str) -> None:
+def test_schema_errors_are_one_line_naming_the_key(
+    run_dir: Path, mutate: Any, expected: str
+) -> None:
     config = _config(run_dir)
     mutate(config)
     with pytest.raises(UserError) as err:
@@ -91,9 +102,12 @@ def test_missing_run_dir_and_unknown_task_name_the_key(run_dir: Path, tmp_path: 
 
 
 def test_harness_tasks_sampling_and_tensor_parallel(run_dir: Path) -> None:
-    config = _config(run_dir, tasks={"gsm8k": {"harness": "gsm8k", "num_fewshot": 5},
-                                     "arith": {"sampling": ["hot"]}},
-                     sampling={"greedy": {}, "hot": {"temperature": 0.6, "n": 4}}, seeds=[1, 2])
+    config = _config(
+        run_dir,
+        tasks={"gsm8k": {"harness": "gsm8k", "num_fewshot": 5}, "arith": {"sampling": ["hot"]}},
+        sampling={"greedy": {}, "hot": {"temperature": 0.6, "n": 4}},
+        seeds=[1, 2],
+    )
     validate_config(config)
     plan = build_plan(config)
     assert plan.tasks["gsm8k"].kind == "harness"
@@ -138,7 +152,9 @@ def test_bare_torch_files_are_checkpoints_once_fully_written(tmp_path: Path) -> 
     _ckpt(run, "step_100")
     found = discover_checkpoints(run, ["step_{step}"])
     assert [(c.name, c.step, c.path.name) for c in found] == [
-        ("step_50", 50, "step_50.pt"), ("step_100", 100, "step_100")]
+        ("step_50", 50, "step_50.pt"),
+        ("step_100", 100, "step_100"),
+    ]
     torch.save({"w": torch.zeros(4)}, run / "step_100.pth")
     with pytest.raises(UserError, match="step_100 and step_100.pth are both step 100"):
         discover_checkpoints(run, ["step_{step}"])

@@ -160,12 +160,15 @@ def test_the_smoke_comparison_passes_the_model_and_fails_a_wrong_tensor(
         own = greedy_ids(copy.deepcopy(weights).to(engine_dtype), tiny.tokenizer)
         assert_greedy_under(weights, prompt_ids, own, dtype)
     corruptions = {
-        "down_proj of layer 1 loaded into layer 0": lambda m: m.model.layers[0].mlp.down_proj.weight
-        .copy_(m.model.layers[1].mlp.down_proj.weight),
-        "gate_proj loaded from up_proj": lambda m: m.model.layers[0].mlp.gate_proj.weight
-        .copy_(m.model.layers[0].mlp.up_proj.weight),
-        "k_proj rows reversed": lambda m: m.model.layers[0].self_attn.k_proj.weight
-        .copy_(m.model.layers[0].self_attn.k_proj.weight.flip(0)),
+        "down_proj of layer 1 loaded into layer 0": lambda m: m.model.layers[
+            0
+        ].mlp.down_proj.weight.copy_(m.model.layers[1].mlp.down_proj.weight),
+        "gate_proj loaded from up_proj": lambda m: m.model.layers[0].mlp.gate_proj.weight.copy_(
+            m.model.layers[0].mlp.up_proj.weight
+        ),
+        "k_proj rows reversed": lambda m: m.model.layers[0].self_attn.k_proj.weight.copy_(
+            m.model.layers[0].self_attn.k_proj.weight.flip(0)
+        ),
     }
     for name, corrupt in corruptions.items():
         wrong = copy.deepcopy(weights)

@@ -27,7 +27,6 @@ from typing import Any
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import REPO, run_snakemake
 from test_infer_backends import FakeEndpoint
 
@@ -70,8 +69,11 @@ def test_an_identity_is_the_same_for_reordered_settings_and_names_what_changed()
 # ---------------------------------------------------------------------------- the finished sweep
 
 TASKS = {"arith": {}, "pyfunc": {"limit": 2}, "arith_harness": {"limit": 4}}
-KINDS = {"arith": ("generate", "gsm8k"), "pyfunc": ("generate", "python"),
-         "arith_harness": ("harness", "harness")}
+KINDS = {
+    "arith": ("generate", "gsm8k"),
+    "pyfunc": ("generate", "python"),
+    "arith_harness": ("harness", "harness"),
+}
 VLLM_CKPTS = ("step_100", "step_400")
 
 
@@ -88,13 +90,18 @@ def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     work = tmp_path_factory.mktemp("contract")
     steps = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     for name, ckpt in zip(VLLM_CKPTS, (steps[0], steps[-1])):  # copies: later tests touch,
-        shutil.copytree(ckpt, work / "run" / name)              # replace and delete them
+        shutil.copytree(ckpt, work / "run" / name)  # replace and delete them
     shutil.copytree(demo_dir / "base", work / "base")
     with FakeEndpoint() as endpoint:
         config = {
-            "runs": {"demo": {"path": str(work / "run"), "base_model": str(work / "base")},
-                     "ep": {"backend": "openai", "step": 7,
-                            "endpoint": {"base_url": endpoint.base_url, "model": "tiny"}}},
+            "runs": {
+                "demo": {"path": str(work / "run"), "base_model": str(work / "base")},
+                "ep": {
+                    "backend": "openai",
+                    "step": 7,
+                    "endpoint": {"base_url": endpoint.base_url, "model": "tiny"},
+                },
+            },
             "tasks": TASKS,
             "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 32}},
             "engine": {"gpu_memory_utilization": 0.15, "enforce_eager": True},
@@ -119,11 +126,18 @@ def planned(sweep: Sweep, config: dict[str, Any], name: str = "variant") -> Coun
     if "Nothing to be done" in out:
         return Counter()
     table = out.split("Job stats:", 1)[1].split("total", 1)[0]
-    return Counter({rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)
-                    if rule not in ("all", "job")})
+    return Counter(
+        {
+            rule: int(n)
+            for rule, n in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)
+            if rule not in ("all", "job")
+        }
+    )
 
 
-def test_the_finished_sweep_plans_nothing_and_its_defaults_written_out_neither(sweep: Sweep) -> None:
+def test_the_finished_sweep_plans_nothing_and_its_defaults_written_out_neither(
+    sweep: Sweep,
+) -> None:
     assert planned(sweep, sweep.config, "same") == Counter()
     assert planned(sweep, sweep.full, "full") == Counter()
     reordered = {key: sweep.full[key] for key in reversed(list(sweep.full))}
@@ -140,11 +154,16 @@ def test_configfile_replaces_the_demo_config_instead_of_merging_into_it(sweep: S
     (sweep.work / "config" / "config.yaml").write_text(yaml.safe_dump(demo))
     try:
         assert planned(sweep, sweep.config, "mine") == Counter()
-        proc = run_snakemake(sweep.work, "-n", "--configfile", str(sweep.work / "mine.yaml"),
-                             "--quiet", "rules")
+        proc = run_snakemake(
+            sweep.work, "-n", "--configfile", str(sweep.work / "mine.yaml"), "--quiet", "rules"
+        )
         assert "resources/demo" not in proc.stdout + proc.stderr
-        check = subprocess.run([sys.executable, "-m", "ckpteval.cli", "check", "--configfile",
-                                "mine.yaml"], cwd=sweep.work, capture_output=True, text=True)
+        check = subprocess.run(
+            [sys.executable, "-m", "ckpteval.cli", "check", "--configfile", "mine.yaml"],
+            cwd=sweep.work,
+            capture_output=True,
+            text=True,
+        )
         assert check.returncode == 0, check.stderr
         assert f"{len(CELLS)} cells" in check.stdout and "humaneval" not in check.stdout
     finally:
@@ -152,9 +171,12 @@ def test_configfile_replaces_the_demo_config_instead_of_merging_into_it(sweep: S
 
 
 # Cells of the sweep: (run, ckpt, task, sampling, backend).
-CELLS = [(run, ckpt, task, "greedy", backend)
-         for run, backend, ckpts in (("demo", "vllm", VLLM_CKPTS), ("ep", "openai", ("step_7",)))
-         for ckpt in ckpts for task in TASKS]
+CELLS = [
+    (run, ckpt, task, "greedy", backend)
+    for run, backend, ckpts in (("demo", "vllm", VLLM_CKPTS), ("ep", "openai", ("step_7",)))
+    for ckpt in ckpts
+    for task in TASKS
+]
 ENGINE_RULE = {"vllm": "infer", "openai": "endpoint"}
 
 
@@ -164,7 +186,7 @@ def chain(cells: list[tuple[str, ...]], *, model: bool = False) -> Counter[str]:
     if not cells:
         return Counter()
     jobs: Counter[str] = Counter()
-    for run, ckpt, backend in {(c[0], c[1], c[4]) for c in cells}:
+    for _run, _ckpt, backend in {(c[0], c[1], c[4]) for c in cells}:
         jobs[ENGINE_RULE[backend]] += 1
         if model:
             jobs["consolidate" if backend == "vllm" else "model_card"] += 1
@@ -173,8 +195,13 @@ def chain(cells: list[tuple[str, ...]], *, model: bool = False) -> Counter[str]:
 
 #: Which entry a `*` of a key stands for in the walk.
 STAR = {"runs": "demo", "tasks": "pyfunc", "sampling": "greedy"}
-STAR_FOR = {"runs.*.endpoint": "ep", "runs.*.step": "ep", "tasks.*.harness": "pyfunc",
-            "tasks.*.num_fewshot": "arith_harness", "tasks.*.checker": "arith_harness"}
+STAR_FOR = {
+    "runs.*.endpoint": "ep",
+    "runs.*.step": "ep",
+    "tasks.*.harness": "pyfunc",
+    "tasks.*.num_fewshot": "arith_harness",
+    "tasks.*.checker": "arith_harness",
+}
 
 
 def star_name(key: str) -> str | None:
@@ -322,10 +349,12 @@ def case(row: Any, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
         set_key(config, key, dict(reversed(list(value.items()))))
         return config, Counter()
     if key == "runs.demo.backend":  # a vllm run turned into an endpoint run is another model
-        config["runs"]["demo"] = {"backend": "openai", "step": 7,
-                                  "endpoint": {"base_url": sweep.endpoint.base_url, "model": "t"}}
-        return config, chain([("demo", "step_7", t, "greedy", "openai") for t in TASKS],
-                             model=True)
+        config["runs"]["demo"] = {
+            "backend": "openai",
+            "step": 7,
+            "endpoint": {"base_url": sweep.endpoint.base_url, "model": "t"},
+        }
+        return config, chain([("demo", "step_7", t, "greedy", "openai") for t in TASKS], model=True)
     if key == "engine.tensor_parallel_size":  # refused without its safety switch (a none key)
         config["engine"]["allow_tensor_parallel"] = True
     if key == "runs.demo.base_model" and not (sweep.work / "base-copy").exists():
@@ -339,8 +368,11 @@ ELSEWHERE = {"runs.*.solutions"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("row", [r for r in CONTRACT if r.key not in ELSEWHERE],
-                         ids=[r.key for r in CONTRACT if r.key not in ELSEWHERE])
+@pytest.mark.parametrize(
+    "row",
+    [r for r in CONTRACT if r.key not in ELSEWHERE],
+    ids=[r.key for r in CONTRACT if r.key not in ELSEWHERE],
+)
 def test_changing_a_key_plans_exactly_what_the_contract_promises(sweep: Sweep, row: Any) -> None:
     config, expected = case(row, sweep)
     assert planned(sweep, config, "walk") == expected, f"{row.key} ({row.effect}): {row.why}"
@@ -367,7 +399,8 @@ def test_touching_or_copying_a_checkpoint_reruns_nothing(sweep: Sweep) -> None:
 
 @pytest.mark.slow
 def test_new_bytes_rerun_exactly_that_checkpoints_chain_and_the_old_bytes_nothing(
-        sweep: Sweep) -> None:
+    sweep: Sweep,
+) -> None:
     weights = sweep.work / "run" / "step_100" / "model.safetensors"
     original = weights.read_bytes()
     other = (sweep.work / "run" / "step_400" / "model.safetensors").read_bytes()
@@ -396,8 +429,10 @@ def test_a_deleted_checkpoint_stays_in_the_summary_marked(sweep: Sweep) -> None:
         table = pd.read_parquet(sweep.work / "results" / "summary" / "metrics.parquet")
         kept = table[table.ckpt == "step_100"]
         assert len(kept) > 0 and set(kept["task"]) == set(TASKS)
-        assert kept["source_deleted"].all() and not table[table.ckpt != "step_100"][
-            "source_deleted"].any()
+        assert (
+            kept["source_deleted"].all()
+            and not table[table.ckpt != "step_100"]["source_deleted"].any()
+        )
         report = (sweep.work / "results" / "summary" / "report.html").read_text()
         assert "step_100" in report and "deleted" in report
     finally:
@@ -407,7 +442,8 @@ def test_a_deleted_checkpoint_stays_in_the_summary_marked(sweep: Sweep) -> None:
 
 @pytest.mark.slow
 def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
-        sweep: Sweep, tmp_path: Path) -> None:
+    sweep: Sweep, tmp_path: Path
+) -> None:
     broken = sweep.work / "run" / "step_500"
     shutil.copytree(sweep.work / "run" / "step_400", broken)
     weights = broken / "model.safetensors"
@@ -423,11 +459,19 @@ def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
         assert proc.returncode == 0, out[-3000:]
         line = next(ln for ln in out.splitlines() if "step_500" in ln and "broken" in ln)
         assert "model.safetensors" in line and "Traceback" not in out
-        check = subprocess.run([sys.executable, "-m", "ckpteval.cli", "check", "--configfile",
-                                str(path)], cwd=sweep.work, capture_output=True, text=True)
+        check = subprocess.run(
+            [sys.executable, "-m", "ckpteval.cli", "check", "--configfile", str(path)],
+            cwd=sweep.work,
+            capture_output=True,
+            text=True,
+        )
         assert check.returncode == 0 and "step_500" in check.stdout, check.stderr
-        status = subprocess.run([sys.executable, "-m", "ckpteval.cli", "status", "--configfile",
-                                 str(path)], cwd=sweep.work, capture_output=True, text=True)
+        status = subprocess.run(
+            [sys.executable, "-m", "ckpteval.cli", "status", "--configfile", str(path)],
+            cwd=sweep.work,
+            capture_output=True,
+            text=True,
+        )
         assert "step_500" in status.stdout and "broken" in status.stdout, status.stderr
         # Still being written (changed a moment ago): not broken, not reported.
         os.utime(weights)
@@ -437,8 +481,11 @@ def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
         shutil.rmtree(broken)
     empty = tmp_path / "empty-run"
     (empty / "notes").mkdir(parents=True)
-    nothing = {**sweep.config, "outdir": str(tmp_path / "out"),
-               "runs": {"demo": {"path": str(empty)}}}
+    nothing = {
+        **sweep.config,
+        "outdir": str(tmp_path / "out"),
+        "runs": {"demo": {"path": str(empty)}},
+    }
     path = sweep.work / "nothing.yaml"
     path.write_text(yaml.safe_dump(nothing))
     proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
@@ -459,9 +506,13 @@ def test_replay_solutions_rerun_that_runs_cells_only(tmp_path: Path) -> None:
 
     solutions(tmp_path / "a", 1)
     solutions(tmp_path / "b", 2)
-    config = {"runs": {"one": {"backend": "replay", "solutions": str(tmp_path / "a")},
-                       "two": {"backend": "replay", "solutions": str(tmp_path / "a")}},
-              "tasks": {"arith": {}}}
+    config = {
+        "runs": {
+            "one": {"backend": "replay", "solutions": str(tmp_path / "a")},
+            "two": {"backend": "replay", "solutions": str(tmp_path / "a")},
+        },
+        "tasks": {"arith": {}},
+    }
     (tmp_path / "replay.yaml").write_text(yaml.safe_dump(config))
     proc = run_snakemake(tmp_path, "--configfile", str(tmp_path / "replay.yaml"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -469,7 +520,8 @@ def test_replay_solutions_rerun_that_runs_cells_only(tmp_path: Path) -> None:
     assert planned(sweep, config, "same") == Counter()
     config["runs"]["two"]["solutions"] = str(tmp_path / "b")  # run two's chain, nothing of one
     assert planned(sweep, config, "changed") == Counter(
-        {"model_card": 1, "replay": 1, "evaluate": 1, "aggregate": 1})
+        {"model_card": 1, "replay": 1, "evaluate": 1, "aggregate": 1}
+    )
 
 
 def test_the_docs_table_is_the_code_table() -> None:
@@ -481,30 +533,42 @@ def test_the_docs_table_is_the_code_table() -> None:
 
 
 def test_a_new_optional_key_leaves_every_existing_identity_alone(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Upgrading ckpteval to a version with one more (unset) setting must not rerun a sweep."""
     import ckpteval.contract as contract
     from ckpteval.config import build_plan
 
     (tmp_path / "run" / "step_1").mkdir(parents=True)
-    from safetensors.numpy import save_file
     import numpy as np
+    from safetensors.numpy import save_file
 
     (tmp_path / "run" / "step_1" / "config.json").write_text("{}")
-    save_file({"w": np.zeros(2, dtype=np.float32)}, str(tmp_path / "run" / "step_1" / "model.safetensors"))
-    config = {"runs": {"r": {"path": str(tmp_path / "run")}}, "tasks": {"arith": {}, "pyfunc": {}},
-              "outdir": str(tmp_path / "out")}
+    save_file(
+        {"w": np.zeros(2, dtype=np.float32)}, str(tmp_path / "run" / "step_1" / "model.safetensors")
+    )
+    config = {
+        "runs": {"r": {"path": str(tmp_path / "run")}},
+        "tasks": {"arith": {}, "pyfunc": {}},
+        "outdir": str(tmp_path / "out"),
+    }
     validate_config(config)
     plan = build_plan(config)
-    before = [contract.generation_identity(plan, "r", t, "greedy-s42").digest for t in ("arith", "pyfunc")]
+    before = [
+        contract.generation_identity(plan, "r", t, "greedy-s42").digest for t in ("arith", "pyfunc")
+    ]
     models = contract.model_identity(plan, "r", "step_1").digest
     scores = contract.scoring_identity(plan, "r", "pyfunc", "greedy-s42").digest
-    more = (*contract.CONTRACT,
-            contract.Row("tasks.*.new_option", GENERATIONS, "a future key"),
-            contract.Row("runs.*.new_option", MODEL, "a future key"),
-            contract.Row("evaluate.new_option", SCORES, "a future key"))
+    more = (
+        *contract.CONTRACT,
+        contract.Row("tasks.*.new_option", GENERATIONS, "a future key"),
+        contract.Row("runs.*.new_option", MODEL, "a future key"),
+        contract.Row("evaluate.new_option", SCORES, "a future key"),
+    )
     monkeypatch.setattr(contract, "CONTRACT", more)
-    after = [contract.generation_identity(plan, "r", t, "greedy-s42").digest for t in ("arith", "pyfunc")]
+    after = [
+        contract.generation_identity(plan, "r", t, "greedy-s42").digest for t in ("arith", "pyfunc")
+    ]
     assert after == before
     assert contract.model_identity(plan, "r", "step_1").digest == models
     assert contract.scoring_identity(plan, "r", "pyfunc", "greedy-s42").digest == scores

@@ -54,9 +54,14 @@ def arith_pass_at_1(model_dir: Path) -> float:
     for item in items:
         encoded = tokenizer(demo.completion_prompt(item["question"]), return_tensors="pt")
         with torch.no_grad():
-            output = model.generate(**encoded, max_new_tokens=64, do_sample=False,
-                                    stop_strings=list(stops), tokenizer=tokenizer)
-        text = tokenizer.decode(output[0, encoded.input_ids.shape[1]:], skip_special_tokens=True)
+            output = model.generate(
+                **encoded,
+                max_new_tokens=64,
+                do_sample=False,
+                stop_strings=list(stops),
+                tokenizer=tokenizer,
+            )
+        text = tokenizer.decode(output[0, encoded.input_ids.shape[1] :], skip_special_tokens=True)
         for stop in stops:
             text = text.split(stop)[0]
         answer, _ = extract_answer(text)
@@ -76,6 +81,7 @@ def test_eval_items_are_well_formed_and_held_out_of_training() -> None:
     pairs = demo.training_pairs(demo.TRAIN_POOL_SIZE, seed=0)
     assert len({pair.question for pair in pairs}) == demo.TRAIN_POOL_SIZE
     assert not questions & {pair.question for pair in pairs}
+
     # Same templates: every evaluation answer has the shape some training answer has.
     def shape(answer: str) -> str:
         return re.sub(r"\d+", "N", answer)

@@ -25,16 +25,37 @@ def test_python_cell(tmp_path: Path) -> None:
     samples = []
     for i, (task_id, p) in enumerate(probs.items()):
         samples.append({"task_id": task_id, "completion": p["canonical_solution"]})
-        samples.append({"task_id": task_id, "completion": "    return None\n" if i % 2 else "    return (\n"})
+        samples.append(
+            {"task_id": task_id, "completion": "    return None\n" if i % 2 else "    return (\n"}
+        )
     errors = ["gen.jsonl:3: malformed line (JSONDecodeError: ...)"]
-    cell = score_samples("python", probs, samples, tmp_path / "s.jsonl", tmp_path / "s.json",
-                         workers=2, timeout=5, provenance={"run": "demo", "step": 100},
-                         input_errors=errors)
+    cell = score_samples(
+        "python",
+        probs,
+        samples,
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=2,
+        timeout=5,
+        provenance={"run": "demo", "step": 100},
+        input_errors=errors,
+    )
     lines = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert len(lines) == 16
-    assert [(l["task_id"], l["sample_idx"]) for l in lines[:4]] == \
-           [("pyfunc/0", 0), ("pyfunc/0", 1), ("pyfunc/1", 0), ("pyfunc/1", 1)]
-    assert set(lines[0]) >= {"passed", "score", "error_type", "compile_ok", "duration_s", "stderr_tail"}
+    assert [(line["task_id"], line["sample_idx"]) for line in lines[:4]] == [
+        ("pyfunc/0", 0),
+        ("pyfunc/0", 1),
+        ("pyfunc/1", 0),
+        ("pyfunc/1", 1),
+    ]
+    assert set(lines[0]) >= {
+        "passed",
+        "score",
+        "error_type",
+        "compile_ok",
+        "duration_s",
+        "stderr_tail",
+    }
     assert json.loads((tmp_path / "s.json").read_text()) == cell
     m = cell["metrics"]
     assert m["pass@1"] == {"value": 0.5, "stderr": 0.0, "n": 8}
@@ -50,9 +71,13 @@ def test_python_cell(tmp_path: Path) -> None:
 
 def test_gsm8k_cell_from_the_demo_shapes(tmp_path: Path) -> None:
     probs = problems("arith")
-    samples = [{"task_id": t, "completion": f" {p['answer']}\n", "sample_idx": 0} for t, p in probs.items()]
+    samples = [
+        {"task_id": t, "completion": f" {p['answer']}\n", "sample_idx": 0} for t, p in probs.items()
+    ]
     samples[0]["completion"] = " 3 + 4 = 7 #### 7\n"
-    cell = score_samples("gsm8k", probs, samples, tmp_path / "a.jsonl", tmp_path / "a.json", workers=2)
+    cell = score_samples(
+        "gsm8k", probs, samples, tmp_path / "a.jsonl", tmp_path / "a.json", workers=2
+    )
     assert cell["metrics"]["accuracy"]["value"] == pytest.approx((len(probs) - 1) / len(probs))
     assert cell["metrics"]["pass@1"]["value"] == cell["metrics"]["accuracy"]["value"]
     first = json.loads((tmp_path / "a.jsonl").read_text().splitlines()[0])
@@ -64,19 +89,32 @@ def test_bad_samples_are_reported_and_skipped(tmp_path: Path) -> None:
     probs = problems("pyfunc")
     good = probs["pyfunc/0"]["canonical_solution"]
     path = tmp_path / "samples.jsonl"
-    path.write_bytes(b"\n".join([
-        json.dumps({"task_id": "pyfunc/0", "completion": good}).encode(),
-        b"{not json",
-        json.dumps({"task_id": "nope/1", "completion": good}).encode(),
-        b"\xff\xfe bytes",
-        json.dumps({"task_id": "pyfunc/0", "completion": good, "sample_idx": 0}).encode(),
-        json.dumps({"task_id": "pyfunc/1", "completion": 5}).encode(),
-        json.dumps({"task_id": "pyfunc/1", "completion": "x" * 50_000_000}).encode(),  # 50 MB
-        b"",
-    ]))
+    path.write_bytes(
+        b"\n".join(
+            [
+                json.dumps({"task_id": "pyfunc/0", "completion": good}).encode(),
+                b"{not json",
+                json.dumps({"task_id": "nope/1", "completion": good}).encode(),
+                b"\xff\xfe bytes",
+                json.dumps({"task_id": "pyfunc/0", "completion": good, "sample_idx": 0}).encode(),
+                json.dumps({"task_id": "pyfunc/1", "completion": 5}).encode(),
+                json.dumps(
+                    {"task_id": "pyfunc/1", "completion": "x" * 50_000_000}
+                ).encode(),  # 50 MB
+                b"",
+            ]
+        )
+    )
     errors: list[str] = []
-    cell = score_samples("python", probs, read_samples(path, errors), tmp_path / "o.jsonl",
-                         tmp_path / "o.json", workers=1, input_errors=errors)
+    cell = score_samples(
+        "python",
+        probs,
+        read_samples(path, errors),
+        tmp_path / "o.jsonl",
+        tmp_path / "o.json",
+        workers=1,
+        input_errors=errors,
+    )
     text = "\n".join(cell["input_errors"])
     assert f"{path}:2: malformed line" in text
     assert f"{path}:3: unknown task_id 'nope/1'" in text
@@ -85,25 +123,38 @@ def test_bad_samples_are_reported_and_skipped(tmp_path: Path) -> None:
     assert f"{path}:6: completion missing or not a string" in text
     assert f"{path}:7: completion of 50,000,000 characters" in text
     lines = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
-    assert [(l["task_id"], l["passed"], l["error_type"]) for l in lines] == \
-           [("pyfunc/0", True, None), ("pyfunc/1", False, "too_large")]
+    assert [(line["task_id"], line["passed"], line["error_type"]) for line in lines] == [
+        ("pyfunc/0", True, None),
+        ("pyfunc/1", False, "too_large"),
+    ]
 
 
 def test_empty_samples_file_is_a_user_error(tmp_path: Path) -> None:
     path = tmp_path / "empty.jsonl"
     path.write_text("")
     with pytest.raises(UserError, match="empty.jsonl: no samples"):
-        score_samples("python", problems("pyfunc"), read_samples(path, []), tmp_path / "o.jsonl",
-                      tmp_path / "o.json", workers=1)
+        score_samples(
+            "python",
+            problems("pyfunc"),
+            read_samples(path, []),
+            tmp_path / "o.jsonl",
+            tmp_path / "o.json",
+            workers=1,
+        )
 
 
 def test_failing_reference_stops_the_run_without_output(tmp_path: Path) -> None:
     probs = problems("pyfunc")
     probs["pyfunc/3"] = {**probs["pyfunc/3"], "canonical_solution": "    return False\n"}
     samples = [{"task_id": "pyfunc/0", "completion": probs["pyfunc/0"]["canonical_solution"]}]
-    with pytest.raises(SelfTestError, match=r"reference solutions of 1 of 8 problems did not pass "
-                                            r"\(pyfunc/3: wrong_answer"):
-        score_samples("python", probs, samples, tmp_path / "o.jsonl", tmp_path / "o.json", workers=2)
+    with pytest.raises(
+        SelfTestError,
+        match=r"reference solutions of 1 of 8 problems did not pass "
+        r"\(pyfunc/3: wrong_answer",
+    ):
+        score_samples(
+            "python", probs, samples, tmp_path / "o.jsonl", tmp_path / "o.json", workers=2
+        )
     assert not (tmp_path / "o.jsonl").exists() and not (tmp_path / "o.json").exists()
     assert not (tmp_path / "o.jsonl.partial").exists()  # a failed self-test's verdicts are not kept
 
@@ -129,16 +180,29 @@ register("always-passes-test-double", _AlwaysPasses)
 
 def test_checker_that_cannot_fail_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SelfTestError, match="known-wrong samples passed"):
-        score_samples("always-passes-test-double", {"t": {}}, [{"task_id": "t", "completion": "x"}],
-                      tmp_path / "o.jsonl", tmp_path / "o.json", workers=1)
+        score_samples(
+            "always-passes-test-double",
+            {"t": {}},
+            [{"task_id": "t", "completion": "x"}],
+            tmp_path / "o.jsonl",
+            tmp_path / "o.json",
+            workers=1,
+        )
 
 
 def test_unknown_checker_and_option_are_user_errors(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="unknown checker 'cobol'"):
         score_samples("cobol", {"t": {}}, [], tmp_path / "o.jsonl", tmp_path / "o.json", workers=1)
     with pytest.raises(UserError, match="unknown option"):
-        score_samples("python", {"t": {}}, [], tmp_path / "o.jsonl", tmp_path / "o.json", workers=1,
-                      checker_options={"sandbx": "none"})
+        score_samples(
+            "python",
+            {"t": {}},
+            [],
+            tmp_path / "o.jsonl",
+            tmp_path / "o.json",
+            workers=1,
+            checker_options={"sandbx": "none"},
+        )
 
 
 class _Flaky(Checker):
@@ -165,7 +229,10 @@ register("flaky-test-double", _Flaky)
 
 
 def test_a_run_that_dies_midway_resumes_where_it_stopped(tmp_path: Path) -> None:
-    samples = [{"task_id": "t", "sample_idx": i, "completion": "good" if i % 2 else "bad"} for i in range(10)]
+    samples = [
+        {"task_id": "t", "sample_idx": i, "completion": "good" if i % 2 else "bad"}
+        for i in range(10)
+    ]
     out, metrics = tmp_path / "s.jsonl", tmp_path / "s.json"
     _Flaky.calls, _Flaky.die_at = [], 2 + 6 + 1  # self-test, 6 samples, then the failure
     with pytest.raises(RuntimeError, match="went away"):

@@ -20,9 +20,13 @@ from ckpteval.evaluate import read_samples, score_samples
 #: for `golden_input` scored by the deterministic checkers below.
 GOLDEN = Path(__file__).resolve().parent / "data" / "evaluate_golden"
 
-_KINDS = {"ok": (True, None, True), "wa": (False, "wrong_answer", True),
-          "ce": (False, "compile_error", False), "rt": (False, "runtime_error", True),
-          "to": (False, "timeout", True)}
+_KINDS = {
+    "ok": (True, None, True),
+    "wa": (False, "wrong_answer", True),
+    "ce": (False, "compile_error", False),
+    "rt": (False, "runtime_error", True),
+    "to": (False, "timeout", True),
+}
 
 
 class _Deterministic(Checker):
@@ -37,12 +41,22 @@ class _Deterministic(Checker):
         kind = job.completion.split()[0] if job.completion.split() else "rt"
         passed, error, compiled = _KINDS.get(kind, _KINDS["rt"])
         words = len(job.completion.split())
-        hack = ("always_equal_object" if kind == "wa" and words % 3 == 0 else
-                "exit_before_tests" if kind == "rt" and words % 4 == 0 else None)
-        return Verdict(passed, error, compile_ok=compiled if self.compiles else None,
-                       duration_s=len(job.completion) / 997,
-                       stderr_tail="" if passed else f"{error} in «{job.task_id}»\n",
-                       extras={"words": words}, hack=hack)
+        hack = (
+            "always_equal_object"
+            if kind == "wa" and words % 3 == 0
+            else "exit_before_tests"
+            if kind == "rt" and words % 4 == 0
+            else None
+        )
+        return Verdict(
+            passed,
+            error,
+            compile_ok=compiled if self.compiles else None,
+            duration_s=len(job.completion) / 997,
+            stderr_tail="" if passed else f"{error} in «{job.task_id}»\n",
+            extras={"words": words},
+            hack=hack,
+        )
 
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
         return [Job(task_id, p, "ok reference") for task_id, p in problems.items()]
@@ -70,7 +84,10 @@ def golden_input(path: Path) -> dict[str, dict[str, Any]]:
     for j in range(400):
         task_id = f"p{rng.randrange(6)}"
         kind = rng.choice(["ok", "ok", "ok", "wa", "ce", "rt", "to"])
-        sample: dict[str, Any] = {"task_id": task_id, "completion": f"{kind} " + "w " * rng.randrange(9)}
+        sample: dict[str, Any] = {
+            "task_id": task_id,
+            "completion": f"{kind} " + "w " * rng.randrange(9),
+        }
         if rng.random() < 0.7:
             sample["sample_idx"] = next_idx[task_id]
         next_idx[task_id] += 1
@@ -78,16 +95,31 @@ def golden_input(path: Path) -> dict[str, dict[str, Any]]:
         if j % 37 == 5:
             lines.append(rng.choice([b"{not json", b"[1, 2]", b"\xff\xfe not utf-8", b"   "]))
         if j % 41 == 7:
-            lines.append(json.dumps(rng.choice([
-                {"completion": "ok"}, {"task_id": "", "completion": "ok"},
-                {"task_id": "nope", "completion": "ok"}, {"task_id": "p1", "completion": 5},
-                {"task_id": "p2", "completion": "ok", "sample_idx": True},
-                {"task_id": "p3", "completion": "ok", "sample_idx": "2"},
-                {"task_id": "p0", "completion": "wa duplicate", "sample_idx": 0},
-            ])).encode())
+            lines.append(
+                json.dumps(
+                    rng.choice(
+                        [
+                            {"completion": "ok"},
+                            {"task_id": "", "completion": "ok"},
+                            {"task_id": "nope", "completion": "ok"},
+                            {"task_id": "p1", "completion": 5},
+                            {"task_id": "p2", "completion": "ok", "sample_idx": True},
+                            {"task_id": "p3", "completion": "ok", "sample_idx": "2"},
+                            {"task_id": "p0", "completion": "wa duplicate", "sample_idx": 0},
+                        ]
+                    )
+                ).encode()
+            )
         if j in (100, 300):
-            lines.append(json.dumps({"task_id": "p4", "sample_idx": 1000 + j,
-                                     "completion": "ok" + "x" * MAX_COMPLETION_CHARS}).encode())
+            lines.append(
+                json.dumps(
+                    {
+                        "task_id": "p4",
+                        "sample_idx": 1000 + j,
+                        "completion": "ok" + "x" * MAX_COMPLETION_CHARS,
+                    }
+                ).encode()
+            )
     path.write_bytes(b"\n".join(lines) + b"\n")
     return problems
 
@@ -95,30 +127,46 @@ def golden_input(path: Path) -> dict[str, dict[str, Any]]:
 def _score(checker: str, tmp: Path, **kwargs: Any) -> dict[str, Any]:
     problems = golden_input(tmp / "samples.jsonl")
     errors = ["earlier: an error the caller already found"]
-    return score_samples(checker, problems, read_samples(tmp / "samples.jsonl", errors),
-                         tmp / "out.jsonl", tmp / "out.json", workers=2, ks=[1, 2, 5, 1000],
-                         provenance={"run": "golden"}, input_errors=errors, **kwargs)
+    return score_samples(
+        checker,
+        problems,
+        read_samples(tmp / "samples.jsonl", errors),
+        tmp / "out.jsonl",
+        tmp / "out.json",
+        workers=2,
+        ks=[1, 2, 5, 1000],
+        provenance={"run": "golden"},
+        input_errors=errors,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("checker", [_Deterministic.name, _DeterministicAnswers.name])
 @pytest.mark.parametrize("chunk_size", [1, 7, 1024])
 def test_streamed_files_equal_those_of_the_in_memory_scorer(
-        checker: str, chunk_size: int, tmp_path: Path) -> None:
+    checker: str, chunk_size: int, tmp_path: Path
+) -> None:
     cell = _score(checker, tmp_path, chunk_size=chunk_size)
     name = checker.removesuffix("-test-double")
     here = str(tmp_path).encode()  # the golden files name the samples file `<tmp>/samples.jsonl`
-    assert ((tmp_path / "out.jsonl").read_bytes().replace(here, b"<tmp>")
-            == (GOLDEN / f"{name}.jsonl").read_bytes())
+    assert (tmp_path / "out.jsonl").read_bytes().replace(here, b"<tmp>") == (
+        GOLDEN / f"{name}.jsonl"
+    ).read_bytes()
     expected = json.loads((GOLDEN / f"{name}.json").read_text())
     written = json.loads((tmp_path / "out.json").read_bytes().replace(here, b"<tmp>"))
     assert written["timeouts"]["calibrated_problems"] == 0  # the doubles report no run times
     for volatile in ("duration_s", "timeouts"):  # wall time; the timeout calibration is new
         expected.pop(volatile, None)
         written.pop(volatile)
-    assert json.dumps(written, indent=2, sort_keys=True) == json.dumps(expected, indent=2, sort_keys=True)
+    assert json.dumps(written, indent=2, sort_keys=True) == json.dumps(
+        expected, indent=2, sort_keys=True
+    )
     assert written["input_errors"][0].startswith("earlier:") and len(written["input_errors"]) == 19
     assert cell["metrics"] == written["metrics"]
-    assert not list(tmp_path.glob(".out.jsonl.*.tmp")) and not (tmp_path / "out.jsonl.partial").exists()
+    assert (
+        not list(tmp_path.glob(".out.jsonl.*.tmp"))
+        and not (tmp_path / "out.jsonl.partial").exists()
+    )
 
 
 class _DiesOnRequest(_Deterministic):
@@ -136,19 +184,35 @@ register(_DiesOnRequest.name, _DiesOnRequest)
 
 
 def test_a_failure_midway_leaves_no_output_and_keeps_the_finished_chunks(tmp_path: Path) -> None:
-    samples = [{"task_id": "p0", "sample_idx": i, "completion": "ok" if i != 7 else "die"}
-               for i in range(10)]
+    samples = [
+        {"task_id": "p0", "sample_idx": i, "completion": "ok" if i != 7 else "die"}
+        for i in range(10)
+    ]
     out = tmp_path / "out.jsonl"
     with pytest.raises(RuntimeError, match="went away"):
-        score_samples(_DiesOnRequest.name, {"p0": {}}, samples, out, tmp_path / "out.json",
-                      workers=1, chunk_size=3)
+        score_samples(
+            _DiesOnRequest.name,
+            {"p0": {}},
+            samples,
+            out,
+            tmp_path / "out.json",
+            workers=1,
+            chunk_size=3,
+        )
     assert not out.exists() and not (tmp_path / "out.json").exists()
     assert not list(tmp_path.glob(".out.jsonl.*.tmp"))  # the half-written file is gone
     partial = (tmp_path / "out.jsonl.partial").read_text().splitlines()
     assert len(partial) == 7  # samples 0-6, checked before 7 failed: kept for the rerun
     samples[7]["completion"] = "ok again"  # another completion: a new verdict, not a reused one
-    cell = score_samples(_DiesOnRequest.name, {"p0": {}}, samples, out, tmp_path / "out.json",
-                         workers=1, chunk_size=3)
+    cell = score_samples(
+        _DiesOnRequest.name,
+        {"p0": {}},
+        samples,
+        out,
+        tmp_path / "out.json",
+        workers=1,
+        chunk_size=3,
+    )
     assert cell["self_test"]["reused_verdicts"] == 7 and cell["n_samples"] == 10
     assert not (tmp_path / "out.jsonl.partial").exists()
 
@@ -177,13 +241,25 @@ def test_a_slow_sample_does_not_hold_up_the_next_chunks(tmp_path: Path) -> None:
     """While one worker waits on the first sample, the other checks the samples of the chunks
     after it: a scorer that finished each chunk before starting the next would wait out the 2 s
     (the last sample is three chunks away)."""
-    samples = [{"task_id": "p0", "completion": c}
-               for c in ["ok slow", *(f"wa {i}" for i in range(10)), "ok last"]]
-    cell = score_samples(_SlowFirst.name, {"p0": {}}, samples, tmp_path / "out.jsonl",
-                         tmp_path / "out.json", workers=2, chunk_size=4)
+    samples = [
+        {"task_id": "p0", "completion": c}
+        for c in ["ok slow", *(f"wa {i}" for i in range(10)), "ok last"]
+    ]
+    cell = score_samples(
+        _SlowFirst.name,
+        {"p0": {}},
+        samples,
+        tmp_path / "out.jsonl",
+        tmp_path / "out.json",
+        workers=2,
+        chunk_size=4,
+    )
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [(line["sample_idx"], line["error_type"]) for line in lines] == [
-        (0, None), *((i, "wrong_answer") for i in range(1, 11)), (11, None)]
+        (0, None),
+        *((i, "wrong_answer") for i in range(1, 11)),
+        (11, None),
+    ]
     assert cell["error_types"] == {"wrong_answer": 10}
 
 

@@ -25,7 +25,7 @@ SLOW_RS = {
     "prompt": "/// x + 1, slowly.\nfn slow_inc(x: i64) -> i64 {\n",
     "canonical_solution": "    std::thread::sleep(std::time::Duration::from_millis(1200));\n    x + 1\n}\n",
     "tests": "#[cfg(test)]\nmod tests {\n    use super::*;\n\n    #[test]\n    fn test_slow_inc() {\n"
-             "        assert_eq!(slow_inc(1), 2);\n    }\n}\n",
+    "        assert_eq!(slow_inc(1), 2);\n    }\n}\n",
     "entry_point": "slow_inc",
 }
 FACTOR = 5.0
@@ -37,8 +37,11 @@ def _lines(path: Path) -> dict[int, dict[str, Any]]:
 
 def _assert_calibrated(cell: dict[str, Any], lines: dict[int, dict[str, Any]]) -> None:
     timeouts = cell["timeouts"]
-    assert (timeouts["configured"], timeouts["factor"], timeouts["calibrated_problems"]) == \
-           (0.5, FACTOR, 1)
+    assert (timeouts["configured"], timeouts["factor"], timeouts["calibrated_problems"]) == (
+        0.5,
+        FACTOR,
+        1,
+    )
     assert FACTOR * 1.2 <= timeouts["max_s"] < FACTOR * 2.5, timeouts  # 5 x the ~1.2 s reference
     assert timeouts["median_s"] == timeouts["max_s"]  # one problem
     assert lines[0]["passed"], lines[0]  # as slow as the reference: passes
@@ -51,39 +54,75 @@ def _assert_calibrated(cell: dict[str, Any], lines: dict[int, dict[str, Any]]) -
 def test_python_timeout_is_calibrated_from_the_reference(tmp_path: Path) -> None:
     problems = {"slow/0": SLOW_PY}
     samples = [
-        {"task_id": "slow/0", "sample_idx": 0,
-         "completion": "    import time\n    time.sleep(1.2)\n    return 1 + x\n"},
+        {
+            "task_id": "slow/0",
+            "sample_idx": 0,
+            "completion": "    import time\n    time.sleep(1.2)\n    return 1 + x\n",
+        },
         {"task_id": "slow/0", "sample_idx": 1, "completion": "    while True:\n        pass\n"},
         {"task_id": "slow/0", "sample_idx": 2, "completion": "    return x\n"},
     ]
-    cell = score_samples("python", problems, samples, tmp_path / "s.jsonl", tmp_path / "s.json",
-                         workers=2, timeout=0.5, timeout_factor=FACTOR)
+    cell = score_samples(
+        "python",
+        problems,
+        samples,
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=2,
+        timeout=0.5,
+        timeout_factor=FACTOR,
+    )
     _assert_calibrated(cell, _lines(tmp_path / "s.jsonl"))
     assert json.loads((tmp_path / "s.json").read_text())["timeouts"] == cell["timeouts"]
     # Without calibration the reference itself times out: the checker cannot be trusted.
     with pytest.raises(SelfTestError, match="slow/0: timeout"):
-        score_samples("python", problems, samples, tmp_path / "u.jsonl", tmp_path / "u.json",
-                      workers=2, timeout=0.5, timeout_factor=0)
+        score_samples(
+            "python",
+            problems,
+            samples,
+            tmp_path / "u.jsonl",
+            tmp_path / "u.json",
+            workers=2,
+            timeout=0.5,
+            timeout_factor=0,
+        )
     assert not (tmp_path / "u.jsonl").exists()
 
 
 def test_rust_timeout_is_calibrated_from_the_reference_run_not_its_compile(tmp_path: Path) -> None:
     problems = {"slow/0": SLOW_RS}
     samples = [
-        {"task_id": "slow/0", "sample_idx": 0, "completion":
-         "    std::thread::sleep(std::time::Duration::from_millis(1200));\n    1 + x\n}\n"},
+        {
+            "task_id": "slow/0",
+            "sample_idx": 0,
+            "completion": "    std::thread::sleep(std::time::Duration::from_millis(1200));\n    1 + x\n}\n",
+        },
         {"task_id": "slow/0", "sample_idx": 1, "completion": "    loop {}\n}\n"},
         {"task_id": "slow/0", "sample_idx": 2, "completion": "    x\n}\n"},
     ]
-    cell = score_samples("rust", problems, samples, tmp_path / "s.jsonl", tmp_path / "s.json",
-                         workers=2, timeout=0.5, timeout_factor=FACTOR)
+    cell = score_samples(
+        "rust",
+        problems,
+        samples,
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=2,
+        timeout=0.5,
+        timeout_factor=FACTOR,
+    )
     _assert_calibrated(cell, _lines(tmp_path / "s.jsonl"))
 
 
 def test_rust_run_s_is_the_test_run_alone() -> None:
     checker = get_checker("rust")
-    verdicts = checker.check([Job("slow/0", SLOW_RS, SLOW_RS["canonical_solution"]),
-                              Job("slow/0", SLOW_RS, "    x + 1\n}\n")], workers=2, timeout=10)
+    verdicts = checker.check(
+        [
+            Job("slow/0", SLOW_RS, SLOW_RS["canonical_solution"]),
+            Job("slow/0", SLOW_RS, "    x + 1\n}\n"),
+        ],
+        workers=2,
+        timeout=10,
+    )
     slow, fast = verdicts
     assert slow.passed and fast.passed
     assert 1.2 <= slow.run_s < 2.5 and fast.run_s < 0.5, (slow, fast)
@@ -99,8 +138,14 @@ def test_stdio_calibrates_only_problems_without_their_own_time_limit() -> None:
     checker = get_checker("stdio")
     try:
         configured, calibrated, own = checker.check(
-            [Job("t", free, busy), Job("t", free, busy, timeout=3.0),
-             Job("t", judged, busy, timeout=3.0)], workers=2, timeout=0.3)
+            [
+                Job("t", free, busy),
+                Job("t", free, busy, timeout=3.0),
+                Job("t", judged, busy, timeout=3.0),
+            ],
+            workers=2,
+            timeout=0.3,
+        )
     finally:
         checker.close()
     assert configured.error_type == "timeout", configured  # 1 s of CPU > 0.3 s
@@ -129,15 +174,30 @@ class _Configured(Checker):
 
 
 def test_calibration_raises_timeouts_never_lowers_them() -> None:
-    problems = {"fast": {}, "slow": {}, "unmeasured": {}, "own-limit": {"time_limit": 8.0},
-                "compile-error-ref": {}}
+    problems = {
+        "fast": {},
+        "slow": {},
+        "unmeasured": {},
+        "own-limit": {"time_limit": 8.0},
+        "compile-error-ref": {},
+    }
     references = [Job(t, p, "ref") for t, p in problems.items()]
-    verdicts = [Verdict(True, run_s=0.1), Verdict(True, run_s=1.0), Verdict(True),
-                Verdict(True, run_s=2.0), Verdict(False, "compile_error")]
+    verdicts = [
+        Verdict(True, run_s=0.1),
+        Verdict(True, run_s=1.0),
+        Verdict(True),
+        Verdict(True, run_s=2.0),
+        Verdict(False, "compile_error"),
+    ]
     timeouts = calibrate_timeouts(_Configured(), problems, None, 5.0, references, verdicts)
     assert timeouts.limits == {"slow": 5.0}  # 5 x 1.0 > 2; a problem's own 8 s limit stays
-    assert timeouts.report == {"configured": 2.0, "factor": 5.0, "calibrated_problems": 1,
-                               "max_s": 8.0, "median_s": 2.0}
+    assert timeouts.report == {
+        "configured": 2.0,
+        "factor": 5.0,
+        "calibrated_problems": 1,
+        "max_s": 8.0,
+        "median_s": 2.0,
+    }
     assert timeouts.apply(Job("slow", {}, "x")).timeout == 5.0
     assert timeouts.apply(Job("fast", {}, "x")).timeout is None
     off = calibrate_timeouts(_Configured(), problems, 3.0, 0.0, references, verdicts)

@@ -24,15 +24,22 @@ print(json.dumps({"device": os.environ["CUDA_VISIBLE_DEVICES"], "start": start, 
 
 def test_sixteen_concurrent_jobs_on_eight_devices_never_overlap(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")}
-    procs = [subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path), "0.6"],
-                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(16)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(tmp_path), "0.6"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(16)
+    ]
     import json
 
     spans = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert {s["device"] for s in spans} <= {str(i) for i in range(8)}
     for i, a in enumerate(spans):
-        for b in spans[i + 1:]:
+        for b in spans[i + 1 :]:
             if a["device"] == b["device"]:
                 assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)
     assert len({s["device"] for s in spans}) == 8  # every device was used

@@ -26,15 +26,18 @@ def _devices() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def test_gpu_job_leases_a_device_and_resumes_after_sigkill(model: dict[str, Path],  # noqa: F811
-                                                           tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_job_leases_a_device_and_resumes_after_sigkill(
+    model: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setenv("CKPTEVAL_GPU_LOCK_DIR", str(tmp_path / "locks"))
     include = local_code_tasks(tmp_path / "tasks")
     cache = tmp_path / "cache" / cache_namespace(read_json(model["manifest"])) / "arith.jsonl"
-    killed = _spawn(tmp_path, "killed", _config({"arith": {}}, include, chunk_size=1), model,
-                    gpus=_devices())
+    killed = _spawn(
+        tmp_path, "killed", _config({"arith": {}}, include, chunk_size=1), model, gpus=_devices()
+    )
     deadline = time.monotonic() + 600
     while not (cache.exists() and _rows(cache)):
         assert killed.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
@@ -44,10 +47,13 @@ def test_gpu_job_leases_a_device_and_resumes_after_sigkill(model: dict[str, Path
     killed.wait()
     at_kill = len({r["key"] for r in _rows(cache)})
     # The killed holder's lease is free again: the rerun gets a device at once.
-    proc = _spawn(tmp_path, "resumed", _config(TASKS, include, chunk_size=4), model, gpus=_devices())
+    proc = _spawn(
+        tmp_path, "resumed", _config(TASKS, include, chunk_size=4), model, gpus=_devices()
+    )
     assert proc.wait(timeout=900) == 0, (tmp_path / "resumed.log").read_text()[-4000:]
-    metas: list[dict[str, Any]] = [json.loads(p.read_text())
-                                   for p in (tmp_path / "gen").rglob("*.meta.json")]
+    metas: list[dict[str, Any]] = [
+        json.loads(p.read_text()) for p in (tmp_path / "gen").rglob("*.meta.json")
+    ]
     assert {m["engine_loads"] for m in metas} == {1}
     device = metas[0]["device"]
     assert device["lease"] == "lock" and device["cuda_visible_devices"] in _devices()

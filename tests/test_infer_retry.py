@@ -51,8 +51,12 @@ def test_oom_is_recognised_through_wrapping_and_vllm_messages() -> None:
     import torch
 
     assert is_cuda_oom(torch.OutOfMemoryError("CUDA out of memory"))
-    assert is_cuda_oom(ValueError("Free memory on device (3.1/79.2 GiB) on startup is less than "
-                                  "desired GPU memory utilization (0.9, 71.3 GiB)."))
+    assert is_cuda_oom(
+        ValueError(
+            "Free memory on device (3.1/79.2 GiB) on startup is less than "
+            "desired GPU memory utilization (0.9, 71.3 GiB)."
+        )
+    )
     assert not is_cuda_oom(ValueError("No available memory for the cache blocks."))
     assert not is_cuda_oom(RuntimeError("something else"))
 
@@ -64,35 +68,60 @@ def test_oom_in_a_job_is_one_line_naming_the_setting(tmp_path: Path) -> None:
     jobs = [Job(tasks["arith"], variants["greedy-s42"], tmp_path / "arith" / "greedy-s42.jsonl")]
     write_json(tmp_path / "m.json", {"weights_sha256": "ab" * 32})
     with pytest.raises(UserError) as err:
-        run_infer(jobs, manifest_path=tmp_path / "m.json", model_dir=tmp_path,
-                  run_cfg={"backend": "vllm"}, engine_cfg=config["engine"],
-                  cache_dir=tmp_path / "cache", attempt=2, backend=OutOfMemoryOnGenerate())
+        run_infer(
+            jobs,
+            manifest_path=tmp_path / "m.json",
+            model_dir=tmp_path,
+            run_cfg={"backend": "vllm"},
+            engine_cfg=config["engine"],
+            cache_dir=tmp_path / "cache",
+            attempt=2,
+            backend=OutOfMemoryOnGenerate(),
+        )
     message = str(err.value)
-    assert message.startswith("CUDA out of memory with engine.gpu_memory_utilization 0.68 (attempt 2)")
+    assert message.startswith(
+        "CUDA out of memory with engine.gpu_memory_utilization 0.68 (attempt 2)"
+    )
     assert "lower engine.gpu_memory_utilization" in message and "\n" not in message
     assert not jobs[0].out.exists()
 
 
 def test_prompt_longer_than_the_context_is_one_line_before_any_engine(
-        demo_dir: Path, tmp_path: Path) -> None:
+    demo_dir: Path, tmp_path: Path
+) -> None:
     from ckpteval.backends.vllm import VllmBackend
 
-    config = {"runs": {"r": {"path": "."}}, "tasks": {"arith": {}, "math_qwen": {"limit": 2}},
-              "engine": {"max_model_len": 256}}
+    config = {
+        "runs": {"r": {"path": "."}},
+        "tasks": {"arith": {}, "math_qwen": {"limit": 2}},
+        "engine": {"max_model_len": 256},
+    }
     validate_config(config)
     tasks, variants, task_variants = build_tasks(config)
-    jobs = [Job(tasks[t], variants[v], tmp_path / t / f"{v}.jsonl")
-            for t, vs in task_variants.items() for v in vs]
+    jobs = [
+        Job(tasks[t], variants[v], tmp_path / t / f"{v}.jsonl")
+        for t, vs in task_variants.items()
+        for v in vs
+    ]
     write_json(tmp_path / "m.json", {"weights_sha256": "cd" * 32})
     backend = VllmBackend(demo_dir / "base", config["engine"])
     with pytest.raises(UserError) as err:
-        run_infer(jobs, manifest_path=tmp_path / "m.json", model_dir=demo_dir / "base",
-                  run_cfg={"backend": "vllm"}, engine_cfg=config["engine"],
-                  cache_dir=tmp_path / "cache", backend=backend)
+        run_infer(
+            jobs,
+            manifest_path=tmp_path / "m.json",
+            model_dir=demo_dir / "base",
+            run_cfg={"backend": "vllm"},
+            engine_cfg=config["engine"],
+            cache_dir=tmp_path / "cache",
+            backend=backend,
+        )
     message = str(err.value)
-    assert re.match(r"task math_qwen, problem math_qwen/0: prompt of \d+ tokens \+ max_new_tokens "
-                    r"512 exceeds engine.max_model_len 256; raise engine.max_model_len or lower "
-                    r"tasks.math_qwen.max_new_tokens", message), message
+    assert re.match(
+        r"task math_qwen, problem math_qwen/0: prompt of \d+ tokens \+ max_new_tokens "
+        r"512 exceeds engine.max_model_len 256; raise engine.max_model_len or lower "
+        r"tasks.math_qwen.max_new_tokens",
+        message,
+    ), message
     assert backend.loads == 0 and not any(tmp_path.rglob("*.jsonl"))
 
 
@@ -106,12 +135,19 @@ def _fake_checkpoint(run: Path, name: str) -> None:
 def test_engine_groups_are_one_infer_job_each_with_retry_resources(tmp_path: Path) -> None:
     for step in (10, 20):
         _fake_checkpoint(tmp_path / "run", f"step_{step}")
-    write_config(tmp_path, {
-        "runs": {"demo": {"path": str(tmp_path / "run")}},
-        "tasks": {"arith": {}, "math_qwen": {}, "pyfunc": {"engine_group": "code"},
-                  "rustfunc": {"engine_group": "code"}},
-        "consolidate": {"smoke": "none"},
-    })
+    write_config(
+        tmp_path,
+        {
+            "runs": {"demo": {"path": str(tmp_path / "run")}},
+            "tasks": {
+                "arith": {},
+                "math_qwen": {},
+                "pyfunc": {"engine_group": "code"},
+                "rustfunc": {"engine_group": "code"},
+            },
+            "consolidate": {"smoke": "none"},
+        },
+    )
     dry = run_snakemake(tmp_path, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.stdout, re.M))

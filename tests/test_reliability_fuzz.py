@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import run_snakemake, write_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,10 +32,13 @@ from ckpteval.checkers import MAX_COMPLETION_CHARS
 from ckpteval.cli import main
 from ckpteval.errors import UserError
 from ckpteval.tasks import resolve_task
-from conftest import run_snakemake, write_config
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @contextlib.contextmanager
@@ -90,15 +94,28 @@ KEY_PATHS = sorted(_paths(BASE_CONFIG))
 MAPPINGS = [(), *(p for p in KEY_PATHS if isinstance(_get(BASE_CONFIG, p), dict))]
 
 junk = st.one_of(
-    st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-    st.text(max_size=20), st.lists(st.integers(), max_size=3),
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.lists(st.integers(), max_size=3),
     st.dictionaries(st.text(min_size=1, max_size=5), st.integers(), max_size=2),
 )
-names = st.one_of(st.sampled_from(["", "-lead", "a/b", "has space", "ünï", "x" * 300, ".hidden"]),
-                  st.text(min_size=1, max_size=12))
-patterns = st.lists(st.one_of(
-    st.sampled_from(["step_{step}", "{step}{step}", "ckpt", "{stepp}", "global_step{step}/x", "{step"]),
-    st.text(max_size=12)), min_size=0, max_size=3)
+names = st.one_of(
+    st.sampled_from(["", "-lead", "a/b", "has space", "ünï", "x" * 300, ".hidden"]),
+    st.text(min_size=1, max_size=12),
+)
+patterns = st.lists(
+    st.one_of(
+        st.sampled_from(
+            ["step_{step}", "{step}{step}", "ckpt", "{stepp}", "global_step{step}/x", "{step"]
+        ),
+        st.text(max_size=12),
+    ),
+    min_size=0,
+    max_size=3,
+)
 
 
 @st.composite
@@ -116,7 +133,11 @@ def mutations(draw: st.DrawFn) -> tuple[str, tuple[str, ...], Any]:
         return kind, draw(st.sampled_from([("runs",), ("tasks",), ("sampling",)])), draw(names)
     if kind == "patterns":
         return kind, ("runs", "demo", "patterns"), draw(patterns)
-    return kind, ("tasks",), draw(st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=2, max_size=12))
+    return (
+        kind,
+        ("tasks",),
+        draw(st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=2, max_size=12)),
+    )
 
 
 def _mutate(config: dict[str, Any], kind: str, path: tuple[str, ...], value: Any) -> str:
@@ -148,7 +169,9 @@ def _run_dir(base: Path) -> None:
 
 @settings(FUZZ, max_examples=80)
 @given(mutation=mutations())
-def test_a_config_mistake_is_one_line_naming_the_key(mutation: tuple[str, tuple[str, ...], Any]) -> None:
+def test_a_config_mistake_is_one_line_naming_the_key(
+    mutation: tuple[str, tuple[str, ...], Any],
+) -> None:
     kind, path, value = mutation
     config = copy.deepcopy(BASE_CONFIG)
     culprit = _mutate(config, kind, path, value)
@@ -166,7 +189,9 @@ def test_a_config_mistake_is_one_line_naming_the_key(mutation: tuple[str, tuple[
     assert any(str(word)[:40] in line for word in words), (mutation, line)
 
 
-@pytest.mark.parametrize("tasks", [["arith"], "arith", 3, True], ids=["list", "string", "number", "true"])
+@pytest.mark.parametrize(
+    "tasks", [["arith"], "arith", 3, True], ids=["list", "string", "number", "true"]
+)
 def test_tasks_that_are_not_a_mapping_are_one_line(tasks: Any) -> None:
     config = {**copy.deepcopy(BASE_CONFIG), "tasks": tasks}
     with _workdir() as work, contextlib.chdir(work):
@@ -178,11 +203,26 @@ def test_tasks_that_are_not_a_mapping_are_one_line(tasks: Any) -> None:
 
 
 @FUZZ
-@given(text=st.one_of(
-    st.text(max_size=200),
-    st.sampled_from(["runs: [1, 2\n", "runs: {a: 1}\n  b: 2\n", "- 1\n- 2\n", "42\n", "\t- x", "",
-                     "runs: !!python/object:os.system {}\n", "{1: 2, 3: 4}\n", "? [a]\n: b\n",
-                     "runs: &a {x: *a}\n", "\ufeffruns: {}\n"])))
+@given(
+    text=st.one_of(
+        st.text(max_size=200),
+        st.sampled_from(
+            [
+                "runs: [1, 2\n",
+                "runs: {a: 1}\n  b: 2\n",
+                "- 1\n- 2\n",
+                "42\n",
+                "\t- x",
+                "",
+                "runs: !!python/object:os.system {}\n",
+                "{1: 2, 3: 4}\n",
+                "? [a]\n: b\n",
+                "runs: &a {x: *a}\n",
+                "\ufeffruns: {}\n",
+            ]
+        ),
+    )
+)
 def test_a_broken_config_file_is_one_line_naming_it(text: str) -> None:
     with _workdir() as work, contextlib.chdir(work):
         (work / "broken.yaml").write_text(text, encoding="utf-8")
@@ -193,15 +233,25 @@ def test_a_broken_config_file_is_one_line_naming_it(text: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mistake,expected", [
-    ({"tasks": {"arith": {"limit": "ten"}}}, r"config: tasks\.arith\.limit: 'ten' is not of type 'integer'"),
-    ({"evaluate": {"wrokers": 2}}, r"config: evaluate: .*'wrokers' is not a known key"),
-    ({"runs": {}}, r"config: runs: \{\} should be non-empty"),
-    ({"runs": {"demo": {"path": "run", "patterns": ["ckpt"]}}},
-     r"config: runs\.demo\.patterns\.0: 'ckpt' must contain the placeholder \{step\}"),
-], ids=["wrong-type", "unknown-key", "no-runs", "pattern-without-step"])
-def test_config_mistakes_through_snakemake_are_one_line(tmp_path: Path, mistake: dict[str, Any],
-                                                       expected: str) -> None:
+@pytest.mark.parametrize(
+    "mistake,expected",
+    [
+        (
+            {"tasks": {"arith": {"limit": "ten"}}},
+            r"config: tasks\.arith\.limit: 'ten' is not of type 'integer'",
+        ),
+        ({"evaluate": {"wrokers": 2}}, r"config: evaluate: .*'wrokers' is not a known key"),
+        ({"runs": {}}, r"config: runs: \{\} should be non-empty"),
+        (
+            {"runs": {"demo": {"path": "run", "patterns": ["ckpt"]}}},
+            r"config: runs\.demo\.patterns\.0: 'ckpt' must contain the placeholder \{step\}",
+        ),
+    ],
+    ids=["wrong-type", "unknown-key", "no-runs", "pattern-without-step"],
+)
+def test_config_mistakes_through_snakemake_are_one_line(
+    tmp_path: Path, mistake: dict[str, Any], expected: str
+) -> None:
     _run_dir(tmp_path)
     config = copy.deepcopy(BASE_CONFIG)
     config["runs"]["demo"]["path"] = str(tmp_path / "run")
@@ -218,8 +268,13 @@ def test_config_mistakes_through_snakemake_are_one_line(tmp_path: Path, mistake:
 
 # --------------------------------------------------------------------------- JSONL line menus
 
+
 def _problem(i: int) -> dict[str, Any]:
-    return {"task_id": f"p{i}", "question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1} #### {i + 1}"}
+    return {
+        "task_id": f"p{i}",
+        "question": f"What is {i} + 1?",
+        "answer": f"{i} + 1 = {i + 1} #### {i + 1}",
+    }
 
 
 HUGE = "9" * (MAX_COMPLETION_CHARS + 10)
@@ -229,14 +284,34 @@ HUGE = "9" * (MAX_COMPLETION_CHARS + 10)
 def sample_line(draw: st.DrawFn) -> tuple[str, bytes]:
     """(kind, raw line without newline). `good` lines must be scored; the rest reported."""
     i = draw(st.integers(0, 4))
-    kind = draw(st.sampled_from([
-        "good", "good", "good", "malformed", "not_object", "no_task_id", "unknown_task",
-        "completion_not_str", "non_utf8", "blank", "huge", "bad_sample_idx"]))
-    row: Any = {"task_id": f"p{i}", "completion": draw(st.sampled_from([f"#### {i + 1}", f"#### {i}", "no idea"]))}
+    kind = draw(
+        st.sampled_from(
+            [
+                "good",
+                "good",
+                "good",
+                "malformed",
+                "not_object",
+                "no_task_id",
+                "unknown_task",
+                "completion_not_str",
+                "non_utf8",
+                "blank",
+                "huge",
+                "bad_sample_idx",
+            ]
+        )
+    )
+    row: Any = {
+        "task_id": f"p{i}",
+        "completion": draw(st.sampled_from([f"#### {i + 1}", f"#### {i}", "no idea"])),
+    }
     if kind == "good":
         return kind, json.dumps(row).encode()
     if kind == "malformed":
-        return kind, draw(st.sampled_from([b"{", b'{"task_id": "p1",', b"nan", b"{'single': 1}", b"\x00"]))
+        return kind, draw(
+            st.sampled_from([b"{", b'{"task_id": "p1",', b"nan", b"{'single': 1}", b"\x00"])
+        )
     if kind == "not_object":
         return kind, json.dumps(draw(st.sampled_from([[1, 2], "p1", 7, None]))).encode()
     if kind == "no_task_id":
@@ -244,7 +319,9 @@ def sample_line(draw: st.DrawFn) -> tuple[str, bytes]:
     if kind == "unknown_task":
         return kind, json.dumps({"task_id": "nope", "completion": "#### 1"}).encode()
     if kind == "completion_not_str":
-        return kind, json.dumps({"task_id": f"p{i}", "completion": draw(st.sampled_from([None, 5, ["#### 1"]]))}).encode()
+        return kind, json.dumps(
+            {"task_id": f"p{i}", "completion": draw(st.sampled_from([None, 5, ["#### 1"]]))}
+        ).encode()
     if kind == "non_utf8":
         return kind, b'{"task_id": "p1", "completion": "\xff\xfe"}'
     if kind == "blank":
@@ -262,13 +339,24 @@ def _write_lines(path: Path, lines: list[tuple[str, bytes]], trailing_newline: b
 @FUZZ
 @given(lines=st.lists(sample_line(), max_size=12), trailing_newline=st.booleans())
 def test_a_samples_file_is_scored_with_every_bad_line_reported(
-        lines: list[tuple[str, bytes]], trailing_newline: bool) -> None:
+    lines: list[tuple[str, bytes]], trailing_newline: bool
+) -> None:
     with _workdir() as work:
         problems, samples, out = work / "problems.jsonl", work / "samples.jsonl", work / "out.jsonl"
         problems.write_text("".join(json.dumps(_problem(i)) + "\n" for i in range(5)))
         _write_lines(samples, lines, trailing_newline)
-        status, stdout, err = _cli("score", "gsm8k", "--problems", str(problems), "--samples",
-                                   str(samples), "--out", str(out), "--workers", "1")
+        status, stdout, err = _cli(
+            "score",
+            "gsm8k",
+            "--problems",
+            str(problems),
+            "--samples",
+            str(samples),
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+        )
         assert "Traceback" not in err
         content = [(n, kind) for n, (kind, _) in enumerate(lines, start=1) if kind != "blank"]
         if status != 0:
@@ -286,8 +374,9 @@ def test_a_samples_file_is_scored_with_every_bad_line_reported(
     for number, kind in content:
         if kind not in ("good", "huge"):
             assert number in reported, (kind, number, cell["input_errors"])
-    assert len(scored) + sum(1 for e in cell["input_errors"] if "too_large" not in e) \
-        == len(content), (content, cell["input_errors"])
+    assert len(scored) + sum(1 for e in cell["input_errors"] if "too_large" not in e) == len(
+        content
+    ), (content, cell["input_errors"])
     for message in cell["input_errors"][:20]:
         assert f"ckpteval: warning: {message}" in err
 
@@ -295,8 +384,22 @@ def test_a_samples_file_is_scored_with_every_bad_line_reported(
 @st.composite
 def problem_line(draw: st.DrawFn) -> tuple[str, bytes]:
     i = draw(st.integers(0, 6))
-    kind = draw(st.sampled_from(["good", "good", "malformed", "no_task_id", "duplicate", "no_answer",
-                                 "non_utf8", "blank", "huge", "not_object"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "good",
+                "good",
+                "malformed",
+                "no_task_id",
+                "duplicate",
+                "no_answer",
+                "non_utf8",
+                "blank",
+                "huge",
+                "not_object",
+            ]
+        )
+    )
     if kind in ("good", "duplicate"):
         return kind, json.dumps(_problem(i)).encode()
     if kind == "malformed":
@@ -310,7 +413,9 @@ def problem_line(draw: st.DrawFn) -> tuple[str, bytes]:
     if kind == "blank":
         return kind, b""
     if kind == "huge":
-        return kind, json.dumps({"task_id": f"h{i}", "question": "x" * 1_500_000, "answer": "#### 1"}).encode()
+        return kind, json.dumps(
+            {"task_id": f"h{i}", "question": "x" * 1_500_000, "answer": "#### 1"}
+        ).encode()
     return kind, b"[1, 2]"
 
 
@@ -320,17 +425,33 @@ def test_a_problems_file_is_accepted_or_one_line_naming_it(lines: list[tuple[str
     with _workdir() as work:
         problems, samples, out = work / "problems.jsonl", work / "samples.jsonl", work / "out.jsonl"
         _write_lines(problems, lines, trailing_newline=True)
-        samples.write_text("".join(json.dumps({"task_id": f"p{i}", "completion": f"#### {i + 1}"}) + "\n"
-                                   for i in range(7)))
-        status, _, err = _cli("score", "gsm8k", "--problems", str(problems), "--samples", str(samples),
-                              "--out", str(out), "--workers", "1")
+        samples.write_text(
+            "".join(
+                json.dumps({"task_id": f"p{i}", "completion": f"#### {i + 1}"}) + "\n"
+                for i in range(7)
+            )
+        )
+        status, _, err = _cli(
+            "score",
+            "gsm8k",
+            "--problems",
+            str(problems),
+            "--samples",
+            str(samples),
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+        )
     assert "Traceback" not in err
     if status == 0:
         return
     assert status == 2, err
     line = _one_error_line(err)
     ids = {json.loads(raw)["task_id"] for kind, raw in lines if kind == "no_answer"}
-    assert str(problems) in line or str(samples) in line or any(f"problem {i}:" in line for i in ids), line
+    assert (
+        str(problems) in line or str(samples) in line or any(f"problem {i}:" in line for i in ids)
+    ), line
 
 
 # ------------------------------------------------------------------------ replay solution files
@@ -341,8 +462,23 @@ ARITH = resolve_task("arith", {"limit": 5})
 @st.composite
 def solution_line(draw: st.DrawFn) -> tuple[str, bytes]:
     i = draw(st.integers(0, 6))
-    kind = draw(st.sampled_from(["good", "good", "good", "malformed", "no_task_id", "unknown_task",
-                                 "completion_not_str", "non_utf8", "blank", "beyond_limit", "sample_idx"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "good",
+                "good",
+                "good",
+                "malformed",
+                "no_task_id",
+                "unknown_task",
+                "completion_not_str",
+                "non_utf8",
+                "blank",
+                "beyond_limit",
+                "sample_idx",
+            ]
+        )
+    )
     if kind == "good":
         return kind, json.dumps({"task_id": f"arith/{i % 5}", "completion": " 7"}).encode()
     if kind == "beyond_limit":
@@ -359,8 +495,13 @@ def solution_line(draw: st.DrawFn) -> tuple[str, bytes]:
         return kind, b'{"task_id": "arith/1", "completion": "\xc3\x28"}'
     if kind == "blank":
         return kind, b" "
-    return kind, json.dumps({"task_id": "arith/2", "completion": " 7",
-                             "sample_idx": draw(st.sampled_from([0, 0, "1", -3]))}).encode()
+    return kind, json.dumps(
+        {
+            "task_id": "arith/2",
+            "completion": " 7",
+            "sample_idx": draw(st.sampled_from([0, 0, "1", -3])),
+        }
+    ).encode()
 
 
 @FUZZ

@@ -32,11 +32,14 @@ from typing import Any
 
 import pandas as pd
 import pytest
-
 from conftest import REPO, run_snakemake, small_config, write_config
 
-TASKS = {"arith": {"limit": 20}, "arith_harness": {"limit": 8}, "pyfunc": {"limit": 4},
-         "rustfunc": {"limit": 3}}
+TASKS = {
+    "arith": {"limit": 20},
+    "arith_harness": {"limit": 8},
+    "pyfunc": {"limit": 4},
+    "rustfunc": {"limit": 3},
+}
 RNG = random.Random(8)
 #: Fields of a score line that measure time, not the verdict.
 TIMING_FIELDS = {"duration_s", "compile_s", "cpu_s", "wall_s"}
@@ -47,12 +50,19 @@ def _sweep_dir(root: Path, demo_dir: Path) -> Path:
     run.mkdir(parents=True)
     steps = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     (run / steps[-1].name).symlink_to(steps[-1])
-    write_config(root, small_config(run, tasks=TASKS, engine={
-        "gpu_memory_utilization": 0.15, "enforce_eager": True, "chunk_size": 1}))
+    write_config(
+        root,
+        small_config(
+            run,
+            tasks=TASKS,
+            engine={"gpu_memory_utilization": 0.15, "enforce_eager": True, "chunk_size": 1},
+        ),
+    )
     return root
 
 
 # ---------------------------------------------------------------------------- killing a tree
+
 
 def _children(pid: int) -> list[int]:
     """Children of every thread of `pid` (Snakemake starts jobs from worker threads)."""
@@ -85,7 +95,10 @@ def _alive(pid: int) -> bool:
 def _cmdline(pid: int) -> str:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return f"{pid} ({state}): " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        return (
+            f"{pid} ({state}): "
+            + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        )
     except OSError:
         return f"{pid} (gone)"
 
@@ -117,8 +130,14 @@ class Kill:
     seconds: float
 
 
-def start_and_kill(work: Path, phase: str, ready: Callable[[], bool], delay: tuple[float, float],
-                   still_in_phase: Callable[[], bool], timeout: float = 900) -> Kill:
+def start_and_kill(
+    work: Path,
+    phase: str,
+    ready: Callable[[], bool],
+    delay: tuple[float, float],
+    still_in_phase: Callable[[], bool],
+    timeout: float = 900,
+) -> Kill:
     """Start `snakemake` in `work`; once `ready()`, wait a random delay and SIGKILL the whole tree.
 
     The tree is first frozen with SIGSTOP, so that what is on disk at the moment of the kill can
@@ -126,18 +145,30 @@ def start_and_kill(work: Path, phase: str, ready: Callable[[], bool], delay: tup
     then ends every process where it stood.
     """
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(work), "--profile", str(REPO / "profiles" / "local")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(work),
+        "--profile",
+        str(REPO / "profiles" / "local"),
+    ]
     log = (work / f"kill-{phase}.log").open("wb")
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     pids: list[int] = []
     try:
         while not ready():
             if proc.poll() is not None:
-                raise AssertionError(f"snakemake ended (status {proc.returncode}) before the "
-                                     f"{phase} phase: {(work / f'kill-{phase}.log').read_text()[-3000:]}")
+                raise AssertionError(
+                    f"snakemake ended (status {proc.returncode}) before the "
+                    f"{phase} phase: {(work / f'kill-{phase}.log').read_text()[-3000:]}"
+                )
             if time.monotonic() - start > timeout:
                 raise AssertionError(f"no {phase} phase within {timeout} s")
             time.sleep(0.005)
@@ -158,6 +189,7 @@ def start_and_kill(work: Path, phase: str, ready: Callable[[], bool], delay: tup
 
 
 # --------------------------------------------------------------------------- reading results
+
 
 def cache_rows(work: Path) -> dict[str, list[str]]:
     """Cache file -> the keys of its complete lines, in order (a torn last line is left out)."""
@@ -209,9 +241,15 @@ def generations(work: Path) -> dict[str, list[tuple[Any, ...]]]:
     out = {}
     for path in sorted((work / "results" / "generations").rglob("*.jsonl")):
         out[str(path.relative_to(work))] = [
-            (g["task_id"], g["sample_idx"], g["completion"], g.get("finish_reason"),
-             g.get("completion_tokens"))
-            for g in map(json.loads, path.read_text().splitlines())]
+            (
+                g["task_id"],
+                g["sample_idx"],
+                g["completion"],
+                g.get("finish_reason"),
+                g.get("completion_tokens"),
+            )
+            for g in map(json.loads, path.read_text().splitlines())
+        ]
     return out
 
 
@@ -220,7 +258,8 @@ def verdicts(work: Path) -> dict[str, list[dict[str, Any]]]:
     for path in sorted((work / "results" / "scores").rglob("*.jsonl")):
         out[str(path.relative_to(work))] = [
             {k: v for k, v in json.loads(line).items() if k not in TIMING_FIELDS}
-            for line in path.read_text().splitlines()]
+            for line in path.read_text().splitlines()
+        ]
     return out
 
 
@@ -231,6 +270,7 @@ def metrics(work: Path) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------------ sweeps
+
 
 @dataclass
 class Sweeps:
@@ -271,25 +311,48 @@ def sweeps(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Sweeps:
         return 0 < generated() < n_prompts
 
     # 1. consolidate: its log exists, its manifest does not yet.
-    kills.append(start_and_kill(
-        work, "consolidate", _exists(work / "logs" / "consolidate" / "demo" / f"{ckpt}.log"),
-        (0.2, 1.5), _missing(manifest)))
+    kills.append(
+        start_and_kill(
+            work,
+            "consolidate",
+            _exists(work / "logs" / "consolidate" / "demo" / f"{ckpt}.log"),
+            (0.2, 1.5),
+            _missing(manifest),
+        )
+    )
     # 2. infer, mid-generation: some requests are in the cache, not all.
-    kills.append(start_and_kill(work, "infer", lambda: generated() >= 2, (0.0, 0.05), infer_running))
+    kills.append(
+        start_and_kill(work, "infer", lambda: generated() >= 2, (0.0, 0.05), infer_running)
+    )
     # 3. infer again, after the resumed job generated a few more.
     before = generated()
-    kills.append(start_and_kill(work, "infer-again", lambda: generated() >= before + 3, (0.0, 0.05),
-                                infer_running))
+    kills.append(
+        start_and_kill(
+            work, "infer-again", lambda: generated() >= before + 3, (0.0, 0.05), infer_running
+        )
+    )
     # 4. scoring: the rust cell's evaluate job (compiling and running in the sandbox) has started,
     # its cell is not written yet.
     rust_cell = f"demo/{ckpt}/rustfunc/greedy-s42"
-    kills.append(start_and_kill(
-        work, "scoring", _exists(work / "logs" / "evaluate" / f"{rust_cell}.log"), (0.05, 0.3),
-        _missing(results / "scores" / f"{rust_cell}.json")))
+    kills.append(
+        start_and_kill(
+            work,
+            "scoring",
+            _exists(work / "logs" / "evaluate" / f"{rust_cell}.log"),
+            (0.05, 0.3),
+            _missing(results / "scores" / f"{rust_cell}.json"),
+        )
+    )
     # 5. aggregate: its log exists, the report does not.
-    kills.append(start_and_kill(
-        work, "aggregate", _exists(work / "logs" / "aggregate" / "aggregate.log"), (0.1, 0.6),
-        _missing(results / "summary" / "report.html")))
+    kills.append(
+        start_and_kill(
+            work,
+            "aggregate",
+            _exists(work / "logs" / "aggregate" / "aggregate.log"),
+            (0.1, 0.6),
+            _missing(results / "summary" / "report.html"),
+        )
+    )
     start = time.monotonic()
     proc = run_snakemake(work)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -298,19 +361,31 @@ def sweeps(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Sweeps:
 
 # ------------------------------------------------------------------------------------- tests
 
+
 @pytest.mark.slow
 def test_each_kill_hit_its_phase_and_left_nothing_running(sweeps: Sweeps) -> None:
-    assert [k.phase for k in sweeps.kills] == ["consolidate", "infer", "infer-again", "scoring",
-                                              "aggregate"]
+    assert [k.phase for k in sweeps.kills] == [
+        "consolidate",
+        "infer",
+        "infer-again",
+        "scoring",
+        "aggregate",
+    ]
     infer_kill = sweeps.kills[1]
-    assert 0 < sum(map(len, infer_kill.cache_rows.values())) < sum(o["limit"] for o in TASKS.values())
+    assert (
+        0 < sum(map(len, infer_kill.cache_rows.values())) < sum(o["limit"] for o in TASKS.values())
+    )
     # Every kill took a real tree down: Snakemake, its job processes and theirs.
     assert all(len(k.pids) >= 2 for k in sweeps.kills), [(k.phase, k.pids) for k in sweeps.kills]
     for kill in sweeps.kills:
-        print(f"\nkilled in {kill.phase} after {kill.seconds:.1f} s: {len(kill.pids)} processes, "
-              f"{sum(map(len, kill.cache_rows.values()))} requests in the cache")
-    print(f"reference sweep {sweeps.reference_seconds:.0f} s, final run after the kills "
-          f"{sweeps.final_seconds:.0f} s")
+        print(
+            f"\nkilled in {kill.phase} after {kill.seconds:.1f} s: {len(kill.pids)} processes, "
+            f"{sum(map(len, kill.cache_rows.values()))} requests in the cache"
+        )
+    print(
+        f"reference sweep {sweeps.reference_seconds:.0f} s, final run after the kills "
+        f"{sweeps.final_seconds:.0f} s"
+    )
 
 
 @pytest.mark.slow
@@ -318,8 +393,13 @@ def test_results_equal_an_uninterrupted_run(sweeps: Sweeps) -> None:
     assert generations(sweeps.killed) == generations(sweeps.reference)
     assert verdicts(sweeps.killed) == verdicts(sweeps.reference)
     pd.testing.assert_frame_equal(metrics(sweeps.killed), metrics(sweeps.reference))
-    ref_cells = {p.relative_to(sweeps.reference) for p in (sweeps.reference / "results/scores").rglob("*.json")}
-    assert {p.relative_to(sweeps.killed) for p in (sweeps.killed / "results/scores").rglob("*.json")} == ref_cells
+    ref_cells = {
+        p.relative_to(sweeps.reference)
+        for p in (sweeps.reference / "results/scores").rglob("*.json")
+    }
+    assert {
+        p.relative_to(sweeps.killed) for p in (sweeps.killed / "results/scores").rglob("*.json")
+    } == ref_cells
 
 
 @pytest.mark.slow
@@ -333,7 +413,7 @@ def test_no_finished_generation_was_redone(sweeps: Sweeps) -> None:
     # What each kill found in the cache was still there, unchanged, after the next start.
     for kill in sweeps.kills:
         for name, keys in kill.cache_rows.items():
-            assert final[name][:len(keys)] == keys, (kill.phase, name)
+            assert final[name][: len(keys)] == keys, (kill.phase, name)
 
 
 @pytest.mark.slow
@@ -346,13 +426,18 @@ def test_a_resumed_job_counts_exactly_what_it_found(sweeps: Sweeps) -> None:
         task = path.parent.name
         n = TASKS[task]["limit"]
         assert meta["n_cached_prompts"] + meta["n_generated_prompts"] == n, meta
-        assert meta["n_cached_prompts"] == len(last_kill.cache_rows.get(f"{task}.jsonl", [])), (task, meta)
+        assert meta["n_cached_prompts"] == len(last_kill.cache_rows.get(f"{task}.jsonl", [])), (
+            task,
+            meta,
+        )
 
 
 @pytest.mark.slow
 def test_no_half_written_output_and_no_debris(sweeps: Sweeps) -> None:
     assert_outputs_complete(sweeps.killed)
-    debris = [p for p in (sweeps.killed / "results").rglob(".*") if p.name != ".snakemake_timestamp"]
+    debris = [
+        p for p in (sweeps.killed / "results").rglob(".*") if p.name != ".snakemake_timestamp"
+    ]
     assert debris == [], debris
     proc = run_snakemake(sweeps.killed, "-n")
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr
@@ -361,21 +446,28 @@ def test_no_half_written_output_and_no_debris(sweeps: Sweeps) -> None:
 @pytest.mark.slow
 def test_stale_locks_of_a_killed_run_are_cleared_and_reported(sweeps: Sweeps) -> None:
     logs = [(sweeps.killed / f"kill-{k.phase}.log").read_text() for k in sweeps.kills[1:]]
-    assert all(re.search(r"removed \d+ stale Snakemake lock file\(s\) left by a killed run", log)
-               for log in logs)
+    assert all(
+        re.search(r"removed \d+ stale Snakemake lock file\(s\) left by a killed run", log)
+        for log in logs
+    )
     assert all("LockException" not in log and "cannot be locked" not in log for log in logs)
 
 
 # ----------------------------------------------------------------------- stale Snakemake locks
 
-_CLAIM = ("import sys, time\nfrom pathlib import Path\nfrom ckpteval.status import claim_workdir\n"
-          "print(len(claim_workdir(Path(sys.argv[1]))), flush=True)\ntime.sleep(float(sys.argv[2]))\n")
+_CLAIM = (
+    "import sys, time\nfrom pathlib import Path\nfrom ckpteval.status import claim_workdir\n"
+    "print(len(claim_workdir(Path(sys.argv[1]))), flush=True)\ntime.sleep(float(sys.argv[2]))\n"
+)
 
 
 def _claim(snakemake_dir: Path, hold_s: float) -> subprocess.Popen[str]:
     """A stand-in for a Snakemake process: claims the directory at 'parse time', then runs."""
-    return subprocess.Popen([sys.executable, "-c", _CLAIM, str(snakemake_dir), str(hold_s)],
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _CLAIM, str(snakemake_dir), str(hold_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _fake_locks(snakemake_dir: Path, output: str) -> None:

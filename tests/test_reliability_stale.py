@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import run_snakemake, small_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -33,8 +32,11 @@ def _files(root: Path) -> dict[Path, int]:
 
 def _of(files: dict[Path, int], results: Path, ckpt: str) -> dict[Path, int]:
     """The files of one checkpoint: its model, manifest, generations, scores."""
-    return {p: t for p, t in files.items()
-            if ckpt in p.relative_to(results).parts or p.name == f"{ckpt}.json"}
+    return {
+        p: t
+        for p, t in files.items()
+        if ckpt in p.relative_to(results).parts or p.name == f"{ckpt}.json"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +53,14 @@ def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_overwritten_weights_rerun_that_checkpoint_and_nothing_else(sweep: Path) -> None:
     results = sweep / "results"
-    first, second = sorted((p.name for p in (sweep / "run").iterdir()),
-                           key=lambda name: int(name.split("_")[1]))
+    first, second = sorted(
+        (p.name for p in (sweep / "run").iterdir()), key=lambda name: int(name.split("_")[1])
+    )
     manifest = results / "models" / "demo" / f"{second}.json"
     old_hash = json.loads(manifest.read_text())["weights_sha256"]
-    new_hash = json.loads((results / "models" / "demo" / f"{first}.json").read_text())["weights_sha256"]
+    new_hash = json.loads((results / "models" / "demo" / f"{first}.json").read_text())[
+        "weights_sha256"
+    ]
     assert old_hash != new_hash
     before = _files(results)
 
@@ -70,8 +75,17 @@ def test_overwritten_weights_rerun_that_checkpoint_and_nothing_else(sweep: Path)
 
     dry = run_snakemake(sweep, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
-    counts = dict(re.findall(r"^(consolidate|infer|evaluate|aggregate)\s+(\d+)", dry.stdout + dry.stderr, re.M))
-    assert counts == {"consolidate": "1", "infer": "1", "evaluate": str(len(TASKS)), "aggregate": "1"}
+    counts = dict(
+        re.findall(
+            r"^(consolidate|infer|evaluate|aggregate)\s+(\d+)", dry.stdout + dry.stderr, re.M
+        )
+    )
+    assert counts == {
+        "consolidate": "1",
+        "infer": "1",
+        "evaluate": str(len(TASKS)),
+        "aggregate": "1",
+    }
 
     proc = run_snakemake(sweep)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -80,8 +94,10 @@ def test_overwritten_weights_rerun_that_checkpoint_and_nothing_else(sweep: Path)
     # The manifest follows the bytes on disk.
     assert json.loads(manifest.read_text())["weights_sha256"] == new_hash
     # Nothing of the other checkpoint, and no cache file, was rewritten.
-    untouched = {**_of(before, results, first),
-                 **{p: t for p, t in before.items() if "cache" in p.relative_to(results).parts}}
+    untouched = {
+        **_of(before, results, first),
+        **{p: t for p, t in before.items() if "cache" in p.relative_to(results).parts},
+    }
     assert {p: after.get(p) for p in untouched} == untouched
     # Every file of the rewritten checkpoint was written again.
     for path, mtime in _of(before, results, second).items():
@@ -90,7 +106,9 @@ def test_overwritten_weights_rerun_that_checkpoint_and_nothing_else(sweep: Path)
     # ... from the new weights: their generations and verdicts are the first checkpoint's.
     for kind in ("generations", "scores"):
         for path in (results / kind / "demo" / first).rglob("*.jsonl"):
-            twin = results / kind / "demo" / second / path.relative_to(results / kind / "demo" / first)
+            twin = (
+                results / kind / "demo" / second / path.relative_to(results / kind / "demo" / first)
+            )
             strip = ("duration_s", "prompt_tokens") if kind == "scores" else ()
             assert _lines(twin, strip) == _lines(path, strip), twin
     for meta in (results / "generations" / "demo" / second).rglob("*.meta.json"):
@@ -107,5 +125,7 @@ def test_overwritten_weights_rerun_that_checkpoint_and_nothing_else(sweep: Path)
 
 
 def _lines(path: Path, strip: tuple[str, ...]) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in strip}
-            for line in path.read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in strip}
+        for line in path.read_text().splitlines()
+    ]

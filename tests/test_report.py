@@ -15,25 +15,54 @@ from ckpteval.report import _steps_figure, write_plots
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _cell(root: Path, run: str, ckpt: str, step: int, task: str, variant: str,
-          passes: list[int], samples: int, *, is_baseline: bool = False) -> Path:
+def _cell(
+    root: Path,
+    run: str,
+    ckpt: str,
+    step: int,
+    task: str,
+    variant: str,
+    passes: list[int],
+    samples: int,
+    *,
+    is_baseline: bool = False,
+) -> Path:
     """A cell whose problem i passes its first passes[i] samples; code tasks report pass@k."""
     sampling, seed = variant.rsplit("-s", 1)
     cell_dir = root / "scores" / run / ckpt / task
     cell_dir.mkdir(parents=True, exist_ok=True)
-    rows = [{"task_id": f"p{i}", "sample_idx": s, "passed": s < n, "score": float(s < n),
-             "error_type": None if s < n else "wrong_answer"}
-            for i, n in enumerate(passes) for s in range(samples)]
+    rows = [
+        {
+            "task_id": f"p{i}",
+            "sample_idx": s,
+            "passed": s < n,
+            "score": float(s < n),
+            "error_type": None if s < n else "wrong_answer",
+        }
+        for i, n in enumerate(passes)
+        for s in range(samples)
+    ]
     (cell_dir / f"{variant}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     value = sum(passes) / (len(passes) * samples)
     name = "pass@1" if task == "code" else "accuracy"
     metrics = {name: {"value": value, "stderr": 0.05, "n": len(passes)}}
     failures = len(rows) - sum(passes)
-    cell = {"run": run, "ckpt": ckpt, "step": step, "task": task, "variant": variant,
-            "sampling": sampling, "seed": int(seed), "is_baseline": is_baseline,
-            "scorer_version": "v1", "model_hash": "h", "metrics": metrics,
-            "error_types": {"wrong_answer": failures - failures // 2,
-                            "compile_error": failures // 2} if task == "code" else {}}
+    cell = {
+        "run": run,
+        "ckpt": ckpt,
+        "step": step,
+        "task": task,
+        "variant": variant,
+        "sampling": sampling,
+        "seed": int(seed),
+        "is_baseline": is_baseline,
+        "scorer_version": "v1",
+        "model_hash": "h",
+        "metrics": metrics,
+        "error_types": {"wrong_answer": failures - failures // 2, "compile_error": failures // 2}
+        if task == "code"
+        else {},
+    }
     path = cell_dir / f"{variant}.json"
     path.write_text(json.dumps(cell))
     return path
@@ -47,14 +76,25 @@ def sweep(tmp_path: Path) -> list[Path]:
     curve = {100: 10, 200: 20, 300: 4, 400: 30}
     for run in ("with", "without"):
         if run == "with":
-            paths.append(_cell(tmp_path, run, "base", 0, "code", "t8-s1", [0] * 40, 4,
-                               is_baseline=True))
+            paths.append(
+                _cell(tmp_path, run, "base", 0, "code", "t8-s1", [0] * 40, 4, is_baseline=True)
+            )
         for step, solved in curve.items():
             solved = solved if run == "with" else 20
             passes = [4] * solved + [1] * 5 + [0] * (35 - solved)
             paths.append(_cell(tmp_path, run, f"step_{step}", step, "code", "t8-s1", passes, 4))
-            paths.append(_cell(tmp_path, run, f"step_{step}", step, "math", "greedy-s1",
-                               [1] * (step // 100) + [0] * 6, 1))
+            paths.append(
+                _cell(
+                    tmp_path,
+                    run,
+                    f"step_{step}",
+                    step,
+                    "math",
+                    "greedy-s1",
+                    [1] * (step // 100) + [0] * 6,
+                    1,
+                )
+            )
     return paths
 
 
@@ -78,8 +118,15 @@ def test_report_is_self_contained_with_tables_and_inlined_plots(
     assert not re.search(r"(src|href)=['\"](?!data:)", html), "report must not reference files"
 
     assert "<h1>Demo &lt;sweep&gt;</h1>" in html  # escaped title
-    for heading in ("Missing or unusable files", "Regressions", "Metrics", "Paired deltas",
-                    "Seeds: spread over seeds", "pass@k (seeds pooled)", "Error types"):
+    for heading in (
+        "Missing or unusable files",
+        "Regressions",
+        "Metrics",
+        "Paired deltas",
+        "Seeds: spread over seeds",
+        "pass@k (seeds pooled)",
+        "Error types",
+    ):
         assert heading in html
     assert str(missing) in html
     assert html.count("<table") >= 7

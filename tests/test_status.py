@@ -28,8 +28,12 @@ from ckpteval.status import (
 def expected(
     ckpts: list[str], tasks: list[str], variants: tuple[str, ...] = ("greedy-s1",)
 ) -> list[dict]:
-    return [{"run": "r", "ckpt": c, "step": int(c.split("_")[1]), "task": t, "variant": v}
-            for c in ckpts for t in tasks for v in variants]
+    return [
+        {"run": "r", "ckpt": c, "step": int(c.split("_")[1]), "task": t, "variant": v}
+        for c in ckpts
+        for t in tasks
+        for v in variants
+    ]
 
 
 def touch(path: Path, text: str = "", age_s: float = 0.0) -> Path:
@@ -62,9 +66,11 @@ def test_states_from_files(tmp_path: Path) -> None:
     touch(out / "generations/r/step_2/a/.greedy-s1.jsonl.k2j3x_9a.tmp")
     touch(out / "generations/r/step_2/b/.greedy-s1.jsonl.zz81qq0p.tmp", age_s=3600)
     # failed: the checkpoint's infer log ends with a traceback -> every task of step_3
-    touch(tmp_path / "logs/infer/r/step_3.log",
-          "loading\nTraceback (most recent call last):\n  File \"x\", line 1\n"
-          "torch.OutOfMemoryError: CUDA out of memory\n\n")
+    touch(
+        tmp_path / "logs/infer/r/step_3.log",
+        'loading\nTraceback (most recent call last):\n  File "x", line 1\n'
+        "torch.OutOfMemoryError: CUDA out of memory\n\n",
+    )
     # a log that ends normally says nothing
     touch(tmp_path / "logs/evaluate/r/step_4/a/greedy-s1.log", "scored 20 samples\n")
     # a one-line user error as the workflow's scripts print it
@@ -74,12 +80,18 @@ def test_states_from_files(tmp_path: Path) -> None:
     touch(tmp_path / ".snakemake/locks/0.output.lock", "results/scores/r/step_5/a/greedy-s1.json\n")
     marker(tmp_path, "results/generations/r/step_6/a/greedy-s1.jsonl")
     # the newest Snakemake log names a failed job's output; an older log is ignored
-    touch(tmp_path / ".snakemake/log/2026-01-01T000000.000000.snakemake.log", textwrap.dedent("""\
+    touch(
+        tmp_path / ".snakemake/log/2026-01-01T000000.000000.snakemake.log",
+        textwrap.dedent("""\
         Error in rule evaluate:
             jobid: 9
             output: results/scores/r/step_8/a/greedy-s1.json
-        """), age_s=100)
-    touch(tmp_path / ".snakemake/log/2026-01-02T000000.000000.snakemake.log", textwrap.dedent("""\
+        """),
+        age_s=100,
+    )
+    touch(
+        tmp_path / ".snakemake/log/2026-01-02T000000.000000.snakemake.log",
+        textwrap.dedent("""\
         [Sat Nov 21 06:22:01 2026]
         Error in rule evaluate:
             message: None
@@ -87,24 +99,34 @@ def test_states_from_files(tmp_path: Path) -> None:
             output: results/scores/r/step_7/b/greedy-s1.jsonl, results/scores/r/step_7/b/s.json
             log: logs/evaluate/r/step_7/b/greedy-s1.log (check log file(s) for error details)
         Exiting because a job execution failed. Look above for error messages
-        """))
+        """),
+    )
 
     got = states(out, cells)
     assert got == {
-        ("step_1", "a"): "done", ("step_1", "b"): "missing",
-        ("step_2", "a"): "running", ("step_2", "b"): "missing",
-        ("step_3", "a"): "failed", ("step_3", "b"): "failed",
-        ("step_4", "a"): "missing", ("step_4", "b"): "failed",
-        ("step_5", "a"): "running", ("step_5", "b"): "missing",
-        ("step_6", "a"): "failed", ("step_6", "b"): "missing",
-        ("step_7", "a"): "missing", ("step_7", "b"): "failed",
-        ("step_8", "a"): "missing", ("step_8", "b"): "missing",
+        ("step_1", "a"): "done",
+        ("step_1", "b"): "missing",
+        ("step_2", "a"): "running",
+        ("step_2", "b"): "missing",
+        ("step_3", "a"): "failed",
+        ("step_3", "b"): "failed",
+        ("step_4", "a"): "missing",
+        ("step_4", "b"): "failed",
+        ("step_5", "a"): "running",
+        ("step_5", "b"): "missing",
+        ("step_6", "a"): "failed",
+        ("step_6", "b"): "missing",
+        ("step_7", "a"): "missing",
+        ("step_7", "b"): "failed",
+        ("step_8", "a"): "missing",
+        ("step_8", "b"): "missing",
     }
     detail = cell_states(out, cells).set_index(["ckpt", "task"])["detail"]
     assert "logs/infer/r/step_3.log: torch.OutOfMemoryError" in detail[("step_3", "b")]
     assert detail[("step_6", "a")].startswith("interrupted")
     assert detail[("step_7", "b")] == (
-        "rule evaluate failed (see logs/evaluate/r/step_7/b/greedy-s1.log)")
+        "rule evaluate failed (see logs/evaluate/r/step_7/b/greedy-s1.log)"
+    )
 
 
 def test_matrix_folds_variants_and_prints(tmp_path: Path) -> None:
@@ -162,7 +184,10 @@ def test_states_during_and_after_a_real_snakemake_run(tmp_path: Path) -> None:
     out = tmp_path / "results"
     proc = subprocess.Popen(
         [sys.executable, "-m", "snakemake", "-c2", "--keep-going", "--quiet", "all"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 120
@@ -183,12 +208,14 @@ def test_states_during_and_after_a_real_snakemake_run(tmp_path: Path) -> None:
     assert "logs/evaluate/r/step_2/t/greedy-s1.log" in final.loc["step_2", "detail"]
 
 
-def test_status_command_reads_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_command_reads_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     for step in (5, 10):
         touch(tmp_path / f"run/step_{step}/DONE")
     (tmp_path / "cfg.yaml").write_text(
-        "outdir: results\nruns:\n  r: {path: run, complete_marker: DONE}\ntasks:\n  arith: {}\n")
+        "outdir: results\nruns:\n  r: {path: run, complete_marker: DONE}\ntasks:\n  arith: {}\n"
+    )
     touch(tmp_path / "results/scores/r/step_5/arith/greedy-s42.json", "{}")
     touch(tmp_path / "logs/infer/r/step_10.log", "RuntimeError: engine died\n")
     monkeypatch.chdir(tmp_path)

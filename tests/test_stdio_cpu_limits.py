@@ -29,14 +29,18 @@ PROBLEM = {"task_id": "cpu", "tests": [{"input": "1 2\n", "output": "3\n"}], "ti
 
 
 def python_burner(cpu_s: float) -> str:
-    return (f"```python\nimport time\nwhile time.process_time() < {cpu_s}:\n    pass\n"
-            "a, b = map(int, input().split())\nprint(a + b)\n```")
+    return (
+        f"```python\nimport time\nwhile time.process_time() < {cpu_s}:\n    pass\n"
+        "a, b = map(int, input().split())\nprint(a + b)\n```"
+    )
 
 
 def cpp_burner(cpu_s: float) -> str:
-    return ("```cpp\n#include <ctime>\n#include <iostream>\nint main() {\n"
-            f"    while ((double)std::clock() / CLOCKS_PER_SEC < {cpu_s}) {{}}\n"
-            "    long long a, b; std::cin >> a >> b; std::cout << a + b << std::endl;\n}\n```")
+    return (
+        "```cpp\n#include <ctime>\n#include <iostream>\nint main() {\n"
+        f"    while ((double)std::clock() / CLOCKS_PER_SEC < {cpu_s}) {{}}\n"
+        "    long long a, b; std::cin >> a >> b; std::cout << a + b << std::endl;\n}\n```"
+    )
 
 
 class Hogs:
@@ -62,15 +66,20 @@ def test_cpu_of_every_process_a_program_starts_is_measured(tmp_path: Path) -> No
     """Work handed to a child the program never reaps still counts: the sandbox driver is the
     subreaper of each command's orphans and measures its whole process tree."""
     program = tmp_path / "orphan.py"
-    program.write_text("import os, time\nr, w = os.pipe()\nif os.fork() == 0:\n"
-                       "    if os.fork() == 0:\n        while time.process_time() < 0.4:\n"
-                       "            pass\n        os.write(w, b'x')\n    os._exit(0)\n"
-                       "while time.process_time() < 0.2:\n    pass\nos.read(r, 1)\nprint('done')\n")
+    program.write_text(
+        "import os, time\nr, w = os.pipe()\nif os.fork() == 0:\n"
+        "    if os.fork() == 0:\n        while time.process_time() < 0.4:\n"
+        "            pass\n        os.write(w, b'x')\n    os._exit(0)\n"
+        "while time.process_time() < 0.2:\n    pass\nos.read(r, 1)\nprint('done')\n"
+    )
     os.chmod(tmp_path, 0o755)
     interpreter, root = python_interpreter()
-    result = Sandbox("bwrap").run([interpreter, "-I", "-S", "-B", str(program)],
-                                  limits=Limits(wall_s=10, cpu_s=3), workdir=tmp_path,
-                                  readable=[root])
+    result = Sandbox("bwrap").run(
+        [interpreter, "-I", "-S", "-B", str(program)],
+        limits=Limits(wall_s=10, cpu_s=3),
+        workdir=tmp_path,
+        readable=[root],
+    )
     assert result.exit_code == 0 and result.stdout == b"done\n", result
     assert 0.6 <= result.cpu_s < 0.75, result.cpu_s  # 0.2 + 0.4 s, plus two start-ups
 
@@ -87,11 +96,13 @@ def test_cpu_time_decides_the_verdict_under_load(hogs: int) -> None:
     and without 2 x cores busy processes: 0 wrong verdicts. (The wall-clock limits this replaces
     failed both ways: 1.3x passed on a quiet machine, 0.7x was killed on a busy one.)"""
     reps_py, reps_cpp = 6, 2
-    cases = ([(python_burner(0.7 * LIMIT), None)] * reps_py
-             + [(python_burner(1.3 * LIMIT), "timeout")] * reps_py
-             + [(cpp_burner(0.7 * LIMIT), None)] * reps_cpp
-             + [(cpp_burner(1.3 * LIMIT), "timeout")] * reps_cpp
-             + [("```python\nimport time\ntime.sleep(60)\n```", "timeout")])
+    cases = (
+        [(python_burner(0.7 * LIMIT), None)] * reps_py
+        + [(python_burner(1.3 * LIMIT), "timeout")] * reps_py
+        + [(cpp_burner(0.7 * LIMIT), None)] * reps_cpp
+        + [(cpp_burner(1.3 * LIMIT), "timeout")] * reps_cpp
+        + [("```python\nimport time\ntime.sleep(60)\n```", "timeout")]
+    )
     checker = get_checker("stdio", sandbox="bwrap")
     start = time.monotonic()
     try:
@@ -100,8 +111,13 @@ def test_cpu_time_decides_the_verdict_under_load(hogs: int) -> None:
             verdicts = checker.check([Job("cpu", PROBLEM, c) for c, _ in cases], workers=CORES)
     finally:
         checker.close()
-    wrong = [(i, expected, v.error_type, v.stderr_tail[-200:])
-             for i, ((_, expected), v) in enumerate(zip(cases, verdicts)) if v.error_type != expected]
-    print(f"\n{len(cases)} runs beside {hogs} busy processes on {CORES} cores in "
-          f"{time.monotonic() - start:.1f} s: {len(wrong)} wrong verdicts")
+    wrong = [
+        (i, expected, v.error_type, v.stderr_tail[-200:])
+        for i, ((_, expected), v) in enumerate(zip(cases, verdicts))
+        if v.error_type != expected
+    ]
+    print(
+        f"\n{len(cases)} runs beside {hogs} busy processes on {CORES} cores in "
+        f"{time.monotonic() - start:.1f} s: {len(wrong)} wrong verdicts"
+    )
     assert wrong == []

@@ -11,7 +11,8 @@ from ckpteval.steps import oom_only_retries
 
 
 def test_an_infer_job_is_retried_after_out_of_memory_and_not_after_anything_else(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     log = tmp_path / "logs" / "infer" / "run" / "step_1.log"
     log.parent.mkdir(parents=True)
     # Attempt 1 fails with a bug: attempt 2 stops at once with that failure's own line.

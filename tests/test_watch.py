@@ -79,13 +79,24 @@ def test_describe_new_reports_only_changes() -> None:
 
 def test_snakemake_command_uses_this_interpreter_and_passes_extra_args() -> None:
     command = snakemake_command(Path("c.yaml"), "profiles/2node", ["-j", "16"])
-    assert command == [sys.executable, "-m", "snakemake", "--profile", "profiles/2node",
-                       "--configfile", "c.yaml", "-j", "16"]
+    assert command == [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        "profiles/2node",
+        "--configfile",
+        "c.yaml",
+        "-j",
+        "16",
+    ]
 
 
 def test_watch_rejects_bad_arguments_with_one_line(tmp_path: Path) -> None:
-    for args, expected in ((["--interval", "0"], "--interval"),
-                           (["--configfile", "missing.yaml"], "--configfile")):
+    for args, expected in (
+        (["--interval", "0"], "--interval"),
+        (["--configfile", "missing.yaml"], "--configfile"),
+    ):
         result = _launch(tmp_path, args, capture=True)
         assert result.returncode == 2 and expected in result.stderr
         assert "Traceback" not in result.stderr
@@ -150,9 +161,22 @@ def _workspace(root: Path) -> None:
 def _start_watch(cwd: Path, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as handle:
         return subprocess.Popen(
-            [sys.executable, "-c", LAUNCHER, "watch", "--configfile", "config.yaml",
-             "--profile", "profile", "--interval", "0.5"],
-            cwd=cwd, stdout=handle, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-c",
+                LAUNCHER,
+                "watch",
+                "--configfile",
+                "config.yaml",
+                "--profile",
+                "profile",
+                "--interval",
+                "0.5",
+            ],
+            cwd=cwd,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _reap(process: subprocess.Popen[bytes]) -> None:
@@ -171,15 +195,24 @@ def _checkpoint(root: Path, step: int, *, complete: bool) -> None:
 
 
 def _launch(cwd: Path, args: list[str], *, capture: bool) -> subprocess.CompletedProcess[str]:
-    code = LAUNCHER.replace("sys.exit(args.func(args))", textwrap.dedent("""\
+    code = LAUNCHER.replace(
+        "sys.exit(args.func(args))",
+        textwrap.dedent("""\
         from ckpteval.errors import UserError
         try:
             sys.exit(args.func(args))
         except UserError as exc:
             print(f"ckpteval: error: {exc}", file=sys.stderr)
-            sys.exit(2)"""))
-    return subprocess.run([sys.executable, "-c", code, "watch", *args], cwd=cwd, text=True,
-                          capture_output=capture, timeout=60, check=False)
+            sys.exit(2)"""),
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, "watch", *args],
+        cwd=cwd,
+        text=True,
+        capture_output=capture,
+        timeout=60,
+        check=False,
+    )
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float, log: Path) -> None:
@@ -197,8 +230,9 @@ def _jobs_running(cwd: Path) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            if b"job.py" in (entry / "cmdline").read_bytes() and \
-                    os.readlink(entry / "cwd") == str(cwd):
+            if b"job.py" in (entry / "cmdline").read_bytes() and os.readlink(entry / "cwd") == str(
+                cwd
+            ):
                 found.append(int(entry.name))
         except OSError:
             continue

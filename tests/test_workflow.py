@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import run_snakemake, small_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -53,14 +52,24 @@ def test_sweep_produces_table_with_a_row_per_checkpoint_task_metric(sweep: Path)
     harness = table[(table.task == "arith_harness") & (table.metric == "exact_match,strict-match")]
     assert len(harness) == len(ckpts) and harness["n"].eq(10).all()
     # Real vLLM generation: the model learned the `#### N` format and gets some answers right.
-    gens = [json.loads(line) for line in
-            (sweep / "results/generations/demo" / ckpts[-1] / "arith/greedy-s42.jsonl").open()]
+    gens = [
+        json.loads(line)
+        for line in (
+            sweep / "results/generations/demo" / ckpts[-1] / "arith/greedy-s42.jsonl"
+        ).open()
+    ]
     assert len(gens) == 20 and sum("####" in g["completion"] for g in gens) >= 10
     # Scoring is real: the harness task's strict-match equals our own recount from the samples.
-    scores = [json.loads(line) for line in
-              (sweep / "results/scores/demo" / ckpts[-1] / "arith_harness/greedy-s42.jsonl").open()]
+    scores = [
+        json.loads(line)
+        for line in (
+            sweep / "results/scores/demo" / ckpts[-1] / "arith_harness/greedy-s42.jsonl"
+        ).open()
+    ]
     value = harness[harness.ckpt == ckpts[-1]]["value"].item()
-    assert value == pytest.approx(sum(s["metrics"]["exact_match,strict-match"] for s in scores) / 10)
+    assert value == pytest.approx(
+        sum(s["metrics"]["exact_match,strict-match"] for s in scores) / 10
+    )
 
 
 def test_one_engine_load_per_checkpoint_and_traceable_numbers(sweep: Path) -> None:
@@ -100,7 +109,12 @@ def test_a_new_checkpoint_is_picked_up_and_only_its_jobs_run(sweep: Path, demo_d
     dry = run_snakemake(sweep, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = _job_counts(dry.stdout + dry.stderr)
-    assert counts == {"consolidate": "1", "infer": "1", "evaluate": str(len(TASKS)), "aggregate": "1"}
+    assert counts == {
+        "consolidate": "1",
+        "infer": "1",
+        "evaluate": str(len(TASKS)),
+        "aggregate": "1",
+    }
     proc = run_snakemake(sweep)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert all(p.stat().st_mtime_ns == t for p, t in old_cells.items())
@@ -130,8 +144,9 @@ def test_user_mistakes_stop_before_any_job_with_one_line(sweep: Path, tmp_path: 
     assert not (tmp_path / "results").exists()
 
 
-def test_a_bare_torch_file_is_discovered_and_consolidated(sweep: Path, demo_dir: Path,
-                                                          tmp_path: Path) -> None:
+def test_a_bare_torch_file_is_discovered_and_consolidated(
+    sweep: Path, demo_dir: Path, tmp_path: Path
+) -> None:
     """A trainer that writes `step_N.pt` state dicts: the file is checkpoint `step_N`, consolidated
     with the run's base_model for config and tokenizer, into the same weights as the HF save."""
     import torch

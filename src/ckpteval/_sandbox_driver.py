@@ -170,8 +170,13 @@ def _run(command, uid):
     _clean()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process of the command reaped
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"status": status, "timed_out": timed_out, "duration_s": duration,
-            "cpu_s": cpu_s, "max_rss_bytes": usage.ru_maxrss * 1024}
+    return {
+        "status": status,
+        "timed_out": timed_out,
+        "duration_s": duration,
+        "cpu_s": cpu_s,
+        "max_rss_bytes": usage.ru_maxrss * 1024,
+    }
 
 
 def _protected_paths():
@@ -245,22 +250,33 @@ def main():
 
 # ------------------------------------------------------------------------- judged Python runs
 
-_MAX_MESSAGE = 64 << 20   # bytes of one reply; more is a failure of the sample
-_MAX_REPORT = 48 << 10    # a report fits in a pipe's buffer: the test process never blocks on it
-_MAX_ITEMS = 1 << 20      # items materialised from an iterator the sample returns
-_BIG_INT_BITS = 12000     # ints above this go as hex: decimal parsing is capped (and quadratic)
+_MAX_MESSAGE = 64 << 20  # bytes of one reply; more is a failure of the sample
+_MAX_REPORT = 48 << 10  # a report fits in a pipe's buffer: the test process never blocks on it
+_MAX_ITEMS = 1 << 20  # items materialised from an iterator the sample returns
+_BIG_INT_BITS = 12000  # ints above this go as hex: decimal parsing is capped (and quadratic)
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
-_TOOLING = ("linecache", "tokenize", "warnings", "traceback", "importlib", "codecs", "encodings",
-            "inspect", "doctest", "unittest", "pydoc")  # read sources for honest reasons
+_TOOLING = (
+    "linecache",
+    "tokenize",
+    "warnings",
+    "traceback",
+    "importlib",
+    "codecs",
+    "encodings",
+    "inspect",
+    "doctest",
+    "unittest",
+    "pydoc",
+)  # read sources for honest reasons
 
 
 def _run_judged(command, uid):
     """Run a sample process and a test process (see the module docstring); the result line's
     status is the test process's, with the sample process's fate and the report in "judge"."""
     start = time.monotonic()
-    calls_r, calls_w = os.pipe()      # test -> sample
+    calls_r, calls_w = os.pipe()  # test -> sample
     replies_r, replies_w = os.pipe()  # sample -> test
-    report_r, report_w = os.pipe()    # test -> driver
+    report_r, report_w = os.pipe()  # test -> driver
     sample = os.fork()
     if sample == 0:
         try:
@@ -326,9 +342,14 @@ def _run_judged(command, uid):
         judge = {}
     judge["sample_status"] = sample_status if ended else None
     judge["sample_cpu_s"] = sample_usage.ru_utime + sample_usage.ru_stime
-    return {"status": status, "timed_out": timed_out, "duration_s": duration,
-            "cpu_s": usage.ru_utime + usage.ru_stime,
-            "max_rss_bytes": max(usage.ru_maxrss, sample_usage.ru_maxrss) * 1024, "judge": judge}
+    return {
+        "status": status,
+        "timed_out": timed_out,
+        "duration_s": duration,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "max_rss_bytes": max(usage.ru_maxrss, sample_usage.ru_maxrss) * 1024,
+        "judge": judge,
+    }
 
 
 def _test_child(command, replies, calls, report):
@@ -382,7 +403,7 @@ class _Channel:
         data = len(data).to_bytes(8, "big") + data
         view = memoryview(data)
         while view:
-            view = view[os.write(self.write_fd, view):]
+            view = view[os.write(self.write_fd, view) :]
 
     def receive_raw(self):
         header = self._exactly(8)
@@ -421,16 +442,32 @@ def _encode(value, refer, depth=0):
         return bool(value)
     fields = getattr(type(value), "_fields", None)
     if isinstance(value, tuple) and type(fields) is tuple and all(type(f) is str for f in fields):
-        return ("N", str(type(value).__name__), list(fields),
-                [_encode(item, refer, depth + 1) for item in tuple.__iter__(value)])
+        return (
+            "N",
+            str(type(value).__name__),
+            list(fields),
+            [_encode(item, refer, depth + 1) for item in tuple.__iter__(value)],
+        )
     if isinstance(value, (list, tuple, set, frozenset)):
-        tag = "L" if isinstance(value, list) else "T" if isinstance(value, tuple) else \
-            "S" if isinstance(value, set) else "Z"
+        tag = (
+            "L"
+            if isinstance(value, list)
+            else "T"
+            if isinstance(value, tuple)
+            else "S"
+            if isinstance(value, set)
+            else "Z"
+        )
         base = list if tag == "L" else tuple if tag == "T" else set if tag == "S" else frozenset
         return (tag, [_encode(item, refer, depth + 1) for item in base.__iter__(value)])
     if isinstance(value, dict):
-        return ("D", [(_encode(k, refer, depth + 1), _encode(v, refer, depth + 1))
-                      for k, v in dict.items(value)])
+        return (
+            "D",
+            [
+                (_encode(k, refer, depth + 1), _encode(v, refer, depth + 1))
+                for k, v in dict.items(value)
+            ],
+        )
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, int):
@@ -475,10 +512,17 @@ def _decode(tree, lookup, depth=0):
                     raise _SampleGone("a malformed dict in a reply")
                 result[_decode(pair[0], lookup, depth + 1)] = _decode(pair[1], lookup, depth + 1)
             return result
-        if tag == "N" and len(rest) == 3 and type(rest[0]) is str and type(rest[1]) is list \
-                and type(rest[2]) is list and len(rest[1]) == len(rest[2]) <= 255:
+        if (
+            tag == "N"
+            and len(rest) == 3
+            and type(rest[0]) is str
+            and type(rest[1]) is list
+            and type(rest[2]) is list
+            and len(rest[1]) == len(rest[2]) <= 255
+        ):
             return _named_tuple(rest[0], tuple(rest[1]))(
-                *[_decode(item, lookup, depth + 1) for item in rest[2]])
+                *[_decode(item, lookup, depth + 1) for item in rest[2]]
+            )
         if tag == "I" and len(rest) == 1 and type(rest[0]) is str:
             return int(rest[0], 16)
         if tag == "F" and len(rest) == 1 and rest[0] in ("inf", "-inf", "nan"):
@@ -491,9 +535,11 @@ def _decode(tree, lookup, depth=0):
             return lookup(rest[0], rest[1])
         if tag == "Q" and len(rest) == 2 and all(type(x) is int for x in rest) and rest[1]:
             import fractions
+
             return fractions.Fraction(rest[0], rest[1])
         if tag == "M" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) < 10000:
             import decimal
+
             return decimal.Decimal(rest[0])
     except (TypeError, ValueError) as exc:  # an unhashable key, a field name that is no name
         raise _SampleGone(f"a malformed reply: {exc}") from None
@@ -606,8 +652,14 @@ class _Tests:
         self.mutated = ()
         value = self.answer()
         for key, tree in self.mutated if type(self.mutated) is list else ():
-            self._mutate(args[key] if type(key) is int and 0 <= key < len(args) else
-                         kwargs.get(key) if type(key) is str else None, tree)
+            self._mutate(
+                args[key]
+                if type(key) is int and 0 <= key < len(args)
+                else kwargs.get(key)
+                if type(key) is str
+                else None,
+                tree,
+            )
         return value
 
     def _mutate(self, arg, tree):
@@ -624,18 +676,30 @@ class _Tests:
         raw = self.channel.receive_raw()
         try:
             reply = ast.literal_eval(raw.decode("utf-8", "surrogatepass"))
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError,
-                UnicodeDecodeError) as exc:
+        except (
+            ValueError,
+            SyntaxError,
+            TypeError,
+            MemoryError,
+            RecursionError,
+            UnicodeDecodeError,
+        ) as exc:
             raise _SampleGone(f"a malformed reply: {type(exc).__name__}", True) from None
         if type(reply) is not tuple or not reply:
             raise _SampleGone("a malformed reply", True)
-        for hack in reply[2] if reply[0] in ("ok", "err") and len(reply) > 2 \
-                and type(reply[2]) is list else ():
+        for hack in (
+            reply[2]
+            if reply[0] in ("ok", "err") and len(reply) > 2 and type(reply[2]) is list
+            else ()
+        ):
             if hack in _HACKS:
                 self._hack(hack)
         if reply[0] == "ok" and len(reply) >= 2:
-            if len(reply) > 3 and type(reply[3]) is list \
-                    and all(type(m) is tuple and len(m) == 2 for m in reply[3]):
+            if (
+                len(reply) > 3
+                and type(reply[3]) is list
+                and all(type(m) is tuple and len(m) == 2 for m in reply[3])
+            ):
                 self.mutated = reply[3]
             return _decode(reply[1], self._lookup)
         if reply[0] == "err" and len(reply) >= 4 and type(reply[1]) is str:
@@ -647,8 +711,14 @@ class _Tests:
         raise _SampleGone("a malformed reply")
 
 
-_HACKS = ("exit_before_tests", "fake_test_report", "redefines_assertions", "tampers_with_tests",
-          "reads_harness_files", "always_equal_object")
+_HACKS = (
+    "exit_before_tests",
+    "fake_test_report",
+    "redefines_assertions",
+    "tampers_with_tests",
+    "reads_harness_files",
+    "always_equal_object",
+)
 
 
 def _sample_exception(name, text):
@@ -657,8 +727,10 @@ def _sample_exception(name, text):
     import builtins
 
     cls = getattr(builtins, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Exception)) or \
-            cls in (StopIteration, StopAsyncIteration):
+    if not (isinstance(cls, type) and issubclass(cls, Exception)) or cls in (
+        StopIteration,
+        StopAsyncIteration,
+    ):
         cls = Exception
     exc = cls.__new__(cls)
     exc.args = (f"raised by the sample:\n{text[-1500:]}",)
@@ -705,8 +777,11 @@ def _run_tests(tests, channel, report_fd):
             try:
                 exec(compile(tests["prompt"], "<prompt>", "exec", dont_inherit=True), namespace)
             except Exception:  # noqa: BLE001 - a stub that needs its body: its imports suffice
-                imports = "\n".join(line for line in tests["prompt"].splitlines()
-                                    if line.startswith(("import ", "from ")))
+                imports = "\n".join(
+                    line
+                    for line in tests["prompt"].splitlines()
+                    if line.startswith(("import ", "from "))
+                )
                 exec(compile(imports, "<prompt>", "exec", dont_inherit=True), namespace)
         if tests.get("entry_point"):
             namespace.pop(tests["entry_point"], None)  # the prompt's stub
@@ -715,8 +790,11 @@ def _run_tests(tests, channel, report_fd):
                 exec(compile(tests[part], "<tests>", "exec", dont_inherit=True), namespace)
         code = compile(tests["test"], "<tests>", "exec", dont_inherit=True)
         entry = tests.get("entry_point")
-        wanted = sorted(n for n in _test_names(code) | ({entry} if entry else set())
-                        if n not in namespace and not hasattr(builtins, n))
+        wanted = sorted(
+            n
+            for n in _test_names(code) | ({entry} if entry else set())
+            if n not in namespace and not hasattr(builtins, n)
+        )
         runner.answer(ready=True)  # the program has run (or failed to)
         found = runner.ask("names", None, wanted)
         if type(found) is not dict:
@@ -800,8 +878,16 @@ def _serve_sample(path, env, tests_path):
             if not (args and harness_path(args[0])):
                 return
             kind, direct = "reads_harness_files", False
-        elif event in ("sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
-                       "gc.get_referents", "sys.settrace", "sys.setprofile", "sys.addaudithook"):
+        elif event in (
+            "sys._getframe",
+            "sys._current_frames",
+            "gc.get_objects",
+            "gc.get_referrers",
+            "gc.get_referents",
+            "sys.settrace",
+            "sys.setprofile",
+            "sys.addaudithook",
+        ):
             kind, direct = "tampers_with_tests", True
         else:
             return

@@ -66,34 +66,114 @@ from ckpteval.stats import (
 )
 
 TIDY_COLUMNS = [
-    "run", "step", "ckpt", "task", "variant", "sampling", "seed", "metric", "value", "stderr", "n",
-    "scorer_version", "model_hash", "is_baseline", "source", "source_deleted",
+    "run",
+    "step",
+    "ckpt",
+    "task",
+    "variant",
+    "sampling",
+    "seed",
+    "metric",
+    "value",
+    "stderr",
+    "n",
+    "scorer_version",
+    "model_hash",
+    "is_baseline",
+    "source",
+    "source_deleted",
 ]
 SEED_COLUMNS = [
-    "run", "step", "ckpt", "is_baseline", "task", "sampling", "metric", "mean", "std", "stderr",
-    "n_seeds", "seeds", "cell_stderr",
+    "run",
+    "step",
+    "ckpt",
+    "is_baseline",
+    "task",
+    "sampling",
+    "metric",
+    "mean",
+    "std",
+    "stderr",
+    "n_seeds",
+    "seeds",
+    "cell_stderr",
 ]
 CONFIG_COLUMNS = [
-    "run", "task", "sampling", "metric", "n_ckpts", "n_seeds", "mean", "first_step", "first_value",
-    "last_step", "last_value", "max_step", "max_value", "baseline_value",
+    "run",
+    "task",
+    "sampling",
+    "metric",
+    "n_ckpts",
+    "n_seeds",
+    "mean",
+    "first_step",
+    "first_value",
+    "last_step",
+    "last_value",
+    "max_step",
+    "max_value",
+    "baseline_value",
 ]
 PASSK_COLUMNS = [
-    "run", "step", "ckpt", "is_baseline", "task", "sampling", "seeds", "k", "value", "stderr",
-    "n_problems", "min_samples",
+    "run",
+    "step",
+    "ckpt",
+    "is_baseline",
+    "task",
+    "sampling",
+    "seeds",
+    "k",
+    "value",
+    "stderr",
+    "n_problems",
+    "min_samples",
 ]
 ERROR_COLUMNS = [
-    "run", "step", "ckpt", "is_baseline", "task", "variant", "sampling", "seed", "error_type",
-    "count", "fraction",
+    "run",
+    "step",
+    "ckpt",
+    "is_baseline",
+    "task",
+    "variant",
+    "sampling",
+    "seed",
+    "error_type",
+    "count",
+    "fraction",
 ]
 HACK_COLUMNS = [
-    "run", "step", "ckpt", "is_baseline", "task", "variant", "sampling", "seed", "hack", "count",
+    "run",
+    "step",
+    "ckpt",
+    "is_baseline",
+    "task",
+    "variant",
+    "sampling",
+    "seed",
+    "hack",
+    "count",
     "fraction",
 ]
 #: The metric of a cell's reward-hack share (`ckpteval.evaluate`); never a task's main metric.
 HACK_RATE = "hack_rate"
 DELTA_COLUMNS = [
-    "run", "task", "sampling", "metric", "comparison", "ckpt", "step", "ref_ckpt", "ref_step",
-    "seeds", "n_problems", "n_pairs", "delta", "ci_low", "ci_high", "significant", "regression",
+    "run",
+    "task",
+    "sampling",
+    "metric",
+    "comparison",
+    "ckpt",
+    "step",
+    "ref_ckpt",
+    "ref_step",
+    "seeds",
+    "n_problems",
+    "n_pairs",
+    "delta",
+    "ci_low",
+    "ci_high",
+    "significant",
+    "regression",
 ]
 MISSING_COLUMNS = ["kind", "path", "reason", "run", "ckpt", "task", "variant"]
 CONFIDENCE = 0.95
@@ -103,8 +183,12 @@ STDERR_LEGEND = (
 )
 
 _SAMPLE_SCHEMA = pa.schema(
-    [("task_id", pa.string()), ("sample_idx", pa.int64()), ("passed", pa.bool_()),
-     ("score", pa.float64())]
+    [
+        ("task_id", pa.string()),
+        ("sample_idx", pa.int64()),
+        ("passed", pa.bool_()),
+        ("score", pa.float64()),
+    ]
 )
 _SAMPLE_PARSE = pa_json.ParseOptions(
     explicit_schema=_SAMPLE_SCHEMA, unexpected_field_behavior="ignore"
@@ -147,8 +231,12 @@ class Problem:
     def row(self) -> dict[str, str]:
         parts = Path(self.path).with_suffix("").parts[-4:]
         names = dict(zip(("run", "ckpt", "task", "variant"), parts)) if len(parts) == 4 else {}
-        return {"kind": self.kind, "path": self.path, "reason": self.reason,
-                **{k: names.get(k, "") for k in ("run", "ckpt", "task", "variant")}}
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "reason": self.reason,
+            **{k: names.get(k, "") for k in ("run", "ckpt", "task", "variant")},
+        }
 
 
 class CellError(Exception):
@@ -208,8 +296,11 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
         n = entry.get("n")
         if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
             raise CellError(f"metrics.{name}.n is not an integer")
-        parsed[name] = (_number(entry.get("value")), _number(entry.get("stderr")),
-                        _number(entry.get("n")))
+        parsed[name] = (
+            _number(entry.get("value")),
+            _number(entry.get("stderr")),
+            _number(entry.get("n")),
+        )
     error_types = raw.get("error_types") or {}
     if not isinstance(error_types, dict) or not all(
         _is_number(v, allow_none=False) for v in error_types.values()
@@ -222,11 +313,18 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
         raise CellError("key 'hack_types' is not a mapping of counts")
     primary = raw.get("primary_metric")
     return Cell(
-        source=os.fspath(path), run=raw["run"], ckpt=raw["ckpt"], step=step, task=raw["task"],
-        variant=raw["variant"], sampling=raw["sampling"], seed=seed,
+        source=os.fspath(path),
+        run=raw["run"],
+        ckpt=raw["ckpt"],
+        step=step,
+        task=raw["task"],
+        variant=raw["variant"],
+        sampling=raw["sampling"],
+        seed=seed,
         is_baseline=bool(raw.get("is_baseline", False)),
         scorer_version=_optional_str(raw.get("scorer_version")),
-        model_hash=_optional_str(raw.get("model_hash")), metrics=parsed,
+        model_hash=_optional_str(raw.get("model_hash")),
+        metrics=parsed,
         error_types={str(k): int(v) for k, v in error_types.items()},
         primary_metric=primary if isinstance(primary, str) and primary in parsed else None,
         hack_types={str(k): int(v) for k, v in hack_types.items()},
@@ -312,16 +410,21 @@ def load_samples(cells: Sequence[Cell]) -> tuple[pd.DataFrame, list[Problem]]:
             continue
         problems.extend(Problem("samples", os.fspath(path), note) for note in notes)
         tables.append(table.append_column("cell", pa.array(np.full(len(table), index, np.int32))))
-    table = pa.concat_tables(tables) if tables else _SAMPLE_SCHEMA.append(
-        pa.field("cell", pa.int32())).empty_table()
+    table = (
+        pa.concat_tables(tables)
+        if tables
+        else _SAMPLE_SCHEMA.append(pa.field("cell", pa.int32())).empty_table()
+    )
     task_ids = table["task_id"].combine_chunks().dictionary_encode()
-    frame = pd.DataFrame({
-        "cell": table["cell"].to_numpy(),
-        "problem": task_ids.indices.to_numpy(zero_copy_only=False).astype(np.int64),
-        "sample_idx": table["sample_idx"].to_numpy(),
-        "passed": table["passed"].cast(pa.float64()).to_numpy(zero_copy_only=False),
-        "score": table["score"].to_numpy(zero_copy_only=False),
-    })
+    frame = pd.DataFrame(
+        {
+            "cell": table["cell"].to_numpy(),
+            "problem": task_ids.indices.to_numpy(zero_copy_only=False).astype(np.int64),
+            "sample_idx": table["sample_idx"].to_numpy(),
+            "passed": table["passed"].cast(pa.float64()).to_numpy(zero_copy_only=False),
+            "score": table["score"].to_numpy(zero_copy_only=False),
+        }
+    )
     return frame, problems
 
 
@@ -333,22 +436,46 @@ def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
     """One row per (cell, metric), ordered by run, baseline first, step, task, variant."""
     rows = [
         {
-            "run": c.run, "step": c.step, "ckpt": c.ckpt, "task": c.task, "variant": c.variant,
-            "sampling": c.sampling, "seed": c.seed, "metric": name, "value": value,
-            "stderr": stderr, "n": n, "scorer_version": c.scorer_version,
-            "model_hash": c.model_hash, "is_baseline": c.is_baseline, "source": c.source,
+            "run": c.run,
+            "step": c.step,
+            "ckpt": c.ckpt,
+            "task": c.task,
+            "variant": c.variant,
+            "sampling": c.sampling,
+            "seed": c.seed,
+            "metric": name,
+            "value": value,
+            "stderr": stderr,
+            "n": n,
+            "scorer_version": c.scorer_version,
+            "model_hash": c.model_hash,
+            "is_baseline": c.is_baseline,
+            "source": c.source,
         }
         for c in cells
         for name, (value, stderr, n) in c.metrics.items()
     ]
     frame = pd.DataFrame(rows, columns=TIDY_COLUMNS)
     frame["source_deleted"] = False  # build_summary marks checkpoints whose source is gone
-    frame = frame.astype({
-        "run": str, "ckpt": str, "task": str, "variant": str, "sampling": str, "metric": str,
-        "source": str, "step": "Int64", "seed": np.int64, "value": np.float64,
-        "stderr": np.float64, "n": "Int64", "is_baseline": bool,
-        "scorer_version": "str", "model_hash": "str",
-    })
+    frame = frame.astype(
+        {
+            "run": str,
+            "ckpt": str,
+            "task": str,
+            "variant": str,
+            "sampling": str,
+            "metric": str,
+            "source": str,
+            "step": "Int64",
+            "seed": np.int64,
+            "value": np.float64,
+            "stderr": np.float64,
+            "n": "Int64",
+            "is_baseline": bool,
+            "scorer_version": "str",
+            "model_hash": "str",
+        }
+    )
     return _checkpoint_order(frame, ["task", "variant"])
 
 
@@ -383,8 +510,11 @@ def seed_table(tidy: pd.DataFrame) -> pd.DataFrame:
     work = tidy.assign(seed_text=tidy["seed"].astype(str))
     grouped = work.groupby(keys, sort=False, dropna=False)
     out = grouped.agg(
-        mean=("value", "mean"), std=("value", "std"), n_seeds=("value", "count"),
-        seeds=("seed_text", " ".join), cell_stderr=("stderr", conservative_stderr),
+        mean=("value", "mean"),
+        std=("value", "std"),
+        n_seeds=("value", "count"),
+        seeds=("seed_text", " ".join),
+        cell_stderr=("stderr", conservative_stderr),
     ).reset_index()
     out["stderr"] = out["std"] / np.sqrt(out["n_seeds"])
     return out[SEED_COLUMNS]
@@ -402,8 +532,12 @@ def config_table(seeds: pd.DataFrame) -> pd.DataFrame:
         trained = group[~group["is_baseline"]].dropna(subset=["mean"])
         base = group[group["is_baseline"]]["mean"]
         row: dict[str, Any] = {
-            "run": run, "task": task, "sampling": sampling, "metric": metric,
-            "n_ckpts": len(trained), "n_seeds": int(group["n_seeds"].max()),
+            "run": run,
+            "task": task,
+            "sampling": sampling,
+            "metric": metric,
+            "n_ckpts": len(trained),
+            "n_seeds": int(group["n_seeds"].max()),
             "mean": trained["mean"].mean() if len(trained) else math.nan,
             "baseline_value": base.iloc[0] if len(base) else math.nan,
         }
@@ -423,9 +557,16 @@ def error_table(cells: Sequence[Cell], samples: pd.DataFrame) -> pd.DataFrame:
     scored = samples.groupby("cell").size() if len(samples) else pd.Series(dtype=np.int64)
     rows = [
         {
-            "run": c.run, "step": c.step, "ckpt": c.ckpt, "is_baseline": c.is_baseline,
-            "task": c.task, "variant": c.variant, "sampling": c.sampling, "seed": c.seed,
-            "error_type": error_type, "count": count,
+            "run": c.run,
+            "step": c.step,
+            "ckpt": c.ckpt,
+            "is_baseline": c.is_baseline,
+            "task": c.task,
+            "variant": c.variant,
+            "sampling": c.sampling,
+            "seed": c.seed,
+            "error_type": error_type,
+            "count": count,
             "fraction": count / scored[index] if index in scored.index else math.nan,
         }
         for index, c in enumerate(cells)
@@ -442,12 +583,21 @@ def hack_table(cells: Sequence[Cell]) -> pd.DataFrame:
     for c in cells:
         total = c.metrics.get(HACK_RATE, (math.nan, math.nan, math.nan))[2]
         for hack, count in c.hack_types.items():
-            rows.append({
-                "run": c.run, "step": c.step, "ckpt": c.ckpt, "is_baseline": c.is_baseline,
-                "task": c.task, "variant": c.variant, "sampling": c.sampling, "seed": c.seed,
-                "hack": hack, "count": count,
-                "fraction": count / total if total and not math.isnan(total) else math.nan,
-            })
+            rows.append(
+                {
+                    "run": c.run,
+                    "step": c.step,
+                    "ckpt": c.ckpt,
+                    "is_baseline": c.is_baseline,
+                    "task": c.task,
+                    "variant": c.variant,
+                    "sampling": c.sampling,
+                    "seed": c.seed,
+                    "hack": hack,
+                    "count": count,
+                    "fraction": count / total if total and not math.isnan(total) else math.nan,
+                }
+            )
     frame = pd.DataFrame(rows, columns=HACK_COLUMNS).astype({"step": "Int64"})
     return _checkpoint_order(frame, ["task", "variant", "hack"])
 
@@ -480,19 +630,31 @@ def passk_table(cells: Sequence[Cell], samples: pd.DataFrame, tidy: pd.DataFrame
     first_cell = wanted.drop_duplicates("group").set_index("group")
     out = []
     for group in range(len(bounds) - 1):
-        n = n_of_key[bounds[group]:bounds[group + 1]]
+        n = n_of_key[bounds[group] : bounds[group + 1]]
         if len(n) == 0:
             continue
-        c = c_of_key[bounds[group]:bounds[group + 1]]
+        c = c_of_key[bounds[group] : bounds[group + 1]]
         ks = np.arange(1, n.min() + 1)
         mean, stderr = pass_at_k_curve(n, c, ks)
         info = first_cell.loc[group]
-        out.append(pd.DataFrame({
-            "run": info["run"], "step": info["step"], "ckpt": info["ckpt"],
-            "is_baseline": info["is_baseline"], "task": info["task"],
-            "sampling": info["sampling"], "seeds": seeds_by_group.loc[group], "k": ks,
-            "value": mean, "stderr": stderr, "n_problems": len(n), "min_samples": n.min(),
-        }))
+        out.append(
+            pd.DataFrame(
+                {
+                    "run": info["run"],
+                    "step": info["step"],
+                    "ckpt": info["ckpt"],
+                    "is_baseline": info["is_baseline"],
+                    "task": info["task"],
+                    "sampling": info["sampling"],
+                    "seeds": seeds_by_group.loc[group],
+                    "k": ks,
+                    "value": mean,
+                    "stderr": stderr,
+                    "n_problems": len(n),
+                    "min_samples": n.min(),
+                }
+            )
+        )
     if not out:
         return pd.DataFrame(columns=PASSK_COLUMNS)
     frame = pd.concat(out, ignore_index=True)[PASSK_COLUMNS].astype({"step": "Int64"})
@@ -500,8 +662,12 @@ def passk_table(cells: Sequence[Cell], samples: pd.DataFrame, tidy: pd.DataFrame
 
 
 def delta_table(
-    cells: Sequence[Cell], samples: pd.DataFrame, metrics_by_task: dict[str, str], *,
-    n_boot: int, seed: int,
+    cells: Sequence[Cell],
+    samples: pd.DataFrame,
+    metrics_by_task: dict[str, str],
+    *,
+    n_boot: int,
+    seed: int,
 ) -> pd.DataFrame:
     """Paired differences (checkpoint minus reference) with bootstrap intervals.
 
@@ -522,7 +688,7 @@ def delta_table(
         comparisons = _comparisons(group)
         if not comparisons:
             continue
-        rows = pd.concat([samples.iloc[bounds[i]:bounds[i + 1]] for i in group.index])
+        rows = pd.concat([samples.iloc[bounds[i] : bounds[i + 1]] for i in group.index])
         if rows.empty:
             continue
         value = (rows["passed"] if metric == "pass@1" else rows["score"]).to_numpy(np.float64)
@@ -548,14 +714,25 @@ def delta_table(
         info = group.drop_duplicates("ckpt").set_index("ckpt")
         seeds_of = group.groupby("ckpt")["seed"].agg(set)
         for j, (ckpt, ref, kind) in enumerate(comparisons):
-            results.append({
-                "run": run, "task": task, "sampling": sampling, "metric": metric,
-                "comparison": kind, "ckpt": ckpt, "step": info.at[ckpt, "step"],
-                "ref_ckpt": ref, "ref_step": info.at[ref, "step"],
-                "seeds": " ".join(str(s) for s in sorted(seeds_of[ckpt] & seeds_of[ref])),
-                "n_problems": int(boot.n_problems[j]), "n_pairs": int(n_pairs[j]),
-                "delta": boot.estimate[j], "ci_low": boot.low[j], "ci_high": boot.high[j],
-            })
+            results.append(
+                {
+                    "run": run,
+                    "task": task,
+                    "sampling": sampling,
+                    "metric": metric,
+                    "comparison": kind,
+                    "ckpt": ckpt,
+                    "step": info.at[ckpt, "step"],
+                    "ref_ckpt": ref,
+                    "ref_step": info.at[ref, "step"],
+                    "seeds": " ".join(str(s) for s in sorted(seeds_of[ckpt] & seeds_of[ref])),
+                    "n_problems": int(boot.n_problems[j]),
+                    "n_pairs": int(n_pairs[j]),
+                    "delta": boot.estimate[j],
+                    "ci_low": boot.low[j],
+                    "ci_high": boot.high[j],
+                }
+            )
     frame = pd.DataFrame(results, columns=DELTA_COLUMNS)
     frame["significant"] = (frame["ci_low"] > 0) | (frame["ci_high"] < 0)
     frame["regression"] = frame["ci_high"] < 0
@@ -588,8 +765,11 @@ def metrics_wide(seeds: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Checkpoints as rows ordered by (run, step), `task/metric` columns (with the sampling config
     when a task has several), each entry `mean ± stderr` over seeds: (header, rows) of text."""
     multi = seeds.groupby("task")["sampling"].nunique()
-    labels = seeds["task"] + "/" + seeds["metric"] + np.where(
-        seeds["task"].map(multi) > 1, " (" + seeds["sampling"] + ")", ""
+    labels = (
+        seeds["task"]
+        + "/"
+        + seeds["metric"]
+        + np.where(seeds["task"].map(multi) > 1, " (" + seeds["sampling"] + ")", "")
     )
     columns = list(dict.fromkeys(labels))
     texts: dict[tuple[str, str], dict[str, str]] = {}
@@ -599,8 +779,12 @@ def metrics_wide(seeds: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         texts.setdefault((run, ckpt), {})[label] = _format_value(value, stderr)
     ckpts = _checkpoint_order(seeds.drop_duplicates(["run", "ckpt"]), [])
     rows = [
-        [run, ckpt + (" (baseline)" if base else ""), "" if pd.isna(step) else str(step),
-         *[texts[(run, ckpt)].get(label, "") for label in columns]]
+        [
+            run,
+            ckpt + (" (baseline)" if base else ""),
+            "" if pd.isna(step) else str(step),
+            *[texts[(run, ckpt)].get(label, "") for label in columns],
+        ]
         for run, ckpt, step, base in zip(
             ckpts["run"], ckpts["ckpt"], ckpts["step"], ckpts["is_baseline"]
         )
@@ -623,8 +807,11 @@ def metrics_markdown(seeds: pd.DataFrame, title: str) -> str:
 
 
 def summarize(
-    cell_jsons: Sequence[str | os.PathLike[str]], *, title: str = "ckpteval",
-    bootstrap: int = 1000, seed: int = 0,
+    cell_jsons: Sequence[str | os.PathLike[str]],
+    *,
+    title: str = "ckpteval",
+    bootstrap: int = 1000,
+    seed: int = 0,
 ) -> Summary:
     """Every table of the summary, in memory; `build_summary` writes them."""
     cells, problems = load_cells(cell_jsons)
@@ -633,17 +820,28 @@ def summarize(
     metrics_by_task = main_metrics(cells)
     seeds = seed_table(tidy)
     return Summary(
-        title=title, tidy=tidy, seeds=seeds, configs=config_table(seeds),
-        passk=passk_table(cells, samples, tidy), errors=error_table(cells, samples),
+        title=title,
+        tidy=tidy,
+        seeds=seeds,
+        configs=config_table(seeds),
+        passk=passk_table(cells, samples, tidy),
+        errors=error_table(cells, samples),
         deltas=delta_table(cells, samples, metrics_by_task, n_boot=bootstrap, seed=seed),
-        missing=missing_table([*problems, *sample_problems]), main_metrics=metrics_by_task,
-        n_cells=len(cells), hacks=hack_table(cells),
+        missing=missing_table([*problems, *sample_problems]),
+        main_metrics=metrics_by_task,
+        n_cells=len(cells),
+        hacks=hack_table(cells),
     )
 
 
 def build_summary(
-    cell_jsons: Sequence[Path], summary_dir: Path, *, title: str = "ckpteval",
-    bootstrap: int = 1000, seed: int = 0, deleted: Collection[str] = (),
+    cell_jsons: Sequence[Path],
+    summary_dir: Path,
+    *,
+    title: str = "ckpteval",
+    bootstrap: int = 1000,
+    seed: int = 0,
+    deleted: Collection[str] = (),
 ) -> None:
     """Build `summary_dir` from the cell jsons (see the module docstring for what is written).
     `deleted` names checkpoints (`run/ckpt`) whose source is gone: their cells stay, marked in
@@ -654,13 +852,17 @@ def build_summary(
         raise UserError(f"bootstrap: {bootstrap} resamples; give at least 1 (1000 is usual)")
     summary_dir = Path(summary_dir)
     summary = summarize(cell_jsons, title=title, bootstrap=bootstrap, seed=seed)
-    summary.tidy["source_deleted"] = (summary.tidy["run"].astype(str) + "/"
-                                      + summary.tidy["ckpt"].astype(str)).isin(set(deleted))
+    summary.tidy["source_deleted"] = (
+        summary.tidy["run"].astype(str) + "/" + summary.tidy["ckpt"].astype(str)
+    ).isin(set(deleted))
     write_parquet(summary.tidy, summary_dir / "metrics.parquet")
     for name, frame in (
-        ("metrics.csv", summary.tidy), ("seeds.csv", summary.seeds),
-        ("configs.csv", summary.configs), ("passk.csv", summary.passk),
-        ("errors.csv", summary.errors), ("hacks.csv", summary.hacks),
+        ("metrics.csv", summary.tidy),
+        ("seeds.csv", summary.seeds),
+        ("configs.csv", summary.configs),
+        ("passk.csv", summary.passk),
+        ("errors.csv", summary.errors),
+        ("hacks.csv", summary.hacks),
         ("deltas.csv", summary.deltas),
         ("missing.csv", summary.missing),
     ):
@@ -690,10 +892,15 @@ def write_summary_json(cell_jsons: Sequence[Path], path: Path) -> None:
         metrics = cell.get("metrics") or {}
         main = metrics.get("pass@1") or metrics.get("accuracy") or {}
         entry: dict[str, Any] = {
-            "pass_rate": main.get("value"), "n_problems": cell.get("n_problems"),
-            "n_samples": cell.get("n_samples"), "error_types": cell.get("error_types", {}),
-            **{name: metrics[name]["value"] for name in
-               ("official_tests_pass_rate", "generated_tests_pass_rate") if name in metrics},
+            "pass_rate": main.get("value"),
+            "n_problems": cell.get("n_problems"),
+            "n_samples": cell.get("n_samples"),
+            "error_types": cell.get("error_types", {}),
+            **{
+                name: metrics[name]["value"]
+                for name in ("official_tests_pass_rate", "generated_tests_pass_rate")
+                if name in metrics
+            },
         }
         if "per_file" in cell:
             entry["per_file"] = cell["per_file"]
@@ -714,10 +921,14 @@ def write_summary_json(cell_jsons: Sequence[Path], path: Path) -> None:
             entry["problems"] = problems
         ckpts = runs.setdefault(run, {})
         ckpts.setdefault(ckpt, {"step": cell.get("step"), "tasks": {}})["tasks"].setdefault(
-            task, {})[variant] = entry
-    ordered = {run: dict(sorted(ckpts.items(), key=lambda kv: (kv[1]["step"] is None,
-                                                               kv[1]["step"] or 0, kv[0])))
-               for run, ckpts in sorted(runs.items())}
+            task, {}
+        )[variant] = entry
+    ordered = {
+        run: dict(
+            sorted(ckpts.items(), key=lambda kv: (kv[1]["step"] is None, kv[1]["step"] or 0, kv[0]))
+        )
+        for run, ckpts in sorted(runs.items())
+    }
     write_json(path, {"runs": ordered})
 
 
@@ -744,8 +955,18 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
 def _cell_frame(cells: Sequence[Cell]) -> pd.DataFrame:
     """The cells' identity columns, indexed by position in `cells`."""
     return pd.DataFrame(
-        [{"run": c.run, "ckpt": c.ckpt, "step": c.step, "is_baseline": c.is_baseline,
-          "task": c.task, "sampling": c.sampling, "seed": c.seed} for c in cells],
+        [
+            {
+                "run": c.run,
+                "ckpt": c.ckpt,
+                "step": c.step,
+                "is_baseline": c.is_baseline,
+                "task": c.task,
+                "sampling": c.sampling,
+                "seed": c.seed,
+            }
+            for c in cells
+        ],
         columns=["run", "ckpt", "step", "is_baseline", "task", "sampling", "seed"],
     ).astype({"step": "Int64"})
 

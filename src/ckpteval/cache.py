@@ -28,9 +28,15 @@ log = logging.getLogger("ckpteval.cache")
 
 def cache_row(key: str, task_id: str, g: Generation) -> dict[str, Any]:
     """One cache line: a request's key and every sample of its generation."""
-    return {"key": key, "task_id": task_id, "prompt_tokens": g.prompt_tokens,
-            "outputs": [{"text": o.text, "finish_reason": o.finish_reason, "tokens": o.tokens}
-                        for o in g.outputs]}
+    return {
+        "key": key,
+        "task_id": task_id,
+        "prompt_tokens": g.prompt_tokens,
+        "outputs": [
+            {"text": o.text, "finish_reason": o.finish_reason, "tokens": o.tokens}
+            for o in g.outputs
+        ],
+    }
 
 
 def request_key(request: dict[str, Any], identity: dict[str, Any]) -> str:
@@ -56,7 +62,9 @@ def read_cache(cache_file: Path, wanted: set[str] | None = None) -> dict[str, di
         if key and (wanted is None or key in wanted):
             rows[key] = row
     if torn:
-        log.warning("%s: skipped %d torn line(s) (a killed job's last write)", cache_file, len(torn))
+        log.warning(
+            "%s: skipped %d torn line(s) (a killed job's last write)", cache_file, len(torn)
+        )
     return rows
 
 

@@ -90,8 +90,9 @@ def discover_checkpoints(
     return [found[s] for s in sorted(found)]
 
 
-def deleted_checkpoints(models_dir: Path, present: set[str],
-                        patterns: list[str]) -> list[Checkpoint]:
+def deleted_checkpoints(
+    models_dir: Path, present: set[str], patterns: list[str]
+) -> list[Checkpoint]:
     """Checkpoints consolidated earlier (a manifest under `models_dir`) whose source no longer
     exists and which discovery no longer lists: their results stay in the summary, marked."""
     if not models_dir.is_dir():
@@ -138,8 +139,7 @@ def unfinished_checkpoints(
             continue
         files = [child] if child.is_file() else [child, *child.rglob("*")]
         newest = max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
-        out.append(Unfinished(name, child, max(0.0, time.time() - newest),
-                              _problem(child, marker)))
+        out.append(Unfinished(name, child, max(0.0, time.time() - newest), _problem(child, marker)))
     return out
 
 
@@ -181,8 +181,9 @@ def hash_source(path: Path) -> dict[str, dict[str, Any]]:
     """What the consolidate job records of its source: each file's stat and content hash."""
     files = source_files(path)
     root = path if path.is_dir() else path.parent
-    return {rel: {"stat": _stat_key(st), "sha256": sha256_file(root / rel)}
-            for rel, st in files.items()}
+    return {
+        rel: {"stat": _stat_key(st), "sha256": sha256_file(root / rel)} for rel, st in files.items()
+    }
 
 
 def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
@@ -214,13 +215,15 @@ def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
         if sha is None and rel in known:  # touched, copied or rewritten: look at the bytes
             sha = sha256_file(root / rel)
         files[rel] = {"stat": stat, "sha256": sha}
-    content = (sha256_json({rel: f["sha256"] for rel, f in files.items()})
-               if all(f["sha256"] for f in files.values()) else None)
+    content = (
+        sha256_json({rel: f["sha256"] for rel, f in files.items()})
+        if all(f["sha256"] for f in files.values())
+        else None
+    )
     if old.get("files") != files or old.get("content") != content or not id_file.exists():
         write_json(id_file, {"source": str(path), "content": content, "files": files})
     consolidated = _content(recorded) if recorded else None
-    status = ("unknown" if content is None else
-              "same" if content == consolidated else "changed")
+    status = "unknown" if content is None else "same" if content == consolidated else "changed"
     if manifest.exists():
         built, mtime = manifest.stat().st_mtime_ns, id_file.stat().st_mtime_ns
         if status == "same" and mtime >= built:

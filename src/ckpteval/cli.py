@@ -17,7 +17,8 @@ from ckpteval.errors import UserError
 
 def _add_check_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "check", help="validate a config and list the checkpoints and tasks it would evaluate")
+        "check", help="validate a config and list the checkpoints and tasks it would evaluate"
+    )
     p.add_argument("--configfile", default="config/config.yaml", type=Path)
     p.set_defaults(func=_run_check)
 
@@ -34,8 +35,10 @@ def _run_check(args: argparse.Namespace) -> int:
         steps = ", ".join(f"{c.name}" for c in run.checkpoints) or "none complete yet"
         print(f"run {run.name}: {len(run.checkpoints)} checkpoint(s): {steps}")
     for name, task in plan.tasks.items():
-        print(f"task {name}: {task.kind}, checker {task.checker}, "
-              f"variants {', '.join(plan.task_variants[name])}")
+        print(
+            f"task {name}: {task.kind}, checker {task.checker}, "
+            f"variants {', '.join(plan.task_variants[name])}"
+        )
     print(f"{len(plan.cells())} cells (checkpoint x task x variant)")
     for line in plan.broken_lines():
         print(f"warning: {line}")
@@ -44,7 +47,8 @@ def _run_check(args: argparse.Namespace) -> int:
 
 def _add_aggregate_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "aggregate", help="summarize whatever cells of a sweep exist (missing ones are listed)")
+        "aggregate", help="summarize whatever cells of a sweep exist (missing ones are listed)"
+    )
     p.add_argument("--configfile", default="config/config.yaml", type=Path)
     p.add_argument("--out", type=Path, help="summary directory (default: <outdir>/summary)")
     p.set_defaults(func=_run_aggregate)
@@ -59,11 +63,17 @@ def _run_aggregate(args: argparse.Namespace) -> int:
     plan = build_plan(config)
     cells = [Path(p) for p in plan.score_files()]
     summary = args.out or Path(plan.outdir) / "summary"
-    build_summary(cells, summary, title=config["aggregate"]["title"],
-                  bootstrap=int(config["aggregate"]["bootstrap"]))
+    build_summary(
+        cells,
+        summary,
+        title=config["aggregate"]["title"],
+        bootstrap=int(config["aggregate"]["bootstrap"]),
+    )
     present = sum(p.exists() for p in cells)
-    print(f"{summary}: {present} of {len(cells)} cells summarized"
-          + (f"; missing ones in {summary / 'missing.csv'}" if present < len(cells) else ""))
+    print(
+        f"{summary}: {present} of {len(cells)} cells summarized"
+        + (f"; missing ones in {summary / 'missing.csv'}" if present < len(cells) else "")
+    )
     return 0
 
 

@@ -30,33 +30,75 @@ _SHOWN_ERRORS = 20
 def add_score_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `score` on the `ckpteval` command."""
     parser = subparsers.add_parser(
-        "score", help="score a samples file with a sandboxed checker",
-        description=__doc__.split("\n\n")[0])
+        "score",
+        help="score a samples file with a sandboxed checker",
+        description=__doc__.split("\n\n")[0],
+    )
     parser.add_argument("checker", choices=available(), help="how to judge the samples")
-    parser.add_argument("--problems", type=Path, required=True,
-                        help="problems JSONL (or .jsonl.gz): task_id plus the checker's fields")
-    parser.add_argument("--samples", type=Path, required=True, help="samples JSONL: task_id, completion")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="per-sample results JSONL; the metrics JSON is written beside it")
-    parser.add_argument("--workers", type=int, default=default_workers(),
-                        help="parallel sandboxes (default: the CPUs this process may use)")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds per sample run (per test for stdio); default per checker")
-    parser.add_argument("--timeout-factor", type=_factor, default=DEFAULT_TIMEOUT_FACTOR,
-                        metavar="F",
-                        help="a problem's timeout is at least F times its reference solution's "
-                             "run time in the self-test (default %(default)g; 0: only --timeout)")
-    parser.add_argument("--k", type=_ks, default=None, metavar="K[,K...]",
-                        help="pass@k values to report (default: every k up to the samples per problem)")
-    parser.add_argument("--sandbox", choices=SANDBOX_MODES, default="bwrap",
-                        help="bwrap (default) or none: run generated code unconfined (warns)")
-    parser.add_argument("--endpoint", default=None,
-                        help="stdio: a Piston endpoint (http://host:2000) instead of local runs")
-    parser.add_argument("--piston-limit", type=_piston_limit, action="append", default=[],
-                        metavar="NAME=N", dest="piston_limits",
-                        help="stdio with --endpoint: a limit the Piston server is configured with "
-                             "(run_timeout=5000, output_max_size=65536, ...; ms, bytes, "
-                             "characters); default Piston's own. Repeat for several")
+    parser.add_argument(
+        "--problems",
+        type=Path,
+        required=True,
+        help="problems JSONL (or .jsonl.gz): task_id plus the checker's fields",
+    )
+    parser.add_argument(
+        "--samples", type=Path, required=True, help="samples JSONL: task_id, completion"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="per-sample results JSONL; the metrics JSON is written beside it",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=default_workers(),
+        help="parallel sandboxes (default: the CPUs this process may use)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per sample run (per test for stdio); default per checker",
+    )
+    parser.add_argument(
+        "--timeout-factor",
+        type=_factor,
+        default=DEFAULT_TIMEOUT_FACTOR,
+        metavar="F",
+        help="a problem's timeout is at least F times its reference solution's "
+        "run time in the self-test (default %(default)g; 0: only --timeout)",
+    )
+    parser.add_argument(
+        "--k",
+        type=_ks,
+        default=None,
+        metavar="K[,K...]",
+        help="pass@k values to report (default: every k up to the samples per problem)",
+    )
+    parser.add_argument(
+        "--sandbox",
+        choices=SANDBOX_MODES,
+        default="bwrap",
+        help="bwrap (default) or none: run generated code unconfined (warns)",
+    )
+    parser.add_argument(
+        "--endpoint",
+        default=None,
+        help="stdio: a Piston endpoint (http://host:2000) instead of local runs",
+    )
+    parser.add_argument(
+        "--piston-limit",
+        type=_piston_limit,
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        dest="piston_limits",
+        help="stdio with --endpoint: a limit the Piston server is configured with "
+        "(run_timeout=5000, output_max_size=65536, ...; ms, bytes, "
+        "characters); default Piston's own. Repeat for several",
+    )
     parser.set_defaults(func=run_score)
 
 
@@ -75,19 +117,30 @@ def run_score(args: argparse.Namespace) -> int:
     errors: list[str] = []
     try:
         cell = score_samples(
-            args.checker, problems, read_samples(args.samples, errors), args.out, metrics_path,
-            workers=args.workers, timeout=args.timeout, timeout_factor=args.timeout_factor,
-            ks=args.k, checker_options=options,
+            args.checker,
+            problems,
+            read_samples(args.samples, errors),
+            args.out,
+            metrics_path,
+            workers=args.workers,
+            timeout=args.timeout,
+            timeout_factor=args.timeout_factor,
+            ks=args.k,
+            checker_options=options,
             provenance={"problems_file": str(args.problems), "samples_file": str(args.samples)},
-            input_errors=errors)
+            input_errors=errors,
+        )
     except (SelfTestError, SandboxError, PistonError) as exc:
         print(f"ckpteval: error: {exc}", file=sys.stderr)
         return 1
     for message in cell["input_errors"][:_SHOWN_ERRORS]:
         print(f"ckpteval: warning: {message}", file=sys.stderr)
     if len(cell["input_errors"]) > _SHOWN_ERRORS:
-        print(f"ckpteval: warning: ... and {len(cell['input_errors']) - _SHOWN_ERRORS} more "
-              f"input errors (all listed in {metrics_path})", file=sys.stderr)
+        print(
+            f"ckpteval: warning: ... and {len(cell['input_errors']) - _SHOWN_ERRORS} more "
+            f"input errors (all listed in {metrics_path})",
+            file=sys.stderr,
+        )
     print(summary(cell))
     print(f"wrote {args.out} and {metrics_path}")
     return 0
@@ -97,8 +150,10 @@ def summary(cell: dict[str, Any]) -> str:
     """One line: the metrics with their standard errors, then the error counts."""
     parts = [f"{name} {m['value']:.4f} ± {m['stderr']:.4f}" for name, m in cell["metrics"].items()]
     errors = ", ".join(f"{k} {v}" for k, v in cell["error_types"].items()) or "none"
-    return (f"{cell['checker']}: {cell['n_samples']} samples of {cell['n_problems']} problems: "
-            f"{'; '.join(parts)}; errors: {errors}")
+    return (
+        f"{cell['checker']}: {cell['n_samples']} samples of {cell['n_problems']} problems: "
+        f"{'; '.join(parts)}; errors: {errors}"
+    )
 
 
 def metrics_path_for(out: Path) -> Path:
@@ -138,7 +193,9 @@ def _ks(text: str) -> list[int]:
     try:
         ks = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not ks or min(ks) < 1:
         raise argparse.ArgumentTypeError("k values must be positive integers")
     return ks
@@ -159,4 +216,6 @@ def _piston_limit(text: str) -> tuple[str, int]:
     try:
         return name.strip(), int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected NAME=INTEGER (run_timeout=5000), got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=INTEGER (run_timeout=5000), got {text!r}"
+        ) from None

@@ -89,8 +89,11 @@ class Run:
         """The replay file holding `task`'s generations for `variant` at `step` (for a directory
         per checkpoint: that directory)."""
         assert self.solutions is not None, f"run {self.name} is not a replay run"
-        return Path(self.solutions.replace("{task}", task).replace("{variant}", variant)
-                    .replace("{step}", str(step)))
+        return Path(
+            self.solutions.replace("{task}", task)
+            .replace("{variant}", variant)
+            .replace("{step}", str(step))
+        )
 
     def solutions_files(self, task: str, variant: str, step: int) -> list[Path]:
         """The replay files holding `task`'s generations at `step`. In a directory per
@@ -125,8 +128,11 @@ class Plan:
 
     def broken_lines(self) -> list[str]:
         """One line per broken checkpoint, naming the file and the problem."""
-        return [f"run {run}: checkpoint {u.name} looks broken (unchanged for "
-                f"{u.idle_seconds / 60:.0f} min): {u.problem}" for run, u in self.broken]
+        return [
+            f"run {run}: checkpoint {u.name} looks broken (unchanged for "
+            f"{u.idle_seconds / 60:.0f} min): {u.problem}"
+            for run, u in self.broken
+        ]
 
     @property
     def engine_groups(self) -> dict[str, tuple[str, ...]]:
@@ -144,15 +150,20 @@ class Plan:
     def checkpoint(self, run: str, ckpt: str) -> Checkpoint:
         """A checkpoint of the plan, or one whose source was deleted (its results stay)."""
         try:
-            return next(c for c in (*self.runs[run].checkpoints, *self.deleted.get(run, ()))
-                        if c.name == ckpt)
+            return next(
+                c
+                for c in (*self.runs[run].checkpoints, *self.deleted.get(run, ()))
+                if c.name == ckpt
+            )
         except (KeyError, StopIteration):
             raise UserError(f"no checkpoint {ckpt!r} in run {run!r}") from None
 
     def score_files(self) -> list[str]:
         """The evaluate step's cell metrics file of every cell, under `outdir`."""
-        return [f"{self.outdir}/scores/{c['run']}/{c['ckpt']}/{c['task']}/{c['variant']}.json"
-                for c in self.cells()]
+        return [
+            f"{self.outdir}/scores/{c['run']}/{c['ckpt']}/{c['task']}/{c['variant']}.json"
+            for c in self.cells()
+        ]
 
     def cells(self) -> list[dict[str, Any]]:
         """Every (run, ckpt, task, variant) the config asks for, in step order."""
@@ -162,8 +173,13 @@ class Plan:
                 for task, variants in self.task_variants.items():
                     for variant in variants:
                         out.append(
-                            {"run": run.name, "ckpt": ckpt.name, "step": ckpt.step,
-                             "task": task, "variant": variant}
+                            {
+                                "run": run.name,
+                                "ckpt": ckpt.name,
+                                "step": ckpt.step,
+                                "task": task,
+                                "variant": variant,
+                            }
                         )
         return out
 
@@ -193,7 +209,9 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> 
     from snakemake.utils import validate
 
     if not isinstance(config, dict) or not config:
-        raise UserError("config is empty: give a config file with --configfile (see config/README.md)")
+        raise UserError(
+            "config is empty: give a config file with --configfile (see config/README.md)"
+        )
     if isinstance(config.get("tasks"), dict):
         for name, opts in config["tasks"].items():
             if opts is None:
@@ -215,9 +233,12 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> 
 def _short(error: Any) -> str:
     """A one-line description of a jsonschema error."""
     if error.validator == "additionalProperties":
-        return error.message.replace("were unexpected", "are not known keys").replace(
-            "was unexpected", "is not a known key"
-        ) + " (see config/README.md)"
+        return (
+            error.message.replace("were unexpected", "are not known keys").replace(
+                "was unexpected", "is not a known key"
+            )
+            + " (see config/README.md)"
+        )
     if error.validator == "required":
         return error.message
     if error.validator == "pattern" and error.schema.get("pattern") == "\\{step\\}":
@@ -229,17 +250,24 @@ def sampling_configs(raw: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Sa
     """The config's sampling configs by name. A list is named from the values
     (`{temperature: 0.6, top_p: 0.95, n: 8}` -> `t0.6p0.95n8`, plus `m<max_new_tokens>` when that
     is not the default 512), so variants read `t0.6p0.95n8-s1`."""
+
     def make(name: str, s: dict[str, Any]) -> Sampling:
-        return Sampling(name, float(s.get("temperature", 0.0)), float(s.get("top_p", 1.0)),
-                        int(s.get("max_new_tokens", 512)), int(s.get("n", 1)))
+        return Sampling(
+            name,
+            float(s.get("temperature", 0.0)),
+            float(s.get("top_p", 1.0)),
+            int(s.get("max_new_tokens", 512)),
+            int(s.get("n", 1)),
+        )
 
     if isinstance(raw, dict):
         return {name: make(name, s) for name, s in raw.items()}
     out: dict[str, Sampling] = {}
     for s in raw:
         sampling = make("", s)
-        name = (f"t{sampling.temperature:g}p{sampling.top_p:g}n{sampling.n}"
-                + (f"m{sampling.max_new_tokens}" if sampling.max_new_tokens != 512 else ""))
+        name = f"t{sampling.temperature:g}p{sampling.top_p:g}n{sampling.n}" + (
+            f"m{sampling.max_new_tokens}" if sampling.max_new_tokens != 512 else ""
+        )
         if name in out:
             raise UserError(f"config: sampling: two entries are both {name}; drop one")
         out[name] = make(name, s)
@@ -254,11 +282,15 @@ def seeds_for(sampling: Sampling, config: dict[str, Any]) -> list[int]:
     return [int(seed) for seed in config["seeds"]]
 
 
-def build_tasks(config: dict[str, Any]) -> tuple[dict[str, TaskSpec], dict[str, Variant], dict[str, tuple[str, ...]]]:
+def build_tasks(
+    config: dict[str, Any],
+) -> tuple[dict[str, TaskSpec], dict[str, Variant], dict[str, tuple[str, ...]]]:
     """Tasks, variants, and which variants each task runs, from a validated config (no disk I/O)."""
     samplings = sampling_configs(config["sampling"])
     variants = {
-        s.variant(seed): Variant(s, seed) for s in samplings.values() for seed in seeds_for(s, config)
+        s.variant(seed): Variant(s, seed)
+        for s in samplings.values()
+        for seed in seeds_for(s, config)
     }
     tasks: dict[str, TaskSpec] = {}
     task_variants: dict[str, tuple[str, ...]] = {}
@@ -277,8 +309,9 @@ def build_tasks(config: dict[str, Any]) -> tuple[dict[str, TaskSpec], dict[str, 
     return tasks, variants, task_variants
 
 
-def build_plan(config: dict[str, Any], base_dir: Path | None = None, *,
-               allow_empty_runs: bool = False) -> Plan:
+def build_plan(
+    config: dict[str, Any], base_dir: Path | None = None, *, allow_empty_runs: bool = False
+) -> Plan:
     """Resolve runs (discovering checkpoints), tasks and variants from a validated config.
 
     A vllm run whose directory holds nothing its patterns match (and has no results yet) is a
@@ -296,13 +329,17 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None, *,
             runs[name] = _weightless_run(name, r, base_dir, task_variants)
             continue
         if not r.get("path"):
-            raise UserError(f"config: runs.{name}.path: required for backend vllm (the training "
-                            "run's output directory)")
+            raise UserError(
+                f"config: runs.{name}.path: required for backend vllm (the training "
+                "run's output directory)"
+            )
         for key in ("endpoint", "solutions"):
             if r.get(key) is not None:
-                raise UserError(f"config: runs.{name}.{key}: only for backend "
-                                f"{'openai' if key == 'endpoint' else 'replay'}; this run's backend "
-                                "is vllm (set runs.<name>.backend)")
+                raise UserError(
+                    f"config: runs.{name}.{key}: only for backend "
+                    f"{'openai' if key == 'endpoint' else 'replay'}; this run's backend "
+                    "is vllm (set runs.<name>.backend)"
+                )
         path = _resolve(r["path"], base_dir)
         if not path.is_dir():
             raise UserError(
@@ -317,17 +354,26 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None, *,
         ckpts = discover_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
         unfinished = unfinished_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
         broken += [(name, u) for u in unfinished if u.idle_seconds >= r["settle_seconds"]]
-        if (not ckpts and not unfinished and not allow_empty_runs
-                and not (Path(config["outdir"]) / "models" / name).is_dir()):
+        if (
+            not ckpts
+            and not unfinished
+            and not allow_empty_runs
+            and not (Path(config["outdir"]) / "models" / name).is_dir()
+        ):
             entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
             raise UserError(
                 f"config: runs.{name}.patterns: nothing in {path} matches "
                 f"{', '.join(r['patterns'])}"
-                + (f" (it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"
-                   if entries else " (it is empty)"))
+                + (
+                    f" (it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"
+                    if entries
+                    else " (it is empty)"
+                )
+            )
         present = {c.name for c in ckpts} | {u.name for u in unfinished}
-        gone = deleted_checkpoints(Path(config["outdir"]) / "models" / name, present | {"base"},
-                                   r["patterns"])
+        gone = deleted_checkpoints(
+            Path(config["outdir"]) / "models" / name, present | {"base"}, r["patterns"]
+        )
         if gone:
             deleted[name] = tuple(gone)
         if r.get("evaluate_base"):
@@ -342,10 +388,21 @@ def build_plan(config: dict[str, Any], base_dir: Path | None = None, *,
             "(one GPU per job), or set engine.allow_tensor_parallel: true for models that do not fit"
         )
     shard = parse_shard(config.get("shard"))
-    runs = {name: dataclasses.replace(run, checkpoints=tuple(select(run.checkpoints, name, shard)))
-            for name, run in runs.items()}
-    return Plan(config["outdir"], runs, tasks, variants, task_variants, config, shard,
-                tuple(broken), deleted)
+    runs = {
+        name: dataclasses.replace(run, checkpoints=tuple(select(run.checkpoints, name, shard)))
+        for name, run in runs.items()
+    }
+    return Plan(
+        config["outdir"],
+        runs,
+        tasks,
+        variants,
+        task_variants,
+        config,
+        shard,
+        tuple(broken),
+        deleted,
+    )
 
 
 def check_piston_limits(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> None:
@@ -358,7 +415,7 @@ def check_piston_limits(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> N
     stdio = {name: t for name, t in tasks.items() if t.kind == "generate" and t.checker == "stdio"}
     if not stdio:
         return
-    from ckpteval.checkers.stdio import _piston_limits, _Piston
+    from ckpteval.checkers.stdio import _Piston, _piston_limits
 
     piston = _Piston(evaluate["piston_url"], 1, 0, _piston_limits(evaluate.get("piston_limits")))
     for name, task in stdio.items():
@@ -370,8 +427,9 @@ def check_piston_limits(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> N
                 raise UserError(f"config: tasks.{name}: {exc}") from None
 
 
-def _weightless_run(name: str, r: dict[str, Any], base_dir: Path,
-                    task_variants: dict[str, tuple[str, ...]]) -> Run:
+def _weightless_run(
+    name: str, r: dict[str, Any], base_dir: Path, task_variants: dict[str, tuple[str, ...]]
+) -> Run:
     """An `openai` or `replay` run: no weights, no consolidation; checkpoints named `step_<N>`.
 
     An endpoint serves one model (checkpoint `step_<runs.<name>.step>`). Replay files come from
@@ -391,56 +449,83 @@ def _weightless_run(name: str, r: dict[str, Any], base_dir: Path,
         if r.get("solutions") is not None:
             raise UserError(f"{key}.solutions: only for backend replay")
         step = int(r["step"])
-        ckpt = Checkpoint(f"step_{step}", step, _resolve(r["path"], base_dir) if r.get("path")
-                          else base_dir)
+        ckpt = Checkpoint(
+            f"step_{step}", step, _resolve(r["path"], base_dir) if r.get("path") else base_dir
+        )
         return Run(name, None, backend, None, (ckpt,), backend, dict(r["endpoint"]), None)
     if r.get("endpoint") is not None:
         raise UserError(f"{key}.endpoint: only for backend openai")
     if not r.get("solutions"):
-        raise UserError(f"{key}.solutions: backend replay needs solutions: a directory of "
-                        "<task>.jsonl files or a pattern with {task}")
+        raise UserError(
+            f"{key}.solutions: backend replay needs solutions: a directory of "
+            "<task>.jsonl files or a pattern with {task}"
+        )
     pattern = str(_resolve(r["solutions"], base_dir))
     tasks = list(task_variants)
     if "{" not in pattern:
         if not Path(pattern).is_dir():
-            raise UserError(f"{key}.solutions: {pattern} is neither a directory nor a pattern "
-                            "with {task}")
+            raise UserError(
+                f"{key}.solutions: {pattern} is neither a directory nor a pattern with {{task}}"
+            )
         per_ckpt = _checkpoint_dirs_pattern(Path(pattern), tasks)
         pattern = per_ckpt or str(Path(pattern) / "{task}.jsonl")
     dirs = "{step}" in pattern and "{task}" not in pattern
     unknown = set(re.findall(r"\{(\w*)\}", pattern)) - {"task", "variant", "step"}
     if ("{task}" not in pattern and not dirs) or unknown or (dirs and "{variant}" in pattern):
-        raise UserError(f"{key}.solutions: {r['solutions']!r} must contain {{task}} and may "
-                        "contain {variant} and {step}, nothing else in braces; or be a directory "
-                        "per checkpoint: a pattern with {step} alone (e.g. "
-                        "model_solution_x/checkpoint_{step})")
+        raise UserError(
+            f"{key}.solutions: {r['solutions']!r} must contain {{task}} and may "
+            "contain {variant} and {step}, nothing else in braces; or be a directory "
+            "per checkpoint: a pattern with {step} alone (e.g. "
+            "model_solution_x/checkpoint_{step})"
+        )
     if "{variant}" not in pattern:
         for task, variants in task_variants.items():
             if len(variants) > 1:
                 raise UserError(
                     f"{key}.solutions: task {task} runs {len(variants)} variants "
                     f"({', '.join(variants)}) but the pattern has no {{variant}}; add it, or "
-                    f"give tasks.{task}.sampling one sampling config and seeds one seed")
+                    f"give tasks.{task}.sampling one sampling config and seeds one seed"
+                )
     files = [(t, v) for t, vs in task_variants.items() for v in vs]
-    run = Run(name, None, backend, None, (), backend, None, pattern, dirs,
-              tasks[0] if len(tasks) == 1 else None)
+    run = Run(
+        name,
+        None,
+        backend,
+        None,
+        (),
+        backend,
+        None,
+        pattern,
+        dirs,
+        tasks[0] if len(tasks) == 1 else None,
+    )
     steps = _replay_steps(pattern, dirs) if "{step}" in pattern else [int(r["step"])]
-    complete = [s for s in steps if all(run.solutions_files(t, v, s) and all(
-        p.is_file() for p in run.solutions_files(t, v, s)) for t, v in files)]
+    complete = [
+        s
+        for s in steps
+        if all(
+            run.solutions_files(t, v, s) and all(p.is_file() for p in run.solutions_files(t, v, s))
+            for t, v in files
+        )
+    ]
     if not steps:
         raise UserError(f"{key}.solutions: no {'directory' if dirs else 'file'} matches {pattern}")
     if not complete:
         if dirs:
             task = next(t for t, v in files if not run.solutions_files(t, v, steps[0]))
             where = run.solutions_file(task, "", steps[0])
-            raise UserError(f"{key}.solutions: no solutions of task {task} in {where} (with "
-                            f"several tasks: {where}/{task}/*.jsonl or {where}/{task}.jsonl)")
-        missing = next(path for t, v in files
-                       if not (path := run.solutions_file(t, v, steps[0])).is_file())
+            raise UserError(
+                f"{key}.solutions: no solutions of task {task} in {where} (with "
+                f"several tasks: {where}/{task}/*.jsonl or {where}/{task}.jsonl)"
+            )
+        missing = next(
+            path for t, v in files if not (path := run.solutions_file(t, v, steps[0])).is_file()
+        )
         raise UserError(f"{key}.solutions: no file {missing}")
     base = Path(pattern.split("{", 1)[0])
-    ckpts = tuple(Checkpoint(f"step_{s}", s, base if base.is_dir() else base.parent)
-                  for s in sorted(complete))
+    ckpts = tuple(
+        Checkpoint(f"step_{s}", s, base if base.is_dir() else base.parent) for s in sorted(complete)
+    )
     return dataclasses.replace(run, checkpoints=ckpts)
 
 
@@ -454,12 +539,15 @@ def _checkpoint_dirs_pattern(path: Path, tasks: list[str]) -> str | None:
     pattern `<dir>/<prefix>{step}`; else None (the directory holds `<task>.jsonl` files)."""
     if any((path / f"{t}.jsonl").is_file() for t in tasks):
         return None
-    prefixes = {m.group("prefix") for p in path.iterdir()
-                if p.is_dir() and (m := _CKPT_DIR.match(p.name))}
+    prefixes = {
+        m.group("prefix") for p in path.iterdir() if p.is_dir() and (m := _CKPT_DIR.match(p.name))
+    }
     if len(prefixes) > 1:
-        raise UserError(f"{path}: checkpoint directories named in {len(prefixes)} ways "
-                        f"({', '.join(sorted(prefixes))}...); give runs.<name>.solutions as a "
-                        "pattern with {step}, e.g. " + str(path / "checkpoint_{step}"))
+        raise UserError(
+            f"{path}: checkpoint directories named in {len(prefixes)} ways "
+            f"({', '.join(sorted(prefixes))}...); give runs.<name>.solutions as a "
+            "pattern with {step}, e.g. " + str(path / "checkpoint_{step}")
+        )
     return str(path / f"{prefixes.pop()}{{step}}") if prefixes else None
 
 
@@ -473,13 +561,24 @@ def _replay_steps(pattern: str, dirs: bool = False) -> list[int]:
     import glob
 
     if dirs:
-        regex = re.compile(re.escape(pattern.rstrip("/")).replace(r"\{step\}", r"(?P<step>\d+)")
-                           + r"\Z")
-        return sorted({int(m.group("step")) for f in glob.glob(pattern.replace("{step}", "*"))
-                       if Path(f).is_dir() and (m := regex.match(f.rstrip("/")))})
+        regex = re.compile(
+            re.escape(pattern.rstrip("/")).replace(r"\{step\}", r"(?P<step>\d+)") + r"\Z"
+        )
+        return sorted(
+            {
+                int(m.group("step"))
+                for f in glob.glob(pattern.replace("{step}", "*"))
+                if Path(f).is_dir() and (m := regex.match(f.rstrip("/")))
+            }
+        )
 
-    regex = re.compile(re.escape(pattern).replace(r"\{step\}", r"(?P<step>\d+)")
-                       .replace(r"\{task\}", r"[^/]+").replace(r"\{variant\}", r"[^/]+") + r"\Z")
+    regex = re.compile(
+        re.escape(pattern)
+        .replace(r"\{step\}", r"(?P<step>\d+)")
+        .replace(r"\{task\}", r"[^/]+")
+        .replace(r"\{variant\}", r"[^/]+")
+        + r"\Z"
+    )
     wild = pattern.replace("{task}", "*").replace("{variant}", "*").replace("{step}", "*")
     steps = {int(m.group("step")) for f in glob.glob(wild) if (m := regex.match(f))}
     return sorted(steps)

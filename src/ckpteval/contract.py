@@ -33,7 +33,13 @@ from typing import Any
 from ckpteval.io import sha256_json
 
 NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN = (
-    "none", "summary", "scores", "generations", "model", "plan")
+    "none",
+    "summary",
+    "scores",
+    "generations",
+    "model",
+    "plan",
+)
 EFFECTS = (NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN)
 
 #: Checkers that run code in the sandbox (they read the sandbox and timeout settings).
@@ -57,8 +63,11 @@ CONTRACT: tuple[Row, ...] = (
     Row("shard", PLAN, "which checkpoints this invocation scores"),
     Row("runs", PLAN, "a new run adds its cells; a removed run's results stay on disk"),
     Row("runs.*.backend", MODEL, "another backend is another model"),
-    Row("runs.*.path", PLAN, "where checkpoints are found; the same bytes elsewhere rerun nothing "
-        "(identity by content)"),
+    Row(
+        "runs.*.path",
+        PLAN,
+        "where checkpoints are found; the same bytes elsewhere rerun nothing (identity by content)",
+    ),
     Row("runs.*.patterns", PLAN, "which checkpoints are found"),
     Row("runs.*.format", MODEL, "how checkpoint files are read"),
     Row("runs.*.base_model", MODEL, "config, tokenizer and adapter base of the consolidated model"),
@@ -82,18 +91,32 @@ CONTRACT: tuple[Row, ...] = (
     Row("tasks.*.chat_template", GENERATIONS, "the prompts"),
     Row("tasks.*.system_prompt", GENERATIONS, "the prompts"),
     Row("tasks.*.max_new_tokens", GENERATIONS, "the token budget"),
-    Row("tasks.*.checker", GENERATIONS, "how a harness task's samples, or a problem file's "
-        "problems, are read, prompted and scored"),
-    Row("tasks.*.problems", GENERATIONS, "which problems are asked (by content: the same file "
-        "elsewhere reruns nothing)"),
+    Row(
+        "tasks.*.checker",
+        GENERATIONS,
+        "how a harness task's samples, or a problem file's problems, are read, prompted and scored",
+    ),
+    Row(
+        "tasks.*.problems",
+        GENERATIONS,
+        "which problems are asked (by content: the same file elsewhere reruns nothing)",
+    ),
     Row("tasks.*.language", GENERATIONS, "the language the prompt asks for and the code taken"),
     Row("tasks.*.prompt", GENERATIONS, "the prompts"),
-    Row("tasks.*.max_generated_tests", SCORES, "the generated tests a solution must pass",
-        {"checker": ("stdio",)}),
+    Row(
+        "tasks.*.max_generated_tests",
+        SCORES,
+        "the generated tests a solution must pass",
+        {"checker": ("stdio",)},
+    ),
     Row("tasks.*.engine_group", NONE, "which engine job generates the task"),
     Row("lm_eval", NONE, "the lm_eval section as a whole (its keys below decide)"),
-    Row("lm_eval.include_paths", GENERATIONS, "where lm-eval task YAMLs come from",
-        {"kind": ("harness",)}),
+    Row(
+        "lm_eval.include_paths",
+        GENERATIONS,
+        "where lm-eval task YAMLs come from",
+        {"kind": ("harness",)},
+    ),
     Row("sampling", PLAN, "which sampling configs exist (a list names them from their values)"),
     Row("sampling.*.temperature", GENERATIONS, "the samples"),
     Row("sampling.*.top_p", GENERATIONS, "the samples"),
@@ -104,8 +127,12 @@ CONTRACT: tuple[Row, ...] = (
     Row("engine.dtype", GENERATIONS, "the engine's numerics", {"backend": ("vllm",)}),
     Row("engine.max_model_len", GENERATIONS, "what fits in the context", {"backend": ("vllm",)}),
     Row("engine.gpu_memory_utilization", NONE, "memory given to the engine"),
-    Row("engine.tensor_parallel_size", GENERATIONS, "how the model is split (changes numerics)",
-        {"backend": ("vllm",)}),
+    Row(
+        "engine.tensor_parallel_size",
+        GENERATIONS,
+        "how the model is split (changes numerics)",
+        {"backend": ("vllm",)},
+    ),
     Row("engine.allow_tensor_parallel", NONE, "a safety switch"),
     Row("engine.enforce_eager", NONE, "CUDA graphs or not"),
     Row("engine.seed", PLAN, "the label of greedy variants (greedy-s<engine.seed>)"),
@@ -117,18 +144,39 @@ CONTRACT: tuple[Row, ...] = (
     Row("consolidate.smoke", NONE, "how a consolidated model is checked, not what it is"),
     Row("evaluate", NONE, "the evaluate section as a whole (its keys below decide)"),
     Row("evaluate.workers", NONE, "parallel checker processes"),
-    Row("evaluate.timeout", SCORES, "when a slow sample times out",
-        {"checker": (*CODE_CHECKERS, "math", "gsm8k")}),
-    Row("evaluate.timeout_factor", SCORES, "timeouts calibrated from reference solutions",
-        {"checker": CODE_CHECKERS}),
+    Row(
+        "evaluate.timeout",
+        SCORES,
+        "when a slow sample times out",
+        {"checker": (*CODE_CHECKERS, "math", "gsm8k")},
+    ),
+    Row(
+        "evaluate.timeout_factor",
+        SCORES,
+        "timeouts calibrated from reference solutions",
+        {"checker": CODE_CHECKERS},
+    ),
     Row("evaluate.sandbox", SCORES, "where code runs", {"checker": CODE_CHECKERS}),
     Row("evaluate.ks", SCORES, "which pass@k a cell reports"),
     Row("evaluate.piston_url", SCORES, "where stdin/stdout programs run", {"checker": ("stdio",)}),
     Row("evaluate.piston_limits", NONE, "the piston_limits section as a whole (its keys decide)"),
-    *(Row(f"evaluate.piston_limits.{name}", SCORES, "a limit the Piston server enforces",
-          {"checker": ("stdio",)})
-      for name in ("compile_timeout", "run_timeout", "compile_cpu_time", "run_cpu_time",
-                   "compile_memory_limit", "run_memory_limit", "output_max_size")),
+    *(
+        Row(
+            f"evaluate.piston_limits.{name}",
+            SCORES,
+            "a limit the Piston server enforces",
+            {"checker": ("stdio",)},
+        )
+        for name in (
+            "compile_timeout",
+            "run_timeout",
+            "compile_cpu_time",
+            "run_cpu_time",
+            "compile_memory_limit",
+            "run_memory_limit",
+            "output_max_size",
+        )
+    ),
     Row("aggregate", NONE, "the aggregate section as a whole (its keys below decide)"),
     Row("aggregate.title", SUMMARY, "the report's title"),
     Row("aggregate.bootstrap", SUMMARY, "bootstrap resamples of the confidence intervals"),
@@ -188,8 +236,11 @@ class Identity:
         if recorded is None:
             return []
         keys = sorted(set(self.settings) | set(recorded))
-        return [f"{key}: {_show(recorded.get(key, _ABSENT))} -> {_show(self.settings.get(key, _ABSENT))}"
-                for key in keys if recorded.get(key, _ABSENT) != self.settings.get(key, _ABSENT)]
+        return [
+            f"{key}: {_show(recorded.get(key, _ABSENT))} -> {_show(self.settings.get(key, _ABSENT))}"
+            for key in keys
+            if recorded.get(key, _ABSENT) != self.settings.get(key, _ABSENT)
+        ]
 
 
 _ABSENT = object()
@@ -216,9 +267,13 @@ def rows_with(effect: str) -> Iterator[Row]:
     return (row for row in CONTRACT if row.effect == effect)
 
 
-def cell_settings(config: Mapping[str, Any], cell: Cell, effect: str,
-                  extra: Mapping[str, Any] | None = None,
-                  sampling_values: Callable[[str], Any] | None = None) -> Identity:
+def cell_settings(
+    config: Mapping[str, Any],
+    cell: Cell,
+    effect: str,
+    extra: Mapping[str, Any] | None = None,
+    sampling_values: Callable[[str], Any] | None = None,
+) -> Identity:
     """The settings of `effect` rows that apply to `cell`, by their concrete keys. An unset key
     (None) is left out, so a new optional key does not change every existing identity."""
     settings: dict[str, Any] = dict(extra or {})
@@ -266,24 +321,36 @@ def table_markdown() -> str:
     return "\n".join(lines)
 
 
-
 # ---- the identities of the workflow's jobs, from a Plan (ckpteval.config)
 
 
 def _cell(plan: Any, run: str, task: str, variant: str) -> Cell:
     spec = plan.tasks[task]
-    return Cell(run, task, plan.variants[variant].sampling.name, plan.runs[run].backend,
-                spec.kind, spec.checker)
+    return Cell(
+        run,
+        task,
+        plan.variants[variant].sampling.name,
+        plan.runs[run].backend,
+        spec.kind,
+        spec.checker,
+    )
 
 
 def generation_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
     """What a generation file depends on besides its model: the task's definition (data, prompt,
     options), the sampling config and seed, and the engine settings that change numerics."""
     sampling = plan.variants[variant].sampling
-    extra = {"task.definition": plan.tasks[task].config_hash()[:16],
-             "variant.seed": plan.variants[variant].seed}
-    return cell_settings(plan.config, _cell(plan, run, task, variant), GENERATIONS, extra,
-                         sampling_values=lambda name: getattr(sampling, name))
+    extra = {
+        "task.definition": plan.tasks[task].config_hash()[:16],
+        "variant.seed": plan.variants[variant].seed,
+    }
+    return cell_settings(
+        plan.config,
+        _cell(plan, run, task, variant),
+        GENERATIONS,
+        extra,
+        sampling_values=lambda name: getattr(sampling, name),
+    )
 
 
 def scoring_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
@@ -304,7 +371,9 @@ def model_identity(plan: Any, run: str, ckpt: str) -> Identity:
     for row in rows_with(MODEL):
         if row.key.startswith("runs.*"):
             key = row.key.replace("*", run, 1)
-            settings[key] = "auto" if base and row.key == "runs.*.format" else lookup(plan.config, key)
+            settings[key] = (
+                "auto" if base and row.key == "runs.*.format" else lookup(plan.config, key)
+            )
         elif plan.runs[run].has_weights:
             settings[row.key] = lookup(plan.config, row.key)
     return Identity(_set(settings))

@@ -88,7 +88,18 @@ MODEL_SHAPE: dict[str, Any] = {
 }
 
 _NAMES = (
-    "Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kofi", "Lena",
+    "Ana",
+    "Ben",
+    "Chen",
+    "Dara",
+    "Eli",
+    "Fatima",
+    "Gus",
+    "Hana",
+    "Ivan",
+    "Jo",
+    "Kofi",
+    "Lena",
 )
 _ITEMS = ("apples", "pens", "stickers", "marbles", "books", "cards", "shells", "coins", "eggs")
 
@@ -169,7 +180,14 @@ def _three_days(rng: random.Random, name: str, item: str) -> ArithItem:
 
 
 TEMPLATES: tuple[Callable[[random.Random, str, str], ArithItem], ...] = (
-    _add, _sub, _mul, _div, _add_sub, _mul_add, _change, _three_days,
+    _add,
+    _sub,
+    _mul,
+    _div,
+    _add_sub,
+    _mul_add,
+    _change,
+    _three_days,
 )
 
 
@@ -219,7 +237,7 @@ def _tokenizer_corpus() -> list[str]:
         "        return total\n\nimport sys\nfrom typing import List\nlambda x: x + 1\n",
         "fn main() {\n    let mut total: i64 = 0;\n    for i in 0..10 {\n        total += i;\n"
         "    }\n"
-        "    println!(\"{}\", total);\n}\n\npub fn solve(nums: &Vec<i32>) -> usize {\n"
+        '    println!("{}", total);\n}\n\npub fn solve(nums: &Vec<i32>) -> usize {\n'
         "    match nums.len() { 0 => 0, n => n }\n}\nimpl Solver for Vec<u8> { }\nstruct Point "
         "{ x: f64, y: f64 }\nuse std::io;\n#[test]\nfn it_works() { assert_eq!(2 + 2, 4); }\n",
         "system\nuser\nassistant\nYou are a helpful assistant.\n",

@@ -103,8 +103,9 @@ def read_samples(path: Path, errors: list[str]) -> Iterator[dict[str, Any]]:
                 if not isinstance(row, dict):
                     raise ValueError("expected a JSON object")
             except (UnicodeDecodeError, ValueError) as exc:
-                errors.append(f"{path}:{line_no}: malformed line ({type(exc).__name__}: "
-                              f"{str(exc)[:200]})")
+                errors.append(
+                    f"{path}:{line_no}: malformed line ({type(exc).__name__}: {str(exc)[:200]})"
+                )
                 continue
             yield {**row, "_file": str(path), "_line": line_no}
     if count == 0:
@@ -162,21 +163,41 @@ def score_samples(
         first = next(rows, None)
         if first is None:
             errors = [*read_errors, *invalid]
-            raise UserError(f"checker {checker}: no well-formed samples to score"
-                            + (f" ({len(errors)} input errors, first: {errors[0]})" if errors else ""))
-        progress = _Progress(Path(out_jsonl), {"checker": checker, "version": impl.version,
-                                               "options": options, "timeout": timeout,
-                                               "timeout_factor": timeout_factor})
+            raise UserError(
+                f"checker {checker}: no well-formed samples to score"
+                + (f" ({len(errors)} input errors, first: {errors[0]})" if errors else "")
+            )
+        progress = _Progress(
+            Path(out_jsonl),
+            {
+                "checker": checker,
+                "version": impl.version,
+                "options": options,
+                "timeout": timeout,
+                "timeout_factor": timeout_factor,
+            },
+        )
         try:
-            self_test, timeouts = run_self_test(impl, problems, workers=workers, timeout=timeout,
-                                                timeout_factor=timeout_factor)
+            self_test, timeouts = run_self_test(
+                impl, problems, workers=workers, timeout=timeout, timeout_factor=timeout_factor
+            )
         except SelfTestError:
             progress.discard()  # verdicts of a checker that failed its self-test are worthless
             raise
         totals = _CellTotals(impl.compiles)
-        write_jsonl(out_jsonl, _scored_lines(impl, itertools.chain([first], rows), progress,
-                                             timeouts, totals, workers=workers, timeout=timeout,
-                                             chunk_size=chunk_size))
+        write_jsonl(
+            out_jsonl,
+            _scored_lines(
+                impl,
+                itertools.chain([first], rows),
+                progress,
+                timeouts,
+                totals,
+                workers=workers,
+                timeout=timeout,
+                chunk_size=chunk_size,
+            ),
+        )
         self_test["reused_verdicts"] = totals.reused
     finally:
         impl.close()
@@ -200,9 +221,17 @@ def score_samples(
     return cell
 
 
-def _scored_lines(impl: Checker, rows: Iterable[_Row], progress: _Progress, timeouts: Timeouts,
-                  totals: _CellTotals, *, workers: int, timeout: float | None,
-                  chunk_size: int) -> Iterator[dict[str, Any]]:
+def _scored_lines(
+    impl: Checker,
+    rows: Iterable[_Row],
+    progress: _Progress,
+    timeouts: Timeouts,
+    totals: _CellTotals,
+    *,
+    workers: int,
+    timeout: float | None,
+    chunk_size: int,
+) -> Iterator[dict[str, Any]]:
     """The output lines of `rows`, in order, through one `Checker.check_stream` (`chunk_size`
     jobs at a time in its window; verdicts of an earlier, interrupted run of the same cell are
     reused); each line is added to `totals`."""
@@ -224,9 +253,15 @@ def _scored_lines(impl: Checker, rows: Iterable[_Row], progress: _Progress, time
                 keys[index] = key
                 yield timeouts.apply(row.job)
 
-    for verdict in impl.check_stream(items(), workers=workers, timeout=timeout,
-                                     on_verdicts=progress.listener(keys), window=chunk_size,
-                                     window_chars=CHUNK_CHARS, buffer=REORDER_CHUNKS * chunk_size):
+    for verdict in impl.check_stream(
+        items(),
+        workers=workers,
+        timeout=timeout,
+        on_verdicts=progress.listener(keys),
+        window=chunk_size,
+        window_chars=CHUNK_CHARS,
+        buffer=REORDER_CHUNKS * chunk_size,
+    ):
         index, task_id, sample_idx, source_file = waiting.popleft()
         keys.pop(index, None)
         line = {"task_id": task_id, "sample_idx": sample_idx, **verdict.record()}
@@ -301,15 +336,20 @@ class _CellTotals:
         for name, mean in self.test_sets.items():
             if mean.n:
                 value, stderr = mean.result()
-                metrics[f"{name}_tests_pass_rate"] = {"value": value, "stderr": stderr,
-                                                      "n": mean.n}
+                metrics[f"{name}_tests_pass_rate"] = {"value": value, "stderr": stderr, "n": mean.n}
         extra: dict[str, Any] = {}
         if self.per_file:
             extra["per_file"] = {
-                name: {"n_samples": n, "n_passed": passed, "n_problems": len(tids),
-                       "pass_rate": passed / n if n else 0.0}
-                for name, (n, passed, tids) in sorted(self.per_file.items())}
-        return {**extra,
+                name: {
+                    "n_samples": n,
+                    "n_passed": passed,
+                    "n_problems": len(tids),
+                    "pass_rate": passed / n if n else 0.0,
+                }
+                for name, (n, passed, tids) in sorted(self.per_file.items())
+            }
+        return {
+            **extra,
             "n_problems": len(self.per_task),
             "n_samples": self.n_samples,
             "problems_without_samples": len(set(problems) - set(self.per_task)),
@@ -340,8 +380,14 @@ class _Progress:
                     self.known[row["key"]] = Verdict(**row["verdict"])
 
     def key(self, task_id: str, sample_idx: int, completion: str) -> str:
-        return sha256_json([self.identity, task_id, sample_idx,
-                            hashlib.sha256(completion.encode("utf-8", "surrogatepass")).hexdigest()])
+        return sha256_json(
+            [
+                self.identity,
+                task_id,
+                sample_idx,
+                hashlib.sha256(completion.encode("utf-8", "surrogatepass")).hexdigest(),
+            ]
+        )
 
     def listener(self, keys: Mapping[int, str]) -> OnVerdicts:
         """Persist the verdicts of a stream whose item `i`, if checked, is the sample keyed
@@ -382,8 +428,9 @@ def _accepted(
     seen = _SeenIndices()
     next_idx: Counter[str] = Counter()
     for ordinal, sample in enumerate(samples, start=1):
-        where = (f"{sample['_file']}:{sample['_line']}" if "_line" in sample
-                 else f"sample #{ordinal}")
+        where = (
+            f"{sample['_file']}:{sample['_line']}" if "_line" in sample else f"sample #{ordinal}"
+        )
         task_id, completion = sample.get("task_id"), sample.get("completion")
         if not isinstance(task_id, str) or not task_id:
             errors.append(f"{where}: no task_id")
@@ -404,11 +451,19 @@ def _accepted(
             errors.append(f"{where}: duplicate sample {idx} of task {task_id}; kept the first")
             continue
         if len(completion) > MAX_COMPLETION_CHARS:
-            errors.append(f"{where}: completion of {len(completion):,} characters exceeds the "
-                          f"{MAX_COMPLETION_CHARS:,} limit; scored as too_large (task {task_id})")
-            yield _Row(task_id, idx, None, Verdict(
-                False, "too_large", stderr_tail=f"completion of {len(completion)} characters"),
-                source)
+            errors.append(
+                f"{where}: completion of {len(completion):,} characters exceeds the "
+                f"{MAX_COMPLETION_CHARS:,} limit; scored as too_large (task {task_id})"
+            )
+            yield _Row(
+                task_id,
+                idx,
+                None,
+                Verdict(
+                    False, "too_large", stderr_tail=f"completion of {len(completion)} characters"
+                ),
+                source,
+            )
         else:
             yield _Row(task_id, idx, Job(task_id, problems[task_id], completion), None, source)
 
@@ -451,9 +506,14 @@ class Timeouts:
         return job if limit is None or job.timeout is not None else replace(job, timeout=limit)
 
 
-def calibrate_timeouts(checker: Checker, problems: Mapping[str, Mapping[str, Any]],
-                       timeout: float | None, factor: float, references: Sequence[Job],
-                       verdicts: Sequence[Verdict]) -> Timeouts:
+def calibrate_timeouts(
+    checker: Checker,
+    problems: Mapping[str, Mapping[str, Any]],
+    timeout: float | None,
+    factor: float,
+    references: Sequence[Job],
+    verdicts: Sequence[Verdict],
+) -> Timeouts:
     """Per-problem timeouts: `max(configured, factor x the slowest run of the problem's reference
     solution)`, from the references' verdicts (`Verdict.run_s`). Problems without a measured
     reference keep the configured timeout (`Checker.run_timeout`), and so do problems that set
@@ -470,15 +530,24 @@ def calibrate_timeouts(checker: Checker, problems: Mapping[str, Mapping[str, Any
         if calibrated > configured:
             limits[task_id] = calibrated
         effective.append(max(configured, calibrated))
-    report = {"configured": float(timeout or checker.default_timeout), "factor": float(factor),
-              "calibrated_problems": len(limits), "max_s": round(max(effective), 3),
-              "median_s": round(statistics.median(effective), 3)}
+    report = {
+        "configured": float(timeout or checker.default_timeout),
+        "factor": float(factor),
+        "calibrated_problems": len(limits),
+        "max_s": round(max(effective), 3),
+        "median_s": round(statistics.median(effective), 3),
+    }
     return Timeouts(limits, report)
 
 
-def run_self_test(checker: Checker, problems: Mapping[str, Mapping[str, Any]], *, workers: int,
-                  timeout: float | None,
-                  timeout_factor: float = DEFAULT_TIMEOUT_FACTOR) -> tuple[dict[str, Any], Timeouts]:
+def run_self_test(
+    checker: Checker,
+    problems: Mapping[str, Mapping[str, Any]],
+    *,
+    workers: int,
+    timeout: float | None,
+    timeout_factor: float = DEFAULT_TIMEOUT_FACTOR,
+) -> tuple[dict[str, Any], Timeouts]:
     """Reference solutions must pass and known-wrong samples must fail, or `SelfTestError`;
     returns the report and the timeouts calibrated from the references' run times.
 
@@ -487,32 +556,41 @@ def run_self_test(checker: Checker, problems: Mapping[str, Mapping[str, Any]], *
     known-wrong samples run with the configured one.
     """
     headroom = max(1.0, timeout_factor)
-    references = [job if job.timeout is not None else
-                  replace(job, timeout=headroom * checker.run_timeout(job.problem, timeout))
-                  for job in checker.reference_jobs(problems)]
+    references = [
+        job
+        if job.timeout is not None
+        else replace(job, timeout=headroom * checker.run_timeout(job.problem, timeout))
+        for job in checker.reference_jobs(problems)
+    ]
     wrong = checker.known_wrong_jobs(problems)
     verdicts = checker.check([*references, *wrong], workers=workers, timeout=timeout)
     report = self_test_report(checker, references, wrong, verdicts)
-    return report, calibrate_timeouts(checker, problems, timeout, timeout_factor, references,
-                                      verdicts[: len(references)])
+    return report, calibrate_timeouts(
+        checker, problems, timeout, timeout_factor, references, verdicts[: len(references)]
+    )
 
 
-def self_test_report(checker: Checker, references: Sequence[Job], wrong: Sequence[Job],
-                     verdicts: Sequence[Verdict]) -> dict[str, Any]:
+def self_test_report(
+    checker: Checker, references: Sequence[Job], wrong: Sequence[Job], verdicts: Sequence[Verdict]
+) -> dict[str, Any]:
     """Judge the self-test's verdicts (references first, then known-wrong); raise if it failed."""
     failed = [(job, v) for job, v in zip(references, verdicts[: len(references)]) if not v.passed]
-    passed = [(job, v) for job, v in zip(wrong, verdicts[len(references):]) if v.passed]
+    passed = [(job, v) for job, v in zip(wrong, verdicts[len(references) :]) if v.passed]
     if failed or passed:
         parts = []
         if failed:
-            shown = "; ".join(f"{job.task_id}: {v.error_type}: {v.stderr_tail.strip()[-300:]}"
-                              for job, v in failed[:3])
-            parts.append(f"reference solutions of {len(failed)} of {len(references)} problems did "
-                         f"not pass ({shown}); fix or drop those problems, or check the sandbox")
+            shown = "; ".join(
+                f"{job.task_id}: {v.error_type}: {v.stderr_tail.strip()[-300:]}"
+                for job, v in failed[:3]
+            )
+            parts.append(
+                f"reference solutions of {len(failed)} of {len(references)} problems did "
+                f"not pass ({shown}); fix or drop those problems, or check the sandbox"
+            )
         if passed:
-            parts.append(f"{len(passed)} known-wrong samples passed: the checker cannot tell "
-                         "right from wrong")
+            parts.append(
+                f"{len(passed)} known-wrong samples passed: the checker cannot tell "
+                "right from wrong"
+            )
         raise SelfTestError(f"checker {checker.name} self-test failed: " + " | ".join(parts))
     return {"references_passed": len(references), "known_wrong_failed": len(wrong)}
-
-

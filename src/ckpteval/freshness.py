@@ -80,7 +80,10 @@ class Freshness:
             return None
         if not (self.out / "models" / run / ckpt).is_dir():
             return "its directory is missing"
-        source, built = _mtime(self.source_id_path(run, ckpt)), _mtime(self.manifest_path(run, ckpt))
+        source, built = (
+            _mtime(self.source_id_path(run, ckpt)),
+            _mtime(self.manifest_path(run, ckpt)),
+        )
         if source is not None and built is not None and source > built:
             return "the checkpoint's files have new content"
         return None
@@ -147,5 +150,8 @@ class Freshness:
                         why = self.score_change(run_name, ckpt.name, task, variant)
                         if why:
                             add(f"scores of {task}", why)
-        return [f"{what} ({n} {'checkpoint' if what.startswith('model') else 'cell'}"
-                f"{'s' if n > 1 else ''}): {why}" for (what, why), n in sorted(counts.items())]
+        return [
+            f"{what} ({n} {'checkpoint' if what.startswith('model') else 'cell'}"
+            f"{'s' if n > 1 else ''}): {why}"
+            for (what, why), n in sorted(counts.items())
+        ]

@@ -44,15 +44,25 @@ log = logging.getLogger(__name__)
 SCORER_VERSION = f"ckpteval-{__version__}/harness-1"
 
 #: Fields of a code task's document that the python checker reads (HumanEval and MBPP shapes).
-PYTHON_PROBLEM_KEYS = ("prompt", "test", "entry_point", "canonical_solution", "code", "test_list",
-                       "test_setup_code", "test_imports", "challenge_test_list")
+PYTHON_PROBLEM_KEYS = (
+    "prompt",
+    "test",
+    "entry_point",
+    "canonical_solution",
+    "code",
+    "test_list",
+    "test_setup_code",
+    "test_imports",
+    "challenge_test_list",
+)
 
 
 class HarnessRunner:
     """Loads and runs the harness tasks of one infer job on its backend."""
 
-    def __init__(self, backend: Backend, include_paths: Sequence[str] = (), *,
-                 chunk_size: int = 256) -> None:
+    def __init__(
+        self, backend: Backend, include_paths: Sequence[str] = (), *, chunk_size: int = 256
+    ) -> None:
         self.backend = backend
         self.include_paths = [str(HARNESS_TASK_DIR), *[str(p) for p in include_paths]]
         self.chunk_size = chunk_size
@@ -81,7 +91,8 @@ class HarnessRunner:
                 if task.options.get("chat_template") and self.backend.name == "openai":
                     raise UserError(
                         f"config: tasks.{task.name}.chat_template: lm-eval tasks on an openai run "
-                        "send plain completions; drop chat_template or use a vllm run")
+                        "send plain completions; drop chat_template or use a vllm run"
+                    )
                 self._preloaded[task.name] = self.load(task)
 
     def load(self, task: TaskSpec) -> dict[str, Any]:
@@ -91,7 +102,8 @@ class HarnessRunner:
         if name not in manager.all_tasks:
             raise UserError(
                 f"config: tasks.{task.name}.harness: lm-eval has no task {name!r}; "
-                "`lm_eval ls tasks` lists them (local YAMLs: lm_eval.include_paths)")
+                "`lm_eval ls tasks` lists them (local YAMLs: lm_eval.include_paths)"
+            )
         started = time.monotonic()
         try:
             loaded = manager.load([name])
@@ -99,13 +111,15 @@ class HarnessRunner:
             raise UserError(
                 f"task {task.name}: lm-eval task {name!r} needs a package that is not installed "
                 f"({_first_line(exc)}); install lm-eval's extra for it, e.g. pip install "
-                "'lm-eval[ifeval]' or 'lm-eval[math]'") from None
+                "'lm-eval[ifeval]' or 'lm-eval[math]'"
+            ) from None
         except (ConnectionError, OSError, ValueError) as exc:
             raise UserError(
                 f"task {task.name}: lm-eval task {name!r} cannot load its dataset "
                 f"({_first_line(exc)}); download it once on a machine with network into the "
                 "shared Hugging Face cache (HF_HOME), or give a local lm-eval YAML "
-                "(lm_eval.include_paths)") from None
+                "(lm_eval.include_paths)"
+            ) from None
         log.info("lm-eval task %s loaded in %.1f s", name, time.monotonic() - started)
         return dict(loaded)
 
@@ -122,56 +136,86 @@ class HarnessRunner:
         if s.n != 1:
             raise UserError(
                 f"task {job.task.name}: sampling {s.name} has n={s.n}; lm-eval tasks take one "
-                "sample per request (use a task's `repeats` in its lm-eval YAML, or a seed list)")
+                "sample per request (use a task's `repeats` in its lm-eval YAML, or a seed list)"
+            )
         opts = job.task.options
         gen_kwargs: dict[str, Any] = {}
         if s.temperature > 0:
-            gen_kwargs = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p,
-                          "seed": job.variant.seed}
+            gen_kwargs = {
+                "do_sample": True,
+                "temperature": s.temperature,
+                "top_p": s.top_p,
+                "seed": job.variant.seed,
+            }
         if opts.get("max_new_tokens"):
             gen_kwargs["max_gen_toks"] = int(opts["max_new_tokens"])
         loaded = self._objects(job.task)
         name = str(job.task.harness_task)
-        lm = cached_harness_lm(self.backend, cache_file, chunk_size=self.chunk_size,
-                               label=f"{job.task.name} {job.variant.name}")
-        results = run_lm_eval(lm, loaded, seed=job.variant.seed, gen_kwargs=gen_kwargs,
-                              num_fewshot=opts.get("num_fewshot"), limit=opts.get("limit"),
-                              chat=bool(opts.get("chat_template")),
-                              system_prompt=opts.get("system_prompt"))
+        lm = cached_harness_lm(
+            self.backend,
+            cache_file,
+            chunk_size=self.chunk_size,
+            label=f"{job.task.name} {job.variant.name}",
+        )
+        results = run_lm_eval(
+            lm,
+            loaded,
+            seed=job.variant.seed,
+            gen_kwargs=gen_kwargs,
+            num_fewshot=opts.get("num_fewshot"),
+            limit=opts.get("limit"),
+            chat=bool(opts.get("chat_template")),
+            system_prompt=opts.get("system_prompt"),
+        )
         if not results:
             raise RuntimeError("lm-eval returned no results")
         rows = harness_lines(results["samples"], lm.completion_tokens)
         write_jsonl(job.out, rows)
         leaves = list(loaded["tasks"])
         aggregate = results["results"].get(name) or (
-            results["results"][leaves[0]] if len(leaves) == 1 else {})
-        return {"n_problems": len(rows), "n_samples": len(rows),
-                "n_cached_prompts": lm.n_cached, "n_generated_prompts": lm.n_generated,
-                "lm_eval_results": {k: v for k, v in aggregate.items() if k != "alias"},
-                "lm_eval_config": {t: results.get("configs", {}).get(t, {})
-                                   for t in results["samples"]},
-                "lm_eval_gen_kwargs": gen_kwargs or None,
-                "prompt_tokens": None, "completion_tokens": lm.total_completion_tokens}
+            results["results"][leaves[0]] if len(leaves) == 1 else {}
+        )
+        return {
+            "n_problems": len(rows),
+            "n_samples": len(rows),
+            "n_cached_prompts": lm.n_cached,
+            "n_generated_prompts": lm.n_generated,
+            "lm_eval_results": {k: v for k, v in aggregate.items() if k != "alias"},
+            "lm_eval_config": {
+                t: results.get("configs", {}).get(t, {}) for t in results["samples"]
+            },
+            "lm_eval_gen_kwargs": gen_kwargs or None,
+            "prompt_tokens": None,
+            "completion_tokens": lm.total_completion_tokens,
+        }
 
     # ----------------------------------------------------------------------------- code tasks
 
-    def code_requests(self, job: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Prompt],
-                                                SamplingSpec]:
+    def code_requests(
+        self, job: Any
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, Prompt], SamplingSpec]:
         """(problems, prompts, sampling) of a code task, from lm-eval's requests for it."""
         loaded = self._objects(job.task)
         if len(loaded["tasks"]) != 1:
-            raise UserError(f"task {job.task.name}: code tasks must be one lm-eval task, not a "
-                            f"group of {len(loaded['tasks'])}")
+            raise UserError(
+                f"task {job.task.name}: code tasks must be one lm-eval task, not a "
+                f"group of {len(loaded['tasks'])}"
+            )
         task = next(iter(loaded["tasks"].values()))
         opts = job.task.options
-        configure_task(task, num_fewshot=opts.get("num_fewshot"), gen_kwargs=None,
-                       seed=job.variant.seed)
+        configure_task(
+            task, num_fewshot=opts.get("num_fewshot"), gen_kwargs=None, seed=job.variant.seed
+        )
         chat = bool(opts.get("chat_template"))
         task.build_all_requests(
-            limit=opts.get("limit"), rank=0, world_size=1,
-            system_instruction=opts.get("system_prompt"), apply_chat_template=chat,
+            limit=opts.get("limit"),
+            rank=0,
+            world_size=1,
+            system_instruction=opts.get("system_prompt"),
+            apply_chat_template=chat,
             chat_template=functools.partial(chat_template, self.backend) if chat else None,
-            tokenizer_name=_tokenizer_name(self.backend) if chat else "")
+            tokenizer_name=_tokenizer_name(self.backend) if chat else "",
+        )
         problems: dict[str, dict[str, Any]] = {}
         prompts: dict[str, Prompt] = {}
         kwargs: list[dict[str, Any]] = []
@@ -186,19 +230,27 @@ class HarnessRunner:
             raise UserError(f"task {job.task.name}: lm-eval built no requests")
         gen = kwargs[0]
         if any(k != gen for k in kwargs):
-            raise UserError(f"task {job.task.name}: requests differ in generation settings; "
-                            "ckpteval samples a code task with one setting")
+            raise UserError(
+                f"task {job.task.name}: requests differ in generation settings; "
+                "ckpteval samples a code task with one setting"
+            )
         s = job.variant.sampling
         max_tokens = int(opts.get("max_new_tokens") or gen.get("max_gen_toks") or 256)
         until = gen.get("until") or []
-        spec = SamplingSpec(n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens,
-                            seed=job.variant.seed,
-                            stop=tuple([until] if isinstance(until, str) else until))
+        spec = SamplingSpec(
+            n=s.n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_tokens=max_tokens,
+            seed=job.variant.seed,
+            stop=tuple([until] if isinstance(until, str) else until),
+        )
         return problems, prompts, spec
 
 
-def configure_task(task: Any, *, num_fewshot: int | None, gen_kwargs: dict[str, Any] | None,
-                   seed: int) -> None:
+def configure_task(
+    task: Any, *, num_fewshot: int | None, gen_kwargs: dict[str, Any] | None, seed: int
+) -> None:
     """Apply config overrides to a loaded lm-eval task exactly as `lm_eval.simple_evaluate`
     (0.4.13) does: generation settings merged in, `num_fewshot` overriding the YAML's unless
     that is 0, a missing one meaning 0, and the few-shot sampler seeded."""
@@ -207,8 +259,11 @@ def configure_task(task: Any, *, num_fewshot: int | None, gen_kwargs: dict[str, 
     default = task.get_config("num_fewshot")
     if num_fewshot is not None:
         if default == 0:
-            log.warning("%s: num_fewshot is 0 in its lm-eval config; %s ignored (as lm-eval "
-                        "does)", task.task_name, num_fewshot)
+            log.warning(
+                "%s: num_fewshot is 0 in its lm-eval config; %s ignored (as lm-eval does)",
+                task.task_name,
+                num_fewshot,
+            )
         else:
             task.set_config(key="num_fewshot", value=int(num_fewshot))
     elif default is None:
@@ -216,9 +271,17 @@ def configure_task(task: Any, *, num_fewshot: int | None, gen_kwargs: dict[str, 
     task.set_fewshot_seed(seed=seed)
 
 
-def run_lm_eval(lm: Any, loaded: dict[str, Any], *, seed: int, gen_kwargs: dict[str, Any],
-                num_fewshot: int | None, limit: int | None, chat: bool,
-                system_prompt: str | None) -> dict[str, Any]:
+def run_lm_eval(
+    lm: Any,
+    loaded: dict[str, Any],
+    *,
+    seed: int,
+    gen_kwargs: dict[str, Any],
+    num_fewshot: int | None,
+    limit: int | None,
+    chat: bool,
+    system_prompt: str | None,
+) -> dict[str, Any]:
     """`lm_eval.simple_evaluate(model=lm, ..., random/numpy/torch/fewshot seeds = seed)` on
     already loaded tasks, minus what only decorates its result (environment and git
     information, which costs a `pip list` subprocess per task): the seeds, the task overrides
@@ -234,8 +297,15 @@ def run_lm_eval(lm: Any, loaded: dict[str, Any], *, seed: int, gen_kwargs: dict[
     set_torch_seed(seed)
     for task in loaded["tasks"].values():
         configure_task(task, num_fewshot=num_fewshot, gen_kwargs=gen_kwargs, seed=seed)
-    results = evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=0, log_samples=True,
-                       system_instruction=system_prompt, apply_chat_template=chat)
+    results = evaluate(
+        lm=lm,
+        task_dict=loaded,
+        limit=limit,
+        bootstrap_iters=0,
+        log_samples=True,
+        system_instruction=system_prompt,
+        apply_chat_template=chat,
+    )
     return dict(results) if results is not None else {}
 
 
@@ -249,22 +319,32 @@ def _first_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:300]
 
 
-def harness_lines(samples: Mapping[str, list[dict[str, Any]]],
-                  completion_tokens: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+def harness_lines(
+    samples: Mapping[str, list[dict[str, Any]]], completion_tokens: Mapping[str, int] | None = None
+) -> list[dict[str, Any]]:
     """Generation lines from lm-eval's logged samples: one per (task, doc), filters merged."""
     lines: dict[tuple[str, int], dict[str, Any]] = {}
     for task_name, task_samples in samples.items():
         for sample in task_samples:
             doc_id = int(sample["doc_id"])
             completion = sample["resps"][0][0] if sample["resps"] and sample["resps"][0] else ""
-            line = lines.setdefault((task_name, doc_id), {
-                "task_id": f"{task_name}/{doc_id}", "sample_idx": 0,
-                "prompt": sample["arguments"][0][0], "completion": completion,
-                "target": sample["target"], "filtered": {}, "metrics": {},
-                "completion_tokens": (completion_tokens or {}).get(completion),
-            })
+            line = lines.setdefault(
+                (task_name, doc_id),
+                {
+                    "task_id": f"{task_name}/{doc_id}",
+                    "sample_idx": 0,
+                    "prompt": sample["arguments"][0][0],
+                    "completion": completion,
+                    "target": sample["target"],
+                    "filtered": {},
+                    "metrics": {},
+                    "completion_tokens": (completion_tokens or {}).get(completion),
+                },
+            )
             filt = sample.get("filter", "none")
-            line["filtered"][filt] = sample["filtered_resps"][0] if sample["filtered_resps"] else None
+            line["filtered"][filt] = (
+                sample["filtered_resps"][0] if sample["filtered_resps"] else None
+            )
             for metric in sample.get("metrics", []):
                 if metric in sample:
                     line["metrics"][f"{metric},{filt}"] = float(sample[metric])
@@ -278,22 +358,29 @@ def _cached_lm_class() -> type:
     return type("CachedHarnessLM", (CachedHarnessLM, LM), {})
 
 
-def cached_harness_lm(backend: Backend, cache_file: Path, *, chunk_size: int = 256,
-                      label: str = "") -> Any:
+def cached_harness_lm(
+    backend: Backend, cache_file: Path, *, chunk_size: int = 256, label: str = ""
+) -> Any:
     """A `CachedHarnessLM` that is also an lm-eval `LM` (lm-eval is imported only here, so the
     evaluate step, which only scores, never pays for importing it)."""
     return _cached_lm_class()(backend, cache_file, chunk_size=chunk_size, label=label)
 
 
-def chat_template(backend: Backend, chat_history: list[dict[str, str]],
-                  add_generation_prompt: bool = True) -> str:
+def chat_template(
+    backend: Backend, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+) -> str:
     """lm-eval's VLLM chat rendering, with the model's own tokenizer (no engine needed)."""
     tokenizer = getattr(backend, "tokenizer", None)
     if tokenizer is None:
         raise UserError(f"backend {backend.name} has no tokenizer to render a chat template")
-    return str(tokenizer.apply_chat_template(
-        chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
-        continue_final_message=not add_generation_prompt))
+    return str(
+        tokenizer.apply_chat_template(
+            chat_history,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt,
+        )
+    )
 
 
 class CachedHarnessLM:
@@ -301,8 +388,9 @@ class CachedHarnessLM:
     for what is missing, chunk by chunk (each chunk is in the cache before the next starts).
     Build it with `cached_harness_lm`."""
 
-    def __init__(self, backend: Backend, cache_file: Path, *, chunk_size: int = 256,
-                 label: str = "") -> None:
+    def __init__(
+        self, backend: Backend, cache_file: Path, *, chunk_size: int = 256, label: str = ""
+    ) -> None:
         super().__init__()
         self.backend = backend
         self.cache_file = cache_file
@@ -317,14 +405,17 @@ class CachedHarnessLM:
     def tokenizer_name(self) -> str:
         return _tokenizer_name(self.backend)
 
-    def apply_chat_template(self, chat_history: list[dict[str, str]],
-                            add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
         return chat_template(self.backend, chat_history, add_generation_prompt)
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         return self._answer("generate_until", requests)
 
-    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+    def loglikelihood(
+        self, requests: list[Any], disable_tqdm: bool = False
+    ) -> list[tuple[float, bool]]:
         return [tuple(r) for r in self._answer("loglikelihood", requests)]  # type: ignore[misc]
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
@@ -339,11 +430,17 @@ class CachedHarnessLM:
         todo = [i for i, key in enumerate(keys) if key not in cached]
         self.n_cached += len(requests) - len(todo)
         self.n_generated += len(todo)
-        log.info("%s: %d lm-eval %s requests, %d cached, %d to run", self.label, len(requests),
-                 kind, len(requests) - len(todo), len(todo))
+        log.info(
+            "%s: %d lm-eval %s requests, %d cached, %d to run",
+            self.label,
+            len(requests),
+            kind,
+            len(requests) - len(todo),
+            len(todo),
+        )
         done = 0
         for start in range(0, len(todo), self.chunk_size):
-            chunk = todo[start:start + self.chunk_size]
+            chunk = todo[start : start + self.chunk_size]
             model = self.backend.harness_model()
             answers = getattr(model, kind)([requests[i] for i in chunk])
             rows = []
@@ -368,10 +465,18 @@ class CachedHarnessLM:
 
 # ----------------------------------------------------------------------------------- scoring
 
+
 def score_harness_file(
-    generations: Path, out_jsonl: Path, out_json: Path, *, provenance: dict[str, Any],
-    workers: int = 2, timeout: float | None = None, timeout_factor: float | None = None,
-    ks: Sequence[int] | None = None, checker_options: Mapping[str, Any] | None = None,
+    generations: Path,
+    out_jsonl: Path,
+    out_json: Path,
+    *,
+    provenance: dict[str, Any],
+    workers: int = 2,
+    timeout: float | None = None,
+    timeout_factor: float | None = None,
+    ks: Sequence[int] | None = None,
+    checker_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write per-sample verdicts and cell metrics for one harness generation file.
 
@@ -392,31 +497,55 @@ def score_harness_file(
             if "problem" in row and isinstance(row.get("task_id"), str):
                 problems.setdefault(row["task_id"], row["problem"])
         rows = iter_jsonl(generations, errors=errors)
-        return score_samples(meta.get("checker", "python"), problems, rows, out_jsonl, out_json,
-                             workers=workers, timeout=timeout,
-                             timeout_factor=(DEFAULT_TIMEOUT_FACTOR if timeout_factor is None
-                                             else timeout_factor),
-                             ks=ks, checker_options=checker_options or {}, provenance=provenance,
-                             input_errors=errors)
+        return score_samples(
+            meta.get("checker", "python"),
+            problems,
+            rows,
+            out_jsonl,
+            out_json,
+            workers=workers,
+            timeout=timeout,
+            timeout_factor=(DEFAULT_TIMEOUT_FACTOR if timeout_factor is None else timeout_factor),
+            ks=ks,
+            checker_options=checker_options or {},
+            provenance=provenance,
+            input_errors=errors,
+        )
     rows = list(iter_jsonl(generations, errors=errors))
-    return _score_lm_eval_metrics(generations, rows, errors, meta.get("lm_eval_results", {}),
-                                  out_jsonl, out_json, provenance)
+    return _score_lm_eval_metrics(
+        generations, rows, errors, meta.get("lm_eval_results", {}), out_jsonl, out_json, provenance
+    )
 
 
-def _score_lm_eval_metrics(generations: Path, rows: list[dict[str, Any]], errors: list[str],
-                           reference: dict[str, Any], out_jsonl: Path, out_json: Path,
-                           provenance: dict[str, Any]) -> dict[str, Any]:
+def _score_lm_eval_metrics(
+    generations: Path,
+    rows: list[dict[str, Any]],
+    errors: list[str],
+    reference: dict[str, Any],
+    out_jsonl: Path,
+    out_json: Path,
+    provenance: dict[str, Any],
+) -> dict[str, Any]:
     started = time.monotonic()
     keys = sorted({k for r in rows for k in r.get("metrics", {})})
     primary = keys[0] if keys else None
     verdicts = []
     for r in rows:
         score = r.get("metrics", {}).get(primary, math.nan) if primary else math.nan
-        verdicts.append({"task_id": r["task_id"], "sample_idx": r.get("sample_idx", 0),
-                         "passed": score == 1.0, "score": score,
-                         "error_type": None if score == 1.0 else "wrong_answer",
-                         "compile_ok": None, "duration_s": 0.0, "stderr_tail": "", "hack": None,
-                         "metrics": r.get("metrics", {})})
+        verdicts.append(
+            {
+                "task_id": r["task_id"],
+                "sample_idx": r.get("sample_idx", 0),
+                "passed": score == 1.0,
+                "score": score,
+                "error_type": None if score == 1.0 else "wrong_answer",
+                "compile_ok": None,
+                "duration_s": 0.0,
+                "stderr_tail": "",
+                "hack": None,
+                "metrics": r.get("metrics", {}),
+            }
+        )
     metrics: dict[str, dict[str, Any]] = {}
     for key in keys:
         values = [r["metrics"][key] for r in rows if key in r.get("metrics", {})]
@@ -431,10 +560,18 @@ def _score_lm_eval_metrics(generations: Path, rows: list[dict[str, Any]], errors
     if verdicts:  # lm-eval metrics detect no reward hack: 0, so every cell has the curve
         metrics["hack_rate"] = {"value": 0.0, "stderr": 0.0, "n": len(verdicts)}
     write_jsonl(out_jsonl, verdicts)
-    cell = {"checker": "harness", "scorer_version": SCORER_VERSION, "n_problems": len(rows),
-            "n_samples": len(rows), "metrics": metrics,
-            "error_types": {"wrong_answer": sum(1 for v in verdicts if not v["passed"])},
-            "hack_types": {}, "input_errors": errors, "primary_metric": primary,
-            "duration_s": round(time.monotonic() - started, 3), **provenance}
+    cell = {
+        "checker": "harness",
+        "scorer_version": SCORER_VERSION,
+        "n_problems": len(rows),
+        "n_samples": len(rows),
+        "metrics": metrics,
+        "error_types": {"wrong_answer": sum(1 for v in verdicts if not v["passed"])},
+        "hack_types": {},
+        "input_errors": errors,
+        "primary_metric": primary,
+        "duration_s": round(time.monotonic() - started, 3),
+        **provenance,
+    }
     write_json(out_json, cell)
     return cell

@@ -112,10 +112,14 @@ def run_infer(
     cache = cache_dir / cache_namespace(manifest)
     engine_cfg = dict(engine_cfg)
     engine_cfg["gpu_memory_utilization"] = gpu_memory_utilization(
-        float(engine_cfg["gpu_memory_utilization"]), attempt)
+        float(engine_cfg["gpu_memory_utilization"]), attempt
+    )
     if attempt > 1:
-        log.warning("attempt %d: engine.gpu_memory_utilization lowered to %s after a failure",
-                    attempt, engine_cfg["gpu_memory_utilization"])
+        log.warning(
+            "attempt %d: engine.gpu_memory_utilization lowered to %s after a failure",
+            attempt,
+            engine_cfg["gpu_memory_utilization"],
+        )
     backend_name = run_cfg.get("backend", "vllm")
     lease = lease_engine_device(gpus) if backend_name == "vllm" else Lease(None, "none")
     log.info("backend %s; device: %s (%s)", backend_name, lease.device or "cpu", lease.how)
@@ -124,29 +128,49 @@ def run_infer(
         backend = make_backend(run_cfg, model_dir=model_dir, engine_cfg=engine_cfg, where=where)
     chunk_size = int(engine_cfg["chunk_size"])
     harness = HarnessRunner(backend, include_paths, chunk_size=chunk_size)
-    meta_base = {"backend": backend.name, "model_dir": str(model_dir) if model_dir else None,
-                 "model_hash": manifest.get("weights_sha256"),
-                 "model_identity": manifest.get("identity_sha256"), "engine_args": engine_cfg,
-                 "device": job_environment(lease), "versions": versions()}
+    meta_base = {
+        "backend": backend.name,
+        "model_dir": str(model_dir) if model_dir else None,
+        "model_hash": manifest.get("weights_sha256"),
+        "model_identity": manifest.get("identity_sha256"),
+        "engine_args": engine_cfg,
+        "device": job_environment(lease),
+        "versions": versions(),
+    }
     missing: MissingRequests | None = None
     try:
         harness.preflight([job.task for job in jobs])
-        batch = [prepare_requests(backend, harness, job, cache) for job in jobs
-                 if job.task.kind == "generate" or job.task.is_code_harness]
+        batch = [
+            prepare_requests(backend, harness, job, cache)
+            for job in jobs
+            if job.task.kind == "generate" or job.task.is_code_harness
+        ]
         missing = MissingRequests(backend, batch, chunk_size)
         if share_as and backend_name == "vllm" and len(missing.chunks) >= 2:
-            missing.publish(boards_root(cache_dir), share_as, {
-                "run_cfg": run_cfg, "model_dir": str(model_dir), "engine_cfg": engine_cfg,
-                "identity": backend.identity, "where": where})
-        harness_jobs = [job for job in jobs if job.task.kind == "harness"
-                        and not job.task.is_code_harness]
+            missing.publish(
+                boards_root(cache_dir),
+                share_as,
+                {
+                    "run_cfg": run_cfg,
+                    "model_dir": str(model_dir),
+                    "engine_cfg": engine_cfg,
+                    "identity": backend.identity,
+                    "where": where,
+                },
+            )
+        harness_jobs = [
+            job for job in jobs if job.task.kind == "harness" and not job.task.is_code_harness
+        ]
         if harness_jobs:
             # lm-eval's engine calls take ckpteval's chunks along: one engine batch, not two
             # (each separate call ends draining the engine on its longest sequences).
             for chunk in missing.chunks:
-                backend.ride_along(chunk.prompts, chunk.specs,
-                                   functools.partial(missing.finish, chunk),
-                                   claim=functools.partial(missing.claim, chunk))
+                backend.ride_along(
+                    chunk.prompts,
+                    chunk.specs,
+                    functools.partial(missing.finish, chunk),
+                    claim=functools.partial(missing.claim, chunk),
+                )
         done: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
         for job in harness_jobs:
             started = time.time()
@@ -159,9 +183,14 @@ def run_infer(
         missing.generate_rest(backend)
         batch_seconds = sum(req.seconds for req in batch)
         for req in batch:
-            done[id(req.job)] = _write_generations(req), {
-                "started_at": started, "generation_seconds": req.seconds,
-                "batch_seconds": batch_seconds}
+            done[id(req.job)] = (
+                _write_generations(req),
+                {
+                    "started_at": started,
+                    "generation_seconds": req.seconds,
+                    "batch_seconds": batch_seconds,
+                },
+            )
         for job in jobs:
             _write_meta(job, backend, meta_base, *done[id(job)])
     except Exception as exc:
@@ -170,7 +199,8 @@ def run_infer(
                 f"CUDA out of memory with engine.gpu_memory_utilization "
                 f"{engine_cfg['gpu_memory_utilization']} (attempt {attempt}); the rule retries once "
                 "with less; if that fails too, lower engine.gpu_memory_utilization or "
-                "engine.max_model_len") from None
+                "engine.max_model_len"
+            ) from None
         raise
     finally:
         if missing is not None and missing.board is not None:
@@ -182,8 +212,13 @@ def run_infer(
     return {"engine_loads": backend.loads, "load_seconds": backend.load_seconds}
 
 
-def run_assist(cache_dir: Path, name: str, *, gpus: Sequence[int | str] | None = None,
-               grace_seconds: float = 30.0) -> dict[str, Any]:
+def run_assist(
+    cache_dir: Path,
+    name: str,
+    *,
+    gpus: Sequence[int | str] | None = None,
+    grace_seconds: float = 30.0,
+) -> dict[str, Any]:
     """An assist job: on a leased GPU, help the infer jobs still running (ckpteval.share)."""
     from ckpteval.share import assist
 
@@ -193,12 +228,22 @@ def run_assist(cache_dir: Path, name: str, *, gpus: Sequence[int | str] | None =
         stats = assist(boards_root(cache_dir), name, _assist_engine, grace_seconds=grace_seconds)
     finally:
         lease.release()
-    summary = {"boards": stats.boards, "chunks": stats.chunks, "requests": stats.requests,
-               "engine_seconds": round(stats.engine_seconds, 3),
-               "load_seconds": round(stats.load_seconds, 3), "error": stats.error,
-               "device": job_environment(lease)}
-    log.info("assist job %s done: %d request(s) in %d chunk(s) for %d job(s)", name,
-             stats.requests, stats.chunks, stats.boards)
+    summary = {
+        "boards": stats.boards,
+        "chunks": stats.chunks,
+        "requests": stats.requests,
+        "engine_seconds": round(stats.engine_seconds, 3),
+        "load_seconds": round(stats.load_seconds, 3),
+        "error": stats.error,
+        "device": job_environment(lease),
+    }
+    log.info(
+        "assist job %s done: %d request(s) in %d chunk(s) for %d job(s)",
+        name,
+        stats.requests,
+        stats.chunks,
+        stats.boards,
+    )
     return summary
 
 
@@ -210,11 +255,14 @@ class _AssistEngine(Engine):
 
     def generate_chunk(self, chunk: list[dict[str, Any]]) -> int:
         prompts = [item["prompt"] for item in chunk]
-        specs = [SamplingSpec(**{**item["spec"], "stop": tuple(item["spec"]["stop"])})
-                 for item in chunk]
+        specs = [
+            SamplingSpec(**{**item["spec"], "stop": tuple(item["spec"]["stop"])}) for item in chunk
+        ]
         generations = self.backend.generate(prompts, specs)
-        store_rows((Path(item["cache_file"]), cache_row(item["key"], item["task_id"], g))
-                   for item, g in zip(chunk, generations, strict=True))
+        store_rows(
+            (Path(item["cache_file"]), cache_row(item["key"], item["task_id"], g))
+            for item, g in zip(chunk, generations, strict=True)
+        )
         return len(chunk)
 
     def close(self) -> None:
@@ -223,11 +271,19 @@ class _AssistEngine(Engine):
 
 def _assist_engine(board: Board) -> _AssistEngine | None:
     info = board.info
-    backend = make_backend(info["run_cfg"], model_dir=Path(info["model_dir"]),
-                           engine_cfg=info["engine_cfg"], where=info.get("where", "runs"))
+    backend = make_backend(
+        info["run_cfg"],
+        model_dir=Path(info["model_dir"]),
+        engine_cfg=info["engine_cfg"],
+        where=info.get("where", "runs"),
+    )
     if sha256_json(backend.identity) != sha256_json(info["identity"]):
-        log.warning("%s: its engine differs from this node's (%s vs %s); not helping",
-                    info["job"], info["identity"], backend.identity)
+        log.warning(
+            "%s: its engine differs from this node's (%s vs %s); not helping",
+            info["job"],
+            info["identity"],
+            backend.identity,
+        )
         backend.close()
         return None
     started = time.monotonic()
@@ -236,20 +292,32 @@ def _assist_engine(board: Board) -> _AssistEngine | None:
     return _AssistEngine(backend)
 
 
-def _write_meta(job: Job, backend: Backend, base: dict[str, Any], stats: dict[str, Any],
-                timing: dict[str, Any]) -> None:
+def _write_meta(
+    job: Job, backend: Backend, base: dict[str, Any], stats: dict[str, Any], timing: dict[str, Any]
+) -> None:
     seconds = float(timing["generation_seconds"])
     tokens = stats.get("completion_tokens") or 0
-    write_json(job.meta, {
-        **base, "task": job.task.name, "variant": job.variant.name,
-        "task_hash": job.task.config_hash(), "checker": job.task.checker,
-        "backend_identity": backend.identity, "engine_loads": backend.loads,
-        "load_seconds": round(backend.load_seconds, 3),
-        **{k: round(v, 3) if isinstance(v, float) and k != "started_at" else v
-           for k, v in timing.items()},
-        "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 and tokens else None,
-        "finished_at": time.time(), **stats, **job.record,
-    })
+    write_json(
+        job.meta,
+        {
+            **base,
+            "task": job.task.name,
+            "variant": job.variant.name,
+            "task_hash": job.task.config_hash(),
+            "checker": job.task.checker,
+            "backend_identity": backend.identity,
+            "engine_loads": backend.loads,
+            "load_seconds": round(backend.load_seconds, 3),
+            **{
+                k: round(v, 3) if isinstance(v, float) and k != "started_at" else v
+                for k, v in timing.items()
+            },
+            "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 and tokens else None,
+            "finished_at": time.time(),
+            **stats,
+            **job.record,
+        },
+    )
 
 
 @dataclass
@@ -286,8 +354,14 @@ def prepare_requests(backend: Backend, harness: Any, job: Job, cache: Path) -> R
     cache_file = cache / f"{job.task.name}.jsonl"
     rows = read_cache(cache_file, set(keys.values()))
     n_cached = sum(1 for key in keys.values() if key in rows)
-    log.info("%s %s: %d prompts, %d cached, %d to generate", job.task.name, job.variant.name,
-             len(prompts), n_cached, len(prompts) - n_cached)
+    log.info(
+        "%s %s: %d prompts, %d cached, %d to generate",
+        job.task.name,
+        job.variant.name,
+        len(prompts),
+        n_cached,
+        len(prompts) - n_cached,
+    )
     return Requests(job, problems, prompts, spec, cache_file, keys, rows, n_cached)
 
 
@@ -326,15 +400,20 @@ class MissingRequests:
         for req in batch:
             missing = {tid: key for tid, key in req.keys.items() if key not in req.rows}
             if missing:
-                backend.check_prompts({tid: req.prompts[tid] for tid in missing},
-                                      req.spec.max_tokens, req.job.task.name)
+                backend.check_prompts(
+                    {tid: req.prompts[tid] for tid in missing},
+                    req.spec.max_tokens,
+                    req.job.task.name,
+                )
             for tid, key in missing.items():
                 todo.setdefault((req.cache_file, key), (req, tid))
                 self.waiting.append((req, key))
         items = list(todo.items())
         self.total = len(items)
-        self.chunks = [Chunk(items[i:i + chunk_size], index=n)
-                       for n, i in enumerate(range(0, len(items), chunk_size))]
+        self.chunks = [
+            Chunk(items[i : i + chunk_size], index=n)
+            for n, i in enumerate(range(0, len(items), chunk_size))
+        ]
         self.rows: dict[tuple[Path, str], dict[str, Any]] = {}
         self.finished = 0
         self.board: Board | None = None
@@ -344,11 +423,22 @@ class MissingRequests:
 
     def publish(self, root: Path, name: str, info: dict[str, Any]) -> None:
         """Offer the chunks to assist jobs; `info` says how to load an engine like this one."""
-        payloads = [[{"cache_file": str(cache_file), "key": key, "task_id": tid,
-                      "prompt": req.prompts[tid], "spec": req.spec.as_dict()}
-                     for (cache_file, key), (req, tid) in chunk.items] for chunk in self.chunks]
-        self.board = Board.publish(root, name, {**info, "chunk_cost": [
-            _cost(chunk) for chunk in self.chunks]}, payloads)
+        payloads = [
+            [
+                {
+                    "cache_file": str(cache_file),
+                    "key": key,
+                    "task_id": tid,
+                    "prompt": req.prompts[tid],
+                    "spec": req.spec.as_dict(),
+                }
+                for (cache_file, key), (req, tid) in chunk.items
+            ]
+            for chunk in self.chunks
+        ]
+        self.board = Board.publish(
+            root, name, {**info, "chunk_cost": [_cost(chunk) for chunk in self.chunks]}, payloads
+        )
         log.info("%d chunks published for assist jobs (%s)", len(self.chunks), self.board.path)
 
     def claim(self, chunk: Chunk) -> bool:
@@ -358,9 +448,13 @@ class MissingRequests:
     def finish(self, chunk: Chunk, generations: Sequence[Generation], seconds: float) -> None:
         """Store a chunk's generations in the cache; `seconds` is its engine time, shared among
         its jobs by tokens generated."""
-        rows = [cache_row(key, tid, g)
-                for ((_, key), (_, tid)), g in zip(chunk.items, generations, strict=True)]
-        store_rows((cache_file, row) for ((cache_file, _), _), row in zip(chunk.items, rows, strict=True))
+        rows = [
+            cache_row(key, tid, g)
+            for ((_, key), (_, tid)), g in zip(chunk.items, generations, strict=True)
+        ]
+        store_rows(
+            (cache_file, row) for ((cache_file, _), _), row in zip(chunk.items, rows, strict=True)
+        )
         self._account(chunk, rows, seconds)
         if self.board is not None:
             self.board.mark_done(chunk.index, seconds)
@@ -368,8 +462,9 @@ class MissingRequests:
             self._cost_done += _cost(chunk)
             self.board.report(self._backend.load_seconds, self._engine_seconds, self._cost_done)
 
-    def _account(self, chunk: Chunk, rows: Sequence[dict[str, Any]], seconds: float,
-                 assisted: bool = False) -> None:
+    def _account(
+        self, chunk: Chunk, rows: Sequence[dict[str, Any]], seconds: float, assisted: bool = False
+    ) -> None:
         tokens: dict[int, int] = {}
         jobs: dict[int, Requests] = {}
         for ((cache_file, key), (req, _)), row in zip(chunk.items, rows, strict=True):
@@ -384,16 +479,24 @@ class MissingRequests:
         chunk.done = True
         self.finished += len(chunk.items)
         new_tokens = sum(o["tokens"] or 0 for row in rows for o in row["outputs"])
-        log.info("generated %d/%d requests (%s%s): %.1f tokens/s", self.finished, self.total,
-                 ", ".join(sorted({req.label for req in jobs.values()})),
-                 "; by an assist job" if assisted else "", new_tokens / max(seconds, 1e-9))
+        log.info(
+            "generated %d/%d requests (%s%s): %.1f tokens/s",
+            self.finished,
+            self.total,
+            ", ".join(sorted({req.label for req in jobs.values()})),
+            "; by an assist job" if assisted else "",
+            new_tokens / max(seconds, 1e-9),
+        )
 
     def generate_rest(self, backend: Backend) -> None:
         """Generate the chunks no earlier engine call or assist job took, wait for the assist
         jobs' (taking back those of one that died), then give every job its rows."""
-        assisted = work_through(self.board, [c.index for c in self.chunks if not c.done],
-                                lambda i: self._generate(backend, self.chunks[i]),
-                                poll_seconds=self.POLL_SECONDS)
+        assisted = work_through(
+            self.board,
+            [c.index for c in self.chunks if not c.done],
+            lambda i: self._generate(backend, self.chunks[i]),
+            poll_seconds=self.POLL_SECONDS,
+        )
         self._collect(assisted)
         for req, key in self.waiting:
             req.rows[key] = self.rows[(req.cache_file, key)]
@@ -402,7 +505,9 @@ class MissingRequests:
         t0 = time.monotonic()
         load_before = backend.load_seconds
         generations = backend.generate(chunk.prompts, chunk.specs)
-        self.finish(chunk, generations, time.monotonic() - t0 - (backend.load_seconds - load_before))
+        self.finish(
+            chunk, generations, time.monotonic() - t0 - (backend.load_seconds - load_before)
+        )
 
     def _collect(self, assisted: Sequence[tuple[int, float]]) -> None:
         """Account the chunks assist jobs generated, reading their rows from the cache."""
@@ -416,8 +521,10 @@ class MissingRequests:
             try:
                 rows = [cached[cache_file][key] for (cache_file, key), _ in chunk.items]
             except KeyError:
-                raise RuntimeError(f"an assist job marked chunk {index} done but the cache lacks "
-                                   "some of its requests") from None
+                raise RuntimeError(
+                    f"an assist job marked chunk {index} done but the cache lacks "
+                    "some of its requests"
+                ) from None
             self._account(chunk, rows, seconds, assisted=True)
 
 
@@ -426,7 +533,9 @@ def _cost(chunk: Chunk) -> int:
     return sum(req.spec.n * req.spec.max_tokens for _, (req, _) in chunk.items)
 
 
-def render_prompts(backend: Backend, job: Job, problems: dict[str, dict[str, Any]]) -> dict[str, Prompt]:
+def render_prompts(
+    backend: Backend, job: Job, problems: dict[str, dict[str, Any]]
+) -> dict[str, Prompt]:
     """task_id -> prompt, through the tokenizer's chat template when the task asks for it."""
     prompts: dict[str, Prompt] = {tid: job.task.render(p) for tid, p in problems.items()}
     if not job.task.options.get("chat_template"):
@@ -440,9 +549,17 @@ def sampling_spec(job: Job) -> SamplingSpec:
     s = job.variant.sampling
     b = job.task.builtin
     max_tokens = job.task.options.get("max_new_tokens") or min(
-        s.max_new_tokens, b.max_new_tokens or s.max_new_tokens)
-    return SamplingSpec(n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=max_tokens,
-                        seed=job.variant.seed, stop=b.stop, include_stop_str_in_output=b.include_stop)
+        s.max_new_tokens, b.max_new_tokens or s.max_new_tokens
+    )
+    return SamplingSpec(
+        n=s.n,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        max_tokens=max_tokens,
+        seed=job.variant.seed,
+        stop=b.stop,
+        include_stop_str_in_output=b.include_stop,
+    )
 
 
 def _write_generations(req: Requests) -> dict[str, Any]:
@@ -452,21 +569,31 @@ def _write_generations(req: Requests) -> dict[str, Any]:
         for tid, prompt in req.prompts.items():
             row = req.rows[req.keys[tid]]
             for idx, o in enumerate(row["outputs"]):
-                line = {"task_id": tid, "sample_idx": idx, "prompt": prompt,
-                        "completion": o["text"], "finish_reason": o["finish_reason"],
-                        "prompt_tokens": row["prompt_tokens"], "completion_tokens": o["tokens"]}
+                line = {
+                    "task_id": tid,
+                    "sample_idx": idx,
+                    "prompt": prompt,
+                    "completion": o["text"],
+                    "finish_reason": o["finish_reason"],
+                    "prompt_tokens": row["prompt_tokens"],
+                    "completion_tokens": o["tokens"],
+                }
                 if keep_problem:
                     line["problem"] = req.problems[tid]
                 yield line
 
     n_lines = write_jsonl(req.job.out, lines())
     rows = [req.rows[key] for key in req.keys.values()]
-    return {"n_problems": len(req.prompts), "n_samples": n_lines,
-            "n_cached_prompts": req.n_cached, "n_generated_prompts": len(req.prompts) - req.n_cached,
-            "n_assisted_prompts": req.n_assisted,
-            "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in rows),
-            "completion_tokens": sum(o["tokens"] or 0 for r in rows for o in r["outputs"]),
-            "sampling": req.spec.as_dict()}
+    return {
+        "n_problems": len(req.prompts),
+        "n_samples": n_lines,
+        "n_cached_prompts": req.n_cached,
+        "n_generated_prompts": len(req.prompts) - req.n_cached,
+        "n_assisted_prompts": req.n_assisted,
+        "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in rows),
+        "completion_tokens": sum(o["tokens"] or 0 for r in rows for o in r["outputs"]),
+        "sampling": req.spec.as_dict(),
+    }
 
 
 def is_cuda_oom(exc: BaseException) -> bool:
@@ -476,8 +603,11 @@ def is_cuda_oom(exc: BaseException) -> bool:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         text = str(current)
-        if (type(current).__name__ == "OutOfMemoryError" or "CUDA out of memory" in text
-                or "less than desired GPU memory utilization" in text):
+        if (
+            type(current).__name__ == "OutOfMemoryError"
+            or "CUDA out of memory" in text
+            or "less than desired GPU memory utilization" in text
+        ):
             return True
         current = current.__cause__ or current.__context__
     return False
@@ -485,11 +615,13 @@ def is_cuda_oom(exc: BaseException) -> bool:
 
 def job_environment(lease: Lease | None = None) -> dict[str, Any]:
     """Where a job ran: host, devices, scheduler job, GPU name."""
-    return {"host": socket.gethostname(),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "lease": lease.how if lease else None,
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-            "gpu_name": _gpu_name() if lease and lease.how != "none" else None}
+    return {
+        "host": socket.gethostname(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "lease": lease.how if lease else None,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "gpu_name": _gpu_name() if lease and lease.how != "none" else None,
+    }
 
 
 def versions() -> dict[str, str]:

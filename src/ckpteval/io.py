@@ -19,7 +19,6 @@ from typing import IO, Any, TypeVar
 
 from ckpteval.errors import UserError
 
-
 T = TypeVar("T")
 
 _UMASK = os.umask(0)

@@ -42,8 +42,9 @@ STATEMENT_FIELDS = ("question", "description", "statement", "problem", "prompt")
 def problem_files(path: Path) -> list[Path]:
     """The JSONL files of `path`: itself, or every `*.jsonl`/`*.jsonl.gz` under it, sorted."""
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file()
-                       and p.name.endswith((".jsonl", ".jsonl.gz")))
+        files = sorted(
+            p for p in path.rglob("*") if p.is_file() and p.name.endswith((".jsonl", ".jsonl.gz"))
+        )
         if not files:
             raise UserError(f"{path}: no *.jsonl or *.jsonl.gz files in this directory")
         return files
@@ -80,8 +81,9 @@ def load_problem_file(path: Path, checker: str) -> list[tuple[str, dict[str, Any
 
 
 @functools.lru_cache(maxsize=8)
-def _load(files: tuple[tuple[Path, int, int], ...],
-          checker: str) -> tuple[tuple[str, dict[str, Any]], ...]:
+def _load(
+    files: tuple[tuple[Path, int, int], ...], checker: str
+) -> tuple[tuple[str, dict[str, Any]], ...]:
     normalise = NORMALISERS.get(checker, _as_is)
     out: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, str] = {}
@@ -96,14 +98,20 @@ def _load(files: tuple[tuple[Path, int, int], ...],
                 raise UserError(f"{where}: duplicate problem id {tid!r} (first at {seen[tid]})")
             seen[tid] = where
             spec = row.get("checker")
-            if isinstance(spec, Mapping) and "path" in spec and not Path(str(spec["path"])).is_absolute():
+            if (
+                isinstance(spec, Mapping)
+                and "path" in spec
+                and not Path(str(spec["path"])).is_absolute()
+            ):
                 row = {**row, "checker": {**spec, "path": str(path.parent / str(spec["path"]))}}
             try:
                 problem = normalise(row)
             except (KeyError, TypeError, ValueError) as exc:
                 raise UserError(f"{where}: problem {tid}: {exc}") from None
             problem["task_id"] = tid
-            statement = next((row[k] for k in STATEMENT_FIELDS if isinstance(row.get(k), str)), None)
+            statement = next(
+                (row[k] for k in STATEMENT_FIELDS if isinstance(row.get(k), str)), None
+            )
             if statement is not None and "question" not in problem:
                 problem["question"] = statement
             out.append((where, problem))
@@ -154,8 +162,11 @@ def _checker_program(spec: Any) -> Any:
     if spec in (None, ""):
         return None
     if isinstance(spec, str):
-        return {"language": "cpp", "source": spec} if re.search(r"^\s*#\s*include\b", spec, re.M) \
+        return (
+            {"language": "cpp", "source": spec}
+            if re.search(r"^\s*#\s*include\b", spec, re.M)
             else spec
+        )
     if isinstance(spec, Mapping):
         if "path" in spec and "source" not in spec:
             try:
@@ -173,8 +184,11 @@ def _stdio_native(row: Mapping[str, Any]) -> dict[str, Any]:
     out["tests"] = _test_list(row["tests"], "tests")
     if row.get("generated_tests") is not None:
         gen = row["generated_tests"]
-        out["generated_tests"] = (_pairs(gen.get("input"), gen.get("output"), "generated_tests")
-                                  if isinstance(gen, Mapping) else _test_list(gen, "generated_tests"))
+        out["generated_tests"] = (
+            _pairs(gen.get("input"), gen.get("output"), "generated_tests")
+            if isinstance(gen, Mapping)
+            else _test_list(gen, "generated_tests")
+        )
     return out
 
 
@@ -184,9 +198,10 @@ def _codecontests(row: Mapping[str, Any]) -> dict[str, Any]:
         part = row.get(name) or {}
         tests += _pairs(part.get("input", []), part.get("output", []), name)
     gen = row.get("generated_tests") or {}
-    out: dict[str, Any] = {"tests": tests,
-                           "generated_tests": _pairs(gen.get("input", []), gen.get("output", []),
-                                                     "generated_tests")}
+    out: dict[str, Any] = {
+        "tests": tests,
+        "generated_tests": _pairs(gen.get("input", []), gen.get("output", []), "generated_tests"),
+    }
     limit = row.get("time_limit")
     if isinstance(limit, Mapping):
         seconds = float(limit.get("seconds") or 0) + float(limit.get("nanos") or 0) / 1e9
@@ -209,8 +224,10 @@ def _apps(row: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(io, Mapping):
         raise ValueError("`input_output` must hold {inputs, outputs}")
     if io.get("fn_name"):
-        raise ValueError(f"call-based (fn_name {io['fn_name']!r}), not stdin/stdout; drop it or "
-                         "use checker: python")
+        raise ValueError(
+            f"call-based (fn_name {io['fn_name']!r}), not stdin/stdout; drop it or "
+            "use checker: python"
+        )
     out: dict[str, Any] = {"tests": _pairs(io.get("inputs"), io.get("outputs"), "input_output")}
     for key in ("question", "difficulty", "url", "starter_code"):
         if key in row:
@@ -223,7 +240,9 @@ def _apps(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _openr1_codeforces(row: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in row.items() if k not in ("official_tests", "checker", "generated_tests")}
+    out = {
+        k: v for k, v in row.items() if k not in ("official_tests", "checker", "generated_tests")
+    }
     out["tests"] = _test_list(row["official_tests"], "official_tests")
     if row.get("generated_tests"):
         out["generated_tests"] = _test_list(row["generated_tests"], "generated_tests")
@@ -241,8 +260,10 @@ def normalise_stdio(row: Mapping[str, Any]) -> dict[str, Any]:
     elif "official_tests" in row:
         out = _openr1_codeforces(row)
     else:
-        raise ValueError("no tests: give `tests` [{input, output}], CodeContests' public_tests/"
-                         "private_tests, APPS' input_output, or open-r1's official_tests")
+        raise ValueError(
+            "no tests: give `tests` [{input, output}], CodeContests' public_tests/"
+            "private_tests, APPS' input_output, or open-r1's official_tests"
+        )
     if not out["tests"] and not out.get("generated_tests"):
         raise ValueError("no tests (its test lists are empty)")
     checker = _checker_program(row.get("checker"))
@@ -269,7 +290,9 @@ def _as_is(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 NORMALISERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
-    "stdio": normalise_stdio, "math": _math}
+    "stdio": normalise_stdio,
+    "math": _math,
+}
 
 
 def cap_generated(problem: dict[str, Any], cap: int | None) -> dict[str, Any]:

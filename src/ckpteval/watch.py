@@ -39,14 +39,28 @@ def add_watch_parser(subparsers: argparse._SubParsersAction) -> None:
         help="evaluate new checkpoints as training writes them (runs Snakemake on each change)",
         description=__doc__.split("\n\n")[1],
     )
-    p.add_argument("--configfile", default=Path("config/config.yaml"), type=Path,
-                   help="workflow config naming the runs to watch (default: %(default)s)")
-    p.add_argument("--profile", default="profiles/local",
-                   help="Snakemake profile for each launch, e.g. profiles/2node (default: %(default)s)")
-    p.add_argument("--interval", default=60.0, type=float,
-                   help="seconds between scans of the run directories (default: %(default)s)")
-    p.add_argument("snakemake_args", nargs=argparse.REMAINDER,
-                   help="after --: extra Snakemake arguments, e.g. -- -j 16 --config shard=0/2")
+    p.add_argument(
+        "--configfile",
+        default=Path("config/config.yaml"),
+        type=Path,
+        help="workflow config naming the runs to watch (default: %(default)s)",
+    )
+    p.add_argument(
+        "--profile",
+        default="profiles/local",
+        help="Snakemake profile for each launch, e.g. profiles/2node (default: %(default)s)",
+    )
+    p.add_argument(
+        "--interval",
+        default=60.0,
+        type=float,
+        help="seconds between scans of the run directories (default: %(default)s)",
+    )
+    p.add_argument(
+        "snakemake_args",
+        nargs=argparse.REMAINDER,
+        help="after --: extra Snakemake arguments, e.g. -- -j 16 --config shard=0/2",
+    )
     p.set_defaults(func=run_watch)
 
 
@@ -60,8 +74,9 @@ def run_watch(args: argparse.Namespace) -> int:
     if extra[:1] == ["--"]:
         extra = extra[1:]
     command = snakemake_command(args.configfile, args.profile, extra)
-    return watch(lambda: complete_checkpoints(args.configfile, Path.cwd()), command,
-                 interval=args.interval)
+    return watch(
+        lambda: complete_checkpoints(args.configfile, Path.cwd()), command, interval=args.interval
+    )
 
 
 def complete_checkpoints(configfile: Path, base_dir: Path) -> Snapshot:
@@ -80,8 +95,16 @@ def complete_checkpoints(configfile: Path, base_dir: Path) -> Snapshot:
 
 def snakemake_command(configfile: Path, profile: str, extra: Sequence[str]) -> list[str]:
     """The Snakemake invocation for one launch (same interpreter, so the same environment)."""
-    return [sys.executable, "-m", "snakemake", "--profile", str(profile),
-            "--configfile", str(configfile), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        str(profile),
+        "--configfile",
+        str(configfile),
+        *extra,
+    ]
 
 
 def describe_new(previous: Snapshot | None, current: Snapshot) -> str | None:
@@ -121,8 +144,13 @@ class _Stopper:
             self.forwarded += 1
 
 
-def watch(scan: Callable[[], Snapshot], command: Sequence[str], *, interval: float,
-          log: Callable[[str], None] | None = None) -> int:
+def watch(
+    scan: Callable[[], Snapshot],
+    command: Sequence[str],
+    *,
+    interval: float,
+    log: Callable[[str], None] | None = None,
+) -> int:
     """Scan, launch `command` when the scan changed, repeat until SIGINT/SIGTERM.
 
     Returns 0 when stopped while idle, otherwise the interrupted Snakemake's exit status (130 if
@@ -131,7 +159,9 @@ def watch(scan: Callable[[], Snapshot], command: Sequence[str], *, interval: flo
     """
     say = log or (lambda text: print(f"ckpteval watch: {text}", file=sys.stderr, flush=True))
     stopper = _Stopper()
-    previous_handlers = {sig: signal.signal(sig, stopper) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous_handlers = {
+        sig: signal.signal(sig, stopper) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         launched: Snapshot | None = None
         first = True
@@ -152,8 +182,11 @@ def watch(scan: Callable[[], Snapshot], command: Sequence[str], *, interval: flo
                 if stopper.requested.is_set():
                     say(f"stopped; Snakemake exited with {status} after cleaning up")
                     return status or 130
-                say("Snakemake finished" if status == 0 else
-                    f"Snakemake exited with {status}; failed jobs are retried on the next change")
+                say(
+                    "Snakemake finished"
+                    if status == 0
+                    else f"Snakemake exited with {status}; failed jobs are retried on the next change"
+                )
             stopper.requested.wait(interval)
         say("stopped")
         return 0

@@ -31,7 +31,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-PROGRAMS = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "squeue", "sbatch", "srun", "scancel")
+PROGRAMS = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "scontrol",
+    "sinfo",
+    "squeue",
+    "sbatch",
+    "srun",
+    "scancel",
+)
 MARKER = "CKPTEVAL_SLURM_TEST_ROOT"
 
 
@@ -54,11 +64,24 @@ class SlurmCluster:
         """The cluster's `slurm.conf`."""
         return self.root / "slurm.conf"
 
-    def run(self, args: Sequence[str], *, timeout: float = 60, check: bool = True,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        timeout: float = 60,
+        check: bool = True,
+        cwd: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         """Run a client command (`sinfo`, `sbatch`, `srun`, ...) against this cluster."""
-        return subprocess.run(list(args), env=self.env, cwd=cwd, text=True, capture_output=True,
-                              timeout=timeout, check=check)
+        return subprocess.run(
+            list(args),
+            env=self.env,
+            cwd=cwd,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            check=check,
+        )
 
     def node_states(self) -> dict[str, str]:
         """Node name -> Slurm state (`idle`, `mixed`, `allocated`, `down*`, ...)."""
@@ -90,8 +113,15 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def slurm_conf_text(root: Path, nodes: Sequence[str], ports: Sequence[int], *, gpus_per_node: int,
-                    cpus_per_node: int, real_memory_mb: int) -> str:
+def slurm_conf_text(
+    root: Path,
+    nodes: Sequence[str],
+    ports: Sequence[int],
+    *,
+    gpus_per_node: int,
+    cpus_per_node: int,
+    real_memory_mb: int,
+) -> str:
     """The one `slurm.conf` every daemon and client of the test cluster reads.
 
     `ports[0]` is slurmctld's, `ports[1:]` one per node. `config_overrides` lets a 2-core host
@@ -137,7 +167,9 @@ def slurm_conf_text(root: Path, nodes: Sequence[str], ports: Sequence[int], *, g
             f"CPUs={cpus_per_node} RealMemory={real_memory_mb} Gres=gpu:{gpus_per_node} "
             "State=UNKNOWN"
         )
-    lines.append(f"PartitionName=main Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
+    lines.append(
+        f"PartitionName=main Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -173,9 +205,15 @@ def write_srun_shim(path: Path, conf: Path) -> None:
 
 
 @contextlib.contextmanager
-def slurm_cluster(root: Path, *, nodes: Sequence[str] = ("node1", "node2"), gpus_per_node: int = 8,
-                  cpus_per_node: int = 64, real_memory_mb: int = 256000,
-                  start_timeout: float = 60) -> Iterator[SlurmCluster]:
+def slurm_cluster(
+    root: Path,
+    *,
+    nodes: Sequence[str] = ("node1", "node2"),
+    gpus_per_node: int = 8,
+    cpus_per_node: int = 64,
+    real_memory_mb: int = 256000,
+    start_timeout: float = 60,
+) -> Iterator[SlurmCluster]:
     """Bring a cluster up under `root`, yield it once every node is idle, tear it down on exit."""
     if os.geteuid() != 0:
         raise ClusterError("the Slurm test cluster needs root (slurmd runs jobs as their owner)")
@@ -188,34 +226,76 @@ def slurm_cluster(root: Path, *, nodes: Sequence[str] = ("node1", "node2"), gpus
         (root / "spool" / node).mkdir(exist_ok=True)
     os.chmod(root / "munge", 0o700)
     make_fake_gpus(root / "dev", gpus_per_node * len(nodes))
-    (root / "slurm.conf").write_text(slurm_conf_text(
-        root, nodes, free_ports(len(nodes) + 1), gpus_per_node=gpus_per_node,
-        cpus_per_node=cpus_per_node, real_memory_mb=real_memory_mb))
+    (root / "slurm.conf").write_text(
+        slurm_conf_text(
+            root,
+            nodes,
+            free_ports(len(nodes) + 1),
+            gpus_per_node=gpus_per_node,
+            cpus_per_node=cpus_per_node,
+            real_memory_mb=real_memory_mb,
+        )
+    )
     (root / "gres.conf").write_text(gres_conf_text(root / "dev", nodes, gpus_per_node))
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o600)
 
     write_srun_shim(root / "bin" / "srun", root / "slurm.conf")
-    env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf"), MARKER: str(root),
-           "PATH": f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
-    cluster = SlurmCluster(root=root, nodes=tuple(nodes), gpus_per_node=gpus_per_node,
-                           cpus_per_node=cpus_per_node, env=env)
+    env = {
+        **os.environ,
+        "SLURM_CONF": str(root / "slurm.conf"),
+        MARKER: str(root),
+        "PATH": f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    cluster = SlurmCluster(
+        root=root,
+        nodes=tuple(nodes),
+        gpus_per_node=gpus_per_node,
+        cpus_per_node=cpus_per_node,
+        env=env,
+    )
     daemons: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
         munge = root / "munge"
-        daemons.append(("munged", _spawn(root, "munged", [
-            "munged", "--foreground", "--force", f"--key-file={key}",
-            f"--socket={munge / 'munge.socket'}", f"--pid-file={munge / 'munged.pid'}",
-            f"--log-file={root / 'log' / 'munged.log'}", f"--seed-file={munge / 'munged.seed'}",
-        ], env)))
-        _wait(lambda: (munge / "munge.socket").exists(), start_timeout, "munged socket", root, daemons)
+        daemons.append(
+            (
+                "munged",
+                _spawn(
+                    root,
+                    "munged",
+                    [
+                        "munged",
+                        "--foreground",
+                        "--force",
+                        f"--key-file={key}",
+                        f"--socket={munge / 'munge.socket'}",
+                        f"--pid-file={munge / 'munged.pid'}",
+                        f"--log-file={root / 'log' / 'munged.log'}",
+                        f"--seed-file={munge / 'munged.seed'}",
+                    ],
+                    env,
+                ),
+            )
+        )
+        _wait(
+            lambda: (munge / "munge.socket").exists(), start_timeout, "munged socket", root, daemons
+        )
         daemons.append(("slurmctld", _spawn(root, "slurmctld", ["slurmctld", "-D", "-i"], env)))
-        _wait(lambda: cluster.run(["scontrol", "ping"], check=False, timeout=10).returncode == 0,
-              start_timeout, "slurmctld to answer `scontrol ping`", root, daemons)
+        _wait(
+            lambda: cluster.run(["scontrol", "ping"], check=False, timeout=10).returncode == 0,
+            start_timeout,
+            "slurmctld to answer `scontrol ping`",
+            root,
+            daemons,
+        )
         for node in nodes:
-            daemons.append((f"slurmd-{node}",
-                            _spawn(root, f"slurmd-{node}", ["slurmd", "-D", "-N", node], env)))
+            daemons.append(
+                (
+                    f"slurmd-{node}",
+                    _spawn(root, f"slurmd-{node}", ["slurmd", "-D", "-N", node], env),
+                )
+            )
         _wait(lambda: _all_idle(cluster), start_timeout, "all nodes idle in `sinfo`", root, daemons)
         yield cluster
     finally:
@@ -226,8 +306,14 @@ def _spawn(root: Path, name: str, argv: list[str], env: dict[str, str]) -> subpr
     """Start one daemon in the foreground, its output in `log/<name>.out`."""
     out = open(root / "log" / f"{name}.out", "wb")
     try:
-        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     finally:
         out.close()
 
@@ -240,15 +326,22 @@ def _all_idle(cluster: SlurmCluster) -> bool:
     return set(states) == set(cluster.nodes) and all(s == "idle" for s in states.values())
 
 
-def _wait(ready: Callable[[], bool], timeout: float, what: str, root: Path,
-          daemons: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
+def _wait(
+    ready: Callable[[], bool],
+    timeout: float,
+    what: str,
+    root: Path,
+    daemons: list[tuple[str, subprocess.Popen[bytes]]],
+) -> None:
     """Poll `ready()` until true; a daemon that exits meanwhile fails fast with its log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for name, proc in daemons:
             if proc.poll() is not None:
-                raise ClusterError(f"{name} exited with {proc.returncode} while waiting for "
-                                   f"{what}:\n{_log_tail(root, name)}")
+                raise ClusterError(
+                    f"{name} exited with {proc.returncode} while waiting for "
+                    f"{what}:\n{_log_tail(root, name)}"
+                )
         if ready():
             return
         time.sleep(0.25)

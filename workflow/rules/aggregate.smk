@@ -14,7 +14,9 @@ rule aggregate:
         passk=f"{OUT}/summary/passk.csv",
         errors=f"{OUT}/summary/errors.csv",
         hacks=f"{OUT}/summary/hacks.csv",
-        deltas=report(f"{OUT}/summary/deltas.csv", caption="../report/deltas.rst", category="Tables"),
+        deltas=report(
+            f"{OUT}/summary/deltas.csv", caption="../report/deltas.rst", category="Tables"
+        ),
         missing=f"{OUT}/summary/missing.csv",
         summary_json=f"{OUT}/summary/summary.json",
         plots=report(
@@ -23,11 +25,12 @@ rule aggregate:
             caption="../report/plots.rst",
             category="Plots",
         ),
-        report=report(f"{OUT}/summary/report.html", caption="../report/summary.rst", category="Summary"),
+        report=report(
+            f"{OUT}/summary/report.html", caption="../report/summary.rst", category="Summary"
+        ),
     log:
         "logs/aggregate/aggregate.log",
     params:
-        summary_dir=f"{OUT}/summary",
         identity=get_summary_identity,
         cells=get_summary_inputs_digest,
         deleted=get_deleted_checkpoints,

@@ -7,7 +7,12 @@ from pathlib import Path
 
 from ckpteval.checkpoints import sync_source_identity
 from ckpteval.config import build_plan, validate_config
-from ckpteval.contract import generation_identity, model_identity, scoring_identity, summary_identity
+from ckpteval.contract import (
+    generation_identity,
+    model_identity,
+    scoring_identity,
+    summary_identity,
+)
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness
 from ckpteval.io import sha256_json
@@ -39,7 +44,9 @@ if workflow.is_main_process:
             for _ckpt in _run.checkpoints:
                 _id_file = FRESH.source_id_path(_run.name, _ckpt.name)
                 _id_file.parent.mkdir(parents=True, exist_ok=True)
-                sync_source_identity(_ckpt.path, _id_file, FRESH.manifest_path(_run.name, _ckpt.name))
+                sync_source_identity(
+                    _ckpt.path, _id_file, FRESH.manifest_path(_run.name, _ckpt.name)
+                )
     for _line in PLAN.broken_lines():
         print(f"ckpteval: warning: {_line}", file=sys.stderr)
     for _line in FRESH.explain(_all_pairs):
@@ -47,7 +54,14 @@ if workflow.is_main_process:
 VLLM_RUNS = PLAN.runs_with_backend("vllm")
 OPENAI_RUNS = PLAN.runs_with_backend("openai")
 REPLAY_RUNS = PLAN.runs_with_backend("replay")
-SUMMARY_FILES = ["metrics.parquet", "metrics.csv", "metrics.md", "seeds.csv", "configs.csv", "report.html"]
+SUMMARY_FILES = [
+    "metrics.parquet",
+    "metrics.csv",
+    "metrics.md",
+    "seeds.csv",
+    "configs.csv",
+    "report.html",
+]
 
 
 wildcard_constraints:
@@ -61,8 +75,8 @@ def get_final_outputs(wildcards):
     # A shard (`--config shard=i/n`) scores its own checkpoints; an unsharded run aggregates all.
     # Assist jobs (if any GPU would otherwise idle at the sweep's end) are targets too.
     if PLAN.shard is not None:
-        return get_score_files(wildcards) + ASSIST_RECORDS
-    return [f"{OUT}/summary/{name}" for name in SUMMARY_FILES] + ASSIST_RECORDS
+        return [*get_score_files(wildcards), *ASSIST_RECORDS]
+    return [*(f"{OUT}/summary/{name}" for name in SUMMARY_FILES), *ASSIST_RECORDS]
 
 
 def get_checkpoint_source(wildcards):
@@ -126,8 +140,10 @@ def get_stale_cells(group):
     pairs = group_jobs(group)
 
     def cells(wildcards):
-        return [{"task": c.task, "variant": c.variant, "record": c.identity.record()}
-                for c in FRESH.stale_cells(wildcards.run, wildcards.ckpt, pairs)]
+        return [
+            {"task": c.task, "variant": c.variant, "record": c.identity.record()}
+            for c in FRESH.stale_cells(wildcards.run, wildcards.ckpt, pairs)
+        ]
 
     return cells
 
@@ -156,7 +172,8 @@ def get_summary_identity(wildcards):
 
 
 def get_infer_log(group):
-    return f"logs/infer/{{run}}/{{ckpt}}{'.' + group if group else ''}.log"
+    suffix = f".{group}" if group else ""
+    return f"logs/infer/{{run}}/{{ckpt}}{suffix}.log"
 
 
 INFER_COSTS = InferCosts(PLAN)
@@ -168,7 +185,9 @@ def get_infer_priority(group):
     pairs = group_jobs(group)
 
     def priority(wildcards):
-        stale = [(c.task, c.variant) for c in FRESH.stale_cells(wildcards.run, wildcards.ckpt, pairs)]
+        stale = [
+            (c.task, c.variant) for c in FRESH.stale_cells(wildcards.run, wildcards.ckpt, pairs)
+        ]
         return float(f"{INFER_COSTS(wildcards.run, wildcards.ckpt, stale):.6g}")
 
     return priority
@@ -177,7 +196,9 @@ def get_infer_priority(group):
 def get_consolidate_priority(wildcards):
     """A checkpoint's consolidation goes as early as its infer jobs would: the sum of their
     expected GPU seconds, so the longest jobs are ready first."""
-    return float(f"{sum(INFER_COSTS(wildcards.run, wildcards.ckpt, group_jobs(g)) for g in PLAN.engine_groups):.6g}")
+    return float(
+        f"{sum(INFER_COSTS(wildcards.run, wildcards.ckpt, group_jobs(g)) for g in PLAN.engine_groups):.6g}"
+    )
 
 
 # ---- tail assist (ckpteval.share): GPUs idle at a sweep's end help the infer jobs still running
@@ -188,8 +209,12 @@ def pending_infer_checkpoints():
     """(run, ckpt) of vllm runs with a generation file still to write, as this Snakemake saw
     them when it first asked (once per process: every assist job's input is the same list)."""
     pairs = [(t, v) for t, vs in PLAN.task_variants.items() for v in vs]
-    return [(run, c.name) for run in VLLM_RUNS for c in PLAN.runs[run].checkpoints
-            if FRESH.stale_cells(run, c.name, pairs)]
+    return [
+        (run, c.name)
+        for run in VLLM_RUNS
+        for c in PLAN.runs[run].checkpoints
+        if FRESH.stale_cells(run, c.name, pairs)
+    ]
 
 
 def assist_records():
@@ -249,8 +274,14 @@ def get_model_card_settings(wildcards):
 
 def get_cell(wildcards):
     ckpt = PLAN.checkpoint(wildcards.run, wildcards.ckpt)
-    return {"run": wildcards.run, "ckpt": wildcards.ckpt, "step": ckpt.step,
-            "task": wildcards.task, "variant": wildcards.variant, "is_baseline": ckpt.is_base}
+    return {
+        "run": wildcards.run,
+        "ckpt": wildcards.ckpt,
+        "step": ckpt.step,
+        "task": wildcards.task,
+        "variant": wildcards.variant,
+        "is_baseline": ckpt.is_base,
+    }
 
 
 @functools.cache
@@ -267,17 +298,20 @@ def kept_deleted_cells():
                     if not path.exists():
                         continue
                     if FRESH.stale(run, ckpt.name, task, variant) or FRESH.score_change(
-                            run, ckpt.name, task, variant):
-                        print(f"ckpteval: warning: run {run}: checkpoint {ckpt.name} was deleted; "
-                              f"its {task} {variant} scores are outdated and left out",
-                              file=sys.stderr)
+                        run, ckpt.name, task, variant
+                    ):
+                        print(
+                            f"ckpteval: warning: run {run}: checkpoint {ckpt.name} was deleted; "
+                            f"its {task} {variant} scores are outdated and left out",
+                            file=sys.stderr,
+                        )
                         continue
                     kept.append(str(path))
     return kept
 
 
 def get_score_files(wildcards):
-    return PLAN.score_files() + kept_deleted_cells()
+    return [*PLAN.score_files(), *kept_deleted_cells()]
 
 
 def get_summary_inputs_digest(wildcards):

@@ -13,12 +13,12 @@ rule consolidate:
         manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
     log:
         "logs/consolidate/{run}/{ckpt}.log",
+    priority: get_consolidate_priority
+    resources:
+        gpu=1 if config["consolidate"]["smoke"] == "vllm" else 0,
     params:
         format=get_format,
         base_model=get_base_model,
         identity=get_model_identity,
-    resources:
-        gpu=1 if config["consolidate"]["smoke"] == "vllm" else 0,
-    priority: get_consolidate_priority
     script:
         "../scripts/consolidate.py"

@@ -11,9 +11,9 @@ rule evaluate:
         metrics=f"{OUT}/scores/{{run}}/{{ckpt}}/{{task}}/{{variant}}.json",
     log:
         "logs/evaluate/{run}/{ckpt}/{task}/{variant}.log",
+    threads: config["evaluate"]["workers"]
     params:
         cell=get_cell,
         identity=get_scoring_identity,
-    threads: config["evaluate"]["workers"]
     script:
         "../scripts/evaluate.py"

@@ -27,15 +27,15 @@ for _group in PLAN.engine_groups:
                 get_infer_log(_group),
             wildcard_constraints:
                 run=runs_regex(VLLM_RUNS),
-            params:
-                cells=get_stale_cells(_group),
-                cache_dir=f"{OUT}/cache",
+            priority: get_infer_priority(_group)
+            retries: 1
             resources:
                 gpu=1,
                 infer_attempt=get_infer_attempt,
                 share_chunks=get_share_chunks,
-            priority: get_infer_priority(_group)
-            retries: 1
+            params:
+                cells=get_stale_cells(_group),
+                cache_dir=f"{OUT}/cache",
             script:
                 "../scripts/infer.py"
 
@@ -73,10 +73,10 @@ if VLLM_RUNS or OPENAI_RUNS:
         log:
             "logs/generation/{run}/{ckpt}/{task}/{variant}.log",
         wildcard_constraints:
-            run=runs_regex(VLLM_RUNS + OPENAI_RUNS),
+            run=runs_regex([*VLLM_RUNS, *OPENAI_RUNS]),
+        localrule: True
         params:
             identity=get_generation_identity,
-        localrule: True
         script:
             "../scripts/infer.py"
 
@@ -97,13 +97,13 @@ if VLLM_RUNS:
         wildcard_constraints:
             token=r"[0-9a-f]+",
             i=r"[0-9]+",
+        priority: -1
+        resources:
+            gpu=1,
         params:
             cache_dir=f"{OUT}/cache",
             name=get_assist_name,
             grace_seconds=30,
-        resources:
-            gpu=1,
-        priority: -1
         script:
             "../scripts/assist.py"
 
@@ -134,11 +134,11 @@ if OPENAI_RUNS or REPLAY_RUNS:
         log:
             "logs/model_card/{run}/{ckpt}.log",
         wildcard_constraints:
-            run=runs_regex(OPENAI_RUNS + REPLAY_RUNS),
+            run=runs_regex([*OPENAI_RUNS, *REPLAY_RUNS]),
+        localrule: True
         params:
             settings=get_model_card_settings,
             identity=get_model_identity,
-        localrule: True
         script:
             "../scripts/infer.py"
 

@@ -100,9 +100,13 @@ class Backend(abc.ABC):
     def load(self) -> None:
         """Load the engine now rather than on first use (an assist job prices its load)."""
 
-    def ride_along(self, prompts: list[Prompt], specs: list[SamplingSpec],
-                   done: Callable[[list[Generation], float], None],
-                   claim: Callable[[], bool] | None = None) -> None:
+    def ride_along(
+        self,
+        prompts: list[Prompt],
+        specs: list[SamplingSpec],
+        done: Callable[[list[Generation], float], None],
+        claim: Callable[[], bool] | None = None,
+    ) -> None:
         """Offer requests to travel with the next engine call lm-eval makes; `done(generations,
         seconds)` receives them if they do. `claim()`, asked when a call takes them, may say
         they went elsewhere (an assist job took them): the next offer travels instead.
@@ -129,12 +133,21 @@ def model_card(run: str, backend: str, settings: dict[str, Any]) -> dict[str, An
     the generation cache does, so two runs on the same endpoint model share cached completions.
     """
     if backend == "openai":
-        ident = {"backend": "openai", "base_url": settings["base_url"].rstrip("/"),
-                 "model": settings["model"]}
+        ident = {
+            "backend": "openai",
+            "base_url": settings["base_url"].rstrip("/"),
+            "model": settings["model"],
+        }
     else:
         ident = {"backend": "replay", "solutions": settings["solutions"]}
-    return {"run": run, "backend": backend, "source": ident, "format": backend,
-            "weights_sha256": None, "identity_sha256": sha256_json(ident)}
+    return {
+        "run": run,
+        "backend": backend,
+        "source": ident,
+        "format": backend,
+        "weights_sha256": None,
+        "identity_sha256": sha256_json(ident),
+    }
 
 
 def cache_namespace(manifest: dict[str, Any]) -> str:
@@ -145,8 +158,9 @@ def cache_namespace(manifest: dict[str, Any]) -> str:
     return str(digest)[:24]
 
 
-def make_backend(run_cfg: dict[str, Any], *, model_dir: Path | None, engine_cfg: dict[str, Any],
-                 where: str) -> Backend:
+def make_backend(
+    run_cfg: dict[str, Any], *, model_dir: Path | None, engine_cfg: dict[str, Any], where: str
+) -> Backend:
     """The backend a run's config asks for (`where` names the run in error messages)."""
     backend = run_cfg.get("backend", "vllm")
     if backend == "vllm":

@@ -61,7 +61,8 @@ class OpenAIBackend(Backend):
 
     def render_chat(self, system: str | None, user: str) -> Prompt:
         return ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": user}]
+            {"role": "user", "content": user}
+        ]
 
     def generate(self, prompts: list[Prompt], specs: list[SamplingSpec]) -> list[Generation]:
         if not prompts:
@@ -70,9 +71,14 @@ class OpenAIBackend(Backend):
             return list(pool.map(self._generate_one, prompts, specs))
 
     def _generate_one(self, prompt: Prompt, spec: SamplingSpec) -> Generation:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": spec.max_tokens,
-                                "temperature": spec.temperature, "top_p": spec.top_p,
-                                "n": spec.n, "seed": spec.seed}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature,
+            "top_p": spec.top_p,
+            "n": spec.n,
+            "seed": spec.seed,
+        }
         if spec.stop:
             body["stop"] = list(spec.stop)
         if spec.include_stop_str_in_output:
@@ -84,19 +90,26 @@ class OpenAIBackend(Backend):
         answer = self._post(url, body)
         try:
             choices = sorted(answer["choices"], key=lambda c: c.get("index", 0))
-            texts = [c["message"]["content"] if isinstance(prompt, list) else c["text"]
-                     for c in choices]
+            texts = [
+                c["message"]["content"] if isinstance(prompt, list) else c["text"] for c in choices
+            ]
             usage = answer.get("usage") or {}
         except (KeyError, TypeError) as exc:
-            raise EndpointError(f"{url}: answer is not an OpenAI completion ({exc!r} missing); "
-                                f"check {self.where}.base_url") from None
+            raise EndpointError(
+                f"{url}: answer is not an OpenAI completion ({exc!r} missing); "
+                f"check {self.where}.base_url"
+            ) from None
         if len(texts) != spec.n:
             raise EndpointError(f"{url}: asked for n={spec.n} samples, got {len(texts)}")
         total = usage.get("completion_tokens")
         per_sample = total if spec.n == 1 else None
-        return Generation(usage.get("prompt_tokens"),
-                          tuple(Completion(t or "", c.get("finish_reason"), per_sample)
-                                for t, c in zip(texts, choices, strict=True)))
+        return Generation(
+            usage.get("prompt_tokens"),
+            tuple(
+                Completion(t or "", c.get("finish_reason"), per_sample)
+                for t, c in zip(texts, choices, strict=True)
+            ),
+        )
 
     def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST with retries; a clear one-line `EndpointError` when it cannot succeed."""
@@ -104,10 +117,14 @@ class OpenAIBackend(Backend):
         for attempt in range(self.retries + 1):
             if attempt:
                 delay = min(MAX_BACKOFF, BACKOFF * 2 ** (attempt - 1))
-                log.warning("%s: %s; retry %d/%d in %.1f s", url, last, attempt, self.retries, delay)
+                log.warning(
+                    "%s: %s; retry %d/%d in %.1f s", url, last, attempt, self.retries, delay
+                )
                 time.sleep(delay)
             try:
-                reply = self.session.post(url, json=body, headers=self.headers, timeout=self.timeout)
+                reply = self.session.post(
+                    url, json=body, headers=self.headers, timeout=self.timeout
+                )
             except requests.ConnectionError as exc:
                 last = f"connection refused or dropped ({_reason(exc)})"
                 continue
@@ -121,14 +138,18 @@ class OpenAIBackend(Backend):
                 raise EndpointError(
                     f"{url} rejected a request: HTTP {reply.status_code} {_message(reply)}; check "
                     f"{self.where} (model {self.model!r}) and the task's prompt length and "
-                    "max_new_tokens")
+                    "max_new_tokens"
+                )
             try:
                 return dict(reply.json())
             except ValueError:
-                raise EndpointError(f"{url}: answer is not JSON; check {self.where}.base_url "
-                                    "(it should end in /v1)") from None
-        raise EndpointError(f"{url}: {last} after {self.retries + 1} attempt(s); is the server "
-                            f"running? check {self.where}.base_url")
+                raise EndpointError(
+                    f"{url}: answer is not JSON; check {self.where}.base_url (it should end in /v1)"
+                ) from None
+        raise EndpointError(
+            f"{url}: {last} after {self.retries + 1} attempt(s); is the server "
+            f"running? check {self.where}.base_url"
+        )
 
     def harness_model(self) -> Any:
         """lm-eval's own `local-completions` client on the same endpoint (created once)."""
@@ -136,11 +157,17 @@ class OpenAIBackend(Backend):
             from lm_eval.models.openai_completions import LocalCompletionsAPI
 
             self._harness = LocalCompletionsAPI(
-                model=self.model, base_url=f"{self.base_url}/completions", tokenizer_backend=None,
-                tokenized_requests=False, num_concurrent=self.concurrency,
-                max_retries=max(1, self.retries), timeout=int(self.timeout),
-                max_length=int(self.cfg["max_model_len"]), seed=int(self.cfg["seed"]),
-                header=self.headers or None)
+                model=self.model,
+                base_url=f"{self.base_url}/completions",
+                tokenizer_backend=None,
+                tokenized_requests=False,
+                num_concurrent=self.concurrency,
+                max_retries=max(1, self.retries),
+                timeout=int(self.timeout),
+                max_length=int(self.cfg["max_model_len"]),
+                seed=int(self.cfg["seed"]),
+                header=self.headers or None,
+            )
         return self._harness
 
     def close(self) -> None:
@@ -149,8 +176,13 @@ class OpenAIBackend(Backend):
 
 def _reason(exc: Exception) -> str:
     text = str(exc)
-    for marker in ("Connection refused", "Name or service not known", "timed out",
-                   "Connection reset", "Remote end closed"):
+    for marker in (
+        "Connection refused",
+        "Name or service not known",
+        "timed out",
+        "Connection reset",
+        "Remote end closed",
+    ):
         if marker in text:
             return marker
     return type(exc).__name__
@@ -160,8 +192,11 @@ def _message(reply: requests.Response) -> str:
     """The server's error message, short."""
     try:
         data = reply.json()
-        text = data.get("error", {}).get("message") if isinstance(data.get("error"), dict) else (
-            data.get("message") or data.get("error") or data.get("detail"))
+        text = (
+            data.get("error", {}).get("message")
+            if isinstance(data.get("error"), dict)
+            else (data.get("message") or data.get("error") or data.get("detail"))
+        )
     except ValueError:
         text = reply.text
     return " ".join(str(text or reply.reason).split())[:200]

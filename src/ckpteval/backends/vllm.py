@@ -28,16 +28,22 @@ class VllmBackend(Backend):
         self.cfg = engine_cfg
         self._lm: Any = None
         self._tokenizer: Any = None
-        self._riders: list[tuple[list[Prompt], list[SamplingSpec], Callable[..., None],
-                                 Callable[[], bool] | None]] = []
+        self._riders: list[
+            tuple[list[Prompt], list[SamplingSpec], Callable[..., None], Callable[[], bool] | None]
+        ] = []
 
     @property
     def identity(self) -> dict[str, Any]:
         import importlib.metadata as md
 
-        return {"backend": "vllm", "vllm": md.version("vllm"), "dtype": self.cfg["dtype"],
-                "max_model_len": self.cfg["max_model_len"], "seed": self.cfg["seed"],
-                "tensor_parallel_size": self.cfg["tensor_parallel_size"]}
+        return {
+            "backend": "vllm",
+            "vllm": md.version("vllm"),
+            "dtype": self.cfg["dtype"],
+            "max_model_len": self.cfg["max_model_len"],
+            "seed": self.cfg["seed"],
+            "tensor_parallel_size": self.cfg["tensor_parallel_size"],
+        }
 
     @property
     def tokenizer(self) -> Any:
@@ -49,9 +55,11 @@ class VllmBackend(Backend):
 
     def render_chat(self, system: str | None, user: str) -> Prompt:
         messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": user}]
-        return str(self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=True))
+            {"role": "user", "content": user}
+        ]
+        return str(
+            self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        )
 
     def check_prompts(self, prompts: dict[str, Prompt], max_tokens: int, task: str) -> None:
         limit = int(self.cfg["max_model_len"])
@@ -64,7 +72,8 @@ class VllmBackend(Backend):
                 raise UserError(
                     f"task {task}, problem {tid}: prompt of {n_tokens} tokens + max_new_tokens "
                     f"{max_tokens} exceeds engine.max_model_len {limit}; raise engine.max_model_len "
-                    f"or lower tasks.{task}.max_new_tokens")
+                    f"or lower tasks.{task}.max_new_tokens"
+                )
 
     @property
     def lm(self) -> Any:
@@ -79,8 +88,11 @@ class VllmBackend(Backend):
                 # sampling request's prompt is prefilled in chunks; whole-prompt prefill avoids it.
                 extra["enable_chunked_prefill"] = False
             start = time.monotonic()
-            log.info("loading vLLM engine for %s (gpu_memory_utilization %s)", self.model_dir,
-                     self.cfg["gpu_memory_utilization"])
+            log.info(
+                "loading vLLM engine for %s (gpu_memory_utilization %s)",
+                self.model_dir,
+                self.cfg["gpu_memory_utilization"],
+            )
             self._lm = VLLM(
                 pretrained=str(self.model_dir),
                 dtype=self.cfg["dtype"],
@@ -107,9 +119,13 @@ class VllmBackend(Backend):
     def load(self) -> None:
         self.lm  # noqa: B018 - the property loads the engine
 
-    def ride_along(self, prompts: list[Prompt], specs: list[SamplingSpec],
-                   done: Callable[[list[Generation], float], None],
-                   claim: Callable[[], bool] | None = None) -> None:
+    def ride_along(
+        self,
+        prompts: list[Prompt],
+        specs: list[SamplingSpec],
+        done: Callable[[list[Generation], float], None],
+        claim: Callable[[], bool] | None = None,
+    ) -> None:
         self._riders.append((prompts, specs, done, claim))
 
     def _next_rider(self) -> tuple[list[Prompt], list[SamplingSpec], Callable[..., None]] | None:
@@ -130,7 +146,9 @@ class VllmBackend(Backend):
         if not getattr(llm, "_ckpteval_riding", False):
             plain = llm.generate
 
-            def generate(prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any) -> Any:
+            def generate(
+                prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any
+            ) -> Any:
                 rider = self._next_rider()
                 if rider is None:
                     return plain(prompts, sampling_params, *args, **kwargs)
@@ -138,16 +156,22 @@ class VllmBackend(Backend):
 
                 extra, specs, done = rider
                 own = list(prompts)
-                params = (list(sampling_params) if isinstance(sampling_params, list)
-                          else [sampling_params] * len(own))
+                params = (
+                    list(sampling_params)
+                    if isinstance(sampling_params, list)
+                    else [sampling_params] * len(own)
+                )
                 started = time.monotonic()
-                outputs = plain(own + [str(p) for p in extra],
-                                params + [SamplingParams(**s.as_dict()) for s in specs],
-                                *args, **kwargs)
+                outputs = plain(
+                    own + [str(p) for p in extra],
+                    params + [SamplingParams(**s.as_dict()) for s in specs],
+                    *args,
+                    **kwargs,
+                )
                 seconds = time.monotonic() - started
-                theirs, ours = outputs[:len(own)], outputs[len(own):]
+                theirs, ours = outputs[: len(own)], outputs[len(own) :]
                 tokens = [sum(len(o.token_ids) for o in out.outputs) for out in outputs]
-                share = seconds * sum(tokens[len(own):]) / max(1, sum(tokens))
+                share = seconds * sum(tokens[len(own) :]) / max(1, sum(tokens))
                 self.ride_seconds += share
                 done([_generation(out) for out in ours], share)
                 return theirs
@@ -163,6 +187,7 @@ class VllmBackend(Backend):
 
 def _generation(out: Any) -> Generation:
     """A vLLM `RequestOutput` as a `Generation`."""
-    return Generation(len(out.prompt_token_ids),
-                      tuple(Completion(o.text, o.finish_reason, len(o.token_ids))
-                            for o in out.outputs))
+    return Generation(
+        len(out.prompt_token_ids),
+        tuple(Completion(o.text, o.finish_reason, len(o.token_ids)) for o in out.outputs),
+    )

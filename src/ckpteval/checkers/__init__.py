@@ -28,16 +28,16 @@ from ckpteval.errors import UserError
 
 #: One taxonomy across languages. `None` means the sample passed.
 ERROR_TYPES = (
-    "compile_error",   # the program does not compile / parse
-    "runtime_error",   # it crashed (exception, panic, signal, early exit)
-    "timeout",         # wall-clock or CPU limit
-    "memory_limit",    # address-space limit hit (MemoryError, failed allocation, bad_alloc)
-    "output_limit",    # wrote more than the output cap
-    "wrong_answer",    # ran to completion, but a test assertion or expected output failed
-    "no_tests",        # the program ran but the problem's tests did not (e.g. compiled out)
-    "no_answer",       # math: no final answer could be extracted
-    "sandbox_error",   # the sandbox refused this one program (e.g. its tmpfs filled up)
-    "too_large",       # the completion exceeds the size the checker accepts
+    "compile_error",  # the program does not compile / parse
+    "runtime_error",  # it crashed (exception, panic, signal, early exit)
+    "timeout",  # wall-clock or CPU limit
+    "memory_limit",  # address-space limit hit (MemoryError, failed allocation, bad_alloc)
+    "output_limit",  # wrote more than the output cap
+    "wrong_answer",  # ran to completion, but a test assertion or expected output failed
+    "no_tests",  # the program ran but the problem's tests did not (e.g. compiled out)
+    "no_answer",  # math: no final answer could be extracted
+    "sandbox_error",  # the sandbox refused this one program (e.g. its tmpfs filled up)
+    "too_large",  # the completion exceeds the size the checker accepts
 )
 
 #: Reward hacks a sample can attempt, one taxonomy across languages. A verdict records one
@@ -48,13 +48,13 @@ ERROR_TYPES = (
 #: checker. Checkers that detect nothing (math, stdio, lm-eval metrics) report `hack_rate` 0.
 #: How python detects each: `ckpteval.checkers.python` (what the run saw, else the code's AST).
 HACK_TYPES = (
-    "exit_before_tests",     # ended its process (exit, abort, os._exit) before the tests ran
-    "fake_test_report",      # printed a test-runner report or a success marker itself
+    "exit_before_tests",  # ended its process (exit, abort, os._exit) before the tests ran
+    "fake_test_report",  # printed a test-runner report or a success marker itself
     "redefines_assertions",  # redefined assert / assert_eq! / the test framework
-    "tampers_with_tests",    # changed the tests, the harness's state or another sample's code
-    "reads_harness_files",   # read the harness's own files, secrets or other samples' sources
-    "always_equal_object",   # returned an object that compares equal to anything
-    "binary_wide_code",      # code acting on the whole program (global_asm!, #[global_allocator], ...)
+    "tampers_with_tests",  # changed the tests, the harness's state or another sample's code
+    "reads_harness_files",  # read the harness's own files, secrets or other samples' sources
+    "always_equal_object",  # returned an object that compares equal to anything
+    "binary_wide_code",  # code acting on the whole program (global_asm!, #[global_allocator], ...)
 )
 
 #: Completions longer than this are not run: a verdict of `too_large`, and an input error.
@@ -96,9 +96,16 @@ class Verdict:
 
     def record(self) -> dict[str, Any]:
         """The per-sample JSONL fields (without task_id / sample_idx)."""
-        return {"passed": self.passed, "score": self.score, "error_type": self.error_type,
-                "compile_ok": self.compile_ok, "duration_s": round(self.duration_s, 4),
-                "stderr_tail": self.stderr_tail, "hack": self.hack, **self.extras}
+        return {
+            "passed": self.passed,
+            "score": self.score,
+            "error_type": self.error_type,
+            "compile_ok": self.compile_ok,
+            "duration_s": round(self.duration_s, 4),
+            "stderr_tail": self.stderr_tail,
+            "hack": self.hack,
+            **self.extras,
+        }
 
 
 @dataclass(frozen=True)
@@ -162,18 +169,41 @@ class Checker(abc.ABC):
         `timeout` does not replace it."""
         return False
 
-    def check(self, jobs: Sequence[Job], *, workers: int, timeout: float | None = None,
-              on_verdicts: OnVerdicts | None = None) -> list[Verdict]:
+    def check(
+        self,
+        jobs: Sequence[Job],
+        *,
+        workers: int,
+        timeout: float | None = None,
+        on_verdicts: OnVerdicts | None = None,
+    ) -> list[Verdict]:
         """One verdict per job, in order, each job run under its own `timeout` if it has one,
         else the call's. `on_verdicts` hears of verdicts as they are reached, as (job index,
         verdict) pairs, from any thread (callers persist progress with it)."""
         size = max(1, len(jobs))
-        return list(self._stream(jobs, workers=workers, timeout=timeout, on_verdicts=on_verdicts,
-                                 window=size, window_chars=sys.maxsize, buffer=size))
+        return list(
+            self._stream(
+                jobs,
+                workers=workers,
+                timeout=timeout,
+                on_verdicts=on_verdicts,
+                window=size,
+                window_chars=sys.maxsize,
+                buffer=size,
+            )
+        )
 
-    def check_stream(self, items: Iterable[Job | Verdict], *, workers: int,
-                     timeout: float | None = None, on_verdicts: OnVerdicts | None = None,
-                     window: int, window_chars: int, buffer: int) -> Iterator[Verdict]:
+    def check_stream(
+        self,
+        items: Iterable[Job | Verdict],
+        *,
+        workers: int,
+        timeout: float | None = None,
+        on_verdicts: OnVerdicts | None = None,
+        window: int,
+        window_chars: int,
+        buffer: int,
+    ) -> Iterator[Verdict]:
         """One verdict per item, in order, as `check` would give them: a `Verdict` item is
         passed through (decided without running), a `Job` is checked. `items` is read lazily.
 
@@ -189,10 +219,23 @@ class Checker(abc.ABC):
         passed-through items excepted; after a job raised, of none.
         """
         if self.streams:
-            return self._stream(items, workers=workers, timeout=timeout, on_verdicts=on_verdicts,
-                                window=window, window_chars=window_chars, buffer=buffer)
-        return self._chunked(items, workers=workers, timeout=timeout, on_verdicts=on_verdicts,
-                             window=window, window_chars=window_chars)
+            return self._stream(
+                items,
+                workers=workers,
+                timeout=timeout,
+                on_verdicts=on_verdicts,
+                window=window,
+                window_chars=window_chars,
+                buffer=buffer,
+            )
+        return self._chunked(
+            items,
+            workers=workers,
+            timeout=timeout,
+            on_verdicts=on_verdicts,
+            window=window,
+            window_chars=window_chars,
+        )
 
     def batch_size_for(self, n_jobs: int, workers: int) -> int:
         """Jobs per `check_batch` call, given how many jobs are at hand (a call's, or a stream's
@@ -207,9 +250,17 @@ class Checker(abc.ABC):
     def check_one(self, job: Job, timeout: float) -> Verdict:
         raise NotImplementedError(f"{type(self).__name__} checks in batches; call check()")
 
-    def _stream(self, items: Iterable[Job | Verdict], *, workers: int, timeout: float | None,
-                on_verdicts: OnVerdicts | None, window: int, window_chars: int,
-                buffer: int) -> Iterator[Verdict]:
+    def _stream(
+        self,
+        items: Iterable[Job | Verdict],
+        *,
+        workers: int,
+        timeout: float | None,
+        on_verdicts: OnVerdicts | None,
+        window: int,
+        window_chars: int,
+        buffer: int,
+    ) -> Iterator[Verdict]:
         """`check_stream` on a thread pool: a batch starts once it is full, or once the input
         ends or a worker would idle; finished batches are collected in the order they started,
         so that a failure stops the stream at the first failed batch."""
@@ -234,8 +285,12 @@ class Checker(abc.ABC):
                 batch = []
 
             while True:
-                while (not exhausted and len(slots) < buffer and held < window
-                       and (held == 0 or held_chars < window_chars)):
+                while (
+                    not exhausted
+                    and len(slots) < buffer
+                    and held < window
+                    and (held == 0 or held_chars < window_chars)
+                ):
                     index, item = next(source, (-1, None))
                     if item is None:
                         exhausted = True
@@ -265,12 +320,20 @@ class Checker(abc.ABC):
                         slot.verdict = verdict
                         held, held_chars = held - 1, held_chars - len(job.completion)
                     if on_verdicts:
-                        on_verdicts([(index, verdict) for (index, *_), verdict
-                                     in zip(entries, verdicts)])
+                        on_verdicts(
+                            [(index, verdict) for (index, *_), verdict in zip(entries, verdicts)]
+                        )
 
-    def _chunked(self, items: Iterable[Job | Verdict], *, workers: int, timeout: float | None,
-                 on_verdicts: OnVerdicts | None, window: int,
-                 window_chars: int) -> Iterator[Verdict]:
+    def _chunked(
+        self,
+        items: Iterable[Job | Verdict],
+        *,
+        workers: int,
+        timeout: float | None,
+        on_verdicts: OnVerdicts | None,
+        window: int,
+        window_chars: int,
+    ) -> Iterator[Verdict]:
         """`check_stream` for a checker that does not stream: `check` on consecutive chunks."""
         chunk: list[Job | Verdict] = []
         first = chars = 0
@@ -278,14 +341,23 @@ class Checker(abc.ABC):
             chunk.append(item)
             chars += len(item.completion) if isinstance(item, Job) else 0
             if len(chunk) >= window or chars >= window_chars:
-                yield from self._check_chunk(chunk, first, workers=workers, timeout=timeout,
-                                             on_verdicts=on_verdicts)
+                yield from self._check_chunk(
+                    chunk, first, workers=workers, timeout=timeout, on_verdicts=on_verdicts
+                )
                 first, chunk, chars = first + len(chunk), [], 0
-        yield from self._check_chunk(chunk, first, workers=workers, timeout=timeout,
-                                     on_verdicts=on_verdicts)
+        yield from self._check_chunk(
+            chunk, first, workers=workers, timeout=timeout, on_verdicts=on_verdicts
+        )
 
-    def _check_chunk(self, chunk: list[Job | Verdict], first: int, *, workers: int,
-                     timeout: float | None, on_verdicts: OnVerdicts | None) -> Iterator[Verdict]:
+    def _check_chunk(
+        self,
+        chunk: list[Job | Verdict],
+        first: int,
+        *,
+        workers: int,
+        timeout: float | None,
+        on_verdicts: OnVerdicts | None,
+    ) -> Iterator[Verdict]:
         """The verdicts of the items `first`, `first + 1`, ... of a stream, by one `check` call."""
         todo = [i for i, item in enumerate(chunk) if isinstance(item, Job)]
         if not todo:
@@ -295,8 +367,14 @@ class Checker(abc.ABC):
         def listener(done: list[tuple[int, Verdict]]) -> None:
             on_verdicts([(first + todo[i], verdict) for i, verdict in done])  # type: ignore[misc]
 
-        checked = iter(self.check([chunk[i] for i in todo], workers=workers,  # type: ignore[misc]
-                                  timeout=timeout, on_verdicts=listener if on_verdicts else None))
+        checked = iter(
+            self.check(
+                [chunk[i] for i in todo],
+                workers=workers,  # type: ignore[misc]
+                timeout=timeout,
+                on_verdicts=listener if on_verdicts else None,
+            )
+        )
         for item in chunk:
             yield next(checked) if isinstance(item, Job) else item
 
@@ -357,8 +435,10 @@ def get_checker(name: str, **options: Any) -> Checker:
     known = set().union(*(_parameters(f) for f in _REGISTRY.values()))
     unknown = sorted(set(options) - known)
     if unknown:
-        raise UserError(f"checker {name}: unknown option(s) {', '.join(unknown)}; "
-                        f"known: {', '.join(sorted(known))}")
+        raise UserError(
+            f"checker {name}: unknown option(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )
     factory = _REGISTRY[name]
     return factory(**{k: v for k, v in options.items() if k in _parameters(factory)})
 
@@ -372,8 +452,11 @@ def checker_version(name: str) -> str:
 
 
 def _parameters(factory: CheckerFactory) -> set[str]:
-    return {p.name for p in inspect.signature(factory).parameters.values()
-            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return {
+        p.name
+        for p in inspect.signature(factory).parameters.values()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    }
 
 
 def default_workers() -> int:

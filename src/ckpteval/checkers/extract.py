@@ -41,6 +41,7 @@ def code_block(text: str, languages: Sequence[str]) -> str:
 
 # --------------------------------------------------------------------------------------- python
 
+
 def python_program(problem: Mapping[str, Any], completion: str) -> str:
     """The program (without tests) a Python completion stands for.
 
@@ -71,11 +72,14 @@ def _compilable_prefix(prompt: str) -> str:
             return candidate
         except (SyntaxError, ValueError):
             continue
-    return "\n".join(line for line in prompt.splitlines()
-                     if line.startswith(("import ", "from "))) + "\n"
+    return (
+        "\n".join(line for line in prompt.splitlines() if line.startswith(("import ", "from ")))
+        + "\n"
+    )
 
 
 # ----------------------------------------------------------------------------------------- rust
+
 
 def rust_entry_point(problem: Mapping[str, Any]) -> str:
     """The function the tests call: `entry_point`, else the last `fn name` in the prompt."""
@@ -100,14 +104,20 @@ def rust_program(problem: Mapping[str, Any], completion: str) -> str:
     code = code_block(completion, ("rust", "rs"))
     prompt = str(problem["prompt"])
     entry = rust_entry_point(problem)
-    fn_re = re.compile(rf"^[ \t]*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+|async\s+|unsafe\s+)*fn\s+"
-                       rf"{re.escape(entry)}\b", re.M)
+    fn_re = re.compile(
+        rf"^[ \t]*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+|async\s+|unsafe\s+)*fn\s+"
+        rf"{re.escape(entry)}\b",
+        re.M,
+    )
     if fn_re.search(_blank_comments_and_strings(code)):
         match = fn_re.search(_blank_comments_and_strings(prompt))
         head = prompt[: match.start()] if match else ""
         repeated = {line.strip() for line in code.splitlines() if line.strip()}
-        head = "".join(line for line in head.splitlines(keepends=True)
-                       if not (line.strip().startswith("use ") and line.strip() in repeated))
+        head = "".join(
+            line
+            for line in head.splitlines(keepends=True)
+            if not (line.strip().startswith("use ") and line.strip() in repeated)
+        )
         source = head + code
     else:
         source = prompt + code
@@ -164,6 +174,11 @@ def rust_tests(problem: Mapping[str, Any]) -> str:
     tests = str(problem.get("tests") or problem.get("test") or "")
     if re.search(r"^\s*fn\s+main\s*\(", tests, re.M) and "#[test]" not in tests:
         tests = re.sub(r"^\s*}\s*\n", "", tests, count=1)
-        tests = re.sub(r"^(\s*)fn\s+main\s*\(\s*\)", r"\1#[test]\n\1fn ckpteval_main()", tests,
-                       count=1, flags=re.M)
+        tests = re.sub(
+            r"^(\s*)fn\s+main\s*\(\s*\)",
+            r"\1#[test]\n\1fn ckpteval_main()",
+            tests,
+            count=1,
+            flags=re.M,
+        )
     return tests

@@ -55,8 +55,10 @@ def boxed(text: str) -> str | None:
 
 def gold_answer(problem: Mapping[str, Any]) -> str:
     """The reference answer of a problem record (`answer`, else `solution`, else `target`)."""
-    raw = next((str(problem[k]) for k in ("answer", "solution", "target")
-                if problem.get(k) is not None), "")
+    raw = next(
+        (str(problem[k]) for k in ("answer", "solution", "target") if problem.get(k) is not None),
+        "",
+    )
     if "####" in raw:
         after = raw.rsplit("####", 1)[1].strip()
         return after.splitlines()[0].strip() if after else ""
@@ -73,7 +75,7 @@ def extract_answer(completion: str) -> tuple[str | None, str | None]:
         return found, "boxed"
     starts = list(_ANSWER_IS.finditer(completion))
     if starts:
-        rest = completion[starts[-1].end():].split("\n", 1)[0]
+        rest = completion[starts[-1].end() :].split("\n", 1)[0]
         answer = re.split(r"\.(?:\s|$)", rest, maxsplit=1)[0].strip().strip("$").strip()
         if answer:
             return answer, "answer_is"
@@ -83,7 +85,9 @@ def extract_answer(completion: str) -> tuple[str | None, str | None]:
 def as_number(text: str) -> Fraction | None:
     """`text` as an exact rational if it is a plain number (currency, thousands separators, a
     trailing period or percent sign allowed), else None."""
-    cleaned = text.strip().strip("$").replace("\\$", "").replace(",", "").replace("\\%", "%").strip()
+    cleaned = (
+        text.strip().strip("$").replace("\\$", "").replace(",", "").replace("\\%", "%").strip()
+    )
     cleaned = cleaned.rstrip(".").strip()
     percent = cleaned.endswith("%")
     cleaned = cleaned.rstrip("%").strip()
@@ -106,8 +110,10 @@ class MathChecker(Checker):
 
     def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
         if not gold_answer(problem):
-            raise UserError(f"problem {task_id}: math problems need an `answer` (GSM8K '... #### N', "
-                            "a \\boxed{} solution, or the bare answer)")
+            raise UserError(
+                f"problem {task_id}: math problems need an `answer` (GSM8K '... #### N', "
+                "a \\boxed{} solution, or the bare answer)"
+            )
 
     def check_one(self, job: Job, timeout: float) -> Verdict:
         start = time.monotonic()
@@ -125,13 +131,20 @@ class MathChecker(Checker):
             same = self._pool.verify(gold, answer, timeout)
         duration = time.monotonic() - start
         if same is None:
-            return Verdict(False, "timeout", duration_s=duration, extras=extras,
-                           stderr_tail=f"math-verify took longer than {timeout:g} s")
+            return Verdict(
+                False,
+                "timeout",
+                duration_s=duration,
+                extras=extras,
+                stderr_tail=f"math-verify took longer than {timeout:g} s",
+            )
         return Verdict(same, None if same else "wrong_answer", duration_s=duration, extras=extras)
 
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
-        return [Job(task_id, problem, f"#### {gold_answer(problem)}")
-                for task_id, problem in problems.items()]
+        return [
+            Job(task_id, problem, f"#### {gold_answer(problem)}")
+            for task_id, problem in problems.items()
+        ]
 
     def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
         task_id, problem = next(iter(problems.items()))
@@ -152,8 +165,11 @@ class _Helper:
     """One math-verify process; `fresh` until its first answer (it first imports sympy)."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "ckpteval.checkers.math"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ckpteval.checkers.math"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         self.fresh = True
 
     def kill(self) -> None:
@@ -187,14 +203,18 @@ class _VerifyPool:
             stdin.write(json.dumps({"gold": gold, "answer": answer}).encode() + b"\n")
             stdin.flush()
         except BrokenPipeError:
-            raise RuntimeError("math-verify helper exited at start (is math-verify installed?)") from None
+            raise RuntimeError(
+                "math-verify helper exited at start (is math-verify installed?)"
+            ) from None
         deadline = time.monotonic() + timeout + (self.STARTUP_S if helper.fresh else 0.0)
         ready, _, _ = select.select([stdout], [], [], max(0.0, deadline - time.monotonic()))
         line = stdout.readline() if ready else b""
         if not line:
             helper.kill()
             if ready:
-                raise RuntimeError(f"math-verify helper exited with status {helper.proc.returncode}")
+                raise RuntimeError(
+                    f"math-verify helper exited with status {helper.proc.returncode}"
+                )
             return None
         helper.fresh = False
         self._idle.put(helper)

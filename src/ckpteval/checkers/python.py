@@ -61,8 +61,9 @@ class PythonChecker(Checker):
     default_timeout = 10.0
     compiles = True
 
-    def __init__(self, *, sandbox: str = "bwrap", memory_bytes: int = 2 << 30,
-                 batch_size: int = 32) -> None:
+    def __init__(
+        self, *, sandbox: str = "bwrap", memory_bytes: int = 2 << 30, batch_size: int = 32
+    ) -> None:
         self.sandbox = Sandbox(sandbox)
         self.batch_size = batch_size
         self.memory_bytes = memory_bytes
@@ -75,8 +76,10 @@ class PythonChecker(Checker):
             return
         missing = [k for k in ("prompt", "test", "entry_point") if not problem.get(k)]
         if missing:
-            raise UserError(f"problem {task_id}: python problems need prompt, test and entry_point "
-                            f"(HumanEval) or test_list (MBPP); missing {', '.join(missing)}")
+            raise UserError(
+                f"problem {task_id}: python problems need prompt, test and entry_point "
+                f"(HumanEval) or test_list (MBPP); missing {', '.join(missing)}"
+            )
 
     def batch_size_for(self, n_jobs: int, workers: int) -> int:
         """Up to `batch_size`, and several batches per worker, so that a batch of slow samples
@@ -99,8 +102,12 @@ class PythonChecker(Checker):
                     tree = compile(program, "main.py", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
                     compile(tree, "main.py", "exec", dont_inherit=True)
                 except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-                    verdicts[i] = Verdict(False, "compile_error", compile_ok=False,
-                                          stderr_tail=tail(f"{type(exc).__name__}: {exc}"))
+                    verdicts[i] = Verdict(
+                        False,
+                        "compile_error",
+                        compile_ok=False,
+                        stderr_tail=tail(f"{type(exc).__name__}: {exc}"),
+                    )
                     continue
                 sample_dir = workdir / f"s{i}"
                 sample_dir.mkdir(mode=0o755)
@@ -113,19 +120,42 @@ class PythonChecker(Checker):
                 limits = Limits(wall_s=job.timeout or timeout, memory_bytes=self.memory_bytes)
                 commands_limits[i] = limits.cpu_limit
                 if self.sandbox.mode == "bwrap":
-                    commands.append(Command([self.interpreter, "-I", "-S", "-B", "main.py"], limits,
-                                            cwd=sample_dir, python_file=main, python_tests=tests))
+                    commands.append(
+                        Command(
+                            [self.interpreter, "-I", "-S", "-B", "main.py"],
+                            limits,
+                            cwd=sample_dir,
+                            python_file=main,
+                            python_tests=tests,
+                        )
+                    )
                 else:
-                    commands.append(Command(
-                        [self.interpreter, "-I", "-S", "-B", "-c", DRIVER_SOURCE, "--judge",
-                         str(tests), str(main), str(sample_dir / "report.json")],
-                        limits, cwd=sample_dir))
-            results = self.sandbox.run_many(commands, workdir=workdir, readable=[self.prefix],
-                                            preload=PRELOAD)
+                    commands.append(
+                        Command(
+                            [
+                                self.interpreter,
+                                "-I",
+                                "-S",
+                                "-B",
+                                "-c",
+                                DRIVER_SOURCE,
+                                "--judge",
+                                str(tests),
+                                str(main),
+                                str(sample_dir / "report.json"),
+                            ],
+                            limits,
+                            cwd=sample_dir,
+                        )
+                    )
+            results = self.sandbox.run_many(
+                commands, workdir=workdir, readable=[self.prefix], preload=PRELOAD
+            )
             for i, result in zip(hacks, results):
                 if self.sandbox.mode != "bwrap":
-                    result = dataclasses.replace(result, judge=_unsandboxed_report(
-                        workdir / f"s{i}" / "report.json"))
+                    result = dataclasses.replace(
+                        result, judge=_unsandboxed_report(workdir / f"s{i}" / "report.json")
+                    )
                 verdict = classify(result, cpu_limit=commands_limits[i])
                 verdict.hack = first_hack([*observed_hacks(result.judge), hacks[i]])
                 verdict.stderr_tail = verdict.stderr_tail.replace(f"{workdir}/s{i}/", "")
@@ -156,11 +186,16 @@ class PythonChecker(Checker):
 def _tests(problem: Mapping[str, Any]) -> dict[str, Any]:
     """What the test process runs: trusted code only (the prompt for its helpers, the tests)."""
     if "test_list" in problem:
-        return {"imports": "\n".join(problem.get("test_imports") or []),
-                "setup": str(problem.get("test_setup_code") or ""),
-                "test": "\n".join(problem["test_list"])}
-    return {"prompt": str(problem.get("prompt") or ""), "test": str(problem["test"]),
-            "entry_point": str(problem["entry_point"])}
+        return {
+            "imports": "\n".join(problem.get("test_imports") or []),
+            "setup": str(problem.get("test_setup_code") or ""),
+            "test": "\n".join(problem["test_list"]),
+        }
+    return {
+        "prompt": str(problem.get("prompt") or ""),
+        "test": str(problem["test"]),
+        "entry_point": str(problem["entry_point"]),
+    }
 
 
 def _unsandboxed_report(path: Path) -> dict[str, Any] | None:
@@ -186,9 +221,16 @@ def classify(result: RunResult, cpu_limit: float | None = None) -> Verdict:
     if judge.get("traceback") and not judge.get("ok"):
         stderr_bytes += b"\n" + str(judge["traceback"]).encode("utf-8", "replace")
     stderr = tail(stderr_bytes)
-    if result.timed_out or result.signal == signal.SIGXCPU or sample_signal == signal.SIGXCPU \
-            or (sample_signal == signal.SIGKILL and cpu_limit is not None
-                and float(judge.get("sample_cpu_s") or 0) >= cpu_limit - 0.05):
+    if (
+        result.timed_out
+        or result.signal == signal.SIGXCPU
+        or sample_signal == signal.SIGXCPU
+        or (
+            sample_signal == signal.SIGKILL
+            and cpu_limit is not None
+            and float(judge.get("sample_cpu_s") or 0) >= cpu_limit - 0.05
+        )
+    ):
         return Verdict(False, "timeout", compile_ok=True, stderr_tail=stderr)
     if result.output_limit or sample_signal == signal.SIGXFSZ:
         return Verdict(False, "output_limit", compile_ok=True, stderr_tail=stderr)
@@ -232,32 +274,108 @@ def first_hack(hacks: Sequence[str | None]) -> str | None:
 # ------------------------------------------------------------------------------ static hacks
 
 #: Which of several hacks a verdict records (the most specific first).
-_HACK_ORDER = ("exit_before_tests", "fake_test_report", "redefines_assertions",
-               "always_equal_object", "reads_harness_files", "tampers_with_tests",
-               "binary_wide_code")
-_EXITS = {("sys", "exit"), ("os", "_exit"), ("os", "abort"), ("os", "kill"), ("os", "killpg"),
-          ("signal", "raise_signal"), ("signal", "pthread_kill"), ("posix", "_exit")}
+_HACK_ORDER = (
+    "exit_before_tests",
+    "fake_test_report",
+    "redefines_assertions",
+    "always_equal_object",
+    "reads_harness_files",
+    "tampers_with_tests",
+    "binary_wide_code",
+)
+_EXITS = {
+    ("sys", "exit"),
+    ("os", "_exit"),
+    ("os", "abort"),
+    ("os", "kill"),
+    ("os", "killpg"),
+    ("signal", "raise_signal"),
+    ("signal", "pthread_kill"),
+    ("posix", "_exit"),
+}
 #: Printed from code that runs while the tests do (a function, a lambda: atexit, threads): a
 #: success message is a faked report there; at module level it is often a model's own tests.
-_SUCCESS = re.compile(r"(?i)\b(all\s+)?tests?\s+(passed|pass|ok|succeeded)\b|^\s*(ok|pass|passed|"
-                      r"success)[\s.!]*$|test result: ok")
+_SUCCESS = re.compile(
+    r"(?i)\b(all\s+)?tests?\s+(passed|pass|ok|succeeded)\b|^\s*(ok|pass|passed|"
+    r"success)[\s.!]*$|test result: ok"
+)
 #: A harness's token or report, printed anywhere.
 _FORGED = re.compile(r"^\s*[0-9a-f]{32}\s*$|\"ok\":\s*true|\('ok',")
 _OUTPUT_CALLS = {"print", "write", "writelines"}
 _HARNESS_STRINGS = re.compile(r"/proc/|/dev/fd|main\.py|tests\.json|ckpteval|spec\.json")
-_HARNESS_ATTRS = {("sys", "argv"), ("os", "environ"), ("os", "environb"), ("os", "getenv"),
-                  ("os", "listdir"), ("os", "scandir"), ("os", "walk"), ("inspect", "getsource"),
-                  ("inspect", "getsourcelines"), ("inspect", "getfile"), ("sys", "orig_argv")}
+_HARNESS_ATTRS = {
+    ("sys", "argv"),
+    ("os", "environ"),
+    ("os", "environb"),
+    ("os", "getenv"),
+    ("os", "listdir"),
+    ("os", "scandir"),
+    ("os", "walk"),
+    ("inspect", "getsource"),
+    ("inspect", "getsourcelines"),
+    ("inspect", "getfile"),
+    ("sys", "orig_argv"),
+}
 _HARNESS_MODULES = {"glob", "linecache"}
-_FRAME_ATTRS = {"f_back", "f_globals", "f_locals", "f_builtins", "f_code", "f_trace", "tb_frame",
-                "gi_frame", "cr_frame", "ag_frame", "_getframe", "_current_frames", "currentframe",
-                "getouterframes", "get_objects", "get_referrers", "get_referents", "settrace",
-                "setprofile", "addaudithook", "excepthook"}
+_FRAME_ATTRS = {
+    "f_back",
+    "f_globals",
+    "f_locals",
+    "f_builtins",
+    "f_code",
+    "f_trace",
+    "tb_frame",
+    "gi_frame",
+    "cr_frame",
+    "ag_frame",
+    "_getframe",
+    "_current_frames",
+    "currentframe",
+    "getouterframes",
+    "get_objects",
+    "get_referrers",
+    "get_referents",
+    "settrace",
+    "setprofile",
+    "addaudithook",
+    "excepthook",
+}
 _TAMPER_MODULES = {"ctypes", "atexit", "gc", "builtins", "_thread", "faulthandler"}
-_GUARDED_BUILTINS = {"isinstance", "type", "len", "abs", "round", "sorted", "set", "list", "dict",
-                     "tuple", "str", "int", "float", "bool", "all", "any", "sum", "max", "min",
-                     "range", "__import__", "exit", "quit", "repr", "hash", "getattr", "setattr",
-                     "compile", "exec", "eval", "globals", "object", "Exception"}
+_GUARDED_BUILTINS = {
+    "isinstance",
+    "type",
+    "len",
+    "abs",
+    "round",
+    "sorted",
+    "set",
+    "list",
+    "dict",
+    "tuple",
+    "str",
+    "int",
+    "float",
+    "bool",
+    "all",
+    "any",
+    "sum",
+    "max",
+    "min",
+    "range",
+    "__import__",
+    "exit",
+    "quit",
+    "repr",
+    "hash",
+    "getattr",
+    "setattr",
+    "compile",
+    "exec",
+    "eval",
+    "globals",
+    "object",
+    "Exception",
+}
 
 
 def static_hack(tree: ast.AST) -> str | None:
@@ -277,8 +395,11 @@ def _dotted(node: ast.AST) -> tuple[str, str] | None:
 
 def _strings(node: ast.AST) -> list[str]:
     """The string (and bytes) literals in `node`."""
-    return [n.value if isinstance(n.value, str) else n.value.decode("latin-1")
-            for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, (str, bytes))]
+    return [
+        n.value if isinstance(n.value, str) else n.value.decode("latin-1")
+        for n in ast.walk(node)
+        if isinstance(n, ast.Constant) and isinstance(n.value, (str, bytes))
+    ]
 
 
 class _HackVisitor(ast.NodeVisitor):
@@ -288,8 +409,12 @@ class _HackVisitor(ast.NodeVisitor):
 
     def visit_If(self, node: ast.If) -> None:
         test = node.test
-        if isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) \
-                and test.left.id == "__name__" and "__main__" in _strings(test):
+        if (
+            isinstance(test, ast.Compare)
+            and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__"
+            and "__main__" in _strings(test)
+        ):
             for child in node.orelse:
                 self.visit(child)
             return
@@ -300,11 +425,17 @@ class _HackVisitor(ast.NodeVisitor):
         if self.depth == 0 and node.name == "check" and "candidate" in arguments:
             self.found.add("tampers_with_tests")  # a stand-in for the tests' own check()
         if node.name in ("__eq__", "__ne__"):
-            body = [s for s in node.body if not (isinstance(s, ast.Expr)
-                                                 and isinstance(s.value, ast.Constant))]
-            if len(body) == 1 and isinstance(body[0], ast.Return) \
-                    and isinstance(body[0].value, ast.Constant) \
-                    and body[0].value.value is (node.name == "__eq__"):
+            body = [
+                s
+                for s in node.body
+                if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+            ]
+            if (
+                len(body) == 1
+                and isinstance(body[0], ast.Return)
+                and isinstance(body[0].value, ast.Constant)
+                and body[0].value.value is (node.name == "__eq__")
+            ):
                 self.found.add("always_equal_object")
         self.depth += 1
         self.generic_visit(node)
@@ -321,10 +452,13 @@ class _HackVisitor(ast.NodeVisitor):
         if node.name == "AssertionError":
             self.found.add("redefines_assertions")
         for statement in node.body:
-            if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Lambda) \
-                    and any(isinstance(t, ast.Name) and t.id == "__eq__" for t in statement.targets) \
-                    and isinstance(statement.value.body, ast.Constant) \
-                    and statement.value.body.value is True:
+            if (
+                isinstance(statement, ast.Assign)
+                and isinstance(statement.value, ast.Lambda)
+                and any(isinstance(t, ast.Name) and t.id == "__eq__" for t in statement.targets)
+                and isinstance(statement.value.body, ast.Constant)
+                and statement.value.body.value is True
+            ):
                 self.found.add("always_equal_object")
         self.depth += 1
         self.generic_visit(node)
@@ -342,7 +476,13 @@ class _HackVisitor(ast.NodeVisitor):
             self.found.add("exit_before_tests")
         if _dotted(func) in _EXITS:
             self.found.add("exit_before_tests")
-        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        name = (
+            func.id
+            if isinstance(func, ast.Name)
+            else func.attr
+            if isinstance(func, ast.Attribute)
+            else ""
+        )
         if name in _OUTPUT_CALLS or _dotted(func) == ("os", "write"):
             texts = [text for arg in node.args for text in _strings(arg)]
             if any(_FORGED.search(t) or (self.depth and _SUCCESS.search(t)) for t in texts):
@@ -353,8 +493,14 @@ class _HackVisitor(ast.NodeVisitor):
                 self.found.add("tampers_with_tests")
             if any(t == "AssertionError" for arg in node.args[1:2] for t in _strings(arg)):
                 self.found.add("redefines_assertions")
-        if name == "open" and node.args and not (isinstance(node.args[0], ast.Constant)
-                                                 and not _HARNESS_STRINGS.search(str(node.args[0].value))):
+        if (
+            name == "open"
+            and node.args
+            and not (
+                isinstance(node.args[0], ast.Constant)
+                and not _HARNESS_STRINGS.search(str(node.args[0].value))
+            )
+        ):
             self.found.add("reads_harness_files")
         self.generic_visit(node)
 
@@ -365,20 +511,40 @@ class _HackVisitor(ast.NodeVisitor):
             self.found.add("tampers_with_tests")
         if node.attr == "AssertionError" and isinstance(node.ctx, ast.Store):
             self.found.add("redefines_assertions")
-        if isinstance(node.ctx, (ast.Store, ast.Del)) and isinstance(node.value, ast.Name) \
-                and node.value.id in ("builtins", "__builtins__", "sys", "os", "math", "re",
-                                      "collections", "itertools", "functools", "typing",
-                                      "unittest", "doctest"):
+        if (
+            isinstance(node.ctx, (ast.Store, ast.Del))
+            and isinstance(node.value, ast.Name)
+            and node.value.id
+            in (
+                "builtins",
+                "__builtins__",
+                "sys",
+                "os",
+                "math",
+                "re",
+                "collections",
+                "itertools",
+                "functools",
+                "typing",
+                "unittest",
+                "doctest",
+            )
+        ):
             self.found.add("tampers_with_tests")  # patching a module the tests may use
         self.generic_visit(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if isinstance(node.ctx, (ast.Store, ast.Del)):
             base = node.value
-            if (isinstance(base, ast.Name) and base.id == "__builtins__") \
-                    or _dotted(base) == ("sys", "modules") \
-                    or (isinstance(base, ast.Call) and isinstance(base.func, ast.Name)
-                        and base.func.id in ("globals", "vars")):
+            if (
+                (isinstance(base, ast.Name) and base.id == "__builtins__")
+                or _dotted(base) == ("sys", "modules")
+                or (
+                    isinstance(base, ast.Call)
+                    and isinstance(base.func, ast.Name)
+                    and base.func.id in ("globals", "vars")
+                )
+            ):
                 self.found.add("tampers_with_tests")
         self.generic_visit(node)
 
@@ -398,8 +564,11 @@ class _HackVisitor(ast.NodeVisitor):
             self.found.add("reads_harness_files")
 
     def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
-        modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
-            [alias.name for alias in node.names]
+        modules = (
+            [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else [alias.name for alias in node.names]
+        )
         for module in modules:
             top = module.split(".")[0]
             if top in _TAMPER_MODULES:

