@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_aggregate import write_cell
 
 from ckpteval.aggregate import build_summary, summarize
 from ckpteval.report import _steps_figure, write_plots
@@ -154,3 +155,21 @@ def test_steps_plot_lines_bands_and_baselines(sweep: list[Path]) -> None:
 def test_no_plots_without_cells(tmp_path: Path) -> None:
     summary = summarize([tmp_path / "absent.json"])
     assert write_plots(summary, tmp_path / "plots") == []
+
+
+def test_the_report_lists_broken_and_deleted_checkpoints(tmp_path: Path) -> None:
+    from ckpteval.aggregate import build_summary
+
+    cells = [
+        write_cell(tmp_path, "r", f"step_{s}", s, "t", "greedy-s42", metrics={"acc": 0.5})
+        for s in (1, 2)
+    ]
+    line = "run r: checkpoint step_3 looks broken: run/step_3/model.safetensors: truncated"
+    build_summary(cells, tmp_path / "summary", deleted=["r/step_1"], broken=[line])
+    report = (tmp_path / "summary" / "report.html").read_text()
+    assert "Checkpoints that look broken" in report and "step_3/model.safetensors" in report
+    assert "Checkpoints whose source was deleted" in report
+    import pandas as pd
+
+    table = pd.read_parquet(tmp_path / "summary" / "metrics.parquet")
+    assert set(table[table.source_deleted]["ckpt"]) == {"step_1"}

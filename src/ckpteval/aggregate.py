@@ -258,6 +258,8 @@ class Summary:
     main_metrics: dict[str, str]
     n_cells: int
     hacks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HACK_COLUMNS))
+    #: One line per checkpoint that looks broken (not completely written, unchanged for long).
+    broken: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -842,16 +844,19 @@ def build_summary(
     bootstrap: int = 1000,
     seed: int = 0,
     deleted: Collection[str] = (),
+    broken: Sequence[str] = (),
 ) -> None:
     """Build `summary_dir` from the cell jsons (see the module docstring for what is written).
     `deleted` names checkpoints (`run/ckpt`) whose source is gone: their cells stay, marked in
-    the tidy table's `source_deleted` column and listed in the report."""
+    the tidy table's `source_deleted` column and listed in the report. `broken` are lines about
+    checkpoints that look broken (ckpteval.config.Plan.broken_lines), shown in the report."""
     from ckpteval import report
 
     if bootstrap < 1:
         raise UserError(f"bootstrap: {bootstrap} resamples; give at least 1 (1000 is usual)")
     summary_dir = Path(summary_dir)
     summary = summarize(cell_jsons, title=title, bootstrap=bootstrap, seed=seed)
+    summary.broken = list(broken)
     summary.tidy["source_deleted"] = (
         summary.tidy["run"].astype(str) + "/" + summary.tidy["ckpt"].astype(str)
     ).isin(set(deleted))

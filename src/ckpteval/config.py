@@ -126,11 +126,13 @@ class Plan:
     #: Per run, checkpoints whose source is gone but whose results are on disk (kept, marked).
     deleted: dict[str, tuple[Checkpoint, ...]] = field(default_factory=dict)
 
-    def broken_lines(self) -> list[str]:
-        """One line per broken checkpoint, naming the file and the problem."""
+    def broken_lines(self, *, age: bool = True) -> list[str]:
+        """One line per broken checkpoint, naming the file and the problem (and, with `age`, how
+        long it has been unchanged: not for a job's params, which must not change by the minute)."""
         return [
-            f"run {run}: checkpoint {u.name} looks broken (unchanged for "
-            f"{u.idle_seconds / 60:.0f} min): {u.problem}"
+            f"run {run}: checkpoint {u.name} looks broken"
+            + (f" (unchanged for {u.idle_seconds / 60:.0f} min)" if age else "")
+            + f": {u.problem}"
             for run, u in self.broken
         ]
 

@@ -358,6 +358,13 @@ def render_html(summary: Summary, plots: Sequence[Plot]) -> str:
         f"{tidy['task'].nunique()} task(s), {tidy['variant'].nunique()} variant(s). "
         f"{len(summary.missing)} file(s) missing or unusable.</p>",
     ]
+    if summary.broken:
+        parts += [
+            "<h2 class='bad'>Checkpoints that look broken</h2>",
+            "<p class='note'>Not completely written and unchanged for longer than the run's "
+            "settle_seconds: not evaluated until they are fixed or removed.</p>",
+            "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in summary.broken) + "</ul>",
+        ]
     if "source_deleted" in tidy and tidy["source_deleted"].any():
         gone = tidy[tidy["source_deleted"]][["run", "ckpt", "step"]].drop_duplicates()
         parts += [

@@ -291,4 +291,5 @@ def aggregate(smk: Any) -> None:
         title=smk.config["aggregate"]["title"],
         bootstrap=int(smk.config["aggregate"]["bootstrap"]),
         deleted=list(smk.params.deleted),
+        broken=list(smk.params.broken),
     )

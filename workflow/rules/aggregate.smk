@@ -34,5 +34,6 @@ rule aggregate:
         identity=get_summary_identity,
         cells=get_summary_inputs_digest,
         deleted=get_deleted_checkpoints,
+        broken=get_broken_checkpoints,
     script:
         "../scripts/aggregate.py"

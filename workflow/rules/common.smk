@@ -320,5 +320,11 @@ def get_summary_inputs_digest(wildcards):
     return sha256_json(sorted(get_score_files(wildcards)))[:16]
 
 
+def get_broken_checkpoints(wildcards):
+    """Lines about checkpoints that look broken: the report shows them (and a change of them
+    rebuilds it)."""
+    return PLAN.broken_lines(age=False)
+
+
 def get_deleted_checkpoints(wildcards):
     return sorted(f"{run}/{c.name}" for run, ckpts in PLAN.deleted.items() for c in ckpts)
