@@ -156,7 +156,11 @@ def test_engine_groups_are_one_infer_job_each_with_retry_resources(tmp_path: Pat
     jobs = re.findall(r"rule (infer\w*|generation):\n(.*?)\n\n", dry.stdout, re.S)
     code = next(body for rule, body in jobs if rule == "infer_code")
     assert "output: results/staging/demo/step_10/code" in code or "step_20/code" in code
-    placed = [body for rule, body in jobs if rule == "generation" and "/code" in body]
+    placed = [
+        body
+        for rule, body in jobs
+        if rule == "generation" and re.search(r"input: .*staging/demo/step_\d+/code", body)
+    ]
     assert len(placed) == 4 and all("pyfunc/" in b or "rustfunc/" in b for b in placed)
     assert counts["generation"] == "8"
     assert "logs/infer/demo/step_10.code.log" in dry.stdout or "step_20.code.log" in dry.stdout
