@@ -316,7 +316,8 @@ def test_the_evaluate_step_scores_code_harness_tasks_with_the_evaluate_settings(
                     "task": "he",
                     "variant": "hot-s42",
                     "is_baseline": False,
-                }
+                },
+                identity='{"checker": "python", "evaluate.timeout": 3}',
             ),
             input=SimpleNamespace(generations=str(gen), manifest=str(tmp_path / "manifest.json")),
             output=SimpleNamespace(samples=str(out / "s.jsonl"), metrics=str(out / "s.json")),
@@ -327,6 +328,7 @@ def test_the_evaluate_step_scores_code_harness_tasks_with_the_evaluate_settings(
     assert cell["timeouts"]["configured"] == 3.0 and cell["timeouts"]["factor"] == 2.0
     assert sorted(cell["metrics"]) == ["compile_rate", "hack_rate", "pass@1"]  # ks=[1]: no pass@2
     assert cell["metrics"]["pass@1"]["value"] == 0.5 and cell["model_hash"] == "abc"
+    assert cell["scoring"] == {"checker": "python", "evaluate.timeout": 3}  # what freshness reads
     assert len(cell["input_errors"]) == 1 and cell["input_errors"][0].startswith(
         f"{gen}:3: malformed"
     )

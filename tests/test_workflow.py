@@ -154,7 +154,8 @@ def test_a_bare_torch_file_is_discovered_and_consolidated(
 
     run = tmp_path / "run"
     run.mkdir()
-    state = load_file(demo_dir / "run" / "step_100" / "model.safetensors")
+    first = min((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1])).name
+    state = load_file(demo_dir / "run" / first / "model.safetensors")
     torch.save({"model": state, "step": 7}, run / "step_7.pt")
     config = small_config(run)
     config["runs"]["demo"]["base_model"] = str(demo_dir / "base")
@@ -162,6 +163,6 @@ def test_a_bare_torch_file_is_discovered_and_consolidated(
     proc = run_snakemake(tmp_path, "results/models/demo/step_7.json")
     assert proc.returncode == 0, proc.stderr[-4000:]
     manifest = json.loads((tmp_path / "results/models/demo/step_7.json").read_text())
-    reference = json.loads((sweep / "results/models/demo/step_100.json").read_text())
+    reference = json.loads((sweep / f"results/models/demo/{first}.json").read_text())
     assert manifest["format"] == "torch"
     assert manifest["weights_sha256"] == reference["weights_sha256"]

@@ -77,6 +77,12 @@ def consolidate(smk: Any) -> None:
         )
     finally:
         lease.release()
+    if "source_id" in smk.input.keys():
+        # Leave the content identity file as the next parse would make it (the bytes are those
+        # consolidated: older than the manifest), so that parse changes nothing on disk.
+        from ckpteval.checkpoints import sync_source_identity
+
+        sync_source_identity(source, Path(smk.input.source_id), Path(smk.output.manifest))
 
 
 def infer(smk: Any) -> None:

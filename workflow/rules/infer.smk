@@ -113,6 +113,9 @@ if REPLAY_RUNS:
     rule replay:
         input:
             solutions=get_solutions,
+            # The model card names the replayed files: a new `solutions` rewrites it, and the
+            # replay job must then run again (the rerun contract: runs.*.solutions is a model key).
+            manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
         output:
             generations=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
             meta=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.meta.json",
