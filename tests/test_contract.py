@@ -118,13 +118,18 @@ def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def planned(sweep: Sweep, config: dict[str, Any], name: str = "variant") -> Counter[str]:
     """Jobs per rule that `snakemake -n --configfile <config>` plans (the target `all` left out)."""
+    return dry_run(sweep, config, name)[0]
+
+
+def dry_run(sweep: Sweep, config: dict[str, Any], name: str) -> tuple[Counter[str], str]:
+    """(jobs per rule, what the dry run printed) of `snakemake -n --configfile <config>`."""
     path = sweep.work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     if "Nothing to be done" in out:
-        return Counter()
+        return Counter(), out
     table = out.split("Job stats:", 1)[1].split("total", 1)[0]
     return Counter(
         {
@@ -132,7 +137,7 @@ def planned(sweep: Sweep, config: dict[str, Any], name: str = "variant") -> Coun
             for rule, n in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)
             if rule not in ("all", "job")
         }
-    )
+    ), out
 
 
 def test_the_finished_sweep_plans_nothing_and_its_defaults_written_out_neither(
@@ -375,7 +380,12 @@ ELSEWHERE = {"runs.*.solutions"}
 )
 def test_changing_a_key_plans_exactly_what_the_contract_promises(sweep: Sweep, row: Any) -> None:
     config, expected = case(row, sweep)
-    assert planned(sweep, config, "walk") == expected, f"{row.key} ({row.effect}): {row.why}"
+    jobs, out = dry_run(sweep, config, "walk")
+    assert jobs == expected, f"{row.key} ({row.effect}): {row.why}"
+    if row.effect in (SCORES, GENERATIONS) and expected:
+        # The dry run says in words which setting changed, before Snakemake's own reasons.
+        said = [line for line in out.splitlines() if line.startswith("ckpteval: rerun:")]
+        assert any(f"{concrete(row.key)}: " in line for line in said), said
 
 
 # ------------------------------------------------------------------- file events, on the same sweep

@@ -130,7 +130,7 @@ class Freshness:
             return None
         return "; ".join(identity.changes(recorded))
 
-    def explain(self, pairs_of: Any) -> list[str]:
+    def explain(self, pairs: list[tuple[str, str]]) -> list[str]:
         """One line per distinct reason: what a run of the workflow will redo, and why."""
         counts: dict[tuple[str, str], int] = {}
 
@@ -142,7 +142,7 @@ class Freshness:
                 model = self.model_change(run_name, ckpt.name)
                 if model is not None and model != "not built yet":
                     add(f"model of {run_name}", model)
-                for cell in self.stale_cells(run_name, ckpt.name, pairs_of(run_name)):
+                for cell in self.stale_cells(run_name, ckpt.name, pairs):
                     if cell.reason != "missing" and not cell.reason.startswith("model:"):
                         add(f"generations of {cell.task}", cell.reason)
                 for task, variants in self.plan.task_variants.items():

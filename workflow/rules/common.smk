@@ -32,8 +32,8 @@ OUT = PLAN.outdir
 FRESH = Freshness(PLAN)
 
 
-def _all_pairs(run):
-    return [(t, v) for t, vs in PLAN.task_variants.items() for v in vs]
+# Every (task, variant) of a checkpoint: a cell is a checkpoint and one of these.
+ALL_PAIRS = [(t, v) for t, vs in PLAN.task_variants.items() for v in vs]
 
 
 if workflow.is_main_process:
@@ -49,7 +49,7 @@ if workflow.is_main_process:
                 )
     for _line in PLAN.broken_lines():
         print(f"ckpteval: warning: {_line}", file=sys.stderr)
-    for _line in FRESH.explain(_all_pairs):
+    for _line in FRESH.explain(ALL_PAIRS):
         print(f"ckpteval: rerun: {_line}", file=sys.stderr)
 VLLM_RUNS = PLAN.runs_with_backend("vllm")
 OPENAI_RUNS = PLAN.runs_with_backend("openai")
@@ -208,12 +208,11 @@ def get_consolidate_priority(wildcards):
 def pending_infer_checkpoints():
     """(run, ckpt) of vllm runs with a generation file still to write, as this Snakemake saw
     them when it first asked (once per process: every assist job's input is the same list)."""
-    pairs = [(t, v) for t, vs in PLAN.task_variants.items() for v in vs]
     return [
         (run, c.name)
         for run in VLLM_RUNS
         for c in PLAN.runs[run].checkpoints
-        if FRESH.stale_cells(run, c.name, pairs)
+        if FRESH.stale_cells(run, c.name, ALL_PAIRS)
     ]
 
 
