@@ -215,11 +215,7 @@ def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
         if sha is None and rel in known:  # touched, copied or rewritten: look at the bytes
             sha = sha256_file(root / rel)
         files[rel] = {"stat": stat, "sha256": sha}
-    content = (
-        sha256_json({rel: f["sha256"] for rel, f in files.items()})
-        if all(f["sha256"] for f in files.values())
-        else None
-    )
+    content = _content(files)
     if old.get("files") != files or old.get("content") != content or not id_file.exists():
         write_json(id_file, {"source": str(path), "content": content, "files": files})
     consolidated = _content(recorded) if recorded else None
@@ -234,8 +230,9 @@ def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
     return status
 
 
-def _content(recorded: dict[str, Any]) -> str | None:
-    shas = {rel: entry.get("sha256") for rel, entry in recorded.items()}
+def _content(files: dict[str, Any]) -> str | None:
+    """The content hash of per-file entries (`{rel: {"sha256": ...}}`), None if one is unknown."""
+    shas = {rel: entry.get("sha256") for rel, entry in files.items()}
     return sha256_json(shas) if all(shas.values()) else None
 
 
