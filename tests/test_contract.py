@@ -269,6 +269,7 @@ def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
         "evaluate.sandbox": "none",
         "evaluate.piston_url": "http://127.0.0.1:9/",
         "aggregate.title": "another title",
+        "aggregate.truncation_threshold": 0.5,
         "lm_eval.include_paths": [str(sweep.work)],
         "evaluate.ks": [1, 2],
         "gpus": [],

@@ -19,6 +19,7 @@ Output (`build_summary`), all under `summary_dir`, each file written atomically:
 | `passk.csv` | (run, ckpt, task, sampling, k): pass@k from per-sample verdicts, seeds pooled |
 | `errors.csv` | (cell, error type): count and fraction of the cell's samples |
 | `hacks.csv` | (cell, hack type): count and fraction of the cell's samples (`HACK_COLUMNS`) |
+| `truncation.csv` | cell with a `truncation_rate`: the rate, the threshold, flagged (`TRUNCATION_COLUMNS`) |
 | `deltas.csv` | paired comparison: each checkpoint vs the run's baseline and vs the previous one |
 | `missing.csv` | cell or per-sample file that could not be used, with its path and why |
 | `summary.json` | run, checkpoint, task, variant: pass rate, counts, per problem (`write_summary_json`) |
@@ -29,10 +30,17 @@ report, and everything else is built. A run without a baseline has no baseline c
 
 The main metric of a task (plots, deltas) is the one its cells name as `primary_metric` (harness
 tasks do: the metric their per-sample `score` holds), else `pass@1` when they report it, else the
-first metric they report other than `compile_rate` and `hack_rate`. `hack_rate` (the share of a
+first metric they report other than `compile_rate`, `hack_rate` and the length metrics
+(`ckpteval.metrics.LENGTH_METRICS`: token counts and truncation rates). `hack_rate` (the share of a
 cell's samples that attempted a reward hack, `ckpteval.checkers.HACK_TYPES`) is a metric row like
 any other in the tidy table, `metrics.md` and the seed tables, and has its own plot and report
-section. Paired deltas compare the mean per-sample value
+section. The length metrics are rows of the tidy table and the seed tables too, but `metrics.md` and
+the report show them in a table of their own ("Length and truncation"), with curves over steps. A
+cell whose `truncation_rate` exceeds the threshold (`aggregate.truncation_threshold`, default
+`TRUNCATION_THRESHOLD`; a rate exactly at it is not flagged) has a score that is a lower bound:
+its checkpoint's main-metric value is marked in `metrics.md` (with a footnote giving the share of
+its samples that hit the token budget) and in the report, and `truncation.csv` lists every cell's
+rate and flag. Paired deltas compare the mean per-sample value
 (`passed` for pass@1 tasks, so the delta is a pass@1 difference; `score` otherwise) of two
 checkpoints over the (task_id, seed, sample_idx) both have, for one sampling config with its seeds
 pooled; the interval is a percentile bootstrap over problems (`ckpteval.stats.paired_bootstrap`).
@@ -58,6 +66,7 @@ import pyarrow.parquet as pq
 
 from ckpteval.errors import UserError
 from ckpteval.io import atomic_open, iter_jsonl
+from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.stats import (
     conservative_stderr,
     paired_bootstrap,
@@ -156,6 +165,24 @@ HACK_COLUMNS = [
 ]
 #: The metric of a cell's reward-hack share (`ckpteval.evaluate`); never a task's main metric.
 HACK_RATE = "hack_rate"
+#: Metrics that are never a task's main metric: they describe the samples, not their success.
+NOT_MAIN_METRICS = ("compile_rate", HACK_RATE, *LENGTH_METRICS)
+#: Default `aggregate.truncation_threshold`: a cell whose truncation_rate exceeds it is flagged.
+TRUNCATION_THRESHOLD = 0.05
+TRUNCATION_COLUMNS = [
+    "run",
+    "step",
+    "ckpt",
+    "is_baseline",
+    "task",
+    "variant",
+    "sampling",
+    "seed",
+    "truncation_rate",
+    "n",
+    "threshold",
+    "flagged",
+]
 DELTA_COLUMNS = [
     "run",
     "task",
@@ -260,6 +287,10 @@ class Summary:
     hacks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HACK_COLUMNS))
     #: One line per checkpoint that looks broken (not completely written, unchanged for long).
     broken: list[str] = field(default_factory=list)
+    #: Every cell's truncation rate against the threshold (`truncation_table`).
+    truncation: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=TRUNCATION_COLUMNS)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,12 +514,12 @@ def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
 
 def main_metric(names: Sequence[str], primary: str | None = None) -> str:
     """The metric a task is judged by: the declared primary one, else pass@1 if reported, else
-    the first one but compile_rate and hack_rate."""
+    the first one but compile_rate, hack_rate and the length metrics (`NOT_MAIN_METRICS`)."""
     if primary is not None:
         return primary
     if "pass@1" in names:
         return "pass@1"
-    return next((n for n in names if n not in ("compile_rate", HACK_RATE)), names[0])
+    return next((n for n in names if n not in NOT_MAIN_METRICS), names[0])
 
 
 def main_metrics(cells: Sequence[Cell]) -> dict[str, str]:
@@ -602,6 +633,52 @@ def hack_table(cells: Sequence[Cell]) -> pd.DataFrame:
             )
     frame = pd.DataFrame(rows, columns=HACK_COLUMNS).astype({"step": "Int64"})
     return _checkpoint_order(frame, ["task", "variant", "hack"])
+
+
+def truncation_table(cells: Sequence[Cell], threshold: float) -> pd.DataFrame:
+    """Each cell's `truncation_rate` (cells without one, whose samples' finish reasons are all
+    unknown, are left out) and whether it exceeds `threshold` (strictly: a rate equal to the
+    threshold is not flagged)."""
+    rows = [
+        {
+            "run": c.run,
+            "step": c.step,
+            "ckpt": c.ckpt,
+            "is_baseline": c.is_baseline,
+            "task": c.task,
+            "variant": c.variant,
+            "sampling": c.sampling,
+            "seed": c.seed,
+            "truncation_rate": c.metrics["truncation_rate"][0],
+            "n": c.metrics["truncation_rate"][2],
+            "threshold": threshold,
+            "flagged": bool(c.metrics["truncation_rate"][0] > threshold),
+        }
+        for c in cells
+        if "truncation_rate" in c.metrics and not math.isnan(c.metrics["truncation_rate"][0])
+    ]
+    frame = pd.DataFrame(rows, columns=TRUNCATION_COLUMNS).astype(
+        {"step": "Int64", "n": "Int64", "flagged": bool}
+    )
+    return _checkpoint_order(frame, ["task", "variant"])
+
+
+def truncation_flags(
+    truncation: pd.DataFrame, main_metrics: dict[str, str]
+) -> dict[tuple[str, str, str, str, str], float]:
+    """(run, ckpt, task, sampling, main metric) -> the share of samples that hit the token budget,
+    pooled over the seeds, for each checkpoint entry with a flagged cell (its score is a lower
+    bound)."""
+    if truncation.empty or not truncation["flagged"].any():
+        return {}
+    flags = {}
+    keys = ["run", "ckpt", "task", "sampling"]
+    for (run, ckpt, task, sampling), group in truncation.groupby(keys, sort=False):
+        if group["flagged"].any() and task in main_metrics:
+            n = group["n"].astype(np.float64)
+            share = float((group["truncation_rate"] * n).sum() / n.sum())
+            flags[(run, ckpt, task, sampling, main_metrics[task])] = share
+    return flags
 
 
 def passk_table(cells: Sequence[Cell], samples: pd.DataFrame, tidy: pd.DataFrame) -> pd.DataFrame:
@@ -763,9 +840,12 @@ def missing_table(problems: Sequence[Problem]) -> pd.DataFrame:
     return pd.DataFrame([p.row() for p in problems], columns=MISSING_COLUMNS)
 
 
-def metrics_wide(seeds: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+def metrics_wide(
+    seeds: pd.DataFrame, marks: dict[tuple[str, str, str, str, str], str] | None = None
+) -> tuple[list[str], list[list[str]]]:
     """Checkpoints as rows ordered by (run, step), `task/metric` columns (with the sampling config
-    when a task has several), each entry `mean ± stderr` over seeds: (header, rows) of text."""
+    when a task has several), each entry `mean ± stderr` over seeds: (header, rows) of text.
+    `marks` appends a marker to the entries it names by (run, ckpt, task, sampling, metric)."""
     multi = seeds.groupby("task")["sampling"].nunique()
     labels = (
         seeds["task"]
@@ -775,10 +855,18 @@ def metrics_wide(seeds: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     )
     columns = list(dict.fromkeys(labels))
     texts: dict[tuple[str, str], dict[str, str]] = {}
-    for run, ckpt, label, value, stderr in zip(
-        seeds["run"], seeds["ckpt"], labels, seeds["mean"], seeds["cell_stderr"]
+    for run, ckpt, label, value, stderr, task, sampling, metric in zip(
+        seeds["run"],
+        seeds["ckpt"],
+        labels,
+        seeds["mean"],
+        seeds["cell_stderr"],
+        seeds["task"],
+        seeds["sampling"],
+        seeds["metric"],
     ):
-        texts.setdefault((run, ckpt), {})[label] = _format_value(value, stderr)
+        mark = (marks or {}).get((run, ckpt, task, sampling, metric), "")
+        texts.setdefault((run, ckpt), {})[label] = _format_value(value, stderr) + mark
     ckpts = _checkpoint_order(seeds.drop_duplicates(["run", "ckpt"]), [])
     rows = [
         [
@@ -794,13 +882,33 @@ def metrics_wide(seeds: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     return ["run", "ckpt", "step", *columns], rows
 
 
-def metrics_markdown(seeds: pd.DataFrame, title: str) -> str:
-    """`metrics.md`: the title, a one-line legend and `metrics_wide` as a Markdown table."""
+def metrics_markdown(
+    seeds: pd.DataFrame,
+    title: str,
+    flags: dict[tuple[str, str, str, str, str], float] | None = None,
+) -> str:
+    """`metrics.md`: the title, a one-line legend and `metrics_wide` as a Markdown table (length
+    metrics left out), then the length metrics' own table. Each entry of `flags`
+    (`truncation_flags`) marks its value with a footnote saying the score is a lower bound."""
     lines = [f"# {title}", ""]
     if seeds.empty:
         return "\n".join(lines + ["No scored cells.", ""])
-    header, rows = metrics_wide(seeds)
-    lines += [STDERR_LEGEND, "", _markdown_table(header, rows), ""]
+    lengths = seeds["metric"].isin(LENGTH_METRICS)
+    marks = {key: f" [^t{i}]" for i, key in enumerate(flags or {}, start=1)}
+    lines += [STDERR_LEGEND, ""]
+    if not lengths.all():
+        header, rows = metrics_wide(seeds[~lengths], marks)
+        lines += [_markdown_table(header, rows), ""]
+    if lengths.any():
+        header, rows = metrics_wide(seeds[lengths])
+        lines += ["## Length and truncation", "", _markdown_table(header, rows), ""]
+    for i, ((run, ckpt, task, sampling, _), share) in enumerate((flags or {}).items(), start=1):
+        lines.append(
+            f"[^t{i}]: {run} {ckpt} {task} ({sampling}): score is a lower bound: "
+            f"{share:.0%} of samples hit the token budget"
+        )
+    if flags:
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -814,6 +922,7 @@ def summarize(
     title: str = "ckpteval",
     bootstrap: int = 1000,
     seed: int = 0,
+    truncation_threshold: float = TRUNCATION_THRESHOLD,
 ) -> Summary:
     """Every table of the summary, in memory; `build_summary` writes them."""
     cells, problems = load_cells(cell_jsons)
@@ -833,6 +942,7 @@ def summarize(
         main_metrics=metrics_by_task,
         n_cells=len(cells),
         hacks=hack_table(cells),
+        truncation=truncation_table(cells, truncation_threshold),
     )
 
 
@@ -845,17 +955,27 @@ def build_summary(
     seed: int = 0,
     deleted: Collection[str] = (),
     broken: Sequence[str] = (),
+    truncation_threshold: float | None = None,
 ) -> None:
     """Build `summary_dir` from the cell jsons (see the module docstring for what is written).
     `deleted` names checkpoints (`run/ckpt`) whose source is gone: their cells stay, marked in
     the tidy table's `source_deleted` column and listed in the report. `broken` are lines about
-    checkpoints that look broken (ckpteval.config.Plan.broken_lines), shown in the report."""
+    checkpoints that look broken (ckpteval.config.Plan.broken_lines), shown in the report.
+    `truncation_threshold` (None: `TRUNCATION_THRESHOLD`) is the truncation rate above which a
+    cell's score is flagged as a lower bound."""
     from ckpteval import report
 
     if bootstrap < 1:
         raise UserError(f"bootstrap: {bootstrap} resamples; give at least 1 (1000 is usual)")
     summary_dir = Path(summary_dir)
-    summary = summarize(cell_jsons, title=title, bootstrap=bootstrap, seed=seed)
+    threshold = TRUNCATION_THRESHOLD if truncation_threshold is None else truncation_threshold
+    if not 0 <= threshold <= 1:
+        raise UserError(
+            f"aggregate.truncation_threshold: {threshold} is not a share; give one in [0, 1]"
+        )
+    summary = summarize(
+        cell_jsons, title=title, bootstrap=bootstrap, seed=seed, truncation_threshold=threshold
+    )
     summary.broken = list(broken)
     summary.tidy["source_deleted"] = (
         summary.tidy["run"].astype(str) + "/" + summary.tidy["ckpt"].astype(str)
@@ -868,12 +988,17 @@ def build_summary(
         ("passk.csv", summary.passk),
         ("errors.csv", summary.errors),
         ("hacks.csv", summary.hacks),
+        ("truncation.csv", summary.truncation),
         ("deltas.csv", summary.deltas),
         ("missing.csv", summary.missing),
     ):
         write_csv(frame, summary_dir / name)
     with atomic_open(summary_dir / "metrics.md") as handle:
-        handle.write(metrics_markdown(summary.seeds, title))
+        handle.write(
+            metrics_markdown(
+                summary.seeds, title, truncation_flags(summary.truncation, summary.main_metrics)
+            )
+        )
     plots = report.write_plots(summary, summary_dir / "plots")
     report.write_html(summary, plots, summary_dir / "report.html")
     write_summary_json(cell_jsons, summary_dir / "summary.json")

@@ -68,6 +68,7 @@ def _run_aggregate(args: argparse.Namespace) -> int:
         summary,
         title=config["aggregate"]["title"],
         bootstrap=int(config["aggregate"]["bootstrap"]),
+        truncation_threshold=config["aggregate"].get("truncation_threshold"),
     )
     present = sum(p.exists() for p in cells)
     print(

@@ -180,6 +180,11 @@ CONTRACT: tuple[Row, ...] = (
     Row("aggregate", NONE, "the aggregate section as a whole (its keys below decide)"),
     Row("aggregate.title", SUMMARY, "the report's title"),
     Row("aggregate.bootstrap", SUMMARY, "bootstrap resamples of the confidence intervals"),
+    Row(
+        "aggregate.truncation_threshold",
+        SUMMARY,
+        "which cells are flagged as truncated (their score a lower bound)",
+    ),
 )
 
 ROWS: dict[str, Row] = {row.key: row for row in CONTRACT}

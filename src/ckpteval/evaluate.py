@@ -19,7 +19,7 @@ Files written (the schemas live here):
     {"checker", "checker_version", "scorer_version", "sandbox", "n_problems", "n_samples",
      "problems_without_samples", "metrics": {"pass@k": {"value", "stderr", "n"}, ...,
      "compile_rate": {...} (code checkers), "accuracy": {...} (answer checkers),
-     "hack_rate": {...}}, "error_types": {type: count}, "hack_types": {hack: count}, "input_errors": [...], "self_test": {...},
+     "hack_rate": {...}, ...length metrics}, "error_types": {type: count}, "hack_types": {hack: count}, "input_errors": [...], "self_test": {...},
      "timeouts": {"configured": float, "factor": float, "calibrated_problems": int,
                   "max_s": float, "median_s": float},
      "per_file": {source_file: {"n_samples", "n_passed", "n_problems", "pass_rate"}} (replay),
@@ -34,6 +34,13 @@ Files written (the schemas live here):
   from: the configured timeout (the checker's default if none was given), the calibration
   factor, how many problems got a longer timeout from their reference solution's run time, and
   the largest and median timeout over the problems (`calibrate_timeouts`).
+
+  Length metrics (`ckpteval.metrics.LENGTH_METRICS`, `LengthTotals`) come from the generation
+  lines' own fields, over the scored samples that state them: `completion_tokens_mean`,
+  `completion_tokens_median` (from `completion_tokens`), `truncation_rate` (share with
+  `finish_reason` "length"), and for lines with reasoning `reasoning_tokens_mean` and
+  `truncated_reasoning_rate`. A sample whose line leaves a field null or out (replay, some
+  endpoints) is not in that metric's `n`; a cell without any has no such metric.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +63,7 @@ from ckpteval import __version__
 from ckpteval.checkers import MAX_COMPLETION_CHARS, Checker, Job, OnVerdicts, Verdict, get_checker
 from ckpteval.errors import UserError
 from ckpteval.io import append_jsonl, iter_jsonl, sha256_json, write_json, write_jsonl
-from ckpteval.metrics import RunningMean, pass_at_k_table
+from ckpteval.metrics import LengthTotals, RunningMean, pass_at_k_table
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +145,8 @@ def score_samples(
     failures raise.
 
     Memory does not grow with the number of samples (beyond one bit each for the compile rate or
-    accuracy, the input error messages, and the sample indices that arrive out of order): at most
+    accuracy, the token counts of the length metrics (`LengthTotals`: 8 bytes a sample), the input
+    error messages, and the sample indices that arrive out of order): at most
     `chunk_size` samples are being checked at once (`REORDER_CHUNKS` times as many verdicts may
     wait for a slow one), lines are appended to a temp file beside `out_jsonl` that is renamed
     into place once every sample is scored, and the cell's metrics are kept as running counts.
@@ -241,6 +249,7 @@ def _scored_lines(
     def items() -> Iterator[Job | Verdict]:
         for index, row in enumerate(rows):
             waiting.append((index, row.task_id, row.sample_idx, row.source_file))
+            totals.lengths.add(row.lengths)
             if row.job is None:
                 yield row.preset  # type: ignore[misc]
                 continue
@@ -290,6 +299,8 @@ class _CellTotals:
         self.test_sets = {"official": RunningMean(), "generated": RunningMean()}
         #: replayed samples by `source_file`: [samples, passed, problems seen].
         self.per_file: dict[str, list[Any]] = {}
+        #: the length metrics, from the samples' generation lines (`_Row.lengths`).
+        self.lengths = LengthTotals()
 
     def add(self, line: Mapping[str, Any]) -> None:
         for name, mean in self.test_sets.items():
@@ -337,6 +348,7 @@ class _CellTotals:
             if mean.n:
                 value, stderr = mean.result()
                 metrics[f"{name}_tests_pass_rate"] = {"value": value, "stderr": stderr, "n": mean.n}
+        metrics.update(self.lengths.metrics())
         extra: dict[str, Any] = {}
         if self.per_file:
             extra["per_file"] = {
@@ -405,6 +417,10 @@ class _Progress:
             self.path.unlink()
 
 
+#: Fields of a generation line that the length metrics read (`ckpteval.metrics.LengthTotals`).
+LENGTH_FIELDS = ("finish_reason", "completion_tokens", "reasoning_tokens", "truncated_reasoning")
+
+
 @dataclass(frozen=True)
 class _Row:
     """One accepted sample: its job, or the verdict it gets without running (`preset`)."""
@@ -416,6 +432,8 @@ class _Row:
     #: The replayed file the sample came from (a replay run's generation line), kept on its
     #: scored line and counted in the cell's `per_file`.
     source_file: str | None = None
+    #: The generation line's length fields (`LENGTH_FIELDS`), for the cell's length metrics.
+    lengths: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _accepted(
@@ -447,6 +465,7 @@ def _accepted(
             continue
         next_idx[task_id] = max(next_idx[task_id], idx + 1)
         source = sample.get("source_file") if isinstance(sample.get("source_file"), str) else None
+        lengths = {name: sample[name] for name in LENGTH_FIELDS if name in sample}
         if not seen.add(task_id, idx):
             errors.append(f"{where}: duplicate sample {idx} of task {task_id}; kept the first")
             continue
@@ -463,9 +482,12 @@ def _accepted(
                     False, "too_large", stderr_tail=f"completion of {len(completion)} characters"
                 ),
                 source,
+                lengths,
             )
         else:
-            yield _Row(task_id, idx, Job(task_id, problems[task_id], completion), None, source)
+            yield _Row(
+                task_id, idx, Job(task_id, problems[task_id], completion), None, source, lengths
+            )
 
 
 class _SeenIndices:

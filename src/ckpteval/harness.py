@@ -19,7 +19,9 @@ lm-eval's `code_eval` (which loads from the hub and would execute code inside th
 Scoring (evaluate step). Non-code tasks were scored by lm-eval while they ran: the generation lines
 carry its per-sample metrics (`metrics`, keyed `<metric>,<filter>`), which become ckpteval's
 per-sample and per-cell files, checked against lm-eval's own aggregate (recorded in the generation
-meta) so a conversion bug can never pass silently.
+meta) so a conversion bug can never pass silently. The cell's length metrics
+(`ckpteval.metrics.LengthTotals`) come from the lines' `completion_tokens` and, when a line
+states it, `finish_reason`, as for ckpteval's own tasks.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ckpteval import __version__
 from ckpteval.backends import Backend, Prompt, SamplingSpec
 from ckpteval.errors import UserError
 from ckpteval.io import iter_jsonl, read_json, write_json, write_jsonl
-from ckpteval.metrics import mean_and_stderr
+from ckpteval.metrics import LengthTotals, mean_and_stderr
 from ckpteval.tasks import HARNESS_TASK_DIR, TaskSpec
 
 log = logging.getLogger(__name__)
@@ -559,6 +561,10 @@ def _score_lm_eval_metrics(
         metrics[key] = {"value": mean, "stderr": stderr, "n": len(values)}
     if verdicts:  # lm-eval metrics detect no reward hack: 0, so every cell has the curve
         metrics["hack_rate"] = {"value": 0.0, "stderr": 0.0, "n": len(verdicts)}
+    lengths = LengthTotals()  # from the lines' own token counts and finish reasons, when given
+    for r in rows:
+        lengths.add(r)
+    metrics.update(lengths.metrics())
     write_jsonl(out_jsonl, verdicts)
     cell = {
         "checker": "harness",

@@ -1,15 +1,30 @@
-"""Statistics over per-sample verdicts: unbiased pass@k and standard errors.
+"""Statistics over per-sample verdicts: unbiased pass@k and standard errors; length and truncation.
 
 pass@k for one problem with n samples of which c pass is 1 - C(n-c, k) / C(n, k) (Chen et al.,
 2021), computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i) so large n does not overflow; it is 1 when
 n - c < k. A cell's pass@k is the mean over problems, with the standard error of that mean.
+
+A cell's length metrics (`LENGTH_METRICS`, `LengthTotals`) come from its generation lines, not
+from its verdicts: how long the completions are and how many hit the token budget.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from statistics import NormalDist
+from typing import Any
+
+#: The cell metrics that describe generation length and truncation (`LengthTotals`): never a
+#: task's main metric (`ckpteval.aggregate.main_metric`).
+LENGTH_METRICS = (
+    "completion_tokens_mean",
+    "completion_tokens_median",
+    "truncation_rate",
+    "reasoning_tokens_mean",
+    "truncated_reasoning_rate",
+)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -101,3 +116,98 @@ def pass_at_k_table(
         mean, stderr = mean_and_stderr([pass_at_k(n, c, k) for n, c in counts])
         table[k] = (mean, stderr, len(counts))
     return table
+
+
+class LengthTotals:
+    """Length and truncation of a cell's samples, from their generation lines' `finish_reason`,
+    `completion_tokens` and (tasks with reasoning) `reasoning_tokens` and `truncated_reasoning`.
+
+    Each metric counts only the samples whose line states its field: a null or missing
+    `finish_reason` (replayed solutions, some endpoints) or token count is unknown, not zero, so
+    such samples are left out of that metric's `n`, and a cell where no sample states it has no
+    such metric at all. Any stated finish reason other than "length" (stop, abort, an endpoint's
+    content filter) counts as not truncated.
+
+    Memory: the completion and reasoning token counts are kept (8 bytes per sample each: the
+    median needs them all, and the means' standard errors are computed exactly as
+    `mean_and_stderr` does); truncation flags take one bit per sample (`RunningMean`).
+    """
+
+    def __init__(self) -> None:
+        self.completion_tokens: array[int] = array("q")
+        self.reasoning_tokens: array[int] = array("q")
+        self.truncated = RunningMean()
+        self.truncated_reasoning = RunningMean()
+
+    def add(self, line: Mapping[str, Any]) -> None:
+        """Count one scored sample's generation line (fields it lacks are unknown)."""
+        reason = line.get("finish_reason")
+        if isinstance(reason, str):
+            self.truncated.add(1.0 if reason == "length" else 0.0)
+        for name, values in (
+            ("completion_tokens", self.completion_tokens),
+            ("reasoning_tokens", self.reasoning_tokens),
+        ):
+            tokens = line.get(name)
+            if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+                values.append(tokens)
+        flag = line.get("truncated_reasoning")
+        if isinstance(flag, bool):
+            self.truncated_reasoning.add(1.0 if flag else 0.0)
+
+    def metrics(self) -> dict[str, dict[str, float | int | None]]:
+        """The `LENGTH_METRICS` this cell's lines support, each {"value", "stderr", "n"}.
+
+        Means carry the standard error of the mean. The median's stderr is the distribution-free
+        one of its order-statistic interval (`median_and_stderr`)."""
+        out: dict[str, dict[str, float | int | None]] = {}
+        for name, values in (
+            ("completion_tokens_mean", self.completion_tokens),
+            ("reasoning_tokens_mean", self.reasoning_tokens),
+        ):
+            if values:
+                mean, stderr = _mean_and_stderr(len(values), lambda v=values: map(float, v))
+                out[name] = {"value": mean, "stderr": stderr, "n": len(values)}
+        if self.completion_tokens:
+            median, stderr = median_and_stderr(self.completion_tokens)
+            out["completion_tokens_median"] = {
+                "value": median,
+                "stderr": stderr,
+                "n": len(self.completion_tokens),
+            }
+        for name, rate in (
+            ("truncation_rate", self.truncated),
+            ("truncated_reasoning_rate", self.truncated_reasoning),
+        ):
+            if rate.n:
+                value, stderr = rate.result()
+                out[name] = {"value": value, "stderr": stderr, "n": rate.n}
+        return {name: out[name] for name in LENGTH_METRICS if name in out}
+
+
+_Z95 = NormalDist().inv_cdf(0.975)
+
+
+def median_and_stderr(values: Sequence[float]) -> tuple[float, float]:
+    """Median and a distribution-free standard error of it.
+
+    The order statistics x_(l) and x_(u), ranks l = n/2 - 1.96 sqrt(n)/2 and
+    u = 1 + n/2 + 1.96 sqrt(n)/2 (clamped to the sample),
+    bound the normal approximation of the binomial (sign-test) 95% confidence interval of the
+    median, valid for any distribution; the stderr is that interval's width / (2 x 1.96), what a
+    normal interval of the same width would have. 0 for n < 2 (as `mean_and_stderr`), NaN for
+    n = 0. Token counts are discrete, so the interval (and the stderr) can be 0 when most
+    samples have the same length: it is an estimate, not a bound.
+    """
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    ordered = sorted(values)
+    half = n // 2
+    median = float(ordered[half]) if n % 2 else (ordered[half - 1] + ordered[half]) / 2
+    if n < 2:
+        return median, 0.0
+    spread = _Z95 * math.sqrt(n) / 2
+    low = max(1, math.floor(n / 2 - spread))  # ranks from 1 (Conover, Practical Nonparametric
+    high = min(n, math.ceil(1 + n / 2 + spread))  # Statistics, the median's confidence interval)
+    return median, (float(ordered[high - 1]) - float(ordered[low - 1])) / (2 * _Z95)

@@ -11,6 +11,14 @@ Plots, one set per task, under `summary/plots/`:
 - `reward-hacking.png` (when cells report `hack_rate`): the share of samples that attempted a
   reward hack over training step, one line per task and run, with a 95% band; shown in the
   report's "Reward hacking" section with a table of the hack types per checkpoint.
+- `lengths-{task}.png` (tasks whose cells report token counts): mean completion tokens (with the
+  median dashed) and mean reasoning tokens over training step, one colour per run (and sampling
+  config), 95% bands on the means.
+- `truncation-{task}.png` (tasks whose cells report a truncation rate): `truncation_rate` and
+  `truncated_reasoning_rate` (dotted) over training step, with the flag threshold as a grey line.
+  Both are shown in the report's "Length and truncation" section, with the table of the length
+  metrics and the checkpoints whose truncation rate exceeds the threshold stated plainly (their
+  score is a lower bound); those scores are also marked in the report's metrics table.
 
 `report.html` holds the tables and the plots inlined as base64, so it can be mailed or archived as
 one file. Figures are drawn with matplotlib's object API (no pyplot, no global backend state).
@@ -30,11 +38,20 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
-from ckpteval.aggregate import CONFIDENCE, HACK_RATE, STDERR_LEGEND, Summary, metrics_wide
+from ckpteval.aggregate import (
+    CONFIDENCE,
+    HACK_RATE,
+    STDERR_LEGEND,
+    Summary,
+    metrics_wide,
+    truncation_flags,
+)
 from ckpteval.io import atomic_open
+from ckpteval.metrics import LENGTH_METRICS
 
 PASSK_CURVES = 4
 # Fixed margins with the legend right of the axes: matplotlib's automatic layouts cost ~40% more.
@@ -45,6 +62,10 @@ _Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)  # 1.96 for 95%
 HACK_PLOT = "reward-hacking.png"
 
 
+#: The report section of the length and truncation plots (`Plot.section`).
+LENGTHS_SECTION = "lengths"
+
+
 @dataclass(frozen=True)
 class Plot:
     """A written PNG and the caption the report (and Snakemake's `--report`) shows with it."""
@@ -52,6 +73,8 @@ class Plot:
     task: str
     path: Path
     caption: str
+    #: The report section showing it other than "Plots" (`LENGTHS_SECTION`), or None.
+    section: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,6 +130,7 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
                     ),
                 )
             )
+    plots += _length_plots(summary, plot_dir)
     hacking = summary.seeds[summary.seeds["metric"] == HACK_RATE]
     if not hacking.empty:
         path = plot_dir / HACK_PLOT
@@ -129,6 +153,119 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
         if stale.name not in written:
             stale.unlink()
     return plots
+
+
+def _length_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
+    """Per task: `lengths-{task}.png` and `truncation-{task}.png`, when its cells report them."""
+    plots = []
+    threshold = _threshold(summary)
+    for task in dict.fromkeys(summary.seeds["task"]):
+        rows = summary.seeds[summary.seeds["task"] == task]
+        if rows["metric"].isin(["completion_tokens_mean", "reasoning_tokens_mean"]).any():
+            path = plot_dir / f"lengths-{_slug(task)}.png"
+            _save(_lengths_figure(task, rows), path)
+            plots.append(
+                Plot(
+                    task,
+                    path,
+                    f"{task}: mean completion tokens (solid, 95% band; median dashed) and mean "
+                    "reasoning tokens (dotted) over training step.",
+                    LENGTHS_SECTION,
+                )
+            )
+        if rows["metric"].isin(["truncation_rate", "truncated_reasoning_rate"]).any():
+            path = plot_dir / f"truncation-{_slug(task)}.png"
+            _save(_truncation_figure(task, rows, threshold), path)
+            plots.append(
+                Plot(
+                    task,
+                    path,
+                    f"{task}: share of samples cut at the token budget (finish_reason length; "
+                    "solid, 95% band) and with unfinished reasoning (dotted) over training step; "
+                    f"the grey line is the flag threshold ({threshold:.0%}).",
+                    LENGTHS_SECTION,
+                )
+            )
+    return plots
+
+
+def _threshold(summary: Summary) -> float:
+    from ckpteval.aggregate import TRUNCATION_THRESHOLD
+
+    values = summary.truncation["threshold"] if not summary.truncation.empty else []
+    return float(values.iloc[0]) if len(values) else TRUNCATION_THRESHOLD
+
+
+def _metric_curves(
+    ax: Axes, seeds: pd.DataFrame, styles: dict[str, tuple[str, str, bool]], clip: bool
+) -> None:
+    """One colour per (run, sampling); per metric of `styles` (name -> line style, label, band)
+    its trained checkpoints' seed means over step, and the baseline as a horizontal line."""
+    several = seeds["sampling"].nunique() > 1
+    colors = _colors()
+    for (run, sampling), group in seeds.groupby(["run", "sampling"], sort=False):
+        color = next(colors)
+        label = f"{run} · {sampling}" if several else run
+        for metric, (style, name, band) in styles.items():
+            rows = group[group["metric"] == metric]
+            trained = rows[~rows["is_baseline"] & rows["step"].notna()].sort_values("step")
+            if not trained.empty:
+                x = trained["step"].to_numpy(np.float64)
+                y = trained["mean"].to_numpy(np.float64)
+                ax.plot(x, y, style, marker="o", markersize=3, color=color, label=f"{label} {name}")
+                if band:
+                    half = _Z * trained["cell_stderr"].fillna(0).to_numpy(np.float64)
+                    low, high = y - half, y + half
+                    if clip:
+                        low, high = np.clip(low, 0, 1), np.clip(high, 0, 1)
+                    ax.fill_between(x, low, high, color=color, alpha=0.2, linewidth=0)
+            for value in rows.loc[rows["is_baseline"], "mean"].dropna():
+                ax.axhline(
+                    value,
+                    color=color,
+                    linestyle=style,
+                    linewidth=0.8,
+                    alpha=0.6,
+                    label=f"{label} {name} (baseline)",
+                )
+
+
+def _lengths_figure(task: str, seeds: pd.DataFrame) -> Figure:
+    fig = Figure(figsize=(9, 4.2), dpi=100)
+    fig.subplots_adjust(**_MARGINS)
+    ax = fig.subplots()
+    styles = {
+        "completion_tokens_mean": ("-", "mean", True),
+        "completion_tokens_median": ("--", "median", False),
+        "reasoning_tokens_mean": (":", "reasoning mean", True),
+    }
+    _metric_curves(ax, seeds, styles, clip=False)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("tokens per sample")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{task}: completion length")
+    ax.grid(alpha=0.3)
+    ax.legend(**_LEGEND)
+    return fig
+
+
+def _truncation_figure(task: str, seeds: pd.DataFrame, threshold: float) -> Figure:
+    fig = Figure(figsize=(9, 4.2), dpi=100)
+    fig.subplots_adjust(**_MARGINS)
+    ax = fig.subplots()
+    styles = {
+        "truncation_rate": ("-", "truncated", True),
+        "truncated_reasoning_rate": (":", "unfinished reasoning", True),
+    }
+    _metric_curves(ax, seeds, styles, clip=True)
+    ax.axhline(threshold, color="grey", linewidth=1, label=f"threshold {threshold:.0%}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("share of samples")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{task}: truncation")
+    ax.grid(alpha=0.3)
+    ax.legend(**_LEGEND)
+    return fig
 
 
 def _steps_figure(task: str, metric: str, seeds: pd.DataFrame, deltas: pd.DataFrame) -> Figure:
@@ -395,14 +532,17 @@ def render_html(summary: Summary, plots: Sequence[Plot]) -> str:
             _table(regressions),
         ]
     parts.append("<h2>Plots</h2>")
-    task_plots = [plot for plot in plots if plot.path.name != HACK_PLOT]
+    task_plots = [plot for plot in plots if plot.path.name != HACK_PLOT and plot.section is None]
     parts += [_figure(plot) for plot in task_plots]
     if not task_plots:
         parts.append("<p>No plots: no scored cells.</p>")
     parts += _hacking_section(summary, [plot for plot in plots if plot.path.name == HACK_PLOT])
+    parts += _lengths_section(summary, [plot for plot in plots if plot.section == LENGTHS_SECTION])
     parts += ["<h2>Metrics</h2>", f"<p class='note'>{html.escape(STDERR_LEGEND)}</p>"]
-    if not summary.seeds.empty:
-        header, rows = metrics_wide(summary.seeds)
+    scores = summary.seeds[~summary.seeds["metric"].isin(LENGTH_METRICS)]
+    if not scores.empty:
+        flags = truncation_flags(summary.truncation, summary.main_metrics)
+        header, rows = metrics_wide(scores, {key: " (lower bound)" for key in flags})
         parts.append(_table(pd.DataFrame(rows, columns=header)))
     parts += [
         "<h2>Paired deltas</h2>",
@@ -461,6 +601,43 @@ def _hacking_section(summary: Summary, plots: Sequence[Plot]) -> list[str]:
     parts.append(_table(table))
     if hacks.empty:
         parts.append("<p>No sample attempted a reward hack.</p>")
+    return parts
+
+
+def _lengths_section(summary: Summary, plots: Sequence[Plot]) -> list[str]:
+    """ "Length and truncation": the checkpoints whose score is a lower bound, the curves, and the
+    length metrics per checkpoint."""
+    parts = ["<h2>Length and truncation</h2>"]
+    lengths = summary.seeds[summary.seeds["metric"].isin(LENGTH_METRICS)]
+    if lengths.empty:
+        return parts + [
+            "<p>No cell reports token counts or finish reasons (replayed solutions, or scored "
+            "before ckpteval recorded them).</p>"
+        ]
+    threshold = _threshold(summary)
+    parts.append(
+        "<p class='note'>From the generation lines: completion (and reasoning) tokens per "
+        "sample, the share of samples cut at the token budget (finish_reason length) and with "
+        "unfinished reasoning, over the samples whose line states them. A cell whose truncation "
+        f"rate exceeds {threshold:.0%} (aggregate.truncation_threshold) is flagged.</p>"
+    )
+    flags = truncation_flags(summary.truncation, summary.main_metrics)
+    if flags:
+        items = "".join(
+            f"<li>{html.escape(f'{run} {ckpt} {task} ({sampling})')}: {metric} — score is a "
+            f"lower bound: {share:.0%} of samples hit the token budget</li>"
+            for (run, ckpt, task, sampling, metric), share in flags.items()
+        )
+        parts.append(
+            f"<p class='bad'>{len(flags)} checkpoint score(s) are lower bounds: more than "
+            f"{threshold:.0%} of their samples hit the token budget, and a cut answer counts as "
+            f"wrong.</p><ul>{items}</ul>"
+        )
+    elif not summary.truncation.empty:
+        parts.append(f"<p>No cell's truncation rate exceeds {threshold:.0%}.</p>")
+    parts += [_figure(plot) for plot in plots]
+    header, rows = metrics_wide(lengths)
+    parts.append(_table(pd.DataFrame(rows, columns=header)))
     return parts
 
 

@@ -298,4 +298,5 @@ def aggregate(smk: Any) -> None:
         bootstrap=int(smk.config["aggregate"]["bootstrap"]),
         deleted=list(smk.params.deleted),
         broken=list(smk.params.broken),
+        truncation_threshold=smk.config["aggregate"].get("truncation_threshold"),
     )

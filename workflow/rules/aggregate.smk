@@ -14,6 +14,7 @@ rule aggregate:
         passk=f"{OUT}/summary/passk.csv",
         errors=f"{OUT}/summary/errors.csv",
         hacks=f"{OUT}/summary/hacks.csv",
+        truncation=f"{OUT}/summary/truncation.csv",
         deltas=report(
             f"{OUT}/summary/deltas.csv", caption="../report/deltas.rst", category="Tables"
         ),
