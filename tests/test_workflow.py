@@ -72,6 +72,36 @@ def test_sweep_produces_table_with_a_row_per_checkpoint_task_metric(sweep: Path)
     )
 
 
+def test_length_metrics_equal_the_generation_files_and_flags_follow_them(sweep: Path) -> None:
+    """Every cell's length metrics are those of its real vLLM generation lines (max_new_tokens
+    48: the code tasks run into the budget), and truncation.csv flags exactly the cells above
+    the default 0.05."""
+    table = pd.read_parquet(sweep / "results" / "summary" / "metrics.parquet")
+    cells = table.set_index(["ckpt", "task", "metric"])["value"]
+    for gen in (sweep / "results" / "generations" / "demo").rglob("greedy-s42.jsonl"):
+        ckpt, task = gen.parent.parent.name, gen.parent.name
+        lines = [json.loads(line) for line in gen.open()]
+        tokens = [g["completion_tokens"] for g in lines]
+        assert cells[(ckpt, task, "completion_tokens_mean")] == pytest.approx(
+            sum(tokens) / len(tokens)
+        )
+        reasons = [g.get("finish_reason") for g in lines]
+        if any(r is not None for r in reasons):
+            known = [r for r in reasons if r is not None]
+            share = known.count("length") / len(known)
+            assert cells[(ckpt, task, "truncation_rate")] == pytest.approx(share), (ckpt, task)
+        else:  # lm-eval lines without finish_reason: no truncation rate, never a fake 0
+            assert (ckpt, task, "truncation_rate") not in cells.index
+    rates = table[table.metric == "truncation_rate"]
+    assert set(rates["task"]) >= {"arith", "pyfunc", "rustfunc"}
+    assert rates["value"].max() > 0.05, "the 48-token budget cuts some code completions"
+    flags = pd.read_csv(sweep / "results" / "summary" / "truncation.csv")
+    assert len(flags) == len(rates)
+    assert (flags["flagged"] == (flags["truncation_rate"] > 0.05)).all()
+    assert "score is a lower bound" in (sweep / "results/summary/metrics.md").read_text()
+    assert (sweep / "results/summary/plots/truncation-pyfunc.png").exists()
+
+
 def test_one_engine_load_per_checkpoint_and_traceable_numbers(sweep: Path) -> None:
     for ckpt_dir in (sweep / "results" / "generations" / "demo").iterdir():
         metas = [json.loads(p.read_text()) for p in ckpt_dir.rglob("*.meta.json")]
