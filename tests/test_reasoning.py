@@ -3,13 +3,22 @@ end to end on a tiny model trained to emit `<think>...</think> answer` (slow).""
 
 from __future__ import annotations
 
+import inspect
+import json
+import re
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_snakemake, small_config, write_config
 
+from ckpteval import demo
 from ckpteval.backends import SamplingSpec
 from ckpteval.config import build_tasks, validate_config
+from ckpteval.demo import ArithItem
 from ckpteval.errors import UserError
+from ckpteval.io import iter_jsonl, read_json, write_json
 from ckpteval.reasoning import Reasoning, Split, engine_spec, from_config, split
 
 THINK = Reasoning(start="<think>", end="</think>")
@@ -162,3 +171,185 @@ def test_from_config_names_the_key() -> None:
     with pytest.raises(UserError, match=r"tasks\.x\.reasoning\.budget"):
         from_config({"end": "</think>", "budget": True}, "tasks.x.reasoning")
     assert from_config(False, "reasoning") is None
+
+
+# ------------------------------------------------------------------------------ end to end
+
+#: The think model: trained 200 steps (about 30 s on one core), it has learnt the format on
+#: every measured build (`<think>\n` steps separated by blank lines `\n\n</think> #### N`).
+THINK_STEPS = 200
+#: One-step reasonings are 21-25 tokens up to and including `</think>`, two-step ones 29-33:
+#: a budget between them truncates some samples and not others.
+BUDGET = 26
+CFG = {"start": "<think>", "end": "</think>", "budget": BUDGET}
+ARITH_STOPS = ("\n\n", "\nQuestion:")  # the arith task's stop strings (ckpteval.tasks)
+HARNESS_STOPS = ("Question:", "\n\n", "<|im_end|>")  # ckpteval_arith.yaml's `until`
+
+
+def think_answer(item: ArithItem) -> str:
+    """`a + b = c. c - d = e #### e` as `<think>\\na + b = c\\n\\nc - d = e\\n\\n</think> #### e`:
+    a blank line inside every reasoning, where the arith task's stop string "\\n\\n" fires."""
+    steps, number = item.answer.split(" #### ")
+    lines = "\n\n".join(s.strip() for s in steps.split(". "))
+    return f"<think>\n{lines}\n\n</think> #### {number}"
+
+
+@pytest.fixture(scope="module")
+def think_run(request: pytest.FixtureRequest) -> Path:
+    """A run with one checkpoint of the think model, built once and cached by its stamp."""
+    out = Path(request.config.cache.mkdir("ckpteval-reasoning-demo"))
+    stamp = {
+        **demo._stamp(THINK_STEPS, THINK_STEPS, 0),
+        "answer_format": inspect.getsource(think_answer),
+    }
+    if not (out / "stamp.json").exists() or read_json(out / "stamp.json") != stamp:
+        shutil.rmtree(out / "run", ignore_errors=True)
+        demo.build_run(
+            out / "run",
+            steps=THINK_STEPS,
+            save_every=THINK_STEPS,
+            answer_format=think_answer,
+            chat_fraction=0.0,
+        )
+        write_json(out / "stamp.json", stamp)
+    return out / "run"
+
+
+@pytest.fixture(scope="module")
+def swept(think_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One workflow run (one vLLM engine): arith and the lm-eval arith task with the top-level
+    reasoning; pyfunc and the same lm-eval task under another name with reasoning turned off."""
+    work = tmp_path_factory.mktemp("reasoning")
+    config = small_config(
+        think_run,
+        reasoning=CFG,
+        tasks={
+            "arith": {},
+            "arith_harness": {"limit": 20},
+            "pyfunc": {"limit": 2, "reasoning": None},
+            "plain_harness": {"harness": "ckpteval_arith", "limit": 20, "reasoning": False},
+        },
+    )
+    write_config(work, config)
+    proc = run_snakemake(work)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return work / "results"
+
+
+def hand_split(raw: str, tokenizer: Any, stops: tuple[str, ...]) -> tuple[str, bool, int]:
+    """The test's own reading of a raw completion: (answer, truncated, reasoning tokens)."""
+    assert raw.lstrip().startswith("<think>"), raw  # the model always opens its reasoning
+    end = raw.find("</think>")
+    if end < 0:
+        return "", True, len(tokenizer(raw, add_special_tokens=False)["input_ids"])
+    head = raw[: end + len("</think>")]
+    used = len(tokenizer(head, add_special_tokens=False)["input_ids"])
+    if used > BUDGET:
+        return "", True, BUDGET
+    answer = raw[end + len("</think>") :]
+    for stop in stops:
+        answer = answer.split(stop)[0]
+    return answer, False, used
+
+
+def number_after_hashes(text: str) -> int | None:
+    found = re.search(r"#### (-?\d+)", text)
+    return int(found.group(1)) if found else None
+
+
+def lines_of(results: Path, task: str) -> list[dict[str, Any]]:
+    (path,) = (results / "generations").glob(f"*/*/{task}/greedy-s42.jsonl")
+    return list(iter_jsonl(path))
+
+
+@pytest.mark.slow
+def test_answers_are_parsed_after_the_reasoning_and_scored_as_counted_by_hand(
+    swept: Path, think_run: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(next(think_run.iterdir())))
+    gold = {row["task_id"]: int(row["answer"].split("####")[1]) for row in demo.eval_items()}
+    lines = lines_of(swept, "arith")
+    assert len(lines) == len(gold) == 20
+    correct = truncated = answered = 0
+    for line in lines:
+        raw = line["completion"]
+        answer, cut, used = hand_split(raw, tokenizer, ARITH_STOPS)
+        assert (line["answer"], line["truncated_reasoning"]) == (answer, cut), raw
+        assert line["reasoning_tokens"] == used
+        assert line["finish_reason"] == ("length" if cut else "stop")
+        truncated += cut
+        answered += number_after_hashes(answer) is not None
+        correct += (not cut) and number_after_hashes(answer) == gold[line["task_id"]]
+        # Without reasoning the arith task's stop "\n\n" fires inside the think block, before
+        # any answer:
+        naive = raw
+        for stop in ARITH_STOPS:
+            naive = naive.split(stop)[0]
+        assert "</think>" not in naive and number_after_hashes(naive) is None, raw
+    assert 0 < truncated < len(lines), "the budget must cut some samples and not others"
+    assert answered == len(lines) - truncated, "every reasoning that ended gave an answer"
+    (cell_path,) = (swept / "scores").glob("*/*/arith/greedy-s42.json")
+    cell = json.loads(cell_path.read_text())
+    assert cell["metrics"]["accuracy"]["value"] == pytest.approx(correct / len(lines))
+    assert cell["metrics"]["pass@1"]["value"] == pytest.approx(correct / len(lines))
+    assert cell["error_types"].get("truncated_reasoning", 0) == truncated
+    scored = list(iter_jsonl(cell_path.with_suffix(".jsonl")))
+    flagged = {s["task_id"] for s in scored if s["error_type"] == "truncated_reasoning"}
+    assert flagged == {line["task_id"] for line in lines if line["truncated_reasoning"]}
+
+
+@pytest.mark.slow
+def test_lm_eval_metrics_see_only_the_answer_and_truncations_are_flagged(
+    swept: Path, think_run: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(next(think_run.iterdir())))
+    lines = lines_of(swept, "arith_harness")
+    assert len(lines) == 20
+    truncated = 0
+    for line in lines:
+        raw = line["completion"]
+        answer, cut, _ = hand_split(raw, tokenizer, HARNESS_STOPS)
+        assert (line["answer"], line["truncated_reasoning"]) == (answer, cut), raw
+        assert line["finish_reason"] == ("length" if cut else "stop")
+        strict = line["filtered"]["strict-match"]
+        flexible = line["filtered"]["flexible-extract"]
+        if cut:
+            truncated += 1
+            # lm-eval's last-number filter would have found the reasoning's numbers
+            assert re.search(r"\d", raw) and flexible == strict == "[invalid]"
+            assert line["metrics"]["exact_match,strict-match"] == 0.0
+        else:
+            assert strict == str(number_after_hashes(answer))
+    assert 0 < truncated < len(lines)
+    (cell_path,) = (swept / "scores").glob("*/*/arith_harness/greedy-s42.json")
+    cell = json.loads(cell_path.read_text())
+    assert cell["error_types"]["truncated_reasoning"] == truncated
+    scored = list(iter_jsonl(cell_path.with_suffix(".jsonl")))
+    assert sum(s["error_type"] == "truncated_reasoning" for s in scored) == truncated
+
+
+@pytest.mark.slow
+def test_a_task_with_reasoning_off_keeps_its_stops_and_every_line_its_finish_reason(
+    swept: Path,
+) -> None:
+    for line in lines_of(swept, "pyfunc"):
+        assert "answer" not in line and "truncated_reasoning" not in line
+        assert line["finish_reason"] in ("stop", "length")
+    # lm-eval without reasoning: its stop "\n\n" cuts inside the think block, and the engine's
+    # finish reason (a stop string) reaches every harness line
+    plain = lines_of(swept, "plain_harness")
+    assert len(plain) == 20
+    for line in plain:
+        assert "answer" not in line and "truncated_reasoning" not in line
+        assert line["completion"].lstrip().startswith("<think>")
+        assert "</think>" not in line["completion"] and line["finish_reason"] == "stop"
+        assert line["metrics"]["exact_match,strict-match"] == 0.0
+        assert isinstance(line["completion_tokens"], int)
+    meta = json.loads(next((swept / "generations").glob("*/*/pyfunc/*.meta.json")).read_text())
+    assert meta["sampling"]["stop"]  # the task's stop strings went to the engine
+    arith = json.loads(next((swept / "generations").glob("*/*/arith/*.meta.json")).read_text())
+    assert arith["sampling"]["stop"] == [] and arith["sampling"]["max_tokens"] == 48 + BUDGET
