@@ -15,6 +15,7 @@ from conftest import run_snakemake, small_config, write_config
 
 from ckpteval import demo
 from ckpteval.backends import SamplingSpec
+from ckpteval.cache import cache_key
 from ckpteval.config import build_tasks, validate_config
 from ckpteval.demo import ArithItem
 from ckpteval.errors import UserError
@@ -123,6 +124,9 @@ def test_the_engine_is_asked_without_stops_and_with_the_budget_on_top() -> None:
     asked = engine_spec(spec, Reasoning(end="</think>", budget=100))
     assert asked.stop == () and asked.max_tokens == 164 and not asked.include_stop_str_in_output
     assert engine_spec(spec, Reasoning(end="</think>")).max_tokens == 64
+    # what the engine is asked is what the cache keys: reasoning on or off is another request
+    ident = {"backend": "x"}
+    assert cache_key("Q", asked, ident) != cache_key("Q", spec, ident)
 
 
 def config(**extra: Any) -> dict[str, Any]:
@@ -353,3 +357,97 @@ def test_a_task_with_reasoning_off_keeps_its_stops_and_every_line_its_finish_rea
     assert meta["sampling"]["stop"]  # the task's stop strings went to the engine
     arith = json.loads(next((swept / "generations").glob("*/*/arith/*.meta.json")).read_text())
     assert arith["sampling"]["stop"] == [] and arith["sampling"]["max_tokens"] == 48 + BUDGET
+
+
+def test_the_evaluate_step_scores_the_answer_and_fails_truncated_reasoning(tmp_path: Path) -> None:
+    from ckpteval.evaluate import score_samples
+
+    problems = {"p": {"task_id": "p", "question": "1+1?", "answer": "so #### 2"}}
+    samples = [
+        # the raw completion holds a right-looking number; the answer after reasoning is wrong
+        {
+            "task_id": "p",
+            "sample_idx": 0,
+            "completion": "<think>#### 2</think> #### 3",
+            "answer": " #### 3",
+            "truncated_reasoning": False,
+        },
+        {
+            "task_id": "p",
+            "sample_idx": 1,
+            "completion": "<think>x</think> #### 2",
+            "answer": " #### 2",
+            "truncated_reasoning": False,
+        },
+        {
+            "task_id": "p",
+            "sample_idx": 2,
+            "completion": "<think>#### 2",
+            "answer": "",
+            "truncated_reasoning": True,
+            "reasoning_tokens": 7,
+        },
+        {"task_id": "p", "sample_idx": 3, "completion": "#### 2"},  # no reasoning configured
+    ]
+    cell = score_samples(
+        "gsm8k", problems, iter(samples), tmp_path / "s.jsonl", tmp_path / "s.json", workers=1
+    )
+    verdicts = [(v["passed"], v["error_type"]) for v in iter_jsonl(tmp_path / "s.jsonl")]
+    assert verdicts == [
+        (False, "wrong_answer"),
+        (True, None),
+        (False, "truncated_reasoning"),
+        (True, None),
+    ]
+    assert cell["error_types"] == {"truncated_reasoning": 1, "wrong_answer": 1}
+    assert cell["metrics"]["accuracy"]["value"] == pytest.approx(0.5)
+
+
+def test_lm_eval_lines_of_truncated_reasoning_are_their_own_error_type(tmp_path: Path) -> None:
+    from ckpteval.harness import harness_lines, score_harness_file
+
+    def sample(doc_id: int, response: str, score: float) -> dict[str, Any]:
+        return {
+            "doc_id": doc_id,
+            "arguments": [("Question: same prompt\nAnswer:", {"until": ["\n\n"]})],
+            "resps": [[response]],
+            "filtered_resps": [response],
+            "target": "2",
+            "filter": "none",
+            "metrics": ["exact_match"],
+            "exact_match": score,
+        }
+
+    # two docs with the very same prompt: details are matched by (task, doc), not by text
+    details = {
+        ("t", 0): {
+            "completion": "<think>2",
+            "tokens": 3,
+            "finish_reason": "length",
+            "answer": "",
+            "reasoning_tokens": 3,
+            "truncated_reasoning": True,
+        },
+        ("t", 1): {
+            "completion": "<think>x</think>2",
+            "tokens": 5,
+            "finish_reason": "stop",
+            "answer": "2",
+            "reasoning_tokens": 4,
+            "truncated_reasoning": False,
+        },
+    }
+    lines = harness_lines({"t": [sample(0, "", 0.0), sample(1, "2", 1.0)]}, details)
+    assert [(x["completion"], x["finish_reason"], x["truncated_reasoning"]) for x in lines] == [
+        ("<think>2", "length", True),
+        ("<think>x</think>2", "stop", False),
+    ]
+    assert [x["completion_tokens"] for x in lines] == [3, 5]
+    gen = tmp_path / "g.jsonl"
+    gen.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cell = score_harness_file(gen, tmp_path / "s.jsonl", tmp_path / "s.json", provenance={})
+    assert cell["error_types"] == {"wrong_answer": 0, "truncated_reasoning": 1}
+    assert [v["error_type"] for v in iter_jsonl(tmp_path / "s.jsonl")] == [
+        "truncated_reasoning",
+        None,
+    ]
