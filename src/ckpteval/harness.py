@@ -542,7 +542,8 @@ class CachedHarnessLM:
                         completion_tokens=tokens,
                     ).fields()
                 )
-            self.details[(str(req.task_name), int(req.doc_id))] = info
+            if req.doc_id is not None:
+                self.details[(str(req.task_name), int(req.doc_id))] = info
             answers.append(info.get("answer", value))
         return answers
 

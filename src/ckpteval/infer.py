@@ -17,7 +17,9 @@ Generation file schema (`generations/{run}/{ckpt}/{task}/{variant}.jsonl`), one 
 (problem, sample): task_id, sample_idx, prompt, completion, finish_reason, prompt_tokens,
 completion_tokens; harness lines add target, filtered (per filter) and metrics (lm-eval's
 per-sample values keyed `<metric>,<filter>`); code harness lines add `problem` (what the python
-checker needs: prompt/test/entry_point or test_list, and the reference solution). Beside it,
+checker needs: prompt/test/entry_point or test_list, and the reference solution); lines of a
+task with `reasoning` add answer, reasoning_tokens and truncated_reasoning, `completion` staying
+the raw text and `finish_reason` being the answer's (ckpteval.reasoning). Beside it,
 `{variant}.meta.json` records the backend and its arguments, versions, device, host, Slurm job,
 timings (load; generation, for ckpteval tasks as their token share of the job's batch), token
 counts, tokens/s and how many prompts came from the cache.

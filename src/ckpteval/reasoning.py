@@ -159,9 +159,10 @@ def split(
     """Cut one raw completion (generated without stop strings) into its answer (module doc).
 
     `engine_finish` is the engine's finish reason ("stop": end of sequence, "length": its token
-    limit), `count_tokens` the backend's tokenizer (None where it has none, e.g. an endpoint:
-    reasoning token counts are then None, and the budget is checked against the engine's count
-    of the whole completion, `completion_tokens`, which only proves reasoning within budget).
+    limit). `count_tokens` is the backend's tokenizer; where it has none (an endpoint, a replay)
+    it returns None: a closed reasoning's token count is then None and its budget unchecked,
+    and a never-closed reasoning (all of the completion) is counted by the engine's
+    `completion_tokens` when given.
     """
     if not opened(completion, prompt, cfg):
         answer, stopped = cut_at_stops(completion, stops, include_stop)
