@@ -33,6 +33,7 @@ class VllmBackend(Backend):
         ] = []
         self._engine_log: list[tuple[str | None, int]] = []
         self._text_log: list[tuple[str, str]] = []
+        self._own_call = False
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -115,7 +116,11 @@ class VllmBackend(Backend):
         from vllm import SamplingParams
 
         params = [SamplingParams(**spec.as_dict()) for spec in specs]
-        outputs = self.lm.model.generate([str(p) for p in prompts], params, use_tqdm=False)
+        self._own_call = True  # not one of lm-eval's calls: nothing for `harness_outputs`
+        try:
+            outputs = self.lm.model.generate([str(p) for p in prompts], params, use_tqdm=False)
+        finally:
+            self._own_call = False
         return [_generation(out) for out in outputs]
 
     def load(self) -> None:
@@ -155,11 +160,12 @@ class VllmBackend(Backend):
                 prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any
             ) -> Any:
                 outputs = generate_with_riders(prompts, sampling_params, *args, **kwargs)
-                self._engine_log.extend(
-                    (out.outputs[0].finish_reason, len(out.outputs[0].token_ids))
-                    for out in outputs
-                    if out.outputs
-                )
+                if not self._own_call:
+                    self._engine_log.extend(
+                        (out.outputs[0].finish_reason, len(out.outputs[0].token_ids))
+                        for out in outputs
+                        if out.outputs
+                    )
                 return outputs
 
             def generate_with_riders(
