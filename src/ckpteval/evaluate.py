@@ -135,7 +135,8 @@ def score_samples(
     malformed lines to `input_errors` meanwhile; they all end up in the cell. Malformed samples
     (no task_id, unknown task, completion not a string, bad or duplicate sample_idx) are listed in
     the cell's `input_errors` and skipped; a completion over the size limit is scored `too_large`
-    and listed too. A failed self-test raises `SelfTestError` before anything is written; sandbox
+    and listed too. A sample with an `answer` (a reasoning task) is scored on it, and one with
+    `truncated_reasoning: true` is failed as `truncated_reasoning` unchecked. A failed self-test raises `SelfTestError` before anything is written; sandbox
     failures raise.
 
     Memory does not grow with the number of samples (beyond one bit each for the compile rate or
