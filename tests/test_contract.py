@@ -271,6 +271,8 @@ def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
         "aggregate.title": "another title",
         "lm_eval.include_paths": [str(sweep.work)],
         "evaluate.ks": [1, 2],
+        "reasoning": {"end": "</think>"},
+        "tasks.pyfunc.reasoning": {"end": "</think>", "budget": 8},
         "gpus": [],
     }
     if key in special:
@@ -362,6 +364,11 @@ def case(row: Any, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
         return config, chain([("demo", "step_7", t, "greedy", "openai") for t in TASKS], model=True)
     if key == "engine.tensor_parallel_size":  # refused without its safety switch (a none key)
         config["engine"]["allow_tensor_parallel"] = True
+    if key.split(".")[-2:-1] == ["reasoning"]:  # a marker or budget needs the section's `end`
+        parent, name = key.rsplit(".", 1)
+        changed = {"start": "<think>", "end": "</r>", "budget": 64}[name]
+        set_key(config, parent, {"end": "</think>", name: changed})
+        return config, promise(row)
     if key == "runs.demo.base_model" and not (sweep.work / "base-copy").exists():
         shutil.copytree(sweep.work / "base", sweep.work / "base-copy")
     set_key(config, key, changed_value(key, value, sweep))

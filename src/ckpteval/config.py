@@ -26,6 +26,7 @@ from ckpteval.checkpoints import (
     unfinished_checkpoints,
 )
 from ckpteval.errors import UserError
+from ckpteval.reasoning import from_config
 from ckpteval.shard import Shard, parse_shard, select
 from ckpteval.tasks import TaskSpec, resolve_task
 
@@ -297,7 +298,7 @@ def build_tasks(
     tasks: dict[str, TaskSpec] = {}
     task_variants: dict[str, tuple[str, ...]] = {}
     for name, opts in config["tasks"].items():
-        tasks[name] = resolve_task(name, opts or {})
+        tasks[name] = resolve_task(name, with_reasoning(name, opts or {}, config.get("reasoning")))
         wanted = (opts or {}).get("sampling") or list(samplings)
         for s in wanted:
             if s not in samplings:
@@ -309,6 +310,19 @@ def build_tasks(
             samplings[s].variant(seed) for s in wanted for seed in seeds_for(samplings[s], config)
         )
     return tasks, variants, task_variants
+
+
+def with_reasoning(name: str, opts: dict[str, Any], default: Any) -> dict[str, Any]:
+    """A task's options with its effective `reasoning` (its own, else the top-level default)
+    normalized, or without the key when reasoning is off: the task's identity then hashes what
+    the task does, and a config without reasoning keeps every identity it had."""
+    own = "reasoning" in opts
+    where = f"tasks.{name}.reasoning" if own else "reasoning"
+    effective = from_config(opts["reasoning"] if own else default, where)
+    out = {k: v for k, v in opts.items() if k != "reasoning"}
+    if effective is not None:
+        out["reasoning"] = effective.as_dict()
+    return out
 
 
 def build_plan(

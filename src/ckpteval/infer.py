@@ -17,7 +17,9 @@ Generation file schema (`generations/{run}/{ckpt}/{task}/{variant}.jsonl`), one 
 (problem, sample): task_id, sample_idx, prompt, completion, finish_reason, prompt_tokens,
 completion_tokens; harness lines add target, filtered (per filter) and metrics (lm-eval's
 per-sample values keyed `<metric>,<filter>`); code harness lines add `problem` (what the python
-checker needs: prompt/test/entry_point or test_list, and the reference solution). Beside it,
+checker needs: prompt/test/entry_point or test_list, and the reference solution); lines of a
+task with `reasoning` add answer, reasoning_tokens and truncated_reasoning, `completion` staying
+the raw text and `finish_reason` being the answer's (ckpteval.reasoning). Beside it,
 `{variant}.meta.json` records the backend and its arguments, versions, device, host, Slurm job,
 timings (load; generation, for ckpteval tasks as their token share of the job's batch), token
 counts, tokens/s and how many prompts came from the cache.
@@ -35,7 +37,7 @@ import os
 import platform
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,7 @@ from ckpteval.config import Variant
 from ckpteval.errors import UserError
 from ckpteval.gpus import Lease, lease_engine_device
 from ckpteval.io import read_json, sha256_json, write_json, write_jsonl
+from ckpteval.reasoning import engine_spec, split, task_reasoning
 from ckpteval.share import Board, Engine, boards_root, work_through
 from ckpteval.tasks import TaskSpec
 
@@ -184,7 +187,7 @@ def run_infer(
         batch_seconds = sum(req.seconds for req in batch)
         for req in batch:
             done[id(req.job)] = (
-                _write_generations(req),
+                _write_generations(req, backend.count_tokens),
                 {
                     "started_at": started,
                     "generation_seconds": req.seconds,
@@ -335,6 +338,9 @@ class Requests:
     n_cached: int = 0
     n_assisted: int = 0
     seconds: float = 0.0
+    #: The task's own sampling (its stop strings and answer budget) when `spec`, what the engine
+    #: is asked, differs from it: a reasoning task (ckpteval.reasoning.engine_spec).
+    answer_spec: SamplingSpec | None = None
 
     @property
     def label(self) -> str:
@@ -344,11 +350,12 @@ class Requests:
 def prepare_requests(backend: Backend, harness: Any, job: Job, cache: Path) -> Requests:
     """Render a job's prompts and find which of them the cache already answers."""
     if job.task.is_code_harness:
-        problems, prompts, spec = harness.code_requests(job)
+        problems, prompts, answer_spec = harness.code_requests(job)
     else:
         problems = job.task.problems()
         prompts = render_prompts(backend, job, problems)
-        spec = sampling_spec(job)
+        answer_spec = sampling_spec(job)
+    spec = engine_spec(answer_spec, task_reasoning(job.task.options))
     ident = backend.identity
     keys = {tid: cache_key(p, spec, ident) for tid, p in prompts.items()}
     cache_file = cache / f"{job.task.name}.jsonl"
@@ -362,7 +369,17 @@ def prepare_requests(backend: Backend, harness: Any, job: Job, cache: Path) -> R
         n_cached,
         len(prompts) - n_cached,
     )
-    return Requests(job, problems, prompts, spec, cache_file, keys, rows, n_cached)
+    return Requests(
+        job,
+        problems,
+        prompts,
+        spec,
+        cache_file,
+        keys,
+        rows,
+        n_cached,
+        answer_spec=answer_spec if spec != answer_spec else None,
+    )
 
 
 @dataclass
@@ -545,7 +562,8 @@ def render_prompts(
 
 
 def sampling_spec(job: Job) -> SamplingSpec:
-    """A ckpteval task's sampling: the variant's, with the task's stop strings and token budget."""
+    """A ckpteval task's sampling: the variant's, with the task's stop strings and token budget
+    (a reasoning task asks the engine for `ckpteval.reasoning.engine_spec` of it)."""
     s = job.variant.sampling
     b = job.task.builtin
     max_tokens = job.task.options.get("max_new_tokens") or min(
@@ -562,8 +580,13 @@ def sampling_spec(job: Job) -> SamplingSpec:
     )
 
 
-def _write_generations(req: Requests) -> dict[str, Any]:
+def _write_generations(req: Requests, count_tokens: Callable[[str], int | None]) -> dict[str, Any]:
+    """Write a job's generation file from its cache rows; a reasoning task's lines add the
+    answer cut from the raw completion (`ckpteval.reasoning.split`, with the backend's
+    tokenizer `count_tokens`) and the finish reason of that answer."""
     keep_problem = req.job.task.is_code_harness
+    cfg = task_reasoning(req.job.task.options)
+    answer_spec = req.answer_spec or req.spec
 
     def lines() -> Iterator[dict[str, Any]]:
         for tid, prompt in req.prompts.items():
@@ -578,6 +601,19 @@ def _write_generations(req: Requests) -> dict[str, Any]:
                     "prompt_tokens": row["prompt_tokens"],
                     "completion_tokens": o["tokens"],
                 }
+                if cfg is not None:
+                    line.update(
+                        split(
+                            o["text"],
+                            prompt=prompt,
+                            cfg=cfg,
+                            stops=answer_spec.stop,
+                            include_stop=answer_spec.include_stop_str_in_output,
+                            engine_finish=o["finish_reason"],
+                            count_tokens=count_tokens,
+                            completion_tokens=o["tokens"],
+                        ).fields()
+                    )
                 if keep_problem:
                     line["problem"] = req.problems[tid]
                 yield line

@@ -97,6 +97,12 @@ class Backend(abc.ABC):
         text only, so harness token counts are recounted this way)."""
         return None
 
+    def harness_outputs(self) -> list[tuple[str, str, str | None, int]]:
+        """(context, answer text, finish_reason, tokens) of the lm-eval generate_until requests
+        `harness_model` answered since the last call, where the backend sees its engine's
+        outputs (vllm); empty where it does not (lm-eval returns text only)."""
+        return []
+
     def load(self) -> None:
         """Load the engine now rather than on first use (an assist job prices its load)."""
 
