@@ -177,7 +177,7 @@ class TensorBoard(Tracker):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        directory = Path(self._need("logdir")) / run
+        directory = Path(self.target()["logdir"]) / run
         writer = EventFileWriter(str(directory), filename_suffix=".ckpteval")
         now = time.time()
         for p in sorted(current, key=lambda p: (p.step, p.key)):
