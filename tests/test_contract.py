@@ -407,20 +407,20 @@ def test_publish_runs_only_as_its_own_target_and_again_only_for_its_settings(swe
     assert planned(sweep, config, "publish") == Counter(), "`all` never publishes"
     path = sweep.work / "publish.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = run_snakemake(sweep.work, "--configfile", str(path), "publish")
+    proc = run_snakemake(sweep.work, "publish", "--configfile", str(path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = sweep.work / "results" / "summary" / "published" / "tensorboard.json"
     assert json.loads(record.read_text())["new"] > 0
     assert list((sweep.work / "tb").glob("*/*.ckpteval")), "event files written"
-    again = run_snakemake(sweep.work, "-n", "--configfile", str(path), "publish")
+    again = run_snakemake(sweep.work, "publish", "-n", "--configfile", str(path))
     assert "Nothing to be done" in again.stdout + again.stderr
     config["publish"]["tensorboard"]["logdir"] = str(sweep.work / "tb2")
     path.write_text(yaml.safe_dump(config))
-    moved = run_snakemake(sweep.work, "-n", "--configfile", str(path), "publish")
+    moved = run_snakemake(sweep.work, "publish", "-n", "--configfile", str(path))
     assert re.search(r"^publish\s+1\s*$", moved.stdout, re.M), moved.stdout[-2000:]
     del config["publish"]
     path.write_text(yaml.safe_dump(config))
-    none = run_snakemake(sweep.work, "--configfile", str(path), "publish")
+    none = run_snakemake(sweep.work, "publish", "--configfile", str(path))
     assert none.returncode != 0
     assert "ckpteval: error: config: publish: no tracker configured" in none.stderr
 

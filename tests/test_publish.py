@@ -310,6 +310,17 @@ def test_publish_without_a_table_or_tracker_is_one_line(tmp_path: Path) -> None:
         publish(tmp_path, {"wandb": {"mode": "offline"}})
 
 
+def test_an_unreachable_tracker_is_one_line_and_the_ledger_stays_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    write_table(tmp_path, CELLS)
+    with pytest.raises(UserError, match=r"^publish: mlflow: .*127\.0\.0\.1:9.*publish again") as e:
+        publish(tmp_path, {"mlflow": {"tracking_uri": "http://127.0.0.1:9"}})
+    assert "\n" not in str(e.value)
+    assert not list((tmp_path / "published").glob("mlflow-*.json")), "nothing recorded as sent"
+
+
 def _cli(args: list[str], cwd: Path, block: str = "") -> subprocess.CompletedProcess:
     code = (
         "import sys\n"

@@ -142,6 +142,11 @@ class Tracker:
     def check(self) -> None:
         """Raise a UserError for missing settings or package, before anything is sent."""
 
+    def failures(self) -> tuple[type[BaseException], ...]:
+        """The tracker's own errors for what the user's setup causes (no login, no server, no
+        permission): reported in one line, not as a traceback."""
+        return ()
+
     def send(
         self, run: str, points: Sequence[Point], current: Sequence[Point], state: dict[str, Any]
     ) -> dict[str, Any]:
@@ -210,6 +215,11 @@ class MLflow(Tracker):
         self._need("tracking_uri")
         require("mlflow", "mlflow")
 
+    def failures(self) -> tuple[type[BaseException], ...]:
+        from mlflow.exceptions import MlflowException
+
+        return (MlflowException, OSError)
+
     def client(self) -> Any:
         uri = str(self._need("tracking_uri"))
         if uri.startswith("file:") or "://" not in uri and ":" not in uri.split("/")[0]:
@@ -276,6 +286,11 @@ class WandB(Tracker):
     def check(self) -> None:
         self._need("project")
         require("wandb", "wandb")
+
+    def failures(self) -> tuple[type[BaseException], ...]:
+        from wandb.errors import Error
+
+        return (Error,)
 
     def run_id(self, run: str) -> tuple[str, bool]:
         """(W&B run id, whether it is the training run's own)."""
@@ -390,7 +405,14 @@ def _publish_one(
     for run in runs:
         todo = [p for p in (*new, *changed) if p.run == run]
         current = [p for p in points if p.run == run]
-        states[run] = tracker.send(run, todo, current, states.get(run, {}))
+        try:
+            states[run] = tracker.send(run, todo, current, states.get(run, {}))
+        except tracker.failures() as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UserError(
+                f"publish: {tracker.name}: {first} (run {run}; the ledger {path.name} keeps "
+                "what was sent before; publish again once fixed)"
+            ) from None
         for p in todo:
             sent.setdefault(run, {}).setdefault(p.key, {})[str(p.step)] = p.value
         # After each run: a failure later leaves a ledger of exactly what was sent.
