@@ -8,8 +8,9 @@ Input: the tidy table `summary/metrics.parquet` (`ckpteval.aggregate.TIDY_COLUMN
 A checkpoint without a step, a NaN value, or a second checkpoint of a run at a step already
 taken is skipped with one note line each.
 
-Idempotence: every (tracker, destination) has a ledger, `summary/published/<tracker>-<slug>.json`,
-of the points it was sent (`run -> key -> step -> value`). A publish sends only points that are
+Idempotence: every (tracker, destination) has a ledger, `summary/published/<tracker>-<slug>.json`:
+`{tracker, target, points: {run: {key: {step: value}}}, runs: {run: tracker state}}` (the state:
+W&B's run id, MLflow's run id, TensorBoard's current event file). A publish sends only points that are
 new or whose value changed, so publishing again sends nothing. What "a changed value updates its
 point" means differs by tracker, because they differ in what can be rewritten:
 
@@ -21,8 +22,8 @@ point" means differs by tracker, because they differ in what can be rewritten:
 
 Each tracker is an optional extra (`pip install 'ckpteval[wandb]'`, `[tensorboard]`, `[mlflow]`,
 or `[trackers]` for all three); a missing one is a one-line `UserError` naming it.
-`summary/published/<tracker>.json` records the last publish (destination, counts, notes): the
-output of the workflow's `publish` target. Details: docs/publish.md.
+`summary/published/<tracker>.json` records the last publish (`tracker, target, ledger, points,
+new, changed, unchanged, runs, notes`): the output of the workflow's `publish` target. Details: docs/publish.md.
 """
 
 from __future__ import annotations
