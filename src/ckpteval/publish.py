@@ -10,9 +10,9 @@ taken is skipped with one note line each.
 
 Idempotence: every (tracker, destination) has a ledger, `summary/published/<tracker>-<slug>.json`:
 `{tracker, target, points: {run: {key: {step: value}}}, runs: {run: tracker state}}` (the state:
-W&B's run id, MLflow's run id, TensorBoard's current event file). A publish sends only points that are
-new or whose value changed, so publishing again sends nothing. What "a changed value updates its
-point" means differs by tracker, because they differ in what can be rewritten:
+W&B's run id, MLflow's run id, TensorBoard's current event file). A publish sends only points
+that are new or whose value changed, so publishing again sends nothing. What "a changed value
+updates its point" means differs by tracker, because they differ in what can be rewritten:
 
 | tracker | a changed value |
 | --- | --- |
@@ -23,7 +23,8 @@ point" means differs by tracker, because they differ in what can be rewritten:
 Each tracker is an optional extra (`pip install 'ckpteval[wandb]'`, `[tensorboard]`, `[mlflow]`,
 or `[trackers]` for all three); a missing one is a one-line `UserError` naming it.
 `summary/published/<tracker>.json` records the last publish (`tracker, target, ledger, points,
-new, changed, unchanged, runs, notes`): the output of the workflow's `publish` target. Details: docs/publish.md.
+new, changed, unchanged, runs, notes`): the output of the workflow's `publish` target.
+Details: docs/publish.md.
 """
 
 from __future__ import annotations
