@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Subcommands that live beside the code they drive: (module, function adding the subparser).
 _PLUGGED: list[tuple[str, str]] = [
     ("cli_score", "add_score_parser"),
+    ("publish", "add_publish_parser"),
     ("status", "add_status_parser"),
     ("watch", "add_watch_parser"),
 ]

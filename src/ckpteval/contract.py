@@ -17,6 +17,7 @@ Effects, from the narrowest to the widest:
 | `generations` | the generation files of the cells the key applies to, their scores, the summary |
 | `model` | the run's consolidation, and so every result of its checkpoints |
 | `plan` | nothing already computed: it adds, drops or renames cells or checkpoints |
+| `publish` | only the `publish` target (`ckpteval publish`), which `all` never runs |
 
 A key's `applies` says which cells a `generations`/`scores` key touches: `*` in a key stands for
 the cell's run (`runs.*`), task (`tasks.*`) or sampling config (`sampling.*`), and `only` limits
@@ -32,15 +33,16 @@ from typing import Any
 
 from ckpteval.io import sha256_json
 
-NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN = (
+NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN, PUBLISH = (
     "none",
     "summary",
     "scores",
     "generations",
     "model",
     "plan",
+    "publish",
 )
-EFFECTS = (NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN)
+EFFECTS = (NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN, PUBLISH)
 
 #: Checkers that run code in the sandbox (they read the sandbox and timeout settings).
 CODE_CHECKERS = ("python", "rust", "stdio")
@@ -196,6 +198,18 @@ CONTRACT: tuple[Row, ...] = (
     Row("aggregate", NONE, "the aggregate section as a whole (its keys below decide)"),
     Row("aggregate.title", SUMMARY, "the report's title"),
     Row("aggregate.bootstrap", SUMMARY, "bootstrap resamples of the confidence intervals"),
+    Row("publish", NONE, "the publish section as a whole (its keys below decide)"),
+    Row("publish.prefix", PUBLISH, "the keys the points are sent under"),
+    Row("publish.wandb", PUBLISH, "whether and where W&B gets the points"),
+    Row("publish.wandb.project", PUBLISH, "where W&B gets the points"),
+    Row("publish.wandb.entity", PUBLISH, "where W&B gets the points"),
+    Row("publish.wandb.run_ids", PUBLISH, "which W&B runs get the points"),
+    Row("publish.wandb.mode", PUBLISH, "whether W&B gets the points now or on `wandb sync`"),
+    Row("publish.tensorboard", PUBLISH, "whether and where TensorBoard gets the points"),
+    Row("publish.tensorboard.logdir", PUBLISH, "where TensorBoard gets the points"),
+    Row("publish.mlflow", PUBLISH, "whether and where MLflow gets the points"),
+    Row("publish.mlflow.tracking_uri", PUBLISH, "where MLflow gets the points"),
+    Row("publish.mlflow.experiment", PUBLISH, "where MLflow gets the points"),
 )
 
 ROWS: dict[str, Row] = {row.key: row for row in CONTRACT}
@@ -397,3 +411,9 @@ def model_identity(plan: Any, run: str, ckpt: str) -> Identity:
 
 def summary_identity(config: Mapping[str, Any]) -> Identity:
     return Identity(_set({row.key: lookup(config, row.key) for row in rows_with(SUMMARY)}))
+
+
+def publish_identity(config: Mapping[str, Any]) -> Identity:
+    """What the `publish` target's record depends on besides the tidy table: where and under
+    which keys the points go (what was sent is the ledger's business, ckpteval.publish)."""
+    return Identity(_set({row.key: lookup(config, row.key) for row in rows_with(PUBLISH)}))

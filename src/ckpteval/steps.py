@@ -299,3 +299,14 @@ def aggregate(smk: Any) -> None:
         deleted=list(smk.params.deleted),
         broken=list(smk.params.broken),
     )
+
+
+def publish(smk: Any) -> None:
+    """The `publish` target: the config's publish section, as validated (the job's identity
+    param is what reruns it when that section changes)."""
+    from ckpteval.publish import format_report
+    from ckpteval.publish import publish as send
+
+    reports = send(Path(smk.input.parquet).parent, smk.config["publish"])
+    for line in format_report(reports):
+        print(line)

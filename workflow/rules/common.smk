@@ -10,12 +10,14 @@ from ckpteval.config import build_plan, validate_config
 from ckpteval.contract import (
     generation_identity,
     model_identity,
+    publish_identity,
     scoring_identity,
     summary_identity,
 )
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness
 from ckpteval.io import sha256_json
+from ckpteval.publish import TRACKERS
 from ckpteval.schedule import InferCosts
 from ckpteval.tasks import check_harness_names
 
@@ -169,6 +171,15 @@ def get_scoring_identity(wildcards):
 
 def get_summary_identity(wildcards):
     return summary_identity(config).text
+
+
+def get_publish_identity(wildcards):
+    return publish_identity(config).text
+
+
+def get_publish_records():
+    # One record per configured tracker; none configured: the job says so in one line.
+    return [f"{OUT}/summary/published/{t}.json" for t in TRACKERS if config["publish"].get(t)]
 
 
 def get_infer_log(group):
