@@ -1,4 +1,4 @@
-"""The `ckpteval` command: standalone scorers, sweep status, config checks.
+"""The `ckpteval` command: standalone scorers, sweep status, config checks, comparisons.
 
 A `UserError` anywhere below becomes one line on stderr and exit status 2; anything else is a bug
 and keeps its traceback.
@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Subcommands that live beside the code they drive: (module, function adding the subparser).
 _PLUGGED: list[tuple[str, str]] = [
     ("cli_score", "add_score_parser"),
+    ("compare", "add_compare_parser"),
     ("status", "add_status_parser"),
     ("watch", "add_watch_parser"),
 ]
