@@ -235,8 +235,10 @@ def test_paired_mde_formula_values() -> None:
     # Nothing discordant: planning share 3/n (rule of three); at n = 1000 the floor 6/n decides.
     assert paired_mde(1000, 0) == pytest.approx(max(z * math.sqrt(3 / 1000 / 1000), 0.006))
     assert paired_mde(1000, 0) == pytest.approx(0.006)
-    # Capped at 1; nothing to compare is NaN; other levels follow the normal quantiles.
-    assert paired_mde(2, 2) == 1.0
+    # Capped at 1; fewer problems than the exact test needs: nothing detectable (infinite);
+    # nothing to compare is NaN; other levels follow the normal quantiles.
+    assert paired_mde(6, 6) == 1.0
+    assert paired_mde(5, 5) == math.inf and paired_mde(7, 0, alpha=0.01) == math.inf
     assert math.isnan(paired_mde(0, 0))
     assert paired_mde(1000, 300, alpha=0.01, power=0.9) == pytest.approx(
         (2.5758293035489 + 1.2815515655446004) * math.sqrt(0.3 / 1000)
@@ -259,7 +261,7 @@ def test_paired_flips_majority_per_problem_over_shared_samples() -> None:
     assert result.gained[:, 0].tolist() == [False, True, False, False]
     assert result.n_problems[0] == 3
     assert result.p_value[0] == pytest.approx(mcnemar_exact(1, 1))
-    assert result.mde[0] == pytest.approx(paired_mde(3, 2))
+    assert result.mde[0] == math.inf  # 3 problems: the exact test cannot reach 0.05
     # column 1: problem 0 3 pairs (2/3 -> 2/3), problem 1 one pair (1 -> 0: lost), problem 3 gained
     assert result.lost[:, 1].tolist() == [False, True, False, False]
     assert result.gained[:, 1].tolist() == [False, False, False, True]

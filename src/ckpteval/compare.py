@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -40,7 +41,14 @@ from ckpteval.aggregate import (
     read_samples,
 )
 from ckpteval.errors import UserError
-from ckpteval.stats import MDE_ALPHA, MDE_POWER, paired_bootstrap, paired_flips, per_problem_means
+from ckpteval.stats import (
+    MDE_ALPHA,
+    MDE_POWER,
+    min_discordant,
+    paired_bootstrap,
+    paired_flips,
+    per_problem_means,
+)
 
 
 @dataclass(frozen=True)
@@ -215,7 +223,7 @@ def _compare_cells(
     values_a, values_b = _values_by_key(cells_a, metric), _values_by_key(cells_b, metric)
     keys = sorted(values_a.keys() & values_b.keys())
     seeds = sorted({c.seed for c in cells_a} & {c.seed for c in cells_b})
-    ids = sorted({k[0] for k in keys})
+    ids = sorted({k[0] for k in keys}, key=_natural)
     code = {task_id: i for i, task_id in enumerate(ids)}
     problems = np.array([code[k[0]] for k in keys], dtype=np.int64)
     before = np.array([values_a[k] for k in keys], dtype=np.float64).reshape(-1, 1)
@@ -270,6 +278,13 @@ def _values_by_key(cells: list[Cell], metric: str) -> dict[tuple[str, int, int],
             if value is not None and not (isinstance(value, float) and math.isnan(value)):
                 out[(task_id, cell.seed, idx)] = float(value)
     return out
+
+
+def _natural(text: str) -> list[Any]:
+    """Sort key putting `arith/2` before `arith/10`."""
+    return [
+        (0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text)
+    ]
 
 
 def _pairs(side: Side) -> set[tuple[str, str]]:
@@ -366,7 +381,10 @@ def format_text(label_a: str, label_b: str, results: Sequence[TaskComparison]) -
         lines += [
             f"  McNemar exact p = {r.mcnemar_p:.4g} (gained {r.n_gained}, lost {r.n_lost})",
             f"  MDE {r.mde:.3f}: at n={r.n_problems}, differences below {r.mde:.3f} are not "
-            f"detectable (alpha {MDE_ALPHA}, power {MDE_POWER})",
+            f"detectable (alpha {MDE_ALPHA}, power {MDE_POWER})"
+            if math.isfinite(r.mde)
+            else f"  MDE none: at n={r.n_problems} no difference can reach p < {MDE_ALPHA} "
+            f"(the exact test needs {min_discordant()} discordant problems)",
             f"  gained ({len(r.gained)}): {' '.join(r.gained) or '-'}",
             f"  lost ({len(r.lost)}): {' '.join(r.lost) or '-'}",
         ]
@@ -378,8 +396,9 @@ def _num(value: float, sign: str = "") -> str:
 
 
 def _jsonable(obj: Any) -> Any:
-    """NaN (no pairs, no test) as null: strict JSON has no NaN."""
-    if isinstance(obj, float) and math.isnan(obj):
+    """NaN (no pairs, no test) and infinity (an MDE no difference reaches) as null: strict JSON
+    has neither."""
+    if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
         return {k: _jsonable(v) for k, v in obj.items()}

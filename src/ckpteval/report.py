@@ -485,7 +485,8 @@ def _paired_section(summary: Summary) -> list[str]:
         "exact two-sided test on per-problem verdicts (solved when more than half of the "
         "problem's paired samples pass); gained = unsolved by the reference, solved now; lost "
         "the reverse. MDE: the smallest difference this many problems can detect (alpha 0.05, "
-        "power 0.8); a smaller delta is not evidence either way. Tasks whose scores are not "
+        "power 0.8); a smaller delta is not evidence either way; with fewer than 6 problems "
+        "none is detectable. Tasks whose scores are not "
         "pass/fail get no McNemar test.</p>",
     ]
     deltas = summary.deltas
@@ -514,7 +515,10 @@ def _paired_section(summary: Summary) -> list[str]:
                     f"{p:.3g}" if t == MCNEMAR else t
                     for p, t in zip(rows["mcnemar_p"], rows["paired_test"])
                 ],
-                "MDE": [f"{m:.3f}" if pd.notna(m) else "" for m in rows["mde"]],
+                "MDE": [
+                    "" if pd.isna(m) else f"{m:.3f}" if np.isfinite(m) else "none (too few)"
+                    for m in rows["mde"]
+                ],
             }
         )
         items = []

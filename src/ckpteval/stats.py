@@ -145,11 +145,14 @@ def paired_mde(
     (2.80 sqrt(p_disc / n) at 0.05 and 0.8). p_disc is the observed discordant share; with none
     discordant, the planning value is the 95% upper bound of a share seen 0 times in n,
     3 / n (the rule of three). The exact test cannot reach `alpha` with fewer than
-    `min_discordant(alpha)` discordant problems, so the result is never below that count over n.
-    Capped at 1; NaN without problems.
+    `min_discordant(alpha)` discordant problems, so the result is never below that count over n;
+    with fewer problems than that no difference is detectable: infinity. Capped at 1 otherwise;
+    NaN without problems.
     """
     if n_problems <= 0:
         return math.nan
+    if n_problems < min_discordant(alpha):
+        return math.inf
     share = n_discordant / n_problems if n_discordant > 0 else min(1.0, 3.0 / n_problems)
     z = NormalDist().inv_cdf(1.0 - alpha / 2.0) + NormalDist().inv_cdf(power)
     approx = z * math.sqrt(share / n_problems)
