@@ -322,3 +322,53 @@ def test_report_has_the_paired_comparisons_section(results: Path) -> None:
     assert "none: scores not 0/1" in section
     assert "<li>code (greedy) step_200 vs base: gained p5, p6, p7, p8; lost p1</li>" in section
     assert "<details><summary>Flipped problems" in section
+
+
+def test_compare_unusable_cells_are_one_line(results: Path) -> None:
+    (results / "scores/r/step_100/code/greedy-s42.jsonl").unlink()
+    proc = _ckpteval("compare", "r:base", "r:step_100", "--outdir", str(results))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"ckpteval: error: compare: {results}/scores/r/step_100/code/greedy-s42.jsonl: "
+        "per-sample file not found; rescore the cell"
+    )
+    (results / "scores/r/base/qa/greedy-s42.json").write_text("{not json")
+    proc = _ckpteval("compare", "r:base", "r:step_100", "--outdir", str(results))
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"ckpteval: error: compare: {results}/scores/r/base/qa/greedy-s42.json")
+    assert line.endswith("rescore the cell or remove it")
+    # a task not asked for is not read
+    proc = _ckpteval("compare", "r:base", "r:step_200", "--outdir", str(results), "--task", "code")
+    assert proc.returncode == 0 and "code (greedy, pass@1)" in proc.stdout
+
+
+def test_compare_names_tasks_without_a_common_sampling_config(results: Path) -> None:
+    write_cell(
+        results,
+        "r",
+        "step_100",
+        100,
+        "extra",
+        "hot-s1",
+        metrics={"pass@1": 0.5},
+        samples=_samples("base"),
+    )
+    write_cell(
+        results,
+        "r",
+        "base",
+        0,
+        "extra",
+        "greedy-s42",
+        metrics={"pass@1": 0.5},
+        samples=_samples("base"),
+        is_baseline=True,
+    )
+    proc = _ckpteval("compare", "r:base", "r:step_100", "--outdir", str(results))
+    assert proc.returncode == 0
+    assert proc.stderr.splitlines() == [
+        "ckpteval: warning: extra: no sampling config scored by both; r:base: greedy; "
+        "r:step_100: hot"
+    ]
+    assert "extra (" not in proc.stdout and "code (greedy, pass@1)" in proc.stdout

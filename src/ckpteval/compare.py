@@ -59,6 +59,7 @@ class Side:
     ckpt: str
     cells: list[Cell]
     raw: dict[str, dict[str, Any]]  # cell source -> its JSON
+    scored_tasks: set[str]  # every task with a cell file, read or not
 
     @property
     def label(self) -> str:
@@ -100,9 +101,9 @@ def parse_target(text: str) -> tuple[str, str]:
     return run, ckpt
 
 
-def load_side(outdir: Path, run: str, ckpt: str) -> Side:
-    """Every readable cell of one checkpoint; an unknown run or checkpoint is a `UserError`
-    listing what exists."""
+def load_side(outdir: Path, run: str, ckpt: str, tasks: Sequence[str] = ()) -> Side:
+    """The cells of one checkpoint (of `tasks` only, when given); an unknown run or checkpoint,
+    or a cell that cannot be read, is a `UserError` (listing what exists)."""
     scores = outdir / "scores"
     if not (scores / run).is_dir():
         runs = sorted(p.name for p in scores.iterdir() if p.is_dir()) if scores.is_dir() else []
@@ -118,14 +119,17 @@ def load_side(outdir: Path, run: str, ckpt: str) -> Side:
         )
     cells: list[Cell] = []
     raw: dict[str, dict[str, Any]] = {}
-    for path in sorted((scores / run / ckpt).glob("*/*.json")):
+    paths = sorted((scores / run / ckpt).glob("*/*.json"))
+    for path in paths:
+        if tasks and path.parent.name not in tasks:
+            continue
         try:
             cell = load_cell(path)
         except CellError as exc:
             raise UserError(f"compare: {path}: {exc}; rescore the cell or remove it") from None
         cells.append(cell)
         raw[cell.source] = json.loads(path.read_text(encoding="utf-8"))
-    return Side(run, ckpt, cells, raw)
+    return Side(run, ckpt, cells, raw, {p.parent.name for p in paths})
 
 
 def compare(
@@ -142,20 +146,20 @@ def compare(
     for): the comparisons, and one warning line per thing that makes them less than comparable."""
     if n_boot < 1:
         raise UserError(f"compare: --bootstrap {n_boot}: give at least 1 (1000 is usual)")
-    side_a, side_b = load_side(outdir, *a), load_side(outdir, *b)
-    common = _pairs(side_a) & _pairs(side_b)
-    common_tasks = sorted({t for t, _ in common})
-    if not common_tasks:
-        raise UserError(
-            f"compare: {side_a.label} and {side_b.label} have no scored task in common; "
-            f"{side_a.label}: {_names(t for t, _ in _pairs(side_a))}; "
-            f"{side_b.label}: {_names(t for t, _ in _pairs(side_b))}"
-        )
-    unknown = [t for t in tasks if t not in common_tasks]
+    side_a, side_b = load_side(outdir, *a, tasks), load_side(outdir, *b, tasks)
+    both = side_a.scored_tasks & side_b.scored_tasks
+    unknown = [t for t in tasks if t not in both]
     if unknown:
         raise UserError(
             f"compare: task {unknown[0]!r} is not scored for both {side_a.label} and "
-            f"{side_b.label}; tasks of both: {', '.join(common_tasks)}"
+            f"{side_b.label}; tasks of both: {_names(both)}"
+        )
+    common = _pairs(side_a) & _pairs(side_b)
+    if not common:
+        raise UserError(
+            f"compare: {side_a.label} and {side_b.label} have no scored task in common; "
+            f"{side_a.label}: {_names(side_a.scored_tasks)}; "
+            f"{side_b.label}: {_names(side_b.scored_tasks)}"
         )
     wanted = [(t, s) for t, s in sorted(common) if not tasks or t in tasks]
     if sampling is not None:
@@ -169,6 +173,12 @@ def compare(
     rng = np.random.default_rng(seed)
     metrics = main_metrics(side_a.cells + side_b.cells)
     results, warnings = [], []
+    for task in sorted(set(tasks or both) - {t for t, _ in common}):
+        warnings.append(
+            f"{task}: no sampling config scored by both; {side_a.label}: "
+            f"{_names(s for t, s in _pairs(side_a) if t == task)}; {side_b.label}: "
+            f"{_names(s for t, s in _pairs(side_b) if t == task)}"
+        )
     for task, samp in wanted:
         cells_a, cells_b = side_a.cells_of(task, samp), side_b.cells_of(task, samp)
         results.append(_compare_cells(task, samp, metrics[task], cells_a, cells_b, n_boot, rng))
