@@ -497,7 +497,12 @@ def _paired_section(summary: Summary) -> list[str]:
         (deltas["comparison"] == "previous")
         | ((deltas["comparison"] == "baseline") & (deltas["step"] == last))
     ]
-    flips = summary.flips
+    # (run, task, sampling, ckpt_a, ckpt_b) -> direction -> the flipped task_ids, in one pass
+    flipped: dict[tuple[str, ...], dict[str, list[str]]] = {}
+    for *key, task_id, direction in summary.flips[
+        ["run", "task", "sampling", "ckpt_a", "ckpt_b", "task_id", "direction"]
+    ].itertuples(index=False, name=None):
+        flipped.setdefault(tuple(map(str, key)), {}).setdefault(direction, []).append(str(task_id))
     for run, rows in shown.groupby("run", sort=False):
         table = pd.DataFrame(
             {
@@ -525,23 +530,13 @@ def _paired_section(summary: Summary) -> list[str]:
         for task, sampling, ckpt, ref in zip(
             rows["task"], rows["sampling"], rows["ckpt"], rows["ref_ckpt"]
         ):
-            mine = flips[
-                (flips["run"] == run)
-                & (flips["task"] == task)
-                & (flips["sampling"] == sampling)
-                & (flips["ckpt_a"] == ref)
-                & (flips["ckpt_b"] == ckpt)
-            ]
-            if mine.empty:
+            ids = flipped.get((str(run), task, sampling, ref, ckpt))
+            if not ids:
                 continue
-            ids = {
-                d: ", ".join(map(str, mine.loc[mine["direction"] == d, "task_id"]))
-                for d in ("gained", "lost")
-            }
             items.append(
                 f"<li>{html.escape(f'{task} ({sampling}) {ckpt} vs {ref}')}: "
-                f"gained {html.escape(ids['gained'] or '-')}; "
-                f"lost {html.escape(ids['lost'] or '-')}</li>"
+                f"gained {html.escape(', '.join(ids.get('gained', [])) or '-')}; "
+                f"lost {html.escape(', '.join(ids.get('lost', [])) or '-')}</li>"
             )
         parts += [f"<h3>{html.escape(str(run))}</h3>", _table(table)]
         if items:

@@ -188,17 +188,16 @@ def paired_flips(before: np.ndarray, after: np.ndarray, problem_codes: np.ndarra
     """
     both = ~np.isnan(before) & ~np.isnan(after)
     n_cols = before.shape[1]
-    binary = np.array(
-        [
-            np.isin(np.r_[before[both[:, j], j], after[both[:, j], j]], (0.0, 1.0)).all()
-            for j in range(n_cols)
-        ],
-        dtype=bool,
-    )
+    zero_one = (before == 0.0) | (before == 1.0)
+    binary = (~both | (zero_one & ((after == 0.0) | (after == 1.0)))).all(axis=0)
     problems = np.unique(problem_codes)
-    solved_before = per_problem_means(np.where(both, before, np.nan), problem_codes) > 0.5
-    solved_after = per_problem_means(np.where(both, after, np.nan), problem_codes) > 0.5
-    present = ~np.isnan(per_problem_means(np.where(both, 1.0, np.nan), problem_codes))
+    # One grouping pass for both sides' solved shares and which problems have a pair at all.
+    means = per_problem_means(
+        np.hstack([np.where(both, before, np.nan), np.where(both, after, np.nan)]),
+        problem_codes,
+    )
+    present = ~np.isnan(means[:, :n_cols])
+    solved_before, solved_after = means[:, :n_cols] > 0.5, means[:, n_cols:] > 0.5
     gained = present & ~solved_before & solved_after & binary
     lost = present & solved_before & ~solved_after & binary
     n_problems = present.sum(axis=0)
