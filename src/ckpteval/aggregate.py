@@ -19,7 +19,8 @@ Output (`build_summary`), all under `summary_dir`, each file written atomically:
 | `passk.csv` | (run, ckpt, task, sampling, k): pass@k from per-sample verdicts, seeds pooled |
 | `errors.csv` | (cell, error type): count and fraction of the cell's samples |
 | `hacks.csv` | (cell, hack type): count and fraction of the cell's samples (`HACK_COLUMNS`) |
-| `deltas.csv` | paired comparison: each checkpoint vs the run's baseline and vs the previous one |
+| `deltas.csv` | paired comparison: each checkpoint vs the run's baseline and vs the previous one (`DELTA_COLUMNS`; McNemar columns below) |
+| `flips.csv` | (comparison, problem) whose verdict flipped: `FLIP_COLUMNS`, `direction` gained or lost |
 | `missing.csv` | cell or per-sample file that could not be used, with its path and why |
 | `summary.json` | run, checkpoint, task, variant: pass rate, counts, per problem (`write_summary_json`) |
 | `plots/*.png`, `report.html` | see `ckpteval.report` |
@@ -36,6 +37,16 @@ section. Paired deltas compare the mean per-sample value
 (`passed` for pass@1 tasks, so the delta is a pass@1 difference; `score` otherwise) of two
 checkpoints over the (task_id, seed, sample_idx) both have, for one sampling config with its seeds
 pooled; the interval is a percentile bootstrap over problems (`ckpteval.stats.paired_bootstrap`).
+
+Beside the interval, `deltas.csv` carries McNemar's exact test on per-problem verdicts
+(`ckpteval.stats.paired_flips`; a problem is solved when more than half of its paired samples
+pass): `paired_test` is `mcnemar-exact`, or says why there is none (`none: scores not 0/1` for a
+harness metric such as an F1 score, `none: no pairs`); `n_gained` / `n_lost` count the problems
+unsolved by the reference and solved by the checkpoint / the reverse, out of `n_problems`;
+`mcnemar_p` is the two-sided exact p-value; `mde` the minimum detectable effect at alpha 0.05 and
+power 0.8 for that many problems (`ckpteval.stats.paired_mde`): a smaller difference is not
+detectable at this task's size. `flips.csv` lists the gained and lost problems by task_id
+(`ckpt_a` the reference, `ckpt_b` the checkpoint). Definitions: docs/statistics.md.
 """
 
 from __future__ import annotations
@@ -61,6 +72,7 @@ from ckpteval.io import atomic_open, iter_jsonl
 from ckpteval.stats import (
     conservative_stderr,
     paired_bootstrap,
+    paired_flips,
     pass_at_k_curve,
     per_problem_means,
 )
@@ -174,7 +186,18 @@ DELTA_COLUMNS = [
     "ci_high",
     "significant",
     "regression",
+    "paired_test",
+    "n_gained",
+    "n_lost",
+    "mcnemar_p",
+    "mde",
 ]
+#: flips.csv: one row per problem whose per-problem verdict flipped in a deltas.csv comparison.
+FLIP_COLUMNS = ["run", "task", "sampling", "ckpt_a", "ckpt_b", "task_id", "direction"]
+#: `paired_test` of a comparison with McNemar's exact test, and of those without one.
+MCNEMAR = "mcnemar-exact"
+NO_TEST_NOT_BINARY = "none: scores not 0/1"
+NO_TEST_NO_PAIRS = "none: no pairs"
 MISSING_COLUMNS = ["kind", "path", "reason", "run", "ckpt", "task", "variant"]
 CONFIDENCE = 0.95
 STDERR_LEGEND = (
@@ -260,6 +283,7 @@ class Summary:
     hacks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HACK_COLUMNS))
     #: One line per checkpoint that looks broken (not completely written, unchanged for long).
     broken: list[str] = field(default_factory=list)
+    flips: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FLIP_COLUMNS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,8 +420,8 @@ def _read_samples_slowly(path: Path, notes: list[str]) -> pa.Table:
 
 def load_samples(cells: Sequence[Cell]) -> tuple[pd.DataFrame, list[Problem]]:
     """Per-sample rows of every cell, sorted by `cell` (the index into `cells`): columns `cell`,
-    `problem` (an integer code per distinct task_id), `sample_idx`, and `passed` and `score` as
-    floats (NaN when absent)."""
+    `problem` (an integer code per distinct task_id), `sample_idx`, `passed` and `score` as
+    floats (NaN when absent), and `task_id` (categorical; its codes are `problem`)."""
     tables: list[pa.Table] = []
     problems: list[Problem] = []
     for index, cell in enumerate(cells):
@@ -426,6 +450,9 @@ def load_samples(cells: Sequence[Cell]) -> tuple[pd.DataFrame, list[Problem]]:
             "passed": table["passed"].cast(pa.float64()).to_numpy(zero_copy_only=False),
             "score": table["score"].to_numpy(zero_copy_only=False),
         }
+    )
+    frame["task_id"] = pd.Categorical.from_codes(
+        frame["problem"], categories=pd.Index(task_ids.dictionary.to_pylist(), dtype=object)
     )
     return frame, problems
 
@@ -670,20 +697,24 @@ def delta_table(
     *,
     n_boot: int,
     seed: int,
+    flips: list[dict[str, Any]] | None = None,
 ) -> pd.DataFrame:
-    """Paired differences (checkpoint minus reference) with bootstrap intervals.
+    """Paired differences (checkpoint minus reference) with bootstrap intervals and McNemar.
 
     For each (run, task, sampling), every non-baseline checkpoint is compared with the run's
     baseline (if the run has one) and with the previous checkpoint by step. The pairs are the
     (task_id, seed, sample_idx) both checkpoints scored; a problem's difference is the mean over
     its pairs; the interval resamples problems. `significant` means the interval excludes zero,
-    `regression` that it lies below zero.
+    `regression` that it lies below zero. McNemar's exact test and the minimum detectable effect
+    come from `stats.paired_flips` on the same pairs; each flipped problem is appended to `flips`
+    (when given) as a `FLIP_COLUMNS` row.
     """
     if samples.empty:
         return pd.DataFrame(columns=DELTA_COLUMNS)
     rng = np.random.default_rng(seed)
     cell_frame = _cell_frame(cells)
     bounds = np.searchsorted(samples["cell"].to_numpy(), np.arange(len(cells) + 1))
+    task_ids = samples["task_id"].cat.categories
     results = []
     for (run, task, sampling), group in cell_frame.groupby(["run", "task", "sampling"], sort=False):
         metric = metrics_by_task.get(task, "score")
@@ -713,6 +744,7 @@ def delta_table(
             per_problem_means(diffs, key_problem), n_boot=n_boot, rng=rng, confidence=CONFIDENCE
         )
         n_pairs = (~np.isnan(diffs)).sum(axis=0)
+        flipped = paired_flips(matrix[:, b], matrix[:, a], key_problem)
         info = group.drop_duplicates("ckpt").set_index("ckpt")
         seeds_of = group.groupby("ckpt")["seed"].agg(set)
         for j, (ckpt, ref, kind) in enumerate(comparisons):
@@ -733,8 +765,33 @@ def delta_table(
                     "delta": boot.estimate[j],
                     "ci_low": boot.low[j],
                     "ci_high": boot.high[j],
+                    "paired_test": (
+                        NO_TEST_NOT_BINARY
+                        if not flipped.binary[j]
+                        else MCNEMAR
+                        if flipped.n_problems[j]
+                        else NO_TEST_NO_PAIRS
+                    ),
+                    "n_gained": int(flipped.gained[:, j].sum()),
+                    "n_lost": int(flipped.lost[:, j].sum()),
+                    "mcnemar_p": flipped.p_value[j],
+                    "mde": flipped.mde[j],
                 }
             )
+            if flips is not None:
+                for direction, which in (("gained", flipped.gained), ("lost", flipped.lost)):
+                    flips.extend(
+                        {
+                            "run": run,
+                            "task": task,
+                            "sampling": sampling,
+                            "ckpt_a": ref,
+                            "ckpt_b": ckpt,
+                            "task_id": task_ids[code],
+                            "direction": direction,
+                        }
+                        for code in flipped.problems[which[:, j]]
+                    )
     frame = pd.DataFrame(results, columns=DELTA_COLUMNS)
     frame["significant"] = (frame["ci_low"] > 0) | (frame["ci_high"] < 0)
     frame["regression"] = frame["ci_high"] < 0
@@ -757,6 +814,11 @@ def _comparisons(group: pd.DataFrame) -> list[tuple[str, str, str]]:
             out.append((ckpt, previous, "previous"))
         previous = ckpt
     return out
+
+
+def flip_table(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """`flips.csv` from `delta_table`'s flip rows, in comparison order, gained before lost."""
+    return pd.DataFrame(list(rows), columns=FLIP_COLUMNS)
 
 
 def missing_table(problems: Sequence[Problem]) -> pd.DataFrame:
@@ -821,6 +883,8 @@ def summarize(
     tidy = tidy_table(cells)
     metrics_by_task = main_metrics(cells)
     seeds = seed_table(tidy)
+    flips: list[dict[str, Any]] = []
+    deltas = delta_table(cells, samples, metrics_by_task, n_boot=bootstrap, seed=seed, flips=flips)
     return Summary(
         title=title,
         tidy=tidy,
@@ -828,11 +892,12 @@ def summarize(
         configs=config_table(seeds),
         passk=passk_table(cells, samples, tidy),
         errors=error_table(cells, samples),
-        deltas=delta_table(cells, samples, metrics_by_task, n_boot=bootstrap, seed=seed),
+        deltas=deltas,
         missing=missing_table([*problems, *sample_problems]),
         main_metrics=metrics_by_task,
         n_cells=len(cells),
         hacks=hack_table(cells),
+        flips=flip_table(flips),
     )
 
 
@@ -869,6 +934,7 @@ def build_summary(
         ("errors.csv", summary.errors),
         ("hacks.csv", summary.hacks),
         ("deltas.csv", summary.deltas),
+        ("flips.csv", summary.flips),
         ("missing.csv", summary.missing),
     ):
         write_csv(frame, summary_dir / name)
