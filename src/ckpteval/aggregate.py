@@ -47,6 +47,10 @@ unsolved by the reference and solved by the checkpoint / the reverse, out of `n_
 power 0.8 for that many problems (`ckpteval.stats.paired_mde`): a smaller difference is not
 detectable at this task's size. `flips.csv` lists the gained and lost problems by task_id
 (`ckpt_a` the reference, `ckpt_b` the checkpoint). Definitions: docs/statistics.md.
+
+A comparison of cells whose prompts went through different chat templates (the cells'
+`chat_template` provenance, ckpteval.chat_templates) is flagged (`chat_templates_differ`), and
+`metrics.md` and the report say so in one line (`TEMPLATE_NOTE`).
 """
 
 from __future__ import annotations
@@ -191,6 +195,7 @@ DELTA_COLUMNS = [
     "n_lost",
     "mcnemar_p",
     "mde",
+    "chat_templates_differ",
 ]
 #: flips.csv: one row per problem whose per-problem verdict flipped in a deltas.csv comparison.
 FLIP_COLUMNS = ["run", "task", "sampling", "ckpt_a", "ckpt_b", "task_id", "direction"]
@@ -198,6 +203,11 @@ FLIP_COLUMNS = ["run", "task", "sampling", "ckpt_a", "ckpt_b", "task_id", "direc
 MCNEMAR = "mcnemar-exact"
 NO_TEST_NOT_BINARY = "none: scores not 0/1"
 NO_TEST_NO_PAIRS = "none: no pairs"
+#: The line metrics.md and the report show when some comparison mixes chat templates.
+TEMPLATE_NOTE = (
+    "{n} comparison(s) in deltas.csv pair cells generated with different chat templates "
+    "(column chat_templates_differ): their deltas include the template's effect."
+)
 MISSING_COLUMNS = ["kind", "path", "reason", "run", "ckpt", "task", "variant"]
 CONFIDENCE = 0.95
 STDERR_LEGEND = (
@@ -237,6 +247,9 @@ class Cell:
     error_types: dict[str, int] = field(default_factory=dict)
     primary_metric: str | None = None
     hack_types: dict[str, int] = field(default_factory=dict)
+    #: The chat template its prompts went through: its sha256, "plain" for none, None when the
+    #: cell does not record it (cells scored before templates were recorded).
+    chat_template: str | None = None
 
     @property
     def samples_path(self) -> Path:
@@ -354,7 +367,19 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
         error_types={str(k): int(v) for k, v in error_types.items()},
         primary_metric=primary if isinstance(primary, str) and primary in parsed else None,
         hack_types={str(k): int(v) for k, v in hack_types.items()},
+        chat_template=_template_key(raw.get("chat_template")),
     )
+
+
+def _template_key(record: Any) -> str | None:
+    """What two cells' chat templates are compared by: the template's sha256; "plain" for
+    plain prompts; the source when it has no hash (an endpoint's own); None when unrecorded."""
+    if not isinstance(record, dict):
+        return None
+    if record.get("sha256"):
+        return str(record["sha256"])
+    source = str(record.get("source") or "")
+    return "plain" if source.startswith("none") else source or None
 
 
 def load_cells(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Cell], list[Problem]]:
@@ -747,6 +772,7 @@ def delta_table(
         flipped = paired_flips(matrix[:, b], matrix[:, a], key_problem)
         info = group.drop_duplicates("ckpt").set_index("ckpt")
         seeds_of = group.groupby("ckpt")["seed"].agg(set)
+        templates_of = group.groupby("ckpt")["chat_template"].agg(lambda t: set(t.dropna()))
         for j, (ckpt, ref, kind) in enumerate(comparisons):
             results.append(
                 {
@@ -776,6 +802,11 @@ def delta_table(
                     "n_lost": int(flipped.lost[:, j].sum()),
                     "mcnemar_p": flipped.p_value[j],
                     "mde": flipped.mde[j],
+                    "chat_templates_differ": bool(
+                        templates_of[ckpt]
+                        and templates_of[ref]
+                        and templates_of[ckpt] != templates_of[ref]
+                    ),
                 }
             )
             if flips is not None:
@@ -856,14 +887,25 @@ def metrics_wide(seeds: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     return ["run", "ckpt", "step", *columns], rows
 
 
-def metrics_markdown(seeds: pd.DataFrame, title: str) -> str:
-    """`metrics.md`: the title, a one-line legend and `metrics_wide` as a Markdown table."""
+def metrics_markdown(seeds: pd.DataFrame, title: str, deltas: pd.DataFrame | None = None) -> str:
+    """`metrics.md`: the title, a one-line legend and `metrics_wide` as a Markdown table (and
+    `template_note` of the `deltas` when it has one)."""
     lines = [f"# {title}", ""]
     if seeds.empty:
         return "\n".join(lines + ["No scored cells.", ""])
     header, rows = metrics_wide(seeds)
-    lines += [STDERR_LEGEND, "", _markdown_table(header, rows), ""]
+    note = template_note(deltas)
+    lines += [STDERR_LEGEND, "", *([f"**{note}**", ""] if note else [])]
+    lines += [_markdown_table(header, rows), ""]
     return "\n".join(lines)
+
+
+def template_note(deltas: pd.DataFrame | None) -> str | None:
+    """`TEMPLATE_NOTE` when some comparison pairs cells of different chat templates, else None."""
+    if deltas is None or "chat_templates_differ" not in deltas or deltas.empty:
+        return None
+    n = int(deltas["chat_templates_differ"].astype(bool).sum())
+    return TEMPLATE_NOTE.format(n=n) if n else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -939,7 +981,7 @@ def build_summary(
     ):
         write_csv(frame, summary_dir / name)
     with atomic_open(summary_dir / "metrics.md") as handle:
-        handle.write(metrics_markdown(summary.seeds, title))
+        handle.write(metrics_markdown(summary.seeds, title, summary.deltas))
     plots = report.write_plots(summary, summary_dir / "plots")
     report.write_html(summary, plots, summary_dir / "report.html")
     write_summary_json(cell_jsons, summary_dir / "summary.json")
@@ -1035,10 +1077,11 @@ def _cell_frame(cells: Sequence[Cell]) -> pd.DataFrame:
                 "task": c.task,
                 "sampling": c.sampling,
                 "seed": c.seed,
+                "chat_template": c.chat_template,
             }
             for c in cells
         ],
-        columns=["run", "ckpt", "step", "is_baseline", "task", "sampling", "seed"],
+        columns=["run", "ckpt", "step", "is_baseline", "task", "sampling", "seed", "chat_template"],
     ).astype({"step": "Int64"})
 
 

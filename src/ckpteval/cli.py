@@ -24,6 +24,7 @@ def _add_check_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_check(args: argparse.Namespace) -> int:
+    from ckpteval.chat_templates import missing_template_lines
     from ckpteval.config import build_plan, load_config, validate_config
     from ckpteval.tasks import check_harness_names
 
@@ -40,7 +41,7 @@ def _run_check(args: argparse.Namespace) -> int:
             f"variants {', '.join(plan.task_variants[name])}"
         )
     print(f"{len(plan.cells())} cells (checkpoint x task x variant)")
-    for line in plan.broken_lines():
+    for line in [*plan.broken_lines(), *missing_template_lines(plan)]:
         print(f"warning: {line}")
     return 0
 

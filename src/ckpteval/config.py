@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from ckpteval.chat_templates import ChatTemplate, resolve
 from ckpteval.checkpoints import (
     Checkpoint,
     Unfinished,
@@ -81,6 +82,8 @@ class Run:
     per_checkpoint_dirs: bool = False
     #: The run's only task, when it has one (its files are every JSONL file of the directory).
     only_task: str | None = None
+    #: `runs.<name>.chat_template`, resolved (ckpteval.chat_templates).
+    chat_template: ChatTemplate = ChatTemplate()
 
     @property
     def has_weights(self) -> bool:
@@ -395,6 +398,18 @@ def build_plan(
         if r.get("evaluate_base"):
             ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]
         runs[name] = Run(name, path, r["format"], base_model, tuple(ckpts))
+    runs = {
+        name: dataclasses.replace(
+            run,
+            chat_template=resolve(
+                config["runs"][name].get("chat_template"),
+                key=f"config: runs.{name}.chat_template",
+                base_dir=base_dir,
+                backend=run.backend,
+            ),
+        )
+        for name, run in runs.items()
+    }
 
     check_piston_limits(tasks, config)
     tp = config["engine"]["tensor_parallel_size"]

@@ -93,6 +93,13 @@ CONTRACT: tuple[Row, ...] = (
     Row("reasoning.start", GENERATIONS, "where reasoning is seen to open"),
     Row("reasoning.end", GENERATIONS, "where reasoning ends and the answer starts"),
     Row("reasoning.budget", GENERATIONS, "the token budget and what counts as truncated"),
+    Row(
+        "runs.*.chat_template",
+        GENERATIONS,
+        "the prompts of tasks asking for chat formatting (a file by its content: moving it "
+        "reruns nothing; auto adds nothing: the checkpoint's files are its identity)",
+        {"prompts": ("chat",)},
+    ),
     Row("tasks", PLAN, "a new task adds its cells; a removed task's results stay on disk"),
     Row("tasks.*.harness", GENERATIONS, "which lm-eval task"),
     Row("tasks.*.limit", GENERATIONS, "which problems are asked"),
@@ -225,6 +232,8 @@ class Cell:
     backend: str
     kind: str
     checker: str
+    #: "chat" when the task asks for a chat template (`tasks.*.chat_template`), else "plain".
+    prompts: str = "plain"
 
     def star(self, key: str) -> str:
         """`key` with its `*` replaced by this cell's run, task or sampling name."""
@@ -363,6 +372,7 @@ def _cell(plan: Any, run: str, task: str, variant: str) -> Cell:
         plan.runs[run].backend,
         spec.kind,
         spec.checker,
+        "chat" if spec.options.get("chat_template") else "plain",
     )
 
 
@@ -374,13 +384,19 @@ def generation_identity(plan: Any, run: str, task: str, variant: str) -> Identit
         "task.definition": plan.tasks[task].config_hash()[:16],
         "variant.seed": plan.variants[variant].seed,
     }
-    return cell_settings(
+    identity = cell_settings(
         plan.config,
         _cell(plan, run, task, variant),
         GENERATIONS,
         extra,
         sampling_values=lambda name: getattr(sampling, name),
     )
+    # The run's chat template counts by content, not by its configured path or name.
+    key = f"runs.{run}.chat_template"
+    if key not in identity.settings:
+        return identity
+    settings = {k: v for k, v in identity.settings.items() if k != key}
+    return Identity(_set({**settings, key: plan.runs[run].chat_template.identity}))
 
 
 def scoring_identity(plan: Any, run: str, task: str, variant: str) -> Identity:

@@ -166,6 +166,7 @@ class HarnessRunner:
             chunk_size=self.chunk_size,
             label=f"{job.task.name} {job.variant.name}",
             reasoning=task_reasoning(opts),
+            template=job.template.text,
         )
         results = run_lm_eval(
             lm,
@@ -174,7 +175,7 @@ class HarnessRunner:
             gen_kwargs=gen_kwargs,
             num_fewshot=opts.get("num_fewshot"),
             limit=opts.get("limit"),
-            chat=bool(opts.get("chat_template")),
+            chat=job.template.chat,
             system_prompt=opts.get("system_prompt"),
         )
         if not results:
@@ -216,14 +217,16 @@ class HarnessRunner:
         configure_task(
             task, num_fewshot=opts.get("num_fewshot"), gen_kwargs=None, seed=job.variant.seed
         )
-        chat = bool(opts.get("chat_template"))
+        chat = job.template.chat
         task.build_all_requests(
             limit=opts.get("limit"),
             rank=0,
             world_size=1,
             system_instruction=opts.get("system_prompt"),
             apply_chat_template=chat,
-            chat_template=functools.partial(chat_template, self.backend) if chat else None,
+            chat_template=functools.partial(chat_template, self.backend, template=job.template.text)
+            if chat
+            else None,
             tokenizer_name=_tokenizer_name(self.backend) if chat else "",
         )
         problems: dict[str, dict[str, Any]] = {}
@@ -384,18 +387,28 @@ def cached_harness_lm(
     chunk_size: int = 256,
     label: str = "",
     reasoning: Reasoning | None = None,
+    template: str | None = None,
 ) -> Any:
     """A `CachedHarnessLM` that is also an lm-eval `LM` (lm-eval is imported only here, so the
     evaluate step, which only scores, never pays for importing it)."""
     return _cached_lm_class()(
-        backend, cache_file, chunk_size=chunk_size, label=label, reasoning=reasoning
+        backend,
+        cache_file,
+        chunk_size=chunk_size,
+        label=label,
+        reasoning=reasoning,
+        template=template,
     )
 
 
 def chat_template(
-    backend: Backend, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    backend: Backend,
+    chat_history: list[dict[str, str]],
+    add_generation_prompt: bool = True,
+    template: str | None = None,
 ) -> str:
-    """lm-eval's VLLM chat rendering, with the model's own tokenizer (no engine needed)."""
+    """lm-eval's VLLM chat rendering, with the model's own tokenizer (no engine needed), through
+    the run's chosen `template` (None: the tokenizer's own; ckpteval.chat_templates)."""
     tokenizer = getattr(backend, "tokenizer", None)
     if tokenizer is None:
         raise UserError(f"backend {backend.name} has no tokenizer to render a chat template")
@@ -405,6 +418,7 @@ def chat_template(
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=not add_generation_prompt,
+            chat_template=template,
         )
     )
 
@@ -431,9 +445,11 @@ class CachedHarnessLM:
         chunk_size: int = 256,
         label: str = "",
         reasoning: Reasoning | None = None,
+        template: str | None = None,
     ) -> None:
         super().__init__()
         self.backend = backend
+        self.template = template
         self.cache_file = cache_file
         self.chunk_size = chunk_size
         self.label = label
@@ -450,7 +466,7 @@ class CachedHarnessLM:
     def apply_chat_template(
         self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
-        return chat_template(self.backend, chat_history, add_generation_prompt)
+        return chat_template(self.backend, chat_history, add_generation_prompt, self.template)
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         return self._answer("generate_until", requests)

@@ -22,7 +22,8 @@ task with `reasoning` add answer, reasoning_tokens and truncated_reasoning, `com
 the raw text and `finish_reason` being the answer's (ckpteval.reasoning). Beside it,
 `{variant}.meta.json` records the backend and its arguments, versions, device, host, Slurm job,
 timings (load; generation, for ckpteval tasks as their token share of the job's batch), token
-counts, tokens/s and how many prompts came from the cache.
+counts, tokens/s, how many prompts came from the cache, and the chat template the prompts went
+through (`chat_template: {source, sha256}`, ckpteval.chat_templates).
 
 All ckpteval tasks and variants of a job are generated together, in chunks that mix them, and
 those chunks ride along with lm-eval's own engine calls (`Backend.ride_along`): the engine sees
@@ -31,6 +32,7 @@ one batch instead of one per task, each ending with the engine draining on its l
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -52,6 +54,7 @@ from ckpteval.backends import (
     make_backend,
 )
 from ckpteval.cache import cache_key, cache_row, read_cache, store_rows
+from ckpteval.chat_templates import TemplateUse, resolve, template_use
 from ckpteval.config import Variant
 from ckpteval.errors import UserError
 from ckpteval.gpus import Lease, lease_engine_device
@@ -76,10 +79,18 @@ class Job:
     variant: Variant
     out: Path
     record: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    #: The chat template its prompts go through (set by `run_infer` from the run's choice).
+    chat: TemplateUse | None = field(default=None, hash=False, compare=False)
 
     @property
     def meta(self) -> Path:
         return self.out.with_suffix(".meta.json")
+
+    @property
+    def template(self) -> TemplateUse:
+        """How its prompts are formatted; without a run's choice, as the task asks, through the
+        tokenizer's own template."""
+        return self.chat or TemplateUse(bool(self.task.options.get("chat_template")))
 
 
 def gpu_memory_utilization(configured: float, attempt: int) -> float:
@@ -104,7 +115,8 @@ def run_infer(
 ) -> dict[str, Any]:
     """Write every job's generation file and meta for one checkpoint; returns a summary.
 
-    `run_cfg` is the run's config entry (its `backend`, `endpoint`); `attempt` is Snakemake's
+    `run_cfg` is the run's config entry (its `backend`, `endpoint`, `chat_template`: a template
+    file is read relative to the working directory); `attempt` is Snakemake's
     attempt number: a retry after a CUDA out-of-memory error asks vLLM for less memory. A
     `backend` given by the caller (bench/infer.py) is used as is and left open. With `share_as`
     (a name for this job), missing requests are published for assist jobs (ckpteval.share).
@@ -142,6 +154,19 @@ def run_infer(
     }
     missing: MissingRequests | None = None
     try:
+        choice = resolve(
+            run_cfg.get("chat_template"),
+            key=f"{where}.chat_template",
+            base_dir=Path.cwd(),
+            backend=backend_name,
+        )
+        jobs = [
+            dataclasses.replace(
+                job,
+                chat=template_use(choice, bool(job.task.options.get("chat_template")), backend),
+            )
+            for job in jobs
+        ]
         harness.preflight([job.task for job in jobs])
         batch = [
             prepare_requests(backend, harness, job, cache)
@@ -308,6 +333,7 @@ def _write_meta(
             "variant": job.variant.name,
             "task_hash": job.task.config_hash(),
             "checker": job.task.checker,
+            "chat_template": job.template.record,
             "backend_identity": backend.identity,
             "engine_loads": backend.loads,
             "load_seconds": round(backend.load_seconds, 3),
@@ -553,12 +579,13 @@ def _cost(chunk: Chunk) -> int:
 def render_prompts(
     backend: Backend, job: Job, problems: dict[str, dict[str, Any]]
 ) -> dict[str, Prompt]:
-    """task_id -> prompt, through the tokenizer's chat template when the task asks for it."""
+    """task_id -> prompt, through the job's chat template (`Job.template`) when it has one."""
     prompts: dict[str, Prompt] = {tid: job.task.render(p) for tid, p in problems.items()}
-    if not job.task.options.get("chat_template"):
+    use = job.template
+    if not use.chat:
         return prompts
     system = job.task.options.get("system_prompt")
-    return {tid: backend.render_chat(system, str(text)) for tid, text in prompts.items()}
+    return {tid: backend.render_chat(system, str(text), use.text) for tid, text in prompts.items()}
 
 
 def sampling_spec(job: Job) -> SamplingSpec:

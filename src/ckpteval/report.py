@@ -42,6 +42,7 @@ from ckpteval.aggregate import (
     STDERR_LEGEND,
     Summary,
     metrics_wide,
+    template_note,
 )
 from ckpteval.io import atomic_open
 
@@ -374,6 +375,9 @@ def render_html(summary: Summary, plots: Sequence[Plot]) -> str:
             "settle_seconds: not evaluated until they are fixed or removed.</p>",
             "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in summary.broken) + "</ul>",
         ]
+    note = template_note(summary.deltas)
+    if note:
+        parts.append(f"<p class='bad'>{html.escape(note)}</p>")
     if "source_deleted" in tidy and tidy["source_deleted"].any():
         gone = tidy[tidy["source_deleted"]][["run", "ckpt", "step"]].drop_duplicates()
         parts += [

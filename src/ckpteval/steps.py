@@ -250,6 +250,9 @@ def evaluate(smk: Any) -> None:
         "generation_sha256": sha256_file(generations),
         "scoring": Identity.from_text(smk.params.identity).settings,
     }
+    template = read_meta(generations.with_suffix(".meta.json")).get("chat_template")
+    if template is not None:  # the chat template the prompts went through (infer._write_meta)
+        provenance["chat_template"] = template
     ev = smk.config["evaluate"]
     options: dict[str, Any] = {"sandbox": ev["sandbox"]}
     if ev.get("piston_url"):

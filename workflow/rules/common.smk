@@ -5,6 +5,7 @@ import re
 import sys
 from pathlib import Path
 
+from ckpteval.chat_templates import missing_template_lines
 from ckpteval.checkpoints import sync_source_identity
 from ckpteval.config import build_plan, validate_config
 from ckpteval.contract import (
@@ -49,7 +50,7 @@ if workflow.is_main_process:
                 sync_source_identity(
                     _ckpt.path, _id_file, FRESH.manifest_path(_run.name, _ckpt.name)
                 )
-    for _line in PLAN.broken_lines():
+    for _line in [*PLAN.broken_lines(), *missing_template_lines(PLAN)]:
         print(f"ckpteval: warning: {_line}", file=sys.stderr)
     for _line in FRESH.explain(ALL_PAIRS):
         print(f"ckpteval: rerun: {_line}", file=sys.stderr)

@@ -76,8 +76,9 @@ class Backend(abc.ABC):
     def identity(self) -> dict[str, Any]:
         """What, besides weights, prompt and sampling, can change a completion."""
 
-    def render_chat(self, system: str | None, user: str) -> Prompt:
-        """A chat prompt for `user` (and an optional system message)."""
+    def render_chat(self, system: str | None, user: str, template: str | None = None) -> Prompt:
+        """A chat prompt for `user` (and an optional system message), through `template` (Jinja
+        text; None: the model's own; ckpteval.chat_templates)."""
         raise NotImplementedError
 
     def check_prompts(self, prompts: dict[str, Prompt], max_tokens: int, task: str) -> None:

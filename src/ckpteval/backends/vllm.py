@@ -56,12 +56,14 @@ class VllmBackend(Backend):
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         return self._tokenizer
 
-    def render_chat(self, system: str | None, user: str) -> Prompt:
+    def render_chat(self, system: str | None, user: str, template: str | None = None) -> Prompt:
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": user}
         ]
         return str(
-            self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, chat_template=template
+            )
         )
 
     def check_prompts(self, prompts: dict[str, Prompt], max_tokens: int, task: str) -> None:
