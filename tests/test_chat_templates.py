@@ -265,6 +265,39 @@ def test_qwen3_template_opens_an_assistant_turn_and_can_close_thinking(
     )
 
 
+def test_an_endpoint_run_records_its_servers_template_or_sends_plain_prompts(
+    tmp_path: Path,
+) -> None:
+    from test_infer_backends import FakeEndpoint, _setup
+
+    from ckpteval.infer import run_infer
+
+    with FakeEndpoint() as endpoint:
+        for value, record, chat in (
+            ("auto", {"source": "endpoint", "sha256": None}, True),
+            ("none", {"source": "none", "sha256": None}, False),
+        ):
+            run = {
+                "backend": "openai",
+                "endpoint": {"base_url": endpoint.base_url, "model": "tiny"},
+                "chat_template": value,
+            }
+            out = tmp_path / value
+            config, jobs, card = _setup(out, run, {"arith": {"limit": 2, "chat_template": True}})
+            endpoint.bodies.clear()
+            run_infer(
+                jobs,
+                manifest_path=card,
+                model_dir=None,
+                run_cfg=config["runs"]["r"],
+                engine_cfg=config["engine"],
+                cache_dir=out / "cache",
+            )
+            assert _read(out / "gen" / "arith" / "greedy-s42.meta.json")["chat_template"] == record
+            assert all(("messages" in body) == chat for body in endpoint.bodies)
+            assert len(endpoint.bodies) == 2
+
+
 # ---------------------------------------------------------------------------- a real sweep
 
 
@@ -344,7 +377,7 @@ def test_moving_the_file_plans_nothing_and_editing_it_reruns_that_runs_generatio
     shutil.copyfile(sweep.work / "templates" / "qa.jinja", sweep.work / "elsewhere" / "b.jinja")
     moved["runs"]["tpl"]["chat_template"] = str(sweep.work / "elsewhere" / "b.jinja")
     assert _plan(sweep, moved, "moved")[0] == Counter()
-    (sweep.work / "elsewhere" / "b.jinja").write_text(QA_TEMPLATE.replace("USER", "HUMAN"))
+    (sweep.work / "elsewhere" / "b.jinja").write_text(QA_TEMPLATE.replace("ASSISTANT:", "BOT:"))
     jobs, out = _plan(sweep, moved, "edited")
     chain = Counter({"infer": 1, "generation": 2, "evaluate": 2, "aggregate": 1})
     assert jobs == chain
