@@ -86,8 +86,8 @@ def resolve(value: str | None, *, key: str, base_dir: Path, backend: str = "vllm
     known = ", ".join(builtin_names())
     if backend != "vllm":
         raise UserError(
-            f"{key}: {value!r}: a template file or name applies to vllm runs only (an "
-            f"{backend} run's prompts are formatted elsewhere); use auto or none"
+            f"{key}: {value!r}: a template file or name applies to vllm runs only (this "
+            f"run's backend, {backend}, formats its prompts elsewhere); use auto or none"
         )
     if value.endswith(".jinja") or "/" in value or os.sep in value:
         path = Path(os.path.expanduser(os.path.expandvars(value)))
