@@ -36,11 +36,13 @@ include: "workflow/rules/consolidate.smk"
 include: "workflow/rules/infer.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/publish.smk"
 
 
 localrules:
     all,
     aggregate,
+    publish,
 
 
 rule all:

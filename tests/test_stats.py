@@ -1,4 +1,5 @@
-"""Statistics against hand-computed values: pass@k curves, stderr, paired bootstrap intervals."""
+"""Statistics against hand-computed values: pass@k curves, stderr, paired bootstrap intervals,
+McNemar's exact test, the minimum detectable effect, per-problem flips."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from ckpteval.metrics import mean_and_stderr, pass_at_k, pass_at_k_table
 from ckpteval.stats import (
     bootstrap_weights,
     conservative_stderr,
+    mcnemar_exact,
+    min_discordant,
     paired_bootstrap,
+    paired_flips,
+    paired_mde,
     pass_at_k_curve,
     per_problem_means,
 )
@@ -168,3 +173,108 @@ def test_pairing_narrows_the_interval() -> None:
         _simulate(rng, 50, 200, 4, 0.1, paired=False), n_boot=500, rng=np.random.default_rng(12)
     )
     assert (paired.high - paired.low).mean() < 0.7 * (unpaired.high - unpaired.low).mean()
+
+
+# McNemar's exact test, minimum detectable effect, flips ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lost", "gained", "expected"),
+    [
+        (0, 5, 0.0625),  # 2 * 1/32
+        (5, 0, 0.0625),  # symmetric
+        (1, 9, 2 * 11 / 1024),  # 2 * (C(10,0) + C(10,1)) / 2^10
+        (2, 10, 2 * (1 + 12 + 66) / 4096),
+        (0, 6, 2 / 64),  # the fewest discordant pairs that reach p < 0.05
+        (4, 4, 1.0),  # b = c
+        (3, 4, 1.0),  # 2 * P(X <= 3), X ~ Bin(7, 1/2), = 1 exactly
+        (0, 0, 1.0),  # nothing discordant
+        (0, 1, 1.0),
+    ],
+)
+def test_mcnemar_exact_hand_computed_tails(lost: int, gained: int, expected: float) -> None:
+    assert mcnemar_exact(lost, gained) == pytest.approx(expected, rel=1e-12)
+
+
+def test_mcnemar_exact_equals_scipy_binomtest() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    pairs = [(b, c) for b in range(0, 25, 3) for c in range(0, 25, 4) if b + c] + [
+        (130, 170),
+        (480, 520),
+        (3, 900),
+    ]
+    for b, c in pairs:
+        expected = stats.binomtest(min(b, c), b + c, 0.5).pvalue
+        assert mcnemar_exact(b, c) == pytest.approx(expected, rel=1e-9, abs=1e-300), (b, c)
+
+
+def test_mcnemar_exact_stays_exact_where_floats_underflow() -> None:
+    # 2 * 2^-1100 is below the smallest double: the integer tail gives 0.0, never an error or NaN.
+    assert mcnemar_exact(0, 1100) == 0.0
+    assert mcnemar_exact(550, 550) == 1.0
+    with pytest.raises(ValueError):
+        mcnemar_exact(-1, 3)
+
+
+def test_min_discordant_is_where_the_exact_test_can_first_reject() -> None:
+    assert min_discordant(0.05) == 6 and min_discordant(0.01) == 8
+    assert mcnemar_exact(0, 5) > 0.05 >= mcnemar_exact(0, 6)
+    assert mcnemar_exact(0, 7) > 0.01 >= mcnemar_exact(0, 8)
+
+
+def test_paired_mde_formula_values() -> None:
+    z = 1.959963984540054 + 0.8416212335729143  # z_.975 + z_.8
+    # n = 100, 20 discordant: 2.8016 * sqrt(0.2 / 100) = 0.1253, above the floor 6/100.
+    assert paired_mde(100, 20) == pytest.approx(z * math.sqrt(0.2 / 100))
+    assert paired_mde(100, 20) == pytest.approx(0.12529, abs=1e-5)
+    # n = 500, 100 discordant: 0.0560.
+    assert paired_mde(500, 100) == pytest.approx(z * math.sqrt(0.2 / 500))
+    # n = 20, 4 discordant: the formula says 0.280, but the exact test needs 6 flips: 6/20.
+    assert z * math.sqrt(0.2 / 20) == pytest.approx(0.2802, abs=1e-4)
+    assert paired_mde(20, 4) == pytest.approx(0.3)
+    # Nothing discordant: planning share 3/n (rule of three); at n = 1000 the floor 6/n decides.
+    assert paired_mde(1000, 0) == pytest.approx(max(z * math.sqrt(3 / 1000 / 1000), 0.006))
+    assert paired_mde(1000, 0) == pytest.approx(0.006)
+    # Capped at 1; fewer problems than the exact test needs: nothing detectable (infinite);
+    # nothing to compare is NaN; other levels follow the normal quantiles.
+    assert paired_mde(6, 6) == 1.0
+    assert paired_mde(5, 5) == math.inf and paired_mde(7, 0, alpha=0.01) == math.inf
+    assert math.isnan(paired_mde(0, 0))
+    assert paired_mde(1000, 300, alpha=0.01, power=0.9) == pytest.approx(
+        (2.5758293035489 + 1.2815515655446004) * math.sqrt(0.3 / 1000)
+    )
+
+
+def test_paired_flips_majority_per_problem_over_shared_samples() -> None:
+    nan = np.nan
+    # rows: (problem, sample); two comparisons (columns)
+    problems = np.array([0, 0, 0, 1, 1, 2, 3])
+    before = np.array([[1, 1], [1, 1], [0, 0], [0, 1], [0, 1], [1, 0], [0, 0]], dtype=np.float64)
+    after = np.array(
+        [[0, 1], [0, 1], [nan, 0], [1, 0], [1, nan], [1, 0], [nan, 1]], dtype=np.float64
+    )
+    result = paired_flips(before, after, problems)
+    assert result.problems.tolist() == [0, 1, 2, 3]
+    # column 0: problem 0 pairs two samples (2/2 -> 0/2: lost), problem 1 (0/2 -> 2/2: gained),
+    # problem 2 unchanged, problem 3 has no shared sample (left out).
+    assert result.lost[:, 0].tolist() == [True, False, False, False]
+    assert result.gained[:, 0].tolist() == [False, True, False, False]
+    assert result.n_problems[0] == 3
+    assert result.p_value[0] == pytest.approx(mcnemar_exact(1, 1))
+    assert result.mde[0] == math.inf  # 3 problems: the exact test cannot reach 0.05
+    # column 1: problem 0 3 pairs (2/3 -> 2/3), problem 1 one pair (1 -> 0: lost), problem 3 gained
+    assert result.lost[:, 1].tolist() == [False, True, False, False]
+    assert result.gained[:, 1].tolist() == [False, False, False, True]
+    assert result.n_problems[1] == 4
+    assert result.binary.tolist() == [True, True]
+
+
+def test_paired_flips_half_passing_is_unsolved_and_scores_need_0_or_1() -> None:
+    problems = np.array([0, 0])
+    result = paired_flips(np.array([[1.0], [0.0]]), np.array([[1.0], [1.0]]), problems)
+    assert result.gained[:, 0].tolist() == [True]  # 1/2 is not a majority; 2/2 is
+    scores = paired_flips(np.array([[0.5], [0.0]]), np.array([[1.0], [1.0]]), problems)
+    assert scores.binary.tolist() == [False]
+    assert not scores.gained.any() and math.isnan(scores.p_value[0])
+    empty = paired_flips(np.empty((0, 1)), np.empty((0, 1)), np.empty(0, dtype=np.int64))
+    assert empty.n_problems.tolist() == [0] and math.isnan(empty.p_value[0])

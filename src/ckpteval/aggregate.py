@@ -20,7 +20,8 @@ Output (`build_summary`), all under `summary_dir`, each file written atomically:
 | `errors.csv` | (cell, error type): count and fraction of the cell's samples |
 | `hacks.csv` | (cell, hack type): count and fraction of the cell's samples (`HACK_COLUMNS`) |
 | `truncation.csv` | cell with a `truncation_rate`: the rate, the threshold, flagged (`TRUNCATION_COLUMNS`) |
-| `deltas.csv` | paired comparison: each checkpoint vs the run's baseline and vs the previous one |
+| `deltas.csv` | paired comparison: each checkpoint vs the run's baseline and vs the previous one (`DELTA_COLUMNS`; McNemar columns below) |
+| `flips.csv` | (comparison, problem) whose verdict flipped: `FLIP_COLUMNS`, `direction` gained or lost |
 | `missing.csv` | cell or per-sample file that could not be used, with its path and why |
 | `summary.json` | run, checkpoint, task, variant: pass rate, counts, per problem (`write_summary_json`) |
 | `plots/*.png`, `report.html` | see `ckpteval.report` |
@@ -44,6 +45,20 @@ rate and flag. Paired deltas compare the mean per-sample value
 (`passed` for pass@1 tasks, so the delta is a pass@1 difference; `score` otherwise) of two
 checkpoints over the (task_id, seed, sample_idx) both have, for one sampling config with its seeds
 pooled; the interval is a percentile bootstrap over problems (`ckpteval.stats.paired_bootstrap`).
+
+Beside the interval, `deltas.csv` carries McNemar's exact test on per-problem verdicts
+(`ckpteval.stats.paired_flips`; a problem is solved when more than half of its paired samples
+pass): `paired_test` is `mcnemar-exact`, or says why there is none (`none: scores not 0/1` for a
+harness metric such as an F1 score, `none: no pairs`); `n_gained` / `n_lost` count the problems
+unsolved by the reference and solved by the checkpoint / the reverse, out of `n_problems`;
+`mcnemar_p` is the two-sided exact p-value; `mde` the minimum detectable effect at alpha 0.05 and
+power 0.8 for that many problems (`ckpteval.stats.paired_mde`): a smaller difference is not
+detectable at this task's size. `flips.csv` lists the gained and lost problems by task_id
+(`ckpt_a` the reference, `ckpt_b` the checkpoint). Definitions: docs/statistics.md.
+
+A comparison of cells whose prompts went through different chat templates (the cells'
+`chat_template` provenance, ckpteval.chat_templates) is flagged (`chat_templates_differ`), and
+`metrics.md` and the report say so in one line (`TEMPLATE_NOTE`).
 """
 
 from __future__ import annotations
@@ -70,6 +85,7 @@ from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.stats import (
     conservative_stderr,
     paired_bootstrap,
+    paired_flips,
     pass_at_k_curve,
     per_problem_means,
 )
@@ -201,7 +217,24 @@ DELTA_COLUMNS = [
     "ci_high",
     "significant",
     "regression",
+    "paired_test",
+    "n_gained",
+    "n_lost",
+    "mcnemar_p",
+    "mde",
+    "chat_templates_differ",
 ]
+#: flips.csv: one row per problem whose per-problem verdict flipped in a deltas.csv comparison.
+FLIP_COLUMNS = ["run", "task", "sampling", "ckpt_a", "ckpt_b", "task_id", "direction"]
+#: `paired_test` of a comparison with McNemar's exact test, and of those without one.
+MCNEMAR = "mcnemar-exact"
+NO_TEST_NOT_BINARY = "none: scores not 0/1"
+NO_TEST_NO_PAIRS = "none: no pairs"
+#: The line metrics.md and the report show when some comparison mixes chat templates.
+TEMPLATE_NOTE = (
+    "{n} comparison(s) in deltas.csv pair cells generated with different chat templates "
+    "(column chat_templates_differ): their deltas include the template's effect."
+)
 MISSING_COLUMNS = ["kind", "path", "reason", "run", "ckpt", "task", "variant"]
 CONFIDENCE = 0.95
 STDERR_LEGEND = (
@@ -241,6 +274,9 @@ class Cell:
     error_types: dict[str, int] = field(default_factory=dict)
     primary_metric: str | None = None
     hack_types: dict[str, int] = field(default_factory=dict)
+    #: The chat template its prompts went through: its sha256, "plain" for none, None when the
+    #: cell does not record it (cells scored before templates were recorded).
+    chat_template: str | None = None
 
     @property
     def samples_path(self) -> Path:
@@ -287,6 +323,7 @@ class Summary:
     hacks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HACK_COLUMNS))
     #: One line per checkpoint that looks broken (not completely written, unchanged for long).
     broken: list[str] = field(default_factory=list)
+    flips: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FLIP_COLUMNS))
     #: Every cell's truncation rate against the threshold (`truncation_table`).
     truncation: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=TRUNCATION_COLUMNS)
@@ -361,7 +398,19 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
         error_types={str(k): int(v) for k, v in error_types.items()},
         primary_metric=primary if isinstance(primary, str) and primary in parsed else None,
         hack_types={str(k): int(v) for k, v in hack_types.items()},
+        chat_template=_template_key(raw.get("chat_template")),
     )
+
+
+def _template_key(record: Any) -> str | None:
+    """What two cells' chat templates are compared by: the template's sha256; "plain" for
+    plain prompts; the source when it has no hash (an endpoint's own); None when unrecorded."""
+    if not isinstance(record, dict):
+        return None
+    if record.get("sha256"):
+        return str(record["sha256"])
+    source = str(record.get("source") or "")
+    return "plain" if source.startswith("none") else source or None
 
 
 def load_cells(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Cell], list[Problem]]:
@@ -427,8 +476,8 @@ def _read_samples_slowly(path: Path, notes: list[str]) -> pa.Table:
 
 def load_samples(cells: Sequence[Cell]) -> tuple[pd.DataFrame, list[Problem]]:
     """Per-sample rows of every cell, sorted by `cell` (the index into `cells`): columns `cell`,
-    `problem` (an integer code per distinct task_id), `sample_idx`, and `passed` and `score` as
-    floats (NaN when absent)."""
+    `problem` (an integer code per distinct task_id), `sample_idx`, `passed` and `score` as
+    floats (NaN when absent), and `task_id` (categorical; its codes are `problem`)."""
     tables: list[pa.Table] = []
     problems: list[Problem] = []
     for index, cell in enumerate(cells):
@@ -457,6 +506,9 @@ def load_samples(cells: Sequence[Cell]) -> tuple[pd.DataFrame, list[Problem]]:
             "passed": table["passed"].cast(pa.float64()).to_numpy(zero_copy_only=False),
             "score": table["score"].to_numpy(zero_copy_only=False),
         }
+    )
+    frame["task_id"] = pd.Categorical.from_codes(
+        frame["problem"], categories=pd.Index(task_ids.dictionary.to_pylist(), dtype=object)
     )
     return frame, problems
 
@@ -747,20 +799,24 @@ def delta_table(
     *,
     n_boot: int,
     seed: int,
+    flips: list[dict[str, Any]] | None = None,
 ) -> pd.DataFrame:
-    """Paired differences (checkpoint minus reference) with bootstrap intervals.
+    """Paired differences (checkpoint minus reference) with bootstrap intervals and McNemar.
 
     For each (run, task, sampling), every non-baseline checkpoint is compared with the run's
     baseline (if the run has one) and with the previous checkpoint by step. The pairs are the
     (task_id, seed, sample_idx) both checkpoints scored; a problem's difference is the mean over
     its pairs; the interval resamples problems. `significant` means the interval excludes zero,
-    `regression` that it lies below zero.
+    `regression` that it lies below zero. McNemar's exact test and the minimum detectable effect
+    come from `stats.paired_flips` on the same pairs; each flipped problem is appended to `flips`
+    (when given) as a `FLIP_COLUMNS` row.
     """
     if samples.empty:
         return pd.DataFrame(columns=DELTA_COLUMNS)
     rng = np.random.default_rng(seed)
     cell_frame = _cell_frame(cells)
     bounds = np.searchsorted(samples["cell"].to_numpy(), np.arange(len(cells) + 1))
+    task_ids = samples["task_id"].cat.categories
     results = []
     for (run, task, sampling), group in cell_frame.groupby(["run", "task", "sampling"], sort=False):
         metric = metrics_by_task.get(task, "score")
@@ -790,8 +846,10 @@ def delta_table(
             per_problem_means(diffs, key_problem), n_boot=n_boot, rng=rng, confidence=CONFIDENCE
         )
         n_pairs = (~np.isnan(diffs)).sum(axis=0)
+        flipped = paired_flips(matrix[:, b], matrix[:, a], key_problem)
         info = group.drop_duplicates("ckpt").set_index("ckpt")
         seeds_of = group.groupby("ckpt")["seed"].agg(set)
+        templates_of = group.groupby("ckpt")["chat_template"].agg(lambda t: set(t.dropna()))
         for j, (ckpt, ref, kind) in enumerate(comparisons):
             results.append(
                 {
@@ -810,8 +868,38 @@ def delta_table(
                     "delta": boot.estimate[j],
                     "ci_low": boot.low[j],
                     "ci_high": boot.high[j],
+                    "paired_test": (
+                        NO_TEST_NOT_BINARY
+                        if not flipped.binary[j]
+                        else MCNEMAR
+                        if flipped.n_problems[j]
+                        else NO_TEST_NO_PAIRS
+                    ),
+                    "n_gained": int(flipped.gained[:, j].sum()),
+                    "n_lost": int(flipped.lost[:, j].sum()),
+                    "mcnemar_p": flipped.p_value[j],
+                    "mde": flipped.mde[j],
+                    "chat_templates_differ": bool(
+                        templates_of[ckpt]
+                        and templates_of[ref]
+                        and templates_of[ckpt] != templates_of[ref]
+                    ),
                 }
             )
+            if flips is not None:
+                for direction, which in (("gained", flipped.gained), ("lost", flipped.lost)):
+                    flips.extend(
+                        {
+                            "run": run,
+                            "task": task,
+                            "sampling": sampling,
+                            "ckpt_a": ref,
+                            "ckpt_b": ckpt,
+                            "task_id": task_ids[code],
+                            "direction": direction,
+                        }
+                        for code in flipped.problems[which[:, j]]
+                    )
     frame = pd.DataFrame(results, columns=DELTA_COLUMNS)
     frame["significant"] = (frame["ci_low"] > 0) | (frame["ci_high"] < 0)
     frame["regression"] = frame["ci_high"] < 0
@@ -834,6 +922,11 @@ def _comparisons(group: pd.DataFrame) -> list[tuple[str, str, str]]:
             out.append((ckpt, previous, "previous"))
         previous = ckpt
     return out
+
+
+def flip_table(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """`flips.csv` from `delta_table`'s flip rows, in comparison order, gained before lost."""
+    return pd.DataFrame(list(rows), columns=FLIP_COLUMNS)
 
 
 def missing_table(problems: Sequence[Problem]) -> pd.DataFrame:
@@ -885,17 +978,20 @@ def metrics_wide(
 def metrics_markdown(
     seeds: pd.DataFrame,
     title: str,
+    deltas: pd.DataFrame | None = None,
     flags: dict[tuple[str, str, str, str, str], float] | None = None,
 ) -> str:
-    """`metrics.md`: the title, a one-line legend and `metrics_wide` as a Markdown table (length
-    metrics left out), then the length metrics' own table. Each entry of `flags`
-    (`truncation_flags`) marks its value with a footnote saying the score is a lower bound."""
+    """`metrics.md`: the title, a one-line legend (and `template_note` of the `deltas` when it
+    has one) and `metrics_wide` as a Markdown table (length metrics left out), then the length
+    metrics' own table. Each entry of `flags` (`truncation_flags`) marks its value with a
+    footnote saying the score is a lower bound."""
     lines = [f"# {title}", ""]
     if seeds.empty:
         return "\n".join(lines + ["No scored cells.", ""])
     lengths = seeds["metric"].isin(LENGTH_METRICS)
     marks = {key: f" [^t{i}]" for i, key in enumerate(flags or {}, start=1)}
-    lines += [STDERR_LEGEND, ""]
+    note = template_note(deltas)
+    lines += [STDERR_LEGEND, "", *([f"**{note}**", ""] if note else [])]
     if not lengths.all():
         header, rows = metrics_wide(seeds[~lengths], marks)
         lines += [_markdown_table(header, rows), ""]
@@ -910,6 +1006,14 @@ def metrics_markdown(
     if flags:
         lines.append("")
     return "\n".join(lines)
+
+
+def template_note(deltas: pd.DataFrame | None) -> str | None:
+    """`TEMPLATE_NOTE` when some comparison pairs cells of different chat templates, else None."""
+    if deltas is None or "chat_templates_differ" not in deltas or deltas.empty:
+        return None
+    n = int(deltas["chat_templates_differ"].astype(bool).sum())
+    return TEMPLATE_NOTE.format(n=n) if n else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -930,6 +1034,8 @@ def summarize(
     tidy = tidy_table(cells)
     metrics_by_task = main_metrics(cells)
     seeds = seed_table(tidy)
+    flips: list[dict[str, Any]] = []
+    deltas = delta_table(cells, samples, metrics_by_task, n_boot=bootstrap, seed=seed, flips=flips)
     return Summary(
         title=title,
         tidy=tidy,
@@ -937,11 +1043,12 @@ def summarize(
         configs=config_table(seeds),
         passk=passk_table(cells, samples, tidy),
         errors=error_table(cells, samples),
-        deltas=delta_table(cells, samples, metrics_by_task, n_boot=bootstrap, seed=seed),
+        deltas=deltas,
         missing=missing_table([*problems, *sample_problems]),
         main_metrics=metrics_by_task,
         n_cells=len(cells),
         hacks=hack_table(cells),
+        flips=flip_table(flips),
         truncation=truncation_table(cells, truncation_threshold),
     )
 
@@ -990,13 +1097,17 @@ def build_summary(
         ("hacks.csv", summary.hacks),
         ("truncation.csv", summary.truncation),
         ("deltas.csv", summary.deltas),
+        ("flips.csv", summary.flips),
         ("missing.csv", summary.missing),
     ):
         write_csv(frame, summary_dir / name)
     with atomic_open(summary_dir / "metrics.md") as handle:
         handle.write(
             metrics_markdown(
-                summary.seeds, title, truncation_flags(summary.truncation, summary.main_metrics)
+                summary.seeds,
+                title,
+                summary.deltas,
+                truncation_flags(summary.truncation, summary.main_metrics),
             )
         )
     plots = report.write_plots(summary, summary_dir / "plots")
@@ -1094,10 +1205,11 @@ def _cell_frame(cells: Sequence[Cell]) -> pd.DataFrame:
                 "task": c.task,
                 "sampling": c.sampling,
                 "seed": c.seed,
+                "chat_template": c.chat_template,
             }
             for c in cells
         ],
-        columns=["run", "ckpt", "step", "is_baseline", "task", "sampling", "seed"],
+        columns=["run", "ckpt", "step", "is_baseline", "task", "sampling", "seed", "chat_template"],
     ).astype({"step": "Int64"})
 
 

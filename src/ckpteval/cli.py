@@ -1,4 +1,4 @@
-"""The `ckpteval` command: standalone scorers, sweep status, config checks.
+"""The `ckpteval` command: standalone scorers, sweep status, config checks, comparisons.
 
 A `UserError` anywhere below becomes one line on stderr and exit status 2; anything else is a bug
 and keeps its traceback.
@@ -24,6 +24,7 @@ def _add_check_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_check(args: argparse.Namespace) -> int:
+    from ckpteval.chat_templates import missing_template_lines
     from ckpteval.config import build_plan, load_config, validate_config
     from ckpteval.tasks import check_harness_names
 
@@ -40,7 +41,7 @@ def _run_check(args: argparse.Namespace) -> int:
             f"variants {', '.join(plan.task_variants[name])}"
         )
     print(f"{len(plan.cells())} cells (checkpoint x task x variant)")
-    for line in plan.broken_lines():
+    for line in [*plan.broken_lines(), *missing_template_lines(plan)]:
         print(f"warning: {line}")
     return 0
 
@@ -92,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 # Subcommands that live beside the code they drive: (module, function adding the subparser).
 _PLUGGED: list[tuple[str, str]] = [
     ("cli_score", "add_score_parser"),
+    ("publish", "add_publish_parser"),
+    ("compare", "add_compare_parser"),
     ("status", "add_status_parser"),
     ("watch", "add_watch_parser"),
 ]

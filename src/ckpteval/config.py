@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from ckpteval.chat_templates import ChatTemplate, resolve
 from ckpteval.checkpoints import (
     Checkpoint,
     Unfinished,
@@ -26,6 +27,7 @@ from ckpteval.checkpoints import (
     unfinished_checkpoints,
 )
 from ckpteval.errors import UserError
+from ckpteval.reasoning import from_config
 from ckpteval.shard import Shard, parse_shard, select
 from ckpteval.tasks import TaskSpec, resolve_task
 
@@ -80,6 +82,8 @@ class Run:
     per_checkpoint_dirs: bool = False
     #: The run's only task, when it has one (its files are every JSONL file of the directory).
     only_task: str | None = None
+    #: `runs.<name>.chat_template`, resolved (ckpteval.chat_templates).
+    chat_template: ChatTemplate = ChatTemplate()
 
     @property
     def has_weights(self) -> bool:
@@ -297,7 +301,7 @@ def build_tasks(
     tasks: dict[str, TaskSpec] = {}
     task_variants: dict[str, tuple[str, ...]] = {}
     for name, opts in config["tasks"].items():
-        tasks[name] = resolve_task(name, opts or {})
+        tasks[name] = resolve_task(name, with_reasoning(name, opts or {}, config.get("reasoning")))
         wanted = (opts or {}).get("sampling") or list(samplings)
         for s in wanted:
             if s not in samplings:
@@ -309,6 +313,19 @@ def build_tasks(
             samplings[s].variant(seed) for s in wanted for seed in seeds_for(samplings[s], config)
         )
     return tasks, variants, task_variants
+
+
+def with_reasoning(name: str, opts: dict[str, Any], default: Any) -> dict[str, Any]:
+    """A task's options with its effective `reasoning` (its own, else the top-level default)
+    normalized, or without the key when reasoning is off: the task's identity then hashes what
+    the task does, and a config without reasoning keeps every identity it had."""
+    own = "reasoning" in opts
+    where = f"tasks.{name}.reasoning" if own else "reasoning"
+    effective = from_config(opts["reasoning"] if own else default, where)
+    out = {k: v for k, v in opts.items() if k != "reasoning"}
+    if effective is not None:
+        out["reasoning"] = effective.as_dict()
+    return out
 
 
 def build_plan(
@@ -381,6 +398,18 @@ def build_plan(
         if r.get("evaluate_base"):
             ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]
         runs[name] = Run(name, path, r["format"], base_model, tuple(ckpts))
+    runs = {
+        name: dataclasses.replace(
+            run,
+            chat_template=resolve(
+                config["runs"][name].get("chat_template"),
+                key=f"config: runs.{name}.chat_template",
+                base_dir=base_dir,
+                backend=run.backend,
+            ),
+        )
+        for name, run in runs.items()
+    }
 
     check_piston_limits(tasks, config)
     tp = config["engine"]["tensor_parallel_size"]

@@ -17,6 +17,7 @@ Effects, from the narrowest to the widest:
 | `generations` | the generation files of the cells the key applies to, their scores, the summary |
 | `model` | the run's consolidation, and so every result of its checkpoints |
 | `plan` | nothing already computed: it adds, drops or renames cells or checkpoints |
+| `publish` | only the `publish` target (`ckpteval publish`), which `all` never runs |
 
 A key's `applies` says which cells a `generations`/`scores` key touches: `*` in a key stands for
 the cell's run (`runs.*`), task (`tasks.*`) or sampling config (`sampling.*`), and `only` limits
@@ -32,15 +33,16 @@ from typing import Any
 
 from ckpteval.io import sha256_json
 
-NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN = (
+NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN, PUBLISH = (
     "none",
     "summary",
     "scores",
     "generations",
     "model",
     "plan",
+    "publish",
 )
-EFFECTS = (NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN)
+EFFECTS = (NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN, PUBLISH)
 
 #: Checkers that run code in the sandbox (they read the sandbox and timeout settings).
 CODE_CHECKERS = ("python", "rust", "stdio")
@@ -83,6 +85,21 @@ CONTRACT: tuple[Row, ...] = (
     Row("runs.*.endpoint.timeout", NONE, "how long a request may take"),
     Row("runs.*.solutions", MODEL, "which files a replay run replays (its model card names them)"),
     Row("runs.*.step", PLAN, "the step a weightless run's checkpoint is named after"),
+    Row(
+        "reasoning",
+        GENERATIONS,
+        "every task's default reasoning: what is asked of the engine and how the answer is cut",
+    ),
+    Row("reasoning.start", GENERATIONS, "where reasoning is seen to open"),
+    Row("reasoning.end", GENERATIONS, "where reasoning ends and the answer starts"),
+    Row("reasoning.budget", GENERATIONS, "the token budget and what counts as truncated"),
+    Row(
+        "runs.*.chat_template",
+        GENERATIONS,
+        "the prompts of tasks asking for chat formatting (a file by its content: moving it "
+        "reruns nothing; auto adds nothing: the checkpoint's files are its identity)",
+        {"prompts": ("chat",)},
+    ),
     Row("tasks", PLAN, "a new task adds its cells; a removed task's results stay on disk"),
     Row("tasks.*.harness", GENERATIONS, "which lm-eval task"),
     Row("tasks.*.limit", GENERATIONS, "which problems are asked"),
@@ -110,6 +127,14 @@ CONTRACT: tuple[Row, ...] = (
         {"checker": ("stdio",)},
     ),
     Row("tasks.*.engine_group", NONE, "which engine job generates the task"),
+    Row(
+        "tasks.*.reasoning",
+        GENERATIONS,
+        "what is asked of the engine (no stop strings, the budget) and how the answer is cut",
+    ),
+    Row("tasks.*.reasoning.start", GENERATIONS, "where reasoning is seen to open"),
+    Row("tasks.*.reasoning.end", GENERATIONS, "where reasoning ends and the answer starts"),
+    Row("tasks.*.reasoning.budget", GENERATIONS, "the token budget and what counts as truncated"),
     Row("lm_eval", NONE, "the lm_eval section as a whole (its keys below decide)"),
     Row(
         "lm_eval.include_paths",
@@ -185,6 +210,18 @@ CONTRACT: tuple[Row, ...] = (
         SUMMARY,
         "which cells are flagged as truncated (their score a lower bound)",
     ),
+    Row("publish", NONE, "the publish section as a whole (its keys below decide)"),
+    Row("publish.prefix", PUBLISH, "the keys the points are sent under"),
+    Row("publish.wandb", PUBLISH, "whether and where W&B gets the points"),
+    Row("publish.wandb.project", PUBLISH, "where W&B gets the points"),
+    Row("publish.wandb.entity", PUBLISH, "where W&B gets the points"),
+    Row("publish.wandb.run_ids", PUBLISH, "which W&B runs get the points"),
+    Row("publish.wandb.mode", PUBLISH, "whether W&B gets the points now or on `wandb sync`"),
+    Row("publish.tensorboard", PUBLISH, "whether and where TensorBoard gets the points"),
+    Row("publish.tensorboard.logdir", PUBLISH, "where TensorBoard gets the points"),
+    Row("publish.mlflow", PUBLISH, "whether and where MLflow gets the points"),
+    Row("publish.mlflow.tracking_uri", PUBLISH, "where MLflow gets the points"),
+    Row("publish.mlflow.experiment", PUBLISH, "where MLflow gets the points"),
 )
 
 ROWS: dict[str, Row] = {row.key: row for row in CONTRACT}
@@ -200,6 +237,8 @@ class Cell:
     backend: str
     kind: str
     checker: str
+    #: "chat" when the task asks for a chat template (`tasks.*.chat_template`), else "plain".
+    prompts: str = "plain"
 
     def star(self, key: str) -> str:
         """`key` with its `*` replaced by this cell's run, task or sampling name."""
@@ -338,6 +377,7 @@ def _cell(plan: Any, run: str, task: str, variant: str) -> Cell:
         plan.runs[run].backend,
         spec.kind,
         spec.checker,
+        "chat" if spec.options.get("chat_template") else "plain",
     )
 
 
@@ -349,13 +389,19 @@ def generation_identity(plan: Any, run: str, task: str, variant: str) -> Identit
         "task.definition": plan.tasks[task].config_hash()[:16],
         "variant.seed": plan.variants[variant].seed,
     }
-    return cell_settings(
+    identity = cell_settings(
         plan.config,
         _cell(plan, run, task, variant),
         GENERATIONS,
         extra,
         sampling_values=lambda name: getattr(sampling, name),
     )
+    # The run's chat template counts by content, not by its configured path or name.
+    key = f"runs.{run}.chat_template"
+    if key not in identity.settings:
+        return identity
+    settings = {k: v for k, v in identity.settings.items() if k != key}
+    return Identity(_set({**settings, key: plan.runs[run].chat_template.identity}))
 
 
 def scoring_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
@@ -386,3 +432,9 @@ def model_identity(plan: Any, run: str, ckpt: str) -> Identity:
 
 def summary_identity(config: Mapping[str, Any]) -> Identity:
     return Identity(_set({row.key: lookup(config, row.key) for row in rows_with(SUMMARY)}))
+
+
+def publish_identity(config: Mapping[str, Any]) -> Identity:
+    """What the `publish` target's record depends on besides the tidy table: where and under
+    which keys the points go (what was sent is the ledger's business, ckpteval.publish)."""
+    return Identity(_set({row.key: lookup(config, row.key) for row in rows_with(PUBLISH)}))

@@ -410,12 +410,15 @@ def build_run(
     seed: int = 0,
     base_dir: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    answer_format: Callable[[ArithItem], str] | None = None,
+    chat_fraction: float = CHAT_FRACTION,
 ) -> list[Path]:
     """Train the demo model from scratch; return the checkpoint dirs `run_dir/step_{N}` in order.
 
     A checkpoint is written after every `save_every` steps and after the last step. With `base_dir`,
     the step-0 random initialisation is saved there too. `progress` receives one line per
-    checkpoint written.
+    checkpoint written. `answer_format` rewrites each training answer (the reasoning test's model
+    learns `<think>...</think> #### N` this way); `chat_fraction` of the pairs are seen as ChatML.
 
     Training runs on `BUILD_THREADS` torch threads whatever the caller set: float results depend on
     the thread count, and two threads on a busy 2-core machine spin-wait on each other (measured
@@ -427,7 +430,9 @@ def build_run(
     threads = torch.get_num_threads()
     torch.set_num_threads(BUILD_THREADS)
     try:
-        return _train(Path(run_dir), steps, save_every, seed, base_dir, progress)
+        return _train(
+            Path(run_dir), steps, save_every, seed, base_dir, progress, answer_format, chat_fraction
+        )
     finally:
         torch.set_num_threads(threads)
 
@@ -439,6 +444,8 @@ def _train(
     seed: int,
     base_dir: str | os.PathLike[str] | None,
     progress: Callable[[str], None] | None,
+    answer_format: Callable[[ArithItem], str] | None = None,
+    chat_fraction: float = CHAT_FRACTION,
 ) -> list[Path]:
     import torch
     from transformers import PreTrainedTokenizerFast
@@ -451,9 +458,11 @@ def _train(
             initial_state = {"global_step": 0, "log_history": []}
             _save_checkpoint(model, tokenizer_dir, Path(base_dir), initial_state)
         pairs = training_pairs(TRAIN_POOL_SIZE, seed)
+        if answer_format is not None:
+            pairs = [dataclasses.replace(p, answer=answer_format(p)) for p in pairs]
         # A fixed fraction of the pairs is seen as a ChatML exchange, so chat templates work too.
         chat_mix = random.Random(f"chat-mix-{seed}")
-        as_chat = [chat_mix.random() < CHAT_FRACTION for _ in pairs]
+        as_chat = [chat_mix.random() < chat_fraction for _ in pairs]
         order = random.Random(f"batches-{seed}")
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.98), weight_decay=0.01

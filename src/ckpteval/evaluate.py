@@ -64,6 +64,7 @@ from ckpteval.checkers import MAX_COMPLETION_CHARS, Checker, Job, OnVerdicts, Ve
 from ckpteval.errors import UserError
 from ckpteval.io import append_jsonl, iter_jsonl, sha256_json, write_json, write_jsonl
 from ckpteval.metrics import LengthTotals, RunningMean, pass_at_k_table
+from ckpteval.reasoning import TRUNCATED
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,8 @@ def score_samples(
     malformed lines to `input_errors` meanwhile; they all end up in the cell. Malformed samples
     (no task_id, unknown task, completion not a string, bad or duplicate sample_idx) are listed in
     the cell's `input_errors` and skipped; a completion over the size limit is scored `too_large`
-    and listed too. A failed self-test raises `SelfTestError` before anything is written; sandbox
+    and listed too. A sample with an `answer` (a reasoning task) is scored on it, and one with
+    `truncated_reasoning: true` is failed as `truncated_reasoning` unchecked. A failed self-test raises `SelfTestError` before anything is written; sandbox
     failures raise.
 
     Memory does not grow with the number of samples (beyond one bit each for the compile rate or
@@ -442,14 +444,16 @@ def _accepted(
     errors: list[str],
 ) -> Iterator[_Row]:
     """The samples that can be scored, validated as they are read; the others are described in
-    `errors` and skipped."""
+    `errors` and skipped. A line of a reasoning task is scored on its `answer` (the text after
+    its reasoning, ckpteval.reasoning), and one whose reasoning never ended is a
+    `truncated_reasoning` failure without running the checker."""
     seen = _SeenIndices()
     next_idx: Counter[str] = Counter()
     for ordinal, sample in enumerate(samples, start=1):
         where = (
             f"{sample['_file']}:{sample['_line']}" if "_line" in sample else f"sample #{ordinal}"
         )
-        task_id, completion = sample.get("task_id"), sample.get("completion")
+        task_id, completion = sample.get("task_id"), sample.get("answer", sample.get("completion"))
         if not isinstance(task_id, str) or not task_id:
             errors.append(f"{where}: no task_id")
             continue
@@ -469,7 +473,20 @@ def _accepted(
         if not seen.add(task_id, idx):
             errors.append(f"{where}: duplicate sample {idx} of task {task_id}; kept the first")
             continue
-        if len(completion) > MAX_COMPLETION_CHARS:
+        if sample.get("truncated_reasoning") is True:
+            yield _Row(
+                task_id,
+                idx,
+                None,
+                Verdict(
+                    False,
+                    TRUNCATED,
+                    stderr_tail=f"reasoning not ended ({sample.get('reasoning_tokens')} tokens)",
+                ),
+                source,
+                lengths,
+            )
+        elif len(completion) > MAX_COMPLETION_CHARS:
             errors.append(
                 f"{where}: completion of {len(completion):,} characters exceeds the "
                 f"{MAX_COMPLETION_CHARS:,} limit; scored as too_large (task {task_id})"

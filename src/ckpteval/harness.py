@@ -26,10 +26,12 @@ states it, `finish_reason`, as for ckpteval's own tasks.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,11 +41,18 @@ from ckpteval.backends import Backend, Prompt, SamplingSpec
 from ckpteval.errors import UserError
 from ckpteval.io import iter_jsonl, read_json, write_json, write_jsonl
 from ckpteval.metrics import LengthTotals, mean_and_stderr
+from ckpteval.reasoning import TRUNCATED, Reasoning, split, task_reasoning
 from ckpteval.tasks import HARNESS_TASK_DIR, TaskSpec
 
 log = logging.getLogger(__name__)
 
 SCORER_VERSION = f"ckpteval-{__version__}/harness-1"
+
+#: lm-eval's VLLM token budget of a request that sets no `max_gen_toks` (0.4.13).
+HARNESS_MAX_GEN_TOKENS = 256
+
+#: The generation line fields of a reasoning task (ckpteval.reasoning.Split).
+REASONING_FIELDS = ("answer", "reasoning_tokens", "truncated_reasoning")
 
 #: Fields of a code task's document that the python checker reads (HumanEval and MBPP shapes).
 PYTHON_PROBLEM_KEYS = (
@@ -158,6 +167,8 @@ class HarnessRunner:
             cache_file,
             chunk_size=self.chunk_size,
             label=f"{job.task.name} {job.variant.name}",
+            reasoning=task_reasoning(opts),
+            template=job.template.text,
         )
         results = run_lm_eval(
             lm,
@@ -166,12 +177,12 @@ class HarnessRunner:
             gen_kwargs=gen_kwargs,
             num_fewshot=opts.get("num_fewshot"),
             limit=opts.get("limit"),
-            chat=bool(opts.get("chat_template")),
+            chat=job.template.chat,
             system_prompt=opts.get("system_prompt"),
         )
         if not results:
             raise RuntimeError("lm-eval returned no results")
-        rows = harness_lines(results["samples"], lm.completion_tokens)
+        rows = harness_lines(results["samples"], lm.details)
         write_jsonl(job.out, rows)
         leaves = list(loaded["tasks"])
         aggregate = results["results"].get(name) or (
@@ -208,14 +219,16 @@ class HarnessRunner:
         configure_task(
             task, num_fewshot=opts.get("num_fewshot"), gen_kwargs=None, seed=job.variant.seed
         )
-        chat = bool(opts.get("chat_template"))
+        chat = job.template.chat
         task.build_all_requests(
             limit=opts.get("limit"),
             rank=0,
             world_size=1,
             system_instruction=opts.get("system_prompt"),
             apply_chat_template=chat,
-            chat_template=functools.partial(chat_template, self.backend) if chat else None,
+            chat_template=functools.partial(chat_template, self.backend, template=job.template.text)
+            if chat
+            else None,
             tokenizer_name=_tokenizer_name(self.backend) if chat else "",
         )
         problems: dict[str, dict[str, Any]] = {}
@@ -322,25 +335,34 @@ def _first_line(exc: BaseException) -> str:
 
 
 def harness_lines(
-    samples: Mapping[str, list[dict[str, Any]]], completion_tokens: Mapping[str, int] | None = None
+    samples: Mapping[str, list[dict[str, Any]]],
+    details: Mapping[tuple[str, int], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Generation lines from lm-eval's logged samples: one per (task, doc), filters merged."""
+    """Generation lines from lm-eval's logged samples: one per (task, doc), filters merged.
+
+    `details` (`CachedHarnessLM.details`, keyed by the request's task and doc, so identical
+    prompts of two docs cannot be confused) gives what lm-eval's samples lack: the raw
+    completion, its finish reason and token count, and a reasoning task's split (the sample's
+    response is then the answer lm-eval scored; the line's `completion` stays the raw text)."""
     lines: dict[tuple[str, int], dict[str, Any]] = {}
     for task_name, task_samples in samples.items():
         for sample in task_samples:
             doc_id = int(sample["doc_id"])
             completion = sample["resps"][0][0] if sample["resps"] and sample["resps"][0] else ""
+            info = (details or {}).get((task_name, doc_id), {})
             line = lines.setdefault(
                 (task_name, doc_id),
                 {
                     "task_id": f"{task_name}/{doc_id}",
                     "sample_idx": 0,
                     "prompt": sample["arguments"][0][0],
-                    "completion": completion,
+                    "completion": info.get("completion", completion),
+                    "finish_reason": info.get("finish_reason"),
                     "target": sample["target"],
                     "filtered": {},
                     "metrics": {},
-                    "completion_tokens": (completion_tokens or {}).get(completion),
+                    "completion_tokens": info.get("tokens"),
+                    **{k: info[k] for k in REASONING_FIELDS if k in info},
                 },
             )
             filt = sample.get("filter", "none")
@@ -361,17 +383,34 @@ def _cached_lm_class() -> type:
 
 
 def cached_harness_lm(
-    backend: Backend, cache_file: Path, *, chunk_size: int = 256, label: str = ""
+    backend: Backend,
+    cache_file: Path,
+    *,
+    chunk_size: int = 256,
+    label: str = "",
+    reasoning: Reasoning | None = None,
+    template: str | None = None,
 ) -> Any:
     """A `CachedHarnessLM` that is also an lm-eval `LM` (lm-eval is imported only here, so the
     evaluate step, which only scores, never pays for importing it)."""
-    return _cached_lm_class()(backend, cache_file, chunk_size=chunk_size, label=label)
+    return _cached_lm_class()(
+        backend,
+        cache_file,
+        chunk_size=chunk_size,
+        label=label,
+        reasoning=reasoning,
+        template=template,
+    )
 
 
 def chat_template(
-    backend: Backend, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    backend: Backend,
+    chat_history: list[dict[str, str]],
+    add_generation_prompt: bool = True,
+    template: str | None = None,
 ) -> str:
-    """lm-eval's VLLM chat rendering, with the model's own tokenizer (no engine needed)."""
+    """lm-eval's VLLM chat rendering, with the model's own tokenizer (no engine needed), through
+    the run's chosen `template` (None: the tokenizer's own; ckpteval.chat_templates)."""
     tokenizer = getattr(backend, "tokenizer", None)
     if tokenizer is None:
         raise UserError(f"backend {backend.name} has no tokenizer to render a chat template")
@@ -381,6 +420,7 @@ def chat_template(
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=not add_generation_prompt,
+            chat_template=template,
         )
     )
 
@@ -388,19 +428,37 @@ def chat_template(
 class CachedHarnessLM:
     """An lm-eval model answering from ckpteval's cache, asking the backend's lm-eval model only
     for what is missing, chunk by chunk (each chunk is in the cache before the next starts).
-    Build it with `cached_harness_lm`."""
+    Build it with `cached_harness_lm`.
+
+    A cache row of a `generate_until` request keeps the engine's finish reason and token count
+    where the backend reports them (`Backend.harness_outputs`). With `reasoning`, each such
+    request is sent without its `until` stop strings and with `max_gen_toks` raised by the
+    reasoning budget; the row caches the raw text, and lm-eval gets the answer cut from it
+    (`ckpteval.reasoning.split`: "" for truncated reasoning), so its filters and metrics see
+    only the answer. This is done here, per task, rather than with lm-eval's `think_end_token`
+    (model-wide, and it would hand a never-ended reasoning to the filters as the answer).
+    `details` keeps, per (task, doc), what the generation line needs (`harness_lines`)."""
 
     def __init__(
-        self, backend: Backend, cache_file: Path, *, chunk_size: int = 256, label: str = ""
+        self,
+        backend: Backend,
+        cache_file: Path,
+        *,
+        chunk_size: int = 256,
+        label: str = "",
+        reasoning: Reasoning | None = None,
+        template: str | None = None,
     ) -> None:
         super().__init__()
         self.backend = backend
+        self.template = template
         self.cache_file = cache_file
         self.chunk_size = chunk_size
         self.label = label
+        self.reasoning = reasoning
         self.n_cached = 0
         self.n_generated = 0
-        self.completion_tokens: dict[str, int] = {}  # completion text -> its tokens
+        self.details: dict[tuple[str, int], dict[str, Any]] = {}
         self.total_completion_tokens = 0
 
     @property
@@ -410,7 +468,7 @@ class CachedHarnessLM:
     def apply_chat_template(
         self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
-        return chat_template(self.backend, chat_history, add_generation_prompt)
+        return chat_template(self.backend, chat_history, add_generation_prompt, self.template)
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         return self._answer("generate_until", requests)
@@ -423,11 +481,26 @@ class CachedHarnessLM:
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         return self._answer("loglikelihood_rolling", requests)
 
+    def _sent(self, kind: str, req: Any) -> Any:
+        """The request as the engine gets it: a reasoning task's generate_until without its
+        stop strings and with the reasoning budget added to its token budget."""
+        if kind != "generate_until" or self.reasoning is None:
+            return req
+        context, gen = req.args
+        gen = dict(gen)
+        gen["until"] = []
+        if self.reasoning.budget:
+            gen["max_gen_toks"] = int(gen.get("max_gen_toks", HARNESS_MAX_GEN_TOKENS)) + int(
+                self.reasoning.budget
+            )
+        return dataclasses.replace(req, arguments=(context, gen))
+
     def _answer(self, kind: str, requests: list[Any]) -> list[Any]:
         from ckpteval.cache import append_cache, read_cache, request_key
 
         ident = self.backend.harness_identity()
-        keys = [request_key({"kind": kind, "args": list(req.args)}, ident) for req in requests]
+        sent = [self._sent(kind, req) for req in requests]
+        keys = [request_key({"kind": kind, "args": list(req.args)}, ident) for req in sent]
         cached = read_cache(self.cache_file, set(keys))
         todo = [i for i, key in enumerate(keys) if key not in cached]
         self.n_cached += len(requests) - len(todo)
@@ -444,25 +517,68 @@ class CachedHarnessLM:
         for start in range(0, len(todo), self.chunk_size):
             chunk = todo[start : start + self.chunk_size]
             model = self.backend.harness_model()
-            answers = getattr(model, kind)([requests[i] for i in chunk])
+            self.backend.harness_outputs()  # drop what earlier calls left
+            answers = getattr(model, kind)([sent[i] for i in chunk])
+            engine = _by_context_and_text(self.backend.harness_outputs())
             rows = []
             for i, answer in zip(chunk, answers, strict=True):
                 row = {"key": keys[i], "kind": kind, "value": answer}
                 if kind == "generate_until":
-                    row["tokens"] = self.backend.count_tokens(answer)
+                    found = engine.get((str(sent[i].args[0]), answer))
+                    finish, tokens = found.pop(0) if found else (None, None)
+                    row["tokens"] = tokens if tokens is not None else self.count_tokens(answer)
+                    row["finish_reason"] = finish
                 rows.append(row)
             append_cache(self.cache_file, rows)
             cached.update((r["key"], r) for r in rows)
             done += len(chunk)
             log.info("%s: %d/%d lm-eval requests run", self.label, done, len(todo))
         values = [cached[key]["value"] for key in keys]
-        if kind == "generate_until":
-            for key, value in zip(keys, values, strict=True):
-                tokens = cached[key].get("tokens")
-                if tokens is not None:
-                    self.completion_tokens[value] = tokens
-                    self.total_completion_tokens += tokens
-        return values
+        if kind != "generate_until":
+            return values
+        answers = []
+        for req, key, value in zip(requests, keys, values, strict=True):
+            row = cached[key]
+            tokens = row.get("tokens")
+            self.total_completion_tokens += tokens or 0
+            info: dict[str, Any] = {
+                "completion": value,
+                "tokens": tokens,
+                "finish_reason": row.get("finish_reason"),
+            }
+            if self.reasoning is not None:
+                context, gen = req.args
+                until = gen.get("until") or []
+                info.update(
+                    split(
+                        value,
+                        prompt=str(context),
+                        cfg=self.reasoning,
+                        stops=[until] if isinstance(until, str) else list(until),
+                        engine_finish=row.get("finish_reason"),
+                        count_tokens=self.count_tokens,
+                        completion_tokens=tokens,
+                    ).fields()
+                )
+            if req.doc_id is not None:
+                self.details[(str(req.task_name), int(req.doc_id))] = info
+            answers.append(info.get("answer", value))
+        return answers
+
+    def count_tokens(self, text: str) -> int | None:
+        return self.backend.count_tokens(text)
+
+
+def _by_context_and_text(
+    outputs: Sequence[tuple[str, str, str | None, int]],
+) -> dict[tuple[str, str], list[tuple[str | None, int]]]:
+    """Engine outputs by (context, answer). Two requests with the same context and the same
+    answer text are taken in lm-eval's order; they could only differ in finish reason or token
+    count if their generation settings differed and yet produced the very same text."""
+    found: dict[tuple[str, str], list[tuple[str | None, int]]] = {}
+    for context, text, finish, tokens in outputs:
+        found.setdefault((context, text), []).append((finish, tokens))
+    return found
 
 
 # ----------------------------------------------------------------------------------- scoring
@@ -534,13 +650,16 @@ def _score_lm_eval_metrics(
     verdicts = []
     for r in rows:
         score = r.get("metrics", {}).get(primary, math.nan) if primary else math.nan
+        truncated = r.get("truncated_reasoning") is True
         verdicts.append(
             {
                 "task_id": r["task_id"],
                 "sample_idx": r.get("sample_idx", 0),
-                "passed": score == 1.0,
+                "passed": score == 1.0 and not truncated,
                 "score": score,
-                "error_type": None if score == 1.0 else "wrong_answer",
+                "error_type": TRUNCATED
+                if truncated
+                else (None if score == 1.0 else "wrong_answer"),
                 "compile_ok": None,
                 "duration_s": 0.0,
                 "stderr_tail": "",
@@ -572,7 +691,10 @@ def _score_lm_eval_metrics(
         "n_problems": len(rows),
         "n_samples": len(rows),
         "metrics": metrics,
-        "error_types": {"wrong_answer": sum(1 for v in verdicts if not v["passed"])},
+        "error_types": {
+            "wrong_answer": 0,
+            **Counter(v["error_type"] for v in verdicts if v["error_type"]),
+        },
         "hack_types": {},
         "input_errors": errors,
         "primary_metric": primary,

@@ -17,10 +17,13 @@ Generation file schema (`generations/{run}/{ckpt}/{task}/{variant}.jsonl`), one 
 (problem, sample): task_id, sample_idx, prompt, completion, finish_reason, prompt_tokens,
 completion_tokens; harness lines add target, filtered (per filter) and metrics (lm-eval's
 per-sample values keyed `<metric>,<filter>`); code harness lines add `problem` (what the python
-checker needs: prompt/test/entry_point or test_list, and the reference solution). Beside it,
+checker needs: prompt/test/entry_point or test_list, and the reference solution); lines of a
+task with `reasoning` add answer, reasoning_tokens and truncated_reasoning, `completion` staying
+the raw text and `finish_reason` being the answer's (ckpteval.reasoning). Beside it,
 `{variant}.meta.json` records the backend and its arguments, versions, device, host, Slurm job,
 timings (load; generation, for ckpteval tasks as their token share of the job's batch), token
-counts, tokens/s and how many prompts came from the cache.
+counts, tokens/s, how many prompts came from the cache, and the chat template the prompts went
+through (`chat_template: {source, sha256}`, ckpteval.chat_templates).
 
 All ckpteval tasks and variants of a job are generated together, in chunks that mix them, and
 those chunks ride along with lm-eval's own engine calls (`Backend.ride_along`): the engine sees
@@ -29,13 +32,14 @@ one batch instead of one per task, each ending with the engine draining on its l
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
 import platform
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,10 +54,12 @@ from ckpteval.backends import (
     make_backend,
 )
 from ckpteval.cache import cache_key, cache_row, read_cache, store_rows
+from ckpteval.chat_templates import TemplateUse, resolve, template_use
 from ckpteval.config import Variant
 from ckpteval.errors import UserError
 from ckpteval.gpus import Lease, lease_engine_device
 from ckpteval.io import read_json, sha256_json, write_json, write_jsonl
+from ckpteval.reasoning import engine_spec, split, task_reasoning
 from ckpteval.share import Board, Engine, boards_root, work_through
 from ckpteval.tasks import TaskSpec
 
@@ -73,10 +79,18 @@ class Job:
     variant: Variant
     out: Path
     record: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    #: The chat template its prompts go through (set by `run_infer` from the run's choice).
+    chat: TemplateUse | None = field(default=None, hash=False, compare=False)
 
     @property
     def meta(self) -> Path:
         return self.out.with_suffix(".meta.json")
+
+    @property
+    def template(self) -> TemplateUse:
+        """How its prompts are formatted; without a run's choice, as the task asks, through the
+        tokenizer's own template."""
+        return self.chat or TemplateUse(bool(self.task.options.get("chat_template")))
 
 
 def gpu_memory_utilization(configured: float, attempt: int) -> float:
@@ -101,7 +115,8 @@ def run_infer(
 ) -> dict[str, Any]:
     """Write every job's generation file and meta for one checkpoint; returns a summary.
 
-    `run_cfg` is the run's config entry (its `backend`, `endpoint`); `attempt` is Snakemake's
+    `run_cfg` is the run's config entry (its `backend`, `endpoint`, `chat_template`: a template
+    file is read relative to the working directory); `attempt` is Snakemake's
     attempt number: a retry after a CUDA out-of-memory error asks vLLM for less memory. A
     `backend` given by the caller (bench/infer.py) is used as is and left open. With `share_as`
     (a name for this job), missing requests are published for assist jobs (ckpteval.share).
@@ -139,6 +154,19 @@ def run_infer(
     }
     missing: MissingRequests | None = None
     try:
+        choice = resolve(
+            run_cfg.get("chat_template"),
+            key=f"{where}.chat_template",
+            base_dir=Path.cwd(),
+            backend=backend_name,
+        )
+        jobs = [
+            dataclasses.replace(
+                job,
+                chat=template_use(choice, bool(job.task.options.get("chat_template")), backend),
+            )
+            for job in jobs
+        ]
         harness.preflight([job.task for job in jobs])
         batch = [
             prepare_requests(backend, harness, job, cache)
@@ -184,7 +212,7 @@ def run_infer(
         batch_seconds = sum(req.seconds for req in batch)
         for req in batch:
             done[id(req.job)] = (
-                _write_generations(req),
+                _write_generations(req, backend.count_tokens),
                 {
                     "started_at": started,
                     "generation_seconds": req.seconds,
@@ -305,6 +333,7 @@ def _write_meta(
             "variant": job.variant.name,
             "task_hash": job.task.config_hash(),
             "checker": job.task.checker,
+            "chat_template": job.template.record,
             "backend_identity": backend.identity,
             "engine_loads": backend.loads,
             "load_seconds": round(backend.load_seconds, 3),
@@ -335,6 +364,9 @@ class Requests:
     n_cached: int = 0
     n_assisted: int = 0
     seconds: float = 0.0
+    #: The task's own sampling (its stop strings and answer budget) when `spec`, what the engine
+    #: is asked, differs from it: a reasoning task (ckpteval.reasoning.engine_spec).
+    answer_spec: SamplingSpec | None = None
 
     @property
     def label(self) -> str:
@@ -344,11 +376,12 @@ class Requests:
 def prepare_requests(backend: Backend, harness: Any, job: Job, cache: Path) -> Requests:
     """Render a job's prompts and find which of them the cache already answers."""
     if job.task.is_code_harness:
-        problems, prompts, spec = harness.code_requests(job)
+        problems, prompts, answer_spec = harness.code_requests(job)
     else:
         problems = job.task.problems()
         prompts = render_prompts(backend, job, problems)
-        spec = sampling_spec(job)
+        answer_spec = sampling_spec(job)
+    spec = engine_spec(answer_spec, task_reasoning(job.task.options))
     ident = backend.identity
     keys = {tid: cache_key(p, spec, ident) for tid, p in prompts.items()}
     cache_file = cache / f"{job.task.name}.jsonl"
@@ -362,7 +395,17 @@ def prepare_requests(backend: Backend, harness: Any, job: Job, cache: Path) -> R
         n_cached,
         len(prompts) - n_cached,
     )
-    return Requests(job, problems, prompts, spec, cache_file, keys, rows, n_cached)
+    return Requests(
+        job,
+        problems,
+        prompts,
+        spec,
+        cache_file,
+        keys,
+        rows,
+        n_cached,
+        answer_spec=answer_spec if spec != answer_spec else None,
+    )
 
 
 @dataclass
@@ -536,16 +579,18 @@ def _cost(chunk: Chunk) -> int:
 def render_prompts(
     backend: Backend, job: Job, problems: dict[str, dict[str, Any]]
 ) -> dict[str, Prompt]:
-    """task_id -> prompt, through the tokenizer's chat template when the task asks for it."""
+    """task_id -> prompt, through the job's chat template (`Job.template`) when it has one."""
     prompts: dict[str, Prompt] = {tid: job.task.render(p) for tid, p in problems.items()}
-    if not job.task.options.get("chat_template"):
+    use = job.template
+    if not use.chat:
         return prompts
     system = job.task.options.get("system_prompt")
-    return {tid: backend.render_chat(system, str(text)) for tid, text in prompts.items()}
+    return {tid: backend.render_chat(system, str(text), use.text) for tid, text in prompts.items()}
 
 
 def sampling_spec(job: Job) -> SamplingSpec:
-    """A ckpteval task's sampling: the variant's, with the task's stop strings and token budget."""
+    """A ckpteval task's sampling: the variant's, with the task's stop strings and token budget
+    (a reasoning task asks the engine for `ckpteval.reasoning.engine_spec` of it)."""
     s = job.variant.sampling
     b = job.task.builtin
     max_tokens = job.task.options.get("max_new_tokens") or min(
@@ -562,8 +607,13 @@ def sampling_spec(job: Job) -> SamplingSpec:
     )
 
 
-def _write_generations(req: Requests) -> dict[str, Any]:
+def _write_generations(req: Requests, count_tokens: Callable[[str], int | None]) -> dict[str, Any]:
+    """Write a job's generation file from its cache rows; a reasoning task's lines add the
+    answer cut from the raw completion (`ckpteval.reasoning.split`, with the backend's
+    tokenizer `count_tokens`) and the finish reason of that answer."""
     keep_problem = req.job.task.is_code_harness
+    cfg = task_reasoning(req.job.task.options)
+    answer_spec = req.answer_spec or req.spec
 
     def lines() -> Iterator[dict[str, Any]]:
         for tid, prompt in req.prompts.items():
@@ -578,6 +628,19 @@ def _write_generations(req: Requests) -> dict[str, Any]:
                     "prompt_tokens": row["prompt_tokens"],
                     "completion_tokens": o["tokens"],
                 }
+                if cfg is not None:
+                    line.update(
+                        split(
+                            o["text"],
+                            prompt=prompt,
+                            cfg=cfg,
+                            stops=answer_spec.stop,
+                            include_stop=answer_spec.include_stop_str_in_output,
+                            engine_finish=o["finish_reason"],
+                            count_tokens=count_tokens,
+                            completion_tokens=o["tokens"],
+                        ).fields()
+                    )
                 if keep_problem:
                     line["problem"] = req.problems[tid]
                 yield line

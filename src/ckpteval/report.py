@@ -21,7 +21,9 @@ Plots, one set per task, under `summary/plots/`:
   score is a lower bound); those scores are also marked in the report's metrics table.
 
 `report.html` holds the tables and the plots inlined as base64, so it can be mailed or archived as
-one file. Figures are drawn with matplotlib's object API (no pyplot, no global backend state).
+one file. Its "Paired comparisons" section is the compare view of each run (`_paired_section`):
+the last checkpoint against the baseline and each checkpoint against the previous one, with the
+delta's interval, McNemar's exact p, the minimum detectable effect and the flipped problems. Figures are drawn with matplotlib's object API (no pyplot, no global backend state).
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ from matplotlib.ticker import ScalarFormatter
 from ckpteval.aggregate import (
     CONFIDENCE,
     HACK_RATE,
+    MCNEMAR,
     STDERR_LEGEND,
     Summary,
     metrics_wide,
+    template_note,
     truncation_flags,
 )
 from ckpteval.io import atomic_open
@@ -502,6 +506,9 @@ def render_html(summary: Summary, plots: Sequence[Plot]) -> str:
             "settle_seconds: not evaluated until they are fixed or removed.</p>",
             "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in summary.broken) + "</ul>",
         ]
+    note = template_note(summary.deltas)
+    if note:
+        parts.append(f"<p class='bad'>{html.escape(note)}</p>")
     if "source_deleted" in tidy and tidy["source_deleted"].any():
         gone = tidy[tidy["source_deleted"]][["run", "ckpt", "step"]].drop_duplicates()
         parts += [
@@ -544,6 +551,7 @@ def render_html(summary: Summary, plots: Sequence[Plot]) -> str:
         flags = truncation_flags(summary.truncation, summary.main_metrics)
         header, rows = metrics_wide(scores, {key: " (lower bound)" for key in flags})
         parts.append(_table(pd.DataFrame(rows, columns=header)))
+    parts += _paired_section(summary)
     parts += [
         "<h2>Paired deltas</h2>",
         "<p class='note'>Checkpoint minus reference on the samples both scored (same task_id, "
@@ -638,6 +646,79 @@ def _lengths_section(summary: Summary, plots: Sequence[Plot]) -> list[str]:
     parts += [_figure(plot) for plot in plots]
     header, rows = metrics_wide(lengths)
     parts.append(_table(pd.DataFrame(rows, columns=header)))
+    return parts
+
+
+def _paired_section(summary: Summary) -> list[str]:
+    """ "Paired comparisons": per run, the last checkpoint vs the baseline and every checkpoint
+    vs the previous one: delta with its interval, McNemar's exact p, the minimum detectable
+    effect, and the flipped problems in a <details> list."""
+    parts = [
+        "<h2>Paired comparisons</h2>",
+        "<p class='note'>Checkpoint minus reference on the samples both scored. Delta: mean "
+        f"per-sample difference, {CONFIDENCE:.0%} bootstrap interval over problems. McNemar: "
+        "exact two-sided test on per-problem verdicts (solved when more than half of the "
+        "problem's paired samples pass); gained = unsolved by the reference, solved now; lost "
+        "the reverse. MDE: the smallest difference this many problems can detect (alpha 0.05, "
+        "power 0.8); a smaller delta is not evidence either way; with fewer than 6 problems "
+        "none is detectable. Tasks whose scores are not "
+        "pass/fail get no McNemar test.</p>",
+    ]
+    deltas = summary.deltas
+    if deltas.empty:
+        return parts + ["<p>No paired comparisons: no run has two checkpoints scored.</p>"]
+    last = deltas.groupby(["run", "task", "sampling"])["step"].transform("max")
+    shown = deltas[
+        (deltas["comparison"] == "previous")
+        | ((deltas["comparison"] == "baseline") & (deltas["step"] == last))
+    ]
+    # (run, task, sampling, ckpt_a, ckpt_b) -> direction -> the flipped task_ids, in one pass
+    flipped: dict[tuple[str, ...], dict[str, list[str]]] = {}
+    for *key, task_id, direction in summary.flips[
+        ["run", "task", "sampling", "ckpt_a", "ckpt_b", "task_id", "direction"]
+    ].itertuples(index=False, name=None):
+        flipped.setdefault(tuple(map(str, key)), {}).setdefault(direction, []).append(str(task_id))
+    for run, rows in shown.groupby("run", sort=False):
+        table = pd.DataFrame(
+            {
+                "task": rows["task"],
+                "sampling": rows["sampling"],
+                "checkpoint": rows["ckpt"] + " vs " + rows["ref_ckpt"],
+                "problems": rows["n_problems"],
+                "delta [95% CI]": [
+                    f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if pd.notna(d) else ""
+                    for d, lo, hi in zip(rows["delta"], rows["ci_low"], rows["ci_high"])
+                ],
+                "gained": rows["n_gained"],
+                "lost": rows["n_lost"],
+                "McNemar p": [
+                    f"{p:.3g}" if t == MCNEMAR else t
+                    for p, t in zip(rows["mcnemar_p"], rows["paired_test"])
+                ],
+                "MDE": [
+                    "" if pd.isna(m) else f"{m:.3f}" if np.isfinite(m) else "none (too few)"
+                    for m in rows["mde"]
+                ],
+            }
+        )
+        items = []
+        for task, sampling, ckpt, ref in zip(
+            rows["task"], rows["sampling"], rows["ckpt"], rows["ref_ckpt"]
+        ):
+            ids = flipped.get((str(run), task, sampling, ref, ckpt))
+            if not ids:
+                continue
+            items.append(
+                f"<li>{html.escape(f'{task} ({sampling}) {ckpt} vs {ref}')}: "
+                f"gained {html.escape(', '.join(ids.get('gained', [])) or '-')}; "
+                f"lost {html.escape(', '.join(ids.get('lost', [])) or '-')}</li>"
+            )
+        parts += [f"<h3>{html.escape(str(run))}</h3>", _table(table)]
+        if items:
+            parts.append(
+                f"<details><summary>Flipped problems ({len(items)} comparison(s))</summary>"
+                f"<ul>{''.join(items)}</ul></details>"
+            )
     return parts
 
 

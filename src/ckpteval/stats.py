@@ -1,4 +1,4 @@
-"""Statistics across cells: paired bootstrap deltas, pooled pass@k, seed spread.
+"""Statistics across cells: paired bootstrap deltas, McNemar's exact test, pooled pass@k, seeds.
 
 `ckpteval.metrics` owns the per-problem estimators (unbiased pass@k, the standard error of a mean);
 this module applies them to many cells at once, vectorised with numpy so a sweep of a million
@@ -6,14 +6,18 @@ per-sample rows aggregates in seconds.
 
 The unit of resampling is the problem, never the sample: the samples of one problem (several
 generations, several seeds) are correlated, and the question a user asks ("is step 1800 better than
-step 1200?") is about the population of problems the benchmark was drawn from.
+step 1200?") is about the population of problems the benchmark was drawn from. For the same
+reason the unit of McNemar's test is the problem (`paired_flips`): its samples are not independent
+pairs. The exact definitions are in docs/statistics.md.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -98,6 +102,112 @@ def per_problem_means(values: np.ndarray, problem_codes: np.ndarray) -> np.ndarr
     counts = np.add.reduceat(present.astype(np.float64), starts, axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(counts > 0, sums / counts, np.nan)
+
+
+#: Two-sided level and power at which `paired_mde` states the minimum detectable effect.
+MDE_ALPHA = 0.05
+MDE_POWER = 0.8
+
+
+def mcnemar_exact(lost: int, gained: int) -> float:
+    """McNemar's exact test of paired pass/fail verdicts: the two-sided p-value.
+
+    `lost` and `gained` are the discordant pairs (b: passed before, failed now; c: the reverse).
+    Under the null hypothesis each discordant pair goes either way with probability 1/2, so
+    p = min(1, 2 P(X <= min(b, c))) with X ~ Binomial(b + c, 1/2); p = 1 without discordant pairs.
+    Computed in integers (the tail's binomial coefficients over 2^(b+c)), so it is exact for any
+    count, where a float sum of binomial terms underflows.
+    """
+    if lost < 0 or gained < 0:
+        raise ValueError(f"counts must be >= 0, got lost={lost}, gained={gained}")
+    n = lost + gained
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(lost, gained) + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
+def min_discordant(alpha: float = MDE_ALPHA) -> int:
+    """The fewest discordant pairs with which McNemar's exact test can reach p <= alpha: all of
+    them in one direction give p = 2 / 2^m, so m = ceil(log2(2 / alpha)) (6 at alpha 0.05)."""
+    return math.ceil(math.log2(2.0 / alpha) - 1e-12)
+
+
+def paired_mde(
+    n_problems: int, n_discordant: int, *, alpha: float = MDE_ALPHA, power: float = MDE_POWER
+) -> float:
+    """Minimum detectable effect of a paired pass/fail comparison of `n_problems` problems:
+    the smallest difference in solved share that McNemar's test finds with probability `power`
+    at two-sided level `alpha`, given the share of discordant problems.
+
+    Normal approximation of McNemar's test: the difference d = (gained - lost) / n has variance
+    about p_disc / n, so d is detected when d >= (z_{1-alpha/2} + z_{power}) sqrt(p_disc / n)
+    (2.80 sqrt(p_disc / n) at 0.05 and 0.8). p_disc is the observed discordant share; with none
+    discordant, the planning value is the 95% upper bound of a share seen 0 times in n,
+    3 / n (the rule of three). The exact test cannot reach `alpha` with fewer than
+    `min_discordant(alpha)` discordant problems, so the result is never below that count over n;
+    with fewer problems than that no difference is detectable: infinity. Capped at 1 otherwise;
+    NaN without problems.
+    """
+    if n_problems <= 0:
+        return math.nan
+    if n_problems < min_discordant(alpha):
+        return math.inf
+    share = n_discordant / n_problems if n_discordant > 0 else min(1.0, 3.0 / n_problems)
+    z = NormalDist().inv_cdf(1.0 - alpha / 2.0) + NormalDist().inv_cdf(power)
+    approx = z * math.sqrt(share / n_problems)
+    return min(1.0, max(approx, min_discordant(alpha) / n_problems))
+
+
+@dataclass(frozen=True)
+class FlipResult:
+    """Per comparison (one entry per column), McNemar's test on per-problem verdicts.
+
+    `problems` are the codes of the rows of `gained`/`lost` (the sorted distinct problems of the
+    input); a column whose values are not all 0/1 (`binary` False) has no flips, NaN p and MDE.
+    """
+
+    problems: np.ndarray
+    gained: np.ndarray
+    lost: np.ndarray
+    binary: np.ndarray
+    n_problems: np.ndarray
+    p_value: np.ndarray
+    mde: np.ndarray
+
+
+def paired_flips(before: np.ndarray, after: np.ndarray, problem_codes: np.ndarray) -> FlipResult:
+    """Which problems a checkpoint gained and lost against a reference, with McNemar's exact p.
+
+    `before` and `after` are (n_rows, n_comparisons) 0/1 verdicts (NaN where a side has no
+    sample); rows are (problem, seed, sample) keys, `problem_codes` their problems. Only rows both
+    sides have count. A problem is solved on a side when more than half of its paired samples
+    pass (strict majority; with one sample per problem, its verdict), so the unit of the test is
+    the problem: samples of one problem are correlated, not the independent pairs McNemar's test
+    assumes. Gained: unsolved before, solved after; lost: the reverse.
+    """
+    both = ~np.isnan(before) & ~np.isnan(after)
+    n_cols = before.shape[1]
+    zero_one = (before == 0.0) | (before == 1.0)
+    binary = (~both | (zero_one & ((after == 0.0) | (after == 1.0)))).all(axis=0)
+    problems = np.unique(problem_codes)
+    # One grouping pass for both sides' solved shares and which problems have a pair at all.
+    means = per_problem_means(
+        np.hstack([np.where(both, before, np.nan), np.where(both, after, np.nan)]),
+        problem_codes,
+    )
+    present = ~np.isnan(means[:, :n_cols])
+    solved_before, solved_after = means[:, :n_cols] > 0.5, means[:, n_cols:] > 0.5
+    gained = present & ~solved_before & solved_after & binary
+    lost = present & solved_before & ~solved_after & binary
+    n_problems = present.sum(axis=0)
+    p_value = np.full(n_cols, np.nan)
+    mde = np.full(n_cols, np.nan)
+    for j in np.flatnonzero(binary & (n_problems > 0)):
+        b, c = int(lost[:, j].sum()), int(gained[:, j].sum())
+        p_value[j] = mcnemar_exact(b, c)
+        mde[j] = paired_mde(int(n_problems[j]), b + c)
+    return FlipResult(problems, gained, lost, binary, n_problems, p_value, mde)
 
 
 # A sweep repeats the same few (n, c, k) millions of times: evaluate each once.

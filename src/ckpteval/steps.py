@@ -250,6 +250,9 @@ def evaluate(smk: Any) -> None:
         "generation_sha256": sha256_file(generations),
         "scoring": Identity.from_text(smk.params.identity).settings,
     }
+    template = read_meta(generations.with_suffix(".meta.json")).get("chat_template")
+    if template is not None:  # the chat template the prompts went through (infer._write_meta)
+        provenance["chat_template"] = template
     ev = smk.config["evaluate"]
     options: dict[str, Any] = {"sandbox": ev["sandbox"]}
     if ev.get("piston_url"):
@@ -300,3 +303,14 @@ def aggregate(smk: Any) -> None:
         broken=list(smk.params.broken),
         truncation_threshold=smk.config["aggregate"].get("truncation_threshold"),
     )
+
+
+def publish(smk: Any) -> None:
+    """The `publish` target: the config's publish section, as validated (the job's identity
+    param is what reruns it when that section changes)."""
+    from ckpteval.publish import format_report
+    from ckpteval.publish import publish as send
+
+    reports = send(Path(smk.input.parquet).parent, smk.config["publish"])
+    for line in format_report(reports):
+        print(line)

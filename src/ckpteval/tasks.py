@@ -123,7 +123,16 @@ class TaskSpec:
         return self.builtin.render(problem)
 
     def config_hash(self) -> str:
-        """Changes whenever what the task asks the model changes: data, prompt, options, version."""
+        """Changes whenever what the task asks the model changes: data, prompt, options, version.
+
+        Computed once per spec: a parse asks it for every cell (checkpoints x variants), and a
+        generate task's hash reads and hashes all its problems."""
+        cached = self.__dict__.get("_config_hash")
+        if cached is None:
+            cached = self.__dict__["_config_hash"] = self._compute_config_hash()
+        return cached
+
+    def _compute_config_hash(self) -> str:
         options = {k: v for k, v in self.options.items() if k not in _SCHEDULING_OPTIONS}
         ident: dict[str, Any] = {
             "name": self.name,

@@ -18,6 +18,7 @@ rule aggregate:
         deltas=report(
             f"{OUT}/summary/deltas.csv", caption="../report/deltas.rst", category="Tables"
         ),
+        flips=f"{OUT}/summary/flips.csv",
         missing=f"{OUT}/summary/missing.csv",
         summary_json=f"{OUT}/summary/summary.json",
         plots=report(

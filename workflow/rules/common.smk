@@ -5,17 +5,20 @@ import re
 import sys
 from pathlib import Path
 
+from ckpteval.chat_templates import missing_template_lines
 from ckpteval.checkpoints import sync_source_identity
 from ckpteval.config import build_plan, validate_config
 from ckpteval.contract import (
     generation_identity,
     model_identity,
+    publish_identity,
     scoring_identity,
     summary_identity,
 )
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness
 from ckpteval.io import sha256_json
+from ckpteval.publish import TRACKERS
 from ckpteval.schedule import InferCosts
 from ckpteval.tasks import check_harness_names
 
@@ -47,7 +50,7 @@ if workflow.is_main_process:
                 sync_source_identity(
                     _ckpt.path, _id_file, FRESH.manifest_path(_run.name, _ckpt.name)
                 )
-    for _line in PLAN.broken_lines():
+    for _line in [*PLAN.broken_lines(), *missing_template_lines(PLAN)]:
         print(f"ckpteval: warning: {_line}", file=sys.stderr)
     for _line in FRESH.explain(ALL_PAIRS):
         print(f"ckpteval: rerun: {_line}", file=sys.stderr)
@@ -169,6 +172,15 @@ def get_scoring_identity(wildcards):
 
 def get_summary_identity(wildcards):
     return summary_identity(config).text
+
+
+def get_publish_identity(wildcards):
+    return publish_identity(config).text
+
+
+def get_publish_records():
+    # One record per configured tracker; none configured: the job says so in one line.
+    return [f"{OUT}/summary/published/{t}.json" for t in TRACKERS if config["publish"].get(t)]
 
 
 def get_infer_log(group):

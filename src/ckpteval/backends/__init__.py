@@ -76,8 +76,9 @@ class Backend(abc.ABC):
     def identity(self) -> dict[str, Any]:
         """What, besides weights, prompt and sampling, can change a completion."""
 
-    def render_chat(self, system: str | None, user: str) -> Prompt:
-        """A chat prompt for `user` (and an optional system message)."""
+    def render_chat(self, system: str | None, user: str, template: str | None = None) -> Prompt:
+        """A chat prompt for `user` (and an optional system message), through `template` (Jinja
+        text; None: the model's own; ckpteval.chat_templates)."""
         raise NotImplementedError
 
     def check_prompts(self, prompts: dict[str, Prompt], max_tokens: int, task: str) -> None:
@@ -96,6 +97,12 @@ class Backend(abc.ABC):
         """Tokens of a completion's text, where the backend has a tokenizer (lm-eval returns
         text only, so harness token counts are recounted this way)."""
         return None
+
+    def harness_outputs(self) -> list[tuple[str, str, str | None, int]]:
+        """(context, answer text, finish_reason, tokens) of the lm-eval generate_until requests
+        `harness_model` answered since the last call, where the backend sees its engine's
+        outputs (vllm); empty where it does not (lm-eval returns text only)."""
+        return []
 
     def load(self) -> None:
         """Load the engine now rather than on first use (an assist job prices its load)."""

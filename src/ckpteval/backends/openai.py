@@ -59,7 +59,8 @@ class OpenAIBackend(Backend):
     def identity(self) -> dict[str, Any]:
         return {"backend": "openai", "base_url": self.base_url, "model": self.model}
 
-    def render_chat(self, system: str | None, user: str) -> Prompt:
+    def render_chat(self, system: str | None, user: str, template: str | None = None) -> Prompt:
+        # `template` is always None here: the server applies its own (ckpteval.chat_templates).
         return ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": user}
         ]

@@ -12,6 +12,10 @@ no GPU lease. Each file is checked against the task before it becomes a generati
   file serves a `limit: 8` config);
 - problems without any line are reported in the log and the meta (`missing_problems`); the
   evaluate step counts them as `problems_without_samples`.
+
+A task with `reasoning` gets its lines split like generated ones (`ckpteval.reasoning.split`),
+with the task's stop strings; there is no tokenizer here, so `reasoning_tokens` is null and the
+budget is checked only against a line's own `completion_tokens`, for a never-ended reasoning.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_file, write_json, write_jsonl
 from ckpteval.problems import numbered_lines
+from ckpteval.reasoning import split, task_reasoning
 from ckpteval.tasks import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,7 @@ def replay_solutions(
         else Path(os.path.commonpath([str(s.parent) for s in sources]))
     )
     problems = task.problems()
+    reasoning = task_reasoning(task.options)
     known = {row["task_id"] for row in task.builtin.load()}
     lines: list[dict[str, Any]] = []
     seen: set[tuple[str, int]] = set()
@@ -105,6 +111,19 @@ def replay_solutions(
             "source_file": str(source.relative_to(root)),
         }
         line.update({k: row[k] for k in _KEPT if k in row})
+        if reasoning is not None:
+            line.update(
+                split(
+                    completion,
+                    prompt=line["prompt"],
+                    cfg=reasoning,
+                    stops=task.builtin.stop,
+                    include_stop=task.builtin.include_stop,
+                    engine_finish=line["finish_reason"],
+                    count_tokens=lambda _: None,
+                    completion_tokens=line["completion_tokens"],
+                ).fields()
+            )
         lines.append(line)
     if unknown:
         raise UserError(

@@ -31,6 +31,9 @@ class VllmBackend(Backend):
         self._riders: list[
             tuple[list[Prompt], list[SamplingSpec], Callable[..., None], Callable[[], bool] | None]
         ] = []
+        self._engine_log: list[tuple[str | None, int]] = []
+        self._text_log: list[tuple[str, str]] = []
+        self._own_call = False
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -53,12 +56,14 @@ class VllmBackend(Backend):
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         return self._tokenizer
 
-    def render_chat(self, system: str | None, user: str) -> Prompt:
+    def render_chat(self, system: str | None, user: str, template: str | None = None) -> Prompt:
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": user}
         ]
         return str(
-            self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, chat_template=template
+            )
         )
 
     def check_prompts(self, prompts: dict[str, Prompt], max_tokens: int, task: str) -> None:
@@ -113,7 +118,11 @@ class VllmBackend(Backend):
         from vllm import SamplingParams
 
         params = [SamplingParams(**spec.as_dict()) for spec in specs]
-        outputs = self.lm.model.generate([str(p) for p in prompts], params, use_tqdm=False)
+        self._own_call = True  # not one of lm-eval's calls: nothing for `harness_outputs`
+        try:
+            outputs = self.lm.model.generate([str(p) for p in prompts], params, use_tqdm=False)
+        finally:
+            self._own_call = False
         return [_generation(out) for out in outputs]
 
     def load(self) -> None:
@@ -140,13 +149,28 @@ class VllmBackend(Backend):
 
     def harness_model(self) -> Any:
         """lm-eval's VLLM on this engine; each of its engine calls takes the next queued
-        `ride_along` requests with it (vLLM answers mixed requests in input order)."""
+        `ride_along` requests with it (vLLM answers mixed requests in input order), and records
+        its outputs' finish reasons and token counts for `harness_outputs` (lm-eval keeps only
+        the text)."""
         lm = self.lm
         llm = lm.model
         if not getattr(llm, "_ckpteval_riding", False):
             plain = llm.generate
+            lm.set_cache_hook(_TextLog(self._text_log))
 
             def generate(
+                prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any
+            ) -> Any:
+                outputs = generate_with_riders(prompts, sampling_params, *args, **kwargs)
+                if not self._own_call:
+                    self._engine_log.extend(
+                        (out.outputs[0].finish_reason, len(out.outputs[0].token_ids))
+                        for out in outputs
+                        if out.outputs
+                    )
+                return outputs
+
+            def generate_with_riders(
                 prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any
             ) -> Any:
                 rider = self._next_rider()
@@ -180,9 +204,34 @@ class VllmBackend(Backend):
             llm._ckpteval_riding = True
         return lm
 
+    def harness_outputs(self) -> list[tuple[str, str, str | None, int]]:
+        """(context, text, finish_reason, tokens) of each lm-eval `generate_until` request
+        answered since the last call, in the order lm-eval's model sent them; clears the log.
+
+        lm-eval reports each answer to its cache hook in the order of its engine outputs, so
+        the two logs pair one to one (a call with any other output, e.g. a loglikelihood
+        request, leaves nothing to pair: the caller clears before a generate_until call)."""
+        texts, engine = list(self._text_log), list(self._engine_log)
+        self._text_log.clear()
+        self._engine_log.clear()
+        if len(texts) != len(engine):
+            return []
+        return [(c, t, f, n) for (c, t), (f, n) in zip(texts, engine, strict=True)]
+
     def count_tokens(self, text: str) -> int:
         """Tokens of a completion's text (lm-eval returns text only)."""
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class _TextLog:
+    """An lm-eval cache hook that records each generated answer with its context."""
+
+    def __init__(self, log: list[tuple[str, str]]) -> None:
+        self.log = log
+
+    def add_partial(self, attr: str, req: Any, res: Any) -> None:
+        if attr == "generate_until":
+            self.log.append((str(req[0]), str(res)))
 
 
 def _generation(out: Any) -> Generation:

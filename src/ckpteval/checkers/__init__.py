@@ -38,6 +38,7 @@ ERROR_TYPES = (
     "no_answer",  # math: no final answer could be extracted
     "sandbox_error",  # the sandbox refused this one program (e.g. its tmpfs filled up)
     "too_large",  # the completion exceeds the size the checker accepts
+    "truncated_reasoning",  # its reasoning never ended (ckpteval.reasoning): no answer to score
 )
 
 #: Reward hacks a sample can attempt, one taxonomy across languages. A verdict records one

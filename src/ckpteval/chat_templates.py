@@ -1,0 +1,223 @@
+"""Which chat template a run's prompts go through (`runs.<name>.chat_template`), and the record of it.
+
+A task asks for chat formatting (`tasks.<name>.chat_template: true`); the run says with which
+template:
+
+| value | prompts of a task that asks | meta `chat_template.source` |
+| --- | --- | --- |
+| `auto` (default) | the checkpoint's own tokenizer template; plain if it has none | `checkpoint`, or `none (checkpoint has no template)` |
+| `none` | plain, whatever the task asks | `none` |
+| a `.jinja` file | that template | `file:<absolute path>` |
+| a known name | the template shipped in `ckpteval/data/chat_templates/<name>.jinja` | `builtin:<name>` |
+
+A task that does not ask is plain in every case (`none`). Every generation meta records the
+source and the sha256 of the template text used (null when plain), the evaluate step copies it
+into the score cell, and the aggregate step flags a comparison of cells whose templates differ.
+
+A file or a known name enters the identity of the run's chat-asking cells by the template's
+CONTENT (`ChatTemplate.identity`): moving the file reruns nothing, editing it reruns those cells.
+`auto` adds nothing: the checkpoint's template is part of its content identity (its files), so a
+new template in a checkpoint reruns its chain like any new bytes. Endpoint runs (`openai`) take
+`auto` (the server applies its own template) or `none` only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckpteval.errors import UserError
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "data" / "chat_templates"
+#: The record of plain prompts.
+PLAIN = {"source": "none", "sha256": None}
+NO_TEMPLATE = "none (checkpoint has no template)"
+
+
+def builtin_names() -> list[str]:
+    """The known template names (`<name>.jinja` files shipped with the package)."""
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.jinja"))
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A run's resolved `chat_template`: `mode` auto|none|file|builtin; `text` for file/builtin;
+    `label` the absolute path or the name."""
+
+    mode: str = "auto"
+    text: str | None = field(default=None, repr=False)
+    label: str = ""
+
+    @property
+    def sha256(self) -> str | None:
+        return text_sha256(self.text) if self.text is not None else None
+
+    @property
+    def identity(self) -> str | None:
+        """What the run's chat-asking cells' identity records: None for auto (nothing: an unset
+        key changes no identity), `none`, or the template's content hash (not its path)."""
+        if self.mode == "auto":
+            return None
+        if self.mode == "none":
+            return "none"
+        return f"sha256:{str(self.sha256)[:16]}"
+
+    @property
+    def source(self) -> str:
+        return {"file": f"file:{self.label}", "builtin": f"builtin:{self.label}"}.get(
+            self.mode, self.mode
+        )
+
+
+def resolve(value: str | None, *, key: str, base_dir: Path, backend: str = "vllm") -> ChatTemplate:
+    """A run's `chat_template` value resolved, or a one-line `UserError` naming `key` (e.g.
+    `config: runs.x.chat_template`). A value ending in `.jinja` or holding a `/` is a file
+    (relative to `base_dir`); any other is a known name."""
+    value = value or "auto"
+    if value in ("auto", "none"):
+        return ChatTemplate(value)
+    known = ", ".join(builtin_names())
+    if backend != "vllm":
+        raise UserError(
+            f"{key}: {value!r}: a template file or name applies to vllm runs only (this "
+            f"run's backend, {backend}, formats its prompts elsewhere); use auto or none"
+        )
+    if value.endswith(".jinja") or "/" in value or os.sep in value:
+        path = Path(os.path.expanduser(os.path.expandvars(value)))
+        path = path if path.is_absolute() else base_dir / path
+        if not path.is_file():
+            raise UserError(
+                f"{key}: no template file {path}; give a .jinja file, a known name ({known}), "
+                "auto or none"
+            )
+        mode, label, text = "file", str(path.resolve()), path.read_text(encoding="utf-8")
+    elif value in builtin_names():
+        mode, label, text = "builtin", value, (BUILTIN_DIR / f"{value}.jinja").read_text("utf-8")
+    else:
+        raise UserError(
+            f"{key}: {value!r} is neither a known template ({known}) nor a .jinja file; "
+            "or use auto or none"
+        )
+    _check_syntax(text, key, label)
+    return ChatTemplate(mode, text, label)
+
+
+def _check_syntax(text: str, key: str, label: str) -> None:
+    import jinja2
+
+    if not text.strip():
+        raise UserError(f"{key}: template {label} is empty")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise UserError(
+            f"{key}: template {label} is not valid Jinja (line {exc.lineno}: {exc.message})"
+        ) from None
+
+
+# ---- the checkpoint's own template, at parse time
+
+
+def has_template(model_dir: Path) -> bool:
+    """Whether a model directory carries a chat template (the files transformers reads)."""
+    from ckpteval.consolidate import TEMPLATE_FILES
+
+    if any((model_dir / name).is_file() for name in TEMPLATE_FILES):
+        return True
+    config = model_dir / "tokenizer_config.json"
+    if not config.is_file():
+        return False
+    import json
+
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError):
+        return False
+
+
+def checkpoint_has_template(
+    source: Path, base_model: Path | None, consolidated: Path | None = None
+) -> bool:
+    """Whether a checkpoint's consolidated model will have a chat template: the consolidated
+    directory when it exists, else as consolidation picks it (the checkpoint's tokenizer files,
+    else the base model's; a template from the base model when the tokenizer's has none)."""
+    from ckpteval.consolidate import TOKENIZER_MARKERS
+
+    if consolidated is not None and (consolidated / "config.json").is_file():
+        return has_template(consolidated)
+    dirs = [d for d in (source if source.is_dir() else None, base_model) if d is not None]
+    tokenizer_dir = next(
+        (d for d in dirs if any((d / m).is_file() for m in TOKENIZER_MARKERS)), None
+    )
+    if tokenizer_dir is not None and has_template(tokenizer_dir):
+        return True
+    return base_model is not None and has_template(base_model)
+
+
+def missing_template_lines(plan: Any) -> list[str]:
+    """One line per `auto` vllm run whose checkpoints (some or all) lack a chat template while
+    tasks ask for one (base and RL-zero checkpoints): those prompts will be plain."""
+    asking = [n for n, t in plan.tasks.items() if t.options.get("chat_template")]
+    if not asking:
+        return []
+    lines = []
+    for run in plan.runs.values():
+        if not run.has_weights or run.chat_template.mode != "auto":
+            continue
+        lacking = [
+            c.name
+            for c in run.checkpoints
+            if not checkpoint_has_template(
+                c.path, run.base_model, Path(plan.outdir) / "models" / run.name / c.name
+            )
+        ]
+        if not lacking:
+            continue
+        shown = ", ".join(lacking[:3]) + (
+            f", ... ({len(lacking)} in all)" if len(lacking) > 3 else ""
+        )
+        lines.append(
+            f"run {run.name}: checkpoint(s) {shown} have no chat template but task(s) "
+            f"{', '.join(asking)} ask for one: their prompts are plain (recorded as such); set "
+            f"runs.{run.name}.chat_template to a .jinja file or a known template "
+            f"({', '.join(builtin_names())}), or to none"
+        )
+    return lines
+
+
+# ---- at run time
+
+
+@dataclass(frozen=True)
+class TemplateUse:
+    """How one job's prompts are formatted: `chat` through a template (`text`; None: the
+    tokenizer's own) or plain; `record` is what its meta records (`{source, sha256}`)."""
+
+    chat: bool
+    text: str | None = field(default=None, repr=False)
+    record: dict[str, Any] = field(default_factory=lambda: dict(PLAIN), compare=False)
+
+
+def template_use(choice: ChatTemplate, asked: bool, backend: Any) -> TemplateUse:
+    """The template a job of a task that `asked` (or not) for chat formatting uses on `backend`
+    (the checkpoint's own template is read from its tokenizer: no engine is loaded)."""
+    if not asked or choice.mode == "none":
+        return TemplateUse(False)
+    if choice.mode in ("file", "builtin"):
+        return TemplateUse(True, choice.text, {"source": choice.source, "sha256": choice.sha256})
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None:  # an endpoint applies its own template to the chat messages
+        return TemplateUse(True, None, {"source": "endpoint", "sha256": None})
+    own = tokenizer.chat_template
+    if isinstance(own, dict):  # named templates: transformers uses "default"
+        own = own.get("default")
+    if not own:
+        return TemplateUse(False, None, {"source": NO_TEMPLATE, "sha256": None})
+    return TemplateUse(True, None, {"source": "checkpoint", "sha256": text_sha256(str(own))})

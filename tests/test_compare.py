@@ -1,0 +1,374 @@
+"""Paired comparisons on hand-made score files: McNemar columns of deltas.csv, flips.csv, the
+`ckpteval compare` command (output, exit codes, JSON, unknown names, provenance warnings) and the
+report's "Paired comparisons" section."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from test_aggregate import write_cell
+
+from ckpteval.aggregate import DELTA_COLUMNS, FLIP_COLUMNS, build_summary
+from ckpteval.stats import paired_mde
+
+# Problems p0..p9, one greedy sample each. base solves p0-p4; step_100 solves p0-p2 and p5-p9;
+# step_200 solves everything but p1 and has no sample of p9 (missing on that side).
+SOLVED = {
+    "base": {0, 1, 2, 3, 4},
+    "step_100": {0, 1, 2, 5, 6, 7, 8, 9},
+    "step_200": {0, 2, 3, 4, 5, 6, 7, 8},
+}
+STEPS = {"base": 0, "step_100": 100, "step_200": 200}
+
+
+def _samples(ckpt: str) -> list[tuple[str, int, bool]]:
+    problems = range(9) if ckpt == "step_200" else range(10)
+    return [(f"p{i}", 0, i in SOLVED[ckpt]) for i in problems]
+
+
+def _patch(path: Path, **fields: Any) -> None:
+    cell = json.loads(path.read_text())
+    cell.update(fields)
+    path.write_text(json.dumps(cell))
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    """results/scores: run r (baseline base, step_100, step_200) on a pass/fail task `code` and
+    a task `qa` whose per-sample scores are F1 values, not 0/1."""
+    for ckpt, step in STEPS.items():
+        write_cell(
+            tmp_path,
+            "r",
+            ckpt,
+            step,
+            "code",
+            "greedy-s42",
+            metrics={"pass@1": 0.5},
+            samples=_samples(ckpt),
+            is_baseline=ckpt == "base",
+        )
+        write_cell(
+            tmp_path,
+            "r",
+            ckpt,
+            step,
+            "qa",
+            "greedy-s42",
+            metrics={"f1": 0.5},
+            samples=[
+                {
+                    "task_id": f"q{i}",
+                    "sample_idx": 0,
+                    "passed": False,
+                    "score": 0.1 * i + step / 1e3,
+                }
+                for i in range(5)
+            ],
+            is_baseline=ckpt == "base",
+        )
+    return tmp_path
+
+
+def _cells(root: Path) -> list[Path]:
+    return sorted((root / "scores").glob("*/*/*/*.json"))
+
+
+def _ckpteval(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ckpteval.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# deltas.csv and flips.csv ---------------------------------------------------------------------
+
+
+def test_deltas_carry_mcnemar_counts_p_and_mde(results: Path) -> None:
+    build_summary(_cells(results), results / "summary", bootstrap=200)
+    deltas = pd.read_csv(results / "summary" / "deltas.csv")
+    assert list(deltas.columns) == DELTA_COLUMNS
+    code = deltas[deltas["task"] == "code"].set_index(["ckpt", "ref_ckpt"])
+    # step_100 vs base: gained p5-p9 (c=5), lost p3, p4 (b=2): p = 2 (1 + 7 + 21) / 2^7.
+    row = code.loc[("step_100", "base")]
+    assert (row["paired_test"], row["n_problems"], row["n_gained"], row["n_lost"]) == (
+        "mcnemar-exact",
+        10,
+        5,
+        2,
+    )
+    assert row["mcnemar_p"] == pytest.approx(58 / 128)
+    assert row["delta"] == pytest.approx(0.3)
+    assert row["mde"] == pytest.approx(paired_mde(10, 7))
+    # step_200 vs base: p9 has no sample in step_200, so 9 problems; gained p5-p8, lost p1.
+    row = code.loc[("step_200", "base")]
+    assert (row["n_problems"], row["n_gained"], row["n_lost"]) == (9, 4, 1)
+    assert row["mcnemar_p"] == pytest.approx(2 * (1 + 5) / 32)
+    # step_200 vs step_100: gained p3, p4, lost p1: p = min(1, 2 (1 + 3) / 8).
+    row = code.loc[("step_200", "step_100")]
+    assert (row["n_problems"], row["n_gained"], row["n_lost"], row["mcnemar_p"]) == (9, 2, 1, 1.0)
+    qa = deltas[deltas["task"] == "qa"]
+    assert len(qa) == 3
+    assert set(qa["paired_test"]) == {"none: scores not 0/1"}
+    assert qa["mcnemar_p"].isna().all() and qa["mde"].isna().all()
+    assert (qa["n_gained"] == 0).all() and (qa["n_lost"] == 0).all()
+
+
+def test_flips_csv_lists_exactly_the_flipped_problems(results: Path) -> None:
+    build_summary(_cells(results), results / "summary", bootstrap=50)
+    flips = pd.read_csv(results / "summary" / "flips.csv")
+    assert list(flips.columns) == FLIP_COLUMNS
+    got = sorted(map(tuple, flips.astype(str).to_numpy().tolist()))
+    expected = [
+        ("r", "code", "greedy", a, b, f"p{i}", direction)
+        for a, b, gained, lost in (
+            ("base", "step_100", [5, 6, 7, 8, 9], [3, 4]),
+            ("base", "step_200", [5, 6, 7, 8], [1]),
+            ("step_100", "step_200", [3, 4], [1]),
+        )
+        for direction, ids in (("gained", gained), ("lost", lost))
+        for i in ids
+    ]
+    assert got == sorted(expected)
+
+
+def test_majority_of_samples_and_seeds_decides_a_problem(tmp_path: Path) -> None:
+    """Three samples per problem and two seeds pooled: a problem is solved when more than half
+    of its paired samples pass; samples one side lacks do not count."""
+    verdicts = {
+        # problem: (base's passing (seed, sample)s, step_1's passing (seed, sample)s)
+        "a": ({(1, 0), (1, 1), (2, 0), (2, 1)}, {(1, 0)}),  # 4/6 -> 1/6: lost
+        "b": (set(), {(1, 0), (1, 1), (1, 2), (2, 0)}),  # 0/6 -> 4/6: gained
+        "c": ({(1, 0), (1, 1), (1, 2)}, {(1, 0), (1, 1), (1, 2)}),  # 3/6 both: unsolved both
+    }
+    for ckpt, side in (("base", 0), ("step_1", 1)):
+        for seed in (1, 2):
+            samples = [
+                (problem, idx, (seed, idx) in passing[side])
+                for problem, passing in verdicts.items()
+                for idx in range(3)
+                # step_1 has no sample 2 of problem a, seed 2 (that pair does not count)
+                if not (ckpt == "step_1" and problem == "a" and seed == 2 and idx == 2)
+            ]
+            write_cell(
+                tmp_path,
+                "r",
+                ckpt,
+                1 if side else 0,
+                "code",
+                f"hot-s{seed}",
+                metrics={"pass@1": 0.5},
+                samples=samples,
+                is_baseline=not side,
+            )
+    build_summary(_cells(tmp_path), tmp_path / "summary", bootstrap=50)
+    row = pd.read_csv(tmp_path / "summary" / "deltas.csv").iloc[0]
+    assert (row["n_problems"], row["n_pairs"], row["n_gained"], row["n_lost"]) == (3, 17, 1, 1)
+    flips = pd.read_csv(tmp_path / "summary" / "flips.csv")
+    assert dict(zip(flips["task_id"], flips["direction"])) == {"a": "lost", "b": "gained"}
+
+
+# ckpteval compare ------------------------------------------------------------------------------
+
+
+def test_compare_prints_delta_mcnemar_mde_and_flips(results: Path) -> None:
+    proc = _ckpteval("compare", "r:base", "r:step_100", "--outdir", str(results))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    out = proc.stdout
+    assert "r:step_100 minus r:base" in out
+    assert "code (greedy, pass@1): 10 problems, 10 paired samples, seeds 42" in out
+    assert "pass@1 0.500 -> 0.800, delta +0.300 [95% CI" in out
+    assert f"McNemar exact p = {58 / 128:.4g} (gained 5, lost 2)" in out
+    assert f"MDE {paired_mde(10, 7):.3f}: at n=10" in out
+    assert "gained (5): p5 p6 p7 p8 p9" in out
+    assert "lost (2): p3 p4" in out
+    assert "qa (greedy, f1): 5 problems" in out
+    assert "no McNemar test (none: scores not 0/1)" in out
+
+
+def test_compare_json_round_trip_agrees_with_deltas_csv(results: Path) -> None:
+    proc = _ckpteval(
+        "compare", "r:base", "r:step_200", "--outdir", str(results), "--task", "code", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads(proc.stdout)
+    assert (document["a"], document["b"]) == ("r:base", "r:step_200")
+    [cmp] = document["comparisons"]
+    assert (cmp["task"], cmp["sampling"], cmp["metric"]) == ("code", "greedy", "pass@1")
+    assert (cmp["gained"], cmp["lost"]) == (["p5", "p6", "p7", "p8"], ["p1"])
+    build_summary(_cells(results), results / "summary", bootstrap=50)
+    deltas = pd.read_csv(results / "summary" / "deltas.csv")
+    row = deltas[(deltas["task"] == "code") & (deltas["ckpt"] == "step_200")]
+    row = row[row["ref_ckpt"] == "base"].iloc[0]
+    for key in ("n_problems", "n_pairs", "n_gained", "n_lost"):
+        assert cmp[key] == row[key], key
+    for key in ("delta", "mcnemar_p", "mde"):
+        assert cmp[key] == pytest.approx(row[key]), key
+    assert cmp["ci_low"] <= cmp["delta"] <= cmp["ci_high"]
+    assert cmp["value_a"] == pytest.approx(5 / 9) and cmp["value_b"] == pytest.approx(8 / 9)
+    assert cmp["delta"] == pytest.approx(3 / 9)
+    qa = json.loads(
+        _ckpteval(
+            "compare", "r:base", "r:step_200", "--outdir", str(results), "--task", "qa", "--json"
+        ).stdout
+    )["comparisons"][0]
+    assert qa["mcnemar_p"] is None and qa["paired_test"] == "none: scores not 0/1"
+    assert qa["delta"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["r:base", "r:step_999"],
+            "compare: run 'r' has no checkpoint 'step_999' in {root}/scores/r; its checkpoints: "
+            "base, step_100, step_200",
+        ),
+        (
+            ["x:base", "r:base"],
+            "compare: run 'x' has no scores in {root}/scores; runs with scores: r",
+        ),
+        (
+            ["r:base", "r:step_100", "--task", "nope"],
+            "compare: task 'nope' is not scored for both r:base and r:step_100; tasks of both: "
+            "code, qa",
+        ),
+        (
+            ["r:base", "r:step_100", "--sampling", "hot"],
+            "compare: sampling config 'hot' is not scored for both checkpoints (on the tasks "
+            "asked); sampling configs of both: greedy",
+        ),
+        (["r-base", "r:step_100"], "compare: 'r-base': give a checkpoint as RUN:CKPT"),
+    ],
+)
+def test_compare_unknown_names_are_one_line(results: Path, args: list[str], message: str) -> None:
+    proc = _ckpteval("compare", *args, "--outdir", str(results))
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("ckpteval: error: " + message.format(root=results))
+
+
+def test_compare_warns_about_chat_templates_checkers_and_scoring(results: Path) -> None:
+    base = results / "scores/r/base/code/greedy-s42.json"
+    new = results / "scores/r/step_100/code/greedy-s42.json"
+    # Only one side records a template: nothing can be told, no warning.
+    _patch(new, chat_template={"source": "tokenizer", "sha256": "b" * 64})
+    proc = _ckpteval("compare", "r:base", "r:step_100", "--outdir", str(results))
+    assert proc.returncode == 0 and proc.stderr == ""
+    _patch(base, chat_template={"source": "tokenizer", "sha256": "a" * 64})
+    proc = _ckpteval("compare", "r:base", "r:step_100", "--outdir", str(results))
+    assert proc.returncode == 0
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(
+        "ckpteval: warning: code (greedy): generated with different chat templates: r:base "
+        "tokenizer (aaaaaaaaaaaa) vs r:step_100 tokenizer (bbbbbbbbbbbb)"
+    )
+    _patch(base, chat_template={"source": "tokenizer", "sha256": "b" * 64})
+    _patch(new, checker_version="2")
+    _patch(base, scoring={"evaluate.timeout": 10})
+    _patch(new, scoring={"evaluate.timeout": 20})
+    lines = _ckpteval("compare", "r:base", "r:step_100", "--outdir", str(results)).stderr
+    assert lines.splitlines() == [
+        "ckpteval: warning: code (greedy): scored with a different checker version: "
+        "r:base None vs r:step_100 2",
+        "ckpteval: warning: code (greedy): scored with different settings (the cells' scoring "
+        'identity): r:base {"evaluate.timeout": 10} vs r:step_100 {"evaluate.timeout": 20}',
+    ]
+
+
+def test_compare_across_runs_ignores_the_run_name_in_scoring_keys(results: Path) -> None:
+    other = write_cell(
+        results,
+        "q",
+        "step_5",
+        5,
+        "code",
+        "greedy-s42",
+        metrics={"pass@1": 0.5},
+        samples=_samples("base"),
+    )
+    _patch(other, scoring={"runs.q.chat_template": "none", "evaluate.timeout": 10})
+    _patch(
+        results / "scores/r/base/code/greedy-s42.json",
+        scoring={"runs.r.chat_template": "none", "evaluate.timeout": 10},
+    )
+    proc = _ckpteval("compare", "r:base", "q:step_5", "--outdir", str(results))
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert "code (greedy, pass@1): 10 problems" in proc.stdout
+    assert "McNemar exact p = 1 (gained 0, lost 0)" in proc.stdout
+
+
+# report -----------------------------------------------------------------------------------------
+
+
+def test_report_has_the_paired_comparisons_section(results: Path) -> None:
+    build_summary(_cells(results), results / "summary", bootstrap=50)
+    page = (results / "summary" / "report.html").read_text()
+    section = page.split("<h2>Paired comparisons</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "<h3>r</h3>" in section
+    # last checkpoint vs baseline and each vs previous; step_100 vs base is not shown
+    assert "step_200 vs base" in section and "step_200 vs step_100" in section
+    assert "step_100 vs base" not in section
+    assert "none: scores not 0/1" in section
+    assert "<li>code (greedy) step_200 vs base: gained p5, p6, p7, p8; lost p1</li>" in section
+    assert "<details><summary>Flipped problems" in section
+
+
+def test_compare_unusable_cells_are_one_line(results: Path) -> None:
+    (results / "scores/r/step_100/code/greedy-s42.jsonl").unlink()
+    proc = _ckpteval("compare", "r:base", "r:step_100", "--outdir", str(results))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"ckpteval: error: compare: {results}/scores/r/step_100/code/greedy-s42.jsonl: "
+        "per-sample file not found; rescore the cell"
+    )
+    (results / "scores/r/base/qa/greedy-s42.json").write_text("{not json")
+    proc = _ckpteval("compare", "r:base", "r:step_100", "--outdir", str(results))
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"ckpteval: error: compare: {results}/scores/r/base/qa/greedy-s42.json")
+    assert line.endswith("rescore the cell or remove it")
+    # a task not asked for is not read
+    proc = _ckpteval("compare", "r:base", "r:step_200", "--outdir", str(results), "--task", "code")
+    assert proc.returncode == 0 and "code (greedy, pass@1)" in proc.stdout
+
+
+def test_compare_names_tasks_without_a_common_sampling_config(results: Path) -> None:
+    write_cell(
+        results,
+        "r",
+        "step_100",
+        100,
+        "extra",
+        "hot-s1",
+        metrics={"pass@1": 0.5},
+        samples=_samples("base"),
+    )
+    write_cell(
+        results,
+        "r",
+        "base",
+        0,
+        "extra",
+        "greedy-s42",
+        metrics={"pass@1": 0.5},
+        samples=_samples("base"),
+        is_baseline=True,
+    )
+    proc = _ckpteval("compare", "r:base", "r:step_100", "--outdir", str(results))
+    assert proc.returncode == 0
+    assert proc.stderr.splitlines() == [
+        "ckpteval: warning: extra: no sampling config scored by both; r:base: greedy; "
+        "r:step_100: hot"
+    ]
+    assert "extra (" not in proc.stdout and "code (greedy, pass@1)" in proc.stdout

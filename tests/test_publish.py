@@ -1,0 +1,355 @@
+"""`ckpteval publish`: the tidy table's seed means at their training steps, in each tracker, read
+back with the tracker's own reader (W&B offline: `wandb leet inspect --json` on the run's .wandb
+log; TensorBoard: EventAccumulator; MLflow: a file store's get_metric_history).
+
+One table of two runs: a baseline (step 0), trained checkpoints, a task under two sampling
+configs (one with two seeds), and a checkpoint without a step. Each tracker gets a first publish,
+an unchanged republish (nothing sent), and a republish with one rerun cell's value changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ckpteval.aggregate import Cell, tidy_table, write_parquet
+from ckpteval.errors import UserError
+from ckpteval.publish import mlflow_key, publish, table_points
+
+PY = sys.executable
+WANDB_BIN = Path(sys.executable).with_name("wandb")
+
+# (run, ckpt, step, is_baseline, task, sampling, seed) -> {metric: value}
+CELLS = {
+    ("alpha", "base", 0, True, "arith", "greedy", 42): {"pass@1": 0.1},
+    ("alpha", "step_100", 100, False, "arith", "greedy", 42): {"pass@1": 0.4},
+    ("alpha", "step_200", 200, False, "arith", "greedy", 42): {"pass@1": 0.55},
+    ("alpha", "base", 0, True, "code", "greedy", 42): {"pass@1": 0.0, "compile_rate": 0.5},
+    ("alpha", "step_100", 100, False, "code", "greedy", 42): {"pass@1": 0.2, "compile_rate": 0.75},
+    ("alpha", "step_100", 100, False, "code", "t08", 1): {"pass@1": 0.25, "compile_rate": 0.5},
+    ("alpha", "step_100", 100, False, "code", "t08", 2): {"pass@1": 0.35, "compile_rate": 1.0},
+    ("alpha", "step_200", 200, False, "code", "greedy", 42): {"pass@1": 0.3, "compile_rate": 1.0},
+    ("beta", "step_50", 50, False, "arith", "greedy", 42): {"pass@1": 0.2},
+    ("beta", "latest", None, False, "arith", "greedy", 42): {"pass@1": 0.9},
+}
+
+
+def expected_points(cells: dict) -> dict[tuple[str, str, int], float]:
+    """(run, key, step) -> seed mean, computed here by hand: the published contract."""
+    samplings: dict[str, set[str]] = {}
+    for _run, _ckpt, _step, _base, task, sampling, _seed in cells:
+        samplings.setdefault(task, set()).add(sampling)
+    sums: dict[tuple[str, str, int], list[float]] = {}
+    for (run, _ckpt, step, _base, task, sampling, _seed), metrics in cells.items():
+        if step is None:
+            continue
+        for metric, value in metrics.items():
+            middle = [sampling] if len(samplings[task]) > 1 else []
+            key = "/".join(["ckpteval", task, *middle, metric])
+            sums.setdefault((run, key, step), []).append(value)
+    return {k: sum(v) / len(v) for k, v in sums.items()}
+
+
+def write_table(summary: Path, cells: dict) -> None:
+    rows = [
+        Cell(
+            source=f"{run}/{ckpt}/{task}/{sampling}-s{seed}.json",
+            run=run,
+            ckpt=ckpt,
+            step=step,
+            task=task,
+            variant=f"{sampling}-s{seed}",
+            sampling=sampling,
+            seed=seed,
+            is_baseline=base,
+            scorer_version="1",
+            model_hash="h",
+            metrics={m: (v, 0.01, 10) for m, v in metrics.items()},
+        )
+        for (run, ckpt, step, base, task, sampling, seed), metrics in cells.items()
+    ]
+    summary.mkdir(parents=True, exist_ok=True)
+    write_parquet(tidy_table(rows), summary / "metrics.parquet")
+
+
+def changed_cells() -> dict:
+    """The rerun cell: alpha/step_100 code t08 seed 2 got a new pass@1 (its seed mean moves)."""
+    cells = {k: dict(v) for k, v in CELLS.items()}
+    cells[("alpha", "step_100", 100, False, "code", "t08", 2)]["pass@1"] = 0.45
+    return cells
+
+
+CHANGED_KEY = ("alpha", "ckpteval/code/t08/pass@1", 100)
+
+
+def test_points_are_seed_means_at_their_steps_and_stepless_checkpoints_are_noted(
+    tmp_path: Path,
+) -> None:
+    write_table(tmp_path, CELLS)
+    points, notes = table_points(pd.read_parquet(tmp_path / "metrics.parquet"))
+    got = {(p.run, p.key, p.step): p.value for p in points}
+    assert got == pytest.approx(expected_points(CELLS))
+    assert got[("alpha", "ckpteval/code/t08/pass@1", 100)] == pytest.approx(0.3)
+    assert got[("alpha", "ckpteval/arith/pass@1", 0)] == pytest.approx(0.1)  # the baseline
+    assert notes == ["beta/latest: no training step; not published"]
+
+
+# ------------------------------------------------------------------------------ TensorBoard
+
+
+def tensorboard_points(logdir: Path) -> dict[tuple[str, str, int], list[float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[tuple[str, str, int], list[float]] = {}
+    for run_dir in sorted(p for p in logdir.iterdir() if p.is_dir()):
+        acc = EventAccumulator(str(run_dir))
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            for event in acc.Scalars(tag):
+                out.setdefault((run_dir.name, tag, event.step), []).append(event.value)
+    return out
+
+
+def test_tensorboard_has_exactly_the_table_and_one_value_per_step_after_a_rerun(
+    tmp_path: Path,
+) -> None:
+    summary, logdir = tmp_path / "summary", tmp_path / "tb"
+    settings = {"tensorboard": {"logdir": str(logdir)}}
+    write_table(summary, CELLS)
+    first = publish(summary, settings)["tensorboard"]
+    expected = expected_points(CELLS)
+    assert first["new"] == len(expected) and first["changed"] == 0
+    got = tensorboard_points(logdir)
+    assert {k: v[0] for k, v in got.items()} == pytest.approx(expected, rel=1e-6)  # float32
+    assert all(len(v) == 1 for v in got.values())
+    files = sorted(p.name for p in logdir.rglob("*.ckpteval"))
+
+    again = publish(summary, settings)["tensorboard"]
+    assert (again["new"], again["changed"], again["unchanged"]) == (0, 0, len(expected))
+    assert sorted(p.name for p in logdir.rglob("*.ckpteval")) == files, "nothing rewritten"
+
+    write_table(summary, changed_cells())
+    rerun = publish(summary, settings)["tensorboard"]
+    assert (rerun["new"], rerun["changed"]) == (0, 1)
+    got = tensorboard_points(logdir)
+    assert all(len(v) == 1 for v in got.values()), "exactly one value per step remains"
+    assert {k: v[0] for k, v in got.items()} == pytest.approx(
+        expected_points(changed_cells()), rel=1e-6
+    )
+    assert got[CHANGED_KEY] == [pytest.approx(0.35)]
+    # one ckpteval file per run: alpha's rewritten, beta's (unchanged) kept as it was
+    now = sorted(p.relative_to(logdir).as_posix() for p in logdir.rglob("*.ckpteval"))
+    assert len(now) == 2 and [n for n in now if n.startswith("beta/")] == [
+        f"beta/{f}" for f in files if (logdir / "beta" / f).exists()
+    ]
+
+
+def test_tensorboard_leaves_other_event_files_of_the_run_alone(tmp_path: Path) -> None:
+    """A training run's own event file in the same directory survives every rewrite."""
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    summary, logdir = tmp_path / "summary", tmp_path / "tb"
+    training = EventFileWriter(str(logdir / "alpha"))
+    training.close()
+    write_table(summary, CELLS)
+    publish(summary, {"tensorboard": {"logdir": str(logdir)}})
+    write_table(summary, changed_cells())
+    publish(summary, {"tensorboard": {"logdir": str(logdir)}})
+    assert Path(training._file_name).exists()
+
+
+# ------------------------------------------------------------------------------ MLflow
+
+
+def mlflow_points(uri: str, experiment: str) -> dict[tuple[str, str, int], list[tuple]]:
+    """(run, key, step) -> [(timestamp, value)] in timestamp order, from MLflow's own client."""
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    out: dict[tuple[str, str, int], list[tuple]] = {}
+    for run in client.search_runs([exp.experiment_id]):
+        name = run.data.tags["ckpteval.run"]
+        assert run.info.run_name == f"{name}-eval"
+        for key in run.data.metrics:
+            for m in client.get_metric_history(run.info.run_id, key):
+                out.setdefault((name, key, m.step), []).append((m.timestamp, m.value))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_mlflow_has_the_table_and_a_rerun_logs_one_newer_point(tmp_path: Path) -> None:
+    summary = tmp_path / "summary"
+    uri = (tmp_path / "mlruns").as_uri()
+    settings = {"mlflow": {"tracking_uri": uri, "experiment": "sweep"}}
+    write_table(summary, CELLS)
+    publish(summary, settings)
+    expected = {(r, mlflow_key(k), s): v for (r, k, s), v in expected_points(CELLS).items()}
+    got = mlflow_points(uri, "sweep")
+    assert {k: [v for _, v in pts] for k, pts in got.items()} == {
+        k: [pytest.approx(v)] for k, v in expected.items()
+    }
+    assert ("alpha", "ckpteval/code/t08/pass_at_1", 100) in got
+
+    again = publish(summary, settings)["mlflow"]
+    assert (again["new"], again["changed"]) == (0, 0)
+    assert mlflow_points(uri, "sweep") == got, "nothing new"
+
+    write_table(summary, changed_cells())
+    publish(summary, settings)
+    after = mlflow_points(uri, "sweep")
+    key = ("alpha", mlflow_key(CHANGED_KEY[1]), 100)
+    assert [v for _, v in after[key]] == [pytest.approx(0.3), pytest.approx(0.35)]
+    assert after[key][1][0] >= after[key][0][0], "the newer value has the later timestamp"
+    assert {k: v for k, v in after.items() if k != key} == {
+        k: v for k, v in got.items() if k != key
+    }
+
+
+# ------------------------------------------------------------------------------ W&B (offline)
+
+
+def wandb_history(wandb_dir: Path, run_id: str) -> tuple[list[dict], list[dict]]:
+    """(history rows, metric definitions) of every offline log of W&B run `run_id`, in order,
+    read with wandb's own transaction-log reader."""
+    rows, metrics = [], []
+    for log in sorted(wandb_dir.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")):
+        out = subprocess.run(
+            [str(WANDB_BIN), "leet", "inspect", "--json", str(log)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for line in out.splitlines():
+            record = json.loads(line)
+            if record["type"] == "history":
+                rows.append(record["history"]["item"])
+            elif record["type"] == "metric":
+                metrics.append(record["metric"])
+            elif record["type"] == "run":
+                assert record["run"]["run_id"] == run_id
+    return rows, metrics
+
+
+def wandb_points(rows: list[dict], run: str) -> Counter:
+    """Counter of (run, key, step, value) over the history rows (step: ckpteval/train_step)."""
+    got: Counter = Counter()
+    for row in rows:
+        step = row["ckpteval/train_step"]
+        for key, value in row.items():
+            if key.startswith("ckpteval/") and key != "ckpteval/train_step":
+                got[(run, key, int(step), round(float(value), 9))] += 1
+    return got
+
+
+def _rounded(points: dict) -> Counter:
+    return Counter({(r, k, s, round(v, 9)) for (r, k, s), v in points.items()})
+
+
+@pytest.fixture()
+def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    return tmp_path
+
+
+def test_wandb_offline_training_run_by_id_and_a_sibling_eval_run(wandb_offline: Path) -> None:
+    summary = wandb_offline / "summary"
+    settings = {"wandb": {"project": "rl", "mode": "offline", "run_ids": {"alpha": "train123"}}}
+    write_table(summary, CELLS)
+    report = publish(summary, settings)["wandb"]
+    assert report["runs"]["alpha"] == {"run_id": "train123", "training_run": True}
+    sibling = report["runs"]["beta"]["run_id"]
+    assert sibling.startswith("ckpteval-") and report["runs"]["beta"]["training_run"] is False
+
+    rows, metrics = wandb_history(wandb_offline, "train123")
+    assert {"glob_name": "ckpteval/*", "step_metric": "ckpteval/train_step"} in [
+        {k: m.get(k) for k in ("glob_name", "step_metric")} for m in metrics
+    ], "the custom step axis is defined in the training run"
+    beta_rows, _ = wandb_history(wandb_offline, sibling)
+    expected = expected_points(CELLS)
+    got = wandb_points(rows, "alpha") + wandb_points(beta_rows, "beta")
+    assert got == _rounded(expected)
+    assert [r["ckpteval/train_step"] for r in rows] == [0, 100, 200], "one row per step"
+
+    again = publish(summary, settings)["wandb"]
+    assert (again["new"], again["changed"]) == (0, 0)
+    assert wandb_history(wandb_offline, "train123")[0] == rows, "nothing logged"
+
+    write_table(summary, changed_cells())
+    rerun = publish(summary, settings)["wandb"]
+    assert (rerun["new"], rerun["changed"]) == (0, 1)
+    rows2, _ = wandb_history(wandb_offline, "train123")
+    added = rows2[len(rows) :]
+    assert len(added) == 1 and added[0]["ckpteval/train_step"] == 100
+    assert {k: v for k, v in added[0].items() if k.startswith("ckpteval/")} == {
+        "ckpteval/train_step": 100,
+        "ckpteval/code/t08/pass@1": pytest.approx(0.35),
+    }, "only the changed point is logged again, at its training step"
+    assert wandb_history(wandb_offline, sibling)[0] == beta_rows, "beta unchanged: not resumed"
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+def test_publish_without_a_table_or_tracker_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="metrics.parquet: no metrics table"):
+        publish(tmp_path, {"tensorboard": {"logdir": str(tmp_path)}})
+    write_table(tmp_path, CELLS)
+    with pytest.raises(UserError, match="no tracker configured"):
+        publish(tmp_path, {})
+    with pytest.raises(UserError, match=r"publish\.wandb\.project: not set"):
+        publish(tmp_path, {"wandb": {"mode": "offline"}})
+
+
+def test_an_unreachable_tracker_is_one_line_and_the_ledger_stays_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    write_table(tmp_path, CELLS)
+    with pytest.raises(UserError, match=r"^publish: mlflow: .*127\.0\.0\.1:9.*publish again") as e:
+        publish(tmp_path, {"mlflow": {"tracking_uri": "http://127.0.0.1:9"}})
+    assert "\n" not in str(e.value)
+    assert not list((tmp_path / "published").glob("mlflow-*.json")), "nothing recorded as sent"
+
+
+def _cli(args: list[str], cwd: Path, block: str = "") -> subprocess.CompletedProcess:
+    code = (
+        "import sys\n"
+        + (f"sys.modules[{block!r}] = None\n" if block else "")
+        + "from ckpteval.cli import main\nsys.exit(main(sys.argv[1:]))"
+    )
+    return subprocess.run(
+        [PY, "-c", code, *args], cwd=cwd, capture_output=True, text=True, env=os.environ.copy()
+    )
+
+
+def test_cli_publishes_and_reports_missing_tables_and_packages_in_one_line(tmp_path: Path) -> None:
+    summary, logdir = tmp_path / "summary", tmp_path / "tb"
+    args = ["publish", "--summary", str(summary), "--tensorboard-logdir", str(logdir)]
+    missing = _cli(args, tmp_path)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().count("\n") == 0 and "no metrics table" in missing.stderr
+
+    write_table(summary, CELLS)
+    blocked = _cli(args, tmp_path, block="tensorboard")
+    assert blocked.returncode == 2 and blocked.stderr.strip().count("\n") == 0
+    assert "pip install 'ckpteval[tensorboard]'" in blocked.stderr
+
+    done = _cli(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    n = len(expected_points(CELLS))
+    assert f"tensorboard: {n} new, 0 changed, 0 unchanged point(s) of {n}" in done.stdout
+    assert "note: beta/latest: no training step; not published" in done.stdout
+    report = json.loads((summary / "published" / "tensorboard.json").read_text())
+    assert report["new"] == n and (summary / "published" / report["ledger"]).exists()
+    again = _cli(args, tmp_path)
+    assert f"tensorboard: 0 new, 0 changed, {n} unchanged" in again.stdout
