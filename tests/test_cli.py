@@ -50,4 +50,6 @@ def test_mistakes_are_one_line_with_status_2(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "bad.yaml: not valid YAML" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     proc = _ckpteval("--help", cwd=tmp_path)
-    assert all(cmd in proc.stdout for cmd in ("check", "score", "status", "watch", "publish", "compare"))
+    assert all(
+        cmd in proc.stdout for cmd in ("check", "score", "status", "watch", "publish", "compare")
+    )
