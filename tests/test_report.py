@@ -173,3 +173,25 @@ def test_the_report_lists_broken_and_deleted_checkpoints(tmp_path: Path) -> None
 
     table = pd.read_parquet(tmp_path / "summary" / "metrics.parquet")
     assert set(table[table.source_deleted]["ckpt"]) == {"step_1"}
+
+
+def test_deleted_checkpoints_keep_their_point_drawn_hollow(tmp_path: Path) -> None:
+    from ckpteval.aggregate import build_summary
+    from ckpteval.report import _deleted
+
+    cells = [
+        write_cell(tmp_path, "r", f"step_{s}", s, "t", "greedy-s42", metrics={"acc": s / 10})
+        for s in (1, 2, 3)
+    ]
+    summary = build_summary(cells, tmp_path / "summary", deleted=["r/step_2"])
+    assert _deleted(summary) == {("r", "step_2")}
+    steps = summary.seeds[summary.seeds["metric"] == "acc"]
+    ax = _steps_figure("t", "acc", steps, summary.deltas, _deleted(summary)).axes[0]
+    main = next(line for line in ax.get_lines() if line.get_label() == "r")
+    assert list(main.get_xdata()) == [1, 2, 3]  # the deleted checkpoint stays on the curve
+    hollow = [line for line in ax.get_lines() if line.get_label().startswith("source deleted")]
+    assert len(hollow) == 1
+    assert list(hollow[0].get_xdata()) == [2] and list(hollow[0].get_ydata()) == [0.2]
+    assert hollow[0].get_markerfacecolor() == "white"
+    plain = _steps_figure("t", "acc", steps, summary.deltas).axes[0]
+    assert not [line for line in plain.get_lines() if "deleted" in line.get_label()]

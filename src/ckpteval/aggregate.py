@@ -1063,8 +1063,9 @@ def build_summary(
     deleted: Collection[str] = (),
     broken: Sequence[str] = (),
     truncation_threshold: float | None = None,
-) -> None:
-    """Build `summary_dir` from the cell jsons (see the module docstring for what is written).
+) -> Summary:
+    """Build `summary_dir` from the cell jsons (see the module docstring for what is written);
+    return what was built.
     `deleted` names checkpoints (`run/ckpt`) whose source is gone: their cells stay, marked in
     the tidy table's `source_deleted` column and listed in the report. `broken` are lines about
     checkpoints that look broken (ckpteval.config.Plan.broken_lines), shown in the report.
@@ -1113,6 +1114,7 @@ def build_summary(
     plots = report.write_plots(summary, summary_dir / "plots")
     report.write_html(summary, plots, summary_dir / "report.html")
     write_summary_json(cell_jsons, summary_dir / "summary.json")
+    return summary
 
 
 def write_summary_json(cell_jsons: Sequence[Path], path: Path) -> None:

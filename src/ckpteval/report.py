@@ -94,7 +94,7 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
         steps = summary.seeds[(summary.seeds["task"] == task) & (summary.seeds["metric"] == metric)]
         if not steps.empty:
             path = plot_dir / f"{slug}-steps.png"
-            _save(_steps_figure(task, metric, steps, summary.deltas), path)
+            _save(_steps_figure(task, metric, steps, summary.deltas, _deleted(summary)), path)
             plots.append(
                 Plot(
                     task,
@@ -272,13 +272,31 @@ def _truncation_figure(task: str, seeds: pd.DataFrame, threshold: float) -> Figu
     return fig
 
 
-def _steps_figure(task: str, metric: str, seeds: pd.DataFrame, deltas: pd.DataFrame) -> Figure:
+def _deleted(summary: Summary) -> set[tuple[str, str]]:
+    """(run, ckpt) of the checkpoints whose source is gone (their scores are kept)."""
+    tidy = summary.tidy
+    if "source_deleted" not in tidy or not tidy["source_deleted"].any():
+        return set()
+    gone = tidy.loc[tidy["source_deleted"], ["run", "ckpt"]].drop_duplicates()
+    return set(gone.itertuples(index=False, name=None))
+
+
+def _steps_figure(
+    task: str,
+    metric: str,
+    seeds: pd.DataFrame,
+    deltas: pd.DataFrame,
+    deleted: set[tuple[str, str]] | None = None,
+) -> Figure:
+    """The main metric over training steps; a checkpoint whose source was deleted keeps its point,
+    drawn hollow ("source deleted" in the legend)."""
     fig = Figure(figsize=(9, 4.2), dpi=100)
     fig.subplots_adjust(**_MARGINS)
     ax = fig.subplots()
     several = seeds["sampling"].nunique() > 1
     colors = _colors()
     flagged_label = "significant drop vs previous"
+    deleted_label = "source deleted (scores kept)"
     for (run, sampling), group in seeds.groupby(["run", "sampling"], sort=False):
         color = next(colors)
         label = f"{run} · {sampling}" if several else run
@@ -289,6 +307,19 @@ def _steps_figure(task: str, metric: str, seeds: pd.DataFrame, deltas: pd.DataFr
             half = _Z * trained["cell_stderr"].to_numpy(np.float64)
             ax.plot(x, y, marker="o", markersize=3, color=color, label=label)
             ax.fill_between(x, y - half, y + half, color=color, alpha=0.2, linewidth=0)
+            gone = trained[[(run, ckpt) in (deleted or set()) for ckpt in trained["ckpt"]]]
+            if not gone.empty:
+                ax.plot(
+                    gone["step"].to_numpy(np.float64),
+                    gone["mean"].to_numpy(np.float64),
+                    linestyle="none",
+                    marker="o",
+                    markersize=9,
+                    markerfacecolor="white",
+                    markeredgecolor=color,
+                    label=deleted_label,
+                )
+                deleted_label = "_nolegend_"
             drops = deltas[
                 (deltas["run"] == run)
                 & (deltas["task"] == task)
