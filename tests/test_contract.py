@@ -471,6 +471,23 @@ def test_new_bytes_rerun_exactly_that_checkpoints_chain_and_the_old_bytes_nothin
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "output", ["deltas.csv", "flips.csv", "truncation.csv", "summary.json", "plots", "report.html"]
+)
+def test_a_deleted_summary_output_rebuilds_the_summary(sweep: Sweep, output: str) -> None:
+    """Snakemake reruns a job for a missing output only if that output is requested: every
+    output of rule aggregate must be a target of `all`, or a deleted one stays missing."""
+    path = sweep.work / "results" / "summary" / output
+    aside = path.with_name(output + ".aside")
+    shutil.move(path, aside)
+    try:
+        assert planned(sweep, sweep.config, f"no-{output}") == Counter({"aggregate": 1})
+    finally:
+        shutil.move(aside, path)
+    assert planned(sweep, sweep.config, f"back-{output}") == Counter()
+
+
+@pytest.mark.slow
 def test_a_deleted_checkpoint_stays_in_the_summary_marked(sweep: Sweep) -> None:
     """A trainer's save_total_limit removes an old checkpoint: only the summary is rebuilt (to
     mark it); its scores stay in the table and the report, marked as deleted."""

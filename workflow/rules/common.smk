@@ -57,14 +57,6 @@ if workflow.is_main_process:
 VLLM_RUNS = PLAN.runs_with_backend("vllm")
 OPENAI_RUNS = PLAN.runs_with_backend("openai")
 REPLAY_RUNS = PLAN.runs_with_backend("replay")
-SUMMARY_FILES = [
-    "metrics.parquet",
-    "metrics.csv",
-    "metrics.md",
-    "seeds.csv",
-    "configs.csv",
-    "report.html",
-]
 
 
 wildcard_constraints:
@@ -76,10 +68,12 @@ wildcard_constraints:
 
 def get_final_outputs(wildcards):
     # A shard (`--config shard=i/n`) scores its own checkpoints; an unsharded run aggregates all.
+    # Every output of rule aggregate is a target: Snakemake reruns a job for a missing output
+    # only when that output is requested, so a deleted flips.csv or plots/ is rebuilt.
     # Assist jobs (if any GPU would otherwise idle at the sweep's end) are targets too.
     if PLAN.shard is not None:
         return [*get_score_files(wildcards), *ASSIST_RECORDS]
-    return [*(f"{OUT}/summary/{name}" for name in SUMMARY_FILES), *ASSIST_RECORDS]
+    return [*rules.aggregate.output, *ASSIST_RECORDS]
 
 
 def get_checkpoint_source(wildcards):
