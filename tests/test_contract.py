@@ -648,3 +648,25 @@ def test_a_new_optional_key_leaves_every_existing_identity_alone(
     config["tasks"]["pyfunc"]["new_option"] = 3  # once set, it is part of that task's identity
     assert contract.generation_identity(plan, "r", "pyfunc", "greedy-s42").digest != before[1]
     assert contract.generation_identity(plan, "r", "arith", "greedy-s42").digest == before[0]
+
+
+def test_a_cell_written_by_an_older_scorer_is_rescored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cell format is part of every cell's scoring identity: cells from before a metric was
+    added (length and truncation: format 2) are rescored instead of silently lacking it."""
+    from ckpteval import evaluate
+    from ckpteval.config import build_plan, validate_config
+    from ckpteval.contract import scoring_identity
+
+    endpoint = {"base_url": "http://127.0.0.1:9/v1", "model": "tiny"}
+    config: dict[str, Any] = {"runs": {"ep": {"backend": "openai", "endpoint": endpoint}}}
+    config["tasks"] = {"arith": {}}
+    validate_config(config)
+    plan = build_plan(config)
+    variant = next(iter(plan.task_variants["arith"]))
+    now = scoring_identity(plan, "ep", "arith", variant)
+    assert now.settings["cell.format"] == evaluate.CELL_FORMAT >= 2
+    monkeypatch.setattr(evaluate, "CELL_FORMAT", evaluate.CELL_FORMAT + 1)
+    later = scoring_identity(plan, "ep", "arith", variant)
+    assert later.changes(now.settings) == [
+        f"cell.format: {evaluate.CELL_FORMAT - 1} -> {evaluate.CELL_FORMAT}"
+    ]

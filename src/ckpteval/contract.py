@@ -408,9 +408,14 @@ def scoring_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
     """What a cell's scores depend on besides its generation file: the checker and the
     evaluate settings it reads."""
     from ckpteval.checkers import checker_version
+    from ckpteval.evaluate import CELL_FORMAT
 
     spec = plan.tasks[task]
-    extra = {"checker": spec.checker, "checker.version": checker_version(spec.checker)}
+    extra = {
+        "checker": spec.checker,
+        "checker.version": checker_version(spec.checker),
+        "cell.format": CELL_FORMAT,
+    }
     return cell_settings(plan.config, _cell(plan, run, task, variant), SCORES, extra)
 
 

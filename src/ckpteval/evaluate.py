@@ -70,6 +70,12 @@ log = logging.getLogger(__name__)
 
 SCORER_VERSION = f"ckpteval-{__version__}"
 
+#: What a score cell holds, as a number bumped whenever cells gain or change metrics (2: the
+#: length and truncation metrics). It is part of every cell's scoring identity
+#: (ckpteval.contract.scoring_identity), so cells written by an older ckpteval are rescored once,
+#: on CPU, instead of lacking metrics that newer cells have.
+CELL_FORMAT = 2
+
 #: Samples being checked at once (`Checker.check_stream`'s window; for a checker that does not
 #: stream, samples per `Checker.check` call): what bounds the scorer's memory for completions,
 #: large enough that batching checkers (rust, python) still fill their batches.
