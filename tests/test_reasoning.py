@@ -110,6 +110,51 @@ def test_the_budget_counts_tokens_up_to_and_including_the_end_marker() -> None:
     ).finish_reason == ("length")
 
 
+def keep_chars(text: str, n: int) -> str:
+    """The stand-in tokenizer's `keep_tokens`: one token per character."""
+    return text[:n]
+
+
+def test_with_a_budget_the_answer_keeps_its_own_token_budget() -> None:
+    """Reasoning and answer get separate budgets: a short reasoning does not lend its unused
+    tokens to the answer (the engine was asked for both in one request)."""
+    cfg = Reasoning(start="<think>", end="</think>", budget=50)
+    raw = "<think>ab</think> #### 12345\n\nQ: next"
+    kw: dict[str, Any] = {"keep_tokens": keep_chars}
+    # " #### 12345\n\n" is 13 tokens: a budget of 13 reaches the stop "\n\n"
+    assert cut(raw, cfg, answer_budget=13, **kw) == Split(" #### 12345", 17, False, "stop")
+    # 8 tokens: cut at the answer budget, as an engine asked for 8 tokens would have
+    assert cut(raw, cfg, answer_budget=8, **kw) == Split(" #### 12", 17, False, "length")
+    # a stop string that only completes past the answer budget is not seen (as in the engine)
+    assert cut(raw, cfg, answer_budget=12, **kw).finish_reason == "length"
+    # a plain answer (reasoning never opened) has the same answer budget
+    assert cut("#### 12345", cfg, answer_budget=4, **kw) == Split("####", 0, False, "length")
+    # without a reasoning budget the engine's own limit already is the answer's: nothing cut
+    no_budget = Reasoning(start="<think>", end="</think>")
+    assert cut(raw, no_budget, answer_budget=3, **kw).answer == " #### 12345"
+    # a backend without a tokenizer leaves the answer uncut (its total is the engine's)
+    assert cut(raw, cfg, answer_budget=3, keep_tokens=lambda t, n: None).answer == " #### 12345"
+
+
+def test_keep_tokens_is_an_exact_prefix_of_the_text_at_a_token_boundary(demo_dir: Path) -> None:
+    from ckpteval.backends.vllm import VllmBackend
+
+    backend = VllmBackend(demo_dir / "base", {})
+    text = "Tom has 12 apples.\n\n  He eats 3: 12 - 3 = 9 #### 9"
+    n_all = backend.count_tokens(text)
+    assert backend.keep_tokens(text, n_all) == text == backend.keep_tokens(text, n_all + 5)
+    assert backend.keep_tokens(text, 0) == ""
+    for n in range(1, n_all):
+        kept = backend.keep_tokens(text, n)
+        assert text.startswith(kept) and len(kept) < len(text)
+        assert backend.count_tokens(kept) == n
+    # a character of several byte-level tokens is never split: kept whole or left out
+    wide = "ab é€ cd"
+    for n in range(backend.count_tokens(wide) + 1):
+        kept = backend.keep_tokens(wide, n)
+        assert wide.startswith(kept) and backend.count_tokens(kept) <= n
+
+
 def test_without_a_tokenizer_the_counts_are_unknown_not_guessed() -> None:
     budget = Reasoning(start="<think>", end="</think>", budget=5)
     s = cut("<think>abcdefgh</think> 1", budget, count_tokens=lambda _: None)

@@ -558,6 +558,8 @@ class CachedHarnessLM:
                         engine_finish=row.get("finish_reason"),
                         count_tokens=self.count_tokens,
                         completion_tokens=tokens,
+                        answer_budget=int(gen.get("max_gen_toks", HARNESS_MAX_GEN_TOKENS)),
+                        keep_tokens=self.backend.keep_tokens,
                     ).fields()
                 )
             if req.doc_id is not None:

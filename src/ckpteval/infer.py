@@ -39,7 +39,7 @@ import os
 import platform
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,7 +212,7 @@ def run_infer(
         batch_seconds = sum(req.seconds for req in batch)
         for req in batch:
             done[id(req.job)] = (
-                _write_generations(req, backend.count_tokens),
+                _write_generations(req, backend),
                 {
                     "started_at": started,
                     "generation_seconds": req.seconds,
@@ -607,10 +607,11 @@ def sampling_spec(job: Job) -> SamplingSpec:
     )
 
 
-def _write_generations(req: Requests, count_tokens: Callable[[str], int | None]) -> dict[str, Any]:
+def _write_generations(req: Requests, backend: Backend) -> dict[str, Any]:
     """Write a job's generation file from its cache rows; a reasoning task's lines add the
     answer cut from the raw completion (`ckpteval.reasoning.split`, with the backend's
-    tokenizer `count_tokens`) and the finish reason of that answer."""
+    tokenizer counting reasoning tokens and keeping the answer within the task's own token
+    budget) and the finish reason of that answer."""
     keep_problem = req.job.task.is_code_harness
     cfg = task_reasoning(req.job.task.options)
     answer_spec = req.answer_spec or req.spec
@@ -637,8 +638,10 @@ def _write_generations(req: Requests, count_tokens: Callable[[str], int | None])
                             stops=answer_spec.stop,
                             include_stop=answer_spec.include_stop_str_in_output,
                             engine_finish=o["finish_reason"],
-                            count_tokens=count_tokens,
+                            count_tokens=backend.count_tokens,
                             completion_tokens=o["tokens"],
+                            answer_budget=answer_spec.max_tokens,
+                            keep_tokens=backend.keep_tokens,
                         ).fields()
                     )
                 if keep_problem:

@@ -15,7 +15,11 @@ then cut here (`split`), purely from its text:
 - a completion that never opened reasoning (with `start` configured) is a plain answer: stops
   apply from its first character and it has 0 reasoning tokens;
 - with a `budget`, reasoning longer than `budget` tokens (the tokens up to and including the end
-  marker) is `truncated_reasoning` too, as if generation had been cut at the budget.
+  marker) is `truncated_reasoning` too, as if generation had been cut at the budget; and the
+  answer keeps at most the task's own token budget (`answer_budget`, its `max_new_tokens`): the
+  engine was asked for both budgets in one request, so a short reasoning would otherwise leave
+  its unused tokens to the answer. Reasoning and answer thus get separate budgets, as if
+  generated in two steps (exactly so for greedy decoding).
 
 `finish_reason` of the result is "stop" when a stop string or the end of sequence ended the
 answer and "length" when a token limit cut it (the engine's, or the reasoning budget).
@@ -155,6 +159,8 @@ def split(
     engine_finish: str | None,
     count_tokens: Callable[[str], int | None],
     completion_tokens: int | None = None,
+    answer_budget: int | None = None,
+    keep_tokens: Callable[[str, int], str | None] | None = None,
 ) -> Split:
     """Cut one raw completion (generated without stop strings) into its answer (module doc).
 
@@ -162,11 +168,23 @@ def split(
     limit). `count_tokens` is the backend's tokenizer; where it has none (an endpoint, a replay)
     it returns None: a closed reasoning's token count is then None and its budget unchecked,
     and a never-closed reasoning (all of the completion) is counted by the engine's
-    `completion_tokens` when given.
+    `completion_tokens` when given. With a `budget`, the answer is first cut to `answer_budget`
+    tokens by `keep_tokens` (the backend's tokenizer; None from it: left uncut), then at the
+    task's stop strings, as an engine asked for `answer_budget` tokens would have stopped.
     """
+
+    def answer_of(text: str) -> tuple[str, str | None]:
+        cut = False
+        if cfg.budget is not None and answer_budget is not None and keep_tokens is not None:
+            kept = keep_tokens(text, answer_budget)
+            if kept is not None and len(kept) < len(text):
+                text, cut = kept, True
+        answer, stopped = cut_at_stops(text, stops, include_stop)
+        return answer, "stop" if stopped else "length" if cut else engine_finish
+
     if not opened(completion, prompt, cfg):
-        answer, stopped = cut_at_stops(completion, stops, include_stop)
-        return Split(answer, 0, False, "stop" if stopped else engine_finish)
+        answer, finish = answer_of(completion)
+        return Split(answer, 0, False, finish)
     at = completion.find(cfg.end)
     if at < 0:
         used = count_tokens(completion)
@@ -178,5 +196,5 @@ def split(
     used = count_tokens(completion[: at + len(cfg.end)])
     if cfg.budget is not None and used is not None and used > cfg.budget:
         return Split("", cfg.budget, True, "length")
-    answer, stopped = cut_at_stops(completion[at + len(cfg.end) :], stops, include_stop)
-    return Split(answer, used, False, "stop" if stopped else engine_finish)
+    answer, finish = answer_of(completion[at + len(cfg.end) :])
+    return Split(answer, used, False, finish)

@@ -98,6 +98,12 @@ class Backend(abc.ABC):
         text only, so harness token counts are recounted this way)."""
         return None
 
+    def keep_tokens(self, text: str, n: int) -> str | None:
+        """The prefix of `text` that its first `n` tokens cover (all of it when shorter), where
+        the backend has a tokenizer; None where it has not (a reasoning task's answer budget is
+        then left to the engine's total)."""
+        return None
+
     def harness_outputs(self) -> list[tuple[str, str, str | None, int]]:
         """(context, answer text, finish_reason, tokens) of the lm-eval generate_until requests
         `harness_model` answered since the last call, where the backend sees its engine's

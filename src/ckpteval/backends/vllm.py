@@ -222,6 +222,19 @@ class VllmBackend(Backend):
         """Tokens of a completion's text (lm-eval returns text only)."""
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def keep_tokens(self, text: str, n: int) -> str:
+        """`text` up to the end of its `n`-th token, cut at the tokenizer's character offsets
+        (an exact prefix of `text`, never a re-decoded one). A character whose bytes the `n`-th
+        token only begins is left out, as vLLM's detokenizer holds back an incomplete one."""
+        offsets = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)[
+            "offset_mapping"
+        ]
+        if len(offsets) <= n:
+            return text
+        if n <= 0:
+            return ""
+        return text[: min(offsets[n - 1][1], offsets[n][0])]
+
 
 class _TextLog:
     """An lm-eval cache hook that records each generated answer with its context."""
