@@ -316,9 +316,9 @@ def test_report_has_the_paired_comparisons_section(results: Path) -> None:
     page = (results / "summary" / "report.html").read_text()
     section = page.split("<h2>Paired comparisons</h2>", 1)[1].split("<h2>", 1)[0]
     assert "<h3>r</h3>" in section
-    # last checkpoint vs baseline and each vs previous; step_100 vs base is not shown
+    # the first and last checkpoint vs baseline, and each vs previous: every step's change
     assert "step_200 vs base" in section and "step_200 vs step_100" in section
-    assert "step_100 vs base" not in section
+    assert "step_100 vs base" in section
     assert "none: scores not 0/1" in section
     assert "<li>code (greedy) step_200 vs base: gained p5, p6, p7, p8; lost p1</li>" in section
     assert "<details><summary>Flipped problems" in section

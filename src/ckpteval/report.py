@@ -681,8 +681,8 @@ def _lengths_section(summary: Summary, plots: Sequence[Plot]) -> list[str]:
 
 
 def _paired_section(summary: Summary) -> list[str]:
-    """ "Paired comparisons": per run, the last checkpoint vs the baseline and every checkpoint
-    vs the previous one: delta with its interval, McNemar's exact p, the minimum detectable
+    """ "Paired comparisons": per run, the first and the last checkpoint vs the baseline and every
+    checkpoint vs the previous one (so every step's change is there): delta with its interval, McNemar's exact p, the minimum detectable
     effect, and the flipped problems in a <details> list."""
     parts = [
         "<h2>Paired comparisons</h2>",
@@ -698,10 +698,14 @@ def _paired_section(summary: Summary) -> list[str]:
     deltas = summary.deltas
     if deltas.empty:
         return parts + ["<p>No paired comparisons: no run has two checkpoints scored.</p>"]
-    last = deltas.groupby(["run", "task", "sampling"])["step"].transform("max")
+    steps = deltas.groupby(["run", "task", "sampling"])["step"]
+    first, last = steps.transform("min"), steps.transform("max")
     shown = deltas[
         (deltas["comparison"] == "previous")
-        | ((deltas["comparison"] == "baseline") & (deltas["step"] == last))
+        | (
+            (deltas["comparison"] == "baseline")
+            & ((deltas["step"] == last) | (deltas["step"] == first))
+        )
     ]
     # (run, task, sampling, ckpt_a, ckpt_b) -> direction -> the flipped task_ids, in one pass
     flipped: dict[tuple[str, ...], dict[str, list[str]]] = {}
