@@ -68,8 +68,8 @@ wildcard_constraints:
 
 def get_final_outputs(wildcards):
     # A shard (`--config shard=i/n`) scores its own checkpoints; an unsharded run aggregates all.
-    # Every output of rule aggregate is a target: Snakemake reruns a job for a missing output
-    # only when that output is requested, so a deleted flips.csv or plots/ is rebuilt.
+    # Every output of the aggregate step is a target (Snakemake reruns a job for a missing
+    # output only when that output is requested), so a deleted flips.csv or plots/ is rebuilt.
     # Assist jobs (if any GPU would otherwise idle at the sweep's end) are targets too.
     if PLAN.shard is not None:
         return [*get_score_files(wildcards), *ASSIST_RECORDS]
