@@ -448,6 +448,28 @@ def test_the_evaluate_step_scores_the_answer_and_fails_truncated_reasoning(tmp_p
     assert cell["metrics"]["accuracy"]["value"] == pytest.approx(0.5)
 
 
+def test_a_gold_answer_field_of_another_tools_samples_is_not_what_is_scored(
+    tmp_path: Path,
+) -> None:
+    """Samples files from other tools often carry the gold answer as `answer`: only a reasoning
+    line (with its boolean `truncated_reasoning`) is scored on `answer`, or every sample would
+    pass on the gold."""
+    from ckpteval.evaluate import score_samples
+
+    problems = {"p": {"task_id": "p", "question": "1+1?", "answer": "so #### 2"}}
+    samples = [
+        {"task_id": "p", "sample_idx": 0, "completion": "#### 3", "answer": "#### 2"},
+        {"task_id": "p", "sample_idx": 1, "completion": "#### 3", "answer": "#### 2",
+         "truncated_reasoning": "no"},
+        {"task_id": "p", "sample_idx": 2, "completion": "<think>x</think>#### 2",
+         "answer": "#### 2", "truncated_reasoning": False},
+    ]  # fmt: skip
+    score_samples(
+        "gsm8k", problems, iter(samples), tmp_path / "s.jsonl", tmp_path / "s.json", workers=1
+    )
+    assert [v["passed"] for v in iter_jsonl(tmp_path / "s.jsonl")] == [False, False, True]
+
+
 def test_lm_eval_lines_of_truncated_reasoning_are_their_own_error_type(tmp_path: Path) -> None:
     from ckpteval.harness import harness_lines, score_harness_file
 

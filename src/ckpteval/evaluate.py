@@ -444,6 +444,16 @@ class _Row:
     lengths: Mapping[str, Any] = field(default_factory=dict)
 
 
+def scored_text(sample: Mapping[str, Any]) -> Any:
+    """What a sample is scored on: its `answer` when it is a reasoning task's line (it carries
+    a boolean `truncated_reasoning`, as ckpteval.reasoning writes it), else its `completion`.
+    An `answer` field alone is not enough: samples files from other tools often carry the gold
+    answer under that name, and scoring it would pass every sample."""
+    if isinstance(sample.get("truncated_reasoning"), bool) and "answer" in sample:
+        return sample["answer"]
+    return sample.get("completion")
+
+
 def _accepted(
     samples: Iterable[Mapping[str, Any]],
     problems: Mapping[str, Mapping[str, Any]],
@@ -459,7 +469,7 @@ def _accepted(
         where = (
             f"{sample['_file']}:{sample['_line']}" if "_line" in sample else f"sample #{ordinal}"
         )
-        task_id, completion = sample.get("task_id"), sample.get("answer", sample.get("completion"))
+        task_id, completion = sample.get("task_id"), scored_text(sample)
         if not isinstance(task_id, str) or not task_id:
             errors.append(f"{where}: no task_id")
             continue
