@@ -126,19 +126,13 @@ def _check_syntax(text: str, key: str, label: str) -> None:
 
 
 def has_template(model_dir: Path) -> bool:
-    """Whether a model directory carries a chat template (the files transformers reads)."""
-    from ckpteval.consolidate import TEMPLATE_FILES
-
-    if any((model_dir / name).is_file() for name in TEMPLATE_FILES):
-        return True
-    config = model_dir / "tokenizer_config.json"
-    if not config.is_file():
-        return False
-    import json
+    """`consolidate.has_chat_template` at parse time, where a checkpoint may still be being
+    written: an unreadable tokenizer_config.json counts as no template, not as an error."""
+    from ckpteval.consolidate import has_chat_template
 
     try:
-        return bool(json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
-    except (OSError, ValueError):
+        return has_chat_template(model_dir)
+    except (OSError, UserError):
         return False
 
 
@@ -148,14 +142,11 @@ def checkpoint_has_template(
     """Whether a checkpoint's consolidated model will have a chat template: the consolidated
     directory when it exists, else as consolidation picks it (the checkpoint's tokenizer files,
     else the base model's; a template from the base model when the tokenizer's has none)."""
-    from ckpteval.consolidate import TOKENIZER_MARKERS
+    from ckpteval.consolidate import tokenizer_source
 
     if consolidated is not None and (consolidated / "config.json").is_file():
         return has_template(consolidated)
-    dirs = [d for d in (source if source.is_dir() else None, base_model) if d is not None]
-    tokenizer_dir = next(
-        (d for d in dirs if any((d / m).is_file() for m in TOKENIZER_MARKERS)), None
-    )
+    tokenizer_dir = tokenizer_source(source if source.is_dir() else None, base_model)
     if tokenizer_dir is not None and has_template(tokenizer_dir):
         return True
     return base_model is not None and has_template(base_model)

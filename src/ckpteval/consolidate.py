@@ -280,9 +280,7 @@ def copy_side_files(
             "no config.json in the checkpoint and no base_model to take it from: "
             "set base_model for this run",
         )
-    tokenizer_dir = _first_with(
-        [ckpt.meta_dir, base_model], lambda d: any((d / m).is_file() for m in TOKENIZER_MARKERS)
-    )
+    tokenizer_dir = tokenizer_source(ckpt.meta_dir, base_model)
     if tokenizer_dir is None:
         raise checkpoint_error(
             ckpt.path,
@@ -304,7 +302,7 @@ def copy_side_files(
     if (tokenizer_dir / TEMPLATE_DIR).is_dir():
         shutil.copytree(tokenizer_dir / TEMPLATE_DIR, staging / TEMPLATE_DIR)
         records.append(_record(staging / TEMPLATE_DIR, "copied", tokenizer_dir / TEMPLATE_DIR))
-    if not _has_chat_template(staging) and base_model is not None and base_model != tokenizer_dir:
+    if not has_chat_template(staging) and base_model is not None and base_model != tokenizer_dir:
         for name in TEMPLATE_FILES:
             records += _copy_if_present(base_model / name, staging / name)
     return records
@@ -320,7 +318,17 @@ def _first_with(dirs: Iterable[Path | None], test: Any) -> Path | None:
     return next((d for d in dirs if d is not None and test(d)), None)
 
 
-def _has_chat_template(model_dir: Path) -> bool:
+def tokenizer_source(meta_dir: Path | None, base_model: Path | None) -> Path | None:
+    """Where a checkpoint's tokenizer files come from: its own directory when it has them, else
+    its base model's (None: neither has any)."""
+    return _first_with(
+        [meta_dir, base_model], lambda d: any((d / m).is_file() for m in TOKENIZER_MARKERS)
+    )
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """Whether a model directory carries a chat template (the files transformers reads); a
+    malformed tokenizer_config.json is a `UserError` naming it."""
     if any((model_dir / name).is_file() for name in TEMPLATE_FILES):
         return True
     config = model_dir / "tokenizer_config.json"
