@@ -642,14 +642,7 @@ def error_table(cells: Sequence[Cell], samples: pd.DataFrame) -> pd.DataFrame:
     scored = samples.groupby("cell").size() if len(samples) else pd.Series(dtype=np.int64)
     rows = [
         {
-            "run": c.run,
-            "step": c.step,
-            "ckpt": c.ckpt,
-            "is_baseline": c.is_baseline,
-            "task": c.task,
-            "variant": c.variant,
-            "sampling": c.sampling,
-            "seed": c.seed,
+            **_cell_key(c),
             "error_type": error_type,
             "count": count,
             "fraction": count / scored[index] if index in scored.index else math.nan,
@@ -670,14 +663,7 @@ def hack_table(cells: Sequence[Cell]) -> pd.DataFrame:
         for hack, count in c.hack_types.items():
             rows.append(
                 {
-                    "run": c.run,
-                    "step": c.step,
-                    "ckpt": c.ckpt,
-                    "is_baseline": c.is_baseline,
-                    "task": c.task,
-                    "variant": c.variant,
-                    "sampling": c.sampling,
-                    "seed": c.seed,
+                    **_cell_key(c),
                     "hack": hack,
                     "count": count,
                     "fraction": count / total if total and not math.isnan(total) else math.nan,
@@ -693,14 +679,7 @@ def truncation_table(cells: Sequence[Cell], threshold: float) -> pd.DataFrame:
     threshold is not flagged)."""
     rows = [
         {
-            "run": c.run,
-            "step": c.step,
-            "ckpt": c.ckpt,
-            "is_baseline": c.is_baseline,
-            "task": c.task,
-            "variant": c.variant,
-            "sampling": c.sampling,
-            "seed": c.seed,
+            **_cell_key(c),
             "truncation_rate": c.metrics["truncation_rate"][0],
             "n": c.metrics["truncation_rate"][2],
             "threshold": threshold,
@@ -1193,6 +1172,20 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+
+def _cell_key(c: Cell) -> dict[str, Any]:
+    """The columns that name a cell in the per-cell tables (errors, hacks, truncation)."""
+    return {
+        "run": c.run,
+        "step": c.step,
+        "ckpt": c.ckpt,
+        "is_baseline": c.is_baseline,
+        "task": c.task,
+        "variant": c.variant,
+        "sampling": c.sampling,
+        "seed": c.seed,
+    }
 
 
 def _cell_frame(cells: Sequence[Cell]) -> pd.DataFrame:

@@ -89,12 +89,13 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
     """Draw every plot of the summary into `plot_dir`; PNGs left from earlier builds are removed."""
     plot_dir.mkdir(parents=True, exist_ok=True)
     plots: list[Plot] = []
+    deleted = _deleted(summary)
     for task, metric in summary.main_metrics.items():
         slug = _slug(task)
         steps = summary.seeds[(summary.seeds["task"] == task) & (summary.seeds["metric"] == metric)]
         if not steps.empty:
             path = plot_dir / f"{slug}-steps.png"
-            _save(_steps_figure(task, metric, steps, summary.deltas, _deleted(summary)), path)
+            _save(_steps_figure(task, metric, steps, summary.deltas, deleted), path)
             plots.append(
                 Plot(
                     task,
