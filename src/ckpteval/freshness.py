@@ -21,6 +21,10 @@ from typing import Any
 
 from ckpteval.contract import Identity, generation_identity, model_identity, scoring_identity
 
+#: Why a cell whose files are there is stale all the same: a meta that does not parse, or a
+#: generation file whose size is not the one its meta recorded (a truncated copy).
+DAMAGED = "damaged (truncated or unreadable)"
+
 
 @dataclass(frozen=True)
 class StaleCell:
@@ -39,6 +43,13 @@ def _read(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
 
 
 def _mtime(path: Path) -> float | None:
@@ -104,7 +115,10 @@ class Freshness:
         jsonl, meta_path = self.generation_paths(run, ckpt, task, variant)
         meta = _read(meta_path) if jsonl.exists() else None
         if meta is None:
-            return StaleCell(task, variant, identity, "missing")
+            damaged = jsonl.exists() or meta_path.exists()
+            return StaleCell(task, variant, identity, DAMAGED if damaged else "missing")
+        if meta.get("generation_bytes") not in (None, _size(jsonl)):
+            return StaleCell(task, variant, identity, DAMAGED)
         if meta.get("identity") != identity.digest:
             changes = identity.changes(meta.get("settings"))
             return StaleCell(task, variant, identity, "; ".join(changes) or "older format")

@@ -1,8 +1,10 @@
 # Parse-time facts: validate the config, discover checkpoints, resolve tasks; and the small named
 # input/param functions the rules use. A user mistake stops here with one line, before any job.
 import functools
+import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from ckpteval.chat_templates import missing_template_lines
@@ -21,6 +23,14 @@ from ckpteval.io import sha256_json
 from ckpteval.publish import TRACKERS
 from ckpteval.schedule import InferCosts
 from ckpteval.tasks import check_harness_names
+from ckpteval.verbs import (
+    Verbs,
+    drop_damaged,
+    drop_damaged_json,
+    marker_path,
+    requested,
+    sync_markers,
+)
 
 try:
     validate_config(config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml")
@@ -43,6 +53,10 @@ if workflow.is_main_process:
     # Keep each checkpoint's content identity current (only new bytes move its mtime), then say
     # in words what this invocation will redo for a changed setting, before Snakemake plans it.
     for _run in PLAN.runs.values():
+        for _ckpt in _run.checkpoints:
+            _manifest = FRESH.manifest_path(_run.name, _ckpt.name)
+            if drop_damaged_json(_manifest):
+                print(f"ckpteval: warning: {_manifest} did not parse; rebuilt", file=sys.stderr)
         if _run.has_weights:
             for _ckpt in _run.checkpoints:
                 _id_file = FRESH.source_id_path(_run.name, _ckpt.name)
@@ -126,34 +140,88 @@ def group_of(task):
     return next(g for g, tasks in PLAN.engine_groups.items() if task in tasks)
 
 
+def engine_rule(run, group):
+    """The engine rule that writes `run`'s cells of engine group `group`."""
+    backend = PLAN.runs[run].backend
+    return infer_rule_name("infer" if backend == "vllm" else "endpoint", group)
+
+
 def staging_dir(group):
-    """Where an engine job of `group` writes its checkpoint's stale cells (a temp output)."""
+    """Where an engine job of `group` writes its checkpoint's cells, beside one marker per cell
+    (ckpteval.verbs)."""
     return f"{OUT}/staging/{{run}}/{{ckpt}}/{group or 'main'}"
 
 
-def get_stale_cells(group):
-    """The cells one engine job of `group` (re)writes: its checkpoint's missing or outdated
-    generation files (ckpteval.freshness), each with the identity its meta records."""
-    pairs = group_jobs(group)
+def request_file(group):
+    """Which cells an engine job of `group` generates (written by the parse: ckpteval.verbs)."""
+    return f"{OUT}/staging/{{run}}/{{ckpt}}/{group or 'main'}.request.json"
 
-    def cells(wildcards):
-        return [
-            {"task": c.task, "variant": c.variant, "record": c.identity.record()}
-            for c in FRESH.stale_cells(wildcards.run, wildcards.ckpt, pairs)
-        ]
 
+def get_markers(group):
+    """The engine job's outputs: one marker per cell of its group, a list fixed by the config."""
+    return [str(marker_path(Path(staging_dir(group)), t, v)) for t, v in group_jobs(group)]
+
+
+#: This invocation, as its request files name it (an engine job chains only within it).
+INVOCATION = f"{os.getpid()}-{time.time_ns()}"
+
+
+@functools.cache
+def verbs():
+    """What this invocation was told to redo (-f, -R, -F): known once Snakemake builds its DAG,
+    which is when the input functions below first run."""
+    return Verbs.from_settings(
+        getattr(workflow, "dag_settings", None), [r.name for r in workflow.rules]
+    )
+
+
+@functools.cache
+def engine_request(run, ckpt, group):
+    """The cells an engine job generates in this invocation; in the main process, its markers
+    and request file are made to say so before Snakemake looks at them (ckpteval.verbs)."""
+    cells = requested(FRESH, run, ckpt, group_jobs(group), verbs(), engine_rule(run, group))
+    if workflow.is_main_process:
+        staging = Path(staging_dir(group).format(run=run, ckpt=ckpt))
+        request = Path(request_file(group).format(run=run, ckpt=ckpt))
+        drop_damaged(FRESH, run, ckpt, cells)
+        sync_markers(staging, request, group_jobs(group), cells, INVOCATION)
     return cells
 
 
+def get_engine_request(group):
+    def request(wildcards):
+        engine_request(wildcards.run, wildcards.ckpt, group)
+        return ancient(request_file(group).format(run=wildcards.run, ckpt=wildcards.ckpt))
+
+    return request
+
+
 def get_generation_inputs(wildcards):
-    """A cell's generation is placed from its engine job's staging directory only when it is
-    stale; an up-to-date cell has no engine job in the DAG (and the engine job of a checkpoint
-    that gets one new task writes that task's files only)."""
-    inputs = {"manifest": f"{OUT}/models/{wildcards.run}/{wildcards.ckpt}.json"}
-    if FRESH.stale(wildcards.run, wildcards.ckpt, wildcards.task, wildcards.variant) is not None:
-        group = group_of(wildcards.task)
-        inputs["staging"] = staging_dir(group).format(run=wildcards.run, ckpt=wildcards.ckpt)
-    return inputs
+    """A cell's generation job reads its model card and its engine job's marker. The marker is
+    `ancient()`: an engine job rerun for another cell never reruns this one; only when the
+    engine rule itself is forced (`-R infer`) does every cell follow it."""
+    run, ckpt, task = wildcards.run, wildcards.ckpt, wildcards.task
+    group = group_of(task)
+    engine_request(run, ckpt, group)
+    staging = Path(staging_dir(group).format(run=run, ckpt=ckpt))
+    marker = str(marker_path(staging, task, wildcards.variant))
+    forced = verbs().forces_rule(engine_rule(run, group))
+    return {
+        "manifest": f"{OUT}/models/{run}/{ckpt}.json",
+        "marker": marker if forced else ancient(marker),
+    }
+
+
+def get_evaluate_inputs(wildcards):
+    """A cell's generation file and model card. A damaged score cell (a metrics file that does
+    not parse, a samples file gone) is removed first, so that Snakemake rescores it."""
+    base = f"{wildcards.run}/{wildcards.ckpt}/{wildcards.task}/{wildcards.variant}"
+    if workflow.is_main_process:
+        drop_damaged_json(Path(f"{OUT}/scores/{base}.json"), Path(f"{OUT}/scores/{base}.jsonl"))
+    return {
+        "generations": f"{OUT}/generations/{base}.jsonl",
+        "manifest": f"{OUT}/models/{wildcards.run}/{wildcards.ckpt}.json",
+    }
 
 
 def get_generation_identity(wildcards):
@@ -188,12 +256,10 @@ INFER_COSTS = InferCosts(PLAN)
 def get_infer_priority(group):
     """A job's priority is its expected GPU seconds (ckpteval.schedule): Snakemake starts the
     longest infer jobs first, so the last wave of a sweep is made of short ones."""
-    pairs = group_jobs(group)
 
     def priority(wildcards):
-        stale = [
-            (c.task, c.variant) for c in FRESH.stale_cells(wildcards.run, wildcards.ckpt, pairs)
-        ]
+        cells = engine_request(wildcards.run, wildcards.ckpt, group)
+        stale = [(c.task, c.variant) for c in cells]
         return float(f"{INFER_COSTS(wildcards.run, wildcards.ckpt, stale):.6g}")
 
     return priority

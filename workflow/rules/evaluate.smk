@@ -4,8 +4,7 @@
 # count does not.
 rule evaluate:
     input:
-        generations=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
-        manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+        unpack(get_evaluate_inputs),
     output:
         samples=f"{OUT}/scores/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
         metrics=f"{OUT}/scores/{{run}}/{{ckpt}}/{{task}}/{{variant}}.json",

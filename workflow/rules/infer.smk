@@ -1,10 +1,10 @@
 # Generations for every checkpoint, by the run's backend (runs.<name>.backend):
 # - vllm: rule `infer` (one per engine group: `infer_<group>`): one vLLM engine per job serves the
-#   checkpoint's stale cells of the group (missing, or outdated by a changed setting:
-#   ckpteval.freshness) on one leased GPU; a CUDA OOM is retried once with less memory, any other
-#   failure is not retried. It writes them into a temp staging directory, and rule `generation`
-#   moves each cell's file into place, so a new task or a changed task setting rewrites that
-#   task's files only and nothing else is rescored.
+#   checkpoint's cells of the group that this invocation (re)generates, on one leased GPU; a CUDA
+#   OOM is retried once with less memory, any other failure is not retried. It writes them into
+#   its staging directory with one marker per cell of the group, and rule `generation` moves
+#   each cell's file into place. Which cells, and why every Snakemake verb (-f, -R, -F, a deleted
+#   file) plans a chain that runs without rerunning the neighbours: ckpteval.verbs.
 # - openai: rule `endpoint` (`endpoint_<group>`): the same job against an OpenAI-compatible server;
 #   no GPU here.
 # - replay: rule `replay`, one job per generation file: existing solutions, validated and copied.
@@ -21,8 +21,9 @@ for _group in PLAN.engine_groups:
             input:
                 model=f"{OUT}/models/{{run}}/{{ckpt}}",
                 manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+                request=get_engine_request(_group),
             output:
-                staging=temp(directory(staging_dir(_group))),
+                markers=get_markers(_group),
             log:
                 get_infer_log(_group),
             wildcard_constraints:
@@ -34,7 +35,7 @@ for _group in PLAN.engine_groups:
                 infer_attempt=get_infer_attempt,
                 share_chunks=get_share_chunks,
             params:
-                cells=get_stale_cells(_group),
+                staging=staging_dir(_group),
                 cache_dir=f"{OUT}/cache",
             script:
                 "../scripts/infer.py"
@@ -46,22 +47,23 @@ for _group in PLAN.engine_groups:
                 infer_rule_name("endpoint", _group)
             input:
                 manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+                request=get_engine_request(_group),
             output:
-                staging=temp(directory(staging_dir(_group))),
+                markers=get_markers(_group),
             log:
                 get_infer_log(_group),
             wildcard_constraints:
                 run=runs_regex(OPENAI_RUNS),
             params:
-                cells=get_stale_cells(_group),
+                staging=staging_dir(_group),
                 cache_dir=f"{OUT}/cache",
             script:
                 "../scripts/infer.py"
 
 
 # A cell's generation file and meta, moved into place from its engine job's staging directory.
-# Only a stale cell has the staging directory as input (common.smk): an up-to-date cell's job is
-# never planned, whatever its neighbours do. Its identity param names the settings it was made with.
+# Its marker input is ancient (common.smk): an up-to-date cell's job is never planned, whatever
+# its neighbours do. Its identity param names the settings it was made with.
 if VLLM_RUNS or OPENAI_RUNS:
 
     rule generation:
@@ -78,7 +80,7 @@ if VLLM_RUNS or OPENAI_RUNS:
         params:
             identity=get_generation_identity,
         script:
-            "../scripts/infer.py"
+            "../scripts/generation.py"
 
 
 # Tail assist (ckpteval.share): one job per GPU beyond the first, lowest priority, so Snakemake
@@ -126,7 +128,7 @@ if REPLAY_RUNS:
         params:
             identity=get_generation_identity,
         script:
-            "../scripts/infer.py"
+            "../scripts/replay.py"
 
 
 if OPENAI_RUNS or REPLAY_RUNS:
@@ -143,6 +145,6 @@ if OPENAI_RUNS or REPLAY_RUNS:
             settings=get_model_card_settings,
             identity=get_model_identity,
         script:
-            "../scripts/infer.py"
+            "../scripts/model_card.py"
 
     ruleorder: model_card > consolidate

@@ -1,4 +1,4 @@
-"""`script:` entry of the infer rule: hand the job to the package (see ckpteval.steps.infer)."""
+"""`script:` entry of the engine rules `infer*` and `endpoint*` (see ckpteval.steps.infer)."""
 
 from ckpteval.steps import infer, run_step
 
