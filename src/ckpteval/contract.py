@@ -162,6 +162,11 @@ CONTRACT: tuple[Row, ...] = (
     Row("engine.enforce_eager", NONE, "CUDA graphs or not"),
     Row("engine.seed", PLAN, "the label of greedy variants (greedy-s<engine.seed>)"),
     Row("engine.chunk_size", NONE, "requests per engine call"),
+    Row(
+        "engine.swap",
+        NONE,
+        "whether one engine serves its run's next checkpoints (weights checked)",
+    ),
     Row("assist", NONE, "whether idle GPUs help at a sweep's end"),
     Row("gpus", NONE, "which GPUs this node leases"),
     Row("consolidate", NONE, "the consolidate section as a whole (its keys below decide)"),

@@ -32,6 +32,7 @@ one batch instead of one per task, each ending with the engine draining on its l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -98,6 +99,43 @@ def gpu_memory_utilization(configured: float, attempt: int) -> float:
     return round(configured * OOM_BACKOFF ** max(0, attempt - 1), 4)
 
 
+def engine_settings(engine_cfg: dict[str, Any], attempt: int) -> dict[str, Any]:
+    """The engine section as attempt `attempt` runs it: a retry after a CUDA OOM asks for less."""
+    settings = dict(engine_cfg)
+    settings["gpu_memory_utilization"] = gpu_memory_utilization(
+        float(settings["gpu_memory_utilization"]), attempt
+    )
+    if attempt > 1:
+        log.warning(
+            "attempt %d: engine.gpu_memory_utilization lowered to %s after a failure",
+            attempt,
+            settings["gpu_memory_utilization"],
+        )
+    return settings
+
+
+@contextlib.contextmanager
+def engine_session(
+    run_cfg: dict[str, Any],
+    model_dir: Path | None,
+    engine_cfg: dict[str, Any],
+    gpus: Sequence[int | str] | None,
+    where: str,
+) -> Iterator[tuple[Backend, Lease]]:
+    """A device lease and a backend (its engine starts on first use) that outlive one
+    checkpoint's `run_infer`: an engine job hands them to the checkpoints it chains to."""
+    vllm = run_cfg.get("backend", "vllm") == "vllm"
+    lease = lease_engine_device(gpus) if vllm else Lease(None, "none")
+    try:
+        backend = make_backend(run_cfg, model_dir=model_dir, engine_cfg=engine_cfg, where=where)
+        try:
+            yield backend, lease
+        finally:
+            backend.close()
+    finally:
+        lease.release()
+
+
 def run_infer(
     jobs: Sequence[Job],
     *,
@@ -111,6 +149,7 @@ def run_infer(
     attempt: int = 1,
     where: str = "runs",
     backend: Backend | None = None,
+    lease: Lease | None = None,
     share_as: str | None = None,
 ) -> dict[str, Any]:
     """Write every job's generation file and meta for one checkpoint; returns a summary.
@@ -118,27 +157,20 @@ def run_infer(
     `run_cfg` is the run's config entry (its `backend`, `endpoint`, `chat_template`: a template
     file is read relative to the working directory); `attempt` is Snakemake's
     attempt number: a retry after a CUDA out-of-memory error asks vLLM for less memory. A
-    `backend` given by the caller (bench/infer.py) is used as is and left open. With `share_as`
+    `backend` given by the caller (bench/infer.py, an engine session) is used as is and left
+    open, with `engine_cfg` as it was made for it; so is a `lease` of the device. With `share_as`
     (a name for this job), missing requests are published for assist jobs (ckpteval.share).
     """
     from ckpteval.harness import HarnessRunner
 
     manifest = read_json(manifest_path)
     cache = cache_dir / cache_namespace(manifest)
-    engine_cfg = dict(engine_cfg)
-    engine_cfg["gpu_memory_utilization"] = gpu_memory_utilization(
-        float(engine_cfg["gpu_memory_utilization"]), attempt
-    )
-    if attempt > 1:
-        log.warning(
-            "attempt %d: engine.gpu_memory_utilization lowered to %s after a failure",
-            attempt,
-            engine_cfg["gpu_memory_utilization"],
-        )
+    own_backend, own_lease = backend is None, lease is None
+    engine_cfg = engine_settings(engine_cfg, attempt) if own_backend else dict(engine_cfg)
     backend_name = run_cfg.get("backend", "vllm")
-    lease = lease_engine_device(gpus) if backend_name == "vllm" else Lease(None, "none")
+    if lease is None:
+        lease = lease_engine_device(gpus) if backend_name == "vllm" else Lease(None, "none")
     log.info("backend %s; device: %s (%s)", backend_name, lease.device or "cpu", lease.how)
-    own_backend = backend is None
     if backend is None:
         backend = make_backend(run_cfg, model_dir=model_dir, engine_cfg=engine_cfg, where=where)
     chunk_size = int(engine_cfg["chunk_size"])
@@ -235,7 +267,8 @@ def run_infer(
             missing.board.leave()
         if own_backend:
             backend.close()
-        lease.release()
+        if own_lease:
+            lease.release()
     log.info("done: %d generation files, %d engine load(s)", len(jobs), backend.loads)
     return {"engine_loads": backend.loads, "load_seconds": backend.load_seconds}
 
@@ -335,7 +368,11 @@ def _write_meta(
             "checker": job.task.checker,
             "chat_template": job.template.record,
             "backend_identity": backend.identity,
+            "generation_bytes": job.out.stat().st_size if job.out.exists() else None,
             "engine_loads": backend.loads,
+            "swaps": getattr(backend, "swaps", 0),
+            "swap_seconds": round(getattr(backend, "swap_seconds", 0.0), 3),
+            "served_by": getattr(backend, "served_by", None),
             "load_seconds": round(backend.load_seconds, 3),
             **{
                 k: round(v, 3) if isinstance(v, float) and k != "started_at" else v

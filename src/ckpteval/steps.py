@@ -85,81 +85,187 @@ def consolidate(smk: Any) -> None:
         sync_source_identity(source, Path(smk.input.source_id), Path(smk.output.manifest))
 
 
-def infer(smk: Any) -> None:
-    """Every rule of the infer side (workflow/rules/infer.smk), told apart by rule name:
-    `model_card` (a weightless run's models/{run}/{ckpt}.json), `replay` (one existing solutions
-    file), `generation` (a cell's staged files moved into place), else an engine or endpoint job
-    writing the stale cells of its engine group into its staging directory."""
-    from ckpteval.config import build_tasks
+def model_card(smk: Any) -> None:
+    """A weightless run's models/{run}/{ckpt}.json (rule `model_card`)."""
+    from ckpteval.backends import model_card as card
     from ckpteval.io import write_json
 
     run = smk.wildcards.run
-    run_cfg = smk.config["runs"][run]
-    if smk.rule == "model_card":
-        from ckpteval.backends import model_card
+    write_json(
+        smk.output.manifest,
+        {
+            **card(run, smk.config["runs"][run]["backend"], dict(smk.params.settings)),
+            **Identity.from_text(smk.params.identity).record(),
+        },
+    )
 
-        write_json(
-            smk.output.manifest,
-            {
-                **model_card(run, run_cfg["backend"], dict(smk.params.settings)),
-                **Identity.from_text(smk.params.identity).record(),
-            },
-        )
-        return
-    if smk.rule == "generation":
-        _place_generation(smk)
-        return
-    tasks, variants, _ = build_tasks(smk.config)
-    if smk.rule == "replay":
-        from ckpteval.backends.replay import replay_solutions
 
-        sources = smk.input.solutions
-        sources = [sources] if isinstance(sources, str) else list(sources)
-        replay_solutions(
-            [Path(p) for p in sources],
-            tasks[smk.wildcards.task],
-            smk.wildcards.variant,
-            Path(smk.output.generations),
-            where=f"config: runs.{run}",
-        )
-        write_json(
-            Path(smk.output.meta),
-            {
-                **read_meta(Path(smk.output.meta)),
-                **Identity.from_text(smk.params.identity).record(),
-            },
-        )
-        return
+def replay(smk: Any) -> None:
+    """One existing solutions file, validated and copied as a generation file (rule `replay`)."""
+    from ckpteval.backends.replay import replay_solutions
+    from ckpteval.config import build_tasks
+    from ckpteval.io import write_json
+
+    tasks, _, _ = build_tasks(smk.config)
+    sources = smk.input.solutions
+    sources = [sources] if isinstance(sources, str) else list(sources)
+    replay_solutions(
+        [Path(p) for p in sources],
+        tasks[smk.wildcards.task],
+        smk.wildcards.variant,
+        Path(smk.output.generations),
+        where=f"config: runs.{smk.wildcards.run}",
+    )
+    write_json(
+        Path(smk.output.meta),
+        {**read_meta(Path(smk.output.meta)), **Identity.from_text(smk.params.identity).record()},
+    )
+
+
+def infer(smk: Any) -> None:
+    """An engine job (rules `infer*`, `endpoint*`): generate the cells its request file names
+    into its staging directory, write every marker of its group (ckpteval.verbs), then, with
+    `engine.swap`, go on to the next checkpoints of its run on the same engine (ckpteval.chain)."""
+    from ckpteval.chain import claim, staged_current
+    from ckpteval.io import read_json
+    from ckpteval.verbs import read_request
+
+    staging = Path(smk.params.staging)
+    cells = read_request(Path(smk.input.request), strict=True)
+    model_hash = read_json(smk.input.manifest).get("weights_sha256")
+    with claim(staging, wait=True):  # a chain that went ahead may be generating them now
+        _clear_staged(staging, {(c["task"], c["variant"]) for c in cells})
+        todo = [c for c in cells if not staged_current(staging, c, model_hash)]
+        if len(todo) < len(cells):
+            print(f"{len(cells) - len(todo)} cell(s) already staged by a chained engine")
+        session = _engine_session(smk) if todo else contextlib.nullcontext(None)
+        with session as engine:
+            if todo:
+                _generate(smk, engine, staging, todo, Path(smk.input.manifest))
+            _write_markers(smk.output.markers, staging, cells)
+            if engine is not None and smk.config["engine"].get("swap", True):
+                _chain(smk, engine, staging)
+
+
+def _clear_staged(staging: Path, keep: set[tuple[str, str]]) -> None:
+    """Drop what was staged for cells this job does not generate: a staged file is only ever
+    for the current request."""
+    for path in [*staging.glob("*/*.jsonl"), *staging.glob("*/*.meta.json")]:
+        variant = path.name.split(".", 1)[0]
+        if (path.parent.name, variant) not in keep:
+            path.unlink(missing_ok=True)
+
+
+def _write_markers(markers: Any, staging: Path, cells: list[dict[str, Any]]) -> None:
+    from ckpteval.verbs import write_marker
+
+    generated = {(c["task"], c["variant"]) for c in cells}
+    for marker in map(Path, markers):
+        cell = (marker.parent.name, marker.name.removesuffix(".ok"))
+        write_marker(marker, generated=cell in generated)
+
+
+@contextlib.contextmanager
+def _engine_session(smk: Any) -> Iterator[Any]:
+    """This job's device lease and backend, kept for the checkpoints it chains to; a CUDA OOM
+    is retried once with less memory (oom_only_retries)."""
+    from ckpteval.infer import engine_session, engine_settings
+
+    run = smk.wildcards.run
+    attempt = int(smk.resources.get("infer_attempt", 1))
+    settings = engine_settings(dict(smk.config["engine"]), attempt)
+    model = Path(smk.input.model) if "model" in smk.input.keys() else None
+    with oom_only_retries(Path(str(smk.log[0])), attempt):
+        with engine_session(
+            smk.config["runs"][run], model, settings, smk.config.get("gpus"), f"config: runs.{run}"
+        ) as (backend, lease):
+            backend.served_by = f"{smk.rule} {run}/{smk.wildcards.ckpt} (pid {os.getpid()})"
+            yield {"backend": backend, "lease": lease, "settings": settings, "attempt": attempt}
+
+
+def _generate(
+    smk: Any,
+    engine: dict[str, Any],
+    staging: Path,
+    cells: list[dict[str, Any]],
+    manifest: Path,
+    *,
+    own: bool = True,
+) -> None:
+    """Generate `cells` of the checkpoint whose model the engine holds into `staging`."""
+    from ckpteval.config import build_tasks
     from ckpteval.infer import Job, run_infer
+    from ckpteval.verbs import staged_paths
 
-    staging = Path(smk.output.staging)
+    run = smk.wildcards.run
+    tasks, variants, _ = build_tasks(smk.config)
     jobs = [
         Job(
-            tasks[cell["task"]],
-            variants[cell["variant"]],
-            staging / cell["task"] / f"{cell['variant']}.jsonl",
-            record=cell["record"],
+            tasks[c["task"]],
+            variants[c["variant"]],
+            staged_paths(staging, c["task"], c["variant"])[0],
+            record=c["record"],
         )
-        for cell in smk.params.cells
+        for c in cells
     ]
-    attempt = int(smk.resources.get("infer_attempt", 1))
-    with oom_only_retries(Path(str(smk.log[0])), attempt):
-        staging.mkdir(parents=True, exist_ok=True)
-        run_infer(
-            jobs,
-            manifest_path=Path(smk.input.manifest),
-            model_dir=Path(smk.input.model) if "model" in smk.input.keys() else None,
-            run_cfg=run_cfg,
-            engine_cfg=dict(smk.config["engine"]),
-            cache_dir=Path(smk.params.cache_dir),
-            gpus=smk.config.get("gpus"),
-            include_paths=smk.config["lm_eval"]["include_paths"],
-            attempt=attempt,
-            where=f"config: runs.{run}",
-            share_as=f"{run}/{smk.wildcards.ckpt}:{smk.rule}"
-            if int(smk.resources.get("share_chunks", 0))
-            else None,
-        )
+    staging.mkdir(parents=True, exist_ok=True)
+    run_infer(
+        jobs,
+        manifest_path=manifest,
+        model_dir=getattr(engine["backend"], "model_dir", None),
+        run_cfg=smk.config["runs"][run],
+        engine_cfg=engine["settings"],
+        cache_dir=Path(smk.params.cache_dir),
+        include_paths=smk.config["lm_eval"]["include_paths"],
+        attempt=engine["attempt"],
+        where=f"config: runs.{run}",
+        backend=engine["backend"],
+        lease=engine["lease"],
+        share_as=f"{run}/{smk.wildcards.ckpt}:{smk.rule}"
+        if own and int(smk.resources.get("share_chunks", 0))
+        else None,
+    )
+
+
+def _chain(smk: Any, engine: dict[str, Any], staging: Path) -> None:
+    """Serve the run's next checkpoints that have work in this invocation on this engine
+    (ckpteval.chain): swap, check, generate; stop at the first swap that fails."""
+    from ckpteval.chain import claim, next_checkpoints, staged_current
+    from ckpteval.io import read_json
+    from ckpteval.swap import engine_signature
+
+    backend = engine["backend"]
+    if not hasattr(backend, "swap") or backend.model_dir is None:
+        return
+    out = staging.parents[3]
+    invocation = read_json(smk.input.request).get("invocation")
+    signature = engine_signature(Path(backend.model_dir))
+    for nxt in next_checkpoints(
+        out, smk.wildcards.run, smk.wildcards.ckpt, staging.name, invocation
+    ):
+        with claim(nxt.staging, wait=False) as held:
+            if not held:
+                continue
+            if engine_signature(nxt.model_dir) != signature:
+                print(
+                    f"chain: {nxt.run}/{nxt.ckpt} has another model config or tokenizer; "
+                    "its own job starts an engine for it"
+                )
+                continue
+            model_hash = read_json(nxt.manifest).get("weights_sha256")
+            todo = [c for c in nxt.cells if not staged_current(nxt.staging, c, model_hash)]
+            if not todo:
+                continue
+            try:
+                backend.swap(nxt.model_dir)
+                _generate(smk, engine, nxt.staging, todo, nxt.manifest, own=False)
+            except Exception as exc:  # noqa: BLE001 - a failed swap or generation: its own job takes over
+                print(
+                    f"chain: stopped at {nxt.run}/{nxt.ckpt}: {exc}; its own job starts a "
+                    "fresh engine for it"
+                )
+                return
+            print(f"chain: served {nxt.run}/{nxt.ckpt} ({len(todo)} cell(s)) on this engine")
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -168,16 +274,17 @@ def read_meta(path: Path) -> dict[str, Any]:
     return read_json(path) if path.exists() else {}
 
 
-def _place_generation(smk: Any) -> None:
+def generation(smk: Any) -> None:
     """Move a cell's generation file and meta from its engine job's staging directory into
-    place (a rename: the file appears complete or not at all)."""
+    place (rule `generation`; a rename: the file appears complete or not at all)."""
+    from ckpteval.verbs import staged_paths
+
     task, variant = smk.wildcards.task, smk.wildcards.variant
-    staged = Path(smk.input.staging) / task / f"{variant}.jsonl"
-    meta = staged.with_suffix(".meta.json")
+    staged, meta = staged_paths(Path(smk.input.marker).parent.parent, task, variant)
     if not staged.exists() or not meta.exists():
         raise UserError(
             f"{staged}: the engine job did not write this cell; run the workflow "
-            "again (its engine job reruns)"
+            "again (the next run plans its engine job)"
         )
     recorded, wanted = read_meta(meta).get("identity"), Identity.from_text(smk.params.identity)
     if recorded != wanted.digest:

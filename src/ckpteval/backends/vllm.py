@@ -34,6 +34,10 @@ class VllmBackend(Backend):
         self._engine_log: list[tuple[str | None, int]] = []
         self._text_log: list[tuple[str, str]] = []
         self._own_call = False
+        self.swaps = 0
+        self.swap_seconds = 0.0
+        #: Which engine job's engine generated (an engine may serve several checkpoints).
+        self.served_by: str | None = None
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -124,6 +128,18 @@ class VllmBackend(Backend):
         finally:
             self._own_call = False
         return [_generation(out) for out in outputs]
+
+    def swap(self, model_dir: Path) -> None:
+        """Serve another checkpoint of the same architecture and tokenizer: its weights are
+        loaded into the running engine and checked (ckpteval.swap); an engine not started yet
+        simply starts on the new checkpoint."""
+        if self._lm is not None:
+            from ckpteval.swap import swap_weights
+
+            self.swap_seconds += swap_weights(self._lm.model, model_dir)
+            self.swaps += 1
+        self.model_dir = model_dir
+        self._tokenizer = None
 
     def load(self) -> None:
         self.lm  # noqa: B018 - the property loads the engine

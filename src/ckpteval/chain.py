@@ -1,0 +1,132 @@
+"""One engine per GPU slot per sweep: an engine job goes on to its run's next checkpoints.
+
+Each checkpoint keeps its own engine job in Snakemake's graph (so `-f`, `-R` and `-F` plan
+exactly as before: ckpteval.verbs). What changes is who does the GPU work. An engine job that has
+generated its own checkpoint's cells looks at the request files of the other checkpoints of its
+run and engine group that this invocation will generate (same invocation token), takes each one's
+claim in turn, swaps that checkpoint's weights into its running engine (ckpteval.swap, checked
+after every swap) and generates its cells into that checkpoint's staging directory. When that
+checkpoint's own engine job runs, it waits for the claim, finds its cells staged for its model
+and settings, and only writes its markers: no engine load.
+
+A checkpoint whose model config or tokenizer differs, one not consolidated yet, or one whose claim
+another job holds is left to its own job, with a log line saying why. A failed swap stops the
+chain (the engine's weights are then unknown); that checkpoint's own job starts a fresh engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckpteval.io import read_json
+
+log = logging.getLogger("ckpteval.chain")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint's share of an engine group: where its cells go and which it needs."""
+
+    run: str
+    ckpt: str
+    staging: Path
+    model_dir: Path
+    manifest: Path
+    cells: list[dict[str, Any]]
+
+    @property
+    def claim_path(self) -> Path:
+        return claim_path(self.staging)
+
+
+def claim_path(staging: Path) -> Path:
+    return staging.with_name(staging.name + ".claim")
+
+
+@contextlib.contextmanager
+def claim(staging: Path, *, wait: bool) -> Iterator[bool]:
+    """Hold a checkpoint group's claim (an flock) while generating for it: yields False without
+    waiting if `wait` is off and another job holds it."""
+    path = claim_path(staging)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _step_key(name: str) -> tuple[int, str]:
+    digits = re.findall(r"\d+", name)
+    return (int(digits[-1]) if digits else -1, name)
+
+
+def next_checkpoints(
+    out: Path, run: str, ckpt: str, group_dir: str, invocation: str
+) -> list[Checkpoint]:
+    """The other checkpoints of `run` whose engine jobs of this group have cells to generate in
+    this invocation, consolidated already, in step order after `ckpt` first, then before it."""
+    found = []
+    for request in (out / "staging" / run).glob(f"*/{group_dir}.request.json"):
+        name = request.parent.name
+        try:
+            body = read_json(request)
+        except Exception:  # noqa: BLE001 - a request being rewritten: not ours to serve
+            continue
+        manifest = out / "models" / run / f"{name}.json"
+        if name == ckpt or body.get("invocation") != invocation or not body.get("cells"):
+            continue
+        staging = request.with_suffix("").with_suffix("")
+        if _done(staging, body["cells"]):
+            continue
+        if not manifest.exists():
+            log.info("chain: %s/%s is not consolidated yet; its own job serves it", run, name)
+            continue
+        found.append(
+            Checkpoint(
+                run,
+                name,
+                request.with_suffix("").with_suffix(""),
+                manifest.with_suffix(""),
+                manifest,
+                list(body["cells"]),
+            )
+        )
+    mine = _step_key(ckpt)
+    return sorted(found, key=lambda c: (_step_key(c.ckpt) < mine, _step_key(c.ckpt)))
+
+
+def _done(staging: Path, cells: list[dict[str, Any]]) -> bool:
+    """Its engine job has run in this invocation: every requested cell has its marker back."""
+    from ckpteval.verbs import marker_path
+
+    return all(marker_path(staging, c["task"], c["variant"]).exists() for c in cells)
+
+
+def staged_current(staging: Path, cell: dict[str, Any], model_hash: Any) -> bool:
+    """A cell already staged for these settings and this model (by a chain that went ahead)."""
+    from ckpteval.verbs import staged_paths
+
+    jsonl, meta = staged_paths(staging, cell["task"], cell["variant"])
+    try:
+        recorded = read_json(meta)
+    except Exception:  # noqa: BLE001 - missing or half-written: not staged
+        return False
+    return (
+        jsonl.exists()
+        and recorded.get("identity") == cell["record"].get("identity")
+        and recorded.get("model_hash") == model_hash
+    )
