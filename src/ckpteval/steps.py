@@ -151,7 +151,7 @@ def _clear_staged(staging: Path, keep: set[tuple[str, str]]) -> None:
     """Drop what was staged for cells this job does not generate: a staged file is only ever
     for the current request."""
     for path in [*staging.glob("*/*.jsonl"), *staging.glob("*/*.meta.json")]:
-        variant = path.name.split(".", 1)[0]
+        variant = path.name.removesuffix(".jsonl").removesuffix(".meta.json")
         if (path.parent.name, variant) not in keep:
             path.unlink(missing_ok=True)
 
