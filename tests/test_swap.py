@@ -41,7 +41,6 @@ if __name__ == "__main__":
     result = {"before": before}
     if spec.get("swap_to"):
         backend.swap(Path(spec["swap_to"]))
-        result["swaps"] = backend.swaps
         try:
             verify_weights(backend.lm.model, Path(spec["start"]))
             result["stale_check"] = "passed"
@@ -54,7 +53,7 @@ if __name__ == "__main__":
             result["broken"] = type(exc).__name__
         backend.swap(Path(spec["swap_to"]))
     result["after"] = [g.outputs[0].text for g in backend.generate(spec["prompts"], greedy)]
-    result["loads"] = backend.loads
+    result["loads"], result["swaps"] = backend.loads, backend.swaps
     print("RESULT " + json.dumps(result), flush=True)
 """
 
