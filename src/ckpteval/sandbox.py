@@ -82,8 +82,20 @@ _BASE_ENV = {
 }
 
 
-#: What the batch driver keeps of root inside the sandbox: switch uid, kill strays, clean /tmp.
-_DRIVER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
+#: What the batch driver keeps of root inside the sandbox: switch uid, kill strays, give each
+#: command its own mount and IPC namespaces (SYS_ADMIN), account every process's CPU (SYS_PACCT).
+_DRIVER_CAPS = (
+    "CAP_SETUID",
+    "CAP_SETGID",
+    "CAP_KILL",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_PACCT",
+)
+#: A command's wall clock is a backstop for programs that block (sleep, wait): at least this many
+#: times its CPU budget, so that load on the machine does not turn a CPU-bound pass into a timeout.
+WALL_FACTOR = 2.0
 _DRIVER_SOURCE = (Path(__file__).with_name("_sandbox_driver.py")).read_text(encoding="utf-8")
 
 
@@ -104,7 +116,18 @@ class Limits:
 
     @property
     def cpu_limit(self) -> int:
+        """Each process's RLIMIT_CPU (a backstop: `cpu_budget` bounds them all together)."""
         return self.cpu_s if self.cpu_s is not None else math.ceil(self.wall_s) + 1
+
+    @property
+    def cpu_budget(self) -> float:
+        """CPU seconds of every process of one command together (bwrap mode): the time limit."""
+        return float(self.cpu_s) if self.cpu_s is not None else self.wall_s
+
+    @property
+    def wall_limit(self) -> float:
+        """When a command that has not used its CPU budget (it blocks) is stopped (bwrap mode)."""
+        return max(self.wall_s, WALL_FACTOR * self.cpu_budget)
 
 
 @dataclass(frozen=True)
@@ -260,9 +283,14 @@ class Sandbox:
             uid = stack.enter_context(_uid_slot())
             status_r, status_w = os.pipe()
             stack.callback(os.close, status_r)
+            stdins = [Path(c.stdin).resolve().parent for c in commands if c.stdin]
+            binds = [*(Path(p).resolve() for p in readable), Path(sys.base_prefix), *stdins]
             spec = {
                 "uid": uid,
                 "results": str(io_dir / "results.jsonl"),
+                "acct": str(io_dir / "acct"),
+                "workdir": str(workdir),
+                "binds": [str(p) for p in [*binds, workdir]],
                 "preload": list(preload),
                 "commands": [
                     {
@@ -274,25 +302,18 @@ class Sandbox:
                         "stdin": str(c.stdin) if c.stdin else None,
                         "stdout": str(io_dir / f"{i}.out"),
                         "stderr": str(io_dir / f"{i}.err"),
-                        "wall_s": c.limits.wall_s,
+                        "wall_s": c.limits.wall_limit,
+                        "cpu_budget_s": c.limits.cpu_budget,
+                        "tmp_bytes": c.limits.tmp_bytes,
                         "rlimits": _rlimits(c.limits),
                     }
                     for i, c in enumerate(commands)
                 ],
             }
             (io_dir / "spec.json").write_text(json.dumps(spec))
-            stdins = [Path(c.stdin).resolve().parent for c in commands if c.stdin]
-            largest = max(commands, key=lambda c: c.limits.tmp_bytes).limits
-            bwrap = _bwrap_argv(
-                workdir,
-                writable,
-                [*readable, Path(sys.base_prefix), *stdins],
-                largest,
-                status_w,
-                private=[io_dir],
-            )
+            bwrap = _bwrap_argv(workdir, writable, binds, status_w, private=[io_dir])
             total = Limits(
-                wall_s=sum(c.limits.wall_s for c in commands) + 5 + 0.5 * len(commands),
+                wall_s=sum(c.limits.wall_limit for c in commands) + 5 + 0.5 * len(commands),
                 memory_bytes=max(c.limits.memory_bytes for c in commands) + (1 << 30),
                 file_bytes=1 << 20,
             )
@@ -340,6 +361,8 @@ class Sandbox:
             results = []
             for i, (command, line) in enumerate(zip(commands, lines)):
                 row = json.loads(line)
+                if row.get("cpu_account") != "acct":
+                    _warn_cpu_account(outer.stderr)
                 code = os.waitstatus_to_exitcode(row["status"])
                 stdout = _read_capped(io_dir / f"{i}.out", command.limits.file_bytes)
                 stderr = _read_capped(io_dir / f"{i}.err", command.limits.file_bytes)
@@ -371,11 +394,25 @@ def warn_unsandboxed() -> None:
     )
 
 
+def _warn_cpu_account(stderr: bytes) -> None:
+    """Say (once per process) that CPU limits miss orphans the kernel reaps by itself."""
+    global _WARNED_CPU_ACCOUNT
+    if not _WARNED_CPU_ACCOUNT:
+        _WARNED_CPU_ACCOUNT = True
+        log.warning(
+            "sandbox: no BSD process accounting in the sandbox, so CPU time of processes the "
+            "kernel reaps by itself is not counted against time limits: %s",
+            stderr.decode("utf-8", "replace").strip()[-300:],
+        )
+
+
+_WARNED_CPU_ACCOUNT = False
+
+
 def _bwrap_argv(
     workdir: Path,
     writable: bool,
     readable: Sequence[Path],
-    limits: Limits,
     status_fd: int,
     *,
     private: Sequence[Path] = (),
@@ -417,11 +454,11 @@ def _bwrap_argv(
         "--dev",
         "/dev",
         "--perms",
-        "1777",
+        "0755",
         "--size",
-        str(limits.tmp_bytes),
+        str(1 << 20),
         "--tmpfs",
-        "/tmp",
+        "/tmp",  # the driver's: each command mounts a fresh one of its own over it
     ]
     made = set(_MOUNT_POINTS) | {Path("/usr")}
     rw = {Path(p).resolve() for p in private} | ({workdir} if writable else set())
