@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from ckpteval import sandbox as sandbox_module
 from ckpteval.checkers.python import python_interpreter
-from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
+from ckpteval.sandbox import Command, Limits, RunResult, Sandbox, SandboxError
 
 PYTHON, PREFIX = python_interpreter()
 
@@ -189,3 +190,27 @@ def test_a_correct_sample_keeps_its_cpu_beside_a_process_storm(
         (correct,) = results["heavy"]
         assert correct.ok and correct.stdout == expected, (attempt, correct)
         assert results["storm"][0].timed_out
+
+
+def test_without_namespaces_the_batch_fails_loudly(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver that cannot unshare or mount runs nothing unisolated: a SandboxError."""
+    caps = tuple(c for c in sandbox_module._DRIVER_CAPS if c != "CAP_SYS_ADMIN")
+    monkeypatch.setattr(sandbox_module, "_DRIVER_CAPS", caps)
+    with pytest.raises(SandboxError, match="own namespaces"):
+        run_batch(sandbox, tmp_path, ["print('hello')\n"])
+
+
+def test_without_process_accounting_cpu_limits_degrade_loudly(
+    sandbox: Sandbox,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caps = tuple(c for c in sandbox_module._DRIVER_CAPS if c != "CAP_SYS_PACCT")
+    monkeypatch.setattr(sandbox_module, "_DRIVER_CAPS", caps)
+    monkeypatch.setattr(sandbox_module, "_WARNED_CPU_ACCOUNT", False)
+    (result,) = run_batch(sandbox, tmp_path, ["print('hello')\n"])
+    assert result.stdout == b"hello\n"
+    assert "no BSD process accounting" in caplog.text

@@ -84,7 +84,12 @@ def _child(command, uid, spec, keep=()):
         os.dup2(fd, target)
         os.close(fd)
     _keep_fds(keep)  # the driver's files (results!) must not reach a forked command
-    _isolate(command, spec)
+    try:
+        _isolate(command, spec)
+    except OSError as exc:  # the sandbox's failure, not the program's: say so to the driver
+        with open(_isolation_report(command), "w") as handle:
+            handle.write(f"{exc}\n")
+        os._exit(127)
     os.chdir(command["cwd"])
     for name, (soft, hard) in command["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
@@ -160,6 +165,20 @@ _SEMAPHORES = "250 8000 32 32"  # per set, in all, per semop, sets
 
 def _under(path, root):
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _isolation_report(command):
+    """Where a command's child says that its isolation failed (the driver's private directory)."""
+    return command["stdout"] + ".isolation"
+
+
+def _isolation_error(command):
+    """Why the command's isolation failed, or None (then its program ran)."""
+    try:
+        with open(_isolation_report(command)) as handle:
+            return handle.read().strip() or "unknown"
+    except FileNotFoundError:
+        return None
 
 
 def _visible(command, spec):
@@ -347,6 +366,7 @@ def _run(command, uid, spec, account):
         "cpu_s": _cpu_used(before, account, start_s),
         "max_rss_bytes": usage.ru_maxrss * 1024,
         "cpu_account": account.kind,
+        "isolation_error": _isolation_error(command),
     }
 
 
@@ -468,6 +488,7 @@ def _run_judged(command, uid, spec, account):
         "max_rss_bytes": max(usage.ru_maxrss, sample_usage.ru_maxrss) * 1024,
         "judge": judge,
         "cpu_account": account.kind,
+        "isolation_error": _isolation_error(command),
     }
 
 

@@ -361,6 +361,11 @@ class Sandbox:
             results = []
             for i, (command, line) in enumerate(zip(commands, lines)):
                 row = json.loads(line)
+                if row.get("isolation_error"):
+                    raise SandboxError(
+                        "sandbox: could not give a command its own namespaces and /tmp "
+                        f"(bubblewrap's root needs CAP_SYS_ADMIN): {row['isolation_error']}"
+                    )
                 if row.get("cpu_account") != "acct":
                     _warn_cpu_account(outer.stderr)
                 code = os.waitstatus_to_exitcode(row["status"])
