@@ -4,17 +4,21 @@ many commands one after another; `ckpteval.sandbox.Sandbox.run_many` starts it.
 Standard library only: it runs under the base interpreter with `-I -S`, passed as `-c` source.
 
 For each command: fork; in the child, a new session, the command's stdin/stdout/stderr files,
-its rlimits, no groups, the sandbox uid, `no_new_privs`, exec. The driver waits up to the wall
-limit (a pidfd), kills the command's process group on overrun, then kills every other process
-in the pid namespace (strays that left the group) and empties /tmp, so the next command starts
-from the same state. Commands cannot signal, trace or overwrite the driver: it runs as another
-uid, and the results file lives in a directory only root can enter.
+mount and IPC namespaces of its own (`_isolate`: a fresh tmpfs as /tmp, the batch's work
+directory covered but for the command's own `cwd`, bounded SysV IPC), its rlimits, no groups, the
+sandbox uid, `no_new_privs`, exec. The driver waits (a pidfd) until the command's processes
+together used up their CPU budget or the wall-clock backstop passed, kills the command's process
+group on overrun, then kills every other process in the pid namespace (strays that left the
+group). The command's files and IPC objects go with its namespaces: the next command starts from
+the same state and the driver never walks what a sample built. Commands cannot signal, trace or
+overwrite the driver: it runs as another uid, and the results file lives in a directory only root
+can enter.
 
-A command's `cpu_s` is the CPU time of its whole process tree, exactly: the driver is a child
-subreaper (PR_SET_CHILD_SUBREAPER), so every process a command leaves behind (orphans included)
-is re-parented to it and reaped by it once the cleanup has killed them, and the growth of the
-driver's RUSAGE_CHILDREN over the command is the user + system time of every process the command
-started (the kernel's per-task accounting, not a sample of the clock, so load does not change it).
+A command's `cpu_s` is the CPU time of every process it started (`_Account`): BSD process
+accounting (per pid namespace) records each process that exits, even those the kernel reaps by
+itself (SIGCHLD ignored) that no wait4 sees; while the command runs, its live processes' times
+come from /proc. The driver is also a child subreaper (PR_SET_CHILD_SUBREAPER), so orphans are
+re-parented to it and reaped by it once the cleanup has killed them.
 
 A command with `python_file` runs that file in a fork of this interpreter instead of exec'ing a
 new one (Python start-up costs more than most tests take); the fork drops privileges first, like

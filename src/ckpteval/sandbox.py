@@ -14,15 +14,18 @@ Every generated program is hostile until proven otherwise. A sandbox is
   process on the host: RLIMIT_NPROC counts all processes of a uid, so a fork bomb in one sample
   cannot starve a sample running beside it.
 - New pid, network, ipc, uts and cgroup namespaces: no network at all; programs cannot see or
-  signal anything outside, nor the driver (another uid).
+  signal anything outside, nor the driver (another uid). Within a batch, each command also gets
+  mount and IPC namespaces of its own (see `run_many`).
 - The filesystem is an empty root with read-only binds of `/usr`, a few `/etc` files the loader
   and compilers need, the interpreter or toolchain the checker names, and the work directory
-  (read-only or writable as asked); `/tmp` is a private size-limited tmpfs. Home directories and the
-  repository are not visible.
+  (read-only or writable as asked); `/tmp` is a private size-limited tmpfs, fresh for each command.
+  Home directories and the repository are not visible.
 - stdout and stderr go to files outside the program's reach; RLIMIT_FSIZE caps them (and any file
   the program writes), so printing gigabytes ends the program instead of filling a disk or memory.
-- A wall-clock limit kills the program's process group; RLIMIT_CPU bounds CPU time. Between two
-  programs of one sandbox (`run_many`) the driver kills every leftover process and empties /tmp.
+- The time limit is the CPU time of all of a command's processes together (`Limits.cpu_budget`,
+  counted by the driver with BSD process accounting, so children the kernel reaps itself count
+  too); a wall clock of `Limits.wall_limit` only stops programs that block. RLIMIT_CPU bounds each
+  process. After each command of a batch (`run_many`) the driver kills every leftover process.
 
 `mode="none"` runs the same commands without bubblewrap and without the uid drop (rlimits via
 `prlimit` and the timeout still apply). It exists for machines where bubblewrap cannot run; it
@@ -256,10 +259,12 @@ class Sandbox:
 
         Starting a sandbox costs more than most generated programs take to run, so a batch shares
         one: a driver (`_sandbox_driver.py`) runs as the sandbox's root with only the capabilities
-        to switch uid, kill and clean up, runs each command as the sandbox uid under its own
-        limits, and between commands kills every leftover process and empties /tmp. Commands
-        cannot reach the driver (another uid) or each other (nothing survives a command). Each
-        command's `cwd` defaults to `workdir` and must lie under it.
+        it needs, runs each command as the sandbox uid under its own limits, in mount and IPC
+        namespaces of its own (a fresh /tmp; of `workdir` only the command's `cwd` is visible;
+        its own SysV IPC), charges it the CPU of every process it started, and after it kills
+        every leftover process. Commands cannot reach the driver (another uid) or each other
+        (nothing survives a command, and no command sees another's files). Each command's `cwd`
+        defaults to `workdir` and must lie under it.
         """
         if not commands:
             return []
