@@ -282,7 +282,7 @@ class _Account:
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
             if _libc.acct(path.encode()) != 0:
                 raise OSError(ctypes.get_errno(), "acct")
-            self.fd = os.open(path, os.O_RDONLY)
+            self.fd = os.open(path, os.O_RDWR)
         except OSError as exc:
             self.kind = "reaped"
             os.write(
@@ -302,6 +302,15 @@ class _Account:
             self.dead_s += (_comp_t(record[10]) + _comp_t(record[11])) / _ACCT_HZ
         self.buffer = self.buffer[whole:]
         return self.dead_s
+
+    def forget(self):
+        """Empty the accounting file between commands (the kernel appends to it): a sample that
+        forks and exits in a loop cannot grow it beyond what one command writes."""
+        if self.fd is not None:
+            self.ended()
+            os.ftruncate(self.fd, 0)
+            os.lseek(self.fd, 0, os.SEEK_SET)
+            self.buffer = b""
 
     def running(self):
         """CPU seconds of the processes alive now (zombies have their record already)."""
@@ -433,6 +442,7 @@ def main():
         for command in spec["commands"]:
             results.write(json.dumps(_run(command, spec["uid"], spec, account)) + "\n")
             results.flush()
+            account.forget()
 
 
 # ------------------------------------------------------------------------- judged Python runs
