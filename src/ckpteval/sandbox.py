@@ -290,31 +290,7 @@ class Sandbox:
             stack.callback(os.close, status_r)
             stdins = [Path(c.stdin).resolve().parent for c in commands if c.stdin]
             binds = [*(Path(p).resolve() for p in readable), Path(sys.base_prefix), *stdins]
-            spec = {
-                "uid": uid,
-                "results": str(io_dir / "results.jsonl"),
-                "acct": str(io_dir / "acct"),
-                "workdir": str(workdir),
-                "binds": [str(p) for p in [*binds, workdir]],
-                "preload": list(preload),
-                "commands": [
-                    {
-                        "argv": [str(a) for a in c.argv],
-                        "cwd": str(c.cwd or workdir),
-                        "python_file": str(c.python_file) if c.python_file else None,
-                        "python_tests": str(c.python_tests) if c.python_tests else None,
-                        "env": {**_BASE_ENV, **(c.env or {})},
-                        "stdin": str(c.stdin) if c.stdin else None,
-                        "stdout": str(io_dir / f"{i}.out"),
-                        "stderr": str(io_dir / f"{i}.err"),
-                        "wall_s": c.limits.wall_limit,
-                        "cpu_budget_s": c.limits.cpu_budget,
-                        "tmp_bytes": c.limits.tmp_bytes,
-                        "rlimits": _rlimits(c.limits),
-                    }
-                    for i, c in enumerate(commands)
-                ],
-            }
+            spec = _batch_spec(commands, uid, io_dir, workdir, [*binds, workdir], preload)
             (io_dir / "spec.json").write_text(json.dumps(spec))
             bwrap = _bwrap_argv(workdir, writable, binds, status_w, private=[io_dir])
             total = Limits(
@@ -363,37 +339,76 @@ class Sandbox:
                     f"{len(commands)} commands: "
                     + outer.stderr.decode("utf-8", "replace").strip()[-500:]
                 )
-            results = []
-            for i, (command, line) in enumerate(zip(commands, lines)):
-                row = json.loads(line)
-                if row.get("isolation_error"):
-                    raise SandboxError(
-                        "sandbox: could not give a command its own namespaces and /tmp "
-                        f"(bubblewrap's root needs CAP_SYS_ADMIN): {row['isolation_error']}"
-                    )
-                if row.get("cpu_account") != "acct":
-                    _warn_cpu_account(outer.stderr)
-                code = os.waitstatus_to_exitcode(row["status"])
-                stdout = _read_capped(io_dir / f"{i}.out", command.limits.file_bytes)
-                stderr = _read_capped(io_dir / f"{i}.err", command.limits.file_bytes)
-                cap = command.limits.file_bytes
-                sig = -code if code < 0 else None
-                results.append(
-                    RunResult(
-                        exit_code=code if code >= 0 else None,
-                        signal=sig,
-                        timed_out=row["timed_out"]
-                        or _cpu_killed(sig, row["cpu_s"], command.limits),
-                        output_limit=len(stdout) >= cap or len(stderr) >= cap,
-                        stdout=stdout,
-                        stderr=stderr,
-                        duration_s=row["duration_s"],
-                        cpu_s=row["cpu_s"],
-                        max_rss_bytes=row["max_rss_bytes"],
-                        judge=row.get("judge"),
-                    )
-                )
-            return results
+            return [
+                _result(command, json.loads(line), io_dir / str(i), outer.stderr)
+                for i, (command, line) in enumerate(zip(commands, lines))
+            ]
+
+
+def _batch_spec(
+    commands: Sequence[Command],
+    uid: int,
+    io_dir: Path,
+    workdir: Path,
+    binds: Sequence[Path],
+    preload: Sequence[str],
+) -> dict:
+    """What the batch driver reads (`_sandbox_driver.py` documents the fields). `binds`: every
+    path bound into the sandbox for all commands (a command sees, of `workdir`, its `cwd`)."""
+    return {
+        "uid": uid,
+        "results": str(io_dir / "results.jsonl"),
+        "acct": str(io_dir / "acct"),
+        "workdir": str(workdir),
+        "binds": [str(p) for p in binds],
+        "preload": list(preload),
+        "commands": [
+            {
+                "argv": [str(a) for a in c.argv],
+                "cwd": str(c.cwd or workdir),
+                "python_file": str(c.python_file) if c.python_file else None,
+                "python_tests": str(c.python_tests) if c.python_tests else None,
+                "env": {**_BASE_ENV, **(c.env or {})},
+                "stdin": str(c.stdin) if c.stdin else None,
+                "stdout": str(io_dir / f"{i}.out"),
+                "stderr": str(io_dir / f"{i}.err"),
+                "wall_s": c.limits.wall_limit,
+                "cpu_budget_s": c.limits.cpu_budget,
+                "tmp_bytes": c.limits.tmp_bytes,
+                "rlimits": _rlimits(c.limits),
+            }
+            for i, c in enumerate(commands)
+        ],
+    }
+
+
+def _result(command: Command, row: dict, outputs: Path, driver_stderr: bytes) -> RunResult:
+    """One command's result from the driver's line and its output files (`outputs`.out/.err).
+    A command the driver could not isolate fails the whole batch: nothing ran unisolated."""
+    if row.get("isolation_error"):
+        raise SandboxError(
+            "sandbox: could not give a command its own namespaces and /tmp "
+            f"(bubblewrap's root needs CAP_SYS_ADMIN): {row['isolation_error']}"
+        )
+    if row.get("cpu_account") != "acct":
+        _warn_cpu_account(driver_stderr)
+    code = os.waitstatus_to_exitcode(row["status"])
+    cap = command.limits.file_bytes
+    stdout = _read_capped(outputs.with_suffix(".out"), cap)
+    stderr = _read_capped(outputs.with_suffix(".err"), cap)
+    sig = -code if code < 0 else None
+    return RunResult(
+        exit_code=code if code >= 0 else None,
+        signal=sig,
+        timed_out=row["timed_out"] or _cpu_killed(sig, row["cpu_s"], command.limits),
+        output_limit=len(stdout) >= cap or len(stderr) >= cap,
+        stdout=stdout,
+        stderr=stderr,
+        duration_s=row["duration_s"],
+        cpu_s=row["cpu_s"],
+        max_rss_bytes=row["max_rss_bytes"],
+        judge=row.get("judge"),
+    )
 
 
 def warn_unsandboxed() -> None:
