@@ -140,6 +140,9 @@ FAILURES = [
         "wrong_answer",
     ),
     ("def add(a, b):\n    return '\\udc80'\n", "wrong_answer"),
+    # a lone surrogate (a JSON \\udXXX escape) in the source: no UTF-8 file can hold it, and
+    # CPython refuses such source too
+    ("# \udc80\ndef add(a, b):\n    return a + b\n", "compile_error"),
 ]
 
 
