@@ -4,17 +4,21 @@ many commands one after another; `ckpteval.sandbox.Sandbox.run_many` starts it.
 Standard library only: it runs under the base interpreter with `-I -S`, passed as `-c` source.
 
 For each command: fork; in the child, a new session, the command's stdin/stdout/stderr files,
-its rlimits, no groups, the sandbox uid, `no_new_privs`, exec. The driver waits up to the wall
-limit (a pidfd), kills the command's process group on overrun, then kills every other process
-in the pid namespace (strays that left the group) and empties /tmp, so the next command starts
-from the same state. Commands cannot signal, trace or overwrite the driver: it runs as another
-uid, and the results file lives in a directory only root can enter.
+mount and IPC namespaces of its own (`_isolate`: a fresh tmpfs as /tmp, the batch's work
+directory covered but for the command's own `cwd`, bounded SysV IPC), its rlimits, no groups, the
+sandbox uid, `no_new_privs`, exec. The driver waits (a pidfd) until the command's processes
+together used up their CPU budget or the wall-clock backstop passed, kills the command's process
+group on overrun, then kills every other process in the pid namespace (strays that left the
+group). The command's files and IPC objects go with its namespaces: the next command starts from
+the same state and the driver never walks what a sample built. Commands cannot signal, trace or
+overwrite the driver: it runs as another uid, and the results file lives in a directory only root
+can enter.
 
-A command's `cpu_s` is the CPU time of its whole process tree, exactly: the driver is a child
-subreaper (PR_SET_CHILD_SUBREAPER), so every process a command leaves behind (orphans included)
-is re-parented to it and reaped by it once the cleanup has killed them, and the growth of the
-driver's RUSAGE_CHILDREN over the command is the user + system time of every process the command
-started (the kernel's per-task accounting, not a sample of the clock, so load does not change it).
+A command's `cpu_s` is the CPU time of every process it started (`_Account`): BSD process
+accounting (per pid namespace) records each process that exits, even those the kernel reaps by
+itself (SIGCHLD ignored) that no wait4 sees; while the command runs, its live processes' times
+come from /proc. The driver is also a child subreaper (PR_SET_CHILD_SUBREAPER), so orphans are
+re-parented to it and reaped by it once the cleanup has killed them.
 
 A command with `python_file` runs that file in a fork of this interpreter instead of exec'ing a
 new one (Python start-up costs more than most tests take); the fork drops privileges first, like
@@ -62,8 +66,8 @@ import math
 import os
 import resource
 import select
-import shutil
 import signal
+import struct
 import sys
 import time
 
@@ -72,9 +76,10 @@ PR_SET_NO_NEW_PRIVS = 38
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _child(command, uid, keep=()):
-    """Become `command`: its stdio files, rlimits, the sandbox uid, exec (or run its Python file).
-    `keep` are fds that stay open as 3, 4, ... (a judged sample's channel)."""
+def _child(command, uid, spec, keep=()):
+    """Become `command`: its stdio files, its own namespaces and /tmp (`_isolate`), rlimits, the
+    sandbox uid, exec (or run its Python file). `keep` are fds that stay open as 3, 4, ... (a
+    judged sample's channel)."""
     os.setsid()
     stdin = os.open(command["stdin"] or os.devnull, os.O_RDONLY)
     stdout = os.open(command["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -83,6 +88,12 @@ def _child(command, uid, keep=()):
         os.dup2(fd, target)
         os.close(fd)
     _keep_fds(keep)  # the driver's files (results!) must not reach a forked command
+    try:
+        _isolate(command, spec)
+    except OSError as exc:  # the sandbox's failure, not the program's: say so to the driver
+        with open(_isolation_report(command), "w") as handle:
+            handle.write(f"{exc}\n")
+        os._exit(127)
     os.chdir(command["cwd"])
     for name, (soft, hard) in command["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
@@ -143,59 +154,253 @@ def _keep_fds(keep):
     os.closerange(3 + len(keep), 1 << 16)
 
 
-def _run(command, uid):
+# --------------------------------------------------------------------- per-command isolation
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 4096, 8192, 16384, 1 << 18
+#: An empty directory outside /tmp where a command's covers are built (bubblewrap's /dev has it).
+_STAGE = "/dev/shm"
+#: SysV IPC limits of a command's own IPC namespace (shared memory: `tmp_bytes` in all).
+_SHM_SEGMENTS = 64
+_MSG_QUEUES = 16
+_SEMAPHORES = "250 8000 32 32"  # per set, in all, per semop, sets
+
+
+def _under(path, root):
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _isolation_report(command):
+    """Where a command's child says that its isolation failed (the driver's private directory)."""
+    return command["stdout"] + ".isolation"
+
+
+def _isolation_error(command):
+    """Why the command's isolation failed, or None (then its program ran)."""
+    try:
+        with open(_isolation_report(command)) as handle:
+            return handle.read().strip() or "unknown"
+    except FileNotFoundError:
+        return None
+
+
+def _visible(command, spec):
+    """Per hidden root (the fresh /tmp; the batch's work directory, unless the command's `cwd`
+    is all of it), the paths bound into the sandbox below it that the command may see: the
+    toolchains, and of the work directory only the command's own `cwd`. Nested paths are seen
+    through their parent's bind."""
+    workdir, cwd = spec["workdir"], command["cwd"]
+    roots = ["/tmp"]
+    if cwd != workdir and not _under(workdir, "/tmp"):
+        roots.append(workdir)
+    paths = sorted({cwd if p == workdir else p for p in spec["binds"]}, key=len)
+    kept = []
+    for path in paths:
+        if any(_under(path, root) for root in roots) and not any(_under(path, k) for k in kept):
+            kept.append(path)
+    return {root: [p for p in kept if _under(p, root) and p != root] for root in roots}
+
+
+def _mount(source, target, fstype, flags, data=None):
+    def enc(text):
+        return None if text is None else text.encode()
+
+    if _libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount {target}: {os.strerror(errno)}")
+
+
+def _isolate(command, spec):
+    """Give the command (still root, in its forked child) its own mount and IPC namespaces: a
+    fresh size-limited tmpfs as /tmp, the batch's work directory covered so that only its own
+    `cwd` shows, and bounded SysV IPC. Everything goes with the command's last process: nothing
+    is left for a cleanup to miss, and no cleanup walks what a sample built."""
+    if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS | CLONE_NEWIPC)")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing of this namespace leaks back
+    for root, paths in _visible(command, spec).items():
+        size, mode = (command["tmp_bytes"], "1777") if root == "/tmp" else (1 << 16, "0755")
+        _cover(root, paths, f"size={size},mode={mode}")
+    _limit_ipc(command["tmp_bytes"])
+
+
+def _cover(root, paths, options):
+    """Mount a fresh tmpfs over `root` showing only `paths` of what was there: built on a staging
+    mount point (the paths are still reachable), then moved over `root`."""
+    _mount("tmpfs", _STAGE, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    for path in paths:
+        staged = _STAGE + path[len(root) :]
+        if os.path.isdir(path):
+            os.makedirs(staged, mode=0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(staged), mode=0o755, exist_ok=True)
+            os.close(os.open(staged, os.O_CREAT | os.O_WRONLY, 0o600))
+        _mount(path, staged, None, MS_BIND | MS_REC)
+    _mount(_STAGE, root, None, MS_MOVE)
+
+
+def _limit_ipc(shm_bytes):
+    """Bound the command's own IPC namespace: shared memory `shm_bytes` in all (detached
+    segments count too), a few message queues and semaphores."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    for name, value in (
+        ("shmmax", shm_bytes),
+        ("shmall", max(1, shm_bytes // page)),
+        ("shmmni", _SHM_SEGMENTS),
+        ("msgmni", _MSG_QUEUES),
+        ("sem", _SEMAPHORES),
+    ):
+        with open(f"/proc/sys/kernel/{name}", "w") as handle:
+            handle.write(f"{value}\n")
+
+
+# ------------------------------------------------------------------------- CPU accounting
+
+_ACCT_RECORD = struct.Struct("=BBHIIIIIIf8H16s")  # struct acct_v3 (linux/acct.h)
+_ACCT_HZ = 100  # AHZ: the unit of acct_v3's times
+_POLL_S = 0.05  # how often a running command's CPU is summed
+
+
+class _Account:
+    """The CPU time of every process of the sandbox's pid namespace, whoever reaps it.
+
+    BSD process accounting (acct(2), per pid namespace) makes the kernel append a record, with
+    the process's user + system time, for every process that exits here: children the kernel
+    reaps by itself (SIGCHLD ignored) and double forks included, which no wait4 ever sees. While
+    a command runs, its live processes' times come from /proc. Without acct(2) (no
+    CAP_SYS_PACCT, or a kernel without BSD_PROCESS_ACCT) only what the driver reaps counts, and
+    every result line says so ("cpu_account": "reaped")."""
+
+    def __init__(self, path):
+        self.kind = "acct"
+        self.fd = None
+        self.buffer = b""
+        self.dead_s = 0.0  # CPU of every process that ended so far
+        self.tick = os.sysconf("SC_CLK_TCK")
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
+            if _libc.acct(path.encode()) != 0:
+                raise OSError(ctypes.get_errno(), "acct")
+            self.fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            self.kind = "reaped"
+            os.write(
+                2,
+                f"sandbox: no process accounting ({exc}): CPU of orphans the kernel "
+                "reaps itself goes uncounted\n".encode(),
+            )
+
+    def ended(self):
+        """CPU seconds of every process that has ended since the driver started."""
+        if self.fd is None:
+            return 0.0
+        while chunk := os.read(self.fd, 1 << 16):
+            self.buffer += chunk
+        whole = len(self.buffer) - len(self.buffer) % _ACCT_RECORD.size
+        for record in _ACCT_RECORD.iter_unpack(self.buffer[:whole]):
+            self.dead_s += (_comp_t(record[10]) + _comp_t(record[11])) / _ACCT_HZ
+        self.buffer = self.buffer[whole:]
+        return self.dead_s
+
+    def forget(self):
+        """Empty the accounting file between commands (the kernel appends to it): a sample that
+        forks and exits in a loop cannot grow it beyond what one command writes."""
+        if self.fd is not None:
+            self.ended()
+            os.ftruncate(self.fd, 0)
+            os.lseek(self.fd, 0, os.SEEK_SET)
+            self.buffer = b""
+
+    def running(self):
+        """CPU seconds of the processes alive now (zombies have their record already)."""
+        me, total = os.getpid(), 0
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) in (1, me):
+                continue
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as handle:
+                    fields = handle.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] != b"Z":
+                total += int(fields[11]) + int(fields[12])
+        return total / self.tick
+
+
+def _comp_t(value):
+    """acct's comp_t: a 13-bit mantissa and a base-8 exponent."""
+    return (value & 0x1FFF) << (3 * (value >> 13))
+
+
+def _wait(fds, deadline, budget, account, start_s):
+    """Wait until one of `fds` is readable; False once the wall-clock `deadline` passed or the
+    command's processes together used more than `budget` CPU seconds (`start_s`: the account's
+    `ended()` when the command started)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return [], True
+        ready, _, _ = select.select(fds, [], [], min(left, _POLL_S))
+        if ready:
+            return ready, False
+        if account.ended() - start_s + account.running() > budget:
+            return [], True
+
+
+def _run(command, uid, spec, account):
     if command.get("python_tests"):
-        return _run_judged(command, uid)
+        return _run_judged(command, uid, spec, account)
     start = time.monotonic()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start_s = account.ended()
     pid = os.fork()
     if pid == 0:
         try:
-            _child(command, uid)
+            _child(command, uid, spec)
         except BaseException as exc:  # noqa: BLE001 - report why, like a shell's 127
             os.write(2, f"sandbox: cannot run {command['argv'][0]}: {exc}\n".encode())
         finally:
             os._exit(127)
     pidfd = os.pidfd_open(pid)
-    ready, _, _ = select.select([pidfd], [], [], command["wall_s"])
-    timed_out = not ready
+    _, timed_out = _wait(
+        [pidfd], start + command["wall_s"], command["cpu_budget_s"], account, start_s
+    )
     if timed_out:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(pid)
     _, status, usage = os.wait4(pid, 0)
     os.close(pidfd)
     duration = time.monotonic() - start
     _clean()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process of the command reaped
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {
         "status": status,
         "timed_out": timed_out,
         "duration_s": duration,
-        "cpu_s": cpu_s,
+        "cpu_s": _cpu_used(before, account, start_s),
         "max_rss_bytes": usage.ru_maxrss * 1024,
+        "cpu_account": account.kind,
+        "isolation_error": _isolation_error(command),
     }
 
 
-def _protected_paths():
-    """Mount points under /tmp and the directories leading to them: never emptied."""
-    protected = set()
-    with open("/proc/self/mountinfo") as handle:
-        for line in handle:
-            mount_point = line.split()[4]
-            while mount_point.startswith("/tmp/"):
-                protected.add(mount_point)
-                mount_point = os.path.dirname(mount_point)
-    return protected
+def _kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
-_PROTECTED = _protected_paths()
+def _cpu_used(before, account, start_s):
+    """The command's CPU seconds once every process of it ended: what the kernel's accounting
+    recorded, or what the driver reaped if that is more (acct's ticks are coarser)."""
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    reaped = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return max(reaped, account.ended() - start_s)
 
 
 def _clean():
-    """Kill whatever the command left running, reap it (its CPU time counts), empty /tmp."""
+    """Kill whatever the command left running and reap it (its CPU time counts). Its files went
+    with its mount namespace; nothing is walked or deleted here."""
     me = os.getpid()
     deadline = time.monotonic() + 10
     while True:
@@ -210,16 +415,6 @@ def _clean():
         if time.monotonic() > deadline:
             raise SystemExit(f"processes survived the cleanup: {others}")
         time.sleep(0.001)
-    for entry in os.scandir("/tmp"):
-        if entry.path in _PROTECTED:
-            continue  # a bind of the host (work dir, results) or a directory leading to one
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            try:
-                os.unlink(entry.path)
-            except FileNotFoundError:
-                pass
 
 
 def _reap():
@@ -240,12 +435,14 @@ def main():
         raise SystemExit("cannot become the commands' subreaper: CPU times would miss orphans")
     with open(sys.argv[1]) as handle:
         spec = json.load(handle)
+    account = _Account(spec["acct"])
     for module in spec.get("preload", []):
         __import__(module)  # imported once here instead of once per forked Python command
     with open(spec["results"], "w") as results:
         for command in spec["commands"]:
-            results.write(json.dumps(_run(command, spec["uid"])) + "\n")
+            results.write(json.dumps(_run(command, spec["uid"], spec, account)) + "\n")
             results.flush()
+            account.forget()
 
 
 # ------------------------------------------------------------------------- judged Python runs
@@ -270,64 +467,19 @@ _TOOLING = (
 )  # read sources for honest reasons
 
 
-def _run_judged(command, uid):
+def _run_judged(command, uid, spec, account):
     """Run a sample process and a test process (see the module docstring); the result line's
     status is the test process's, with the sample process's fate and the report in "judge"."""
     start = time.monotonic()
-    calls_r, calls_w = os.pipe()  # test -> sample
-    replies_r, replies_w = os.pipe()  # sample -> test
-    report_r, report_w = os.pipe()  # test -> driver
-    sample = os.fork()
-    if sample == 0:
-        try:
-            _child(command, uid, keep=(calls_r, replies_w))
-        except BaseException as exc:  # noqa: BLE001
-            os.write(2, f"sandbox: cannot run {command['argv'][0]}: {exc}\n".encode())
-        finally:
-            os._exit(127)
-    tester = os.fork()
-    if tester == 0:
-        status = 1
-        try:
-            status = _test_child(command, replies_r, calls_w, report_w)
-        finally:
-            os._exit(status)
-    for fd in (calls_r, calls_w, replies_r, replies_w, report_w):
-        os.close(fd)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start_s = account.ended()
+    sample, tester, report_r = _start_judged(command, uid, spec)
     pidfd = os.pidfd_open(tester)
-    report = b""
-    deadline = start + command["wall_s"]
-    open_fds = [pidfd, report_r]
-    timed_out = False
-    while pidfd in open_fds or report_r in open_fds:
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select(open_fds, [], [], max(0.0, left)) if left > 0 else ([], [], [])
-        if not ready:
-            timed_out = True
-            break
-        if report_r in ready:
-            chunk = os.read(report_r, 65536)
-            if not chunk or len(report) > _MAX_REPORT:
-                open_fds.remove(report_r)
-            report += chunk
-        if pidfd in ready:
-            open_fds.remove(pidfd)
-            if report_r in open_fds:  # the report was written before exit: read what is left
-                os.set_blocking(report_r, False)
-                try:
-                    while chunk := os.read(report_r, 65536):
-                        report += chunk
-                except BlockingIOError:
-                    pass
-                open_fds.remove(report_r)
-    os.close(report_r)
+    report, timed_out = _collect_report(command, pidfd, report_r, start, account, start_s)
     # Did the sample end on its own while the tests needed it? (before we kill it)
     ended, sample_status, sample_usage = os.wait4(sample, os.WNOHANG)
     for group in (tester, sample):
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_group(group)
     _, status, usage = os.wait4(tester, 0)
     if not ended:
         _, _, sample_usage = os.wait4(sample, 0)
@@ -346,10 +498,68 @@ def _run_judged(command, uid):
         "status": status,
         "timed_out": timed_out,
         "duration_s": duration,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "cpu_s": _cpu_used(before, account, start_s),
         "max_rss_bytes": max(usage.ru_maxrss, sample_usage.ru_maxrss) * 1024,
         "judge": judge,
+        "cpu_account": account.kind,
+        "isolation_error": _isolation_error(command),
     }
+
+
+def _start_judged(command, uid, spec):
+    """Fork the sample process and the test process, joined by two pipes; returns their pids and
+    the read end of the test process's report pipe."""
+    calls_r, calls_w = os.pipe()  # test -> sample
+    replies_r, replies_w = os.pipe()  # sample -> test
+    report_r, report_w = os.pipe()  # test -> driver
+    sample = os.fork()
+    if sample == 0:
+        try:
+            _child(command, uid, spec, keep=(calls_r, replies_w))
+        except BaseException as exc:  # noqa: BLE001
+            os.write(2, f"sandbox: cannot run {command['argv'][0]}: {exc}\n".encode())
+        finally:
+            os._exit(127)
+    tester = os.fork()
+    if tester == 0:
+        status = 1
+        try:
+            status = _test_child(command, replies_r, calls_w, report_w)
+        finally:
+            os._exit(status)
+    for fd in (calls_r, calls_w, replies_r, replies_w, report_w):
+        os.close(fd)
+    return sample, tester, report_r
+
+
+def _collect_report(command, pidfd, report_r, start, account, start_s):
+    """Read the test process's report until it exits, the wall clock runs out or the command's
+    processes used up their CPU budget; returns (report, timed_out). Closes `report_r`."""
+    report = b""
+    deadline = start + command["wall_s"]
+    open_fds = [pidfd, report_r]
+    timed_out = False
+    while pidfd in open_fds or report_r in open_fds:
+        ready, timed_out = _wait(open_fds, deadline, command["cpu_budget_s"], account, start_s)
+        if timed_out:
+            break
+        if report_r in ready:
+            chunk = os.read(report_r, 65536)
+            if not chunk or len(report) > _MAX_REPORT:
+                open_fds.remove(report_r)
+            report += chunk
+        if pidfd in ready:
+            open_fds.remove(pidfd)
+            if report_r in open_fds:  # the report was written before exit: read what is left
+                os.set_blocking(report_r, False)
+                try:
+                    while chunk := os.read(report_r, 65536):
+                        report += chunk
+                except BlockingIOError:
+                    pass
+                open_fds.remove(report_r)
+    os.close(report_r)
+    return report, timed_out
 
 
 def _test_child(command, replies, calls, report):
@@ -764,6 +974,26 @@ def _test_names(code):
     return names
 
 
+def _import_modules_used(source, namespace, entry):
+    """Bind every standard-library module the tests use as one (`math.isclose(...)`) to the real
+    module, unless the tests' own code bound the name: such names are never asked of the sample,
+    so a sample's `class math` or `math = types.ModuleType('math')` cannot stand in for them."""
+    import ast
+    import importlib
+
+    used = {
+        node.value.id
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+    }
+    for name in sorted(used - set(namespace) - {entry}):
+        if name in sys.stdlib_module_names:
+            try:
+                namespace[name] = importlib.import_module(name)
+            except ImportError:
+                pass  # not on this machine: the tests fail on the name, as they would anywhere
+
+
 def _run_tests(tests, channel, report_fd):
     """Run the problem's tests against the sample process; report and return the exit status."""
     import builtins
@@ -790,6 +1020,7 @@ def _run_tests(tests, channel, report_fd):
                 exec(compile(tests[part], "<tests>", "exec", dont_inherit=True), namespace)
         code = compile(tests["test"], "<tests>", "exec", dont_inherit=True)
         entry = tests.get("entry_point")
+        _import_modules_used(tests["test"], namespace, entry)
         wanted = sorted(
             n
             for n in _test_names(code) | ({entry} if entry else set())

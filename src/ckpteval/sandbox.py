@@ -14,15 +14,18 @@ Every generated program is hostile until proven otherwise. A sandbox is
   process on the host: RLIMIT_NPROC counts all processes of a uid, so a fork bomb in one sample
   cannot starve a sample running beside it.
 - New pid, network, ipc, uts and cgroup namespaces: no network at all; programs cannot see or
-  signal anything outside, nor the driver (another uid).
+  signal anything outside, nor the driver (another uid). Within a batch, each command also gets
+  mount and IPC namespaces of its own (see `run_many`).
 - The filesystem is an empty root with read-only binds of `/usr`, a few `/etc` files the loader
   and compilers need, the interpreter or toolchain the checker names, and the work directory
-  (read-only or writable as asked); `/tmp` is a private size-limited tmpfs. Home directories and the
-  repository are not visible.
+  (read-only or writable as asked); `/tmp` is a private size-limited tmpfs, fresh for each command.
+  Home directories and the repository are not visible.
 - stdout and stderr go to files outside the program's reach; RLIMIT_FSIZE caps them (and any file
   the program writes), so printing gigabytes ends the program instead of filling a disk or memory.
-- A wall-clock limit kills the program's process group; RLIMIT_CPU bounds CPU time. Between two
-  programs of one sandbox (`run_many`) the driver kills every leftover process and empties /tmp.
+- The time limit is the CPU time of all of a command's processes together (`Limits.cpu_budget`,
+  counted by the driver with BSD process accounting, so children the kernel reaps itself count
+  too); a wall clock of `Limits.wall_limit` only stops programs that block. RLIMIT_CPU bounds each
+  process. After each command of a batch (`run_many`) the driver kills every leftover process.
 
 `mode="none"` runs the same commands without bubblewrap and without the uid drop (rlimits via
 `prlimit` and the timeout still apply). It exists for machines where bubblewrap cannot run; it
@@ -82,8 +85,20 @@ _BASE_ENV = {
 }
 
 
-#: What the batch driver keeps of root inside the sandbox: switch uid, kill strays, clean /tmp.
-_DRIVER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
+#: What the batch driver keeps of root inside the sandbox: switch uid, kill strays, give each
+#: command its own mount and IPC namespaces (SYS_ADMIN), account every process's CPU (SYS_PACCT).
+_DRIVER_CAPS = (
+    "CAP_SETUID",
+    "CAP_SETGID",
+    "CAP_KILL",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_PACCT",
+)
+#: A command's wall clock is a backstop for programs that block (sleep, wait): at least this many
+#: times its CPU budget, so that load on the machine does not turn a CPU-bound pass into a timeout.
+WALL_FACTOR = 2.0
 _DRIVER_SOURCE = (Path(__file__).with_name("_sandbox_driver.py")).read_text(encoding="utf-8")
 
 
@@ -104,7 +119,18 @@ class Limits:
 
     @property
     def cpu_limit(self) -> int:
+        """Each process's RLIMIT_CPU (a backstop: `cpu_budget` bounds them all together)."""
         return self.cpu_s if self.cpu_s is not None else math.ceil(self.wall_s) + 1
+
+    @property
+    def cpu_budget(self) -> float:
+        """CPU seconds of every process of one command together (bwrap mode): the time limit."""
+        return float(self.cpu_s) if self.cpu_s is not None else self.wall_s
+
+    @property
+    def wall_limit(self) -> float:
+        """When a command that has not used its CPU budget (it blocks) is stopped (bwrap mode)."""
+        return max(self.wall_s, WALL_FACTOR * self.cpu_budget)
 
 
 @dataclass(frozen=True)
@@ -233,10 +259,12 @@ class Sandbox:
 
         Starting a sandbox costs more than most generated programs take to run, so a batch shares
         one: a driver (`_sandbox_driver.py`) runs as the sandbox's root with only the capabilities
-        to switch uid, kill and clean up, runs each command as the sandbox uid under its own
-        limits, and between commands kills every leftover process and empties /tmp. Commands
-        cannot reach the driver (another uid) or each other (nothing survives a command). Each
-        command's `cwd` defaults to `workdir` and must lie under it.
+        it needs, runs each command as the sandbox uid under its own limits, in mount and IPC
+        namespaces of its own (a fresh /tmp; of `workdir` only the command's `cwd` is visible;
+        its own SysV IPC), charges it the CPU of every process it started, and after it kills
+        every leftover process. Commands cannot reach the driver (another uid) or each other
+        (nothing survives a command, and no command sees another's files). Each command's `cwd`
+        defaults to `workdir` and must lie under it.
         """
         if not commands:
             return []
@@ -260,39 +288,13 @@ class Sandbox:
             uid = stack.enter_context(_uid_slot())
             status_r, status_w = os.pipe()
             stack.callback(os.close, status_r)
-            spec = {
-                "uid": uid,
-                "results": str(io_dir / "results.jsonl"),
-                "preload": list(preload),
-                "commands": [
-                    {
-                        "argv": [str(a) for a in c.argv],
-                        "cwd": str(c.cwd or workdir),
-                        "python_file": str(c.python_file) if c.python_file else None,
-                        "python_tests": str(c.python_tests) if c.python_tests else None,
-                        "env": {**_BASE_ENV, **(c.env or {})},
-                        "stdin": str(c.stdin) if c.stdin else None,
-                        "stdout": str(io_dir / f"{i}.out"),
-                        "stderr": str(io_dir / f"{i}.err"),
-                        "wall_s": c.limits.wall_s,
-                        "rlimits": _rlimits(c.limits),
-                    }
-                    for i, c in enumerate(commands)
-                ],
-            }
-            (io_dir / "spec.json").write_text(json.dumps(spec))
             stdins = [Path(c.stdin).resolve().parent for c in commands if c.stdin]
-            largest = max(commands, key=lambda c: c.limits.tmp_bytes).limits
-            bwrap = _bwrap_argv(
-                workdir,
-                writable,
-                [*readable, Path(sys.base_prefix), *stdins],
-                largest,
-                status_w,
-                private=[io_dir],
-            )
+            binds = [*(Path(p).resolve() for p in readable), Path(sys.base_prefix), *stdins]
+            spec = _batch_spec(commands, uid, io_dir, workdir, [*binds, workdir], preload)
+            (io_dir / "spec.json").write_text(json.dumps(spec))
+            bwrap = _bwrap_argv(workdir, writable, binds, status_w, private=[io_dir])
             total = Limits(
-                wall_s=sum(c.limits.wall_s for c in commands) + 5 + 0.5 * len(commands),
+                wall_s=sum(c.limits.wall_limit for c in commands) + 5 + 0.5 * len(commands),
                 memory_bytes=max(c.limits.memory_bytes for c in commands) + (1 << 30),
                 file_bytes=1 << 20,
             )
@@ -337,30 +339,76 @@ class Sandbox:
                     f"{len(commands)} commands: "
                     + outer.stderr.decode("utf-8", "replace").strip()[-500:]
                 )
-            results = []
-            for i, (command, line) in enumerate(zip(commands, lines)):
-                row = json.loads(line)
-                code = os.waitstatus_to_exitcode(row["status"])
-                stdout = _read_capped(io_dir / f"{i}.out", command.limits.file_bytes)
-                stderr = _read_capped(io_dir / f"{i}.err", command.limits.file_bytes)
-                cap = command.limits.file_bytes
-                sig = -code if code < 0 else None
-                results.append(
-                    RunResult(
-                        exit_code=code if code >= 0 else None,
-                        signal=sig,
-                        timed_out=row["timed_out"]
-                        or _cpu_killed(sig, row["cpu_s"], command.limits),
-                        output_limit=len(stdout) >= cap or len(stderr) >= cap,
-                        stdout=stdout,
-                        stderr=stderr,
-                        duration_s=row["duration_s"],
-                        cpu_s=row["cpu_s"],
-                        max_rss_bytes=row["max_rss_bytes"],
-                        judge=row.get("judge"),
-                    )
-                )
-            return results
+            return [
+                _result(command, json.loads(line), io_dir / str(i), outer.stderr)
+                for i, (command, line) in enumerate(zip(commands, lines))
+            ]
+
+
+def _batch_spec(
+    commands: Sequence[Command],
+    uid: int,
+    io_dir: Path,
+    workdir: Path,
+    binds: Sequence[Path],
+    preload: Sequence[str],
+) -> dict:
+    """What the batch driver reads (`_sandbox_driver.py` documents the fields). `binds`: every
+    path bound into the sandbox for all commands (a command sees, of `workdir`, its `cwd`)."""
+    return {
+        "uid": uid,
+        "results": str(io_dir / "results.jsonl"),
+        "acct": str(io_dir / "acct"),
+        "workdir": str(workdir),
+        "binds": [str(p) for p in binds],
+        "preload": list(preload),
+        "commands": [
+            {
+                "argv": [str(a) for a in c.argv],
+                "cwd": str(c.cwd or workdir),
+                "python_file": str(c.python_file) if c.python_file else None,
+                "python_tests": str(c.python_tests) if c.python_tests else None,
+                "env": {**_BASE_ENV, **(c.env or {})},
+                "stdin": str(c.stdin) if c.stdin else None,
+                "stdout": str(io_dir / f"{i}.out"),
+                "stderr": str(io_dir / f"{i}.err"),
+                "wall_s": c.limits.wall_limit,
+                "cpu_budget_s": c.limits.cpu_budget,
+                "tmp_bytes": c.limits.tmp_bytes,
+                "rlimits": _rlimits(c.limits),
+            }
+            for i, c in enumerate(commands)
+        ],
+    }
+
+
+def _result(command: Command, row: dict, outputs: Path, driver_stderr: bytes) -> RunResult:
+    """One command's result from the driver's line and its output files (`outputs`.out/.err).
+    A command the driver could not isolate fails the whole batch: nothing ran unisolated."""
+    if row.get("isolation_error"):
+        raise SandboxError(
+            "sandbox: could not give a command its own namespaces and /tmp "
+            f"(bubblewrap's root needs CAP_SYS_ADMIN): {row['isolation_error']}"
+        )
+    if row.get("cpu_account") != "acct":
+        _warn_cpu_account(driver_stderr)
+    code = os.waitstatus_to_exitcode(row["status"])
+    cap = command.limits.file_bytes
+    stdout = _read_capped(outputs.with_suffix(".out"), cap)
+    stderr = _read_capped(outputs.with_suffix(".err"), cap)
+    sig = -code if code < 0 else None
+    return RunResult(
+        exit_code=code if code >= 0 else None,
+        signal=sig,
+        timed_out=row["timed_out"] or _cpu_killed(sig, row["cpu_s"], command.limits),
+        output_limit=len(stdout) >= cap or len(stderr) >= cap,
+        stdout=stdout,
+        stderr=stderr,
+        duration_s=row["duration_s"],
+        cpu_s=row["cpu_s"],
+        max_rss_bytes=row["max_rss_bytes"],
+        judge=row.get("judge"),
+    )
 
 
 def warn_unsandboxed() -> None:
@@ -371,11 +419,25 @@ def warn_unsandboxed() -> None:
     )
 
 
+def _warn_cpu_account(stderr: bytes) -> None:
+    """Say (once per process) that CPU limits miss orphans the kernel reaps by itself."""
+    global _WARNED_CPU_ACCOUNT
+    if not _WARNED_CPU_ACCOUNT:
+        _WARNED_CPU_ACCOUNT = True
+        log.warning(
+            "sandbox: no BSD process accounting in the sandbox, so CPU time of processes the "
+            "kernel reaps by itself is not counted against time limits: %s",
+            stderr.decode("utf-8", "replace").strip()[-300:],
+        )
+
+
+_WARNED_CPU_ACCOUNT = False
+
+
 def _bwrap_argv(
     workdir: Path,
     writable: bool,
     readable: Sequence[Path],
-    limits: Limits,
     status_fd: int,
     *,
     private: Sequence[Path] = (),
@@ -417,11 +479,11 @@ def _bwrap_argv(
         "--dev",
         "/dev",
         "--perms",
-        "1777",
+        "0755",
         "--size",
-        str(limits.tmp_bytes),
+        str(1 << 20),
         "--tmpfs",
-        "/tmp",
+        "/tmp",  # the driver's: each command mounts a fresh one of its own over it
     ]
     made = set(_MOUNT_POINTS) | {Path("/usr")}
     rw = {Path(p).resolve() for p in private} | ({workdir} if writable else set())

@@ -2,7 +2,8 @@
 (`test_list`) problems, each sample run in its own sandbox with its own interpreter.
 
 Samples are checked in batches (one per worker), each batch in one sandbox whose driver runs every
-sample with its own limits and cleans up in between (`Sandbox.run_many`).
+sample with its own limits, its own /tmp and IPC namespace, and of the batch's directory only its
+own (`Sandbox.run_many`): no sample can read a sibling's program.
 
 A pass needs the tests to have run and returned, and only a process the sample cannot touch can
 say so. The sample's program (prompt + completion, no tests) runs in a process of its own that
@@ -12,7 +13,8 @@ process and get back plain data (or opaque references). The verdict is that test
 report and exit status, which only the sandbox's driver sees; the tests file is unreadable to the
 sample. So what a sample does in its own process (printing a success marker, `exit(0)`, `atexit`,
 threads, patched builtins or `AssertionError`, frame and `gc` walks, reading its files or /proc,
-objects equal to anything) cannot make it pass. `_sandbox_driver.py` explains why this holds.
+objects equal to anything) cannot make it pass. Standard-library modules the tests use as modules
+(`math.isclose(...)`) are the real ones in the test process, never the sample's names for them. `_sandbox_driver.py` explains why this holds.
 With `sandbox: none` the same two processes run as one uid: same verdicts, no such guarantee.
 
 Reward hacks are recorded, never rewarded (`Verdict.hack`, one of `HACK_TYPES`): what the run saw
