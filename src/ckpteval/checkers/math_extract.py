@@ -1,0 +1,169 @@
+"""Where a math completion states its final answer (docs/evaluate.md, "Math answers").
+
+The order, first that applies:
+1. the last `\\boxed{}` (or `\\fbox{}`) of the text; a last box left open (a truncated
+   completion) means no answer, not an earlier box;
+2. the last answer statement, by position: an answer sentence ("The final answer is",
+   "The answer is", "The correct answer is", "the answer should be"), an answer line
+   (`Answer:`, `**Answer:** x`, `**Answer: x**`, `Final Answer: x`, a `Final Answer` heading
+   followed by the answer on the next line), or GSM8K's marker (`#### 72`, where what follows is an
+   answer, not a markdown heading such as `#### Step 1: ...` or `#### 2. Compute`);
+3. only for tasks that declare it (`last_line=True`), the last line when it reads as an answer;
+4. else no answer: nothing is ever taken from the working.
+
+Reasoning tasks hand in only the text after the reasoning (ckpteval.reasoning), so a box inside
+the reasoning is never read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOX_BARE = re.compile(r"\\boxed[ \t]+([^\s$]+)")
+_SENTENCE = re.compile(
+    r"(?i)\bthe\s+(?:final\s+|correct\s+)?answer\s+(?:is|should\s+be|would\s+be)\b\s*:?"
+)
+_ANSWER_LINE = re.compile(r"(?im)^[ \t>#*_-]*(?:final\s+)?answer[ \t]*(?:\*\*|__)?[ \t]*[:：]")
+_ANSWER_HEADING = re.compile(r"(?im)^[ \t#*_]*final\s+answer[ \t*_:]*$")
+_HASHES = re.compile(r"####[ \t]*([^\n]*)")
+_NUMBERED_HEADING = re.compile(r"^\d+[.):]\s+\S")
+_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
+_FILLERS = re.compile(r"(?i)^(?:(?:actually|clearly|simply|therefore|thus|just|then|exactly)\s+)+")
+_MATH_SPANS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+
+
+def boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` / `\\fbox{...}` / `\\boxed x`; None if there is none
+    or the last one is never closed."""
+    opens = list(_BOX_OPEN.finditer(text))
+    bare = list(_BOX_BARE.finditer(text))
+    if bare and (not opens or bare[-1].start() > opens[-1].start()):
+        return bare[-1].group(1).strip()
+    if not opens:
+        return None
+    i = opens[-1].end()
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j].strip()
+    return None
+
+
+def has_box(text: str) -> bool:
+    return bool(_BOX_OPEN.search(text) or _BOX_BARE.search(text))
+
+
+def gold_answer(problem: Mapping[str, Any]) -> str:
+    """The reference answer of a problem record (`answer`, else `solution`, else `target`)."""
+    raw = next(
+        (str(problem[k]) for k in ("answer", "solution", "target") if problem.get(k) is not None),
+        "",
+    )
+    if "####" in raw:
+        after = raw.rsplit("####", 1)[1].strip()
+        return after.splitlines()[0].strip() if after else ""
+    return boxed(raw) or raw.strip()
+
+
+def extract_answer(completion: str, *, last_line: bool = False) -> tuple[str | None, str | None]:
+    """(answer, how it was found) of a completion; (None, None) when it states no final answer.
+
+    `how` is `boxed`, `answer_is` (an answer sentence), `answer_line`, `####`, or `last_line`."""
+    if has_box(completion):
+        found = boxed(completion)
+        return (found, "boxed") if found else (None, None)
+    statements = [*_sentences(completion), *_answer_lines(completion), *_gsm8k(completion)]
+    if statements:
+        _, answer, how = max(statements, key=lambda s: s[0])
+        return answer, how
+    if last_line:
+        answer = _last_line(completion)
+        if answer:
+            return answer, "last_line"
+    return None, None
+
+
+def _sentences(text: str) -> list[tuple[int, str, str]]:
+    found = []
+    for match in _SENTENCE.finditer(text):
+        answer = clean_statement(text[match.end() :].split("\n", 1)[0])
+        if answer:
+            found.append((match.start(), answer, "answer_is"))
+    return found
+
+
+def _answer_lines(text: str) -> list[tuple[int, str, str]]:
+    found = []
+    for pattern in (_ANSWER_LINE, _ANSWER_HEADING):
+        for match in pattern.finditer(text):
+            rest = text[match.end() :].lstrip("*_ \t")
+            line, _, after = rest.partition("\n")
+            if not line.strip("*_ \t"):  # the answer on the next non-empty line
+                line = next((s for s in after.split("\n") if s.strip()), "")
+            answer = clean_statement(line)
+            if answer:
+                found.append((match.start(), answer, "answer_line"))
+    return found
+
+
+def _gsm8k(text: str) -> list[tuple[int, str, str]]:
+    """GSM8K's `#### <answer>` markers (a markdown heading is not one)."""
+    found = []
+    for match in _HASHES.finditer(text):
+        answer = match.group(1).strip().strip("*_").strip()
+        if _is_gsm8k_answer(answer):
+            found.append((match.start(), clean_statement(answer), "####"))
+    return found
+
+
+def _is_gsm8k_answer(text: str) -> bool:
+    """What follows GSM8K's marker: it starts like a number or formula, is not a numbered heading
+    (`2. Compute the sum`), and has at most a few words (units)."""
+    if not text or text[0] not in "0123456789-+.$\\({[":
+        return False
+    if _NUMBERED_HEADING.match(text):
+        return False
+    return len(_WORD.findall(text)) <= 3
+
+
+def clean_statement(rest: str) -> str:
+    """The answer in the text after an answer marker: the first math span if it opens with one,
+    else up to the end of the sentence; without markdown emphasis or a trailing period."""
+    rest = rest.strip().lstrip(":*_ \t").strip()
+    rest = _FILLERS.sub("", rest)
+    for left, right in _MATH_SPANS:
+        if rest.startswith(left):
+            end = rest.find(right, len(left))
+            if end > len(left):
+                return _trim(rest[len(left) : end])
+            break
+    rest = re.split(r"\.(?:\s|$)|\s+I hope it is correct", rest, maxsplit=1)[0]
+    return _trim(rest)
+
+
+def _trim(answer: str) -> str:
+    answer = answer.strip().strip("*_").strip()
+    if answer.startswith("$") and answer.endswith("$") and len(answer) > 1:
+        answer = answer.strip("$").strip()
+    return answer.rstrip(".").strip()
+
+
+def _last_line(text: str) -> str | None:
+    """The last non-empty line, when it reads as an answer: a value or `x = value`, no prose
+    (at most two words, e.g. a unit) and no other equation (working)."""
+    lines = [s for s in text.strip().split("\n") if s.strip()]
+    if not lines:
+        return None
+    answer = _trim(lines[-1].strip().lstrip("#>*_- \t"))
+    answer = _trim(re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", answer))
+    core = re.sub(r"^[a-zA-Z]\s*=", "", answer)
+    if not answer or "=" in core or len(_WORD.findall(core)) > 2:
+        return None
+    return answer
