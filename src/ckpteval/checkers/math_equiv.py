@@ -34,6 +34,11 @@ _FUNCTIONS = frozenset(
     "sin cos tan cot sec csc log ln exp sqrt pi arcsin arccos arctan sinh cosh tanh "
     "max min gcd lcm mod det infty inf".split()
 )
+#: Words after a number that change it or tell it apart (`5 million`, `5:15 PM`): not units.
+_NOT_UNITS = frozenset(
+    "am pm hundred thousand million billion trillion dozen squared cubed percent factorial".split()
+)
+_BASE = re.compile(r"([0-9A-Za-z]+)_\{?(\d+)\}?")
 _UNIT_TOKEN = re.compile(
     r"\s*(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z][a-zA-Z .]*\}|(?<![\\a-zA-Z])[a-zA-Z]{2,}\.?)"
     r"(?:\^\{?[23]\}?)?\s*$"
@@ -61,9 +66,10 @@ _CLEANUPS: tuple[tuple[str, str], ...] = (
     (r"\\[dt]frac", r"\\frac"),
     (r"\\displaystyle", ""),
     (r"\\(?:left|right|big|Big|bigg|Bigg)(?![a-zA-Z])\s*", ""),
-    (r"\\[!,;: ]|~", " "),
+    (r"(?<!\\)\\[!,;: ]|~", " "),
     (r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree", ""),
     (r"\\%", "%"),
+    (r"(\d)\s*percent\b", r"\1%"),
     (r"\\\$", "$"),
     (r"\\mbox\{", r"\\text{"),
 )
@@ -111,7 +117,7 @@ def strip_units(text: str) -> str:
     rest = text
     while True:
         match = _UNIT_TOKEN.search(rest)
-        if not match or match.start() == 0:
+        if not match or match.start() == 0 or text_key(match.group(0)) in _NOT_UNITS:
             break
         rest = rest[: match.start()]
     rest = rest.strip()
@@ -212,6 +218,10 @@ def _compare(g: str, a: str, verify: Verify) -> tuple[bool | None, str]:
     same = _numbers_equal(gu, au)
     if same is not None:
         return same, "number" + suffix
+    g_base, a_base = _BASE.fullmatch(gu), _BASE.fullmatch(au)
+    if g_base or a_base:  # a number in a base: its digits and its base, as written
+        same = bool(g_base and a_base and g_base.groups() == a_base.groups())
+        return same, "string" + suffix
     g_list, a_list = split_list(gu), split_list(au)
     if g_list is not None or a_list is not None:
         return _lists_equal(g_list, a_list, verify), "list" + suffix

@@ -140,12 +140,20 @@ def clean_statement(rest: str) -> str:
     rest = _FILLERS.sub("", rest)
     for left, right in _MATH_SPANS:
         if rest.startswith(left):
-            end = rest.find(right, len(left))
+            end = _closing(rest, right, len(left))
             if end > len(left):
                 return _trim(rest[len(left) : end])
             break
     rest = re.split(r"\.(?:\s|$)|\s+I hope it is correct", rest, maxsplit=1)[0]
     return _trim(rest)
+
+
+def _closing(text: str, right: str, start: int) -> int:
+    """Index of the first `right` from `start` that is not escaped (`\\$` is a dollar sign)."""
+    end = text.find(right, start)
+    while end > 0 and text[end - 1] == "\\" and right == "$":
+        end = text.find(right, end + 1)
+    return end
 
 
 def _trim(answer: str) -> str:
