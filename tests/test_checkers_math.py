@@ -296,3 +296,51 @@ def test_score_lines_say_which_extraction_and_equivalence_decided(checker: MathC
     declared = Job("t", {"answer": "#### 35", "answer_last_line": True}, "Count them.\n35")
     verdict = checker.check([declared], workers=1)[0]
     assert verdict.passed and verdict.extras["extraction"] == "last_line"
+
+
+#: GSM8K generations (gold 72) and whether each is right. lm-eval's strict-match takes the
+#: first `#### <digits>`; it is wrong on `$72` and `72.00`.
+GSM8K_GENERATIONS = [
+    ("Natalia sold 48/2 = 24 clips in May.\nShe sold 48+24 = 72 clips.\n#### 72", True),
+    ("She sold 48+24 = 72 clips.\n#### 72.", True),
+    ("She sold 48+24 = 72 clips.\n#### $72", True),
+    ("She sold 48+24 = 72 clips.\n#### 72.00", True),
+    ("She sold 48+24 = 71 clips.\n#### 71", False),
+    ("She sold 48+24 = 72 clips.\n#### -72", False),
+    ("She sold 48+24 = 72 clips altogether.", False),
+    ("#### Step 1\nShe sold 48+24 = 72 clips.\n#### 72", True),
+    ("She sold 1,000 + 72 = 1,072 clips.\n#### 1,072", False),
+]
+
+
+def lm_eval_strict_match(completion: str, gold: str) -> bool:
+    """lm-eval 0.4.13's gsm8k `strict-match` verdict: its regex filter, take_first, and the
+    exact_match its YAML configures."""
+    from lm_eval.api.metrics import exact_match_hf_evaluate
+    from lm_eval.filters.extraction import RegexFilter
+
+    found = RegexFilter(r"#### (\-?[0-9\.\,]+)").apply([[completion]], [{}])[0][0]
+    ignore = [",", "\\$", "(?s).*#### ", "\\.$"]
+    score = exact_match_hf_evaluate([found], [gold], regexes_to_ignore=ignore, ignore_case=True)
+    return bool(score["exact_match"])
+
+
+def test_gsm8k_agrees_with_lm_evals_strict_match_where_it_is_right() -> None:
+    gold = "Natalia sold 48/2 = 24 clips in May.\n#### 72"
+    impl = get_checker("gsm8k")
+    try:
+        jobs = [Job("t", {"answer": gold}, text) for text, _ in GSM8K_GENERATIONS]
+        ours = [v.passed for v in impl.check(jobs, workers=1)]
+    finally:
+        impl.close()
+    theirs = [lm_eval_strict_match(text, gold) for text, _ in GSM8K_GENERATIONS]
+    labels = [label for _, label in GSM8K_GENERATIONS]
+    assert ours == labels
+    assert [t for t, label in zip(theirs, labels, strict=True) if t == label] == [
+        o for o, t, label in zip(ours, theirs, labels, strict=True) if t == label
+    ]
+    # lm-eval is wrong on `$72` and `72.00` only (its regex wants a digit, then compares strings)
+    assert [i for i, (t, label) in enumerate(zip(theirs, labels, strict=True)) if t != label] == [
+        2,
+        3,
+    ]
