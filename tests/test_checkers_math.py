@@ -93,6 +93,10 @@ def test_gold_and_numbers() -> None:
     assert as_number("25%") == Fraction(1, 4)
     assert as_number("3/4") == Fraction(3, 4)
     assert as_number("x + 1") is None
+    assert as_number("\\frac{3}{4}") == Fraction(3, 4) and as_number("-\\dfrac{1}{8}") == Fraction(
+        -1, 8
+    )
+    assert as_number("1.5e3") == 1500 and as_number("\\$18.90") == Fraction(189, 10)
 
 
 @pytest.fixture(scope="module")
@@ -344,3 +348,15 @@ def test_gsm8k_agrees_with_lm_evals_strict_match_where_it_is_right() -> None:
         2,
         3,
     ]
+
+
+def test_numbers_in_a_base_keep_their_digits_and_base(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("1011_2", "1011_{2}", True, "string"),
+            ("1011_2", "1011_3", False, "string"),
+            ("1011_2", "1101_2", False, "string"),
+            ("1011_2", "11", False, "string"),
+        ],
+    )
