@@ -360,3 +360,16 @@ def test_numbers_in_a_base_keep_their_digits_and_base(checker: MathChecker) -> N
             ("1011_2", "11", False, "string"),
         ],
     )
+
+
+def test_and_separates_items_when_the_gold_is_a_list(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("-1, 3", "3 and -1", True, "list"),
+            ("-1, 3", "-1 \\text{ and } 3", True, "string"),
+            ("-1, 3", "x = -1, x = 3", True, "list"),
+            ("-1, 3", "-1 and 5", False, "list"),
+            ("\\text{salt and pepper}", "salt and pepper", True, "string"),
+        ],
+    )

@@ -183,14 +183,17 @@ def text_key(text: str) -> str:
 
 _LONE_VARIABLE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in(?![a-zA-Z]))\s*(.+)$", re.S)
 _OPENERS, _CLOSERS = "([{", ")]}"
+_AND = re.compile(r",?\s*(?:\\text\{\s*and\s*\}|\band\b)\s*")
 
 
 def equivalent(gold: str, answer: str, verify: Verify) -> tuple[bool | None, str]:
     """(whether `answer` equals `gold`, the stage that decided); None when math-verify ran out
-    of time. A lone `x =` (or `x \\in`) is dropped from a side when the other has no `=`."""
+    of time. A lone `x =` (or `x \\in`) is dropped from a side when the other has no `=`, and
+    `and` separates items when the gold is a list and the answer is not."""
     g, g_rewritten = normalise(gold)
     a, a_rewritten = normalise(answer)
-    g, a = _drop_lone_variable(g, a), _drop_lone_variable(a, g)
+    if split_list(g) is not None and split_list(a) is None:  # `1 and 2` against a list
+        a = _AND.sub(", ", a)
     same, how = _compare(g, a, verify)
     return same, how + ("+rewrite" if g_rewritten or a_rewritten else "")
 
@@ -206,6 +209,7 @@ def _squash(text: str) -> str:
 
 def _compare(g: str, a: str, verify: Verify) -> tuple[bool | None, str]:
     """The stages after normalisation (module docstring), first that decides."""
+    g, a = _drop_lone_variable(g, a), _drop_lone_variable(a, g)
     if _squash(g) == _squash(a):
         return True, "string"
     key = text_key(g)
