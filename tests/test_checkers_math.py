@@ -52,6 +52,8 @@ def test_extract_answer(completion: str, answer: str | None, how: str | None) ->
         ("Final Answer: The final answer is $16$. I hope it is correct.", "16", "answer_is"),
         ("The final answer is $\\frac{3}{4}$ I hope it is correct.", "\\frac{3}{4}", "answer_is"),
         ("The correct answer is (B).", "(B)", "answer_is"),
+        ("I think the answer is 7, because it fits.", "7", "answer_is"),
+        ("The answer is 3, -1; both check out.", "3, -1", "answer_is"),
         # The last statement wins: a self-correction stated last.
         ("The answer is 5. Wait, I dropped a term. The answer is actually 6.", "6", "answer_is"),
         ("#### 5\nHmm, that was wrong. The answer is 4.", "4", "answer_is"),

@@ -32,6 +32,11 @@ _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 _NUMBERED_HEADING = re.compile(r"^\d+[.):]\s+\S")
 _WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
 _FILLERS = re.compile(r"(?i)^(?:(?:actually|clearly|simply|therefore|thus|just|then|exactly)\s+)+")
+#: Where the answer in a sentence ends: a full stop, minerva's "I hope it is correct", or a clause
+#: that explains it (`7, because it fits`; `12; so we are done`).
+_SENTENCE_END = re.compile(
+    r"\.(?:\s|$)|\s+I hope it is correct|;|,?\s+(?:because|since|as|so|which|given|where)\b"
+)
 _MATH_SPANS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 
 
@@ -144,7 +149,7 @@ def clean_statement(rest: str) -> str:
             if end > len(left):
                 return _trim(rest[len(left) : end])
             break
-    rest = re.split(r"\.(?:\s|$)|\s+I hope it is correct", rest, maxsplit=1)[0]
+    rest = _SENTENCE_END.split(rest, maxsplit=1)[0]
     return _trim(rest)
 
 
