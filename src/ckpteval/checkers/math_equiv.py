@@ -78,7 +78,7 @@ _CLEANUPS: tuple[tuple[str, str], ...] = (
 def normalise(text: str) -> tuple[str, bool]:
     """(normal form, whether a form math-verify cannot parse was rewritten)."""
     text = text.strip()
-    text = re.sub(r"(\d)(?:\{,\}|\\,)(?=\d{3}(?!\d))", r"\1,", text)  # 1{,}234 / 1\,234
+    text = re.sub(r"(\d)(?:\{,\}|,\\!|\\,)\s*(?=\d{3}(?!\d))", r"\1,", text)  # 1{,}234, 1,\!234
     rewritten = text
     for pattern, repl in _REWRITES:
         rewritten = re.sub(pattern, repl, rewritten)
@@ -102,6 +102,8 @@ def _unwrap_math(text: str) -> str:
         for left, right in (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
             if text.startswith(left) and text.endswith(right) and len(text) > len(left + right):
                 text = text[len(left) : -len(right)].strip()
+        if text.startswith("{") and text.endswith("}") and _encloses(text):
+            text = text[1:-1].strip()  # TeX grouping braces around the whole answer
         match = _WRAPPER.match(text)
         if match and "}" not in match.group(1).replace("\\}", ""):
             text = match.group(1).strip()
