@@ -53,6 +53,8 @@ def test_extract_answer(completion: str, answer: str | None, how: str | None) ->
         ("The final answer is $\\frac{3}{4}$ I hope it is correct.", "\\frac{3}{4}", "answer_is"),
         ("The correct answer is (B).", "(B)", "answer_is"),
         ("I think the answer is 7, because it fits.", "7", "answer_is"),
+        ("The answer is 12. Checking: the answer is consistent with both.", "12", "answer_is"),
+        ("So the answer is 12, and the answer is correct.", "12", "answer_is"),
         ("The answer is 3, -1; both check out.", "3, -1", "answer_is"),
         # The last statement wins: a self-correction stated last.
         ("The answer is 5. Wait, I dropped a term. The answer is actually 6.", "6", "answer_is"),

@@ -37,6 +37,11 @@ _FILLERS = re.compile(r"(?i)^(?:(?:actually|clearly|simply|therefore|thus|just|t
 _SENTENCE_END = re.compile(
     r"\.(?:\s|$)|\s+I hope it is correct|;|,?\s+(?:because|since|as|so|which|given|where)\b"
 )
+#: A sentence that judges an answer rather than states one ("the answer is correct").
+_VERDICT = re.compile(
+    r"(?i)(?:correct|right|wrong|incorrect|consistent|reasonable|plausible|valid|verified|"
+    r"confirmed|indeed|not|likely|probably|clear|obvious|the same|unchanged)\b"
+)
 _MATH_SPANS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 
 
@@ -97,9 +102,11 @@ def extract_answer(completion: str, *, last_line: bool = False) -> tuple[str | N
 
 def _sentences(text: str) -> list[tuple[int, str, str]]:
     found = []
-    for match in _SENTENCE.finditer(text):
-        answer = clean_statement(text[match.end() :].split("\n", 1)[0])
-        if answer:
+    matches = list(_SENTENCE.finditer(text))
+    for match, after in zip(matches, [*matches[1:], None][: len(matches)], strict=True):
+        rest = text[match.end() : after.start() if after else len(text)].split("\n", 1)[0]
+        answer = re.sub(r",?\s*\b(?:and|but|so)$", "", clean_statement(rest)).strip()
+        if answer and not _VERDICT.match(answer):
             found.append((match.start(), answer, "answer_is"))
     return found
 
