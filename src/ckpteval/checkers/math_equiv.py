@@ -9,8 +9,9 @@ decides (`equivalent` returns it as the score line's `equivalence`):
   `1.5e3`, `25%`); a percent against a bare number matches its value or its digits;
 - `list`: comma lists compared item by item: tuples, intervals and vectors in order with the same
   brackets, sets (`\\{1, 2\\}`) and bare lists (`1, 2`: MATH's "all solutions") in any order;
-- `math_verify`: math-verify (sympy) on the normalised forms; an answer with words (`Tuesday`) never goes there, as sympy would read it as a
-  product of letters that any anagram equals: it is `text` or wrong.
+- `math_verify`: math-verify (sympy) on the normalised forms. An answer with words (`Tuesday`)
+  never goes there, as sympy would read it as a product of letters that any anagram equals: it
+  is `text` or wrong.
 Unit words after a number are dropped from both sides first (`+units`); a thousands separator is
 one only in true groups of three (`1,234` is 1234, `1,2,3` is a list). Forms math-verify cannot
 parse are rewritten first (`+rewrite`: unicode `√`, `π`, `×`, `\\sqrt2`, `\\sqrt[3]4`, `\\frac12`).
