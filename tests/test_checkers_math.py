@@ -61,6 +61,10 @@ def test_extract_answer(completion: str, answer: str | None, how: str | None) ->
         ("#### 5\nHmm, that was wrong. The answer is 4.", "4", "answer_is"),
         # A box left open (a truncated completion) is no answer, not an earlier box.
         ("so \\boxed{3}. Wait: \\boxed{\\frac{1}{", None, None),
+        # An empty box (the prompt's instruction echoed) is not an answer.
+        ("I will put the answer in \\boxed{}. The answer is 5.", "5", "answer_is"),
+        ("\\boxed{5} and the format \\boxed{}", "5", "boxed"),
+        ("\\boxed {5}", "5", "boxed"),
         # Working is never an answer; a last line only when the task declares it.
         ("We have 2 + 3 = 5 and then", None, None),
         ("The sum is\n$13$", None, None),

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_BOX_BARE = re.compile(r"\\boxed[ \t]+([^\s$]+)")
+_BOX_BARE = re.compile(r"\\boxed[ \t]+([^\s${][^\s$]*)")
 _SENTENCE = re.compile(
     r"(?i)\bthe\s+(?:final\s+|correct\s+)?answer\s+(?:is|should\s+be|would\s+be)\b\s*:?"
 )
@@ -45,16 +45,19 @@ _VERDICT = re.compile(
 _MATH_SPANS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 
 
-def boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` / `\\fbox{...}` / `\\boxed x`; None if there is none
-    or the last one is never closed."""
-    opens = list(_BOX_OPEN.finditer(text))
-    bare = list(_BOX_BARE.finditer(text))
-    if bare and (not opens or bare[-1].start() > opens[-1].start()):
-        return bare[-1].group(1).strip()
-    if not opens:
-        return None
-    i = opens[-1].end()
+def boxes(text: str) -> list[str | None]:
+    """The contents of every non-empty `\\boxed{...}` / `\\fbox{...}` / `\\boxed x`, in order;
+    None for one that never closes. An empty box (`put the answer in \\boxed{}`) is not one."""
+    found: list[tuple[int, str | None]] = [
+        (m.start(), m.group(1).strip()) for m in _BOX_BARE.finditer(text)
+    ]
+    for match in _BOX_OPEN.finditer(text):
+        found.append((match.start(), _braced(text, match.end())))
+    return [content for _, content in sorted(found, key=lambda f: f[0]) if content != ""]
+
+
+def _braced(text: str, i: int) -> str | None:
+    """The text from `i` to the brace that closes the one before it; None if none does."""
     depth = 1
     for j in range(i, len(text)):
         if text[j] == "{":
@@ -66,8 +69,10 @@ def boxed(text: str) -> str | None:
     return None
 
 
-def has_box(text: str) -> bool:
-    return bool(_BOX_OPEN.search(text) or _BOX_BARE.search(text))
+def boxed(text: str) -> str | None:
+    """Content of the last box; None if there is none or the last one is never closed."""
+    found = boxes(text)
+    return found[-1] if found else None
 
 
 def gold_answer(problem: Mapping[str, Any]) -> str:
@@ -86,9 +91,9 @@ def extract_answer(completion: str, *, last_line: bool = False) -> tuple[str | N
     """(answer, how it was found) of a completion; (None, None) when it states no final answer.
 
     `how` is `boxed`, `answer_is` (an answer sentence), `answer_line`, `####`, or `last_line`."""
-    if has_box(completion):
-        found = boxed(completion)
-        return (found, "boxed") if found else (None, None)
+    found = boxes(completion)
+    if found:
+        return (found[-1], "boxed") if found[-1] is not None else (None, None)
     statements = [*_sentences(completion), *_answer_lines(completion), *_gsm8k(completion)]
     if statements:
         _, answer, how = max(statements, key=lambda s: s[0])
