@@ -1,7 +1,7 @@
 """Where a math completion states its final answer (docs/evaluate.md, "Math answers").
 
 The order, first that applies:
-1. the last `\\boxed{}` (or `\\fbox{}`) of the text; a last box left open (a truncated
+1. the last non-empty `\\boxed{}` (or `\\fbox{}`) of the text; a last box left open (a truncated
    completion) means no answer, not an earlier box;
 2. the last answer statement, by position: an answer sentence ("The final answer is",
    "The answer is", "The correct answer is", "the answer should be"), an answer line
