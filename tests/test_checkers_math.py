@@ -31,6 +31,68 @@ def test_extract_answer(completion: str, answer: str | None, how: str | None) ->
     assert extract_answer(completion) == (answer, how)
 
 
+@pytest.mark.parametrize(
+    "completion,answer,how",
+    [
+        # The last box wins over everything, a GSM8K marker after it included.
+        ("#### 5\nso \\boxed{7}", "7", "boxed"),
+        ("\\boxed{7}\n#### 5", "7", "boxed"),
+        ("The answer is 5, or rather \\boxed{6}.", "6", "boxed"),
+        ("\\boxed 5", "5", "boxed"),
+        # Markdown headings are not GSM8K's marker, and the box after them is read.
+        ("#### Step 1: add\n2 + 3 = 5\n#### Final Answer\n$\\boxed{5}$", "5", "boxed"),
+        ("#### Step 1: add\n2 + 3 = 5\n#### 2. Check\nok", None, None),
+        ("#### Final Answer\n12", "12", "answer_line"),
+        ("She sold 48 + 24 = 72 clips.\n#### 72", "72", "####"),
+        ("#### $18.50", "$18.50", "####"),
+        # Answer lines.
+        ("Adding up.\n**Answer:** $13$", "13", "answer_line"),
+        ("Adding up.\n**Answer: 25**", "25", "answer_line"),
+        ("Adding up.\nAnswer: 4", "4", "answer_line"),
+        ("Final Answer: The final answer is $16$. I hope it is correct.", "16", "answer_is"),
+        ("The final answer is $\\frac{3}{4}$ I hope it is correct.", "\\frac{3}{4}", "answer_is"),
+        ("The correct answer is (B).", "(B)", "answer_is"),
+        ("I think the answer is 7, because it fits.", "7", "answer_is"),
+        ("The answer is 12. Checking: the answer is consistent with both.", "12", "answer_is"),
+        ("So the answer is 12, and the answer is correct.", "12", "answer_is"),
+        ("The answer is 3, -1; both check out.", "3, -1", "answer_is"),
+        # The last statement wins: a self-correction stated last.
+        ("The answer is 5. Wait, I dropped a term. The answer is actually 6.", "6", "answer_is"),
+        ("#### 5\nHmm, that was wrong. The answer is 4.", "4", "answer_is"),
+        # A box left open (a truncated completion) is no answer, not an earlier box.
+        ("so \\boxed{3}. Wait: \\boxed{\\frac{1}{", None, None),
+        # An empty box (the prompt's instruction echoed) is not an answer.
+        ("I will put the answer in \\boxed{}. The answer is 5.", "5", "answer_is"),
+        ("\\boxed{5} and the format \\boxed{}", "5", "boxed"),
+        ("\\boxed {5}", "5", "boxed"),
+        # Working is never an answer; a last line only when the task declares it.
+        ("We have 2 + 3 = 5 and then", None, None),
+        ("The sum is\n$13$", None, None),
+    ],
+)
+def test_extraction_order(completion: str, answer: str | None, how: str | None) -> None:
+    assert extract_answer(completion) == (answer, how)
+
+
+@pytest.mark.parametrize(
+    "completion,answer",
+    [
+        ("The sum is\n$13$", "13"),
+        ("Add them:\n**x = 5**", "x = 5"),
+        ("Add them:\n13 apples", "13 apples"),
+        ("We have 2 + 3 = 5", None),  # working, not an answer
+        ("The total is what we get when we add them", None),  # prose
+        ("The answer is 4.\n13", "4"),  # a statement still outranks the last line
+    ],
+)
+def test_a_last_line_is_an_answer_only_for_tasks_that_declare_it(
+    completion: str, answer: str | None
+) -> None:
+    assert extract_answer(completion, last_line=True)[0] == answer
+    if answer is not None and "answer is" not in completion:
+        assert extract_answer(completion) == (None, None)
+
+
 def test_gold_and_numbers() -> None:
     assert gold_answer({"answer": "4 + 9 = 13 #### 13"}) == "13"
     assert gold_answer({"solution": "so it is \\boxed{\\frac{3}{4}}."}) == "\\frac{3}{4}"
@@ -39,6 +101,10 @@ def test_gold_and_numbers() -> None:
     assert as_number("25%") == Fraction(1, 4)
     assert as_number("3/4") == Fraction(3, 4)
     assert as_number("x + 1") is None
+    assert as_number("\\frac{3}{4}") == Fraction(3, 4) and as_number("-\\dfrac{1}{8}") == Fraction(
+        -1, 8
+    )
+    assert as_number("1.5e3") == 1500 and as_number("\\$18.90") == Fraction(189, 10)
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +158,229 @@ def test_arith_references_pass() -> None:
         impl.close()
     assert len(verdicts) == len(problems) and all(v.passed for v in verdicts)
     assert not any(v.passed for v in wrong)
+
+
+def judge(checker: MathChecker, gold: str, answer: str) -> tuple[bool, str | None]:
+    """(passed, equivalence) of a completion boxing `answer` against the gold `answer`."""
+    verdict = checker.check([Job("t", {"answer": gold}, f"\\boxed{{{answer}}}")], workers=1)[0]
+    assert verdict.error_type in (None, "wrong_answer"), verdict
+    assert verdict.extras["extraction"] == "boxed"
+    return verdict.passed, verdict.extras["equivalence"]
+
+
+def assert_judged(checker: MathChecker, cases: list[tuple[str, str, bool, str]]) -> None:
+    got = [(gold, answer, *judge(checker, gold, answer)) for gold, answer, _, _ in cases]
+    assert got == cases
+
+
+def test_thousands_separators_only_in_true_groups_of_three(checker: MathChecker) -> None:
+    assert as_number("1,234") == 1234 and as_number("1,234,567.5") == Fraction(2469135, 2)
+    assert as_number("1,2,3") is None and as_number("12,34") is None
+    assert_judged(
+        checker,
+        [
+            ("1234", "1,234", True, "string"),
+            ("1234", "1{,}234", True, "string"),
+            ("1234", "1\\,234", True, "string"),
+            ("10,\\!000", "10000", True, "string"),
+            ("10,\\!000", "10,000", True, "string"),
+            ("1,2,3", "{1,2,3}", True, "string"),
+            ("1234.5", "1,234.50", True, "number"),
+            ("123", "1,2,3", False, "list"),
+            ("1,2,3", "123", False, "list"),
+            ("1234", "12,34", False, "list"),
+        ],
+    )
+
+
+def test_lists_tuples_intervals_and_sets_are_compared_as_such(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("1,2,3", "3, 2, 1", True, "list"),  # MATH's "all the solutions": any order
+            ("\\{-1, 2\\}", "2,-1", True, "list"),
+            ("-1, 2", "\\{2, -1\\}", True, "list"),
+            ("(1, 2)", "(1,2)", True, "string"),
+            ("(1, 2)", "(2, 1)", False, "list"),  # a tuple keeps its order
+            ("(1, 2)", "1, 2", False, "list"),  # and its brackets
+            ("[2, 5)", "[2,5]", False, "list"),  # an interval its ends
+            ("[2, 5)", "[2, 5.0)", True, "list"),
+            ("(\\frac{1}{2}, 3)", "(0.5, 3)", True, "list"),
+            ("(1,2), (3,4)", "(3,4), (1,2)", True, "list"),
+            ("1, 2", "1, 2, 2", False, "list"),
+            ("(-\\infty, 3]", "(-\\infty,3]", True, "string"),
+        ],
+    )
+
+
+def test_unit_words_after_a_number_are_dropped_from_both_sides(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("35", "35 diagonals", True, "string+units"),
+            ("13", "13 packs", True, "string+units"),
+            ("18.9", "18.90 dollars", True, "number+units"),
+            ("40", "40 \\text{ miles per hour}", True, "string+units"),
+            ("10\\text{ inches}", "10", True, "string+units"),
+            ("6\\text{ cm}^2", "6", True, "string+units"),
+            ("36", "35 diagonals", False, "number+units"),
+            ("2i", "2 i", True, "string"),  # a single letter is not a unit
+            ("3", "3x", False, "math_verify"),
+        ],
+    )
+
+
+def test_text_answers_ignore_text_macros_case_punctuation_and_spacing(
+    checker: MathChecker,
+) -> None:
+    assert_judged(
+        checker,
+        [
+            ("\\text{Tuesday}", "Tuesday", True, "string"),
+            ("Tuesday", "tuesday", True, "text"),
+            ("\\text{A, D}", "A, D", True, "string"),
+            ("\\text{A, D}", "D,A", True, "list"),
+            ("5:15 p.m.", "5:15 PM", True, "text"),
+            ("\\text{(C)}", "C", True, "text"),
+            ("\\text{(C)}", "D", False, "math_verify"),
+            ("Tuesday", "Tuesyad", False, "text"),  # words never go to sympy: no anagrams
+            ("\\text{even}", "\\text{odd}", False, "text"),
+        ],
+    )
+
+
+def test_percents_and_complex_numbers(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("25\\%", "25\\%", True, "string"),
+            ("25\\%", "0.25", True, "number"),
+            ("25\\%", "25", True, "number"),
+            ("25\\%", "2.5\\%", False, "number"),
+            ("2i", "2 i", True, "string"),
+            ("3+4i", "4i+3", True, "math_verify"),
+            ("3+4i", "3-4i", False, "math_verify"),
+        ],
+    )
+
+
+def test_forms_math_verify_cannot_parse_are_rewritten_first(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("2\\sqrt{2}", "2√2", True, "string+rewrite"),
+            ("\\sqrt[3]{4}", "\\sqrt[3]4", True, "string+rewrite"),
+            ("\\frac{\\sqrt{3}}{2}", "√3/2", True, "math_verify+rewrite"),
+            ("\\frac{1}{2}", "\\frac12", True, "string+rewrite"),
+            ("2\\pi", "2π", True, "string+rewrite"),
+            ("\\sqrt{2}", "√3", False, "math_verify+rewrite"),
+        ],
+    )
+
+
+def test_math_verify_decides_expressions_degrees_and_notation(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("\\frac{\\pi}{2}", "\\pi/2", True, "math_verify"),
+            ("x^2+2x+1", "(x+1)^2", True, "math_verify"),
+            ("1.5\\times10^{3}", "1500", True, "math_verify"),
+            ("60", "60^\\circ", True, "string"),
+            ("5", "x = 5", True, "string"),  # a lone `x =` is dropped
+            (
+                "\\begin{pmatrix}1\\\\2\\end{pmatrix}",
+                "\\begin{pmatrix}1\\\\3\\end{pmatrix}",
+                False,
+                "math_verify",
+            ),
+        ],
+    )
+
+
+def test_score_lines_say_which_extraction_and_equivalence_decided(checker: MathChecker) -> None:
+    jobs = [
+        Job("t", {"answer": "#### 35"}, "There are 35 in all.\nThe answer is 35 diagonals."),
+        Job("t", {"answer": "#### 35"}, "#### Step 1: count\nThere are 35 of them and"),
+        Job("t", {"answer": "#### 35"}, "Count them.\n35", timeout=None),
+    ]
+    first, second, third = checker.check(jobs, workers=1)
+    assert first.passed and first.record()["extraction"] == "answer_is"
+    assert first.record()["equivalence"] == "string+units"
+    assert second.error_type == "no_answer" and second.record()["equivalence"] is None
+    assert third.error_type == "no_answer"
+    declared = Job("t", {"answer": "#### 35", "answer_last_line": True}, "Count them.\n35")
+    verdict = checker.check([declared], workers=1)[0]
+    assert verdict.passed and verdict.extras["extraction"] == "last_line"
+
+
+#: GSM8K generations (gold 72) and whether each is right. lm-eval's strict-match takes the
+#: first `#### <digits>`; it is wrong on `$72` and `72.00`.
+GSM8K_GENERATIONS = [
+    ("Natalia sold 48/2 = 24 clips in May.\nShe sold 48+24 = 72 clips.\n#### 72", True),
+    ("She sold 48+24 = 72 clips.\n#### 72.", True),
+    ("She sold 48+24 = 72 clips.\n#### $72", True),
+    ("She sold 48+24 = 72 clips.\n#### 72.00", True),
+    ("She sold 48+24 = 71 clips.\n#### 71", False),
+    ("She sold 48+24 = 72 clips.\n#### -72", False),
+    ("She sold 48+24 = 72 clips altogether.", False),
+    ("#### Step 1\nShe sold 48+24 = 72 clips.\n#### 72", True),
+    ("She sold 1,000 + 72 = 1,072 clips.\n#### 1,072", False),
+]
+
+
+def lm_eval_strict_match(completion: str, gold: str) -> bool:
+    """lm-eval 0.4.13's gsm8k `strict-match` verdict: its regex filter, take_first, and the
+    exact_match its YAML configures."""
+    from lm_eval.api.metrics import exact_match_hf_evaluate
+    from lm_eval.filters.extraction import RegexFilter
+
+    found = RegexFilter(r"#### (\-?[0-9\.\,]+)").apply([[completion]], [{}])[0][0]
+    ignore = [",", "\\$", "(?s).*#### ", "\\.$"]
+    score = exact_match_hf_evaluate([found], [gold], regexes_to_ignore=ignore, ignore_case=True)
+    return bool(score["exact_match"])
+
+
+def test_gsm8k_agrees_with_lm_evals_strict_match_where_it_is_right() -> None:
+    gold = "Natalia sold 48/2 = 24 clips in May.\n#### 72"
+    impl = get_checker("gsm8k")
+    try:
+        jobs = [Job("t", {"answer": gold}, text) for text, _ in GSM8K_GENERATIONS]
+        ours = [v.passed for v in impl.check(jobs, workers=1)]
+    finally:
+        impl.close()
+    theirs = [lm_eval_strict_match(text, gold) for text, _ in GSM8K_GENERATIONS]
+    labels = [label for _, label in GSM8K_GENERATIONS]
+    assert ours == labels
+    assert [t for t, label in zip(theirs, labels, strict=True) if t == label] == [
+        o for o, t, label in zip(ours, theirs, labels, strict=True) if t == label
+    ]
+    # lm-eval is wrong on `$72` and `72.00` only (its regex wants a digit, then compares strings)
+    assert [i for i, (t, label) in enumerate(zip(theirs, labels, strict=True)) if t != label] == [
+        2,
+        3,
+    ]
+
+
+def test_numbers_in_a_base_keep_their_digits_and_base(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("1011_2", "1011_{2}", True, "string"),
+            ("1011_2", "1011_3", False, "string"),
+            ("1011_2", "1101_2", False, "string"),
+            ("1011_2", "11", False, "string"),
+        ],
+    )
+
+
+def test_and_separates_items_when_the_gold_is_a_list(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("-1, 3", "3 and -1", True, "list"),
+            ("-1, 3", "-1 \\text{ and } 3", True, "string"),
+            ("-1, 3", "x = -1, x = 3", True, "list"),
+            ("-1, 3", "-1 and 5", False, "list"),
+            ("\\text{salt and pepper}", "salt and pepper", True, "string"),
+        ],
+    )

@@ -207,6 +207,7 @@ STAR_FOR = {
     "tasks.*.harness": "pyfunc",
     "tasks.*.num_fewshot": "arith_harness",
     "tasks.*.checker": "arith_harness",
+    "tasks.*.answer_last_line": "arith",
 }
 
 
@@ -265,6 +266,7 @@ def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
         "tasks.pyfunc.language": "python",
         "tasks.pyfunc.prompt": "# Complete the function.\n{prompt}",
         "tasks.pyfunc.max_generated_tests": 1,  # a stdio-only setting: pyfunc's scores stay
+        "tasks.arith.answer_last_line": False,
         "engine.dtype": "float32",
         "consolidate.dtype": "float32",
         "consolidate.smoke": "transformers",

@@ -463,3 +463,36 @@ def test_the_bundled_stdio_task_in_another_language(tmp_path: Path) -> None:
     )
     lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert [(x["passed"], x["language"]) for x in lines] == [(True, "cpp"), (True, "cpp")]
+
+
+def test_a_math_task_declares_that_a_last_line_is_an_answer(tmp_path: Path) -> None:
+    """`answer_last_line` reaches the math checker on each scored record, changes scores only
+    (not the task's identity, so no regeneration), and is refused where no math checker reads it."""
+    path = _write(tmp_path / "m.jsonl", [{"task_id": "m0", "question": "2+2?", "answer": "4"}])
+    plain = resolve_task("m", {"problems": str(path), "checker": "math"})
+    declared = resolve_task(
+        "m", {"problems": str(path), "checker": "math", "answer_last_line": True}
+    )
+    assert declared.config_hash() == plain.config_hash()
+    assert declared.problems()["m0"]["answer_last_line"] is True
+    assert "answer_last_line" not in plain.problems()["m0"]
+    samples = [{"task_id": "m0", "sample_idx": 0, "completion": "Adding up:\n4"}]
+    scored = [
+        score_samples(
+            "math",
+            task.problems(),
+            samples,
+            tmp_path / f"{i}.jsonl",
+            tmp_path / f"{i}.json",
+            workers=1,
+        )
+        for i, task in enumerate((plain, declared))
+    ]
+    assert [cell["metrics"]["pass@1"]["value"] for cell in scored] == [0.0, 1.0]
+    assert resolve_task("arith", {"answer_last_line": True}).problems()["arith/0"][
+        "answer_last_line"
+    ]
+    with pytest.raises(UserError, match=r"tasks\.pyfunc\.answer_last_line: only math tasks"):
+        resolve_task("pyfunc", {"answer_last_line": True})
+    with pytest.raises(UserError, match=r"tasks\.g\.answer_last_line: only ckpteval's own"):
+        resolve_task("g", {"harness": "gsm8k", "answer_last_line": True})

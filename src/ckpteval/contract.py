@@ -126,6 +126,12 @@ CONTRACT: tuple[Row, ...] = (
         "the generated tests a solution must pass",
         {"checker": ("stdio",)},
     ),
+    Row(
+        "tasks.*.answer_last_line",
+        SCORES,
+        "whether a bare last line is read as a math answer",
+        {"checker": ("math", "gsm8k")},
+    ),
     Row("tasks.*.engine_group", NONE, "which engine job generates the task"),
     Row(
         "tasks.*.reasoning",

@@ -52,8 +52,17 @@ class Builtin:
 
 #: Config keys that choose where or how often a task runs, not what it asks the model; and
 #: `problems`, whose path does not matter (the problems' content is hashed), and
-#: `max_generated_tests`, which changes scores only (its contract row is `scores`).
-_SCHEDULING_OPTIONS = ("sampling", "engine_group", "problems", "max_generated_tests")
+#: `max_generated_tests` and `answer_last_line`, which change scores only (their contract rows are
+#: `scores`).
+_SCHEDULING_OPTIONS = (
+    "sampling",
+    "engine_group",
+    "problems",
+    "max_generated_tests",
+    "answer_last_line",
+)
+#: The checkers that read a bare last line as the answer when a task says `answer_last_line`.
+MATH_CHECKERS = ("math", "gsm8k")
 
 #: The checkers a task from a problem file can have, and the languages each takes.
 CUSTOM_CHECKERS = {
@@ -92,8 +101,10 @@ class TaskSpec:
         return self.options.get("language") or self.builtin.language
 
     def problems(self, *, capped: bool = True) -> dict[str, dict[str, Any]]:
-        """task_id -> problem record, honouring `limit` and (stdio, when `capped`)
-        `max_generated_tests`. Only for generate tasks."""
+        """task_id -> problem record, honouring `limit` and, when `capped` (the records scored
+        against, not the ones hashed), stdio's `max_generated_tests` and math's
+        `answer_last_line` (stamped on each record: how a task option reaches the checker).
+        Only for generate tasks."""
         rows = self.builtin.load()
         limit = self.options.get("limit")
         rows = rows[:limit] if limit else rows
@@ -106,6 +117,8 @@ class TaskSpec:
                 row = cap_generated(row, cap)
                 if self.options.get("language"):
                     row = {**row, "solution_language": self.options["language"]}
+            elif capped and self.options.get("answer_last_line"):
+                row = {**row, "answer_last_line": True}
             problems[row["task_id"]] = row
         return problems
 
@@ -432,7 +445,7 @@ def resolve_task(name: str, options: dict[str, Any]) -> TaskSpec:
                 f"config: tasks.{name}.checker: lm-eval (harness) tasks take checker: "
                 "python only (their code samples go to the python checker)"
             )
-        for key in ("language", "prompt", "max_generated_tests"):
+        for key in ("language", "prompt", "max_generated_tests", "answer_last_line"):
             if key in options:
                 raise UserError(
                     f"config: tasks.{name}.{key}: only ckpteval's own tasks take "
@@ -457,6 +470,7 @@ def resolve_task(name: str, options: dict[str, Any]) -> TaskSpec:
         custom = custom_builtin(name, options)
         spec = TaskSpec(name, "generate", custom.checker, options=dict(options), custom=custom)
         _check_language(spec)
+        _check_answer_last_line(spec)
         _check_prompt(spec)
         return spec
     if name not in BUILTINS:
@@ -474,9 +488,18 @@ def resolve_task(name: str, options: dict[str, Any]) -> TaskSpec:
             )
     spec = TaskSpec(name, "generate", BUILTINS[name].checker, options=dict(options))
     _check_language(spec)
+    _check_answer_last_line(spec)
     if "prompt" in options:
         _check_prompt(spec)
     return spec
+
+
+def _check_answer_last_line(spec: TaskSpec) -> None:
+    if spec.options.get("answer_last_line") and spec.checker not in MATH_CHECKERS:
+        raise UserError(
+            f"config: tasks.{spec.name}.answer_last_line: only math tasks read a last line "
+            f"as the answer (this task's checker is {spec.checker})"
+        )
 
 
 def _check_language(spec: TaskSpec) -> None:

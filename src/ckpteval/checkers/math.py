@@ -1,15 +1,16 @@
 """The math checker: extract a final answer and compare it with the gold answer.
 
-Answers are found, in order of precedence, after GSM8K's `#### `, in the last `\\boxed{}`, or after
-"The (final) answer is". Gold answers are the text after `####` (GSM8K), the last `\\boxed{}`
-(MATH), or the whole `answer` field.
+Where the answer is read is `ckpteval.checkers.math_extract` (the last `\\boxed{}`, else the last
+answer statement or GSM8K `####` marker, else -- for problems with `answer_last_line: true` -- the
+last line); how it is compared is `ckpteval.checkers.math_equiv` (exact numbers, lists, text and
+units in-process, then math-verify). Each score line says which extraction and which equivalence
+decided (`extraction`, `equivalence`). docs/evaluate.md, "Math answers", has the rules.
 
-Two answers that are both plain numbers (`1,234`, `$5`, `-0.50`, `3/4`, `25%`) are compared
-exactly as rationals, in-process. Anything else goes to `math-verify` (sympy), which can take
-unbounded time on hostile input and whose own timeouts use `signal.alarm` (main thread only). So it
-runs in helper processes, one per scoring thread, each call under a wall-clock limit; a helper that
-overruns is killed and replaced, and the sample gets `error_type: timeout`. math-verify only parses
-(its expression path hands sympy strings of digits and operators), so the helpers need no sandbox.
+math-verify (sympy) can take unbounded time on hostile input and its own timeouts use
+`signal.alarm` (main thread only). So it runs in helper processes, one per scoring thread, each
+call under a wall-clock limit; a helper that overruns is killed and replaced, and the sample gets
+`error_type: timeout`. math-verify only parses (its expression path hands sympy strings of digits
+and operators), so the helpers need no sandbox.
 
 Registered twice: `math` and `gsm8k` (the same checker; GSM8K is the `####` case).
 """
@@ -18,91 +19,29 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import select
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping
-from fractions import Fraction
 from typing import Any
 
 from ckpteval.checkers import Checker, Job, Verdict, register
+from ckpteval.checkers.math_equiv import as_number, equivalent
+from ckpteval.checkers.math_extract import boxed, extract_answer, gold_answer
 from ckpteval.errors import UserError
 
-_HASHES = re.compile(r"####[ \t]*([^\n]*)")
-_ANSWER_IS = re.compile(r"(?i)the\s+(?:final\s+)?answer\s+is\s*:?\s*")
-_NUMBER = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
+__all__ = ["MathChecker", "as_number", "boxed", "extract_answer", "gold_answer"]
 
-
-def boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` / `\\fbox{...}` (balanced braces), if any."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i = text.index("{", start) + 1
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j].strip()
-    return None
-
-
-def gold_answer(problem: Mapping[str, Any]) -> str:
-    """The reference answer of a problem record (`answer`, else `solution`, else `target`)."""
-    raw = next(
-        (str(problem[k]) for k in ("answer", "solution", "target") if problem.get(k) is not None),
-        "",
-    )
-    if "####" in raw:
-        after = raw.rsplit("####", 1)[1].strip()
-        return after.splitlines()[0].strip() if after else ""
-    return boxed(raw) or raw.strip()
-
-
-def extract_answer(completion: str) -> tuple[str | None, str | None]:
-    """(answer, how it was found) of a completion; (None, None) when it states no final answer."""
-    match = _HASHES.search(completion)
-    if match and match.group(1).strip():
-        return match.group(1).strip(), "####"
-    found = boxed(completion)
-    if found:
-        return found, "boxed"
-    starts = list(_ANSWER_IS.finditer(completion))
-    if starts:
-        rest = completion[starts[-1].end() :].split("\n", 1)[0]
-        answer = re.split(r"\.(?:\s|$)", rest, maxsplit=1)[0].strip().strip("$").strip()
-        if answer:
-            return answer, "answer_is"
-    return None, None
-
-
-def as_number(text: str) -> Fraction | None:
-    """`text` as an exact rational if it is a plain number (currency, thousands separators, a
-    trailing period or percent sign allowed), else None."""
-    cleaned = (
-        text.strip().strip("$").replace("\\$", "").replace(",", "").replace("\\%", "%").strip()
-    )
-    cleaned = cleaned.rstrip(".").strip()
-    percent = cleaned.endswith("%")
-    cleaned = cleaned.rstrip("%").strip()
-    if not _NUMBER.fullmatch(cleaned):
-        return None
-    try:
-        value = Fraction(cleaned)
-    except (ValueError, ZeroDivisionError):
-        return None
-    return value / 100 if percent else value
+#: The problem field by which a task declares that a bare last line is an answer.
+LAST_LINE_FIELD = "answer_last_line"
 
 
 class MathChecker(Checker):
     name = "math"
-    version = "1"
+    #: 2: the extraction order and normalisation of docs/evaluate.md "Math answers".
+    version = "2"
     default_timeout = 5.0
 
     def __init__(self) -> None:
@@ -118,17 +57,17 @@ class MathChecker(Checker):
     def check_one(self, job: Job, timeout: float) -> Verdict:
         start = time.monotonic()
         gold = gold_answer(job.problem)
-        answer, how = extract_answer(job.completion)
-        extras = {"extracted": answer, "extraction": how, "gold": gold}
+        last_line = bool(job.problem.get(LAST_LINE_FIELD))
+        answer, how = extract_answer(job.completion, last_line=last_line)
+        extras = {"extracted": answer, "extraction": how, "equivalence": None, "gold": gold}
         if answer is None:
             return Verdict(False, "no_answer", duration_s=time.monotonic() - start, extras=extras)
-        gold_num, answer_num = as_number(gold), as_number(answer)
-        if gold_num is not None and answer_num is not None:
-            same: bool | None = gold_num == answer_num
-        elif _normal(gold) == _normal(answer):
-            same = True
-        else:
-            same = self._pool.verify(gold, answer, timeout)
+        deadline = start + timeout
+
+        def verify(g: str, a: str) -> bool | None:
+            return self._pool.verify(g, a, max(0.0, deadline - time.monotonic()))
+
+        same, extras["equivalence"] = equivalent(gold, answer, verify)
         duration = time.monotonic() - start
         if same is None:
             return Verdict(
@@ -142,7 +81,7 @@ class MathChecker(Checker):
 
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
         return [
-            Job(task_id, problem, f"#### {gold_answer(problem)}")
+            Job(task_id, problem, _stated(gold_answer(problem)))
             for task_id, problem in problems.items()
         ]
 
@@ -151,14 +90,15 @@ class MathChecker(Checker):
         gold = gold_answer(problem)
         number = as_number(gold)
         wrong = str(number + 1) if number is not None else f"{gold} + 1"
-        return [Job(task_id, problem, f"#### {wrong}"), Job(task_id, problem, "I do not know.")]
+        return [Job(task_id, problem, _stated(wrong)), Job(task_id, problem, "I do not know.")]
 
     def close(self) -> None:
         self._pool.close()
 
 
-def _normal(text: str) -> str:
-    return re.sub(r"\s+", "", text).strip("$").rstrip(".")
+def _stated(answer: str) -> str:
+    """A completion stating `answer`: GSM8K's marker for a number, a box otherwise."""
+    return f"#### {answer}" if as_number(answer) is not None else f"\\boxed{{{answer}}}"
 
 
 class _Helper:

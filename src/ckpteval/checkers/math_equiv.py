@@ -1,0 +1,323 @@
+"""When a math answer equals the gold answer (docs/evaluate.md, "Math answers").
+
+Both sides are normalised the same way (`normalise`), then compared by the first stage that
+decides (`equivalent` returns it as the score line's `equivalence`):
+- `string`: equal once normalised, whitespace ignored (`2 i` is `2i`);
+- `text`: equal as text: `\\text{}` unwrapped, case, spacing and punctuation ignored
+  (`5:15 PM` is `5:15 p.m.`, `(B)` is `B`);
+- `number`: both plain numbers, compared exactly as rationals (`$1,234.50`, `3/4`, `\\frac{3}{4}`,
+  `1.5e3`, `25%`); a percent against a bare number matches its value or its digits;
+- `list`: comma lists compared item by item: tuples, intervals and vectors in order with the same
+  brackets, sets (`\\{1, 2\\}`) and bare lists (`1, 2`: MATH's "all solutions") in any order;
+- `math_verify`: math-verify (sympy) on the normalised forms. An answer with words (`Tuesday`)
+  never goes there, as sympy would read it as a product of letters that any anagram equals: it
+  is `text` or wrong.
+Unit words after a number are dropped from both sides first (`+units`); a thousands separator is
+one only in true groups of three (`1,234` is 1234, `1,2,3` is a list). Forms math-verify cannot
+parse are rewritten first (`+rewrite`: unicode `√`, `π`, `×`, `\\sqrt2`, `\\sqrt[3]4`, `\\frac12`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from fractions import Fraction
+
+#: A math-verify call: True/False, or None when it ran out of time.
+Verify = Callable[[str, str], "bool | None"]
+
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?:/\d+)?")
+_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_LATEX_FRAC = re.compile(r"(-?)\\frac\{(-?\d+)\}\{(\d+)\}")
+_ENVIRONMENT = re.compile(r"\\(?:begin|end|operatorname)\{[a-zA-Z*]+\}")
+_WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mbox|mathbf|textnormal)\{(.*)\}$", re.S)
+_FUNCTIONS = frozenset(
+    "sin cos tan cot sec csc log ln exp sqrt pi arcsin arccos arctan sinh cosh tanh "
+    "max min gcd lcm mod det infty inf".split()
+)
+#: Words after a number that change it or tell it apart (`5 million`, `5:15 PM`): not units.
+_NOT_UNITS = frozenset(
+    "am pm hundred thousand million billion trillion dozen squared cubed percent factorial".split()
+)
+_BASE = re.compile(r"([0-9A-Za-z]+)_\{?(\d+)\}?")
+_UNIT_TOKEN = re.compile(
+    r"\s*(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z][a-zA-Z .]*\}|(?<![\\a-zA-Z])[a-zA-Z]{2,}\.?)"
+    r"(?:\^\{?[23]\}?)?\s*$"
+)
+_REWRITES: tuple[tuple[str, str], ...] = (
+    (r"√\s*\(([^()]*)\)", r"\\sqrt{\1}"),
+    (r"√\s*\{", r"\\sqrt{"),
+    (r"√\s*([0-9a-zA-Z.]+)", r"\\sqrt{\1}"),
+    (r"\\sqrt\s*(\[[^\]]*\])\s*([0-9a-zA-Z])", r"\\sqrt\1{\2}"),
+    (r"\\sqrt\s*([0-9a-zA-Z])", r"\\sqrt{\1}"),
+    (r"\\frac\s*([0-9a-zA-Z])\s*([0-9a-zA-Z])", r"\\frac{\1}{\2}"),
+    (r"\\frac\s*([0-9a-zA-Z])\s*\{", r"\\frac{\1}{"),
+    ("π", r"\\pi "),
+    ("∞", r"\\infty "),
+    ("×", r"\\times "),
+    ("·", r"\\cdot "),
+    ("÷", "/"),
+    ("−", "-"),
+    ("²", "^2"),
+    ("³", "^3"),
+    ("≤", r"\\le "),
+    ("≥", r"\\ge "),
+)
+_CLEANUPS: tuple[tuple[str, str], ...] = (
+    (r"\\[dt]frac", r"\\frac"),
+    (r"\\displaystyle", ""),
+    (r"\\(?:left|right|big|Big|bigg|Bigg)(?![a-zA-Z])\s*", ""),
+    (r"(?<!\\)\\[!,;: ]|~", " "),
+    (r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree", ""),
+    (r"\\%", "%"),
+    (r"(\d)\s*percent\b", r"\1%"),
+    (r"\\\$", "$"),
+    (r"\\mbox\{", r"\\text{"),
+)
+
+
+def normalise(text: str) -> tuple[str, bool]:
+    """(normal form, whether a form math-verify cannot parse was rewritten)."""
+    text = text.strip()
+    text = re.sub(r"(\d)(?:\{,\}|,\\!|\\,)\s*(?=\d{3}(?!\d))", r"\1,", text)  # 1{,}234, 1,\!234
+    rewritten = text
+    for pattern, repl in _REWRITES:
+        rewritten = re.sub(pattern, repl, rewritten)
+    changed = rewritten != text
+    text = rewritten
+    for pattern, repl in _CLEANUPS:
+        text = re.sub(pattern, repl, text)
+    text = _unwrap_math(text)
+    if _THOUSANDS.fullmatch(text.lstrip("$").strip()):
+        text = text.replace(",", "")
+    return text, changed
+
+
+def _unwrap_math(text: str) -> str:
+    """Without `$`/`\\(`/`\\[` delimiters, a whole-answer `\\text{}`, a leading currency sign, or a
+    trailing period."""
+    previous = None
+    while previous != text:
+        previous = text
+        text = text.strip().rstrip(".").strip()
+        for left, right in (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+            if text.startswith(left) and text.endswith(right) and len(text) > len(left + right):
+                text = text[len(left) : -len(right)].strip()
+        if text.startswith("{") and text.endswith("}") and _encloses(text):
+            text = text[1:-1].strip()  # TeX grouping braces around the whole answer
+        match = _WRAPPER.match(text)
+        if match and "}" not in match.group(1).replace("\\}", ""):
+            text = match.group(1).strip()
+        if text.startswith("$") and "$" not in text[1:]:
+            text = text[1:]
+    return text
+
+
+def strip_units(text: str) -> str:
+    """`text` without unit words after a number (`35 diagonals`, `40 miles per hour`,
+    `2\\text{ cm}^2`, `18.9 dollars`): words of two or more letters, or `\\text{}`, that follow
+    a part with a digit and no letters outside LaTeX commands. Single letters stay (`2 i`)."""
+    rest = text
+    while True:
+        match = _UNIT_TOKEN.search(rest)
+        if not match or match.start() == 0 or text_key(match.group(0)) in _NOT_UNITS:
+            break
+        rest = rest[: match.start()]
+    rest = rest.strip()
+    if rest == text.strip() or not re.search(r"\d", rest) or has_letters(rest):
+        return text
+    return rest
+
+
+def has_letters(text: str) -> bool:
+    """Whether `text` has letters outside LaTeX command names."""
+    return bool(re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", _ENVIRONMENT.sub("", text))))
+
+
+def is_prose(text: str) -> bool:
+    """Whether `text` has a word (three or more letters, not a LaTeX command or a function name):
+    sympy would read it as a product of symbols, which anagrams equal."""
+    words = re.findall(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}", _ENVIRONMENT.sub("", text))
+    return any(w.lower() not in _FUNCTIONS for w in words)
+
+
+def as_number(text: str) -> Fraction | None:
+    """`text` as an exact rational if it is a plain number (currency, true thousands separators,
+    a trailing period or percent sign allowed; a percent is its value: `25%` is 1/4), else None."""
+    parsed = _number(normalise(text)[0])
+    if parsed is None:
+        return None
+    value, percent = parsed
+    return value / 100 if percent else value
+
+
+def _number(text: str) -> tuple[Fraction, bool] | None:
+    """(value as written, whether a percent sign followed) of a normalised plain number."""
+    cleaned = text.strip().lstrip("$").strip()
+    if "," in cleaned:
+        if not _THOUSANDS.fullmatch(cleaned.rstrip("%").strip()):
+            return None
+        cleaned = cleaned.replace(",", "")
+    percent = cleaned.endswith("%")
+    cleaned = cleaned.rstrip("%").strip()
+    frac = _LATEX_FRAC.fullmatch(cleaned)
+    if frac:
+        sign = -1 if frac.group(1) else 1
+        if int(frac.group(3)) == 0:
+            return None
+        return sign * Fraction(int(frac.group(2)), int(frac.group(3))), percent
+    if not _NUMBER.fullmatch(cleaned):
+        return None
+    try:
+        return Fraction(cleaned), percent
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def text_key(text: str) -> str:
+    """`text` as a text answer: `\\text{}` unwrapped, lower case, no spacing, no `$*"'`, no periods
+    but decimal points, a lone letter's parentheses dropped (`(B)` is `b`)."""
+    text = re.sub(r"\\(?:text|textbf|mathrm|mbox|textnormal)\{([^{}]*)\}", r"\1", text)
+    text = re.sub(r"[\s$*\"'`]", "", text.lower())
+    text = re.sub(r"\.(?!\d)", "", text)
+    text = re.sub(r"\(([a-z])\)", r"\1", text)
+    return text.rstrip("!?;:")
+
+
+_LONE_VARIABLE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in(?![a-zA-Z]))\s*(.+)$", re.S)
+_OPENERS, _CLOSERS = "([{", ")]}"
+_AND = re.compile(r",?\s*(?:\\text\{\s*and\s*\}|\band\b)\s*")
+
+
+def equivalent(gold: str, answer: str, verify: Verify) -> tuple[bool | None, str]:
+    """(whether `answer` equals `gold`, the stage that decided); None when math-verify ran out
+    of time. A lone `x =` (or `x \\in`) is dropped from a side when the other has no `=`, and
+    `and` separates items when the gold is a list and the answer is not."""
+    g, g_rewritten = normalise(gold)
+    a, a_rewritten = normalise(answer)
+    if split_list(g) is not None and split_list(a) is None:  # `1 and 2` against a list
+        a = _AND.sub(", ", a)
+    same, how = _compare(g, a, verify)
+    return same, how + ("+rewrite" if g_rewritten or a_rewritten else "")
+
+
+def _drop_lone_variable(text: str, other: str) -> str:
+    match = _LONE_VARIABLE.match(text)
+    return match.group(1).strip() if match and "=" not in other else text
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def _compare(g: str, a: str, verify: Verify) -> tuple[bool | None, str]:
+    """The stages after normalisation (module docstring), first that decides."""
+    g, a = _drop_lone_variable(g, a), _drop_lone_variable(a, g)
+    if _squash(g) == _squash(a):
+        return True, "string"
+    key = text_key(g)
+    if re.search("[a-z]", key) and key == text_key(a):
+        return True, "text"
+    gu, au = strip_units(g), strip_units(a)
+    suffix = "+units" if (gu, au) != (g, a) else ""
+    if suffix and _squash(gu) == _squash(au):
+        return True, "string" + suffix
+    same = _numbers_equal(gu, au)
+    if same is not None:
+        return same, "number" + suffix
+    g_base, a_base = _BASE.fullmatch(gu), _BASE.fullmatch(au)
+    if g_base or a_base:  # a number in a base: its digits and its base, as written
+        same = bool(g_base and a_base and g_base.groups() == a_base.groups())
+        return same, "string" + suffix
+    g_list, a_list = split_list(gu), split_list(au)
+    if g_list is not None or a_list is not None:
+        return _lists_equal(g_list, a_list, verify), "list" + suffix
+    if is_prose(gu) or is_prose(au):
+        return False, "text" + suffix
+    return verify(gu, au), "math_verify" + suffix
+
+
+def _numbers_equal(g: str, a: str) -> bool | None:
+    """Whether two plain numbers are equal; None unless both are plain numbers. A percent on one
+    side only matches the other's value either as a fraction (25% is 0.25) or as written (25)."""
+    gn, an = _number(g), _number(a)
+    if gn is None or an is None:
+        return None
+    (gv, gp), (av, ap) = gn, an
+    if gp == ap:
+        return gv == av
+    percent, other = (gv, av) if gp else (av, gv)
+    return other in (percent, percent / 100)
+
+
+def split_list(text: str) -> tuple[str, str, list[str]] | None:
+    """(opening bracket, closing bracket, items) of a comma list of two or more items: `(1, 2)`,
+    `[2, 5)`, `\\{1, 2\\}`, `\\langle 1, 2\\rangle`, or a bare `1, 2` (brackets ""); else None."""
+    text = text.strip()
+    for left, right in (("\\{", "\\}"), ("\\langle", "\\rangle")):
+        if text.startswith(left) and text.endswith(right):
+            items = _top_level_split(text[len(left) : -len(right)])
+            return (left, right, items) if items and len(items) >= 2 else None
+    if text[:1] in "([" and text[-1:] in ")]" and _encloses(text):
+        items = _top_level_split(text[1:-1])
+        return (text[0], text[-1], items) if items and len(items) >= 2 else None
+    items = _top_level_split(text)
+    return ("", "", items) if items and len(items) >= 2 else None
+
+
+def _encloses(text: str) -> bool:
+    """Whether the first bracket of `text` closes at its last character."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += (char in _OPENERS) - (char in _CLOSERS)
+        if depth == 0:
+            return i == len(text) - 1
+    return False
+
+
+def _top_level_split(text: str) -> list[str] | None:
+    """`text` split at commas outside brackets; None if its brackets do not balance."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char in _OPENERS) - (char in _CLOSERS)
+        if depth < 0:
+            return None
+        if char == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    items.append(text[start:].strip())
+    return items if depth == 0 and all(items) else None
+
+
+def _lists_equal(
+    g: tuple[str, str, list[str]] | None, a: tuple[str, str, list[str]] | None, verify: Verify
+) -> bool | None:
+    """Item by item: in order with the same brackets, or in any order when the gold is a set or a
+    bare list and the answer one too."""
+    if g is None or a is None or len(g[2]) != len(a[2]):
+        return False
+    unordered = g[0] in ("", "\\{")
+    if unordered != (a[0] in ("", "\\{")) or (not unordered and g[:2] != a[:2]):
+        return False
+    if not unordered:
+        for gi, ai in zip(g[2], a[2], strict=True):
+            same = _compare(gi, ai, verify)[0]
+            if not same:
+                return same
+        return True
+    return _match_unordered(g[2], a[2], verify)
+
+
+def _match_unordered(golds: list[str], answers: list[str], verify: Verify) -> bool | None:
+    left = list(answers)
+    for gi in golds:
+        for j, ai in enumerate(left):
+            same = _compare(gi, ai, verify)[0]
+            if same is None:
+                return None
+            if same:
+                del left[j]
+                break
+        else:
+            return False
+    return True

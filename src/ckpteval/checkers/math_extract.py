@@ -1,0 +1,194 @@
+"""Where a math completion states its final answer (docs/evaluate.md, "Math answers").
+
+The order, first that applies:
+1. the last non-empty `\\boxed{}` (or `\\fbox{}`) of the text; a last box left open (a truncated
+   completion) means no answer, not an earlier box;
+2. the last answer statement, by position: an answer sentence ("The final answer is",
+   "The answer is", "The correct answer is", "the answer should be"), an answer line
+   (`Answer:`, `**Answer:** x`, `**Answer: x**`, `Final Answer: x`, a `Final Answer` heading
+   followed by the answer on the next line), or GSM8K's marker (`#### 72`, where what follows is an
+   answer, not a markdown heading such as `#### Step 1: ...` or `#### 2. Compute`);
+3. only for tasks that declare it (`last_line=True`), the last line when it reads as an answer;
+4. else no answer: nothing is ever taken from the working.
+
+Reasoning tasks hand in only the text after the reasoning (ckpteval.reasoning), so a box inside
+the reasoning is never read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOX_BARE = re.compile(r"\\boxed[ \t]+([^\s${][^\s$]*)")
+_SENTENCE = re.compile(
+    r"(?i)\bthe\s+(?:final\s+|correct\s+)?answer\s+(?:is|should\s+be|would\s+be)\b\s*:?"
+)
+_ANSWER_LINE = re.compile(r"(?im)^[ \t>#*_-]*(?:final\s+)?answer[ \t]*(?:\*\*|__)?[ \t]*[:：]")
+_ANSWER_HEADING = re.compile(r"(?im)^[ \t#*_]*final\s+answer[ \t*_:]*$")
+_HASHES = re.compile(r"####[ \t]*([^\n]*)")
+_NUMBERED_HEADING = re.compile(r"^\d+[.):]\s+\S")
+_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
+_FILLERS = re.compile(r"(?i)^(?:(?:actually|clearly|simply|therefore|thus|just|then|exactly)\s+)+")
+#: Where the answer in a sentence ends: a full stop, minerva's "I hope it is correct", or a clause
+#: that explains it (`7, because it fits`; `12; so we are done`).
+_SENTENCE_END = re.compile(
+    r"\.(?:\s|$)|\s+I hope it is correct|;|,?\s+(?:because|since|as|so|which|given|where)\b"
+)
+#: A sentence that judges an answer rather than states one ("the answer is correct").
+_VERDICT = re.compile(
+    r"(?i)(?:correct|right|wrong|incorrect|consistent|reasonable|plausible|valid|verified|"
+    r"confirmed|indeed|not|likely|probably|clear|obvious|the same|unchanged)\b"
+)
+_MATH_SPANS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+
+
+def boxes(text: str) -> list[str | None]:
+    """The contents of every non-empty `\\boxed{...}` / `\\fbox{...}` / `\\boxed x`, in order;
+    None for one that never closes. An empty box (`put the answer in \\boxed{}`) is not one."""
+    found: list[tuple[int, str | None]] = [
+        (m.start(), m.group(1).strip()) for m in _BOX_BARE.finditer(text)
+    ]
+    for match in _BOX_OPEN.finditer(text):
+        found.append((match.start(), _braced(text, match.end())))
+    return [content for _, content in sorted(found, key=lambda f: f[0]) if content != ""]
+
+
+def _braced(text: str, i: int) -> str | None:
+    """The text from `i` to the brace that closes the one before it; None if none does."""
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j].strip()
+    return None
+
+
+def boxed(text: str) -> str | None:
+    """Content of the last box; None if there is none or the last one is never closed."""
+    found = boxes(text)
+    return found[-1] if found else None
+
+
+def gold_answer(problem: Mapping[str, Any]) -> str:
+    """The reference answer of a problem record (`answer`, else `solution`, else `target`)."""
+    raw = next(
+        (str(problem[k]) for k in ("answer", "solution", "target") if problem.get(k) is not None),
+        "",
+    )
+    if "####" in raw:
+        after = raw.rsplit("####", 1)[1].strip()
+        return after.splitlines()[0].strip() if after else ""
+    return boxed(raw) or raw.strip()
+
+
+def extract_answer(completion: str, *, last_line: bool = False) -> tuple[str | None, str | None]:
+    """(answer, how it was found) of a completion; (None, None) when it states no final answer.
+
+    `how` is `boxed`, `answer_is` (an answer sentence), `answer_line`, `####`, or `last_line`."""
+    found = boxes(completion)
+    if found:
+        return (found[-1], "boxed") if found[-1] is not None else (None, None)
+    statements = [*_sentences(completion), *_answer_lines(completion), *_gsm8k(completion)]
+    if statements:
+        _, answer, how = max(statements, key=lambda s: s[0])
+        return answer, how
+    if last_line:
+        answer = _last_line(completion)
+        if answer:
+            return answer, "last_line"
+    return None, None
+
+
+def _sentences(text: str) -> list[tuple[int, str, str]]:
+    found = []
+    matches = list(_SENTENCE.finditer(text))
+    for match, after in zip(matches, [*matches[1:], None][: len(matches)], strict=True):
+        rest = text[match.end() : after.start() if after else len(text)].split("\n", 1)[0]
+        answer = re.sub(r",?\s*\b(?:and|but|so)$", "", clean_statement(rest)).strip()
+        if answer and not _VERDICT.match(answer):
+            found.append((match.start(), answer, "answer_is"))
+    return found
+
+
+def _answer_lines(text: str) -> list[tuple[int, str, str]]:
+    found = []
+    for pattern in (_ANSWER_LINE, _ANSWER_HEADING):
+        for match in pattern.finditer(text):
+            rest = text[match.end() :].lstrip("*_ \t")
+            line, _, after = rest.partition("\n")
+            if not line.strip("*_ \t"):  # the answer on the next non-empty line
+                line = next((s for s in after.split("\n") if s.strip()), "")
+            answer = clean_statement(line)
+            if answer:
+                found.append((match.start(), answer, "answer_line"))
+    return found
+
+
+def _gsm8k(text: str) -> list[tuple[int, str, str]]:
+    """GSM8K's `#### <answer>` markers (a markdown heading is not one)."""
+    found = []
+    for match in _HASHES.finditer(text):
+        answer = match.group(1).strip().strip("*_").strip()
+        if _is_gsm8k_answer(answer):
+            found.append((match.start(), clean_statement(answer), "####"))
+    return found
+
+
+def _is_gsm8k_answer(text: str) -> bool:
+    """What follows GSM8K's marker: it starts like a number or formula, is not a numbered heading
+    (`2. Compute the sum`), and has at most a few words (units)."""
+    if not text or text[0] not in "0123456789-+.$\\({[":
+        return False
+    if _NUMBERED_HEADING.match(text):
+        return False
+    return len(_WORD.findall(text)) <= 3
+
+
+def clean_statement(rest: str) -> str:
+    """The answer in the text after an answer marker: the first math span if it opens with one,
+    else up to the end of the sentence; without markdown emphasis or a trailing period."""
+    rest = rest.strip().lstrip(":*_ \t").strip()
+    rest = _FILLERS.sub("", rest)
+    for left, right in _MATH_SPANS:
+        if rest.startswith(left):
+            end = _closing(rest, right, len(left))
+            if end > len(left):
+                return _trim(rest[len(left) : end])
+            break
+    rest = _SENTENCE_END.split(rest, maxsplit=1)[0]
+    return _trim(rest)
+
+
+def _closing(text: str, right: str, start: int) -> int:
+    """Index of the first `right` from `start` that is not escaped (`\\$` is a dollar sign)."""
+    end = text.find(right, start)
+    while end > 0 and text[end - 1] == "\\" and right == "$":
+        end = text.find(right, end + 1)
+    return end
+
+
+def _trim(answer: str) -> str:
+    answer = answer.strip().strip("*_").strip()
+    if answer.startswith("$") and answer.endswith("$") and len(answer) > 1:
+        answer = answer.strip("$").strip()
+    return answer.rstrip(".").strip()
+
+
+def _last_line(text: str) -> str | None:
+    """The last non-empty line, when it reads as an answer: a value or `x = value`, no prose
+    (at most two words, e.g. a unit) and no other equation (working)."""
+    lines = [s for s in text.strip().split("\n") if s.strip()]
+    if not lines:
+        return None
+    answer = _trim(lines[-1].strip().lstrip("#>*_- \t"))
+    answer = _trim(re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", answer))
+    core = re.sub(r"^[a-zA-Z]\s*=", "", answer)
+    if not answer or "=" in core or len(_WORD.findall(core)) > 2:
+        return None
+    return answer
