@@ -176,6 +176,102 @@ def test_configfile_replaces_the_demo_config_instead_of_merging_into_it(sweep: S
         shutil.rmtree(sweep.work / "config")
 
 
+# ----------------------------------------------- a moved project (before any test changes the sweep)
+
+
+def relocated(config: dict[str, Any], old: Path, new: Path) -> dict[str, Any]:
+    """`config` with every path under `old` moved under `new` (what a user edits after a move)."""
+    return yaml.safe_load(yaml.safe_dump(config).replace(str(old), str(new)))
+
+
+def outputs(work: Path) -> dict[str, bytes]:
+    """Every result file (models, generations, scores, summary) by relative path: its bytes."""
+    return {
+        str(p.relative_to(work)): p.read_bytes()
+        for part in ("models", "generations", "scores", "summary")
+        for p in sorted((work / "results" / part).rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def moved(sweep: Sweep, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The finished sweep (checkpoints, base model, results, .snakemake) copied with `cp -a`,
+    then the copy moved: its first location is gone."""
+    first = tmp_path_factory.mktemp("copy") / "project"
+    subprocess.run(["cp", "-a", str(sweep.work), str(first)], check=True)
+    return first
+
+
+@pytest.mark.slow
+def test_a_copied_then_moved_project_plans_nothing_and_runs_nothing(
+    sweep: Sweep, moved: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    before = outputs(sweep.work)
+    copy_sweep = Sweep(moved, sweep.config, sweep.full, sweep.endpoint)
+    assert planned(copy_sweep, relocated(sweep.config, sweep.work, moved), "copied") == Counter()
+    elsewhere = tmp_path_factory.mktemp("disk2") / "project"
+    moved.rename(elsewhere)
+    try:
+        here = Sweep(elsewhere, sweep.config, sweep.full, sweep.endpoint)
+        config = relocated(sweep.config, sweep.work, elsewhere)
+        assert planned(here, config, "moved") == Counter()
+        relative = relocated(sweep.config, sweep.work, Path("."))  # ./run, ./base
+        assert relative["runs"]["demo"]["path"] == "./run"
+        assert planned(here, relative, "relative") == Counter()
+        proc = run_snakemake(elsewhere, "--configfile", str(elsewhere / "moved.yaml"))
+        assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr
+        assert outputs(elsewhere) == before
+    finally:
+        elsewhere.rename(moved)
+
+
+@pytest.mark.slow
+def test_checkpoints_or_base_model_mounted_elsewhere_plan_nothing(
+    sweep: Sweep, moved: Path
+) -> None:
+    """Only `runs.*.path` (or `base_model`) changes: the same bytes at another path."""
+    here = Sweep(moved, sweep.config, sweep.full, sweep.endpoint)
+    config = relocated(sweep.config, sweep.work, moved)
+    (moved / "mnt").mkdir()
+    (moved / "run").rename(moved / "mnt" / "ckpts")
+    try:
+        config["runs"]["demo"]["path"] = str(moved / "mnt" / "ckpts")
+        assert planned(here, config, "mounted") == Counter()
+        (moved / "base").rename(moved / "mnt" / "base")
+        config["runs"]["demo"]["base_model"] = str(moved / "mnt" / "base")
+        assert planned(here, config, "base-mounted") == Counter()
+    finally:
+        (moved / "mnt" / "ckpts").rename(moved / "run")
+        if (moved / "mnt" / "base").exists():
+            (moved / "mnt" / "base").rename(moved / "base")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "config.json"])
+def test_one_byte_of_the_base_model_replans_its_runs_consolidations(
+    sweep: Sweep, moved: Path, name: str
+) -> None:
+    """The adversary's case: one more byte in the base model's tokenizer or config file (its
+    modification time put back) is another model; putting the bytes back plans nothing again."""
+    here = Sweep(moved, sweep.config, sweep.full, sweep.endpoint)
+    config = relocated(sweep.config, sweep.work, moved)
+    path = moved / "base" / name
+    original, st = path.read_bytes(), path.stat()
+    path.write_bytes(original + b" ")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    try:
+        jobs, out = dry_run(here, config, "base-byte")
+        assert jobs == chain([c for c in CELLS if c[0] == "demo"], model=True)
+        assert (
+            "ckpteval: rerun: model of demo (2 checkpoints): runs.demo.base_model: sha256:" in out
+        )
+    finally:
+        path.write_bytes(original)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert planned(here, config, "base-restored") == Counter()
+
+
 # Cells of the sweep: (run, ckpt, task, sampling, backend).
 CELLS = [
     (run, ckpt, task, "greedy", backend)
@@ -386,7 +482,10 @@ def case(row: Any, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
         set_key(config, parent, {"end": "</think>", name: changed})
         return config, promise(row)
     if key == "runs.demo.base_model" and not (sweep.work / "base-copy").exists():
+        # Another base model: a copy would be the same one (identity by content).
         shutil.copytree(sweep.work / "base", sweep.work / "base-copy")
+        with open(sweep.work / "base-copy" / "tokenizer_config.json", "a") as handle:
+            handle.write("\n")
     set_key(config, key, changed_value(key, value, sweep))
     return config, promise(row)
 

@@ -174,7 +174,11 @@ def source_files(path: Path) -> dict[str, os.stat_result]:
 
 
 def _stat_key(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    """What says a file is the one hashed before: its size and modification time, which `cp -a`,
+    `rsync -a` and `mv` keep (a moved or copied project hashes nothing again), and any rewrite
+    changes. Not the inode, which every copy changes. (Records of older versions also hold the
+    inode as a third entry: only the first two are compared.)"""
+    return [st.st_size, st.st_mtime_ns]
 
 
 def hash_source(path: Path) -> dict[str, dict[str, Any]]:
@@ -190,9 +194,10 @@ def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
     """Keep `id_file` (the consolidate rule's input) describing the content of checkpoint `path`,
     with a modification time that says whether that content is what was consolidated: older
     than `manifest` when the checkpoint's bytes are those the consolidate job recorded (its
-    `source_files`: stat and sha256 per file), newer otherwise. So a touched or copied file
-    (hashed again, once) reruns nothing, and neither does restoring the original bytes; new
-    bytes, or files added or removed, rerun the checkpoint's chain.
+    `source_files`: size, mtime and sha256 per file), newer otherwise. So a touched or copied
+    file (hashed again, once) reruns nothing, and neither does restoring the original bytes; new
+    bytes, or files added or removed, rerun the checkpoint's chain. A file with its recorded size
+    and mtime (`cp -a`, `mv`, a mount elsewhere) is not hashed again.
 
     Returns "same" (the consolidated content), "changed", or "unknown" (files never hashed: a
     checkpoint not consolidated yet, whose job runs anyway).
@@ -207,7 +212,7 @@ def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
     for source in (recorded, old.get("files", {})):
         for rel, entry in source.items():
             if entry.get("sha256"):
-                known.setdefault(rel, {})[tuple(entry["stat"])] = entry["sha256"]
+                known.setdefault(rel, {})[tuple(entry["stat"][:2])] = entry["sha256"]
     files: dict[str, dict[str, Any]] = {}
     for rel, st in current.items():
         stat = _stat_key(st)
@@ -216,7 +221,12 @@ def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
             sha = sha256_file(root / rel)
         files[rel] = {"stat": stat, "sha256": sha}
     content = _content(files)
-    if old.get("files") != files or old.get("content") != content or not id_file.exists():
+    if (
+        old.get("files") != files
+        or old.get("content") != content
+        or old.get("source") != str(path)
+        or not id_file.exists()
+    ):
         write_json(id_file, {"source": str(path), "content": content, "files": files})
     consolidated = _content(recorded) if recorded else None
     status = "unknown" if content is None else "same" if content == consolidated else "changed"

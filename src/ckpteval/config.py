@@ -26,6 +26,7 @@ from ckpteval.checkpoints import (
     discover_checkpoints,
     unfinished_checkpoints,
 )
+from ckpteval.content import ContentIds, content_id, model_files, task_yaml_files
 from ckpteval.errors import UserError
 from ckpteval.reasoning import from_config
 from ckpteval.shard import Shard, parse_shard, select
@@ -129,16 +130,67 @@ class Plan:
     broken: tuple[tuple[str, Unfinished], ...] = ()
     #: Per run, checkpoints whose source is gone but whose results are on disk (kept, marked).
     deleted: dict[str, tuple[Checkpoint, ...]] = field(default_factory=dict)
+    #: Content hashes of the files settings name, memoized (ckpteval.content).
+    content: ContentIds | None = field(default=None, repr=False, compare=False)
+
+    def _content(self) -> ContentIds:
+        if self.content is None:
+            object.__setattr__(self, "content", ContentIds(self.outdir))
+        assert self.content is not None
+        return self.content
+
+    def base_model_id(self, run: str) -> str | None:
+        """`runs.<run>.base_model` by content (ckpteval.content.model_files), not by path: the
+        same model elsewhere is the same identity, one changed byte another. None: unset."""
+        base = self.runs[run].base_model
+        if base is None:
+            return None
+        return self._content().of_files(f"runs.{run}.base_model", base, model_files(base))
+
+    def solutions_id(self, run: str, step: int) -> str | None:
+        """`runs.<run>.solutions` by content: the files replayed at `step`, named by task and
+        variant (not by path). None: not a replay run."""
+        spec = self.runs[run]
+        if spec.solutions is None:
+            return None
+        shas: dict[str, str] = {}
+        for task, variants in self.task_variants.items():
+            for variant in variants:
+                files = spec.solutions_files(task, variant, step)
+                if files:
+                    root = files[0] if len(files) == 1 else _common_root(files)
+                    scope = f"runs.{run}.solutions/{task}/{variant}"
+                    shas[f"{task}/{variant}"] = self._content().of_files(scope, root, files)
+        return content_id(shas)
+
+    def include_paths_id(self) -> Any:
+        """`lm_eval.include_paths` by content: the task YAMLs (and Python files) under each
+        path, in order. An empty list stays `[]`, the identity harness cells always had."""
+        paths = list((self.config.get("lm_eval") or {}).get("include_paths") or [])
+        if not paths:
+            return paths
+        ids = []
+        for i, raw in enumerate(paths):
+            path = Path(os.path.expanduser(os.path.expandvars(str(raw))))
+            ids.append(
+                self._content().of_files(f"lm_eval.include_paths/{i}", path, task_yaml_files(path))
+            )
+        return ids
 
     def broken_lines(self, *, age: bool = True) -> list[str]:
-        """One line per broken checkpoint, naming the file and the problem (and, with `age`, how
-        long it has been unchanged: not for a job's params, which must not change by the minute)."""
+        """One line per broken checkpoint, naming the file and the problem. With `age`, how long
+        it has been unchanged, and files by their full path; without (a job's params, which must
+        not change by the minute nor when the project moves), files relative to the run's path."""
         return [
             f"run {run}: checkpoint {u.name} looks broken"
             + (f" (unchanged for {u.idle_seconds / 60:.0f} min)" if age else "")
-            + f": {u.problem}"
+            + f": {u.problem if age else self._relative(run, u.problem)}"
             for run, u in self.broken
         ]
+
+    def _relative(self, run: str, text: str) -> str:
+        path = self.runs[run].path
+        return text.replace(f"{path}{os.sep}", "") if path is not None else text
 
     @property
     def engine_groups(self) -> dict[str, tuple[str, ...]]:
@@ -618,3 +670,8 @@ def _replay_steps(pattern: str, dirs: bool = False) -> list[int]:
 def _resolve(path: str, base_dir: Path) -> Path:
     p = Path(os.path.expanduser(os.path.expandvars(path)))
     return p if p.is_absolute() else (base_dir / p)
+
+
+def _common_root(files: list[Path]) -> Path:
+    """The deepest directory holding all of `files` (one file: its directory)."""
+    return Path(os.path.commonpath([str(f.parent) for f in files]))

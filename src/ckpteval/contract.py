@@ -72,7 +72,12 @@ CONTRACT: tuple[Row, ...] = (
     ),
     Row("runs.*.patterns", PLAN, "which checkpoints are found"),
     Row("runs.*.format", MODEL, "how checkpoint files are read"),
-    Row("runs.*.base_model", MODEL, "config, tokenizer and adapter base of the consolidated model"),
+    Row(
+        "runs.*.base_model",
+        MODEL,
+        "config, tokenizer and adapter base of the consolidated model (by content: the same "
+        "files elsewhere rerun nothing)",
+    ),
     Row("runs.*.evaluate_base", PLAN, "adds or drops the base checkpoint's cells"),
     Row("runs.*.complete_marker", PLAN, "which checkpoints count as fully written"),
     Row("runs.*.settle_seconds", NONE, "when an unfinished-looking checkpoint is called broken"),
@@ -83,7 +88,11 @@ CONTRACT: tuple[Row, ...] = (
     Row("runs.*.endpoint.concurrency", NONE, "requests in flight"),
     Row("runs.*.endpoint.retries", NONE, "retries of failed requests"),
     Row("runs.*.endpoint.timeout", NONE, "how long a request may take"),
-    Row("runs.*.solutions", MODEL, "which files a replay run replays (its model card names them)"),
+    Row(
+        "runs.*.solutions",
+        MODEL,
+        "what a replay run replays (by content: its model card names the files' hash)",
+    ),
     Row("runs.*.step", PLAN, "the step a weightless run's checkpoint is named after"),
     Row(
         "reasoning",
@@ -145,7 +154,7 @@ CONTRACT: tuple[Row, ...] = (
     Row(
         "lm_eval.include_paths",
         GENERATIONS,
-        "where lm-eval task YAMLs come from",
+        "the lm-eval task YAMLs found there (by content: the same files elsewhere rerun nothing)",
         {"kind": ("harness",)},
     ),
     Row("sampling", PLAN, "which sampling configs exist (a list names them from their values)"),
@@ -407,12 +416,17 @@ def generation_identity(plan: Any, run: str, task: str, variant: str) -> Identit
         extra,
         sampling_values=lambda name: getattr(sampling, name),
     )
-    # The run's chat template counts by content, not by its configured path or name.
+    # Settings that name files count by content, not by their configured path (or name).
+    settings = dict(identity.settings)
     key = f"runs.{run}.chat_template"
-    if key not in identity.settings:
-        return identity
-    settings = {k: v for k, v in identity.settings.items() if k != key}
-    return Identity(_set({**settings, key: plan.runs[run].chat_template.identity}))
+    if key in settings:
+        settings[key] = plan.runs[run].chat_template.identity
+    key = f"tasks.{task}.problems"
+    if key in settings:
+        settings[key] = f"sha256:{plan.tasks[task].problems_sha256()[:16]}"
+    if "lm_eval.include_paths" in settings:
+        settings["lm_eval.include_paths"] = plan.include_paths_id()
+    return Identity(_set(settings))
 
 
 def scoring_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
@@ -432,18 +446,29 @@ def scoring_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
 
 def model_identity(plan: Any, run: str, ckpt: str) -> Identity:
     """What a consolidated model (or a weightless run's model card) depends on besides the
-    checkpoint's bytes."""
+    checkpoint's bytes. A setting that names files counts by their content (`by_content`)."""
     settings = {}
-    base = plan.checkpoint(run, ckpt).is_base
+    checkpoint = plan.checkpoint(run, ckpt)
     for row in rows_with(MODEL):
         if row.key.startswith("runs.*"):
             key = row.key.replace("*", run, 1)
-            settings[key] = (
-                "auto" if base and row.key == "runs.*.format" else lookup(plan.config, key)
-            )
+            if checkpoint.is_base and row.key == "runs.*.format":
+                settings[key] = "auto"
+            elif row.key in BY_CONTENT:
+                settings[key] = BY_CONTENT[row.key](plan, run, checkpoint.step)
+            else:
+                settings[key] = lookup(plan.config, key)
         elif plan.runs[run].has_weights:
             settings[row.key] = lookup(plan.config, row.key)
     return Identity(_set(settings))
+
+
+#: Model settings that name files, and their content id (ckpteval.content): the key's value in
+#: an identity, so a project moved or copied elsewhere keeps every identity it had.
+BY_CONTENT: dict[str, Callable[[Any, str, int], Any]] = {
+    "runs.*.base_model": lambda plan, run, step: plan.base_model_id(run),
+    "runs.*.solutions": lambda plan, run, step: plan.solutions_id(run, step),
+}
 
 
 def summary_identity(config: Mapping[str, Any]) -> Identity:

@@ -69,7 +69,7 @@ def consolidate(smk: Any) -> None:
             Path(smk.output.model),
             Path(smk.output.manifest),
             fmt=p.format,
-            base_model=Path(p.base_model) if p.base_model else None,
+            base_model=Path(smk.input.base_model) if smk.input.get("base_model") else None,
             dtype=cfg["consolidate"]["dtype"],
             smoke=smoke,
             engine_args=dict(cfg["engine"]),

@@ -145,6 +145,14 @@ class TaskSpec:
             cached = self.__dict__["_config_hash"] = self._compute_config_hash()
         return cached
 
+    def problems_sha256(self) -> str:
+        """The sha256 of every problem the task has (no limit, no cap): its problem file's
+        content, whatever its path. Computed once per spec, like `config_hash`."""
+        cached = self.__dict__.get("_problems_sha256")
+        if cached is None:
+            cached = self.__dict__["_problems_sha256"] = sha256_json(self.problems(capped=False))
+        return cached
+
     def _compute_config_hash(self) -> str:
         options = {k: v for k, v in self.options.items() if k not in _SCHEDULING_OPTIONS}
         ident: dict[str, Any] = {
@@ -160,7 +168,7 @@ class TaskSpec:
                 version=b.version,
                 stop=b.stop,
                 include_stop=b.include_stop,
-                problems=sha256_json(self.problems(capped=False)),
+                problems=self.problems_sha256(),
             )
         return sha256_json(ident)
 

@@ -114,8 +114,11 @@ def get_format(wildcards):
 
 
 def get_base_model(wildcards):
+    """The run's base model, an input the job reads but whose path and times rerun nothing
+    (ancient; the `input` trigger is off): its content is in the identity param, so the same
+    model elsewhere (a moved project) is the same job."""
     base = PLAN.runs[wildcards.run].base_model
-    return str(base) if base else None
+    return ancient(str(base)) if base else []
 
 
 # ---- infer side: engine groups x backends (rules are defined per group in infer.smk)
@@ -340,7 +343,9 @@ def get_model_card_settings(wildcards):
     run = PLAN.runs[wildcards.run]
     if run.backend == "openai":
         return {"base_url": run.endpoint["base_url"], "model": run.endpoint["model"]}
-    return {"solutions": run.solutions}
+    # The replayed files by content, not their path: a moved project keeps its model cards.
+    step = PLAN.checkpoint(wildcards.run, wildcards.ckpt).step
+    return {"solutions": PLAN.solutions_id(wildcards.run, step)}
 
 
 def get_cell(wildcards):

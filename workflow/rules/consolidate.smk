@@ -8,6 +8,7 @@ rule consolidate:
     input:
         source=get_checkpoint_source,
         source_id=get_source_identity_file,
+        base_model=get_base_model,
     output:
         model=directory(f"{OUT}/models/{{run}}/{{ckpt}}"),
         manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
@@ -18,7 +19,6 @@ rule consolidate:
         gpu=1 if config["consolidate"]["smoke"] == "vllm" else 0,
     params:
         format=get_format,
-        base_model=get_base_model,
         identity=get_model_identity,
     script:
         "../scripts/consolidate.py"
