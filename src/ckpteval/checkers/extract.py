@@ -16,6 +16,17 @@ from typing import Any
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.M | re.S)
 
 
+#: Code points UTF-8 cannot encode: lone surrogates, which JSON escapes of them produce.
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def utf8_safe(text: str) -> tuple[str, int]:
+    """`text` with every code point that UTF-8 cannot encode replaced by U+FFFD, and how many
+    were replaced. A checker writes source files through this: one completion's text must never
+    stop the writing of a batch (the sample is scored as replaced, and flagged)."""
+    return _SURROGATES.subn("\ufffd", text)
+
+
 def strip_done(text: str) -> str:
     """The part between MBPP's `[BEGIN]` and `[DONE]` markers, where a completion uses them."""
     if "[BEGIN]" in text:
