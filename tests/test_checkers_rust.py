@@ -238,3 +238,27 @@ def test_the_tests_see_the_prompts_contract() -> None:
         "{ super::f(p0, p1, p2) }",
     ]
     assert prompt_contract("unsafe fn g(x: i32) -> i32 {\n", "g") is None
+
+
+def test_unencodable_text_is_replaced_and_flagged_not_fatal() -> None:
+    """Attack (issue 23): a lone surrogate (what a JSON `\\udc80` escape decodes to) in one
+    completion aborted writing its batch's sources, and the whole run with it. It is replaced by
+    U+FFFD and counted on that sample's verdict; its neighbours keep theirs."""
+    completions = [
+        "    a + b\n}\n",
+        "    a + b // \udc80\n}\n",  # right, with a replaced comment
+        '    let s = "\udc80\udc81";\n    a + b - s.len() as i64\n}\n',  # wrong: 2 x 3 bytes
+        "    a - b\n}\n",
+        "```rust\nfn add_two(a: i64, b: i64) -> i64 { \udc80 }\n```",  # does not compile
+    ]
+    verdicts = get_checker("rust").check(
+        [Job(ADD["task_id"], ADD, c) for c in completions], workers=2, timeout=5
+    )
+    assert [v.error_type for v in verdicts] == [
+        None,
+        None,
+        "wrong_answer",
+        "wrong_answer",
+        "compile_error",
+    ], verdicts
+    assert [v.extras.get("unencodable_chars") for v in verdicts] == [None, 1, 2, None, 1]
