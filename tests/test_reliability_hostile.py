@@ -240,24 +240,17 @@ RS_PROBLEM = {
 RS_ANSWER = "    a + b\n}\n"
 
 
-#: Rust attacks that need FFI (fork, kill, signal): they still run, contained, but a sample with
-#: `unsafe` or `extern` cannot pass (issue 23), so one whose tests pass is refused instead.
-RS_FFI = {"fork_bomb", "loop_ignoring_signals", "kill_all"}
-RS_EXTERN = (
-    '    extern "C" {\n        fn fork() -> i32;\n        fn kill(pid: i32, sig: i32) -> i32;\n'
-    "        fn signal(sig: i32, handler: usize) -> usize;\n    }\n"
-)
-
-
 def _rust_attacks(host: Host) -> dict[str, str]:
     tracer = (
+        '    extern "C" {\n        fn fork() -> i32;\n        fn kill(pid: i32, sig: i32) -> i32;\n'
+        "        fn signal(sig: i32, handler: usize) -> usize;\n    }\n"
         '    let _ = std::process::Command::new("/bin/sh")'
         f'.args(["-c", "sleep 300; :", "{TOKEN}-tracer"]).spawn();\n'
     )
     escaped = '    if !escaped.is_empty() {\n        panic!("ESCAPED {:?}", escaped);\n    }\n'
     targets = ", ".join(f'"{p}"' for p in host.targets())
     return {
-        name: (RS_EXTERN if name in RS_FFI else "") + tracer + body
+        name: tracer + body
         for name, body in {
             "fork_bomb": "    loop {\n        unsafe { fork(); }\n    }\n}\n",
             "memory_bomb": "    let mut hog: Vec<Vec<u8>> = Vec::new();\n"
@@ -490,8 +483,10 @@ CASES = [
 @pytest.mark.parametrize("language,attack", CASES)
 def test_attack_gets_the_right_verdict(language: str, attack: str, host: Host) -> None:
     verdict = outcome(language, host)["verdicts"][attack]
-    if language == "rust" and attack in RS_FFI and EXPECTED[attack] is None:
-        # its tests passed (any failure would say so); only the refusal of FFI fails it
+    if language == "rust" and EXPECTED[attack] is None:
+        # Each Rust attack declares FFI (its tracer's extern block), which a sample cannot pass
+        # with (issue 23): its tests passed (a failure, ESCAPED included, would say so), and only
+        # the refusal fails it.
         assert verdict.error_type == "runtime_error", verdict
         assert verdict.stderr_tail.startswith("ckpteval: unsafe code or FFI"), verdict
         assert verdict.hack == "binary_wide_code"
