@@ -8,6 +8,7 @@ import pytest
 
 from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers.extract import brace_depth, rust_program, rust_tests
+from ckpteval.checkers.rust import prompt_contract
 from ckpteval.io import iter_jsonl
 
 RUSTFUNC = (
@@ -113,12 +114,12 @@ CASES = [
         f'    include_str!("{_secret_file()}").len() as i64 * 0 + a + b\n}}\n',
         "compile_error",
     ),
-    (
-        "killing the parent (no effect) then answering",
+    (  # FFI a hidden-test harness has no use for is refused, whatever the tests say
+        "killing the parent through FFI, then answering",
         ADD,
         '    extern "C" {\n        fn kill(pid: i32, sig: i32) -> i32;\n    }\n'
         "    unsafe {\n        kill(std::os::unix::process::parent_id() as i32, 9);\n    }\n    a + b\n}\n",
-        None,
+        "runtime_error",
     ),
     ("extra closing brace (cannot share a crate)", ADD, "    a + b\n}\n}\n", "compile_error"),
     (
@@ -181,6 +182,7 @@ def test_ordinary_samples_are_not_flagged(batched: dict[str, Verdict]) -> None:
         "exit(0) from the test": "exit_before_tests",
         "reading the home directory at run time": "reads_harness_files",
         "reading a host file at compile time": "reads_harness_files",
+        "killing the parent through FFI, then answering": "binary_wide_code",
     }
 
 
@@ -202,3 +204,61 @@ def test_program_shapes() -> None:
     assert tests.lstrip().startswith("#[test]") and "fn ckpteval_main()" in tests
     chat = rust_program(ADD, "use std::cmp;\nfn add_two(a: i64, b: i64) -> i64 {\n    a + b\n}\n")
     assert chat.count("fn add_two") == 1 and "/// Add two integers." in chat
+
+
+def test_assembly_never_drops_the_prompts_imports() -> None:
+    """Attack (issue 23): a `use` the prompt has, repeated inside a private module, made
+    assembly drop the prompt's import, so the sample's own `HashMap` took its name. Only a
+    repetition at the completion's top level (the same name for the same item) stands in."""
+    prompt = "use std::collections::HashMap;\nfn f(x: i32) -> HashMap<i32, i32> {\n"
+    problem = {"prompt": prompt, "entry_point": "f"}
+    body = "fn f(x: i32) -> HashMap<i32, i32> {\n    HashMap::new()\n}\n"
+    nested = rust_program(problem, "mod private {\n    use std::collections::HashMap;\n}\n" + body)
+    assert nested.startswith("use std::collections::HashMap;\nmod private {")
+    top = rust_program(problem, "use std::collections::HashMap;\n" + body)
+    assert top.count("use std::collections::HashMap;") == 1
+
+
+def test_the_tests_see_the_prompts_contract() -> None:
+    """The head of `tests.rs`: the prompt's imports, its other items by name, and the entry point
+    with the prompt's exact signature forwarding to the sample's (patterns become p0, p1...)."""
+    prompt = (
+        "fn main() {}\nuse std::collections::HashMap;\nstruct Point {\n    x: i32,\n}\n"
+        "// fn decoy(x: u8) -> u8 {\n/// Doc.\nfn f<T: Fn(i32) -> i32, const N: usize>((a, b): "
+        "(isize, [u8; N]), mut m: HashMap<String, Vec<(i32, i32)>>, g: T) -> Option<Point> "
+        "where T: Clone {\n"
+    )
+    contract = prompt_contract(prompt, "f")
+    assert contract is not None
+    assert contract.splitlines() == [
+        "#[allow(unused_imports)] use std::collections::HashMap;",
+        "#[allow(unused_imports)] use super::{Point};",
+        "#[allow(dead_code)] fn f<T: Fn(i32) -> i32, const N: usize>(p0: (isize, [u8; N]), "
+        "p1: HashMap<String, Vec<(i32, i32)>>, p2: T) -> Option<Point> where T: Clone "
+        "{ super::f(p0, p1, p2) }",
+    ]
+    assert prompt_contract("unsafe fn g(x: i32) -> i32 {\n", "g") is None
+
+
+def test_unencodable_text_is_replaced_and_flagged_not_fatal() -> None:
+    """Attack (issue 23): a lone surrogate (what a JSON `\\udc80` escape decodes to) in one
+    completion aborted writing its batch's sources, and the whole run with it. It is replaced by
+    U+FFFD and counted on that sample's verdict; its neighbours keep theirs."""
+    completions = [
+        "    a + b\n}\n",
+        "    a + b // \udc80\n}\n",  # right, with a replaced comment
+        '    let s = "\udc80\udc81";\n    a + b - s.len() as i64\n}\n',  # wrong: 2 x 3 bytes
+        "    a - b\n}\n",
+        "```rust\nfn add_two(a: i64, b: i64) -> i64 { \udc80 }\n```",  # does not compile
+    ]
+    verdicts = get_checker("rust").check(
+        [Job(ADD["task_id"], ADD, c) for c in completions], workers=2, timeout=5
+    )
+    assert [v.error_type for v in verdicts] == [
+        None,
+        None,
+        "wrong_answer",
+        "wrong_answer",
+        "compile_error",
+    ], verdicts
+    assert [v.extras.get("unencodable_chars") for v in verdicts] == [None, 1, 2, None, 1]

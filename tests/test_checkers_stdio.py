@@ -170,13 +170,71 @@ def test_progress_is_reported(verdicts: dict[str, Verdict]) -> None:
 
 def test_output_comparison() -> None:
     assert outputs_match("1 2\n3\n", "1 2 3")
-    assert outputs_match("0.3333333", "0.33333334")
-    assert not outputs_match("0.3333", "0.3334")
     assert not outputs_match("1", "1 2")
-    assert not outputs_match("10", "10.0000001")  # an integer answer is exact
+    # without a declared float comparison, a decimal answer is as exact as any other token
+    assert not outputs_match("0.3333333", "0.33333334")
+    assert not outputs_match("2.5", "2.5000001")
+    assert not outputs_match("10", "10.0000001")
+    # a problem's `tolerance` declares one: numbers within it, absolute or relative
+    assert outputs_match("0.3333333", "0.33333334", 1e-6)
+    assert outputs_match("2", "2.0000001", 1e-6)
+    assert outputs_match("1e9", "1000000001", 1e-6)
+    assert not outputs_match("0.3333", "0.3334", 1e-6)
+    assert not outputs_match("1.0", "nan", 1e-6) and not outputs_match("1.0", "1_0", 1e-6)
     assert detect_program("#include <cstdio>\nint main(){}").language == "cpp"
     assert detect_program("fn main() {}").language == "rust"
     assert detect_program("print(1)").language == "python"
+
+
+MEAN = {  # an exact decimal answer: a wrong value one millionth off must fail
+    "task_id": "mean",
+    "tests": [{"input": "1 2\n", "output": "1.5\n"}, {"input": "2 2\n", "output": "2.0\n"}],
+}
+
+
+def test_tolerance_only_where_the_problem_declares_a_float_comparison() -> None:
+    """Attack: an exact decimal answer (`1.5`) used to accept any value within 1e-6 of it
+    because its token has a decimal point. Now only a problem's `tolerance` allows that."""
+    close = "```python\na, b = map(int, input().split())\nprint((a + b) / 2 + 1e-7)\n```"
+    exact = "```python\na, b = map(int, input().split())\nprint((a + b) / 2)\n```"
+    floats = {**MEAN, "task_id": "mean-float", "tolerance": 1e-6}
+    jobs = [Job("mean", MEAN, close), Job("mean", MEAN, exact), Job("mean-float", floats, close)]
+    verdicts = _verdicts(jobs, sandbox="bwrap")
+    assert [v.error_type for v in verdicts] == ["wrong_answer", None, None], verdicts
+
+
+def test_bundled_problems_that_need_a_tolerance_declare_it() -> None:
+    """stdio_demo/3 asks for a mean "within 1e-6": it declares the tolerance, and a right answer
+    printed with other digits than the reference still passes."""
+    from ckpteval.tasks import resolve_task
+
+    problem = resolve_task("stdio_demo", {}).problems()["stdio_demo/3"]
+    assert problem["tolerance"] == 1e-6
+    sample = (
+        "```python\ninput()\nxs = list(map(int, input().split()))\nprint(sum(xs) / len(xs))\n```"
+    )
+    wrong = "```python\ninput()\nxs = list(map(int, input().split()))\nprint(sum(xs) / len(xs) + 1e-4)\n```"
+    verdicts = _verdicts(
+        [Job("stdio_demo/3", problem, c) for c in (sample, wrong)], sandbox="bwrap"
+    )
+    assert [v.error_type for v in verdicts] == [None, "wrong_answer"], verdicts
+
+
+def test_unencodable_text_is_replaced_and_flagged_not_fatal() -> None:
+    """Attack: a lone surrogate (what a JSON `\\udc80` escape decodes to) in a completion used
+    to abort writing the source file, and with it the whole run. It is replaced by U+FFFD and
+    the verdict says how many were, in every language, beside samples without one."""
+    rust = RUST_OK.replace("fn main() {", "fn main() { // \udc80\udc81")
+    cases = [
+        (PY_OK.replace("print(a + b)", "print(a + b)  # \udc80"), None),
+        (CPP_OK.replace("int main()", "// \udc80\nint main()"), None),
+        (rust, None),
+        ("```python\nprint('\udc80')\n```", "wrong_answer"),
+        (PY_OK, None),
+    ]
+    verdicts = _verdicts([Job("aplusb", APLUSB, c) for c, _ in cases], sandbox="bwrap")
+    assert [v.error_type for v in verdicts] == [e for _, e in cases], verdicts
+    assert [v.extras.get("unencodable_chars") for v in verdicts] == [1, 1, 2, 1, None]
 
 
 # ------------------------------------------------------- Piston (the stand-in on loopback)

@@ -483,6 +483,14 @@ CASES = [
 @pytest.mark.parametrize("language,attack", CASES)
 def test_attack_gets_the_right_verdict(language: str, attack: str, host: Host) -> None:
     verdict = outcome(language, host)["verdicts"][attack]
+    if language == "rust" and EXPECTED[attack] is None:
+        # Each Rust attack declares FFI (its tracer's extern block), which a sample cannot pass
+        # with (issue 23): its tests passed (a failure, ESCAPED included, would say so), and only
+        # the refusal fails it.
+        assert verdict.error_type == "runtime_error", verdict
+        assert verdict.stderr_tail.startswith("ckpteval: unsafe code or FFI"), verdict
+        assert verdict.hack == "binary_wide_code"
+        return
     assert verdict.error_type == EXPECTED[attack], verdict.stderr_tail[-500:]
     assert "ESCAPED" not in verdict.stderr_tail, verdict.stderr_tail
 

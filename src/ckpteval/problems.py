@@ -6,8 +6,9 @@ For `checker: stdio` a line is normalised from one of these shapes (one small fu
 
 - ckpteval's own: `tests: [{input, output}, ...]`, optional `generated_tests` (same shape),
   `checker` (python source, or `{language, source}`, or `{language, path}` relative to the
-  problem file), `time_limit` (seconds), `memory_limit` (MB), `tolerance` (decimal outputs,
-  absolute or relative; default 1e-6);
+  problem file), `time_limit` (seconds), `memory_limit` (MB), `tolerance` (declares a float
+  comparison: numbers may differ by that much, absolute or relative; without it every output
+  token must match exactly);
 - CodeContests (deepmind/code_contests): `public_tests`, `private_tests` and `generated_tests`
   as `{input: [...], output: [...]}` (official tests are public + private), `description`,
   `time_limit: {seconds, nanos}`, `memory_limit_bytes`;

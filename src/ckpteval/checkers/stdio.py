@@ -7,7 +7,7 @@ Problem record::
      "generated_tests": [{"input", "output"}, ...],           # optional, judged after `tests`
      "checker": str | {"language": "python" | "cpp", "source": str},  # optional special judge
      "time_limit": float,                                     # seconds per test (default 2)
-     "tolerance": float,                                      # decimal outputs (default 1e-6)
+     "tolerance": float,                                      # optional: outputs are floats
      "memory_limit": int,                                     # MB (default 256)
      "canonical_solution": str, "language": str,              # optional reference for the self-test
      "solution_language": str}                                # optional: the language asked for
@@ -19,10 +19,16 @@ all passed (`official_passed`, `generated_passed`; `first_failure`).
 Solutions are Python, C++ or Rust, told apart by the completion's fence language (```cpp) or, for
 bare code, by its look (`#include`, `fn main`); a problem's `solution_language` (a task's
 `language`) fixes it instead, and the code block of that language is taken. Without a checker
-program, output is compared token by token; tokens that are both decimal numbers with a
-fractional part may differ by 1e-6 (absolute or relative; a problem's `tolerance` replaces it).
-A checker program is run as `checker <input> <output> <answer>` and accepts with exit status 0
-(testlib's convention), in the local sandbox.
+program, output is compared token by token, exactly. Only a problem that declares a float
+comparison, by its `tolerance` (say 1e-6), lets two tokens that are both numbers differ by that
+much (absolute or relative); `1.5` against `1.4999` is wrong for a problem without one, whatever
+the decimal point suggests. A checker program is run as `checker <input> <output> <answer>` and
+accepts with exit status 0 (testlib's convention), in the local sandbox; it decides tolerance
+itself.
+
+Encoding: a completion (and a problem's text) is written as UTF-8, with every code point UTF-8
+cannot encode (a lone surrogate, as a JSON escape of one produces) replaced by U+FFFD; the
+verdict then carries `unencodable_chars`, how many were replaced (`extract.utf8_safe`).
 
 A time limit is CPU time, as on a judge: a test's run fails as `timeout` when the CPU time of
 its whole process tree exceeds the limit, whatever the machine's load. Two backends run solutions.
@@ -74,7 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.checkers import Checker, Job, Verdict, register, tail
-from ckpteval.checkers.extract import code_block
+from ckpteval.checkers.extract import code_block, utf8_safe
 from ckpteval.checkers.python import python_interpreter
 from ckpteval.checkers.rust import rust_sysroot
 from ckpteval.errors import UserError
@@ -96,7 +102,6 @@ _FENCE_NAMES = {
 }
 _SOURCE_NAME = {"python": "main.py", "cpp": "main.cpp", "rust": "main.rs"}
 DEFAULT_TIME_LIMIT = 2.0
-DEFAULT_TOLERANCE = 1e-6
 DEFAULT_MEMORY_MB = 256
 RUNTIME_MEMORY_SLACK = 64 << 20
 #: The wall clock of a run is WALL_FACTOR x the CPU time limit x the load, plus WALL_SLACK_S.
@@ -184,16 +189,17 @@ def first_failure(verdict: Verdict, n_official: int, n_generated: int) -> dict[s
     }
 
 
-def outputs_match(expected: str, actual: str, tolerance: float = DEFAULT_TOLERANCE) -> bool:
-    """Token-wise equality; decimal tokens with a fractional part may differ by `tolerance`
-    (absolute or relative; a problem's `tolerance`, default 1e-6)."""
+def outputs_match(expected: str, actual: str, tolerance: float | None = None) -> bool:
+    """Token-wise equality. With a `tolerance` (a problem that declares a float comparison), two
+    tokens that are both plain decimal numbers may differ by it, absolute or relative; without
+    one every token must be equal: an exact decimal answer accepts no other value."""
     want, got = expected.split(), actual.split()
     if len(want) != len(got):
         return False
     for a, b in zip(want, got):
         if a == b:
             continue
-        if "." in a and _is_number(a) and _is_number(b):
+        if tolerance is not None and _is_number(a) and _is_number(b):
             x, y = float(a), float(b)
             if abs(x - y) <= tolerance or abs(x - y) <= tolerance * abs(x):
                 continue
@@ -201,16 +207,19 @@ def outputs_match(expected: str, actual: str, tolerance: float = DEFAULT_TOLERAN
     return True
 
 
+#: A number as a judge prints one (no `inf`, `nan`, `0x10` or `1_000`, which `float` reads).
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
 def _is_number(token: str) -> bool:
-    try:
-        return math.isfinite(float(token))
-    except ValueError:
-        return False
+    return _NUMBER.fullmatch(token) is not None and math.isfinite(float(token))
 
 
 class StdioChecker(Checker):
     name = "stdio"
-    version = "2"  # 2: per-sample first_failed_test, official_passed, generated_passed
+    #: 2: per-sample first_failed_test, official_passed, generated_passed; 3: tolerance only
+    #: where the problem declares it, unencodable text replaced
+    version = "3"
     default_timeout = DEFAULT_TIME_LIMIT
     compiles = True
 
@@ -267,7 +276,8 @@ class StdioChecker(Checker):
         else the job's `timeout` if set (a calibrated limit), else the call's `timeout`."""
         start = time.monotonic()
         problem = job.problem
-        program = detect_program(job.completion, problem.get("solution_language"))
+        completion, replaced = utf8_safe(job.completion)
+        program = detect_program(completion, problem.get("solution_language"))
         own = self.own_time_limit(problem)
         time_limit = (
             self.run_timeout(problem, timeout)
@@ -280,6 +290,8 @@ class StdioChecker(Checker):
         verdict = self.backend.judge(program, tests, time_limit, memory, judge)
         verdict.duration_s = time.monotonic() - start
         verdict.extras.setdefault("language", program.language)
+        if replaced:
+            verdict.extras["unencodable_chars"] = replaced
         verdict.extras.update(
             first_failure(
                 verdict, len(problem.get("tests") or []), len(problem.get("generated_tests") or [])
@@ -338,9 +350,15 @@ class StdioChecker(Checker):
         self._checker_dirs.clear()
 
 
-def _tolerance(problem: Mapping[str, Any]) -> float:
+def _tolerance(problem: Mapping[str, Any]) -> float | None:
+    """The problem's declared float tolerance, or None: its outputs are compared exactly."""
     value = problem.get("tolerance")
-    return DEFAULT_TOLERANCE if value is None else float(value)
+    return None if value is None else float(value)
+
+
+def _write_text(path: Path, text: Any) -> None:
+    """Write problem or program text as UTF-8, code points UTF-8 cannot encode replaced."""
+    path.write_text(utf8_safe(str(text))[0], encoding="utf-8")
 
 
 class _Judge:
@@ -350,7 +368,7 @@ class _Judge:
         self,
         checker: tuple[Path, list[str]] | None,
         sandbox: Sandbox,
-        tolerance: float = DEFAULT_TOLERANCE,
+        tolerance: float | None = None,
     ) -> None:
         self.checker = checker
         self.sandbox = sandbox
@@ -369,7 +387,7 @@ class _Judge:
                 ("output.txt", actual),
                 ("answer.txt", test["output"]),
             ):
-                Path(io_dir, name).write_text(str(text), encoding="utf-8")
+                _write_text(Path(io_dir, name), text)
             result = self.sandbox.run(
                 [*argv, *(f"{io_dir}/{n}" for n in ("input.txt", "output.txt", "answer.txt"))],
                 limits=Limits(wall_s=30),
@@ -416,7 +434,7 @@ def _compile(sandbox: Sandbox, program: Program, workdir: Path) -> list[str] | V
             compile_ok=False,
             stderr_tail=f"unsupported language {program.language!r}",
         )
-    source.write_text(program.source, encoding="utf-8")
+    _write_text(source, program.source)
     if program.language == "python":
         interpreter, _ = python_interpreter()
         syntax = _python_syntax_error(program)
@@ -488,7 +506,7 @@ class _Local(_Backend):
             slowest = 0.0
             for number, test in enumerate(tests, start=1):
                 stdin = Path(stdin_dir) / f"{number}.in"
-                stdin.write_text(str(test["input"]), encoding="utf-8")
+                _write_text(stdin, test["input"])
                 result = self.sandbox.run(
                     compiled, limits=limits, workdir=Path(work), stdin=stdin, readable=_toolchains()
                 )
