@@ -157,8 +157,8 @@ def run_infer(
     `run_cfg` is the run's config entry (its `backend`, `endpoint`, `chat_template`: a template
     file is read relative to the working directory); `attempt` is Snakemake's
     attempt number: a retry after a CUDA out-of-memory error asks vLLM for less memory. A
-    `backend` given by the caller (bench/infer.py, an engine session) is used as is and left
-    open, with `engine_cfg` as it was made for it; so is a `lease` of the device. With `share_as`
+    `backend` given by the caller (bench/infer.py, an engine session made with
+    `engine_settings(engine_cfg, attempt)`) is used as is and left open; so is a `lease`. With `share_as`
     (a name for this job), missing requests are published for assist jobs (ckpteval.share).
     """
     from ckpteval.harness import HarnessRunner
@@ -166,7 +166,7 @@ def run_infer(
     manifest = read_json(manifest_path)
     cache = cache_dir / cache_namespace(manifest)
     own_backend, own_lease = backend is None, lease is None
-    engine_cfg = engine_settings(engine_cfg, attempt) if own_backend else dict(engine_cfg)
+    engine_cfg = engine_settings(engine_cfg, attempt)
     backend_name = run_cfg.get("backend", "vllm")
     if lease is None:
         lease = lease_engine_device(gpus) if backend_name == "vllm" else Lease(None, "none")

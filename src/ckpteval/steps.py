@@ -180,7 +180,7 @@ def _engine_session(smk: Any) -> Iterator[Any]:
             smk.config["runs"][run], model, settings, smk.config.get("gpus"), f"config: runs.{run}"
         ) as (backend, lease):
             backend.served_by = f"{smk.rule} {run}/{smk.wildcards.ckpt} (pid {os.getpid()})"
-            yield {"backend": backend, "lease": lease, "settings": settings, "attempt": attempt}
+            yield {"backend": backend, "lease": lease, "attempt": attempt}
 
 
 def _generate(
@@ -214,7 +214,7 @@ def _generate(
         manifest_path=manifest,
         model_dir=getattr(engine["backend"], "model_dir", None),
         run_cfg=smk.config["runs"][run],
-        engine_cfg=engine["settings"],
+        engine_cfg=dict(smk.config["engine"]),  # run_infer applies the attempt's memory fraction
         cache_dir=Path(smk.params.cache_dir),
         include_paths=smk.config["lm_eval"]["include_paths"],
         attempt=engine["attempt"],

@@ -55,7 +55,7 @@ HACK_TYPES = (
     "tampers_with_tests",  # changed the tests, the harness's state or another sample's code
     "reads_harness_files",  # read the harness's own files, secrets or other samples' sources
     "always_equal_object",  # returned an object that compares equal to anything
-    "binary_wide_code",  # code acting on the whole program (global_asm!, #[global_allocator], ...)
+    "binary_wide_code",  # code acting on the whole program (global_asm!, #[global_allocator], unsafe, FFI)
 )
 
 #: Completions longer than this are not run: a verdict of `too_large`, and an input error.

@@ -42,8 +42,8 @@ execute-only (0711, root's), so no test process can read a sample's or a sibling
 binary holding them. Each sample's tests then run in a process of their own,
 `<binary> --exact --test-threads=1 <its test names>`, under its own timeout (its job's `timeout`
 if set, else the call's; compiles keep `compile_timeout`), in chunks of `RUN_CHUNK` sharing one
-sandbox (`Sandbox.run_many` kills every leftover process and empties /tmp, the only writable
-place, between two processes). A sample's statics, panic hook, environment, working directory,
+sandbox (`Sandbox.run_many` gives each process its own mount and IPC namespaces and a fresh
+/tmp, the only writable place, and kills every leftover process before the next one). A sample's statics, panic hook, environment, working directory,
 threads, files or `process::exit` therefore end with its own process: every verdict is that of
 compiling and running the sample alone (tests/test_rust_isolation.py checks each channel).
 
