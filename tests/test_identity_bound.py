@@ -79,6 +79,8 @@ class _Gate(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr == "config" and id(node) not in self.allowed:
             self._flag(node, f"{ast.unparse(node)} read outside {ACCESSOR}()")
+        if node.attr == "rule":
+            self._flag(node, f"{ast.unparse(node)}: a step dispatching on the rule name")
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
@@ -106,6 +108,23 @@ def test_steps_read_the_config_only_through_the_knob_accessor() -> None:
         check_knob(key)  # every key a step reads is a `none` key of the contract
 
 
+def test_each_script_hands_its_job_to_the_one_step_function_named_after_it() -> None:
+    """One script and one step function per rule kind: `workflow/scripts/<kind>.py` is
+    `run_step(<kind>, snakemake)`, and the step does not dispatch on the rule name (the gate)."""
+    import ckpteval.steps as steps
+
+    for path in sorted((REPO / "workflow" / "scripts").glob("*.py")):
+        calls = [
+            node
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_step"
+        ]
+        assert len(calls) == 1, path
+        step = calls[0].args[0]
+        assert isinstance(step, ast.Name) and step.id == path.stem, path
+        assert callable(getattr(steps, path.stem))
+
+
 def test_the_exemption_list_names_only_functions_that_exist() -> None:
     tree = ast.parse((REPO / "src" / "ckpteval" / "steps.py").read_text())
     names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
@@ -121,8 +140,9 @@ def test_the_exemption_list_names_only_functions_that_exist() -> None:
         'def publish(smk):\n    return getattr(smk, "config")["publish"]\n',
         'def evaluate(smk):\n    key = "evaluate.workers"\n    return runtime(smk.config, key)\n',
         'print(config["evaluate"])\n',
+        'def evaluate(smk):\n    if smk.rule == "evaluate_harness":\n        return 1\n',
     ],
-    ids=["subscript", "alias", "script-global", "getattr", "computed-key", "bare-name"],
+    ids=["subscript", "alias", "script-global", "getattr", "computed-key", "bare-name", "rule"],
 )
 def test_the_gate_bites(snippet: str) -> None:
     bad, _ = gate(snippet, "snippet.py")
