@@ -421,3 +421,51 @@ def test_the_smoke_tests_context_comes_from_the_model_not_the_engine_config(
     assert smoke_context(tmp_path) == 64
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 32768}))
     assert smoke_context(tmp_path) == SMOKE_MAX_MODEL_LEN
+
+
+@pytest.mark.slow
+def test_a_sweep_scores_a_problem_file_task_and_a_moved_problem_file_reruns_nothing(
+    tmp_path: Path,
+) -> None:
+    """Real Snakemake, a replay run (no engine) of a task from the user's problem file: the
+    evaluate job gets that file as its input and builds its task from its identity. Moving the
+    file (the config updated) changes no evaluate job's params: its identity holds the problems
+    by content. (The generation's identity still holds the path, `tasks.*.problems`: issue 22
+    item 3; so the cell is regenerated and, as a consequence, rescored.)"""
+    import yaml
+    from conftest import run_snakemake, write_config
+
+    problems = tmp_path / "data" / "mine.jsonl"
+    problems.parent.mkdir()
+    shutil.copyfile(REPO / "src" / "ckpteval" / "data" / "tasks" / "arith.jsonl", problems)
+    solutions = tmp_path / "sol" / "checkpoint_100" / "mine.jsonl"
+    solutions.parent.mkdir(parents=True)
+    right = [{"task_id": f"arith/{i}", "completion": "#### -1"} for i in range(2)]
+    write_jsonl(solutions, [{"task_id": "arith/0", "completion": "#### 13"}, *right])
+    config: dict[str, Any] = {
+        "runs": {
+            "r": {
+                "backend": "replay",
+                "solutions": str(tmp_path / "sol" / "checkpoint_{step}" / "{task}.jsonl"),
+            }
+        },
+        "tasks": {"mine": {"problems": str(problems), "checker": "math", "limit": 2}},
+        "sampling": {"greedy": {"temperature": 0.0}},
+        "evaluate": {"workers": 1, "timeout": 5},
+    }
+    write_config(tmp_path, config)
+    proc = run_snakemake(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cell = json.loads((tmp_path / "results/scores/r/step_100/mine/greedy-s42.json").read_text())
+    assert cell["n_problems"] == 2 and cell["scoring"]["task.options"]["limit"] == 2
+    moved = tmp_path / "elsewhere" / "mine.jsonl"
+    moved.parent.mkdir()
+    shutil.move(problems, moved)
+    config["tasks"]["mine"]["problems"] = str(moved)
+    (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = run_snakemake(tmp_path, "-n")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "scores of mine" not in out, out[-3000:]  # ckpteval's own rerun lines
+    by_params = [line for line in out.splitlines() if "provenance triggered jobs:" in line]
+    assert not any("evaluate" in line for line in by_params), out[-3000:]
