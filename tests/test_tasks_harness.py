@@ -267,18 +267,21 @@ def test_the_evaluate_step_scores_code_harness_tasks_with_the_evaluate_settings(
     tmp_path: Path,
 ) -> None:
     """`steps.evaluate` hands `evaluate.*` (workers, timeout, timeout_factor, ks, sandbox) to the
-    code-harness scorer, as to ckpteval's own tasks."""
+    code-harness scorer, as to ckpteval's own tasks, from the job's identity."""
     from types import SimpleNamespace
 
+    from ckpteval.config import build_plan
+    from ckpteval.contract import scoring_identity
     from ckpteval.steps import evaluate
 
-    config = {
-        "runs": {"r": {"path": str(tmp_path)}},
+    config: dict[str, Any] = {
+        "runs": {"r": {"backend": "openai", "endpoint": {"base_url": "http://x/v1", "model": "m"}}},
         "tasks": {"he": {"harness": "he_local", "checker": "python"}},
         "sampling": {"hot": {"temperature": 0.8, "n": 2}},
         "evaluate": {"timeout": 3, "timeout_factor": 2, "ks": [1], "sandbox": "none"},
     }
     validate_config(config)
+    identity = scoring_identity(build_plan(config), "r", "he", "hot-s42")
     problem = {
         "prompt": "def inc(x):\n",
         "test": "def check(f):\n    assert f(1) == 2\n",
@@ -317,7 +320,7 @@ def test_the_evaluate_step_scores_code_harness_tasks_with_the_evaluate_settings(
                     "variant": "hot-s42",
                     "is_baseline": False,
                 },
-                identity='{"checker": "python", "evaluate.timeout": 3}',
+                identity=identity.text,
             ),
             input=SimpleNamespace(generations=str(gen), manifest=str(tmp_path / "manifest.json")),
             output=SimpleNamespace(samples=str(out / "s.jsonl"), metrics=str(out / "s.json")),
@@ -328,7 +331,8 @@ def test_the_evaluate_step_scores_code_harness_tasks_with_the_evaluate_settings(
     assert cell["timeouts"]["configured"] == 3.0 and cell["timeouts"]["factor"] == 2.0
     assert sorted(cell["metrics"]) == ["compile_rate", "hack_rate", "pass@1"]  # ks=[1]: no pass@2
     assert cell["metrics"]["pass@1"]["value"] == 0.5 and cell["model_hash"] == "abc"
-    assert cell["scoring"] == {"checker": "python", "evaluate.timeout": 3}  # what freshness reads
+    assert cell["scoring"] == identity.settings  # what freshness reads
+    assert identity.settings["evaluate.timeout"] == 3
     assert len(cell["input_errors"]) == 1 and cell["input_errors"][0].startswith(
         f"{gen}:3: malformed"
     )

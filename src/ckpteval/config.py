@@ -50,6 +50,12 @@ class Sampling:
         return f"{self.name}-s{seed}"
 
 
+def parse_variant(variant: str) -> tuple[str, int]:
+    """(sampling config name, seed) of a `{variant}` name (`Sampling.variant` reversed)."""
+    name, _, seed = variant.rpartition("-s")
+    return name, int(seed)
+
+
 @dataclass(frozen=True)
 class Variant:
     """A sampling config paired with a seed: the unit a generation file holds."""
@@ -411,13 +417,13 @@ def build_plan(
                     f"{'openai' if key == 'endpoint' else 'replay'}; this run's backend "
                     "is vllm (set runs.<name>.backend)"
                 )
-        path = _resolve(r["path"], base_dir)
+        path = resolve_path(r["path"], base_dir)
         if not path.is_dir():
             raise UserError(
                 f"config: runs.{name}.path: {path} is not a directory; point it at the training "
                 "run's output directory"
             )
-        base_model = _resolve(r["base_model"], base_dir) if r.get("base_model") else None
+        base_model = resolve_path(r["base_model"], base_dir) if r.get("base_model") else None
         if base_model is not None and not base_model.is_dir():
             raise UserError(f"config: runs.{name}.base_model: {base_model} is not a directory")
         if r.get("evaluate_base") and base_model is None:
@@ -533,7 +539,7 @@ def _weightless_run(
             raise UserError(f"{key}.solutions: only for backend replay")
         step = int(r["step"])
         ckpt = Checkpoint(
-            f"step_{step}", step, _resolve(r["path"], base_dir) if r.get("path") else base_dir
+            f"step_{step}", step, resolve_path(r["path"], base_dir) if r.get("path") else base_dir
         )
         return Run(name, None, backend, None, (ckpt,), backend, dict(r["endpoint"]), None)
     if r.get("endpoint") is not None:
@@ -543,7 +549,7 @@ def _weightless_run(
             f"{key}.solutions: backend replay needs solutions: a directory of "
             "<task>.jsonl files or a pattern with {task}"
         )
-    pattern = str(_resolve(r["solutions"], base_dir))
+    pattern = str(resolve_path(r["solutions"], base_dir))
     tasks = list(task_variants)
     if "{" not in pattern:
         if not Path(pattern).is_dir():
@@ -667,7 +673,8 @@ def _replay_steps(pattern: str, dirs: bool = False) -> list[int]:
     return sorted(steps)
 
 
-def _resolve(path: str, base_dir: Path) -> Path:
+def resolve_path(path: str, base_dir: Path) -> Path:
+    """A path of the config (`~` and `$VARS` expanded), relative ones taken from `base_dir`."""
     p = Path(os.path.expanduser(os.path.expandvars(path)))
     return p if p.is_absolute() else (base_dir / p)
 

@@ -70,6 +70,9 @@ SMOKE_ENGINES = ("vllm", "transformers", "none")
 SMOKE_PROMPT = "The capital of France is"
 SMOKE_TOKENS = 8
 SMOKE_SEED = 42
+#: The longest context a vLLM smoke test asks for: the prompt and its tokens fit many times over,
+#: and its KV cache fits in any memory fraction (the model's own maximum may not).
+SMOKE_MAX_MODEL_LEN = 256
 MAX_SHARD_BYTES = 4 << 30
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 # Module-wrapper name segments that never belong to a Hugging Face parameter name.
@@ -732,9 +735,8 @@ def smoke_check(
         return {"engine": "none", "prompt": None, "text": None, "token_ids": None}
     started = time.monotonic()
     if engine == "vllm":
-        result = _smoke_vllm_subprocess(
-            model_dir, {"dtype": dtype, "seed": SMOKE_SEED, **engine_args}, source
-        )
+        base = {"dtype": dtype, "seed": SMOKE_SEED, "max_model_len": smoke_context(model_dir)}
+        result = _smoke_vllm_subprocess(model_dir, {**base, **engine_args}, source)
     else:
         result = smoke_transformers(model_dir, dtype)
     seconds = round(time.monotonic() - started, 3)
@@ -759,6 +761,20 @@ def smoke_check(
         "token_ids": result["token_ids"],
         "seconds": seconds,
     }
+
+
+def smoke_context(model_dir: Path) -> int:
+    """The vLLM smoke test's `max_model_len`: `SMOKE_MAX_MODEL_LEN`, or the model's own maximum
+    (`max_position_embeddings` of its config.json) when that is smaller. The workflow's
+    `engine.max_model_len` is a setting of generations, not of the model, and is not read."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return SMOKE_MAX_MODEL_LEN
+    limit = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+        return min(SMOKE_MAX_MODEL_LEN, limit)
+    return SMOKE_MAX_MODEL_LEN
 
 
 def smoke_transformers(model_dir: Path, dtype: str) -> dict[str, Any]:

@@ -430,8 +430,10 @@ def generation_identity(plan: Any, run: str, task: str, variant: str) -> Identit
 
 
 def scoring_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
-    """What a cell's scores depend on besides its generation file: the checker and the
-    evaluate settings it reads."""
+    """What a cell's scores depend on besides its generation file: the checker, the evaluate
+    settings it reads, and the task it scores against (its options and content, all of them
+    `generations` keys, so they add no rerun; the evaluate job builds its task from these,
+    ckpteval.jobs)."""
     from ckpteval.checkers import checker_version
     from ckpteval.evaluate import CELL_FORMAT
 
@@ -440,6 +442,8 @@ def scoring_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
         "checker": spec.checker,
         "checker.version": checker_version(spec.checker),
         "cell.format": CELL_FORMAT,
+        "task.definition": spec.config_hash()[:16],
+        "task.options": spec.identity_options(),
     }
     return cell_settings(plan.config, _cell(plan, run, task, variant), SCORES, extra)
 

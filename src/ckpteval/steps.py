@@ -1,7 +1,9 @@
 """The four workflow steps as functions of a Snakemake job; `workflow/scripts/*.py` call these.
 
 Each step function takes the job's `snakemake` object and calls one package function with plain
-arguments. `run_step` sends the process's stdout/stderr (including what C extensions and vLLM
+arguments. Every setting that changes a job's output comes from the job's identity param, decoded
+by ckpteval.jobs; the config is read only for runtime knobs, through ckpteval.knobs.runtime
+(tests/test_identity_bound.py checks both). `run_step` sends the process's stdout/stderr (including what C extensions and vLLM
 print) to the job's log file, and turns a `UserError` into one line on the console and in the
 log, with no traceback.
 """
@@ -19,6 +21,7 @@ from typing import Any
 from ckpteval.contract import Identity
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_file
+from ckpteval.knobs import runtime
 
 
 def run_step(step: Callable[[Any], None], smk: Any) -> None:
@@ -49,30 +52,32 @@ def run_step(step: Callable[[Any], None], smk: Any) -> None:
 
 
 def consolidate(smk: Any) -> None:
-    """Settings that change the model come as the job's identity (params); the others (the
-    smoke test's engine arguments) are read from the config: they never rerun this job."""
+    """A consolidate job: what the model is comes from its identity (ckpteval.jobs.ModelJob);
+    how it is smoke-tested (engine, GPU, memory) are runtime knobs, which never rerun it."""
     from ckpteval.checkpoints import hash_source
     from ckpteval.consolidate import consolidate_checkpoint
     from ckpteval.gpus import Lease, lease_engine_device
+    from ckpteval.jobs import ModelJob
 
-    p, cfg = smk.params, smk.config
+    job = ModelJob.decode(smk.params.identity, smk.wildcards.run)
     source = Path(smk.input.source)
     record = {
-        **Identity.from_text(p.identity).record(),
+        **job.identity.record(),
         "source_files": hash_source(source) if source.exists() else {},
     }
-    smoke = cfg["consolidate"]["smoke"]
-    lease = lease_engine_device(cfg.get("gpus")) if smoke == "vllm" else Lease(None, "none")
+    smoke = runtime(smk.config, "consolidate.smoke")
+    gpus = runtime(smk.config, "gpus")
+    lease = lease_engine_device(gpus) if smoke == "vllm" else Lease(None, "none")
     try:
         consolidate_checkpoint(
             source,
             Path(smk.output.model),
             Path(smk.output.manifest),
-            fmt=p.format,
+            fmt=job.fmt,
             base_model=Path(smk.input.base_model) if smk.input.get("base_model") else None,
-            dtype=cfg["consolidate"]["dtype"],
+            dtype=job.dtype,
             smoke=smoke,
-            engine_args=dict(cfg["engine"]),
+            engine_args=_smoke_engine_args(smk),
             record=record,
         )
     finally:
@@ -91,11 +96,12 @@ def model_card(smk: Any) -> None:
     from ckpteval.io import write_json
 
     run = smk.wildcards.run
+    identity = Identity.from_text(smk.params.identity)
     write_json(
         smk.output.manifest,
         {
-            **card(run, smk.config["runs"][run]["backend"], dict(smk.params.settings)),
-            **Identity.from_text(smk.params.identity).record(),
+            **card(run, identity.settings[f"runs.{run}.backend"], dict(smk.params.settings)),
+            **identity.record(),
         },
     )
 
@@ -143,7 +149,7 @@ def infer(smk: Any) -> None:
             if todo:
                 _generate(smk, engine, staging, todo, Path(smk.input.manifest))
             _write_markers(smk.output.markers, staging, cells)
-            if engine is not None and smk.config["engine"].get("swap", True):
+            if engine is not None and runtime(smk.config, "engine.swap") is not False:
                 _chain(smk, engine, staging)
 
 
@@ -340,38 +346,17 @@ def assist(smk: Any) -> None:
 
 
 def evaluate(smk: Any) -> None:
-    from ckpteval.config import build_tasks
-    from ckpteval.io import read_json
+    """An evaluate job: its task and checker settings come from its identity
+    (ckpteval.jobs.ScoringJob), and it builds that one task only; the worker count (threads)
+    is the only other setting it sees."""
+    from ckpteval.jobs import ScoringJob
 
     cell = dict(smk.params.cell)
-    tasks, variants, _ = build_tasks(smk.config)
-    task, variant = tasks[cell["task"]], variants[cell["variant"]]
+    job = ScoringJob.decode(smk.params.identity, cell["task"])
+    task = job.build_task(_optional_input(smk, "problems"))
     generations = Path(smk.input.generations)
-    manifest = read_json(smk.input.manifest)
-    provenance = {
-        **cell,
-        "sampling": variant.sampling.name,
-        "seed": variant.seed,
-        "model_hash": manifest.get("weights_sha256"),
-        "generation_file": str(generations),
-        "generation_sha256": sha256_file(generations),
-        "scoring": Identity.from_text(smk.params.identity).settings,
-    }
-    template = read_meta(generations.with_suffix(".meta.json")).get("chat_template")
-    if template is not None:  # the chat template the prompts went through (infer._write_meta)
-        provenance["chat_template"] = template
-    ev = smk.config["evaluate"]
-    options: dict[str, Any] = {"sandbox": ev["sandbox"]}
-    if ev.get("piston_url"):
-        options["endpoint"] = ev["piston_url"]
-        options["piston_limits"] = dict(ev.get("piston_limits") or {})
-    scoring: dict[str, Any] = {
-        "workers": int(smk.threads),
-        "timeout": float(ev["timeout"]),
-        "timeout_factor": float(ev["timeout_factor"]),
-        "ks": ev["ks"],
-        "checker_options": options,
-    }
+    provenance = _score_provenance(cell, job, generations, Path(smk.input.manifest))
+    scoring = {"workers": int(smk.threads), **job.scoring_kwargs()}
     if task.kind == "harness":
         from ckpteval.harness import score_harness_file
 
@@ -398,26 +383,73 @@ def evaluate(smk: Any) -> None:
     )
 
 
-def aggregate(smk: Any) -> None:
-    from ckpteval.aggregate import build_summary
+def _optional_input(smk: Any, name: str) -> Path | None:
+    """The job's input `name`, or None when the rule has none (an input function may give [])."""
+    value = getattr(smk.input, name, None)
+    return Path(str(value)) if value else None
 
+
+def _score_provenance(
+    cell: dict[str, Any], job: Any, generations: Path, manifest_path: Path
+) -> dict[str, Any]:
+    """What a score cell records of where it comes from: the cell, its variant, the model, the
+    generation file, the chat template its prompts went through, and its identity (`scoring`,
+    which ckpteval.freshness compares with the next parse's)."""
+    from ckpteval.config import parse_variant
+    from ckpteval.io import read_json
+
+    sampling, seed = parse_variant(cell["variant"])
+    provenance = {
+        **cell,
+        "sampling": sampling,
+        "seed": seed,
+        "model_hash": read_json(manifest_path).get("weights_sha256"),
+        "generation_file": str(generations),
+        "generation_sha256": sha256_file(generations),
+        "scoring": job.identity.settings,
+    }
+    template = read_meta(generations.with_suffix(".meta.json")).get("chat_template")
+    if template is not None:  # the chat template the prompts went through (infer._write_meta)
+        provenance["chat_template"] = template
+    return provenance
+
+
+def aggregate(smk: Any) -> None:
+    """The aggregate job: title, bootstrap and truncation threshold from its identity
+    (ckpteval.jobs.SummaryJob); which cells, deleted and broken checkpoints from its params."""
+    from ckpteval.aggregate import build_summary
+    from ckpteval.jobs import SummaryJob
+
+    job = SummaryJob.decode(smk.params.identity)
     build_summary(
         [Path(p) for p in smk.input.cells],
         Path(smk.output.parquet).parent,
-        title=smk.config["aggregate"]["title"],
-        bootstrap=int(smk.config["aggregate"]["bootstrap"]),
+        title=job.title,
+        bootstrap=job.bootstrap,
         deleted=list(smk.params.deleted),
         broken=list(smk.params.broken),
-        truncation_threshold=smk.config["aggregate"].get("truncation_threshold"),
+        truncation_threshold=job.truncation_threshold,
     )
 
 
 def publish(smk: Any) -> None:
-    """The `publish` target: the config's publish section, as validated (the job's identity
-    param is what reruns it when that section changes)."""
+    """The `publish` target: the config's publish section as the job's identity holds it
+    (ckpteval.jobs.PublishJob; a change of it reruns this job)."""
+    from ckpteval.jobs import PublishJob
     from ckpteval.publish import format_report
     from ckpteval.publish import publish as send
 
-    reports = send(Path(smk.input.parquet).parent, smk.config["publish"])
+    job = PublishJob.decode(smk.params.identity)
+    reports = send(Path(smk.input.parquet).parent, job.section)
     for line in format_report(reports):
         print(line)
+
+
+def _smoke_engine_args(smk: Any) -> dict[str, Any]:
+    """The engine settings a vLLM smoke test takes from the config: knobs only. The others (such
+    as `engine.dtype`) change generations, not the model: the smoke test runs the model in its
+    own dtype and a short context (ckpteval.consolidate.smoke_check)."""
+    return {
+        "gpu_memory_utilization": runtime(smk.config, "engine.gpu_memory_utilization"),
+        "enforce_eager": runtime(smk.config, "engine.enforce_eager"),
+    }

@@ -153,8 +153,13 @@ class TaskSpec:
             cached = self.__dict__["_problems_sha256"] = sha256_json(self.problems(capped=False))
         return cached
 
+    def identity_options(self) -> dict[str, Any]:
+        """The task's options that define what it asks and how: all but where and when it runs,
+        its problem file's path (the content counts) and `max_generated_tests` (its own row)."""
+        return {k: v for k, v in self.options.items() if k not in _SCHEDULING_OPTIONS}
+
     def _compute_config_hash(self) -> str:
-        options = {k: v for k, v in self.options.items() if k not in _SCHEDULING_OPTIONS}
+        options = self.identity_options()
         ident: dict[str, Any] = {
             "name": self.name,
             "kind": self.kind,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ckpteval.chat_templates import missing_template_lines
 from ckpteval.checkpoints import sync_source_identity
-from ckpteval.config import build_plan, validate_config
+from ckpteval.config import build_plan, resolve_path, validate_config
 from ckpteval.contract import (
     generation_identity,
     model_identity,
@@ -106,11 +106,6 @@ def get_source_identity_file(wildcards):
 
 def get_model_identity(wildcards):
     return model_identity(PLAN, wildcards.run, wildcards.ckpt).text
-
-
-def get_format(wildcards):
-    ckpt = PLAN.checkpoint(wildcards.run, wildcards.ckpt)
-    return "auto" if ckpt.is_base else PLAN.runs[wildcards.run].format
 
 
 def get_base_model(wildcards):
@@ -404,3 +399,11 @@ def get_broken_checkpoints(wildcards):
 
 def get_deleted_checkpoints(wildcards):
     return sorted(f"{run}/{c.name}" for run, ckpts in PLAN.deleted.items() for c in ckpts)
+
+
+def get_problems_file(wildcards):
+    """The problem file of the cell's task (`tasks.<name>.problems`), or none: read by the
+    evaluate job, which builds its own task only. Ancient: its path and mtime rerun nothing,
+    its content is in the job's identity (`task.definition`)."""
+    path = PLAN.tasks[wildcards.task].options.get("problems")
+    return [] if path is None else ancient(str(resolve_path(str(path), Path.cwd())))

@@ -2,7 +2,8 @@
 # hash every later file is traced to. The raw checkpoint is ancient(): its modification time says
 # nothing. What reruns this job is its content identity file (models/{run}/{ckpt}.source.json,
 # kept at parse time: its mtime moves only when the checkpoint's bytes change) or its identity
-# param (the settings that change the model: ckpteval.contract). Its priority follows its infer
+# param (the settings that change the model: ckpteval.contract; the job reads its format, base
+# model and dtype from it, ckpteval.jobs). Its priority follows its infer
 # jobs' expected GPU seconds (common.smk), so the longest checkpoints are ready first.
 rule consolidate:
     input:
@@ -18,7 +19,6 @@ rule consolidate:
     resources:
         gpu=1 if config["consolidate"]["smoke"] == "vllm" else 0,
     params:
-        format=get_format,
         identity=get_model_identity,
     script:
         "../scripts/consolidate.py"

@@ -1,10 +1,13 @@
 # CPU scoring outside the GPU job: sandboxed checkers for generated code, answer checking for math,
 # lm-eval's per-sample metrics for harness tasks. Its identity param holds the evaluate settings
-# the cell's checker reads (ckpteval.contract): a changed timeout rescores, a changed worker
-# count does not.
+# the cell's checker reads and the task it scores against (ckpteval.contract): a changed timeout
+# rescores, a changed worker count does not. The job reads them from that param alone
+# (ckpteval.jobs), and its task's problem file, if it has one, as an input by content (ancient:
+# a moved or touched file reruns nothing; new content changes the identity).
 rule evaluate:
     input:
         unpack(get_evaluate_inputs),
+        problems=get_problems_file,
     output:
         samples=f"{OUT}/scores/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
         metrics=f"{OUT}/scores/{{run}}/{{ckpt}}/{{task}}/{{variant}}.json",
