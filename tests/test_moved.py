@@ -149,7 +149,13 @@ CHANGES: list[tuple[str, Callable[[Path], None], set[str]]] = [
     ("base/config.json", _append_byte, {"model demo/step_1"}),
     ("base/model.safetensors", _new_weights, {"model demo/step_1"}),
     ("template.jinja", _append_byte, _cells("arith", ("demo",))),
-    ("problems.jsonl", _first_problem_only, _cells("mine")),
+    # The problems are what a cell is scored against too: its scoring identity holds the
+    # task's content (ckpteval.jobs builds the task from it), so its evaluate job reruns as well.
+    (
+        "problems.jsonl",
+        _first_problem_only,
+        _cells("mine") | {c.replace("generation", "scoring") for c in _cells("mine")},
+    ),
     ("sols/arith.jsonl", _append_byte, {"model rep/step_0"}),
     ("lmeval/mine.yaml", _append_byte, _cells("arith_harness")),
 ]

@@ -116,8 +116,9 @@ def _done(staging: Path, cells: list[dict[str, Any]]) -> bool:
     return all(marker_path(staging, c["task"], c["variant"]).exists() for c in cells)
 
 
-def staged_current(staging: Path, cell: dict[str, Any], model_hash: Any) -> bool:
-    """A cell already staged for these settings and this model (by a chain that went ahead)."""
+def staged_current(staging: Path, cell: dict[str, Any], model_hash: Any, invocation: Any) -> bool:
+    """A cell already staged for these settings and this model, in this invocation (by a chain
+    that went ahead); anything else in a staging directory is a leftover."""
     from ckpteval.verbs import staged_paths
 
     jsonl, meta = staged_paths(staging, cell["task"], cell["variant"])
@@ -129,4 +130,5 @@ def staged_current(staging: Path, cell: dict[str, Any], model_hash: Any) -> bool
         jsonl.exists()
         and recorded.get("identity") == cell["record"].get("identity")
         and recorded.get("model_hash") == model_hash
+        and recorded.get("staged_for") == invocation
     )

@@ -139,9 +139,10 @@ def infer(smk: Any) -> None:
     staging = Path(smk.params.staging)
     cells = read_request(Path(smk.input.request), strict=True)
     model_hash = read_json(smk.input.manifest).get("weights_sha256")
+    invocation = _invocation(smk)
     with claim(staging, wait=True):  # a chain that went ahead may be generating them now
         _clear_staged(staging, {(c["task"], c["variant"]) for c in cells})
-        todo = [c for c in cells if not staged_current(staging, c, model_hash)]
+        todo = [c for c in cells if not staged_current(staging, c, model_hash, invocation)]
         if len(todo) < len(cells):
             print(f"{len(cells) - len(todo)} cell(s) already staged by a chained engine")
         session = _engine_session(smk) if todo else contextlib.nullcontext(None)
@@ -210,7 +211,7 @@ def _generate(
             tasks[c["task"]],
             variants[c["variant"]],
             staged_paths(staging, c["task"], c["variant"])[0],
-            record=c["record"],
+            record={**c["record"], "staged_for": _invocation(smk)},
         )
         for c in cells
     ]
@@ -233,45 +234,63 @@ def _generate(
     )
 
 
+def _invocation(smk: Any) -> Any:
+    """The Snakemake invocation this job belongs to, as its request file names it: a staged
+    cell counts only for the invocation that staged it (an older one is a leftover)."""
+    from ckpteval.io import read_json
+
+    return read_json(smk.input.request).get("invocation")
+
+
 def _chain(smk: Any, engine: dict[str, Any], staging: Path) -> None:
     """Serve the run's next checkpoints that have work in this invocation on this engine
-    (ckpteval.chain): swap, check, generate; stop at the first swap that fails."""
-    from ckpteval.chain import claim, next_checkpoints, staged_current
-    from ckpteval.io import read_json
+    (ckpteval.chain): swap, check, generate. Nothing of it can fail this job, whose own cells
+    are done: the first checkpoint that fails to serve stops the chain, and its own job (and
+    those after it) start engines of their own."""
+    from ckpteval.chain import next_checkpoints
     from ckpteval.swap import engine_signature
 
     backend = engine["backend"]
     if not hasattr(backend, "swap") or backend.model_dir is None:
         return
-    out = staging.parents[3]
-    invocation = read_json(smk.input.request).get("invocation")
     signature = engine_signature(Path(backend.model_dir))
     for nxt in next_checkpoints(
-        out, smk.wildcards.run, smk.wildcards.ckpt, staging.name, invocation
+        staging.parents[3], smk.wildcards.run, smk.wildcards.ckpt, staging.name, _invocation(smk)
     ):
-        with claim(nxt.staging, wait=False) as held:
-            if not held:
-                continue
-            if engine_signature(nxt.model_dir) != signature:
-                print(
-                    f"chain: {nxt.run}/{nxt.ckpt} has another model config or tokenizer; "
-                    "its own job starts an engine for it"
-                )
-                continue
-            model_hash = read_json(nxt.manifest).get("weights_sha256")
-            todo = [c for c in nxt.cells if not staged_current(nxt.staging, c, model_hash)]
-            if not todo:
-                continue
-            try:
-                backend.swap(nxt.model_dir)
-                _generate(smk, engine, nxt.staging, todo, nxt.manifest, own=False)
-            except Exception as exc:  # noqa: BLE001 - a failed swap or generation: its own job takes over
-                print(
-                    f"chain: stopped at {nxt.run}/{nxt.ckpt}: {exc}; its own job starts a "
-                    "fresh engine for it"
-                )
-                return
-            print(f"chain: served {nxt.run}/{nxt.ckpt} ({len(todo)} cell(s)) on this engine")
+        try:
+            served = _serve_next(smk, engine, nxt, signature)
+        except Exception as exc:  # noqa: BLE001 - a failed swap or generation: its own job takes over
+            print(
+                f"chain: stopped at {nxt.run}/{nxt.ckpt}: {exc}; its own job starts a fresh engine"
+            )
+            return
+        if served:
+            print(f"chain: served {nxt.run}/{nxt.ckpt} ({served} cell(s)) on this engine")
+
+
+def _serve_next(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> int:
+    """Generate checkpoint `nxt`'s requested cells on this engine if its claim is free and its
+    model config and tokenizer are the engine's; how many cells it generated."""
+    from ckpteval.chain import claim, staged_current
+    from ckpteval.io import read_json
+    from ckpteval.swap import engine_signature
+
+    with claim(nxt.staging, wait=False) as held:
+        if not held:
+            return 0
+        if engine_signature(nxt.model_dir) != signature:
+            print(
+                f"chain: {nxt.run}/{nxt.ckpt} has another model config or tokenizer; "
+                "its own job starts an engine for it"
+            )
+            return 0
+        model_hash = read_json(nxt.manifest).get("weights_sha256")
+        invocation = _invocation(smk)
+        todo = [c for c in nxt.cells if not staged_current(nxt.staging, c, model_hash, invocation)]
+        if todo:
+            engine["backend"].swap(nxt.model_dir)
+            _generate(smk, engine, nxt.staging, todo, nxt.manifest, own=False)
+        return len(todo)
 
 
 def read_meta(path: Path) -> dict[str, Any]:
