@@ -31,11 +31,13 @@ def _files(root: Path) -> dict[Path, int]:
 
 
 def _of(files: dict[Path, int], results: Path, ckpt: str) -> dict[Path, int]:
-    """The files of one checkpoint: its model, manifest, generations, scores."""
+    """The files of one checkpoint: its model, manifest, generations, scores (not its engine
+    job's bookkeeping under staging/: markers, request and claim files)."""
     return {
         p: t
         for p, t in files.items()
-        if ckpt in p.relative_to(results).parts or p.name == f"{ckpt}.json"
+        if (ckpt in p.relative_to(results).parts or p.name == f"{ckpt}.json")
+        and p.relative_to(results).parts[0] != "staging"
     }
 
 

@@ -167,7 +167,8 @@ def sync_markers(
             marker.unlink(missing_ok=True)
         elif not marker.exists():
             write_marker(marker, generated=False)
-    body = {"invocation": invocation, "cells": [_request_cell(c) for c in cells]}
+    # An empty request names no invocation: it is not rewritten by every parse.
+    body = {"invocation": invocation if cells else "", "cells": [_request_cell(c) for c in cells]}
     if not request.exists() or _read_body(request) != body:
         write_json(request, body)
 
