@@ -730,7 +730,7 @@ def test_a_failed_engine_job_deletes_no_finished_file(sweep: Sweep) -> None:
         shutil.rmtree(cache, ignore_errors=True)
         shutil.move(cache.with_name(cache.name + ".aside"), cache)
     after = results_state(sweep.work)
-    assert set(before) == set(after), "a failed job cost a finished file"
+    assert set(before) <= set(after), "a failed job cost a finished file"
     redone = [c for c in VLLM_CELLS if c[1] == "step_100"]
     assert changed == cell_files("generations", redone) | cell_files("scores", redone)
     assert planned(sweep, sweep.config, "after-failure") == Counter()

@@ -212,13 +212,26 @@ def get_generation_inputs(wildcards):
 
 def get_evaluate_inputs(wildcards):
     """A cell's generation file and model card. A damaged score cell (a metrics file that does
-    not parse, a samples file gone) is removed first, so that Snakemake rescores it."""
-    base = f"{wildcards.run}/{wildcards.ckpt}/{wildcards.task}/{wildcards.variant}"
-    if workflow.is_main_process:
-        drop_damaged_json(Path(f"{OUT}/scores/{base}.json"), Path(f"{OUT}/scores/{base}.jsonl"))
+    not parse, a samples file gone) is removed first, and so is one whose generation file or
+    meta is gone or damaged (its engine job regenerates them: ckpteval.verbs), so that
+    Snakemake rescores it: a score never outlives the generation it describes."""
+    run, ckpt = wildcards.run, wildcards.ckpt
+    base = f"{run}/{ckpt}/{wildcards.task}/{wildcards.variant}"
+    if workflow.is_main_process and not PLAN.checkpoint(run, ckpt).deleted:
+        if run in VLLM_RUNS or run in OPENAI_RUNS:
+            engine_request(run, ckpt, group_of(wildcards.task))
+        scores = (Path(f"{OUT}/scores/{base}.json"), Path(f"{OUT}/scores/{base}.jsonl"))
+        generated = (
+            Path(f"{OUT}/generations/{base}.jsonl"),
+            Path(f"{OUT}/generations/{base}.meta.json"),
+        )
+        if not all(p.exists() for p in generated):
+            for path in scores:
+                path.unlink(missing_ok=True)
+        drop_damaged_json(*scores)
     return {
         "generations": f"{OUT}/generations/{base}.jsonl",
-        "manifest": f"{OUT}/models/{wildcards.run}/{wildcards.ckpt}.json",
+        "manifest": f"{OUT}/models/{run}/{ckpt}.json",
     }
 
 
