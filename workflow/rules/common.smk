@@ -87,7 +87,19 @@ def get_final_outputs(wildcards):
     # Assist jobs (if any GPU would otherwise idle at the sweep's end) are targets too.
     if PLAN.shard is not None:
         return [*get_score_files(wildcards), *ASSIST_RECORDS]
-    return [*rules.aggregate.output, *ASSIST_RECORDS]
+    return [*rules.aggregate.output, *get_cell_files(), *ASSIST_RECORDS]
+
+
+def get_cell_files():
+    """Every model card, generation file, meta and score cell of the plan: targets of `all`, so
+    that a deleted one is made again (Snakemake reruns a job for a missing file only if a job
+    it plans needs it, and nothing is planned once the summary is up to date)."""
+    files = []
+    for cell in PLAN.cells():
+        base = f"{cell['run']}/{cell['ckpt']}/{cell['task']}/{cell['variant']}"
+        files += [f"{OUT}/generations/{base}.jsonl", f"{OUT}/generations/{base}.meta.json"]
+        files += [f"{OUT}/scores/{base}.json", f"{OUT}/models/{cell['run']}/{cell['ckpt']}.json"]
+    return sorted(set(files))
 
 
 def get_checkpoint_source(wildcards):
@@ -211,24 +223,15 @@ def get_generation_inputs(wildcards):
 
 
 def get_evaluate_inputs(wildcards):
-    """A cell's generation file and model card. A damaged score cell (a metrics file that does
-    not parse, a samples file gone) is removed first, and so is one whose generation file or
-    meta is gone or damaged (its engine job regenerates them: ckpteval.verbs), so that
-    Snakemake rescores it: a score never outlives the generation it describes."""
+    """A cell's generation file and model card. Damaged files of the cell (a metrics file that
+    does not parse, a samples file gone; a truncated generation file or a meta that does not
+    parse: ckpteval.verbs) are removed first, so that Snakemake redoes them."""
     run, ckpt = wildcards.run, wildcards.ckpt
     base = f"{run}/{ckpt}/{wildcards.task}/{wildcards.variant}"
     if workflow.is_main_process and not PLAN.checkpoint(run, ckpt).deleted:
         if run in VLLM_RUNS or run in OPENAI_RUNS:
             engine_request(run, ckpt, group_of(wildcards.task))
-        scores = (Path(f"{OUT}/scores/{base}.json"), Path(f"{OUT}/scores/{base}.jsonl"))
-        generated = (
-            Path(f"{OUT}/generations/{base}.jsonl"),
-            Path(f"{OUT}/generations/{base}.meta.json"),
-        )
-        if not all(p.exists() for p in generated):
-            for path in scores:
-                path.unlink(missing_ok=True)
-        drop_damaged_json(*scores)
+        drop_damaged_json(Path(f"{OUT}/scores/{base}.json"), Path(f"{OUT}/scores/{base}.jsonl"))
     return {
         "generations": f"{OUT}/generations/{base}.jsonl",
         "manifest": f"{OUT}/models/{run}/{ckpt}.json",
