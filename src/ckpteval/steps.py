@@ -206,12 +206,13 @@ def _generate(
 
     run = smk.wildcards.run
     tasks, variants, _ = build_tasks(smk.config)
+    invocation = _invocation(smk)
     jobs = [
         Job(
             tasks[c["task"]],
             variants[c["variant"]],
             staged_paths(staging, c["task"], c["variant"])[0],
-            record={**c["record"], "staged_for": _invocation(smk)},
+            record={**c["record"], "staged_for": invocation},
         )
         for c in cells
     ]
