@@ -34,12 +34,8 @@ STEP_FILES = [
 ]
 ACCESSOR = "runtime"
 
-#: Infer-side functions of steps.py that still read the config directly: they build their tasks
-#: with `build_tasks(config)` and the engine from the config's engine section, where the other
-#: steps decode a record (ckpteval.jobs). Binding them is open work; nothing else may be added.
-EXEMPT = frozenset(
-    {"replay", "_engine_session", "_generate", "read_meta", "oom_only_retries", "assist"}
-)
+#: Functions allowed to read the config directly: none (every step decodes its record).
+EXEMPT: frozenset[str] = frozenset()
 
 
 class _Gate(ast.NodeVisitor):
@@ -67,9 +63,9 @@ class _Gate(ast.NodeVisitor):
         name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
         if name == ACCESSOR and node.args and isinstance(node.args[0], ast.Attribute):
             self.allowed.add(id(node.args[0]))
-            key = node.args[1] if len(node.args) > 1 else None
-            if isinstance(key, ast.Constant) and isinstance(key.value, str):
-                self.keys.append(key.value)
+            key = _key_pattern(node.args[1] if len(node.args) > 1 else None)
+            if key is not None:
+                self.keys.append(key)
             else:
                 self._flag(node, "a runtime knob read with a key that is not a literal string")
         if name == "getattr" and any(
@@ -88,6 +84,19 @@ class _Gate(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         if node.id in ("config", "snakemake_config") and isinstance(node.ctx, ast.Load):
             self._flag(node, f"the name {node.id}")
+
+
+def _key_pattern(node: ast.AST | None) -> str | None:
+    """A knob key as written: a literal, or an f-string whose fields stand for a map's entry
+    (`f"runs.{run}.endpoint.timeout"` is `runs.*.endpoint.timeout`); None for anything else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        parts = [v.value if isinstance(v, ast.Constant) else "*" for v in node.values]
+        key = "".join(map(str, parts))
+        if all(part == "*" or "*" not in part for part in key.split(".")):
+            return key
+    return None
 
 
 def gate(source: str, where: str, exempt: frozenset[str] = EXEMPT) -> tuple[list[str], list[str]]:
@@ -155,8 +164,15 @@ def test_the_gate_lets_knobs_and_exempt_functions_through_and_checks_the_keys() 
     ok = 'def evaluate(smk):\n    return runtime(smk.config, "evaluate.workers")\n'
     assert gate(ok, "x.py") == ([], ["evaluate.workers"])
     exempt = 'def _generate(smk):\n    return smk.config["engine"]\n'
-    assert gate(exempt, "x.py") == ([], [])
-    assert gate(exempt, "x.py", exempt=frozenset())[0] != []
+    assert gate(exempt, "x.py", exempt=frozenset({"_generate"})) == ([], [])
+    assert gate(exempt, "x.py")[0] != []
+    # A key with a run's name in it reads as the contract row it falls under.
+    per_run = 'def f(smk):\n    return runtime(smk.config, f"runs.{smk.run}.endpoint.timeout")\n'
+    assert gate(per_run, "x.py") == ([], ["runs.*.endpoint.timeout"])
+    check_knob("runs.*.endpoint.timeout")
+    _, keys = gate('def f(smk):\n    return runtime(smk.config, f"runs.{smk.run}.path")\n', "x")
+    with pytest.raises(NotAKnob, match="runs"):
+        check_knob(keys[0])
     # A literal key that changes results is caught by the key check the gate test runs.
     _, keys = gate('def f(smk):\n    return runtime(smk.config, "evaluate.timeout")\n', "x.py")
     with pytest.raises(NotAKnob, match="evaluate.timeout"):
@@ -473,3 +489,131 @@ def test_a_sweep_scores_a_problem_file_task_and_a_moved_problem_file_reruns_noth
     assert "scores of mine" not in out, out[-3000:]  # ckpteval's own rerun lines
     by_params = [line for line in out.splitlines() if "provenance triggered jobs:" in line]
     assert not any("evaluate" in line for line in by_params), out[-3000:]
+
+
+# --------------------------------------------------------------------------- the engine step
+
+
+def _engine_job_files(tmp: Path, plan: Any, run: str) -> SimpleNamespace:
+    """What the parse writes for the engine job of `run`'s checkpoint step_7: its model card and
+    its request file (every cell of the default engine group requested)."""
+    from ckpteval.backends import model_card
+    from ckpteval.contract import engine_payload, generation_identity, model_identity
+    from ckpteval.verbs import StaleCell, sync_markers
+
+    out = tmp / "results"
+    manifest = out / "models" / run / "step_7.json"
+    endpoint = plan.config["runs"][run]["endpoint"]
+    write_json(
+        manifest,
+        {**model_card(run, "openai", endpoint), **model_identity(plan, run, "step_7").record()},
+    )
+    staging = out / "staging" / run / "step_7" / "main"
+    request = staging.with_name("main.request.json")
+    pairs = [(t, v) for t, vs in plan.task_variants.items() for v in vs]
+    cells = [StaleCell(t, v, generation_identity(plan, run, t, v), "new") for t, v in pairs]
+    payload = engine_payload(plan, run, list(plan.task_variants))
+    sync_markers(staging, request, pairs, cells, "inv-1", payload)
+    markers = [str(staging / t / f"{v}.ok") for t, v in pairs]
+    return SimpleNamespace(
+        out=out, manifest=manifest, staging=staging, request=request, markers=markers, pairs=pairs
+    )
+
+
+def _run_engine_step(tmp: Path, files: SimpleNamespace, run: str, config: dict[str, Any]) -> None:
+    from ckpteval.steps import infer
+
+    infer(
+        SimpleNamespace(
+            config=config,
+            wildcards=SimpleNamespace(run=run, ckpt="step_7"),
+            input=SimpleNamespace(
+                request=str(files.request),
+                manifest=str(files.manifest),
+                keys=lambda: ["request", "manifest"],
+            ),
+            output=SimpleNamespace(markers=files.markers),
+            params=SimpleNamespace(staging=str(files.staging), cache_dir=str(files.out / "cache")),
+            log=[str(tmp / "logs" / "infer.log")],
+            resources={},
+        )
+    )
+
+
+def test_the_engine_step_generates_what_its_request_says_whatever_the_config_says(
+    tmp_path: Path,
+) -> None:
+    """The engine job builds its tasks, variants, engine settings and served model from its
+    request file and its model card (ckpteval.jobs.EngineJob); the config serves knobs only.
+    Run against a config whose every result-affecting value is changed, it writes exactly what
+    it writes against the config the request was planned from."""
+    import copy
+
+    from test_infer_backends import FakeEndpoint
+
+    from ckpteval.config import validate_config
+
+    with FakeEndpoint() as endpoint:
+        config: dict[str, Any] = {
+            "runs": {
+                "ep": {
+                    "backend": "openai",
+                    "step": 7,
+                    "endpoint": {"base_url": endpoint.base_url, "model": "tiny"},
+                }
+            },
+            "tasks": {"arith": {"limit": 3}, "arith_harness": {"limit": 2}},
+            "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 16}},
+        }
+        validate_config(config)
+        plan = build_plan(config, base_dir=tmp_path)
+        other = copy.deepcopy(config)
+        other["runs"]["ep"]["endpoint"].update(base_url="http://127.0.0.1:9/v1", model="other")
+        other["tasks"] = {"arith": {"limit": 1, "system_prompt": "x"}}
+        other["sampling"] = {"greedy": {"temperature": 0.7, "max_new_tokens": 3}}
+        other["engine"].update(max_model_len=64, seed=7)
+        texts = {}
+        for name, cfg in (("planned", config), ("changed", other)):
+            files = _engine_job_files(tmp_path / name, plan, "ep")
+            _run_engine_step(tmp_path / name, files, "ep", cfg)
+            texts[name] = {
+                f"{t}/{v}": (files.staging / t / f"{v}.jsonl").read_text() for t, v in files.pairs
+            }
+    assert texts["planned"] == texts["changed"]
+    rows = [json.loads(line) for line in texts["planned"]["arith/greedy-s42"].splitlines()]
+    assert len(rows) == 3, "the request's task (limit 3) was generated, not the config's"
+
+
+def test_an_engine_job_whose_task_changed_after_the_parse_stops_with_one_line(
+    tmp_path: Path,
+) -> None:
+    """A request whose task options no longer hash to the definition in its cells' identities
+    (edited, or written by another version) is refused before any request is sent."""
+    from ckpteval.jobs import EngineJob
+
+    config: dict[str, Any] = {
+        "runs": {
+            "ep": {
+                "backend": "openai",
+                "step": 7,
+                "endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "tiny"},
+            }
+        },
+        "tasks": {"arith": {"limit": 3}},
+    }
+    validate_config(config)
+    plan = build_plan(config, base_dir=tmp_path)
+    files = _engine_job_files(tmp_path, plan, "ep")
+    body = json.loads(files.request.read_text())
+    manifest = json.loads(files.manifest.read_text())
+    job = EngineJob.decode(body, manifest, "ep")
+    cell = job.cell("arith", "greedy-s42")
+    assert cell.build_task().config_hash() == plan.tasks["arith"].config_hash()
+    assert cell.build_variant() == plan.variants["greedy-s42"]
+    assert job.served == {
+        "backend": "openai",
+        "endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "tiny"},
+    }
+    body["tasks"]["arith"]["options"]["limit"] = 4
+    with pytest.raises(UserError, match="task arith: its definition changed"):
+        EngineJob.decode(body, manifest, "ep").cell("arith", "greedy-s42").build_task()

@@ -165,7 +165,12 @@ CONTRACT: tuple[Row, ...] = (
     Row("seeds", PLAN, "which seeds sampled configs run (greedy configs run once)"),
     Row("engine", NONE, "the engine section as a whole (its keys below decide)"),
     Row("engine.dtype", GENERATIONS, "the engine's numerics", {"backend": ("vllm",)}),
-    Row("engine.max_model_len", GENERATIONS, "what fits in the context", {"backend": ("vllm",)}),
+    Row(
+        "engine.max_model_len",
+        GENERATIONS,
+        "what fits in the context (an endpoint's lm-eval requests are cut to it too)",
+        {"backend": ("vllm", "openai")},
+    ),
     Row("engine.gpu_memory_utilization", NONE, "memory given to the engine"),
     Row(
         "engine.tensor_parallel_size",
@@ -483,3 +488,27 @@ def publish_identity(config: Mapping[str, Any]) -> Identity:
     """What the `publish` target's record depends on besides the tidy table: where and under
     which keys the points go (what was sent is the ledger's business, ckpteval.publish)."""
     return Identity(_set({row.key: lookup(config, row.key) for row in rows_with(PUBLISH)}))
+
+
+def engine_payload(plan: Any, run: str, tasks: list[str]) -> dict[str, Any]:
+    """What an engine job's request file carries besides its cells' identities, written by the
+    parse with them: each task's options (checked on decode against the definition the cell's
+    identity holds), the run's chat template as resolved (checked against the identity's content
+    id), the engine seed (a `plan` key: it names the greedy variants) and lm-eval's include
+    paths (their content id is in harness cells' identities)."""
+    from pathlib import Path
+
+    from ckpteval.config import resolve_path
+
+    out: dict[str, Any] = {"tasks": {}, "seed": plan.config["engine"]["seed"]}
+    for name in tasks:
+        spec = plan.tasks[name]
+        problems = spec.options.get("problems")
+        out["tasks"][name] = {
+            "options": spec.identity_options(),
+            "problems": None if problems is None else str(resolve_path(str(problems), Path.cwd())),
+        }
+    template = plan.runs[run].chat_template
+    out["chat_template"] = template.label if template.mode in ("file", "builtin") else template.mode
+    out["include_paths"] = [str(p) for p in plan.config["lm_eval"]["include_paths"]]
+    return out

@@ -157,3 +157,136 @@ class PublishJob:
             if key.startswith("publish.") and key.count(".") == 1
         }
         return cls(identity, top)
+
+
+# ---- the infer side: an engine job's request file (ckpteval.verbs) is its identity document,
+# the cells' identities with what ckpteval.contract.engine_payload puts beside them
+
+
+@dataclass(frozen=True)
+class CellJob:
+    """One cell an engine job generates (or a replay job copies): its generation identity, and
+    the task and variant built from it. The task's options travel beside the identity (its
+    request entry, or the replay rule's param) and must hash to the definition it holds."""
+
+    identity: Identity
+    task: str
+    variant: str
+    task_options: dict[str, Any] = field(hash=False)
+    problems: str | None
+
+    def build_task(self) -> Any:
+        """This cell's task, or a UserError if its options no longer match its identity."""
+        from ckpteval.tasks import resolve_task
+
+        options = dict(self.task_options)
+        if self.problems is not None:
+            options["problems"] = self.problems
+        spec = resolve_task(self.task, options)
+        if spec.config_hash()[:16] != self.identity.settings["task.definition"]:
+            raise UserError(
+                f"task {self.task}: its definition changed after the workflow planned this job "
+                f"({self.problems or 'built-in'}); run the workflow again"
+            )
+        return spec
+
+    def build_variant(self) -> Any:
+        """The sampling values and seed the identity holds, under the variant's name."""
+        from ckpteval.config import Sampling, Variant, parse_variant
+
+        name, _ = parse_variant(self.variant)
+        s = self.identity.settings
+        values = {
+            k: s[f"sampling.{name}.{k}"] for k in ("temperature", "top_p", "max_new_tokens", "n")
+        }
+        return Variant(Sampling(name, **values), int(s["variant.seed"]))
+
+
+@dataclass(frozen=True)
+class EngineJob:
+    """An engine job (rules `infer*`, `endpoint*`), decoded from its request file and its
+    model's manifest: the cells to generate, the engine settings that change numerics (from the
+    cells' identities), the served model (from the model's identity) and the run's template."""
+
+    run: str
+    cells: tuple[CellJob, ...]
+    numerics: dict[str, Any] = field(hash=False)
+    served: dict[str, Any] = field(hash=False)
+    chat_template: str
+    include_paths: tuple[str, ...]
+
+    @classmethod
+    def decode(cls, body: dict[str, Any], manifest: dict[str, Any], run: str) -> EngineJob:
+        """`body`: the request file (ckpteval.verbs); `manifest`: the model or model card."""
+        tasks = body.get("tasks") or {}
+        cells = tuple(_request_cell_job(c, tasks) for c in body.get("cells") or [])
+        return cls(
+            run,
+            cells,
+            numerics={**_engine_numerics(cells), "seed": body.get("seed")},
+            served=_served_model(manifest.get("settings") or {}, run),
+            chat_template=str(body.get("chat_template") or "auto"),
+            include_paths=tuple(body.get("include_paths") or ()),
+        )
+
+    def cell(self, task: str, variant: str) -> CellJob:
+        return next(c for c in self.cells if (c.task, c.variant) == (task, variant))
+
+    def run_cfg(self, endpoint_knobs: dict[str, Any]) -> dict[str, Any]:
+        """The run's entry as the backends take it: the served model from the model's
+        identity, the endpoint's knobs (concurrency, retries, timeout, credentials) beside."""
+        out: dict[str, Any] = {
+            "backend": self.served["backend"],
+            "chat_template": self.chat_template,
+        }
+        if self.served["backend"] == "openai":
+            out["endpoint"] = {**endpoint_knobs, **self.served["endpoint"]}
+        return out
+
+    def check_template(self, identity: str | None) -> None:
+        """The template the job resolved is the one its chat-asking cells' identities name."""
+        key = f"runs.{self.run}.chat_template"
+        for cell in self.cells:
+            wanted = cell.identity.settings.get(key)
+            if wanted is not None and wanted != identity:
+                raise UserError(
+                    f"config: {key}: the template changed after the workflow planned this job "
+                    f"({identity} != {wanted}); run the workflow again"
+                )
+
+
+def _request_cell_job(cell: dict[str, Any], tasks: dict[str, Any]) -> CellJob:
+    task = tasks.get(cell["task"]) or {}
+    return CellJob(
+        Identity(dict(cell["record"]["settings"])),
+        task=cell["task"],
+        variant=cell["variant"],
+        task_options=dict(task.get("options") or {}),
+        problems=task.get("problems"),
+    )
+
+
+#: Engine settings that change numerics, as cells' identities hold them (contract rows).
+NUMERIC_KEYS = ("dtype", "max_model_len", "tensor_parallel_size")
+
+
+def _engine_numerics(cells: tuple[CellJob, ...]) -> dict[str, Any]:
+    """The numeric engine settings shared by the cells (one engine serves them all)."""
+    found: dict[str, Any] = {}
+    for cell in cells:
+        for key in NUMERIC_KEYS:
+            value = cell.identity.settings.get(f"engine.{key}")
+            if value is not None and found.setdefault(key, value) != value:
+                raise UserError(f"engine.{key}: cells of one engine job disagree; run again")
+    return found
+
+
+def _served_model(settings: dict[str, Any], run: str) -> dict[str, Any]:
+    """Backend and endpoint model from a model's identity settings (`runs.<run>.*`)."""
+    prefix = f"runs.{run}."
+    endpoint = {
+        key[len(prefix) + len("endpoint.") :]: value
+        for key, value in settings.items()
+        if key.startswith(prefix + "endpoint.")
+    }
+    return {"backend": settings.get(prefix + "backend", "vllm"), "endpoint": endpoint}

@@ -155,11 +155,13 @@ def sync_markers(
     pairs: Sequence[tuple[str, str]],
     cells: Sequence[StaleCell],
     invocation: str = "",
+    payload: dict[str, Any] | None = None,
 ) -> None:
     """Make the staging markers and the request file say what `cells` says: no marker for a
     cell to generate, a marker for every other cell; the request lists the first kind, with
     the invocation that asked (an engine job chains only to requests of its own invocation:
-    ckpteval.chain)."""
+    ckpteval.chain) and `payload`, what the engine job builds its cells from besides their
+    identities (ckpteval.jobs.engine_payload)."""
     wanted = {(c.task, c.variant) for c in cells}
     for task, variant in pairs:
         marker = marker_path(staging, task, variant)
@@ -168,7 +170,11 @@ def sync_markers(
         elif not marker.exists():
             write_marker(marker, generated=False)
     # An empty request names no invocation: it is not rewritten by every parse.
-    body = {"invocation": invocation if cells else "", "cells": [_request_cell(c) for c in cells]}
+    body = {
+        "invocation": invocation if cells else "",
+        "cells": [_request_cell(c) for c in cells],
+        **(payload or {}),
+    }
     if not request.exists() or _read_body(request) != body:
         write_json(request, body)
 

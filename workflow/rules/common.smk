@@ -1,6 +1,7 @@
 # Parse-time facts: validate the config, discover checkpoints, resolve tasks; and the small named
 # input/param functions the rules use. A user mistake stops here with one line, before any job.
 import functools
+import json
 import os
 import re
 import sys
@@ -11,6 +12,7 @@ from ckpteval.chat_templates import missing_template_lines
 from ckpteval.checkpoints import sync_source_identity
 from ckpteval.config import build_plan, resolve_path, validate_config
 from ckpteval.contract import (
+    engine_payload,
     generation_identity,
     model_identity,
     publish_identity,
@@ -194,7 +196,8 @@ def engine_request(run, ckpt, group):
         staging = Path(staging_dir(group).format(run=run, ckpt=ckpt))
         request = Path(request_file(group).format(run=run, ckpt=ckpt))
         drop_damaged(FRESH, run, ckpt, cells)
-        sync_markers(staging, request, group_jobs(group), cells, INVOCATION)
+        payload = engine_payload(PLAN, run, PLAN.engine_groups[group])
+        sync_markers(staging, request, group_jobs(group), cells, INVOCATION, payload)
     return cells
 
 
@@ -240,6 +243,12 @@ def get_evaluate_inputs(wildcards):
 
 def get_generation_identity(wildcards):
     return generation_identity(PLAN, wildcards.run, wildcards.task, wildcards.variant).text
+
+
+def get_task_options(wildcards):
+    """A replay job's task options (those that define the task, no paths): its step checks
+    them against the definition in its identity (ckpteval.jobs.CellJob)."""
+    return json.dumps(PLAN.tasks[wildcards.task].identity_options(), sort_keys=True)
 
 
 def get_scoring_identity(wildcards):

@@ -118,6 +118,7 @@ if REPLAY_RUNS:
             # The model card names the replayed files: a new `solutions` rewrites it, and the
             # replay job must then run again (the rerun contract: runs.*.solutions is a model key).
             manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+            problems=get_problems_file,
         output:
             generations=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
             meta=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.meta.json",
@@ -127,6 +128,7 @@ if REPLAY_RUNS:
             run=runs_regex(REPLAY_RUNS),
         params:
             identity=get_generation_identity,
+            task=get_task_options,
         script:
             "../scripts/replay.py"
 
