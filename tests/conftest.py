@@ -75,10 +75,11 @@ def small_config(run_dir: Path, **overrides: Any) -> dict[str, Any]:
 
 
 def run_snakemake(
-    workdir: Path, *args: str, timeout: float = 1800
+    workdir: Path, *args: str, timeout: float = 1800, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m snakemake` on the repository's workflow in `workdir`, with the local profile."""
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
+    """`python -m snakemake` on the repository's workflow in `workdir`, with the local profile
+    (and `env` for its environment, the test's own by default)."""
+    env = {**(env or os.environ), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
     cmd = [
         sys.executable,
         "-m",

@@ -739,6 +739,52 @@ def test_a_failed_engine_job_deletes_no_finished_file(sweep: Sweep) -> None:
     assert run_verb(sweep) == set()
 
 
+#: One job of each rule kind fails (a crash with a traceback) or is killed (SIGKILL), while
+#: every job of its rule is forced: (rule, failpoint, the result files the failing job may take
+#: with it, its own outputs).
+FAILURES = [
+    ("consolidate", "consolidate@demo/step_400:kill", {"models/demo/step_400.json"}),
+    ("infer", "infer@demo/step_100", set()),
+    ("endpoint", "infer@ep/step_7:kill", set()),
+    (
+        "generation",
+        "generation@demo/step_100/arith:kill",
+        cell_files("generations", [c for c in CELLS if c[:3] == ("demo", "step_100", "arith")]),
+    ),
+    ("model_card", "model_card@ep/step_7", {"models/ep/step_7.json"}),
+    (
+        "evaluate",
+        "evaluate@demo/step_400/pyfunc:kill",
+        cell_files("scores", [c for c in CELLS if c[:3] == ("demo", "step_400", "pyfunc")]),
+    ),
+    ("aggregate", "aggregate@", set()),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("rule", "failpoint", "own"), FAILURES, ids=[f[0] for f in FAILURES])
+def test_a_failed_or_killed_job_of_any_rule_costs_no_other_file(
+    sweep: Sweep, rule: str, failpoint: str, own: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Snakemake deletes the outputs of a failed job, and only those: no job's failure takes a
+    finished file of another job with it, and the next run finishes the sweep."""
+    from ckpteval.steps import FAILPOINT_ENV
+
+    configfile = ("--configfile", str(sweep.work / "sweep.yaml"))
+    before = results_state(sweep.work)
+    monkeypatch.setenv(FAILPOINT_ENV, failpoint)
+    proc = run_snakemake(sweep.work, "-R", rule, *configfile)
+    monkeypatch.delenv(FAILPOINT_ENV)
+    assert proc.returncode != 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "Error in rule" in proc.stderr, proc.stderr[-3000:]
+    lost = set(before) - set(results_state(sweep.work))
+    assert lost <= own, f"a failed {rule} job cost other files: {sorted(lost - own)}"
+    rest = run_snakemake(sweep.work, *configfile)
+    assert rest.returncode == 0, (rest.stdout + rest.stderr)[-4000:]
+    assert set(before) <= set(results_state(sweep.work))
+    assert planned(sweep, sweep.config, "after-failure") == Counter()
+
+
 # ------------------------------------------------------------------- file events, on the same sweep
 
 
@@ -896,10 +942,36 @@ def test_replay_solutions_rerun_that_runs_cells_only(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep = Sweep(tmp_path, config, config, None)  # type: ignore[arg-type]
     assert planned(sweep, config, "same") == Counter()
+    _replay_verbs(sweep)
     config["runs"]["two"]["solutions"] = str(tmp_path / "b")  # run two's chain, nothing of one
     assert planned(sweep, config, "changed") == Counter(
         {"model_card": 1, "replay": 1, "evaluate": 1, "aggregate": 1}
     )
+
+
+def _replay_verbs(sweep: Sweep) -> None:
+    """`-R replay` and `-f` on one replay file run for real and bring the same bytes back; a
+    replay job killed while its rule is forced takes only its own files with it."""
+    from ckpteval.steps import FAILPOINT_ENV
+
+    configfile = ("--configfile", str(sweep.work / "replay.yaml"))
+    before = results_state(sweep.work)
+    one = next(p for p in before if p.startswith("generations/one/") and p.endswith(".jsonl"))
+    for args in (("-R", "replay"), ("-f", f"results/{one}")):
+        proc = run_snakemake(sweep.work, *args, *configfile)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        assert run_snakemake(sweep.work, *configfile).returncode == 0
+        assert planned(sweep, sweep.config, "after-verb") == Counter()
+        assert {p: b for p, (b, _) in results_state(sweep.work).items()} == {
+            p: b for p, (b, _) in before.items()
+        }
+    env = {**os.environ, FAILPOINT_ENV: "replay@two:kill"}
+    proc = run_snakemake(sweep.work, "-R", "replay", *configfile, env=env)
+    assert proc.returncode != 0 and "Error in rule replay" in proc.stderr
+    lost = set(before) - set(results_state(sweep.work))
+    assert lost and all(p.startswith("generations/two/") for p in lost), lost
+    assert run_snakemake(sweep.work, *configfile).returncode == 0
+    assert set(results_state(sweep.work)) == set(before)
 
 
 def test_the_docs_table_is_the_code_table() -> None:

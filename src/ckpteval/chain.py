@@ -9,9 +9,11 @@ after every swap) and generates its cells into that checkpoint's staging directo
 checkpoint's own engine job runs, it waits for the claim, finds its cells staged for its model
 and settings, and only writes its markers: no engine load.
 
-A checkpoint whose model config or tokenizer differs, one not consolidated yet, or one whose claim
-another job holds is left to its own job, with a log line saying why. A failed swap stops the
-chain (the engine's weights are then unknown); that checkpoint's own job starts a fresh engine.
+A checkpoint whose model config or tokenizer differs, or one whose claim another job holds, is
+left to its own job, with a log line saying why. One not consolidated yet is waited for, up to the
+seconds the chain's own engine took to start (ckpteval.steps._chain), then left to its own job.
+A failed swap skips that checkpoint (its own job starts a fresh engine for it); the next swap
+loads every weight again and is checked like any other.
 """
 
 from __future__ import annotations
@@ -74,12 +76,13 @@ def _step_key(name: str) -> tuple[int, str]:
     return (int(digits[-1]) if digits else -1, name)
 
 
-def next_checkpoints(
+def scan(
     out: Path, run: str, ckpt: str, group_dir: str, invocation: str
-) -> list[Checkpoint]:
+) -> tuple[list[Checkpoint], list[str]]:
     """The other checkpoints of `run` whose engine jobs of this group have cells to generate in
-    this invocation, consolidated already, in step order after `ckpt` first, then before it."""
-    found = []
+    this invocation, consolidated already, in step order after `ckpt` first, then before it;
+    and the names of those not consolidated yet (a chain may wait for them)."""
+    found, pending = [], []
     for request in (out / "staging" / run).glob(f"*/{group_dir}.request.json"):
         name = request.parent.name
         try:
@@ -93,7 +96,7 @@ def next_checkpoints(
         if _done(staging, body["cells"]):
             continue
         if not manifest.exists():
-            log.info("chain: %s/%s is not consolidated yet; its own job serves it", run, name)
+            pending.append(name)
             continue
         found.append(
             Checkpoint(
@@ -106,7 +109,7 @@ def next_checkpoints(
             )
         )
     mine = _step_key(ckpt)
-    return sorted(found, key=lambda c: (_step_key(c.ckpt) < mine, _step_key(c.ckpt)))
+    return sorted(found, key=lambda c: (_step_key(c.ckpt) < mine, _step_key(c.ckpt))), pending
 
 
 def _done(staging: Path, cells: list[dict[str, Any]]) -> bool:
@@ -116,19 +119,19 @@ def _done(staging: Path, cells: list[dict[str, Any]]) -> bool:
     return all(marker_path(staging, c["task"], c["variant"]).exists() for c in cells)
 
 
-def staged_current(staging: Path, cell: dict[str, Any], model_hash: Any, invocation: Any) -> bool:
-    """A cell already staged for these settings and this model, in this invocation (by a chain
-    that went ahead); anything else in a staging directory is a leftover."""
+def staged_current(staging: Path, cell: Any, model_hash: Any, invocation: Any) -> bool:
+    """A cell (ckpteval.jobs.CellJob) already staged for these settings and this model, in this
+    invocation (by a chain that went ahead); anything else in a staging directory is a leftover."""
     from ckpteval.verbs import staged_paths
 
-    jsonl, meta = staged_paths(staging, cell["task"], cell["variant"])
+    jsonl, meta = staged_paths(staging, cell.task, cell.variant)
     try:
         recorded = read_json(meta)
     except Exception:  # noqa: BLE001 - missing or half-written: not staged
         return False
     return (
         jsonl.exists()
-        and recorded.get("identity") == cell["record"].get("identity")
+        and recorded.get("identity") == cell.identity.digest
         and recorded.get("model_hash") == model_hash
         and recorded.get("staged_for") == invocation
     )

@@ -40,7 +40,7 @@ import os
 import platform
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +151,7 @@ def run_infer(
     backend: Backend | None = None,
     lease: Lease | None = None,
     share_as: str | None = None,
+    template_check: Callable[[str | None], None] | None = None,
 ) -> dict[str, Any]:
     """Write every job's generation file and meta for one checkpoint; returns a summary.
 
@@ -160,6 +161,8 @@ def run_infer(
     `backend` given by the caller (bench/infer.py, an engine session made with
     `engine_settings(engine_cfg, attempt)`) is used as is and left open; so is a `lease`. With `share_as`
     (a name for this job), missing requests are published for assist jobs (ckpteval.share).
+    `template_check` is given the resolved chat template's identity (a workflow job checks it
+    against its cells' identities: ckpteval.jobs.EngineJob.check_template).
     """
     from ckpteval.harness import HarnessRunner
 
@@ -173,8 +176,6 @@ def run_infer(
     log.info("backend %s; device: %s (%s)", backend_name, lease.device or "cpu", lease.how)
     if backend is None:
         backend = make_backend(run_cfg, model_dir=model_dir, engine_cfg=engine_cfg, where=where)
-    chunk_size = int(engine_cfg["chunk_size"])
-    harness = HarnessRunner(backend, include_paths, chunk_size=chunk_size)
     meta_base = {
         "backend": backend.name,
         "model_dir": str(model_dir) if model_dir else None,
@@ -184,83 +185,28 @@ def run_infer(
         "device": job_environment(lease),
         "versions": versions(),
     }
+    share = {"run_cfg": run_cfg, "model_dir": str(model_dir), "engine_cfg": engine_cfg}
     missing: MissingRequests | None = None
     try:
-        choice = resolve(
-            run_cfg.get("chat_template"),
-            key=f"{where}.chat_template",
-            base_dir=Path.cwd(),
-            backend=backend_name,
-        )
-        jobs = [
-            dataclasses.replace(
-                job,
-                chat=template_use(choice, bool(job.task.options.get("chat_template")), backend),
-            )
-            for job in jobs
-        ]
+        jobs = _with_templates(jobs, run_cfg, backend, where, template_check)
+        harness = HarnessRunner(backend, include_paths, chunk_size=int(engine_cfg["chunk_size"]))
         harness.preflight([job.task for job in jobs])
         batch = [
             prepare_requests(backend, harness, job, cache)
             for job in jobs
             if job.task.kind == "generate" or job.task.is_code_harness
         ]
-        missing = MissingRequests(backend, batch, chunk_size)
+        missing = MissingRequests(backend, batch, int(engine_cfg["chunk_size"]))
         if share_as and backend_name == "vllm" and len(missing.chunks) >= 2:
-            missing.publish(
-                boards_root(cache_dir),
-                share_as,
-                {
-                    "run_cfg": run_cfg,
-                    "model_dir": str(model_dir),
-                    "engine_cfg": engine_cfg,
-                    "identity": backend.identity,
-                    "where": where,
-                },
-            )
-        harness_jobs = [
-            job for job in jobs if job.task.kind == "harness" and not job.task.is_code_harness
-        ]
-        if harness_jobs:
-            # lm-eval's engine calls take ckpteval's chunks along: one engine batch, not two
-            # (each separate call ends draining the engine on its longest sequences).
-            for chunk in missing.chunks:
-                backend.ride_along(
-                    chunk.prompts,
-                    chunk.specs,
-                    functools.partial(missing.finish, chunk),
-                    claim=functools.partial(missing.claim, chunk),
-                )
-        done: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
-        for job in harness_jobs:
-            started = time.time()
-            before = backend.load_seconds + backend.ride_seconds
-            stats = harness.run(job, cache / f"{job.task.name}.jsonl")
-            spent = time.time() - started - (backend.load_seconds + backend.ride_seconds - before)
-            done[id(job)] = stats, {"started_at": started, "generation_seconds": max(0.0, spent)}
-        backend.drop_riders()
-        started = time.time()
-        missing.generate_rest(backend)
-        batch_seconds = sum(req.seconds for req in batch)
-        for req in batch:
-            done[id(req.job)] = (
-                _write_generations(req, backend),
-                {
-                    "started_at": started,
-                    "generation_seconds": req.seconds,
-                    "batch_seconds": batch_seconds,
-                },
-            )
+            share.update(identity=backend.identity, where=where)
+            missing.publish(boards_root(cache_dir), share_as, share)
+        done = _run_harness_jobs(backend, harness, jobs, missing, cache)
+        done.update(_generate_batch(backend, batch, missing))
         for job in jobs:
             _write_meta(job, backend, meta_base, *done[id(job)])
     except Exception as exc:
         if is_cuda_oom(exc):
-            raise UserError(
-                f"CUDA out of memory with engine.gpu_memory_utilization "
-                f"{engine_cfg['gpu_memory_utilization']} (attempt {attempt}); the rule retries once "
-                "with less; if that fails too, lower engine.gpu_memory_utilization or "
-                "engine.max_model_len"
-            ) from None
+            raise _oom_error(engine_cfg, attempt) from None
         raise
     finally:
         if missing is not None and missing.board is not None:
@@ -271,6 +217,89 @@ def run_infer(
             lease.release()
     log.info("done: %d generation files, %d engine load(s)", len(jobs), backend.loads)
     return {"engine_loads": backend.loads, "load_seconds": backend.load_seconds}
+
+
+def _with_templates(
+    jobs: Sequence[Job],
+    run_cfg: dict[str, Any],
+    backend: Backend,
+    where: str,
+    check: Callable[[str | None], None] | None,
+) -> list[Job]:
+    """`jobs`, each with the chat template its prompts go through: the run's choice (resolved
+    relative to the working directory, and given to `check`) for a task that asks for one."""
+    choice = resolve(
+        run_cfg.get("chat_template"),
+        key=f"{where}.chat_template",
+        base_dir=Path.cwd(),
+        backend=run_cfg.get("backend", "vllm"),
+    )
+    if check is not None:
+        check(choice.identity)
+    return [
+        dataclasses.replace(
+            job, chat=template_use(choice, bool(job.task.options.get("chat_template")), backend)
+        )
+        for job in jobs
+    ]
+
+
+Done = dict[int, tuple[dict[str, Any], dict[str, Any]]]
+
+
+def _run_harness_jobs(
+    backend: Backend, harness: Any, jobs: Sequence[Job], missing: MissingRequests, cache: Path
+) -> Done:
+    """Run the lm-eval jobs; ckpteval's chunks ride along with lm-eval's engine calls (one
+    engine batch, not two: each separate call ends draining the engine on its longest
+    sequences). (stats, timings) per job id."""
+    harness_jobs = [
+        job for job in jobs if job.task.kind == "harness" and not job.task.is_code_harness
+    ]
+    if harness_jobs:
+        for chunk in missing.chunks:
+            backend.ride_along(
+                chunk.prompts,
+                chunk.specs,
+                functools.partial(missing.finish, chunk),
+                claim=functools.partial(missing.claim, chunk),
+            )
+    done: Done = {}
+    for job in harness_jobs:
+        started = time.time()
+        before = backend.load_seconds + backend.ride_seconds
+        stats = harness.run(job, cache / f"{job.task.name}.jsonl")
+        spent = time.time() - started - (backend.load_seconds + backend.ride_seconds - before)
+        done[id(job)] = stats, {"started_at": started, "generation_seconds": max(0.0, spent)}
+    backend.drop_riders()
+    return done
+
+
+def _generate_batch(backend: Backend, batch: Sequence[Requests], missing: MissingRequests) -> Done:
+    """Generate what no lm-eval call took along, then write each generation file."""
+    started = time.time()
+    missing.generate_rest(backend)
+    batch_seconds = sum(req.seconds for req in batch)
+    return {
+        id(req.job): (
+            _write_generations(req, backend),
+            {
+                "started_at": started,
+                "generation_seconds": req.seconds,
+                "batch_seconds": batch_seconds,
+            },
+        )
+        for req in batch
+    }
+
+
+def _oom_error(engine_cfg: dict[str, Any], attempt: int) -> UserError:
+    return UserError(
+        f"CUDA out of memory with engine.gpu_memory_utilization "
+        f"{engine_cfg['gpu_memory_utilization']} (attempt {attempt}); the rule retries once "
+        "with less; if that fails too, lower engine.gpu_memory_utilization or "
+        "engine.max_model_len"
+    )
 
 
 def run_assist(

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,12 +44,32 @@ def run_step(step: Callable[[Any], None], smk: Any) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
+        _failpoint(step.__name__, smk)
         step(smk)
     except UserError as exc:
         message = f"ckpteval: error: {exc}"
         print(message, file=sys.stderr, flush=True)
         print(message + (f" (log: {log_path})" if log_path else ""), file=console, flush=True)
         sys.exit(1)
+
+
+#: A fault-injection hook for the tests of what a failed or killed job may cost:
+#: `CKPTEVAL_FAILPOINT=<step>@<run>/<ckpt>[/<task>][:kill]` (several, comma-separated) makes the
+#: matching jobs crash with a traceback, or SIGKILL themselves, before doing anything.
+FAILPOINT_ENV = "CKPTEVAL_FAILPOINT"
+
+
+def _failpoint(name: str, smk: Any) -> None:
+    wildcards = getattr(smk, "wildcards", {})
+    here = "/".join(str(wildcards[k]) for k in ("run", "ckpt", "task") if k in wildcards.keys())
+    for spec in filter(None, os.environ.get(FAILPOINT_ENV, "").split(",")):
+        where, _, mode = spec.partition(":")
+        step, _, prefix = where.partition("@")
+        if step == name and (here + "/").startswith(prefix.rstrip("/") + "/" if prefix else ""):
+            print(f"failpoint {spec}: this job fails on purpose", file=sys.stderr, flush=True)
+            if mode == "kill":
+                os.kill(os.getpid(), 9)
+            raise RuntimeError(f"failpoint {spec}")
 
 
 def consolidate(smk: Any) -> None:
@@ -107,51 +128,66 @@ def model_card(smk: Any) -> None:
 
 
 def replay(smk: Any) -> None:
-    """One existing solutions file, validated and copied as a generation file (rule `replay`)."""
-    from ckpteval.backends.replay import replay_solutions
-    from ckpteval.config import build_tasks
-    from ckpteval.io import write_json
+    """One existing solutions file, validated and copied as a generation file (rule `replay`):
+    its task built from the options its params carry, checked against its identity."""
+    import json
 
-    tasks, _, _ = build_tasks(smk.config)
+    from ckpteval.backends.replay import replay_solutions
+    from ckpteval.io import write_json
+    from ckpteval.jobs import CellJob
+
+    identity = Identity.from_text(smk.params.identity)
+    cell = CellJob(
+        identity,
+        task=smk.wildcards.task,
+        variant=smk.wildcards.variant,
+        task_options=json.loads(smk.params.task),
+        problems=str(smk.input.problems) if smk.input.problems else None,
+    )
     sources = smk.input.solutions
     sources = [sources] if isinstance(sources, str) else list(sources)
     replay_solutions(
         [Path(p) for p in sources],
-        tasks[smk.wildcards.task],
+        cell.build_task(),
         smk.wildcards.variant,
         Path(smk.output.generations),
         where=f"config: runs.{smk.wildcards.run}",
     )
-    write_json(
-        Path(smk.output.meta),
-        {**read_meta(Path(smk.output.meta)), **Identity.from_text(smk.params.identity).record()},
-    )
+    write_json(Path(smk.output.meta), {**read_meta(Path(smk.output.meta)), **identity.record()})
 
 
 def infer(smk: Any) -> None:
     """An engine job (rules `infer*`, `endpoint*`): generate the cells its request file names
     into its staging directory, write every marker of its group (ckpteval.verbs), then, with
-    `engine.swap`, go on to the next checkpoints of its run on the same engine (ckpteval.chain)."""
+    `engine.swap`, go on to the next checkpoints of its run on the same engine (ckpteval.chain).
+    Its settings come from the request file and its model's identity (ckpteval.jobs.EngineJob)."""
     from ckpteval.chain import claim, staged_current
-    from ckpteval.io import read_json
-    from ckpteval.verbs import read_request
 
     staging = Path(smk.params.staging)
-    cells = read_request(Path(smk.input.request), strict=True)
-    model_hash = read_json(smk.input.manifest).get("weights_sha256")
+    job = _engine_job(smk, Path(smk.input.request), Path(smk.input.manifest))
+    model_hash = read_meta(Path(smk.input.manifest)).get("weights_sha256")
     invocation = _invocation(smk)
     with claim(staging, wait=True):  # a chain that went ahead may be generating them now
-        _clear_staged(staging, {(c["task"], c["variant"]) for c in cells})
-        todo = [c for c in cells if not staged_current(staging, c, model_hash, invocation)]
-        if len(todo) < len(cells):
-            print(f"{len(cells) - len(todo)} cell(s) already staged by a chained engine")
-        session = _engine_session(smk) if todo else contextlib.nullcontext(None)
+        _clear_staged(staging, {(c.task, c.variant) for c in job.cells})
+        todo = [c for c in job.cells if not staged_current(staging, c, model_hash, invocation)]
+        if len(todo) < len(job.cells):
+            print(f"{len(job.cells) - len(todo)} cell(s) already staged by a chained engine")
+        session = _engine_session(smk, job) if todo else contextlib.nullcontext(None)
         with session as engine:
             if todo:
-                _generate(smk, engine, staging, todo, Path(smk.input.manifest))
-            _write_markers(smk.output.markers, staging, cells)
+                _generate(smk, engine, job, staging, todo, Path(smk.input.manifest))
+            _write_markers(smk.output.markers, staging, job.cells)
             if engine is not None and runtime(smk.config, "engine.swap") is not False:
                 _chain(smk, engine, staging)
+
+
+def _engine_job(smk: Any, request: Path, manifest: Path) -> Any:
+    """The engine job a request file asks for (strict: one that does not parse is an error)."""
+    from ckpteval.jobs import EngineJob
+    from ckpteval.verbs import read_request
+
+    read_request(request, strict=True)
+    return EngineJob.decode(read_meta(request), read_meta(manifest), smk.wildcards.run)
 
 
 def _clear_staged(staging: Path, keep: set[tuple[str, str]]) -> None:
@@ -163,56 +199,90 @@ def _clear_staged(staging: Path, keep: set[tuple[str, str]]) -> None:
             path.unlink(missing_ok=True)
 
 
-def _write_markers(markers: Any, staging: Path, cells: list[dict[str, Any]]) -> None:
+def _write_markers(markers: Any, staging: Path, cells: Any) -> None:
     from ckpteval.verbs import write_marker
 
-    generated = {(c["task"], c["variant"]) for c in cells}
+    generated = {(c.task, c.variant) for c in cells}
     for marker in map(Path, markers):
         cell = (marker.parent.name, marker.name.removesuffix(".ok"))
         write_marker(marker, generated=cell in generated)
 
 
+def _engine_knobs(smk: Any) -> dict[str, Any]:
+    """The engine settings that change how fast or where it runs, not what it generates."""
+    return {
+        "gpu_memory_utilization": runtime(smk.config, "engine.gpu_memory_utilization"),
+        "enforce_eager": runtime(smk.config, "engine.enforce_eager"),
+        "chunk_size": runtime(smk.config, "engine.chunk_size"),
+        "allow_tensor_parallel": runtime(smk.config, "engine.allow_tensor_parallel"),
+    }
+
+
+def _endpoint_knobs(smk: Any, job: Any) -> dict[str, Any]:
+    """An endpoint's request knobs (the served model comes from the model card's identity)."""
+    if job.served["backend"] != "openai":
+        return {}
+    knobs = {
+        "api_key_env": runtime(smk.config, f"runs.{smk.wildcards.run}.endpoint.api_key_env"),
+        "concurrency": runtime(smk.config, f"runs.{smk.wildcards.run}.endpoint.concurrency"),
+        "retries": runtime(smk.config, f"runs.{smk.wildcards.run}.endpoint.retries"),
+        "timeout": runtime(smk.config, f"runs.{smk.wildcards.run}.endpoint.timeout"),
+    }
+    return {key: value for key, value in knobs.items() if value is not None}
+
+
 @contextlib.contextmanager
-def _engine_session(smk: Any) -> Iterator[Any]:
+def _engine_session(smk: Any, job: Any) -> Iterator[Any]:
     """This job's device lease and backend, kept for the checkpoints it chains to; a CUDA OOM
     is retried once with less memory (oom_only_retries)."""
     from ckpteval.infer import engine_session, engine_settings
 
     run = smk.wildcards.run
     attempt = int(smk.resources.get("infer_attempt", 1))
-    settings = engine_settings(dict(smk.config["engine"]), attempt)
+    engine_cfg = {**_engine_knobs(smk), **job.numerics}
+    run_cfg = job.run_cfg(_endpoint_knobs(smk, job))
+    settings = engine_settings(engine_cfg, attempt)
     model = Path(smk.input.model) if "model" in smk.input.keys() else None
+    gpus = runtime(smk.config, "gpus")
     with oom_only_retries(Path(str(smk.log[0])), attempt):
-        with engine_session(
-            smk.config["runs"][run], model, settings, smk.config.get("gpus"), f"config: runs.{run}"
-        ) as (backend, lease):
-            backend.served_by = f"{smk.rule} {run}/{smk.wildcards.ckpt} (pid {os.getpid()})"
-            yield {"backend": backend, "lease": lease, "attempt": attempt}
+        with engine_session(run_cfg, model, settings, gpus, f"config: runs.{run}") as (
+            backend,
+            lease,
+        ):
+            group = Path(smk.params.staging).name
+            backend.served_by = f"{run}/{smk.wildcards.ckpt}:{group} (pid {os.getpid()})"
+            yield {
+                "backend": backend,
+                "lease": lease,
+                "attempt": attempt,
+                "run_cfg": run_cfg,
+                "engine_cfg": engine_cfg,
+            }
 
 
 def _generate(
     smk: Any,
     engine: dict[str, Any],
+    job: Any,
     staging: Path,
-    cells: list[dict[str, Any]],
+    cells: list[Any],
     manifest: Path,
     *,
     own: bool = True,
 ) -> None:
-    """Generate `cells` of the checkpoint whose model the engine holds into `staging`."""
-    from ckpteval.config import build_tasks
+    """Generate `cells` (ckpteval.jobs.CellJob, of engine job `job`) of the checkpoint whose
+    model the engine holds into `staging`."""
     from ckpteval.infer import Job, run_infer
     from ckpteval.verbs import staged_paths
 
     run = smk.wildcards.run
-    tasks, variants, _ = build_tasks(smk.config)
     invocation = _invocation(smk)
     jobs = [
         Job(
-            tasks[c["task"]],
-            variants[c["variant"]],
-            staged_paths(staging, c["task"], c["variant"])[0],
-            record={**c["record"], "staged_for": invocation},
+            c.build_task(),
+            c.build_variant(),
+            staged_paths(staging, c.task, c.variant)[0],
+            record={**c.identity.record(), "staged_for": invocation},
         )
         for c in cells
     ]
@@ -221,15 +291,16 @@ def _generate(
         jobs,
         manifest_path=manifest,
         model_dir=getattr(engine["backend"], "model_dir", None),
-        run_cfg=smk.config["runs"][run],
-        engine_cfg=dict(smk.config["engine"]),  # run_infer applies the attempt's memory fraction
+        run_cfg=engine["run_cfg"],
+        engine_cfg=engine["engine_cfg"],  # run_infer applies the attempt's memory fraction
         cache_dir=Path(smk.params.cache_dir),
-        include_paths=smk.config["lm_eval"]["include_paths"],
+        include_paths=job.include_paths,
         attempt=engine["attempt"],
         where=f"config: runs.{run}",
         backend=engine["backend"],
         lease=engine["lease"],
-        share_as=f"{run}/{smk.wildcards.ckpt}:{smk.rule}"
+        template_check=job.check_template,
+        share_as=f"{run}/{smk.wildcards.ckpt}:{staging.name}"
         if own and int(smk.resources.get("share_chunks", 0))
         else None,
     )
@@ -245,35 +316,64 @@ def _invocation(smk: Any) -> Any:
 
 def _chain(smk: Any, engine: dict[str, Any], staging: Path) -> None:
     """Serve the run's next checkpoints that have work in this invocation on this engine
-    (ckpteval.chain): swap, check, generate. Nothing of it can fail this job, whose own cells
-    are done: the first checkpoint that fails to serve stops the chain, and its own job (and
-    those after it) start engines of their own."""
-    from ckpteval.chain import next_checkpoints
+    (ckpteval.chain): swap, check, generate, then look again, since checkpoints get consolidated
+    meanwhile. Nothing of it can fail this job, whose own cells are done. A checkpoint whose
+    swap fails is skipped (its own job tries it with a fresh engine; the next swap loads every
+    weight again and is checked); a failed generation stops the chain, and the jobs of the
+    checkpoints left start engines of their own. With nothing ready but checkpoints still being
+    consolidated, it waits for them up to the seconds its own engine took to start: never longer
+    than a fresh engine would cost."""
+    from ckpteval.chain import scan
     from ckpteval.swap import engine_signature
 
     backend = engine["backend"]
     if not hasattr(backend, "swap") or backend.model_dir is None:
         return
     signature = engine_signature(Path(backend.model_dir))
-    for nxt in next_checkpoints(
-        staging.parents[3], smk.wildcards.run, smk.wildcards.ckpt, staging.name, _invocation(smk)
-    ):
-        try:
-            served = _serve_next(smk, engine, nxt, signature)
-        except Exception as exc:  # noqa: BLE001 - a failed swap or generation: its own job takes over
-            print(
-                f"chain: stopped at {nxt.run}/{nxt.ckpt}: {exc}; its own job starts a fresh engine"
-            )
+    wait_until = time.monotonic() + float(getattr(backend, "load_seconds", 0.0))
+    done: set[str] = set()
+    where = (staging.parents[3], smk.wildcards.run, smk.wildcards.ckpt, staging.name)
+    while True:
+        ready, pending = scan(*where, _invocation(smk))
+        ready = [c for c in ready if c.ckpt not in done]
+        if not ready:
+            if pending and time.monotonic() < wait_until:
+                time.sleep(CHAIN_POLL_SECONDS)
+                continue
+            if pending:
+                print(
+                    f"chain: {', '.join(pending)} not consolidated in time; their jobs serve them"
+                )
             return
-        if served:
-            print(f"chain: served {nxt.run}/{nxt.ckpt} ({served} cell(s)) on this engine")
+        nxt = ready[0]
+        done.add(nxt.ckpt)
+        if not _chain_one(smk, engine, nxt, signature):
+            return
+
+
+#: How often a chain waiting for a consolidation looks again.
+CHAIN_POLL_SECONDS = 2.0
+
+
+def _chain_one(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> bool:
+    """Serve one checkpoint of the chain; False when the chain must stop."""
+    try:
+        served = _serve_next(smk, engine, nxt, signature)
+    except _SwapFailed as exc:  # the next swap reloads every weight and is checked again
+        print(f"chain: cannot serve {nxt.run}/{nxt.ckpt}: {exc}; its own job tries it alone")
+        return True
+    except Exception as exc:  # noqa: BLE001 - a failed generation: its own job takes over
+        print(f"chain: stopped at {nxt.run}/{nxt.ckpt}: {exc}; its own job starts a fresh engine")
+        return False
+    if served:
+        print(f"chain: served {nxt.run}/{nxt.ckpt} ({served} cell(s)) on this engine")
+    return True
 
 
 def _serve_next(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> int:
     """Generate checkpoint `nxt`'s requested cells on this engine if its claim is free and its
     model config and tokenizer are the engine's; how many cells it generated."""
     from ckpteval.chain import claim, staged_current
-    from ckpteval.io import read_json
     from ckpteval.swap import engine_signature
 
     with claim(nxt.staging, wait=False) as held:
@@ -285,13 +385,28 @@ def _serve_next(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> i
                 "its own job starts an engine for it"
             )
             return 0
-        model_hash = read_json(nxt.manifest).get("weights_sha256")
+        job = _engine_job(
+            smk, nxt.staging.with_name(nxt.staging.name + ".request.json"), nxt.manifest
+        )
+        model_hash = read_meta(nxt.manifest).get("weights_sha256")
         invocation = _invocation(smk)
-        todo = [c for c in nxt.cells if not staged_current(nxt.staging, c, model_hash, invocation)]
+        todo = [c for c in job.cells if not staged_current(nxt.staging, c, model_hash, invocation)]
         if todo:
-            engine["backend"].swap(nxt.model_dir)
-            _generate(smk, engine, nxt.staging, todo, nxt.manifest, own=False)
+            _swap(engine["backend"], nxt.model_dir)
+            _generate(smk, engine, job, nxt.staging, todo, nxt.manifest, own=False)
         return len(todo)
+
+
+class _SwapFailed(Exception):
+    """A checkpoint's weights could not be loaded into the engine, or were not what it holds
+    after the swap (ckpteval.swap): that checkpoint is left to its own job."""
+
+
+def _swap(backend: Any, model_dir: Path) -> None:
+    try:
+        backend.swap(model_dir)
+    except Exception as exc:  # noqa: BLE001 - a corrupt file, a failed check: one line
+        raise _SwapFailed((str(exc).splitlines() or [type(exc).__name__])[0]) from exc
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -359,7 +474,7 @@ def assist(smk: Any) -> None:
     summary = run_assist(
         Path(smk.params.cache_dir),
         smk.params.name,
-        gpus=smk.config.get("gpus"),
+        gpus=runtime(smk.config, "gpus"),
         grace_seconds=float(smk.params.grace_seconds),
     )
     write_json(smk.output.record, summary)

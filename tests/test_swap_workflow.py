@@ -1,0 +1,182 @@
+"""One engine per GPU slot through the real workflow (`engine.swap`, ckpteval.chain): a run of four
+checkpoints, three of one architecture and one of another, on every kind of task (ckpteval's own,
+lm-eval's through its vLLM wrapper, a reasoning task, a chat-template task).
+
+The same sweep runs twice from an empty cache, each in its own outdir: with swapping off (one
+fresh engine per checkpoint, the reference) and on. Every generation of the swapped sweep equals
+the fresh one's, by tests/numeric.py's rules; the three checkpoints of one architecture share one
+engine load, and the fourth starts its own, saying why. Then a chain whose middle checkpoint is
+corrupt: that checkpoint fails alone, and the rest are served and equal to the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import run_snakemake
+from numeric import assert_same_or_near_tie
+
+pytestmark = [pytest.mark.slow, pytest.mark.numeric]
+
+SAME = ("step_1", "step_2", "step_3")  # the demo's last three checkpoints, renamed
+OTHER = "step_4"  # two layers instead of four: another engine
+TASKS = {
+    "arith": {"limit": 4, "chat_template": True},  # ckpteval's own task, through a chat template
+    "arith_harness": {"limit": 3},  # lm-eval's generate_until through its VLLM wrapper
+    "pyfunc": {"limit": 2, "reasoning": {"start": "def", "end": "\n\n", "budget": 24}},
+}
+
+
+def _other_architecture(source: Path, target: Path) -> None:
+    """A checkpoint of the same tokenizer with half the layers (random weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shutil.copytree(source, target)
+    for weights in target.glob("*.safetensors"):
+        weights.unlink()
+    config = AutoConfig.from_pretrained(source)
+    config.num_hidden_layers = 2
+    torch.manual_seed(7)
+    AutoModelForCausalLM.from_config(config).save_pretrained(target, safe_serialization=True)
+
+
+def _config(work: Path, outdir: str, swap: bool) -> Path:
+    config = {
+        "outdir": outdir,
+        "runs": {"demo": {"path": str(work / "run")}},
+        "tasks": TASKS,
+        "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 24}},
+        "engine": {"gpu_memory_utilization": 0.15, "enforce_eager": True, "swap": swap},
+        "consolidate": {"smoke": "none"},
+        "evaluate": {"workers": 2, "timeout": 10},
+    }
+    path = work / f"{outdir}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _sweep(work: Path, config: Path, *args: str, ok: bool = True) -> str:
+    proc = run_snakemake(work, "--configfile", str(config), *args)
+    out = proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == ok, out[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def sweeps(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("swapflow")
+    steps = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    for name, source in zip(SAME, steps[-len(SAME) :]):
+        shutil.copytree(source, work / "run" / name)
+    _other_architecture(steps[-1], work / "run" / OTHER)
+    _sweep(work, _config(work, "fresh", swap=False))
+    swapped = _config(work, "swapped", swap=True)
+    # Consolidated first, so that the chain finds every checkpoint ready (how long it waits for
+    # a consolidation, and what it then does: tests/test_chain.py).
+    _sweep(work, swapped, "--until", "consolidate")
+    _sweep(work, swapped)
+    return {"work": work}
+
+
+def _metas(work: Path, outdir: str) -> dict[str, dict[str, Any]]:
+    root = work / outdir / "generations" / "demo"
+    return {str(p.relative_to(root)): json.loads(p.read_text()) for p in root.rglob("*.meta.json")}
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _assert_equal_generations(work: Path, ckpts: tuple[str, ...], outdir: str) -> int:
+    """Every generation file of `ckpts` in `outdir` equals the fresh sweep's (a near-tie under
+    the checkpoint's own reference model aside); returns how many completions were compared."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    compared = 0
+    for ckpt in ckpts:
+        model_dir = work / "fresh" / "models" / "demo" / ckpt
+        reference = (
+            AutoModelForCausalLM.from_pretrained(model_dir),
+            AutoTokenizer.from_pretrained(model_dir),
+        )
+        for task in TASKS:
+            name = f"generations/demo/{ckpt}/{task}/greedy-s42.jsonl"
+            ours, theirs = _lines(work / outdir / name), _lines(work / "fresh" / name)
+            assert [r["task_id"] for r in ours] == [r["task_id"] for r in theirs], name
+            for a, b in zip(ours, theirs):
+                assert a["prompt"] == b["prompt"], name
+                assert_same_or_near_tie(*reference, a["prompt"], a["completion"], b["completion"])
+                compared += 1
+    return compared
+
+
+def test_the_fresh_sweep_starts_one_engine_per_checkpoint(sweeps: dict[str, Any]) -> None:
+    metas = _metas(sweeps["work"], "fresh")
+    assert len(metas) == len(TASKS) * (len(SAME) + 1)
+    assert {m["swaps"] for m in metas.values()} == {0}
+    assert {m["engine_loads"] for m in metas.values()} == {1}
+
+
+def test_one_engine_serves_each_architecture_and_the_generations_are_a_fresh_engines(
+    sweeps: dict[str, Any],
+) -> None:
+    work = sweeps["work"]
+    metas = _metas(work, "swapped")
+    assert len(metas) == len(TASKS) * (len(SAME) + 1)
+    same = [m for path, m in metas.items() if path.split("/")[0] in SAME]
+    other = [m for path, m in metas.items() if path.startswith(OTHER)]
+    # One engine load for the three checkpoints of one architecture: the two after the first
+    # came in by swapping, and the checkpoint that started it says so.
+    servers = {m["served_by"] for m in same}
+    assert len(servers) == 1, servers
+    assert {m["engine_loads"] for m in same} == {1}
+    assert {m["swaps"] for m in same} == set(range(len(SAME)))  # 0 for the first, then 1, 2
+    assert all(m["swap_seconds"] > 0 for m in same if m["swaps"])
+    assert {m["served_by"] for m in other} != servers, "another architecture, another engine"
+    log = "\n".join(p.read_text() for p in (work / "logs" / "infer").rglob("*.log"))
+    assert "has another model config or tokenizer" in log
+    # Generations differ between checkpoints (so equality below is not vacuous) ...
+    first = _lines(work / "fresh" / "generations/demo/step_1/arith/greedy-s42.jsonl")
+    last = _lines(work / "fresh" / "generations/demo/step_3/arith/greedy-s42.jsonl")
+    assert [r["completion"] for r in first] != [r["completion"] for r in last]
+    # ... and every task kind's generations equal a fresh engine's on that checkpoint, lm-eval's
+    # included: its VLLM wrapper answered with the swapped-in weights.
+    assert _assert_equal_generations(work, (*SAME, OTHER), "swapped") > 0
+
+
+def test_a_corrupt_checkpoint_in_the_middle_of_a_chain_fails_alone(sweeps: dict[str, Any]) -> None:
+    """The middle checkpoint's consolidated weights are cut short after its consolidation (what
+    a disk error would leave): its swap fails, the chain goes on to the next checkpoint, its own
+    job fails to load it, and every other cell is regenerated as the fresh engine made it
+    (`-R infer`, with the cache moved aside so that the engines really generate)."""
+    work = sweeps["work"]
+    config = _config(work, "swapped", swap=True)
+    weights = work / "swapped" / "models" / "demo" / "step_2" / "model.safetensors"
+    good = weights.read_bytes()
+    cache = work / "swapped" / "cache"
+    shutil.move(cache, work / "cache.aside")  # so that every engine really generates
+    weights.write_bytes(good[: len(good) // 2])
+    try:
+        out = _sweep(work, config, "-R", "infer", ok=False)
+    finally:
+        weights.write_bytes(good)
+    assert "Error in rule infer" in out and "step_2" in out
+    metas = _metas(work, "swapped")
+    served = {p: m for p, m in metas.items() if p.split("/")[0] in ("step_1", "step_3")}
+    assert len(served) == 2 * len(TASKS)
+    assert len({m["served_by"] for m in served.values()}) == 1, "step_2 skipped, chain went on"
+    assert 1 in {m["swaps"] for m in served.values()}
+    log = "\n".join(p.read_text() for p in (work / "logs" / "infer").rglob("*.log"))
+    assert "chain: cannot serve demo/step_2" in log
+    _assert_equal_generations(work, ("step_1", "step_3"), "swapped")
+    # Repaired, the next run finishes: step_2's files were never touched by the failure (they
+    # are current, so nothing is generated again), and nothing is left to do.
+    _sweep(work, config)
+    _assert_equal_generations(work, ("step_2",), "swapped")
+    assert "Nothing to be done" in _sweep(work, config, "-n")
