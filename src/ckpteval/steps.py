@@ -53,21 +53,50 @@ def run_step(step: Callable[[Any], None], smk: Any) -> None:
         sys.exit(1)
 
 
+class StepFailed(Exception):
+    """A step run inside Snakemake's process failed for a reason its user can act on; the
+    message is the one line (Snakemake prints it as the job's error)."""
+
+
+def run_in_process(step: Callable[[Any], None], **job: Any) -> None:
+    """Run a light step inside Snakemake's own process (a `run:` block: no interpreter to start
+    per job). Its output is not redirected (the process is Snakemake's): a `UserError` goes to
+    the job's log as one line and fails the job with that line."""
+    from types import SimpleNamespace
+
+    smk = SimpleNamespace(**job)
+    try:
+        _failpoint(step.__name__, smk, kill=False)
+        step(smk)
+    except UserError as exc:
+        message = f"ckpteval: error: {exc}"
+        if smk.log:
+            log_path = Path(str(smk.log[0]))
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with log_path.open("a") as handle:
+                print(message, file=handle)
+        raise StepFailed(message) from None
+
+
 #: A fault-injection hook for the tests of what a failed or killed job may cost:
 #: `CKPTEVAL_FAILPOINT=<step>@<run>/<ckpt>[/<task>][:kill]` (several, comma-separated) makes the
-#: matching jobs crash with a traceback, or SIGKILL themselves, before doing anything.
+#: matching jobs crash with a traceback, or SIGKILL themselves, before doing anything (a step run
+#: inside Snakemake's process only crashes).
 FAILPOINT_ENV = "CKPTEVAL_FAILPOINT"
 
 
-def _failpoint(name: str, smk: Any) -> None:
-    wildcards = getattr(smk, "wildcards", {})
-    here = "/".join(str(wildcards[k]) for k in ("run", "ckpt", "task") if k in wildcards.keys())
-    for spec in filter(None, os.environ.get(FAILPOINT_ENV, "").split(",")):
+def _failpoint(name: str, smk: Any, *, kill: bool = True) -> None:
+    specs = [spec for spec in os.environ.get(FAILPOINT_ENV, "").split(",") if spec]
+    if not specs:
+        return
+    wildcards = dict(getattr(smk, "wildcards", {}).items())
+    here = "/".join(str(wildcards[k]) for k in ("run", "ckpt", "task") if k in wildcards)
+    for spec in specs:
         where, _, mode = spec.partition(":")
         step, _, prefix = where.partition("@")
         if step == name and (here + "/").startswith(prefix.rstrip("/") + "/" if prefix else ""):
             print(f"failpoint {spec}: this job fails on purpose", file=sys.stderr, flush=True)
-            if mode == "kill":
+            if mode == "kill" and kill:  # never Snakemake's own process (run_in_process)
                 os.kill(os.getpid(), 9)
             raise RuntimeError(f"failpoint {spec}")
 

@@ -24,6 +24,7 @@ from ckpteval.freshness import Freshness
 from ckpteval.io import sha256_json
 from ckpteval.publish import TRACKERS
 from ckpteval.schedule import InferCosts
+from ckpteval.steps import generation, run_in_process
 from ckpteval.tasks import check_harness_names
 from ckpteval.verbs import (
     Verbs,

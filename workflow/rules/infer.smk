@@ -63,7 +63,8 @@ for _group in PLAN.engine_groups:
 
 # A cell's generation file and meta, moved into place from its engine job's staging directory.
 # Its marker input is ancient (common.smk): an up-to-date cell's job is never planned, whatever
-# its neighbours do. Its identity param names the settings it was made with.
+# its neighbours do. Its identity param names the settings it was made with. Two renames: it
+# runs inside Snakemake's own process (`run:`), with no interpreter to start per cell.
 if VLLM_RUNS or OPENAI_RUNS:
 
     rule generation:
@@ -79,8 +80,15 @@ if VLLM_RUNS or OPENAI_RUNS:
         localrule: True
         params:
             identity=get_generation_identity,
-        script:
-            "../scripts/generation.py"
+        run:
+            run_in_process(
+                generation,
+                input=input,
+                output=output,
+                params=params,
+                wildcards=wildcards,
+                log=log,
+            )
 
 
 # Tail assist (ckpteval.share): one job per GPU beyond the first, lowest priority, so Snakemake
