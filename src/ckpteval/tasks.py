@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import UserError
-from ckpteval.io import iter_jsonl, sha256_json
+from ckpteval.io import iter_jsonl, sha256_file, sha256_json
 from ckpteval.problems import cap_generated, load_problem_file
 
 HARNESS_TASK_DIR = Path(__file__).resolve().parent / "harness_tasks"
@@ -64,13 +64,6 @@ _SCHEDULING_OPTIONS = (
 #: The checkers that read a bare last line as the answer when a task says `answer_last_line`.
 MATH_CHECKERS = ("math", "gsm8k")
 
-#: The checkers a task from a problem file can have, and the languages each takes.
-CUSTOM_CHECKERS = {
-    "stdio": ("python", "cpp", "rust"),
-    "python": ("python",),
-    "rust": ("rust",),
-    "math": (),
-}
 _LANGUAGE_NAMES = {"python": "Python 3", "cpp": "C++17", "rust": "Rust"}
 
 
@@ -155,8 +148,24 @@ class TaskSpec:
 
     def identity_options(self) -> dict[str, Any]:
         """The task's options that define what it asks and how: all but where and when it runs,
-        its problem file's path (the content counts) and `max_generated_tests` (its own row)."""
-        return {k: v for k, v in self.options.items() if k not in _SCHEDULING_OPTIONS}
+        its problem file's path (the content counts) and `max_generated_tests` (its own row);
+        of a `checker:` mapping, only the checker's name (its options are `scores` rows)."""
+        out = {k: v for k, v in self.options.items() if k not in _SCHEDULING_OPTIONS}
+        if isinstance(out.get("checker"), dict):
+            out["checker"] = self.checker
+        return out
+
+    def checker_file(self, option: str) -> Path:
+        """The file a `checker:` mapping's `option` names, relative to the current directory."""
+        value = self.options["checker"][option]
+        return Path(os.path.expanduser(os.path.expandvars(str(value)))).resolve()
+
+    def checker_file_sha256(self, option: str) -> str:
+        """The content hash of `checker_file(option)`, computed once per spec."""
+        cache = self.__dict__.setdefault("_checker_sha256", {})
+        if option not in cache:
+            cache[option] = sha256_file(self.checker_file(option))
+        return cache[option]
 
     def _compute_config_hash(self) -> str:
         options = self.identity_options()
@@ -364,58 +373,53 @@ LOCAL_HARNESS = {"arith_harness": "ckpteval_arith"}
 CODE_HARNESS = {"humaneval": "ckpteval_humaneval", "mbpp": "ckpteval_mbpp"}
 
 
+def checker_name(value: Any) -> str | None:
+    """The checker a task's `checker` value names: a name, or a mapping whose one key that is
+    a checker's name gives it (`{reward_function: path, name: ...}`)."""
+    if value is None or isinstance(value, str):
+        return value
+    from ckpteval.checkers import available
+
+    named = [key for key in value if key in available()]
+    if len(named) != 1:
+        raise UserError(
+            "a `checker:` mapping names its checker by one key (e.g. reward_function: "
+            f"path/to/reward.py); this one has {', '.join(map(str, value)) or 'no keys'}"
+        )
+    return named[0]
+
+
 def custom_builtin(name: str, options: dict[str, Any]) -> Builtin:
     """The Builtin of a task from the user's problem file (`tasks.<name>.problems`): problems
-    normalised and validated for its checker (one line naming file and line otherwise), a
-    default prompt per checker, and stops that fit it (none under a prompt of the user's)."""
-    checker = options.get("checker") or (BUILTINS[name].checker if name in BUILTINS else None)
+    normalised and validated for its checker (one line naming file and line otherwise), the
+    checker's default prompt and stops (none under a prompt of the user's)."""
+    from ckpteval.checkers import checker_class, problem_file_checkers
+
     key = f"config: tasks.{name}"
-    if checker not in CUSTOM_CHECKERS:
+    try:
+        checker = checker_name(options.get("checker"))
+    except UserError as exc:
+        raise UserError(f"{key}.checker: {exc}") from None
+    checker = checker or (BUILTINS[name].checker if name in BUILTINS else None)
+    if checker not in problem_file_checkers():
         raise UserError(
             f"{key}.checker: a task with `problems` needs checker: one of "
-            f"{', '.join(CUSTOM_CHECKERS)}"
+            f"{', '.join(problem_file_checkers())}"
         )
-    language = options.get("language")
-    if language is not None and language not in CUSTOM_CHECKERS[checker]:
-        raise UserError(
-            f"{key}.language: {language!r} does not fit checker {checker}"
-            + (
-                f" (it takes {', '.join(CUSTOM_CHECKERS[checker])})"
-                if CUSTOM_CHECKERS[checker]
-                else " (it takes no language)"
-            )
-        )
+    cls = checker_class(checker)
+    _check_checker_options(key, cls, options.get("checker"))
+    _check_language_fits(key, checker, options.get("language"))
     path = Path(os.path.expanduser(os.path.expandvars(str(options["problems"]))))
     rows = load_problem_file(path, checker)
-    validate = _problem_validator(checker)
     for where, problem in rows:
         try:
-            validate(problem["task_id"], problem)
+            cls.check_problem(problem["task_id"], problem)
         except UserError as exc:
             raise UserError(f"{where}: {exc}") from None
     problems = [p for _, p in rows]
-    language = options.get("language") or ("python" if checker == "stdio" else None)
-    first = problems[0]
-    if checker == "stdio":
-        render, stop = _stdio_render(language or "python"), ("```",)
-        include = False
-    elif checker == "python" and not first.get("prompt") and "test_list" in first:
-
-        def render(p: dict[str, Any]) -> str:
-            return render_template(
-                MBPP_PROMPT, {**p, "tests_text": "\n".join(p["test_list"])}, "python", where=name
-            )
-
-        stop, include = ("```",), False
-    elif checker in ("python", "rust"):
-        render, include = _prompt_field, checker == "rust"
-        stop = PYTHON_STOPS if checker == "python" else ("\n}\n",)
-    else:
-
-        def render(p: dict[str, Any]) -> str:
-            return render_template(MATH_PROMPT, p, None, where=name)
-
-        stop, include = ("\nQuestion:",), False
+    language = options.get("language") or (cls.languages[0] if cls.languages else None)
+    prompting = cls.default_prompt(problems, language, name)
+    render, stop, include = prompting.render, prompting.stop, prompting.include_stop
     if options.get("prompt") is not None:
         stop, include = (), False
     return Builtin(
@@ -425,23 +429,45 @@ def custom_builtin(name: str, options: dict[str, Any]) -> Builtin:
         stop=stop,
         include_stop=include,
         version="custom-1",
-        language=language,
+        language=language if cls.languages else None,
     )
 
 
-def _problem_validator(checker: str) -> Callable[[str, dict[str, Any]], None]:
-    """The checker's `validate_problem`, without starting what a checker instance starts
-    (sandboxes, helper processes): what it checks is the problem's shape."""
-    from ckpteval.checkers import _REGISTRY, _load_builtins
+def chat_defaults(
+    name: str, options: dict[str, Any], problems: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What a task whose problems are chat messages (a trainer's `prompt`, ckpteval.problems)
+    asks unless its config says otherwise: the chat template, as the trainer applied it, and
+    the rows' system message as the task's `system_prompt` (one for all rows)."""
+    if not any("messages" in p for p in problems):
+        return {}
+    out: dict[str, Any] = {"chat_template": True}
+    systems = {p.get("system") for p in problems}
+    if "system_prompt" not in options and systems != {None}:
+        if len(systems) > 1:
+            raise UserError(
+                f"config: tasks.{name}.problems: the rows have {len(systems)} different system "
+                f"messages; a task has one (set tasks.{name}.system_prompt to use it for all)"
+            )
+        out["system_prompt"] = systems.pop()
+    return out
 
-    _load_builtins()
-    cls = _REGISTRY[checker]
-    instance = cls.__new__(cls)  # type: ignore[operator]
-    if checker == "stdio":
-        from ckpteval.checkers.stdio import _Backend
 
-        instance.backend = _Backend()
-    return instance.validate_problem
+def _check_checker_options(key: str, cls: Any, value: Any) -> None:
+    """A `checker:` mapping's options, as its checker declares them (`check_task_options`)."""
+    if isinstance(value, dict):
+        cls.check_task_options(f"{key}.checker", value)
+
+
+def _check_language_fits(key: str, checker: str, language: str | None) -> None:
+    from ckpteval.checkers import checker_class
+
+    allowed = checker_class(checker).languages if checker else ()
+    if language is not None and language not in allowed:
+        raise UserError(
+            f"{key}.language: {language!r} does not fit checker {checker}"
+            + (f" (it takes {', '.join(allowed)})" if allowed else " (it takes no language)")
+        )
 
 
 def resolve_task(name: str, options: dict[str, Any]) -> TaskSpec:
@@ -481,7 +507,8 @@ def resolve_task(name: str, options: dict[str, Any]) -> TaskSpec:
                 f"config: tasks.{name}.num_fewshot: only lm-eval (harness) tasks take num_fewshot"
             )
         custom = custom_builtin(name, options)
-        spec = TaskSpec(name, "generate", custom.checker, options=dict(options), custom=custom)
+        options = {**chat_defaults(name, options, custom.load()), **options}
+        spec = TaskSpec(name, "generate", custom.checker, options=options, custom=custom)
         _check_language(spec)
         _check_answer_last_line(spec)
         _check_prompt(spec)
@@ -516,16 +543,7 @@ def _check_answer_last_line(spec: TaskSpec) -> None:
 
 
 def _check_language(spec: TaskSpec) -> None:
-    language = spec.options.get("language")
-    if language is None:
-        return
-    allowed = CUSTOM_CHECKERS.get(spec.checker, ())
-    if language not in allowed:
-        raise UserError(
-            f"config: tasks.{spec.name}.language: {language!r} does not fit checker "
-            f"{spec.checker}"
-            + (f" (it takes {', '.join(allowed)})" if allowed else " (it takes no language)")
-        )
+    _check_language_fits(f"config: tasks.{spec.name}", spec.checker, spec.options.get("language"))
 
 
 def _check_prompt(spec: TaskSpec) -> None:

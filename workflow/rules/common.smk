@@ -427,6 +427,21 @@ def get_deleted_checkpoints(wildcards):
     return sorted(f"{run}/{c.name}" for run, ckpts in PLAN.deleted.items() for c in ckpts)
 
 
+def get_checker_files(wildcards):
+    """The files a task's `checker:` mapping names (a reward function's), as inputs named
+    `checker_<option>`: ancient, like the problem file (their content is in the identity)."""
+    from ckpteval.contract import content_options
+
+    spec = PLAN.tasks[wildcards.task]
+    if not isinstance(spec.options.get("checker"), dict):
+        return {}
+    return {
+        f"checker_{option}": ancient(str(spec.checker_file(option)))
+        for option in content_options(spec.checker)
+        if option in spec.options["checker"]
+    }
+
+
 def get_problems_file(wildcards):
     """The problem file of the cell's task (`tasks.<name>.problems`), or none: read by the
     evaluate job, which builds its own task only. Ancient: its path and mtime rerun nothing,

@@ -3,10 +3,12 @@
 # the cell's checker reads and the task it scores against (ckpteval.contract): a changed timeout
 # rescores, a changed worker count does not. The job reads them from that param alone
 # (ckpteval.jobs), and its task's problem file, if it has one, as an input by content (ancient:
-# a moved or touched file reruns nothing; new content changes the identity).
+# a moved or touched file reruns nothing; new content changes the identity), and so are the files
+# its checker's options name (a reward function: `checker_reward_function`).
 rule evaluate:
     input:
         unpack(get_evaluate_inputs),
+        unpack(get_checker_files),
         problems=get_problems_file,
     output:
         samples=f"{OUT}/scores/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",

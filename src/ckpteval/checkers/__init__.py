@@ -6,7 +6,14 @@ itself: `reference_jobs` (solutions shipped with the problems, which must pass) 
 `known_wrong_jobs` (samples built to fail, which must fail); `ckpteval.evaluate` runs both before
 scoring and stops the run if either misbehaves.
 
-A new checker is one module with a `Checker` subclass and one `register()` call below.
+A checker is one file: a `Checker` subclass that declares everything the rest of the project
+asks of it (its languages, problem normaliser and validation, default prompt, the `evaluate.*`
+settings it reads, the options a task's `checker:` mapping gives it, its self-test) and one
+`register()` call at its end. `ckpteval.tasks`, `ckpteval.problems`, `ckpteval.contract` and
+`ckpteval.config` ask this registry (`checker_class`) and never import a checker's private names.
+The built-in checkers are imported on first use; files or directories named in the
+`CKPTEVAL_CHECKERS` environment variable (`os.pathsep`-separated) are imported after them, so a
+checker of your own needs no change to ckpteval.
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ from typing import Any
 
 from ckpteval.errors import UserError
 
+#: Environment variable naming checker files (or directories of them) to load besides the
+#: built-in ones.
+PLUGIN_ENV = "CKPTEVAL_CHECKERS"
+
 #: One taxonomy across languages. `None` means the sample passed.
 ERROR_TYPES = (
     "compile_error",  # the program does not compile / parse
@@ -39,6 +50,7 @@ ERROR_TYPES = (
     "sandbox_error",  # the sandbox refused this one program (e.g. its tmpfs filled up)
     "too_large",  # the completion exceeds the size the checker accepts
     "truncated_reasoning",  # its reasoning never ended (ckpteval.reasoning): no answer to score
+    "reward_error",  # a reward function raised, or returned something that is not a score
 )
 
 #: Reward hacks a sample can attempt, one taxonomy across languages. A verdict records one
@@ -110,6 +122,16 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Prompting:
+    """How a task's problems are prompted by default: `render(problem)` is the prompt, and the
+    engine stops at `stop` (kept in the completion when `include_stop`)."""
+
+    render: Callable[[dict[str, Any]], Any]
+    stop: tuple[str, ...] = ()
+    include_stop: bool = False
+
+
+@dataclass(frozen=True)
 class Job:
     """One sample to check: its problem record and its raw completion. `timeout`, when set,
     replaces the run timeout the checker would otherwise use for this job (`Checker.run_timeout`):
@@ -151,13 +173,72 @@ class Checker(abc.ABC):
     #: A subclass that overrides `check` does not stream unless it says so.
     streams: bool = True
 
+    #: The languages a task of this checker may ask in (`tasks.<name>.language`); () for none.
+    languages: tuple[str, ...] = ()
+    #: Whether a task from a problem file (`tasks.<name>.problems`) may name this checker.
+    for_problem_files: bool = True
+    #: The `evaluate.*` config keys its verdicts depend on: a change of one rescores exactly the
+    #: cells of the checkers that declare it (ckpteval.contract takes its rows' scope from here).
+    reads: tuple[str, ...] = ("evaluate.timeout",)
+    #: JSON schema (an object's `properties`) of the options a task's `checker:` mapping gives
+    #: this checker (`checker: {<name>: value, option: value, ...}`); None: a name only.
+    task_options: Mapping[str, Any] | None = None
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "check" in cls.__dict__ and "streams" not in cls.__dict__:
             cls.streams = False
 
+    @classmethod
+    def normalise_problem(cls, row: Mapping[str, Any]) -> dict[str, Any]:
+        """One line of a problem file as the record this checker reads (raise KeyError,
+        TypeError or ValueError with what is wrong: the caller names file and line)."""
+        return dict(row)
+
+    @classmethod
+    def check_problem(cls, task_id: str, problem: Mapping[str, Any]) -> None:
+        """Raise `UserError` if `problem` lacks what this checker needs, without building the
+        checker (nothing is started): what is checked at parse time."""
+
+    @classmethod
+    def default_prompt(
+        cls, problems: Sequence[Mapping[str, Any]], language: str | None, task: str
+    ) -> Prompting:
+        """How a problem-file task of this checker is prompted when it sets no `prompt`.
+        `problems` are the task's records (the first one tells their shape). By default: the
+        problem's `prompt` field as it is, no stop strings (chat models end their turn)."""
+        return Prompting(lambda problem: problem["prompt"])
+
+    @classmethod
+    def check_task_options(cls, key: str, options: Mapping[str, Any]) -> None:
+        """Raise a one-line `UserError` naming `key` (the task's `checker` key) unless a task's
+        `checker:` mapping fits `task_options`, and every file option (`x-content`) exists."""
+        if cls.task_options is None:
+            raise UserError(f"{key}: checker {cls.name} takes no options; give its name")
+        import jsonschema
+
+        schema = {"type": "object", "additionalProperties": False, **cls.task_options}
+        validator = jsonschema.Draft7Validator(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(dict(options)))
+        if error is not None:
+            where = "".join(f".{p}" for p in error.absolute_path)
+            raise UserError(f"{key}{where}: {error.message}")
+        for option, prop in cls.task_options.get("properties", {}).items():
+            if prop.get("x-content") and option in options:
+                path = os.path.expanduser(os.path.expandvars(str(options[option])))
+                if not os.path.isfile(path):
+                    raise UserError(f"{key}.{option}: no file {os.path.abspath(path)}")
+
+    @classmethod
+    def check_run_config(cls, tasks: Mapping[str, Any], evaluate: Mapping[str, Any]) -> None:
+        """Raise `UserError` at parse time if the config's `evaluate` section cannot judge the
+        problems of this checker's tasks (name -> `ckpteval.tasks.TaskSpec`, whose `problems()`
+        reads them) as they ask."""
+
     def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
-        """Raise `UserError` if `problem` lacks what this checker needs."""
+        """Raise `UserError` if `problem` lacks what this checker needs (the evaluate job asks
+        the built checker, which may know more: a server's limits)."""
+        self.check_problem(task_id, problem)
 
     def run_timeout(self, problem: Mapping[str, Any], timeout: float | None) -> float:
         """Seconds a run of a sample of `problem` gets when its job sets no `timeout`, given the
@@ -426,6 +507,28 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def checker_class(name: str) -> type[Checker]:
+    """The class of checker `name` (what it declares: languages, prompt, settings it reads),
+    or a `UserError` naming the known ones."""
+    _load_builtins()
+    factory = _REGISTRY.get(name)
+    if not isinstance(factory, type) or not issubclass(factory, Checker):
+        raise UserError(f"unknown checker {name!r}; known checkers: {', '.join(sorted(_REGISTRY))}")
+    return factory
+
+
+def problem_file_checkers() -> list[str]:
+    """The checkers a task from a problem file may name."""
+    _load_builtins()
+    return sorted(n for n in _REGISTRY if getattr(_REGISTRY[n], "for_problem_files", False))
+
+
+def readers_of(key: str) -> tuple[str, ...]:
+    """The checkers whose verdicts depend on the `evaluate.*` config key `key`."""
+    _load_builtins()
+    return tuple(sorted(n for n, f in _REGISTRY.items() if key in getattr(f, "reads", ())))
+
+
 def get_checker(name: str, **options: Any) -> Checker:
     """Build checker `name`. Options a checker does not take (e.g. a Piston `endpoint` for the
     python checker) are ignored, so one options dict serves every task of a run; an option no
@@ -468,9 +571,33 @@ _loaded = False
 
 
 def _load_builtins() -> None:
-    """Import the built-in checker modules once; each registers itself."""
+    """Import the built-in checker modules once, then the files `CKPTEVAL_CHECKERS` names;
+    each registers itself."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    from ckpteval.checkers import math, python, rust, stdio  # noqa: F401
+    from ckpteval.checkers import math, python, reward, rust, stdio  # noqa: F401
+
+    for entry in filter(None, os.environ.get(PLUGIN_ENV, "").split(os.pathsep)):
+        _load_plugin(entry)
+
+
+def _load_plugin(entry: str) -> None:
+    """Import a checker file (or every `*.py` of a directory) named in `CKPTEVAL_CHECKERS`."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(entry).expanduser()
+    files = sorted(path.glob("*.py")) if path.is_dir() else [path]
+    for file in files:
+        if not file.is_file():
+            raise UserError(f"{PLUGIN_ENV}: no checker file {file}")
+        name = f"ckpteval_checker_{file.stem}"
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, file)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)

@@ -24,10 +24,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ckpteval.checkers import Checker, Job, Verdict, register
+from ckpteval.checkers import Checker, Job, Prompting, Verdict, register
 from ckpteval.checkers.math_equiv import as_number, equivalent
 from ckpteval.checkers.math_extract import boxed, extract_answer, gold_answer
 from ckpteval.errors import UserError
@@ -43,11 +43,32 @@ class MathChecker(Checker):
     #: 2: the extraction order and normalisation of docs/evaluate.md "Math answers".
     version = "2"
     default_timeout = 5.0
+    reads = ("evaluate.timeout",)
 
     def __init__(self) -> None:
         self._pool = _VerifyPool()
 
-    def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
+    @classmethod
+    def normalise_problem(cls, row: Mapping[str, Any]) -> dict[str, Any]:
+        """A MATH line's `problem` is its `question`."""
+        out = dict(row)
+        if "question" not in out and isinstance(row.get("problem"), str):
+            out["question"] = row["problem"]
+        return out
+
+    @classmethod
+    def default_prompt(
+        cls, problems: Sequence[Mapping[str, Any]], language: str | None, task: str
+    ) -> Prompting:
+        from ckpteval.tasks import MATH_PROMPT, render_template
+
+        def render(problem: dict[str, Any]) -> str:
+            return render_template(MATH_PROMPT, problem, None, where=task)
+
+        return Prompting(render, ("\nQuestion:",))
+
+    @classmethod
+    def check_problem(cls, task_id: str, problem: Mapping[str, Any]) -> None:
         if not gold_answer(problem):
             raise UserError(
                 f"problem {task_id}: math problems need an `answer` (GSM8K '... #### N', "
@@ -186,8 +207,15 @@ def _serve() -> None:
         sys.stdout.flush()
 
 
+class Gsm8kChecker(MathChecker):
+    """The math checker under the name of GSM8K's built-in task (its `####` case)."""
+
+    name = "gsm8k"
+    for_problem_files = False
+
+
 register("math", MathChecker)
-register("gsm8k", MathChecker)
+register("gsm8k", Gsm8kChecker)
 
 if __name__ == "__main__":
     _serve()

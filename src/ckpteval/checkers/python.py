@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckpteval.checkers import HACK_TYPES, Checker, Job, Verdict, register, tail
+from ckpteval.checkers import HACK_TYPES, Checker, Job, Prompting, Verdict, register, tail
 from ckpteval.checkers.extract import python_program
 from ckpteval.errors import UserError
 from ckpteval.sandbox import _DRIVER_SOURCE as DRIVER_SOURCE
@@ -62,6 +62,8 @@ class PythonChecker(Checker):
     version = "2"  # 2: tests in a process of their own (a pass can no longer be forged)
     default_timeout = 10.0
     compiles = True
+    languages = ("python",)
+    reads = ("evaluate.timeout", "evaluate.timeout_factor", "evaluate.sandbox")
 
     def __init__(
         self, *, sandbox: str = "bwrap", memory_bytes: int = 2 << 30, batch_size: int = 32
@@ -71,7 +73,8 @@ class PythonChecker(Checker):
         self.memory_bytes = memory_bytes
         self.interpreter, self.prefix = python_interpreter()
 
-    def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
+    @classmethod
+    def check_problem(cls, task_id: str, problem: Mapping[str, Any]) -> None:
         if "test_list" in problem:
             if not isinstance(problem["test_list"], list):
                 raise UserError(f"problem {task_id}: test_list must be a list of assert statements")
@@ -82,6 +85,26 @@ class PythonChecker(Checker):
                 f"problem {task_id}: python problems need prompt, test and entry_point "
                 f"(HumanEval) or test_list (MBPP); missing {', '.join(missing)}"
             )
+
+    @classmethod
+    def default_prompt(
+        cls, problems: Sequence[Mapping[str, Any]], language: str | None, task: str
+    ) -> Prompting:
+        """HumanEval-shaped problems are prompted with their `prompt` (the function to
+        complete); MBPP-shaped ones (`text`, `test_list`) with the statement and the tests."""
+        from ckpteval.tasks import MBPP_PROMPT, PYTHON_STOPS, render_template
+
+        first = problems[0]
+        if not first.get("prompt") and "test_list" in first:
+
+            def render(p: dict[str, Any]) -> str:
+                tests = "\n".join(p["test_list"])
+                return render_template(
+                    MBPP_PROMPT, {**p, "tests_text": tests}, "python", where=task
+                )
+
+            return Prompting(render, ("```",))
+        return Prompting(_prompt_field, PYTHON_STOPS)
 
     def batch_size_for(self, n_jobs: int, workers: int) -> int:
         """Up to `batch_size`, and several batches per worker, so that a batch of slow samples
@@ -183,6 +206,10 @@ class PythonChecker(Checker):
             early_exit = "import os\nos._exit(0)\n"
             wrong = "raise SystemExit(0)\n"
         return [Job(task_id, problem, early_exit), Job(task_id, problem, wrong)]
+
+
+def _prompt_field(problem: dict[str, Any]) -> str:
+    return str(problem["prompt"])
 
 
 def _tests(problem: Mapping[str, Any]) -> dict[str, Any]:

@@ -123,7 +123,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ckpteval.checkers import Checker, Job, OnVerdicts, Verdict, cancel_on_error, register, tail
+from ckpteval.checkers import (
+    Checker,
+    Job,
+    OnVerdicts,
+    Prompting,
+    Verdict,
+    cancel_on_error,
+    register,
+    tail,
+)
 from ckpteval.checkers.extract import (
     _blank_comments_and_strings,
     delimiters_balanced,
@@ -414,6 +423,8 @@ class RustChecker(Checker):
     default_timeout = 10.0
     compiles = True
     streams = False  # a call's samples are compiled together
+    languages = ("rust",)
+    reads = ("evaluate.timeout", "evaluate.timeout_factor", "evaluate.sandbox")
 
     def __init__(
         self,
@@ -430,7 +441,15 @@ class RustChecker(Checker):
         self.sysroot = rust_sysroot()
         self.rustc = str(self.sysroot / "bin" / "rustc")
 
-    def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
+    @classmethod
+    def default_prompt(
+        cls, problems: Sequence[Mapping[str, Any]], language: str | None, task: str
+    ) -> Prompting:
+        """The problem's `prompt` (the function to complete), up to and with its closing brace."""
+        return Prompting(lambda p: str(p["prompt"]), ("\n}\n",), include_stop=True)
+
+    @classmethod
+    def check_problem(cls, task_id: str, problem: Mapping[str, Any]) -> None:
         if not problem.get("prompt") or not (problem.get("tests") or problem.get("test")):
             raise UserError(
                 f"problem {task_id}: rust problems need `prompt` and `tests` (or "

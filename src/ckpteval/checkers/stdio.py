@@ -79,7 +79,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpteval.checkers import Checker, Job, Verdict, register, tail
+from ckpteval.checkers import Checker, Job, Prompting, Verdict, register, tail
 from ckpteval.checkers.extract import code_block, utf8_safe
 from ckpteval.checkers.python import python_interpreter
 from ckpteval.checkers.rust import rust_sysroot
@@ -222,6 +222,14 @@ class StdioChecker(Checker):
     version = "3"
     default_timeout = DEFAULT_TIME_LIMIT
     compiles = True
+    languages = LANGUAGES
+    reads = (
+        "evaluate.timeout",
+        "evaluate.timeout_factor",
+        "evaluate.sandbox",
+        "evaluate.piston_url",
+        *(f"evaluate.piston_limits.{name}" for name in PISTON_DEFAULT_LIMITS),
+    )
 
     def __init__(
         self,
@@ -243,7 +251,44 @@ class StdioChecker(Checker):
         self._checker_lock = threading.Lock()
         self._checker_dirs: list[tempfile.TemporaryDirectory[str]] = []
 
-    def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
+    @classmethod
+    def normalise_problem(cls, row: Mapping[str, Any]) -> dict[str, Any]:
+        from ckpteval.problems import normalise_stdio
+
+        return normalise_stdio(row)
+
+    @classmethod
+    def default_prompt(
+        cls, problems: Sequence[Mapping[str, Any]], language: str | None, task: str
+    ) -> Prompting:
+        """The statement, then an open code block of the task's language (ckpteval.tasks
+        `STDIO_PROMPT`), stopped at the closing fence."""
+        from ckpteval.tasks import STDIO_PROMPT, render_template
+
+        def render(problem: dict[str, Any]) -> str:
+            return render_template(STDIO_PROMPT, problem, language or "python", where=task)
+
+        return Prompting(render, ("```",))
+
+    @classmethod
+    def check_run_config(cls, tasks: Mapping[str, Any], evaluate: Mapping[str, Any]) -> None:
+        """With `evaluate.piston_url`, a problem the server cannot judge as it asks (its own
+        time or memory limit over the server's, an expected output longer than Piston keeps) is
+        one line naming the task now, rather than in its evaluate job."""
+        if not evaluate.get("piston_url"):
+            return
+        limits = _piston_limits(evaluate.get("piston_limits"))
+        piston = _Piston(evaluate["piston_url"], 1, 0, limits)
+        for name, task in tasks.items():
+            for tid, problem in task.problems().items():
+                tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
+                try:
+                    piston.check_problem(tid, problem, tests)
+                except UserError as exc:
+                    raise UserError(f"config: tasks.{name}: {exc}") from None
+
+    @classmethod
+    def check_problem(cls, task_id: str, problem: Mapping[str, Any]) -> None:
         tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
         if not tests or not all(
             isinstance(t, Mapping) and "input" in t and "output" in t for t in tests
@@ -261,6 +306,10 @@ class StdioChecker(Checker):
             raise UserError(
                 f"problem {task_id}: tolerance must be a number in [0, 1), not {tolerance!r}"
             )
+
+    def validate_problem(self, task_id: str, problem: Mapping[str, Any]) -> None:
+        self.check_problem(task_id, problem)
+        tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
         self.backend.check_problem(task_id, problem, tests)
 
     def run_timeout(self, problem: Mapping[str, Any], timeout: float | None) -> float:

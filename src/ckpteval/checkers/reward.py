@@ -1,0 +1,364 @@
+"""The reward-function checker: a training run's own reward function scores its samples.
+
+A task names it as verl names its custom reward function::
+
+    checker: {reward_function: path/to/reward.py, name: compute_score, kwargs: {...},
+              pass_threshold: 1.0, trusted: false, self_test: ground_truth}
+
+and each sample is scored as verl scores it: `name(data_source=..., solution_str=completion,
+ground_truth=..., extra_info=..., **kwargs)`, by keyword. The function returns a number or a
+bool (taken as a float), or a dict with a `score` key; the dict's other keys are kept on the
+sample's score line (`reward_info`), and a numeric or boolean `acc` among them is also a metric
+of the cell. A sample passes when its score is at least `pass_threshold`.
+
+The function is untrusted code. Each sample runs in a process of its own, in one sandbox per
+batch (`ckpteval.sandbox`: no network, rlimits, its own uid), under the per-sample timeout
+(`evaluate.timeout`). Its prints go to the evaluate job's log, never into the result channel:
+the runner moves the process's stdout onto stderr before it loads the file, and the result goes
+back on a descriptor of its own. A function that raises, returns something that is not a score,
+or exits fails that sample only, as `reward_error` with one line saying why; one that hangs is a
+`timeout`. `trusted: true` runs it without the sandbox (it can reach the network: a
+SandboxFusion URL, a reward-model server), each sample still in its own process under the
+timeout.
+
+The file's content and `name` are part of the cell's scoring identity: editing the function
+rescores, moving the file reruns nothing (ckpteval.contract). Only that one file counts: a module
+it imports from beside it is visible to it but not hashed.
+
+The self-test (`self_test: ground_truth`) scores the ground truths of the first problems (up to
+`SELF_TEST_PROBLEMS`) as completions, which must pass, and an empty completion, which must not;
+`self_test: "off: <why>"` skips it, and the cell records why.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ckpteval.checkers import Checker, Job, Prompting, Verdict, register
+from ckpteval.errors import UserError
+from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
+
+log = logging.getLogger(__name__)
+
+#: How many problems' ground truths the self-test scores.
+SELF_TEST_PROBLEMS = 3
+#: The longest error line a score line keeps.
+ERROR_LINE_CHARS = 300
+#: What a sample's stderr (the function's prints) may add to the log.
+LOG_CHARS = 2000
+
+RUNNER_SOURCE = r"""
+import importlib.util, json, math, os, sys, traceback
+
+
+def plain(value, depth=0):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if depth < 4 and isinstance(value, dict):
+        return {str(k): plain(v, depth + 1) for k, v in value.items()}
+    if depth < 4 and isinstance(value, (list, tuple)):
+        return [plain(v, depth + 1) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        try:
+            return plain(value.item(), depth + 1)
+        except Exception:
+            pass
+    return {"__unplain__": type(value).__name__}
+
+
+def main():
+    reward_file, name, call_path, *paths = sys.argv[1:]
+    result = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    sys.path[:0] = paths
+    with open(call_path, encoding="utf-8") as handle:
+        call = json.load(handle)
+    try:
+        spec = importlib.util.spec_from_file_location("ckpteval_reward", reward_file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        value = getattr(module, name)(**call)
+        out = {"value": plain(value)}
+    except BaseException as exc:
+        line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        traceback.print_exc()
+        out = {"error": line}
+    result.write(json.dumps(out, allow_nan=True))
+    result.flush()
+    os._exit(0)
+
+
+main()
+"""
+
+
+class RewardFunctionChecker(Checker):
+    """Scores samples with a user's verl-style reward function (see the module's docstring)."""
+
+    name = "reward_function"
+    version = "1"
+    default_timeout = 10.0
+    reads = ("evaluate.timeout", "evaluate.sandbox")
+    task_options = {
+        "properties": {
+            "reward_function": {
+                "type": "string",
+                "minLength": 1,
+                "x-content": True,
+                "description": "the reward function's file (by content: moving it reruns nothing)",
+            },
+            "name": {
+                "type": "string",
+                "minLength": 1,
+                "description": "the function scored with (verl's custom_reward_function.name)",
+            },
+            "kwargs": {"type": "object", "description": "arguments merged into every call"},
+            "pass_threshold": {"type": "number", "description": "the score a pass needs"},
+            "trusted": {
+                "type": "boolean",
+                "description": "whether the function runs outside the sandbox",
+            },
+            "self_test": {
+                "type": "string",
+                "pattern": "^(ground_truth|off: *\\S.*)$",
+                "description": "whether ground truths are scored first (ground_truth, or off: why)",
+            },
+        },
+        "required": ["reward_function", "self_test"],
+    }
+
+    @classmethod
+    def check_task_options(cls, key: str, options: Mapping[str, Any]) -> None:
+        """Also: the file defines the function `name` (read, not run: a parse runs nothing)."""
+        super().check_task_options(key, options)
+        name = options.get("name", "compute_score")
+        path = Path(os.path.expanduser(os.path.expandvars(str(options["reward_function"]))))
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
+            raise UserError(
+                f"{key}.reward_function: cannot read {path} as Python ({exc})"
+            ) from None
+        if name not in _top_level_names(tree):
+            raise UserError(f"{key}.name: {path} defines no {name!r} at its top level")
+
+    def __init__(
+        self,
+        *,
+        reward_function: str,
+        name: str = "compute_score",
+        kwargs: Mapping[str, Any] | None = None,
+        pass_threshold: float = 1.0,
+        trusted: bool = False,
+        self_test: str = "ground_truth",
+        sandbox: str = "bwrap",
+        batch_size: int = 32,
+        memory_bytes: int = 2 << 30,
+    ) -> None:
+        source = Path(reward_function)
+        if not source.is_file():
+            raise UserError(f"checker reward_function: no file {source}")
+        self.function, self.kwargs = name, dict(kwargs or {})
+        self.pass_threshold, self.trusted = float(pass_threshold), trusted
+        self.self_test = self_test
+        self.sandbox = Sandbox("none" if trusted else sandbox)
+        self.batch_size, self.memory_bytes = batch_size, memory_bytes * (4 if trusted else 1)
+        self._code = Path(tempfile.mkdtemp(prefix="ckpteval-reward-code-"))
+        os.chmod(self._code, 0o755)
+        shutil.copyfile(source, self._code / "reward.py")
+        (self._code / "runner.py").write_text(RUNNER_SOURCE, encoding="utf-8")
+        self._beside = source.resolve().parent
+
+    @classmethod
+    def normalise_problem(cls, row: Mapping[str, Any]) -> dict[str, Any]:
+        """A native line may give its ground truth as `answer`."""
+        out = dict(row)
+        if "ground_truth" not in out and "answer" in out:
+            out["ground_truth"] = out["answer"]
+        return out
+
+    @classmethod
+    def check_problem(cls, task_id: str, problem: Mapping[str, Any]) -> None:
+        if problem.get("ground_truth") is None:
+            raise UserError(
+                f"problem {task_id}: a reward function needs a ground truth (verl's "
+                "reward_model.ground_truth, or `answer`)"
+            )
+        if not isinstance(problem.get("question"), str):
+            raise UserError(f"problem {task_id}: no prompt (verl's `prompt`, or `question`)")
+
+    @classmethod
+    def default_prompt(
+        cls, problems: Sequence[Mapping[str, Any]], language: str | None, task: str
+    ) -> Prompting:
+        """The row's prompt as the trainer sent it: the user's message (the system message and
+        the chat template are the task's, ckpteval.tasks), or the prompt text."""
+        return Prompting(lambda problem: problem["question"])
+
+    def batch_size_for(self, n_jobs: int, workers: int) -> int:
+        return max(1, min(self.batch_size, -(-n_jobs // (4 * max(1, workers)))))
+
+    def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
+        """One sandbox for the batch, each sample a process of its own under its timeout."""
+        with tempfile.TemporaryDirectory(prefix="ckpteval-reward-") as tmp:
+            workdir = Path(tmp)
+            os.chmod(workdir, 0o755)
+            commands = [self._command(workdir, i, job, timeout) for i, job in enumerate(jobs)]
+            results = self.sandbox.run_many(commands, workdir=workdir, readable=self._readable())
+        return [self._verdict(job, result) for job, result in zip(jobs, results)]
+
+    def _command(self, workdir: Path, index: int, job: Job, timeout: float) -> Command:
+        sample_dir = workdir / f"s{index}"
+        sample_dir.mkdir(mode=0o755)
+        call = {
+            "data_source": job.problem.get("data_source", ""),
+            "solution_str": job.completion,
+            "ground_truth": job.problem.get("ground_truth"),
+            "extra_info": job.problem.get("extra_info") or {},
+            **self.kwargs,
+        }
+        (sample_dir / "call.json").write_text(json.dumps(call, default=str), encoding="utf-8")
+        argv = [
+            sys.executable,
+            "-I",
+            "-B",
+            str(self._code / "runner.py"),
+            str(self._code / "reward.py"),
+            self.function,
+            "call.json",
+            str(self._beside),
+        ]
+        limits = Limits(wall_s=job.timeout or timeout, memory_bytes=self.memory_bytes)
+        env = dict(os.environ) if self.trusted else None  # a service's URL or key, say
+        return Command(argv, limits, cwd=sample_dir, env=env)
+
+    def _readable(self) -> list[Path]:
+        """What the sandbox binds read-only: this Python (its environment's packages, which a
+        reward function may import), the runner and the function's own directory."""
+        return [
+            Path(sys.prefix).resolve(),
+            Path(sys.base_prefix).resolve(),
+            self._code,
+            self._beside,
+        ]
+
+    def _verdict(self, job: Job, result: RunResult) -> Verdict:
+        """A run's outcome as a verdict: the score, or the one line saying why there is none."""
+        duration = result.duration_s
+        printed = result.stderr.decode("utf-8", "replace")
+        if printed.strip():
+            log.info("reward function output for %s:\n%s", job.task_id, printed[-LOG_CHARS:])
+        if result.timed_out or result.signal == signal.SIGXCPU:
+            return Verdict(False, "timeout", duration_s=duration, stderr_tail="timed out")
+        try:
+            out = json.loads(result.stdout.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            out = None
+        if not isinstance(out, dict) or ("value" not in out and "error" not in out):
+            why = _last_line(printed) or f"exited ({result.exit_code}) without a result"
+            return _failed(why, duration)
+        if "error" in out:
+            return _failed(str(out["error"]), duration)
+        return self._scored(out["value"], duration)
+
+    def _scored(self, value: Any, duration: float) -> Verdict:
+        score, info = as_score(value)
+        if isinstance(score, str):
+            return _failed(score, duration)
+        passed = score >= self.pass_threshold
+        extras = {"reward": score, "reward_info": info}
+        return Verdict(
+            passed,
+            None if passed else "wrong_answer",
+            duration_s=duration,
+            score=score,
+            extras=extras,
+        )
+
+    def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
+        if self.self_test != "ground_truth":
+            return []
+        usable = [
+            (tid, p)
+            for tid, p in problems.items()
+            if isinstance(p.get("ground_truth"), (str, int, float))
+        ]
+        return [Job(tid, p, str(p["ground_truth"])) for tid, p in usable[:SELF_TEST_PROBLEMS]]
+
+    def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
+        if self.self_test != "ground_truth":
+            return []
+        task_id, problem = next(iter(problems.items()))
+        return [Job(task_id, problem, "")]
+
+    @property
+    def self_test_off(self) -> str | None:
+        """Why the self-test is off (the cell records it), or None when it runs."""
+        if self.self_test.startswith("off:"):
+            return self.self_test[len("off:") :].strip()
+        return None
+
+    def close(self) -> None:
+        shutil.rmtree(self._code, ignore_errors=True)
+
+
+def as_score(value: Any) -> tuple[float | str, dict[str, Any]]:
+    """(score, the dict's other keys) of what a reward function returned, or (why it is not a
+    score, {}): a finite number or a bool, or a dict whose `score` is one."""
+    info: dict[str, Any] = {}
+    if isinstance(value, dict):
+        if "score" not in value:
+            return f"returned a dict without a `score` key (keys: {', '.join(value)})", {}
+        info = {k: v for k, v in value.items() if k != "score"}
+        value = value["score"]
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value)):
+        return float(value), info
+    shown = value.get("__unplain__") if isinstance(value, dict) else type(value).__name__
+    return f"returned {shown} {_short(value)}, not a number".replace("  ", " "), {}
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value[:40])
+    return ""
+
+
+def _failed(why: str, duration: float) -> Verdict:
+    return Verdict(
+        False, "reward_error", duration_s=duration, stderr_tail=why.strip()[:ERROR_LINE_CHARS]
+    )
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+register("reward_function", RewardFunctionChecker)
