@@ -186,13 +186,15 @@ def trainer_problem(row: Mapping[str, Any], number: int, where: str) -> dict[str
     out = dict(row)
     if "reward_model" in row:
         reward_model = row["reward_model"]
-        if not isinstance(reward_model, Mapping) or "ground_truth" not in reward_model:
-            raise UserError(f"{where}: field reward_model: needs {{style, ground_truth}}")
-        out["ground_truth"] = reward_model["ground_truth"]
+        if not isinstance(reward_model, Mapping):
+            raise UserError(f"{where}: field reward_model: must be {{style, ground_truth}}")
+        field = "reward_model.ground_truth"
+        out["ground_truth"] = reward_model.get("ground_truth")
     else:
-        out["ground_truth"] = row["answer"] if "answer" in row else row["solution"]
+        field = "answer" if "answer" in row else "solution"
+        out["ground_truth"] = row[field]
     if out["ground_truth"] is None:
-        raise UserError(f"{where}: field reward_model.ground_truth (or answer): is null")
+        raise UserError(f"{where}: field {field}: missing or null")
     extra = row.get("extra_info")
     if extra is not None and not isinstance(extra, Mapping):
         raise UserError(f"{where}: field extra_info: must be an object, not {type(extra).__name__}")

@@ -1,0 +1,572 @@
+"""A training run's own validation set and reward function as a task (ckpteval.checkers.reward),
+the trainers' data formats (ckpteval.problems), and a checker from one file of one's own.
+
+The problem files are written here as the trainers write them (a verl parquet with pyarrow);
+the reward functions are real files run in the real sandbox, and every score is compared with
+calling the function directly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import REPO
+
+from ckpteval.checkers import Job, get_checker
+from ckpteval.config import build_plan, validate_config
+from ckpteval.contract import generation_identity, scoring_identity
+from ckpteval.errors import UserError
+from ckpteval.evaluate import score_samples
+from ckpteval.tasks import resolve_task
+
+SYSTEM = "Answer with the number only, after ####."
+
+#: A verl-style reward function: a few behaviours chosen by the completion, else GSM8K's rule.
+REWARD = """
+import re
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    print("checking", solution_str[:20])  # reward functions print; it must not matter
+    if solution_str == "raise":
+        raise ValueError("cannot parse")
+    if solution_str == "hang":
+        while True:
+            pass
+    if solution_str == "string":
+        return "oops"
+    if solution_str == "dict":
+        return {"score": 0.5, "acc": True, "pred": "7"}
+    if solution_str == "bool":
+        return solution_str == ground_truth
+    match = re.search(r"(?:#### )?(-?\\d+)\\s*$", solution_str)
+    return (1.0 if match and match.group(1) == str(ground_truth) else 0.0) + bonus
+"""
+
+
+def verl_rows(n: int = 4) -> list[dict[str, Any]]:
+    """Rows as verl's gsm8k preprocessing writes them."""
+    return [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"What is {i} + {i}?"},
+            ],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+            "extra_info": {"split": "test", "index": 100 + i},
+        }
+        for i in range(n)
+    ]
+
+
+def write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture
+def reward_file(tmp_path: Path) -> Path:
+    path = tmp_path / "reward.py"
+    path.write_text(REWARD)
+    return path
+
+
+def direct(path: Path, **call: Any) -> Any:
+    """The reward function called directly, as verl calls it."""
+    spec = importlib.util.spec_from_file_location("direct_reward", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.compute_score(**call)
+
+
+def checker_option(reward_file: Path, **more: Any) -> dict[str, Any]:
+    return {"reward_function": str(reward_file), "self_test": "ground_truth", **more}
+
+
+# ------------------------------------------------------------------ trainer data formats
+
+
+def test_a_verl_parquet_is_a_task_with_its_ids_chat_messages_and_ground_truths(
+    tmp_path: Path, reward_file: Path
+) -> None:
+    rows = verl_rows()
+    rows[3]["extra_info"] = {"split": "test"}  # no index: its row number is its id
+    path = write_parquet(tmp_path / "test.parquet", rows)
+    spec = resolve_task("gsm", {"problems": str(path), "checker": checker_option(reward_file)})
+    problems = spec.problems()
+    assert list(problems) == ["100", "101", "102", "3"]
+    first = problems["100"]
+    assert first["ground_truth"] == "0" and first["data_source"] == "openai/gsm8k"
+    assert first["extra_info"] == {"split": "test", "index": 100}
+    assert spec.checker == "reward_function"
+    # The chat messages: the user's as the prompt, the system message and the chat template
+    # as the task's (what infer renders through the run's chat template).
+    assert spec.render(problems["101"]) == "What is 1 + 1?"
+    assert spec.options["chat_template"] is True and spec.options["system_prompt"] == SYSTEM
+    assert spec.builtin.stop == ()
+
+
+def test_the_same_fields_in_jsonl_and_the_trl_prompt_answer_shape(
+    tmp_path: Path, reward_file: Path
+) -> None:
+    verl = resolve_task(
+        "v",
+        {
+            "problems": str(write_jsonl(tmp_path / "v.jsonl", verl_rows(2))),
+            "checker": checker_option(reward_file),
+        },
+    )
+    assert list(verl.problems()) == ["100", "101"]
+    trl = write_jsonl(
+        tmp_path / "trl.jsonl",
+        [{"prompt": "What is 2 + 2?", "answer": "4"}, {"prompt": "3 + 3?", "answer": "6"}],
+    )
+    spec = resolve_task("t", {"problems": str(trl), "checker": checker_option(reward_file)})
+    problems = spec.problems()
+    assert list(problems) == ["0", "1"] and problems["1"]["ground_truth"] == "6"
+    assert spec.render(problems["0"]) == "What is 2 + 2?"
+    assert "chat_template" not in spec.options  # a text prompt is sent as it is
+    # The math checker reads the same file: its ground truth is the answer it compares with.
+    math = resolve_task("m", {"problems": str(trl), "checker": "math"})
+    assert math.problems()["0"]["answer"] == "4"
+    chat = write_jsonl(
+        tmp_path / "openr1.jsonl",
+        [{"prompt": [{"role": "user", "content": "1 + 1?"}], "solution": "2"}],
+    )
+    spec = resolve_task("o", {"problems": str(chat), "checker": checker_option(reward_file)})
+    assert spec.options["chat_template"] is True and "system_prompt" not in spec.options
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (
+            lambda r: r.update(reward_model={"style": "rule"}),
+            r"test\.parquet: row 2: field reward_model\.ground_truth: missing or null",
+        ),
+        (
+            lambda r: r.update(prompt=[{"role": "user"}]),
+            r"test\.parquet: row 2: field prompt\[0\]: must be a \{role, content\} message",
+        ),
+        (
+            lambda r: r.update(
+                prompt=[
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": "b"},
+                    {"role": "user", "content": "c"},
+                ]
+            ),
+            r"test\.parquet: row 2: field prompt: roles \['user', 'assistant', 'user'\]",
+        ),
+        (
+            lambda r: r.update(extra_info={"index": 100}),
+            r"test\.parquet: row 2: duplicate problem id '100' \(first at .*row 0\)",
+        ),
+    ],
+)
+def test_a_malformed_row_is_one_line_naming_file_row_and_field(
+    tmp_path: Path, reward_file: Path, change: Any, expected: str
+) -> None:
+    rows = verl_rows()
+    change(rows[2])
+    path = write_parquet(tmp_path / "test.parquet", rows)
+    with pytest.raises(UserError, match=expected) as caught:
+        resolve_task("gsm", {"problems": str(path), "checker": checker_option(reward_file)})
+    assert "\n" not in str(caught.value)
+
+
+def test_rows_with_different_system_messages_need_the_tasks_own(
+    tmp_path: Path, reward_file: Path
+) -> None:
+    rows = verl_rows(2)
+    rows[1]["prompt"][0]["content"] = "Another system message."
+    path = write_parquet(tmp_path / "test.parquet", rows)
+    options = {"problems": str(path), "checker": checker_option(reward_file)}
+    with pytest.raises(UserError, match=r"2 different system messages.*system_prompt"):
+        resolve_task("gsm", options)
+    spec = resolve_task("gsm", {**options, "system_prompt": "Be brief."})
+    assert spec.options["system_prompt"] == "Be brief."
+
+
+@pytest.mark.parametrize(
+    "checker, expected",
+    [
+        ({"reward_function": "REWARD"}, r"tasks\.gsm\.checker: 'self_test' is a required property"),
+        (
+            {"reward_function": "REWARD", "self_test": "off"},
+            r"tasks\.gsm\.checker\.self_test: 'off' does not match",
+        ),
+        (
+            {"reward_function": "REWARD", "self_test": "ground_truth", "nme": "f"},
+            r"tasks\.gsm\.checker: Additional properties are not allowed \('nme'",
+        ),
+        (
+            {"reward_function": "missing.py", "self_test": "ground_truth"},
+            r"tasks\.gsm\.checker\.reward_function: no file .*missing\.py",
+        ),
+        (
+            {"reward_function": "REWARD", "self_test": "ground_truth", "name": "score_fn"},
+            r"tasks\.gsm\.checker\.name: .*reward\.py defines no 'score_fn'",
+        ),
+        ({"reward": "REWARD"}, r"tasks\.gsm\.checker: a `checker:` mapping names its checker"),
+        ({"math": True}, r"tasks\.gsm\.checker: checker math takes no options"),
+    ],
+)
+def test_checker_mistakes_are_one_line_naming_the_key(
+    tmp_path: Path, reward_file: Path, checker: dict[str, Any], expected: str
+) -> None:
+    path = write_parquet(tmp_path / "test.parquet", verl_rows(2))
+    checker = {k: str(reward_file) if v == "REWARD" else v for k, v in checker.items()}
+    with pytest.raises(UserError, match=expected):
+        resolve_task("gsm", {"problems": str(path), "checker": checker})
+
+
+# ------------------------------------------------------------------ the reward function checker
+
+BEHAVIOURS = {
+    "float right": "#### 4",
+    "float wrong": "#### 5",
+    "bool": "bool",
+    "dict": "dict",
+    "raises": "raise",
+    "hangs": "hang",
+    "string": "string",
+}
+
+
+def _jobs(problem: dict[str, Any]) -> list[Job]:
+    return [Job("2", problem, completion) for completion in BEHAVIOURS.values()]
+
+
+def test_each_sample_scores_as_calling_the_function_directly_and_a_broken_one_fails_alone(
+    reward_file: Path,
+) -> None:
+    problem = {
+        "task_id": "2",
+        "data_source": "openai/gsm8k",
+        "ground_truth": "4",
+        "extra_info": {"index": 2},
+        "question": "2 + 2?",
+    }
+    checker = get_checker("reward_function", reward_function=str(reward_file), kwargs={})
+    try:
+        verdicts = checker.check(_jobs(problem), workers=2, timeout=1.0)
+    finally:
+        checker.close()
+    by = dict(zip(BEHAVIOURS, verdicts))
+    for name in ("float right", "float wrong", "bool"):
+        expected = direct(
+            reward_file,
+            data_source="openai/gsm8k",
+            solution_str=BEHAVIOURS[name],
+            ground_truth="4",
+            extra_info={"index": 2},
+        )
+        assert by[name].score == float(expected), name
+        assert by[name].stderr_tail == ""  # its prints went to the log
+    assert by["float right"].passed and by["float right"].extras["reward"] == 1.0
+    assert (by["float wrong"].passed, by["float wrong"].error_type) == (False, "wrong_answer")
+    assert by["dict"].score == 0.5 and by["dict"].extras["reward_info"] == {
+        "acc": True,
+        "pred": "7",
+    }
+    assert (by["raises"].error_type, by["raises"].stderr_tail) == (
+        "reward_error",
+        "ValueError: cannot parse",
+    )
+    assert by["hangs"].error_type == "timeout"
+    assert by["string"].error_type == "reward_error"
+    assert by["string"].stderr_tail == "returned str 'oops', not a number"
+    assert all("\n" not in v.stderr_tail for v in verdicts)
+
+
+def test_kwargs_are_merged_into_every_call(reward_file: Path) -> None:
+    problem = {"task_id": "1", "ground_truth": "2", "question": "1 + 1?"}
+    checker = get_checker(
+        "reward_function",
+        reward_function=str(reward_file),
+        kwargs={"bonus": 0.25},
+        pass_threshold=1.25,
+    )
+    try:
+        right, wrong = checker.check(
+            [Job("1", problem, "#### 2"), Job("1", problem, "#### 3")], workers=1, timeout=5.0
+        )
+    finally:
+        checker.close()
+    assert (right.score, right.passed) == (1.25, True)
+    assert (wrong.score, wrong.passed) == (0.25, False)
+
+
+def test_a_cell_reports_reward_mean_acc_the_distribution_and_pass_at_k(
+    tmp_path: Path, reward_file: Path
+) -> None:
+    problems = {
+        str(i): {"task_id": str(i), "ground_truth": str(2 * i), "question": f"{i} + {i}?"}
+        for i in range(3)
+    }
+    samples = [
+        {"task_id": "0", "sample_idx": 0, "completion": "#### 0"},
+        {"task_id": "0", "sample_idx": 1, "completion": "dict"},
+        {"task_id": "1", "sample_idx": 0, "completion": "#### 3"},
+        {"task_id": "1", "sample_idx": 1, "completion": "raise"},
+        {"task_id": "2", "sample_idx": 0, "completion": "#### 4"},
+        {"task_id": "2", "sample_idx": 1, "completion": "#### 4"},
+    ]
+    cell = score_samples(
+        "reward_function",
+        problems,
+        samples,
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=2,
+        timeout=5.0,
+        ks=[1, 2],
+        checker_options=checker_option(reward_file),
+    )
+    metrics = cell["metrics"]
+    # five scored samples (1, 0.5, 0, 1, 1); the one that raised is an error, not a zero
+    assert metrics["reward_mean"]["n"] == 5
+    assert metrics["reward_mean"]["value"] == pytest.approx(3.5 / 5)
+    assert metrics["acc"] == {"value": 1.0, "stderr": 0.0, "n": 1}
+    assert metrics["pass@2"]["value"] == pytest.approx(2 / 3)  # problems 0 and 2
+    assert cell["error_types"] == {"reward_error": 1, "wrong_answer": 2}
+    assert cell["reward_distribution"]["counts"] == {"0.0": 1, "0.5": 1, "1.0": 3}
+    assert cell["reward_distribution"]["min"] == 0.0 and cell["reward_distribution"]["max"] == 1.0
+    assert cell["self_test"] == {
+        "references_passed": 3,
+        "known_wrong_failed": 1,
+        "reused_verdicts": 0,
+    }
+    lines = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert lines[1]["reward"] == 0.5 and lines[1]["reward_info"] == {"acc": True, "pred": "7"}
+    assert lines[3]["error_type"] == "reward_error" and "reward" not in lines[3]
+
+
+def test_the_self_test_can_be_off_with_a_reason_and_a_wrong_function_fails_it(
+    tmp_path: Path,
+) -> None:
+    always = tmp_path / "always.py"
+    always.write_text("def compute_score(**kwargs):\n    return 1.0\n")
+    problems = {"0": {"task_id": "0", "ground_truth": "4", "question": "2 + 2?"}}
+    samples = [{"task_id": "0", "completion": "anything"}]
+    from ckpteval.evaluate import SelfTestError
+
+    with pytest.raises(SelfTestError, match="known-wrong samples passed"):
+        score_samples(
+            "reward_function",
+            problems,
+            samples,
+            tmp_path / "a.jsonl",
+            tmp_path / "a.json",
+            workers=1,
+            checker_options={"reward_function": str(always), "self_test": "ground_truth"},
+        )
+    cell = score_samples(
+        "reward_function",
+        problems,
+        samples,
+        tmp_path / "b.jsonl",
+        tmp_path / "b.json",
+        workers=1,
+        checker_options={"reward_function": str(always), "self_test": "off: a format reward"},
+    )
+    assert cell["self_test"]["off"] == "a format reward"
+    assert cell["metrics"]["reward_mean"]["value"] == 1.0
+
+
+class _Service(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"0.75")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def service() -> Iterator[str]:
+    server = HTTPServer(("127.0.0.1", 0), _Service)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+def test_only_a_trusted_function_reaches_a_service(tmp_path: Path, service: str) -> None:
+    """A reward-model server: the sandbox has no network, `trusted: true` runs outside it."""
+    path = tmp_path / "remote.py"
+    path.write_text(
+        "import urllib.request\n\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info, url):\n"
+        "    return float(urllib.request.urlopen(url, timeout=5).read())\n"
+    )
+    problem = {"task_id": "0", "ground_truth": "4", "question": "?"}
+    verdicts = {}
+    for trusted in (False, True):
+        checker = get_checker(
+            "reward_function", reward_function=str(path), kwargs={"url": service}, trusted=trusted
+        )
+        try:
+            (verdicts[trusted],) = checker.check([Job("0", problem, "x")], workers=1, timeout=10)
+        finally:
+            checker.close()
+    assert verdicts[False].error_type == "reward_error"
+    assert "URLError" in verdicts[False].stderr_tail
+    assert verdicts[True].score == 0.75
+
+
+# ------------------------------------------------------------------ identity
+
+
+def _project(root: Path, reward: Path, **checker: Any) -> dict[str, Any]:
+    ckpt = root / "run" / "step_1"
+    if not ckpt.exists():
+        import numpy as np
+        from safetensors.numpy import save_file
+
+        ckpt.mkdir(parents=True)
+        (ckpt / "config.json").write_text("{}")
+        save_file({"w": np.zeros(2, dtype=np.float32)}, str(ckpt / "model.safetensors"))
+        write_parquet(root / "test.parquet", verl_rows(3))
+    config = {
+        "outdir": str(root / "results"),
+        "runs": {"r": {"path": str(root / "run")}},
+        "tasks": {
+            "gsm": {
+                "problems": str(root / "test.parquet"),
+                "checker": checker_option(reward, **checker),
+            }
+        },
+    }
+    validate_config(config)
+    return config
+
+
+def _ids(config: dict[str, Any]) -> tuple[str, str]:
+    plan = build_plan(config)
+    return (
+        generation_identity(plan, "r", "gsm", "greedy-s42").text,
+        scoring_identity(plan, "r", "gsm", "greedy-s42").text,
+    )
+
+
+def test_editing_the_function_rescores_and_moving_it_reruns_nothing(tmp_path: Path) -> None:
+    reward = tmp_path / "a" / "reward.py"
+    reward.parent.mkdir()
+    reward.write_text(REWARD)
+    generation, scoring = _ids(_project(tmp_path, reward))
+    assert str(reward) not in generation + scoring
+    moved = tmp_path / "b" / "renamed.py"
+    moved.parent.mkdir()
+    reward.rename(moved)
+    assert _ids(_project(tmp_path, moved)) == (generation, scoring)
+    moved.write_text(REWARD + "\n# edited\n")
+    edited = _ids(_project(tmp_path, moved))
+    assert edited[0] == generation and edited[1] != scoring
+    for change in ({"kwargs": {"bonus": 1}}, {"pass_threshold": 0.5}, {"trusted": True}):
+        changed = _ids(_project(tmp_path, moved, **change))
+        assert changed[0] == edited[0] and changed[1] != edited[1], change
+
+
+# ------------------------------------------------------------------ a checker of one's own
+
+#: A checker in one file: a task passes when the completion contains the problem's `word`.
+PLUGIN = """
+from ckpteval.checkers import Checker, Job, Prompting, Verdict, register
+from ckpteval.errors import UserError
+
+
+class WordChecker(Checker):
+    name = "word"
+    version = "1"
+    reads = ("evaluate.timeout",)
+
+    @classmethod
+    def normalise_problem(cls, row):
+        return {**row, "word": str(row.get("word", "")).lower()}
+
+    @classmethod
+    def check_problem(cls, task_id, problem):
+        if not problem["word"]:
+            raise UserError(f"problem {task_id}: a word problem needs a `word`")
+
+    @classmethod
+    def default_prompt(cls, problems, language, task):
+        return Prompting(lambda p: f"Say the word {p['word']}:", ("\\n",))
+
+    def check_one(self, job, timeout):
+        passed = job.problem["word"] in job.completion.lower()
+        return Verdict(passed, None if passed else "wrong_answer")
+
+    def reference_jobs(self, problems):
+        return [Job(t, p, p["word"]) for t, p in problems.items()]
+
+    def known_wrong_jobs(self, problems):
+        t, p = next(iter(problems.items()))
+        return [Job(t, p, "")]
+
+
+register("word", WordChecker)
+"""
+
+PLUGIN_PROBE = """
+import json
+from ckpteval.checkers import readers_of, problem_file_checkers
+from ckpteval.contract import Cell, ROWS
+from ckpteval.tasks import resolve_task
+
+spec = resolve_task("w", {"problems": PROBLEMS, "checker": "word"})
+problems = spec.problems()
+cell = Cell("r", "w", "greedy", "vllm", "generate", "word")
+print(json.dumps({
+    "checkers": problem_file_checkers(),
+    "timeout": "word" in readers_of("evaluate.timeout"),
+    "sandbox": "word" in readers_of("evaluate.sandbox"),
+    "rows": [key for key, row in ROWS.items() if row.effect == "scores" and cell.matches(row)],
+    "prompt": spec.render(problems["a"]),
+    "stop": list(spec.builtin.stop),
+}))
+"""
+
+
+def test_a_checker_from_one_file_is_a_checker_everywhere(tmp_path: Path) -> None:
+    plugin = tmp_path / "plugins" / "word.py"
+    plugin.parent.mkdir()
+    plugin.write_text(PLUGIN)
+    problems = write_jsonl(tmp_path / "w.jsonl", [{"id": "a", "word": "Hello"}])
+    env = {
+        **os.environ,
+        "CKPTEVAL_CHECKERS": str(plugin.parent),
+        "PYTHONPATH": str(REPO / "src"),
+    }
+    probe = PLUGIN_PROBE.replace("PROBLEMS", repr(str(problems)))
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert "word" in seen["checkers"] and seen["timeout"] and not seen["sandbox"]
+    assert seen["rows"] == ["evaluate.timeout", "evaluate.ks"]
+    assert seen["prompt"] == "Say the word hello:" and seen["stop"] == ["\n"]
