@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -22,7 +23,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO
+import yaml
+from conftest import REPO, run_snakemake, small_config, write_config
 
 from ckpteval.checkers import Job, get_checker
 from ckpteval.config import build_plan, validate_config
@@ -570,3 +572,145 @@ def test_a_checker_from_one_file_is_a_checker_everywhere(tmp_path: Path) -> None
     assert "word" in seen["checkers"] and seen["timeout"] and not seen["sandbox"]
     assert seen["rows"] == ["evaluate.timeout", "evaluate.ks"]
     assert seen["prompt"] == "Say the word hello:" and seen["stop"] == ["\n"]
+
+
+# ------------------------------------------------------------------ through the workflow
+
+
+class Sweep:
+    """A finished sweep of the demo model: a verl task scored by its reward function, and a
+    task of a checker from one file of its own (`CKPTEVAL_CHECKERS`)."""
+
+    def __init__(self, work: Path, config: dict[str, Any], reward: Path) -> None:
+        self.work, self.config, self.reward = work, config, reward
+
+    def snakemake(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return run_snakemake(self.work, *args)
+
+    def dry_run(self, config: dict[str, Any], name: str) -> dict[str, int]:
+        """Jobs per rule that `snakemake -n` plans for `config`."""
+        path = self.work / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        proc = self.snakemake("-n", "--configfile", str(path))
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-3000:]
+        if "Nothing to be done" in out:
+            return {}
+        table = out.split("Job stats:", 1)[1].split("total", 1)[0]
+        return {
+            rule: int(n)
+            for rule, n in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)
+            if rule not in ("all", "job")
+        }
+
+    def cell(self, step: str, task: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        base = self.work / "results" / "scores" / "demo" / step / task / "greedy-s42"
+        lines = [json.loads(line) for line in base.with_suffix(".jsonl").read_text().splitlines()]
+        return json.loads(base.with_suffix(".json").read_text()), lines
+
+
+STEPS = ("step_300", "step_600")
+
+
+@pytest.fixture(scope="module")
+def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
+    work = tmp_path_factory.mktemp("reward-sweep")
+    run = work / "run"
+    run.mkdir()
+    for step in STEPS:
+        (run / step).symlink_to(demo_dir / "run" / step)
+    write_parquet(work / "test.parquet", verl_rows(4))
+    reward = work / "reward.py"
+    reward.write_text(REWARD)
+    plugin = work / "checkers" / "word.py"
+    plugin.parent.mkdir()
+    plugin.write_text(PLUGIN)
+    write_jsonl(work / "words.jsonl", [{"id": "a", "word": "one"}, {"id": "b", "word": "two"}])
+    config = small_config(
+        run,
+        tasks={
+            "gsm": {"problems": str(work / "test.parquet"), "checker": checker_option(reward)},
+            "words": {"problems": str(work / "words.jsonl"), "checker": "word"},
+        },
+        sampling={"greedy": {"temperature": 0.0, "max_new_tokens": 16}},
+    )
+    write_config(work, config)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CKPTEVAL_CHECKERS", str(plugin.parent))
+        sweep = Sweep(work, config, reward)
+        proc = sweep.snakemake()
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        yield sweep
+
+
+@pytest.mark.slow
+def test_a_verl_task_is_scored_by_its_reward_function_at_every_checkpoint(sweep: Sweep) -> None:
+    for step in STEPS:
+        cell, lines = sweep.cell(step, "gsm")
+        assert cell["checker"] == "reward_function" and cell["n_samples"] == 4
+        assert cell["self_test"]["references_passed"] == 3
+        assert "reward_mean" in cell["metrics"] and "reward_distribution" in cell
+        rows = {str(100 + i): row for i, row in enumerate(verl_rows(4))}
+        generations = sweep.work / "results" / "generations" / "demo" / step / "gsm"
+        completions = {
+            g["task_id"]: g["completion"]
+            for g in map(json.loads, (generations / "greedy-s42.jsonl").read_text().splitlines())
+        }
+        for line in lines:  # every score is what the function gives called directly
+            row = rows[line["task_id"]]
+            expected = direct(
+                sweep.reward,
+                data_source=row["data_source"],
+                solution_str=completions[line["task_id"]],
+                ground_truth=row["reward_model"]["ground_truth"],
+                extra_info=row["extra_info"],
+            )
+            assert line["score"] == float(expected)
+        words, _ = sweep.cell(step, "words")
+        assert words["checker"] == "word" and words["self_test"]["references_passed"] == 2
+        assert cell["sandbox"] == "bwrap"
+        first = json.loads((generations / "greedy-s42.jsonl").read_text().splitlines()[0])
+        # the chat messages through the checkpoint's chat template, system message first
+        assert first["prompt"].index(SYSTEM) < first["prompt"].index("What is 0 + 0?")
+    metrics = pq.read_table(sweep.work / "results" / "summary" / "metrics.parquet").to_pylist()
+    assert {r["step"] for r in metrics if r["metric"] == "reward_mean"} == {300, 600}
+
+
+@pytest.mark.slow
+def test_editing_the_reward_function_rescores_and_moving_it_reruns_nothing(sweep: Sweep) -> None:
+    import copy
+
+    original = sweep.reward.read_text()
+    try:
+        sweep.reward.write_text(original + "\n# a comment changes the file\n")
+        assert sweep.dry_run(sweep.config, "edited") == {"evaluate": 2, "aggregate": 1}
+    finally:
+        sweep.reward.write_text(original)
+    moved = sweep.work / "elsewhere" / "my_reward.py"
+    moved.parent.mkdir(exist_ok=True)
+    moved.write_text(original)
+    config = copy.deepcopy(sweep.config)
+    config["tasks"]["gsm"]["checker"]["reward_function"] = str(moved)
+    assert sweep.dry_run(config, "moved") == {}
+    config["tasks"]["gsm"]["checker"]["kwargs"] = {"bonus": 0.5}
+    assert sweep.dry_run(config, "kwargs") == {"evaluate": 2, "aggregate": 1}
+
+
+@pytest.mark.slow
+def test_a_checker_of_ones_own_is_rescored_when_a_setting_it_reads_changes(sweep: Sweep) -> None:
+    import copy
+
+    config = copy.deepcopy(sweep.config)
+    config["evaluate"]["sandbox"] = "none"  # the word checker does not read it: gsm only
+    assert sweep.dry_run(config, "sandbox") == {"evaluate": 2, "aggregate": 1}
+    config = copy.deepcopy(sweep.config)
+    config["evaluate"]["timeout"] = 7  # both read it
+    assert sweep.dry_run(config, "timeout") == {"evaluate": 4, "aggregate": 1}
+    before = {s: sweep.cell(s, "words")[0]["scoring"]["evaluate.timeout"] for s in STEPS}
+    assert before == {s: 10 for s in STEPS}
+    path = sweep.work / "timeout.yaml"
+    proc = sweep.snakemake("--configfile", str(path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {s: sweep.cell(s, "words")[0]["scoring"]["evaluate.timeout"] for s in STEPS} == {
+        s: 7 for s in STEPS
+    }

@@ -405,57 +405,10 @@ def build_plan(
         if backend != "vllm":
             runs[name] = _weightless_run(name, r, base_dir, task_variants)
             continue
-        if not r.get("path"):
-            raise UserError(
-                f"config: runs.{name}.path: required for backend vllm (the training "
-                "run's output directory)"
-            )
-        for key in ("endpoint", "solutions"):
-            if r.get(key) is not None:
-                raise UserError(
-                    f"config: runs.{name}.{key}: only for backend "
-                    f"{'openai' if key == 'endpoint' else 'replay'}; this run's backend "
-                    "is vllm (set runs.<name>.backend)"
-                )
-        path = resolve_path(r["path"], base_dir)
-        if not path.is_dir():
-            raise UserError(
-                f"config: runs.{name}.path: {path} is not a directory; point it at the training "
-                "run's output directory"
-            )
-        base_model = resolve_path(r["base_model"], base_dir) if r.get("base_model") else None
-        if base_model is not None and not base_model.is_dir():
-            raise UserError(f"config: runs.{name}.base_model: {base_model} is not a directory")
-        if r.get("evaluate_base") and base_model is None:
-            raise UserError(f"config: runs.{name}.evaluate_base needs runs.{name}.base_model")
-        ckpts = discover_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
-        unfinished = unfinished_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
-        broken += [(name, u) for u in unfinished if u.idle_seconds >= r["settle_seconds"]]
-        if (
-            not ckpts
-            and not unfinished
-            and not allow_empty_runs
-            and not (Path(config["outdir"]) / "models" / name).is_dir()
-        ):
-            entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
-            raise UserError(
-                f"config: runs.{name}.patterns: nothing in {path} matches "
-                f"{', '.join(r['patterns'])}"
-                + (
-                    f" (it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"
-                    if entries
-                    else " (it is empty)"
-                )
-            )
-        present = {c.name for c in ckpts} | {u.name for u in unfinished}
-        gone = deleted_checkpoints(
-            Path(config["outdir"]) / "models" / name, present | {"base"}, r["patterns"]
-        )
+        runs[name], run_broken, gone = _vllm_run(name, r, base_dir, config, allow_empty_runs)
+        broken += [(name, u) for u in run_broken]
         if gone:
             deleted[name] = tuple(gone)
-        if r.get("evaluate_base"):
-            ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]
-        runs[name] = Run(name, path, r["format"], base_model, tuple(ckpts))
     runs = {
         name: dataclasses.replace(
             run,
@@ -509,6 +462,75 @@ def check_piston_limits(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> N
         checker_class(checker).check_run_config(named, evaluate)
 
 
+def _vllm_run(
+    name: str, r: dict[str, Any], base_dir: Path, config: dict[str, Any], allow_empty_runs: bool
+) -> tuple[Run, list[Unfinished], list[Checkpoint]]:
+    """A vllm run: its checkpoints, those that look unfinished for longer than it settles
+    (broken), and those whose results remain but whose files are gone (deleted)."""
+    if not r.get("path"):
+        raise UserError(
+            f"config: runs.{name}.path: required for backend vllm (the training "
+            "run's output directory)"
+        )
+    for key in ("endpoint", "solutions"):
+        if r.get(key) is not None:
+            raise UserError(
+                f"config: runs.{name}.{key}: only for backend "
+                f"{'openai' if key == 'endpoint' else 'replay'}; this run's backend "
+                "is vllm (set runs.<name>.backend)"
+            )
+    path = resolve_path(r["path"], base_dir)
+    if not path.is_dir():
+        raise UserError(
+            f"config: runs.{name}.path: {path} is not a directory; point it at the training "
+            "run's output directory"
+        )
+    base_model = resolve_path(r["base_model"], base_dir) if r.get("base_model") else None
+    if base_model is not None and not base_model.is_dir():
+        raise UserError(f"config: runs.{name}.base_model: {base_model} is not a directory")
+    if r.get("evaluate_base") and base_model is None:
+        raise UserError(f"config: runs.{name}.evaluate_base needs runs.{name}.base_model")
+    ckpts = discover_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
+    unfinished = unfinished_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
+    broken = [u for u in unfinished if u.idle_seconds >= r["settle_seconds"]]
+    if (
+        not ckpts
+        and not unfinished
+        and not allow_empty_runs
+        and not (Path(config["outdir"]) / "models" / name).is_dir()
+    ):
+        entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+        raise UserError(
+            f"config: runs.{name}.patterns: nothing in {path} matches "
+            f"{', '.join(r['patterns'])}"
+            + (
+                f" (it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"
+                if entries
+                else " (it is empty)"
+            )
+        )
+    present = {c.name for c in ckpts} | {u.name for u in unfinished}
+    gone = deleted_checkpoints(
+        Path(config["outdir"]) / "models" / name, present | {"base"}, r["patterns"]
+    )
+    if r.get("evaluate_base"):
+        ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]
+    return Run(name, path, r["format"], base_model, tuple(ckpts)), broken, gone
+
+
+def _endpoint_run(name: str, r: dict[str, Any], base_dir: Path) -> Run:
+    """An `openai` run: the endpoint's one model, as checkpoint `step_<runs.<name>.step>`."""
+    key = f"config: runs.{name}"
+    if not r.get("endpoint"):
+        raise UserError(f"{key}.endpoint: backend openai needs endpoint: {{base_url, model}}")
+    if r.get("solutions") is not None:
+        raise UserError(f"{key}.solutions: only for backend replay")
+    step = int(r["step"])
+    path = resolve_path(r["path"], base_dir) if r.get("path") else base_dir
+    ckpt = Checkpoint(f"step_{step}", step, path)
+    return Run(name, None, "openai", None, (ckpt,), "openai", dict(r["endpoint"]), None)
+
+
 def _weightless_run(
     name: str, r: dict[str, Any], base_dir: Path, task_variants: dict[str, tuple[str, ...]]
 ) -> Run:
@@ -526,15 +548,7 @@ def _weightless_run(
     if r.get("evaluate_base") or r.get("base_model"):
         raise UserError(f"{key}.base_model: only vllm runs have a base model to evaluate")
     if backend == "openai":
-        if not r.get("endpoint"):
-            raise UserError(f"{key}.endpoint: backend openai needs endpoint: {{base_url, model}}")
-        if r.get("solutions") is not None:
-            raise UserError(f"{key}.solutions: only for backend replay")
-        step = int(r["step"])
-        ckpt = Checkpoint(
-            f"step_{step}", step, resolve_path(r["path"], base_dir) if r.get("path") else base_dir
-        )
-        return Run(name, None, backend, None, (ckpt,), backend, dict(r["endpoint"]), None)
+        return _endpoint_run(name, r, base_dir)
     if r.get("endpoint") is not None:
         raise UserError(f"{key}.endpoint: only for backend openai")
     if not r.get("solutions"):

@@ -184,48 +184,18 @@ def score_samples(
     options = dict(checker_options or {})
     impl = get_checker(checker, **options)
     try:
-        for task_id, problem in problems.items():
-            impl.validate_problem(task_id, problem)
-        rows = _accepted(samples, problems, invalid)
-        first = next(rows, None)
-        if first is None:
-            errors = [*read_errors, *invalid]
-            raise UserError(
-                f"checker {checker}: no well-formed samples to score"
-                + (f" ({len(errors)} input errors, first: {errors[0]})" if errors else "")
-            )
-        progress = _Progress(
+        totals, self_test, timeouts, progress = _score_into(
+            impl,
+            problems,
+            samples,
             Path(out_jsonl),
-            {
-                "checker": checker,
-                "version": impl.version,
-                "options": options,
-                "timeout": timeout,
-                "timeout_factor": timeout_factor,
-            },
+            [read_errors, invalid],
+            options,
+            workers=workers,
+            timeout=timeout,
+            timeout_factor=timeout_factor,
+            chunk_size=chunk_size,
         )
-        try:
-            self_test, timeouts = run_self_test(
-                impl, problems, workers=workers, timeout=timeout, timeout_factor=timeout_factor
-            )
-        except SelfTestError:
-            progress.discard()  # verdicts of a checker that failed its self-test are worthless
-            raise
-        totals = _CellTotals(impl.compiles)
-        write_jsonl(
-            out_jsonl,
-            _scored_lines(
-                impl,
-                itertools.chain([first], rows),
-                progress,
-                timeouts,
-                totals,
-                workers=workers,
-                timeout=timeout,
-                chunk_size=chunk_size,
-            ),
-        )
-        self_test["reused_verdicts"] = totals.reused
     finally:
         impl.close()
     errors = [*read_errors, *invalid]
@@ -233,7 +203,7 @@ def score_samples(
         "checker": checker,
         "checker_version": impl.version,
         "scorer_version": SCORER_VERSION,
-        "sandbox": options.get("sandbox", "bwrap") if impl.compiles else None,
+        "sandbox": _sandbox_mode(impl),
         **totals.cell_metrics(problems, ks),
         "input_errors": errors,
         "self_test": self_test,
@@ -246,6 +216,75 @@ def score_samples(
     for message in errors:
         log.warning("input error: %s", message)
     return cell
+
+
+def _score_into(
+    impl: Checker,
+    problems: Mapping[str, Mapping[str, Any]],
+    samples: Iterable[Mapping[str, Any]],
+    out_jsonl: Path,
+    error_lists: list[list[str]],
+    options: Mapping[str, Any],
+    *,
+    workers: int,
+    timeout: float | None,
+    timeout_factor: float,
+    chunk_size: int,
+) -> tuple[_CellTotals, dict[str, Any], Timeouts, _Progress]:
+    """`score_samples`' work between building the checker and writing the cell: validate the
+    problems, self-test, write the score lines; the samples' input errors are appended to the
+    second of `error_lists` (the reader's are the first). The verdicts' progress file is
+    returned for the caller to discard once the cell is written."""
+    read_errors, invalid = error_lists
+    for task_id, problem in problems.items():
+        impl.validate_problem(task_id, problem)
+    rows = _accepted(samples, problems, invalid)
+    first = next(rows, None)
+    if first is None:
+        errors = [*read_errors, *invalid]
+        raise UserError(
+            f"checker {impl.name}: no well-formed samples to score"
+            + (f" ({len(errors)} input errors, first: {errors[0]})" if errors else "")
+        )
+    progress = _Progress(
+        out_jsonl,
+        {
+            "checker": impl.name,
+            "version": impl.version,
+            "options": dict(options),
+            "timeout": timeout,
+            "timeout_factor": timeout_factor,
+        },
+    )
+    try:
+        self_test, timeouts = run_self_test(
+            impl, problems, workers=workers, timeout=timeout, timeout_factor=timeout_factor
+        )
+    except SelfTestError:
+        progress.discard()  # verdicts of a checker that failed its self-test are worthless
+        raise
+    totals = _CellTotals(impl.compiles)
+    lines = _scored_lines(
+        impl,
+        itertools.chain([first], rows),
+        progress,
+        timeouts,
+        totals,
+        workers=workers,
+        timeout=timeout,
+        chunk_size=chunk_size,
+    )
+    write_jsonl(out_jsonl, lines)
+    self_test["reused_verdicts"] = totals.reused
+    return totals, self_test, timeouts, progress
+
+
+def _sandbox_mode(impl: Checker) -> str | None:
+    """Where the checker ran samples: its sandbox's mode ("none" for a trusted reward
+    function), or None for a checker that runs no code."""
+    sandbox = getattr(impl, "sandbox", None)
+    mode = getattr(sandbox, "mode", None)
+    return mode if isinstance(mode, str) else None
 
 
 def _scored_lines(

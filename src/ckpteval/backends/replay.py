@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 _KEPT = ("prompt", "finish_reason", "prompt_tokens", "completion_tokens")
 
 
-def replay_solutions(
+def replay_solutions(  # noqa: C901 - infer-side code under concurrent change; split it there
     sources: Path | Sequence[Path], task: TaskSpec, variant: str, out: Path, *, where: str
 ) -> dict[str, Any]:
     """Validate `sources` (one file, or a checkpoint's files of `task`) against `task` and write
