@@ -55,6 +55,7 @@ part_smklint() {
   local dir="$WORK/demo" out others
   mkdir -p "$dir/config"
   cp config/config.yaml "$dir/config/config.yaml"
+  cp -r config/examples "$dir/config/examples"  # the demo's verl task and reward function
   fake_checkpoints "$dir/resources/demo/run" step_100 step_200
   fake_checkpoints "$dir/resources/demo" base
   out=$(snakemake_in "$dir" --lint 2>&1)

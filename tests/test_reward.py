@@ -714,3 +714,39 @@ def test_a_checker_of_ones_own_is_rescored_when_a_setting_it_reads_changes(sweep
     assert {s: sweep.cell(s, "words")[0]["scoring"]["evaluate.timeout"] for s in STEPS} == {
         s: 7 for s in STEPS
     }
+
+
+def test_the_demos_verl_task_parses_and_its_reward_function_passes_its_self_test(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml as pyyaml
+
+    demo = pyyaml.safe_load((REPO / "config" / "config.yaml").read_text())["tasks"]["arith_verl"]
+    monkeypatch.chdir(REPO)  # the demo config's paths are relative to the repository
+    spec = resolve_task("arith_verl", demo)
+    problems = spec.problems()
+    assert len(problems) == 12 and spec.options["chat_template"] is True
+    cell = score_samples(
+        "reward_function",
+        problems,
+        [
+            {"task_id": "0", "completion": "4 + 9 = 13 #### 13"},
+            {"task_id": "1", "completion": "#### 9"},
+        ],
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=1,
+        checker_options={
+            k: str(REPO / v) if k == "reward_function" else v for k, v in demo["checker"].items()
+        },
+    )
+    assert cell["self_test"]["references_passed"] == 3
+    assert cell["metrics"]["reward_mean"]["value"] == pytest.approx((1.0 + 0.1) / 2)
+    assert cell["metrics"]["acc"]["value"] == 0.5
+
+
+def test_the_reward_checker_without_its_function_is_one_line() -> None:
+    with pytest.raises(
+        UserError, match=r"checker reward_function: needs option\(s\) reward_function"
+    ):
+        get_checker("reward_function", sandbox="bwrap")

@@ -544,6 +544,9 @@ def get_checker(name: str, **options: Any) -> Checker:
             f"known: {', '.join(sorted(known))}"
         )
     factory = _REGISTRY[name]
+    missing = sorted(_required(factory) - set(options))
+    if missing:
+        raise UserError(f"checker {name}: needs option(s) {', '.join(missing)}")
     return factory(**{k: v for k, v in options.items() if k in _parameters(factory)})
 
 
@@ -560,6 +563,14 @@ def _parameters(factory: CheckerFactory) -> set[str]:
         p.name
         for p in inspect.signature(factory).parameters.values()
         if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    }
+
+
+def _required(factory: CheckerFactory) -> set[str]:
+    return {
+        p.name
+        for p in inspect.signature(factory).parameters.values()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
     }
 
 
