@@ -491,8 +491,13 @@ def case(row: Any, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
     return config, promise(row)
 
 
-#: Keys of backends the walk's sweep has no run of: tested on a sweep of their own below.
-ELSEWHERE = {"runs.*.solutions"}
+#: Keys of backends the walk's sweep has no run of: tested on a sweep of their own below; and
+#: the options of a checker's `checker:` mapping (no task of the sweep has one): the reward
+#: function's, on a sweep of their own in tests/test_reward.py.
+ELSEWHERE = {
+    "runs.*.solutions",
+    *(row.key for row in CONTRACT if row.key.startswith("tasks.*.checker.")),
+}
 
 
 @pytest.mark.slow
