@@ -750,3 +750,31 @@ def test_the_reward_checker_without_its_function_is_one_line() -> None:
         UserError, match=r"checker reward_function: needs option\(s\) reward_function"
     ):
         get_checker("reward_function", sandbox="bwrap")
+
+
+def test_a_replay_runs_solutions_name_the_rows_ids(tmp_path: Path, reward_file: Path) -> None:
+    """A replay run's solution lines name a verl row by `extra_info.index`, and are scored."""
+    from ckpteval.backends.replay import replay_solutions
+
+    path = write_parquet(tmp_path / "test.parquet", verl_rows(2))
+    spec = resolve_task("gsm", {"problems": str(path), "checker": checker_option(reward_file)})
+    solutions = write_jsonl(
+        tmp_path / "gsm.jsonl",
+        [{"task_id": "100", "completion": "#### 0"}, {"task_id": "101", "completion": "#### 3"}],
+    )
+    out = tmp_path / "gen" / "gsm.jsonl"
+    out.parent.mkdir()
+    replay_solutions(solutions, spec, "greedy-s42", out, where="runs.r.solutions")
+    cell = score_samples(
+        "reward_function",
+        spec.problems(),
+        map(json.loads, out.read_text().splitlines()),
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=1,
+        checker_options=checker_option(reward_file),
+    )
+    assert cell["metrics"]["reward_mean"]["value"] == 0.5 and cell["input_errors"] == []
+    write_jsonl(solutions, [{"task_id": "0", "completion": "#### 0"}])
+    with pytest.raises(UserError, match=r"'0'"):
+        replay_solutions(solutions, spec, "greedy-s42", out, where="runs.r.solutions")
