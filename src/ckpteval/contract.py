@@ -56,7 +56,7 @@ class Row:
     effect: str
     why: str
     #: For `generations`/`scores`: the cells it applies to, e.g. {"backend": ("vllm",)} or
-    #: {"checker": CODE_CHECKERS} or {"kind": ("harness",)}; empty: every cell the `*` selects.
+    #: {"checker": ("stdio",)} or {"kind": ("harness",)}; empty: every cell the `*` selects.
     only: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: Applies to the cells whose checker declares it reads this key (`Checker.reads`).
     read_by_checkers: bool = False
