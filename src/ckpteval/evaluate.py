@@ -203,7 +203,7 @@ def score_samples(
         "checker": checker,
         "checker_version": impl.version,
         "scorer_version": SCORER_VERSION,
-        "sandbox": _sandbox_mode(impl),
+        "sandbox": _sandbox_mode(impl, options),
         **totals.cell_metrics(problems, ks),
         "input_errors": errors,
         "self_test": self_test,
@@ -279,9 +279,11 @@ def _score_into(
     return totals, self_test, timeouts, progress
 
 
-def _sandbox_mode(impl: Checker) -> str | None:
-    """Where the checker ran samples: its sandbox's mode ("none" for a trusted reward
-    function), or None for a checker that runs no code."""
+def _sandbox_mode(impl: Checker, options: Mapping[str, Any]) -> str | None:
+    """Where the checker ran samples: a code checker's configured mode, another checker's own
+    sandbox's ("none" for a trusted reward function), or None for one that runs no code."""
+    if impl.compiles:
+        return str(options.get("sandbox", "bwrap"))
     sandbox = getattr(impl, "sandbox", None)
     mode = getattr(sandbox, "mode", None)
     return mode if isinstance(mode, str) else None
