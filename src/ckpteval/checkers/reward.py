@@ -261,7 +261,8 @@ class RewardFunctionChecker(Checker):
         if printed.strip():
             log.info("reward function output for %s:\n%s", job.task_id, printed[-LOG_CHARS:])
         if result.timed_out or result.signal == signal.SIGXCPU:
-            return Verdict(False, "timeout", duration_s=duration, stderr_tail="timed out")
+            why = f"the function ran past its timeout ({duration:.1f} s)"
+            return Verdict(False, "timeout", duration_s=duration, stderr_tail=why)
         try:
             out = json.loads(result.stdout.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
