@@ -746,10 +746,9 @@ def test_a_failed_engine_job_deletes_no_finished_file(sweep: Sweep) -> None:
 
 #: One job of each rule kind fails (a crash with a traceback) or is killed (SIGKILL), while
 #: every job of its rule is forced: (rule, failpoint, the result files the failing job may take
-#: with it, its own outputs).
+#: with it, its own outputs). The engine rule fails for real in the test above.
 FAILURES = [
     ("consolidate", "consolidate@demo/step_400:kill", {"models/demo/step_400.json"}),
-    ("infer", "infer@demo/step_100", set()),
     ("endpoint", "infer@ep/step_7:kill", set()),
     (
         "generation",
