@@ -158,10 +158,11 @@ def _provenance(tidy: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
 
 
 def _add_samples(summary: Summary, payload: Payload) -> None:
-    """Per cell a blob of its samples; per task a blob of its prompts; per (run, task,
-    sampling) a blob of its verdict matrix and a `groups` entry that names them."""
+    """Per cell a blob of its samples; per task a blob of its prompts; per (task, sampling) a
+    blob of its verdict matrix and a `groups` entry naming them. A group's checkpoints are
+    "run:ckpt" labels of every run, so any two can be compared, across runs too."""
     tidy = summary.tidy.drop_duplicates("source")
-    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
     prompts: dict[str, dict[str, Any]] = {}
     for index, row in enumerate(tidy.itertuples(index=False)):
         samples = read_cell_samples(row.source)
@@ -170,8 +171,8 @@ def _add_samples(summary: Summary, payload: Payload) -> None:
         task_prompts = prompts.setdefault(row.task, {})
         for task_id, prompt in samples.prompts.items():
             task_prompts.setdefault(task_id, prompt)
-        group = groups.setdefault((row.run, row.task, row.sampling), {"ckpts": {}})
-        ckpt = group["ckpts"].setdefault(row.ckpt, {"cells": [], "counts": {}})
+        group = groups.setdefault((row.task, row.sampling), {})
+        ckpt = group.setdefault(f"{row.run}:{row.ckpt}", {"cells": [], "counts": {}})
         ckpt["cells"].append({"id": cell_id, "variant": row.variant})
         for task_id, (passed, n) in samples.verdicts.items():
             old = ckpt["counts"].get(task_id, (0, 0))
@@ -179,16 +180,15 @@ def _add_samples(summary: Summary, payload: Payload) -> None:
     for task, table in prompts.items():
         payload.blobs[f"p-{task}"] = encode_blob(table)
     payload.data["groups"] = [
-        _group(payload, index, key, group) for index, (key, group) in enumerate(groups.items())
+        _group(payload, index, key, ckpts) for index, (key, ckpts) in enumerate(groups.items())
     ]
 
 
 def _group(
-    payload: Payload, index: int, key: tuple[str, str, str], group: dict[str, Any]
+    payload: Payload, index: int, key: tuple[str, str], ckpts: dict[str, Any]
 ) -> dict[str, Any]:
-    """One (run, task, sampling): its checkpoints' cells and the verdict-matrix blob, whose
+    """One (task, sampling): its checkpoints' cells and the verdict-matrix blob, whose
     `passed[c][p]` / `n[c][p]` are checkpoint c's passed and scored samples of problem p."""
-    ckpts = group["ckpts"]
     problems = sorted({p for c in ckpts.values() for p in c["counts"]}, key=_natural)
     matrix = {
         "problems": problems,
@@ -197,9 +197,8 @@ def _group(
     }
     blob = f"v{index}"
     payload.blobs[blob] = encode_blob(matrix)
-    run, task, sampling = key
+    task, sampling = key
     return {
-        "run": run,
         "task": task,
         "sampling": sampling,
         "ckpts": list(ckpts),

@@ -88,14 +88,14 @@ _SKELETON = """
   <h2>Compare two checkpoints</h2>
   <p class='note'>The problems whose verdict flipped: solved (more than half of the problem's
   samples pass) at one checkpoint and not at the other, with both completions.</p>
-  <div class='controls'><label>Run · task · sampling <select id='cmp-group'></select></label>
+  <div class='controls'><label>Task · sampling <select id='cmp-group'></select></label>
   <label>From <select id='cmp-a'></select></label><label>to <select id='cmp-b'></select></label>
   </div>
   <div id='cmp-out'></div>
 </section>
 <section id='problem' class='view'>
   <h2>One problem across the run</h2>
-  <div class='controls'><label>Run · task · sampling <select id='prob-group'></select></label>
+  <div class='controls'><label>Task · sampling <select id='prob-group'></select></label>
   <label>Problem <select id='prob-id'></select></label></div>
   <div id='prob-out'></div>
 </section>

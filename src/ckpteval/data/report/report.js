@@ -16,6 +16,9 @@
   function fmt(value, digits = 3) {
     return value === null || value === undefined ? "" : Number(value).toFixed(digits);
   }
+  function pval(value) {
+    return value === null || value === undefined ? "" : Number(value).toPrecision(3);
+  }
   function slug(text) {
     return String(text).replace(/[^\w.-]+/g, "_");
   }
@@ -78,7 +81,7 @@
   }
   function flagLink(f) {
     if (f.kind === "regression") {
-      const pair = esc(JSON.stringify([`${f.run}|${f.task}|${f.sampling}`, f.a, f.b]));
+      const pair = esc(JSON.stringify([`${f.task}|${f.sampling}`, `${f.run}:${f.a}`, `${f.run}:${f.b}`]));
       return `<a href='#compare' data-pair='${pair}'>${esc(f.text)}</a>`;
     }
     if (f.task && (f.kind === "truncation" || f.kind === "hack")) {
@@ -163,7 +166,7 @@
       const share = hi > lo ? (r.mean - lo) / (hi - lo) : 0.5;
       const d = previousDelta(r);
       const mark = d && d.significant ? (d.delta > 0 ? " ▲" : " ▼") : "";
-      const title = d ? `vs ${d.ref_ckpt}: ${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}], McNemar p ${fmt(d.mcnemar_p, 3)}` : `n ${r.n}`;
+      const title = d ? `vs ${d.ref_ckpt}: ${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}], McNemar p ${pval(d.mcnemar_p)}` : `n ${r.n}`;
       const cls = mark === " ▼" ? "sig down" : mark ? "sig up" : "";
       tr += `<td data-value='${r.mean}' data-prov='${esc(`${c.run}|${c.ckpt}|${t.task}`)}' class='${cls}' title='${esc(title)}' style='background:${heat(share)}'>${fmt(r.mean)}${mark}</td>`;
     }
@@ -257,9 +260,9 @@
   }
 
   // Compare two checkpoints ------------------------------------------------------------------
-  const groupKey = (g) => `${g.run}|${g.task}|${g.sampling}`;
+  const groupKey = (g) => `${g.task}|${g.sampling}`;
   function fillGroups(select) {
-    select.innerHTML = D.groups.map((g) => `<option value='${esc(groupKey(g))}'>${esc(`${g.run} · ${g.task} · ${g.sampling}`)}</option>`).join("");
+    select.innerHTML = D.groups.map((g) => `<option value='${esc(groupKey(g))}'>${esc(`${g.task} · ${g.sampling}`)}</option>`).join("");
   }
   function group(key) {
     return D.groups.find((g) => groupKey(g) === key);
@@ -277,9 +280,9 @@
     fillGroups(sg);
     let start = [groupKey(D.groups[0]), null, null];
     if (D.focus) {
-      const [fa, fb] = D.focus.map((l) => l.split(":"));
-      const g = D.groups.find((x) => x.run === fa[0] && x.ckpts.includes(fa[1]) && x.ckpts.includes(fb[1]));
-      if (g) start = [groupKey(g), fa[1], fb[1]];
+      const [fa, fb] = D.focus;
+      const g = D.groups.find((x) => x.ckpts.includes(fa) && x.ckpts.includes(fb));
+      if (g) start = [groupKey(g), fa, fb];
     }
     sg.addEventListener("change", () => { fillCkpts(group(sg.value)); showFlips(); });
     document.getElementById("cmp-a").addEventListener("change", showFlips);
@@ -321,9 +324,11 @@
     out.dataset.state = "ready";
   }
   function deltaLine(g, a, b) {
-    const d = D.deltas.find((x) => x.run === g.run && x.task === g.task && x.sampling === g.sampling && x.ref_ckpt === a && x.ckpt === b);
+    const [runA, ckptA] = a.split(/:(.*)/s), [runB, ckptB] = b.split(/:(.*)/s);
+    const d = runA === runB && D.deltas.find((x) => x.run === runA && x.task === g.task &&
+      x.sampling === g.sampling && x.ref_ckpt === ckptA && x.ckpt === ckptB);
     if (!d) return "";
-    return ` Delta ${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}] (95% paired bootstrap), McNemar p ${fmt(d.mcnemar_p)}.`;
+    return ` Delta ${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}] (95% paired bootstrap), McNemar p ${pval(d.mcnemar_p)}.`;
   }
   async function cellRows(g, index) {
     const rows = [];
