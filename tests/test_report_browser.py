@@ -259,19 +259,24 @@ def test_compare_html_writes_the_pair_view(browser: Any, results: Path) -> None:
     view.close()
 
 
-@pytest.mark.slow
-def test_demo_report_in_chromium_and_its_screenshots(
-    browser: Any, demo_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """The demo swept end to end; the report's overview and drill-down are the README's
-    screenshots (docs/report-overview.png, docs/report-drilldown.png)."""
+@pytest.fixture(scope="module")
+def demo_sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo (baseline and three checkpoints; arith and pyfunc) swept end to end."""
     work = tmp_path_factory.mktemp("demo-report")
     config = small_config(demo_dir / "run", tasks={"arith": {}, "pyfunc": {"limit": 3}})
     config["runs"]["demo"]["base_model"] = str(demo_dir / "base")
     write_config(work, config)
     proc = run_snakemake(work)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = work / "results" / "summary"
+    return work
+
+
+@pytest.mark.slow
+def test_demo_report_in_chromium_and_its_screenshots(browser: Any, demo_sweep: Path) -> None:
+    """The demo's report: every task panel, the known flips of its last two checkpoints with
+    both completions; its overview and drill-down are the README's screenshots
+    (docs/report-overview.png, docs/report-drilldown.png)."""
+    summary = demo_sweep / "results" / "summary"
     view = Page(browser)
     page = view.open(summary / "report.html")
     panels = page.locator(".task-panel").evaluate_all("els => els.map(e => e.dataset.task)")
@@ -279,14 +284,28 @@ def test_demo_report_in_chromium_and_its_screenshots(
     page.screenshot(path=str(DOCS / "report-overview.png"))
     flips = pd.read_csv(summary / "flips.csv")
     last = flips[
-        (flips.task == "arith") & (flips.ckpt_b == "step_600") & (flips.ckpt_a == "step_450")
+        (flips.task == "arith") & (flips.ckpt_a == "step_450") & (flips.ckpt_b == "step_600")
     ]
+    assert len(last) > 0
     page.select_option("#cmp-group", "arith|greedy")
     page.select_option("#cmp-a", "demo:step_450")
     page.select_option("#cmp-b", "demo:step_600")
     page.wait_for_function(f"document.querySelectorAll('#cmp-out .flip').length === {len(last)}")
     assert _flipped(page) == dict(zip(last.task_id, last.direction))
-    page.locator("#compare").scroll_into_view_if_needed()
+    first = page.locator("#cmp-out .flip").first
+    assert first.locator(".side").count() == 2 and first.locator(".completion").count() == 2
     page.evaluate("document.getElementById('compare').scrollIntoView()")
     page.screenshot(path=str(DOCS / "report-drilldown.png"))
     view.close()
+
+
+@pytest.mark.slow
+def test_snakemake_report_packs_the_report(demo_sweep: Path) -> None:
+    """`snakemake --report` still works and packs report.html and the PNG plots."""
+    import zipfile
+
+    proc = run_snakemake(demo_sweep, "--report", str(demo_sweep / "report.zip"))  # cwd: the repo
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    names = zipfile.ZipFile(demo_sweep / "report.zip").namelist()
+    assert any(name.endswith("report.html") and "summary" in name for name in names), names
+    assert any(name.endswith("arith-steps.png") for name in names), names
