@@ -11,6 +11,7 @@ from test_aggregate import write_cell
 
 from ckpteval.aggregate import build_summary, summarize
 from ckpteval.report import _steps_figure, write_plots
+from ckpteval.report.page import page_data
 from ckpteval.report.samples import decode_blob
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -99,12 +100,6 @@ def sweep(tmp_path: Path) -> list[Path]:
     return paths
 
 
-def _report_data(page: str) -> dict:
-    """The page's JSON document (what its script reads)."""
-    text = page.split("id='report-data'>", 1)[1].split("</script>", 1)[0]
-    return json.loads(text)
-
-
 def _blob(page: str, blob_id: str) -> object:
     text = page.split(f"id='blob-{blob_id}'>", 1)[1].split("</script>", 1)[0]
     return decode_blob(text)
@@ -128,7 +123,7 @@ def test_report_is_self_contained_with_tables_charts_and_sample_blobs(
     assert all(ref.startswith("#") for ref in re.findall(r"(?:src|href)=['\"]([^'\"]*)", markup))
     assert "vega-lite" in html.lower() and "sourceMappingURL" not in html
 
-    data = _report_data(html)
+    data = page_data(html)
     assert [t["task"] for t in data["tasks"]] == ["code", "math"]
     assert {(g["task"], g["sampling"]) for g in data["groups"]} == {
         ("code", "t8"),

@@ -24,7 +24,9 @@ from ckpteval.report.plots import (
     PASSK_CURVES,
     Plot,
     _deleted,
+    _lengths_figure,
     _steps_figure,
+    _truncation_figure,
     write_plots,
 )
 from ckpteval.report.tables import table_sections
@@ -35,7 +37,9 @@ __all__ = [
     "PASSK_CURVES",
     "Plot",
     "_deleted",
+    "_lengths_figure",
     "_steps_figure",
+    "_truncation_figure",
     "render_html",
     "write_html",
     "write_plots",

@@ -100,3 +100,9 @@ _SKELETON = """
   <div id='prob-out'></div>
 </section>
 """
+
+
+def page_data(page: str) -> dict[str, Any]:
+    """The data document of a rendered page (what its script reads): for tests and tools."""
+    text = page.split("id='report-data'>", 1)[1].split("</script>", 1)[0]
+    return json.loads(text)
