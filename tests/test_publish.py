@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -360,3 +361,83 @@ def test_cli_publishes_and_reports_missing_tables_and_packages_in_one_line(tmp_p
     assert report["new"] == n and (summary / "published" / report["ledger"]).exists()
     again = _cli(args, tmp_path)
     assert f"tensorboard: 0 new, 0 changed, {n} unchanged" in again.stdout
+
+
+def _mlflow_server_command() -> list[str] | None:
+    """The full `mlflow` package's server: $CKPTEVAL_MLFLOW, else the separate environment
+    scripts/setup-env.sh makes (.venv-mlflow: the server's dependencies are too heavy for the
+    project's own)."""
+    explicit = os.environ.get("CKPTEVAL_MLFLOW")
+    candidates = [Path(explicit)] if explicit else []
+    candidates.append(Path(__file__).resolve().parent.parent / ".venv-mlflow" / "bin" / "mlflow")
+    return next(([str(c)] for c in candidates if c.is_file()), None)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path) -> Iterator[str]:
+    """A real `mlflow server` with a SQLite backend on a free loopback port; its URI."""
+    import socket
+    import urllib.request
+
+    command = _mlflow_server_command()
+    if command is None:
+        pytest.skip("the full mlflow package is not installed (.venv-mlflow, scripts/setup-env.sh)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            *command,
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "--default-artifact-root",
+            str(tmp_path / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=open(tmp_path / "server.log", "wb"),  # noqa: SIM115 - closed with the process
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "mlflow server did not start in 180 s"
+            time.sleep(1)
+        yield uri
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_mlflow_server_reads_back_every_point_at_its_step_and_a_second_publish_adds_none(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    """Against a real tracking server (SQLite backend), not the file store MLflow 3 deprecates."""
+    summary = tmp_path / "summary"
+    settings = {"mlflow": {"tracking_uri": mlflow_server, "experiment": "sweep"}}
+    write_table(summary, CELLS)
+    first = publish(summary, settings)["mlflow"]
+    expected = {(r, mlflow_key(k), s): v for (r, k, s), v in expected_points(CELLS).items()}
+    got = mlflow_points(mlflow_server, "sweep")
+    assert first["new"] == len(expected)
+    assert {k: [v for _, v in pts] for k, pts in got.items()} == {
+        k: [pytest.approx(v)] for k, v in expected.items()
+    }
+    again = publish(summary, settings)["mlflow"]
+    assert (again["new"], again["changed"]) == (0, 0)
+    assert mlflow_points(mlflow_server, "sweep") == got, "the second publish added none"

@@ -141,10 +141,10 @@ def test_report_is_self_contained_with_tables_charts_and_sample_blobs(
     at = code["ckpts"].index("with:step_300")
     assert matrix["passed"][at][:10] == [4, 4, 4, 4, 1, 1, 1, 1, 1, 0]
     assert set(matrix["n"][at]) == {4}
-    rows = _blob(html, code["cells"][at][0]["id"])["rows"]
-    assert len(rows) == 40 * 4
-    assert rows[0]["task_id"] == "p0" and rows[0]["passed"] is True
-    assert rows[-1]["error_type"] == "wrong_answer"
+    scores = _blob(html, code["cells"][at][0]["id"])["s"]  # the score lines, as columns
+    assert len(scores["task_id"]) == 40 * 4
+    assert scores["task_id"][0] == "p0" and scores["passed"][0] is True
+    assert scores["error_type"][-1] == "wrong_answer"
     # the regression at step 300 is flagged and points at its pair
     regression = [f for f in data["flags"] if f["kind"] == "regression"]
     assert any((f["a"], f["b"]) == ("step_200", "step_300") for f in regression)

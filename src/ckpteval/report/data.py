@@ -165,10 +165,10 @@ def _add_samples(summary: Summary, payload: Payload) -> None:
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     prompts: dict[str, dict[str, Any]] = {}
     for index, row in enumerate(tidy.itertuples(index=False)):
-        samples = read_cell_samples(row.source)
-        cell_id = f"c{index}"
-        payload.blobs[cell_id] = encode_blob({"rows": samples.rows, "note": samples.note})
         task_prompts = prompts.setdefault(row.task, {})
+        samples = read_cell_samples(row.source, task_prompts)
+        cell_id = f"c{index}"
+        payload.blobs[cell_id] = encode_blob(samples.blob())
         for task_id, prompt in samples.prompts.items():
             task_prompts.setdefault(task_id, prompt)
         group = groups.setdefault((row.task, row.sampling), {})

@@ -43,14 +43,18 @@
   function seriesName(r) {
     return several ? `${r.run} · ${r.sampling}` : r.run;
   }
+  const dkey = (run, task, sampling, ckpt) => [run, task, sampling, ckpt].join("\u0000");
+  const previous = new Map(D.deltas.filter((d) => d.comparison === "previous")
+    .map((d) => [dkey(d.run, d.task, d.sampling, d.ckpt), d]));
   function previousDelta(r) {
-    return D.deltas.find(
-      (d) =>
-        d.comparison === "previous" && d.run === r.run && d.task === r.task &&
-        d.sampling === r.sampling && d.ckpt === r.ckpt,
-    );
+    return previous.get(dkey(r.run, r.task, r.sampling, r.ckpt));
   }
+  let mainCache = null;
   function mainRows() {
+    if (!mainCache) mainCache = computeMainRows();
+    return mainCache;
+  }
+  function computeMainRows() {
     return D.series
       .filter((r) => r.metric === mainMetric[r.task])
       .map((r) => {
@@ -330,11 +334,28 @@
     if (!d) return "";
     return ` Delta ${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}] (95% paired bootstrap), McNemar p ${pval(d.mcnemar_p)}.`;
   }
+  // A cell blob holds its score lines ("s") and generation lines ("g") as columns.
+  const SHOWN = new Set(["task_id", "sample_idx", "passed", "score", "error_type", "stderr_tail", "hack"]);
+  function joinCell(data, variant) {
+    const s = data.s, g = data.g || {};
+    const key = (id, idx) => `${id}\u0000${idx}`;
+    const at = new Map((g.task_id || []).map((id, j) => [key(id, g.sample_idx ? g.sample_idx[j] : 0), j]));
+    return (s.task_id || []).map((id, i) => {
+      const row = { task_id: String(id), variant, note: data.note, extra: {} };
+      for (const [name, values] of Object.entries(s)) {
+        if (SHOWN.has(name)) row[name] = values[i];
+        else row.extra[name] = values[i];
+      }
+      const j = at.get(key(id, s.sample_idx ? s.sample_idx[i] : 0));
+      if (j !== undefined) for (const [name, values] of Object.entries(g)) if (!SHOWN.has(name)) row[name] = values[j];
+      return row;
+    });
+  }
   async function cellRows(g, index) {
     const rows = [];
     for (const cell of g.cells[index] || []) {
       const data = await blob(cell.id);
-      if (data) for (const r of data.rows) rows.push({ ...r, variant: cell.variant, note: data.note });
+      if (data) rows.push(...joinCell(data, cell.variant));
     }
     return rows;
   }
