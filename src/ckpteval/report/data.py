@@ -25,6 +25,21 @@ from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.report.samples import encode_blob, read_cell_samples
 
 _Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
+#: The deltas.csv columns the page reads (the Tables section has them all).
+DELTA_FIELDS = [
+    "run",
+    "task",
+    "sampling",
+    "comparison",
+    "ckpt",
+    "ref_ckpt",
+    "delta",
+    "ci_low",
+    "ci_high",
+    "significant",
+    "regression",
+    "mcnemar_p",
+]
 #: Metrics charted per task besides the main one.
 SIDE_METRICS = (HACK_RATE, *LENGTH_METRICS)
 
@@ -47,7 +62,7 @@ def build_payload(summary: Summary, focus: tuple[str, str] | None = None) -> Pay
             "tasks": [{"task": t, "metric": m} for t, m in summary.main_metrics.items()],
             "checkpoints": _checkpoints(summary.tidy),
             "series": _series(summary),
-            "deltas": _records(summary.deltas),
+            "deltas": _records(summary.deltas[DELTA_FIELDS]),
             "errors": _errors(summary.errors),
             "flags": _flags(summary),
             "provenance": _provenance(summary.tidy),

@@ -49,12 +49,14 @@ def render_page(payload: Payload, tables: list[str]) -> str:
             f"<style>{_asset('report.css')}</style>{scripts}</head><body>",
             f"<header><h1>{title}</h1>{_NAV}</header>",
             _SKELETON,
+            # The data and the script before the bulk: the overview is drawn while the browser
+            # still reads the tables and the sample blobs (the drill-down waits for those).
+            f"<script type='application/json' id='report-data'>{script_json(payload.data)}</script>",
+            f"<script>{_asset('report.js')}</script>",
             "<section id='tables' class='view'><h2>Tables</h2>",
             *tables,
             "</section>",
-            f"<script type='application/json' id='report-data'>{script_json(payload.data)}</script>",
             blobs,
-            f"<script>{_asset('report.js')}</script>",
             "</body></html>\n",
         ]
     )

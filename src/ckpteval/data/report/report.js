@@ -360,10 +360,16 @@
     return rows;
   }
   function flipHtml(f, prompts, rowsA, rowsB, a, b) {
-    const side = (rows, label) => `<div class='side'><h5>${esc(label)}</h5>` +
+    const side = (rows, label) => `<div class='side'><h5>${esc(label)}</h5>${provenanceOf(label)}` +
       (rows.filter((r) => r.task_id === f.id).map(sampleHtml).join("") || "<p class='note'>no sample</p>") + "</div>";
     return `<div class='flip ${f.direction}' data-task-id='${esc(f.id)}'><h4>${esc(f.id)} <span class='tag'>${f.direction}</span></h4>` +
       promptHtml(prompts[f.id]) + `<div class='sides'>${side(rowsA, a)}${side(rowsB, b)}</div></div>`;
+  }
+  function provenanceOf(label) {
+    const [run, ckpt] = label.split(/:(.*)/s);
+    const task = document.getElementById("cmp-group").value.split("|")[0];
+    const cells = D.provenance[`${run}|${ckpt}|${task}`] || [];
+    return `<details class='prov-inline'><summary>provenance</summary>${cells.map(provenanceItem).join("")}</details>`;
   }
   function promptHtml(prompt, open = true) {
     if (prompt === undefined) return "<p class='note'>prompt not recorded</p>";
@@ -423,11 +429,16 @@
   }
 
   // Start ------------------------------------------------------------------------------------
+  performance.mark("ckpteval-script");
+  // The script runs before the tables and the sample blobs are parsed: the overview first, the
+  // views that read blobs once the document is complete.
   renderFlags();
   renderMatrix();
-  renderTasks();
-  initCompare();
-  window.ckptevalReady = Promise.all([renderGrid(), initProblem()]).then(() => {
+  const overview = renderGrid();
+  const drill = new Promise((resolve) => document.addEventListener("DOMContentLoaded", resolve))
+    .then(() => { renderTasks(); initCompare(); return initProblem(); });
+  window.ckptevalReady = Promise.all([overview, drill]).then(() => {
     document.body.dataset.ready = "yes";
   });
+  overview.then(() => { document.body.dataset.overview = "yes"; });
 })();
