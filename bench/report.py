@@ -25,6 +25,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -146,18 +147,34 @@ def open_in_chromium(path: Path) -> tuple[float, float, float]:
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        cdp = page.context.new_cdp_session(page)
+        cdp.send("Performance.enable")
         start = time.perf_counter()
         page.goto(path.resolve().as_uri(), wait_until="commit")
         page.wait_for_selector("body[data-overview=yes]", timeout=120_000)
         overview = time.perf_counter() - start
+        _print_cpu(cdp, "overview drawn")
         page.wait_for_selector("body[data-ready=yes]", timeout=120_000)
         ready = time.perf_counter() - start
         page.wait_for_selector("#cmp-out[data-state=ready]", timeout=120_000)
         drill = time.perf_counter() - start
+        _print_cpu(cdp, "drill-down shown")
         browser.close()
     if errors:
         raise SystemExit(f"bench: the page reported errors: {errors[:3]}")
     return overview, ready, drill
+
+
+def _print_cpu(cdp: Any, when: str) -> None:
+    """The page's renderer CPU time so far (Chromium's own count; the wall-clock figures depend
+    on the machine's load, this one much less)."""
+    metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+    cpu = metrics.get("ProcessTime")
+    tasks = metrics.get("TaskDuration")
+    print(
+        f"chromium at {when}: renderer CPU {cpu if cpu is None else f'{cpu:.2f} s'}, "
+        f"main-thread tasks {tasks if tasks is None else f'{tasks:.2f} s'}"
+    )
 
 
 def main() -> None:
@@ -166,7 +183,12 @@ def main() -> None:
     parser.add_argument("--ckpts", type=int, default=100)
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--problems", type=int, default=500)
+    parser.add_argument("--open", type=Path, help="only open this report in Chromium")
     args = parser.parse_args()
+    if args.open:
+        overview, ready, drill = open_in_chromium(args.open)
+        print(f"chromium: overview {overview:.2f} s, ready {ready:.2f} s, drill-down {drill:.2f} s")
+        return
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-report-"))
     try:
         run(root, args.ckpts, args.tasks, args.problems)

@@ -259,6 +259,27 @@ def test_compare_html_writes_the_pair_view(browser: Any, results: Path) -> None:
     view.close()
 
 
+def test_large_tables_are_shown_on_demand(
+    browser: Any, results: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A section over LAZY_SECTION characters is a compressed blob behind a button (thousands of
+    table rows in the DOM cost seconds at open); the button shows the same table."""
+    from ckpteval.report import page as report_page
+
+    monkeypatch.setattr(report_page, "LAZY_SECTION", 2000)
+    out = results / "lazy"
+    build_summary(sorted((results / "scores").glob("*/*/*/*.json")), out, bootstrap=200)
+    view = Page(browser)
+    page = view.open(out / "report.html")
+    deltas = pd.read_csv(out / "deltas.csv")
+    lazy = page.locator("h2:text-is('Paired deltas') + p + .lazy-section")
+    assert lazy.locator("table").count() == 0
+    lazy.locator("button").click()
+    page.wait_for_selector(".lazy-section[data-shown=yes] table")
+    assert lazy.locator("tbody tr").count() == len(deltas)
+    view.close()
+
+
 @pytest.fixture(scope="module")
 def demo_sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo (baseline and three checkpoints; arith and pyfunc) swept end to end."""

@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 from ckpteval.report.data import Payload
+from ckpteval.report.samples import encode_blob
 
 #: The vendored scripts, in load order (src/ckpteval/data/report/README.md gives their versions).
 VENDOR_JS = ("vega.min.js", "vega-lite.min.js", "vega-embed.min.js")
@@ -34,10 +35,36 @@ def script_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
 
 
+#: A static section longer than this (characters of HTML) is stored compressed and shown on
+#: demand: thousands of table rows in the DOM cost the browser seconds at open.
+LAZY_SECTION = 200_000
+_HEADING = re.compile(r"\s*(<h2>.*?</h2>)", re.S)
+
+
+def lazy_sections(payload: Payload, sections: list[str]) -> list[str]:
+    """Small sections as they are; a large one becomes a blob and a button that shows it (its
+    <h2> heading stays in place)."""
+    out = []
+    for index, section in enumerate(sections):
+        if len(section) <= LAZY_SECTION:
+            out.append(section)
+            continue
+        heading = _HEADING.match(section)
+        body = section[heading.end() :] if heading else section
+        payload.blobs[f"t{index}"] = encode_blob(body)
+        out.append(
+            (heading.group(1) if heading else "")
+            + f"<div class='lazy-section' data-blob='t{index}'><button>Show this table "
+            f"({body.count('<tr>')} rows)</button></div>"
+        )
+    return out
+
+
 def render_page(payload: Payload, tables: list[str]) -> str:
     """The whole document. `tables` are the static HTML sections (kept for reading without
     scripts and for the tests and tools that grep them)."""
     title = html.escape(payload.data["title"])
+    tables = lazy_sections(payload, tables)
     scripts = "".join(f"<script>{_asset(name)}</script>" for name in VENDOR_JS)
     blobs = "".join(
         f"<script type='application/json' id='blob-{html.escape(key)}'>{value}</script>"

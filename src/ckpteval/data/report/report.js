@@ -428,6 +428,16 @@
     }));
   }
 
+  // Large static tables are stored compressed and shown on demand.
+  function initLazySections() {
+    document.querySelectorAll(".lazy-section button").forEach((button) =>
+      button.addEventListener("click", async () => {
+        const box = button.parentNode;
+        box.innerHTML = await blob(box.dataset.blob);
+        box.dataset.shown = "yes";
+      }));
+  }
+
   // Start ------------------------------------------------------------------------------------
   performance.mark("ckpteval-script");
   // The script runs before the tables and the sample blobs are parsed: the overview first, the
@@ -436,7 +446,7 @@
   renderMatrix();
   const overview = renderGrid();
   const drill = new Promise((resolve) => document.addEventListener("DOMContentLoaded", resolve))
-    .then(() => { renderTasks(); initCompare(); return initProblem(); });
+    .then(() => { renderTasks(); initCompare(); initLazySections(); return initProblem(); });
   window.ckptevalReady = Promise.all([overview, drill]).then(() => {
     document.body.dataset.ready = "yes";
   });
