@@ -259,6 +259,15 @@ def test_compare_html_writes_the_pair_view(browser: Any, results: Path) -> None:
     view.close()
 
 
+def test_a_report_without_cells_opens_without_errors(browser: Any, tmp_path: Path) -> None:
+    build_summary([tmp_path / "absent.json"], tmp_path / "summary")
+    view = Page(browser)
+    page = view.open(tmp_path / "summary" / "report.html")
+    assert "No scored cells." in page.locator("#grid").inner_text()
+    assert page.locator(".task-panel").count() == 0
+    view.close()
+
+
 def test_large_tables_are_shown_on_demand(
     browser: Any, results: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -280,7 +280,12 @@
   }
   function initCompare() {
     const sg = document.getElementById("cmp-group");
-    if (!D.groups.length) { document.getElementById("cmp-out").textContent = "No scored cells."; return; }
+    if (!D.groups.length) {
+      const out = document.getElementById("cmp-out");
+      out.textContent = "No scored cells.";
+      out.dataset.state = "ready";
+      return;
+    }
     fillGroups(sg);
     let start = [groupKey(D.groups[0]), null, null];
     if (D.focus) {
