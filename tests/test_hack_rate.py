@@ -14,6 +14,7 @@ import pytest
 from ckpteval.aggregate import build_summary
 from ckpteval.evaluate import score_samples
 from ckpteval.io import iter_jsonl
+from ckpteval.report.page import page_data
 
 TASKS = Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks"
 PYFUNC = {row["task_id"]: row for row in iter_jsonl(TASKS / "pyfunc.jsonl")}
@@ -154,7 +155,8 @@ def test_plot_and_report_section(summary: Path) -> None:
     html = (summary / "summary" / "report.html").read_text()
     section = html[html.index("<h2>Reward hacking</h2>") :]
     section = section[: section.index("<h2>", 5)]
-    assert "alt='reward-hacking.png'" in section
+    series = page_data(html)["series"]  # what the page's per-task hack-rate chart draws
+    assert any(r["task"] == "pyfunc" and r["metric"] == "hack_rate" for r in series)
     for hack in (
         "exit_before_tests",
         "always_equal_object",

@@ -13,7 +13,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -310,13 +312,19 @@ def test_publish_without_a_table_or_tracker_is_one_line(tmp_path: Path) -> None:
         publish(tmp_path, {"wandb": {"mode": "offline"}})
 
 
-def test_an_unreachable_tracker_is_one_line_and_the_ledger_stays_empty(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_an_unreachable_tracker_is_one_line_fast_and_the_ledger_stays_empty(
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    """With MLflow's own retries (minutes of backoff on a refused connection) left as they are:
+    the probe says so at once."""
     write_table(tmp_path, CELLS)
+    import mlflow.tracking  # noqa: F401 - imported before the clock starts (slow on a busy machine)
+
+    start = time.monotonic()
     with pytest.raises(UserError, match=r"^publish: mlflow: .*127\.0\.0\.1:9.*publish again") as e:
         publish(tmp_path, {"mlflow": {"tracking_uri": "http://127.0.0.1:9"}})
+    assert time.monotonic() - start < 60  # MLflow's retries alone take about 4 minutes
+    assert "cannot reach the tracking server http://127.0.0.1:9" in str(e.value)
     assert "\n" not in str(e.value)
     assert not list((tmp_path / "published").glob("mlflow-*.json")), "nothing recorded as sent"
 
@@ -353,3 +361,83 @@ def test_cli_publishes_and_reports_missing_tables_and_packages_in_one_line(tmp_p
     assert report["new"] == n and (summary / "published" / report["ledger"]).exists()
     again = _cli(args, tmp_path)
     assert f"tensorboard: 0 new, 0 changed, {n} unchanged" in again.stdout
+
+
+def _mlflow_server_command() -> list[str] | None:
+    """The full `mlflow` package's server: $CKPTEVAL_MLFLOW, else the separate environment
+    scripts/setup-env.sh makes (.venv-mlflow: the server's dependencies are too heavy for the
+    project's own)."""
+    explicit = os.environ.get("CKPTEVAL_MLFLOW")
+    candidates = [Path(explicit)] if explicit else []
+    candidates.append(Path(__file__).resolve().parent.parent / ".venv-mlflow" / "bin" / "mlflow")
+    return next(([str(c)] for c in candidates if c.is_file()), None)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path) -> Iterator[str]:
+    """A real `mlflow server` with a SQLite backend on a free loopback port; its URI."""
+    import socket
+    import urllib.request
+
+    command = _mlflow_server_command()
+    if command is None:
+        pytest.skip("the full mlflow package is not installed (.venv-mlflow, scripts/setup-env.sh)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            *command,
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "--default-artifact-root",
+            str(tmp_path / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=open(tmp_path / "server.log", "wb"),  # noqa: SIM115 - closed with the process
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "mlflow server did not start in 180 s"
+            time.sleep(1)
+        yield uri
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_mlflow_server_reads_back_every_point_at_its_step_and_a_second_publish_adds_none(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    """Against a real tracking server (SQLite backend), not the file store MLflow 3 deprecates."""
+    summary = tmp_path / "summary"
+    settings = {"mlflow": {"tracking_uri": mlflow_server, "experiment": "sweep"}}
+    write_table(summary, CELLS)
+    first = publish(summary, settings)["mlflow"]
+    expected = {(r, mlflow_key(k), s): v for (r, k, s), v in expected_points(CELLS).items()}
+    got = mlflow_points(mlflow_server, "sweep")
+    assert first["new"] == len(expected)
+    assert {k: [v for _, v in pts] for k, pts in got.items()} == {
+        k: [pytest.approx(v)] for k, v in expected.items()
+    }
+    again = publish(summary, settings)["mlflow"]
+    assert (again["new"], again["changed"]) == (0, 0)
+    assert mlflow_points(mlflow_server, "sweep") == got, "the second publish added none"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 from pathlib import Path
@@ -12,6 +11,8 @@ from test_aggregate import write_cell
 
 from ckpteval.aggregate import build_summary, summarize
 from ckpteval.report import _steps_figure, write_plots
+from ckpteval.report.page import page_data
+from ckpteval.report.samples import decode_blob
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -99,7 +100,12 @@ def sweep(tmp_path: Path) -> list[Path]:
     return paths
 
 
-def test_report_is_self_contained_with_tables_and_inlined_plots(
+def _blob(page: str, blob_id: str) -> object:
+    text = page.split(f"id='blob-{blob_id}'>", 1)[1].split("</script>", 1)[0]
+    return decode_blob(text)
+
+
+def test_report_is_self_contained_with_tables_charts_and_sample_blobs(
     tmp_path: Path, sweep: list[Path]
 ) -> None:
     summary_dir = tmp_path / "summary"
@@ -111,12 +117,41 @@ def test_report_is_self_contained_with_tables_and_inlined_plots(
     pngs = sorted(p.name for p in (summary_dir / "plots").glob("*.png"))
     assert pngs == ["code-errors.png", "code-passk.png", "code-steps.png", "math-steps.png"]
     html = (summary_dir / "report.html").read_text()
-    inlined = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
-    assert len(inlined) == 4
-    files = {(summary_dir / "plots" / name).read_bytes() for name in pngs}
-    assert {base64.b64decode(data) for data in inlined} == files
-    assert all(data.startswith(PNG_MAGIC) and len(data) > 5000 for data in files)
-    assert not re.search(r"(src|href)=['\"](?!data:)", html), "report must not reference files"
+    assert "<script src" not in html and "<link" not in html  # everything inlined
+    markup = re.sub(r"<script[^>]*>.*?</script>", "", html, flags=re.S)
+    assert re.findall(r"(?:src|href)=['\"]([^'\"]*)", markup)
+    assert all(ref.startswith("#") for ref in re.findall(r"(?:src|href)=['\"]([^'\"]*)", markup))
+    assert "vega-lite" in html.lower() and "sourceMappingURL" not in html
+
+    data = page_data(html)
+    assert [t["task"] for t in data["tasks"]] == ["code", "math"]
+    assert {(g["task"], g["sampling"]) for g in data["groups"]} == {
+        ("code", "t8"),
+        ("math", "greedy"),
+    }
+    code = next(g for g in data["groups"] if g["task"] == "code")
+    steps = ["step_100", "step_200", "step_300", "step_400"]
+    assert code["ckpts"] == [
+        "with:base",
+        *(f"with:{s}" for s in steps),
+        *(f"without:{s}" for s in steps),
+    ]
+    # step_300 of run "with": problems p0-p3 pass all 4 samples, p4-p8 one, the rest none
+    matrix = _blob(html, code["verdicts"])
+    at = code["ckpts"].index("with:step_300")
+    assert matrix["passed"][at][:10] == [4, 4, 4, 4, 1, 1, 1, 1, 1, 0]
+    assert set(matrix["n"][at]) == {4}
+    scores = _blob(html, code["cells"][at][0]["id"])["s"]  # the score lines, as columns
+    assert len(scores["task_id"]) == 40 * 4
+    assert scores["task_id"][0] == "p0" and scores["passed"][0] is True
+    assert scores["error_type"][-1] == "wrong_answer"
+    # the regression at step 300 is flagged and points at its pair
+    regression = [f for f in data["flags"] if f["kind"] == "regression"]
+    assert any((f["a"], f["b"]) == ("step_200", "step_300") for f in regression)
+    key = "with|step_300|code"
+    [prov] = data["provenance"][key]
+    assert prov["source"].endswith("scores/with/step_300/code/t8-s1.json")
+    assert prov["model_hash"] == "h" and prov["scorer_version"] == "v1"
 
     assert "<h1>Demo &lt;sweep&gt;</h1>" in html  # escaped title
     for heading in (

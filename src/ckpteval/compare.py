@@ -13,6 +13,10 @@ Cells that are not comparable are never compared silently: a warning line (stder
 two sides were generated with different chat templates (the cells' `chat_template.sha256`; cells
 without the field are not checked), scored by a different checker or checker/scorer version, or
 scored with different settings (the cells' `scoring` identity, `ckpteval.contract`).
+
+`--html OUT.html` also writes the report page of the two checkpoints' cells, opened on the
+drill-down of the pair: the problems that flipped, each with its prompt and both completions
+(`ckpteval.report`), from the score files and the generation files beside them.
 """
 
 from __future__ import annotations
@@ -347,6 +351,12 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--sampling", help="only this sampling config (default: all)")
     parser.add_argument("--bootstrap", type=int, default=1000, help="resamples (default: 1000)")
     parser.add_argument("--json", action="store_true", help="print the comparisons as JSON")
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="OUT.html",
+        help="also write the drill-down page of the pair (flipped problems, both completions)",
+    )
     parser.set_defaults(func=run_compare)
     return parser
 
@@ -358,6 +368,8 @@ def run_compare(args: argparse.Namespace) -> int:
     )
     for line in warnings:
         print(f"ckpteval: warning: {line}", file=sys.stderr)
+    if args.html:
+        write_pair_html(args.outdir, a, b, results, args.html, n_boot=args.bootstrap)
     if args.json:
         document = {
             "a": ":".join(a),
@@ -372,6 +384,35 @@ def run_compare(args: argparse.Namespace) -> int:
     else:
         print(format_text(":".join(a), ":".join(b), results))
     return 0
+
+
+def write_pair_html(
+    outdir: Path,
+    a: tuple[str, str],
+    b: tuple[str, str],
+    results: Sequence[TaskComparison],
+    path: Path,
+    *,
+    n_boot: int,
+) -> None:
+    """The report page of the two checkpoints' cells (of the compared tasks), opened on the
+    drill-down of B against A: the same view as report.html's, for any pair."""
+    from ckpteval.aggregate import summarize
+    from ckpteval.report import write_html
+
+    wanted = {(r.task, r.sampling) for r in results}
+    cells = [
+        cell.source
+        for side in (load_side(outdir, *a), load_side(outdir, *b))
+        for cell in side.cells
+        if (cell.task, cell.sampling) in wanted
+    ]
+    label_a, label_b = ":".join(a), ":".join(b)
+    summary = summarize(cells, title=f"{label_b} vs {label_a}", bootstrap=n_boot)
+    try:
+        write_html(summary, [], path, focus=(label_a, label_b))
+    except OSError as exc:
+        raise UserError(f"compare: --html {path}: {exc.strerror or exc}") from None
 
 
 def format_text(label_a: str, label_b: str, results: Sequence[TaskComparison]) -> str:

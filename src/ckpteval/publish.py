@@ -33,7 +33,9 @@ import importlib
 import math
 import os
 import re
+import socket
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,6 +226,7 @@ class MLflow(Tracker):
 
     def client(self) -> Any:
         uri = str(self._need("tracking_uri"))
+        probe_server(uri)
         if uri.startswith("file:") or "://" not in uri and ":" not in uri.split("/")[0]:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient
@@ -262,6 +265,25 @@ class MLflow(Tracker):
         for start in range(0, len(metrics), 1000):  # MLflow's limit per batch
             client.log_batch(run_id, metrics=metrics[start : start + 1000])
         return {"run_id": run_id}
+
+
+#: Seconds a tracking server has to accept a connection before publish gives up on it.
+PROBE_TIMEOUT = 10.0
+
+
+def probe_server(uri: str, timeout: float = PROBE_TIMEOUT) -> None:
+    """Fail fast on an http(s) tracking server that does not accept connections: MLflow's client
+    retries a refused connection with backoff for minutes before it says so. Other URIs (file:,
+    databases) are left to MLflow."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise OSError(f"cannot reach the tracking server {uri}: {reason}") from None
 
 
 def mlflow_key(key: str) -> str:

@@ -1,0 +1,234 @@
+"""Time the report (`ckpteval.report.render_html`) on a synthetic sweep, and open it in Chromium.
+
+The sweep: 1 run x 100 checkpoints (a baseline and 99 trained steps) x 20 tasks x 500 problems,
+one greedy sample each: 2,000 cells, 1,000,000 samples, each with its generation line (a ~150
+character code completion whose constants vary per sample, finish reason, token count) and its
+score line (verdict, error type, a ~100 character stderr tail on failures). Prompts (~400
+characters) are the same at every checkpoint, as in a real sweep. Pass probabilities rise with
+step, with a dip at two steps.
+
+Printed: writing the files (not a target), the aggregate's tables (`summarize`, not a target),
+the PNG plots (not a target), the report build (target < 30 s), its size (target < 50 MB), and in
+Chromium the time until the page is ready (target < 3 s) and until a drill-down with its
+completions is shown.
+
+Usage: python bench/report.py [--keep DIR] [--ckpts 100] [--tasks 20] [--problems 500]
+(--keep DIR: write the sweep there and keep it; a later run with the same DIR reuses it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ckpteval.aggregate import summarize
+from ckpteval.report import render_html, write_plots
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def write_sweep(root: Path, ckpts: int, tasks: int, problems: int) -> list[Path]:
+    """Every cell's json, score lines and generation lines; return the json paths."""
+    rng = np.random.default_rng(0)
+    paths = []
+    steps = [0, *range(100, 100 * ckpts, 100)]
+    for t in range(tasks):
+        task = f"task{t:02d}"
+        difficulty = rng.normal(0.3 * (t % 4), 1.0, problems)
+        for step in steps:
+            skill = -1.5 + 3.0 * step / steps[-1] - (0.6 if step in (3000, 7000) else 0.0)
+            passed = rng.random(problems) < 1.0 / (1.0 + np.exp(difficulty - skill))
+            ckpt = "base" if step == 0 else f"step_{step}"
+            paths.append(_write_cell(root, rng, ckpt, step, task, passed))
+    return paths
+
+
+def _write_cell(
+    root: Path, rng: np.random.Generator, ckpt: str, step: int, task: str, passed: np.ndarray
+) -> Path:
+    rel = Path("r") / ckpt / task / "greedy-s1"
+    scores, generations = root / "scores" / rel, root / "generations" / rel
+    scores.parent.mkdir(parents=True, exist_ok=True)
+    generations.parent.mkdir(parents=True, exist_ok=True)
+    consts = rng.integers(2, 99, (len(passed), 3))
+    with (
+        open(generations.with_suffix(".jsonl"), "w") as gen,
+        open(scores.with_suffix(".jsonl"), "w") as out,
+    ):
+        for p, ok in enumerate(passed):
+            a, b, c = (int(v) for v in consts[p])
+            gen.write(json.dumps(_generation(task, p, a, b, c)) + "\n")
+            out.write(json.dumps(_score(f"{task}/{p}", bool(ok), a, b)) + "\n")
+    n = len(passed)
+    value = float(passed.mean())
+    cell = {
+        "run": "r",
+        "ckpt": ckpt,
+        "step": step,
+        "task": task,
+        "variant": "greedy-s1",
+        "sampling": "greedy",
+        "seed": 1,
+        "is_baseline": step == 0,
+        "scorer_version": "bench",
+        "model_hash": f"hash-{ckpt}",
+        "checker": "python",
+        "scoring": {"checker": "python", "evaluate.timeout": 10},
+        "metrics": {"pass@1": {"value": value, "stderr": (value * (1 - value) / n) ** 0.5, "n": n}},
+        "error_types": {"runtime_error": int(n - passed.sum())},
+    }
+    scores.with_suffix(".json").write_text(json.dumps(cell))
+    return scores.with_suffix(".json")
+
+
+def _generation(task: str, p: int, a: int, b: int, c: int) -> dict:
+    prompt = (
+        f'def solve_{p}(xs: list[int]) -> int:\n    """{task} problem {p}: given a list of '
+        "integers, return the sum of the elements that leave the given remainder, each "
+        "multiplied by the factor stated in the tests. Examples:\n    >>> solve([1, 2, 3])\n"
+        '    6\n    >>> solve([])\n    0\n    """\n'
+    )
+    completion = (
+        f"    total = 0\n    for x in xs:\n        if x % {a} == {b % a}:\n"
+        f"            total += x * {c}\n    return total\n"
+    )
+    return {
+        "task_id": f"{task}/{p}",
+        "sample_idx": 0,
+        "prompt": prompt,
+        "completion": completion,
+        "finish_reason": "stop",
+        "completion_tokens": 40 + a % 7,
+    }
+
+
+def _score(task_id: str, ok: bool, a: int, b: int) -> dict:
+    tail = (
+        ""
+        if ok
+        else f'Traceback (most recent call last):\n  File "test.py", line {a}, in check\n'
+        f"AssertionError: expected {a * b}, got {a + b}"
+    )
+    return {
+        "task_id": task_id,
+        "sample_idx": 0,
+        "passed": ok,
+        "score": float(ok),
+        "error_type": None if ok else "runtime_error",
+        "stderr_tail": tail,
+    }
+
+
+def open_in_chromium(path: Path) -> tuple[float, float, float]:
+    """Seconds until the overview is drawn, until the whole page is ready (every blob parsed,
+    the first drill-down loaded) and until the drill-down's completions are shown."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        cdp = page.context.new_cdp_session(page)
+        cdp.send("Performance.enable")
+        start = time.perf_counter()
+        page.goto(path.resolve().as_uri(), wait_until="commit")
+        page.wait_for_selector("body[data-overview=yes]", timeout=120_000)
+        overview = time.perf_counter() - start
+        _print_cpu(cdp, "overview drawn")
+        page.wait_for_selector("body[data-ready=yes]", timeout=120_000)
+        ready = time.perf_counter() - start
+        page.wait_for_selector("#cmp-out[data-state=ready]", timeout=120_000)
+        drill = time.perf_counter() - start
+        _print_cpu(cdp, "drill-down shown")
+        browser.close()
+    if errors:
+        raise SystemExit(f"bench: the page reported errors: {errors[:3]}")
+    return overview, ready, drill
+
+
+def _print_cpu(cdp: Any, when: str) -> None:
+    """The page's renderer CPU time so far (Chromium's own count; the wall-clock figures depend
+    on the machine's load, this one much less)."""
+    metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+    cpu = metrics.get("ProcessTime")
+    tasks = metrics.get("TaskDuration")
+    print(
+        f"chromium at {when}: renderer CPU {cpu if cpu is None else f'{cpu:.2f} s'}, "
+        f"main-thread tasks {tasks if tasks is None else f'{tasks:.2f} s'}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keep", type=Path, help="write the sweep here and keep it")
+    parser.add_argument("--ckpts", type=int, default=100)
+    parser.add_argument("--tasks", type=int, default=20)
+    parser.add_argument("--problems", type=int, default=500)
+    parser.add_argument("--open", type=Path, help="only open this report in Chromium")
+    args = parser.parse_args()
+    if args.open:
+        overview, ready, drill = open_in_chromium(args.open)
+        print(f"chromium: overview {overview:.2f} s, ready {ready:.2f} s, drill-down {drill:.2f} s")
+        return
+    root = args.keep or Path(tempfile.mkdtemp(prefix="bench-report-"))
+    try:
+        run(root, args.ckpts, args.tasks, args.problems)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def run(root: Path, ckpts: int, tasks: int, problems: int) -> None:
+    start = time.perf_counter()
+    if (root / "scores").is_dir():  # --keep DIR of an earlier run: reuse its files
+        paths = sorted((root / "scores").glob("*/*/*/*.json"))
+        print(f"reusing {len(paths)} cells in {root}")
+    else:
+        paths = write_sweep(root, ckpts, tasks, problems)
+        print(f"wrote {len(paths)} cells, {len(paths) * problems} samples: {_since(start)}")
+    start = time.perf_counter()
+    summary = summarize(paths, bootstrap=200)
+    print(f"aggregate tables (summarize, bootstrap 200): {_since(start)}")
+    start = time.perf_counter()
+    plots = write_plots(summary, root / "summary" / "plots")
+    print(f"PNG plots ({len(plots)}): {_since(start)}")
+    start, cpu = time.perf_counter(), time.process_time()
+    report = root / "summary" / "report.html"
+    report.write_text(render_html(summary, plots), encoding="utf-8")
+    print(
+        f"report build: {_since(start)} wall, {time.process_time() - cpu:.1f} s CPU "
+        f"(target < 30 s); size {report.stat().st_size / 1e6:.1f} MB (target < 50 MB)"
+    )
+    overview, ready, drill = open_in_chromium(report)
+    print(
+        f"chromium: overview drawn at {overview:.2f} s (target < 3 s); whole page read and ready "
+        f"at {ready:.2f} s; drill-down with completions at {drill:.2f} s"
+    )
+    print(f"load average while measuring: {os.getloadavg()[0]:.1f} (2 cores)")
+
+
+def _since(start: float) -> str:
+    return f"{time.perf_counter() - start:.1f} s"
+
+
+if __name__ == "__main__":
+    main()

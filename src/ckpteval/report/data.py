@@ -1,0 +1,254 @@
+"""The report's data: what the page's charts, tables and drill-down read, built from a `Summary`
+and the cells' files.
+
+Everything here comes from the summary's tables (the CIs are the cells' stderrs as the PNG plots
+draw them, the significance is deltas.csv's bootstrap interval and McNemar p) or from the cells'
+own files; nothing is computed that the aggregate does not already state. Small tables go into
+one JSON document; per-sample data goes into compressed blobs (`ckpteval.report.samples`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ckpteval.aggregate import CONFIDENCE, HACK_RATE, Summary, truncation_flags
+from ckpteval.metrics import LENGTH_METRICS
+from ckpteval.report.samples import encode_blob, read_cell_samples
+
+_Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
+#: The deltas.csv columns the page reads (the Tables section has them all).
+DELTA_FIELDS = [
+    "run",
+    "task",
+    "sampling",
+    "comparison",
+    "ckpt",
+    "ref_ckpt",
+    "delta",
+    "ci_low",
+    "ci_high",
+    "significant",
+    "regression",
+    "mcnemar_p",
+]
+#: Metrics charted per task besides the main one.
+SIDE_METRICS = (HACK_RATE, *LENGTH_METRICS)
+
+
+@dataclass
+class Payload:
+    """The page's JSON document and its blobs (id -> base64 gzip JSON)."""
+
+    data: dict[str, Any]
+    blobs: dict[str, str] = field(default_factory=dict)
+
+
+def build_payload(summary: Summary, focus: tuple[str, str] | None = None) -> Payload:
+    """Every table the page shows, plus per-cell sample blobs. `focus` is the (ckpt_a, ckpt_b)
+    pair the drill-down opens on (`ckpteval compare --html`), as "run:ckpt" labels."""
+    payload = Payload(
+        {
+            "title": summary.title,
+            "confidence": CONFIDENCE,
+            "tasks": [{"task": t, "metric": m} for t, m in summary.main_metrics.items()],
+            "checkpoints": _checkpoints(summary.tidy),
+            "series": _series(summary),
+            "deltas": _records(summary.deltas[DELTA_FIELDS]),
+            "errors": _errors(summary.errors),
+            "flags": _flags(summary),
+            "provenance": _provenance(summary.tidy),
+            "focus": list(focus) if focus else None,
+        }
+    )
+    _add_samples(summary, payload)
+    return payload
+
+
+def _checkpoints(tidy: pd.DataFrame) -> list[dict[str, Any]]:
+    """(run, ckpt, step, is_baseline) in the tidy table's order: baseline first, then by step."""
+    rows = tidy[["run", "ckpt", "step", "is_baseline"]].drop_duplicates(["run", "ckpt"])
+    return _records(rows)
+
+
+def _series(summary: Summary) -> list[dict[str, Any]]:
+    """Seed means with their 95% interval (±1.96 cell stderr) and n, for each task's main metric
+    and the side metrics (hack rate, lengths, truncation)."""
+    seeds = summary.seeds
+    wanted = {*summary.main_metrics.values(), *SIDE_METRICS}
+    rows = seeds[seeds["metric"].isin(wanted)].copy()
+    if rows.empty:
+        return []
+    keys = ["run", "ckpt", "task", "sampling", "metric"]
+    n = summary.tidy.groupby(keys, sort=False)["n"].max().rename("n")
+    rows = rows.join(n, on=keys)
+    half = _Z * rows["cell_stderr"].fillna(0)
+    rows["lo"], rows["hi"] = rows["mean"] - half, rows["mean"] + half
+    cols = ["run", "ckpt", "step", "is_baseline", "task", "sampling", "metric", "mean"]
+    return _records(rows[[*cols, "lo", "hi", "n", "seeds"]])
+
+
+def _errors(errors: pd.DataFrame) -> list[dict[str, Any]]:
+    """Fraction of samples per error type and checkpoint, mean over variants."""
+    if errors.empty:
+        return []
+    keys = ["run", "ckpt", "step", "task", "error_type"]
+    mean = errors.groupby(keys, sort=False, dropna=False)["fraction"].mean().reset_index()
+    return _records(mean.dropna(subset=["fraction"]))
+
+
+def _flags(summary: Summary) -> list[dict[str, Any]]:
+    """What the overview lists first: regressions, truncated scores, reward hacks, missing files
+    and broken checkpoints, each with where its detail is."""
+    flags: list[dict[str, Any]] = []
+    deltas = summary.deltas
+    if not deltas.empty:
+        for row in deltas[deltas["regression"].astype(bool)].itertuples(index=False):
+            flags.append(
+                {
+                    "kind": "regression",
+                    "text": f"{row.run} {row.ckpt} vs {row.ref_ckpt} ({row.comparison}): "
+                    f"{row.task} {row.metric} {row.delta:+.3f} "
+                    f"[{row.ci_low:+.3f}, {row.ci_high:+.3f}]",
+                    "run": row.run,
+                    "task": row.task,
+                    "sampling": row.sampling,
+                    "a": row.ref_ckpt,
+                    "b": row.ckpt,
+                }
+            )
+    for (run, ckpt, task, sampling, metric), share in truncation_flags(
+        summary.truncation, summary.main_metrics
+    ).items():
+        text = f"{run} {ckpt} {task} ({sampling}): {metric} is a lower bound, {share:.0%} cut"
+        flags.append({"kind": "truncation", "text": text, "run": run, "task": task})
+    flags += _hack_flags(summary.seeds)
+    for row in summary.missing.itertuples(index=False):
+        text = f"{row.kind} {row.path}: {row.reason}"
+        flags.append({"kind": "missing", "text": text, "task": row.task or None})
+    flags += [{"kind": "broken", "text": line} for line in summary.broken]
+    return flags
+
+
+def _hack_flags(seeds: pd.DataFrame) -> list[dict[str, Any]]:
+    rates = seeds[(seeds["metric"] == HACK_RATE) & (seeds["mean"] > 0)]
+    return [
+        {
+            "kind": "hack",
+            "text": f"{row.run} {row.ckpt} {row.task} ({row.sampling}): hack rate {row.mean:.1%}",
+            "run": row.run,
+            "task": row.task,
+        }
+        for row in rates.itertuples(index=False)
+    ]
+
+
+def _provenance(tidy: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
+    """ "run|ckpt|task" -> its cells: file, variant, model hash, scorer version and settings."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    cells = tidy.drop_duplicates("source")
+    for row in cells.itertuples(index=False):
+        raw = _read_json(row.source)
+        out.setdefault(f"{row.run}|{row.ckpt}|{row.task}", []).append(
+            {
+                "variant": row.variant,
+                "source": row.source,
+                "model_hash": row.model_hash,
+                "scorer_version": row.scorer_version,
+                "scoring": raw.get("scoring"),
+                "checker": raw.get("checker"),
+                "chat_template": raw.get("chat_template"),
+                "generation_file": raw.get("generation_file"),
+            }
+        )
+    return out
+
+
+def _add_samples(summary: Summary, payload: Payload) -> None:
+    """Per cell a blob of its samples; per task a blob of its prompts; per (task, sampling) a
+    blob of its verdict matrix and a `groups` entry naming them. A group's checkpoints are
+    "run:ckpt" labels of every run, so any two can be compared, across runs too."""
+    tidy = summary.tidy.drop_duplicates("source")
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    prompts: dict[str, dict[str, Any]] = {}
+    for index, row in enumerate(tidy.itertuples(index=False)):
+        task_prompts = prompts.setdefault(row.task, {})
+        samples = read_cell_samples(row.source, task_prompts)
+        cell_id = f"c{index}"
+        payload.blobs[cell_id] = encode_blob(samples.blob())
+        for task_id, prompt in samples.prompts.items():
+            task_prompts.setdefault(task_id, prompt)
+        group = groups.setdefault((row.task, row.sampling), {})
+        ckpt = group.setdefault(f"{row.run}:{row.ckpt}", {"cells": [], "counts": {}})
+        ckpt["cells"].append({"id": cell_id, "variant": row.variant})
+        for task_id, (passed, n) in samples.verdicts.items():
+            old = ckpt["counts"].get(task_id, (0, 0))
+            ckpt["counts"][task_id] = (old[0] + passed, old[1] + n)
+    for task, table in prompts.items():
+        payload.blobs[f"p-{task}"] = encode_blob(table)
+    payload.data["groups"] = [
+        _group(payload, index, key, ckpts) for index, (key, ckpts) in enumerate(groups.items())
+    ]
+
+
+def _group(
+    payload: Payload, index: int, key: tuple[str, str], ckpts: dict[str, Any]
+) -> dict[str, Any]:
+    """One (task, sampling): its checkpoints' cells and the verdict-matrix blob, whose
+    `passed[c][p]` / `n[c][p]` are checkpoint c's passed and scored samples of problem p."""
+    problems = sorted({p for c in ckpts.values() for p in c["counts"]}, key=_natural)
+    matrix = {
+        "problems": problems,
+        "passed": [[c["counts"].get(p, (0, 0))[0] for p in problems] for c in ckpts.values()],
+        "n": [[c["counts"].get(p, (0, 0))[1] for p in problems] for c in ckpts.values()],
+    }
+    blob = f"v{index}"
+    payload.blobs[blob] = encode_blob(matrix)
+    task, sampling = key
+    return {
+        "task": task,
+        "sampling": sampling,
+        "ckpts": list(ckpts),
+        "cells": [c["cells"] for c in ckpts.values()],
+        "verdicts": blob,
+        "prompts": f"p-{task}",
+    }
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as JSON-ready dicts: NaN and NA become null, numpy scalars Python ones."""
+    out = frame.astype(object).where(frame.notna(), None)
+    return [{k: _plain(v) for k, v in row.items()} for row in out.to_dict("records")]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
+def _natural(text: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def _read_json(path: str | Path) -> dict[str, Any]:
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def checkpoint_labels(payload: Payload) -> Sequence[str]:
+    """ "run:ckpt" of every checkpoint, in order (what `focus` and the page's selects use)."""
+    return [f"{c['run']}:{c['ckpt']}" for c in payload.data["checkpoints"]]
