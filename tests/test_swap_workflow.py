@@ -154,7 +154,8 @@ def test_a_corrupt_checkpoint_in_the_middle_of_a_chain_fails_alone(sweeps: dict[
     """The middle checkpoint's consolidated weights are cut short after its consolidation (what
     a disk error would leave): its swap fails, the chain goes on to the next checkpoint, its own
     job fails to load it, and every other cell is regenerated as the fresh engine made it
-    (`-R infer`, with the cache moved aside so that the engines really generate)."""
+    (`-R infer` on the generation files of one architecture's checkpoints, with the cache moved
+    aside so that the engines really generate)."""
     work = sweeps["work"]
     config = _config(work, "swapped", swap=True)
     weights = work / "swapped" / "models" / "demo" / "step_2" / "model.safetensors"
@@ -162,8 +163,13 @@ def test_a_corrupt_checkpoint_in_the_middle_of_a_chain_fails_alone(sweeps: dict[
     cache = work / "swapped" / "cache"
     shutil.move(cache, work / "cache.aside")  # so that every engine really generates
     weights.write_bytes(good[: len(good) // 2])
-    try:
-        out = _sweep(work, config, "-R", "infer", ok=False)
+    targets = [
+        f"swapped/generations/demo/{ckpt}/{task}/greedy-s42.jsonl"
+        for ckpt in SAME
+        for task in TASKS
+    ]
+    try:  # the chain of one architecture only: the other needs no engine load here
+        out = _sweep(work, config, "-R", "infer", *targets, ok=False)
     finally:
         weights.write_bytes(good)
     assert "Error in rule infer" in out and "step_2" in out
