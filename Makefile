@@ -1,11 +1,16 @@
 # `make demo`: set up .venv and run the embedded demo end to end on CPU, offline.
-# `make test`: set up .venv if needed and run the whole test suite (what CI runs).
+# `make test`: set up .venv if needed and run the whole test suite (what CI runs), in two
+#   pytest-xdist workers; a test module stays in one worker (its module fixtures load once), the
+#   longest modules start first (tests/conftest.py's LONGEST_FIRST).
+#   PYTEST_WORKERS=0 runs it in one process.
 # `make test-threads`: the `numeric` tests again, computed as a smaller machine would (one thread,
 #   CPU kernels one instruction set down: tests/numeric.py's other_machine_env); CI runs it too.
 # `make lint`: scripts/lint.sh (ruff, ruff format --check, snakefmt, snakemake --lint, dry runs).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PROFILE ?= profiles/local
+PYTEST_WORKERS ?= 2
+PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: demo test test-fast test-threads lint setup dag clean
 
@@ -20,10 +25,10 @@ demo: setup
 	@echo "demo: results in results/summary/ (metrics.md, report.html)"
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest $(PARALLEL)
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest $(PARALLEL) -m "not slow"
 
 test-threads: setup
 	env $$(cd tests && $(abspath $(PY)) -c 'from numeric import other_machine_env as e; print(*(f"{k}={v}" for k, v in e().items()))') \

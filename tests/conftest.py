@@ -7,9 +7,12 @@ directory holding a small config, against the repository's Snakefile and profile
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,14 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Under pytest-xdist (`make test` runs two workers) each worker leases fake GPUs from a lock
+# directory of its own, so one worker's leases never make the other's tests wait. Set before any
+# test imports ckpteval.gpus, which reads it once; subprocesses (Snakemake jobs) inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER") and "CKPTEVAL_GPU_LOCK_DIR" not in os.environ:
+    os.environ["CKPTEVAL_GPU_LOCK_DIR"] = (
+        f"/tmp/ckpteval-gpu-locks-{os.getuid()}-{os.getppid()}-{os.environ['PYTEST_XDIST_WORKER']}"
+    )
 
 
 def _has_gpu() -> bool:
@@ -28,7 +39,32 @@ def _has_gpu() -> bool:
         return False
 
 
+# The modules that take longest (minutes each, measured on a 2-core machine), longest first. Under
+# pytest-xdist (`make test`: `-n 2 --dist loadfile --no-loadscope-reorder`) a module is one unit of
+# work, handed to whichever worker is free in collection order; starting the long ones first keeps
+# one worker from running a long module alone at the end. Only the order depends on this list: a
+# stale or missing entry costs minutes, never a test.
+LONGEST_FIRST = (
+    "test_contract.py",
+    "test_slurm.py",
+    "test_reliability_kills.py",
+    "test_reliability_hostile.py",
+    "test_workflow.py",
+    "test_share.py",
+    "test_infer_vllm.py",
+    "test_reasoning.py",
+    "test_reliability_stale.py",
+    "test_chat_templates.py",
+    "test_workflow_stdio.py",
+    "test_swap.py",
+    "test_lengths.py",
+    "test_reliability_load.py",
+    "test_consolidate.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_module_rank)  # stable: tests keep their order inside a module
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -37,14 +73,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def _module_rank(item: pytest.Item) -> int:
+    """Position of the item's module in LONGEST_FIRST; every other module after those."""
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 @pytest.fixture(scope="session")
 def demo_dir(request: pytest.FixtureRequest) -> Path:
     """The demo training run (`run/step_*`, `base/`), built once and reused while its stamp holds."""
     from ckpteval.demo import build
 
     out = Path(request.config.cache.mkdir("ckpteval-demo"))
-    build(out, echo=lambda line: None)
+    with exclusive(out.with_name(out.name + ".lock")):
+        build(out, echo=lambda line: None)
     return out
+
+
+@contextmanager
+def exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive `flock` on `lock_path` for the block: two pytest-xdist workers that need
+    the same cached build take turns, so the second waits for the first's build and then finds
+    its stamp valid instead of deleting the run the first is writing. The kernel frees the lock
+    if a worker dies."""
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def write_config(workdir: Path, config: dict[str, Any]) -> Path:

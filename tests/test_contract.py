@@ -142,6 +142,7 @@ def dry_run(sweep: Sweep, config: dict[str, Any], name: str) -> tuple[Counter[st
     ), out
 
 
+@pytest.mark.slow
 def test_the_finished_sweep_plans_nothing_and_its_defaults_written_out_neither(
     sweep: Sweep,
 ) -> None:

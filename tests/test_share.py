@@ -334,6 +334,7 @@ def _assist_blocks(workdir: Path, *args: str) -> list[str]:
     return [b for b in (result.stdout + result.stderr).split("\n\n") if "rule assist:" in b]
 
 
+@pytest.mark.slow
 def test_snakemake_adds_one_assist_job_per_spare_gpu_while_generations_are_missing(
     tmp_path: Path,
 ) -> None:

@@ -5,7 +5,7 @@ devices; it is started once for this module and every daemon is stopped by pid a
 record the GPU they saw (CUDA_VISIBLE_DEVICES), their SLURM_JOB_ID and when they ran; the node
 comes from SLURMD_NODENAME or the controller's job records. The tests assert on those records:
 every job ran, both nodes were used, never more than 16 GPU jobs at once, never two at once on one
-(node, GPU); first for a toy workflow of 32 GPU jobs, then for the repository's workflow.
+(node, GPU); first for a toy workflow of 20 GPU jobs, then for the repository's workflow.
 """
 
 from __future__ import annotations
@@ -123,6 +123,8 @@ def test_cluster_hands_out_distinct_fake_gpus(cluster: SlurmCluster, tmp_path: P
 
 # --- the 2node profile on a toy workflow -----------------------------------------------------
 
+TOY_JOBS = 20  # > 16 GPUs and > -j 16
+
 TOY_SNAKEFILE = """\
 import sys
 
@@ -161,18 +163,21 @@ with open(sys.argv[1], "w") as handle:
 
 
 def test_profile_spreads_gpu_jobs_over_both_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
-    """32 GPU jobs through profiles/2node -j 16: both nodes, <= 16 at once, no device shared."""
+    """20 GPU jobs through profiles/2node -j 16: both nodes, <= 16 at once, no device shared.
+
+    20 is enough to exceed the 16 GPUs and the -j 16 cap, so the cap is exercised; each job is a
+    Snakemake start inside Slurm (seconds of CPU on a 2-core machine), so more only cost time."""
     (tmp_path / "recorder.py").write_text(RECORDER)
     (tmp_path / "Snakefile").write_text(
-        TOY_SNAKEFILE.format(n=32, recorder=tmp_path / "recorder.py", seconds=3)
+        TOY_SNAKEFILE.format(n=TOY_JOBS, recorder=tmp_path / "recorder.py", seconds=3)
     )
     result = run_snakemake(cluster, tmp_path, ["--snakefile", str(tmp_path / "Snakefile")])
     assert result.returncode == 0, result.stderr[-4000:]
 
     records = load_records((tmp_path / "records").glob("*.json"))
-    assert len(records) == 32
+    assert len(records) == TOY_JOBS
     assert all(r["slurm_job_id"] for r in records), "an infer job ran outside Slurm"
-    assert len({r["slurm_job_id"] for r in records}) == 32
+    assert len({r["slurm_job_id"] for r in records}) == TOY_JOBS
     assert {r["node"] for r in records} == set(cluster.nodes)
     assert all(r["cuda_visible_devices"] in {str(i) for i in range(8)} for r in records)
     assert max_concurrent(records) <= 16

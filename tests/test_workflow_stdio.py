@@ -89,6 +89,7 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_per_checkpoint_solution_files_judged_locally_and_by_piston_alike(tmp_path: Path) -> None:
     solutions = tmp_path / "model_solution_r"
     _solutions(solutions)
