@@ -46,6 +46,7 @@ def _has_gpu() -> bool:
 # stale or missing entry costs minutes, never a test.
 LONGEST_FIRST = (
     "test_contract.py",
+    "test_swap_workflow.py",
     "test_slurm.py",
     "test_reliability_kills.py",
     "test_reliability_hostile.py",
@@ -59,6 +60,8 @@ LONGEST_FIRST = (
     "test_swap.py",
     "test_lengths.py",
     "test_reliability_load.py",
+    "test_reward.py",
+    "test_report_browser.py",
     "test_consolidate.py",
 )
 
