@@ -390,7 +390,9 @@ def report(on: dict[str, Any], off: dict[str, Any], bare: dict[str, Any], device
     print(
         f"  swap on: (C x o + E x S + (C - E) x w + C x T x g) / 3600, E={p['E']} = {p['on']:.3f} GPU-hours"
     )
-    print(f"  wall hours on {g} GPUs: swap off {p['off'] / g:.3f}, swap on {p['on'] / g:.3f}")
+    print(
+        f"  wall hours on {g} GPUs, perfectly packed: swap off {p['off'] / g:.3f}, swap on {p['on'] / g:.3f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
