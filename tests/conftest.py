@@ -47,6 +47,7 @@ def _has_gpu() -> bool:
 LONGEST_FIRST = (
     "test_contract.py",
     "test_swap_workflow.py",
+    "test_bench_gpu.py",
     "test_slurm.py",
     "test_reliability_kills.py",
     "test_reliability_hostile.py",
