@@ -12,6 +12,7 @@ corrupt: that checkpoint fails alone, and the rest are served and equal to the r
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -159,10 +160,13 @@ def test_a_corrupt_checkpoint_in_the_middle_of_a_chain_fails_alone(sweeps: dict[
     work = sweeps["work"]
     config = _config(work, "swapped", swap=True)
     weights = work / "swapped" / "models" / "demo" / "step_2" / "model.safetensors"
-    good = weights.read_bytes()
+    # The consolidated file is a hard link of the checkpoint's: set it aside (the checkpoint
+    # keeps its bytes) and put a file cut short in its place.
+    aside = weights.with_name("model.safetensors.aside")
+    os.replace(weights, aside)
+    weights.write_bytes(aside.read_bytes()[: aside.stat().st_size // 2])
     cache = work / "swapped" / "cache"
     shutil.move(cache, work / "cache.aside")  # so that every engine really generates
-    weights.write_bytes(good[: len(good) // 2])
     targets = [
         f"swapped/generations/demo/{ckpt}/{task}/greedy-s42.jsonl"
         for ckpt in SAME
@@ -171,7 +175,7 @@ def test_a_corrupt_checkpoint_in_the_middle_of_a_chain_fails_alone(sweeps: dict[
     try:  # the chain of one architecture only: the other needs no engine load here
         out = _sweep(work, config, "-R", "infer", *targets, ok=False)
     finally:
-        weights.write_bytes(good)
+        os.replace(aside, weights)
     assert "Error in rule infer" in out and "step_2" in out
     metas = _metas(work, "swapped")
     served = {p: m for p, m in metas.items() if p.split("/")[0] in ("step_1", "step_3")}
