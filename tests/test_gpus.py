@@ -15,6 +15,10 @@ HOLDER = """
 import json, os, sys, time
 from pathlib import Path
 from ckpteval.gpus import lease_gpu
+if len(sys.argv) > 3:  # a start line: lease only once every holder is up (any machine load)
+    (Path(sys.argv[3]) / f"ready-{os.getpid()}").touch()
+    while not (Path(sys.argv[3]) / "go").exists():
+        time.sleep(0.02)
 lease = lease_gpu([str(i) for i in range(8)], Path(sys.argv[1]), poll_seconds=0.05)
 start = time.time()
 time.sleep(float(sys.argv[2]))
@@ -24,9 +28,11 @@ print(json.dumps({"device": os.environ["CUDA_VISIBLE_DEVICES"], "start": start, 
 
 def test_sixteen_concurrent_jobs_on_eight_devices_never_overlap(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")}
+    start_line = tmp_path / "start"
+    start_line.mkdir()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", HOLDER, str(tmp_path), "0.6"],
+            [sys.executable, "-c", HOLDER, str(tmp_path), "0.6", str(start_line)],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -34,6 +40,12 @@ def test_sixteen_concurrent_jobs_on_eight_devices_never_overlap(tmp_path: Path) 
         for _ in range(16)
     ]
     import json
+
+    deadline = time.monotonic() + 120
+    while len(list(start_line.glob("ready-*"))) < 16:
+        assert time.monotonic() < deadline, "the holders did not start"
+        time.sleep(0.05)
+    (start_line / "go").touch()
 
     spans = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
