@@ -467,6 +467,35 @@ _TOOLING = (
 )  # read sources for honest reasons
 
 
+#: How long a sample whose channel closed is given to become a finished process: it closes its
+#: pipes on its way out, a moment before the kernel records its exit status.
+_EXIT_GRACE_S = 5.0
+
+
+def _judge_report(report):
+    """The test process's report (a dict; empty if it wrote none or garbage)."""
+    try:
+        judge = json.loads(report.decode("utf-8")) if report else {}
+    except ValueError:
+        judge = {}
+    return judge if isinstance(judge, dict) else {}
+
+
+def _sample_fate(sample, gone):
+    """(ended, status, usage) of the sample process without killing it. When the tests saw its
+    channel close (`gone`), it is on its way out: wait for it, boundedly, so that whether its
+    exit counts does not depend on how busy the machine is."""
+    ended, status, usage = os.wait4(sample, os.WNOHANG)
+    if ended or not gone:
+        return ended, status, usage
+    fd = os.pidfd_open(sample)
+    try:
+        select.select([fd], [], [], _EXIT_GRACE_S)
+    finally:
+        os.close(fd)
+    return os.wait4(sample, os.WNOHANG)
+
+
 def _run_judged(command, uid, spec, account):
     """Run a sample process and a test process (see the module docstring); the result line's
     status is the test process's, with the sample process's fate and the report in "judge"."""
@@ -477,7 +506,8 @@ def _run_judged(command, uid, spec, account):
     pidfd = os.pidfd_open(tester)
     report, timed_out = _collect_report(command, pidfd, report_r, start, account, start_s)
     # Did the sample end on its own while the tests needed it? (before we kill it)
-    ended, sample_status, sample_usage = os.wait4(sample, os.WNOHANG)
+    judge = _judge_report(report)
+    ended, sample_status, sample_usage = _sample_fate(sample, judge.get("sample_gone") is True)
     for group in (tester, sample):
         _kill_group(group)
     _, status, usage = os.wait4(tester, 0)
@@ -486,12 +516,6 @@ def _run_judged(command, uid, spec, account):
     os.close(pidfd)
     duration = time.monotonic() - start
     _clean()
-    try:
-        judge = json.loads(report.decode("utf-8")) if report else {}
-    except ValueError:
-        judge = {}
-    if not isinstance(judge, dict):
-        judge = {}
     judge["sample_status"] = sample_status if ended else None
     judge["sample_cpu_s"] = sample_usage.ru_utime + sample_usage.ru_stime
     return {
