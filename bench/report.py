@@ -31,17 +31,7 @@ import numpy as np
 
 from ckpteval.aggregate import summarize
 from ckpteval.report import render_html, write_plots
-
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from ckpteval.report.page import CHROMIUM_ARGS
 
 
 def write_sweep(root: Path, ckpts: int, tasks: int, problems: int) -> list[Path]:
@@ -142,7 +132,9 @@ def open_in_chromium(path: Path) -> tuple[float, float, float]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        browser = driver.chromium.launch(
+            executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS)
+        )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))

@@ -21,19 +21,9 @@ from conftest import run_snakemake, small_config, write_config
 from test_aggregate import write_cell
 
 from ckpteval.aggregate import build_summary
+from ckpteval.report.page import CHROMIUM_ARGS
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-#: Without the background-networking flags chromium hangs on a closed network.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 # base solves p0-p4; step_100 solves p0-p2 and p5-p9; step_200 all but p1 (as in test_compare).
 SOLVED = {
@@ -53,7 +43,7 @@ def browser() -> Iterator[Any]:
     """The system chromium (playwright never downloads a browser here)."""
     playwright = pytest.importorskip("playwright.sync_api")
     with playwright.sync_playwright() as driver:
-        chromium = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        chromium = driver.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS))
         yield chromium
         chromium.close()
 

@@ -21,6 +21,18 @@ from ckpteval.report.samples import encode_blob
 
 #: The vendored scripts, in load order (src/ckpteval/data/report/README.md gives their versions).
 VENDOR_JS = ("vega.min.js", "vega-lite.min.js", "vega-embed.min.js")
+#: How the tests and bench/report.py start Chromium on the report, offline: without the
+#: background-networking flags it hangs on a closed network.
+CHROMIUM_ARGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 _SOURCE_MAP = re.compile(r"//# sourceMappingURL=\S+\s*$")
 
 
