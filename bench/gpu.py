@@ -31,7 +31,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from _workflow import snakemake
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_CONFIG = REPO / "bench" / "data" / "qwen3-1.7b" / "config.json"
@@ -166,19 +166,6 @@ def workflow_config(run_dir: Path, args: argparse.Namespace, swap: bool) -> dict
         "consolidate": {"smoke": "none"},
         "evaluate": {"workers": 2, "timeout": 10},
     }
-
-
-def snakemake(work: Path, *args: str) -> float:
-    """Run the workflow in `work` with profiles/local; returns its wall seconds (exits on failure)."""
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
-    cmd += ["--directory", str(work), "--profile", str(REPO / "profiles" / "local"), *args]
-    started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    seconds = time.monotonic() - started
-    if proc.returncode != 0:
-        sys.exit(f"bench: snakemake {' '.join(args)} failed in {work}:\n{proc.stderr[-3000:]}")
-    return seconds
 
 
 class BusySampler:

@@ -19,30 +19,16 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+from _workflow import snakemake
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def snakemake(work: Path, *args: str) -> float:
-    """Run the workflow in `work`; returns its wall seconds (exits on failure)."""
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
-    cmd += ["--directory", str(work), "--profile", str(REPO / "profiles" / "local"), *args]
-    started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    seconds = time.monotonic() - started
-    if proc.returncode != 0:
-        sys.exit(f"bench: snakemake {' '.join(args)} failed in {work}:\n{proc.stderr[-3000:]}")
-    return seconds
 
 
 def demo_config(tasks: list[str] | None, swap: bool) -> dict[str, Any]:
