@@ -213,10 +213,10 @@ def infer(smk: Any) -> None:
 def _engine_job(smk: Any, request: Path, manifest: Path) -> Any:
     """The engine job a request file asks for (strict: one that does not parse is an error)."""
     from ckpteval.jobs import EngineJob
-    from ckpteval.verbs import read_request
+    from ckpteval.verbs import read_request_body
 
-    read_request(request, strict=True)
-    return EngineJob.decode(read_meta(request), read_meta(manifest), smk.wildcards.run)
+    body = read_request_body(request, strict=True)
+    return EngineJob.decode(body, read_meta(manifest), smk.wildcards.run)
 
 
 def _clear_staged(staging: Path, keep: set[tuple[str, str]]) -> None:

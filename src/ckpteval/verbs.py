@@ -198,17 +198,23 @@ def _read_body(path: Path) -> Any:
 def read_request(path: Path, *, strict: bool = False) -> list[dict[str, Any]]:
     """The cells a request file lists; one that does not parse lists none, or, if `strict`
     (the engine job reading it), is a UserError naming it."""
+    return read_request_body(path, strict=strict)["cells"]
+
+
+def read_request_body(path: Path, *, strict: bool = False) -> dict[str, Any]:
+    """A request file as a whole (its cells, invocation and what the engine job builds them
+    from); one that does not parse has no cells, or, if `strict`, is a UserError naming it."""
     try:
-        cells = read_json(path).get("cells")
-    except (UserError, OSError, ValueError, AttributeError):
-        cells = None
-    if isinstance(cells, list):
-        return cells
+        body = read_json(path)
+    except (UserError, OSError, ValueError):
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("cells"), list):
+        return body
     if strict:
         raise UserError(
             f"{path}: not a request file; run the workflow again (the parse rewrites it)"
         )
-    return []
+    return {"cells": []}
 
 
 def write_marker(path: Path, *, generated: bool) -> None:
