@@ -8,14 +8,12 @@ near-tie under the reference model: tests/numeric.py)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from drivers import run_driver
 from numeric import assert_same_or_near_tie
 
 from ckpteval.swap import engine_signature
@@ -59,20 +57,7 @@ if __name__ == "__main__":
 
 
 def _run(work: Path, name: str, **spec: Any) -> dict[str, Any]:
-    (work / "driver.py").write_text(DRIVER)
-    (work / f"{name}.json").write_text(json.dumps({"prompts": PROMPTS, **spec}))
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(work / "driver.py"), str(work / f"{name}.json")],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=work,
-        timeout=1200,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+    return run_driver(work, DRIVER, name, {"prompts": PROMPTS, **spec}, timeout=1200)
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,11 @@ and through lm-eval's `VLLM` wrapper (whose `.model` must be the swapped engine)
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from drivers import run_driver
 from numeric import assert_same_or_near_tie
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.numeric]
@@ -72,28 +69,15 @@ if __name__ == "__main__":
 """
 
 
-def run_driver(work: Path, name: str, engine: dict[str, Any], **spec: Any) -> dict[str, Any]:
+def run_gpu_driver(work: Path, name: str, engine: dict[str, Any], **spec: Any) -> dict[str, Any]:
     """Run DRIVER in a child process (its own engine); returns its RESULT."""
-    (work / "driver.py").write_text(DRIVER)
-    (work / f"{name}.json").write_text(json.dumps({"prompts": PROMPTS, "engine": engine, **spec}))
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(work / "driver.py"), str(work / f"{name}.json")],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=work,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+    return run_driver(work, DRIVER, name, {"prompts": PROMPTS, "engine": engine, **spec}, 1800)
 
 
 def swapped_and_fresh(demo_dir: Path, work: Path, engine: dict[str, Any]) -> dict[str, Any]:
     steps = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    swapped = run_driver(work, "swapped", engine, start=str(steps[0]), swap_to=str(steps[-1]))
-    fresh = run_driver(work, "fresh", engine, start=str(steps[-1]))
+    swapped = run_gpu_driver(work, "swapped", engine, start=str(steps[0]), swap_to=str(steps[-1]))
+    fresh = run_gpu_driver(work, "fresh", engine, start=str(steps[-1]))
     return {"swapped": swapped, "fresh": fresh, "last": steps[-1]}
 
 
