@@ -1,4 +1,4 @@
-"""Time `ckpteval.aggregate.build_summary` on a synthetic sweep of one million per-sample rows.
+"""Time `ckpteval.summary.build_summary` on a synthetic sweep of one million per-sample rows.
 
 The sweep: 2 runs x 25 checkpoints (a baseline and 24 trained steps) x 5 tasks (4 code tasks with
 pass@k, compile rate and error types, 1 math task with accuracy) x 4 variants (one sampling config,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ckpteval.aggregate import build_summary
+from ckpteval.summary import build_summary
 
 RUNS = ("run-a", "run-b")
 STEPS = tuple(range(100, 2401, 100))  # 24 trained checkpoints; plus the baseline

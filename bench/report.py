@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ckpteval.aggregate import summarize
 from ckpteval.report import render_html, write_plots
 from ckpteval.report.page import CHROMIUM_ARGS
+from ckpteval.summary import summarize
 
 
 def write_sweep(root: Path, ckpts: int, tasks: int, problems: int) -> list[Path]:

@@ -12,16 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ckpteval.aggregate import (
-    TIDY_COLUMNS,
-    build_summary,
-    load_cells,
-    load_samples,
-    metrics_markdown,
-    summarize,
-)
+from ckpteval.aggregate.cells import load_cells, load_samples
+from ckpteval.aggregate.markdown import metrics_markdown
+from ckpteval.aggregate.tables import TIDY_COLUMNS
 from ckpteval.errors import UserError
 from ckpteval.metrics import pass_at_k_table
+from ckpteval.summary import build_summary, summarize
 
 
 def write_cell(

@@ -24,7 +24,7 @@ from conftest import run_snakemake
 from test_aggregate import verdicts, write_cell
 from test_contract import dry_run
 
-from ckpteval.aggregate import TEMPLATE_NOTE, build_summary, summarize
+from ckpteval.aggregate.deltas import TEMPLATE_NOTE
 from ckpteval.backends.vllm import VllmBackend
 from ckpteval.chat_templates import (
     BUILTIN_DIR,
@@ -40,6 +40,7 @@ from ckpteval.config import build_plan, build_tasks, validate_config
 from ckpteval.contract import generation_identity
 from ckpteval.errors import UserError
 from ckpteval.infer import Job, render_prompts
+from ckpteval.summary import build_summary, summarize
 
 #: A template of our own: visibly not the demo's ChatML.
 QA_TEMPLATE = (

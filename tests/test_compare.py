@@ -14,8 +14,9 @@ import pandas as pd
 import pytest
 from test_aggregate import write_cell
 
-from ckpteval.aggregate import DELTA_COLUMNS, FLIP_COLUMNS, build_summary
+from ckpteval.aggregate.deltas import DELTA_COLUMNS, FLIP_COLUMNS
 from ckpteval.stats import paired_mde
+from ckpteval.summary import build_summary
 
 # Problems p0..p9, one greedy sample each. base solves p0-p4; step_100 solves p0-p2 and p5-p9;
 # step_200 solves everything but p1 and has no sample of p9 (missing on that side).

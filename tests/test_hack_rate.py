@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ckpteval.aggregate import build_summary
 from ckpteval.evaluate import score_samples
 from ckpteval.io import iter_jsonl
 from ckpteval.report.page import page_data
+from ckpteval.summary import build_summary
 
 TASKS = Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks"
 PYFUNC = {row["task_id"]: row for row in iter_jsonl(TASKS / "pyfunc.jsonl")}

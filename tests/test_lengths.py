@@ -16,13 +16,14 @@ import pandas as pd
 import pytest
 from test_aggregate import write_cell
 
-from ckpteval.aggregate import build_summary, main_metric, main_metrics, summarize
+from ckpteval.aggregate.tables import main_metric, main_metrics
 from ckpteval.cli import main
 from ckpteval.evaluate import read_samples, score_samples
 from ckpteval.harness import score_harness_file
 from ckpteval.io import iter_jsonl
 from ckpteval.metrics import LENGTH_METRICS, LengthTotals, mean_and_stderr, median_and_stderr
 from ckpteval.report.page import page_data
+from ckpteval.summary import build_summary, summarize
 
 TASKS = Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks"
 ARITH = {row["task_id"]: row for row in iter_jsonl(TASKS / "arith.jsonl")}
@@ -340,7 +341,7 @@ def sweep(tmp_path: Path) -> list[Path]:
 
 
 def test_main_metric_of_a_task_with_length_metrics_stays_its_score(sweep: list[Path]) -> None:
-    from ckpteval.aggregate import load_cells
+    from ckpteval.aggregate.cells import load_cells
 
     cells, _ = load_cells(sweep)
     assert main_metrics(cells) == {"think": "accuracy", "plain": "acc"}

@@ -21,9 +21,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ckpteval.aggregate import Cell, tidy_table, write_parquet
+from ckpteval.aggregate.cells import Cell
+from ckpteval.aggregate.tables import tidy_table
 from ckpteval.errors import UserError
 from ckpteval.publish import mlflow_key, publish, table_points
+from ckpteval.summary import write_parquet
 
 PY = sys.executable
 WANDB_BIN = Path(sys.executable).with_name("wandb")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from test_aggregate import write_cell
 
-from ckpteval.aggregate import build_summary, summarize
 from ckpteval.report import _steps_figure, write_plots
 from ckpteval.report.page import page_data
 from ckpteval.report.samples import decode_blob
+from ckpteval.summary import build_summary, summarize
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -193,7 +193,6 @@ def test_no_plots_without_cells(tmp_path: Path) -> None:
 
 
 def test_the_report_lists_broken_and_deleted_checkpoints(tmp_path: Path) -> None:
-    from ckpteval.aggregate import build_summary
 
     cells = [
         write_cell(tmp_path, "r", f"step_{s}", s, "t", "greedy-s42", metrics={"acc": 0.5})
@@ -211,7 +210,6 @@ def test_the_report_lists_broken_and_deleted_checkpoints(tmp_path: Path) -> None
 
 
 def test_deleted_checkpoints_keep_their_point_drawn_hollow(tmp_path: Path) -> None:
-    from ckpteval.aggregate import build_summary
     from ckpteval.report import _deleted
 
     cells = [

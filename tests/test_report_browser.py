@@ -20,8 +20,8 @@ import pytest
 from conftest import run_snakemake, small_config, write_config
 from test_aggregate import write_cell
 
-from ckpteval.aggregate import build_summary
 from ckpteval.report.page import CHROMIUM_ARGS
+from ckpteval.summary import build_summary
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DOCS = Path(__file__).resolve().parent.parent / "docs"

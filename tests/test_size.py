@@ -16,7 +16,6 @@ STILL_LONG = {
     "src/ckpteval/_sandbox_driver.py:_serve_sample": "security-critical; split with the hostile-"
     "sample suites (test_checkers_python_hacks, test_reliability_hostile) as the proof",
     "src/ckpteval/backends/replay.py:replay_solutions": "infer side, under concurrent change",
-    "src/ckpteval/aggregate.py:delta_table": "aggregate/report split, under concurrent change",
 }
 
 

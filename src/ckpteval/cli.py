@@ -56,8 +56,8 @@ def _add_aggregate_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_aggregate(args: argparse.Namespace) -> int:
-    from ckpteval.aggregate import build_summary
     from ckpteval.config import build_plan, load_config, validate_config
+    from ckpteval.summary import build_summary
 
     config = load_config(args.configfile)
     validate_config(config)

@@ -2,7 +2,7 @@
 
 For every task (and sampling config) both checkpoints scored, the second checkpoint is compared
 with the first on the samples both have, the same pairing and statistics as `deltas.csv`
-(`ckpteval.aggregate.delta_table`): the (task_id, seed, sample_idx) both cells scored, seeds of a
+(`ckpteval.aggregate.deltas.delta_table`): the (task_id, seed, sample_idx) both cells scored, seeds of a
 sampling config pooled; the delta (second minus first) with a 95% percentile bootstrap interval
 over problems (`stats.paired_bootstrap`); McNemar's exact test on per-problem verdicts, the
 minimum detectable effect and the flipped problems (`stats.paired_flips`). It reads
@@ -33,17 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from ckpteval.aggregate import (
-    CONFIDENCE,
-    MCNEMAR,
-    NO_TEST_NO_PAIRS,
-    NO_TEST_NOT_BINARY,
-    Cell,
-    CellError,
-    load_cell,
-    main_metrics,
-    read_samples,
-)
+from ckpteval.aggregate.cells import Cell, CellError, load_cell, read_samples
+from ckpteval.aggregate.deltas import MCNEMAR, NO_TEST_NO_PAIRS, NO_TEST_NOT_BINARY
+from ckpteval.aggregate.tables import CONFIDENCE, main_metrics
 from ckpteval.errors import UserError
 from ckpteval.stats import (
     MDE_ALPHA,
@@ -397,8 +389,8 @@ def write_pair_html(
 ) -> None:
     """The report page of the two checkpoints' cells (of the compared tasks), opened on the
     drill-down of B against A: the same view as report.html's, for any pair."""
-    from ckpteval.aggregate import summarize
     from ckpteval.report import write_html
+    from ckpteval.summary import summarize
 
     wanted = {(r.task, r.sampling) for r in results}
     cells = [

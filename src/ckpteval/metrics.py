@@ -17,7 +17,7 @@ from statistics import NormalDist
 from typing import Any
 
 #: The cell metrics that describe generation length and truncation (`LengthTotals`): never a
-#: task's main metric (`ckpteval.aggregate.main_metric`).
+#: task's main metric (`ckpteval.aggregate.tables.main_metric`).
 LENGTH_METRICS = (
     "completion_tokens_mean",
     "completion_tokens_median",

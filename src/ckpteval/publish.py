@@ -1,8 +1,8 @@
 """Publish a sweep's metrics to experiment trackers, each checkpoint at its training step.
 
-Input: the tidy table `summary/metrics.parquet` (`ckpteval.aggregate.TIDY_COLUMNS`). Each
+Input: the tidy table `summary/metrics.parquet` (`ckpteval.aggregate.tables.TIDY_COLUMNS`). Each
 (run, checkpoint, task, sampling, metric) becomes one point: the mean over the cell's seeds (the
-`mean` of `aggregate.seed_table`, the number `metrics.md` shows), at the checkpoint's `step`
+`mean` of `ckpteval.aggregate.tables.seed_table`, the number `metrics.md` shows), at the checkpoint's `step`
 (the base checkpoint at its step, 0). Its key is `<prefix>/<task>/<metric>`, or
 `<prefix>/<task>/<sampling>/<metric>` for a task the table has under several sampling configs.
 A checkpoint without a step, a NaN value, or a second checkpoint of a run at a step already
@@ -70,9 +70,9 @@ class Point:
 def table_points(tidy: pd.DataFrame, prefix: str = DEFAULT_PREFIX) -> tuple[list[Point], list[str]]:
     """Seed-mean points of a tidy table, ordered by run, step, key; and notes on what was skipped.
 
-    Seeds are averaged per (run, ckpt, task, sampling, metric) with `aggregate.seed_table`, so a
+    Seeds are averaged per (run, ckpt, task, sampling, metric) with `aggregate.tables.seed_table`, so a
     published value is the number the report shows."""
-    from ckpteval.aggregate import seed_table
+    from ckpteval.aggregate.tables import seed_table
 
     if tidy.empty:
         return [], []

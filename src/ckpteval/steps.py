@@ -586,8 +586,8 @@ def _score_provenance(
 def aggregate(smk: Any) -> None:
     """The aggregate job: title, bootstrap and truncation threshold from its identity
     (ckpteval.jobs.SummaryJob); which cells, deleted and broken checkpoints from its params."""
-    from ckpteval.aggregate import build_summary
     from ckpteval.jobs import SummaryJob
+    from ckpteval.summary import build_summary
 
     job = SummaryJob.decode(smk.params.identity)
     build_summary(

@@ -1,4 +1,4 @@
-"""Plots and the self-contained HTML report of a summary built by `ckpteval.aggregate`.
+"""Plots and the self-contained HTML report of a summary (`ckpteval.aggregate.Summary`).
 
 - `plots`: the matplotlib PNGs under `summary/plots/` (what `snakemake --report` packs).
 - `report.html` (`write_html`): one file that opens from disk with no network: an overview

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ckpteval.aggregate import CONFIDENCE, HACK_RATE, Summary, truncation_flags
+from ckpteval.aggregate import Summary
+from ckpteval.aggregate.tables import CONFIDENCE, HACK_RATE, truncation_flags
 from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.report.samples import encode_blob, read_cell_samples
 

@@ -1,4 +1,4 @@
-"""Plots (PNG) of a summary built by `ckpteval.aggregate`.
+"""Plots (PNG) of a summary (`ckpteval.aggregate.Summary`).
 
 Plots, one set per task, under `summary/plots/`:
 - `{task}-steps.png`: the task's main metric over training step, one line per run (and sampling
@@ -41,11 +41,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
-from ckpteval.aggregate import (
-    CONFIDENCE,
-    HACK_RATE,
-    Summary,
-)
+from ckpteval.aggregate import Summary
+from ckpteval.aggregate.tables import CONFIDENCE, HACK_RATE, TRUNCATION_THRESHOLD
 from ckpteval.io import atomic_open
 
 PASSK_CURVES = 4
@@ -186,8 +183,6 @@ def _length_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
 
 
 def _threshold(summary: Summary) -> float:
-    from ckpteval.aggregate import TRUNCATION_THRESHOLD
-
     values = summary.truncation["threshold"] if not summary.truncation.empty else []
     return float(values.iloc[0]) if len(values) else TRUNCATION_THRESHOLD
 

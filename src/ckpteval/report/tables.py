@@ -11,16 +11,10 @@ import html
 import numpy as np
 import pandas as pd
 
-from ckpteval.aggregate import (
-    CONFIDENCE,
-    HACK_RATE,
-    MCNEMAR,
-    STDERR_LEGEND,
-    Summary,
-    metrics_wide,
-    template_note,
-    truncation_flags,
-)
+from ckpteval.aggregate import Summary
+from ckpteval.aggregate.deltas import MCNEMAR, template_note
+from ckpteval.aggregate.markdown import metrics_wide
+from ckpteval.aggregate.tables import CONFIDENCE, HACK_RATE, STDERR_LEGEND, truncation_flags
 from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.report.plots import _threshold
 

@@ -1,0 +1,105 @@
+"""`metrics.md`: the seed table as text, checkpoints as rows and `task/metric` columns.
+
+`metrics_wide` is also the report's metrics table (`ckpteval.report.tables`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from ckpteval.aggregate.deltas import template_note
+from ckpteval.aggregate.tables import STDERR_LEGEND, checkpoint_order
+from ckpteval.metrics import LENGTH_METRICS
+
+
+def metrics_wide(
+    seeds: pd.DataFrame, marks: dict[tuple[str, str, str, str, str], str] | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """Checkpoints as rows ordered by (run, step), `task/metric` columns (with the sampling config
+    when a task has several), each entry `mean ± stderr` over seeds: (header, rows) of text.
+    `marks` appends a marker to the entries it names by (run, ckpt, task, sampling, metric)."""
+    multi = seeds.groupby("task")["sampling"].nunique()
+    labels = (
+        seeds["task"]
+        + "/"
+        + seeds["metric"]
+        + np.where(seeds["task"].map(multi) > 1, " (" + seeds["sampling"] + ")", "")
+    )
+    columns = list(dict.fromkeys(labels))
+    texts: dict[tuple[str, str], dict[str, str]] = {}
+    for run, ckpt, label, value, stderr, task, sampling, metric in zip(
+        seeds["run"],
+        seeds["ckpt"],
+        labels,
+        seeds["mean"],
+        seeds["cell_stderr"],
+        seeds["task"],
+        seeds["sampling"],
+        seeds["metric"],
+    ):
+        mark = (marks or {}).get((run, ckpt, task, sampling, metric), "")
+        texts.setdefault((run, ckpt), {})[label] = _format_value(value, stderr) + mark
+    ckpts = checkpoint_order(seeds.drop_duplicates(["run", "ckpt"]), [])
+    rows = [
+        [
+            run,
+            ckpt + (" (baseline)" if base else ""),
+            "" if pd.isna(step) else str(step),
+            *[texts[(run, ckpt)].get(label, "") for label in columns],
+        ]
+        for run, ckpt, step, base in zip(
+            ckpts["run"], ckpts["ckpt"], ckpts["step"], ckpts["is_baseline"]
+        )
+    ]
+    return ["run", "ckpt", "step", *columns], rows
+
+
+def metrics_markdown(
+    seeds: pd.DataFrame,
+    title: str,
+    deltas: pd.DataFrame | None = None,
+    flags: dict[tuple[str, str, str, str, str], float] | None = None,
+) -> str:
+    """`metrics.md`: the title, a one-line legend (and `template_note` of the `deltas` when it
+    has one) and `metrics_wide` as a Markdown table (length metrics left out), then the length
+    metrics' own table. Each entry of `flags` (`truncation_flags`) marks its value with a
+    footnote saying the score is a lower bound."""
+    lines = [f"# {title}", ""]
+    if seeds.empty:
+        return "\n".join(lines + ["No scored cells.", ""])
+    lengths = seeds["metric"].isin(LENGTH_METRICS)
+    marks = {key: f" [^t{i}]" for i, key in enumerate(flags or {}, start=1)}
+    note = template_note(deltas)
+    lines += [STDERR_LEGEND, "", *([f"**{note}**", ""] if note else [])]
+    if not lengths.all():
+        header, rows = metrics_wide(seeds[~lengths], marks)
+        lines += [_markdown_table(header, rows), ""]
+    if lengths.any():
+        header, rows = metrics_wide(seeds[lengths])
+        lines += ["## Length and truncation", "", _markdown_table(header, rows), ""]
+    for i, ((run, ckpt, task, sampling, _), share) in enumerate((flags or {}).items(), start=1):
+        lines.append(
+            f"[^t{i}]: {run} {ckpt} {task} ({sampling}): score is a lower bound: "
+            f"{share:.0%} of samples hit the token budget"
+        )
+    if flags:
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _format_value(value: float, stderr: float) -> str:
+    if pd.isna(value):
+        return ""
+    if pd.isna(stderr) or stderr == 0:
+        return f"{value:.3f}"
+    return f"{value:.3f} ± {stderr:.3f}"
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(re.sub(r"\|", r"\\|", str(c)) for c in cells) + " |"
+
+    return "\n".join([line(header), "|" + "---|" * len(header), *(line(r) for r in rows)])

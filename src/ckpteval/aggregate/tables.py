@@ -1,0 +1,428 @@
+"""The summary's tables of scores: tidy, seeds, configs, pass@k, errors, hacks, truncation, missing.
+
+The main metric of a task (plots, deltas) is the one its cells name as `primary_metric` (harness
+tasks do: the metric their per-sample `score` holds), else `pass@1` when they report it, else the
+first metric they report other than `compile_rate`, `hack_rate` and the length metrics
+(`ckpteval.metrics.LENGTH_METRICS`: token counts and truncation rates). `hack_rate` (the share of a
+cell's samples that attempted a reward hack, `ckpteval.checkers.HACK_TYPES`) is a metric row like
+any other in the tidy table, `metrics.md` and the seed tables, and has its own plot and report
+section. The length metrics are rows of the tidy table and the seed tables too, but `metrics.md` and
+the report show them in a table of their own ("Length and truncation"), with curves over steps. A
+cell whose `truncation_rate` exceeds the threshold (`aggregate.truncation_threshold`, default
+`TRUNCATION_THRESHOLD`; a rate exactly at it is not flagged) has a score that is a lower bound:
+its checkpoint's main-metric value is marked in `metrics.md` (with a footnote giving the share of
+its samples that hit the token budget) and in the report, and `truncation.csv` lists every cell's
+rate and flag.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ckpteval.aggregate.cells import Cell, Problem, identity_frame
+from ckpteval.metrics import LENGTH_METRICS
+from ckpteval.stats import conservative_stderr, pass_at_k_curve
+
+TIDY_COLUMNS = [
+    "run",
+    "step",
+    "ckpt",
+    "task",
+    "variant",
+    "sampling",
+    "seed",
+    "metric",
+    "value",
+    "stderr",
+    "n",
+    "scorer_version",
+    "model_hash",
+    "is_baseline",
+    "source",
+    "source_deleted",
+]
+SEED_COLUMNS = [
+    "run",
+    "step",
+    "ckpt",
+    "is_baseline",
+    "task",
+    "sampling",
+    "metric",
+    "mean",
+    "std",
+    "stderr",
+    "n_seeds",
+    "seeds",
+    "cell_stderr",
+]
+CONFIG_COLUMNS = [
+    "run",
+    "task",
+    "sampling",
+    "metric",
+    "n_ckpts",
+    "n_seeds",
+    "mean",
+    "first_step",
+    "first_value",
+    "last_step",
+    "last_value",
+    "max_step",
+    "max_value",
+    "baseline_value",
+]
+PASSK_COLUMNS = [
+    "run",
+    "step",
+    "ckpt",
+    "is_baseline",
+    "task",
+    "sampling",
+    "seeds",
+    "k",
+    "value",
+    "stderr",
+    "n_problems",
+    "min_samples",
+]
+ERROR_COLUMNS = [
+    "run",
+    "step",
+    "ckpt",
+    "is_baseline",
+    "task",
+    "variant",
+    "sampling",
+    "seed",
+    "error_type",
+    "count",
+    "fraction",
+]
+HACK_COLUMNS = [
+    "run",
+    "step",
+    "ckpt",
+    "is_baseline",
+    "task",
+    "variant",
+    "sampling",
+    "seed",
+    "hack",
+    "count",
+    "fraction",
+]
+#: The metric of a cell's reward-hack share (`ckpteval.evaluate`); never a task's main metric.
+HACK_RATE = "hack_rate"
+#: Metrics that are never a task's main metric: they describe the samples, not their success.
+NOT_MAIN_METRICS = ("compile_rate", HACK_RATE, *LENGTH_METRICS)
+#: Default `aggregate.truncation_threshold`: a cell whose truncation_rate exceeds it is flagged.
+TRUNCATION_THRESHOLD = 0.05
+TRUNCATION_COLUMNS = [
+    "run",
+    "step",
+    "ckpt",
+    "is_baseline",
+    "task",
+    "variant",
+    "sampling",
+    "seed",
+    "truncation_rate",
+    "n",
+    "threshold",
+    "flagged",
+]
+MISSING_COLUMNS = ["kind", "path", "reason", "run", "ckpt", "task", "variant"]
+CONFIDENCE = 0.95
+STDERR_LEGEND = (
+    "Mean over seeds ± standard error (conservative for several seeds: the root mean square of the "
+    "cells' standard errors)."
+)
+
+
+def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
+    """One row per (cell, metric), ordered by run, baseline first, step, task, variant."""
+    rows = [
+        {
+            "run": c.run,
+            "step": c.step,
+            "ckpt": c.ckpt,
+            "task": c.task,
+            "variant": c.variant,
+            "sampling": c.sampling,
+            "seed": c.seed,
+            "metric": name,
+            "value": value,
+            "stderr": stderr,
+            "n": n,
+            "scorer_version": c.scorer_version,
+            "model_hash": c.model_hash,
+            "is_baseline": c.is_baseline,
+            "source": c.source,
+        }
+        for c in cells
+        for name, (value, stderr, n) in c.metrics.items()
+    ]
+    frame = pd.DataFrame(rows, columns=TIDY_COLUMNS)
+    frame["source_deleted"] = False  # build_summary marks checkpoints whose source is gone
+    frame = frame.astype(
+        {
+            "run": str,
+            "ckpt": str,
+            "task": str,
+            "variant": str,
+            "sampling": str,
+            "metric": str,
+            "source": str,
+            "step": "Int64",
+            "seed": np.int64,
+            "value": np.float64,
+            "stderr": np.float64,
+            "n": "Int64",
+            "is_baseline": bool,
+            "scorer_version": "str",
+            "model_hash": "str",
+        }
+    )
+    return checkpoint_order(frame, ["task", "variant"])
+
+
+def main_metric(names: Sequence[str], primary: str | None = None) -> str:
+    """The metric a task is judged by: the declared primary one, else pass@1 if reported, else
+    the first one but compile_rate, hack_rate and the length metrics (`NOT_MAIN_METRICS`)."""
+    if primary is not None:
+        return primary
+    if "pass@1" in names:
+        return "pass@1"
+    return next((n for n in names if n not in NOT_MAIN_METRICS), names[0])
+
+
+def main_metrics(cells: Sequence[Cell]) -> dict[str, str]:
+    """Task -> its main metric, from its cells' metric names (in their order) and declarations."""
+    names: dict[str, dict[str, None]] = {}
+    primary: dict[str, str] = {}
+    for cell in cells:
+        names.setdefault(cell.task, {}).update(dict.fromkeys(cell.metrics))
+        if cell.primary_metric is not None:
+            primary.setdefault(cell.task, cell.primary_metric)
+    return {task: main_metric(list(found), primary.get(task)) for task, found in names.items()}
+
+
+def seed_table(tidy: pd.DataFrame) -> pd.DataFrame:
+    """Mean, std, stderr (std/sqrt(count)) and count over seeds per (run, ckpt, task, sampling,
+    metric); `cell_stderr` is the conservative stderr of the seed mean from the cells' own
+    stderrs (`stats.conservative_stderr`), the error bar the report draws."""
+    keys = ["run", "step", "ckpt", "is_baseline", "task", "sampling", "metric"]
+    if tidy.empty:
+        return pd.DataFrame(columns=SEED_COLUMNS)
+    work = tidy.assign(seed_text=tidy["seed"].astype(str))
+    grouped = work.groupby(keys, sort=False, dropna=False)
+    out = grouped.agg(
+        mean=("value", "mean"),
+        std=("value", "std"),
+        n_seeds=("value", "count"),
+        seeds=("seed_text", " ".join),
+        cell_stderr=("stderr", conservative_stderr),
+    ).reset_index()
+    out["stderr"] = out["std"] / np.sqrt(out["n_seeds"])
+    return out[SEED_COLUMNS]
+
+
+def config_table(seeds: pd.DataFrame) -> pd.DataFrame:
+    """Each sampling config across a run's checkpoints (baseline excluded from the ckpt columns):
+    mean over checkpoints of the seed means, first/last/max values with their steps, baseline."""
+    if seeds.empty:
+        return pd.DataFrame(columns=CONFIG_COLUMNS)
+    rows = []
+    for (run, task, sampling, metric), group in seeds.groupby(
+        ["run", "task", "sampling", "metric"], sort=False
+    ):
+        trained = group[~group["is_baseline"]].dropna(subset=["mean"])
+        base = group[group["is_baseline"]]["mean"]
+        row: dict[str, Any] = {
+            "run": run,
+            "task": task,
+            "sampling": sampling,
+            "metric": metric,
+            "n_ckpts": len(trained),
+            "n_seeds": int(group["n_seeds"].max()),
+            "mean": trained["mean"].mean() if len(trained) else math.nan,
+            "baseline_value": base.iloc[0] if len(base) else math.nan,
+        }
+        for label, pick in (("first", 0), ("last", -1)):
+            row[f"{label}_step"] = trained["step"].iloc[pick] if len(trained) else pd.NA
+            row[f"{label}_value"] = trained["mean"].iloc[pick] if len(trained) else math.nan
+        best = trained.loc[trained["mean"].idxmax()] if len(trained) else None
+        row["max_step"] = best["step"] if best is not None else pd.NA
+        row["max_value"] = best["mean"] if best is not None else math.nan
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=CONFIG_COLUMNS)
+    return frame.astype({"first_step": "Int64", "last_step": "Int64", "max_step": "Int64"})
+
+
+def error_table(cells: Sequence[Cell], samples: pd.DataFrame) -> pd.DataFrame:
+    """Error-type counts per cell; `fraction` is of the cell's scored samples (NaN without them)."""
+    scored = samples.groupby("cell").size() if len(samples) else pd.Series(dtype=np.int64)
+    rows = [
+        {
+            **_cell_key(c),
+            "error_type": error_type,
+            "count": count,
+            "fraction": count / scored[index] if index in scored.index else math.nan,
+        }
+        for index, c in enumerate(cells)
+        for error_type, count in c.error_types.items()
+    ]
+    frame = pd.DataFrame(rows, columns=ERROR_COLUMNS).astype({"step": "Int64"})
+    return checkpoint_order(frame, ["task", "variant", "error_type"])
+
+
+def hack_table(cells: Sequence[Cell]) -> pd.DataFrame:
+    """Reward-hack counts per cell and hack type; `fraction` is of the samples the cell's
+    `hack_rate` counts (NaN for a cell without it)."""
+    rows = []
+    for c in cells:
+        total = c.metrics.get(HACK_RATE, (math.nan, math.nan, math.nan))[2]
+        for hack, count in c.hack_types.items():
+            rows.append(
+                {
+                    **_cell_key(c),
+                    "hack": hack,
+                    "count": count,
+                    "fraction": count / total if total and not math.isnan(total) else math.nan,
+                }
+            )
+    frame = pd.DataFrame(rows, columns=HACK_COLUMNS).astype({"step": "Int64"})
+    return checkpoint_order(frame, ["task", "variant", "hack"])
+
+
+def truncation_table(cells: Sequence[Cell], threshold: float) -> pd.DataFrame:
+    """Each cell's `truncation_rate` (cells without one, whose samples' finish reasons are all
+    unknown, are left out) and whether it exceeds `threshold` (strictly: a rate equal to the
+    threshold is not flagged)."""
+    rows = [
+        {
+            **_cell_key(c),
+            "truncation_rate": c.metrics["truncation_rate"][0],
+            "n": c.metrics["truncation_rate"][2],
+            "threshold": threshold,
+            "flagged": bool(c.metrics["truncation_rate"][0] > threshold),
+        }
+        for c in cells
+        if "truncation_rate" in c.metrics and not math.isnan(c.metrics["truncation_rate"][0])
+    ]
+    frame = pd.DataFrame(rows, columns=TRUNCATION_COLUMNS).astype(
+        {"step": "Int64", "n": "Int64", "flagged": bool}
+    )
+    return checkpoint_order(frame, ["task", "variant"])
+
+
+def truncation_flags(
+    truncation: pd.DataFrame, main_metrics: dict[str, str]
+) -> dict[tuple[str, str, str, str, str], float]:
+    """(run, ckpt, task, sampling, main metric) -> the share of samples that hit the token budget,
+    pooled over the seeds, for each checkpoint entry with a flagged cell (its score is a lower
+    bound)."""
+    if truncation.empty or not truncation["flagged"].any():
+        return {}
+    flags = {}
+    keys = ["run", "ckpt", "task", "sampling"]
+    for (run, ckpt, task, sampling), group in truncation.groupby(keys, sort=False):
+        if group["flagged"].any() and task in main_metrics:
+            n = group["n"].astype(np.float64)
+            share = float((group["truncation_rate"] * n).sum() / n.sum())
+            flags[(run, ckpt, task, sampling, main_metrics[task])] = share
+    return flags
+
+
+def passk_table(cells: Sequence[Cell], samples: pd.DataFrame, tidy: pd.DataFrame) -> pd.DataFrame:
+    """pass@k for every k up to the smallest per-problem sample count, recomputed from the
+    per-sample verdicts with all seeds of a sampling config pooled (more samples, larger k, less
+    variance than one seed). Only for tasks whose cells report a pass@k metric."""
+    code_tasks = set(tidy.loc[tidy["metric"].str.match(r"pass@\d+$"), "task"])
+    if not code_tasks or samples.empty:
+        return pd.DataFrame(columns=PASSK_COLUMNS)
+    cell_frame = identity_frame(cells)
+    wanted = cell_frame[cell_frame["task"].isin(code_tasks)]
+    if wanted.empty:
+        return pd.DataFrame(columns=PASSK_COLUMNS)
+    group_keys = ["run", "ckpt", "task", "sampling"]
+    wanted = wanted.assign(group=wanted.groupby(group_keys, sort=False).ngroup())
+    group_of_cell = np.full(len(cells), -1, np.int64)
+    group_of_cell[wanted.index] = wanted["group"]
+    rows = samples[(group_of_cell[samples["cell"]] >= 0) & samples["passed"].notna()]
+    n_codes = int(samples["problem"].max()) + 1
+    keys, key_index = np.unique(
+        group_of_cell[rows["cell"]] * n_codes + rows["problem"].to_numpy(), return_inverse=True
+    )
+    n_of_key = np.bincount(key_index)
+    c_of_key = np.bincount(key_index, weights=rows["passed"].to_numpy()).round().astype(np.int64)
+    group_of_key = keys // n_codes
+    bounds = np.searchsorted(group_of_key, np.arange(wanted["group"].max() + 2))
+    seeds_by_group = wanted.groupby("group")["seed"].agg(lambda s: " ".join(map(str, sorted(s))))
+    first_cell = wanted.drop_duplicates("group").set_index("group")
+    out = []
+    for group in range(len(bounds) - 1):
+        n = n_of_key[bounds[group] : bounds[group + 1]]
+        if len(n) == 0:
+            continue
+        c = c_of_key[bounds[group] : bounds[group + 1]]
+        ks = np.arange(1, n.min() + 1)
+        mean, stderr = pass_at_k_curve(n, c, ks)
+        info = first_cell.loc[group]
+        out.append(
+            pd.DataFrame(
+                {
+                    "run": info["run"],
+                    "step": info["step"],
+                    "ckpt": info["ckpt"],
+                    "is_baseline": info["is_baseline"],
+                    "task": info["task"],
+                    "sampling": info["sampling"],
+                    "seeds": seeds_by_group.loc[group],
+                    "k": ks,
+                    "value": mean,
+                    "stderr": stderr,
+                    "n_problems": len(n),
+                    "min_samples": n.min(),
+                }
+            )
+        )
+    if not out:
+        return pd.DataFrame(columns=PASSK_COLUMNS)
+    frame = pd.concat(out, ignore_index=True)[PASSK_COLUMNS].astype({"step": "Int64"})
+    return checkpoint_order(frame, ["task", "sampling", "k"])
+
+
+def missing_table(problems: Sequence[Problem]) -> pd.DataFrame:
+    return pd.DataFrame([p.row() for p in problems], columns=MISSING_COLUMNS)
+
+
+def _cell_key(c: Cell) -> dict[str, Any]:
+    """The columns that name a cell in the per-cell tables (errors, hacks, truncation)."""
+    return {
+        "run": c.run,
+        "step": c.step,
+        "ckpt": c.ckpt,
+        "is_baseline": c.is_baseline,
+        "task": c.task,
+        "variant": c.variant,
+        "sampling": c.sampling,
+        "seed": c.seed,
+    }
+
+
+def checkpoint_order(frame: pd.DataFrame, then: list[str]) -> pd.DataFrame:
+    """Sort by run, baseline first, step, ckpt, then `then`; stable, so metric order survives."""
+    if frame.empty:
+        return frame.reset_index(drop=True)
+    order = frame.assign(_not_base=~frame["is_baseline"].astype(bool))
+    order = order.sort_values(
+        ["run", "_not_base", "step", "ckpt", *then], kind="stable", na_position="first"
+    )
+    return order.drop(columns="_not_base").reset_index(drop=True)

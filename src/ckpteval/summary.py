@@ -1,0 +1,250 @@
+"""Build a summary directory from the scored cells of a sweep: the aggregate step's outputs.
+
+Input: the evaluate step's cell files (`ckpteval.aggregate.cells`). Output (`build_summary`), all
+under `summary_dir`, each file written atomically:
+
+| file | one row per |
+| --- | --- |
+| `metrics.parquet`, `.csv` | (cell, metric): `TIDY_COLUMNS` (`source_deleted`: the checkpoint's source is gone, its scores kept) |
+| `metrics.md` | checkpoint, by (run, step); `task/metric` columns, mean over seeds ± stderr |
+| `seeds.csv` | (run, ckpt, task, sampling, metric): mean, std, stderr and count over seeds |
+| `configs.csv` | (run, task, sampling, metric): the sampling config across the run's checkpoints |
+| `passk.csv` | (run, ckpt, task, sampling, k): pass@k from per-sample verdicts, seeds pooled |
+| `errors.csv` | (cell, error type): count and fraction of the cell's samples |
+| `hacks.csv` | (cell, hack type): count and fraction of the cell's samples (`HACK_COLUMNS`) |
+| `truncation.csv` | cell with a `truncation_rate`: the rate, the threshold, flagged (`TRUNCATION_COLUMNS`) |
+| `deltas.csv` | paired comparison: each checkpoint vs the run's baseline and vs the previous one (`DELTA_COLUMNS`; McNemar columns in `ckpteval.aggregate.deltas`) |
+| `flips.csv` | (comparison, problem) whose verdict flipped: `FLIP_COLUMNS`, `direction` gained or lost |
+| `missing.csv` | cell or per-sample file that could not be used, with its path and why |
+| `summary.json` | run, checkpoint, task, variant: pass rate, counts, per problem (`write_summary_json`) |
+| `plots/*.png`, `report.html` | see `ckpteval.report` |
+
+A missing or corrupt cell file never stops the build: the cell is listed in `missing.csv` and the
+report, and everything else is built. A run without a baseline has no baseline comparisons.
+
+This module joins the two sides: `ckpteval.aggregate` computes the tables (and never imports the
+report), `ckpteval.report` draws them (and never imports this module).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ckpteval import report
+from ckpteval.aggregate import Summary
+from ckpteval.aggregate.cells import load_cells, load_samples
+from ckpteval.aggregate.deltas import delta_table, flip_table
+from ckpteval.aggregate.markdown import metrics_markdown
+from ckpteval.aggregate.tables import (
+    TRUNCATION_THRESHOLD,
+    config_table,
+    error_table,
+    hack_table,
+    main_metrics,
+    missing_table,
+    passk_table,
+    seed_table,
+    tidy_table,
+    truncation_flags,
+    truncation_table,
+)
+from ckpteval.errors import UserError
+from ckpteval.io import atomic_open, iter_jsonl, write_json
+
+
+def summarize(
+    cell_jsons: Sequence[str | os.PathLike[str]],
+    *,
+    title: str = "ckpteval",
+    bootstrap: int = 1000,
+    seed: int = 0,
+    truncation_threshold: float = TRUNCATION_THRESHOLD,
+) -> Summary:
+    """Every table of the summary, in memory; `build_summary` writes them."""
+    cells, problems = load_cells(cell_jsons)
+    samples, sample_problems = load_samples(cells)
+    tidy = tidy_table(cells)
+    metrics_by_task = main_metrics(cells)
+    seeds = seed_table(tidy)
+    flips: list[dict[str, Any]] = []
+    deltas = delta_table(cells, samples, metrics_by_task, n_boot=bootstrap, seed=seed, flips=flips)
+    return Summary(
+        title=title,
+        tidy=tidy,
+        seeds=seeds,
+        configs=config_table(seeds),
+        passk=passk_table(cells, samples, tidy),
+        errors=error_table(cells, samples),
+        deltas=deltas,
+        missing=missing_table([*problems, *sample_problems]),
+        main_metrics=metrics_by_task,
+        n_cells=len(cells),
+        hacks=hack_table(cells),
+        flips=flip_table(flips),
+        truncation=truncation_table(cells, truncation_threshold),
+    )
+
+
+def build_summary(
+    cell_jsons: Sequence[Path],
+    summary_dir: Path,
+    *,
+    title: str = "ckpteval",
+    bootstrap: int = 1000,
+    seed: int = 0,
+    deleted: Collection[str] = (),
+    broken: Sequence[str] = (),
+    truncation_threshold: float | None = None,
+) -> Summary:
+    """Build `summary_dir` from the cell jsons (see the module docstring for what is written);
+    return what was built.
+    `deleted` names checkpoints (`run/ckpt`) whose source is gone: their cells stay, marked in
+    the tidy table's `source_deleted` column and listed in the report. `broken` are lines about
+    checkpoints that look broken (ckpteval.config.Plan.broken_lines), shown in the report.
+    `truncation_threshold` (None: `TRUNCATION_THRESHOLD`) is the truncation rate above which a
+    cell's score is flagged as a lower bound."""
+    threshold = _checked_settings(bootstrap, truncation_threshold)
+    summary_dir = Path(summary_dir)
+    summary = summarize(
+        cell_jsons, title=title, bootstrap=bootstrap, seed=seed, truncation_threshold=threshold
+    )
+    summary.broken = list(broken)
+    summary.tidy["source_deleted"] = (
+        summary.tidy["run"].astype(str) + "/" + summary.tidy["ckpt"].astype(str)
+    ).isin(set(deleted))
+    write_tables(summary, summary_dir)
+    plots = report.write_plots(summary, summary_dir / "plots")
+    report.write_html(summary, plots, summary_dir / "report.html")
+    write_summary_json(cell_jsons, summary_dir / "summary.json")
+    return summary
+
+
+def _checked_settings(bootstrap: int, truncation_threshold: float | None) -> float:
+    """The truncation threshold to use; a `UserError` for settings no summary can be built with,
+    before any file is read."""
+    if bootstrap < 1:
+        raise UserError(f"bootstrap: {bootstrap} resamples; give at least 1 (1000 is usual)")
+    threshold = TRUNCATION_THRESHOLD if truncation_threshold is None else truncation_threshold
+    if not 0 <= threshold <= 1:
+        raise UserError(
+            f"aggregate.truncation_threshold: {threshold} is not a share; give one in [0, 1]"
+        )
+    return threshold
+
+
+def write_tables(summary: Summary, summary_dir: Path) -> None:
+    """`metrics.parquet`, every CSV and `metrics.md` of the summary."""
+    write_parquet(summary.tidy, summary_dir / "metrics.parquet")
+    for name, frame in (
+        ("metrics.csv", summary.tidy),
+        ("seeds.csv", summary.seeds),
+        ("configs.csv", summary.configs),
+        ("passk.csv", summary.passk),
+        ("errors.csv", summary.errors),
+        ("hacks.csv", summary.hacks),
+        ("truncation.csv", summary.truncation),
+        ("deltas.csv", summary.deltas),
+        ("flips.csv", summary.flips),
+        ("missing.csv", summary.missing),
+    ):
+        write_csv(frame, summary_dir / name)
+    with atomic_open(summary_dir / "metrics.md") as handle:
+        handle.write(
+            metrics_markdown(
+                summary.seeds,
+                summary.title,
+                summary.deltas,
+                truncation_flags(summary.truncation, summary.main_metrics),
+            )
+        )
+
+
+def write_summary_json(cell_jsons: Sequence[Path], path: Path) -> None:
+    """`summary.json`: per run, checkpoint (by step), task and variant, what the users' own
+    per-checkpoint scripts print: the pass rate (pass@1, else accuracy) with its counts, the
+    official and generated tests' pass rates (stdio), the error types, the per-file breakdown of
+    replayed solutions, and per problem: samples, passes, the first sample's verdict and (stdio)
+    the test it failed first. Cells that cannot be read are left out (missing.csv lists them)."""
+    runs: dict[str, Any] = {}
+    for cell_path in sorted(map(Path, cell_jsons)):
+        try:
+            cell = json.loads(cell_path.read_text(encoding="utf-8"))
+            run, ckpt, task, variant = (str(cell[k]) for k in ("run", "ckpt", "task", "variant"))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        ckpts = runs.setdefault(run, {})
+        ckpts.setdefault(ckpt, {"step": cell.get("step"), "tasks": {}})["tasks"].setdefault(
+            task, {}
+        )[variant] = _cell_entry(cell, cell_path.with_suffix(".jsonl"))
+    ordered = {
+        run: dict(
+            sorted(ckpts.items(), key=lambda kv: (kv[1]["step"] is None, kv[1]["step"] or 0, kv[0]))
+        )
+        for run, ckpts in sorted(runs.items())
+    }
+    write_json(path, {"runs": ordered})
+
+
+def _cell_entry(cell: dict[str, Any], samples: Path) -> dict[str, Any]:
+    """One cell's `summary.json` entry; per problem only when its per-sample file exists."""
+    metrics = cell.get("metrics") or {}
+    main = metrics.get("pass@1") or metrics.get("accuracy") or {}
+    entry: dict[str, Any] = {
+        "pass_rate": main.get("value"),
+        "n_problems": cell.get("n_problems"),
+        "n_samples": cell.get("n_samples"),
+        "error_types": cell.get("error_types", {}),
+        **{
+            name: metrics[name]["value"]
+            for name in ("official_tests_pass_rate", "generated_tests_pass_rate")
+            if name in metrics
+        },
+    }
+    if "per_file" in cell:
+        entry["per_file"] = cell["per_file"]
+    if samples.exists():
+        problems = _problem_records(samples)
+        entry["n_passed"] = sum(r["passed"] for r in problems.values())
+        entry["problems"] = problems
+    return entry
+
+
+def _problem_records(samples: Path) -> dict[str, dict[str, Any]]:
+    """task_id -> samples, passes, the first sample's verdict and (stdio) the test it failed
+    first; damaged lines are skipped (the tables' reading names them in missing.csv)."""
+    problems: dict[str, dict[str, Any]] = {}
+    for line in iter_jsonl(samples, errors=[]):
+        tid = str(line.get("task_id"))
+        record = problems.setdefault(tid, {"samples": 0, "passed": 0})
+        record["samples"] += 1
+        record["passed"] += bool(line.get("passed"))
+        if "verdict" not in record:
+            record["verdict"] = line.get("error_type") or "passed"
+            if line.get("first_failed_set"):
+                record["first_failed_test"] = line.get("first_failed_test")
+                record["first_failed_set"] = line["first_failed_set"]
+    return problems
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    with atomic_open(path, "w") as handle:
+        frame.to_csv(handle, index=False)
+
+
+def write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    """Parquet through a temp name in the same directory, renamed when complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
