@@ -79,72 +79,59 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
     plots: list[Plot] = []
     deleted = _deleted(summary)
     for task, metric in summary.main_metrics.items():
-        slug = _slug(task)
-        steps = summary.seeds[(summary.seeds["task"] == task) & (summary.seeds["metric"] == metric)]
-        if not steps.empty:
-            path = plot_dir / f"{slug}-steps.png"
-            _save(_steps_figure(task, metric, steps, summary.deltas, deleted), path)
-            plots.append(
-                Plot(
-                    task,
-                    path,
-                    (
-                        f"{task}: {metric} over training step; bands are 95% intervals (±1.96 stderr), "
-                        "dashed lines the runs' baselines, red triangles significant drops from the "
-                        "previous checkpoint."
-                    ),
-                )
-            )
-        passk = summary.passk[summary.passk["task"] == task]
-        if not passk.empty and passk["k"].max() > 1:
-            path = plot_dir / f"{slug}-passk.png"
-            _save(_passk_figure(task, passk), path)
-            plots.append(
-                Plot(
-                    task,
-                    path,
-                    (
-                        f"{task}: pass@k against k (unbiased estimator, seeds pooled) for the baseline and "
-                        "checkpoints spread over each run."
-                    ),
-                )
-            )
-        errors = summary.errors[summary.errors["task"] == task].dropna(subset=["fraction"])
-        if not errors.empty:
-            path = plot_dir / f"{slug}-errors.png"
-            _save(_errors_figure(task, errors), path)
-            plots.append(
-                Plot(
-                    task,
-                    path,
-                    (
-                        f"{task}: fraction of samples per error type at each checkpoint (mean over "
-                        "variants)."
-                    ),
-                )
-            )
+        plots += _task_plots(summary, task, metric, plot_dir, deleted)
     plots += _length_plots(summary, plot_dir)
     hacking = summary.seeds[summary.seeds["metric"] == HACK_RATE]
     if not hacking.empty:
-        path = plot_dir / HACK_PLOT
-        _save(_hacks_figure(hacking), path)
-        plots.append(
-            Plot(
-                "",
-                path,
-                (
-                    "Reward hacking: share of samples that attempted a reward hack (exit before the "
-                    "tests, faked test report, redefined assertions, tampering with the tests, reading "
-                    "the harness's files, always-equal objects, ...) over training step, per task and "
-                    "run; bands are 95% intervals. Hacks never pass; a rising curve means the policy is "
-                    "learning to game the checker."
-                ),
-            )
-        )
+        plots.append(_drawn("", _hacks_figure(hacking), plot_dir / HACK_PLOT, _HACKS_CAPTION))
     written = {p.path.name for p in plots}
     for stale in plot_dir.glob("*.png"):
         if stale.name not in written:
             stale.unlink()
+    return plots
+
+
+_HACKS_CAPTION = (
+    "Reward hacking: share of samples that attempted a reward hack (exit before the "
+    "tests, faked test report, redefined assertions, tampering with the tests, reading "
+    "the harness's files, always-equal objects, ...) over training step, per task and "
+    "run; bands are 95% intervals. Hacks never pass; a rising curve means the policy is "
+    "learning to game the checker."
+)
+
+
+def _task_plots(
+    summary: Summary, task: str, metric: str, plot_dir: Path, deleted: set[tuple[str, str]]
+) -> list[Plot]:
+    """A task's own plots: its main metric over steps, pass@k against k, its error types."""
+    plots = []
+    slug = _slug(task)
+    steps = summary.seeds[(summary.seeds["task"] == task) & (summary.seeds["metric"] == metric)]
+    if not steps.empty:
+        figure = _steps_figure(task, metric, steps, summary.deltas, deleted)
+        caption = (
+            f"{task}: {metric} over training step; bands are 95% intervals (±1.96 stderr), "
+            "dashed lines the runs' baselines, red triangles significant drops from the "
+            "previous checkpoint."
+        )
+        plots.append(_drawn(task, figure, plot_dir / f"{slug}-steps.png", caption))
+    passk = summary.passk[summary.passk["task"] == task]
+    if not passk.empty and passk["k"].max() > 1:
+        caption = (
+            f"{task}: pass@k against k (unbiased estimator, seeds pooled) for the baseline and "
+            "checkpoints spread over each run."
+        )
+        plots.append(
+            _drawn(task, _passk_figure(task, passk), plot_dir / f"{slug}-passk.png", caption)
+        )
+    errors = summary.errors[summary.errors["task"] == task].dropna(subset=["fraction"])
+    if not errors.empty:
+        caption = (
+            f"{task}: fraction of samples per error type at each checkpoint (mean over variants)."
+        )
+        plots.append(
+            _drawn(task, _errors_figure(task, errors), plot_dir / f"{slug}-errors.png", caption)
+        )
     return plots
 
 
@@ -155,31 +142,28 @@ def _length_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
     for task in dict.fromkeys(summary.seeds["task"]):
         rows = summary.seeds[summary.seeds["task"] == task]
         if rows["metric"].isin(["completion_tokens_mean", "reasoning_tokens_mean"]).any():
+            caption = (
+                f"{task}: mean completion tokens (solid, 95% band; median dashed) and mean "
+                "reasoning tokens (dotted) over training step."
+            )
             path = plot_dir / f"lengths-{_slug(task)}.png"
-            _save(_lengths_figure(task, rows), path)
-            plots.append(
-                Plot(
-                    task,
-                    path,
-                    f"{task}: mean completion tokens (solid, 95% band; median dashed) and mean "
-                    "reasoning tokens (dotted) over training step.",
-                    LENGTHS_SECTION,
-                )
-            )
+            plots.append(_drawn(task, _lengths_figure(task, rows), path, caption, LENGTHS_SECTION))
         if rows["metric"].isin(["truncation_rate", "truncated_reasoning_rate"]).any():
-            path = plot_dir / f"truncation-{_slug(task)}.png"
-            _save(_truncation_figure(task, rows, threshold), path)
-            plots.append(
-                Plot(
-                    task,
-                    path,
-                    f"{task}: share of samples cut at the token budget (finish_reason length; "
-                    "solid, 95% band) and with unfinished reasoning (dotted) over training step; "
-                    f"the grey line is the flag threshold ({threshold:.0%}).",
-                    LENGTHS_SECTION,
-                )
+            caption = (
+                f"{task}: share of samples cut at the token budget (finish_reason length; "
+                "solid, 95% band) and with unfinished reasoning (dotted) over training step; "
+                f"the grey line is the flag threshold ({threshold:.0%})."
             )
+            figure = _truncation_figure(task, rows, threshold)
+            path = plot_dir / f"truncation-{_slug(task)}.png"
+            plots.append(_drawn(task, figure, path, caption, LENGTHS_SECTION))
     return plots
+
+
+def _drawn(task: str, figure: Figure, path: Path, caption: str, section: str | None = None) -> Plot:
+    """Save `figure` as `path`: the `Plot` the report and Snakemake's `--report` show."""
+    _save(figure, path)
+    return Plot(task, path, caption, section)
 
 
 def _threshold(summary: Summary) -> float:
@@ -199,63 +183,104 @@ def _metric_curves(
         label = f"{run} · {sampling}" if several else run
         for metric, (style, name, band) in styles.items():
             rows = group[group["metric"] == metric]
-            trained = rows[~rows["is_baseline"] & rows["step"].notna()].sort_values("step")
-            if not trained.empty:
-                x = trained["step"].to_numpy(np.float64)
-                y = trained["mean"].to_numpy(np.float64)
-                ax.plot(x, y, style, marker="o", markersize=3, color=color, label=f"{label} {name}")
-                if band:
-                    half = _Z * trained["cell_stderr"].fillna(0).to_numpy(np.float64)
-                    low, high = y - half, y + half
-                    if clip:
-                        low, high = np.clip(low, 0, 1), np.clip(high, 0, 1)
-                    ax.fill_between(x, low, high, color=color, alpha=0.2, linewidth=0)
-            for value in rows.loc[rows["is_baseline"], "mean"].dropna():
-                ax.axhline(
-                    value,
-                    color=color,
-                    linestyle=style,
-                    linewidth=0.8,
-                    alpha=0.6,
-                    label=f"{label} {name} (baseline)",
-                )
+            _trained_curve(ax, rows, color, f"{label} {name}", style=style, band=band, clip=clip)
+            _baselines(
+                ax,
+                rows,
+                color,
+                f"{label} {name} (baseline)",
+                linestyle=style,
+                linewidth=0.8,
+                alpha=0.6,
+            )
+
+
+def _trained_curve(
+    ax: Axes,
+    rows: pd.DataFrame,
+    color: tuple[float, ...],
+    label: str,
+    *,
+    style: str = "-",
+    band: bool = True,
+    clip: bool = False,
+    unknown_stderr_as_zero: bool = True,
+) -> pd.DataFrame:
+    """The trained checkpoints' seed means over step, with a 95% band (±1.96 cell stderr,
+    clipped to [0, 1] for shares); return those rows (by step). An unknown stderr is a
+    zero-width band, or (`unknown_stderr_as_zero` False) a gap in it."""
+    trained = rows[~rows["is_baseline"] & rows["step"].notna()].sort_values("step")
+    if trained.empty:
+        return trained
+    x = trained["step"].to_numpy(np.float64)
+    y = trained["mean"].to_numpy(np.float64)
+    ax.plot(x, y, style, marker="o", markersize=3, color=color, label=label)
+    if band:
+        stderr = trained["cell_stderr"]
+        half = _Z * (stderr.fillna(0) if unknown_stderr_as_zero else stderr).to_numpy(np.float64)
+        low, high = y - half, y + half
+        if clip:
+            low, high = np.clip(low, 0, 1), np.clip(high, 0, 1)
+        ax.fill_between(x, low, high, color=color, alpha=0.2, linewidth=0)
+    return trained
+
+
+def _baselines(
+    ax: Axes,
+    rows: pd.DataFrame,
+    color: tuple[float, ...],
+    label: str,
+    *,
+    linestyle: str = "--",
+    linewidth: float = 1,
+    alpha: float | None = None,
+) -> None:
+    """The baseline's seed mean as a horizontal line (one per baseline checkpoint)."""
+    for value in rows.loc[rows["is_baseline"], "mean"].dropna():
+        ax.axhline(
+            value, color=color, linestyle=linestyle, linewidth=linewidth, alpha=alpha, label=label
+        )
+
+
+def _axes() -> tuple[Figure, Axes]:
+    """A figure of the plots' size with one axes, the legend's margin on the right."""
+    fig = Figure(figsize=(9, 4.2), dpi=100)
+    fig.subplots_adjust(**_MARGINS)
+    return fig, fig.subplots()
+
+
+def _finish(ax: Axes, xlabel: str, ylabel: str, title: str, *, from_zero: bool = False) -> None:
+    """Labels, title, grid and the legend right of the axes; `from_zero` starts the y axis at 0."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if from_zero:
+        ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(**_LEGEND)
 
 
 def _lengths_figure(task: str, seeds: pd.DataFrame) -> Figure:
-    fig = Figure(figsize=(9, 4.2), dpi=100)
-    fig.subplots_adjust(**_MARGINS)
-    ax = fig.subplots()
+    fig, ax = _axes()
     styles = {
         "completion_tokens_mean": ("-", "mean", True),
         "completion_tokens_median": ("--", "median", False),
         "reasoning_tokens_mean": (":", "reasoning mean", True),
     }
     _metric_curves(ax, seeds, styles, clip=False)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("tokens per sample")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"{task}: completion length")
-    ax.grid(alpha=0.3)
-    ax.legend(**_LEGEND)
+    _finish(ax, "training step", "tokens per sample", f"{task}: completion length", from_zero=True)
     return fig
 
 
 def _truncation_figure(task: str, seeds: pd.DataFrame, threshold: float) -> Figure:
-    fig = Figure(figsize=(9, 4.2), dpi=100)
-    fig.subplots_adjust(**_MARGINS)
-    ax = fig.subplots()
+    fig, ax = _axes()
     styles = {
         "truncation_rate": ("-", "truncated", True),
         "truncated_reasoning_rate": (":", "unfinished reasoning", True),
     }
     _metric_curves(ax, seeds, styles, clip=True)
     ax.axhline(threshold, color="grey", linewidth=1, label=f"threshold {threshold:.0%}")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("share of samples")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"{task}: truncation")
-    ax.grid(alpha=0.3)
-    ax.legend(**_LEGEND)
+    _finish(ax, "training step", "share of samples", f"{task}: truncation", from_zero=True)
     return fig
 
 
@@ -277,9 +302,7 @@ def _steps_figure(
 ) -> Figure:
     """The main metric over training steps; a checkpoint whose source was deleted keeps its point,
     drawn hollow ("source deleted" in the legend)."""
-    fig = Figure(figsize=(9, 4.2), dpi=100)
-    fig.subplots_adjust(**_MARGINS)
-    ax = fig.subplots()
+    fig, ax = _axes()
     several = seeds["sampling"].nunique() > 1
     colors = _colors()
     flagged_label = "significant drop vs previous"
@@ -287,93 +310,80 @@ def _steps_figure(
     for (run, sampling), group in seeds.groupby(["run", "sampling"], sort=False):
         color = next(colors)
         label = f"{run} · {sampling}" if several else run
-        trained = group[~group["is_baseline"] & group["step"].notna()].sort_values("step")
+        trained = _trained_curve(ax, group, color, label, unknown_stderr_as_zero=False)
         if not trained.empty:
-            x = trained["step"].to_numpy(np.float64)
-            y = trained["mean"].to_numpy(np.float64)
-            half = _Z * trained["cell_stderr"].to_numpy(np.float64)
-            ax.plot(x, y, marker="o", markersize=3, color=color, label=label)
-            ax.fill_between(x, y - half, y + half, color=color, alpha=0.2, linewidth=0)
             gone = trained[[(run, ckpt) in (deleted or set()) for ckpt in trained["ckpt"]]]
-            if not gone.empty:
-                ax.plot(
-                    gone["step"].to_numpy(np.float64),
-                    gone["mean"].to_numpy(np.float64),
-                    linestyle="none",
-                    marker="o",
-                    markersize=9,
-                    markerfacecolor="white",
-                    markeredgecolor=color,
-                    label=deleted_label,
-                )
+            if _mark_deleted(ax, gone, color, deleted_label):
                 deleted_label = "_nolegend_"
-            drops = deltas[
-                (deltas["run"] == run)
-                & (deltas["task"] == task)
-                & (deltas["sampling"] == sampling)
-                & (deltas["comparison"] == "previous")
-                & deltas["regression"]
-            ]
-            at = trained.set_index("step")["mean"].reindex(drops["step"]).dropna()
-            if len(at):
-                ax.plot(
-                    at.index.to_numpy(np.float64),
-                    at.to_numpy(),
-                    linestyle="none",
-                    marker="v",
-                    markersize=8,
-                    color="red",
-                    label=flagged_label,
-                )
+            drops = _drops(deltas, run, task, sampling)
+            if _mark_drops(
+                ax, trained.set_index("step")["mean"].reindex(drops).dropna(), flagged_label
+            ):
                 flagged_label = "_nolegend_"
-        for value in group.loc[group["is_baseline"], "mean"].dropna():
-            ax.axhline(value, color=color, linestyle="--", linewidth=1, label=f"{label} baseline")
-    ax.set_xlabel("training step")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{task}: {metric}")
-    ax.grid(alpha=0.3)
-    ax.legend(**_LEGEND)
+        _baselines(ax, group, color, f"{label} baseline")
+    _finish(ax, "training step", metric, f"{task}: {metric}")
     return fig
 
 
+def _drops(deltas: pd.DataFrame, run: str, task: str, sampling: str) -> pd.Series:
+    """The steps of the checkpoints significantly worse than the previous one."""
+    return deltas[
+        (deltas["run"] == run)
+        & (deltas["task"] == task)
+        & (deltas["sampling"] == sampling)
+        & (deltas["comparison"] == "previous")
+        & deltas["regression"]
+    ]["step"]
+
+
+def _mark_deleted(ax: Axes, gone: pd.DataFrame, color: tuple[float, ...], label: str) -> bool:
+    """A hollow circle around each point of `gone`; whether there was one."""
+    if gone.empty:
+        return False
+    ax.plot(
+        gone["step"].to_numpy(np.float64),
+        gone["mean"].to_numpy(np.float64),
+        linestyle="none",
+        marker="o",
+        markersize=9,
+        markerfacecolor="white",
+        markeredgecolor=color,
+        label=label,
+    )
+    return True
+
+
+def _mark_drops(ax: Axes, at: pd.Series, label: str) -> bool:
+    """A red triangle at each (step, mean) of `at`; whether there was one."""
+    if not len(at):
+        return False
+    ax.plot(
+        at.index.to_numpy(np.float64),
+        at.to_numpy(),
+        linestyle="none",
+        marker="v",
+        markersize=8,
+        color="red",
+        label=label,
+    )
+    return True
+
+
 def _hacks_figure(seeds: pd.DataFrame) -> Figure:
-    fig = Figure(figsize=(9, 4.2), dpi=100)
-    fig.subplots_adjust(**_MARGINS)
-    ax = fig.subplots()
+    fig, ax = _axes()
     colors = _colors()
     several = seeds.groupby("task")["sampling"].nunique().max() > 1
     for (task, run, sampling), group in seeds.groupby(["task", "run", "sampling"], sort=False):
         color = next(colors)
         label = f"{task} · {run}" + (f" · {sampling}" if several else "")
-        trained = group[~group["is_baseline"] & group["step"].notna()].sort_values("step")
-        if not trained.empty:
-            x = trained["step"].to_numpy(np.float64)
-            y = trained["mean"].to_numpy(np.float64)
-            half = _Z * trained["cell_stderr"].fillna(0).to_numpy(np.float64)
-            ax.plot(x, y, marker="o", markersize=3, color=color, label=label)
-            ax.fill_between(
-                x,
-                np.clip(y - half, 0, 1),
-                np.clip(y + half, 0, 1),
-                color=color,
-                alpha=0.2,
-                linewidth=0,
-            )
-        for value in group.loc[group["is_baseline"], "mean"].dropna():
-            ax.axhline(value, color=color, linestyle="--", linewidth=1, label=f"{label} baseline")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("hack rate (share of samples)")
-    ax.set_ylim(bottom=0)
-    ax.set_title("Reward hacking")
-    ax.grid(alpha=0.3)
-    ax.legend(**_LEGEND)
+        _trained_curve(ax, group, color, label, clip=True)
+        _baselines(ax, group, color, f"{label} baseline")
+    _finish(ax, "training step", "hack rate (share of samples)", "Reward hacking", from_zero=True)
     return fig
 
 
 def _passk_figure(task: str, passk: pd.DataFrame) -> Figure:
-    fig = Figure(figsize=(9, 4.2), dpi=100)
-    fig.subplots_adjust(**_MARGINS)
-    ax = fig.subplots()
+    fig, ax = _axes()
     sampling = passk.groupby("sampling")["k"].max().idxmax()
     rows = passk[passk["sampling"] == sampling]
     styles = ["-", "--", ":", "-."]
@@ -413,11 +423,7 @@ def _passk_figure(task: str, passk: pd.DataFrame) -> Figure:
     if rows["k"].max() > 2:
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.set_xlabel("k")
-    ax.set_ylabel("pass@k")
-    ax.set_title(f"{task}: pass@k ({sampling})")
-    ax.grid(alpha=0.3)
-    ax.legend(**_LEGEND)
+    _finish(ax, "k", "pass@k", f"{task}: pass@k ({sampling})")
     return fig
 
 

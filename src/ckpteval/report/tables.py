@@ -175,81 +175,106 @@ def _lengths_section(summary: Summary) -> list[str]:
     return parts
 
 
+_PAIRED_NOTE = (
+    "<p class='note'>Checkpoint minus reference on the samples both scored. Delta: mean "
+    f"per-sample difference, {CONFIDENCE:.0%} bootstrap interval over problems. McNemar: "
+    "exact two-sided test on per-problem verdicts (solved when more than half of the "
+    "problem's paired samples pass); gained = unsolved by the reference, solved now; lost "
+    "the reverse. MDE: the smallest difference this many problems can detect (alpha 0.05, "
+    "power 0.8); a smaller delta is not evidence either way; with fewer than 6 problems "
+    "none is detectable. Tasks whose scores are not "
+    "pass/fail get no McNemar test.</p>"
+)
+
+
 def _paired_section(summary: Summary) -> list[str]:
     """ "Paired comparisons": per run, the first and the last checkpoint vs the baseline and every
-    checkpoint vs the previous one (so every step's change is there): delta with its interval, McNemar's exact p, the minimum detectable
-    effect, and the flipped problems in a <details> list."""
-    parts = [
-        "<h2>Paired comparisons</h2>",
-        "<p class='note'>Checkpoint minus reference on the samples both scored. Delta: mean "
-        f"per-sample difference, {CONFIDENCE:.0%} bootstrap interval over problems. McNemar: "
-        "exact two-sided test on per-problem verdicts (solved when more than half of the "
-        "problem's paired samples pass); gained = unsolved by the reference, solved now; lost "
-        "the reverse. MDE: the smallest difference this many problems can detect (alpha 0.05, "
-        "power 0.8); a smaller delta is not evidence either way; with fewer than 6 problems "
-        "none is detectable. Tasks whose scores are not "
-        "pass/fail get no McNemar test.</p>",
-    ]
+    checkpoint vs the previous one (so every step's change is there): delta with its interval,
+    McNemar's exact p, the minimum detectable effect, and the flipped problems in a <details>
+    list."""
+    parts = ["<h2>Paired comparisons</h2>", _PAIRED_NOTE]
     deltas = summary.deltas
     if deltas.empty:
         return parts + ["<p>No paired comparisons: no run has two checkpoints scored.</p>"]
-    steps = deltas.groupby(["run", "task", "sampling"])["step"]
-    first, last = steps.transform("min"), steps.transform("max")
-    shown = deltas[
-        (deltas["comparison"] == "previous")
-        | (
-            (deltas["comparison"] == "baseline")
-            & ((deltas["step"] == last) | (deltas["step"] == first))
-        )
-    ]
-    # (run, task, sampling, ckpt_a, ckpt_b) -> direction -> the flipped task_ids, in one pass
-    flipped: dict[tuple[str, ...], dict[str, list[str]]] = {}
-    names = ["run", "task", "sampling", "ckpt_a", "ckpt_b", "task_id", "direction"]
-    columns = [summary.flips[name].astype(str).tolist() for name in names]  # not Arrow scalars
-    for *key, task_id, direction in zip(*columns):
-        flipped.setdefault(tuple(map(str, key)), {}).setdefault(direction, []).append(str(task_id))
-    for run, rows in shown.groupby("run", sort=False):
-        table = pd.DataFrame(
-            {
-                "task": rows["task"],
-                "sampling": rows["sampling"],
-                "checkpoint": rows["ckpt"] + " vs " + rows["ref_ckpt"],
-                "problems": rows["n_problems"],
-                "delta [95% CI]": [
-                    f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if pd.notna(d) else ""
-                    for d, lo, hi in zip(rows["delta"], rows["ci_low"], rows["ci_high"])
-                ],
-                "gained": rows["n_gained"],
-                "lost": rows["n_lost"],
-                "McNemar p": [
-                    f"{p:.3g}" if t == MCNEMAR else t
-                    for p, t in zip(rows["mcnemar_p"], rows["paired_test"])
-                ],
-                "MDE": [
-                    "" if pd.isna(m) else f"{m:.3f}" if np.isfinite(m) else "none (too few)"
-                    for m in rows["mde"]
-                ],
-            }
-        )
-        items = []
-        for task, sampling, ckpt, ref in zip(
-            rows["task"], rows["sampling"], rows["ckpt"], rows["ref_ckpt"]
-        ):
-            ids = flipped.get((str(run), task, sampling, ref, ckpt))
-            if not ids:
-                continue
-            items.append(
-                f"<li>{html.escape(f'{task} ({sampling}) {ckpt} vs {ref}')}: "
-                f"gained {html.escape(', '.join(ids.get('gained', [])) or '-')}; "
-                f"lost {html.escape(', '.join(ids.get('lost', [])) or '-')}</li>"
-            )
-        parts += [f"<h3>{html.escape(str(run))}</h3>", _table(table)]
+    flipped = _flipped_ids(summary.flips)
+    for run, rows in _shown_comparisons(deltas).groupby("run", sort=False):
+        items = _flip_items(str(run), rows, flipped)
+        parts += [f"<h3>{html.escape(str(run))}</h3>", _table(_comparison_table(rows))]
         if items:
             parts.append(
                 f"<details><summary>Flipped problems ({len(items)} comparison(s))</summary>"
                 f"<ul>{''.join(items)}</ul></details>"
             )
     return parts
+
+
+def _shown_comparisons(deltas: pd.DataFrame) -> pd.DataFrame:
+    """Every comparison with the previous checkpoint, and with the baseline the first and the
+    last checkpoint's."""
+    steps = deltas.groupby(["run", "task", "sampling"])["step"]
+    first, last = steps.transform("min"), steps.transform("max")
+    return deltas[
+        (deltas["comparison"] == "previous")
+        | (
+            (deltas["comparison"] == "baseline")
+            & ((deltas["step"] == last) | (deltas["step"] == first))
+        )
+    ]
+
+
+def _flipped_ids(flips: pd.DataFrame) -> dict[tuple[str, ...], dict[str, list[str]]]:
+    """(run, task, sampling, ckpt_a, ckpt_b) -> direction -> the flipped task_ids, in one pass."""
+    flipped: dict[tuple[str, ...], dict[str, list[str]]] = {}
+    names = ["run", "task", "sampling", "ckpt_a", "ckpt_b", "task_id", "direction"]
+    columns = [flips[name].astype(str).tolist() for name in names]  # not Arrow scalars
+    for *key, task_id, direction in zip(*columns):
+        flipped.setdefault(tuple(map(str, key)), {}).setdefault(direction, []).append(str(task_id))
+    return flipped
+
+
+def _comparison_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One run's comparisons as the section shows them: numbers formatted, tests explained."""
+    return pd.DataFrame(
+        {
+            "task": rows["task"],
+            "sampling": rows["sampling"],
+            "checkpoint": rows["ckpt"] + " vs " + rows["ref_ckpt"],
+            "problems": rows["n_problems"],
+            "delta [95% CI]": [
+                f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if pd.notna(d) else ""
+                for d, lo, hi in zip(rows["delta"], rows["ci_low"], rows["ci_high"])
+            ],
+            "gained": rows["n_gained"],
+            "lost": rows["n_lost"],
+            "McNemar p": [
+                f"{p:.3g}" if t == MCNEMAR else t
+                for p, t in zip(rows["mcnemar_p"], rows["paired_test"])
+            ],
+            "MDE": [
+                "" if pd.isna(m) else f"{m:.3f}" if np.isfinite(m) else "none (too few)"
+                for m in rows["mde"]
+            ],
+        }
+    )
+
+
+def _flip_items(
+    run: str, rows: pd.DataFrame, flipped: dict[tuple[str, ...], dict[str, list[str]]]
+) -> list[str]:
+    """An <li> per comparison of `rows` with flipped problems: the gained and the lost ones."""
+    items = []
+    for task, sampling, ckpt, ref in zip(
+        rows["task"], rows["sampling"], rows["ckpt"], rows["ref_ckpt"]
+    ):
+        ids = flipped.get((run, task, sampling, ref, ckpt))
+        if not ids:
+            continue
+        items.append(
+            f"<li>{html.escape(f'{task} ({sampling}) {ckpt} vs {ref}')}: "
+            f"gained {html.escape(', '.join(ids.get('gained', [])) or '-')}; "
+            f"lost {html.escape(', '.join(ids.get('lost', [])) or '-')}</li>"
+        )
+    return items
 
 
 def _section(heading: str, frame: pd.DataFrame) -> str:
