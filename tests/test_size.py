@@ -13,8 +13,6 @@ from conftest import REPO
 MAX_LINES = 100
 #: function -> why it is still long. Remove an entry when its function is split.
 STILL_LONG = {
-    "src/ckpteval/_sandbox_driver.py:_serve_sample": "security-critical; split with the hostile-"
-    "sample suites (test_checkers_python_hacks, test_reliability_hostile) as the proof",
     "src/ckpteval/backends/replay.py:replay_solutions": "infer side, under concurrent change",
 }
 

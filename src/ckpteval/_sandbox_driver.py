@@ -1018,54 +1018,13 @@ def _import_modules_used(source, namespace, entry):
                 pass  # not on this machine: the tests fail on the name, as they would anywhere
 
 
-def _run_tests(tests, channel, report_fd):  # noqa: C901 - the trusted test process, one audited sequence
+def _run_tests(tests, channel, report_fd):
     """Run the problem's tests against the sample process; report and return the exit status."""
-    import builtins
-
     runner = _Tests(channel)
     _cache_source("<tests>", tests["test"])
     report = {"ok": False}
     try:
-        namespace = {"__name__": "__ckpteval_tests__", "__builtins__": builtins}
-        if tests.get("prompt"):
-            try:
-                exec(compile(tests["prompt"], "<prompt>", "exec", dont_inherit=True), namespace)
-            except Exception:  # noqa: BLE001 - a stub that needs its body: its imports suffice
-                imports = "\n".join(
-                    line
-                    for line in tests["prompt"].splitlines()
-                    if line.startswith(("import ", "from "))
-                )
-                exec(compile(imports, "<prompt>", "exec", dont_inherit=True), namespace)
-        if tests.get("entry_point"):
-            namespace.pop(tests["entry_point"], None)  # the prompt's stub
-        for part in ("imports", "setup"):
-            if tests.get(part):
-                exec(compile(tests[part], "<tests>", "exec", dont_inherit=True), namespace)
-        code = compile(tests["test"], "<tests>", "exec", dont_inherit=True)
-        entry = tests.get("entry_point")
-        _import_modules_used(tests["test"], namespace, entry)
-        wanted = sorted(
-            n
-            for n in _test_names(code) | ({entry} if entry else set())
-            if n not in namespace and not hasattr(builtins, n)
-        )
-        runner.answer(ready=True)  # the program has run (or failed to)
-        found = runner.ask("names", None, wanted)
-        if type(found) is not dict:
-            raise _SampleGone("a malformed reply to names")
-        for name, kind in found.items():
-            if type(name) is not str or name not in wanted:
-                continue
-            if kind == "callable":
-                namespace[name] = runner.named(name)
-            elif kind == ("module", name) and name in sys.stdlib_module_names:
-                namespace[name] = __import__(name)  # `import math` in the program, not in the tests
-            elif type(kind) is tuple and kind[:1] == ("value",) and len(kind) == 2:
-                namespace[name] = kind[1]
-        exec(code, namespace)
-        if entry:
-            namespace["check"](runner.named(entry))
+        _judge(tests, runner)
         report = {"ok": True}
     except _SampleExited as exc:
         report = {"ok": False, "exception": "", "sample_exit": True, "traceback": str(exc)}
@@ -1074,11 +1033,7 @@ def _run_tests(tests, channel, report_fd):  # noqa: C901 - the trusted test proc
         if exc.forged:
             runner._hack("tampers_with_tests")
     except BaseException as exc:  # noqa: BLE001 - any failure of the tests is the sample's
-        try:
-            text = _format_failure(exc)
-        except BaseException:  # noqa: BLE001
-            text = type(exc).__name__
-        report = {"ok": False, "exception": type(exc).__name__, "traceback": text[-4000:]}
+        report = _failed_tests_report(exc)
     report["hacks"] = runner.hacks
     report["compared_object"] = runner.compared
     data = json.dumps(report).encode()[:_MAX_REPORT]
@@ -1089,77 +1044,173 @@ def _run_tests(tests, channel, report_fd):  # noqa: C901 - the trusted test proc
     return 0 if report["ok"] else 1
 
 
-def _serve_sample(path, env, tests_path):  # noqa: C901 - security-critical; its split is left to a change the hostile-sample suites can prove
+def _judge(tests, runner):
+    """The tests' one audited sequence: their namespace, the sample's names in it as proxies,
+    the tests, `check(candidate)`. Returns if they passed; raises whatever failed them."""
+    import builtins
+
+    namespace = _tests_namespace(tests)
+    code = compile(tests["test"], "<tests>", "exec", dont_inherit=True)
+    entry = tests.get("entry_point")
+    _import_modules_used(tests["test"], namespace, entry)
+    wanted = sorted(
+        n
+        for n in _test_names(code) | ({entry} if entry else set())
+        if n not in namespace and not hasattr(builtins, n)
+    )
+    runner.answer(ready=True)  # the program has run (or failed to)
+    _bind_sample_names(runner, namespace, wanted)
+    exec(code, namespace)
+    if entry:
+        namespace["check"](runner.named(entry))
+
+
+def _tests_namespace(tests):
+    """The tests' globals before their own code: the prompt's helpers (its imports alone if it
+    is a stub that needs its body), without the prompt's stub of the entry point; the tests'
+    imports and setup."""
+    import builtins
+
+    namespace = {"__name__": "__ckpteval_tests__", "__builtins__": builtins}
+    if tests.get("prompt"):
+        try:
+            exec(compile(tests["prompt"], "<prompt>", "exec", dont_inherit=True), namespace)
+        except Exception:  # noqa: BLE001 - a stub that needs its body: its imports suffice
+            imports = "\n".join(
+                line
+                for line in tests["prompt"].splitlines()
+                if line.startswith(("import ", "from "))
+            )
+            exec(compile(imports, "<prompt>", "exec", dont_inherit=True), namespace)
+    if tests.get("entry_point"):
+        namespace.pop(tests["entry_point"], None)  # the prompt's stub
+    for part in ("imports", "setup"):
+        if tests.get(part):
+            exec(compile(tests[part], "<tests>", "exec", dont_inherit=True), namespace)
+    return namespace
+
+
+def _bind_sample_names(runner, namespace, wanted):
+    """Bind the `wanted` names the sample's program defines: callables as proxies, standard-
+    library modules it imported as the real module, plain values as the data it sent."""
+    found = runner.ask("names", None, wanted)
+    if type(found) is not dict:
+        raise _SampleGone("a malformed reply to names")
+    for name, kind in found.items():
+        if type(name) is not str or name not in wanted:
+            continue
+        if kind == "callable":
+            namespace[name] = runner.named(name)
+        elif kind == ("module", name) and name in sys.stdlib_module_names:
+            namespace[name] = __import__(name)  # `import math` in the program, not in the tests
+        elif type(kind) is tuple and kind[:1] == ("value",) and len(kind) == 2:
+            namespace[name] = kind[1]
+
+
+def _failed_tests_report(exc):
+    """The report of tests that failed with `exc` (raised in the tests, or by the sample)."""
+    try:
+        text = _format_failure(exc)
+    except BaseException:  # noqa: BLE001
+        text = type(exc).__name__
+    return {"ok": False, "exception": type(exc).__name__, "traceback": text[-4000:]}
+
+
+def _serve_sample(path, env, tests_path):
     """The sample process: run the program, then answer the test process's calls, forever (the
     driver kills it once the tests ended). Nothing here is trusted by anyone."""
-    import builtins
+    import functools
 
     os.environ.clear()
     os.environ.update(env)
     sys.argv = [path]
     channel = _Channel(3, 4)
-    hacks = []
-    audit = {"on": False, "busy": False}
-    workdir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    server = _SampleServer(path)
+    sys.addaudithook(server.hook)
+    reply = server.run(server.program)
+    if reply[0] == "err" and reply[1] == "MemoryError":
+        server.namespace.clear()
+    while True:
+        try:
+            channel.send(reply)
+        except BaseException:  # noqa: BLE001 - e.g. the output cap: the tests see it end
+            os._exit(1)
+        try:
+            op, target, args, kwargs = ast.literal_eval(channel.receive_raw().decode())
+        except _SampleGone:  # the tests ended: wait for the driver's kill (an exit is the sample's)
+            while True:
+                time.sleep(3600)
+        # a partial, not a lambda: no frame of ours between the request and the sample's code
+        reply = server.run(functools.partial(server.step, op, target, args, kwargs))
 
-    def flag(name):
-        if name not in hacks:
-            hacks.append(name)
 
-    def caused_by_sample(frame, direct):
+class _SampleServer:
+    """The sample process's side of the channel: the program's namespace, the objects it handed
+    out (by number), and the hints of hacks its audit hook saw."""
+
+    def __init__(self, path):
+        import builtins
+
+        self.path = path
+        self.hacks = []
+        self.auditing = False
+        self.busy = False  # the hook's own calls (sys._getframe) are not the sample's
+        self.workdir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+        self.objects = {}
+        self.mutated = []
+        self.namespace = {"__name__": "__main__", "__file__": path, "__builtins__": builtins}
+
+    # -- what the audit hook flags (hints, not proof)
+
+    def flag(self, name):
+        if name not in self.hacks:
+            self.hacks.append(name)
+
+    def caused_by_sample(self, frame, direct):
         for _ in range(1 if direct else 40):
             if frame is None:
                 return False
-            if frame.f_code.co_filename == path:
+            if frame.f_code.co_filename == self.path:
                 return True
             if str(frame.f_globals.get("__name__", "")).split(".")[0] in _TOOLING:
                 return False
             frame = frame.f_back
         return False
 
-    def harness_path(name):
+    def harness_path(self, name):
         if isinstance(name, int) or name is None:
             return False
         try:
             name = os.path.abspath(os.fsdecode(name))
         except (TypeError, ValueError):
             return False
+        workdir = self.workdir
         return name == workdir or name.startswith((workdir + "/", "/proc", "/dev/fd"))
 
-    def hook(event, args):  # what the program does that only a hack would (hints, not proof)
-        if not audit["on"] or audit["busy"]:
+    def hook(self, event, args):
+        """What the program does that only a hack would (hints, not proof)."""
+        if not self.auditing or self.busy:
             return
         if event in ("open", "os.listdir", "os.scandir"):
-            if not (args and harness_path(args[0])):
+            if not (args and self.harness_path(args[0])):
                 return
             kind, direct = "reads_harness_files", False
-        elif event in (
-            "sys._getframe",
-            "sys._current_frames",
-            "gc.get_objects",
-            "gc.get_referrers",
-            "gc.get_referents",
-            "sys.settrace",
-            "sys.setprofile",
-            "sys.addaudithook",
-        ):
+        elif event in _TAMPERING_EVENTS:
             kind, direct = "tampers_with_tests", True
         else:
             return
-        audit["busy"] = True
+        self.busy = True
         try:
-            if caused_by_sample(sys._getframe(1), direct):
-                flag(kind)
+            if self.caused_by_sample(sys._getframe(1), direct):
+                self.flag(kind)
         finally:
-            audit["busy"] = False
+            self.busy = False
 
-    sys.addaudithook(hook)
-    objects = {}
-    namespace = {"__name__": "__main__", "__file__": path, "__builtins__": builtins}
+    # -- the program and the calls
 
-    def refer(value):
-        ref = len(objects)
-        objects[ref] = value
+    def refer(self, value):
+        ref = len(self.objects)
+        self.objects[ref] = value
         info = {"type": type(value).__name__}
         try:
             info["always_equal"] = (value == _Unequal()) is True
@@ -1167,40 +1218,39 @@ def _serve_sample(path, env, tests_path):  # noqa: C901 - security-critical; its
             pass
         return ("O", ref, info)
 
-    def lookup(ref, _info):
+    def lookup(self, ref, _info):
         if type(ref) is tuple and len(ref) == 2 and ref[0] == "name":
-            if ref[1] not in namespace:
+            if ref[1] not in self.namespace:
                 raise NameError(f"name {ref[1]!r} is not defined")
-            return namespace[ref[1]]
-        return objects[ref]
+            return self.namespace[ref[1]]
+        return self.objects[ref]
 
-    def failure(exc):
+    def failure(self, exc):
         try:
             text = _format_failure(exc)
         except BaseException:  # noqa: BLE001
             text = type(exc).__name__
-        return ("err", type(exc).__name__, list(hacks), text[-3000:])
+        return ("err", type(exc).__name__, list(self.hacks), text[-3000:])
 
-    def run(step):
-        audit["on"] = True
-        mutated.clear()
+    def run(self, step):
+        """Run one step of the program's, audited; its reply."""
+        self.auditing = True
+        self.mutated.clear()
         try:
             value = step()
-            audit["on"] = False
-            return ("ok", _encode(value, refer), list(hacks), list(mutated))
+            self.auditing = False
+            return ("ok", _encode(value, self.refer), list(self.hacks), list(self.mutated))
         except SystemExit as exc:
-            audit["on"] = False
+            self.auditing = False
             return ("exit", exc.code if isinstance(exc.code, (int, str, type(None))) else 1)
         except MemoryError:
-            audit["on"] = False
-            return ("err", "MemoryError", list(hacks), "MemoryError")
+            self.auditing = False
+            return ("err", "MemoryError", list(self.hacks), "MemoryError")
         except BaseException as exc:  # noqa: BLE001
-            audit["on"] = False
-            return failure(exc)
+            self.auditing = False
+            return self.failure(exc)
 
-    mutated = []
-
-    def changed(args, kwargs, sent_args, sent_kwargs):
+    def changed(self, args, kwargs, sent_args, sent_kwargs):
         """The lists, dicts and sets among the arguments that the call changed (plain data
         only), for the tests to see the change (a test may check an in-place sort)."""
 
@@ -1214,21 +1264,21 @@ def _serve_sample(path, env, tests_path):  # noqa: C901 - security-critical; its
                 if type(value) in (list, dict, set):
                     after = _encode(value, plain)
                     if after != before:
-                        mutated.append((key, after))
+                        self.mutated.append((key, after))
         except (TypeError, IndexError, RecursionError):
             pass
 
-    def program():
-        with open(path, encoding="utf-8") as handle:
+    def program(self):
+        with open(self.path, encoding="utf-8") as handle:
             source = handle.read()
-        exec(compile(source, path, "exec", dont_inherit=True), namespace)
+        exec(compile(source, self.path, "exec", dont_inherit=True), self.namespace)
 
-    def names(wanted):
+    def names(self, wanted):
         found = {}
         for name in wanted:
-            if name not in namespace:
+            if name not in self.namespace:
                 continue
-            value = namespace[name]
+            value = self.namespace[name]
             if type(value).__name__ == "module":
                 found[name] = ("module", value.__name__)
             elif callable(value):
@@ -1237,45 +1287,43 @@ def _serve_sample(path, env, tests_path):  # noqa: C901 - security-critical; its
                 found[name] = ("value", value)
         return found
 
-    reply = run(program)
-    if reply[0] == "err" and reply[1] == "MemoryError":
-        namespace.clear()
-    while True:
-        try:
-            channel.send(reply)
-        except BaseException:  # noqa: BLE001 - e.g. the output cap: the tests see it end
-            os._exit(1)
-        try:
-            op, target, args, kwargs = ast.literal_eval(channel.receive_raw().decode())
-        except _SampleGone:  # the tests ended: wait for the driver's kill (an exit is the sample's)
-            while True:
-                time.sleep(3600)
+    def step(self, op, target, sent_args, sent_kwargs):
+        """One request of the tests': names, or an operation on one of the program's objects."""
+        args, kwargs = _decode(sent_args, self.lookup), _decode(sent_kwargs, self.lookup)
+        if op == "names":
+            return self.names(args)
+        obj = self.lookup(target, None)
+        if op == "call":
+            result = obj(*args, **kwargs)
+            self.auditing = False
+            self.changed(args, kwargs, sent_args, sent_kwargs)
+            return result
+        if op == "bool":
+            return bool(obj)
+        if op == "len":
+            return len(obj)
+        if op == "list":
+            return list(obj)
+        if op == "getitem":
+            return obj[args[0]]
+        if op == "getattr":
+            return getattr(obj, args[0])
+        if op == "str":
+            return str(obj)
+        raise TypeError(f"unknown request {op!r}")
 
-        def step(op=op, target=target, sent_args=args, sent_kwargs=kwargs):
-            args, kwargs = _decode(sent_args, lookup), _decode(sent_kwargs, lookup)
-            if op == "names":
-                return names(args)
-            obj = lookup(target, None)
-            if op == "call":
-                result = obj(*args, **kwargs)
-                audit["on"] = False
-                changed(args, kwargs, sent_args, sent_kwargs)
-                return result
-            if op == "bool":
-                return bool(obj)
-            if op == "len":
-                return len(obj)
-            if op == "list":
-                return list(obj)
-            if op == "getitem":
-                return obj[args[0]]
-            if op == "getattr":
-                return getattr(obj, args[0])
-            if op == "str":
-                return str(obj)
-            raise TypeError(f"unknown request {op!r}")
 
-        reply = run(step)
+#: Audit events only a program that tampers with the tests' machinery raises.
+_TAMPERING_EVENTS = (
+    "sys._getframe",
+    "sys._current_frames",
+    "gc.get_objects",
+    "gc.get_referrers",
+    "gc.get_referents",
+    "sys.settrace",
+    "sys.setprofile",
+    "sys.addaudithook",
+)
 
 
 class _Unequal:

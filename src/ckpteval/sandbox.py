@@ -42,6 +42,7 @@ import json
 import logging
 import math
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -281,68 +282,80 @@ class Sandbox:
                 )
                 for c in commands
             ]
-        workdir = Path(workdir).resolve()
-        interpreter = os.path.realpath(sys._base_executable)  # type: ignore[attr-defined]
-        with contextlib.ExitStack() as stack:
-            io_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-")))
-            uid = stack.enter_context(_uid_slot())
-            status_r, status_w = os.pipe()
-            stack.callback(os.close, status_r)
-            stdins = [Path(c.stdin).resolve().parent for c in commands if c.stdin]
-            binds = [*(Path(p).resolve() for p in readable), Path(sys.base_prefix), *stdins]
-            spec = _batch_spec(commands, uid, io_dir, workdir, [*binds, workdir], preload)
-            (io_dir / "spec.json").write_text(json.dumps(spec))
-            bwrap = _bwrap_argv(workdir, writable, binds, status_w, private=[io_dir])
-            total = Limits(
-                wall_s=sum(c.limits.wall_limit for c in commands) + 5 + 0.5 * len(commands),
-                memory_bytes=max(c.limits.memory_bytes for c in commands) + (1 << 30),
-                file_bytes=1 << 20,
+        return _run_batch(commands, Path(workdir).resolve(), writable, readable, preload)
+
+
+def _run_batch(
+    commands: Sequence[Command],
+    workdir: Path,
+    writable: bool,
+    readable: Sequence[Path],
+    preload: Sequence[str],
+) -> list[RunResult]:
+    """`Sandbox.run_many` in bwrap mode: one sandbox, its driver, every command's result."""
+    with contextlib.ExitStack() as stack:
+        io_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-")))
+        uid = stack.enter_context(_uid_slot())
+        status_r, status_w = os.pipe()
+        stack.callback(os.close, status_r)
+        stdins = [Path(c.stdin).resolve().parent for c in commands if c.stdin]
+        binds = [*(Path(p).resolve() for p in readable), Path(sys.base_prefix), *stdins]
+        spec = _batch_spec(commands, uid, io_dir, workdir, [*binds, workdir], preload)
+        (io_dir / "spec.json").write_text(json.dumps(spec))
+        bwrap = _bwrap_argv(workdir, writable, binds, status_w, private=[io_dir])
+        if writable:
+            _chown_tree(workdir, uid)
+        outer = _execute(
+            [*bwrap, *_driver_argv(io_dir / "spec.json")],
+            _batch_limits(commands),
+            Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-"))),
+            None,
+            _BASE_ENV,
+            workdir,
+            pass_fds=(status_w,),
+            close_after_start=status_w,
+        )
+        if b"child-pid" not in _read_all(status_r):
+            raise SandboxError(
+                "sandbox: bubblewrap failed to start: "
+                + outer.stderr.decode("utf-8", "replace").strip()[-500:]
             )
-            if writable:
-                _chown_tree(workdir, uid)
-            driver = [
-                interpreter,
-                "-I",
-                "-S",
-                "-B",
-                "-c",
-                _DRIVER_SOURCE,
-                str(io_dir / "spec.json"),
-            ]
-            outer = _execute(
-                [*bwrap, *driver],
-                total,
-                Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-"))),
-                None,
-                _BASE_ENV,
-                workdir,
-                pass_fds=(status_w,),
-                close_after_start=status_w,
-            )
-            if b"child-pid" not in _read_all(status_r):
-                raise SandboxError(
-                    "sandbox: bubblewrap failed to start: "
-                    + outer.stderr.decode("utf-8", "replace").strip()[-500:]
-                )
-            if writable:
-                _chown_tree(workdir, os.geteuid())
-            lines = (
-                (io_dir / "results.jsonl").read_text().splitlines()
-                if (io_dir / "results.jsonl").exists()
-                else []
-            )
-            if outer.timed_out:
-                _wait_uid_empty(uid)
-            if len(lines) != len(commands) or outer.timed_out:
-                raise SandboxError(
-                    f"sandbox: the batch driver stopped after {len(lines)} of "
-                    f"{len(commands)} commands: "
-                    + outer.stderr.decode("utf-8", "replace").strip()[-500:]
-                )
-            return [
-                _result(command, json.loads(line), io_dir / str(i), outer.stderr)
-                for i, (command, line) in enumerate(zip(commands, lines))
-            ]
+        if writable:
+            _chown_tree(workdir, os.geteuid())
+        lines = _result_lines(io_dir, uid, outer, len(commands))
+        return [
+            _result(command, json.loads(line), io_dir / str(i), outer.stderr)
+            for i, (command, line) in enumerate(zip(commands, lines))
+        ]
+
+
+def _driver_argv(spec: Path) -> list[str]:
+    """The batch driver, run by the base interpreter as `-c` source (standard library only)."""
+    interpreter = os.path.realpath(sys._base_executable)  # type: ignore[attr-defined]
+    return [interpreter, "-I", "-S", "-B", "-c", _DRIVER_SOURCE, str(spec)]
+
+
+def _batch_limits(commands: Sequence[Command]) -> Limits:
+    """The whole batch's backstop: every command's wall clock and a margin, its largest memory."""
+    return Limits(
+        wall_s=sum(c.limits.wall_limit for c in commands) + 5 + 0.5 * len(commands),
+        memory_bytes=max(c.limits.memory_bytes for c in commands) + (1 << 30),
+        file_bytes=1 << 20,
+    )
+
+
+def _result_lines(io_dir: Path, uid: int, outer: RunResult, expected: int) -> list[str]:
+    """The driver's result lines, one per command; a `SandboxError` if it stopped early."""
+    results = io_dir / "results.jsonl"
+    lines = results.read_text().splitlines() if results.exists() else []
+    if outer.timed_out:
+        _wait_uid_empty(uid)
+    if len(lines) != expected or outer.timed_out:
+        raise SandboxError(
+            f"sandbox: the batch driver stopped after {len(lines)} of "
+            f"{expected} commands: " + outer.stderr.decode("utf-8", "replace").strip()[-500:]
+        )
+    return lines
 
 
 def _batch_spec(
@@ -447,6 +460,15 @@ def _bwrap_argv(
     `private` directories are bound writable but stay root-only (the driver's files). Root inside
     keeps only the driver's capabilities.
     """
+    argv = _bwrap_namespaces(status_fd) + _bwrap_system()
+    rw = {Path(p).resolve() for p in private} | ({workdir} if writable else set())
+    argv += _bwrap_binds([*(Path(p).resolve() for p in readable), workdir, *rw], rw)
+    return argv + ["--chdir", str(workdir), "--"]
+
+
+def _bwrap_namespaces(status_fd: int) -> list[str]:
+    """New namespaces (no network), a session of its own, and root with the driver's
+    capabilities only; bwrap reports its child's pid on `status_fd`."""
     argv = [
         "bwrap",
         "--unshare-pid",
@@ -461,8 +483,13 @@ def _bwrap_argv(
         "--hostname",
         "sandbox",
     ]
-    argv += ["--cap-drop", "ALL", *(x for cap in _DRIVER_CAPS for x in ("--cap-add", cap))]
-    argv += ["--ro-bind", "/usr", "/usr"]
+    return argv + ["--cap-drop", "ALL", *(x for cap in _DRIVER_CAPS for x in ("--cap-add", cap))]
+
+
+def _bwrap_system() -> list[str]:
+    """The empty root's system part: /usr and its top-level links, the few /etc files the loader
+    needs, /proc, /dev and the driver's small /tmp."""
+    argv = ["--ro-bind", "/usr", "/usr"]
     for name in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
         target = Path("/") / name
         if target.is_symlink():
@@ -473,7 +500,7 @@ def _bwrap_argv(
     for path in _ETC_FILES:
         if os.path.exists(path):
             argv += ["--ro-bind", path, path]
-    argv += [
+    return argv + [
         "--proc",
         "/proc",
         "--dev",
@@ -485,10 +512,15 @@ def _bwrap_argv(
         "--tmpfs",
         "/tmp",  # the driver's: each command mounts a fresh one of its own over it
     ]
+
+
+def _bwrap_binds(paths: Sequence[Path], rw: set[Path]) -> list[str]:
+    """Bind each of `paths` at its own path, writable if in `rw`, else read-only (skipped when a
+    parent's read-only bind shows it already), creating the directories above it."""
+    argv: list[str] = []
     made = set(_MOUNT_POINTS) | {Path("/usr")}
-    rw = {Path(p).resolve() for p in private} | ({workdir} if writable else set())
     bound = {Path("/usr")}
-    for path in dict.fromkeys([*(Path(p).resolve() for p in readable), workdir, *rw]):
+    for path in dict.fromkeys(paths):
         if path not in rw and (path in bound or any(p in bound for p in path.parents)):
             continue  # already visible through a bind of it or of a parent
         for parent in reversed(path.parents):
@@ -498,7 +530,6 @@ def _bwrap_argv(
         argv += ["--bind" if path in rw else "--ro-bind", str(path), str(path)]
         made.add(path)
         bound.add(path)
-    argv += ["--chdir", str(workdir), "--"]
     return argv
 
 
@@ -536,7 +567,6 @@ def _execute(
 ) -> RunResult:
     """Start `command` in its own process group, enforce the wall clock, collect its outputs."""
     out_path, err_path = io_dir / "stdout", io_dir / "stderr"
-    timed_out = threading.Event()
     start = time.monotonic()
     with (
         open(out_path, "wb") as out,
@@ -559,24 +589,45 @@ def _execute(
         finally:
             if close_after_start is not None:
                 os.close(close_after_start)
-
-        def kill() -> None:
-            timed_out.set()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-        timer = threading.Timer(limits.wall_s, kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        # Whatever the program left in its group (with `none`, nothing reaps it otherwise).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        status, usage, timed_out = _wait_group(proc.pid, limits.wall_s)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
     duration = time.monotonic() - start
-    code = proc.returncode
+    return _outcome(status, usage, timed_out, duration, limits, out_path, err_path)
+
+
+def _wait_group(pid: int, wall_s: float) -> tuple[int, resource.struct_rusage, bool]:
+    """Wait for the process `pid` (its group's leader), killing the group after `wall_s`; then
+    kill whatever it left in its group (with `none`, nothing reaps it otherwise). Returns its
+    wait status, its resource usage and whether the wall clock ran out."""
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        timed_out.set()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+    timer = threading.Timer(wall_s, kill)
+    timer.start()
+    try:
+        _, status, usage = os.wait4(pid, 0)
+    finally:
+        timer.cancel()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    return status, usage, timed_out.is_set()
+
+
+def _outcome(
+    status: int,
+    usage: resource.struct_rusage,
+    timed_out: bool,
+    duration: float,
+    limits: Limits,
+    out_path: Path,
+    err_path: Path,
+) -> RunResult:
+    """A finished program's `RunResult`: its status, usage and (capped) outputs."""
+    code = os.waitstatus_to_exitcode(status)
     stdout, stderr = (
         _read_capped(out_path, limits.file_bytes),
         _read_capped(err_path, limits.file_bytes),
@@ -586,7 +637,7 @@ def _execute(
     return RunResult(
         exit_code=None if sig else code,
         signal=sig,
-        timed_out=timed_out.is_set() or _cpu_killed(sig, cpu_s, limits),
+        timed_out=timed_out or _cpu_killed(sig, cpu_s, limits),
         output_limit=len(stdout) >= limits.file_bytes or len(stderr) >= limits.file_bytes,
         stdout=stdout,
         stderr=stderr,
