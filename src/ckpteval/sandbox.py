@@ -167,7 +167,8 @@ class Command:
     stdin: Path | None = None
     env: Mapping[str, str] | None = None
     #: Run this Python file in a fork of the sandbox's interpreter (`run_many` only): the same
-    #: as exec'ing `argv` = [base interpreter, -I, -S, -B, file], without the start-up cost.
+    #: as exec'ing `argv` = [base interpreter, -I, -S, -B, file], without the start-up cost,
+    #: with `run_many`'s `site_dirs` on its path and its `preload` modules already imported.
     python_file: Path | None = None
     #: With `python_file`: judge it, the tests (this JSON file, readable by root only) running in
     #: a process of their own (see `_sandbox_driver.py`); `RunResult.judge` has their report.
@@ -252,11 +253,16 @@ class Sandbox:
         writable: bool = False,
         readable: Sequence[Path] = (),
         preload: Sequence[str] = (),
+        site_dirs: Sequence[Path] = (),
     ) -> list[RunResult]:
         """Run `commands` one after another in one sandbox; same contract as `run` for each.
 
-        `preload` names standard-library modules the driver imports once, so that commands with
-        `python_file` find them already imported.
+        `preload` names modules the driver imports once, so that commands with `python_file`
+        find them already imported; one that fails to import is skipped. `site_dirs` (bound
+        read-only) are added to the driver's path first, as site directories: an environment's
+        site-packages, whose packages are then importable and preloadable. Both are trusted
+        code run as the sandbox's root before any command: never a directory a command's code
+        comes from.
 
         Starting a sandbox costs more than most generated programs take to run, so a batch shares
         one: a driver (`_sandbox_driver.py`) runs as the sandbox's root with only the capabilities
@@ -282,7 +288,13 @@ class Sandbox:
                 )
                 for c in commands
             ]
-        return _run_batch(commands, Path(workdir).resolve(), writable, readable, preload)
+        return _run_batch(
+            commands,
+            Path(workdir).resolve(),
+            writable,
+            [*readable, *site_dirs],
+            (preload, site_dirs),
+        )
 
 
 def _run_batch(
@@ -290,9 +302,10 @@ def _run_batch(
     workdir: Path,
     writable: bool,
     readable: Sequence[Path],
-    preload: Sequence[str],
+    preload: tuple[Sequence[str], Sequence[Path]],
 ) -> list[RunResult]:
-    """`Sandbox.run_many` in bwrap mode: one sandbox, its driver, every command's result."""
+    """`Sandbox.run_many` in bwrap mode: one sandbox, its driver, every command's result.
+    `preload`: the modules the driver imports first, and the site directories it adds for them."""
     with contextlib.ExitStack() as stack:
         io_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-")))
         uid = stack.enter_context(_uid_slot())
@@ -364,17 +377,19 @@ def _batch_spec(
     io_dir: Path,
     workdir: Path,
     binds: Sequence[Path],
-    preload: Sequence[str],
+    preload: tuple[Sequence[str], Sequence[Path]],
 ) -> dict:
     """What the batch driver reads (`_sandbox_driver.py` documents the fields). `binds`: every
-    path bound into the sandbox for all commands (a command sees, of `workdir`, its `cwd`)."""
+    path bound into the sandbox for all commands (a command sees, of `workdir`, its `cwd`).
+    `preload`: the modules the driver imports first, and the site directories it adds for them."""
     return {
         "uid": uid,
         "results": str(io_dir / "results.jsonl"),
         "acct": str(io_dir / "acct"),
         "workdir": str(workdir),
         "binds": [str(p) for p in binds],
-        "preload": list(preload),
+        "preload": list(preload[0]),
+        "site_dirs": [str(Path(p).resolve()) for p in preload[1]],
         "commands": [
             {
                 "argv": [str(a) for a in c.argv],

@@ -21,6 +21,20 @@ or exits fails that sample only, as `reward_error` with one line saying why; one
 SandboxFusion URL, a reward-model server), each sample still in its own process under the
 timeout.
 
+What runs where, and what it costs. A reward function's imports (sympy, math_verify, ...) take
+0.3-1 s each, more than scoring a sample. So in the bwrap sandbox they are paid once per batch:
+the sandbox's driver (ckpteval._sandbox_driver), as the sandbox's root before any sample, adds
+this environment's site-packages to its path and imports the installed packages the file
+imports (`preload_modules`: found by reading the file, never by running it; the standard
+library's and the modules beside the file are left out, and one that fails to import is
+skipped). Each sample is then a fork of the driver that drops to the sandbox uid, its limits
+and namespaces, and only then runs the runner: it executes the reward file (the user's code
+runs in no other process) and calls the function. A fork's changes (module globals, a patched
+sympy, a crash, a kill of its group) die with it, so every sample is a first call. A sample
+costs a fork and its own call (0.06-0.12 s with sympy; per-sample exec, which imports again:
+about 2 s; bench/reward.py). `trusted: true` and `sandbox: none` exec a fresh interpreter per
+sample, imports included.
+
 The file's content and `name` are part of the cell's scoring identity: editing the function
 rescores, moving the file reruns nothing (ckpteval.contract). Only that one file counts: a module
 it imports from beside it is visible to it but not hashed.
@@ -39,6 +53,7 @@ import math
 import os
 import shutil
 import signal
+import site
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -78,18 +93,20 @@ def plain(value, depth=0):
 
 
 def main():
-    reward_file, name, call_path, *paths = sys.argv[1:]
+    import builtins, site
+    if not hasattr(builtins, "exit"):  # a fork of the sandbox's driver (-S): as under `python`
+        site.setquit()
     result = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    sys.path[:0] = paths
-    with open(call_path, encoding="utf-8") as handle:
-        call = json.load(handle)
+    with open("job.json", encoding="utf-8") as handle:
+        job = json.load(handle)
+    sys.path[:0] = job["paths"]
     try:
-        spec = importlib.util.spec_from_file_location("ckpteval_reward", reward_file)
+        spec = importlib.util.spec_from_file_location("ckpteval_reward", job["reward_file"])
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        value = getattr(module, name)(**call)
+        value = getattr(module, job["name"])(**job["call"])
         out = {"value": plain(value)}
     except BaseException as exc:
         line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
@@ -109,6 +126,9 @@ class RewardFunctionChecker(Checker):
 
     name = "reward_function"
     version = "1"
+    #: Each sample a fresh `python -I -B runner.py` exec'd in the sandbox, re-importing what the
+    #: function imports (the path before preloading): for bench/reward.py's comparison only.
+    exec_samples = False
     default_timeout = 10.0
     reads = ("evaluate.timeout", "evaluate.sandbox")
     task_options = {
@@ -180,6 +200,10 @@ class RewardFunctionChecker(Checker):
         shutil.copyfile(source, self._code / "reward.py")
         (self._code / "runner.py").write_text(RUNNER_SOURCE, encoding="utf-8")
         self._beside = source.resolve().parent
+        #: What the sandbox's driver imports once per batch (see the module's docstring).
+        self.preload = preload_modules(source.read_text(encoding="utf-8"), self._beside)
+        #: Where it finds them: this environment's installed packages (trusted code).
+        self.site_dirs = [Path(p) for p in site.getsitepackages() if os.path.isdir(p)]
 
     @classmethod
     def normalise_problem(cls, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -216,7 +240,13 @@ class RewardFunctionChecker(Checker):
             workdir = Path(tmp)
             os.chmod(workdir, 0o755)
             commands = [self._command(workdir, i, job, timeout) for i, job in enumerate(jobs)]
-            results = self.sandbox.run_many(commands, workdir=workdir, readable=self._readable())
+            results = self.sandbox.run_many(
+                commands,
+                workdir=workdir,
+                readable=self._readable(),
+                preload=() if self.exec_samples else self.preload,
+                site_dirs=self.site_dirs,
+            )
         return [self._verdict(job, result) for job, result in zip(jobs, results)]
 
     def _command(self, workdir: Path, index: int, job: Job, timeout: float) -> Command:
@@ -229,20 +259,23 @@ class RewardFunctionChecker(Checker):
             "extra_info": job.problem.get("extra_info") or {},
             **self.kwargs,
         }
-        (sample_dir / "call.json").write_text(json.dumps(call, default=str), encoding="utf-8")
-        argv = [
-            sys.executable,
-            "-I",
-            "-B",
-            str(self._code / "runner.py"),
-            str(self._code / "reward.py"),
-            self.function,
-            "call.json",
-            str(self._beside),
-        ]
+        spec = {
+            "reward_file": str(self._code / "reward.py"),
+            "name": self.function,
+            "paths": [str(self._beside)],
+            "call": call,
+        }
+        (sample_dir / "job.json").write_text(json.dumps(spec, default=str), encoding="utf-8")
+        runner = self._code / "runner.py"
         limits = Limits(wall_s=job.timeout or timeout, memory_bytes=self.memory_bytes)
         env = dict(os.environ) if self.trusted else None  # a service's URL or key, say
-        return Command(argv, limits, cwd=sample_dir, env=env)
+        return Command(
+            [sys.executable, "-I", "-B", str(runner)],  # `sandbox: none`, `trusted: true`
+            limits,
+            cwd=sample_dir,
+            env=env,
+            python_file=None if self.exec_samples else runner,  # bwrap: a fork of the driver
+        )
 
     def _readable(self) -> list[Path]:
         """What the sandbox binds read-only: this Python (its environment's packages, which a
@@ -355,6 +388,33 @@ def _top_level_names(tree: ast.Module) -> set[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
     return names
+
+
+def preload_modules(source: str, beside: Path) -> list[str]:
+    """The installed modules a reward file imports (anywhere in it, by absolute import), which
+    the sandbox's driver may import once per batch instead of once per sample: not the standard
+    library's (cheap, and a few do things on import), not one whose top package is a module
+    beside the file (that is the user's code: it runs only in a sample's process, and shadows an
+    installed one of the same name), and no private or `__main__` module (which runs a program
+    on import). A file that does not parse preloads nothing (each sample fails on it alone)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    local = {entry.name.split(".")[0] for entry in beside.iterdir()} if beside.is_dir() else set()
+    return sorted(
+        name
+        for name in names
+        if name.split(".")[0] not in sys.stdlib_module_names
+        and name.split(".")[0] not in local
+        and not any(part.startswith("_") for part in name.split("."))
+    )
 
 
 def _last_line(text: str) -> str:
