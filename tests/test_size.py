@@ -13,7 +13,6 @@ from conftest import REPO
 MAX_LINES = 100
 #: function -> why it is still long. Remove an entry when its function is split.
 STILL_LONG = {
-    "src/ckpteval/backends/replay.py:replay_solutions": "infer side, under concurrent change",
 }
 
 

@@ -39,16 +39,31 @@ log = logging.getLogger(__name__)
 _KEPT = ("prompt", "finish_reason", "prompt_tokens", "completion_tokens")
 
 
-def replay_solutions(  # noqa: C901 - infer-side code under concurrent change; split it there
+def replay_solutions(
     sources: Path | Sequence[Path], task: TaskSpec, variant: str, out: Path, *, where: str
 ) -> dict[str, Any]:
     """Validate `sources` (one file, or a checkpoint's files of `task`) against `task` and write
     them as the generation file `out` (+ meta). Each line keeps the file it came from
     (`source_file`, relative to the files' common directory): the evaluate step reports a cell's
     pass rate per file. Sample indices count on across files, per task_id."""
-    from ckpteval.infer import job_environment, versions
-
     started = time.time()
+    sources = _checked_sources(sources, task, where)
+    root = _common_root(sources)
+    problems = task.problems()
+    replay = _Replay(task, problems, root)
+    for source in sources:
+        for lineno, row in numbered_lines(source, "task_id and completion"):
+            replay.add(source, lineno, row)
+    lines, missing = replay.finished(sources, where)
+    write_jsonl(out, lines)
+    stats = _meta(task, variant, sources, problems, lines, missing, replay.dropped, started)
+    write_json(out.with_suffix(".meta.json"), stats)
+    log.info("replayed %d samples of task %s from %d file(s)", len(lines), task.name, len(sources))
+    return stats
+
+
+def _checked_sources(sources: Path | Sequence[Path], task: TaskSpec, where: str) -> list[Path]:
+    """`sources` as a list, or one line saying why a replay of `task` cannot read them."""
     if task.kind != "generate":
         raise UserError(
             f"{where}: task {task.name} is an lm-eval task, scored inside lm-eval "
@@ -60,63 +75,85 @@ def replay_solutions(  # noqa: C901 - infer-side code under concurrent change; s
     for source in sources:
         if not source.is_file():
             raise UserError(f"{where}: no solutions file {source} for task {task.name}")
-    root = (
-        sources[0].parent
-        if len(sources) == 1
-        else Path(os.path.commonpath([str(s.parent) for s in sources]))
-    )
-    problems = task.problems()
-    reasoning = task_reasoning(task.options)
-    known = {row["task_id"] for row in task.builtin.load()}
-    lines: list[dict[str, Any]] = []
-    seen: set[tuple[str, int]] = set()
-    next_idx: Counter[str] = Counter()
-    unknown: list[str] = []
-    unknown_in: Path | None = None
-    dropped = 0
-    for source, lineno, row in (
-        (s, n, r) for s in sources for n, r in numbered_lines(s, "task_id and completion")
-    ):
+    return sources
+
+
+def _common_root(sources: list[Path]) -> Path:
+    """The directory `source_file` is relative to: the files' common directory."""
+    if len(sources) == 1:
+        return sources[0].parent
+    return Path(os.path.commonpath([str(s.parent) for s in sources]))
+
+
+class _Replay:
+    """The generation lines of a replay, built one solutions line at a time: each checked as it
+    comes (one line naming file and line for a mistake), unknown task_ids gathered to be
+    reported together, lines beyond the task's `limit` counted and dropped."""
+
+    def __init__(self, task: TaskSpec, problems: dict[str, dict[str, Any]], root: Path) -> None:
+        self.task, self.problems, self.root = task, problems, root
+        self.reasoning = task_reasoning(task.options)
+        self.known = {row["task_id"] for row in task.builtin.load()}
+        self.lines: list[dict[str, Any]] = []
+        self.seen: set[tuple[str, int]] = set()
+        self.next_idx: Counter[str] = Counter()
+        self.unknown: list[str] = []
+        self.unknown_in: Path | None = None
+        self.dropped = 0
+
+    def add(self, source: Path, lineno: int, row: dict[str, Any]) -> None:
         at = f"{source}:{lineno}"
         tid, completion = row.get("task_id"), row.get("completion")
         if not isinstance(tid, str) or not tid:
             raise UserError(f"{at}: no task_id (each line needs task_id and completion)")
         if not isinstance(completion, str):
             raise UserError(f"{at}: completion missing or not a string (task {tid})")
-        if tid not in known:
-            unknown.append(f"{tid!r} (line {lineno})")
-            unknown_in = unknown_in or source
-            continue
-        if tid not in problems:
-            dropped += 1
-            continue
-        idx = row.get("sample_idx", next_idx[tid])
+        if tid not in self.known:
+            self.unknown.append(f"{tid!r} (line {lineno})")
+            self.unknown_in = self.unknown_in or source
+            return
+        if tid not in self.problems:
+            self.dropped += 1
+            return
+        idx = self._sample_idx(at, tid, row)
+        self.lines.append(self._line(source, tid, idx, completion, row))
+
+    def _sample_idx(self, at: str, tid: str, row: dict[str, Any]) -> int:
+        """The line's sample index (given, or the next of its task_id), seen only once."""
+        idx = row.get("sample_idx", self.next_idx[tid])
         if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
             raise UserError(f"{at}: sample_idx must be a non-negative integer (task {tid})")
-        if (tid, idx) in seen:
+        if (tid, idx) in self.seen:
             raise UserError(
                 f"{at}: a second sample {idx} of task {tid}; give each sample its own "
                 "sample_idx, or leave sample_idx out to number them in file order"
             )
-        seen.add((tid, idx))
-        next_idx[tid] = max(next_idx[tid], idx + 1)
+        self.seen.add((tid, idx))
+        self.next_idx[tid] = max(self.next_idx[tid], idx + 1)
+        return idx
+
+    def _line(
+        self, source: Path, tid: str, idx: int, completion: str, row: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A generation line, split like a generated one when the task has `reasoning`."""
+        task = self.task
         line = {
             "task_id": tid,
             "sample_idx": idx,
-            "prompt": task.render(problems[tid]),
+            "prompt": task.render(self.problems[tid]),
             "completion": completion,
             "finish_reason": None,
             "prompt_tokens": None,
             "completion_tokens": None,
-            "source_file": str(source.relative_to(root)),
+            "source_file": str(source.relative_to(self.root)),
         }
         line.update({k: row[k] for k in _KEPT if k in row})
-        if reasoning is not None:
+        if self.reasoning is not None:
             line.update(
                 split(
                     completion,
                     prompt=line["prompt"],
-                    cfg=reasoning,
+                    cfg=self.reasoning,
                     stops=task.builtin.stop,
                     include_stop=task.builtin.include_stop,
                     engine_finish=line["finish_reason"],
@@ -124,31 +161,53 @@ def replay_solutions(  # noqa: C901 - infer-side code under concurrent change; s
                     completion_tokens=line["completion_tokens"],
                 ).fields()
             )
-        lines.append(line)
-    if unknown:
-        raise UserError(
-            f"{unknown_in}: {len(unknown)} line(s) name task_ids that task {task.name} does not have "
-            f"(first: {unknown[0]}); check that {where}.solutions maps {{task}} to this task's file"
-        )
-    if not lines:
-        raise UserError(
-            f"{', '.join(map(str, sources))}: no samples for task {task.name} within its problems"
-        )
-    covered = {line["task_id"] for line in lines}
-    missing = [tid for tid in problems if tid not in covered]
-    if missing:
-        log.warning(
-            "%s: %d of %d problems of task %s have no sample (first: %s)",
-            root,
-            len(missing),
-            len(problems),
-            task.name,
-            missing[0],
-        )
-    order = {tid: i for i, tid in enumerate(problems)}
-    lines.sort(key=lambda line: (order[line["task_id"]], line["sample_idx"]))
-    write_jsonl(out, lines)
-    stats = {
+        return line
+
+    def finished(self, sources: list[Path], where: str) -> tuple[list[dict[str, Any]], list[str]]:
+        """(the lines in problem order, the problems without any), or one line for unknown
+        task_ids or no samples at all."""
+        task, problems = self.task, self.problems
+        if self.unknown:
+            raise UserError(
+                f"{self.unknown_in}: {len(self.unknown)} line(s) name task_ids that task "
+                f"{task.name} does not have (first: {self.unknown[0]}); check that "
+                f"{where}.solutions maps {{task}} to this task's file"
+            )
+        if not self.lines:
+            raise UserError(
+                f"{', '.join(map(str, sources))}: no samples for task {task.name} within its "
+                "problems"
+            )
+        covered = {line["task_id"] for line in self.lines}
+        missing = [tid for tid in problems if tid not in covered]
+        if missing:
+            log.warning(
+                "%s: %d of %d problems of task %s have no sample (first: %s)",
+                self.root,
+                len(missing),
+                len(problems),
+                task.name,
+                missing[0],
+            )
+        order = {tid: i for i, tid in enumerate(problems)}
+        lines = sorted(self.lines, key=lambda line: (order[line["task_id"]], line["sample_idx"]))
+        return lines, missing
+
+
+def _meta(
+    task: TaskSpec,
+    variant: str,
+    sources: list[Path],
+    problems: dict[str, dict[str, Any]],
+    lines: list[dict[str, Any]],
+    missing: list[str],
+    dropped: int,
+    started: float,
+) -> dict[str, Any]:
+    """The generation meta of a replay: what a generated one records, with the files' hashes."""
+    from ckpteval.infer import job_environment, versions
+
+    return {
         "task": task.name,
         "variant": variant,
         "backend": "replay",
@@ -170,6 +229,3 @@ def replay_solutions(  # noqa: C901 - infer-side code under concurrent change; s
         "device": job_environment(None),
         "versions": versions(),
     }
-    write_json(out.with_suffix(".meta.json"), stats)
-    log.info("replayed %d samples of task %s from %d file(s)", len(lines), task.name, len(sources))
-    return stats
