@@ -183,6 +183,30 @@ def missing_template_lines(plan: Any) -> list[str]:
     return lines
 
 
+def check_plain_turns(runs: dict[str, Any], tasks: dict[str, Any]) -> None:
+    """One line at parse time when a run whose prompts are plain (`chat_template: none`) meets
+    a task whose rows have earlier turns (few-shot chat messages): plain text has no rendering
+    of turns that a model was trained on, so they are refused rather than dropped. (An `auto`
+    run whose checkpoint turns out to have no template is refused by its infer job.)"""
+    from ckpteval.problems import earlier_turns
+
+    plain = [
+        r.name for r in runs.values() if r.chat_template.mode == "none" and r.backend != "replay"
+    ]
+    if not plain:
+        return
+    for task in tasks.values():
+        if task.custom is None or not task.options.get("chat_template"):
+            continue
+        multi = next((p for p in task.builtin.load() if earlier_turns(p)), None)
+        if multi is not None:
+            raise UserError(
+                f"config: runs.{plain[0]}.chat_template: none, but task {task.name}'s problem "
+                f"{multi['task_id']} has {len(multi['messages'])} chat messages, which need a "
+                "chat template; use auto, a .jinja file or a known name"
+            )
+
+
 # ---- at run time
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from ckpteval.chat_templates import ChatTemplate, resolve
+from ckpteval.chat_templates import ChatTemplate, check_plain_turns, resolve
 from ckpteval.checkpoints import (
     Checkpoint,
     Unfinished,
@@ -422,6 +422,7 @@ def build_plan(
         for name, run in runs.items()
     }
 
+    check_plain_turns(runs, tasks)
     check_piston_limits(tasks, config)
     tp = config["engine"]["tensor_parallel_size"]
     if tp > 1 and not config["engine"]["allow_tensor_parallel"]:

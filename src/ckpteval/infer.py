@@ -60,6 +60,7 @@ from ckpteval.config import Variant
 from ckpteval.errors import UserError
 from ckpteval.gpus import Lease, lease_engine_device
 from ckpteval.io import read_json, sha256_json, write_json, write_jsonl
+from ckpteval.problems import earlier_turns
 from ckpteval.reasoning import engine_spec, split, task_reasoning
 from ckpteval.share import Board, Engine, boards_root, work_through
 from ckpteval.tasks import TaskSpec
@@ -645,13 +646,58 @@ def _cost(chunk: Chunk) -> int:
 def render_prompts(
     backend: Backend, job: Job, problems: dict[str, dict[str, Any]]
 ) -> dict[str, Prompt]:
-    """task_id -> prompt, through the job's chat template (`Job.template`) when it has one."""
+    """task_id -> prompt, through the job's chat template (`Job.template`) when it has one: the
+    task's system prompt, a row's earlier turns (few-shot examples), then its own rendered
+    question, as the trainer's `tokenizer.apply_chat_template(..., add_generation_prompt=True)`.
+    A row with earlier turns cannot be plain: one line, not its turns silently dropped."""
     prompts: dict[str, Prompt] = {tid: job.task.render(p) for tid, p in problems.items()}
     use = job.template
+    turns = {tid: earlier_turns(p) for tid, p in problems.items()}
     if not use.chat:
+        _refuse_plain_turns(job, turns, use)
         return prompts
     system = job.task.options.get("system_prompt")
-    return {tid: backend.render_chat(system, str(text), use.text) for tid, text in prompts.items()}
+    return {
+        tid: _render_chat(backend, job, tid, system, str(text), turns[tid])
+        for tid, text in prompts.items()
+    }
+
+
+def _refuse_plain_turns(job: Job, turns: dict[str, list[dict[str, str]]], use: TemplateUse) -> None:
+    """One line when a plain job (no chat template) meets a row with earlier turns."""
+    multi = [tid for tid, earlier in turns.items() if earlier]
+    if multi:
+        raise UserError(
+            f"{_problems_file(job)}: problem {multi[0]}: field prompt: {len(turns[multi[0]])} "
+            f"earlier turns need a chat template, but task {job.task.name}'s prompts here are plain "
+            f"(chat template: {use.record['source']}); give the run a chat_template"
+        )
+
+
+def _render_chat(
+    backend: Backend,
+    job: Job,
+    tid: str,
+    system: str | None,
+    text: str,
+    history: list[dict[str, str]],
+) -> Prompt:
+    """One prompt through the job's chat template; a template that raises (many refuse roles
+    out of turn) is one line naming the problem file, the row and its field."""
+    import jinja2
+
+    try:
+        return backend.render_chat(system, text, job.template.text, history)
+    except jinja2.TemplateError as exc:
+        raise UserError(
+            f"{_problems_file(job)}: problem {tid}: field prompt: the chat template "
+            f"({job.template.record['source']}) refuses these messages: {exc}"
+        ) from None
+
+
+def _problems_file(job: Job) -> str:
+    """The task's problem file for messages (the task's name for a built-in task)."""
+    return str(job.task.options.get("problems") or f"task {job.task.name}")
 
 
 def sampling_spec(job: Job) -> SamplingSpec:

@@ -34,6 +34,9 @@ RL trainers' validation sets are read in their own shapes, before the checker's 
 Such a record keeps those fields and adds `ground_truth`, `answer` (the ground truth, when it is
 text or a number: what the math checker compares with), `question` (the last user message, or
 the prompt text) and, for chat prompts, `messages` and `system` (the system message, if any).
+Chat messages are an optional system message, then user and assistant in turn, ending with the
+user's; the turns before the last (few-shot examples, `earlier_turns`) are rendered with the
+run's chat template as they stand (ckpteval.infer.render_prompts).
 """
 
 from __future__ import annotations
@@ -210,7 +213,8 @@ def trainer_problem(row: Mapping[str, Any], number: int, where: str) -> dict[str
 
 def _prompt_fields(prompt: Any, where: str) -> dict[str, Any]:
     """`question`, and for chat messages `messages` and `system`, of a trainer row's prompt:
-    text, or chat messages ending with the user's turn (an optional system message first)."""
+    text, or chat messages ending with the user's turn (an optional system message first;
+    earlier turns, few-shot examples say, alternate user and assistant as chat templates ask)."""
     if isinstance(prompt, str) and prompt:
         return {"question": prompt}
     if not isinstance(prompt, list) or not prompt:
@@ -224,14 +228,34 @@ def _prompt_fields(prompt: Any, where: str) -> dict[str, Any]:
         ):
             raise UserError(f"{where}: field prompt[{i}]: must be a {{role, content}} message")
         messages.append({"role": message["role"], "content": message["content"]})
-    roles = [m["role"] for m in messages]
-    if roles not in (["user"], ["system", "user"]):
-        raise UserError(
-            f"{where}: field prompt: roles {roles}: ckpteval renders a system message and one "
-            "user message (multi-turn prompts are not supported)"
-        )
-    system = messages[0]["content"] if roles[0] == "system" else None
+    _check_turns(messages, where)
+    system = messages[0]["content"] if messages[0]["role"] == "system" else None
     return {"messages": messages, "system": system, "question": messages[-1]["content"]}
+
+
+def _check_turns(messages: list[dict[str, str]], where: str) -> None:
+    """One line unless the roles are an optional system message, then user and assistant in
+    turn, ending with the user's: what chat templates accept and what a generation continues."""
+    first = 1 if messages[0]["role"] == "system" else 0
+    for i, message in enumerate(messages[first:], start=first):
+        expected = "user" if (i - first) % 2 == 0 else "assistant"
+        if message["role"] != expected:
+            raise UserError(
+                f"{where}: field prompt[{i}].role: {message['role']!r} where {expected!r} is "
+                "due (an optional system message first, then user and assistant in turn)"
+            )
+    if messages[-1]["role"] != "user":
+        raise UserError(
+            f"{where}: field prompt[{len(messages) - 1}].role: the last message must be the "
+            "user's (the model answers it)"
+        )
+
+
+def earlier_turns(problem: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The turns of a problem's chat messages before its last user message, system message
+    aside (few-shot examples): empty for a single-turn or a text prompt."""
+    messages = problem.get("messages") or []
+    return [m for m in messages[:-1] if m["role"] != "system"]
 
 
 # ----------------------------------------------------------------------------- stdio shapes

@@ -17,7 +17,7 @@ same provenance file for every backend.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,16 @@ class Generation:
     outputs: tuple[Completion, ...]
 
 
+def chat_messages(
+    system: str | None, user: str, history: Sequence[Mapping[str, str]] = ()
+) -> list[dict[str, str]]:
+    """The messages a chat prompt sends: the system message if any, the earlier turns, then
+    the user's."""
+    head = [{"role": "system", "content": system}] if system else []
+    turns = [{"role": m["role"], "content": m["content"]} for m in history]
+    return [*head, *turns, {"role": "user", "content": user}]
+
+
 class Backend(abc.ABC):
     """Generates completions for one infer job. Loading is lazy: a job whose every request is in
     the cache never loads anything (`loads` stays 0)."""
@@ -76,9 +86,16 @@ class Backend(abc.ABC):
     def identity(self) -> dict[str, Any]:
         """What, besides weights, prompt and sampling, can change a completion."""
 
-    def render_chat(self, system: str | None, user: str, template: str | None = None) -> Prompt:
-        """A chat prompt for `user` (and an optional system message), through `template` (Jinja
-        text; None: the model's own; ckpteval.chat_templates)."""
+    def render_chat(
+        self,
+        system: str | None,
+        user: str,
+        template: str | None = None,
+        history: Sequence[Mapping[str, str]] = (),
+    ) -> Prompt:
+        """A chat prompt for `user` (after an optional system message and the `history` of
+        earlier turns: few-shot examples), through `template` (Jinja text; None: the model's
+        own; ckpteval.chat_templates)."""
         raise NotImplementedError
 
     def check_prompts(self, prompts: dict[str, Prompt], max_tokens: int, task: str) -> None:

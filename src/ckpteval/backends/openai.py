@@ -13,13 +13,21 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import requests
 import requests.adapters
 
-from ckpteval.backends import Backend, Completion, Generation, Prompt, SamplingSpec
+from ckpteval.backends import (
+    Backend,
+    Completion,
+    Generation,
+    Prompt,
+    SamplingSpec,
+    chat_messages,
+)
 from ckpteval.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -59,11 +67,15 @@ class OpenAIBackend(Backend):
     def identity(self) -> dict[str, Any]:
         return {"backend": "openai", "base_url": self.base_url, "model": self.model}
 
-    def render_chat(self, system: str | None, user: str, template: str | None = None) -> Prompt:
+    def render_chat(
+        self,
+        system: str | None,
+        user: str,
+        template: str | None = None,
+        history: Sequence[Mapping[str, str]] = (),
+    ) -> Prompt:
         # `template` is always None here: the server applies its own (ckpteval.chat_templates).
-        return ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": user}
-        ]
+        return chat_messages(system, user, history)
 
     def generate(self, prompts: list[Prompt], specs: list[SamplingSpec]) -> list[Generation]:
         if not prompts:

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckpteval.backends import Backend, Completion, Generation, Prompt, SamplingSpec
+from ckpteval.backends import (
+    Backend,
+    Completion,
+    Generation,
+    Prompt,
+    SamplingSpec,
+    chat_messages,
+)
 from ckpteval.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -60,10 +67,14 @@ class VllmBackend(Backend):
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         return self._tokenizer
 
-    def render_chat(self, system: str | None, user: str, template: str | None = None) -> Prompt:
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": user}
-        ]
+    def render_chat(
+        self,
+        system: str | None,
+        user: str,
+        template: str | None = None,
+        history: Sequence[Mapping[str, str]] = (),
+    ) -> Prompt:
+        messages = chat_messages(system, user, history)
         return str(
             self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True, chat_template=template
