@@ -18,7 +18,6 @@ from typing import Any
 
 from ckpteval.contract import Identity
 from ckpteval.errors import UserError
-from ckpteval.io import sha256_file
 
 
 @dataclass(frozen=True)
@@ -102,10 +101,13 @@ class ScoringJob:
         """The scorer's keyword arguments (score_samples, score_harness_file), worker count
         aside (a runtime knob). `checker_files` are the rule's inputs for the task's file
         options (`checker_<option>`), whose content must be the one its identity names."""
+        from ckpteval.checkers import checker_class
+
         options = {**self.checker_options, **self.task_checker}
         for option, path in (checker_files or {}).items():
             if option in options:
-                if f"sha256:{sha256_file(path)[:16]}" != options[option]:
+                content = checker_class(self.checker).content_id(option, path)
+                if f"sha256:{content[:16]}" != options[option]:
                     raise UserError(
                         f"task {self.task}: checker file {path} changed after the workflow "
                         "planned this job; run the workflow again"

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import UserError
-from ckpteval.io import iter_jsonl, sha256_file, sha256_json
+from ckpteval.io import iter_jsonl, sha256_json
 from ckpteval.problems import cap_generated, load_problem_file
 
 HARNESS_TASK_DIR = Path(__file__).resolve().parent / "harness_tasks"
@@ -161,10 +161,14 @@ class TaskSpec:
         return Path(os.path.expanduser(os.path.expandvars(str(value)))).resolve()
 
     def checker_file_sha256(self, option: str) -> str:
-        """The content hash of `checker_file(option)`, computed once per spec."""
+        """The content hash of `checker_file(option)` (its checker's `content_id`: a reward
+        function's own modules too), computed once per spec."""
+        from ckpteval.checkers import checker_class
+
         cache = self.__dict__.setdefault("_checker_sha256", {})
         if option not in cache:
-            cache[option] = sha256_file(self.checker_file(option))
+            cls = checker_class(self.checker)
+            cache[option] = cls.content_id(option, self.checker_file(option))
         return cache[option]
 
     def _compute_config_hash(self) -> str:

@@ -230,6 +230,15 @@ class Checker(abc.ABC):
                     raise UserError(f"{key}.{option}: no file {os.path.abspath(path)}")
 
     @classmethod
+    def content_id(cls, option: str, path: os.PathLike[str] | str) -> str:
+        """The sha256 a file option (`x-content`) counts by in the scoring identity: the file's
+        content by default. A checker whose file reads others (a reward function's own modules)
+        counts them too, so editing one rescores and moving them all reruns nothing."""
+        from ckpteval.io import sha256_file
+
+        return sha256_file(path)
+
+    @classmethod
     def check_run_config(cls, tasks: Mapping[str, Any], evaluate: Mapping[str, Any]) -> None:
         """Raise `UserError` at parse time if the config's `evaluate` section cannot judge the
         problems of this checker's tasks (name -> `ckpteval.tasks.TaskSpec`, whose `problems()`

@@ -37,8 +37,11 @@ against 2.6 and 2.4 s when each sample imported them itself. `trusted: true` and
 none` exec a fresh interpreter per sample, imports included.
 
 The file's content and `name` are part of the cell's scoring identity: editing the function
-rescores, moving the file reruns nothing (ckpteval.contract). Only that one file counts: a module
-it imports from beside it is visible to it but not hashed.
+rescores, moving the file reruns nothing (ckpteval.contract). So are the modules it imports from
+its own directory (`local_modules`: found in its `import` statements, then in theirs, packages
+and relative imports within them too), by their path within that directory and their content:
+editing a helper module rescores, moving the whole directory reruns nothing. Modules found
+elsewhere (this Python's packages) are not hashed; a new version of one is a new environment.
 
 The self-test (`self_test: ground_truth`) scores the ground truths of the first problems (up to
 `SELF_TEST_PROBLEMS`) as completions, which must pass, and an empty completion, which must not;
@@ -63,6 +66,7 @@ from typing import Any
 
 from ckpteval.checkers import Checker, Job, Prompting, Verdict, register
 from ckpteval.errors import UserError
+from ckpteval.io import sha256_file, sha256_json
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
 
 log = logging.getLogger(__name__)
@@ -205,6 +209,20 @@ class RewardFunctionChecker(Checker):
         self.preload = preload_modules(source.read_text(encoding="utf-8"), self._beside)
         #: Where it finds them: this environment's installed packages (trusted code).
         self.site_dirs = [Path(p) for p in site.getsitepackages() if os.path.isdir(p)]
+
+    @classmethod
+    def content_id(cls, option: str, path: os.PathLike[str] | str) -> str:
+        """The function file's content, with its own modules' (`local_modules`) when it has
+        any: a file that imports none keeps the id of its bytes alone."""
+        modules = local_modules(Path(path))
+        if not modules:
+            return sha256_file(path)
+        return sha256_json(
+            {
+                "file": sha256_file(path),
+                "modules": {rel: sha256_file(module) for rel, module in modules.items()},
+            }
+        )
 
     @classmethod
     def normalise_problem(cls, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -416,6 +434,83 @@ def preload_modules(source: str, beside: Path) -> list[str]:
         and name.split(".")[0] not in local
         and not any(part.startswith("_") for part in name.split("."))
     )
+
+
+def local_modules(reward_file: Path) -> dict[str, Path]:
+    """Path within the reward file's directory -> file, of every module it imports from that
+    directory, followed recursively (a package's `__init__.py` and the submodules named; the
+    relative imports of a package's modules). Imports are read, not run: one in a function or
+    under a condition counts too, and a module of another directory or of this Python is not
+    followed."""
+    root = reward_file.resolve().parent
+    start = reward_file.resolve()
+    found: dict[str, Path] = {}
+    todo: list[tuple[Path, str | None]] = [(start, None)]
+    while todo:
+        file, package = todo.pop()
+        for dotted in _imported_names(file, package):
+            for module in _module_files(root, dotted):
+                rel = module.relative_to(root).as_posix()
+                if module != start and rel not in found:
+                    found[rel] = module
+                    todo.append((module, _package_of(root, module)))
+    return dict(sorted(found.items()))
+
+
+def _imported_names(file: Path, package: str | None) -> list[str]:
+    """The dotted names `file`'s imports may load (a `from m import x` names `m` and `m.x`, x
+    being maybe a submodule), relative ones resolved within `package`; none when it is not
+    Python (it then fails as it runs, and its own bytes still count)."""
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"), str(file))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node.module, node.level, package)
+            if base is not None:
+                names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return names
+
+
+def _absolute(module: str | None, level: int, package: str | None) -> str | None:
+    """An `from <level dots><module> import` base as an absolute dotted name, or None when
+    it leaves the directory (or is relative in a top-level file)."""
+    if level == 0:
+        return module
+    if package is None:
+        return None
+    parts = package.split(".")
+    if level - 1 >= len(parts):
+        return None
+    parts = parts[: len(parts) - (level - 1)]
+    return ".".join([*parts, module] if module else parts)
+
+
+def _module_files(root: Path, dotted: str) -> list[Path]:
+    """The files of `root` that importing `dotted` executes: each package's `__init__.py` on
+    the way, then the module's file (none for a name of another directory)."""
+    files: list[Path] = []
+    here = root
+    for part in dotted.split("."):
+        here = here / part
+        if (here / "__init__.py").is_file():
+            files.append(here / "__init__.py")
+        elif here.with_suffix(".py").is_file():
+            files.append(here.with_suffix(".py"))
+            break
+        elif not here.is_dir():  # not here: another directory's, or this Python's
+            break
+    return files
+
+
+def _package_of(root: Path, module: Path) -> str | None:
+    """The dotted package a module of `root` belongs to (None at the top level)."""
+    parts = module.relative_to(root).parent.parts
+    return ".".join(parts) if parts else None
 
 
 def _last_line(text: str) -> str:
