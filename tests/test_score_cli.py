@@ -237,3 +237,76 @@ def test_humaneval_references_all_pass(tmp_path: Path, capsys: pytest.CaptureFix
 def test_metrics_path_for() -> None:
     assert metrics_path_for(Path("r/out.jsonl")) == Path("r/out.json")
     assert metrics_path_for(Path("r/out.txt")) == Path("r/out.txt.json")
+
+
+def test_a_reward_function_scores_a_verl_parquets_samples_with_its_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_reward import REWARD, direct, verl_rows, write_parquet
+
+    rows = verl_rows(3)
+    problems = write_parquet(tmp_path / "test.parquet", rows)
+    (tmp_path / "fn").mkdir()
+    (tmp_path / "fn" / "reward.py").write_text(REWARD)
+    completions = {"100": "#### 0", "101": "3", "102": "dict"}
+    samples = write_jsonl(
+        tmp_path / "s.jsonl", [{"task_id": t, "completion": c} for t, c in completions.items()]
+    )
+    options = tmp_path / "opts.yaml"
+    options.write_text(
+        "reward_function: fn/reward.py\nkwargs: {bonus: 0.5}\npass_threshold: 1.5\n"
+        "self_test: ground_truth\n"
+    )
+    monkeypatch.chdir(tmp_path)  # a relative file is relative to the current directory
+    out = tmp_path / "r.jsonl"
+    argv = ["--problems", str(problems), "--samples", str(samples), "--out", str(out)]
+    assert score("reward_function", *argv, "--checker-options", f"@{options}") == 0
+    assert "reward_function: 3 samples of 3 problems" in capsys.readouterr().out
+    lines = {line["task_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    for row in rows:
+        tid = str(row["extra_info"]["index"])
+        expected = direct(
+            tmp_path / "fn" / "reward.py",
+            data_source=row["data_source"],
+            solution_str=completions[tid],
+            ground_truth=row["reward_model"]["ground_truth"],
+            extra_info=row["extra_info"],
+            bonus=0.5,
+        )
+        expected = expected["score"] if isinstance(expected, dict) else expected
+        assert lines[tid]["score"] == float(expected)
+    assert [lines[t]["passed"] for t in ("100", "101", "102")] == [True, False, False]
+    cell = json.loads(out.with_suffix(".json").read_text())
+    assert cell["metrics"]["reward_mean"]["value"] == pytest.approx((1.5 + 0.5 + 0.5) / 3)
+    inline = '{"reward_function": "fn/reward.py", "self_test": "off: bare numbers"}'
+    assert score("reward_function", *argv, "--checker-options", inline) == 0
+
+
+@pytest.mark.parametrize(
+    ("checker", "given", "expected"),
+    [
+        ("reward_function", None, "--checker-options: checker reward_function needs "),
+        ("reward_function", '{"self_test": "ground_truth", "reward_function": "fn.py"', "not "),
+        ("reward_function", "[1, 2]", "expected a mapping of options, not list"),
+        ("reward_function", "@nope.yaml", "--checker-options: cannot read nope.yaml"),
+        ("reward_function", '{"reward_function": "r.py", "self_test": "x"}', ".self_test: 'x'"),
+        ("reward_function", '{"reward_function": "r.py", "self_test": "off: x", "nam": 1}', "nam"),
+        ("python", '{"a": 1}', "--checker-options: checker python takes no options"),
+    ],
+)
+def test_checker_option_mistakes_are_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    checker: str,
+    given: str | None,
+    expected: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.py").write_text("def compute_score(**kwargs):\n    return 1.0\n")
+    samples = write_jsonl(tmp_path / "s.jsonl", [{"task_id": "a", "completion": "1"}])
+    argv = ["--problems", str(samples), "--samples", str(samples), "--out", "r.jsonl"]
+    argv += [] if given is None else ["--checker-options", given]
+    assert score(checker, *argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1, err

