@@ -175,10 +175,10 @@ def test_the_same_fields_in_jsonl_and_the_trl_prompt_answer_shape(
                 prompt=[
                     {"role": "user", "content": "a"},
                     {"role": "assistant", "content": "b"},
-                    {"role": "user", "content": "c"},
+                    {"role": "assistant", "content": "c"},
                 ]
             ),
-            r"test\.parquet: row 2: field prompt: roles \['user', 'assistant', 'user'\]",
+            r"test\.parquet: row 2: field prompt\[2\]\.role: 'assistant' where 'user' is due",
         ),
         (
             lambda r: r.update(extra_info={"index": 100}),
