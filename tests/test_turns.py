@@ -275,10 +275,11 @@ def fewshot(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.mark.slow
 def test_a_few_shot_task_is_rendered_as_the_trainer_renders_it_and_scored(
-    fewshot: Sweep, demo_dir: Path
+    fewshot: Sweep, demo_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from transformers import AutoTokenizer
 
+    monkeypatch.syspath_prepend(str(fewshot.reward.parent))  # as verl imports its modules
     tokenizer = AutoTokenizer.from_pretrained(str(demo_dir / "run" / "step_300"))
     generations = fewshot.work / "results" / "generations" / "demo" / "step_300" / "fs"
     lines = [json.loads(x) for x in (generations / "greedy-s42.jsonl").read_text().splitlines()]
