@@ -39,12 +39,13 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ckpteval.errors import UserError
 from ckpteval.io import read_json, sha256_json, write_json
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TRACKERS = ("wandb", "tensorboard", "mlflow")
 DEFAULT_PREFIX = "ckpteval"
@@ -410,6 +411,8 @@ def publish(
     instances = [TRACKER_CLASSES[t](settings.get(t) or {}, prefix) for t in chosen]
     for tracker in instances:
         tracker.check()
+    import pandas as pd  # here, not at the top: every Snakefile parse imports this module
+
     points, notes = table_points(pd.read_parquet(table), prefix)
     reports = {}
     for tracker in instances:
