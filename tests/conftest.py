@@ -46,6 +46,7 @@ def _has_gpu() -> bool:
 # stale or missing entry costs minutes, never a test.
 LONGEST_FIRST = (
     "test_contract.py",
+    "test_contract_walk.py",
     "test_swap_workflow.py",
     "test_bench_gpu.py",
     "test_slurm.py",

@@ -21,8 +21,8 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import run_snakemake
+from contract_sweep import dry_run
 from test_aggregate import verdicts, write_cell
-from test_contract import dry_run
 
 from ckpteval.aggregate.deltas import TEMPLATE_NOTE
 from ckpteval.backends.vllm import VllmBackend

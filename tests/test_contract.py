@@ -1,12 +1,8 @@
-"""The rerun contract (ckpteval.contract), key by key, against `snakemake -n` on a finished sweep.
-
-A real sweep (two checkpoints of the demo model on vLLM, an OpenAI-compatible endpoint on
-loopback, three kinds of task) runs once; then every key of the config schema is changed in turn
-and the jobs Snakemake plans must be exactly what the contract table promises for that key: the
-affected cells' jobs, or nothing. Every variant is given with `--configfile` and written out with
-all its defaults filled in, so each dry run also checks that `--configfile` replaces the demo
-config and that writing out defaults (a reformatted config) reruns nothing. The file events that
-follow (touch, copy, delete, new bytes, a broken file) change the sweep's files and run last.
+"""The rerun contract (ckpteval.contract) on a finished sweep (tests/contract_sweep.py): a moved
+project plans nothing, every Snakemake verb run for real redoes exactly the promised files, and
+the file events that follow (touch, copy, delete, new bytes, a broken file) change the sweep's
+files and run last. The walk of every config key under `snakemake -n` is
+tests/test_contract_walk.py, on a sweep of its own (so the two long modules run on two workers).
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +24,16 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import REPO, run_snakemake
-from test_infer_backends import FakeEndpoint
+from contract_sweep import (
+    CELLS,
+    TASKS,
+    VLLM_CKPTS,
+    Sweep,
+    chain,
+    dry_run,
+    finished_sweep,
+    planned,
+)
 
 from ckpteval.backends import cache_namespace
 from ckpteval.config import validate_config
@@ -36,16 +41,10 @@ from ckpteval.contract import (
     CONTRACT,
     GENERATIONS,
     MODEL,
-    NONE,
-    PLAN,
-    PUBLISH,
     ROWS,
     SCORES,
-    SUMMARY,
-    Cell,
     Identity,
     concrete_keys,
-    lookup,
 )
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
@@ -70,76 +69,11 @@ def test_an_identity_is_the_same_for_reordered_settings_and_names_what_changed()
 
 # ---------------------------------------------------------------------------- the finished sweep
 
-TASKS = {"arith": {}, "pyfunc": {"limit": 2}, "arith_harness": {"limit": 4}}
-KINDS = {
-    "arith": ("generate", "gsm8k"),
-    "pyfunc": ("generate", "python"),
-    "arith_harness": ("harness", "harness"),
-}
-VLLM_CKPTS = ("step_100", "step_400")
-
-
-@dataclass
-class Sweep:
-    work: Path
-    config: dict[str, Any]
-    full: dict[str, Any]  # the same config with every default written out
-    endpoint: FakeEndpoint
-
 
 @pytest.fixture(scope="module")
-def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    work = tmp_path_factory.mktemp("contract")
-    steps = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    for name, ckpt in zip(VLLM_CKPTS, (steps[0], steps[-1])):  # copies: later tests touch,
-        shutil.copytree(ckpt, work / "run" / name)  # replace and delete them
-    shutil.copytree(demo_dir / "base", work / "base")
-    with FakeEndpoint() as endpoint:
-        config = {
-            "runs": {
-                "demo": {"path": str(work / "run"), "base_model": str(work / "base")},
-                "ep": {
-                    "backend": "openai",
-                    "step": 7,
-                    "endpoint": {"base_url": endpoint.base_url, "model": "tiny"},
-                },
-            },
-            "tasks": TASKS,
-            "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 32}},
-            "engine": {"gpu_memory_utilization": 0.15, "enforce_eager": True},
-            "consolidate": {"smoke": "none"},
-            "evaluate": {"workers": 2, "timeout": 10},
-        }
-        (work / "sweep.yaml").write_text(yaml.safe_dump(config))
-        proc = run_snakemake(work, "--configfile", str(work / "sweep.yaml"))
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        full = copy.deepcopy(config)
-        validate_config(full)
-        yield Sweep(work, config, full, endpoint)
-
-
-def planned(sweep: Sweep, config: dict[str, Any], name: str = "variant") -> Counter[str]:
-    """Jobs per rule that `snakemake -n --configfile <config>` plans (the target `all` left out)."""
-    return dry_run(sweep, config, name)[0]
-
-
-def dry_run(sweep: Sweep, config: dict[str, Any], name: str) -> tuple[Counter[str], str]:
-    """(jobs per rule, what the dry run printed) of `snakemake -n --configfile <config>`."""
-    path = sweep.work / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    if "Nothing to be done" in out:
-        return Counter(), out
-    table = out.split("Job stats:", 1)[1].split("total", 1)[0]
-    return Counter(
-        {
-            rule: int(n)
-            for rule, n in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)
-            if rule not in ("all", "job")
-        }
-    ), out
+def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
+    with finished_sweep(demo_dir, tmp_path_factory.mktemp("contract")) as finished:
+        yield finished
 
 
 @pytest.mark.slow
@@ -272,249 +206,6 @@ def test_one_byte_of_the_base_model_replans_its_runs_consolidations(
         path.write_bytes(original)
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert planned(here, config, "base-restored") == Counter()
-
-
-# Cells of the sweep: (run, ckpt, task, sampling, backend).
-CELLS = [
-    (run, ckpt, task, "greedy", backend)
-    for run, backend, ckpts in (("demo", "vllm", VLLM_CKPTS), ("ep", "openai", ("step_7",)))
-    for ckpt in ckpts
-    for task in TASKS
-]
-ENGINE_RULE = {"vllm": "infer", "openai": "endpoint"}
-
-
-def chain(cells: list[tuple[str, ...]], *, model: bool = False) -> Counter[str]:
-    """The jobs that regenerate `cells` (and rebuild their models if `model`), then rescore and
-    summarize them."""
-    if not cells:
-        return Counter()
-    jobs: Counter[str] = Counter()
-    for _run, _ckpt, backend in {(c[0], c[1], c[4]) for c in cells}:
-        jobs[ENGINE_RULE[backend]] += 1
-        if model:
-            jobs["consolidate" if backend == "vllm" else "model_card"] += 1
-    return jobs + Counter({"generation": len(cells), "evaluate": len(cells), "aggregate": 1})
-
-
-#: Which entry a `*` of a key stands for in the walk.
-STAR = {"runs": "demo", "tasks": "pyfunc", "sampling": "greedy"}
-STAR_FOR = {
-    "runs.*.endpoint": "ep",
-    "runs.*.step": "ep",
-    "tasks.*.harness": "pyfunc",
-    "tasks.*.num_fewshot": "arith_harness",
-    "tasks.*.checker": "arith_harness",
-    "tasks.*.answer_last_line": "arith",
-}
-
-
-def star_name(key: str) -> str | None:
-    head = key.split(".", 1)[0]
-    if head not in STAR or "*" not in key:
-        return None
-    return next((v for k, v in STAR_FOR.items() if key.startswith(k)), STAR[head])
-
-
-def concrete(key: str) -> str:
-    name = star_name(key)
-    return key.replace("*", name, 1) if name else key
-
-
-def promise(row: Any) -> Counter[str]:
-    """The jobs the contract table promises for a change of `row.key` in the walk."""
-    if row.effect in (NONE, PUBLISH):  # publish: a target of its own, never part of `all`
-        return Counter()
-    if row.effect == SUMMARY:
-        return Counter({"aggregate": 1})
-    name = star_name(row.key)
-    head = row.key.split(".", 1)[0]
-
-    def selected(c: tuple[str, ...]) -> bool:
-        cell = Cell(c[0], c[2], c[3], c[4], *KINDS[c[2]])
-        picked = name is None or {"runs": c[0], "tasks": c[2], "sampling": c[3]}[head] == name
-        return picked and cell.matches(row)
-
-    if row.effect == MODEL:
-        runs = {name} if name else {"demo"}
-        return chain([c for c in CELLS if c[0] in runs], model=True)
-    cells = [c for c in CELLS if selected(c)]
-    if row.effect == SCORES:
-        return Counter({"evaluate": len(cells), "aggregate": 1}) if cells else Counter()
-    assert row.effect == GENERATIONS
-    return chain(cells)
-
-
-def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
-    """A valid value other than `value` for `key`."""
-    special: dict[str, Any] = {
-        "runs.demo.format": "hf",
-        "runs.demo.base_model": str(sweep.work / "base-copy"),
-        "runs.demo.backend": "openai",
-        "runs.ep.endpoint.base_url": sweep.endpoint.base_url.replace("/v1", "/v2"),
-        "runs.ep.endpoint.model": "tiny-2",
-        "runs.ep.endpoint.api_key_env": "CKPTEVAL_TEST_KEY",
-        "tasks.pyfunc.harness": "ckpteval_arith",
-        "tasks.pyfunc.system_prompt": "Be brief.",
-        "tasks.arith_harness.checker": "python",
-        "tasks.pyfunc.engine_group": "other",
-        "runs.demo.chat_template": "chatml",  # no task of the sweep asks for chat: nothing reruns
-        # pyfunc from its own file as a user's problem file: a task of its own (no token cap)
-        "tasks.pyfunc.problems": str(REPO / "src" / "ckpteval" / "data" / "tasks" / "pyfunc.jsonl"),
-        "tasks.pyfunc.language": "python",
-        "tasks.pyfunc.prompt": "# Complete the function.\n{prompt}",
-        "tasks.pyfunc.max_generated_tests": 1,  # a stdio-only setting: pyfunc's scores stay
-        "tasks.arith.answer_last_line": False,
-        "engine.dtype": "float32",
-        "consolidate.dtype": "float32",
-        "consolidate.smoke": "transformers",
-        "evaluate.sandbox": "none",
-        "evaluate.piston_url": "http://127.0.0.1:9/",
-        "aggregate.title": "another title",
-        "aggregate.truncation_threshold": 0.5,
-        "lm_eval.include_paths": [str(sweep.work)],
-        "evaluate.ks": [1, 2],
-        "reasoning": {"end": "</think>"},
-        "tasks.pyfunc.reasoning": {"end": "</think>", "budget": 8},
-        "gpus": [],
-        "publish.prefix": "eval",
-        "publish.wandb": {"project": "p", "mode": "offline"},
-        "publish.wandb.project": "p",
-        "publish.wandb.entity": "team",
-        "publish.wandb.run_ids": {"demo": "abc123"},
-        "publish.wandb.mode": "offline",
-        "publish.tensorboard": {"logdir": "tb"},
-        "publish.tensorboard.logdir": "tb",
-        "publish.mlflow": {"tracking_uri": "file:mlruns"},
-        "publish.mlflow.tracking_uri": "file:mlruns",
-        "publish.mlflow.experiment": "e",
-    }
-    if key in special:
-        return special[key]
-    if isinstance(value, bool) or value is None and key.endswith(("chat_template",)):
-        return not value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value + 1
-    if isinstance(value, float):
-        return round(value / 2, 4) if value else 0.5
-    if value is None and key.endswith(("limit", "num_fewshot", "max_new_tokens")):
-        return 3
-    if value is None and key.startswith("evaluate.piston_limits."):
-        return 2000
-    raise AssertionError(f"no changed value for {key} = {value!r}: add one to the test")
-
-
-def set_key(config: dict[str, Any], key: str, value: Any) -> None:
-    node = config
-    parts = key.split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
-
-
-# Plan keys: a change adds, drops or renames cells; what it plans is spelled out per key.
-def plan_case(key: str, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
-    config = copy.deepcopy(sweep.full)
-    if key == "outdir":
-        config["outdir"] = "results-elsewhere"
-        return config, chain(CELLS, model=True)
-    if key == "shard":
-        config["shard"] = "1/2"  # a shard scores its checkpoints (all done), no summary
-        return config, Counter()
-    if key == "runs":
-        config["runs"]["ep2"] = copy.deepcopy(config["runs"]["ep"])
-        return config, chain([("ep2", "step_7", t, "greedy", "openai") for t in TASKS], model=True)
-    if key == "runs.*.path":
-        moved = sweep.work / "run-moved"
-        if not moved.exists():  # the same bytes elsewhere, copied without their times
-            shutil.copytree(sweep.work / "run", moved, copy_function=shutil.copyfile)
-        config["runs"]["demo"]["path"] = str(moved)
-        return config, Counter()
-    if key == "runs.*.patterns":
-        config["runs"]["demo"]["patterns"] = ["step_{step}", "ckpt-{step}"]
-        return config, Counter()
-    if key == "runs.*.evaluate_base":
-        config["runs"]["demo"]["evaluate_base"] = True
-        return config, chain([("demo", "base", t, "greedy", "vllm") for t in TASKS], model=True)
-    if key == "runs.*.complete_marker":  # no checkpoint has it: demo's cells leave the summary
-        config["runs"]["demo"]["complete_marker"] = "DONE"
-        return config, Counter({"aggregate": 1})
-    if key == "runs.*.step":
-        config["runs"]["ep"]["step"] = 8
-        return config, chain([("ep", "step_8", t, "greedy", "openai") for t in TASKS], model=True)
-    if key == "tasks":
-        config["tasks"]["humaneval"] = {"limit": 1}
-        return config, chain([c[:2] + ("humaneval",) + c[3:] for c in CELLS if c[2] == "arith"])
-    if key == "tasks.*.sampling":
-        config["tasks"]["pyfunc"]["sampling"] = ["greedy"]
-        return config, Counter()
-    if key == "sampling":  # the list form names configs from their values: every cell renamed
-        config["sampling"] = [{"temperature": 0.0, "max_new_tokens": 32}]
-        return config, chain([c[:3] + ("t0p1n1m32",) + c[4:] for c in CELLS])
-    if key == "seeds":  # greedy configs run once, whatever the seeds
-        config["seeds"] = [1, 2]
-        return config, Counter()
-    if key == "engine.seed":  # renames the greedy variants of every cell
-        config["engine"]["seed"] = 7
-        return config, chain(CELLS)
-    raise AssertionError(f"no plan case for {key}: add one to the test")
-
-
-def case(row: Any, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
-    if row.effect == PLAN:
-        return plan_case(row.key, sweep)
-    config = copy.deepcopy(sweep.full)
-    key = concrete(row.key)
-    value = lookup(config, key)
-    if isinstance(value, dict):  # a whole section or entry: reorder it (a reformatted config)
-        set_key(config, key, dict(reversed(list(value.items()))))
-        return config, Counter()
-    if key == "runs.demo.backend":  # a vllm run turned into an endpoint run is another model
-        config["runs"]["demo"] = {
-            "backend": "openai",
-            "step": 7,
-            "endpoint": {"base_url": sweep.endpoint.base_url, "model": "t"},
-        }
-        return config, chain([("demo", "step_7", t, "greedy", "openai") for t in TASKS], model=True)
-    if key == "engine.tensor_parallel_size":  # refused without its safety switch (a none key)
-        config["engine"]["allow_tensor_parallel"] = True
-    if key.split(".")[-2:-1] == ["reasoning"]:  # a marker or budget needs the section's `end`
-        parent, name = key.rsplit(".", 1)
-        changed = {"start": "<think>", "end": "</r>", "budget": 64}[name]
-        set_key(config, parent, {"end": "</think>", name: changed})
-        return config, promise(row)
-    if key == "runs.demo.base_model" and not (sweep.work / "base-copy").exists():
-        # Another base model: a copy would be the same one (identity by content).
-        shutil.copytree(sweep.work / "base", sweep.work / "base-copy")
-        with open(sweep.work / "base-copy" / "tokenizer_config.json", "a") as handle:
-            handle.write("\n")
-    set_key(config, key, changed_value(key, value, sweep))
-    return config, promise(row)
-
-
-#: Keys of backends the walk's sweep has no run of: tested on a sweep of their own below; and
-#: the options of a checker's `checker:` mapping (no task of the sweep has one): the reward
-#: function's, on a sweep of their own in tests/test_reward.py.
-ELSEWHERE = {
-    "runs.*.solutions",
-    *(row.key for row in CONTRACT if row.key.startswith("tasks.*.checker.")),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "row",
-    [r for r in CONTRACT if r.key not in ELSEWHERE],
-    ids=[r.key for r in CONTRACT if r.key not in ELSEWHERE],
-)
-def test_changing_a_key_plans_exactly_what_the_contract_promises(sweep: Sweep, row: Any) -> None:
-    config, expected = case(row, sweep)
-    jobs, out = dry_run(sweep, config, "walk")
-    assert jobs == expected, f"{row.key} ({row.effect}): {row.why}"
-    if row.effect in (SCORES, GENERATIONS) and expected:
-        # The dry run says in words which setting changed, before Snakemake's own reasons.
-        said = [line for line in out.splitlines() if line.startswith("ckpteval: rerun:")]
-        assert any(f"{concrete(row.key)}: " in line for line in said), said
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ A job's identity is exactly the settings that change its output, as a hash of th
 setting it depends on changes, and a setting it does not depend on (a memory fraction, a worker
 count, a chunk size, the order of keys in the file) never appears in it. The table `CONTRACT` is
 the only place that says which key belongs to which identity; the rules, the parse-time plan and
-the contract test (tests/test_contract.py, which walks every key of the schema) all read it.
+the contract tests (tests/test_contract_walk.py walks every key of the schema) all read it.
 
 Effects, from the narrowest to the widest:
 

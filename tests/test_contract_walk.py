@@ -1,0 +1,260 @@
+"""The rerun contract (ckpteval.contract), key by key: on a finished sweep (tests/contract_sweep.py),
+every key of the config schema is changed in turn and the jobs `snakemake -n` plans must be
+exactly what the contract table promises for that key: the affected cells' jobs, or nothing.
+Every variant is given with `--configfile` and written out with all its defaults filled in, so
+each dry run also checks that `--configfile` replaces the demo config and that writing out
+defaults (a reformatted config) reruns nothing. A module of its own, apart from
+tests/test_contract.py, so that the two long modules run on two pytest-xdist workers.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO
+from contract_sweep import CELLS, KINDS, TASKS, Sweep, chain, dry_run, finished_sweep
+
+from ckpteval.contract import (
+    CONTRACT,
+    GENERATIONS,
+    MODEL,
+    NONE,
+    PLAN,
+    PUBLISH,
+    SCORES,
+    SUMMARY,
+    Cell,
+    lookup,
+)
+
+
+@pytest.fixture(scope="module")
+def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
+    with finished_sweep(demo_dir, tmp_path_factory.mktemp("contract-walk")) as finished:
+        yield finished
+
+
+#: Which entry a `*` of a key stands for in the walk.
+STAR = {"runs": "demo", "tasks": "pyfunc", "sampling": "greedy"}
+STAR_FOR = {
+    "runs.*.endpoint": "ep",
+    "runs.*.step": "ep",
+    "tasks.*.harness": "pyfunc",
+    "tasks.*.num_fewshot": "arith_harness",
+    "tasks.*.checker": "arith_harness",
+    "tasks.*.answer_last_line": "arith",
+}
+
+
+def star_name(key: str) -> str | None:
+    head = key.split(".", 1)[0]
+    if head not in STAR or "*" not in key:
+        return None
+    return next((v for k, v in STAR_FOR.items() if key.startswith(k)), STAR[head])
+
+
+def concrete(key: str) -> str:
+    name = star_name(key)
+    return key.replace("*", name, 1) if name else key
+
+
+def promise(row: Any) -> Counter[str]:
+    """The jobs the contract table promises for a change of `row.key` in the walk."""
+    if row.effect in (NONE, PUBLISH):  # publish: a target of its own, never part of `all`
+        return Counter()
+    if row.effect == SUMMARY:
+        return Counter({"aggregate": 1})
+    name = star_name(row.key)
+    head = row.key.split(".", 1)[0]
+
+    def selected(c: tuple[str, ...]) -> bool:
+        cell = Cell(c[0], c[2], c[3], c[4], *KINDS[c[2]])
+        picked = name is None or {"runs": c[0], "tasks": c[2], "sampling": c[3]}[head] == name
+        return picked and cell.matches(row)
+
+    if row.effect == MODEL:
+        runs = {name} if name else {"demo"}
+        return chain([c for c in CELLS if c[0] in runs], model=True)
+    cells = [c for c in CELLS if selected(c)]
+    if row.effect == SCORES:
+        return Counter({"evaluate": len(cells), "aggregate": 1}) if cells else Counter()
+    assert row.effect == GENERATIONS
+    return chain(cells)
+
+
+def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
+    """A valid value other than `value` for `key`."""
+    special: dict[str, Any] = {
+        "runs.demo.format": "hf",
+        "runs.demo.base_model": str(sweep.work / "base-copy"),
+        "runs.demo.backend": "openai",
+        "runs.ep.endpoint.base_url": sweep.endpoint.base_url.replace("/v1", "/v2"),
+        "runs.ep.endpoint.model": "tiny-2",
+        "runs.ep.endpoint.api_key_env": "CKPTEVAL_TEST_KEY",
+        "tasks.pyfunc.harness": "ckpteval_arith",
+        "tasks.pyfunc.system_prompt": "Be brief.",
+        "tasks.arith_harness.checker": "python",
+        "tasks.pyfunc.engine_group": "other",
+        "runs.demo.chat_template": "chatml",  # no task of the sweep asks for chat: nothing reruns
+        # pyfunc from its own file as a user's problem file: a task of its own (no token cap)
+        "tasks.pyfunc.problems": str(REPO / "src" / "ckpteval" / "data" / "tasks" / "pyfunc.jsonl"),
+        "tasks.pyfunc.language": "python",
+        "tasks.pyfunc.prompt": "# Complete the function.\n{prompt}",
+        "tasks.pyfunc.max_generated_tests": 1,  # a stdio-only setting: pyfunc's scores stay
+        "tasks.arith.answer_last_line": False,
+        "engine.dtype": "float32",
+        "consolidate.dtype": "float32",
+        "consolidate.smoke": "transformers",
+        "evaluate.sandbox": "none",
+        "evaluate.piston_url": "http://127.0.0.1:9/",
+        "aggregate.title": "another title",
+        "aggregate.truncation_threshold": 0.5,
+        "lm_eval.include_paths": [str(sweep.work)],
+        "evaluate.ks": [1, 2],
+        "reasoning": {"end": "</think>"},
+        "tasks.pyfunc.reasoning": {"end": "</think>", "budget": 8},
+        "gpus": [],
+        "publish.prefix": "eval",
+        "publish.wandb": {"project": "p", "mode": "offline"},
+        "publish.wandb.project": "p",
+        "publish.wandb.entity": "team",
+        "publish.wandb.run_ids": {"demo": "abc123"},
+        "publish.wandb.mode": "offline",
+        "publish.tensorboard": {"logdir": "tb"},
+        "publish.tensorboard.logdir": "tb",
+        "publish.mlflow": {"tracking_uri": "file:mlruns"},
+        "publish.mlflow.tracking_uri": "file:mlruns",
+        "publish.mlflow.experiment": "e",
+    }
+    if key in special:
+        return special[key]
+    if isinstance(value, bool) or value is None and key.endswith(("chat_template",)):
+        return not value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value + 1
+    if isinstance(value, float):
+        return round(value / 2, 4) if value else 0.5
+    if value is None and key.endswith(("limit", "num_fewshot", "max_new_tokens")):
+        return 3
+    if value is None and key.startswith("evaluate.piston_limits."):
+        return 2000
+    raise AssertionError(f"no changed value for {key} = {value!r}: add one to the test")
+
+
+def set_key(config: dict[str, Any], key: str, value: Any) -> None:
+    node = config
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+# Plan keys: a change adds, drops or renames cells; what it plans is spelled out per key.
+def plan_case(key: str, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
+    config = copy.deepcopy(sweep.full)
+    if key == "outdir":
+        config["outdir"] = "results-elsewhere"
+        return config, chain(CELLS, model=True)
+    if key == "shard":
+        config["shard"] = "1/2"  # a shard scores its checkpoints (all done), no summary
+        return config, Counter()
+    if key == "runs":
+        config["runs"]["ep2"] = copy.deepcopy(config["runs"]["ep"])
+        return config, chain([("ep2", "step_7", t, "greedy", "openai") for t in TASKS], model=True)
+    if key == "runs.*.path":
+        moved = sweep.work / "run-moved"
+        if not moved.exists():  # the same bytes elsewhere, copied without their times
+            shutil.copytree(sweep.work / "run", moved, copy_function=shutil.copyfile)
+        config["runs"]["demo"]["path"] = str(moved)
+        return config, Counter()
+    if key == "runs.*.patterns":
+        config["runs"]["demo"]["patterns"] = ["step_{step}", "ckpt-{step}"]
+        return config, Counter()
+    if key == "runs.*.evaluate_base":
+        config["runs"]["demo"]["evaluate_base"] = True
+        return config, chain([("demo", "base", t, "greedy", "vllm") for t in TASKS], model=True)
+    if key == "runs.*.complete_marker":  # no checkpoint has it: demo's cells leave the summary
+        config["runs"]["demo"]["complete_marker"] = "DONE"
+        return config, Counter({"aggregate": 1})
+    if key == "runs.*.step":
+        config["runs"]["ep"]["step"] = 8
+        return config, chain([("ep", "step_8", t, "greedy", "openai") for t in TASKS], model=True)
+    if key == "tasks":
+        config["tasks"]["humaneval"] = {"limit": 1}
+        return config, chain([c[:2] + ("humaneval",) + c[3:] for c in CELLS if c[2] == "arith"])
+    if key == "tasks.*.sampling":
+        config["tasks"]["pyfunc"]["sampling"] = ["greedy"]
+        return config, Counter()
+    if key == "sampling":  # the list form names configs from their values: every cell renamed
+        config["sampling"] = [{"temperature": 0.0, "max_new_tokens": 32}]
+        return config, chain([c[:3] + ("t0p1n1m32",) + c[4:] for c in CELLS])
+    if key == "seeds":  # greedy configs run once, whatever the seeds
+        config["seeds"] = [1, 2]
+        return config, Counter()
+    if key == "engine.seed":  # renames the greedy variants of every cell
+        config["engine"]["seed"] = 7
+        return config, chain(CELLS)
+    raise AssertionError(f"no plan case for {key}: add one to the test")
+
+
+def case(row: Any, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
+    if row.effect == PLAN:
+        return plan_case(row.key, sweep)
+    config = copy.deepcopy(sweep.full)
+    key = concrete(row.key)
+    value = lookup(config, key)
+    if isinstance(value, dict):  # a whole section or entry: reorder it (a reformatted config)
+        set_key(config, key, dict(reversed(list(value.items()))))
+        return config, Counter()
+    if key == "runs.demo.backend":  # a vllm run turned into an endpoint run is another model
+        config["runs"]["demo"] = {
+            "backend": "openai",
+            "step": 7,
+            "endpoint": {"base_url": sweep.endpoint.base_url, "model": "t"},
+        }
+        return config, chain([("demo", "step_7", t, "greedy", "openai") for t in TASKS], model=True)
+    if key == "engine.tensor_parallel_size":  # refused without its safety switch (a none key)
+        config["engine"]["allow_tensor_parallel"] = True
+    if key.split(".")[-2:-1] == ["reasoning"]:  # a marker or budget needs the section's `end`
+        parent, name = key.rsplit(".", 1)
+        changed = {"start": "<think>", "end": "</r>", "budget": 64}[name]
+        set_key(config, parent, {"end": "</think>", name: changed})
+        return config, promise(row)
+    if key == "runs.demo.base_model" and not (sweep.work / "base-copy").exists():
+        # Another base model: a copy would be the same one (identity by content).
+        shutil.copytree(sweep.work / "base", sweep.work / "base-copy")
+        with open(sweep.work / "base-copy" / "tokenizer_config.json", "a") as handle:
+            handle.write("\n")
+    set_key(config, key, changed_value(key, value, sweep))
+    return config, promise(row)
+
+
+#: Keys of backends the walk's sweep has no run of: tested on a sweep of their own below; and
+#: the options of a checker's `checker:` mapping (no task of the sweep has one): the reward
+#: function's, on a sweep of their own in tests/test_reward.py.
+ELSEWHERE = {
+    "runs.*.solutions",
+    *(row.key for row in CONTRACT if row.key.startswith("tasks.*.checker.")),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "row",
+    [r for r in CONTRACT if r.key not in ELSEWHERE],
+    ids=[r.key for r in CONTRACT if r.key not in ELSEWHERE],
+)
+def test_changing_a_key_plans_exactly_what_the_contract_promises(sweep: Sweep, row: Any) -> None:
+    config, expected = case(row, sweep)
+    jobs, out = dry_run(sweep, config, "walk")
+    assert jobs == expected, f"{row.key} ({row.effect}): {row.why}"
+    if row.effect in (SCORES, GENERATIONS) and expected:
+        # The dry run says in words which setting changed, before Snakemake's own reasons.
+        said = [line for line in out.splitlines() if line.startswith("ckpteval: rerun:")]
+        assert any(f"{concrete(row.key)}: " in line for line in said), said
