@@ -5,7 +5,7 @@ devices; it is started once for this module and every daemon is stopped by pid a
 record the GPU they saw (CUDA_VISIBLE_DEVICES), their SLURM_JOB_ID and when they ran; the node
 comes from SLURMD_NODENAME or the controller's job records. The tests assert on those records:
 every job ran, both nodes were used, never more than 16 GPU jobs at once, never two at once on one
-(node, GPU); first for a toy workflow of 20 GPU jobs, then for the repository's workflow.
+(node, GPU); first for a toy workflow of 17 GPU jobs, then for the repository's workflow.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def test_cluster_hands_out_distinct_fake_gpus(cluster: SlurmCluster, tmp_path: P
 
 # --- the 2node profile on a toy workflow -----------------------------------------------------
 
-TOY_JOBS = 20  # > 16 GPUs and > -j 16
+TOY_JOBS = 17  # > 16 GPUs and > -j 16
 
 TOY_SNAKEFILE = """\
 import sys
@@ -163,9 +163,9 @@ with open(sys.argv[1], "w") as handle:
 
 
 def test_profile_spreads_gpu_jobs_over_both_nodes(cluster: SlurmCluster, tmp_path: Path) -> None:
-    """20 GPU jobs through profiles/2node -j 16: both nodes, <= 16 at once, no device shared.
+    """17 GPU jobs through profiles/2node -j 16: both nodes, <= 16 at once, no device shared.
 
-    20 is enough to exceed the 16 GPUs and the -j 16 cap, so the cap is exercised; each job is a
+    17 is enough to exceed the 16 GPUs and the -j 16 cap, so the cap is exercised; each job is a
     Snakemake start inside Slurm (seconds of CPU on a 2-core machine), so more only cost time."""
     (tmp_path / "recorder.py").write_text(RECORDER)
     (tmp_path / "Snakefile").write_text(
@@ -188,7 +188,7 @@ def test_profile_spreads_gpu_jobs_over_both_nodes(cluster: SlurmCluster, tmp_pat
 
 # --- the real workflow through profiles/2node -------------------------------------------------
 
-REPLAY_STEPS = 18  # with the one vLLM checkpoint: 19 GPU jobs > 16, so the -j 16 cap is exercised
+REPLAY_STEPS = 16  # with the one vLLM checkpoint: 17 GPU jobs > 16, so the -j 16 cap is exercised
 ARITH = [
     json.loads(line)
     for line in (REPO / "src" / "ckpteval" / "data" / "tasks" / "arith.jsonl")
@@ -203,10 +203,12 @@ def test_workflow_runs_through_the_2node_profile(
     """The repository's workflow, unchanged, through profiles/2node -j 16 on the test cluster.
 
     Two runs in one config: `demo`, a real checkpoint (consolidate -> infer with a real vLLM engine
-    on CPU, its GPU chosen by Slurm -> evaluate), and `replayed`, 18 steps of existing solutions
-    (the replay backend: no engine). 19 engines cannot run at once on this 2-core machine, so the
+    on CPU, its GPU chosen by Slurm -> evaluate), and `replayed`, 16 steps of existing solutions
+    (the replay backend: no engine). 17 engines cannot run at once on this 2-core machine, so the
     replay jobs stand in for GPU jobs: the test profile is profiles/2node plus `gpu: 1` for rule
-    `replay`. Both kinds record where they ran in their generation meta.
+    `replay`. Both kinds record where they ran in their generation meta. Tail assist is off: with
+    16 GPUs it would add 15 assist jobs, each a Snakemake start on a node that finds nothing to
+    do on this tiny sweep, beside the engine job on two cores (assist is tests/test_share.py's).
     """
     source = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
     (tmp_path / "run").mkdir()
@@ -229,6 +231,7 @@ def test_workflow_runs_through_the_2node_profile(
         tasks={"arith": {"limit": 20}},
         sampling={"greedy": {"temperature": 0.0, "max_new_tokens": 24}},
         consolidate={"smoke": "none"},
+        assist=False,
     )
     config["runs"]["replayed"] = {
         "backend": "replay",
