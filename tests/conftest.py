@@ -45,6 +45,7 @@ def _has_gpu() -> bool:
 # one worker from running a long module alone at the end. Only the order depends on this list: a
 # stale or missing entry costs minutes, never a test.
 LONGEST_FIRST = (
+    "test_contract_verbs.py",
     "test_contract.py",
     "test_contract_walk.py",
     "test_swap_workflow.py",

@@ -116,3 +116,23 @@ def chain(cells: list[tuple[str, ...]], *, model: bool = False) -> Counter[str]:
         if model:
             jobs["consolidate" if backend == "vllm" else "model_card"] += 1
     return jobs + Counter({"generation": len(cells), "evaluate": len(cells), "aggregate": 1})
+
+
+def cell_files(step: str, cells: list[tuple[str, ...]]) -> set[str]:
+    """Paths under results/ of the `step` ("generations" or "scores") files of `cells`."""
+    return {
+        f"{step}/{run}/{ckpt}/{task}/{sampling}-s42.{ext}"
+        for run, ckpt, task, sampling, _ in cells
+        for ext in (("jsonl", "meta.json") if step == "generations" else ("jsonl", "json"))
+    }
+
+
+def results_state(work: Path) -> dict[str, tuple[bytes, int]]:
+    """(bytes, mtime) of every generation, score and model-card file under results/."""
+    root = work / "results"
+    paths = [
+        *(root / "generations").rglob("*.json*"),
+        *(root / "scores").rglob("*.json*"),
+        *(root / "models").glob("*/*.json"),
+    ]
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in paths}
