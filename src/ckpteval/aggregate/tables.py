@@ -91,7 +91,8 @@ PASSK_COLUMNS = [
     "n_problems",
     "min_samples",
 ]
-ERROR_COLUMNS = [
+#: What names one cell of a run in the per-cell tables (errors, hacks, truncation).
+CELL_KEY_COLUMNS = [
     "run",
     "step",
     "ckpt",
@@ -100,19 +101,15 @@ ERROR_COLUMNS = [
     "variant",
     "sampling",
     "seed",
+]
+ERROR_COLUMNS = [
+    *CELL_KEY_COLUMNS,
     "error_type",
     "count",
     "fraction",
 ]
 HACK_COLUMNS = [
-    "run",
-    "step",
-    "ckpt",
-    "is_baseline",
-    "task",
-    "variant",
-    "sampling",
-    "seed",
+    *CELL_KEY_COLUMNS,
     "hack",
     "count",
     "fraction",
@@ -124,14 +121,7 @@ NOT_MAIN_METRICS = ("compile_rate", HACK_RATE, *LENGTH_METRICS)
 #: Default `aggregate.truncation_threshold`: a cell whose truncation_rate exceeds it is flagged.
 TRUNCATION_THRESHOLD = 0.05
 TRUNCATION_COLUMNS = [
-    "run",
-    "step",
-    "ckpt",
-    "is_baseline",
-    "task",
-    "variant",
-    "sampling",
-    "seed",
+    *CELL_KEY_COLUMNS,
     "truncation_rate",
     "n",
     "threshold",
