@@ -101,6 +101,18 @@ def direct(path: Path, **call: Any) -> Any:
     return module.compute_score(**call)
 
 
+def direct_row(path: Path, row: dict[str, Any], completion: str, **kwargs: Any) -> Any:
+    """The reward function called directly on a verl row's fields and a completion."""
+    return direct(
+        path,
+        data_source=row["data_source"],
+        solution_str=completion,
+        ground_truth=row["reward_model"]["ground_truth"],
+        extra_info=row["extra_info"],
+        **kwargs,
+    )
+
+
 def checker_option(reward_file: Path, **more: Any) -> dict[str, Any]:
     return {"reward_function": str(reward_file), "self_test": "ground_truth", **more}
 
@@ -658,13 +670,7 @@ def test_a_verl_task_is_scored_by_its_reward_function_at_every_checkpoint(sweep:
         }
         for line in lines:  # every score is what the function gives called directly
             row = rows[line["task_id"]]
-            expected = direct(
-                sweep.reward,
-                data_source=row["data_source"],
-                solution_str=completions[line["task_id"]],
-                ground_truth=row["reward_model"]["ground_truth"],
-                extra_info=row["extra_info"],
-            )
+            expected = direct_row(sweep.reward, row, completions[line["task_id"]])
             assert line["score"] == float(expected)
         words, _ = sweep.cell(step, "words")
         assert words["checker"] == "word" and words["self_test"]["references_passed"] == 2

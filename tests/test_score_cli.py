@@ -242,7 +242,7 @@ def test_metrics_path_for() -> None:
 def test_a_reward_function_scores_a_verl_parquets_samples_with_its_options(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from test_reward import REWARD, direct, verl_rows, write_parquet
+    from test_reward import REWARD, direct_row, verl_rows, write_parquet
 
     rows = verl_rows(3)
     problems = write_parquet(tmp_path / "test.parquet", rows)
@@ -265,14 +265,7 @@ def test_a_reward_function_scores_a_verl_parquets_samples_with_its_options(
     lines = {line["task_id"]: line for line in map(json.loads, out.read_text().splitlines())}
     for row in rows:
         tid = str(row["extra_info"]["index"])
-        expected = direct(
-            tmp_path / "fn" / "reward.py",
-            data_source=row["data_source"],
-            solution_str=completions[tid],
-            ground_truth=row["reward_model"]["ground_truth"],
-            extra_info=row["extra_info"],
-            bonus=0.5,
-        )
+        expected = direct_row(tmp_path / "fn" / "reward.py", row, completions[tid], bonus=0.5)
         expected = expected["score"] if isinstance(expected, dict) else expected
         assert lines[tid]["score"] == float(expected)
     assert [lines[t]["passed"] for t in ("100", "101", "102")] == [True, False, False]

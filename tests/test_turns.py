@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import small_config, write_config
-from test_reward import REWARD, Sweep, _ids, _project, direct, verl_rows, write_parquet
+from test_reward import REWARD, Sweep, _ids, _project, direct_row, verl_rows, write_parquet
 
 from ckpteval.backends.openai import OpenAIBackend
 from ckpteval.backends.vllm import VllmBackend
@@ -295,13 +295,7 @@ def test_a_few_shot_task_is_rendered_as_the_trainer_renders_it_and_scored(
     completions = {line["task_id"]: line["completion"] for line in lines}
     for score in scores:
         row = rows[score["task_id"]]
-        expected = direct(
-            fewshot.reward,
-            data_source=row["data_source"],
-            solution_str=completions[score["task_id"]],
-            ground_truth=row["reward_model"]["ground_truth"],
-            extra_info=row["extra_info"],
-        )
+        expected = direct_row(fewshot.reward, row, completions[score["task_id"]])
         assert score["score"] == float(expected)
 
 
