@@ -9,6 +9,11 @@ file is equal between the two sides.
 
     python bench/sweep.py                      # the demo: 5 checkpoints, one slot (profiles/local)
     python bench/sweep.py --tasks arith pyfunc # a subset of the demo's tasks
+    python bench/sweep.py --cpu-linear onednn --dtype float32   # vLLM's oneDNN kernels, forced
+
+`--cpu-linear` forces the CPU kernel of every engine (CKPTEVAL_CPU_LINEAR, docs/infer.md): oneDNN
+keeps packed weight copies that each swap must rebuild; it builds them in fp32 on any x86-64 CPU
+with AVX2 and in bf16 only with AVX-512.
 
 Goal (issue: one engine per GPU slot per sweep): swap-on infer wall time at most 0.4x swap-off,
 with identical generations.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -31,7 +37,7 @@ from _workflow import snakemake
 REPO = Path(__file__).resolve().parents[1]
 
 
-def demo_config(tasks: list[str] | None, swap: bool) -> dict[str, Any]:
+def demo_config(tasks: list[str] | None, swap: bool, dtype: str | None = None) -> dict[str, Any]:
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config = copy.deepcopy(config)
     for run in config["runs"].values():
@@ -41,14 +47,16 @@ def demo_config(tasks: list[str] | None, swap: bool) -> dict[str, Any]:
     if tasks:
         config["tasks"] = {name: config["tasks"].get(name, {}) for name in tasks}
     config["engine"]["swap"] = swap
+    if dtype:
+        config["engine"]["dtype"] = dtype
     return config
 
 
-def measure(out: Path, tasks: list[str] | None, swap: bool) -> dict[str, Any]:
+def measure(out: Path, tasks: list[str] | None, swap: bool, dtype: str | None) -> dict[str, Any]:
     work = out / ("swap-on" if swap else "swap-off")
     shutil.rmtree(work, ignore_errors=True)
     (work / "config").mkdir(parents=True)
-    (work / "config" / "config.yaml").write_text(yaml.safe_dump(demo_config(tasks, swap)))
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(demo_config(tasks, swap, dtype)))
     snakemake(work, "--until", "consolidate")
     seconds = snakemake(work, "--until", "generation")
     metas = [json.loads(p.read_text()) for p in (work / "results").rglob("*.meta.json")]
@@ -75,13 +83,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="*", help="a subset of the demo's tasks")
     parser.add_argument("--out", type=Path, default=Path("/tmp/ckpteval-bench-sweep"))
+    parser.add_argument("--cpu-linear", choices=("auto", "onednn", "torch"), default="auto")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="the engine's dtype")
     args = parser.parse_args()
+    os.environ["CKPTEVAL_CPU_LINEAR"] = args.cpu_linear  # the Snakemake jobs inherit it
     subprocess.run(
         [sys.executable, "-m", "ckpteval.demo", "build", "--out", str(REPO / "resources/demo")],
         check=True,
         capture_output=True,
     )
-    on, off = measure(args.out, args.tasks, True), measure(args.out, args.tasks, False)
+    on = measure(args.out, args.tasks, True, args.dtype)
+    off = measure(args.out, args.tasks, False, args.dtype)
+    dtype = args.dtype or "the config's"
+    print(f"CPU linear kernels: {args.cpu_linear}; dtype: {dtype}")
     same = generations(on["work"]) == generations(off["work"])
     for name, side in (("swap on", on), ("swap off", off)):
         print(

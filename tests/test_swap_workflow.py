@@ -3,8 +3,11 @@ checkpoints, three of one architecture and one of another, on every kind of task
 lm-eval's through its vLLM wrapper, a reasoning task, a chat-template task).
 
 The same sweep runs twice from an empty cache, each in its own outdir: with swapping off (one
-fresh engine per checkpoint, the reference) and on. Every generation of the swapped sweep equals
-the fresh one's, by tests/numeric.py's rules; the three checkpoints of one architecture share one
+fresh engine per checkpoint, the reference) and on. Both run on vLLM's oneDNN kernels, forced
+(`CKPTEVAL_CPU_LINEAR=onednn`, in fp32, the dtype in which every x86-64 machine of ours builds
+them): the path whose packed weight copies a reload must rebuild, whatever this machine would take
+by itself (tests/test_swap.py forces each path on a bare engine). Every generation of the swapped
+sweep equals the fresh one's, by tests/numeric.py's rules; the three checkpoints of one architecture share one
 engine load, and the fourth starts its own, saying why. Then a chain whose middle checkpoint is
 corrupt: that checkpoint fails alone, and the rest are served and equal to the reference.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -53,7 +57,12 @@ def _config(work: Path, outdir: str, swap: bool) -> Path:
         "runs": {"demo": {"path": str(work / "run")}},
         "tasks": TASKS,
         "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 24}},
-        "engine": {"gpu_memory_utilization": 0.15, "enforce_eager": True, "swap": swap},
+        "engine": {
+            "gpu_memory_utilization": 0.15,
+            "enforce_eager": True,
+            "swap": swap,
+            "dtype": "float32",
+        },
         "consolidate": {"smoke": "none"},
         "evaluate": {"workers": 2, "timeout": 10},
     }
@@ -62,8 +71,12 @@ def _config(work: Path, outdir: str, swap: bool) -> Path:
     return path
 
 
+#: vLLM's oneDNN kernels for every linear layer (ckpteval.swap.force_cpu_linear).
+ONEDNN = {**os.environ, "CKPTEVAL_CPU_LINEAR": "onednn"}
+
+
 def _sweep(work: Path, config: Path, *args: str, ok: bool = True) -> str:
-    proc = run_snakemake(work, "--configfile", str(config), *args)
+    proc = run_snakemake(work, "--configfile", str(config), *args, env=ONEDNN)
     out = proc.stdout + proc.stderr
     assert (proc.returncode == 0) == ok, out[-4000:]
     return out
@@ -142,6 +155,8 @@ def test_one_engine_serves_each_architecture_and_the_generations_are_a_fresh_eng
     assert {m["served_by"] for m in other} != servers, "another architecture, another engine"
     log = "\n".join(p.read_text() for p in (work / "logs" / "infer").rglob("*.log"))
     assert "has another model config or tokenizer" in log
+    kernels = re.findall(r"CPU linear kernels: (.*) \(forced", log)
+    assert kernels and all(re.fullmatch(r"onednn x \d+", k) for k in kernels), kernels
     # Generations differ between checkpoints (so equality below is not vacuous) ...
     first = _lines(work / "fresh" / "generations/demo/step_1/arith/greedy-s42.jsonl")
     last = _lines(work / "fresh" / "generations/demo/step_3/arith/greedy-s42.jsonl")

@@ -353,10 +353,14 @@ def _chain(smk: Any, engine: dict[str, Any], staging: Path) -> None:
     consolidated, it waits for them up to the seconds its own engine took to start: never longer
     than a fresh engine would cost."""
     from ckpteval.chain import scan
-    from ckpteval.swap import engine_signature
+    from ckpteval.swap import engine_signature, swap_blocker
 
     backend = engine["backend"]
     if not hasattr(backend, "swap") or backend.model_dir is None:
+        return
+    blocker = swap_blocker(Path(backend.model_dir))
+    if blocker:
+        print(f"chain: off for this engine: {blocker}; each checkpoint gets an engine of its own")
         return
     signature = engine_signature(Path(backend.model_dir))
     wait_until = time.monotonic() + float(getattr(backend, "load_seconds", 0.0))
