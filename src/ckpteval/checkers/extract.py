@@ -177,7 +177,7 @@ def delimiters_balanced(source: str) -> bool:
 _RUST_LEXEMES = re.compile(
     r"""//[^\n]*                        # line comment
       | /\*(?:[^*]|\*(?!/))*(?:\*/|\Z)  # block comment (not nested; unterminated runs to end)
-      | b?r(\#*)".*?"\1                 # raw string
+      | b?r(\#*)".*?(?:"\1|\Z)          # raw string (unterminated runs to end)
       | b?"(?:[^"\\]|\\.)*(?:"|\Z)      # string
       | b?'(?:[^'\\\n]|\\.[^'\n]{0,9})'  # char literal (lifetimes have no closing quote)
     """,

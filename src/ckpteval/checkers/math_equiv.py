@@ -40,10 +40,14 @@ _NOT_UNITS = frozenset(
     "am pm hundred thousand million billion trillion dozen squared cubed percent factorial".split()
 )
 _BASE = re.compile(r"([0-9A-Za-z]+)_\{?(\d+)\}?")
+#: A unit word at the end of a stripped answer. Searched for only in the last `_UNIT_WINDOW`
+#: characters, and never with leading or trailing `\s*`: that made every position of a run of
+#: spaces start a match that failed at its end (12,000 spaces: seconds per search).
 _UNIT_TOKEN = re.compile(
-    r"\s*(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z][a-zA-Z .]*\}|(?<![\\a-zA-Z])[a-zA-Z]{2,}\.?)"
-    r"(?:\^\{?[23]\}?)?\s*$"
+    r"(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z][a-zA-Z .]*\}|(?<![\\a-zA-Z])[a-zA-Z]{2,}\.?)"
+    r"(?:\^\{?[23]\}?)?$"
 )
+_UNIT_WINDOW = 100
 _REWRITES: tuple[tuple[str, str], ...] = (
     (r"√\s*\(([^()]*)\)", r"\\sqrt{\1}"),
     (r"√\s*\{", r"\\sqrt{"),
@@ -117,13 +121,12 @@ def strip_units(text: str) -> str:
     """`text` without unit words after a number (`35 diagonals`, `40 miles per hour`,
     `2\\text{ cm}^2`, `18.9 dollars`): words of two or more letters, or `\\text{}`, that follow
     a part with a digit and no letters outside LaTeX commands. Single letters stay (`2 i`)."""
-    rest = text
+    rest = text.strip()
     while True:
-        match = _UNIT_TOKEN.search(rest)
+        match = _UNIT_TOKEN.search(rest, max(0, len(rest) - _UNIT_WINDOW))
         if not match or match.start() == 0 or text_key(match.group(0)) in _NOT_UNITS:
             break
-        rest = rest[: match.start()]
-    rest = rest.strip()
+        rest = rest[: match.start()].rstrip()
     if rest == text.strip() or not re.search(r"\d", rest) or has_letters(rest):
         return text
     return rest
@@ -186,7 +189,7 @@ def text_key(text: str) -> str:
 
 _LONE_VARIABLE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in(?![a-zA-Z]))\s*(.+)$", re.S)
 _OPENERS, _CLOSERS = "([{", ")]}"
-_AND = re.compile(r",?\s*(?:\\text\{\s*and\s*\}|\band\b)\s*")
+_AND = re.compile(r"\\text\{\s*and\s*\}|\band\b")
 
 
 def equivalent(gold: str, answer: str, verify: Verify) -> tuple[bool | None, str]:
@@ -196,7 +199,7 @@ def equivalent(gold: str, answer: str, verify: Verify) -> tuple[bool | None, str
     g, g_rewritten = normalise(gold)
     a, a_rewritten = normalise(answer)
     if split_list(g) is not None and split_list(a) is None:  # `1 and 2` against a list
-        a = _AND.sub(", ", a)
+        a = ", ".join(piece.strip().removesuffix(",") for piece in _AND.split(a))
     same, how = _compare(g, a, verify)
     return same, how + ("+rewrite" if g_rewritten or a_rewritten else "")
 
