@@ -123,16 +123,9 @@ class PythonChecker(Checker):
             commands: list[Command] = []
             for i, job in enumerate(jobs):
                 program = python_program(job.problem, job.completion)
-                try:
-                    tree = compile(program, "main.py", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
-                    compile(tree, "main.py", "exec", dont_inherit=True)
-                except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-                    verdicts[i] = Verdict(
-                        False,
-                        "compile_error",
-                        compile_ok=False,
-                        stderr_tail=tail(f"{type(exc).__name__}: {exc}"),
-                    )
+                tree = parse_program(program)
+                if isinstance(tree, Verdict):
+                    verdicts[i] = tree
                     continue
                 sample_dir = workdir / f"s{i}"
                 sample_dir.mkdir(mode=0o755)
@@ -206,6 +199,18 @@ class PythonChecker(Checker):
             early_exit = "import os\nos._exit(0)\n"
             wrong = "raise SystemExit(0)\n"
         return [Job(task_id, problem, early_exit), Job(task_id, problem, wrong)]
+
+
+def parse_program(program: str) -> ast.Module | Verdict:
+    """The program's tree, or its `compile_error` verdict: code nested past what the compiler
+    takes (RecursionError, MemoryError) is a compile error of that sample, not of the run."""
+    try:
+        tree = compile(program, "main.py", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        compile(tree, "main.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        why = tail(f"{type(exc).__name__}: {exc}")
+        return Verdict(False, "compile_error", compile_ok=False, stderr_tail=why)
+    return tree
 
 
 def _prompt_field(problem: dict[str, Any]) -> str:
