@@ -213,7 +213,7 @@ _PRELUDE_NAMES = (
 )
 _TAMPERS = re.compile(
     r"ckpteval|set_hook|take_hook|\bset_var\b|\bremove_var\b"
-    rf"|\b(?:struct|enum|union|trait|fn|const|static)\s+(?:{_PRELUDE_NAMES})\b"
+    rf"|(?<!')\b(?:struct|enum|union|trait|fn|const|static)\s+(?:{_PRELUDE_NAMES})\b"
     rf"|\bas\s+(?:{_PRELUDE_NAMES})\b"
 )
 #: Names the problem's signature and tests use without a path: a sample's own `struct i64` or
