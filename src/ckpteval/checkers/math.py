@@ -44,7 +44,8 @@ MAX_ANSWER_CHARS = 1000
 class MathChecker(Checker):
     name = "math"
     #: 2: the extraction order and normalisation of docs/evaluate.md "Math answers".
-    version = "2"
+    #: 3: hedges and sprays are lists, relations no value, ± two values, a base's digits alone.
+    version = "3"
     default_timeout = 5.0
     reads = ("evaluate.timeout",)
 

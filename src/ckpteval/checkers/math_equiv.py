@@ -189,7 +189,12 @@ def text_key(text: str) -> str:
 
 _LONE_VARIABLE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in(?![a-zA-Z]))\s*(.+)$", re.S)
 _OPENERS, _CLOSERS = "([{", ")]}"
-_AND = re.compile(r"\\text\{\s*and\s*\}|\band\b")
+#: Words that join several answers into one statement: a list (`x = 3 or x = 4`: all the roots)
+#: or a hedge (`3 or 4` for one value), which then fails as a list against a single gold.
+_CONNECTIVE = re.compile(r"\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b")
+#: A relation: an answer that is one (`17 = 3`, `x > 2`) is no value, unless the gold is one too.
+_RELATION = re.compile(r"=|<|>|\\(?:le|ge|leq|geq|neq|ne|lt|gt|approx)(?![a-zA-Z])|≤|≥|≠")
+_PLUS_MINUS = re.compile(r"\\pm(?![a-zA-Z])|±")
 
 
 def equivalent(gold: str, answer: str, verify: Verify) -> tuple[bool | None, str]:
@@ -198,10 +203,24 @@ def equivalent(gold: str, answer: str, verify: Verify) -> tuple[bool | None, str
     `and` separates items when the gold is a list and the answer is not."""
     g, g_rewritten = normalise(gold)
     a, a_rewritten = normalise(answer)
-    if split_list(g) is not None and split_list(a) is None:  # `1 and 2` against a list
-        a = ", ".join(piece.strip().removesuffix(",") for piece in _AND.split(a))
+    if _CONNECTIVE.search(a) and not _CONNECTIVE.search(g):  # `3 or 4`, `1 and 2`
+        a = ", ".join(piece.strip().removesuffix(",") for piece in _CONNECTIVE.split(a))
+    g, a = _both_signs(g), _both_signs(a)
     same, how = _compare(g, a, verify)
     return same, how + ("+rewrite" if g_rewritten or a_rewritten else "")
+
+
+def _both_signs(text: str) -> str:
+    """`3 \\pm \\sqrt{2}` as the list of its two values (`3 + \\sqrt{2}, 3 - \\sqrt{2}`), as a
+    grader reads a ± answer against the roots written out; unchanged unless one ± is in it."""
+    if len(_PLUS_MINUS.findall(text)) != 1 or split_list(text) is not None:
+        return text
+    head, tail = (part.strip() for part in _PLUS_MINUS.split(text))
+    if re.fullmatch(r"[a-zA-Z]\s*=", head):  # `x = \\pm 3`
+        head = ""
+    elif head.endswith("="):
+        return text
+    return f"{head}+{tail}, {head}-{tail}" if head else f"{tail}, -{tail}"
 
 
 def _drop_lone_variable(text: str, other: str) -> str:
@@ -230,11 +249,15 @@ def _compare(g: str, a: str, verify: Verify) -> tuple[bool | None, str]:
         return same, "number" + suffix
     g_base, a_base = _BASE.fullmatch(gu), _BASE.fullmatch(au)
     if g_base or a_base:  # a number in a base: its digits and its base, as written
-        same = bool(g_base and a_base and g_base.groups() == a_base.groups())
+        same = bool(g_base and a_base and g_base.groups() == a_base.groups()) or bool(
+            g_base and not a_base and _squash(au).upper() == g_base.group(1).upper()
+        )  # the digits alone answer "in base 2" as the problem asked for them
         return same, "string" + suffix
     g_list, a_list = split_list(gu), split_list(au)
     if g_list is not None or a_list is not None:
         return _lists_equal(g_list, a_list, verify), "list" + suffix
+    if _RELATION.search(au) and not _RELATION.search(gu):
+        return False, "relation" + suffix  # `\\boxed{17 = 3}` states no value
     if is_prose(gu) or is_prose(au):
         return False, "text" + suffix
     return verify(gu, au), "math_verify" + suffix

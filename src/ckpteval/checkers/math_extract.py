@@ -52,15 +52,7 @@ _MATH_SPANS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 def boxes(text: str) -> list[str | None]:
     """The contents of every non-empty `\\boxed{...}` / `\\fbox{...}` / `\\boxed x`, in order;
     None for one that never closes. An empty box (`put the answer in \\boxed{}`) is not one."""
-    found: list[tuple[int, str | None]] = [
-        (m.start(), m.group(1).strip()) for m in _BOX_BARE.finditer(text)
-    ]
-    closing: dict[int, int] | None = None
-    for match in _BOX_OPEN.finditer(text):
-        closing = _closing_braces(text) if closing is None else closing
-        end = closing.get(match.end() - 1)
-        found.append((match.start(), None if end is None else text[match.end() : end].strip()))
-    return [content for _, content in sorted(found, key=lambda f: f[0]) if content != ""]
+    return [content for _, _, content in box_spans(text)]
 
 
 def _closing_braces(text: str) -> dict[int, int]:
@@ -73,6 +65,44 @@ def _closing_braces(text: str) -> dict[int, int]:
         elif char == "}" and open_at:
             closing[open_at.pop()] = i
     return closing
+
+
+#: What may stand between boxes that state one answer together (`\\boxed{3}, \\boxed{4}`,
+#: `$\\boxed{3}$ or $\\boxed{4}$`): the boxes are read as one list (all the roots, or a hedge).
+_BOX_JOINER = re.compile(
+    r"[\s$,;]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\quad|\\qquad)[\s$,;]*)?"
+)
+
+
+def final_boxes(text: str) -> list[str | None]:
+    """The contents of the last box and of the boxes just before it that only commas, `and`,
+    `or` or spacing separate from it ([] when there is no box)."""
+    spans = box_spans(text)
+    if not spans:
+        return []
+    group = [spans[-1]]
+    for span in reversed(spans[:-1]):
+        if not _BOX_JOINER.fullmatch(text, span[1], group[0][0]):
+            break
+        group.insert(0, span)
+    return [content for _, _, content in group]
+
+
+def box_spans(text: str) -> list[tuple[int, int, str | None]]:
+    """(start, end, content) of every non-empty box, in order; content None (and end the end of
+    the text) for a box that never closes."""
+    found: list[tuple[int, int, str | None]] = [
+        (m.start(), m.end(), m.group(1).strip()) for m in _BOX_BARE.finditer(text)
+    ]
+    closing: dict[int, int] | None = None
+    for match in _BOX_OPEN.finditer(text):
+        closing = _closing_braces(text) if closing is None else closing
+        end = closing.get(match.end() - 1)
+        if end is None:
+            found.append((match.start(), len(text), None))
+        else:
+            found.append((match.start(), end + 1, text[match.end() : end].strip()))
+    return [f for f in sorted(found) if f[2] != ""]
 
 
 def boxed(text: str) -> str | None:
@@ -97,9 +127,9 @@ def extract_answer(completion: str, *, last_line: bool = False) -> tuple[str | N
     """(answer, how it was found) of a completion; (None, None) when it states no final answer.
 
     `how` is `boxed`, `answer_is` (an answer sentence), `answer_line`, `####`, or `last_line`."""
-    found = boxes(completion)
+    found = final_boxes(completion)
     if found:
-        return (found[-1], "boxed") if found[-1] is not None else (None, None)
+        return (", ".join(found), "boxed") if None not in found else (None, None)
     statements = [*_sentences(completion), *_answer_lines(completion), *_gsm8k(completion)]
     if statements:
         _, answer, how = max(statements, key=lambda s: s[0])
@@ -168,10 +198,31 @@ def clean_statement(rest: str) -> str:
         if rest.startswith(left):
             end = _closing(rest, right, len(left))
             if end > len(left):
-                return _trim(rest[len(left) : end])
+                return ", ".join(_joined_spans(rest, left, right, end))
             break
     rest = _SENTENCE_END.split(rest, maxsplit=1)[0]
     return _trim(rest)
+
+
+#: Between math spans that state one answer together: `$3$ or $4$`, `$x = 3$, $x = 4$`.
+_SPAN_JOINER = re.compile(r"\s*(?:,\s*)?(?:(?:and|or)\s+)?")
+
+
+def _joined_spans(rest: str, left: str, right: str, end: int) -> list[str]:
+    """The math span that opens `rest` (closing at `end`) and those that follow it joined by a
+    comma, `and` or `or`: a hedge (`$3$ or $4$`) is then a list, never its first value."""
+    spans = [_trim(rest[len(left) : end])]
+    at = end + len(right)
+    while True:
+        joiner = _SPAN_JOINER.match(rest, at)
+        start = joiner.end() if joiner else at
+        if start == at or not rest.startswith(left, start):
+            return spans
+        close = _closing(rest, right, start + len(left))
+        if close <= start + len(left):
+            return spans
+        spans.append(_trim(rest[start + len(left) : close]))
+        at = close + len(right)
 
 
 def _closing(text: str, right: str, start: int) -> int:
