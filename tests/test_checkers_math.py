@@ -427,6 +427,20 @@ def test_relations_are_not_values(checker: MathChecker) -> None:
     )
 
 
+def test_a_solved_system_answers_a_tuple(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("(1,-2)", "x = 1, y = -2", True, "list"),
+            ("(1,-2)", "y = -2, x = 1", True, "list"),  # the variables' order, not the text's
+            ("(1,-2)", "(x, y) = (1, -2)", True, "string"),
+            ("(1,-2)", "x = -2, y = 1", False, "list"),
+            ("(1,-2)", "x = 1, x = -2", False, "list"),
+            ("(1,-2)", "1, -2", False, "list"),
+        ],
+    )
+
+
 def test_plus_minus_is_both_values(checker: MathChecker) -> None:
     assert_judged(
         checker,

@@ -193,6 +193,12 @@ MORE_SHAPES: dict[str, tuple[str, list[str], list[str], bool]] = {
     "plus_minus_number": ("\\pm 3", ["\\pm 3", "3, -3", "-3, 3", "x = \\pm 3"], ["3", "-3"], False),
     "relation_in_box": ("17", ["17", "x = 17"], ["17 = 3", "3 = 17", "17 > 3"], True),
     "base_digits": ("1011_2", ["1011", "1011_{2}"], ["11", "1011_{10}"], False),
+    "system_as_tuple": (
+        "(1,-2)",
+        ["x = 1, y = -2", "y = -2, x = 1", "(x, y) = (1, -2)"],
+        ["x = -2, y = 1", "(x, y) = (-2, 1)", "x = 1, x = -2"],
+        False,
+    ),
     "hedged_text": (
         "\\text{Tuesday}",
         ["Tuesday"],

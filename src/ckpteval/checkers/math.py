@@ -89,13 +89,13 @@ class MathChecker(Checker):
             return Verdict(False, "no_answer", duration_s=time.monotonic() - start, extras=extras)
         if len(answer) > MAX_ANSWER_CHARS:
             extras["extracted"] = answer[:MAX_ANSWER_CHARS]
-            why = f"the final answer has {len(answer)} characters (over {MAX_ANSWER_CHARS}): not compared"
+            why = f"the final answer has {len(answer)} characters (over {MAX_ANSWER_CHARS})"
             return Verdict(
                 False,
                 "wrong_answer",
                 duration_s=time.monotonic() - start,
                 extras=extras,
-                stderr_tail=why,
+                stderr_tail=why + ": not compared",
             )
         deadline = start + timeout
 

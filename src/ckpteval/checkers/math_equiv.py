@@ -223,9 +223,24 @@ def _both_signs(text: str) -> str:
     return f"{head}+{tail}, {head}-{tail}" if head else f"{tail}, -{tail}"
 
 
+#: `(x, y) = (1, 2)`: the variables of a system named before its solution.
+_NAMED_TUPLE = re.compile(r"^\(\s*[a-zA-Z](?:\s*,\s*[a-zA-Z])+\s*\)\s*=\s*(\(.+\))$", re.S)
+
+
 def _drop_lone_variable(text: str, other: str) -> str:
-    match = _LONE_VARIABLE.match(text)
-    return match.group(1).strip() if match and "=" not in other else text
+    match = _LONE_VARIABLE.match(text) or _NAMED_TUPLE.match(text)
+    if not match or "=" in other or "=" in match.group(1):  # `x = 1, y = 2`: each item its own
+        return text
+    return match.group(1).strip()
+
+
+def _system_as_tuple(g: tuple[str, str, list[str]], a: tuple[str, str, list[str]]) -> bool:
+    """Whether `a` is a solved system (`x = 1, y = -2`: a bare list of distinct lone variables)
+    answering the tuple `g` (`(1, -2)`); its values are then compared in the variables' order."""
+    if g[0] != "(" or a[0] != "" or len(g[2]) != len(a[2]):
+        return False
+    names = [re.match(r"\s*([a-zA-Z])\s*=", item) for item in a[2]]
+    return all(names) and len({m.group(1) for m in names}) == len(names)  # type: ignore[union-attr]
 
 
 def _squash(text: str) -> str:
@@ -322,6 +337,8 @@ def _lists_equal(
     bare list and the answer one too."""
     if g is None or a is None or len(g[2]) != len(a[2]):
         return False
+    if _system_as_tuple(g, a):  # in the variables' alphabetical order: (x, y), (a, b, c)
+        a = (g[0], g[1], [_LONE_VARIABLE.sub(r"\1", item) for item in sorted(map(str.strip, a[2]))])
     unordered = g[0] in ("", "\\{")
     if unordered != (a[0] in ("", "\\{")) or (not unordered and g[:2] != a[:2]):
         return False
