@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.checkers import HACK_TYPES, Checker, Job, Prompting, Verdict, register, tail
-from ckpteval.checkers.extract import python_program
+from ckpteval.checkers.extract import compilable_prompt, python_program
 from ckpteval.errors import UserError
 from ckpteval.sandbox import _DRIVER_SOURCE as DRIVER_SOURCE
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
@@ -218,15 +218,18 @@ def _prompt_field(problem: dict[str, Any]) -> str:
 
 
 def _tests(problem: Mapping[str, Any]) -> dict[str, Any]:
-    """What the test process runs: trusted code only (the prompt for its helpers, the tests)."""
+    """What the test process runs: trusted code only (the prompt for its helpers, the tests).
+    A prompt whose stub has no body is sent made valid (`compilable_prompt`): sent as it is it
+    could not run, the tests got its imports alone and took its helpers from the sample."""
     if "test_list" in problem:
         return {
             "imports": "\n".join(problem.get("test_imports") or []),
             "setup": str(problem.get("test_setup_code") or ""),
             "test": "\n".join(problem["test_list"]),
         }
+    prompt = str(problem.get("prompt") or "")
     return {
-        "prompt": str(problem.get("prompt") or ""),
+        "prompt": compilable_prompt(prompt) if prompt else "",
         "test": str(problem["test"]),
         "entry_point": str(problem["entry_point"]),
     }
