@@ -78,8 +78,27 @@ ERROR_LINE_CHARS = 300
 #: What a sample's stderr (the function's prints) may add to the log.
 LOG_CHARS = 2000
 
-RUNNER_SOURCE = r"""
+#: Run first in each sample's process (a fork of the sandbox's driver, which preloaded the
+#: function's packages): a package's global generator seeded or drawn from before the fork
+#: (numpy's, torch's) would give every sample of the batch the same "random" numbers, as no two
+#: fresh processes get. Python's `random` is reseeded by CPython itself at a fork.
+RESEED_SOURCE = r"""
+def reseed():
+    for name, call in (("numpy", lambda m: m.random.seed()), ("torch", lambda m: m.seed())):
+        module = sys.modules.get(name)
+        if module is not None:
+            try:
+                call(module)
+            except Exception:
+                pass
+"""
+
+RUNNER_SOURCE = (
+    r"""
 import importlib.util, json, math, os, sys, traceback
+"""
+    + RESEED_SOURCE
+    + r"""
 
 
 def plain(value, depth=0):
@@ -98,6 +117,7 @@ def plain(value, depth=0):
 
 
 def main():
+    reseed()
     import builtins, site
     if not hasattr(builtins, "exit"):  # a fork of the sandbox's driver (-S): as under `python`
         site.setquit()
@@ -124,6 +144,7 @@ def main():
 
 main()
 """
+)
 
 
 class RewardFunctionChecker(Checker):
