@@ -959,17 +959,33 @@ def _std_macros_by_path(text: str) -> str:
 
 
 def _foreign_impls(text: str) -> bool:
-    """Whether `text` implements a trait for a type it does not define (`impl T for i32`,
+    """Whether `text` implements a trait for a type it may not define (`impl T for i32`,
     `impl<T> T for Vec<T>`, ...): such an impl is crate-wide and can change how a sibling's
-    types are inferred, so the sample compiles alone."""
+    types are inferred, so the sample compiles alone. A target counts as its own only when the
+    sample defines a type of that name, imports no item of that name (`use std::...::HashMap`
+    inside a module would make `impl ... for HashMap` an impl on std's, beside a `struct HashMap`
+    of its own) and has neither glob imports nor inline modules, where names can mean another
+    type than the top-level one."""
     blank = _blank_comments_and_strings(text)
     local = set(re.findall(r"\b(?:struct|enum|union)\s+(\w+)", blank))
-    for match in re.finditer(r"\bimpl\b[^{;]*?\bfor\s+([^{;]*?)(?:\{|\bwhere\b)", blank):
-        target = match.group(1).strip()
-        head = re.match(r"(\w+)", target)
-        if head is None or head.group(1) not in local:
+    imported: set[str] = set()
+    for use in _USE.finditer(blank):
+        imported.update(re.findall(r"\w+", use.group()))
+    unsure = "*" in "".join(u.group() for u in _USE.finditer(blank)) or bool(
+        _INLINE_MOD.search(blank)
+    )
+    for impl in _IMPL.finditer(blank):
+        target = _IMPL_TARGET.search(blank, impl.start(), impl.end())
+        if target is None:
+            continue  # an inherent impl
+        head = re.match(r"\s*(\w+)", target.group(1))
+        if unsure or head is None or head.group(1) not in local or head.group(1) in imported:
             return True
     return False
+
+
+_INLINE_MOD = re.compile(r"\bmod\s+\w+\s*\{")
+_IMPL_TARGET = re.compile(r"\bfor\s+(.*?)(?:\bwhere\b|$)", re.S)
 
 
 def static_hacks(
