@@ -420,6 +420,8 @@ def test_relations_are_not_values(checker: MathChecker) -> None:
             ("17", "17 = 3", False, "relation"),
             ("3", "17 = 3", False, "relation"),
             ("17", "17 > 3", False, "relation"),
+            ("17", "a + b = 17", False, "relation"),
+            ("3", "x > 2", False, "math_verify"),  # an inequality in a variable: sympy's call
             ("17", "x = 17", True, "string"),
             ("y=2x+3", "y = 2x + 3", True, "string"),
             ("-1, 3", "x = -1, x = 3", True, "list"),

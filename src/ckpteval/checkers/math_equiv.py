@@ -192,8 +192,11 @@ _OPENERS, _CLOSERS = "([{", ")]}"
 #: Words that join several answers into one statement: a list (`x = 3 or x = 4`: all the roots)
 #: or a hedge (`3 or 4` for one value), which then fails as a list against a single gold.
 _CONNECTIVE = re.compile(r"\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b")
-#: A relation: an answer that is one (`17 = 3`, `x > 2`) is no value, unless the gold is one too.
-_RELATION = re.compile(r"=|<|>|\\(?:le|ge|leq|geq|neq|ne|lt|gt|approx)(?![a-zA-Z])|≤|≥|≠")
+#: Relations: an answer that is an equation (`17 = 3`), or an inequality between numbers
+#: (`17 > 3`), states no value unless the gold is a relation too; `x > 2` is left to math-verify
+#: (it may be an interval's answer).
+_EQUATION = re.compile(r"=|\\(?:neq|ne|approx)(?![a-zA-Z])|≠")
+_INEQUALITY = re.compile(r"<|>|\\(?:le|ge|leq|geq|lt|gt)(?![a-zA-Z])|≤|≥")
 _PLUS_MINUS = re.compile(r"\\pm(?![a-zA-Z])|±")
 
 
@@ -271,11 +274,15 @@ def _compare(g: str, a: str, verify: Verify) -> tuple[bool | None, str]:
     g_list, a_list = split_list(gu), split_list(au)
     if g_list is not None or a_list is not None:
         return _lists_equal(g_list, a_list, verify), "list" + suffix
-    if _RELATION.search(au) and not _RELATION.search(gu):
+    if _is_relation(au) and not (_EQUATION.search(gu) or _INEQUALITY.search(gu)):
         return False, "relation" + suffix  # `\\boxed{17 = 3}` states no value
     if is_prose(gu) or is_prose(au):
         return False, "text" + suffix
     return verify(gu, au), "math_verify" + suffix
+
+
+def _is_relation(text: str) -> bool:
+    return bool(_EQUATION.search(text)) or bool(_INEQUALITY.search(text)) and not has_letters(text)
 
 
 def _numbers_equal(g: str, a: str) -> bool | None:
