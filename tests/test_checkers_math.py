@@ -369,6 +369,9 @@ def test_numbers_in_a_base_keep_their_digits_and_base(checker: MathChecker) -> N
             ("1011_2", "1011_3", False, "string"),
             ("1011_2", "1101_2", False, "string"),
             ("1011_2", "11", False, "string"),
+            ("1011_2", "1011", True, "string"),  # the digits alone, in the base asked for
+            ("1011_2", "1011_{10}", False, "string"),
+            ("B_{16}", "b", True, "string"),
         ],
     )
 
@@ -382,5 +385,73 @@ def test_and_separates_items_when_the_gold_is_a_list(checker: MathChecker) -> No
             ("-1, 3", "x = -1, x = 3", True, "list"),
             ("-1, 3", "-1 and 5", False, "list"),
             ("\\text{salt and pepper}", "salt and pepper", True, "string"),
+            ("3, 4", "x = 3 or x = 4", True, "list"),  # "find all roots", in prose
+            ("3, 4", "x=3 \\text{ or } x=4", True, "list"),
+            ("3, 4", "x = 3 or x = 5", False, "list"),
+        ],
+    )
+
+
+def test_hedges_and_sprays_are_lists_never_one_value(checker: MathChecker) -> None:
+    """Several answers stated as one (joined by `or`, `and` or commas, in a sentence, in a box or
+    as boxes side by side) are read together: a list, which a single gold never equals whichever
+    of them is right, and which a "find all" gold does. Boxes in separate sentences are not."""
+    for completion, gold, passed in [
+        ("The answer is $3$ or $4$.", "3", False),
+        ("The answer is $4$ or $3$.", "3", False),
+        ("The answer is 3 or 4.", "3", False),
+        ("So the answer is $\\boxed{4}$ or $\\boxed{3}$.", "3", False),
+        ("\\boxed{4}, \\boxed{3}, \\boxed{0}", "3", False),
+        ("\\boxed{3 \\text{ or } 4}", "3", False),
+        ("\\boxed{\\text{Tuesday or Thursday}}", "\\text{Tuesday}", False),
+        ("The answer is $x = 3$ or $x = 4$.", "3, 4", True),
+        ("The roots are $\\boxed{3}$ and $\\boxed{4}$.", "3, 4", True),
+        ("A first try gives \\boxed{4}. Checking it fails, so \\boxed{3}.", "3", True),
+        ("The answer is $3$, and it fits.", "3", True),
+    ]:
+        verdict = checker.check_one(Job("t", {"answer": gold}, completion), 5.0)
+        assert verdict.passed == passed, (completion, verdict.extras)
+
+
+def test_relations_are_not_values(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("17", "17 = 3", False, "relation"),
+            ("3", "17 = 3", False, "relation"),
+            ("17", "17 > 3", False, "relation"),
+            ("17", "a + b = 17", False, "relation"),
+            ("3", "x > 2", False, "math_verify"),  # an inequality in a variable: sympy's call
+            ("17", "x = 17", True, "string"),
+            ("y=2x+3", "y = 2x + 3", True, "string"),
+            ("-1, 3", "x = -1, x = 3", True, "list"),
+        ],
+    )
+
+
+def test_a_solved_system_answers_a_tuple(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("(1,-2)", "x = 1, y = -2", True, "list"),
+            ("(1,-2)", "y = -2, x = 1", True, "list"),  # the variables' order, not the text's
+            ("(1,-2)", "(x, y) = (1, -2)", True, "string"),
+            ("(1,-2)", "x = -2, y = 1", False, "list"),
+            ("(1,-2)", "x = 1, x = -2", False, "list"),
+            ("(1,-2)", "1, -2", False, "list"),
+        ],
+    )
+
+
+def test_plus_minus_is_both_values(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("3 \\pm \\sqrt{2}", "3 - \\sqrt{2}, 3 + \\sqrt{2}", True, "list"),
+            ("3 \\pm \\sqrt{2}", "3 \\pm \\sqrt{2}", True, "string"),
+            ("3 \\pm \\sqrt{2}", "3 + \\sqrt{2}", False, "list"),
+            ("\\pm 3", "-3, 3", True, "list"),
+            ("\\pm 3", "x = \\pm 3", True, "string"),
+            ("\\pm 3", "3", False, "list"),
         ],
     )

@@ -64,6 +64,13 @@ CASES = [
         "    crate::helper(a, b)\n}\n\nfn helper(a: i64, b: i64) -> i64 {\n    a + b\n}\n",
         None,
     ),
+    (  # `'static str` once read as an item named `str` (a shadowed primitive): refused
+        "a &'static str",
+        ADD,
+        "    const OP: &'static str = \"sum\";\n    static ALSO: &'static String = &String::new();\n"
+        "    let _ = (OP.len(), ALSO.len());\n    a + b\n}\n",
+        None,
+    ),
     ("wrong answer", ADD, "    a - b\n}\n", "wrong_answer"),
     ("syntax error", ADD, "    a + \n}\n", "compile_error"),
     ("type error", ADD, '    "three"\n}\n', "compile_error"),

@@ -15,8 +15,10 @@ import contextlib
 import copy
 import io
 import json
+import math
 import re
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -522,3 +524,123 @@ def test_a_solutions_file_is_replayed_or_one_line_naming_it(lines: list[tuple[st
     assert stats["n_samples"] == len(written) > 0
     assert len(written) <= len(good)
     assert {w["task_id"] for w in written} <= {f"arith/{i}" for i in range(5)}
+
+
+# ------------------------------------------------------------------- samples that stop a run
+
+#: Each analysis of one sample must finish within this (seconds) on a text of `SAMPLE_CHARS`:
+#: linear work takes milliseconds; the quadratic regexes and scans this guards against took
+#: seconds to minutes (12,000 spaces: 49 s).
+ANALYSIS_S = 2.0
+SAMPLE_CHARS = 40_000
+
+#: What a pathological sample is made of: whitespace runs, markers the checkers' patterns start
+#: from (answer sentences, boxes, `use`/`enum`/`impl` heads, raw strings), brackets to nest.
+PIECES = [
+    " ", "\n", " \n", "\t", " \t", "1", "9" * 7, "a", "a ", "1, ", ", and ", " and ", "and ",
+    "{", "}", "(", "[", "$", "\\", "\\boxed{", "\\boxed ", "\\text{ ", "\\frac", "x = ", "=", ".",
+    ". ", "_{", "#", "####", "**", "fn ", "use ", "impl ", "enum ", "struct ", "for ", "'static ",
+    "r#\"", "\"", "'", "//", "/*", "```", "```python\n", "```rust\n", "Answer: ",
+    "The answer is ", "because ", " so", "as ", "#include", "if x:\n", "    ", "elif x == 1:\n",
+    "def f(", "lambda: ", "print('ok')", "import os\n",
+]  # fmt: skip
+
+
+@st.composite
+def hostile_text(draw: st.DrawFn) -> str:
+    """A few runs of one piece each, up to `SAMPLE_CHARS` in all, in an answer-shaped frame."""
+    parts = []
+    for _ in range(draw(st.integers(1, 3))):
+        piece = draw(st.sampled_from(PIECES))
+        parts.append(piece * draw(st.integers(1, SAMPLE_CHARS // 3 // len(piece))))
+    frame = draw(
+        st.sampled_from(["{}", "The answer is {}.", "\\boxed{{{}}}", "```rust\n{}\n```", "5{} cm"])
+    )
+    return frame.format("".join(parts))
+
+
+def _timed(what: str, call: Any, *args: Any) -> Any:
+    start = time.monotonic()
+    out = call(*args)
+    took = time.monotonic() - start
+    assert took < ANALYSIS_S, f"{what} took {took:.1f} s"
+    return out
+
+
+_RUST = {
+    "task_id": "r",
+    "entry_point": "f",
+    "prompt": "use std::collections::HashMap;\nfn f(x: i32) -> i32 {\n",
+    "test": "#[cfg(test)]\nmod tests {\n    use super::*;\n    #[test]\n"
+    "    fn t() {\n        assert_eq!(f(1), 1);\n    }\n}\n",
+}
+_PYTHON = {
+    "task_id": "p",
+    "prompt": "def f(x):\n",
+    "test": "def check(c): pass",
+    "entry_point": "f",
+}
+_MATH = {"task_id": "m", "answer": "3, 4"}
+
+
+@pytest.fixture(scope="module")
+def math_checker() -> Iterator[Any]:
+    from ckpteval.checkers.math import MathChecker
+
+    checker = MathChecker()
+    checker._pool.verify = lambda gold, answer, timeout: False  # type: ignore[method-assign]
+    yield checker
+    checker.close()
+
+
+@settings(FUZZ, max_examples=60)
+@given(text=hostile_text())
+def test_no_sample_text_stops_or_stalls_an_analysis(text: str, math_checker: Any) -> None:
+    """Every analysis the checkers run on a sample's text in-process (outside its sandbox's
+    limits) returns a verdict or its parts, quickly, whatever the text: math extraction and
+    comparison, the python program's assembly, parse and static scan, the rust unit's assembly
+    and static scans, the stdio language detection."""
+    from ckpteval.checkers import Job, Verdict
+    from ckpteval.checkers.extract import python_program
+    from ckpteval.checkers.python import parse_program, static_hack
+    from ckpteval.checkers.rust import _make_unit
+    from ckpteval.checkers.stdio import detect_program
+
+    verdict = _timed("math", math_checker.check_one, Job("m", _MATH, text), 5.0)
+    assert isinstance(verdict, Verdict)
+    tree = _timed("python parse", parse_program, _timed("python", python_program, _PYTHON, text))
+    if not isinstance(tree, Verdict):
+        _timed("python static scan", static_hack, tree)
+    _timed("rust", _make_unit, 0, Job("r", _RUST, text), 5.0)
+    _timed("stdio", detect_program, text)
+
+
+#: Reward function results no cell arithmetic survives, and ordinary ones.
+scores = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(),
+    st.sampled_from([10**400, -(10**400), 10**4000, 1e308, -1e308, 1e15, 1e16, True, 0.5]),
+)
+rewards = st.one_of(
+    scores, st.fixed_dictionaries({"score": scores}, optional={"acc": st.one_of(scores, st.text())})
+)
+
+
+@FUZZ
+@given(values=st.lists(rewards, min_size=1, max_size=12))
+def test_no_reward_value_stops_a_cell(values: list[Any]) -> None:
+    """What a reward function returns is a score or a one-line reason, and the cell's reward
+    metrics over the scores are finite numbers, whatever it returned."""
+    from ckpteval.checkers.reward import as_score
+    from ckpteval.evaluate import RewardTotals
+
+    totals = RewardTotals()
+    for value in values:
+        score, info = as_score(value)
+        if isinstance(score, str):
+            assert score and "\n" not in score and len(score) < 300, score
+            continue
+        totals.add({"reward": score, "reward_info": info})
+    for name, metric in totals.metrics().items():
+        assert math.isfinite(metric["value"]) and math.isfinite(metric["stderr"]), (name, metric)
+    totals.distribution()

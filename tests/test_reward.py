@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -547,6 +548,7 @@ register("word", WordChecker)
 
 PLUGIN_PROBE = """
 import json
+import math
 from ckpteval.checkers import readers_of, problem_file_checkers
 from ckpteval.contract import Cell, ROWS
 from ckpteval.tasks import resolve_task
@@ -784,3 +786,59 @@ def test_a_replay_runs_solutions_name_the_rows_ids(tmp_path: Path, reward_file: 
     write_jsonl(solutions, [{"task_id": "0", "completion": "#### 0"}])
     with pytest.raises(UserError, match=r"'0'"):
         replay_solutions(solutions, spec, "greedy-s42", out, where="runs.r.solutions")
+
+
+#: A reward function returning scores past any sane range, chosen by the completion.
+OUT_OF_RANGE = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str.startswith("#### "):
+        return float(solution_str[5:] == ground_truth)
+    return {
+        "int400": 10 ** 400,
+        "int5000": 10 ** 5000,
+        "1e308": 1e308,
+        "-1e308": -1e308,
+        "inf": float("inf"),
+        "nan": float("nan"),
+        "acc": {"score": 1.0, "acc": 10 ** 400},
+        "1e16": 1e16,
+    }[solution_str]
+"""
+
+
+def test_a_score_out_of_range_fails_alone_and_the_cell_stays_finite(tmp_path: Path) -> None:
+    """Scores no arithmetic of the cell survives (a 400-digit integer raised OverflowError, 1e308
+    made the standard error overflow) are each a `reward_error` saying why, beside a right and a
+    wrong sample that keep their verdicts, and every metric of the cell is a finite number."""
+    path = tmp_path / "reward.py"
+    path.write_text(OUT_OF_RANGE)
+    problems = {"1": {"task_id": "1", "ground_truth": "2", "question": "1 + 1?"}}
+    bad = ["int400", "int5000", "1e308", "-1e308", "inf", "nan", "acc", "1e16"]
+    samples = [
+        {"task_id": "1", "sample_idx": i, "completion": c}
+        for i, c in enumerate(["#### 2", "#### 3", *bad])
+    ]
+    cell = score_samples(
+        "reward_function",
+        problems,
+        samples,
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=2,
+        timeout=5.0,
+        ks=[1],
+        checker_options={"reward_function": str(path), "self_test": "off: no ground truths"},
+    )
+    lines = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [(x["passed"], x["error_type"]) for x in lines[:2]] == [
+        (True, None),
+        (False, "wrong_answer"),
+    ]
+    assert [x["error_type"] for x in lines[2:]] == ["reward_error"] * len(bad)
+    why = {c: x["stderr_tail"] for c, x in zip(bad, lines[2:])}
+    assert "integer of about 401 digits" in why["int400"] and "1e+15" in why["int400"], why
+    assert "1e+308" in why["1e308"] and "`acc`" in why["acc"] and "1e+16" in why["1e16"], why
+    assert why["int5000"] and all("\n" not in w for w in why.values()), why
+    assert cell["metrics"]["reward_mean"] == {"value": 0.5, "stderr": 0.5, "n": 2}
+    for name, metric in cell["metrics"].items():
+        assert all(math.isfinite(metric[k]) for k in ("value", "stderr")), (name, metric)

@@ -249,3 +249,62 @@ def test_a_package_that_fails_to_import_is_skipped_and_fails_only_who_imports_it
         "RuntimeError: broken on import",
     )
     assert (exits.error_type, exits.stderr_tail) == ("reward_error", "SystemExit: 4")
+
+
+#: A reward function drawing from preloaded packages' global random states.
+RANDOM = """
+import random
+import numpy
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": 0.0, "numpy": float(numpy.random.random()), "random": random.random()}
+"""
+
+
+def test_each_forked_sample_draws_its_own_random_numbers(tmp_path: Path) -> None:
+    """numpy is preloaded once per batch and every sample is a fork of that process: without a
+    reseed in each, every sample of the batch drew the same "random" numbers (as no two fresh
+    processes do)."""
+    checker = _reward_checker(tmp_path, RANDOM)
+    assert "numpy" in preload_modules(RANDOM, tmp_path)
+    verdicts = _one_batch(checker, ["a", "b", "c", "d"])
+    draws = [
+        (v.extras["reward_info"]["numpy"], v.extras["reward_info"]["random"]) for v in verdicts
+    ]
+    assert len({n for n, _ in draws}) == 4 and len({r for _, r in draws}) == 4, draws
+
+
+def test_the_runner_reseeds_a_preloaded_generator_in_each_fork() -> None:
+    """A package that seeds (or draws from) numpy's global generator when the driver preloads
+    it leaves every forked sample the same state: the runner's first step gives each its own."""
+    import subprocess
+    import sys
+
+    from ckpteval.checkers.reward import RESEED_SOURCE
+
+    script = textwrap.dedent(
+        """
+        import os, sys
+        import numpy
+        numpy.random.seed(0)  # what a preloaded package may do at import
+        reseeding = sys.argv[1] == "reseed"
+        for _ in range(3):
+            if os.fork() == 0:
+                if reseeding:
+                    exec(RESEED, globals())
+                    reseed()
+                print(numpy.random.random(), flush=True)
+                os._exit(0)
+            os.wait()
+        """
+    )
+    draws = {}
+    for mode in ("reseed", "plain"):
+        out = subprocess.run(
+            [sys.executable, "-c", f"RESEED = {RESEED_SOURCE!r}\n{script}", mode],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        draws[mode] = set(out)
+    assert len(draws["plain"]) == 1  # the failure this guards against, reproduced
+    assert len(draws["reseed"]) == 3, draws

@@ -448,3 +448,46 @@ def test_problem_without_tests_is_no_tests_and_runs_nothing() -> None:
     verdicts = _check([Job("empty", empty, own_test), Job(ADD["task_id"], ADD, CORRECT)])
     assert [(_key(v), v.run_s) for v in verdicts][0] == ((False, "no_tests", True), None)
     assert verdicts[1].passed
+
+
+#: Defines its own `HashMap` and, in a module where `HashMap` is std's, implements a trait on
+#: std's `HashMap<String, usize>`: an impl for every sample of a shared crate.
+STD_IMPL_UNDER_OWN_NAME = (
+    "```rust\n#[derive(Debug)]\nstruct HashMap<K, V>(Vec<(K, V)>);\nmod private {\n"
+    "    use std::collections::HashMap;\n    pub struct Marker;\n"
+    "    impl PartialEq<Marker> for HashMap<String, usize> {\n"
+    "        fn eq(&self, _: &Marker) -> bool {\n"
+    "            self.len() > usize::MAX - 1\n        }\n    }\n}\n"
+    "fn add_two(a: i64, b: i64) -> i64 {\n    a + b\n}\n```\n"
+)
+#: Tests that compare with a bare `HashMap::new()`: inference a crate-wide impl can break.
+WORDS_EMPTY = {
+    **WORDS,
+    "task_id": "words_empty",
+    "tests": "#[cfg(test)]\nmod tests {\n    use super::*;\n    #[test]\n    fn test_count_words() {\n"
+    '        assert_eq!(count_words(""), HashMap::new());\n'
+    '        assert_eq!(count_words("a a").len(), 1);\n    }\n}\n',
+}
+COUNT = (
+    "    let mut counts = HashMap::new();\n    for w in text.split_whitespace() {\n"
+    "        *counts.entry(w.to_string()).or_insert(0) += 1;\n    }\n    counts\n}\n"
+)
+
+
+def test_a_trait_impl_whose_target_name_may_mean_another_type_compiles_alone() -> None:
+    """The name-based check took `impl ... for HashMap<..>` for an impl on the sample's own
+    `struct HashMap` even where a `use` made it std's, and batched it: a trait impl compiles in
+    the shared crate only when its target is certainly the sample's own type."""
+    unit = rust_checker._make_unit(0, Job(ADD["task_id"], ADD, STD_IMPL_UNDER_OWN_NAME), 3.0)
+    assert unit.alone_only
+    own = "```rust\nstruct Total(i64);\nimpl Clone for Total {\n    fn clone(&self) -> Self {\n"
+    own += "        Total(self.0)\n    }\n}\nfn add_two(a: i64, b: i64) -> i64 {\n"
+    own += "    Total(a + b).clone().0\n}\n```\n"
+    assert not rust_checker._make_unit(0, Job(ADD["task_id"], ADD, own), 3.0).alone_only
+    jobs = [
+        Job("words_empty", WORDS_EMPTY, COUNT),
+        Job(ADD["task_id"], ADD, STD_IMPL_UNDER_OWN_NAME),
+        Job("words_empty", WORDS_EMPTY, COUNT),
+        Job(ADD["task_id"], ADD, own),
+    ]
+    assert [_key(v) for v in _check(jobs)] == [(True, None, True)] * 4

@@ -278,3 +278,13 @@ def test_paired_flips_half_passing_is_unsolved_and_scores_need_0_or_1() -> None:
     assert not scores.gained.any() and math.isnan(scores.p_value[0])
     empty = paired_flips(np.empty((0, 1)), np.empty((0, 1)), np.empty(0, dtype=np.int64))
     assert empty.n_problems.tolist() == [0] and math.isnan(empty.p_value[0])
+
+
+def test_a_mean_of_values_past_the_float_range_has_an_infinite_stderr_not_an_error() -> None:
+    """Squares of 1e308 overflow (Python's `**` raises OverflowError): the cell's statistics
+    report a spread beyond measure instead of stopping the run."""
+    from ckpteval.metrics import mean_and_stderr
+
+    mean, stderr = mean_and_stderr([1e308, -1e308, 1e308])
+    assert math.isfinite(mean) and stderr == math.inf
+    assert mean_and_stderr([1.0, 3.0]) == (2.0, 1.0)

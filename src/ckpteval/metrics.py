@@ -53,7 +53,10 @@ def _mean_and_stderr(n: int, values: Callable[[], Iterator[float]]) -> tuple[flo
     mean = sum(values()) / n
     if n < 2:
         return mean, 0.0
-    var = sum((v - mean) ** 2 for v in values()) / (n - 1)
+    try:
+        var = sum((v - mean) ** 2 for v in values()) / (n - 1)
+    except OverflowError:  # a square past the float range: the spread is beyond measure
+        return mean, math.inf
     return mean, math.sqrt(var / n)
 
 

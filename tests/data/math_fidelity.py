@@ -175,6 +175,46 @@ UNIT_SHAPES: dict[str, tuple[str, list[str], list[str]]] = {
 }
 
 
+#: Issue 37's shapes (after the others, so that earlier ids stay): "find all" lists stated in
+#: prose, ± against the roots written out, relations that state no value, digits in a base.
+MORE_SHAPES: dict[str, tuple[str, list[str], list[str], bool]] = {
+    "roots_in_prose": (
+        "3, 4",
+        ["x = 3 \\text{ or } x = 4", "x=3 \\text{ and } x=4", "4, 3"],
+        ["x = 3", "x = 3 \\text{ or } x = 5", "3, 4, 5"],
+        False,
+    ),
+    "plus_minus": (
+        "3 \\pm \\sqrt{2}",
+        ["3 \\pm \\sqrt{2}", "3+\\sqrt{2}, 3-\\sqrt{2}", "3 - \\sqrt{2}, 3 + \\sqrt{2}"],
+        ["3 + \\sqrt{2}", "3 \\pm \\sqrt{3}"],
+        False,
+    ),
+    "plus_minus_number": ("\\pm 3", ["\\pm 3", "3, -3", "-3, 3", "x = \\pm 3"], ["3", "-3"], False),
+    "relation_in_box": ("17", ["17", "x = 17"], ["17 = 3", "3 = 17", "17 > 3"], True),
+    "base_digits": ("1011_2", ["1011", "1011_{2}"], ["11", "1011_{10}"], False),
+    "system_as_tuple": (
+        "(1,-2)",
+        ["x = 1, y = -2", "y = -2, x = 1", "(x, y) = (1, -2)"],
+        ["x = -2, y = 1", "(x, y) = (-2, 1)", "x = 1, x = -2"],
+        False,
+    ),
+    "hedged_text": (
+        "\\text{Tuesday}",
+        ["Tuesday"],
+        ["\\text{Tuesday or Thursday}", "\\text{Tuesday, Thursday}"],
+        False,
+    ),
+}
+
+#: (gold, a right answer, a wrong one) for the hedge and spray rows.
+HEDGED = [
+    ("42", "42", "43"),
+    ("\\frac{3}{4}", "\\frac{3}{4}", "\\frac{4}{3}"),
+    ("(1,-2)", "(1,-2)", "(2,1)"),
+]
+
+
 def _boxed(r: str) -> str:
     return f"{WORKING} Putting it together gives the result.\nTherefore the answer is $\\boxed{{{r}}}$."
 
@@ -262,6 +302,9 @@ def rows() -> list[dict[str, object]]:
         out += _unit_rows(shape, gold, good, near)
     out += _truncations()
     out += _self_corrections()
+    for shape, (gold, good, near, numeric) in MORE_SHAPES.items():
+        out += _shape_rows(shape, gold, good, near, numeric)
+    out += _hedges()
     for i, row in enumerate(out):
         row["id"] = f"mf{i:04d}"
     return [{"id": r.pop("id"), **r} for r in out]
@@ -346,6 +389,34 @@ def _self_corrections() -> list:
                 shape, gold, f"{WORKING} {wrong}", False, "self_correction", "last stated is wrong"
             )
         )
+    return out
+
+
+def _hedges() -> list:
+    """Several answers stated as one (a hedge, a spray of boxes): never a pass for one gold value,
+    whichever of them is right; the same shapes state a "find all" list, which passes."""
+    out = []
+    for gold, right, wrong in HEDGED:
+        for text, style in (
+            (f"{WORKING} The answer is ${right}$ or ${wrong}$.", "hedge_answer_is"),
+            (f"{WORKING} The answer is ${wrong}$ or ${right}$.", "hedge_answer_is"),
+            (
+                f"{WORKING} So the answer is $\\boxed{{{wrong}}}$ or $\\boxed{{{right}}}$.",
+                "hedge_boxed",
+            ),
+            (f"{WORKING}\n\\boxed{{{wrong}}}, \\boxed{{{right}}}, \\boxed{{0}}", "spray_boxed"),
+            (
+                f"{WORKING} The answer is $\\boxed{{{right} \\text{{ or }} {wrong}}}$.",
+                "hedge_in_box",
+            ),
+        ):
+            out.append(_row("hedged", gold, text, False, style, f"hedge: {right} / {wrong}"))
+    for text, style in (
+        (f"{WORKING} The answer is $x = 3$ or $x = 4$.", "answer_is"),
+        (f"{WORKING} So the roots are $\\boxed{{3}}$ and $\\boxed{{4}}$.", "boxes_joined"),
+        (f"{WORKING} The answer is $4$, $3$.", "answer_is"),
+    ):
+        out.append(_row("roots_in_prose", "3, 4", text, True, style, "correct: all roots"))
     return out
 
 

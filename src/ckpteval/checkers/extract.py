@@ -66,7 +66,7 @@ def python_program(problem: Mapping[str, Any], completion: str) -> str:
     if not prompt or not entry:
         return code if code.endswith("\n") else code + "\n"
     if re.search(rf"^(?:async\s+)?def\s+{re.escape(entry)}\s*\(", code, re.M):
-        return _compilable_prefix(prompt) + "\n\n" + code.rstrip("\n") + "\n"
+        return compilable_prompt(prompt) + "\n\n" + code.rstrip("\n") + "\n"
     return prompt + completion_body(code)
 
 
@@ -75,8 +75,10 @@ def completion_body(code: str) -> str:
     return code if code.endswith("\n") else code + "\n"
 
 
-def _compilable_prefix(prompt: str) -> str:
-    """The prompt made valid on its own (a stub whose body is only a docstring is fine already)."""
+def compilable_prompt(prompt: str) -> str:
+    """The prompt made valid on its own (a stub whose body is only a docstring is fine already; a
+    stub with neither body nor docstring gets `pass`), so that its helpers can be defined from
+    it: the tests take them from here, never from the sample."""
     for candidate in (prompt, prompt.rstrip() + "\n    pass\n"):
         try:
             compile(candidate, "<prompt>", "exec", dont_inherit=True)
@@ -177,7 +179,7 @@ def delimiters_balanced(source: str) -> bool:
 _RUST_LEXEMES = re.compile(
     r"""//[^\n]*                        # line comment
       | /\*(?:[^*]|\*(?!/))*(?:\*/|\Z)  # block comment (not nested; unterminated runs to end)
-      | b?r(\#*)".*?"\1                 # raw string
+      | b?r(\#*)".*?(?:"\1|\Z)          # raw string (unterminated runs to end)
       | b?"(?:[^"\\]|\\.)*(?:"|\Z)      # string
       | b?'(?:[^'\\\n]|\\.[^'\n]{0,9})'  # char literal (lifetimes have no closing quote)
     """,

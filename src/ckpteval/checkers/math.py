@@ -36,12 +36,16 @@ __all__ = ["MathChecker", "as_number", "boxed", "extract_answer", "gold_answer"]
 
 #: The problem field by which a task declares that a bare last line is an answer.
 LAST_LINE_FIELD = "answer_last_line"
+#: A final answer longer than this is wrong without being compared: no gold answer is near it,
+#: and comparing (normalising, unit stripping, sympy) costs more than linear time in its length.
+MAX_ANSWER_CHARS = 1000
 
 
 class MathChecker(Checker):
     name = "math"
     #: 2: the extraction order and normalisation of docs/evaluate.md "Math answers".
-    version = "2"
+    #: 3: hedges and sprays are lists, relations no value, ± two values, a base's digits alone.
+    version = "3"
     default_timeout = 5.0
     reads = ("evaluate.timeout",)
 
@@ -83,6 +87,16 @@ class MathChecker(Checker):
         extras = {"extracted": answer, "extraction": how, "equivalence": None, "gold": gold}
         if answer is None:
             return Verdict(False, "no_answer", duration_s=time.monotonic() - start, extras=extras)
+        if len(answer) > MAX_ANSWER_CHARS:
+            extras["extracted"] = answer[:MAX_ANSWER_CHARS]
+            why = f"the final answer has {len(answer)} characters (over {MAX_ANSWER_CHARS})"
+            return Verdict(
+                False,
+                "wrong_answer",
+                duration_s=time.monotonic() - start,
+                extras=extras,
+                stderr_tail=why + ": not compared",
+            )
         deadline = start + timeout
 
         def verify(g: str, a: str) -> bool | None:

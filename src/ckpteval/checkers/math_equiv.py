@@ -40,10 +40,14 @@ _NOT_UNITS = frozenset(
     "am pm hundred thousand million billion trillion dozen squared cubed percent factorial".split()
 )
 _BASE = re.compile(r"([0-9A-Za-z]+)_\{?(\d+)\}?")
+#: A unit word at the end of a stripped answer. Searched for only in the last `_UNIT_WINDOW`
+#: characters, and never with leading or trailing `\s*`: that made every position of a run of
+#: spaces start a match that failed at its end (12,000 spaces: seconds per search).
 _UNIT_TOKEN = re.compile(
-    r"\s*(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z][a-zA-Z .]*\}|(?<![\\a-zA-Z])[a-zA-Z]{2,}\.?)"
-    r"(?:\^\{?[23]\}?)?\s*$"
+    r"(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z][a-zA-Z .]*\}|(?<![\\a-zA-Z])[a-zA-Z]{2,}\.?)"
+    r"(?:\^\{?[23]\}?)?$"
 )
+_UNIT_WINDOW = 100
 _REWRITES: tuple[tuple[str, str], ...] = (
     (r"√\s*\(([^()]*)\)", r"\\sqrt{\1}"),
     (r"√\s*\{", r"\\sqrt{"),
@@ -117,13 +121,12 @@ def strip_units(text: str) -> str:
     """`text` without unit words after a number (`35 diagonals`, `40 miles per hour`,
     `2\\text{ cm}^2`, `18.9 dollars`): words of two or more letters, or `\\text{}`, that follow
     a part with a digit and no letters outside LaTeX commands. Single letters stay (`2 i`)."""
-    rest = text
+    rest = text.strip()
     while True:
-        match = _UNIT_TOKEN.search(rest)
+        match = _UNIT_TOKEN.search(rest, max(0, len(rest) - _UNIT_WINDOW))
         if not match or match.start() == 0 or text_key(match.group(0)) in _NOT_UNITS:
             break
-        rest = rest[: match.start()]
-    rest = rest.strip()
+        rest = rest[: match.start()].rstrip()
     if rest == text.strip() or not re.search(r"\d", rest) or has_letters(rest):
         return text
     return rest
@@ -186,7 +189,15 @@ def text_key(text: str) -> str:
 
 _LONE_VARIABLE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in(?![a-zA-Z]))\s*(.+)$", re.S)
 _OPENERS, _CLOSERS = "([{", ")]}"
-_AND = re.compile(r",?\s*(?:\\text\{\s*and\s*\}|\band\b)\s*")
+#: Words that join several answers into one statement: a list (`x = 3 or x = 4`: all the roots)
+#: or a hedge (`3 or 4` for one value), which then fails as a list against a single gold.
+_CONNECTIVE = re.compile(r"\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b")
+#: Relations: an answer that is an equation (`17 = 3`), or an inequality between numbers
+#: (`17 > 3`), states no value unless the gold is a relation too; `x > 2` is left to math-verify
+#: (it may be an interval's answer).
+_EQUATION = re.compile(r"=|\\(?:neq|ne|approx)(?![a-zA-Z])|≠")
+_INEQUALITY = re.compile(r"<|>|\\(?:le|ge|leq|geq|lt|gt)(?![a-zA-Z])|≤|≥")
+_PLUS_MINUS = re.compile(r"\\pm(?![a-zA-Z])|±")
 
 
 def equivalent(gold: str, answer: str, verify: Verify) -> tuple[bool | None, str]:
@@ -195,15 +206,44 @@ def equivalent(gold: str, answer: str, verify: Verify) -> tuple[bool | None, str
     `and` separates items when the gold is a list and the answer is not."""
     g, g_rewritten = normalise(gold)
     a, a_rewritten = normalise(answer)
-    if split_list(g) is not None and split_list(a) is None:  # `1 and 2` against a list
-        a = _AND.sub(", ", a)
+    if _CONNECTIVE.search(a) and not _CONNECTIVE.search(g):  # `3 or 4`, `1 and 2`
+        a = ", ".join(piece.strip().removesuffix(",") for piece in _CONNECTIVE.split(a))
+    g, a = _both_signs(g), _both_signs(a)
     same, how = _compare(g, a, verify)
     return same, how + ("+rewrite" if g_rewritten or a_rewritten else "")
 
 
+def _both_signs(text: str) -> str:
+    """`3 \\pm \\sqrt{2}` as the list of its two values (`3 + \\sqrt{2}, 3 - \\sqrt{2}`), as a
+    grader reads a ± answer against the roots written out; unchanged unless one ± is in it."""
+    if len(_PLUS_MINUS.findall(text)) != 1 or split_list(text) is not None:
+        return text
+    head, tail = (part.strip() for part in _PLUS_MINUS.split(text))
+    if re.fullmatch(r"[a-zA-Z]\s*=", head):  # `x = \\pm 3`
+        head = ""
+    elif head.endswith("="):
+        return text
+    return f"{head}+{tail}, {head}-{tail}" if head else f"{tail}, -{tail}"
+
+
+#: `(x, y) = (1, 2)`: the variables of a system named before its solution.
+_NAMED_TUPLE = re.compile(r"^\(\s*[a-zA-Z](?:\s*,\s*[a-zA-Z])+\s*\)\s*=\s*(\(.+\))$", re.S)
+
+
 def _drop_lone_variable(text: str, other: str) -> str:
-    match = _LONE_VARIABLE.match(text)
-    return match.group(1).strip() if match and "=" not in other else text
+    match = _LONE_VARIABLE.match(text) or _NAMED_TUPLE.match(text)
+    if not match or "=" in other or "=" in match.group(1):  # `x = 1, y = 2`: each item its own
+        return text
+    return match.group(1).strip()
+
+
+def _system_as_tuple(g: tuple[str, str, list[str]], a: tuple[str, str, list[str]]) -> bool:
+    """Whether `a` is a solved system (`x = 1, y = -2`: a bare list of distinct lone variables)
+    answering the tuple `g` (`(1, -2)`); its values are then compared in the variables' order."""
+    if g[0] != "(" or a[0] != "" or len(g[2]) != len(a[2]):
+        return False
+    names = [re.match(r"\s*([a-zA-Z])\s*=", item) for item in a[2]]
+    return all(names) and len({m.group(1) for m in names}) == len(names)  # type: ignore[union-attr]
 
 
 def _squash(text: str) -> str:
@@ -227,14 +267,22 @@ def _compare(g: str, a: str, verify: Verify) -> tuple[bool | None, str]:
         return same, "number" + suffix
     g_base, a_base = _BASE.fullmatch(gu), _BASE.fullmatch(au)
     if g_base or a_base:  # a number in a base: its digits and its base, as written
-        same = bool(g_base and a_base and g_base.groups() == a_base.groups())
+        same = bool(g_base and a_base and g_base.groups() == a_base.groups()) or bool(
+            g_base and not a_base and _squash(au).upper() == g_base.group(1).upper()
+        )  # the digits alone answer "in base 2" as the problem asked for them
         return same, "string" + suffix
     g_list, a_list = split_list(gu), split_list(au)
     if g_list is not None or a_list is not None:
         return _lists_equal(g_list, a_list, verify), "list" + suffix
+    if _is_relation(au) and not (_EQUATION.search(gu) or _INEQUALITY.search(gu)):
+        return False, "relation" + suffix  # `\\boxed{17 = 3}` states no value
     if is_prose(gu) or is_prose(au):
         return False, "text" + suffix
     return verify(gu, au), "math_verify" + suffix
+
+
+def _is_relation(text: str) -> bool:
+    return bool(_EQUATION.search(text)) or bool(_INEQUALITY.search(text)) and not has_letters(text)
 
 
 def _numbers_equal(g: str, a: str) -> bool | None:
@@ -296,6 +344,8 @@ def _lists_equal(
     bare list and the answer one too."""
     if g is None or a is None or len(g[2]) != len(a[2]):
         return False
+    if _system_as_tuple(g, a):  # in the variables' alphabetical order: (x, y), (a, b, c)
+        a = (g[0], g[1], [_LONE_VARIABLE.sub(r"\1", item) for item in sorted(map(str.strip, a[2]))])
     unordered = g[0] in ("", "\\{")
     if unordered != (a[0] in ("", "\\{")) or (not unordered and g[:2] != a[:2]):
         return False

@@ -34,9 +34,13 @@ _WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
 _FILLERS = re.compile(r"(?i)^(?:(?:actually|clearly|simply|therefore|thus|just|then|exactly)\s+)+")
 #: Where the answer in a sentence ends: a full stop, minerva's "I hope it is correct", or a clause
 #: that explains it (`7, because it fits`; `12; so we are done`).
+#: A run of spaces is tried from its first space only (`(?<!\s)`): from every one of its spaces,
+#: 12,000 spaces took seconds.
 _SENTENCE_END = re.compile(
-    r"\.(?:\s|$)|\s+I hope it is correct|;|,?\s+(?:because|since|as|so|which|given|where)\b"
+    r"\.(?:\s|$)|(?<!\s)\s+I hope it is correct|;"
+    r"|(?:,|(?<![\s,]))\s+(?:because|since|as|so|which|given|where)\b"
 )
+_TRAILING_CONJUNCTION = re.compile(r"\b(?:and|but|so)$")
 #: A sentence that judges an answer rather than states one ("the answer is correct").
 _VERDICT = re.compile(
     r"(?i)(?:correct|right|wrong|incorrect|consistent|reasonable|plausible|valid|verified|"
@@ -48,25 +52,57 @@ _MATH_SPANS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 def boxes(text: str) -> list[str | None]:
     """The contents of every non-empty `\\boxed{...}` / `\\fbox{...}` / `\\boxed x`, in order;
     None for one that never closes. An empty box (`put the answer in \\boxed{}`) is not one."""
-    found: list[tuple[int, str | None]] = [
-        (m.start(), m.group(1).strip()) for m in _BOX_BARE.finditer(text)
+    return [content for _, _, content in box_spans(text)]
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """Where each `{` of `text` that closes is closed, in one pass: looking for each box's
+    closing brace from the box took time quadratic in a run of unclosed boxes."""
+    closing, open_at = {}, []
+    for i, char in enumerate(text):
+        if char == "{":
+            open_at.append(i)
+        elif char == "}" and open_at:
+            closing[open_at.pop()] = i
+    return closing
+
+
+#: What may stand between boxes that state one answer together (`\\boxed{3}, \\boxed{4}`,
+#: `$\\boxed{3}$ or $\\boxed{4}$`): the boxes are read as one list (all the roots, or a hedge).
+_BOX_JOINER = re.compile(
+    r"[\s$,;]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\quad|\\qquad)[\s$,;]*)?"
+)
+
+
+def final_boxes(text: str) -> list[str | None]:
+    """The contents of the last box and of the boxes just before it that only commas, `and`,
+    `or` or spacing separate from it ([] when there is no box)."""
+    spans = box_spans(text)
+    if not spans:
+        return []
+    group = [spans[-1]]
+    for span in reversed(spans[:-1]):
+        if not _BOX_JOINER.fullmatch(text, span[1], group[0][0]):
+            break
+        group.insert(0, span)
+    return [content for _, _, content in group]
+
+
+def box_spans(text: str) -> list[tuple[int, int, str | None]]:
+    """(start, end, content) of every non-empty box, in order; content None (and end the end of
+    the text) for a box that never closes."""
+    found: list[tuple[int, int, str | None]] = [
+        (m.start(), m.end(), m.group(1).strip()) for m in _BOX_BARE.finditer(text)
     ]
+    closing: dict[int, int] | None = None
     for match in _BOX_OPEN.finditer(text):
-        found.append((match.start(), _braced(text, match.end())))
-    return [content for _, content in sorted(found, key=lambda f: f[0]) if content != ""]
-
-
-def _braced(text: str, i: int) -> str | None:
-    """The text from `i` to the brace that closes the one before it; None if none does."""
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j].strip()
-    return None
+        closing = _closing_braces(text) if closing is None else closing
+        end = closing.get(match.end() - 1)
+        if end is None:
+            found.append((match.start(), len(text), None))
+        else:
+            found.append((match.start(), end + 1, text[match.end() : end].strip()))
+    return [f for f in sorted(found) if f[2] != ""]
 
 
 def boxed(text: str) -> str | None:
@@ -91,9 +127,9 @@ def extract_answer(completion: str, *, last_line: bool = False) -> tuple[str | N
     """(answer, how it was found) of a completion; (None, None) when it states no final answer.
 
     `how` is `boxed`, `answer_is` (an answer sentence), `answer_line`, `####`, or `last_line`."""
-    found = boxes(completion)
+    found = final_boxes(completion)
     if found:
-        return (found[-1], "boxed") if found[-1] is not None else (None, None)
+        return (", ".join(found), "boxed") if None not in found else (None, None)
     statements = [*_sentences(completion), *_answer_lines(completion), *_gsm8k(completion)]
     if statements:
         _, answer, how = max(statements, key=lambda s: s[0])
@@ -110,7 +146,10 @@ def _sentences(text: str) -> list[tuple[int, str, str]]:
     matches = list(_SENTENCE.finditer(text))
     for match, after in zip(matches, [*matches[1:], None][: len(matches)], strict=True):
         rest = text[match.end() : after.start() if after else len(text)].split("\n", 1)[0]
-        answer = re.sub(r",?\s*\b(?:and|but|so)$", "", clean_statement(rest)).strip()
+        answer = clean_statement(rest)
+        conjunction = _TRAILING_CONJUNCTION.search(answer)
+        if conjunction:  # `x = 7, and` (the sentence went on)
+            answer = answer[: conjunction.start()].rstrip().removesuffix(",").strip()
         if answer and not _VERDICT.match(answer):
             found.append((match.start(), answer, "answer_is"))
     return found
@@ -159,10 +198,31 @@ def clean_statement(rest: str) -> str:
         if rest.startswith(left):
             end = _closing(rest, right, len(left))
             if end > len(left):
-                return _trim(rest[len(left) : end])
+                return ", ".join(_joined_spans(rest, left, right, end))
             break
     rest = _SENTENCE_END.split(rest, maxsplit=1)[0]
     return _trim(rest)
+
+
+#: Between math spans that state one answer together: `$3$ or $4$`, `$x = 3$, $x = 4$`.
+_SPAN_JOINER = re.compile(r"\s*(?:,\s*)?(?:(?:and|or)\s+)?")
+
+
+def _joined_spans(rest: str, left: str, right: str, end: int) -> list[str]:
+    """The math span that opens `rest` (closing at `end`) and those that follow it joined by a
+    comma, `and` or `or`: a hedge (`$3$ or $4$`) is then a list, never its first value."""
+    spans = [_trim(rest[len(left) : end])]
+    at = end + len(right)
+    while True:
+        joiner = _SPAN_JOINER.match(rest, at)
+        start = joiner.end() if joiner else at
+        if start == at or not rest.startswith(left, start):
+            return spans
+        close = _closing(rest, right, start + len(left))
+        if close <= start + len(left):
+            return spans
+        spans.append(_trim(rest[start + len(left) : close]))
+        at = close + len(right)
 
 
 def _closing(text: str, right: str, start: int) -> int:

@@ -78,8 +78,27 @@ ERROR_LINE_CHARS = 300
 #: What a sample's stderr (the function's prints) may add to the log.
 LOG_CHARS = 2000
 
-RUNNER_SOURCE = r"""
+#: Run first in each sample's process (a fork of the sandbox's driver, which preloaded the
+#: function's packages): a package's global generator seeded or drawn from before the fork
+#: (numpy's, torch's) would give every sample of the batch the same "random" numbers, as no two
+#: fresh processes get. Python's `random` is reseeded by CPython itself at a fork.
+RESEED_SOURCE = r"""
+def reseed():
+    for name, call in (("numpy", lambda m: m.random.seed()), ("torch", lambda m: m.seed())):
+        module = sys.modules.get(name)
+        if module is not None:
+            try:
+                call(module)
+            except Exception:
+                pass
+"""
+
+RUNNER_SOURCE = (
+    r"""
 import importlib.util, json, math, os, sys, traceback
+"""
+    + RESEED_SOURCE
+    + r"""
 
 
 def plain(value, depth=0):
@@ -98,6 +117,7 @@ def plain(value, depth=0):
 
 
 def main():
+    reseed()
     import builtins, site
     if not hasattr(builtins, "exit"):  # a fork of the sandbox's driver (-S): as under `python`
         site.setquit()
@@ -124,6 +144,7 @@ def main():
 
 main()
 """
+)
 
 
 class RewardFunctionChecker(Checker):
@@ -369,20 +390,45 @@ class RewardFunctionChecker(Checker):
 
 def as_score(value: Any) -> tuple[float | str, dict[str, Any]]:
     """(score, the dict's other keys) of what a reward function returned, or (why it is not a
-    score, {}): a finite number or a bool, or a dict whose `score` is one."""
+    score, {}): a number within ±`MAX_REWARD` or a bool, or a dict whose `score` is one (and
+    whose numeric `acc`, a cell metric too, is one)."""
     info: dict[str, Any] = {}
     if isinstance(value, dict):
         if "score" not in value:
             return f"returned a dict without a `score` key (keys: {', '.join(value)})", {}
         info = {k: v for k, v in value.items() if k != "score"}
         value = value["score"]
-    if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value)):
+    acc = info.get("acc")
+    if isinstance(acc, (int, float)) and not _in_range(acc):
+        return f"returned an `acc` of {_short(acc)}, {_RANGE}", {}
+    if _in_range(value):
         return float(value), info
+    if isinstance(value, (int, float)):
+        return f"returned {_short(value)}, {_RANGE}", {}
     shown = value.get("__unplain__") if isinstance(value, dict) else type(value).__name__
     return f"returned {shown} {_short(value)}, not a number".replace("  ", " "), {}
 
 
+#: The largest score (in magnitude) a reward function may return. Beyond it a cell's sums and
+#: squares lose integer precision and then overflow (1e308 made the standard error infinite; a
+#: 400-digit integer could not be made a float at all), so such a sample is a `reward_error`.
+MAX_REWARD = 1e15
+_RANGE = f"not a finite number within ±{MAX_REWARD:g}"
+
+
+def _in_range(value: Any) -> bool:
+    """Whether `value` is a bool or a number within ±`MAX_REWARD` (an int of any size is
+    compared exactly, never converted: `float(10**400)` raises)."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, int):
+        return abs(value) <= MAX_REWARD
+    return isinstance(value, float) and math.isfinite(value) and abs(value) <= MAX_REWARD
+
+
 def _short(value: Any) -> str:
+    if isinstance(value, int) and abs(value) > 10**40:  # never str(): it is bounded too
+        return f"an integer of about {int(abs(value).bit_length() * math.log10(2)) + 1} digits"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
