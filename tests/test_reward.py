@@ -55,6 +55,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
         return solution_str == ground_truth
     match = re.search(r"(?:#### )?(-?\\d+)\\s*$", solution_str)
     return (1.0 if match and match.group(1) == str(ground_truth) else 0.0) + bonus
+
+
+# another function of the same file, chosen by `name:` (verl's custom_reward_function.name)
+def half_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs) / 2
 """
 
 
@@ -92,19 +97,22 @@ def reward_file(tmp_path: Path) -> Path:
     return path
 
 
-def direct(path: Path, **call: Any) -> Any:
+def direct(path: Path, function: str = "compute_score", **call: Any) -> Any:
     """The reward function called directly, as verl calls it."""
     spec = importlib.util.spec_from_file_location("direct_reward", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.compute_score(**call)
+    return getattr(module, function)(**call)
 
 
-def direct_row(path: Path, row: dict[str, Any], completion: str, **kwargs: Any) -> Any:
+def direct_row(
+    path: Path, row: dict[str, Any], completion: str, function: str = "compute_score", **kwargs: Any
+) -> Any:
     """The reward function called directly on a verl row's fields and a completion."""
     return direct(
         path,
+        function,
         data_source=row["data_source"],
         solution_str=completion,
         ground_truth=row["reward_model"]["ground_truth"],
@@ -225,10 +233,29 @@ def test_rows_with_different_system_messages_need_the_tasks_own(
 @pytest.mark.parametrize(
     "checker, expected",
     [
-        ({"reward_function": "REWARD"}, r"tasks\.gsm\.checker: 'self_test' is a required property"),
         (
-            {"reward_function": "REWARD", "self_test": "off"},
-            r"tasks\.gsm\.checker\.self_test: 'off' does not match",
+            {"reward_function": "REWARD", "self_test": True},
+            r"tasks\.gsm\.checker\.self_test: runs \(the default\), ground_truth, off or off: <why>",
+        ),
+        (
+            {"reward_function": "REWARD", "self_test": "sometimes"},
+            r"tasks\.gsm\.checker\.self_test: 'sometimes' does not match",
+        ),
+        (
+            {"custom_reward_function": {"path": "REWARD", "fn": "f"}},
+            r"tasks\.gsm\.checker\.custom_reward_function: unknown key\(s\) fn; verl's are path",
+        ),
+        (
+            {"custom_reward_function": {"path": None, "name": "compute_score"}},
+            r"tasks\.gsm\.checker\.custom_reward_function\.path: the reward function's file",
+        ),
+        (
+            {"custom_reward_function": {"path": "REWARD", "name": "a"}, "name": "b"},
+            r"tasks\.gsm\.checker: custom_reward_function\.name and name say different things",
+        ),
+        (
+            {"custom_reward_function": {"path": "REWARD", "name": "score_fn"}},
+            r"tasks\.gsm\.checker\.name: .*reward\.py defines no 'score_fn'",
         ),
         (
             {"reward_function": "REWARD", "self_test": "ground_truth", "nme": "f"},
@@ -251,6 +278,9 @@ def test_checker_mistakes_are_one_line_naming_the_key(
 ) -> None:
     path = write_parquet(tmp_path / "test.parquet", verl_rows(2))
     checker = {k: str(reward_file) if v == "REWARD" else v for k, v in checker.items()}
+    block = checker.get("custom_reward_function")
+    if isinstance(block, dict) and block.get("path") == "REWARD":
+        checker["custom_reward_function"] = {**block, "path": str(reward_file)}
     with pytest.raises(UserError, match=expected):
         resolve_task("gsm", {"problems": str(path), "checker": checker})
 
@@ -470,7 +500,9 @@ def _project(root: Path, reward: Path, **checker: Any) -> dict[str, Any]:
         "tasks": {
             "gsm": {
                 "problems": str(root / "test.parquet"),
-                "checker": checker_option(reward, **checker),
+                "checker": {
+                    k: v for k, v in checker_option(reward, **checker).items() if v is not None
+                },
             }
         },
     }
@@ -502,6 +534,76 @@ def test_editing_the_function_rescores_and_moving_it_reruns_nothing(tmp_path: Pa
     for change in ({"kwargs": {"bonus": 1}}, {"pass_threshold": 0.5}, {"trusted": True}):
         changed = _ids(_project(tmp_path, moved, **change))
         assert changed[0] == edited[0] and changed[1] != edited[1], change
+
+
+def documented_defaults() -> dict[str, Any]:
+    """Every option of the reward checker but its file, at its documented default: each must
+    have one (an option without a default is required)."""
+    from ckpteval.checkers import checker_class
+
+    cls = checker_class("reward_function")
+    props = cls.task_options["properties"]
+    required = set(cls.task_options["required"])
+    assert all("default" in props[o] for o in set(props) - required), "an option without default"
+    return {o: p["default"] for o, p in props.items() if o not in required}
+
+
+DEFAULTS = documented_defaults()
+
+
+@pytest.mark.parametrize("option", sorted(DEFAULTS))
+def test_a_documented_default_written_out_is_the_same_setting(tmp_path: Path, option: str) -> None:
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    unset = _project(tmp_path, reward, self_test=None)
+    assert "self_test" not in unset["tasks"]["gsm"]["checker"]
+    base = _ids(unset)
+    written = _project(tmp_path, reward, **{"self_test": None, option: DEFAULTS[option]})
+    assert _ids(written) == base
+    if option == "pass_threshold":  # an integer is the same number
+        assert _ids(_project(tmp_path, reward, self_test=None, pass_threshold=1)) == base
+
+
+def test_verls_block_is_the_same_setting_as_ckpteval_s_options_and_false_is_off(
+    tmp_path: Path,
+) -> None:
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    ours = _ids(_project(tmp_path, reward, self_test=None, name="half_score", kwargs={"bonus": 1}))
+    verl = {"path": str(reward), "name": "half_score", "reward_kwargs": {"bonus": 1}}
+    config = _project(tmp_path, reward, self_test=None)
+    config["tasks"]["gsm"]["checker"] = {"custom_reward_function": verl}
+    validate_config(config)
+    assert _ids(config) == ours
+    config["tasks"]["gsm"].pop("checker")
+    config["tasks"]["gsm"]["custom_reward_function"] = verl  # pasted at the task's level
+    validate_config(config)
+    assert _ids(config) == ours
+    assert _ids(_project(tmp_path, reward, self_test=False)) == _ids(
+        _project(tmp_path, reward, self_test="off")
+    )
+    assert _ids(_project(tmp_path, reward, self_test="off")) != _ids(
+        _project(tmp_path, reward, self_test=None)
+    )
+
+
+def test_a_function_named_by_name_is_the_one_called(tmp_path: Path, reward_file: Path) -> None:
+    """`name` is a checker option and a parameter name of the checker's builder: it reaches the
+    function, never collides (once `get_checker() got multiple values for argument 'name'`)."""
+    row = verl_rows(2)[1]
+    problem = {"task_id": "0", "ground_truth": "2", "question": "1 + 1?", **row}
+    cell = score_samples(
+        "reward_function",
+        {"0": problem},
+        [{"task_id": "0", "completion": "#### 2"}],
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=1,
+        checker_options={"reward_function": str(reward_file), "name": "half_score"},
+    )
+    expected = direct_row(reward_file, row, "#### 2", "half_score")
+    assert expected == 0.5 and cell["metrics"]["reward_mean"]["value"] == expected
+    assert cell["self_test"]["references_passed"] == 1  # the default: the function runs
 
 
 # ------------------------------------------------------------------ a checker of one's own
@@ -641,7 +743,11 @@ def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     config = small_config(
         run,
         tasks={
-            "gsm": {"problems": str(work / "test.parquet"), "checker": checker_option(reward)},
+            # another function of the file by `name:` (a default self-test: it runs)
+            "gsm": {
+                "problems": str(work / "test.parquet"),
+                "checker": {"reward_function": str(reward), "name": "half_score"},
+            },
             "words": {"problems": str(work / "words.jsonl"), "checker": "word"},
         },
         sampling={"greedy": {"temperature": 0.0, "max_new_tokens": 16}},
@@ -660,7 +766,11 @@ def test_a_verl_task_is_scored_by_its_reward_function_at_every_checkpoint(sweep:
     for step in STEPS:
         cell, lines = sweep.cell(step, "gsm")
         assert cell["checker"] == "reward_function" and cell["n_samples"] == 4
-        assert cell["self_test"]["references_passed"] == 3
+        assert cell["self_test"] == {
+            "references_passed": 3,
+            "known_wrong_failed": 0,
+            "reused_verdicts": 0,
+        }
         assert "reward_mean" in cell["metrics"] and "reward_distribution" in cell
         rows = {str(100 + i): row for i, row in enumerate(verl_rows(4))}
         generations = sweep.work / "results" / "generations" / "demo" / step / "gsm"
@@ -670,7 +780,7 @@ def test_a_verl_task_is_scored_by_its_reward_function_at_every_checkpoint(sweep:
         }
         for line in lines:  # every score is what the function gives called directly
             row = rows[line["task_id"]]
-            expected = direct_row(sweep.reward, row, completions[line["task_id"]])
+            expected = direct_row(sweep.reward, row, completions[line["task_id"]], "half_score")
             assert line["score"] == float(expected)
         words, _ = sweep.cell(step, "words")
         assert words["checker"] == "word" and words["self_test"]["references_passed"] == 2
@@ -700,6 +810,24 @@ def test_editing_the_reward_function_rescores_and_moving_it_reruns_nothing(sweep
     assert sweep.dry_run(config, "moved") == {}
     config["tasks"]["gsm"]["checker"]["kwargs"] = {"bonus": 0.5}
     assert sweep.dry_run(config, "kwargs") == {"evaluate": 2, "aggregate": 1}
+
+
+@pytest.mark.slow
+def test_verls_block_pasted_and_every_default_written_out_plan_nothing(sweep: Sweep) -> None:
+    """The sweep's own config in verl's words, at the task's level as verl's config has it, with
+    every other option at its documented default: the same settings, nothing to do."""
+    import copy
+
+    config = copy.deepcopy(sweep.config)
+    task = config["tasks"]["gsm"]
+    mine = task.pop("checker")
+    task["custom_reward_function"] = {
+        "path": mine["reward_function"],
+        "name": mine["name"],
+        "reward_kwargs": {},
+    }
+    task["checker"] = {"reward_function": mine["reward_function"], **DEFAULTS}
+    assert sweep.dry_run(config, "verl") == {}
 
 
 @pytest.mark.slow

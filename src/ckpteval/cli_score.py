@@ -200,7 +200,7 @@ def checker_options(checker: str, given: str | None) -> dict[str, Any]:
     if cls.task_options is None:
         raise UserError(f"{key}: checker {checker} takes no options")
     options = _options_text(key, given)
-    cls.check_task_options(key, options)
+    options = cls.canonical_options(key, options)
     props = cls.task_options.get("properties", {})
     for option, prop in props.items():
         if prop.get("x-content") and option in options:

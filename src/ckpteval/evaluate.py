@@ -103,8 +103,9 @@ DISTRIBUTION_VALUES = 20
 DEFAULT_TIMEOUT_FACTOR = 5.0
 
 
-class SelfTestError(RuntimeError):
-    """A checker failed its own self-test: its verdicts cannot be trusted, so nothing is scored."""
+class SelfTestError(UserError):
+    """A checker failed its own self-test: its verdicts cannot be trusted, so nothing is scored.
+    One line (a `UserError`: no traceback), naming the checker, the rows and what to do."""
 
 
 def read_samples(path: Path, errors: list[str]) -> Iterator[dict[str, Any]]:
@@ -732,24 +733,33 @@ def run_self_test(
 def self_test_report(
     checker: Checker, references: Sequence[Job], wrong: Sequence[Job], verdicts: Sequence[Verdict]
 ) -> dict[str, Any]:
-    """Judge the self-test's verdicts (references first, then known-wrong); raise if it failed."""
-    failed = [(job, v) for job, v in zip(references, verdicts[: len(references)]) if not v.passed]
+    """Judge the self-test's verdicts (references first, then known-wrong); raise if it failed,
+    in one line naming what failed (the checker, a reward function and its setting), the rows
+    and what to do (`Checker.self_test_words`)."""
+    failed = [
+        (job, v)
+        for job, v in zip(references, verdicts[: len(references)])
+        if not checker.self_test_accepts(v)
+    ]
     passed = [(job, v) for job, v in zip(wrong, verdicts[len(references) :]) if v.passed]
     if failed or passed:
+        subject, label, advice = checker.self_test_words()
         parts = []
         if failed:
             shown = "; ".join(
-                f"{job.task_id}: {v.error_type}: {v.stderr_tail.strip()[-300:]}"
+                f"{job.task_id}: {v.error_type or 'score ' + repr(v.score)}: "
+                f"{v.stderr_tail.strip()[-300:]}".rstrip(": ")
                 for job, v in failed[:3]
             )
             parts.append(
-                f"reference solutions of {len(failed)} of {len(references)} problems did "
-                f"not pass ({shown}); fix or drop those problems, or check the sandbox"
+                f"{label} of {len(failed)} of {len(references)} problems did "
+                f"not pass ({shown}); {advice}"
             )
         if passed:
+            rows = ", ".join(job.task_id for job, _ in passed[:3])
             parts.append(
-                f"{len(passed)} known-wrong samples passed: the checker cannot tell "
-                "right from wrong"
+                f"{len(passed)} known-wrong samples passed (rows {rows}): the checker cannot "
+                "tell right from wrong"
             )
-        raise SelfTestError(f"checker {checker.name} self-test failed: " + " | ".join(parts))
+        raise SelfTestError(f"{subject} self-test failed: " + " | ".join(parts))
     return {"references_passed": len(references), "known_wrong_failed": len(wrong)}

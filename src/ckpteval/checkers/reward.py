@@ -78,6 +78,54 @@ ERROR_LINE_CHARS = 300
 #: What a sample's stderr (the function's prints) may add to the log.
 LOG_CHARS = 2000
 
+#: verl's config block of a custom reward function, which a task's `checker:` may be as pasted.
+VERL_BLOCK = "custom_reward_function"
+#: verl's keys in it -> ours.
+VERL_KEYS = {"path": "reward_function", "name": "name", "reward_kwargs": "kwargs"}
+
+
+def from_verl(key: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """A `checker:` mapping in ckpteval's spelling: verl's `custom_reward_function: {path,
+    name, reward_kwargs}` block (and a `reward_kwargs` beside it) as `reward_function`, `name`
+    and `kwargs`, and `self_test: false` (what YAML makes of `off`) as "off". The same setting
+    given both ways, differently, is one line naming both."""
+    out = dict(options)
+    block = out.pop(VERL_BLOCK, None)
+    given = [(f"{VERL_BLOCK}.{theirs}", ours, value) for theirs, ours, value in _verl(key, block)]
+    if "reward_kwargs" in out:
+        given.append(("reward_kwargs", "kwargs", out.pop("reward_kwargs")))
+    for theirs, ours, value in given:
+        if ours in out and out[ours] != value:
+            raise UserError(f"{key}: {theirs} and {ours} say different things; give one")
+        out[ours] = value
+    if out.get("self_test") is False:
+        out["self_test"] = "off"
+    elif out.get("self_test") is True:
+        raise UserError(f"{key}.self_test: runs (the default), ground_truth, off or off: <why>")
+    return out
+
+
+def _verl(key: str, block: Any) -> list[tuple[str, str, Any]]:
+    """(verl's key, ours, value) of a `custom_reward_function` block; [] when there is none."""
+    if block is None:
+        return []
+    where = f"{key}.{VERL_BLOCK}"
+    if not isinstance(block, Mapping):
+        raise UserError(f"{where}: a mapping {{path, name, reward_kwargs}}, as in verl's config")
+    unknown = sorted(set(block) - set(VERL_KEYS))
+    if unknown:
+        raise UserError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; verl's are path, name, reward_kwargs"
+        )
+    if not block.get("path"):
+        raise UserError(f"{where}.path: the reward function's file (verl's path is empty)")
+    return [
+        (theirs, VERL_KEYS[theirs], block[theirs])
+        for theirs in VERL_KEYS
+        if block.get(theirs) is not None
+    ]
+
+
 RUNNER_SOURCE = r"""
 import importlib.util, json, math, os, sys, traceback
 
@@ -136,6 +184,9 @@ class RewardFunctionChecker(Checker):
     exec_samples = False
     default_timeout = 10.0
     reads = ("evaluate.timeout", "evaluate.sandbox")
+    #: Keys that name this checker in a task's `checker:` mapping besides its name: verl's
+    #: block, pasted as it is (`canonical_options` translates it).
+    mapping_keys = (VERL_BLOCK,)
     task_options = {
         "properties": {
             "reward_function": {
@@ -147,26 +198,47 @@ class RewardFunctionChecker(Checker):
             "name": {
                 "type": "string",
                 "minLength": 1,
+                "default": "compute_score",
                 "description": "the function scored with (verl's custom_reward_function.name)",
             },
-            "kwargs": {"type": "object", "description": "arguments merged into every call"},
-            "pass_threshold": {"type": "number", "description": "the score a pass needs"},
+            "kwargs": {
+                "type": "object",
+                "default": {},
+                "description": "arguments merged into every call (verl's reward_kwargs)",
+            },
+            "pass_threshold": {
+                "type": "number",
+                "default": 1.0,
+                "description": "the score a pass needs",
+            },
             "trusted": {
                 "type": "boolean",
+                "default": False,
                 "description": "whether the function runs outside the sandbox",
             },
             "self_test": {
                 "type": "string",
-                "pattern": "^(ground_truth|off: *\\S.*)$",
-                "description": "whether ground truths are scored first (ground_truth, or off: why)",
+                "pattern": "^(runs|ground_truth|off|off: *\\S.*)$",
+                "default": "runs",
+                "description": "what is checked before scoring: runs (the function returns a "
+                "score on the first rows), ground_truth (ground truths pass, an empty completion "
+                "fails), off or off: why",
             },
         },
-        "required": ["reward_function", "self_test"],
+        "required": ["reward_function"],
     }
+
+    @classmethod
+    def canonical_options(cls, key: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """verl's spelling (`custom_reward_function: {path, name, reward_kwargs}`, a
+        `reward_kwargs` beside it) as ours, `self_test: false` (YAML's `off`) as "off"; then
+        checked, and the defaults written out dropped (`Checker.canonical_options`)."""
+        return super().canonical_options(key, from_verl(key, options))
 
     @classmethod
     def check_task_options(cls, key: str, options: Mapping[str, Any]) -> None:
         """Also: the file defines the function `name` (read, not run: a parse runs nothing)."""
+        options = from_verl(key, options)
         super().check_task_options(key, options)
         name = options.get("name", "compute_score")
         path = Path(os.path.expanduser(os.path.expandvars(str(options["reward_function"]))))
@@ -187,7 +259,7 @@ class RewardFunctionChecker(Checker):
         kwargs: Mapping[str, Any] | None = None,
         pass_threshold: float = 1.0,
         trusted: bool = False,
-        self_test: str = "ground_truth",
+        self_test: str | bool = "runs",
         sandbox: str = "bwrap",
         batch_size: int = 32,
         memory_bytes: int = 2 << 30,
@@ -197,7 +269,7 @@ class RewardFunctionChecker(Checker):
             raise UserError(f"checker reward_function: no file {source}")
         self.function, self.kwargs = name, dict(kwargs or {})
         self.pass_threshold, self.trusted = float(pass_threshold), trusted
-        self.self_test = self_test
+        self.self_test = "off" if self_test is False else str(self_test)
         self.sandbox = Sandbox("none" if trusted else sandbox)
         self.batch_size, self.memory_bytes = batch_size, memory_bytes * (4 if trusted else 1)
         self._code = Path(tempfile.mkdtemp(prefix="ckpteval-reward-code-"))
@@ -205,6 +277,7 @@ class RewardFunctionChecker(Checker):
         shutil.copyfile(source, self._code / "reward.py")
         (self._code / "runner.py").write_text(RUNNER_SOURCE, encoding="utf-8")
         self._beside = source.resolve().parent
+        self._source_name = source.name
         #: What the sandbox's driver imports once per batch (see the module's docstring).
         self.preload = preload_modules(source.read_text(encoding="utf-8"), self._beside)
         #: Where it finds them: this environment's installed packages (trusted code).
@@ -341,7 +414,9 @@ class RewardFunctionChecker(Checker):
         )
 
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
-        if self.self_test != "ground_truth":
+        """The first problems' ground truths as completions (`self_test: runs` or
+        `ground_truth`)."""
+        if self.self_test not in ("runs", "ground_truth"):
             return []
         usable = [
             (tid, p)
@@ -351,14 +426,42 @@ class RewardFunctionChecker(Checker):
         return [Job(tid, p, str(p["ground_truth"])) for tid, p in usable[:SELF_TEST_PROBLEMS]]
 
     def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
+        """An empty completion, which must fail (`self_test: ground_truth` only: a format or
+        length reward may well pass it)."""
         if self.self_test != "ground_truth":
             return []
         task_id, problem = next(iter(problems.items()))
         return [Job(task_id, problem, "")]
 
+    def self_test_accepts(self, verdict: Verdict) -> bool:
+        """`runs`: the function returned a score (any: verl's gsm8k scores a bare ground truth
+        0); `ground_truth`: the score reached `pass_threshold`."""
+        if self.self_test == "runs":
+            return verdict.error_type not in ("reward_error", "timeout")
+        return verdict.passed
+
+    def self_test_words(self) -> tuple[str, str, str]:
+        what = (
+            f"reward function {self.function} of {self._source_name} (self_test: {self.self_test})"
+        )
+        if self.self_test == "runs":
+            return (
+                what,
+                "calls on the ground truths",
+                "fix the function, or set the task's checker.self_test: off",
+            )
+        return (
+            what,
+            f"ground truths as completions (pass_threshold {self.pass_threshold:g})",
+            "set the task's checker.self_test: runs (the function only has to return a score) "
+            "or off, or fix the function or those rows",
+        )
+
     @property
     def self_test_off(self) -> str | None:
         """Why the self-test is off (the cell records it), or None when it runs."""
+        if self.self_test == "off":
+            return "off"
         if self.self_test.startswith("off:"):
             return self.self_test[len("off:") :].strip()
         return None
