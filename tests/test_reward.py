@@ -389,10 +389,15 @@ def test_a_cell_reports_reward_mean_acc_the_distribution_and_pass_at_k(
         checker_options=checker_option(reward_file),
     )
     metrics = cell["metrics"]
-    # five scored samples (1, 0.5, 0, 1, 1); the one that raised is an error, not a zero
-    assert metrics["reward_mean"]["n"] == 5
+    # five scored samples (1, 0.5, 0, 1, 1) and one that raised: the scores' range is unknown,
+    # so the mean is over the five and says it leaves one out; the error rate is over all six
+    assert metrics["reward_mean"]["n"] == 5 and metrics["reward_mean"]["excludes_errors"] == 1
     assert metrics["reward_mean"]["value"] == pytest.approx(3.5 / 5)
-    assert metrics["acc"] == {"value": 1.0, "stderr": 0.0, "n": 1}
+    assert metrics["reward_error_rate"]["value"] == pytest.approx(1 / 6)
+    assert metrics["reward_error_rate"]["n"] == 6
+    # acc is a [0, 1] value: the errored sample counts, at 0, and the interval reaches 1
+    assert (metrics["acc"]["value"], metrics["acc"]["n"]) == (0.5, 2)
+    assert metrics["acc"]["interval"][1] >= 1.0
     assert metrics["pass@2"]["value"] == pytest.approx(2 / 3)  # problems 0 and 2
     assert cell["error_types"] == {"reward_error": 1, "wrong_answer": 2}
     assert cell["reward_distribution"]["counts"] == {"0.0": 1, "0.5": 1, "1.0": 3}
@@ -405,6 +410,61 @@ def test_a_cell_reports_reward_mean_acc_the_distribution_and_pass_at_k(
     lines = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert lines[1]["reward"] == 0.5 and lines[1]["reward_info"] == {"acc": True, "pred": "7"}
     assert lines[3]["error_type"] == "reward_error" and "reward" not in lines[3]
+
+
+#: A reward of bools that raises on some samples: its range is known, [0, 1].
+BOOL_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "raise":
+        raise ValueError("cannot parse")
+    if solution_str == "string":  # REWARD returns a string here: either is not a number
+        return float("nan")
+    return solution_str.strip() == str(ground_truth)
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "options", "bounds"),
+    [
+        (BOOL_REWARD, {}, (0.0, 1.0)),
+        (REWARD, {"reward_range": [-1, 2]}, (-1.0, 2.0)),
+    ],
+)
+def test_errored_samples_count_in_n_at_both_ends_of_a_known_range(
+    tmp_path: Path, source: str, options: dict[str, Any], bounds: tuple[float, float]
+) -> None:
+    """7 of 12 samples error (raised, non-finite): with the range known, the mean counts them at
+    its bottom and the interval reaches the mean with them at its top; it never rises above the
+    mean of all twelve with them at the bottom, as a mean over the survivors would."""
+    reward = tmp_path / "reward.py"
+    reward.write_text(source)
+    problems = {
+        str(i): {"task_id": str(i), "ground_truth": "4", "question": "2 + 2?"} for i in range(12)
+    }
+    completions = ["4", "4", "4", "5", "5"] + ["raise"] * 5 + ["string"] * 2
+    samples = [{"task_id": str(i), "completion": c} for i, c in enumerate(completions)]
+    cell = score_samples(
+        "reward_function",
+        problems,
+        samples,
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=2,
+        checker_options={"reward_function": str(reward), **options},
+    )
+    lo, hi = bounds
+    scores = [
+        float(direct(reward, data_source="", solution_str=c, ground_truth="4"))
+        for c in completions[:5]
+    ]
+    mean = cell["metrics"]["reward_mean"]
+    assert mean["n"] == 12 and "excludes_errors" not in mean
+    assert mean["value"] == pytest.approx((sum(scores) + 7 * lo) / 12)
+    assert mean["value"] < sum(scores) / 5  # the survivors alone would flatter
+    low, high = mean["interval"]
+    assert low <= mean["value"] and high >= (sum(scores) + 7 * hi) / 12
+    assert cell["metrics"]["reward_error_rate"]["value"] == pytest.approx(7 / 12)
+    assert cell["error_types"]["reward_error"] == 7
 
 
 def test_the_self_test_can_be_off_with_a_reason_and_a_wrong_function_fails_it(

@@ -35,13 +35,19 @@ Files written (the schemas live here):
   factor, how many problems got a longer timeout from their reference solution's run time, and
   the largest and median timeout over the problems (`calibrate_timeouts`).
 
-  Reward-function cells (`ckpteval.checkers.reward`) add `reward_mean` (over the samples the
-  function scored: one that raised, hung or returned no number is not in its `n`, but in
-  `error_types`), `acc` (the mean of a numeric or boolean `acc` key the function returned, over
-  the samples that have one), and `reward_distribution`: {"min", "p10", "p25", "p50", "p75",
-  "p90", "max", "n"}, plus "counts" {score: samples} when there are at most
-  `DISTRIBUTION_VALUES` distinct scores. Their score lines carry `reward` and `reward_info` (the
-  dict's other keys). A checker whose self-test is off records why (`self_test.off`).
+  Reward-function cells (`ckpteval.checkers.reward`) add, errors never flattering:
+  `reward_error_rate` (the share of samples with no score: the function raised, hung or returned
+  no finite number, or the sample was too large or its reasoning never ended; `n` counts every
+  sample), `reward_mean` and `acc` (the mean of a numeric or boolean `acc` key the function
+  returned, a [0, 1] value). Where the scores' range is known (every score a bool, `acc`, or the
+  task's `reward_range: [lo, hi]`), an errored sample counts in `n` at the bottom of the range,
+  and the entry adds `errors_at: [lo, hi]` and `interval`: from the mean with them at `lo` minus
+  its margin (CONFIDENCE) to the mean with them at `hi` plus its margin. Where it is not known,
+  the mean is over the scored samples and `excludes_errors` says how many it leaves out.
+  `reward_distribution`: {"min", "p10", "p25", "p50", "p75", "p90", "max", "n"} of the scores,
+  plus "counts" {score: samples} when there are at most `DISTRIBUTION_VALUES` distinct scores.
+  Their score lines carry `reward`, `reward_info` (the dict's other keys) and `reward_type:
+  "bool"` for a bool. A checker whose self-test is off records why (`self_test.off`).
 
   Length metrics (`ckpteval.metrics.LENGTH_METRICS`, `LengthTotals`) come from the generation
   lines' own fields, over the scored samples that state them: `completion_tokens_mean`,
@@ -96,6 +102,8 @@ CHUNK_CHARS = 32 << 20
 #: work), few enough to hold (a verdict is at most its 2,000-character stderr tail and extras).
 REORDER_CHUNKS = 8
 
+#: The normal quantile of a two-sided 95% interval (a reward mean's `interval`).
+Z_95 = 1.959963984540054
 #: A reward distribution lists its scores' counts when it has at most this many distinct ones.
 DISTRIBUTION_VALUES = 20
 
@@ -264,7 +272,9 @@ def _score_into(
     except SelfTestError:
         progress.discard()  # verdicts of a checker that failed its self-test are worthless
         raise
-    totals = _CellTotals(impl.compiles)
+    totals = _CellTotals(
+        impl.compiles, getattr(impl, "scores_rewards", False), getattr(impl, "reward_range", None)
+    )
     lines = _scored_lines(
         impl,
         itertools.chain([first], rows),
@@ -346,7 +356,12 @@ class _CellTotals:
     passed) in order of first appearance, compile, score and hack means (`RunningMean`), error and
     hack counts."""
 
-    def __init__(self, compiles: bool) -> None:
+    def __init__(
+        self,
+        compiles: bool,
+        rewards: bool = False,
+        reward_range: Sequence[float] | None = None,
+    ) -> None:
         self.compiles = compiles
         self.per_task: dict[str, list[int]] = {}
         self.compiled = RunningMean()
@@ -362,7 +377,7 @@ class _CellTotals:
         self.per_file: dict[str, list[Any]] = {}
         #: the length metrics, from the samples' generation lines (`_Row.lengths`).
         self.lengths = LengthTotals()
-        self.rewards = RewardTotals()
+        self.rewards = RewardTotals(rewards, reward_range)
 
     def add(self, line: Mapping[str, Any]) -> None:
         self.rewards.add(line)
@@ -436,36 +451,60 @@ class _CellTotals:
 
 
 class RewardTotals:
-    """A reward-function cell's reward metrics: the scores of the lines that carry a `reward`
-    (8 bytes a sample, for the distribution's quantiles) and the mean of their `acc`."""
+    """A reward-function cell's reward metrics (see the module's docstring: errors never
+    flatter): the scores of the lines that carry a `reward` (8 bytes a sample, for the
+    distribution's quantiles), how many lines carry none (the function raised, hung or returned
+    no number; the sample was too large or its reasoning never ended), whether every score was a
+    bool, and the `acc` values. `reward_range` is the declared range of the scores, if any."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = False, reward_range: Sequence[float] | None = None) -> None:
+        self.enabled = enabled
+        self.range = tuple(float(v) for v in reward_range) if reward_range else None
         self.scores: list[float] = []
-        self.acc = RunningMean()
+        self.unscored = 0
+        self.all_bool = True
+        self.acc: list[float] = []
 
     def add(self, line: Mapping[str, Any]) -> None:
         reward = line.get("reward")
         if isinstance(reward, (int, float)) and not isinstance(reward, bool):
             self.scores.append(float(reward))
+            self.all_bool = self.all_bool and line.get("reward_type") == "bool"
             acc = (line.get("reward_info") or {}).get("acc")
             if isinstance(acc, (bool, int, float)):
-                self.acc.add(float(acc))
+                self.acc.append(float(acc))
+        elif self.enabled:
+            self.unscored += 1
 
-    def metrics(self) -> dict[str, dict[str, float | int]]:
-        if not self.scores:
+    def known_range(self) -> tuple[float, float] | None:
+        """The scores' range: declared (`reward_range`), or [0, 1] when every one was a bool."""
+        if self.range is not None:
+            return (self.range[0], self.range[1])
+        return (0.0, 1.0) if self.scores and self.all_bool else None
+
+    def metrics(self) -> dict[str, dict[str, Any]]:
+        """`reward_mean` over every sample (an errored one at the bottom of a known range, the
+        interval reaching its top; over the scored ones, saying so, when the range is unknown),
+        `reward_error_rate`, and `acc` (a [0, 1] value: errored samples as for a known range)."""
+        if not self.enabled or not (self.scores or self.unscored):
             return {}
-        mean = RunningMean()
-        for score in self.scores:
-            mean.add(score)
-        value, stderr = mean.result()
-        out = {"reward_mean": {"value": value, "stderr": stderr, "n": mean.n}}
-        if self.acc.n:
-            value, stderr = self.acc.result()
-            out["acc"] = {"value": value, "stderr": stderr, "n": self.acc.n}
+        n = len(self.scores) + self.unscored
+        rate = RunningMean()
+        for failed in itertools.chain([0.0] * len(self.scores), [1.0] * self.unscored):
+            rate.add(failed)
+        value, stderr = rate.result()
+        out: dict[str, dict[str, Any]] = {
+            "reward_error_rate": {"value": value, "stderr": stderr, "n": n}
+        }
+        if self.scores:
+            out["reward_mean"] = bounded_mean(self.scores, self.unscored, self.known_range())
+        if self.acc:
+            out["acc"] = bounded_mean(self.acc, self.unscored, (0.0, 1.0))
         return out
 
     def distribution(self) -> dict[str, Any]:
-        """{"reward_distribution": ...} (see the module's docstring), or {} without rewards."""
+        """{"reward_distribution": ...} (see the module's docstring), or {} without rewards
+        (over the scored samples: an errored one has no score to place)."""
         if not self.scores:
             return {}
         ordered = sorted(self.scores)
@@ -479,6 +518,39 @@ class RewardTotals:
         if len(counts) <= DISTRIBUTION_VALUES:
             out["counts"] = {repr(score): n for score, n in sorted(counts.items())}
         return {"reward_distribution": out}
+
+
+def bounded_mean(
+    values: Sequence[float], errored: int, bounds: tuple[float, float] | None
+) -> dict[str, Any]:
+    """A mean with `errored` samples that have no value: with `bounds` (lo, hi) known, they
+    count in `n` at `lo` (the mean never flatters) and the `interval` (CONFIDENCE) reaches from
+    the mean with them at `lo` to the mean with them at `hi`; unknown, the mean is over
+    `values` alone, and `excludes_errors` says how many it leaves out."""
+    z = Z_95
+    if not errored or bounds is None:
+        mean = RunningMean()
+        for value in values:
+            mean.add(value)
+        value, stderr = mean.result()
+        out: dict[str, Any] = {"value": value, "stderr": stderr, "n": mean.n}
+        if errored:
+            out["excludes_errors"] = errored
+        return out
+    ends = []
+    for end in bounds:
+        mean = RunningMean()
+        for value in itertools.chain(values, [end] * errored):
+            mean.add(value)
+        ends.append(mean.result())
+    (low, low_se), (high, high_se) = ends
+    return {
+        "value": low,
+        "stderr": low_se,
+        "n": len(values) + errored,
+        "errors_at": list(bounds),
+        "interval": [low - z * low_se, high + z * high_se],
+    }
 
 
 class _Progress:

@@ -116,8 +116,11 @@ HACK_COLUMNS = [
 ]
 #: The metric of a cell's reward-hack share (`ckpteval.evaluate`); never a task's main metric.
 HACK_RATE = "hack_rate"
+#: The share of a reward-function cell's samples the function gave no score (raised, hung, not a
+#: finite number): its cells are marked in the overview and the tables.
+REWARD_ERROR_RATE = "reward_error_rate"
 #: Metrics that are never a task's main metric: they describe the samples, not their success.
-NOT_MAIN_METRICS = ("compile_rate", HACK_RATE, *LENGTH_METRICS)
+NOT_MAIN_METRICS = ("compile_rate", HACK_RATE, REWARD_ERROR_RATE, *LENGTH_METRICS)
 #: Default `aggregate.truncation_threshold`: a cell whose truncation_rate exceeds it is flagged.
 TRUNCATION_THRESHOLD = 0.05
 TRUNCATION_COLUMNS = [

@@ -187,6 +187,8 @@ class RewardFunctionChecker(Checker):
     #: Keys that name this checker in a task's `checker:` mapping besides its name: verl's
     #: block, pasted as it is (`canonical_options` translates it).
     mapping_keys = (VERL_BLOCK,)
+    #: Its cells report `reward_mean` and `reward_error_rate` (ckpteval.evaluate.RewardTotals).
+    scores_rewards = True
     task_options = {
         "properties": {
             "reward_function": {
@@ -216,6 +218,15 @@ class RewardFunctionChecker(Checker):
                 "default": False,
                 "description": "whether the function runs outside the sandbox",
             },
+            "reward_range": {
+                "type": ["array", "null"],
+                "items": {"type": "number"},
+                "minItems": 2,
+                "maxItems": 2,
+                "default": None,
+                "description": "[lo, hi] of the scores: an errored sample counts at lo, and the "
+                "interval reaches its mean at hi (else the mean excludes errored samples)",
+            },
             "self_test": {
                 "type": "string",
                 "pattern": "^(runs|ground_truth|off|off: *\\S.*)$",
@@ -240,6 +251,9 @@ class RewardFunctionChecker(Checker):
         """Also: the file defines the function `name` (read, not run: a parse runs nothing)."""
         options = from_verl(key, options)
         super().check_task_options(key, options)
+        bounds = options.get("reward_range")
+        if bounds is not None and not bounds[0] < bounds[1]:
+            raise UserError(f"{key}.reward_range: {bounds} is not [lo, hi] with lo < hi")
         name = options.get("name", "compute_score")
         path = Path(os.path.expanduser(os.path.expandvars(str(options["reward_function"]))))
         try:
@@ -260,6 +274,7 @@ class RewardFunctionChecker(Checker):
         pass_threshold: float = 1.0,
         trusted: bool = False,
         self_test: str | bool = "runs",
+        reward_range: Sequence[float] | None = None,
         sandbox: str = "bwrap",
         batch_size: int = 32,
         memory_bytes: int = 2 << 30,
@@ -270,6 +285,9 @@ class RewardFunctionChecker(Checker):
         self.function, self.kwargs = name, dict(kwargs or {})
         self.pass_threshold, self.trusted = float(pass_threshold), trusted
         self.self_test = "off" if self_test is False else str(self_test)
+        if reward_range is not None and not float(reward_range[0]) < float(reward_range[1]):
+            raise UserError(f"checker reward_range: {list(reward_range)} is not [lo, hi], lo < hi")
+        self.reward_range = None if reward_range is None else [float(v) for v in reward_range]
         self.sandbox = Sandbox("none" if trusted else sandbox)
         self.batch_size, self.memory_bytes = batch_size, memory_bytes * (4 if trusted else 1)
         self._code = Path(tempfile.mkdtemp(prefix="ckpteval-reward-code-"))
@@ -405,6 +423,8 @@ class RewardFunctionChecker(Checker):
             return _failed(score, duration)
         passed = score >= self.pass_threshold
         extras = {"reward": score, "reward_info": info}
+        if isinstance(value.get("score") if isinstance(value, dict) else value, bool):
+            extras["reward_type"] = "bool"  # its range is known: [0, 1]
         return Verdict(
             passed,
             None if passed else "wrong_answer",
