@@ -51,6 +51,7 @@ from ckpteval.aggregate.tables import (
     main_metrics,
     missing_table,
     passk_table,
+    reward_error_flags,
     seed_table,
     tidy_table,
     truncation_flags,
@@ -163,6 +164,7 @@ def write_tables(summary: Summary, summary_dir: Path) -> None:
                 summary.title,
                 summary.deltas,
                 truncation_flags(summary.truncation, summary.main_metrics),
+                reward_error_flags(summary.seeds, summary.main_metrics),
             )
         )
 

@@ -333,6 +333,23 @@ def truncation_flags(
     return flags
 
 
+def reward_error_flags(
+    seeds: pd.DataFrame, main_metrics: dict[str, str]
+) -> dict[tuple[str, str, str, str, str], float]:
+    """(run, ckpt, task, sampling, main metric) -> the share of samples the reward function gave
+    no score (`REWARD_ERROR_RATE`, mean over seeds), for each checkpoint entry where it did so
+    for any: its number counts them (at the bottom of a known range, or says it excludes them),
+    and the overview and the tables mark it."""
+    if seeds.empty:
+        return {}
+    rates = seeds[(seeds["metric"] == REWARD_ERROR_RATE) & (seeds["mean"] > 0)]
+    return {
+        (row.run, row.ckpt, row.task, row.sampling, main_metrics[row.task]): float(row.mean)
+        for row in rates.itertuples(index=False)
+        if row.task in main_metrics
+    }
+
+
 def passk_table(cells: Sequence[Cell], samples: pd.DataFrame, tidy: pd.DataFrame) -> pd.DataFrame:
     """pass@k for every k up to the smallest per-problem sample count, recomputed from the
     per-sample verdicts with all seeds of a sampling config pooled (more samples, larger k, less

@@ -21,7 +21,13 @@ import numpy as np
 import pandas as pd
 
 from ckpteval.aggregate import Summary
-from ckpteval.aggregate.tables import CONFIDENCE, HACK_RATE, truncation_flags
+from ckpteval.aggregate.tables import (
+    CONFIDENCE,
+    HACK_RATE,
+    REWARD_ERROR_RATE,
+    reward_error_flags,
+    truncation_flags,
+)
 from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.report.samples import encode_blob, read_cell_samples
 
@@ -42,7 +48,7 @@ DELTA_FIELDS = [
     "mcnemar_p",
 ]
 #: Metrics charted per task besides the main one.
-SIDE_METRICS = (HACK_RATE, *LENGTH_METRICS)
+SIDE_METRICS = (HACK_RATE, REWARD_ERROR_RATE, *LENGTH_METRICS)
 
 
 @dataclass
@@ -107,8 +113,8 @@ def _errors(errors: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _flags(summary: Summary) -> list[dict[str, Any]]:
-    """What the overview lists first: regressions, truncated scores, reward hacks, missing files
-    and broken checkpoints, each with where its detail is."""
+    """What the overview lists first: regressions, truncated scores, reward hacks, reward
+    function errors, missing files and broken checkpoints, each with where its detail is."""
     flags: list[dict[str, Any]] = []
     deltas = summary.deltas
     if not deltas.empty:
@@ -132,6 +138,14 @@ def _flags(summary: Summary) -> list[dict[str, Any]]:
         text = f"{run} {ckpt} {task} ({sampling}): {metric} is a lower bound, {share:.0%} cut"
         flags.append({"kind": "truncation", "text": text, "run": run, "task": task})
     flags += _hack_flags(summary.seeds)
+    for (run, ckpt, task, sampling, metric), share in reward_error_flags(
+        summary.seeds, summary.main_metrics
+    ).items():
+        text = (
+            f"{run} {ckpt} {task} ({sampling}): the reward function gave no score for "
+            f"{share:.0%} of samples (counted in {metric}'s n)"
+        )
+        flags.append({"kind": "reward_errors", "text": text, "run": run, "task": task})
     for row in summary.missing.itertuples(index=False):
         text = f"{row.kind} {row.path}: {row.reason}"
         flags.append({"kind": "missing", "text": text, "task": row.task or None})
