@@ -399,6 +399,7 @@ def test_a_cell_reports_reward_mean_acc_the_distribution_and_pass_at_k(
     assert (metrics["acc"]["value"], metrics["acc"]["n"]) == (0.5, 2)
     assert metrics["acc"]["interval"][1] >= 1.0
     assert metrics["pass@2"]["value"] == pytest.approx(2 / 3)  # problems 0 and 2
+    assert "accuracy" not in metrics and cell["primary_metric"] == "reward_mean"
     assert cell["error_types"] == {"reward_error": 1, "wrong_answer": 2}
     assert cell["reward_distribution"]["counts"] == {"0.0": 1, "0.5": 1, "1.0": 3}
     assert cell["reward_distribution"]["min"] == 0.0 and cell["reward_distribution"]["max"] == 1.0
@@ -465,6 +466,52 @@ def test_errored_samples_count_in_n_at_both_ends_of_a_known_range(
     assert low <= mean["value"] and high >= (sum(scores) + 7 * hi) / 12
     assert cell["metrics"]["reward_error_rate"]["value"] == pytest.approx(7 / 12)
     assert cell["error_types"]["reward_error"] == 7
+
+
+#: A reward returning verl's dict: the score and other numbers (verl's reward_extra_info).
+EXTRA_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    right = solution_str.strip() == str(ground_truth)
+    extra = {"format": float(solution_str.startswith("#")), "length": len(solution_str)}
+    if solution_str == "no extra":
+        extra = {}
+    return {"score": float(right), "acc": right, "pred": solution_str, **extra}
+"""
+
+
+def test_the_reward_is_a_reward_tasks_headline_and_the_dicts_numbers_are_averaged(
+    tmp_path: Path,
+) -> None:
+    """reward_mean is the main metric of the task (overview, table, compare); the mean score
+    (`accuracy`, the same number with another denominator) is not reported beside it; the dict's
+    other numeric keys are averaged over the samples that return them, as verl averages
+    reward_extra_info."""
+    from ckpteval.summary import summarize
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(EXTRA_REWARD)
+    problems = {str(i): {"task_id": str(i), "ground_truth": "4", "question": "?"} for i in range(4)}
+    completions = ["4", "#4", "#### 5", "no extra"]
+    provenance = {"run": "r", "ckpt": "step_1", "step": 1, "task": "t", "variant": "greedy-s42"}
+    cell = score_samples(
+        "reward_function",
+        problems,
+        [{"task_id": str(i), "completion": c} for i, c in enumerate(completions)],
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=1,
+        checker_options={"reward_function": str(reward)},
+        provenance={**provenance, "sampling": "greedy", "seed": 42},
+    )
+    metrics = cell["metrics"]
+    assert cell["primary_metric"] == "reward_mean" and "accuracy" not in metrics
+    assert metrics["reward_mean"]["value"] == 0.25
+    assert metrics["reward_extra/format"] == pytest.approx(
+        {"value": 2 / 3, "stderr": metrics["reward_extra/format"]["stderr"], "n": 3}
+    )
+    assert metrics["reward_extra/length"]["value"] == pytest.approx((1 + 2 + 6) / 3)
+    assert not any(name.endswith("pred") for name in metrics)  # a string is not averaged
+    assert summarize([tmp_path / "s.json"]).main_metrics == {"t": "reward_mean"}
 
 
 def test_the_self_test_can_be_off_with_a_reason_and_a_wrong_function_fails_it(

@@ -47,7 +47,11 @@ Files written (the schemas live here):
   `reward_distribution`: {"min", "p10", "p25", "p50", "p75", "p90", "max", "n"} of the scores,
   plus "counts" {score: samples} when there are at most `DISTRIBUTION_VALUES` distinct scores.
   Their score lines carry `reward`, `reward_info` (the dict's other keys) and `reward_type:
-  "bool"` for a bool. A checker whose self-test is off records why (`self_test.off`).
+  "bool"` for a bool; the dict's other numeric keys (verl's `reward_extra_info`, up to
+  `EXTRA_KEYS`) are averaged into `reward_extra/<key>` over the samples that return them. A
+  reward cell names `reward_mean` its `primary_metric` (the task's headline in the overview, the
+  tables and `compare`) and reports no `accuracy` (its mean score: the same number, another
+  denominator). A checker whose self-test is off records why (`self_test.off`).
 
   Length metrics (`ckpteval.metrics.LENGTH_METRICS`, `LengthTotals`) come from the generation
   lines' own fields, over the scored samples that state them: `completion_tokens_mean`,
@@ -64,6 +68,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import statistics
 import threading
 import time
@@ -102,6 +107,10 @@ CHUNK_CHARS = 32 << 20
 #: work), few enough to hold (a verdict is at most its 2,000-character stderr tail and extras).
 REORDER_CHUNKS = 8
 
+#: A reward cell averages at most this many of the dict's other numeric keys (verl's
+#: `reward_extra_info`), each a metric `EXTRA_PREFIX<key>` over the samples that return it.
+EXTRA_KEYS = 20
+EXTRA_PREFIX = "reward_extra/"
 #: The normal quantile of a two-sided 95% interval (a reward mean's `interval`).
 Z_95 = 1.959963984540054
 #: A reward distribution lists its scores' counts when it has at most this many distinct ones.
@@ -416,7 +425,7 @@ class _CellTotals:
             if self.compiled.n:
                 value, stderr = self.compiled.result()
                 metrics["compile_rate"] = {"value": value, "stderr": stderr, "n": self.compiled.n}
-        else:
+        elif not self.rewards.enabled:  # a reward cell's mean score is its reward_mean
             value, stderr = self.scores.result()
             metrics["accuracy"] = {"value": value, "stderr": stderr, "n": self.scores.n}
         if self.hacked.n:
@@ -439,6 +448,8 @@ class _CellTotals:
                 }
                 for name, (n, passed, tids) in sorted(self.per_file.items())
             }
+        if "reward_mean" in metrics:
+            extra["primary_metric"] = "reward_mean"  # the headline of a reward task
         return {
             **extra,
             "n_problems": len(self.per_task),
@@ -464,15 +475,22 @@ class RewardTotals:
         self.unscored = 0
         self.all_bool = True
         self.acc: list[float] = []
+        #: the dict's other numeric keys (verl's reward_extra_info), at most `EXTRA_KEYS` of them
+        self.extra: dict[str, RunningMean] = {}
 
     def add(self, line: Mapping[str, Any]) -> None:
         reward = line.get("reward")
         if isinstance(reward, (int, float)) and not isinstance(reward, bool):
             self.scores.append(float(reward))
             self.all_bool = self.all_bool and line.get("reward_type") == "bool"
-            acc = (line.get("reward_info") or {}).get("acc")
+            info = line.get("reward_info") or {}
+            acc = info.get("acc")
             if isinstance(acc, (bool, int, float)):
                 self.acc.append(float(acc))
+            for key, value in info.items():
+                if key != "acc" and _finite(value):
+                    if key in self.extra or len(self.extra) < EXTRA_KEYS:
+                        self.extra.setdefault(key, RunningMean()).add(float(value))
         elif self.enabled:
             self.unscored += 1
 
@@ -500,6 +518,9 @@ class RewardTotals:
             out["reward_mean"] = bounded_mean(self.scores, self.unscored, self.known_range())
         if self.acc:
             out["acc"] = bounded_mean(self.acc, self.unscored, (0.0, 1.0))
+        for key, mean in self.extra.items():
+            value, stderr = mean.result()
+            out[f"{EXTRA_PREFIX}{key}"] = {"value": value, "stderr": stderr, "n": mean.n}
         return out
 
     def distribution(self) -> dict[str, Any]:
@@ -518,6 +539,10 @@ class RewardTotals:
         if len(counts) <= DISTRIBUTION_VALUES:
             out["counts"] = {repr(score): n for score, n in sorted(counts.items())}
         return {"reward_distribution": out}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (bool, int, float)) and math.isfinite(float(value))
 
 
 def bounded_mean(
