@@ -514,6 +514,41 @@ def test_the_reward_is_a_reward_tasks_headline_and_the_dicts_numbers_are_average
     assert summarize([tmp_path / "s.json"]).main_metrics == {"t": "reward_mean"}
 
 
+def test_each_data_source_has_its_reward_named_as_verl_logs_it(tmp_path: Path) -> None:
+    """Rows of two data sources, two samples each: each source's reward beside the task's, as
+    verl's `val-core/<data_source>/reward/mean@<N>`, over its own samples (its errored ones
+    counted as in the task's reward_mean: here a bool reward, so at 0)."""
+    reward = tmp_path / "reward.py"
+    reward.write_text(BOOL_REWARD)
+    problems = {
+        str(i): {"task_id": str(i), "ground_truth": "4", "question": "?", "data_source": source}
+        for i, source in enumerate(["openai/gsm8k", "openai/gsm8k", "math_dapo"])
+    }
+    problems["3"] = {"task_id": "3", "ground_truth": "4", "question": "?"}  # no source
+    completions = {"0": ["4", "4"], "1": ["4", "5"], "2": ["4", "raise"], "3": ["5", "5"]}
+    samples = [
+        {"task_id": tid, "sample_idx": i, "completion": c}
+        for tid, cs in completions.items()
+        for i, c in enumerate(cs)
+    ]
+    cell = score_samples(
+        "reward_function",
+        problems,
+        samples,
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=1,
+        checker_options={"reward_function": str(reward)},
+    )
+    metrics = cell["metrics"]
+    assert metrics["val-core/openai/gsm8k/reward/mean@2"]["value"] == 0.75
+    assert metrics["val-core/openai/gsm8k/reward/mean@2"]["n"] == 4
+    assert metrics["val-core/math_dapo/reward/mean@2"]["value"] == 0.5  # the error at 0
+    assert metrics["val-core/math_dapo/reward/mean@2"]["n"] == 2
+    assert len([m for m in metrics if m.startswith("val-core/")]) == 2
+    assert metrics["reward_mean"]["value"] == 4 / 8
+
+
 def test_the_self_test_can_be_off_with_a_reason_and_a_wrong_function_fails_it(
     tmp_path: Path,
 ) -> None:

@@ -281,8 +281,12 @@ def _score_into(
     except SelfTestError:
         progress.discard()  # verdicts of a checker that failed its self-test are worthless
         raise
+    rewards = getattr(impl, "scores_rewards", False)
     totals = _CellTotals(
-        impl.compiles, getattr(impl, "scores_rewards", False), getattr(impl, "reward_range", None)
+        impl.compiles,
+        rewards,
+        getattr(impl, "reward_range", None),
+        data_sources(problems) if rewards else None,
     )
     lines = _scored_lines(
         impl,
@@ -370,6 +374,7 @@ class _CellTotals:
         compiles: bool,
         rewards: bool = False,
         reward_range: Sequence[float] | None = None,
+        sources: Mapping[str, str] | None = None,
     ) -> None:
         self.compiles = compiles
         self.per_task: dict[str, list[int]] = {}
@@ -386,7 +391,7 @@ class _CellTotals:
         self.per_file: dict[str, list[Any]] = {}
         #: the length metrics, from the samples' generation lines (`_Row.lengths`).
         self.lengths = LengthTotals()
-        self.rewards = RewardTotals(rewards, reward_range)
+        self.rewards = RewardTotals(rewards, reward_range, sources)
 
     def add(self, line: Mapping[str, Any]) -> None:
         self.rewards.add(line)
@@ -468,9 +473,18 @@ class RewardTotals:
     no number; the sample was too large or its reasoning never ended), whether every score was a
     bool, and the `acc` values. `reward_range` is the declared range of the scores, if any."""
 
-    def __init__(self, enabled: bool = False, reward_range: Sequence[float] | None = None) -> None:
+    def __init__(
+        self,
+        enabled: bool = False,
+        reward_range: Sequence[float] | None = None,
+        sources: Mapping[str, str] | None = None,
+    ) -> None:
         self.enabled = enabled
         self.range = tuple(float(v) for v in reward_range) if reward_range else None
+        #: task_id -> its row's `data_source`, and per source (scores, unscored, samples per
+        #: problem) for `per_source`
+        self.sources = dict(sources or {})
+        self.by_source: dict[str, tuple[list[float], list[int], Counter[str]]] = {}
         self.scores: list[float] = []
         self.unscored = 0
         self.all_bool = True
@@ -480,7 +494,16 @@ class RewardTotals:
 
     def add(self, line: Mapping[str, Any]) -> None:
         reward = line.get("reward")
-        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+        scored = isinstance(reward, (int, float)) and not isinstance(reward, bool)
+        source = self.sources.get(line.get("task_id", "")) if self.enabled else None
+        if source:
+            values, unscored, per_problem = self.by_source.setdefault(source, ([], [0], Counter()))
+            per_problem[line["task_id"]] += 1
+            if scored:
+                values.append(float(reward))
+            else:
+                unscored[0] += 1
+        if scored:
             self.scores.append(float(reward))
             self.all_bool = self.all_bool and line.get("reward_type") == "bool"
             info = line.get("reward_info") or {}
@@ -521,6 +544,21 @@ class RewardTotals:
         for key, mean in self.extra.items():
             value, stderr = mean.result()
             out[f"{EXTRA_PREFIX}{key}"] = {"value": value, "stderr": stderr, "n": mean.n}
+        out.update(self.per_source())
+        return out
+
+    def per_source(self) -> dict[str, dict[str, Any]]:
+        """Each data source's reward, named as verl names its validation metric:
+        `val-core/<data_source>/reward/mean@<N>`, N the samples per problem (the most of any
+        of the source's problems), errored samples counted as in `reward_mean`."""
+        out: dict[str, dict[str, Any]] = {}
+        bounds = self.known_range()
+        for source, (values, unscored, per_problem) in sorted(self.by_source.items()):
+            if values:
+                n = max(per_problem.values())
+                out[f"val-core/{source}/reward/mean@{n}"] = bounded_mean(
+                    values, unscored[0], bounds
+                )
         return out
 
     def distribution(self) -> dict[str, Any]:
@@ -539,6 +577,16 @@ class RewardTotals:
         if len(counts) <= DISTRIBUTION_VALUES:
             out["counts"] = {repr(score): n for score, n in sorted(counts.items())}
         return {"reward_distribution": out}
+
+
+def data_sources(problems: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """task_id -> its row's `data_source` (verl's: `openai/gsm8k`), for the problems that
+    name one."""
+    return {
+        tid: p["data_source"]
+        for tid, p in problems.items()
+        if isinstance(p.get("data_source"), str) and p["data_source"].strip()
+    }
 
 
 def _finite(value: Any) -> bool:
