@@ -464,6 +464,7 @@ def test_errored_samples_count_in_n_at_both_ends_of_a_known_range(
     assert mean["value"] < sum(scores) / 5  # the survivors alone would flatter
     low, high = mean["interval"]
     assert low <= mean["value"] and high >= (sum(scores) + 7 * hi) / 12
+    assert lo <= low and high <= hi  # within the range
     assert cell["metrics"]["reward_error_rate"]["value"] == pytest.approx(7 / 12)
     assert cell["error_types"]["reward_error"] == 7
 
