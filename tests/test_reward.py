@@ -235,7 +235,7 @@ def test_rows_with_different_system_messages_need_the_tasks_own(
     [
         (
             {"reward_function": "REWARD", "self_test": True},
-            r"tasks\.gsm\.checker\.self_test: runs \(the default\), ground_truth, off or off: <why>",
+            r"tasks\.gsm\.checker\.self_test: runs \(the default\), ground_truth, off or off:",
         ),
         (
             {"reward_function": "REWARD", "self_test": "sometimes"},

@@ -152,7 +152,7 @@ def cell_states(
         state, detail = evidence.state(outdir, key)
         errors = _errored_samples(Path(detail)) if state == "done" else None
         if errors:
-            detail = f"{detail}: the reward function gave no score for {errors[0]} of {errors[1]} samples"
+            detail += f": the reward function gave no score for {errors[0]} of {errors[1]} samples"
         rows.append(
             {
                 "run": key[0],
