@@ -336,7 +336,14 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("a", metavar="RUN:CKPT", help="the reference checkpoint")
     parser.add_argument("b", metavar="RUN:CKPT", help="the checkpoint compared with it")
-    parser.add_argument("--outdir", type=Path, default=Path("results"), help="default: results")
+    parser.add_argument(
+        "--configfile",
+        type=Path,
+        help="the workflow config whose outdir holds the scores (as status and check take it)",
+    )
+    parser.add_argument(
+        "--outdir", type=Path, help="results directory (default: the config's, else results)"
+    )
     parser.add_argument(
         "--task", action="append", default=[], help="only this task (repeatable; default: all)"
     )
@@ -355,6 +362,7 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_compare(args: argparse.Namespace) -> int:
     a, b = parse_target(args.a), parse_target(args.b)
+    args.outdir = _outdir(args.outdir, args.configfile)
     results, warnings = compare(
         args.outdir, a, b, tasks=args.task, sampling=args.sampling, n_boot=args.bootstrap
     )
@@ -378,6 +386,30 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _outdir(outdir: Path | None, configfile: Path | None) -> Path:
+    """`--outdir`, else the config's `outdir` (read and validated as every command reads it),
+    else results/."""
+    if outdir is not None:
+        return outdir
+    if configfile is None:
+        return Path("results")
+    from ckpteval.config import load_config, validate_config
+
+    config = load_config(configfile)
+    validate_config(config)
+    return Path(config["outdir"])
+
+
+def most_changed(results: Sequence[TaskComparison]) -> str | None:
+    """The "task|sampling" of the comparison whose delta is largest in size (what the pair's
+    page opens on), or None when no delta is known."""
+    known = [r for r in results if r.delta is not None and r.delta == r.delta]
+    if not known:
+        return None
+    top = max(known, key=lambda r: abs(r.delta))
+    return f"{top.task}|{top.sampling}"
+
+
 def write_pair_html(
     outdir: Path,
     a: tuple[str, str],
@@ -388,7 +420,8 @@ def write_pair_html(
     n_boot: int,
 ) -> None:
     """The report page of the two checkpoints' cells (of the compared tasks), opened on the
-    drill-down of B against A: the same view as report.html's, for any pair."""
+    drill-down of B against A, on the task that changed most: the same view as report.html's,
+    for any pair."""
     from ckpteval.report import write_html
     from ckpteval.summary import summarize
 
@@ -402,7 +435,8 @@ def write_pair_html(
     label_a, label_b = ":".join(a), ":".join(b)
     summary = summarize(cells, title=f"{label_b} vs {label_a}", bootstrap=n_boot)
     try:
-        write_html(summary, [], path, focus=(label_a, label_b))
+        focus = (label_a, label_b, *filter(None, [most_changed(results)]))
+        write_html(summary, [], path, focus=focus)
     except OSError as exc:
         raise UserError(f"compare: --html {path}: {exc.strerror or exc}") from None
 

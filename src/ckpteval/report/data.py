@@ -59,9 +59,10 @@ class Payload:
     blobs: dict[str, str] = field(default_factory=dict)
 
 
-def build_payload(summary: Summary, focus: tuple[str, str] | None = None) -> Payload:
+def build_payload(summary: Summary, focus: tuple[str, ...] | None = None) -> Payload:
     """Every table the page shows, plus per-cell sample blobs. `focus` is the (ckpt_a, ckpt_b)
-    pair the drill-down opens on (`ckpteval compare --html`), as "run:ckpt" labels."""
+    pair the drill-down opens on (`ckpteval compare --html`), as "run:ckpt" labels, and
+    optionally the "task|sampling" it opens on."""
     payload = Payload(
         {
             "title": summary.title,

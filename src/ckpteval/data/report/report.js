@@ -299,8 +299,9 @@
     fillGroups(sg);
     let start = [groupKey(D.groups[0]), null, null];
     if (D.focus) {
-      const [fa, fb] = D.focus;
-      const g = D.groups.find((x) => x.ckpts.includes(fa) && x.ckpts.includes(fb));
+      const [fa, fb, fg] = D.focus;  // fg: the task|sampling that changed most, if known
+      const has = (x) => x.ckpts.includes(fa) && x.ckpts.includes(fb);
+      const g = D.groups.find((x) => groupKey(x) === fg && has(x)) || D.groups.find(has);
       if (g) start = [groupKey(g), fa, fb];
     }
     sg.addEventListener("change", () => { fillCkpts(group(sg.value)); showFlips(); });
