@@ -178,7 +178,10 @@ class RewardFunctionChecker(Checker):
     """Scores samples with a user's verl-style reward function (see the module's docstring)."""
 
     name = "reward_function"
-    version = "1"
+    #: 2: errored samples count (reward_error_rate, reward_range), reward_mean the headline,
+    #: reward_extra/<key>, per data source; no accuracy. Part of a cell's scoring identity:
+    #: reward cells of version 1 are rescored once (CPU only), other checkers' cells are not.
+    version = "2"
     #: Each sample a fresh `python -I -B runner.py` exec'd in the sandbox, re-importing what the
     #: function imports (the path before preloading): for bench/reward.py's comparison only.
     exec_samples = False
