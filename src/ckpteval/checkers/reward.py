@@ -3,8 +3,11 @@
 A task names it as verl names its custom reward function::
 
     checker: {reward_function: path/to/reward.py, name: compute_score, kwargs: {...},
-              pass_threshold: 1.0, trusted: false, self_test: ground_truth}
+              pass_threshold: 1.0, trusted: false, self_test: runs, reward_range: [0, 1]}
 
+(every option but the file optional, its default the value shown but `reward_range`'s, which is
+none), or as verl's config names it, pasted: `custom_reward_function: {path, name,
+reward_kwargs}` (`from_verl`; ckpteval.config moves one pasted beside `problems:` into `checker:`),
 and each sample is scored as verl scores it: `name(data_source=..., solution_str=completion,
 ground_truth=..., extra_info=..., **kwargs)`, by keyword. The function returns a number or a
 bool (taken as a float), or a dict with a `score` key; the dict's other keys are kept on the
@@ -43,9 +46,12 @@ and relative imports within them too), by their path within that directory and t
 editing a helper module rescores, moving the whole directory reruns nothing. Modules found
 elsewhere (this Python's packages) are not hashed; a new version of one is a new environment.
 
-The self-test (`self_test: ground_truth`) scores the ground truths of the first problems (up to
-`SELF_TEST_PROBLEMS`) as completions, which must pass, and an empty completion, which must not;
-`self_test: "off: <why>"` skips it, and the cell records why.
+The self-test calls the function on the ground truths of the first problems (up to
+`SELF_TEST_PROBLEMS`) as completions: `self_test: runs` (the default) asks only that it returns a
+score (verl's gsm8k scores a bare `72` 0: fine), `ground_truth` that the score reaches
+`pass_threshold` and that an empty completion does not; `off` (YAML's boolean false too) or
+`"off: <why>"` skips it, and the cell records why. A failure is one line naming the function,
+its file, the setting and the rows (`self_test_words`).
 """
 
 from __future__ import annotations
