@@ -397,6 +397,18 @@ def test_compare_reads_the_outdir_from_configfile_and_its_page_opens_on_the_bigg
     top = max(comparisons, key=lambda c: abs(c["delta"]))
     focus = page_data(page.read_text())["focus"]
     assert focus == ["r:base", "r:step_200", f"{top['task']}|{top['sampling']}"]
+    config.write_text(  # the config's main metric for a task is the one compared
+        yaml.safe_dump(
+            {
+                "outdir": str(results),
+                "runs": {"r": {"path": str(tmp_path)}},
+                "tasks": {"code": {"main_metric": "f1"}},
+            }
+        )
+    )
+    chosen = _ckpteval("compare", "r:base", "r:step_200", "--configfile", str(config))
+    assert chosen.returncode != 0
+    assert "tasks.code.main_metric: its cells report no 'f1'" in chosen.stderr
     missing = _ckpteval(
         "compare", "r:base", "r:step_200", "--configfile", str(tmp_path / "no.yaml")
     )

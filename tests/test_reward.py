@@ -730,6 +730,22 @@ def test_verls_block_is_the_same_setting_as_ckpteval_s_options_and_false_is_off(
     )
 
 
+def test_a_tasks_main_metric_is_a_summary_setting_only(tmp_path: Path) -> None:
+    from ckpteval.contract import summary_identity
+    from ckpteval.jobs import SummaryJob
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    plain = _project(tmp_path, reward)
+    chosen = _project(tmp_path, reward)
+    chosen["tasks"]["gsm"]["main_metric"] = "pass@1"
+    validate_config(chosen)
+    assert _ids(chosen) == _ids(plain)  # generations and scores stay
+    text = summary_identity(chosen).text
+    assert text != summary_identity(plain).text
+    assert SummaryJob.decode(text).main_metric == {"gsm": "pass@1"}
+
+
 def test_a_function_named_by_name_is_the_one_called(tmp_path: Path, reward_file: Path) -> None:
     """`name` is a checker option and a parameter name of the checker's builder: it reaches the
     function, never collides (once `get_checker() got multiple values for argument 'name'`)."""

@@ -26,7 +26,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from ckpteval.aggregate.cells import Cell, CellError, load_cell, read_samples
 from ckpteval.aggregate.deltas import MCNEMAR, NO_TEST_NO_PAIRS, NO_TEST_NOT_BINARY
 from ckpteval.aggregate.tables import CONFIDENCE, main_metrics
 from ckpteval.errors import UserError
+from ckpteval.jobs import chosen_main_metrics
 from ckpteval.stats import (
     MDE_ALPHA,
     MDE_POWER,
@@ -137,9 +138,11 @@ def compare(
     sampling: str | None = None,
     n_boot: int = 1000,
     seed: int = 0,
+    main_metric: Mapping[str, str] | None = None,
 ) -> tuple[list[TaskComparison], list[str]]:
     """Compare checkpoint `b` with `a` on every (task, sampling) both scored (or those asked
-    for): the comparisons, and one warning line per thing that makes them less than comparable."""
+    for), on each task's main metric (`main_metric`: the config's choices): the comparisons,
+    and one warning line per thing that makes them less than comparable."""
     if n_boot < 1:
         raise UserError(f"compare: --bootstrap {n_boot}: give at least 1 (1000 is usual)")
     side_a, side_b = load_side(outdir, *a, tasks), load_side(outdir, *b, tasks)
@@ -167,7 +170,7 @@ def compare(
             )
         wanted = [(t, s) for t, s in wanted if s == sampling]
     rng = np.random.default_rng(seed)
-    metrics = main_metrics(side_a.cells + side_b.cells)
+    metrics = main_metrics(side_a.cells + side_b.cells, main_metric)
     results, warnings = [], []
     for task in sorted(set(tasks or both) - {t for t, _ in common}):
         warnings.append(
@@ -362,9 +365,16 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_compare(args: argparse.Namespace) -> int:
     a, b = parse_target(args.a), parse_target(args.b)
-    args.outdir = _outdir(args.outdir, args.configfile)
+    config = _config(args.configfile)
+    args.outdir = args.outdir or Path(config.get("outdir", "results"))
     results, warnings = compare(
-        args.outdir, a, b, tasks=args.task, sampling=args.sampling, n_boot=args.bootstrap
+        args.outdir,
+        a,
+        b,
+        tasks=args.task,
+        sampling=args.sampling,
+        n_boot=args.bootstrap,
+        main_metric=chosen_main_metrics(config),
     )
     for line in warnings:
         print(f"ckpteval: warning: {line}", file=sys.stderr)
@@ -386,18 +396,16 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _outdir(outdir: Path | None, configfile: Path | None) -> Path:
-    """`--outdir`, else the config's `outdir` (read and validated as every command reads it),
-    else results/."""
-    if outdir is not None:
-        return outdir
+def _config(configfile: Path | None) -> dict[str, Any]:
+    """`--configfile` read and validated as every command reads it (its `outdir` is the scores'
+    unless `--outdir` says otherwise; its tasks' `main_metric`s are compared), or {}."""
     if configfile is None:
-        return Path("results")
+        return {}
     from ckpteval.config import load_config, validate_config
 
     config = load_config(configfile)
     validate_config(config)
-    return Path(config["outdir"])
+    return config
 
 
 def most_changed(results: Sequence[TaskComparison]) -> str | None:

@@ -55,6 +55,7 @@ class Builtin:
 #: `max_generated_tests` and `answer_last_line`, which change scores only (their contract rows are
 #: `scores`).
 _SCHEDULING_OPTIONS = (
+    "main_metric",  # how the summary reads the task's cells (a `summary` row)
     "sampling",
     "engine_group",
     "problems",

@@ -18,13 +18,14 @@ rate and flag.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ckpteval.aggregate.cells import Cell, Problem, identity_frame
+from ckpteval.errors import UserError
 from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.stats import conservative_stderr, pass_at_k_curve
 
@@ -195,14 +196,24 @@ def main_metric(names: Sequence[str], primary: str | None = None) -> str:
     return next((n for n in names if n not in NOT_MAIN_METRICS), names[0])
 
 
-def main_metrics(cells: Sequence[Cell]) -> dict[str, str]:
-    """Task -> its main metric, from its cells' metric names (in their order) and declarations."""
+def main_metrics(cells: Sequence[Cell], chosen: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Task -> its main metric: the one the config `chosen` for it (`tasks.<task>.main_metric`,
+    which its cells must report: else one line naming the ones they do), else from its cells'
+    metric names (in their order) and declarations."""
     names: dict[str, dict[str, None]] = {}
     primary: dict[str, str] = {}
     for cell in cells:
         names.setdefault(cell.task, {}).update(dict.fromkeys(cell.metrics))
         if cell.primary_metric is not None:
             primary.setdefault(cell.task, cell.primary_metric)
+    for task, metric in (chosen or {}).items():
+        if task in names and metric not in names[task]:
+            raise UserError(
+                f"config: tasks.{task}.main_metric: its cells report no {metric!r}; they report "
+                f"{', '.join(names[task])}"
+            )
+        if task in names:
+            primary[task] = metric
     return {task: main_metric(list(found), primary.get(task)) for task, found in names.items()}
 
 
