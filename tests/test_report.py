@@ -246,6 +246,7 @@ def test_a_cell_whose_reward_function_errored_is_marked_in_overview_and_tables(
             metrics={
                 "reward_mean": {"value": 0.25, "stderr": 0.1, "n": 12},
                 "reward_error_rate": {"value": rate, "stderr": 0.1, "n": 12},
+                "val-core/openai/gsm8k/reward/mean@1": {"value": 0.5, "stderr": 0.1, "n": 6},
             },
         )
         for s, rate in ((1, 0.0), (2, 7 / 12))
@@ -262,3 +263,5 @@ def test_a_cell_whose_reward_function_errored_is_marked_in_overview_and_tables(
     assert markdown.count("[^e1]") == 2  # the mark and its footnote
     assert "[^e1]: r step_2 gsm (greedy): the reward function gave no score for 58%" in markdown
     assert "Reward function errors (counted in n)" in page  # the overview's heading for them
+    sources = [r for r in page_data(page)["series"] if r["metric"].startswith("val-core/")]
+    assert {(r["ckpt"], r["mean"]) for r in sources} == {("step_1", 0.5), ("step_2", 0.5)}

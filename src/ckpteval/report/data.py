@@ -49,6 +49,9 @@ DELTA_FIELDS = [
 ]
 #: Metrics charted per task besides the main one.
 SIDE_METRICS = (HACK_RATE, REWARD_ERROR_RATE, *LENGTH_METRICS)
+#: A reward task's per-data-source metrics (`val-core/<data_source>/reward/mean@N`, named as
+#: verl logs them): each task's "reward per data source" chart.
+SOURCE_PREFIX = "val-core/"
 
 
 @dataclass
@@ -88,11 +91,13 @@ def _checkpoints(tidy: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _series(summary: Summary) -> list[dict[str, Any]]:
-    """Seed means with their 95% interval (±1.96 cell stderr) and n, for each task's main metric
-    and the side metrics (hack rate, lengths, truncation)."""
+    """Seed means with their 95% interval (±1.96 cell stderr) and n, for each task's main metric,
+    the side metrics (hack rate, reward errors, lengths, truncation) and a reward task's per
+    data source rewards."""
     seeds = summary.seeds
     wanted = {*summary.main_metrics.values(), *SIDE_METRICS}
-    rows = seeds[seeds["metric"].isin(wanted)].copy()
+    per_source = seeds["metric"].astype(str).str.startswith(SOURCE_PREFIX)
+    rows = seeds[seeds["metric"].isin(wanted) | per_source].copy()
     if rows.empty:
         return []
     keys = ["run", "ckpt", "task", "sampling", "metric"]

@@ -228,7 +228,7 @@
     box.innerHTML = D.tasks.map((t) =>
       `<div class='task-panel' id='task-${esc(slug(t.task))}' data-task='${esc(t.task)}'>` +
       `<h3>${esc(t.task)} <small>${esc(t.metric)}</small></h3><div class='charts'>` +
-      ["metric", "errors", "lengths", "truncation", "hacks"].map((k) => `<div class='chart' data-chart='${k}'></div>`).join("") +
+      ["metric", "sources", "errors", "lengths", "truncation", "hacks"].map((k) => `<div class='chart' data-chart='${k}'></div>`).join("") +
       "</div></div>").join("");
     const observer = new IntersectionObserver((entries) => {
       for (const e of entries) {
@@ -241,10 +241,16 @@
     return D.series.filter((r) => r.task === task && metrics.includes(r.metric))
       .map((r) => ({ ...r, series: metrics.length > 1 ? `${seriesName(r)} ${r.metric}` : seriesName(r) }));
   }
+  // A reward task's val-core/<data_source>/reward/mean@N rows, one line per run and source.
+  function sourceRows(task) {
+    return D.series.filter((r) => r.task === task && r.metric.startsWith("val-core/"))
+      .map((r) => ({ ...r, series: `${seriesName(r)} ${r.metric.split("/").slice(1, -2).join("/")}` }));
+  }
   function drawTask(panel) {
     const task = panel.dataset.task;
     const charts = {
       metric: [mainRows().filter((r) => r.task === task), `${mainMetric[task]}`],
+      sources: [sourceRows(task), "reward per data source"],
       lengths: [sideRows(task, ["completion_tokens_mean", "reasoning_tokens_mean"]), "tokens per sample"],
       truncation: [sideRows(task, ["truncation_rate", "truncated_reasoning_rate"]), "share cut at the budget"],
       hacks: [sideRows(task, ["hack_rate"]), "hack rate"],
