@@ -490,6 +490,13 @@ def test_declared_primary_metric_is_the_main_one(tmp_path: Path) -> None:
     assert summary.main_metrics == {"h": "exact_match,strict-match"}
     assert summary.deltas["metric"].tolist() == ["exact_match,strict-match"]
     assert summary.deltas["delta"].tolist() == [0.25]
+    # the config chooses another (tasks.h.main_metric): the summary and its deltas follow it;
+    # one its cells do not report is one line naming the ones they do
+    chosen = summarize([path, other], main_metric={"h": "exact_match,flexible-extract"})
+    assert chosen.main_metrics == {"h": "exact_match,flexible-extract"}
+    assert chosen.deltas["metric"].tolist() == ["exact_match,flexible-extract"]
+    with pytest.raises(UserError, match=r"tasks\.h\.main_metric: its cells report no 'acc'"):
+        summarize([path, other], main_metric={"h": "acc"})
 
 
 def test_run_without_baseline_has_no_baseline_comparisons(tmp_path: Path) -> None:

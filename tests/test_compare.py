@@ -373,3 +373,44 @@ def test_compare_names_tasks_without_a_common_sampling_config(results: Path) -> 
         "r:step_100: hot"
     ]
     assert "extra (" not in proc.stdout and "code (greedy, pass@1)" in proc.stdout
+
+
+def test_compare_reads_the_outdir_from_configfile_and_its_page_opens_on_the_biggest_change(
+    results: Path, tmp_path: Path
+) -> None:
+    import yaml
+
+    from ckpteval.report.page import page_data
+
+    config = tmp_path / "mine.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"outdir": str(results), "runs": {"r": {"path": str(tmp_path)}}, "tasks": {"code": {}}}
+        )
+    )
+    page = tmp_path / "pair.html"
+    args = ["compare", "r:base", "r:step_200", "--configfile", str(config)]
+    proc = _ckpteval(*args, "--json", "--html", str(page))
+    assert proc.returncode == 0, proc.stderr
+    comparisons = json.loads(proc.stdout)["comparisons"]
+    assert {c["task"] for c in comparisons} == {"code", "qa"}  # the config's outdir was read
+    top = max(comparisons, key=lambda c: abs(c["delta"]))
+    focus = page_data(page.read_text())["focus"]
+    assert focus == ["r:base", "r:step_200", f"{top['task']}|{top['sampling']}"]
+    config.write_text(  # the config's main metric for a task is the one compared
+        yaml.safe_dump(
+            {
+                "outdir": str(results),
+                "runs": {"r": {"path": str(tmp_path)}},
+                "tasks": {"code": {"main_metric": "f1"}},
+            }
+        )
+    )
+    chosen = _ckpteval("compare", "r:base", "r:step_200", "--configfile", str(config))
+    assert chosen.returncode != 0
+    assert "tasks.code.main_metric: its cells report no 'f1'" in chosen.stderr
+    missing = _ckpteval(
+        "compare", "r:base", "r:step_200", "--configfile", str(tmp_path / "no.yaml")
+    )
+    assert missing.returncode != 0 and "config file not found" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -101,6 +101,7 @@ def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
         "tasks.pyfunc.system_prompt": "Be brief.",
         "tasks.arith_harness.checker": "python",
         "tasks.pyfunc.engine_group": "other",
+        "tasks.pyfunc.main_metric": "hack_rate",  # the summary reads it: aggregate only
         "runs.demo.chat_template": "chatml",  # no task of the sweep asks for chat: nothing reruns
         # pyfunc from its own file as a user's problem file: a task of its own (no token cap)
         "tasks.pyfunc.problems": str(REPO / "src" / "ckpteval" / "data" / "tasks" / "pyfunc.jsonl"),

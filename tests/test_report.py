@@ -228,3 +228,40 @@ def test_deleted_checkpoints_keep_their_point_drawn_hollow(tmp_path: Path) -> No
     assert hollow[0].get_markerfacecolor() == "white"
     plain = _steps_figure("t", "acc", steps, summary.deltas).axes[0]
     assert not [line for line in plain.get_lines() if "deleted" in line.get_label()]
+
+
+def test_a_cell_whose_reward_function_errored_is_marked_in_overview_and_tables(
+    tmp_path: Path,
+) -> None:
+    """step_2's reward function gave no score for 7 of 12 samples: the overview lists it, the
+    metrics table and metrics.md mark its main metric; step_1 (no errors) is not marked."""
+    cells = [
+        write_cell(
+            tmp_path,
+            "r",
+            f"step_{s}",
+            s,
+            "gsm",
+            "greedy-s42",
+            metrics={
+                "reward_mean": {"value": 0.25, "stderr": 0.1, "n": 12},
+                "reward_error_rate": {"value": rate, "stderr": 0.1, "n": 12},
+                "val-core/openai/gsm8k/reward/mean@1": {"value": 0.5, "stderr": 0.1, "n": 6},
+            },
+        )
+        for s, rate in ((1, 0.0), (2, 7 / 12))
+    ]
+    build_summary(cells, tmp_path / "summary")
+    page = (tmp_path / "summary" / "report.html").read_text()
+    flags = [f for f in page_data(page)["flags"] if f["kind"] == "reward_errors"]
+    assert [f["text"] for f in flags] == [
+        "r step_2 gsm (greedy): the reward function gave no score for 58% of samples "
+        "(counted in reward_mean's n)"
+    ]
+    assert "58% errored" in page and page.count("% errored)") == 1
+    markdown = (tmp_path / "summary" / "metrics.md").read_text()
+    assert markdown.count("[^e1]") == 2  # the mark and its footnote
+    assert "[^e1]: r step_2 gsm (greedy): the reward function gave no score for 58%" in markdown
+    assert "Reward function errors (counted in n)" in page  # the overview's heading for them
+    sources = [r for r in page_data(page)["series"] if r["metric"].startswith("val-core/")]
+    assert {(r["ckpt"], r["mean"]) for r in sources} == {("step_1", 0.5), ("step_2", 0.5)}

@@ -332,3 +332,37 @@ def test_snakemake_report_packs_the_report(demo_sweep: Path) -> None:
     ours = demo_sweep / "results" / "summary" / "report.html"
     assert packed.read(page) == ours.read_bytes()
     assert any(name.endswith("arith-steps.png") for name in names), names
+
+
+def test_a_reward_task_shows_its_errors_and_its_data_sources(browser: Any, tmp_path: Path) -> None:
+    """The checkpoint x task table marks the cell whose reward function errored, the overview
+    lists it, and the task's panel draws the reward per data source, without a page error."""
+    cells = [
+        write_cell(
+            tmp_path,
+            "r",
+            f"step_{s}",
+            s,
+            "gsm",
+            "greedy-s42",
+            metrics={
+                "reward_mean": {"value": 0.2 * s, "stderr": 0.1, "n": 12},
+                "reward_error_rate": {"value": rate, "stderr": 0.1, "n": 12},
+                "val-core/openai/gsm8k/reward/mean@1": {"value": 0.1 * s, "stderr": 0.1, "n": 6},
+                "val-core/math/reward/mean@1": {"value": 0.3 * s, "stderr": 0.1, "n": 6},
+            },
+        )
+        for s, rate in ((1, 0.0), (2, 0.5))
+    ]
+    build_summary(cells, tmp_path / "summary")
+    view = Page(browser)
+    page = view.open(tmp_path / "summary" / "report.html")
+    marked = page.locator("#ckpt-task td[data-prov]").evaluate_all(
+        "els => els.map(e => e.textContent.includes('⚠'))"
+    )
+    assert marked == [False, True]
+    assert "gave no score for 50%" in page.locator("#flags").inner_text()
+    page.locator("#task-gsm").scroll_into_view_if_needed()
+    page.wait_for_selector("#task-gsm[data-drawn=yes]")
+    assert page.locator("#task-gsm [data-chart='sources'] canvas").count() == 1
+    view.close()

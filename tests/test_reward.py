@@ -56,6 +56,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
         return solution_str == ground_truth
     match = re.search(r"(?:#### )?(-?\\d+)\\s*$", solution_str)
     return (1.0 if match and match.group(1) == str(ground_truth) else 0.0) + bonus
+
+
+# another function of the same file, chosen by `name:` (verl's custom_reward_function.name)
+def half_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs) / 2
 """
 
 
@@ -93,19 +98,22 @@ def reward_file(tmp_path: Path) -> Path:
     return path
 
 
-def direct(path: Path, **call: Any) -> Any:
+def direct(path: Path, function: str = "compute_score", **call: Any) -> Any:
     """The reward function called directly, as verl calls it."""
     spec = importlib.util.spec_from_file_location("direct_reward", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.compute_score(**call)
+    return getattr(module, function)(**call)
 
 
-def direct_row(path: Path, row: dict[str, Any], completion: str, **kwargs: Any) -> Any:
+def direct_row(
+    path: Path, row: dict[str, Any], completion: str, function: str = "compute_score", **kwargs: Any
+) -> Any:
     """The reward function called directly on a verl row's fields and a completion."""
     return direct(
         path,
+        function,
         data_source=row["data_source"],
         solution_str=completion,
         ground_truth=row["reward_model"]["ground_truth"],
@@ -226,10 +234,29 @@ def test_rows_with_different_system_messages_need_the_tasks_own(
 @pytest.mark.parametrize(
     "checker, expected",
     [
-        ({"reward_function": "REWARD"}, r"tasks\.gsm\.checker: 'self_test' is a required property"),
         (
-            {"reward_function": "REWARD", "self_test": "off"},
-            r"tasks\.gsm\.checker\.self_test: 'off' does not match",
+            {"reward_function": "REWARD", "self_test": True},
+            r"tasks\.gsm\.checker\.self_test: runs \(the default\), ground_truth, off or off:",
+        ),
+        (
+            {"reward_function": "REWARD", "self_test": "sometimes"},
+            r"tasks\.gsm\.checker\.self_test: 'sometimes' does not match",
+        ),
+        (
+            {"custom_reward_function": {"path": "REWARD", "fn": "f"}},
+            r"tasks\.gsm\.checker\.custom_reward_function: unknown key\(s\) fn; verl's are path",
+        ),
+        (
+            {"custom_reward_function": {"path": None, "name": "compute_score"}},
+            r"tasks\.gsm\.checker\.custom_reward_function\.path: the reward function's file",
+        ),
+        (
+            {"custom_reward_function": {"path": "REWARD", "name": "a"}, "name": "b"},
+            r"tasks\.gsm\.checker: custom_reward_function\.name and name say different things",
+        ),
+        (
+            {"custom_reward_function": {"path": "REWARD", "name": "score_fn"}},
+            r"tasks\.gsm\.checker\.name: .*reward\.py defines no 'score_fn'",
         ),
         (
             {"reward_function": "REWARD", "self_test": "ground_truth", "nme": "f"},
@@ -252,6 +279,9 @@ def test_checker_mistakes_are_one_line_naming_the_key(
 ) -> None:
     path = write_parquet(tmp_path / "test.parquet", verl_rows(2))
     checker = {k: str(reward_file) if v == "REWARD" else v for k, v in checker.items()}
+    block = checker.get("custom_reward_function")
+    if isinstance(block, dict) and block.get("path") == "REWARD":
+        checker["custom_reward_function"] = {**block, "path": str(reward_file)}
     with pytest.raises(UserError, match=expected):
         resolve_task("gsm", {"problems": str(path), "checker": checker})
 
@@ -360,11 +390,17 @@ def test_a_cell_reports_reward_mean_acc_the_distribution_and_pass_at_k(
         checker_options=checker_option(reward_file),
     )
     metrics = cell["metrics"]
-    # five scored samples (1, 0.5, 0, 1, 1); the one that raised is an error, not a zero
-    assert metrics["reward_mean"]["n"] == 5
+    # five scored samples (1, 0.5, 0, 1, 1) and one that raised: the scores' range is unknown,
+    # so the mean is over the five and says it leaves one out; the error rate is over all six
+    assert metrics["reward_mean"]["n"] == 5 and metrics["reward_mean"]["excludes_errors"] == 1
     assert metrics["reward_mean"]["value"] == pytest.approx(3.5 / 5)
-    assert metrics["acc"] == {"value": 1.0, "stderr": 0.0, "n": 1}
+    assert metrics["reward_error_rate"]["value"] == pytest.approx(1 / 6)
+    assert metrics["reward_error_rate"]["n"] == 6
+    # acc is a [0, 1] value: the errored sample counts, at 0, and the interval reaches 1
+    assert (metrics["acc"]["value"], metrics["acc"]["n"]) == (0.5, 2)
+    assert metrics["acc"]["interval"][1] >= 1.0
     assert metrics["pass@2"]["value"] == pytest.approx(2 / 3)  # problems 0 and 2
+    assert "accuracy" not in metrics and cell["primary_metric"] == "reward_mean"
     assert cell["error_types"] == {"reward_error": 1, "wrong_answer": 2}
     assert cell["reward_distribution"]["counts"] == {"0.0": 1, "0.5": 1, "1.0": 3}
     assert cell["reward_distribution"]["min"] == 0.0 and cell["reward_distribution"]["max"] == 1.0
@@ -376,6 +412,143 @@ def test_a_cell_reports_reward_mean_acc_the_distribution_and_pass_at_k(
     lines = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert lines[1]["reward"] == 0.5 and lines[1]["reward_info"] == {"acc": True, "pred": "7"}
     assert lines[3]["error_type"] == "reward_error" and "reward" not in lines[3]
+
+
+#: A reward of bools that raises on some samples: its range is known, [0, 1].
+BOOL_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "raise":
+        raise ValueError("cannot parse")
+    if solution_str == "string":  # REWARD returns a string here: either is not a number
+        return float("nan")
+    return solution_str.strip() == str(ground_truth)
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "options", "bounds"),
+    [
+        (BOOL_REWARD, {}, (0.0, 1.0)),
+        (REWARD, {"reward_range": [-1, 2]}, (-1.0, 2.0)),
+    ],
+)
+def test_errored_samples_count_in_n_at_both_ends_of_a_known_range(
+    tmp_path: Path, source: str, options: dict[str, Any], bounds: tuple[float, float]
+) -> None:
+    """7 of 12 samples error (raised, non-finite): with the range known, the mean counts them at
+    its bottom and the interval reaches the mean with them at its top; it never rises above the
+    mean of all twelve with them at the bottom, as a mean over the survivors would."""
+    reward = tmp_path / "reward.py"
+    reward.write_text(source)
+    problems = {
+        str(i): {"task_id": str(i), "ground_truth": "4", "question": "2 + 2?"} for i in range(12)
+    }
+    completions = ["4", "4", "4", "5", "5"] + ["raise"] * 5 + ["string"] * 2
+    samples = [{"task_id": str(i), "completion": c} for i, c in enumerate(completions)]
+    cell = score_samples(
+        "reward_function",
+        problems,
+        samples,
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=2,
+        checker_options={"reward_function": str(reward), **options},
+    )
+    lo, hi = bounds
+    scores = [
+        float(direct(reward, data_source="", solution_str=c, ground_truth="4"))
+        for c in completions[:5]
+    ]
+    mean = cell["metrics"]["reward_mean"]
+    assert mean["n"] == 12 and "excludes_errors" not in mean
+    assert mean["value"] == pytest.approx((sum(scores) + 7 * lo) / 12)
+    assert mean["value"] < sum(scores) / 5  # the survivors alone would flatter
+    low, high = mean["interval"]
+    assert low <= mean["value"] and high >= (sum(scores) + 7 * hi) / 12
+    assert lo <= low and high <= hi  # within the range
+    assert cell["metrics"]["reward_error_rate"]["value"] == pytest.approx(7 / 12)
+    assert cell["error_types"]["reward_error"] == 7
+
+
+#: A reward returning verl's dict: the score and other numbers (verl's reward_extra_info).
+EXTRA_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    right = solution_str.strip() == str(ground_truth)
+    extra = {"format": float(solution_str.startswith("#")), "length": len(solution_str)}
+    if solution_str == "no extra":
+        extra = {}
+    return {"score": float(right), "acc": right, "pred": solution_str, **extra}
+"""
+
+
+def test_the_reward_is_a_reward_tasks_headline_and_the_dicts_numbers_are_averaged(
+    tmp_path: Path,
+) -> None:
+    """reward_mean is the main metric of the task (overview, table, compare); the mean score
+    (`accuracy`, the same number with another denominator) is not reported beside it; the dict's
+    other numeric keys are averaged over the samples that return them, as verl averages
+    reward_extra_info."""
+    from ckpteval.summary import summarize
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(EXTRA_REWARD)
+    problems = {str(i): {"task_id": str(i), "ground_truth": "4", "question": "?"} for i in range(4)}
+    completions = ["4", "#4", "#### 5", "no extra"]
+    provenance = {"run": "r", "ckpt": "step_1", "step": 1, "task": "t", "variant": "greedy-s42"}
+    cell = score_samples(
+        "reward_function",
+        problems,
+        [{"task_id": str(i), "completion": c} for i, c in enumerate(completions)],
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=1,
+        checker_options={"reward_function": str(reward)},
+        provenance={**provenance, "sampling": "greedy", "seed": 42},
+    )
+    metrics = cell["metrics"]
+    assert cell["primary_metric"] == "reward_mean" and "accuracy" not in metrics
+    assert metrics["reward_mean"]["value"] == 0.25
+    assert metrics["reward_extra/format"] == pytest.approx(
+        {"value": 2 / 3, "stderr": metrics["reward_extra/format"]["stderr"], "n": 3}
+    )
+    assert metrics["reward_extra/length"]["value"] == pytest.approx((1 + 2 + 6) / 3)
+    assert not any(name.endswith("pred") for name in metrics)  # a string is not averaged
+    assert summarize([tmp_path / "s.json"]).main_metrics == {"t": "reward_mean"}
+
+
+def test_each_data_source_has_its_reward_named_as_verl_logs_it(tmp_path: Path) -> None:
+    """Rows of two data sources, two samples each: each source's reward beside the task's, as
+    verl's `val-core/<data_source>/reward/mean@<N>`, over its own samples (its errored ones
+    counted as in the task's reward_mean: here a bool reward, so at 0)."""
+    reward = tmp_path / "reward.py"
+    reward.write_text(BOOL_REWARD)
+    problems = {
+        str(i): {"task_id": str(i), "ground_truth": "4", "question": "?", "data_source": source}
+        for i, source in enumerate(["openai/gsm8k", "openai/gsm8k", "math_dapo"])
+    }
+    problems["3"] = {"task_id": "3", "ground_truth": "4", "question": "?"}  # no source
+    completions = {"0": ["4", "4"], "1": ["4", "5"], "2": ["4", "raise"], "3": ["5", "5"]}
+    samples = [
+        {"task_id": tid, "sample_idx": i, "completion": c}
+        for tid, cs in completions.items()
+        for i, c in enumerate(cs)
+    ]
+    cell = score_samples(
+        "reward_function",
+        problems,
+        samples,
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=1,
+        checker_options={"reward_function": str(reward)},
+    )
+    metrics = cell["metrics"]
+    assert metrics["val-core/openai/gsm8k/reward/mean@2"]["value"] == 0.75
+    assert metrics["val-core/openai/gsm8k/reward/mean@2"]["n"] == 4
+    assert metrics["val-core/math_dapo/reward/mean@2"]["value"] == 0.5  # the error at 0
+    assert metrics["val-core/math_dapo/reward/mean@2"]["n"] == 2
+    assert len([m for m in metrics if m.startswith("val-core/")]) == 2
+    assert metrics["reward_mean"]["value"] == 4 / 8
 
 
 def test_the_self_test_can_be_off_with_a_reason_and_a_wrong_function_fails_it(
@@ -471,7 +644,9 @@ def _project(root: Path, reward: Path, **checker: Any) -> dict[str, Any]:
         "tasks": {
             "gsm": {
                 "problems": str(root / "test.parquet"),
-                "checker": checker_option(reward, **checker),
+                "checker": {
+                    k: v for k, v in checker_option(reward, **checker).items() if v is not None
+                },
             }
         },
     }
@@ -503,6 +678,92 @@ def test_editing_the_function_rescores_and_moving_it_reruns_nothing(tmp_path: Pa
     for change in ({"kwargs": {"bonus": 1}}, {"pass_threshold": 0.5}, {"trusted": True}):
         changed = _ids(_project(tmp_path, moved, **change))
         assert changed[0] == edited[0] and changed[1] != edited[1], change
+
+
+def documented_defaults() -> dict[str, Any]:
+    """Every option of the reward checker but its file, at its documented default: each must
+    have one (an option without a default is required)."""
+    from ckpteval.checkers import checker_class
+
+    cls = checker_class("reward_function")
+    props = cls.task_options["properties"]
+    required = set(cls.task_options["required"])
+    assert all("default" in props[o] for o in set(props) - required), "an option without default"
+    return {o: p["default"] for o, p in props.items() if o not in required}
+
+
+DEFAULTS = documented_defaults()
+
+
+@pytest.mark.parametrize("option", sorted(DEFAULTS))
+def test_a_documented_default_written_out_is_the_same_setting(tmp_path: Path, option: str) -> None:
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    unset = _project(tmp_path, reward, self_test=None)
+    assert "self_test" not in unset["tasks"]["gsm"]["checker"]
+    base = _ids(unset)
+    written = _project(tmp_path, reward, **{"self_test": None, option: DEFAULTS[option]})
+    assert _ids(written) == base
+    if option == "pass_threshold":  # an integer is the same number
+        assert _ids(_project(tmp_path, reward, self_test=None, pass_threshold=1)) == base
+
+
+def test_verls_block_is_the_same_setting_as_ckpteval_s_options_and_false_is_off(
+    tmp_path: Path,
+) -> None:
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    ours = _ids(_project(tmp_path, reward, self_test=None, name="half_score", kwargs={"bonus": 1}))
+    verl = {"path": str(reward), "name": "half_score", "reward_kwargs": {"bonus": 1}}
+    config = _project(tmp_path, reward, self_test=None)
+    config["tasks"]["gsm"]["checker"] = {"custom_reward_function": verl}
+    validate_config(config)
+    assert _ids(config) == ours
+    config["tasks"]["gsm"].pop("checker")
+    config["tasks"]["gsm"]["custom_reward_function"] = verl  # pasted at the task's level
+    validate_config(config)
+    assert _ids(config) == ours
+    assert _ids(_project(tmp_path, reward, self_test=False)) == _ids(
+        _project(tmp_path, reward, self_test="off")
+    )
+    assert _ids(_project(tmp_path, reward, self_test="off")) != _ids(
+        _project(tmp_path, reward, self_test=None)
+    )
+
+
+def test_a_tasks_main_metric_is_a_summary_setting_only(tmp_path: Path) -> None:
+    from ckpteval.contract import summary_identity
+    from ckpteval.jobs import SummaryJob
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    plain = _project(tmp_path, reward)
+    chosen = _project(tmp_path, reward)
+    chosen["tasks"]["gsm"]["main_metric"] = "pass@1"
+    validate_config(chosen)
+    assert _ids(chosen) == _ids(plain)  # generations and scores stay
+    text = summary_identity(chosen).text
+    assert text != summary_identity(plain).text
+    assert SummaryJob.decode(text).main_metric == {"gsm": "pass@1"}
+
+
+def test_a_function_named_by_name_is_the_one_called(tmp_path: Path, reward_file: Path) -> None:
+    """`name` is a checker option and a parameter name of the checker's builder: it reaches the
+    function, never collides (once `get_checker() got multiple values for argument 'name'`)."""
+    row = verl_rows(2)[1]
+    problem = {"task_id": "0", "ground_truth": "2", "question": "1 + 1?", **row}
+    cell = score_samples(
+        "reward_function",
+        {"0": problem},
+        [{"task_id": "0", "completion": "#### 2"}],
+        tmp_path / "s.jsonl",
+        tmp_path / "s.json",
+        workers=1,
+        checker_options={"reward_function": str(reward_file), "name": "half_score"},
+    )
+    expected = direct_row(reward_file, row, "#### 2", "half_score")
+    assert expected == 0.5 and cell["metrics"]["reward_mean"]["value"] == expected
+    assert cell["self_test"]["references_passed"] == 1  # the default: the function runs
 
 
 # ------------------------------------------------------------------ a checker of one's own
@@ -643,7 +904,11 @@ def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     config = small_config(
         run,
         tasks={
-            "gsm": {"problems": str(work / "test.parquet"), "checker": checker_option(reward)},
+            # another function of the file by `name:` (a default self-test: it runs)
+            "gsm": {
+                "problems": str(work / "test.parquet"),
+                "checker": {"reward_function": str(reward), "name": "half_score"},
+            },
             "words": {"problems": str(work / "words.jsonl"), "checker": "word"},
         },
         sampling={"greedy": {"temperature": 0.0, "max_new_tokens": 16}},
@@ -662,7 +927,11 @@ def test_a_verl_task_is_scored_by_its_reward_function_at_every_checkpoint(sweep:
     for step in STEPS:
         cell, lines = sweep.cell(step, "gsm")
         assert cell["checker"] == "reward_function" and cell["n_samples"] == 4
-        assert cell["self_test"]["references_passed"] == 3
+        assert cell["self_test"] == {
+            "references_passed": 3,
+            "known_wrong_failed": 0,
+            "reused_verdicts": 0,
+        }
         assert "reward_mean" in cell["metrics"] and "reward_distribution" in cell
         rows = {str(100 + i): row for i, row in enumerate(verl_rows(4))}
         generations = sweep.work / "results" / "generations" / "demo" / step / "gsm"
@@ -672,7 +941,7 @@ def test_a_verl_task_is_scored_by_its_reward_function_at_every_checkpoint(sweep:
         }
         for line in lines:  # every score is what the function gives called directly
             row = rows[line["task_id"]]
-            expected = direct_row(sweep.reward, row, completions[line["task_id"]])
+            expected = direct_row(sweep.reward, row, completions[line["task_id"]], "half_score")
             assert line["score"] == float(expected)
         words, _ = sweep.cell(step, "words")
         assert words["checker"] == "word" and words["self_test"]["references_passed"] == 2
@@ -702,6 +971,24 @@ def test_editing_the_reward_function_rescores_and_moving_it_reruns_nothing(sweep
     assert sweep.dry_run(config, "moved") == {}
     config["tasks"]["gsm"]["checker"]["kwargs"] = {"bonus": 0.5}
     assert sweep.dry_run(config, "kwargs") == {"evaluate": 2, "aggregate": 1}
+
+
+@pytest.mark.slow
+def test_verls_block_pasted_and_every_default_written_out_plan_nothing(sweep: Sweep) -> None:
+    """The sweep's own config in verl's words, at the task's level as verl's config has it, with
+    every other option at its documented default: the same settings, nothing to do."""
+    import copy
+
+    config = copy.deepcopy(sweep.config)
+    task = config["tasks"]["gsm"]
+    mine = task.pop("checker")
+    task["custom_reward_function"] = {
+        "path": mine["reward_function"],
+        "name": mine["name"],
+        "reward_kwargs": {},
+    }
+    task["checker"] = {"reward_function": mine["reward_function"], **DEFAULTS}
+    assert sweep.dry_run(config, "verl") == {}
 
 
 @pytest.mark.slow

@@ -275,6 +275,39 @@ def test_a_reward_function_scores_a_verl_parquets_samples_with_its_options(
     assert score("reward_function", *argv, "--checker-options", inline) == 0
 
 
+def test_verls_block_and_name_reach_the_function_through_ckpteval_score(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's `custom_reward_function: {path, name, reward_kwargs}` as `--checker-options`: the
+    named function scores every sample, with the kwargs, under the default self-test."""
+    from test_reward import REWARD, direct_row, verl_rows, write_parquet
+
+    rows = verl_rows(3)
+    problems = write_parquet(tmp_path / "test.parquet", rows)
+    (tmp_path / "reward.py").write_text(REWARD)
+    completions = {"100": "#### 0", "101": "3", "102": "2"}
+    samples = write_jsonl(
+        tmp_path / "s.jsonl", [{"task_id": t, "completion": c} for t, c in completions.items()]
+    )
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "r.jsonl"
+    verl = {"path": "reward.py", "name": "half_score", "reward_kwargs": {"bonus": 0.5}}
+    argv = ["--problems", str(problems), "--samples", str(samples), "--out", str(out)]
+    options = json.dumps({"custom_reward_function": verl})
+    assert score("reward_function", *argv, "--checker-options", options) == 0
+    assert "reward_function: 3 samples of 3 problems" in capsys.readouterr().out
+    lines = {line["task_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    for row in rows:
+        tid = str(row["extra_info"]["index"])
+        expected = direct_row(
+            tmp_path / "reward.py", row, completions[tid], "half_score", bonus=0.5
+        )
+        assert lines[tid]["score"] == float(expected)
+    assert sorted(line["score"] for line in lines.values()) == [0.25, 0.25, 0.75]
+    cell = json.loads(out.with_suffix(".json").read_text())
+    assert cell["self_test"]["references_passed"] == 3
+
+
 @pytest.mark.parametrize(
     ("checker", "given", "expected"),
     [

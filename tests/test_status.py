@@ -153,6 +153,32 @@ def test_matrix_folds_variants_and_prints(tmp_path: Path) -> None:
     assert "r/step_2/b/t7-s1: " in text and "KeyboardInterrupt" in text
 
 
+def test_a_cell_with_errored_samples_is_done_but_marked_and_a_failed_self_test_says_why(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    out = tmp_path / "results"
+    cells = expected(["step_1", "step_2"], ["gsm"])
+    cell = {"metrics": {"reward_error_rate": {"value": 7 / 12, "stderr": 0.1, "n": 12}}}
+    touch(out / "scores/r/step_1/gsm/greedy-s1.json", json.dumps(cell))
+    why = (
+        "ckpteval: error: reward function compute_score of reward.py (self_test: ground_truth) "
+        "self-test failed: ground truths as completions (pass_threshold 1) of 3 of 3 problems "
+        "did not pass (100: wrong_answer)"
+    )
+    touch(tmp_path / "logs/evaluate/r/step_2/gsm/greedy-s1.log", f"scoring\n{why}\n")
+    frame = cell_states(out, cells).set_index("ckpt")
+    assert frame.loc["step_1", "state"] == "done" and frame.loc["step_1", "errors"] == 7
+    assert frame.loc["step_1", "detail"].endswith("gave no score for 7 of 12 samples")
+    assert frame.loc["step_2", "state"] == "failed" and why in frame.loc["step_2", "detail"]
+    text = format_status(cell_states(out, cells))
+    assert text.splitlines()[1].split() == ["r/step_1", "(1)", "done*"]
+    assert "r/step_1/gsm/greedy-s1: " in text.split("* done, with errored samples")[1]
+    touch(out / "scores/r/step_1/gsm/greedy-s1.json", "{}")  # no errors: not marked
+    assert cell_states(out, cells).set_index("ckpt").loc["step_1", "errors"] == 0
+
+
 def test_nothing_expected() -> None:
     empty = pd.DataFrame(columns=CELL_COLUMNS)
     assert "No cells expected" in format_status(empty)

@@ -57,6 +57,7 @@ def _add_aggregate_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_aggregate(args: argparse.Namespace) -> int:
     from ckpteval.config import build_plan, load_config, validate_config
+    from ckpteval.jobs import chosen_main_metrics
     from ckpteval.summary import build_summary
 
     config = load_config(args.configfile)
@@ -70,6 +71,7 @@ def _run_aggregate(args: argparse.Namespace) -> int:
         title=config["aggregate"]["title"],
         bootstrap=int(config["aggregate"]["bootstrap"]),
         truncation_threshold=config["aggregate"].get("truncation_threshold"),
+        main_metric=chosen_main_metrics(config),
     )
     present = sum(p.exists() for p in cells)
     print(

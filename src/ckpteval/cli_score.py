@@ -169,7 +169,12 @@ def run_score(args: argparse.Namespace) -> int:
 
 def summary(cell: dict[str, Any]) -> str:
     """One line: the metrics with their standard errors, then the error counts."""
-    parts = [f"{name} {m['value']:.4f} ± {m['stderr']:.4f}" for name, m in cell["metrics"].items()]
+    parts = [
+        f"{name} {m['value']:.4f} ± {m['stderr']:.4f}"
+        + (f" (excludes {m['excludes_errors']} errored)" if m.get("excludes_errors") else "")
+        + (" [{:.4f}, {:.4f}]".format(*m["interval"]) if m.get("interval") else "")
+        for name, m in cell["metrics"].items()
+    ]
     errors = ", ".join(f"{k} {v}" for k, v in cell["error_types"].items()) or "none"
     return (
         f"{cell['checker']}: {cell['n_samples']} samples of {cell['n_problems']} problems: "
@@ -200,7 +205,7 @@ def checker_options(checker: str, given: str | None) -> dict[str, Any]:
     if cls.task_options is None:
         raise UserError(f"{key}: checker {checker} takes no options")
     options = _options_text(key, given)
-    cls.check_task_options(key, options)
+    options = cls.canonical_options(key, options)
     props = cls.task_options.get("properties", {})
     for option, prop in props.items():
         if prop.get("x-content") and option in options:

@@ -26,7 +26,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from ckpteval.aggregate.cells import Cell, CellError, load_cell, read_samples
 from ckpteval.aggregate.deltas import MCNEMAR, NO_TEST_NO_PAIRS, NO_TEST_NOT_BINARY
 from ckpteval.aggregate.tables import CONFIDENCE, main_metrics
 from ckpteval.errors import UserError
+from ckpteval.jobs import chosen_main_metrics
 from ckpteval.stats import (
     MDE_ALPHA,
     MDE_POWER,
@@ -137,9 +138,11 @@ def compare(
     sampling: str | None = None,
     n_boot: int = 1000,
     seed: int = 0,
+    main_metric: Mapping[str, str] | None = None,
 ) -> tuple[list[TaskComparison], list[str]]:
     """Compare checkpoint `b` with `a` on every (task, sampling) both scored (or those asked
-    for): the comparisons, and one warning line per thing that makes them less than comparable."""
+    for), on each task's main metric (`main_metric`: the config's choices): the comparisons,
+    and one warning line per thing that makes them less than comparable."""
     if n_boot < 1:
         raise UserError(f"compare: --bootstrap {n_boot}: give at least 1 (1000 is usual)")
     side_a, side_b = load_side(outdir, *a, tasks), load_side(outdir, *b, tasks)
@@ -167,7 +170,7 @@ def compare(
             )
         wanted = [(t, s) for t, s in wanted if s == sampling]
     rng = np.random.default_rng(seed)
-    metrics = main_metrics(side_a.cells + side_b.cells)
+    metrics = main_metrics(side_a.cells + side_b.cells, main_metric)
     results, warnings = [], []
     for task in sorted(set(tasks or both) - {t for t, _ in common}):
         warnings.append(
@@ -336,7 +339,14 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("a", metavar="RUN:CKPT", help="the reference checkpoint")
     parser.add_argument("b", metavar="RUN:CKPT", help="the checkpoint compared with it")
-    parser.add_argument("--outdir", type=Path, default=Path("results"), help="default: results")
+    parser.add_argument(
+        "--configfile",
+        type=Path,
+        help="the workflow config whose outdir holds the scores (as status and check take it)",
+    )
+    parser.add_argument(
+        "--outdir", type=Path, help="results directory (default: the config's, else results)"
+    )
     parser.add_argument(
         "--task", action="append", default=[], help="only this task (repeatable; default: all)"
     )
@@ -355,8 +365,16 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_compare(args: argparse.Namespace) -> int:
     a, b = parse_target(args.a), parse_target(args.b)
+    config = _config(args.configfile)
+    args.outdir = args.outdir or Path(config.get("outdir", "results"))
     results, warnings = compare(
-        args.outdir, a, b, tasks=args.task, sampling=args.sampling, n_boot=args.bootstrap
+        args.outdir,
+        a,
+        b,
+        tasks=args.task,
+        sampling=args.sampling,
+        n_boot=args.bootstrap,
+        main_metric=chosen_main_metrics(config),
     )
     for line in warnings:
         print(f"ckpteval: warning: {line}", file=sys.stderr)
@@ -378,6 +396,28 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config(configfile: Path | None) -> dict[str, Any]:
+    """`--configfile` read and validated as every command reads it (its `outdir` is the scores'
+    unless `--outdir` says otherwise; its tasks' `main_metric`s are compared), or {}."""
+    if configfile is None:
+        return {}
+    from ckpteval.config import load_config, validate_config
+
+    config = load_config(configfile)
+    validate_config(config)
+    return config
+
+
+def most_changed(results: Sequence[TaskComparison]) -> str | None:
+    """The "task|sampling" of the comparison whose delta is largest in size (what the pair's
+    page opens on), or None when no delta is known."""
+    known = [r for r in results if r.delta is not None and r.delta == r.delta]
+    if not known:
+        return None
+    top = max(known, key=lambda r: abs(r.delta))
+    return f"{top.task}|{top.sampling}"
+
+
 def write_pair_html(
     outdir: Path,
     a: tuple[str, str],
@@ -388,7 +428,8 @@ def write_pair_html(
     n_boot: int,
 ) -> None:
     """The report page of the two checkpoints' cells (of the compared tasks), opened on the
-    drill-down of B against A: the same view as report.html's, for any pair."""
+    drill-down of B against A, on the task that changed most: the same view as report.html's,
+    for any pair."""
     from ckpteval.report import write_html
     from ckpteval.summary import summarize
 
@@ -402,7 +443,8 @@ def write_pair_html(
     label_a, label_b = ":".join(a), ":".join(b)
     summary = summarize(cells, title=f"{label_b} vs {label_a}", bootstrap=n_boot)
     try:
-        write_html(summary, [], path, focus=(label_a, label_b))
+        focus = (label_a, label_b, *filter(None, [most_changed(results)]))
+        write_html(summary, [], path, focus=focus)
     except OSError as exc:
         raise UserError(f"compare: --html {path}: {exc.strerror or exc}") from None
 

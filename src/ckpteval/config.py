@@ -280,6 +280,8 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> 
         for name, opts in config["tasks"].items():
             if opts is None:
                 config["tasks"][name] = {}
+            elif isinstance(opts, dict):
+                _pasted_checker(name, opts)
     try:
         validate(config, str(schema_path), set_default=True)
     except WorkflowError:
@@ -292,6 +294,45 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> 
             raise
         key = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         raise UserError(f"config: {key}: {_short(error)}") from None
+    for name, opts in config["tasks"].items():
+        _canonical_checker(name, opts)
+
+
+def _pasted_checker(task: str, opts: dict[str, Any]) -> None:
+    """Another tool's block for a checker pasted at the task's level, as that tool's config has
+    it (verl's `custom_reward_function: {path, name}`), moved into the task's `checker:`."""
+    from ckpteval.checkers import available, checker_named_by
+
+    for key in [k for k in opts if k not in available() and checker_named_by(str(k))]:
+        checker = opts.get("checker")
+        if checker is None or checker == checker_named_by(key):
+            opts["checker"] = {}
+        elif not isinstance(checker, dict):
+            raise UserError(
+                f"config: tasks.{task}.{key}: names checker {checker_named_by(key)}, but "
+                f"tasks.{task}.checker is {checker}; give one"
+            )
+        opts["checker"][key] = opts.pop(key)
+
+
+def _canonical_checker(task: str, opts: dict[str, Any]) -> None:
+    """A task's `checker:` mapping as its checker's identity holds it (another tool's spelling
+    translated, documented defaults dropped: `Checker.canonical_options`), in place, so that a
+    default written out or verl's block pasted is the same setting as ckpteval's short form."""
+    from ckpteval.checkers import checker_class
+    from ckpteval.tasks import checker_name
+
+    value = opts.get("checker")
+    if not isinstance(value, dict):
+        return
+    key = f"config: tasks.{task}.checker"
+    try:
+        name = checker_name(value)
+    except UserError as exc:
+        raise UserError(f"{key}: {exc}") from None
+    cls = checker_class(name) if name else None
+    if cls is not None and cls.task_options is not None:
+        opts["checker"] = cls.canonical_options(key, value)
 
 
 def _short(error: Any) -> str:

@@ -229,6 +229,7 @@ CONTRACT: tuple[Row, ...] = (
             "output_max_size",
         )
     ),
+    Row("tasks.*.main_metric", SUMMARY, "the metric the task is judged by in the summary"),
     Row("aggregate", NONE, "the aggregate section as a whole (its keys below decide)"),
     Row("aggregate.title", SUMMARY, "the report's title"),
     Row("aggregate.bootstrap", SUMMARY, "bootstrap resamples of the confidence intervals"),
@@ -535,7 +536,14 @@ BY_CONTENT: dict[str, Callable[[Any, str, int], Any]] = {
 
 
 def summary_identity(config: Mapping[str, Any]) -> Identity:
-    return Identity(_set({row.key: lookup(config, row.key) for row in rows_with(SUMMARY)}))
+    """The `summary` settings; a `tasks.*` row by each task's concrete key."""
+    settings: dict[str, Any] = {}
+    for row in rows_with(SUMMARY):
+        keys = [row.key]
+        if row.key.startswith("tasks.*."):
+            keys = [row.key.replace("*", task, 1) for task in config.get("tasks") or {}]
+        settings.update({key: lookup(config, key) for key in keys})
+    return Identity(_set(settings))
 
 
 def publish_identity(config: Mapping[str, Any]) -> Identity:

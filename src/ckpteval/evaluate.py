@@ -35,13 +35,23 @@ Files written (the schemas live here):
   factor, how many problems got a longer timeout from their reference solution's run time, and
   the largest and median timeout over the problems (`calibrate_timeouts`).
 
-  Reward-function cells (`ckpteval.checkers.reward`) add `reward_mean` (over the samples the
-  function scored: one that raised, hung or returned no number is not in its `n`, but in
-  `error_types`), `acc` (the mean of a numeric or boolean `acc` key the function returned, over
-  the samples that have one), and `reward_distribution`: {"min", "p10", "p25", "p50", "p75",
-  "p90", "max", "n"}, plus "counts" {score: samples} when there are at most
-  `DISTRIBUTION_VALUES` distinct scores. Their score lines carry `reward` and `reward_info` (the
-  dict's other keys). A checker whose self-test is off records why (`self_test.off`).
+  Reward-function cells (`ckpteval.checkers.reward`) add, errors never flattering:
+  `reward_error_rate` (the share of samples with no score: the function raised, hung or returned
+  no finite number, or the sample was too large or its reasoning never ended; `n` counts every
+  sample), `reward_mean` and `acc` (the mean of a numeric or boolean `acc` key the function
+  returned, a [0, 1] value). Where the scores' range is known (every score a bool, `acc`, or the
+  task's `reward_range: [lo, hi]`), an errored sample counts in `n` at the bottom of the range,
+  and the entry adds `errors_at: [lo, hi]` and `interval`: from the mean with them at `lo` minus
+  its margin to the mean with them at `hi` plus its margin, within [lo, hi]. Where it is not known,
+  the mean is over the scored samples and `excludes_errors` says how many it leaves out.
+  `reward_distribution`: {"min", "p10", "p25", "p50", "p75", "p90", "max", "n"} of the scores,
+  plus "counts" {score: samples} when there are at most `DISTRIBUTION_VALUES` distinct scores.
+  Their score lines carry `reward`, `reward_info` (the dict's other keys) and `reward_type:
+  "bool"` for a bool; the dict's other numeric keys (verl's `reward_extra_info`, up to
+  `EXTRA_KEYS`) are averaged into `reward_extra/<key>` over the samples that return them. A
+  reward cell names `reward_mean` its `primary_metric` (the task's headline in the overview, the
+  tables and `compare`) and reports no `accuracy` (its mean score: the same number, another
+  denominator). A checker whose self-test is off records why (`self_test.off`).
 
   Length metrics (`ckpteval.metrics.LENGTH_METRICS`, `LengthTotals`) come from the generation
   lines' own fields, over the scored samples that state them: `completion_tokens_mean`,
@@ -58,6 +68,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import statistics
 import threading
 import time
@@ -96,6 +107,12 @@ CHUNK_CHARS = 32 << 20
 #: work), few enough to hold (a verdict is at most its 2,000-character stderr tail and extras).
 REORDER_CHUNKS = 8
 
+#: A reward cell averages at most this many of the dict's other numeric keys (verl's
+#: `reward_extra_info`), each a metric `EXTRA_PREFIX<key>` over the samples that return it.
+EXTRA_KEYS = 20
+EXTRA_PREFIX = "reward_extra/"
+#: The normal quantile of a two-sided 95% interval (a reward mean's `interval`).
+Z_95 = 1.959963984540054
 #: A reward distribution lists its scores' counts when it has at most this many distinct ones.
 DISTRIBUTION_VALUES = 20
 
@@ -103,8 +120,9 @@ DISTRIBUTION_VALUES = 20
 DEFAULT_TIMEOUT_FACTOR = 5.0
 
 
-class SelfTestError(RuntimeError):
-    """A checker failed its own self-test: its verdicts cannot be trusted, so nothing is scored."""
+class SelfTestError(UserError):
+    """A checker failed its own self-test: its verdicts cannot be trusted, so nothing is scored.
+    One line (a `UserError`: no traceback), naming the checker, the rows and what to do."""
 
 
 def read_samples(path: Path, errors: list[str]) -> Iterator[dict[str, Any]]:
@@ -263,7 +281,13 @@ def _score_into(
     except SelfTestError:
         progress.discard()  # verdicts of a checker that failed its self-test are worthless
         raise
-    totals = _CellTotals(impl.compiles)
+    rewards = getattr(impl, "scores_rewards", False)
+    totals = _CellTotals(
+        impl.compiles,
+        rewards,
+        getattr(impl, "reward_range", None),
+        data_sources(problems) if rewards else None,
+    )
     lines = _scored_lines(
         impl,
         itertools.chain([first], rows),
@@ -345,7 +369,13 @@ class _CellTotals:
     passed) in order of first appearance, compile, score and hack means (`RunningMean`), error and
     hack counts."""
 
-    def __init__(self, compiles: bool) -> None:
+    def __init__(
+        self,
+        compiles: bool,
+        rewards: bool = False,
+        reward_range: Sequence[float] | None = None,
+        sources: Mapping[str, str] | None = None,
+    ) -> None:
         self.compiles = compiles
         self.per_task: dict[str, list[int]] = {}
         self.compiled = RunningMean()
@@ -361,7 +391,7 @@ class _CellTotals:
         self.per_file: dict[str, list[Any]] = {}
         #: the length metrics, from the samples' generation lines (`_Row.lengths`).
         self.lengths = LengthTotals()
-        self.rewards = RewardTotals()
+        self.rewards = RewardTotals(rewards, reward_range, sources)
 
     def add(self, line: Mapping[str, Any]) -> None:
         self.rewards.add(line)
@@ -400,7 +430,7 @@ class _CellTotals:
             if self.compiled.n:
                 value, stderr = self.compiled.result()
                 metrics["compile_rate"] = {"value": value, "stderr": stderr, "n": self.compiled.n}
-        else:
+        elif not self.rewards.enabled:  # a reward cell's mean score is its reward_mean
             value, stderr = self.scores.result()
             metrics["accuracy"] = {"value": value, "stderr": stderr, "n": self.scores.n}
         if self.hacked.n:
@@ -423,6 +453,8 @@ class _CellTotals:
                 }
                 for name, (n, passed, tids) in sorted(self.per_file.items())
             }
+        if "reward_mean" in metrics:
+            extra["primary_metric"] = "reward_mean"  # the headline of a reward task
         return {
             **extra,
             "n_problems": len(self.per_task),
@@ -435,36 +467,103 @@ class _CellTotals:
 
 
 class RewardTotals:
-    """A reward-function cell's reward metrics: the scores of the lines that carry a `reward`
-    (8 bytes a sample, for the distribution's quantiles) and the mean of their `acc`."""
+    """A reward-function cell's reward metrics (see the module's docstring: errors never
+    flatter): the scores of the lines that carry a `reward` (8 bytes a sample, for the
+    distribution's quantiles), how many lines carry none (the function raised, hung or returned
+    no number; the sample was too large or its reasoning never ended), whether every score was a
+    bool, and the `acc` values. `reward_range` is the declared range of the scores, if any."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        enabled: bool = False,
+        reward_range: Sequence[float] | None = None,
+        sources: Mapping[str, str] | None = None,
+    ) -> None:
+        self.enabled = enabled
+        self.range = tuple(float(v) for v in reward_range) if reward_range else None
+        #: task_id -> its row's `data_source`, and per source (scores, unscored, samples per
+        #: problem) for `per_source`
+        self.sources = dict(sources or {})
+        self.by_source: dict[str, tuple[list[float], list[int], Counter[str]]] = {}
         self.scores: list[float] = []
-        self.acc = RunningMean()
+        self.unscored = 0
+        self.all_bool = True
+        self.acc: list[float] = []
+        #: the dict's other numeric keys (verl's reward_extra_info), at most `EXTRA_KEYS` of them
+        self.extra: dict[str, RunningMean] = {}
 
     def add(self, line: Mapping[str, Any]) -> None:
         reward = line.get("reward")
-        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+        scored = isinstance(reward, (int, float)) and not isinstance(reward, bool)
+        source = self.sources.get(line.get("task_id", "")) if self.enabled else None
+        if source:
+            values, unscored, per_problem = self.by_source.setdefault(source, ([], [0], Counter()))
+            per_problem[line["task_id"]] += 1
+            if scored:
+                values.append(float(reward))
+            else:
+                unscored[0] += 1
+        if scored:
             self.scores.append(float(reward))
-            acc = (line.get("reward_info") or {}).get("acc")
+            self.all_bool = self.all_bool and line.get("reward_type") == "bool"
+            info = line.get("reward_info") or {}
+            acc = info.get("acc")
             if isinstance(acc, (bool, int, float)):
-                self.acc.add(float(acc))
+                self.acc.append(float(acc))
+            for key, value in info.items():
+                if key != "acc" and _finite(value):
+                    if key in self.extra or len(self.extra) < EXTRA_KEYS:
+                        self.extra.setdefault(key, RunningMean()).add(float(value))
+        elif self.enabled:
+            self.unscored += 1
 
-    def metrics(self) -> dict[str, dict[str, float | int]]:
-        if not self.scores:
+    def known_range(self) -> tuple[float, float] | None:
+        """The scores' range: declared (`reward_range`), or [0, 1] when every one was a bool."""
+        if self.range is not None:
+            return (self.range[0], self.range[1])
+        return (0.0, 1.0) if self.scores and self.all_bool else None
+
+    def metrics(self) -> dict[str, dict[str, Any]]:
+        """`reward_mean` over every sample (an errored one at the bottom of a known range, the
+        interval reaching its top; over the scored ones, saying so, when the range is unknown),
+        `reward_error_rate`, and `acc` (a [0, 1] value: errored samples as for a known range)."""
+        if not self.enabled or not (self.scores or self.unscored):
             return {}
-        mean = RunningMean()
-        for score in self.scores:
-            mean.add(score)
-        value, stderr = mean.result()
-        out = {"reward_mean": {"value": value, "stderr": stderr, "n": mean.n}}
-        if self.acc.n:
-            value, stderr = self.acc.result()
-            out["acc"] = {"value": value, "stderr": stderr, "n": self.acc.n}
+        n = len(self.scores) + self.unscored
+        rate = RunningMean()
+        for failed in itertools.chain([0.0] * len(self.scores), [1.0] * self.unscored):
+            rate.add(failed)
+        value, stderr = rate.result()
+        out: dict[str, dict[str, Any]] = {
+            "reward_error_rate": {"value": value, "stderr": stderr, "n": n}
+        }
+        if self.scores:
+            out["reward_mean"] = bounded_mean(self.scores, self.unscored, self.known_range())
+        if self.acc:
+            out["acc"] = bounded_mean(self.acc, self.unscored, (0.0, 1.0))
+        for key, mean in self.extra.items():
+            value, stderr = mean.result()
+            out[f"{EXTRA_PREFIX}{key}"] = {"value": value, "stderr": stderr, "n": mean.n}
+        out.update(self.per_source())
+        return out
+
+    def per_source(self) -> dict[str, dict[str, Any]]:
+        """Each data source's reward, named as verl names its validation metric:
+        `val-core/<data_source>/reward/mean@<N>`, N the samples per problem (the most of any
+        of the source's problems), errored samples counted as in `reward_mean`."""
+        out: dict[str, dict[str, Any]] = {}
+        bounds = self.known_range()
+        for source, (values, unscored, per_problem) in sorted(self.by_source.items()):
+            if values:
+                n = max(per_problem.values())
+                out[f"val-core/{source}/reward/mean@{n}"] = bounded_mean(
+                    values, unscored[0], bounds
+                )
         return out
 
     def distribution(self) -> dict[str, Any]:
-        """{"reward_distribution": ...} (see the module's docstring), or {} without rewards."""
+        """{"reward_distribution": ...} (see the module's docstring), or {} without rewards
+        (over the scored samples: an errored one has no score to place)."""
         if not self.scores:
             return {}
         ordered = sorted(self.scores)
@@ -478,6 +577,53 @@ class RewardTotals:
         if len(counts) <= DISTRIBUTION_VALUES:
             out["counts"] = {repr(score): n for score, n in sorted(counts.items())}
         return {"reward_distribution": out}
+
+
+def data_sources(problems: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """task_id -> its row's `data_source` (verl's: `openai/gsm8k`), for the problems that
+    name one."""
+    return {
+        tid: p["data_source"]
+        for tid, p in problems.items()
+        if isinstance(p.get("data_source"), str) and p["data_source"].strip()
+    }
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (bool, int, float)) and math.isfinite(float(value))
+
+
+def bounded_mean(
+    values: Sequence[float], errored: int, bounds: tuple[float, float] | None
+) -> dict[str, Any]:
+    """A mean with `errored` samples that have no value: with `bounds` (lo, hi) known, they
+    count in `n` at `lo` (the mean never flatters) and the `interval` (95%, within the range)
+    reaches from the mean with them at `lo` to the mean with them at `hi`; unknown, the mean is over
+    `values` alone, and `excludes_errors` says how many it leaves out."""
+    z = Z_95
+    if not errored or bounds is None:
+        mean = RunningMean()
+        for value in values:
+            mean.add(value)
+        value, stderr = mean.result()
+        out: dict[str, Any] = {"value": value, "stderr": stderr, "n": mean.n}
+        if errored:
+            out["excludes_errors"] = errored
+        return out
+    ends = []
+    for end in bounds:
+        mean = RunningMean()
+        for value in itertools.chain(values, [end] * errored):
+            mean.add(value)
+        ends.append(mean.result())
+    (low, low_se), (high, high_se) = ends
+    return {
+        "value": low,
+        "stderr": low_se,
+        "n": len(values) + errored,
+        "errors_at": list(bounds),
+        "interval": [max(bounds[0], low - z * low_se), min(bounds[1], high + z * high_se)],
+    }
 
 
 class _Progress:
@@ -732,24 +878,33 @@ def run_self_test(
 def self_test_report(
     checker: Checker, references: Sequence[Job], wrong: Sequence[Job], verdicts: Sequence[Verdict]
 ) -> dict[str, Any]:
-    """Judge the self-test's verdicts (references first, then known-wrong); raise if it failed."""
-    failed = [(job, v) for job, v in zip(references, verdicts[: len(references)]) if not v.passed]
+    """Judge the self-test's verdicts (references first, then known-wrong); raise if it failed,
+    in one line naming what failed (the checker, a reward function and its setting), the rows
+    and what to do (`Checker.self_test_words`)."""
+    failed = [
+        (job, v)
+        for job, v in zip(references, verdicts[: len(references)])
+        if not checker.self_test_accepts(v)
+    ]
     passed = [(job, v) for job, v in zip(wrong, verdicts[len(references) :]) if v.passed]
     if failed or passed:
+        subject, label, advice = checker.self_test_words()
         parts = []
         if failed:
             shown = "; ".join(
-                f"{job.task_id}: {v.error_type}: {v.stderr_tail.strip()[-300:]}"
+                f"{job.task_id}: {v.error_type or 'score ' + repr(v.score)}: "
+                f"{v.stderr_tail.strip()[-300:]}".rstrip(": ")
                 for job, v in failed[:3]
             )
             parts.append(
-                f"reference solutions of {len(failed)} of {len(references)} problems did "
-                f"not pass ({shown}); fix or drop those problems, or check the sandbox"
+                f"{label} of {len(failed)} of {len(references)} problems did "
+                f"not pass ({shown}); {advice}"
             )
         if passed:
+            rows = ", ".join(job.task_id for job, _ in passed[:3])
             parts.append(
-                f"{len(passed)} known-wrong samples passed: the checker cannot tell "
-                "right from wrong"
+                f"{len(passed)} known-wrong samples passed (rows {rows}): the checker cannot "
+                "tell right from wrong"
             )
-        raise SelfTestError(f"checker {checker.name} self-test failed: " + " | ".join(parts))
+        raise SelfTestError(f"{subject} self-test failed: " + " | ".join(parts))
     return {"references_passed": len(references), "known_wrong_failed": len(wrong)}

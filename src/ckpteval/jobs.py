@@ -149,6 +149,8 @@ class SummaryJob:
     title: str
     bootstrap: int
     truncation_threshold: float | None
+    #: task -> the main metric its config chooses (`tasks.<task>.main_metric`)
+    main_metric: dict[str, str] = field(hash=False, default_factory=dict)
 
     @classmethod
     def decode(cls, text: str) -> SummaryJob:
@@ -159,7 +161,23 @@ class SummaryJob:
             title=s["aggregate.title"],
             bootstrap=int(s["aggregate.bootstrap"]),
             truncation_threshold=_float(s.get("aggregate.truncation_threshold")),
+            main_metric=chosen_main_metrics(s),
         )
+
+
+def chosen_main_metrics(settings: Mapping[str, Any]) -> dict[str, str]:
+    """task -> `tasks.<task>.main_metric`, of a config or an identity's settings."""
+    if isinstance(settings.get("tasks"), Mapping):  # a config
+        return {
+            task: opts["main_metric"]
+            for task, opts in settings["tasks"].items()
+            if isinstance(opts, Mapping) and opts.get("main_metric")
+        }
+    return {
+        key.split(".")[1]: value
+        for key, value in settings.items()
+        if key.startswith("tasks.") and key.endswith(".main_metric") and key.count(".") == 2
+    }
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ import pandas as pd
 from ckpteval.errors import UserError
 
 STATES = ("done", "running", "failed", "missing")
-CELL_COLUMNS = ["run", "ckpt", "step", "task", "variant", "state", "detail"]
+CELL_COLUMNS = ["run", "ckpt", "step", "task", "variant", "state", "detail", "errors"]
 STALE_AFTER_S = 600.0
 STEP_DIRS = ("models", "generations", "scores")
 _SUFFIXES = {".json", ".jsonl", ".log", ".txt", ".done", ".parquet", ".tmp"}
@@ -150,6 +150,9 @@ def cell_states(
         except KeyError as exc:
             raise ValueError(f"expected cell {cell!r} lacks {exc}") from None
         state, detail = evidence.state(outdir, key)
+        errors = _errored_samples(Path(detail)) if state == "done" else None
+        if errors:
+            detail += f": the reward function gave no score for {errors[0]} of {errors[1]} samples"
         rows.append(
             {
                 "run": key[0],
@@ -159,9 +162,24 @@ def cell_states(
                 "variant": key[3],
                 "state": state,
                 "detail": detail,
+                "errors": errors[0] if errors else 0,
             }
         )
-    return pd.DataFrame(rows, columns=CELL_COLUMNS).astype({"step": "Int64"})
+    return pd.DataFrame(rows, columns=CELL_COLUMNS).astype({"step": "Int64", "errors": "Int64"})
+
+
+def _errored_samples(score: Path) -> tuple[int, int] | None:
+    """(errored, all) samples of a done cell whose reward function failed on some (its
+    `reward_error_rate`, ckpteval.evaluate), else None: such a cell is done but marked."""
+    import json
+
+    try:
+        entry = json.loads(score.read_text(encoding="utf-8"))["metrics"]["reward_error_rate"]
+        n = int(entry["n"])
+        errored = round(float(entry["value"]) * n)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (errored, n) if errored else None
 
 
 def status_matrix(
@@ -203,6 +221,10 @@ def format_status(cells: pd.DataFrame, *, max_failed: int = 20) -> str:
         .agg(["sum", "size"])
     )
     steps = cells.drop_duplicates(["run", "ckpt"]).set_index(["run", "ckpt"])["step"]
+    errors = (
+        cells["errors"].fillna(0) > 0 if "errors" in cells else cells["state"] != cells["state"]
+    )
+    flagged = errors.groupby([cells["run"], cells["ckpt"], cells["task"]], sort=False).any()
     header = ["checkpoint", *matrix.columns]
     body = []
     for (run, ckpt), states in matrix.iterrows():
@@ -212,6 +234,7 @@ def format_status(cells: pd.DataFrame, *, max_failed: int = 20) -> str:
         for task, state in states.items():
             n_done, n = done.loc[(run, ckpt, task)]
             text = state.upper() if state == "failed" else state
+            text += "*" if flagged.get((run, ckpt, task)) else ""
             entries.append(text if n_done in (0, n) else f"{text} {n_done}/{n}")
         body.append([label, *entries])
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
@@ -227,6 +250,15 @@ def format_status(cells: pd.DataFrame, *, max_failed: int = 20) -> str:
             )
         if len(failed) > max_failed:
             lines.append(f"  ... and {len(failed) - max_failed} more")
+    marked = cells[errors]
+    if len(marked):
+        lines += ["", "* done, with errored samples (counted in n, never left out of a mean):"]
+        for _, row in marked.head(max_failed).iterrows():
+            lines.append(
+                f"  {row['run']}/{row['ckpt']}/{row['task']}/{row['variant']}: {row['detail']}"
+            )
+        if len(marked) > max_failed:
+            lines.append(f"  ... and {len(marked) - max_failed} more")
     return "\n".join(lines)
 
 
@@ -296,7 +328,7 @@ class _Evidence:
             for log in self.job_logs.get(prefix, ()):
                 line = _last_line(log)
                 if line is not None and _ERROR_LINE.match(line):
-                    return "failed", f"{log}: {line[:200]}"
+                    return "failed", f"{log}: {line[:400]}"
         return "missing", ""
 
 

@@ -602,6 +602,7 @@ def aggregate(smk: Any) -> None:
         deleted=list(smk.params.deleted),
         broken=list(smk.params.broken),
         truncation_threshold=job.truncation_threshold,
+        main_metric=job.main_metric,
     )
 
 

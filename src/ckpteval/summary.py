@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from ckpteval.aggregate.tables import (
     main_metrics,
     missing_table,
     passk_table,
+    reward_error_flags,
     seed_table,
     tidy_table,
     truncation_flags,
@@ -67,12 +68,14 @@ def summarize(
     bootstrap: int = 1000,
     seed: int = 0,
     truncation_threshold: float = TRUNCATION_THRESHOLD,
+    main_metric: Mapping[str, str] | None = None,
 ) -> Summary:
-    """Every table of the summary, in memory; `build_summary` writes them."""
+    """Every table of the summary, in memory; `build_summary` writes them. `main_metric` is
+    each task's chosen main metric (`tasks.<task>.main_metric`), where the config chooses one."""
     cells, problems = load_cells(cell_jsons)
     samples, sample_problems = load_samples(cells)
     tidy = tidy_table(cells)
-    metrics_by_task = main_metrics(cells)
+    metrics_by_task = main_metrics(cells, main_metric)
     seeds = seed_table(tidy)
     flips: list[dict[str, Any]] = []
     deltas = delta_table(cells, samples, metrics_by_task, n_boot=bootstrap, seed=seed, flips=flips)
@@ -103,6 +106,7 @@ def build_summary(
     deleted: Collection[str] = (),
     broken: Sequence[str] = (),
     truncation_threshold: float | None = None,
+    main_metric: Mapping[str, str] | None = None,
 ) -> Summary:
     """Build `summary_dir` from the cell jsons (see the module docstring for what is written);
     return what was built.
@@ -114,7 +118,12 @@ def build_summary(
     threshold = _checked_settings(bootstrap, truncation_threshold)
     summary_dir = Path(summary_dir)
     summary = summarize(
-        cell_jsons, title=title, bootstrap=bootstrap, seed=seed, truncation_threshold=threshold
+        cell_jsons,
+        title=title,
+        bootstrap=bootstrap,
+        seed=seed,
+        truncation_threshold=threshold,
+        main_metric=main_metric,
     )
     summary.broken = list(broken)
     summary.tidy["source_deleted"] = (
@@ -163,6 +172,7 @@ def write_tables(summary: Summary, summary_dir: Path) -> None:
                 summary.title,
                 summary.deltas,
                 truncation_flags(summary.truncation, summary.main_metrics),
+                reward_error_flags(summary.seeds, summary.main_metrics),
             )
         )
 

@@ -55,6 +55,7 @@ class Builtin:
 #: `max_generated_tests` and `answer_last_line`, which change scores only (their contract rows are
 #: `scores`).
 _SCHEDULING_OPTIONS = (
+    "main_metric",  # how the summary reads the task's cells (a `summary` row)
     "sampling",
     "engine_group",
     "problems",
@@ -379,12 +380,13 @@ CODE_HARNESS = {"humaneval": "ckpteval_humaneval", "mbpp": "ckpteval_mbpp"}
 
 def checker_name(value: Any) -> str | None:
     """The checker a task's `checker` value names: a name, or a mapping whose one key that is
-    a checker's name gives it (`{reward_function: path, name: ...}`)."""
+    a checker's name gives it (`{reward_function: path, name: ...}`, or verl's block pasted
+    as it is: `{custom_reward_function: {path, name}}`)."""
     if value is None or isinstance(value, str):
         return value
-    from ckpteval.checkers import available
+    from ckpteval.checkers import checker_named_by
 
-    named = [key for key in value if key in available()]
+    named = sorted({checker_named_by(str(key)) for key in value} - {None})
     if len(named) != 1:
         raise UserError(
             "a `checker:` mapping names its checker by one key (e.g. reward_function: "

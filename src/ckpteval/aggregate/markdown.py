@@ -62,16 +62,20 @@ def metrics_markdown(
     title: str,
     deltas: pd.DataFrame | None = None,
     flags: dict[tuple[str, str, str, str, str], float] | None = None,
+    errors: dict[tuple[str, str, str, str, str], float] | None = None,
 ) -> str:
     """`metrics.md`: the title, a one-line legend (and `template_note` of the `deltas` when it
     has one) and `metrics_wide` as a Markdown table (length metrics left out), then the length
     metrics' own table. Each entry of `flags` (`truncation_flags`) marks its value with a
-    footnote saying the score is a lower bound."""
+    footnote saying the score is a lower bound, each of `errors` (`reward_error_flags`) with one
+    saying what share of its samples the reward function gave no score."""
     lines = [f"# {title}", ""]
     if seeds.empty:
         return "\n".join(lines + ["No scored cells.", ""])
     lengths = seeds["metric"].isin(LENGTH_METRICS)
     marks = {key: f" [^t{i}]" for i, key in enumerate(flags or {}, start=1)}
+    for i, key in enumerate(errors or {}, start=1):
+        marks[key] = marks.get(key, "") + f" [^e{i}]"
     note = template_note(deltas)
     lines += [STDERR_LEGEND, "", *([f"**{note}**", ""] if note else [])]
     if not lengths.all():
@@ -85,7 +89,14 @@ def metrics_markdown(
             f"[^t{i}]: {run} {ckpt} {task} ({sampling}): score is a lower bound: "
             f"{share:.0%} of samples hit the token budget"
         )
-    if flags:
+    for i, ((run, ckpt, task, sampling, metric), share) in enumerate(
+        (errors or {}).items(), start=1
+    ):
+        lines.append(
+            f"[^e{i}]: {run} {ckpt} {task} ({sampling}): the reward function gave no score for "
+            f"{share:.0%} of samples, counted in {metric}'s n"
+        )
+    if flags or errors:
         lines.append("")
     return "\n".join(lines)
 

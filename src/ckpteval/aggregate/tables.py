@@ -18,13 +18,14 @@ rate and flag.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ckpteval.aggregate.cells import Cell, Problem, identity_frame
+from ckpteval.errors import UserError
 from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.stats import conservative_stderr, pass_at_k_curve
 
@@ -116,8 +117,11 @@ HACK_COLUMNS = [
 ]
 #: The metric of a cell's reward-hack share (`ckpteval.evaluate`); never a task's main metric.
 HACK_RATE = "hack_rate"
+#: The share of a reward-function cell's samples the function gave no score (raised, hung, not a
+#: finite number): its cells are marked in the overview and the tables.
+REWARD_ERROR_RATE = "reward_error_rate"
 #: Metrics that are never a task's main metric: they describe the samples, not their success.
-NOT_MAIN_METRICS = ("compile_rate", HACK_RATE, *LENGTH_METRICS)
+NOT_MAIN_METRICS = ("compile_rate", HACK_RATE, REWARD_ERROR_RATE, *LENGTH_METRICS)
 #: Default `aggregate.truncation_threshold`: a cell whose truncation_rate exceeds it is flagged.
 TRUNCATION_THRESHOLD = 0.05
 TRUNCATION_COLUMNS = [
@@ -192,14 +196,24 @@ def main_metric(names: Sequence[str], primary: str | None = None) -> str:
     return next((n for n in names if n not in NOT_MAIN_METRICS), names[0])
 
 
-def main_metrics(cells: Sequence[Cell]) -> dict[str, str]:
-    """Task -> its main metric, from its cells' metric names (in their order) and declarations."""
+def main_metrics(cells: Sequence[Cell], chosen: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Task -> its main metric: the one the config `chosen` for it (`tasks.<task>.main_metric`,
+    which its cells must report: else one line naming the ones they do), else from its cells'
+    metric names (in their order) and declarations."""
     names: dict[str, dict[str, None]] = {}
     primary: dict[str, str] = {}
     for cell in cells:
         names.setdefault(cell.task, {}).update(dict.fromkeys(cell.metrics))
         if cell.primary_metric is not None:
             primary.setdefault(cell.task, cell.primary_metric)
+    for task, metric in (chosen or {}).items():
+        if task in names and metric not in names[task]:
+            raise UserError(
+                f"config: tasks.{task}.main_metric: its cells report no {metric!r}; they report "
+                f"{', '.join(names[task])}"
+            )
+        if task in names:
+            primary[task] = metric
     return {task: main_metric(list(found), primary.get(task)) for task, found in names.items()}
 
 
@@ -328,6 +342,23 @@ def truncation_flags(
             share = float((group["truncation_rate"] * n).sum() / n.sum())
             flags[(run, ckpt, task, sampling, main_metrics[task])] = share
     return flags
+
+
+def reward_error_flags(
+    seeds: pd.DataFrame, main_metrics: dict[str, str]
+) -> dict[tuple[str, str, str, str, str], float]:
+    """(run, ckpt, task, sampling, main metric) -> the share of samples the reward function gave
+    no score (`REWARD_ERROR_RATE`, mean over seeds), for each checkpoint entry where it did so
+    for any: its number counts them (at the bottom of a known range, or says it excludes them),
+    and the overview and the tables mark it."""
+    if seeds.empty:
+        return {}
+    rates = seeds[(seeds["metric"] == REWARD_ERROR_RATE) & (seeds["mean"] > 0)]
+    return {
+        (row.run, row.ckpt, row.task, row.sampling, main_metrics[row.task]): float(row.mean)
+        for row in rates.itertuples(index=False)
+        if row.task in main_metrics
+    }
 
 
 def passk_table(cells: Sequence[Cell], samples: pd.DataFrame, tidy: pd.DataFrame) -> pd.DataFrame:

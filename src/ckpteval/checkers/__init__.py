@@ -183,6 +183,9 @@ class Checker(abc.ABC):
     #: JSON schema (an object's `properties`) of the options a task's `checker:` mapping gives
     #: this checker (`checker: {<name>: value, option: value, ...}`); None: a name only.
     task_options: Mapping[str, Any] | None = None
+    #: Keys that name this checker in a `checker:` mapping besides its name (another tool's
+    #: spelling, which `canonical_options` translates).
+    mapping_keys: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -228,6 +231,20 @@ class Checker(abc.ABC):
                 path = os.path.expanduser(os.path.expandvars(str(options[option])))
                 if not os.path.isfile(path):
                     raise UserError(f"{key}.{option}: no file {os.path.abspath(path)}")
+
+    @classmethod
+    def canonical_options(cls, key: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """A task's `checker:` mapping as identities hold it: checked (`check_task_options`),
+        and without the options set to their documented `default` (the schema's), so writing
+        out a default is the same setting as leaving it unset and reruns nothing. A checker
+        that takes another tool's spelling of its options translates it here (first)."""
+        cls.check_task_options(key, options)
+        props = (cls.task_options or {}).get("properties") or {}
+        return {
+            option: value
+            for option, value in options.items()
+            if not ("default" in props.get(option, {}) and _same(value, props[option]["default"]))
+        }
 
     @classmethod
     def content_id(cls, option: str, path: os.PathLike[str] | str) -> str:
@@ -469,6 +486,20 @@ class Checker(abc.ABC):
         for item in chunk:
             yield next(checked) if isinstance(item, Job) else item
 
+    def self_test_words(self) -> tuple[str, str, str]:
+        """How a failed self-test's one line names (what failed, what its references are, what
+        to do): a checker of a user's own code names the code and the setting that chose the
+        test (ckpteval.checkers.reward)."""
+        return (
+            f"checker {self.name}",
+            "reference solutions",
+            "fix or drop those problems, or check the sandbox",
+        )
+
+    def self_test_accepts(self, verdict: Verdict) -> bool:
+        """Whether a reference's verdict passes the self-test: it passed, by default."""
+        return verdict.passed
+
     @abc.abstractmethod
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
         """Jobs whose completions are the problems' reference solutions (must pass)."""
@@ -526,6 +557,18 @@ def checker_class(name: str) -> type[Checker]:
     return factory
 
 
+def checker_named_by(key: str) -> str | None:
+    """The checker a key of a task's `checker:` mapping names: its name, or another spelling
+    it declares (`Checker.mapping_keys`: verl's `custom_reward_function`); None for an option."""
+    _load_builtins()
+    if key in _REGISTRY:
+        return key
+    for name, factory in _REGISTRY.items():
+        if key in getattr(factory, "mapping_keys", ()):
+            return name
+    return None
+
+
 def problem_file_checkers() -> list[str]:
     """The checkers a task from a problem file may name."""
     _load_builtins()
@@ -538,10 +581,11 @@ def readers_of(key: str) -> tuple[str, ...]:
     return tuple(sorted(n for n, f in _REGISTRY.items() if key in getattr(f, "reads", ())))
 
 
-def get_checker(name: str, **options: Any) -> Checker:
+def get_checker(name: str, /, **options: Any) -> Checker:
     """Build checker `name`. Options a checker does not take (e.g. a Piston `endpoint` for the
     python checker) are ignored, so one options dict serves every task of a run; an option no
-    checker knows is a `UserError`."""
+    checker knows is a `UserError`. `name` is positional-only: a checker's own option may be
+    called `name` too (a reward function's, as verl names it)."""
     _load_builtins()
     if name not in _REGISTRY:
         raise UserError(f"unknown checker {name!r}; known checkers: {', '.join(sorted(_REGISTRY))}")
@@ -565,6 +609,14 @@ def checker_version(name: str) -> str:
     _load_builtins()
     factory = _REGISTRY.get(name)
     return str(getattr(factory, "version", "1")) if factory is not None else "harness"
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether a configured value is its default: equal, and a bool only to a bool (`1` is not
+    `true`), a number to a number (`1` is `1.0`)."""
+    if isinstance(value, bool) != isinstance(default, bool):
+        return False
+    return bool(value == default)
 
 
 def _parameters(factory: CheckerFactory) -> set[str]:

@@ -3,8 +3,11 @@
 A task names it as verl names its custom reward function::
 
     checker: {reward_function: path/to/reward.py, name: compute_score, kwargs: {...},
-              pass_threshold: 1.0, trusted: false, self_test: ground_truth}
+              pass_threshold: 1.0, trusted: false, self_test: runs, reward_range: [0, 1]}
 
+(every option but the file optional, its default the value shown but `reward_range`'s, which is
+none), or as verl's config names it, pasted: `custom_reward_function: {path, name,
+reward_kwargs}` (`from_verl`; ckpteval.config moves one pasted beside `problems:` into `checker:`),
 and each sample is scored as verl scores it: `name(data_source=..., solution_str=completion,
 ground_truth=..., extra_info=..., **kwargs)`, by keyword. The function returns a number or a
 bool (taken as a float), or a dict with a `score` key; the dict's other keys are kept on the
@@ -43,9 +46,12 @@ and relative imports within them too), by their path within that directory and t
 editing a helper module rescores, moving the whole directory reruns nothing. Modules found
 elsewhere (this Python's packages) are not hashed; a new version of one is a new environment.
 
-The self-test (`self_test: ground_truth`) scores the ground truths of the first problems (up to
-`SELF_TEST_PROBLEMS`) as completions, which must pass, and an empty completion, which must not;
-`self_test: "off: <why>"` skips it, and the cell records why.
+The self-test calls the function on the ground truths of the first problems (up to
+`SELF_TEST_PROBLEMS`) as completions: `self_test: runs` (the default) asks only that it returns a
+score (verl's gsm8k scores a bare `72` 0: fine), `ground_truth` that the score reaches
+`pass_threshold` and that an empty completion does not; `off` (YAML's boolean false too) or
+`"off: <why>"` skips it, and the cell records why. A failure is one line naming the function,
+its file, the setting and the rows (`self_test_words`).
 """
 
 from __future__ import annotations
@@ -92,6 +98,54 @@ def reseed():
             except Exception:
                 pass
 """
+
+#: verl's config block of a custom reward function, which a task's `checker:` may be as pasted.
+VERL_BLOCK = "custom_reward_function"
+#: verl's keys in it -> ours.
+VERL_KEYS = {"path": "reward_function", "name": "name", "reward_kwargs": "kwargs"}
+
+
+def from_verl(key: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """A `checker:` mapping in ckpteval's spelling: verl's `custom_reward_function: {path,
+    name, reward_kwargs}` block (and a `reward_kwargs` beside it) as `reward_function`, `name`
+    and `kwargs`, and `self_test: false` (what YAML makes of `off`) as "off". The same setting
+    given both ways, differently, is one line naming both."""
+    out = dict(options)
+    block = out.pop(VERL_BLOCK, None)
+    given = [(f"{VERL_BLOCK}.{theirs}", ours, value) for theirs, ours, value in _verl(key, block)]
+    if "reward_kwargs" in out:
+        given.append(("reward_kwargs", "kwargs", out.pop("reward_kwargs")))
+    for theirs, ours, value in given:
+        if ours in out and out[ours] != value:
+            raise UserError(f"{key}: {theirs} and {ours} say different things; give one")
+        out[ours] = value
+    if out.get("self_test") is False:
+        out["self_test"] = "off"
+    elif out.get("self_test") is True:
+        raise UserError(f"{key}.self_test: runs (the default), ground_truth, off or off: <why>")
+    return out
+
+
+def _verl(key: str, block: Any) -> list[tuple[str, str, Any]]:
+    """(verl's key, ours, value) of a `custom_reward_function` block; [] when there is none."""
+    if block is None:
+        return []
+    where = f"{key}.{VERL_BLOCK}"
+    if not isinstance(block, Mapping):
+        raise UserError(f"{where}: a mapping {{path, name, reward_kwargs}}, as in verl's config")
+    unknown = sorted(set(block) - set(VERL_KEYS))
+    if unknown:
+        raise UserError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; verl's are path, name, reward_kwargs"
+        )
+    if not block.get("path"):
+        raise UserError(f"{where}.path: the reward function's file (verl's path is empty)")
+    return [
+        (theirs, VERL_KEYS[theirs], block[theirs])
+        for theirs in VERL_KEYS
+        if block.get(theirs) is not None
+    ]
+
 
 RUNNER_SOURCE = (
     r"""
@@ -151,12 +205,20 @@ class RewardFunctionChecker(Checker):
     """Scores samples with a user's verl-style reward function (see the module's docstring)."""
 
     name = "reward_function"
-    version = "1"
+    #: 2: errored samples count (reward_error_rate, reward_range), reward_mean the headline,
+    #: reward_extra/<key>, per data source; no accuracy. Part of a cell's scoring identity:
+    #: reward cells of version 1 are rescored once (CPU only), other checkers' cells are not.
+    version = "2"
     #: Each sample a fresh `python -I -B runner.py` exec'd in the sandbox, re-importing what the
     #: function imports (the path before preloading): for bench/reward.py's comparison only.
     exec_samples = False
     default_timeout = 10.0
     reads = ("evaluate.timeout", "evaluate.sandbox")
+    #: Keys that name this checker in a task's `checker:` mapping besides its name: verl's
+    #: block, pasted as it is (`canonical_options` translates it).
+    mapping_keys = (VERL_BLOCK,)
+    #: Its cells report `reward_mean` and `reward_error_rate` (ckpteval.evaluate.RewardTotals).
+    scores_rewards = True
     task_options = {
         "properties": {
             "reward_function": {
@@ -168,27 +230,60 @@ class RewardFunctionChecker(Checker):
             "name": {
                 "type": "string",
                 "minLength": 1,
+                "default": "compute_score",
                 "description": "the function scored with (verl's custom_reward_function.name)",
             },
-            "kwargs": {"type": "object", "description": "arguments merged into every call"},
-            "pass_threshold": {"type": "number", "description": "the score a pass needs"},
+            "kwargs": {
+                "type": "object",
+                "default": {},
+                "description": "arguments merged into every call (verl's reward_kwargs)",
+            },
+            "pass_threshold": {
+                "type": "number",
+                "default": 1.0,
+                "description": "the score a pass needs",
+            },
             "trusted": {
                 "type": "boolean",
+                "default": False,
                 "description": "whether the function runs outside the sandbox",
+            },
+            "reward_range": {
+                "type": ["array", "null"],
+                "items": {"type": "number"},
+                "minItems": 2,
+                "maxItems": 2,
+                "default": None,
+                "description": "[lo, hi] of the scores: an errored sample counts at lo, and the "
+                "interval reaches its mean at hi (else the mean excludes errored samples)",
             },
             "self_test": {
                 "type": "string",
-                "pattern": "^(ground_truth|off: *\\S.*)$",
-                "description": "whether ground truths are scored first (ground_truth, or off: why)",
+                "pattern": "^(runs|ground_truth|off|off: *\\S.*)$",
+                "default": "runs",
+                "description": "what is checked before scoring: runs (the function returns a "
+                "score on the first rows), ground_truth (ground truths pass, an empty completion "
+                "fails), off or off: why",
             },
         },
-        "required": ["reward_function", "self_test"],
+        "required": ["reward_function"],
     }
+
+    @classmethod
+    def canonical_options(cls, key: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """verl's spelling (`custom_reward_function: {path, name, reward_kwargs}`, a
+        `reward_kwargs` beside it) as ours, `self_test: false` (YAML's `off`) as "off"; then
+        checked, and the defaults written out dropped (`Checker.canonical_options`)."""
+        return super().canonical_options(key, from_verl(key, options))
 
     @classmethod
     def check_task_options(cls, key: str, options: Mapping[str, Any]) -> None:
         """Also: the file defines the function `name` (read, not run: a parse runs nothing)."""
+        options = from_verl(key, options)
         super().check_task_options(key, options)
+        bounds = options.get("reward_range")
+        if bounds is not None and not bounds[0] < bounds[1]:
+            raise UserError(f"{key}.reward_range: {bounds} is not [lo, hi] with lo < hi")
         name = options.get("name", "compute_score")
         path = Path(os.path.expanduser(os.path.expandvars(str(options["reward_function"]))))
         try:
@@ -208,7 +303,8 @@ class RewardFunctionChecker(Checker):
         kwargs: Mapping[str, Any] | None = None,
         pass_threshold: float = 1.0,
         trusted: bool = False,
-        self_test: str = "ground_truth",
+        self_test: str | bool = "runs",
+        reward_range: Sequence[float] | None = None,
         sandbox: str = "bwrap",
         batch_size: int = 32,
         memory_bytes: int = 2 << 30,
@@ -218,7 +314,10 @@ class RewardFunctionChecker(Checker):
             raise UserError(f"checker reward_function: no file {source}")
         self.function, self.kwargs = name, dict(kwargs or {})
         self.pass_threshold, self.trusted = float(pass_threshold), trusted
-        self.self_test = self_test
+        self.self_test = "off" if self_test is False else str(self_test)
+        if reward_range is not None and not float(reward_range[0]) < float(reward_range[1]):
+            raise UserError(f"checker reward_range: {list(reward_range)} is not [lo, hi], lo < hi")
+        self.reward_range = None if reward_range is None else [float(v) for v in reward_range]
         self.sandbox = Sandbox("none" if trusted else sandbox)
         self.batch_size, self.memory_bytes = batch_size, memory_bytes * (4 if trusted else 1)
         self._code = Path(tempfile.mkdtemp(prefix="ckpteval-reward-code-"))
@@ -226,6 +325,7 @@ class RewardFunctionChecker(Checker):
         shutil.copyfile(source, self._code / "reward.py")
         (self._code / "runner.py").write_text(RUNNER_SOURCE, encoding="utf-8")
         self._beside = source.resolve().parent
+        self._source_name = source.name
         #: What the sandbox's driver imports once per batch (see the module's docstring).
         self.preload = preload_modules(source.read_text(encoding="utf-8"), self._beside)
         #: Where it finds them: this environment's installed packages (trusted code).
@@ -353,6 +453,8 @@ class RewardFunctionChecker(Checker):
             return _failed(score, duration)
         passed = score >= self.pass_threshold
         extras = {"reward": score, "reward_info": info}
+        if isinstance(value.get("score") if isinstance(value, dict) else value, bool):
+            extras["reward_type"] = "bool"  # its range is known: [0, 1]
         return Verdict(
             passed,
             None if passed else "wrong_answer",
@@ -362,7 +464,9 @@ class RewardFunctionChecker(Checker):
         )
 
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
-        if self.self_test != "ground_truth":
+        """The first problems' ground truths as completions (`self_test: runs` or
+        `ground_truth`)."""
+        if self.self_test not in ("runs", "ground_truth"):
             return []
         usable = [
             (tid, p)
@@ -372,14 +476,42 @@ class RewardFunctionChecker(Checker):
         return [Job(tid, p, str(p["ground_truth"])) for tid, p in usable[:SELF_TEST_PROBLEMS]]
 
     def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
+        """An empty completion, which must fail (`self_test: ground_truth` only: a format or
+        length reward may well pass it)."""
         if self.self_test != "ground_truth":
             return []
         task_id, problem = next(iter(problems.items()))
         return [Job(task_id, problem, "")]
 
+    def self_test_accepts(self, verdict: Verdict) -> bool:
+        """`runs`: the function returned a score (any: verl's gsm8k scores a bare ground truth
+        0); `ground_truth`: the score reached `pass_threshold`."""
+        if self.self_test == "runs":
+            return verdict.error_type not in ("reward_error", "timeout")
+        return verdict.passed
+
+    def self_test_words(self) -> tuple[str, str, str]:
+        what = (
+            f"reward function {self.function} of {self._source_name} (self_test: {self.self_test})"
+        )
+        if self.self_test == "runs":
+            return (
+                what,
+                "calls on the ground truths",
+                "fix the function, or set the task's checker.self_test: off",
+            )
+        return (
+            what,
+            f"ground truths as completions (pass_threshold {self.pass_threshold:g})",
+            "set the task's checker.self_test: runs (the function only has to return a score) "
+            "or off, or fix the function or those rows",
+        )
+
     @property
     def self_test_off(self) -> str | None:
         """Why the self-test is off (the cell records it), or None when it runs."""
+        if self.self_test == "off":
+            return "off"
         if self.self_test.startswith("off:"):
             return self.self_test[len("off:") :].strip()
         return None

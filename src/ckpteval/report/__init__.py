@@ -47,7 +47,7 @@ __all__ = [
 
 
 def render_html(
-    summary: Summary, plots: Sequence[Plot] = (), focus: tuple[str, str] | None = None
+    summary: Summary, plots: Sequence[Plot] = (), focus: tuple[str, ...] | None = None
 ) -> str:
     """The report as one string. `plots` is accepted for callers that pass the PNGs: the page
     draws its own charts. `focus` ("run:ckpt" labels) is the pair the drill-down opens on."""
@@ -59,7 +59,7 @@ def write_html(
     summary: Summary,
     plots: Sequence[Plot],
     path: Path,
-    focus: tuple[str, str] | None = None,
+    focus: tuple[str, ...] | None = None,
 ) -> None:
     """Write the self-contained report (atomically: a reader never sees half a file)."""
     with atomic_open(path, "w") as handle:

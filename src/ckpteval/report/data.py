@@ -21,7 +21,13 @@ import numpy as np
 import pandas as pd
 
 from ckpteval.aggregate import Summary
-from ckpteval.aggregate.tables import CONFIDENCE, HACK_RATE, truncation_flags
+from ckpteval.aggregate.tables import (
+    CONFIDENCE,
+    HACK_RATE,
+    REWARD_ERROR_RATE,
+    reward_error_flags,
+    truncation_flags,
+)
 from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.report.samples import encode_blob, read_cell_samples
 
@@ -42,7 +48,10 @@ DELTA_FIELDS = [
     "mcnemar_p",
 ]
 #: Metrics charted per task besides the main one.
-SIDE_METRICS = (HACK_RATE, *LENGTH_METRICS)
+SIDE_METRICS = (HACK_RATE, REWARD_ERROR_RATE, *LENGTH_METRICS)
+#: A reward task's per-data-source metrics (`val-core/<data_source>/reward/mean@N`, named as
+#: verl logs them): each task's "reward per data source" chart.
+SOURCE_PREFIX = "val-core/"
 
 
 @dataclass
@@ -53,9 +62,10 @@ class Payload:
     blobs: dict[str, str] = field(default_factory=dict)
 
 
-def build_payload(summary: Summary, focus: tuple[str, str] | None = None) -> Payload:
+def build_payload(summary: Summary, focus: tuple[str, ...] | None = None) -> Payload:
     """Every table the page shows, plus per-cell sample blobs. `focus` is the (ckpt_a, ckpt_b)
-    pair the drill-down opens on (`ckpteval compare --html`), as "run:ckpt" labels."""
+    pair the drill-down opens on (`ckpteval compare --html`), as "run:ckpt" labels, and
+    optionally the "task|sampling" it opens on."""
     payload = Payload(
         {
             "title": summary.title,
@@ -81,11 +91,13 @@ def _checkpoints(tidy: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _series(summary: Summary) -> list[dict[str, Any]]:
-    """Seed means with their 95% interval (±1.96 cell stderr) and n, for each task's main metric
-    and the side metrics (hack rate, lengths, truncation)."""
+    """Seed means with their 95% interval (±1.96 cell stderr) and n, for each task's main metric,
+    the side metrics (hack rate, reward errors, lengths, truncation) and a reward task's per
+    data source rewards."""
     seeds = summary.seeds
     wanted = {*summary.main_metrics.values(), *SIDE_METRICS}
-    rows = seeds[seeds["metric"].isin(wanted)].copy()
+    per_source = seeds["metric"].astype(str).str.startswith(SOURCE_PREFIX)
+    rows = seeds[seeds["metric"].isin(wanted) | per_source].copy()
     if rows.empty:
         return []
     keys = ["run", "ckpt", "task", "sampling", "metric"]
@@ -107,8 +119,8 @@ def _errors(errors: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _flags(summary: Summary) -> list[dict[str, Any]]:
-    """What the overview lists first: regressions, truncated scores, reward hacks, missing files
-    and broken checkpoints, each with where its detail is."""
+    """What the overview lists first: regressions, truncated scores, reward hacks, reward
+    function errors, missing files and broken checkpoints, each with where its detail is."""
     flags: list[dict[str, Any]] = []
     deltas = summary.deltas
     if not deltas.empty:
@@ -132,6 +144,14 @@ def _flags(summary: Summary) -> list[dict[str, Any]]:
         text = f"{run} {ckpt} {task} ({sampling}): {metric} is a lower bound, {share:.0%} cut"
         flags.append({"kind": "truncation", "text": text, "run": run, "task": task})
     flags += _hack_flags(summary.seeds)
+    for (run, ckpt, task, sampling, metric), share in reward_error_flags(
+        summary.seeds, summary.main_metrics
+    ).items():
+        text = (
+            f"{run} {ckpt} {task} ({sampling}): the reward function gave no score for "
+            f"{share:.0%} of samples (counted in {metric}'s n)"
+        )
+        flags.append({"kind": "reward_errors", "text": text, "run": run, "task": task})
     for row in summary.missing.itertuples(index=False):
         text = f"{row.kind} {row.path}: {row.reason}"
         flags.append({"kind": "missing", "text": text, "task": row.task or None})

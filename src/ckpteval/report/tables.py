@@ -14,7 +14,13 @@ import pandas as pd
 from ckpteval.aggregate import Summary
 from ckpteval.aggregate.deltas import MCNEMAR, template_note
 from ckpteval.aggregate.markdown import metrics_wide
-from ckpteval.aggregate.tables import CONFIDENCE, HACK_RATE, STDERR_LEGEND, truncation_flags
+from ckpteval.aggregate.tables import (
+    CONFIDENCE,
+    HACK_RATE,
+    STDERR_LEGEND,
+    reward_error_flags,
+    truncation_flags,
+)
 from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.report.plots import _threshold
 
@@ -99,7 +105,10 @@ def _metrics(summary: Summary) -> list[str]:
     scores = summary.seeds[~summary.seeds["metric"].isin(LENGTH_METRICS)]
     if not scores.empty:
         flags = truncation_flags(summary.truncation, summary.main_metrics)
-        header, rows = metrics_wide(scores, {key: " (lower bound)" for key in flags})
+        marks = {key: " (lower bound)" for key in flags}
+        for key, share in reward_error_flags(summary.seeds, summary.main_metrics).items():
+            marks[key] = marks.get(key, "") + f" ({share:.0%} errored)"
+        header, rows = metrics_wide(scores, marks)
         parts.append(_table(pd.DataFrame(rows, columns=header)))
     return parts
 

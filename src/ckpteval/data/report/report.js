@@ -70,7 +70,8 @@
       return;
     }
     const kinds = { regression: "Regressions", truncation: "Truncated scores (lower bounds)",
-      hack: "Reward hacks", missing: "Missing or unusable files", broken: "Broken checkpoints" };
+      hack: "Reward hacks", reward_errors: "Reward function errors (counted in n)",
+      missing: "Missing or unusable files", broken: "Broken checkpoints" };
     let out = "";
     for (const [kind, heading] of Object.entries(kinds)) {
       const items = D.flags.filter((f) => f.kind === kind);
@@ -88,7 +89,7 @@
       const pair = esc(JSON.stringify([`${f.task}|${f.sampling}`, `${f.run}:${f.a}`, `${f.run}:${f.b}`]));
       return `<a href='#compare' data-pair='${pair}'>${esc(f.text)}</a>`;
     }
-    if (f.task && (f.kind === "truncation" || f.kind === "hack")) {
+    if (f.task && (f.kind === "truncation" || f.kind === "hack" || f.kind === "reward_errors")) {
       return `<a href='#task-${esc(slug(f.task))}'>${esc(f.text)}</a>`;
     }
     return `<a href='#tables'>${esc(f.text)}</a>`;
@@ -172,9 +173,18 @@
       const mark = d && d.significant ? (d.delta > 0 ? " ▲" : " ▼") : "";
       const title = d ? `vs ${d.ref_ckpt}: ${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}], McNemar p ${pval(d.mcnemar_p)}` : `n ${r.n}`;
       const cls = mark === " ▼" ? "sig down" : mark ? "sig up" : "";
-      tr += `<td data-value='${r.mean}' data-prov='${esc(`${c.run}|${c.ckpt}|${t.task}`)}' class='${cls}' title='${esc(title)}' style='background:${heat(share)}'>${fmt(r.mean)}${mark}</td>`;
+      const errored = rewardErrors(c.run, c.ckpt, t.task);
+      const warn = errored ? " ⚠" : "";
+      const note = errored ? `; the reward function gave no score for ${(100 * errored).toFixed(0)}% of samples (counted in n)` : "";
+      tr += `<td data-value='${r.mean}' data-prov='${esc(`${c.run}|${c.ckpt}|${t.task}`)}' class='${cls}' title='${esc(title + note)}' style='background:${heat(share)}'>${fmt(r.mean)}${mark}${warn}</td>`;
     }
     return tr + "</tr>";
+  }
+  // The largest share of samples a cell of (run, ckpt, task) had no reward for, or 0.
+  function rewardErrors(run, ckpt, task) {
+    const rows = D.series.filter((r) => r.metric === "reward_error_rate" && r.run === run &&
+      r.ckpt === ckpt && r.task === task && r.mean > 0);
+    return rows.length ? Math.max(...rows.map((r) => r.mean)) : 0;
   }
   function heat(share) {
     return `hsl(${Math.round(share * 120)}, 70%, ${88 - Math.round(share * 10)}%)`;
@@ -218,7 +228,7 @@
     box.innerHTML = D.tasks.map((t) =>
       `<div class='task-panel' id='task-${esc(slug(t.task))}' data-task='${esc(t.task)}'>` +
       `<h3>${esc(t.task)} <small>${esc(t.metric)}</small></h3><div class='charts'>` +
-      ["metric", "errors", "lengths", "truncation", "hacks"].map((k) => `<div class='chart' data-chart='${k}'></div>`).join("") +
+      ["metric", "sources", "errors", "lengths", "truncation", "hacks"].map((k) => `<div class='chart' data-chart='${k}'></div>`).join("") +
       "</div></div>").join("");
     const observer = new IntersectionObserver((entries) => {
       for (const e of entries) {
@@ -231,10 +241,16 @@
     return D.series.filter((r) => r.task === task && metrics.includes(r.metric))
       .map((r) => ({ ...r, series: metrics.length > 1 ? `${seriesName(r)} ${r.metric}` : seriesName(r) }));
   }
+  // A reward task's val-core/<data_source>/reward/mean@N rows, one line per run and source.
+  function sourceRows(task) {
+    return D.series.filter((r) => r.task === task && r.metric.startsWith("val-core/"))
+      .map((r) => ({ ...r, series: `${seriesName(r)} ${r.metric.split("/").slice(1, -2).join("/")}` }));
+  }
   function drawTask(panel) {
     const task = panel.dataset.task;
     const charts = {
       metric: [mainRows().filter((r) => r.task === task), `${mainMetric[task]}`],
+      sources: [sourceRows(task), "reward per data source"],
       lengths: [sideRows(task, ["completion_tokens_mean", "reasoning_tokens_mean"]), "tokens per sample"],
       truncation: [sideRows(task, ["truncation_rate", "truncated_reasoning_rate"]), "share cut at the budget"],
       hacks: [sideRows(task, ["hack_rate"]), "hack rate"],
@@ -289,8 +305,9 @@
     fillGroups(sg);
     let start = [groupKey(D.groups[0]), null, null];
     if (D.focus) {
-      const [fa, fb] = D.focus;
-      const g = D.groups.find((x) => x.ckpts.includes(fa) && x.ckpts.includes(fb));
+      const [fa, fb, fg] = D.focus;  // fg: the task|sampling that changed most, if known
+      const has = (x) => x.ckpts.includes(fa) && x.ckpts.includes(fb);
+      const g = D.groups.find((x) => groupKey(x) === fg && has(x)) || D.groups.find(has);
       if (g) start = [groupKey(g), fa, fb];
     }
     sg.addEventListener("change", () => { fillCkpts(group(sg.value)); showFlips(); });
