@@ -123,6 +123,16 @@ class Unfinished:
     #: Seconds since any of its files last changed.
     idle_seconds: float
     problem: str
+    #: How far the writing got, for a user ("shard 2 of 2 as .tmp"); "" when nothing is known.
+    progress: str = ""
+
+    def waiting_line(self, *, age: bool = True) -> str:
+        """`waiting: being written (shard 2 of 2 as .tmp, last change 3 s ago)`; without `age`
+        (a job's params, which must not change by the second) only what is missing."""
+        parts = [self.progress] if self.progress else []
+        if age:
+            parts.append(f"last change {self.idle_seconds:.0f} s ago")
+        return "waiting: being written" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def unfinished_checkpoints(
@@ -139,8 +149,52 @@ def unfinished_checkpoints(
             continue
         files = [child] if child.is_file() else [child, *child.rglob("*")]
         newest = max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
-        out.append(Unfinished(name, child, max(0.0, time.time() - newest), _problem(child, marker)))
+        idle = max(0.0, time.time() - newest)
+        out.append(Unfinished(name, child, idle, _problem(child, marker), writing_progress(child)))
     return out
+
+
+#: Suffixes of files a writer renames into place once complete (`model.safetensors.tmp`).
+TMP_SUFFIXES = (".tmp", ".part", ".partial")
+
+
+def _tmp_of(path: Path, name: str) -> bool:
+    return any((path / f"{name}{suffix}").exists() for suffix in TMP_SUFFIXES)
+
+
+def writing_progress(path: Path) -> str:
+    """How far a checkpoint being written got: the first shard not yet complete out of how many
+    (`shard 2 of 2 as .tmp`, `... partly written`, `... not there yet`) when its format names
+    its shards (verl rank shards, an HF index), else the files still under a temporary name."""
+    from ckpteval.formats import verl
+    from ckpteval.formats.hf import expected_shards
+
+    if not path.is_dir():
+        return ""
+    shards: list[tuple[str, bool]] = []
+    if verl.detect(path):
+        _, expected, pending = verl.pending_shards(path)
+        actor = verl.actor_dir(path) or path
+        for rank in range(expected):
+            name = f"model_world_size_{expected}_rank_{rank}.pt"
+            shards.append((str((actor / name).relative_to(path)), name not in pending))
+    else:
+        shards = expected_shards(path)
+    for i, (name, complete) in enumerate(shards):
+        if complete:
+            continue
+        how = (
+            "as .tmp"
+            if _tmp_of(path, name)
+            else "partly written"
+            if (path / name).exists()
+            else "not there yet"
+        )
+        return f"shard {i + 1} of {len(shards)} {how}"
+    tmp = sorted(str(f.relative_to(path)) for f in path.rglob("*") if f.name.endswith(TMP_SUFFIXES))
+    if tmp:
+        return f"{tmp[0]} as .tmp" + (f" (+{len(tmp) - 1} more)" if len(tmp) > 1 else "")
+    return ""
 
 
 def _problem(path: Path, marker: str | None) -> str:

@@ -35,6 +35,8 @@ def _run_check(args: argparse.Namespace) -> int:
     for run in plan.runs.values():
         steps = ", ".join(f"{c.name}" for c in run.checkpoints) or "none complete yet"
         print(f"run {run.name}: {len(run.checkpoints)} checkpoint(s): {steps}")
+    for line in plan.waiting_lines():
+        print(line)
     for name, task in plan.tasks.items():
         print(
             f"task {name}: {task.kind}, checker {task.checker}, "

@@ -597,6 +597,7 @@ def aggregate(smk: Any) -> None:
         bootstrap=job.bootstrap,
         deleted=list(smk.params.deleted),
         broken=list(smk.params.broken),
+        waiting=list(getattr(smk.params, "waiting", ())),
         truncation_threshold=job.truncation_threshold,
     )
 

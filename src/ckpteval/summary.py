@@ -102,13 +102,15 @@ def build_summary(
     seed: int = 0,
     deleted: Collection[str] = (),
     broken: Sequence[str] = (),
+    waiting: Sequence[str] = (),
     truncation_threshold: float | None = None,
 ) -> Summary:
     """Build `summary_dir` from the cell jsons (see the module docstring for what is written);
     return what was built.
     `deleted` names checkpoints (`run/ckpt`) whose source is gone: their cells stay, marked in
     the tidy table's `source_deleted` column and listed in the report. `broken` are lines about
-    checkpoints that look broken (ckpteval.config.Plan.broken_lines), shown in the report.
+    checkpoints that look broken (ckpteval.config.Plan.broken_lines), shown in the report;
+    `waiting` lines about checkpoints being written (Plan.waiting_lines), listed as waiting.
     `truncation_threshold` (None: `TRUNCATION_THRESHOLD`) is the truncation rate above which a
     cell's score is flagged as a lower bound."""
     threshold = _checked_settings(bootstrap, truncation_threshold)
@@ -117,6 +119,7 @@ def build_summary(
         cell_jsons, title=title, bootstrap=bootstrap, seed=seed, truncation_threshold=threshold
     )
     summary.broken = list(broken)
+    summary.waiting = list(waiting)
     summary.tidy["source_deleted"] = (
         summary.tidy["run"].astype(str) + "/" + summary.tidy["ckpt"].astype(str)
     ).isin(set(deleted))

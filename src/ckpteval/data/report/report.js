@@ -70,7 +70,8 @@
       return;
     }
     const kinds = { regression: "Regressions", truncation: "Truncated scores (lower bounds)",
-      hack: "Reward hacks", missing: "Missing or unusable files", broken: "Broken checkpoints" };
+      hack: "Reward hacks", missing: "Missing or unusable files", broken: "Broken checkpoints",
+      waiting: "Checkpoints being written" };
     let out = "";
     for (const [kind, heading] of Object.entries(kinds)) {
       const items = D.flags.filter((f) => f.kind === kind);
