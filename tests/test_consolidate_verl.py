@@ -26,10 +26,8 @@ from test_consolidate import tiny as tiny  # noqa: F401 - the module's shared mo
 from ckpteval.errors import UserError
 from ckpteval.formats import detect_format, is_complete
 
-#: verl's own environment (scripts/setup-env.sh part `verl`); CKPTEVAL_VERL_VENV points elsewhere.
-VERL_PYTHON = (
-    Path(os.environ.get("CKPTEVAL_VERL_VENV") or HERE.parent / ".venv-verl") / "bin/python"
-)
+#: verl's own environment (scripts/setup-env.sh part `verl`, which VERL_VENV also moves).
+VERL_PYTHON = Path(os.environ.get("VERL_VENV") or HERE.parent / ".venv-verl") / "bin/python"
 
 
 def _write_verl_run(tiny: Tiny, run: Path, world: int) -> dict[str, torch.Tensor]:
