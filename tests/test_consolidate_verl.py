@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -164,18 +163,28 @@ def test_three_ranks_shard_unevenly_and_still_merge(tiny: Tiny, tmp_path: Path) 
     )
 
 
-def test_verl_completeness_follows_shards_and_the_tracker(
-    verl_run: tuple[Path, dict], tmp_path: Path
-) -> None:
-    run, _ = verl_run
-    copy = tmp_path / "experiment"
-    shutil.copytree(run / "global_step_1", copy / "global_step_1")
-    step = copy / "global_step_1"
+def _plain_verl_step(root: Path, world: int = 2) -> Path:
+    """A verl step directory with plain-tensor rank shards (enough for completeness rules)."""
+    actor = root / "global_step_1" / "actor"
+    (actor / "huggingface").mkdir(parents=True)
+    for rank in range(world):
+        torch.save({"w": torch.zeros(4)}, actor / f"model_world_size_{world}_rank_{rank}.pt")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
+    return actor.parent
+
+
+def test_verl_completeness_follows_shards_and_the_tracker(tmp_path: Path) -> None:
+    step = _plain_verl_step(tmp_path / "experiment")
+    tracker = step.parent / "latest_checkpointed_iteration.txt"
     assert (detect_format(step), is_complete(step)) == ("verl", True)  # no tracker: shards decide
-    (copy / "latest_checkpointed_iteration.txt").write_text("0")
+    assert (detect_format(step / "actor"), is_complete(step / "actor")) == ("verl", True)
+    tracker.write_text("0")
     assert not is_complete(step), "the trainer has not recorded step 1 yet"
-    (copy / "latest_checkpointed_iteration.txt").write_text("1")
+    tracker.write_text("1")
     assert is_complete(step)
+    (step / "actor" / "fsdp_config.json").unlink()
+    assert not is_complete(step), "rank 0 writes fsdp_config.json after its shard"
+    (step / "actor" / "fsdp_config.json").write_text('{"FSDP_version": 2, "world_size": 2}')
     shard = step / "actor" / "model_world_size_2_rank_1.pt"
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
