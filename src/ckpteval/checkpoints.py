@@ -31,31 +31,56 @@ class Checkpoint:
     is_base: bool = False
     #: Its source is gone (a trainer's `save_total_limit`), its results are still on disk.
     deleted: bool = False
+    #: A final checkpoint named without a step (`final`, `last`, `{run_name}_final`): placed one
+    #: step after the last numbered checkpoint and labelled "final" in tables and plots.
+    final: bool = False
 
 
 #: A bare file in a run directory is a checkpoint when it is one of these (`torch.save` files).
 BARE_FILE_SUFFIXES = (".pt", ".pth", ".bin")
 
 
+def _glob(text: str) -> str:
+    """`text` as a regex in which `*` stands for any non-empty name (a run name)."""
+    return re.escape(text).replace(r"\*", ".+?")
+
+
 def pattern_regex(pattern: str) -> re.Pattern[str]:
-    """`step_{step}` -> a regex matching `step_120` with the step as group 1."""
+    """`step_{step}` -> a regex matching `step_120` with the step as group 1; `*` matches any
+    non-empty text (`*_step{step}` finds `myrun_step100`)."""
     if pattern.count("{step}") != 1:
         raise UserError(f"checkpoint pattern {pattern!r} must contain {{step}} exactly once")
     head, tail = pattern.split("{step}")
-    return re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + r"\Z")
+    return re.compile(_glob(head) + r"(\d+)" + _glob(tail) + r"\Z")
+
+
+def _entry_name(child: Path) -> str | None:
+    """The checkpoint name of a run directory entry: a directory's name, a bare `torch.save`
+    file's name without its suffix; None for anything else."""
+    if child.name.startswith("."):
+        return None
+    if child.is_dir():
+        return child.name
+    if child.is_file() and child.suffix in BARE_FILE_SUFFIXES:
+        return child.name[: -len(child.suffix)]
+    return None
+
+
+def _final_candidates(run_dir: Path, names: list[str]) -> Iterator[tuple[Path, str]]:
+    """(path, name) of every entry named as a final checkpoint (`final`, `*_final`, ...)."""
+    regexes = [re.compile(_glob(n) + r"\Z") for n in names]
+    for child in sorted(run_dir.iterdir()):
+        name = _entry_name(child)
+        if name is not None and any(rx.match(name) for rx in regexes):
+            yield child, name
 
 
 def _candidates(run_dir: Path, patterns: list[str]) -> Iterator[tuple[Path, str, int]]:
     """(path, checkpoint name, step) of every entry of `run_dir` a pattern matches."""
     regexes = [pattern_regex(p) for p in patterns]
     for child in sorted(run_dir.iterdir()):
-        if child.name.startswith("."):
-            continue
-        if child.is_dir():
-            name = child.name
-        elif child.is_file() and child.suffix in BARE_FILE_SUFFIXES:
-            name = child.name[: -len(child.suffix)]
-        else:
+        name = _entry_name(child)
+        if name is None:
             continue
         match = next((m for rx in regexes if (m := rx.match(name))), None)
         if match is not None:
@@ -67,7 +92,11 @@ def _complete(child: Path, marker: str | None) -> bool:
 
 
 def discover_checkpoints(
-    run_dir: Path, patterns: list[str], *, marker: str | None = None
+    run_dir: Path,
+    patterns: list[str],
+    *,
+    marker: str | None = None,
+    final_names: list[str] | tuple[str, ...] = (),
 ) -> list[Checkpoint]:
     """Complete checkpoints directly below `run_dir`, ordered by step.
 
@@ -76,6 +105,10 @@ def discover_checkpoints(
     named without it. A directory is complete when its `marker` exists, or else by its format's
     rules; a bare file always by its format's (a zip save has its end record). Two checkpoints
     with the same step (e.g. `step_5` and `checkpoint-5`) are ambiguous and refused.
+
+    An entry named as in `final_names` (`final`, `last`, `*_final`; no step in its name) is the
+    run's final checkpoint: ordered last, at one step past the last numbered checkpoint (a
+    numbered checkpoint written later moves it along). Two final checkpoints are refused.
     """
     found: dict[int, Checkpoint] = {}
     for child, name, step in _candidates(run_dir, patterns):
@@ -87,7 +120,19 @@ def discover_checkpoints(
                 "keep one or narrow runs.<run>.patterns"
             )
         found[step] = Checkpoint(name, step, child)
-    return [found[s] for s in sorted(found)]
+    numbered = [found[s] for s in sorted(found)]
+    finals = [
+        (child, name)
+        for child, name in _final_candidates(run_dir, list(final_names))
+        if name not in {c.name for c in numbered} and _complete(child, marker)
+    ]
+    if len(finals) > 1:
+        raise UserError(
+            f"{run_dir}: {finals[0][0].name} and {finals[1][0].name} are both a final checkpoint; "
+            "keep one or narrow runs.<run>.final_names"
+        )
+    last = numbered[-1].step if numbered else 0
+    return numbered + [Checkpoint(name, last + 1, child, final=True) for child, name in finals]
 
 
 def deleted_checkpoints(
@@ -136,7 +181,11 @@ class Unfinished:
 
 
 def unfinished_checkpoints(
-    run_dir: Path, patterns: list[str], *, marker: str | None = None
+    run_dir: Path,
+    patterns: list[str],
+    *,
+    marker: str | None = None,
+    final_names: list[str] | tuple[str, ...] = (),
 ) -> list[Unfinished]:
     """The entries `discover_checkpoints` skips as not completely written, with what is wrong
     (a truncated tensor file, a missing shard, no marker) and how long they have been idle:
@@ -144,7 +193,9 @@ def unfinished_checkpoints(
     import time
 
     out = []
-    for child, name, _ in _candidates(run_dir, patterns):
+    entries = [(child, name) for child, name, _ in _candidates(run_dir, patterns)]
+    entries += list(_final_candidates(run_dir, list(final_names)))
+    for child, name in dict.fromkeys(entries):
         if _complete(child, marker):
             continue
         files = [child] if child.is_file() else [child, *child.rglob("*")]

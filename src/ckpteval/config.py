@@ -197,6 +197,10 @@ class Plan:
             for run, u in self.broken
         ]
 
+    def final_checkpoints(self) -> list[str]:
+        """`run/ckpt` of every final checkpoint (named without a step): labelled in the report."""
+        return [f"{r.name}/{c.name}" for r in self.runs.values() for c in r.checkpoints if c.final]
+
     def waiting_lines(self, *, age: bool = True) -> list[str]:
         """One line per checkpoint being written: `run r: checkpoint c waiting: being written
         (shard 2 of 2 as .tmp, last change 3 s ago)`; without `age` (a job's params) no time."""
@@ -505,8 +509,9 @@ def _vllm_run(
         raise UserError(f"config: runs.{name}.base_model: {base_model} is not a directory")
     if r.get("evaluate_base") and base_model is None:
         raise UserError(f"config: runs.{name}.evaluate_base needs runs.{name}.base_model")
-    ckpts = discover_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
-    unfinished = unfinished_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
+    found = {"marker": r.get("complete_marker"), "final_names": r["final_names"]}
+    ckpts = discover_checkpoints(path, r["patterns"], **found)
+    unfinished = unfinished_checkpoints(path, r["patterns"], **found)
     if (
         not ckpts
         and not unfinished

@@ -598,6 +598,7 @@ def aggregate(smk: Any) -> None:
         deleted=list(smk.params.deleted),
         broken=list(smk.params.broken),
         waiting=list(getattr(smk.params, "waiting", ())),
+        finals=list(getattr(smk.params, "finals", ())),
         truncation_threshold=job.truncation_threshold,
     )
 

@@ -38,5 +38,6 @@ rule aggregate:
         deleted=get_deleted_checkpoints,
         broken=get_broken_checkpoints,
         waiting=get_waiting_checkpoints,
+        finals=get_final_checkpoints,
     script:
         "../scripts/aggregate.py"
