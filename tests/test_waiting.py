@@ -62,6 +62,13 @@ def test_progress_names_the_first_unfinished_shard_and_how(tmp_path: Path) -> No
 
     torch.save({"w": torch.zeros(2)}, verl / "model_world_size_2_rank_0.pt")
     assert writing_progress(verl.parent) == "shard 2 of 2 not there yet"
+    torch.save({"w": torch.zeros(2)}, verl / "model_world_size_2_rank_1.pt")
+    (verl / "fsdp_config.json").unlink()  # rank 0 writes it after its shard
+    assert writing_progress(verl.parent) == "fsdp_config.json not there yet"
+    (verl / "fsdp_config.json").write_text('{"FSDP_version": 2, "world_size": 2}')
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    progress = "latest_checkpointed_iteration.txt still says step 2"
+    assert writing_progress(verl.parent) == progress  # the trainer has not recorded step 3
 
     lone = tmp_path / "step_4"
     lone.mkdir()

@@ -245,7 +245,7 @@ def writing_progress(path: Path) -> str:
     tmp = sorted(str(f.relative_to(path)) for f in path.rglob("*") if f.name.endswith(TMP_SUFFIXES))
     if tmp:
         return f"{tmp[0]} as .tmp" + (f" (+{len(tmp) - 1} more)" if len(tmp) > 1 else "")
-    return ""
+    return verl.pending_marker(path) if verl.detect(path) else ""
 
 
 def _problem(path: Path, marker: str | None) -> str:

@@ -112,6 +112,19 @@ def pending_shards(path: Path) -> tuple[int, int, list[str]]:
     return expected - len(pending), expected, pending
 
 
+def pending_marker(path: Path) -> str:
+    """What a verl checkpoint whose shards are all written still waits for, or ""."""
+    actor = actor_dir(path)
+    if actor is None:
+        return ""
+    step, latest = tracked_step(path, actor)
+    if not is_megatron(actor) and not nonempty_file(actor / FSDP_CONFIG):
+        return f"{FSDP_CONFIG} not there yet"
+    if step is not None and latest is not None and step > latest:
+        return f"{TRACKER} still says step {latest}"
+    return ""
+
+
 def is_complete(path: Path) -> bool:
     """Every rank's shard written to its end record and `fsdp_config.json` there (Megatron:
     `dist_ckpt/.metadata`); and, when `latest_checkpointed_iteration.txt` sits beside
