@@ -19,7 +19,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_consolidate import HERE, TIED, Tiny, assert_same_model, consolidate, load_weights
+from test_consolidate import (
+    HERE,
+    TIED,
+    Tiny,
+    assert_same_model,
+    consolidate,
+    copy_tokenizer,
+    load_weights,
+)
 from test_consolidate import tiny as tiny  # noqa: F401 - the module's shared model fixture
 
 from ckpteval.errors import UserError
@@ -139,6 +147,30 @@ def test_verl_merge_is_bit_equal_to_verls_model_merger(
     if by_verl is None:
         pytest.skip(f"verl's own model_merger not installed ({VERL_PYTHON} missing)")
     assert_bit_equal(ours, by_verl)
+
+
+@pytest.mark.numeric
+@pytest.mark.slow
+def test_vllm_generates_from_the_verl_checkpoint_what_it_does_from_the_same_model_as_hf(
+    tiny: Tiny, verl_run: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """The engine the infer step uses, on the consolidated verl checkpoint and on the trained
+    model saved as a plain HF directory: the same greedy tokens (same weights, same engine and
+    settings: equal, not just close). Needs the module's verl run, hence not test_consolidate's
+    vLLM test."""
+    run, reference = verl_run
+    plain = tmp_path / "plain"
+    _trained(tiny, reference).save_pretrained(plain)
+    copy_tokenizer(tiny.tokenizer_dir, plain)
+    engine = {"gpu_memory_utilization": 0.1, "enforce_eager": True, "max_model_len": 256}
+    smokes = []
+    for name, source in (("verl", run / "global_step_1"), ("plain", plain)):
+        _, manifest = consolidate(source, tmp_path, name, smoke="vllm", engine_args=engine)
+        assert manifest["smoke"]["engine"] == "vllm"
+        smokes.append(manifest)
+    assert smokes[0]["weights_sha256"] == smokes[1]["weights_sha256"]
+    assert smokes[0]["smoke"]["token_ids"] == smokes[1]["smoke"]["token_ids"]
+    assert smokes[0]["smoke"]["text"] == smokes[1]["smoke"]["text"]
 
 
 @pytest.mark.numeric
