@@ -8,7 +8,8 @@ way FSDP2 trainers do. By default (2 ranks), torch.distributed.checkpoint direct
 - `OUT_DIR/with_optim/`: `dcp.save({"model": ..., "optim": ...})` from `get_state_dict`;
 - `OUT_DIR/model_only/`: `dcp.save(model_state_dict)`;
 
-with `verl`, a verl run directory as verl's `FSDPCheckpointManager.save_checkpoint` writes it, step
+with `verl` (`verl-fsdp1`: the model wrapped in FSDP1's `FullyShardedDataParallel` with the
+mesh, as verl's FSDP1 workers do), a verl run directory as verl's `FSDPCheckpointManager.save_checkpoint` writes it, step
 1: `OUT_DIR/global_step_1/actor/` with `torch.save(model.state_dict())` per rank as
 `model_world_size_{W}_rank_{R}.pt` (DTensors), `optim_world_size_*`, `extra_state_world_size_*`,
 `fsdp_config.json`, `huggingface/` (config, generation config, tokenizer files copied from
@@ -54,9 +55,17 @@ def _worker(rank: int, model_dir: str, out_dir: str, port: int, layout: str, wor
         torch.manual_seed(0)
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        if layout == "verl-fsdp1":  # verl's FSDP1 workers: the wrapper, given the device mesh
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            cpu = torch.device("cpu")
+            model = FullyShardedDataParallel(
+                model, device_mesh=mesh, use_orig_params=True, device_id=cpu
+            )
+        else:
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         generator = torch.Generator().manual_seed(rank)
         batch = torch.randint(0, model.config.vocab_size, (2, 16), generator=generator)
@@ -64,15 +73,22 @@ def _worker(rank: int, model_dir: str, out_dir: str, port: int, layout: str, wor
         optimizer.step()
 
         out = Path(out_dir)
-        if layout == "verl":
+        if layout.startswith("verl"):
             _save_verl(model, optimizer, rank, world, Path(model_dir), out)
         else:
             model_sd, optim_sd = get_state_dict(model, optimizer)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=out / "with_optim")
             dcp.save(model_sd, checkpoint_id=out / "model_only")
-        full = get_model_state_dict(
-            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
+        if layout == "verl-fsdp1":  # (get_model_state_dict's CPU offload crashes FSDP1 on CPU)
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp import StateDictType
+
+            with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT):
+                full = {k: v.clone() for k, v in model.state_dict().items()}
+        else:
+            full = get_model_state_dict(
+                model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
         if rank == 0:
             torch.save(full, out / "reference.pt")
         dist.barrier()
@@ -81,19 +97,26 @@ def _worker(rank: int, model_dir: str, out_dir: str, port: int, layout: str, wor
 
 
 def _save_verl(model, optimizer, rank: int, world: int, model_dir: Path, out: Path) -> None:  # noqa: ANN001
-    """What verl's FSDPCheckpointManager.save_checkpoint writes for FSDP2, then the tracker file."""
+    """What verl's FSDPCheckpointManager.save_checkpoint writes (FSDP2, or FSDP1 under its
+    SHARDED_STATE_DICT context), then the tracker file."""
+    import contextlib
     import json
     import shutil
 
     import torch
     import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import StateDictType
 
     actor = out / "global_step_1" / "actor"
     actor.mkdir(parents=True, exist_ok=True)
     dist.barrier()
     tag = f"world_size_{world}_rank_{rank}.pt"
-    torch.save(model.state_dict(), actor / f"model_{tag}")
-    torch.save(optimizer.state_dict(), actor / f"optim_{tag}")
+    fsdp1 = isinstance(model, FSDP)
+    sharded = FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT) if fsdp1 else None
+    with sharded or contextlib.nullcontext():
+        torch.save(model.state_dict(), actor / f"model_{tag}")
+        torch.save(optimizer.state_dict(), actor / f"optim_{tag}")
     torch.save(
         {"lr_scheduler": None, "rng": {"cpu": torch.get_rng_state()}}, actor / f"extra_state_{tag}"
     )
@@ -103,7 +126,7 @@ def _save_verl(model, optimizer, rank: int, world: int, model_dir: Path, out: Pa
         for file in model_dir.iterdir():  # config, generation config, tokenizer: not weights
             if file.is_file() and "safetensors" not in file.name:
                 shutil.copy(file, hf / file.name)
-        config = {"FSDP_version": 2, "world_size": world}
+        config = {"FSDP_version": 1 if fsdp1 else 2, "world_size": world}
         (actor / "fsdp_config.json").write_text(json.dumps(config, indent=4))
     dist.barrier()
     if rank == 0:

@@ -37,10 +37,12 @@ from ckpteval.formats import detect_format, is_complete
 VERL_PYTHON = Path(os.environ.get("VERL_VENV") or HERE.parent / ".venv-verl") / "bin/python"
 
 
-def _write_verl_run(tiny: Tiny, run: Path, world: int) -> dict[str, torch.Tensor]:
+def _write_verl_run(
+    tiny: Tiny, run: Path, world: int, layout: str = "verl"
+) -> dict[str, torch.Tensor]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, str(HERE / "helpers_fsdp.py"), str(tiny.hf_dir), str(run)]
-    subprocess.run([*command, "verl", str(world)], check=True, env=env, timeout=600)
+    subprocess.run([*command, layout, str(world)], check=True, env=env, timeout=600)
     return torch.load(run / "reference.pt")
 
 
@@ -193,6 +195,28 @@ def test_three_ranks_shard_unevenly_and_still_merge(tiny: Tiny, tmp_path: Path) 
         load_weights(consolidate(actor.parent, tmp_path, "bf16", smoke="none")[0]),
         verl_rule_merge(actor),
     )
+
+
+@pytest.mark.numeric
+@pytest.mark.slow
+def test_fsdp1_shards_merge_as_verls_merger_merges_them(tiny: Tiny, tmp_path: Path) -> None:
+    """verl's FSDP1 workers: FullyShardedDataParallel given the device mesh, saved under
+    SHARDED_STATE_DICT (DTensors again). Cannot reuse the module's run: FSDP1 is what is tested."""
+    run = tmp_path / "experiment"
+    reference = _write_verl_run(tiny, run, 2, "verl-fsdp1")
+    actor = run / "global_step_1" / "actor"
+    assert json.loads((actor / "fsdp_config.json").read_text())["FSDP_version"] == 1
+    out_dir, _ = consolidate(actor.parent, tmp_path, "fp32", dtype="float32", smoke="none")
+    loaded = load_weights(out_dir)
+    assert sorted(loaded) == sorted(k for k in reference if k != TIED)
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, reference[name]), name
+    ours = load_weights(consolidate(actor.parent, tmp_path, "bf16", smoke="none")[0])
+    assert_bit_equal(ours, verl_rule_merge(actor))
+    by_verl = verl_merger_output(actor, tmp_path / "verl_merged")
+    if by_verl is None:
+        pytest.skip(f"verl's own model_merger not installed ({VERL_PYTHON} missing)")
+    assert_bit_equal(ours, by_verl)
 
 
 def _plain_verl_step(root: Path, world: int = 2) -> Path:
