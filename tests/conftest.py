@@ -65,6 +65,7 @@ LONGEST_FIRST = (
     "test_reliability_load.py",
     "test_reward.py",
     "test_report_browser.py",
+    "test_consolidate_verl.py",  # estimated ~5 min: two FSDP runs on gloo, two vLLM engines
     "test_consolidate.py",
 )
 

@@ -174,8 +174,10 @@ def plan_case(key: str, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
             shutil.copytree(sweep.work / "run", moved, copy_function=shutil.copyfile)
         config["runs"]["demo"]["path"] = str(moved)
         return config, Counter()
-    if key == "runs.*.patterns":
-        config["runs"]["demo"]["patterns"] = ["step_{step}", "ckpt-{step}"]
+    if key in ("runs.*.patterns", "runs.*.final_names"):  # the same checkpoints: nothing runs
+        other = {"patterns": ["step_{step}", "ckpt-{step}"], "final_names": ["done", "*_end"]}
+        name = key.rsplit(".", 1)[1]
+        config["runs"]["demo"][name] = other[name]
         return config, Counter()
     if key == "runs.*.evaluate_base":
         config["runs"]["demo"]["evaluate_base"] = True

@@ -31,31 +31,56 @@ class Checkpoint:
     is_base: bool = False
     #: Its source is gone (a trainer's `save_total_limit`), its results are still on disk.
     deleted: bool = False
+    #: A final checkpoint named without a step (`final`, `last`, `{run_name}_final`): placed one
+    #: step after the last numbered checkpoint and labelled "final" in tables and plots.
+    final: bool = False
 
 
 #: A bare file in a run directory is a checkpoint when it is one of these (`torch.save` files).
 BARE_FILE_SUFFIXES = (".pt", ".pth", ".bin")
 
 
+def _glob(text: str) -> str:
+    """`text` as a regex in which `*` stands for any non-empty name (a run name)."""
+    return re.escape(text).replace(r"\*", ".+?")
+
+
 def pattern_regex(pattern: str) -> re.Pattern[str]:
-    """`step_{step}` -> a regex matching `step_120` with the step as group 1."""
+    """`step_{step}` -> a regex matching `step_120` with the step as group 1; `*` matches any
+    non-empty text (`*_step{step}` finds `myrun_step100`)."""
     if pattern.count("{step}") != 1:
         raise UserError(f"checkpoint pattern {pattern!r} must contain {{step}} exactly once")
     head, tail = pattern.split("{step}")
-    return re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + r"\Z")
+    return re.compile(_glob(head) + r"(\d+)" + _glob(tail) + r"\Z")
+
+
+def _entry_name(child: Path) -> str | None:
+    """The checkpoint name of a run directory entry: a directory's name, a bare `torch.save`
+    file's name without its suffix; None for anything else."""
+    if child.name.startswith("."):
+        return None
+    if child.is_dir():
+        return child.name
+    if child.is_file() and child.suffix in BARE_FILE_SUFFIXES:
+        return child.name[: -len(child.suffix)]
+    return None
+
+
+def _final_candidates(run_dir: Path, names: list[str]) -> Iterator[tuple[Path, str]]:
+    """(path, name) of every entry named as a final checkpoint (`final`, `*_final`, ...)."""
+    regexes = [re.compile(_glob(n) + r"\Z") for n in names]
+    for child in sorted(run_dir.iterdir()):
+        name = _entry_name(child)
+        if name is not None and any(rx.match(name) for rx in regexes):
+            yield child, name
 
 
 def _candidates(run_dir: Path, patterns: list[str]) -> Iterator[tuple[Path, str, int]]:
     """(path, checkpoint name, step) of every entry of `run_dir` a pattern matches."""
     regexes = [pattern_regex(p) for p in patterns]
     for child in sorted(run_dir.iterdir()):
-        if child.name.startswith("."):
-            continue
-        if child.is_dir():
-            name = child.name
-        elif child.is_file() and child.suffix in BARE_FILE_SUFFIXES:
-            name = child.name[: -len(child.suffix)]
-        else:
+        name = _entry_name(child)
+        if name is None:
             continue
         match = next((m for rx in regexes if (m := rx.match(name))), None)
         if match is not None:
@@ -67,7 +92,11 @@ def _complete(child: Path, marker: str | None) -> bool:
 
 
 def discover_checkpoints(
-    run_dir: Path, patterns: list[str], *, marker: str | None = None
+    run_dir: Path,
+    patterns: list[str],
+    *,
+    marker: str | None = None,
+    final_names: list[str] | tuple[str, ...] = (),
 ) -> list[Checkpoint]:
     """Complete checkpoints directly below `run_dir`, ordered by step.
 
@@ -76,6 +105,10 @@ def discover_checkpoints(
     named without it. A directory is complete when its `marker` exists, or else by its format's
     rules; a bare file always by its format's (a zip save has its end record). Two checkpoints
     with the same step (e.g. `step_5` and `checkpoint-5`) are ambiguous and refused.
+
+    An entry named as in `final_names` (`final`, `last`, `*_final`; no step in its name) is the
+    run's final checkpoint: ordered last, at one step past the last numbered checkpoint (a
+    numbered checkpoint written later moves it along). Two final checkpoints are refused.
     """
     found: dict[int, Checkpoint] = {}
     for child, name, step in _candidates(run_dir, patterns):
@@ -87,7 +120,19 @@ def discover_checkpoints(
                 "keep one or narrow runs.<run>.patterns"
             )
         found[step] = Checkpoint(name, step, child)
-    return [found[s] for s in sorted(found)]
+    numbered = [found[s] for s in sorted(found)]
+    finals = [
+        (child, name)
+        for child, name in _final_candidates(run_dir, list(final_names))
+        if name not in {c.name for c in numbered} and _complete(child, marker)
+    ]
+    if len(finals) > 1:
+        raise UserError(
+            f"{run_dir}: {finals[0][0].name} and {finals[1][0].name} are both a final checkpoint; "
+            "keep one or narrow runs.<run>.final_names"
+        )
+    last = numbered[-1].step if numbered else 0
+    return numbered + [Checkpoint(name, last + 1, child, final=True) for child, name in finals]
 
 
 def deleted_checkpoints(
@@ -123,10 +168,24 @@ class Unfinished:
     #: Seconds since any of its files last changed.
     idle_seconds: float
     problem: str
+    #: How far the writing got, for a user ("shard 2 of 2 as .tmp"); "" when nothing is known.
+    progress: str = ""
+
+    def waiting_line(self, *, age: bool = True) -> str:
+        """`waiting: being written (shard 2 of 2 as .tmp, last change 3 s ago)`; without `age`
+        (a job's params, which must not change by the second) only what is missing."""
+        parts = [self.progress] if self.progress else []
+        if age:
+            parts.append(f"last change {self.idle_seconds:.0f} s ago")
+        return "waiting: being written" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def unfinished_checkpoints(
-    run_dir: Path, patterns: list[str], *, marker: str | None = None
+    run_dir: Path,
+    patterns: list[str],
+    *,
+    marker: str | None = None,
+    final_names: list[str] | tuple[str, ...] = (),
 ) -> list[Unfinished]:
     """The entries `discover_checkpoints` skips as not completely written, with what is wrong
     (a truncated tensor file, a missing shard, no marker) and how long they have been idle:
@@ -134,13 +193,59 @@ def unfinished_checkpoints(
     import time
 
     out = []
-    for child, name, _ in _candidates(run_dir, patterns):
+    entries = [(child, name) for child, name, _ in _candidates(run_dir, patterns)]
+    entries += list(_final_candidates(run_dir, list(final_names)))
+    for child, name in dict.fromkeys(entries):
         if _complete(child, marker):
             continue
         files = [child] if child.is_file() else [child, *child.rglob("*")]
         newest = max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
-        out.append(Unfinished(name, child, max(0.0, time.time() - newest), _problem(child, marker)))
+        idle = max(0.0, time.time() - newest)
+        out.append(Unfinished(name, child, idle, _problem(child, marker), writing_progress(child)))
     return out
+
+
+#: Suffixes of files a writer renames into place once complete (`model.safetensors.tmp`).
+TMP_SUFFIXES = (".tmp", ".part", ".partial")
+
+
+def _tmp_of(path: Path, name: str) -> bool:
+    return any((path / f"{name}{suffix}").exists() for suffix in TMP_SUFFIXES)
+
+
+def writing_progress(path: Path) -> str:
+    """How far a checkpoint being written got: the first shard not yet complete out of how many
+    (`shard 2 of 2 as .tmp`, `... partly written`, `... not there yet`) when its format names
+    its shards (verl rank shards, an HF index), else the files still under a temporary name."""
+    from ckpteval.formats import verl
+    from ckpteval.formats.hf import expected_shards
+
+    if not path.is_dir():
+        return ""
+    shards: list[tuple[str, bool]] = []
+    if verl.detect(path):
+        _, expected, pending = verl.pending_shards(path)
+        actor = verl.actor_dir(path) or path
+        for rank in range(expected):
+            name = f"model_world_size_{expected}_rank_{rank}.pt"
+            shards.append((str((actor / name).relative_to(path)), name not in pending))
+    else:
+        shards = expected_shards(path)
+    for i, (name, complete) in enumerate(shards):
+        if complete:
+            continue
+        how = (
+            "as .tmp"
+            if _tmp_of(path, name)
+            else "partly written"
+            if (path / name).exists()
+            else "not there yet"
+        )
+        return f"shard {i + 1} of {len(shards)} {how}"
+    tmp = sorted(str(f.relative_to(path)) for f in path.rglob("*") if f.name.endswith(TMP_SUFFIXES))
+    if tmp:
+        return f"{tmp[0]} as .tmp" + (f" (+{len(tmp) - 1} more)" if len(tmp) > 1 else "")
+    return verl.pending_marker(path) if verl.detect(path) else ""
 
 
 def _problem(path: Path, marker: str | None) -> str:

@@ -33,8 +33,14 @@ def _run_check(args: argparse.Namespace) -> int:
     plan = build_plan(config)
     check_harness_names(plan.tasks, config["lm_eval"]["include_paths"])
     for run in plan.runs.values():
-        steps = ", ".join(f"{c.name}" for c in run.checkpoints) or "none complete yet"
+        steps = ", ".join(
+            f"{c.name} (final, after step {c.step - 1})" if c.final else c.name
+            for c in run.checkpoints
+        )
+        steps = steps or "none complete yet"
         print(f"run {run.name}: {len(run.checkpoints)} checkpoint(s): {steps}")
+    for line in plan.waiting_lines():
+        print(line)
     for name, task in plan.tasks.items():
         print(
             f"task {name}: {task.kind}, checker {task.checker}, "

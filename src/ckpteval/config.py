@@ -134,6 +134,9 @@ class Plan:
     #: (run, checkpoint) entries that look broken: not completely written and unchanged for
     #: longer than the run's `settle_seconds`. They are reported, never silently skipped.
     broken: tuple[tuple[str, Unfinished], ...] = ()
+    #: (run, checkpoint) entries being written: not complete yet, changed within `settle_seconds`.
+    #: Shown by `check`, `status` and the report as waiting, never skipped without a word.
+    waiting: tuple[tuple[str, Unfinished], ...] = ()
     #: Per run, checkpoints whose source is gone but whose results are on disk (kept, marked).
     deleted: dict[str, tuple[Checkpoint, ...]] = field(default_factory=dict)
     #: Content hashes of the files settings name, memoized (ckpteval.content).
@@ -192,6 +195,17 @@ class Plan:
             + (f" (unchanged for {u.idle_seconds / 60:.0f} min)" if age else "")
             + f": {u.problem if age else self._relative(run, u.problem)}"
             for run, u in self.broken
+        ]
+
+    def final_checkpoints(self) -> list[str]:
+        """`run/ckpt` of every final checkpoint (named without a step): labelled in the report."""
+        return [f"{r.name}/{c.name}" for r in self.runs.values() for c in r.checkpoints if c.final]
+
+    def waiting_lines(self, *, age: bool = True) -> list[str]:
+        """One line per checkpoint being written: `run r: checkpoint c waiting: being written
+        (shard 2 of 2 as .tmp, last change 3 s ago)`; without `age` (a job's params) no time."""
+        return [
+            f"run {run}: checkpoint {u.name} {u.waiting_line(age=age)}" for run, u in self.waiting
         ]
 
     def _relative(self, run: str, text: str) -> str:
@@ -440,14 +454,16 @@ def build_plan(
 
     runs: dict[str, Run] = {}
     broken: list[tuple[str, Unfinished]] = []
+    waiting: list[tuple[str, Unfinished]] = []
     deleted: dict[str, tuple[Checkpoint, ...]] = {}
     for name, r in config["runs"].items():
         backend = r["backend"]
         if backend != "vllm":
             runs[name] = _weightless_run(name, r, base_dir, task_variants)
             continue
-        runs[name], run_broken, gone = _vllm_run(name, r, base_dir, config, allow_empty_runs)
-        broken += [(name, u) for u in run_broken]
+        runs[name], unfinished, gone = _vllm_run(name, r, base_dir, config, allow_empty_runs)
+        for u in unfinished:
+            (broken if u.idle_seconds >= r["settle_seconds"] else waiting).append((name, u))
         if gone:
             deleted[name] = tuple(gone)
     runs = {
@@ -485,6 +501,7 @@ def build_plan(
         config,
         shard,
         tuple(broken),
+        tuple(waiting),
         deleted,
     )
 
@@ -507,8 +524,9 @@ def check_piston_limits(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> N
 def _vllm_run(
     name: str, r: dict[str, Any], base_dir: Path, config: dict[str, Any], allow_empty_runs: bool
 ) -> tuple[Run, list[Unfinished], list[Checkpoint]]:
-    """A vllm run: its checkpoints, those that look unfinished for longer than it settles
-    (broken), and those whose results remain but whose files are gone (deleted)."""
+    """A vllm run: its checkpoints, those that look unfinished (being written, or broken once
+    unchanged for longer than it settles), and those whose results remain but whose files are
+    gone (deleted)."""
     if not r.get("path"):
         raise UserError(
             f"config: runs.{name}.path: required for backend vllm (the training "
@@ -532,9 +550,9 @@ def _vllm_run(
         raise UserError(f"config: runs.{name}.base_model: {base_model} is not a directory")
     if r.get("evaluate_base") and base_model is None:
         raise UserError(f"config: runs.{name}.evaluate_base needs runs.{name}.base_model")
-    ckpts = discover_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
-    unfinished = unfinished_checkpoints(path, r["patterns"], marker=r.get("complete_marker"))
-    broken = [u for u in unfinished if u.idle_seconds >= r["settle_seconds"]]
+    found = {"marker": r.get("complete_marker"), "final_names": r["final_names"]}
+    ckpts = discover_checkpoints(path, r["patterns"], **found)
+    unfinished = unfinished_checkpoints(path, r["patterns"], **found)
     if (
         not ckpts
         and not unfinished
@@ -557,7 +575,7 @@ def _vllm_run(
     )
     if r.get("evaluate_base"):
         ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]
-    return Run(name, path, r["format"], base_model, tuple(ckpts)), broken, gone
+    return Run(name, path, r["format"], base_model, tuple(ckpts)), unfinished, gone
 
 
 def _endpoint_run(name: str, r: dict[str, Any], base_dir: Path) -> Run:

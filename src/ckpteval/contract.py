@@ -73,6 +73,7 @@ CONTRACT: tuple[Row, ...] = (
         "where checkpoints are found; the same bytes elsewhere rerun nothing (identity by content)",
     ),
     Row("runs.*.patterns", PLAN, "which checkpoints are found"),
+    Row("runs.*.final_names", PLAN, "which checkpoint is the final one"),
     Row("runs.*.format", MODEL, "how checkpoint files are read"),
     Row(
         "runs.*.base_model",

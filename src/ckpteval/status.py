@@ -473,11 +473,12 @@ def add_status_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_status(args: argparse.Namespace) -> int:
     """Print the matrix; exit status 1 if any cell failed, else 0."""
-    expected, outdir, broken = _expected_cells(args.configfile)
+    expected, outdir, broken, waiting = _expected_cells(args.configfile)
     outdir = args.outdir or outdir
     while True:
         cells = cell_states(outdir, expected)
         text = format_status(cells) + "".join(f"\nwarning: {line}" for line in broken)
+        text += "".join(f"\n{line}" for line in waiting)
         if args.watch:
             sys.stdout.write("\033[H\033[J")  # clear the terminal, like `watch`
         print(text, flush=True)
@@ -490,9 +491,12 @@ def run_status(args: argparse.Namespace) -> int:
             return 1 if (cells["state"] == "failed").any() else 0
 
 
-def _expected_cells(configfile: Path) -> tuple[list[dict[str, Any]], Path, list[str]]:
+def _expected_cells(
+    configfile: Path,
+) -> tuple[list[dict[str, Any]], Path, list[str], list[str]]:
     """The cells a config asks for, its outdir (relative paths resolve against the cwd, as in
-    the workflow), and a line per checkpoint that looks broken."""
+    the workflow), a line per checkpoint that looks broken and one per checkpoint being
+    written (read once: its age in the line is as of the start)."""
     from ckpteval.config import build_plan, load_config, validate_config
 
     if not configfile.exists():
@@ -500,4 +504,4 @@ def _expected_cells(configfile: Path) -> tuple[list[dict[str, Any]], Path, list[
     config = load_config(configfile)
     validate_config(config)
     plan = build_plan(config)
-    return plan.cells(), Path(plan.outdir), plan.broken_lines()
+    return plan.cells(), Path(plan.outdir), plan.broken_lines(), plan.waiting_lines()

@@ -601,6 +601,8 @@ def aggregate(smk: Any) -> None:
         bootstrap=job.bootstrap,
         deleted=list(smk.params.deleted),
         broken=list(smk.params.broken),
+        waiting=list(getattr(smk.params, "waiting", ())),
+        finals=list(getattr(smk.params, "finals", ())),
         truncation_threshold=job.truncation_threshold,
         main_metric=job.main_metric,
     )

@@ -5,7 +5,7 @@ under `summary_dir`, each file written atomically:
 
 | file | one row per |
 | --- | --- |
-| `metrics.parquet`, `.csv` | (cell, metric): `TIDY_COLUMNS` (`source_deleted`: the checkpoint's source is gone, its scores kept) |
+| `metrics.parquet`, `.csv` | (cell, metric): `TIDY_COLUMNS` (`source_deleted`: the checkpoint's source is gone, its scores kept; `final`: the run's final checkpoint, saved without a step) |
 | `metrics.md` | checkpoint, by (run, step); `task/metric` columns, mean over seeds ± stderr |
 | `seeds.csv` | (run, ckpt, task, sampling, metric): mean, std, stderr and count over seeds |
 | `configs.csv` | (run, task, sampling, metric): the sampling config across the run's checkpoints |
@@ -105,6 +105,8 @@ def build_summary(
     seed: int = 0,
     deleted: Collection[str] = (),
     broken: Sequence[str] = (),
+    waiting: Sequence[str] = (),
+    finals: Collection[str] = (),
     truncation_threshold: float | None = None,
     main_metric: Mapping[str, str] | None = None,
 ) -> Summary:
@@ -112,7 +114,10 @@ def build_summary(
     return what was built.
     `deleted` names checkpoints (`run/ckpt`) whose source is gone: their cells stay, marked in
     the tidy table's `source_deleted` column and listed in the report. `broken` are lines about
-    checkpoints that look broken (ckpteval.config.Plan.broken_lines), shown in the report.
+    checkpoints that look broken (ckpteval.config.Plan.broken_lines), shown in the report;
+    `waiting` lines about checkpoints being written (Plan.waiting_lines), listed as waiting.
+    `finals` names the final checkpoints (`run/ckpt`, saved without a step): the tidy table's
+    `final` column, labelled "final" on the plots.
     `truncation_threshold` (None: `TRUNCATION_THRESHOLD`) is the truncation rate above which a
     cell's score is flagged as a lower bound."""
     threshold = _checked_settings(bootstrap, truncation_threshold)
@@ -126,9 +131,13 @@ def build_summary(
         main_metric=main_metric,
     )
     summary.broken = list(broken)
+    summary.waiting = list(waiting)
     summary.tidy["source_deleted"] = (
         summary.tidy["run"].astype(str) + "/" + summary.tidy["ckpt"].astype(str)
     ).isin(set(deleted))
+    summary.tidy["final"] = (
+        summary.tidy["run"].astype(str) + "/" + summary.tidy["ckpt"].astype(str)
+    ).isin(set(finals))
     write_tables(summary, summary_dir)
     plots = report.write_plots(summary, summary_dir / "plots")
     report.write_html(summary, plots, summary_dir / "report.html")

@@ -37,5 +37,7 @@ rule aggregate:
         cells=get_summary_inputs_digest,
         deleted=get_deleted_checkpoints,
         broken=get_broken_checkpoints,
+        waiting=get_waiting_checkpoints,
+        finals=get_final_checkpoints,
     script:
         "../scripts/aggregate.py"

@@ -417,6 +417,17 @@ def get_summary_inputs_digest(wildcards):
     return sha256_json(sorted(get_score_files(wildcards)))[:16]
 
 
+def get_final_checkpoints(wildcards):
+    """`run/ckpt` of the final checkpoints (named without a step): labelled final in the report."""
+    return PLAN.final_checkpoints()
+
+
+def get_waiting_checkpoints(wildcards):
+    """Lines about checkpoints being written: the report lists them as waiting (without their
+    age, so that the report is not rebuilt by the clock)."""
+    return PLAN.waiting_lines(age=False)
+
+
 def get_broken_checkpoints(wildcards):
     """Lines about checkpoints that look broken: the report shows them (and a change of them
     rebuilds it)."""

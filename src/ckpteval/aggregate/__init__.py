@@ -40,6 +40,8 @@ class Summary:
     hacks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HACK_COLUMNS))
     #: One line per checkpoint that looks broken (not completely written, unchanged for long).
     broken: list[str] = field(default_factory=list)
+    #: One line per checkpoint being written (not complete yet, still changing): waiting.
+    waiting: list[str] = field(default_factory=list)
     flips: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FLIP_COLUMNS))
     #: Every cell's truncation rate against the threshold (`truncation_table`).
     truncation: pd.DataFrame = field(

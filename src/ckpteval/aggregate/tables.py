@@ -46,6 +46,7 @@ TIDY_COLUMNS = [
     "is_baseline",
     "source",
     "source_deleted",
+    "final",
 ]
 SEED_COLUMNS = [
     "run",
@@ -164,6 +165,7 @@ def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
     ]
     frame = pd.DataFrame(rows, columns=TIDY_COLUMNS)
     frame["source_deleted"] = False  # build_summary marks checkpoints whose source is gone
+    frame["final"] = False  # ... and the final checkpoints, saved without a step
     frame = frame.astype(
         {
             "run": str,

@@ -47,6 +47,25 @@ def _complete_file(path: Path, source: Path) -> bool:
     return True
 
 
+TMP_SHARD_RE = re.compile(r"(.*)-(\d+)-of-(\d+)\.safetensors(?:\.tmp|\.part|\.partial)?\Z")
+
+
+def expected_shards(path: Path) -> list[tuple[str, bool]]:
+    """(name, complete) of every weight shard a directory being written will hold: those its
+    index names, else the `-of-N` set any shard's name (even a `.tmp` one) announces; [] when
+    neither says (a single file)."""
+    names = _index_files(path) if (path / INDEX_NAME).exists() else None
+    if names is None:
+        match = next((m for f in sorted(path.iterdir()) if (m := TMP_SHARD_RE.match(f.name))), None)
+        if match is None:
+            return []
+        head, width, total = match.group(1), len(match.group(3)), int(match.group(3))
+        names = [
+            f"{head}-{i:0{width}d}-of-{total:0{width}d}.safetensors" for i in range(1, total + 1)
+        ]
+    return [(n, (path / n).exists() and _complete_file(path / n, path)) for n in names]
+
+
 def is_complete(path: Path) -> bool:
     """`config.json`, and weights whose every file is present with all the bytes its header needs.
 

@@ -59,7 +59,7 @@ def _index_shards(path: Path) -> list[Path] | None:
         return None
 
 
-def _complete_file(path: Path) -> bool:
+def complete_zip(path: Path) -> bool:
     """A zip-format save is complete once its end-of-central-directory record is written."""
     if not nonempty_file(path):
         return False
@@ -73,9 +73,9 @@ def is_complete(path: Path) -> bool:
     """Every model file present and, for zip-format saves, with its end record written."""
     if path.is_dir() and (path / INDEX_NAME).exists():
         shards = _index_shards(path)
-        return shards is not None and all(_complete_file(s) for s in shards)
+        return shards is not None and all(complete_zip(s) for s in shards)
     files = _candidates(path)
-    return len(files) == 1 and _complete_file(files[0])
+    return len(files) == 1 and complete_zip(files[0])
 
 
 def _model_files(path: Path) -> tuple[list[Path], str]:

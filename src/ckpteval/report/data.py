@@ -156,6 +156,7 @@ def _flags(summary: Summary) -> list[dict[str, Any]]:
         text = f"{row.kind} {row.path}: {row.reason}"
         flags.append({"kind": "missing", "text": text, "task": row.task or None})
     flags += [{"kind": "broken", "text": line} for line in summary.broken]
+    flags += [{"kind": "waiting", "text": line} for line in summary.waiting]
     return flags
 
 

@@ -108,7 +108,7 @@ def _task_plots(
     slug = _slug(task)
     steps = summary.seeds[(summary.seeds["task"] == task) & (summary.seeds["metric"] == metric)]
     if not steps.empty:
-        figure = _steps_figure(task, metric, steps, summary.deltas, deleted)
+        figure = _steps_figure(task, metric, steps, summary.deltas, deleted, _finals(summary))
         caption = (
             f"{task}: {metric} over training step; bands are 95% intervals (±1.96 stderr), "
             "dashed lines the runs' baselines, red triangles significant drops from the "
@@ -293,15 +293,37 @@ def _deleted(summary: Summary) -> set[tuple[str, str]]:
     return set(gone.itertuples(index=False, name=None))
 
 
+def _finals(summary: Summary) -> set[tuple[str, str]]:
+    """(run, ckpt) of the final checkpoints (saved without a step)."""
+    tidy = summary.tidy
+    if "final" not in tidy or not tidy["final"].any():
+        return set()
+    return set(tidy.loc[tidy["final"], ["run", "ckpt"]].drop_duplicates().itertuples(False, None))
+
+
+def _label_finals(ax: Axes, trained: pd.DataFrame, run: str, finals: set[tuple[str, str]]) -> None:
+    """Write "final" above the point of a run's final checkpoint (its step is only its place)."""
+    for row in trained[[(run, ckpt) in finals for ckpt in trained["ckpt"]]].itertuples():
+        ax.annotate(
+            "final",
+            (float(row.step), float(row.mean)),
+            textcoords="offset points",
+            xytext=(0, 8),
+            ha="center",
+            fontsize=8,
+        )
+
+
 def _steps_figure(
     task: str,
     metric: str,
     seeds: pd.DataFrame,
     deltas: pd.DataFrame,
     deleted: set[tuple[str, str]] | None = None,
+    finals: set[tuple[str, str]] | None = None,
 ) -> Figure:
     """The main metric over training steps; a checkpoint whose source was deleted keeps its point,
-    drawn hollow ("source deleted" in the legend)."""
+    drawn hollow ("source deleted" in the legend); a final checkpoint is labelled "final"."""
     fig, ax = _axes()
     several = seeds["sampling"].nunique() > 1
     colors = _colors()
@@ -315,6 +337,7 @@ def _steps_figure(
             gone = trained[[(run, ckpt) in (deleted or set()) for ckpt in trained["ckpt"]]]
             if _mark_deleted(ax, gone, color, deleted_label):
                 deleted_label = "_nolegend_"
+            _label_finals(ax, trained, run, finals or set())
             drops = _drops(deltas, run, task, sampling)
             if _mark_drops(
                 ax, trained.set_index("step")["mean"].reindex(drops).dropna(), flagged_label

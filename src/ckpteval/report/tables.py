@@ -48,7 +48,7 @@ def table_sections(summary: Summary) -> list[str]:
 
 
 def _header(summary: Summary) -> list[str]:
-    """Counts, broken checkpoints, the chat-template note, deleted sources and missing files."""
+    """Counts, broken and waiting checkpoints, the chat-template note, deleted sources and missing files."""
     tidy = summary.tidy
     parts = [
         f"<p>{summary.n_cells} scored cells: {tidy['run'].nunique()} run(s), "
@@ -62,6 +62,13 @@ def _header(summary: Summary) -> list[str]:
             "<p class='note'>Not completely written and unchanged for longer than the run's "
             "settle_seconds: not evaluated until they are fixed or removed.</p>",
             "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in summary.broken) + "</ul>",
+        ]
+    if summary.waiting:
+        parts += [
+            "<h2>Checkpoints being written</h2>",
+            "<p class='note'>Not completely written yet: evaluated by the first run after "
+            "their writer finishes (<code>ckpteval watch</code> does this by itself).</p>",
+            "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in summary.waiting) + "</ul>",
         ]
     note = template_note(summary.deltas)
     if note:

@@ -71,7 +71,8 @@
     }
     const kinds = { regression: "Regressions", truncation: "Truncated scores (lower bounds)",
       hack: "Reward hacks", reward_errors: "Reward function errors (counted in n)",
-      missing: "Missing or unusable files", broken: "Broken checkpoints" };
+      missing: "Missing or unusable files", broken: "Broken checkpoints",
+      waiting: "Checkpoints being written" };
     let out = "";
     for (const [kind, heading] of Object.entries(kinds)) {
       const items = D.flags.filter((f) => f.kind === kind);

@@ -1,0 +1,267 @@
+"""verl runs: `global_step_N/actor/` rank shards, written by a real FSDP2 step, become the model.
+
+The shards are made as verl makes them (tests/helpers_fsdp.py `verl`: processes over gloo, a device
+mesh named `fsdp`, `torch.save(model.state_dict())` per rank), once per module. The consolidated
+weights must equal, bit for bit, both the in-memory model after the step and the merge of verl's
+own rule (`verl/model_merger/fsdp_model_merger.py`: every rank's DTensor piece cast to bfloat16,
+concatenated along its `Shard` dim in rank order), run by verl itself when the verl environment
+(`.venv-verl`, scripts/setup-env.sh part `verl`) is there, and otherwise by an independent copy of
+that rule below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_consolidate import (
+    HERE,
+    TIED,
+    Tiny,
+    assert_same_model,
+    consolidate,
+    copy_tokenizer,
+    load_weights,
+)
+from test_consolidate import tiny as tiny  # noqa: F401 - the module's shared model fixture
+
+from ckpteval.errors import UserError
+from ckpteval.formats import detect_format, is_complete
+
+#: verl's own environment (scripts/setup-env.sh part `verl`, which VERL_VENV also moves).
+VERL_PYTHON = Path(os.environ.get("VERL_VENV") or HERE.parent / ".venv-verl") / "bin/python"
+
+
+def _write_verl_run(
+    tiny: Tiny, run: Path, world: int, layout: str = "verl"
+) -> dict[str, torch.Tensor]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(HERE / "helpers_fsdp.py"), str(tiny.hf_dir), str(run)]
+    subprocess.run([*command, layout, str(world)], check=True, env=env, timeout=600)
+    return torch.load(run / "reference.pt")
+
+
+@pytest.fixture(scope="module")
+def verl_run(tiny: Tiny, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A verl experiment directory after one FSDP2 step on 2 ranks, and the full state dict."""
+    run = tmp_path_factory.mktemp("verl") / "experiment"
+    return run, _write_verl_run(tiny, run, 2)
+
+
+def _trained(tiny: Tiny, reference: dict[str, torch.Tensor]) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny.hf_dir, dtype=torch.float32).eval()
+    model.load_state_dict(reference)
+    assert not torch.equal(model.model.norm.weight, tiny.model.model.norm.weight), "no step taken"
+    return model
+
+
+def verl_rule_merge(actor: Path) -> dict[str, torch.Tensor]:
+    """verl's FSDP merge rule, rewritten here from fsdp_model_merger.py (not ckpteval's code):
+    load every rank (weights_only=False, as verl does), `_local_tensor.bfloat16()`, drop the
+    replicated `ddp` mesh dim, `torch.cat` along the Shard dim (dim 0 for plain tensors)."""
+    from torch.distributed.tensor import DTensor
+
+    world = json.loads((actor / "fsdp_config.json").read_text())["world_size"]
+    states = [
+        torch.load(actor / f"model_world_size_{world}_rank_{r}.pt", weights_only=False)
+        for r in range(world)
+    ]
+    merged = {}
+    for key in states[0]:
+        first = states[0][key]
+        if isinstance(first, DTensor):
+            (placement,) = first.placements
+            pieces = [s[key]._local_tensor.bfloat16() for s in states]
+            merged[key] = (
+                pieces[0] if placement.is_replicate() else torch.cat(pieces, dim=placement.dim)
+            )
+        else:
+            merged[key] = torch.cat([s[key].bfloat16() for s in states], dim=0)
+    return merged
+
+
+def verl_merger_output(actor: Path, target: Path) -> dict[str, torch.Tensor] | None:
+    """What `python -m verl.model_merger merge --backend fsdp` writes, or None without verl."""
+    if not VERL_PYTHON.exists():
+        return None
+    subprocess.run(
+        [VERL_PYTHON, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
+        + ["--local_dir", str(actor), "--target_dir", str(target)],
+        check=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""},
+    )
+    return load_weights(target)
+
+
+def assert_bit_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    want = {k: v for k, v in want.items() if k != TIED}
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype, name
+        assert got[name].shape == tensor.shape, name
+        assert torch.equal(got[name].view(torch.int16), tensor.view(torch.int16)), name
+
+
+@pytest.mark.numeric
+@pytest.mark.slow
+def test_verl_run_is_found_merged_and_equals_the_trained_model(
+    tiny: Tiny, verl_run: tuple[Path, dict], tmp_path: Path
+) -> None:
+    from ckpteval.checkpoints import discover_checkpoints
+
+    run, reference = verl_run
+    patterns = ["step_{step}", "checkpoint-{step}", "global_step{step}", "global_step_{step}"]
+    (found,) = discover_checkpoints(run, patterns)
+    assert (found.name, found.step, detect_format(found.path)) == ("global_step_1", 1, "verl")
+
+    trained = _trained(tiny, reference)
+    for dtype in (torch.float32, torch.bfloat16):
+        out_dir, manifest = consolidate(found.path, tmp_path, str(dtype), dtype=str(dtype)[6:])
+        assert manifest["format"] == "verl"
+        assert manifest["tensors"]["tied_dropped"] == [TIED]
+        assert_same_model(out_dir, manifest, trained, tiny.tokenizer, dtype)
+        for name in ("tokenizer.json", "tokenizer_config.json"):  # from actor/huggingface/
+            assert (out_dir / name).read_bytes() == (tiny.hf_dir / name).read_bytes()
+    # The same checkpoint, pointed at by its actor/ directory, is the same model.
+    _, by_actor = consolidate(found.path / "actor", tmp_path, "actor", dtype="bfloat16")
+    assert by_actor["weights_sha256"] == manifest["weights_sha256"]
+
+
+@pytest.mark.numeric
+@pytest.mark.slow
+def test_verl_merge_is_bit_equal_to_verls_model_merger(
+    verl_run: tuple[Path, dict], tmp_path: Path
+) -> None:
+    run, _ = verl_run
+    actor = run / "global_step_1" / "actor"
+    out_dir, _ = consolidate(actor.parent, tmp_path, "ours", dtype="bfloat16", smoke="none")
+    ours = load_weights(out_dir)
+    assert_bit_equal(ours, verl_rule_merge(actor))
+    by_verl = verl_merger_output(actor, tmp_path / "verl_merged")
+    if by_verl is None:
+        pytest.skip(f"verl's own model_merger not installed ({VERL_PYTHON} missing)")
+    assert_bit_equal(ours, by_verl)
+
+
+@pytest.mark.numeric
+@pytest.mark.slow
+def test_vllm_generates_from_the_verl_checkpoint_what_it_does_from_the_same_model_as_hf(
+    tiny: Tiny, verl_run: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """The engine the infer step uses, on the consolidated verl checkpoint and on the trained
+    model saved as a plain HF directory: the same greedy tokens (same weights, same engine and
+    settings: equal, not just close). Needs the module's verl run, hence not test_consolidate's
+    vLLM test."""
+    run, reference = verl_run
+    plain = tmp_path / "plain"
+    _trained(tiny, reference).save_pretrained(plain)
+    copy_tokenizer(tiny.tokenizer_dir, plain)
+    engine = {"gpu_memory_utilization": 0.1, "enforce_eager": True, "max_model_len": 256}
+    smokes = []
+    for name, source in (("verl", run / "global_step_1"), ("plain", plain)):
+        _, manifest = consolidate(source, tmp_path, name, smoke="vllm", engine_args=engine)
+        assert manifest["smoke"]["engine"] == "vllm"
+        smokes.append(manifest)
+    assert smokes[0]["weights_sha256"] == smokes[1]["weights_sha256"]
+    assert smokes[0]["smoke"]["token_ids"] == smokes[1]["smoke"]["token_ids"]
+    assert smokes[0]["smoke"]["text"] == smokes[1]["smoke"]["text"]
+
+
+@pytest.mark.numeric
+@pytest.mark.slow
+def test_three_ranks_shard_unevenly_and_still_merge(tiny: Tiny, tmp_path: Path) -> None:
+    """128-wide rows over 3 ranks are 43 + 43 + 42: any world size, uneven pieces. Cannot reuse
+    the module's 2-rank run: the world size is what is tested."""
+    run = tmp_path / "experiment"
+    reference = _write_verl_run(tiny, run, 3)
+    actor = run / "global_step_1" / "actor"
+    assert sorted(p.name for p in actor.glob("model_*")) == [
+        f"model_world_size_3_rank_{r}.pt" for r in range(3)
+    ]
+    out_dir, manifest = consolidate(actor.parent, tmp_path, dtype="float32", smoke="none")
+    loaded = load_weights(out_dir)
+    for name, tensor in reference.items():
+        if name != TIED:
+            assert torch.equal(loaded[name], tensor), name
+    assert_bit_equal(
+        load_weights(consolidate(actor.parent, tmp_path, "bf16", smoke="none")[0]),
+        verl_rule_merge(actor),
+    )
+
+
+@pytest.mark.numeric
+@pytest.mark.slow
+def test_fsdp1_shards_merge_as_verls_merger_merges_them(tiny: Tiny, tmp_path: Path) -> None:
+    """verl's FSDP1 workers: FullyShardedDataParallel given the device mesh, saved under
+    SHARDED_STATE_DICT (DTensors again). Cannot reuse the module's run: FSDP1 is what is tested."""
+    run = tmp_path / "experiment"
+    reference = _write_verl_run(tiny, run, 2, "verl-fsdp1")
+    actor = run / "global_step_1" / "actor"
+    assert json.loads((actor / "fsdp_config.json").read_text())["FSDP_version"] == 1
+    out_dir, _ = consolidate(actor.parent, tmp_path, "fp32", dtype="float32", smoke="none")
+    loaded = load_weights(out_dir)
+    assert sorted(loaded) == sorted(k for k in reference if k != TIED)
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, reference[name]), name
+    ours = load_weights(consolidate(actor.parent, tmp_path, "bf16", smoke="none")[0])
+    assert_bit_equal(ours, verl_rule_merge(actor))
+    by_verl = verl_merger_output(actor, tmp_path / "verl_merged")
+    if by_verl is None:
+        pytest.skip(f"verl's own model_merger not installed ({VERL_PYTHON} missing)")
+    assert_bit_equal(ours, by_verl)
+
+
+def _plain_verl_step(root: Path, world: int = 2) -> Path:
+    """A verl step directory with plain-tensor rank shards (enough for completeness rules)."""
+    actor = root / "global_step_1" / "actor"
+    (actor / "huggingface").mkdir(parents=True)
+    for rank in range(world):
+        torch.save({"w": torch.zeros(4)}, actor / f"model_world_size_{world}_rank_{rank}.pt")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
+    return actor.parent
+
+
+def test_verl_completeness_follows_shards_and_the_tracker(tmp_path: Path) -> None:
+    step = _plain_verl_step(tmp_path / "experiment")
+    tracker = step.parent / "latest_checkpointed_iteration.txt"
+    assert (detect_format(step), is_complete(step)) == ("verl", True)  # no tracker: shards decide
+    assert (detect_format(step / "actor"), is_complete(step / "actor")) == ("verl", True)
+    tracker.write_text("0")
+    assert not is_complete(step), "the trainer has not recorded step 1 yet"
+    tracker.write_text("1")
+    assert is_complete(step)
+    (step / "actor" / "fsdp_config.json").unlink()
+    assert not is_complete(step), "rank 0 writes fsdp_config.json after its shard"
+    (step / "actor" / "fsdp_config.json").write_text('{"FSDP_version": 2, "world_size": 2}')
+    shard = step / "actor" / "model_world_size_2_rank_1.pt"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    assert not is_complete(step)
+    with pytest.raises(UserError, match=r"model_world_size_2_rank_1.pt: truncated"):
+        consolidate(step, tmp_path, smoke="none")
+    shard.unlink()
+    assert not is_complete(step)
+    with pytest.raises(UserError, match=r"model_world_size_2_rank_1.pt: missing \(world size 2\)"):
+        consolidate(step, tmp_path, smoke="none")
+
+
+def test_verl_megatron_checkpoint_is_refused_naming_the_merge_command(tmp_path: Path) -> None:
+    step = tmp_path / "global_step_5"
+    (step / "actor" / "dist_ckpt").mkdir(parents=True)
+    (step / "actor" / "dist_ckpt" / ".metadata").write_bytes(b"x")
+    (step / "actor" / "huggingface").mkdir()
+    assert (detect_format(step), is_complete(step)) == ("verl", True)
+    with pytest.raises(UserError) as err:
+        consolidate(step, tmp_path, smoke="none")
+    message = str(err.value)
+    assert "\n" not in message
+    assert "verl Megatron checkpoint" in message
+    assert f"--backend megatron --local_dir {step / 'actor'}" in message
