@@ -5,8 +5,9 @@ Standard library only: it runs under the base interpreter with `-I -S`, passed a
 
 For each command: fork; in the child, a new session, the command's stdin/stdout/stderr files,
 mount and IPC namespaces of its own (`_isolate`: a fresh tmpfs as /tmp, the batch's work
-directory covered but for the command's own `cwd`, bounded SysV IPC), its rlimits, no groups, the
-sandbox uid, `no_new_privs`, exec. The driver waits (a pidfd) until the command's processes
+directory covered but for the command's own `cwd`, bounded SysV IPC), `no_new_privs` and a
+seccomp filter refusing the kernel state that would outlive it (`_refuse_kernel_state`:
+keyrings, user namespaces), its rlimits, no groups, the sandbox uid, exec. The driver waits (a pidfd) until the command's processes
 together used up their CPU budget or the wall-clock backstop passed, kills the command's process
 group on overrun, then kills every other process in the pid namespace (strays that left the
 group). The command's files and IPC objects go with its namespaces: the next command starts from
@@ -95,6 +96,9 @@ def _child(command, uid, spec, keep=()):
     _keep_fds(keep)  # the driver's files (results!) must not reach a forked command
     try:
         _isolate(command, spec)
+        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        _refuse_kernel_state()
     except OSError as exc:  # the sandbox's failure, not the program's: say so to the driver
         with open(_isolation_report(command), "w") as handle:
             handle.write(f"{exc}\n")
@@ -105,8 +109,6 @@ def _child(command, uid, spec, keep=()):
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        os._exit(126)
     if command.get("python_tests"):
         _serve_sample(command["python_file"], command["env"], command["python_tests"])
     if command.get("python_file"):
@@ -258,6 +260,71 @@ def _limit_ipc(shm_bytes):
     ):
         with open(f"/proc/sys/kernel/{name}", "w") as handle:
             handle.write(f"{value}\n")
+
+
+# ------------------------------------------------------------- kernel state a sample may not hold
+
+#: Per architecture: its AUDIT_ARCH, then the numbers of add_key, request_key, keyctl, unshare,
+#: clone, clone3, and the first number of a foreign ABI on it (x32), or None.
+_SYSCALLS = {
+    "x86_64": (0xC000003E, 248, 249, 250, 272, 56, 435, 0x40000000),
+    "aarch64": (0xC00000B7, 217, 218, 219, 97, 220, 435, None),
+}
+CLONE_NEWUSER = 0x10000000
+_EPERM, _ENOSYS = 1, 38
+_SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+_BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_JSET, _BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+
+
+def _seccomp_program(machine):
+    """The BPF program of `_refuse_kernel_state` as (code, jt, jf, k) tuples, or None for an
+    architecture it does not know."""
+    if machine not in _SYSCALLS:
+        return None
+    arch, add_key, request_key, keyctl, unshare, clone, clone3, foreign = _SYSCALLS[machine]
+    deny, enosys = _SECCOMP_RET_ERRNO | _EPERM, _SECCOMP_RET_ERRNO | _ENOSYS
+    # Jump offsets count from the next instruction; the last four are the targets.
+    prog = [(_BPF_LD_ABS, 0, 0, 4), (_BPF_JEQ, 0, 0, arch), (_BPF_LD_ABS, 0, 0, 0)]
+    prog.append((_BPF_JGE, 0, 0, foreign) if foreign else (_BPF_JEQ, 0, 0, 0xFFFFFFFF))
+    for number in (add_key, request_key, keyctl):
+        prog.append((_BPF_JEQ, 0, 0, number))
+    prog += [(_BPF_JEQ, 0, 0, clone3), (_BPF_JEQ, 0, 0, unshare), (_BPF_JEQ, 0, 0, clone)]
+    allow = len(prog)
+    prog += [
+        (_BPF_RET, 0, 0, _SECCOMP_RET_ALLOW),  # allow
+        (_BPF_LD_ABS, 0, 0, 16),  # flags: the low half of unshare's or clone's first argument
+        (_BPF_JSET, 0, 1, CLONE_NEWUSER),
+        (_BPF_RET, 0, 0, deny),  # denied
+        (_BPF_RET, 0, 0, _SECCOMP_RET_ALLOW),
+        (_BPF_RET, 0, 0, enosys),  # none
+    ]
+    flags, denied, none = allow + 1, allow + 3, allow + 5
+    targets = {1: (None, denied), 3: (denied, None), 4: (denied, None), 5: (denied, None)}
+    targets |= {6: (denied, None), 7: (none, None), 8: (flags, None), 9: (flags, None)}
+    for at, (jt, jf) in targets.items():
+        code, _, _, k = prog[at]
+        prog[at] = (code, (jt - at - 1) if jt else 0, (jf - at - 1) if jf else 0, k)
+    return prog
+
+
+_SECCOMP = _seccomp_program(os.uname().machine)
+
+
+def _refuse_kernel_state():
+    """Install a seccomp filter (needs `no_new_privs`) that refuses, for this process and all it
+    starts: the keyring calls (add_key, request_key, keyctl: a uid's keyrings outlive its
+    processes, and Linux has no keyring namespace), a new user namespace (unshare or clone with
+    CLONE_NEWUSER: root of its own mounts, a sample could mount a tmpfs past every limit) and
+    clone3 (its flags are out of the filter's reach; ENOSYS makes libc fall back to clone), and
+    on x86_64 the x32 ABI's numbers. Container runtimes refuse the same calls."""
+    if _SECCOMP is None:
+        raise OSError(_ENOSYS, f"no seccomp filter for {os.uname().machine}")
+    instructions = b"".join(struct.pack("=HBBI", *ins) for ins in _SECCOMP)
+    buffer = ctypes.create_string_buffer(instructions, len(instructions))
+    fprog = struct.pack("=HxxxxxxQ", len(_SECCOMP), ctypes.addressof(buffer))
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
 # ------------------------------------------------------------------------- CPU accounting

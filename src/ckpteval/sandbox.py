@@ -16,6 +16,11 @@ Every generated program is hostile until proven otherwise. A sandbox is
 - New pid, network, ipc, uts and cgroup namespaces: no network at all; programs cannot see or
   signal anything outside, nor the driver (another uid). Within a batch, each command also gets
   mount and IPC namespaces of its own (see `run_many`).
+- Nothing a command leaves in the kernel outlives it: its processes are killed, its files, SysV
+  and POSIX IPC go with its namespaces, and a seccomp filter refuses what would outlive them
+  all: kernel keyrings (a uid's user keyring outlives its processes and Linux has no keyring
+  namespace; the uid pool is shared by every run on the host) and new user namespaces (root of
+  its own mounts, a program could mount a tmpfs past every limit).
 - The filesystem is an empty root with read-only binds of `/usr`, a few `/etc` files the loader
   and compilers need, the interpreter or toolchain the checker names, and the work directory
   (read-only or writable as asked); `/tmp` is a private size-limited tmpfs, fresh for each command.
