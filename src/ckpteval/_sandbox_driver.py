@@ -95,6 +95,7 @@ def _child(command, uid, spec, keep=()):
         os.close(fd)
     _keep_fds(keep)  # the driver's files (results!) must not reach a forked command
     try:
+        _join_cgroups(command)
         _isolate(command, spec)
         if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
@@ -397,7 +398,27 @@ class _Account:
                 continue
             if fields[0] != b"Z":
                 total += int(fields[11]) + int(fields[12])
+            elif int(fields[17]) > 1:  # its leader exited, its other threads run: count each
+                total += _threads_ticks(pid)
         return total / self.tick
+
+
+def _threads_ticks(pid):
+    """CPU ticks of every thread of `pid`, one by one: a process whose leader thread exited shows
+    only the dead leader's time in its own stat, while its other threads go on."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def _comp_t(value):
@@ -405,10 +426,76 @@ def _comp_t(value):
     return (value & 0x1FFF) << (3 * (value >> 13))
 
 
-def _wait(fds, deadline, budget, account, start_s):
+class _Usage:
+    """One command's CPU seconds and whether its memory limit killed it. With a cgroup (the
+    spec's "cgroup", made by `ckpteval.cgroups`): the kernel's own count of every thread of every
+    process in it, in ns. Without: the account's per-process counts (`_Account`), exact to a tick
+    per process, blind to children under a tick that the kernel reaps itself."""
+
+    def __init__(self, command, account):
+        self.account = account
+        cgroup = command.get("cgroup") or {}
+        self.cpu, self.memory = cgroup.get("cpu"), cgroup.get("memory")
+        self.kind = "cgroup" if self.cpu else account.kind
+        self.before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.start_s = account.ended()
+
+    def now(self):
+        """CPU seconds used so far (while the command runs)."""
+        if self.cpu:
+            return _cgroup_cpu(*self.cpu)
+        return self.account.ended() - self.start_s + self.account.running()
+
+    def final(self):
+        """CPU seconds once every process of the command ended: the cgroup's count, or what the
+        kernel's accounting recorded or the driver reaped if that is more (acct's ticks are
+        coarser)."""
+        if self.cpu:
+            return _cgroup_cpu(*self.cpu)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        reaped = (after.ru_utime - self.before.ru_utime) + (after.ru_stime - self.before.ru_stime)
+        return max(reaped, self.account.ended() - self.start_s)
+
+    def oom_killed(self):
+        """Whether the kernel killed a process of the command at its cgroup's memory limit."""
+        if not self.memory:
+            return False
+        version, path = self.memory
+        name = "memory.events" if version == "v2" else "memory.oom_control"
+        try:
+            with open(f"{path}/{name}") as handle:
+                for line in handle:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value) > 0
+        except (OSError, ValueError):
+            pass
+        return False
+
+
+def _cgroup_cpu(version, path):
+    """A cgroup's CPU seconds: v2 `cpu.stat` usage_usec, v1 `cpuacct.usage` (ns)."""
+    if version == "v1":
+        with open(f"{path}/cpuacct.usage") as handle:
+            return int(handle.read()) / 1e9
+    with open(f"{path}/cpu.stat") as handle:
+        for line in handle:
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+    raise OSError(f"no usage_usec in {path}/cpu.stat")
+
+
+def _join_cgroups(command):
+    """Move this process (a command's first, still root) into the command's cgroups: everything
+    it starts is counted there, whoever reaps it."""
+    for path in (command.get("cgroup") or {}).get("join", ()):
+        with open(f"{path}/cgroup.procs", "w") as handle:
+            handle.write("0\n")
+
+
+def _wait(fds, deadline, budget, usage):
     """Wait until one of `fds` is readable; False once the wall-clock `deadline` passed or the
-    command's processes together used more than `budget` CPU seconds (`start_s`: the account's
-    `ended()` when the command started)."""
+    command's processes together used more than `budget` CPU seconds (`usage`: its `_Usage`)."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -416,7 +503,7 @@ def _wait(fds, deadline, budget, account, start_s):
         ready, _, _ = select.select(fds, [], [], min(left, _POLL_S))
         if ready:
             return ready, False
-        if account.ended() - start_s + account.running() > budget:
+        if usage.now() > budget:
             return [], True
 
 
@@ -424,8 +511,7 @@ def _run(command, uid, spec, account):
     if command.get("python_tests"):
         return _run_judged(command, uid, spec, account)
     start = time.monotonic()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start_s = account.ended()
+    usage_of = _Usage(command, account)
     pid = os.fork()
     if pid == 0:
         try:
@@ -435,22 +521,28 @@ def _run(command, uid, spec, account):
         finally:
             os._exit(127)
     pidfd = os.pidfd_open(pid)
-    _, timed_out = _wait(
-        [pidfd], start + command["wall_s"], command["cpu_budget_s"], account, start_s
-    )
+    _, timed_out = _wait([pidfd], start + command["wall_s"], command["cpu_budget_s"], usage_of)
     if timed_out:
         _kill_group(pid)
     _, status, usage = os.wait4(pid, 0)
     os.close(pidfd)
     duration = time.monotonic() - start
     _clean()
+    return _row(command, usage_of, status, timed_out, duration, usage.ru_maxrss * 1024)
+
+
+def _row(command, usage_of, status, timed_out, duration, max_rss):
+    """A command's result line. CPU used past the budget is a timeout even when the command
+    ended before a poll saw it (what its processes did between polls, or after it exited)."""
+    cpu_s = usage_of.final()
     return {
         "status": status,
-        "timed_out": timed_out,
+        "timed_out": timed_out or cpu_s > command["cpu_budget_s"],
         "duration_s": duration,
-        "cpu_s": _cpu_used(before, account, start_s),
-        "max_rss_bytes": usage.ru_maxrss * 1024,
-        "cpu_account": account.kind,
+        "cpu_s": cpu_s,
+        "max_rss_bytes": max_rss,
+        "oom_killed": usage_of.oom_killed(),
+        "cpu_account": usage_of.kind,
         "isolation_error": _isolation_error(command),
     }
 
@@ -460,14 +552,6 @@ def _kill_group(pid):
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _cpu_used(before, account, start_s):
-    """The command's CPU seconds once every process of it ended: what the kernel's accounting
-    recorded, or what the driver reaped if that is more (acct's ticks are coarser)."""
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    reaped = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return max(reaped, account.ended() - start_s)
 
 
 def _clean():
@@ -589,11 +673,10 @@ def _run_judged(command, uid, spec, account):
     """Run a sample process and a test process (see the module docstring); the result line's
     status is the test process's, with the sample process's fate and the report in "judge"."""
     start = time.monotonic()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start_s = account.ended()
+    usage_of = _Usage(command, account)
     sample, tester, report_r = _start_judged(command, uid, spec)
     pidfd = os.pidfd_open(tester)
-    report, timed_out = _collect_report(command, pidfd, report_r, start, account, start_s)
+    report, timed_out = _collect_report(command, pidfd, report_r, start, usage_of)
     # Did the sample end on its own while the tests needed it? (before we kill it)
     judge = _judge_report(report)
     ended, sample_status, sample_usage = _sample_fate(sample, judge.get("sample_gone") is True)
@@ -607,16 +690,8 @@ def _run_judged(command, uid, spec, account):
     _clean()
     judge["sample_status"] = sample_status if ended else None
     judge["sample_cpu_s"] = sample_usage.ru_utime + sample_usage.ru_stime
-    return {
-        "status": status,
-        "timed_out": timed_out,
-        "duration_s": duration,
-        "cpu_s": _cpu_used(before, account, start_s),
-        "max_rss_bytes": max(usage.ru_maxrss, sample_usage.ru_maxrss) * 1024,
-        "judge": judge,
-        "cpu_account": account.kind,
-        "isolation_error": _isolation_error(command),
-    }
+    max_rss = max(usage.ru_maxrss, sample_usage.ru_maxrss) * 1024
+    return {**_row(command, usage_of, status, timed_out, duration, max_rss), "judge": judge}
 
 
 def _start_judged(command, uid, spec):
@@ -645,7 +720,7 @@ def _start_judged(command, uid, spec):
     return sample, tester, report_r
 
 
-def _collect_report(command, pidfd, report_r, start, account, start_s):
+def _collect_report(command, pidfd, report_r, start, usage_of):
     """Read the test process's report until it exits, the wall clock runs out or the command's
     processes used up their CPU budget; returns (report, timed_out). Closes `report_r`."""
     report = b""
@@ -653,7 +728,7 @@ def _collect_report(command, pidfd, report_r, start, account, start_s):
     open_fds = [pidfd, report_r]
     timed_out = False
     while pidfd in open_fds or report_r in open_fds:
-        ready, timed_out = _wait(open_fds, deadline, command["cpu_budget_s"], account, start_s)
+        ready, timed_out = _wait(open_fds, deadline, command["cpu_budget_s"], usage_of)
         if timed_out:
             break
         if report_r in ready:
@@ -676,8 +751,10 @@ def _collect_report(command, pidfd, report_r, start, account, start_s):
 
 
 def _test_child(command, replies, calls, report):
-    """The test process: trusted code only, no capabilities; returns its exit status."""
+    """The test process: trusted code only, no capabilities; returns its exit status. It is in
+    the command's cgroups too: the tests' CPU is part of the command's, as without cgroups."""
     os.setsid()
+    _join_cgroups(command)
     null = os.open(os.devnull, os.O_RDWR)
     for target in (0, 1, 2):
         os.dup2(null, target)

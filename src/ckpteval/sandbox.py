@@ -27,10 +27,13 @@ Every generated program is hostile until proven otherwise. A sandbox is
   Home directories and the repository are not visible.
 - stdout and stderr go to files outside the program's reach; RLIMIT_FSIZE caps them (and any file
   the program writes), so printing gigabytes ends the program instead of filling a disk or memory.
-- The time limit is the CPU time of all of a command's processes together (`Limits.cpu_budget`,
-  counted by the driver with BSD process accounting, so children the kernel reaps itself count
-  too); a wall clock of `Limits.wall_limit` only stops programs that block. RLIMIT_CPU bounds each
-  process. After each command of a batch (`run_many`) the driver kills every leftover process.
+- The time limit is the CPU time of all of a command's processes together (`Limits.cpu_budget`),
+  counted by the kernel in a cgroup of the command's own (`ckpteval.cgroups`: every thread, to
+  the nanosecond), which also bounds its memory in all (`Limits.memory_bytes`: memfds and shared
+  memory included); without a writable cgroup, per process by the driver (BSD process accounting
+  and /proc, in ticks). A wall clock of `Limits.wall_limit` only stops programs that block.
+  RLIMIT_CPU bounds each process. After each command of a batch (`run_many`) the driver kills
+  every leftover process.
 
 `mode="none"` runs the same commands without bubblewrap and without the uid drop (rlimits via
 `prlimit` and the timeout still apply). It exists for machines where bubblewrap cannot run; it
@@ -59,6 +62,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckpteval import cgroups
 from ckpteval.errors import UserError
 from ckpteval.io import first_free_lock
 
@@ -156,6 +160,8 @@ class RunResult:
     max_rss_bytes: int
     #: A judged Python run's report (`Command.python_tests`), else None.
     judge: dict | None = None
+    #: The kernel killed one of its processes at the command's memory limit (its cgroup's).
+    memory_limit: bool = False
 
     @property
     def ok(self) -> bool:
@@ -314,13 +320,16 @@ def _run_batch(
     with contextlib.ExitStack() as stack:
         io_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-")))
         uid = stack.enter_context(_uid_slot())
+        groups = stack.enter_context(cgroups.make_batch([_memory_cap(c.limits) for c in commands]))
         status_r, status_w = os.pipe()
         stack.callback(os.close, status_r)
         stdins = [Path(c.stdin).resolve().parent for c in commands if c.stdin]
         binds = [*(Path(p).resolve() for p in readable), Path(sys.base_prefix), *stdins]
         spec = _batch_spec(commands, uid, io_dir, workdir, [*binds, workdir], preload)
+        for command_spec, cgroup in zip(spec["commands"], groups.commands):
+            command_spec["cgroup"] = cgroup
         (io_dir / "spec.json").write_text(json.dumps(spec))
-        bwrap = _bwrap_argv(workdir, writable, binds, status_w, private=[io_dir])
+        bwrap = _bwrap_argv(workdir, writable, binds, status_w, private=[io_dir, *groups.roots])
         if writable:
             _chown_tree(workdir, uid)
         outer = _execute(
@@ -345,6 +354,12 @@ def _run_batch(
             _result(command, json.loads(line), io_dir / str(i), outer.stderr)
             for i, (command, line) in enumerate(zip(commands, lines))
         ]
+
+
+def _memory_cap(limits: Limits) -> int:
+    """A command's memory in all (every process's pages, its memfds, shared memory and /tmp
+    files, counted by its cgroup): its address-space limit, which bounds a single process."""
+    return limits.memory_bytes
 
 
 def _driver_argv(spec: Path) -> list[str]:
@@ -423,8 +438,8 @@ def _result(command: Command, row: dict, outputs: Path, driver_stderr: bytes) ->
             "sandbox: could not give a command its own namespaces and /tmp "
             f"(bubblewrap's root needs CAP_SYS_ADMIN): {row['isolation_error']}"
         )
-    if row.get("cpu_account") != "acct":
-        _warn_cpu_account(driver_stderr)
+    if row.get("cpu_account") != "cgroup":
+        _warn_cpu_account(row.get("cpu_account"), driver_stderr)
     code = os.waitstatus_to_exitcode(row["status"])
     cap = command.limits.file_bytes
     stdout = _read_capped(outputs.with_suffix(".out"), cap)
@@ -441,6 +456,7 @@ def _result(command: Command, row: dict, outputs: Path, driver_stderr: bytes) ->
         cpu_s=row["cpu_s"],
         max_rss_bytes=row["max_rss_bytes"],
         judge=row.get("judge"),
+        memory_limit=row.get("oom_killed", False),
     )
 
 
@@ -452,16 +468,24 @@ def warn_unsandboxed() -> None:
     )
 
 
-def _warn_cpu_account(stderr: bytes) -> None:
-    """Say (once per process) that CPU limits miss orphans the kernel reaps by itself."""
+def _warn_cpu_account(kind: str | None, stderr: bytes) -> None:
+    """Say (once per process) what CPU limits miss without a cgroup per command."""
     global _WARNED_CPU_ACCOUNT
-    if not _WARNED_CPU_ACCOUNT:
-        _WARNED_CPU_ACCOUNT = True
+    if _WARNED_CPU_ACCOUNT:
+        return
+    _WARNED_CPU_ACCOUNT = True
+    if kind == "acct":
         log.warning(
-            "sandbox: no BSD process accounting in the sandbox, so CPU time of processes the "
-            "kernel reaps by itself is not counted against time limits: %s",
-            stderr.decode("utf-8", "replace").strip()[-300:],
+            "sandbox: no writable cgroup (v2 cpu.stat or v1 cpuacct), so CPU time is counted per "
+            "process in 10 ms ticks: children under a tick that the kernel reaps itself are not "
+            "counted against time limits, and memfds and shared memory not against memory limits"
         )
+        return
+    log.warning(
+        "sandbox: no cgroup and no BSD process accounting in the sandbox, so CPU time of "
+        "processes the kernel reaps by itself is not counted against time limits: %s",
+        stderr.decode("utf-8", "replace").strip()[-300:],
+    )
 
 
 _WARNED_CPU_ACCOUNT = False
