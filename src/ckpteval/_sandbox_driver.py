@@ -512,14 +512,17 @@ def _run(command, uid, spec, account):
         return _run_judged(command, uid, spec, account)
     start = time.monotonic()
     usage_of = _Usage(command, account)
+    channel = _ResultChannel() if command.get("result_channel") else None
     pid = os.fork()
     if pid == 0:
         try:
-            _child(command, uid, spec)
+            _child(command, uid, spec, keep=channel.child_end() if channel else ())
         except BaseException as exc:  # noqa: BLE001 - report why, like a shell's 127
             os.write(2, f"sandbox: cannot run {command['argv'][0]}: {exc}\n".encode())
         finally:
             os._exit(127)
+    if channel:
+        channel.started()
     pidfd = os.pidfd_open(pid)
     _, timed_out = _wait([pidfd], start + command["wall_s"], command["cpu_budget_s"], usage_of)
     if timed_out:
@@ -528,7 +531,60 @@ def _run(command, uid, spec, account):
     os.close(pidfd)
     duration = time.monotonic() - start
     _clean()
-    return _row(command, usage_of, status, timed_out, duration, usage.ru_maxrss * 1024)
+    row = _row(command, usage_of, status, timed_out, duration, usage.ru_maxrss * 1024)
+    if channel:
+        row["forged_results"] = channel.collect(pid, command["result"])
+    return row
+
+
+class _ResultChannel:
+    """A command's result channel (`result_channel` in the spec): a socket whose other end is
+    the command's fd 3, on which only the command's own first process can deliver its result.
+
+    Anything that process starts may inherit the descriptor (a fork keeps it whatever its
+    close-on-exec flag), so the driver does not trust the descriptor: it asks the kernel who
+    sent each message (SO_PASSCRED: the sender's pid, which only CAP_SYS_ADMIN could forge) and
+    keeps the first message of the command's pid. Others are counted ("forged_results")."""
+
+    def __init__(self):
+        import socket
+
+        self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+
+    def child_end(self):
+        return (self.theirs.fileno(),)
+
+    def started(self):
+        self.theirs.close()
+
+    def collect(self, pid, path):
+        """Write the command's own result (if it sent one) to `path`; the number of messages
+        that came from another process."""
+        import socket
+
+        self.ours.setblocking(False)
+        forged, kept = 0, None
+        while True:
+            try:
+                data, ancillary, _, _ = self.ours.recvmsg(1 << 20, socket.CMSG_SPACE(12))
+            except (BlockingIOError, OSError):
+                break
+            if not data and not ancillary:  # every sender closed its end: the end
+                break
+            sender = None
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    sender = struct.unpack("=iII", payload[:12])[0]
+            if sender == pid and kept is None:
+                kept = data
+            else:
+                forged += 1
+        self.ours.close()
+        if kept is not None:
+            with open(path, "wb") as handle:
+                handle.write(kept)
+        return forged
 
 
 def _row(command, usage_of, status, timed_out, duration, max_rss):

@@ -162,6 +162,10 @@ class RunResult:
     judge: dict | None = None
     #: The kernel killed one of its processes at the command's memory limit (its cgroup's).
     memory_limit: bool = False
+    #: What the command's own first process sent on its result channel (`Command.result_channel`),
+    #: else None; `forged_results` counts messages that other processes of it sent there.
+    channel: bytes | None = None
+    forged_results: int = 0
 
     @property
     def ok(self) -> bool:
@@ -184,6 +188,10 @@ class Command:
     #: With `python_file`: judge it, the tests (this JSON file, readable by root only) running in
     #: a process of their own (see `_sandbox_driver.py`); `RunResult.judge` has their report.
     python_tests: Path | None = None
+    #: bwrap mode: give the command a result channel as its fd 3 (a socket), on which only the
+    #: command's own first process can deliver its result (`RunResult.channel`): not a process it
+    #: starts, even one that inherited the descriptor.
+    result_channel: bool = False
 
 
 def check_mode(mode: str) -> str:
@@ -420,6 +428,8 @@ def _batch_spec(
                 "stdin": str(c.stdin) if c.stdin else None,
                 "stdout": str(io_dir / f"{i}.out"),
                 "stderr": str(io_dir / f"{i}.err"),
+                "result_channel": c.result_channel,
+                "result": str(io_dir / f"{i}.result"),
                 "wall_s": c.limits.wall_limit,
                 "cpu_budget_s": c.limits.cpu_budget,
                 "tmp_bytes": c.limits.tmp_bytes,
@@ -457,6 +467,10 @@ def _result(command: Command, row: dict, outputs: Path, driver_stderr: bytes) ->
         max_rss_bytes=row["max_rss_bytes"],
         judge=row.get("judge"),
         memory_limit=row.get("oom_killed", False),
+        channel=_read_capped(outputs.with_suffix(".result"), 1 << 20)
+        if outputs.with_suffix(".result").exists()
+        else None,
+        forged_results=row.get("forged_results", 0),
     )
 
 
