@@ -99,7 +99,7 @@ def _child(command, uid, spec, keep=()):
         _isolate(command, spec)
         if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-        _refuse_kernel_state()
+        _refuse_kernel_state(protect=(os.getppid(),) if spec.get("rootless") else ())
     except OSError as exc:  # the sandbox's failure, not the program's: say so to the driver
         with open(_isolation_report(command), "w") as handle:
             handle.write(f"{exc}\n")
@@ -107,9 +107,12 @@ def _child(command, uid, spec, keep=()):
     os.chdir(command["cwd"])
     for name, (soft, hard) in command["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
+    if spec.get("rootless"):
+        _drop_root()
+    else:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
     if command.get("python_tests"):
         _serve_sample(command["python_file"], command["env"], command["python_tests"])
     if command.get("python_file"):
@@ -119,6 +122,23 @@ def _child(command, uid, spec, keep=()):
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     os.execvpe(command["argv"][0], command["argv"], command["env"])
+
+
+PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_DUMPABLE = 24, 28, 4
+#: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS and NO_CAP_AMBIENT_RAISE, each set (but KEEP_CAPS) and locked
+_SECUREBITS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+
+
+def _drop_root():
+    """Rootless (a user namespace with one uid): the command keeps the driver's uid, so it drops
+    what makes that uid root instead: every capability, the bounding set, and root's right to
+    regain them on exec (securebits, locked)."""
+    if _libc.prctl(PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECUREBITS)")
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # past the last capability this kernel knows
+    _drop_capabilities()
 
 
 def _exec_python(path, env):
@@ -202,6 +222,10 @@ def _visible(command, spec):
     roots = ["/tmp"]
     if cwd != workdir and not _under(workdir, "/tmp"):
         roots.append(workdir)
+    # The driver's own directories (results, cgroups), and what only the command's first process
+    # opens (its stdin's directory, a judged run's tests) when it is not the command's own.
+    secret = [p for p in (*spec.get("hide", ()), *command.get("hide", ())) if os.path.isdir(p)]
+    roots += [p for p in secret if not any(_under(p, r) or _under(cwd, p) for r in roots)]
     paths = sorted({cwd if p == workdir else p for p in spec["binds"]}, key=len)
     kept = []
     for path in paths:
@@ -230,6 +254,9 @@ def _isolate(command, spec):
     for root, paths in _visible(command, spec).items():
         size, mode = (command["tmp_bytes"], "1777") if root == "/tmp" else (1 << 16, "0755")
         _cover(root, paths, f"size={size},mode={mode}")
+    for path in command.get("hide", ()):
+        if os.path.isfile(path):  # e.g. a judged run's tests in the command's own directory
+            _mount("/dev/null", path, None, MS_BIND)
     _limit_ipc(command["tmp_bytes"])
 
 
@@ -265,65 +292,96 @@ def _limit_ipc(shm_bytes):
 
 # ------------------------------------------------------------- kernel state a sample may not hold
 
-#: Per architecture: its AUDIT_ARCH, then the numbers of add_key, request_key, keyctl, unshare,
-#: clone, clone3, and the first number of a foreign ABI on it (x32), or None.
+#: Per architecture: its AUDIT_ARCH, the first number of a foreign ABI on it (x32) or None, and
+#: the numbers of the calls the filter looks at.
 _SYSCALLS = {
-    "x86_64": (0xC000003E, 248, 249, 250, 272, 56, 435, 0x40000000),
-    "aarch64": (0xC00000B7, 217, 218, 219, 97, 220, 435, None),
+    "x86_64": (
+        0xC000003E,
+        0x40000000,
+        {"add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "clone": 56},
+        {"clone3": 435, "kill": 62, "tkill": 200, "tgkill": 234, "pidfd_open": 434},
+    ),
+    "aarch64": (
+        0xC00000B7,
+        None,
+        {"add_key": 217, "request_key": 218, "keyctl": 219, "unshare": 97, "clone": 220},
+        {"clone3": 435, "kill": 129, "tkill": 130, "tgkill": 131, "pidfd_open": 434},
+    ),
 }
 CLONE_NEWUSER = 0x10000000
 _EPERM, _ENOSYS = 1, 38
 _SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
-_BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_JSET, _BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_BPF = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "jset": 0x45, "ret": 0x06}
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
 
-def _seccomp_program(machine):
+def _seccomp_program(machine, protect=()):
     """The BPF program of `_refuse_kernel_state` as (code, jt, jf, k) tuples, or None for an
-    architecture it does not know."""
+    architecture it does not know. `protect`: pids no signal of the command's may reach."""
     if machine not in _SYSCALLS:
         return None
-    arch, add_key, request_key, keyctl, unshare, clone, clone3, foreign = _SYSCALLS[machine]
-    deny, enosys = _SECCOMP_RET_ERRNO | _EPERM, _SECCOMP_RET_ERRNO | _ENOSYS
-    # Jump offsets count from the next instruction; the last four are the targets.
-    prog = [(_BPF_LD_ABS, 0, 0, 4), (_BPF_JEQ, 0, 0, arch), (_BPF_LD_ABS, 0, 0, 0)]
-    prog.append((_BPF_JGE, 0, 0, foreign) if foreign else (_BPF_JEQ, 0, 0, 0xFFFFFFFF))
-    for number in (add_key, request_key, keyctl):
-        prog.append((_BPF_JEQ, 0, 0, number))
-    prog += [(_BPF_JEQ, 0, 0, clone3), (_BPF_JEQ, 0, 0, unshare), (_BPF_JEQ, 0, 0, clone)]
-    allow = len(prog)
-    prog += [
-        (_BPF_RET, 0, 0, _SECCOMP_RET_ALLOW),  # allow
-        (_BPF_LD_ABS, 0, 0, 16),  # flags: the low half of unshare's or clone's first argument
-        (_BPF_JSET, 0, 1, CLONE_NEWUSER),
-        (_BPF_RET, 0, 0, deny),  # denied
-        (_BPF_RET, 0, 0, _SECCOMP_RET_ALLOW),
-        (_BPF_RET, 0, 0, enosys),  # none
-    ]
-    flags, denied, none = allow + 1, allow + 3, allow + 5
-    targets = {1: (None, denied), 3: (denied, None), 4: (denied, None), 5: (denied, None)}
-    targets |= {6: (denied, None), 7: (none, None), 8: (flags, None), 9: (flags, None)}
-    for at, (jt, jf) in targets.items():
-        code, _, _, k = prog[at]
-        prog[at] = (code, (jt - at - 1) if jt else 0, (jf - at - 1) if jf else 0, k)
-    return prog
+    arch, foreign, numbers, more = _SYSCALLS[machine]
+    numbers = {**numbers, **more}
+    ops = [("ld", 4), ("jeq", arch, None, "deny"), ("ld", 0)]
+    if foreign:
+        ops.append(("jge", foreign, "deny", None))
+    ops += [("jeq", numbers[name], "deny", None) for name in ("add_key", "request_key", "keyctl")]
+    ops += [("jeq", numbers["clone3"], "enosys", None)]
+    ops += [("jeq", numbers[name], "flags", None) for name in ("unshare", "clone")]
+    if protect:
+        ops += [
+            ("jeq", numbers[name], "target", None)
+            for name in ("kill", "tkill", "tgkill", "pidfd_open")
+        ]
+    ops += [("ret", _SECCOMP_RET_ALLOW)]
+    ops += [("label", "flags"), ("ld", 16), ("jset", CLONE_NEWUSER, "deny", None)]
+    ops += [("ret", _SECCOMP_RET_ALLOW)]
+    if protect:
+        values = {0xFFFFFFFF} | {p & 0xFFFFFFFF for pid in protect for p in (pid, -pid)}
+        ops += [("label", "target"), ("ld", 16)]
+        ops += [("jeq", value, "deny", None) for value in sorted(values)]
+        ops += [("ret", _SECCOMP_RET_ALLOW)]
+    ops += [("label", "deny"), ("ret", _SECCOMP_RET_ERRNO | _EPERM)]
+    ops += [("label", "enosys"), ("ret", _SECCOMP_RET_ERRNO | _ENOSYS)]
+    return _assemble(ops)
 
 
-_SECCOMP = _seccomp_program(os.uname().machine)
+def _assemble(ops):
+    """(op, k[, jump if true, jump if false]) with labels -> BPF instructions (jumps count from
+    the next instruction; None is the next one)."""
+    at, labels = 0, {}
+    for op in ops:
+        if op[0] == "label":
+            labels[op[1]] = at
+        else:
+            at += 1
+    program = []
+    for op in ops:
+        if op[0] == "label":
+            continue
+        here = len(program)
+        if op[0] in ("ld", "ret"):
+            program.append((_BPF[op[0]], 0, 0, op[1]))
+            continue
+        jt, jf = (0 if t is None else labels[t] - here - 1 for t in op[2:4])
+        program.append((_BPF[op[0]], jt, jf, op[1]))
+    return program
 
 
-def _refuse_kernel_state():
+def _refuse_kernel_state(protect=()):
     """Install a seccomp filter (needs `no_new_privs`) that refuses, for this process and all it
     starts: the keyring calls (add_key, request_key, keyctl: a uid's keyrings outlive its
     processes, and Linux has no keyring namespace), a new user namespace (unshare or clone with
     CLONE_NEWUSER: root of its own mounts, a sample could mount a tmpfs past every limit) and
     clone3 (its flags are out of the filter's reach; ENOSYS makes libc fall back to clone), and
-    on x86_64 the x32 ABI's numbers. Container runtimes refuse the same calls."""
-    if _SECCOMP is None:
+    on x86_64 the x32 ABI's numbers. Container runtimes refuse the same calls. `protect`: pids
+    (the driver's, rootless) that no kill, tkill, tgkill or pidfd_open may name, nor kill(-1)."""
+    program = _seccomp_program(os.uname().machine, protect)
+    if program is None:
         raise OSError(_ENOSYS, f"no seccomp filter for {os.uname().machine}")
-    instructions = b"".join(struct.pack("=HBBI", *ins) for ins in _SECCOMP)
+    instructions = b"".join(struct.pack("=HBBI", *ins) for ins in program)
     buffer = ctypes.create_string_buffer(instructions, len(instructions))
-    fprog = struct.pack("=HxxxxxxQ", len(_SECCOMP), ctypes.addressof(buffer))
+    fprog = struct.pack("=HxxxxxxQ", len(program), ctypes.addressof(buffer))
     if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
@@ -665,6 +723,8 @@ def main():
         raise SystemExit("cannot become the commands' subreaper: CPU times would miss orphans")
     with open(sys.argv[1]) as handle:
         spec = json.load(handle)
+    if spec.get("rootless"):  # the commands share this uid: no tracing, no /proc/<me>/fd or mem
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     account = _Account(spec["acct"])
     _preload(spec.get("site_dirs", []), spec.get("preload", []))
     with open(spec["results"], "w") as results:
@@ -822,6 +882,8 @@ def _test_child(command, replies, calls, report):
     for name, (soft, hard) in command["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
     _drop_capabilities()
+    # Rootless, the sample process has this uid too: not dumpable, it cannot be traced or read.
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return 126
     return _run_tests(tests, _Channel(3, 4), 5)

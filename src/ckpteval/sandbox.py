@@ -212,11 +212,6 @@ class Sandbox:
                     "sandbox: bwrap not found; install Debian's `bubblewrap`, or choose "
                     "`sandbox: none` to run generated code unconfined"
                 )
-            if os.geteuid() != 0:
-                raise SandboxError(
-                    "sandbox: bwrap mode runs as root to drop each program to its own uid; "
-                    "run ckpteval as root (e.g. in its container) or choose `sandbox: none`"
-                )
         else:
             if shutil.which("prlimit") is None:
                 raise SandboxError("sandbox: prlimit not found; install Debian's `util-linux`")
@@ -327,7 +322,8 @@ def _run_batch(
     `preload`: the modules the driver imports first, and the site directories it adds for them."""
     with contextlib.ExitStack() as stack:
         io_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-")))
-        uid = stack.enter_context(_uid_slot())
+        rootless = os.geteuid() != 0
+        uid = 0 if rootless else stack.enter_context(_uid_slot())
         groups = stack.enter_context(cgroups.make_batch([_memory_cap(c.limits) for c in commands]))
         status_r, status_w = os.pipe()
         stack.callback(os.close, status_r)
@@ -336,9 +332,13 @@ def _run_batch(
         spec = _batch_spec(commands, uid, io_dir, workdir, [*binds, workdir], preload)
         for command_spec, cgroup in zip(spec["commands"], groups.commands):
             command_spec["cgroup"] = cgroup
+        if rootless:
+            _rootless_spec(spec, commands, [io_dir, *groups.roots])
         (io_dir / "spec.json").write_text(json.dumps(spec))
-        bwrap = _bwrap_argv(workdir, writable, binds, status_w, private=[io_dir, *groups.roots])
-        if writable:
+        bwrap = _bwrap_argv(
+            workdir, writable, binds, status_w, private=[io_dir, *groups.roots], rootless=rootless
+        )
+        if writable and not rootless:
             _chown_tree(workdir, uid)
         outer = _execute(
             [*bwrap, *_driver_argv(io_dir / "spec.json")],
@@ -355,9 +355,9 @@ def _run_batch(
                 "sandbox: bubblewrap failed to start: "
                 + outer.stderr.decode("utf-8", "replace").strip()[-500:]
             )
-        if writable:
+        if writable and not rootless:
             _chown_tree(workdir, os.geteuid())
-        lines = _result_lines(io_dir, uid, outer, len(commands))
+        lines = _result_lines(io_dir, None if rootless else uid, outer, len(commands))
         return [
             _result(command, json.loads(line), io_dir / str(i), outer.stderr)
             for i, (command, line) in enumerate(zip(commands, lines))
@@ -368,6 +368,20 @@ def _memory_cap(limits: Limits) -> int:
     """A command's memory in all (every process's pages, its memfds, shared memory and /tmp
     files, counted by its cgroup): its address-space limit, which bounds a single process."""
     return limits.memory_bytes
+
+
+def _rootless_spec(spec: dict, commands: Sequence[Command], private: Sequence[Path]) -> None:
+    """Not root: the sandbox is a user namespace with one uid, the driver's and every command's
+    (see "Without root" in the module's docstring). What file permissions keep from a command
+    as root's sandbox uid is kept from it by its mount namespace instead: the driver's
+    directories, a judged run's tests, its stdin's directory when that is not its own."""
+    spec["rootless"] = True
+    spec["hide"] = [str(p) for p in private]
+    for command_spec, command in zip(spec["commands"], commands):
+        hide = [str(command.python_tests)] if command.python_tests else []
+        if command.stdin:
+            hide.append(str(Path(command.stdin).resolve().parent))
+        command_spec["hide"] = hide
 
 
 def _driver_argv(spec: Path) -> list[str]:
@@ -385,11 +399,11 @@ def _batch_limits(commands: Sequence[Command]) -> Limits:
     )
 
 
-def _result_lines(io_dir: Path, uid: int, outer: RunResult, expected: int) -> list[str]:
+def _result_lines(io_dir: Path, uid: int | None, outer: RunResult, expected: int) -> list[str]:
     """The driver's result lines, one per command; a `SandboxError` if it stopped early."""
     results = io_dir / "results.jsonl"
     lines = results.read_text().splitlines() if results.exists() else []
-    if outer.timed_out:
+    if outer.timed_out and uid is not None:
         _wait_uid_empty(uid)
     if len(lines) != expected or outer.timed_out:
         raise SandboxError(
@@ -512,21 +526,24 @@ def _bwrap_argv(
     status_fd: int,
     *,
     private: Sequence[Path] = (),
+    rootless: bool = False,
 ) -> list[str]:
     """The bubblewrap half of the command: namespaces, an empty root and the binds.
 
     `private` directories are bound writable but stay root-only (the driver's files). Root inside
     keeps only the driver's capabilities.
     """
-    argv = _bwrap_namespaces(status_fd) + _bwrap_system()
+    argv = _bwrap_namespaces(status_fd, rootless) + _bwrap_system()
     rw = {Path(p).resolve() for p in private} | ({workdir} if writable else set())
     argv += _bwrap_binds([*(Path(p).resolve() for p in readable), workdir, *rw], rw)
     return argv + ["--chdir", str(workdir), "--"]
 
 
-def _bwrap_namespaces(status_fd: int) -> list[str]:
+def _bwrap_namespaces(status_fd: int, rootless: bool = False) -> list[str]:
     """New namespaces (no network), a session of its own, and root with the driver's
-    capabilities only; bwrap reports its child's pid on `status_fd`."""
+    capabilities only; bwrap reports its child's pid on `status_fd`. Rootless: a user namespace
+    too, whose one uid (ours) is its root; CAP_SETPCAP lets the driver's children give up that
+    root for good."""
     argv = [
         "bwrap",
         "--unshare-pid",
@@ -541,7 +558,11 @@ def _bwrap_namespaces(status_fd: int) -> list[str]:
         "--hostname",
         "sandbox",
     ]
-    return argv + ["--cap-drop", "ALL", *(x for cap in _DRIVER_CAPS for x in ("--cap-add", cap))]
+    caps = [*_DRIVER_CAPS]
+    if rootless:
+        argv += ["--unshare-user", "--uid", "0", "--gid", "0"]
+        caps.append("CAP_SETPCAP")
+    return argv + ["--cap-drop", "ALL", *(x for cap in caps for x in ("--cap-add", cap))]
 
 
 def _bwrap_system() -> list[str]:
