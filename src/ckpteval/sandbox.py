@@ -35,6 +35,22 @@ Every generated program is hostile until proven otherwise. A sandbox is
   RLIMIT_CPU bounds each process. After each command of a batch (`run_many`) the driver kills
   every leftover process.
 
+Without root (`ckpteval` run by a user, as on a Slurm cluster), bwrap mode runs rootless:
+bubblewrap makes a user namespace too, whose one uid (the user's) is root inside, the driver's
+and every command's. What the uid split gives as root is kept otherwise: each command gives up
+every capability, its bounding set and root's right to regain them on exec (securebits, locked);
+the seccomp filter also refuses any signal or pidfd aimed at the driver, and kill(-1); the
+driver and a judged run's test process are not dumpable, so a command can neither trace them nor
+open their descriptors or memory through /proc; the driver's directories, a judged run's tests
+and a command's stdin directory are covered in the command's own mount namespace; RLIMIT_NPROC
+counts per user namespace, so the process limit holds. What it loses: BSD process accounting
+(acct(2) needs the host's root) and, unless the host delegates a cgroup v2 subtree to the user,
+the per-command cgroup, so CPU is counted from /proc and the processes the driver reaps
+(children the kernel reaps itself, SIGCHLD ignored, go uncounted) and memory held outside address
+spaces (memfds, shared memory) is bounded only by /tmp's and SysV's sizes; a judged sample can
+signal its own tests' process (it can only fail itself that way). `tests/test_sandbox_rootless.py`
+runs the attacks as `nobody`.
+
 `mode="none"` runs the same commands without bubblewrap and without the uid drop (rlimits via
 `prlimit` and the timeout still apply). It exists for machines where bubblewrap cannot run; it
 must be chosen explicitly and warns every time it is set up.
