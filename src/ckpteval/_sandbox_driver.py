@@ -15,10 +15,20 @@ the same state and the driver never walks what a sample built. Commands cannot s
 overwrite the driver: it runs as another uid, and the results file lives in a directory only root
 can enter.
 
-A command's `cpu_s` is the CPU time of every process it started (`_Account`): BSD process
-accounting (per pid namespace) records each process that exits, even those the kernel reaps by
-itself (SIGCHLD ignored) that no wait4 sees; while the command runs, its live processes' times
-come from /proc. The driver is also a child subreaper (PR_SET_CHILD_SUBREAPER), so orphans are
+A command's `cpu_s` is the CPU time of every process it started (`_Usage`): with a cgroup of its
+own (the spec's "cgroup", made by `ckpteval.cgroups`; its first process joins it before anything
+else), the kernel's count of every thread in it, in ns; its memory limit is the cgroup's too.
+Without one (`_Account`), BSD process accounting (per pid namespace) records each process that
+exits, even those the kernel reaps by itself (SIGCHLD ignored) that no wait4 sees, in ticks; while
+the command runs, its live processes' times come from /proc.
+
+A command with `result_channel` gets a socket as its fd 3; the driver keeps the first message the
+command's own first process sent there (`_ResultChannel`), whoever else holds the descriptor.
+
+Rootless (`"rootless"` in the spec: ckpteval is not root, bubblewrap made a user namespace whose
+one uid is this driver's) a command keeps that uid and gives up root instead (`_drop_root`); the
+seccomp filter also protects the driver from its signals, the driver is not dumpable, and the
+spec's and the command's "hide" paths are covered in the command's mount namespace. The driver is also a child subreaper (PR_SET_CHILD_SUBREAPER), so orphans are
 re-parented to it and reaped by it once the cleanup has killed them.
 
 A command with `python_file` runs that file in a fork of this interpreter instead of exec'ing a
