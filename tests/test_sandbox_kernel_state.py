@@ -6,7 +6,10 @@ real kernel."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,3 +150,27 @@ def test_a_correct_program_still_forks_threads_and_uses_subprocesses(
     )
     (result,) = run_batch(sandbox, tmp_path, [honest])
     assert result.stdout == b"thread\nfork 3\nchild\n", result.stderr
+
+
+def test_state_a_sample_plants_reaches_no_later_run(sandbox: Sandbox, tmp_path: Path) -> None:
+    """Every place planted in one batch, then looked at by another process's sandbox (the next
+    `ckpteval score`, which may get the same sandbox uid)."""
+    planted = run_batch(sandbox, tmp_path / "a", [plant for plant, _ in PLACES.values()])
+    assert all(r.exit_code == 0 for r in planted), [r.stderr for r in planted]
+    looks = tmp_path / "looks.json"
+    looks.write_text(json.dumps([look for _, look in PLACES.values()]))
+    script = (
+        "import json, sys\nfrom pathlib import Path\nsys.path.insert(0, sys.argv[3])\n"
+        "from test_sandbox_kernel_state import run_batch\nfrom ckpteval.sandbox import Sandbox\n"
+        "programs = json.loads(Path(sys.argv[1]).read_text())\n"
+        "results = run_batch(Sandbox('bwrap'), Path(sys.argv[2]), programs)\n"
+        "print(json.dumps([r.stdout.decode() for r in results]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(looks), str(tmp_path / "b"), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == ["absent\n"] * len(PLACES), dict(zip(PLACES, seen))
