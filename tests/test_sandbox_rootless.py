@@ -18,6 +18,10 @@ from pathlib import Path
 
 import pytest
 
+#: About 40 s: one sandbox batch of probes and one judged batch, run once for the module by
+#: another user (no shared fixture runs as anyone but root).
+pytestmark = pytest.mark.slow
+
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 SRC = Path(__file__).resolve().parents[1] / "src"
 
