@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ckpteval import cgroups
+from ckpteval import sandbox as sandbox_module
 from ckpteval.checkers.python import python_interpreter
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
 
@@ -187,4 +188,24 @@ def test_without_cgroups_threads_behind_a_dead_leader_still_count(
     attacker, neighbour = run_batch(sandbox, tmp_path, [attack, LIGHT], cpu_s=2)
     assert attacker.timed_out and attacker.stdout == b"", attacker
     assert attacker.cpu_s < 4 and attacker.duration_s < 15, attacker
+    assert neighbour.ok and neighbour.stdout == LIGHT_OUT, neighbour
+
+
+def test_without_cgroups_or_accounting_reaped_children_stop_a_command_at_its_budget(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poorest fallback (no cgroup, no acct(2): a user who is not root): children that the
+    program waits for count while it runs (its cutime), so it is stopped at its budget instead
+    of running to the end."""
+    monkeypatch.setattr(cgroups, "_SUPPORT", cgroups.CgroupSupport(cpu=None, memory=None))
+    caps = tuple(c for c in sandbox_module._DRIVER_CAPS if c != "CAP_SYS_PACCT")
+    monkeypatch.setattr(sandbox_module, "_DRIVER_CAPS", caps)
+    waits = (
+        "import os, time\nfor _ in range(200):\n    if os.fork() == 0:\n"
+        "        t = time.process_time()\n        while time.process_time() - t < 0.03:\n"
+        "            pass\n        os._exit(0)\n    os.wait()\nprint('done')\n"
+    )
+    attacker, neighbour = run_batch(sandbox, tmp_path, [waits, LIGHT], cpu_s=1)
+    assert attacker.timed_out and attacker.stdout == b"", attacker
+    assert attacker.cpu_s < 2.5, attacker
     assert neighbour.ok and neighbour.stdout == LIGHT_OUT, neighbour

@@ -454,8 +454,11 @@ class _Account:
             self.buffer = b""
 
     def running(self):
-        """CPU seconds of the processes alive now (zombies have their record already)."""
-        me, total = os.getpid(), 0
+        """CPU seconds of the processes alive now (with acct(2), ended ones have their record
+        already). Without it, the dead that no one reaped yet count too, and what live ones
+        reaped of their children (cutime, cstime): only the children the kernel reaps itself
+        are missed."""
+        me, total, dead_too = os.getpid(), 0, self.fd is None
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or int(pid) in (1, me):
                 continue
@@ -464,7 +467,9 @@ class _Account:
                     fields = handle.read().rsplit(b")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            if fields[0] != b"Z":
+            if dead_too:
+                total += int(fields[13]) + int(fields[14])
+            if fields[0] != b"Z" or (dead_too and int(fields[17]) <= 1):
                 total += int(fields[11]) + int(fields[12])
             elif int(fields[17]) > 1:  # its leader exited, its other threads run: count each
                 total += _threads_ticks(pid)
