@@ -367,9 +367,17 @@ def _run_batch(
             close_after_start=status_w,
         )
         if b"child-pid" not in _read_all(status_r):
+            hint = (
+                " (not root: the sandbox needs unprivileged user namespaces, e.g. sysctl "
+                "kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; or run as "
+                "root, or choose `sandbox: none`)"
+                if rootless
+                else ""
+            )
             raise SandboxError(
                 "sandbox: bubblewrap failed to start: "
                 + outer.stderr.decode("utf-8", "replace").strip()[-500:]
+                + hint
             )
         if writable and not rootless:
             _chown_tree(workdir, os.geteuid())
