@@ -3,7 +3,7 @@ run by an unprivileged user (`nobody`) with a Python that user can reach (Debian
 project's interpreter lives under /root). Rootless, the sandbox is a user namespace whose one uid
 is the driver's and every command's; these check that what the uid split gave as root is kept
 otherwise: the driver cannot be signalled, traced or read, a judged sample cannot read or forge
-its tests, no command sees another's files or outlives the kernel state checks, and correct
+its tests, a reward completion cannot forge or read its result, no command sees another's files, and correct
 samples beside the attacks keep their verdicts."""
 
 from __future__ import annotations
@@ -98,7 +98,61 @@ def judged():
         checker.close()
     return {n: [v.passed, v.error_type] for n, v in zip(JUDGED, verdicts)}
 
-print(json.dumps({"uid": os.getuid(), "probes": probes(), "judged": judged()}))
+REWARD = '''
+import os, subprocess, sys
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str.startswith("#fork"):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                exec(solution_str, {})
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        return 0.0
+    out = subprocess.run([sys.executable, "-I", "-c", solution_str], capture_output=True,
+                         text=True).stdout
+    return 1.0 if ground_truth in out else 0.0
+'''
+SECRET = "SECRET-ANSWER-4711"
+FORGES = '''#fork
+import os, socket
+for fd in range(3, 64):
+    try:
+        socket.socket(fileno=fd).send(b'{"value": 1.0}')
+    except OSError:
+        pass
+os.kill(os.getppid(), 9)
+'''
+SNOOPS = '''
+import glob, os
+found = []
+for p in glob.glob('../*/*') + glob.glob('/tmp/*/*') + [f'/proc/{os.getppid()}/fd/0']:
+    try:
+        found.append(open(p).read())
+    except OSError:
+        pass
+print(''.join(found))
+'''
+REWARDED = {"right": f"print({SECRET!r})", "forges": FORGES, "snoops": SNOOPS,
+            "wrong": "print('no idea')"}
+
+def rewarded():
+    folder = Path(tempfile.mkdtemp())
+    (folder / "reward.py").write_text(REWARD)
+    checker = get_checker(
+        "reward_function", reward_function=str(folder / "reward.py"), self_test="off: a test"
+    )
+    problem = {"task_id": "1", "ground_truth": SECRET, "question": "?"}
+    try:
+        verdicts = checker.check_batch([Job("1", problem, c) for c in REWARDED.values()], 20.0)
+    finally:
+        checker.close()
+    return {n: [v.passed, v.error_type] for n, v in zip(REWARDED, verdicts)}
+
+print(json.dumps({"uid": os.getuid(), "probes": probes(), "judged": judged(),
+                  "rewarded": rewarded()}))
 """
 
 
@@ -169,3 +223,11 @@ def test_judged_samples_cannot_read_or_stop_their_tests(as_nobody: dict) -> None
     assert judged["wrong"][0] is False
     assert judged["reads_tests"][0] is False
     assert judged["kills_tester"][0] is False
+
+
+def test_reward_completions_can_neither_forge_nor_read_their_result(as_nobody: dict) -> None:
+    rewarded = as_nobody["rewarded"]
+    assert rewarded["right"] == [True, None]
+    assert rewarded["forges"] == [False, "reward_error"]
+    assert rewarded["snoops"][0] is False
+    assert rewarded["wrong"][0] is False
