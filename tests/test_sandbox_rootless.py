@@ -3,8 +3,8 @@ run by an unprivileged user (`nobody`) with a Python that user can reach (Debian
 project's interpreter lives under /root). Rootless, the sandbox is a user namespace whose one uid
 is the driver's and every command's; these check that what the uid split gave as root is kept
 otherwise: the driver cannot be signalled, traced or read, a judged sample cannot read or forge
-its tests, a reward completion cannot forge or read its result, no command sees another's files, and correct
-samples beside the attacks keep their verdicts."""
+its tests, a reward completion cannot forge or read its result, no command sees another's files,
+and correct samples beside the attacks keep their verdicts."""
 
 from __future__ import annotations
 
