@@ -186,7 +186,9 @@ def test_cpu_limit_ends_busy_loops_even_without_wall_clock(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
     result = run_py(sandbox, tmp_path, "while True:\n    pass\n", wall_s=30, cpu_s=1)
-    assert result.signal == 24  # SIGXCPU
+    # RLIMIT_CPU's SIGXCPU, or the driver's kill at the budget (the cgroup's count is exact, so
+    # either may come first)
+    assert result.signal == 24 or (result.timed_out and result.signal == 9), result
     assert result.duration_s < 10
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ckpteval import cgroups
 from ckpteval import sandbox as sandbox_module
 from ckpteval.checkers.python import python_interpreter
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox, SandboxError
@@ -210,6 +211,7 @@ def test_without_process_accounting_cpu_limits_degrade_loudly(
 ) -> None:
     caps = tuple(c for c in sandbox_module._DRIVER_CAPS if c != "CAP_SYS_PACCT")
     monkeypatch.setattr(sandbox_module, "_DRIVER_CAPS", caps)
+    monkeypatch.setattr(cgroups, "_SUPPORT", cgroups.CgroupSupport(cpu=None, memory=None))
     monkeypatch.setattr(sandbox_module, "_WARNED_CPU_ACCOUNT", False)
     (result,) = run_batch(sandbox, tmp_path, ["print('hello')\n"])
     assert result.stdout == b"hello\n"

@@ -5,8 +5,9 @@ Standard library only: it runs under the base interpreter with `-I -S`, passed a
 
 For each command: fork; in the child, a new session, the command's stdin/stdout/stderr files,
 mount and IPC namespaces of its own (`_isolate`: a fresh tmpfs as /tmp, the batch's work
-directory covered but for the command's own `cwd`, bounded SysV IPC), its rlimits, no groups, the
-sandbox uid, `no_new_privs`, exec. The driver waits (a pidfd) until the command's processes
+directory covered but for the command's own `cwd`, bounded SysV IPC), `no_new_privs` and a
+seccomp filter refusing the kernel state that would outlive it (`_refuse_kernel_state`:
+keyrings, user namespaces), its rlimits, no groups, the sandbox uid, exec. The driver waits (a pidfd) until the command's processes
 together used up their CPU budget or the wall-clock backstop passed, kills the command's process
 group on overrun, then kills every other process in the pid namespace (strays that left the
 group). The command's files and IPC objects go with its namespaces: the next command starts from
@@ -14,10 +15,20 @@ the same state and the driver never walks what a sample built. Commands cannot s
 overwrite the driver: it runs as another uid, and the results file lives in a directory only root
 can enter.
 
-A command's `cpu_s` is the CPU time of every process it started (`_Account`): BSD process
-accounting (per pid namespace) records each process that exits, even those the kernel reaps by
-itself (SIGCHLD ignored) that no wait4 sees; while the command runs, its live processes' times
-come from /proc. The driver is also a child subreaper (PR_SET_CHILD_SUBREAPER), so orphans are
+A command's `cpu_s` is the CPU time of every process it started (`_Usage`): with a cgroup of its
+own (the spec's "cgroup", made by `ckpteval.cgroups`; its first process joins it before anything
+else), the kernel's count of every thread in it, in ns; its memory limit is the cgroup's too.
+Without one (`_Account`), BSD process accounting (per pid namespace) records each process that
+exits, even those the kernel reaps by itself (SIGCHLD ignored) that no wait4 sees, in ticks; while
+the command runs, its live processes' times come from /proc.
+
+A command with `result_channel` gets a socket as its fd 3; the driver keeps the first message the
+command's own first process sent there (`_ResultChannel`), whoever else holds the descriptor.
+
+Rootless (`"rootless"` in the spec: ckpteval is not root, bubblewrap made a user namespace whose
+one uid is this driver's) a command keeps that uid and gives up root instead (`_drop_root`); the
+seccomp filter also protects the driver from its signals, the driver is not dumpable, and the
+spec's and the command's "hide" paths are covered in the command's mount namespace. The driver is also a child subreaper (PR_SET_CHILD_SUBREAPER), so orphans are
 re-parented to it and reaped by it once the cleanup has killed them.
 
 A command with `python_file` runs that file in a fork of this interpreter instead of exec'ing a
@@ -94,7 +105,11 @@ def _child(command, uid, spec, keep=()):
         os.close(fd)
     _keep_fds(keep)  # the driver's files (results!) must not reach a forked command
     try:
+        _join_cgroups(command)
         _isolate(command, spec)
+        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        _refuse_kernel_state(protect=(os.getppid(),) if spec.get("rootless") else ())
     except OSError as exc:  # the sandbox's failure, not the program's: say so to the driver
         with open(_isolation_report(command), "w") as handle:
             handle.write(f"{exc}\n")
@@ -102,11 +117,12 @@ def _child(command, uid, spec, keep=()):
     os.chdir(command["cwd"])
     for name, (soft, hard) in command["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        os._exit(126)
+    if spec.get("rootless"):
+        _drop_root()
+    else:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
     if command.get("python_tests"):
         _serve_sample(command["python_file"], command["env"], command["python_tests"])
     if command.get("python_file"):
@@ -116,6 +132,23 @@ def _child(command, uid, spec, keep=()):
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     os.execvpe(command["argv"][0], command["argv"], command["env"])
+
+
+PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_DUMPABLE = 24, 28, 4
+#: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS and NO_CAP_AMBIENT_RAISE, each set (but KEEP_CAPS) and locked
+_SECUREBITS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+
+
+def _drop_root():
+    """Rootless (a user namespace with one uid): the command keeps the driver's uid, so it drops
+    what makes that uid root instead: every capability, the bounding set, and root's right to
+    regain them on exec (securebits, locked)."""
+    if _libc.prctl(PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECUREBITS)")
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # past the last capability this kernel knows
+    _drop_capabilities()
 
 
 def _exec_python(path, env):
@@ -199,6 +232,10 @@ def _visible(command, spec):
     roots = ["/tmp"]
     if cwd != workdir and not _under(workdir, "/tmp"):
         roots.append(workdir)
+    # The driver's own directories (results, cgroups), and what only the command's first process
+    # opens (its stdin's directory, a judged run's tests) when it is not the command's own.
+    secret = [p for p in (*spec.get("hide", ()), *command.get("hide", ())) if os.path.isdir(p)]
+    roots += [p for p in secret if not any(_under(p, r) or _under(cwd, p) for r in roots)]
     paths = sorted({cwd if p == workdir else p for p in spec["binds"]}, key=len)
     kept = []
     for path in paths:
@@ -227,6 +264,9 @@ def _isolate(command, spec):
     for root, paths in _visible(command, spec).items():
         size, mode = (command["tmp_bytes"], "1777") if root == "/tmp" else (1 << 16, "0755")
         _cover(root, paths, f"size={size},mode={mode}")
+    for path in command.get("hide", ()):
+        if os.path.isfile(path):  # e.g. a judged run's tests in the command's own directory
+            _mount("/dev/null", path, None, MS_BIND)
     _limit_ipc(command["tmp_bytes"])
 
 
@@ -258,6 +298,102 @@ def _limit_ipc(shm_bytes):
     ):
         with open(f"/proc/sys/kernel/{name}", "w") as handle:
             handle.write(f"{value}\n")
+
+
+# ------------------------------------------------------------- kernel state a sample may not hold
+
+#: Per architecture: its AUDIT_ARCH, the first number of a foreign ABI on it (x32) or None, and
+#: the numbers of the calls the filter looks at.
+_SYSCALLS = {
+    "x86_64": (
+        0xC000003E,
+        0x40000000,
+        {"add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "clone": 56},
+        {"clone3": 435, "kill": 62, "tkill": 200, "tgkill": 234, "pidfd_open": 434},
+    ),
+    "aarch64": (
+        0xC00000B7,
+        None,
+        {"add_key": 217, "request_key": 218, "keyctl": 219, "unshare": 97, "clone": 220},
+        {"clone3": 435, "kill": 129, "tkill": 130, "tgkill": 131, "pidfd_open": 434},
+    ),
+}
+CLONE_NEWUSER = 0x10000000
+_EPERM, _ENOSYS = 1, 38
+_SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+_BPF = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "jset": 0x45, "ret": 0x06}
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+
+
+def _seccomp_program(machine, protect=()):
+    """The BPF program of `_refuse_kernel_state` as (code, jt, jf, k) tuples, or None for an
+    architecture it does not know. `protect`: pids no signal of the command's may reach."""
+    if machine not in _SYSCALLS:
+        return None
+    arch, foreign, numbers, more = _SYSCALLS[machine]
+    numbers = {**numbers, **more}
+    ops = [("ld", 4), ("jeq", arch, None, "deny"), ("ld", 0)]
+    if foreign:
+        ops.append(("jge", foreign, "deny", None))
+    ops += [("jeq", numbers[name], "deny", None) for name in ("add_key", "request_key", "keyctl")]
+    ops += [("jeq", numbers["clone3"], "enosys", None)]
+    ops += [("jeq", numbers[name], "flags", None) for name in ("unshare", "clone")]
+    if protect:
+        ops += [
+            ("jeq", numbers[name], "target", None)
+            for name in ("kill", "tkill", "tgkill", "pidfd_open")
+        ]
+    ops += [("ret", _SECCOMP_RET_ALLOW)]
+    ops += [("label", "flags"), ("ld", 16), ("jset", CLONE_NEWUSER, "deny", None)]
+    ops += [("ret", _SECCOMP_RET_ALLOW)]
+    if protect:
+        values = {0xFFFFFFFF} | {p & 0xFFFFFFFF for pid in protect for p in (pid, -pid)}
+        ops += [("label", "target"), ("ld", 16)]
+        ops += [("jeq", value, "deny", None) for value in sorted(values)]
+        ops += [("ret", _SECCOMP_RET_ALLOW)]
+    ops += [("label", "deny"), ("ret", _SECCOMP_RET_ERRNO | _EPERM)]
+    ops += [("label", "enosys"), ("ret", _SECCOMP_RET_ERRNO | _ENOSYS)]
+    return _assemble(ops)
+
+
+def _assemble(ops):
+    """(op, k[, jump if true, jump if false]) with labels -> BPF instructions (jumps count from
+    the next instruction; None is the next one)."""
+    at, labels = 0, {}
+    for op in ops:
+        if op[0] == "label":
+            labels[op[1]] = at
+        else:
+            at += 1
+    program = []
+    for op in ops:
+        if op[0] == "label":
+            continue
+        here = len(program)
+        if op[0] in ("ld", "ret"):
+            program.append((_BPF[op[0]], 0, 0, op[1]))
+            continue
+        jt, jf = (0 if t is None else labels[t] - here - 1 for t in op[2:4])
+        program.append((_BPF[op[0]], jt, jf, op[1]))
+    return program
+
+
+def _refuse_kernel_state(protect=()):
+    """Install a seccomp filter (needs `no_new_privs`) that refuses, for this process and all it
+    starts: the keyring calls (add_key, request_key, keyctl: a uid's keyrings outlive its
+    processes, and Linux has no keyring namespace), a new user namespace (unshare or clone with
+    CLONE_NEWUSER: root of its own mounts, a sample could mount a tmpfs past every limit) and
+    clone3 (its flags are out of the filter's reach; ENOSYS makes libc fall back to clone), and
+    on x86_64 the x32 ABI's numbers. Container runtimes refuse the same calls. `protect`: pids
+    (the driver's, rootless) that no kill, tkill, tgkill or pidfd_open may name, nor kill(-1)."""
+    program = _seccomp_program(os.uname().machine, protect)
+    if program is None:
+        raise OSError(_ENOSYS, f"no seccomp filter for {os.uname().machine}")
+    instructions = b"".join(struct.pack("=HBBI", *ins) for ins in program)
+    buffer = ctypes.create_string_buffer(instructions, len(instructions))
+    fprog = struct.pack("=HxxxxxxQ", len(program), ctypes.addressof(buffer))
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
 # ------------------------------------------------------------------------- CPU accounting
@@ -318,8 +454,11 @@ class _Account:
             self.buffer = b""
 
     def running(self):
-        """CPU seconds of the processes alive now (zombies have their record already)."""
-        me, total = os.getpid(), 0
+        """CPU seconds of the processes alive now (with acct(2), ended ones have their record
+        already). Without it, the dead that no one reaped yet count too, and what live ones
+        reaped of their children (cutime, cstime): only the children the kernel reaps itself
+        are missed."""
+        me, total, dead_too = os.getpid(), 0, self.fd is None
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or int(pid) in (1, me):
                 continue
@@ -328,9 +467,31 @@ class _Account:
                     fields = handle.read().rsplit(b")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            if fields[0] != b"Z":
+            if dead_too:
+                total += int(fields[13]) + int(fields[14])
+            if fields[0] != b"Z" or (dead_too and int(fields[17]) <= 1):
                 total += int(fields[11]) + int(fields[12])
+            elif int(fields[17]) > 1:  # its leader exited, its other threads run: count each
+                total += _threads_ticks(pid)
         return total / self.tick
+
+
+def _threads_ticks(pid):
+    """CPU ticks of every thread of `pid`, one by one: a process whose leader thread exited shows
+    only the dead leader's time in its own stat, while its other threads go on."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def _comp_t(value):
@@ -338,10 +499,76 @@ def _comp_t(value):
     return (value & 0x1FFF) << (3 * (value >> 13))
 
 
-def _wait(fds, deadline, budget, account, start_s):
+class _Usage:
+    """One command's CPU seconds and whether its memory limit killed it. With a cgroup (the
+    spec's "cgroup", made by `ckpteval.cgroups`): the kernel's own count of every thread of every
+    process in it, in ns. Without: the account's per-process counts (`_Account`), exact to a tick
+    per process, blind to children under a tick that the kernel reaps itself."""
+
+    def __init__(self, command, account):
+        self.account = account
+        cgroup = command.get("cgroup") or {}
+        self.cpu, self.memory = cgroup.get("cpu"), cgroup.get("memory")
+        self.kind = "cgroup" if self.cpu else account.kind
+        self.before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.start_s = account.ended()
+
+    def now(self):
+        """CPU seconds used so far (while the command runs)."""
+        if self.cpu:
+            return _cgroup_cpu(*self.cpu)
+        return self.account.ended() - self.start_s + self.account.running()
+
+    def final(self):
+        """CPU seconds once every process of the command ended: the cgroup's count, or what the
+        kernel's accounting recorded or the driver reaped if that is more (acct's ticks are
+        coarser)."""
+        if self.cpu:
+            return _cgroup_cpu(*self.cpu)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        reaped = (after.ru_utime - self.before.ru_utime) + (after.ru_stime - self.before.ru_stime)
+        return max(reaped, self.account.ended() - self.start_s)
+
+    def oom_killed(self):
+        """Whether the kernel killed a process of the command at its cgroup's memory limit."""
+        if not self.memory:
+            return False
+        version, path = self.memory
+        name = "memory.events" if version == "v2" else "memory.oom_control"
+        try:
+            with open(f"{path}/{name}") as handle:
+                for line in handle:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value) > 0
+        except (OSError, ValueError):
+            pass
+        return False
+
+
+def _cgroup_cpu(version, path):
+    """A cgroup's CPU seconds: v2 `cpu.stat` usage_usec, v1 `cpuacct.usage` (ns)."""
+    if version == "v1":
+        with open(f"{path}/cpuacct.usage") as handle:
+            return int(handle.read()) / 1e9
+    with open(f"{path}/cpu.stat") as handle:
+        for line in handle:
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+    raise OSError(f"no usage_usec in {path}/cpu.stat")
+
+
+def _join_cgroups(command):
+    """Move this process (a command's first, still root) into the command's cgroups: everything
+    it starts is counted there, whoever reaps it."""
+    for path in (command.get("cgroup") or {}).get("join", ()):
+        with open(f"{path}/cgroup.procs", "w") as handle:
+            handle.write("0\n")
+
+
+def _wait(fds, deadline, budget, usage):
     """Wait until one of `fds` is readable; False once the wall-clock `deadline` passed or the
-    command's processes together used more than `budget` CPU seconds (`start_s`: the account's
-    `ended()` when the command started)."""
+    command's processes together used more than `budget` CPU seconds (`usage`: its `_Usage`)."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -349,7 +576,7 @@ def _wait(fds, deadline, budget, account, start_s):
         ready, _, _ = select.select(fds, [], [], min(left, _POLL_S))
         if ready:
             return ready, False
-        if account.ended() - start_s + account.running() > budget:
+        if usage.now() > budget:
             return [], True
 
 
@@ -357,33 +584,94 @@ def _run(command, uid, spec, account):
     if command.get("python_tests"):
         return _run_judged(command, uid, spec, account)
     start = time.monotonic()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start_s = account.ended()
+    usage_of = _Usage(command, account)
+    channel = _ResultChannel() if command.get("result_channel") else None
     pid = os.fork()
     if pid == 0:
         try:
-            _child(command, uid, spec)
+            _child(command, uid, spec, keep=channel.child_end() if channel else ())
         except BaseException as exc:  # noqa: BLE001 - report why, like a shell's 127
             os.write(2, f"sandbox: cannot run {command['argv'][0]}: {exc}\n".encode())
         finally:
             os._exit(127)
+    if channel:
+        channel.started()
     pidfd = os.pidfd_open(pid)
-    _, timed_out = _wait(
-        [pidfd], start + command["wall_s"], command["cpu_budget_s"], account, start_s
-    )
+    _, timed_out = _wait([pidfd], start + command["wall_s"], command["cpu_budget_s"], usage_of)
     if timed_out:
         _kill_group(pid)
     _, status, usage = os.wait4(pid, 0)
     os.close(pidfd)
     duration = time.monotonic() - start
     _clean()
+    row = _row(command, usage_of, status, timed_out, duration, usage.ru_maxrss * 1024)
+    if channel:
+        row["forged_results"] = channel.collect(pid, command["result"])
+    return row
+
+
+class _ResultChannel:
+    """A command's result channel (`result_channel` in the spec): a socket whose other end is
+    the command's fd 3, on which only the command's own first process can deliver its result.
+
+    Anything that process starts may inherit the descriptor (a fork keeps it whatever its
+    close-on-exec flag), so the driver does not trust the descriptor: it asks the kernel who
+    sent each message (SO_PASSCRED: the sender's pid, which only CAP_SYS_ADMIN could forge) and
+    keeps the first message of the command's pid. Others are counted ("forged_results")."""
+
+    def __init__(self):
+        import socket
+
+        self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+
+    def child_end(self):
+        return (self.theirs.fileno(),)
+
+    def started(self):
+        self.theirs.close()
+
+    def collect(self, pid, path):
+        """Write the command's own result (if it sent one) to `path`; the number of messages
+        that came from another process."""
+        import socket
+
+        self.ours.setblocking(False)
+        forged, kept = 0, None
+        while True:
+            try:
+                data, ancillary, _, _ = self.ours.recvmsg(1 << 20, socket.CMSG_SPACE(12))
+            except (BlockingIOError, OSError):
+                break
+            if not data and not ancillary:  # every sender closed its end: the end
+                break
+            sender = None
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    sender = struct.unpack("=iII", payload[:12])[0]
+            if sender == pid and kept is None:
+                kept = data
+            else:
+                forged += 1
+        self.ours.close()
+        if kept is not None:
+            with open(path, "wb") as handle:
+                handle.write(kept)
+        return forged
+
+
+def _row(command, usage_of, status, timed_out, duration, max_rss):
+    """A command's result line. CPU used past the budget is a timeout even when the command
+    ended before a poll saw it (what its processes did between polls, or after it exited)."""
+    cpu_s = usage_of.final()
     return {
         "status": status,
-        "timed_out": timed_out,
+        "timed_out": timed_out or cpu_s > command["cpu_budget_s"],
         "duration_s": duration,
-        "cpu_s": _cpu_used(before, account, start_s),
-        "max_rss_bytes": usage.ru_maxrss * 1024,
-        "cpu_account": account.kind,
+        "cpu_s": cpu_s,
+        "max_rss_bytes": max_rss,
+        "oom_killed": usage_of.oom_killed(),
+        "cpu_account": usage_of.kind,
         "isolation_error": _isolation_error(command),
     }
 
@@ -393,14 +681,6 @@ def _kill_group(pid):
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _cpu_used(before, account, start_s):
-    """The command's CPU seconds once every process of it ended: what the kernel's accounting
-    recorded, or what the driver reaped if that is more (acct's ticks are coarser)."""
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    reaped = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return max(reaped, account.ended() - start_s)
 
 
 def _clean():
@@ -458,6 +738,8 @@ def main():
         raise SystemExit("cannot become the commands' subreaper: CPU times would miss orphans")
     with open(sys.argv[1]) as handle:
         spec = json.load(handle)
+    if spec.get("rootless"):  # the commands share this uid: no tracing, no /proc/<me>/fd or mem
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     account = _Account(spec["acct"])
     _preload(spec.get("site_dirs", []), spec.get("preload", []))
     with open(spec["results"], "w") as results:
@@ -522,11 +804,10 @@ def _run_judged(command, uid, spec, account):
     """Run a sample process and a test process (see the module docstring); the result line's
     status is the test process's, with the sample process's fate and the report in "judge"."""
     start = time.monotonic()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start_s = account.ended()
+    usage_of = _Usage(command, account)
     sample, tester, report_r = _start_judged(command, uid, spec)
     pidfd = os.pidfd_open(tester)
-    report, timed_out = _collect_report(command, pidfd, report_r, start, account, start_s)
+    report, timed_out = _collect_report(command, pidfd, report_r, start, usage_of)
     # Did the sample end on its own while the tests needed it? (before we kill it)
     judge = _judge_report(report)
     ended, sample_status, sample_usage = _sample_fate(sample, judge.get("sample_gone") is True)
@@ -540,16 +821,8 @@ def _run_judged(command, uid, spec, account):
     _clean()
     judge["sample_status"] = sample_status if ended else None
     judge["sample_cpu_s"] = sample_usage.ru_utime + sample_usage.ru_stime
-    return {
-        "status": status,
-        "timed_out": timed_out,
-        "duration_s": duration,
-        "cpu_s": _cpu_used(before, account, start_s),
-        "max_rss_bytes": max(usage.ru_maxrss, sample_usage.ru_maxrss) * 1024,
-        "judge": judge,
-        "cpu_account": account.kind,
-        "isolation_error": _isolation_error(command),
-    }
+    max_rss = max(usage.ru_maxrss, sample_usage.ru_maxrss) * 1024
+    return {**_row(command, usage_of, status, timed_out, duration, max_rss), "judge": judge}
 
 
 def _start_judged(command, uid, spec):
@@ -578,7 +851,7 @@ def _start_judged(command, uid, spec):
     return sample, tester, report_r
 
 
-def _collect_report(command, pidfd, report_r, start, account, start_s):
+def _collect_report(command, pidfd, report_r, start, usage_of):
     """Read the test process's report until it exits, the wall clock runs out or the command's
     processes used up their CPU budget; returns (report, timed_out). Closes `report_r`."""
     report = b""
@@ -586,7 +859,7 @@ def _collect_report(command, pidfd, report_r, start, account, start_s):
     open_fds = [pidfd, report_r]
     timed_out = False
     while pidfd in open_fds or report_r in open_fds:
-        ready, timed_out = _wait(open_fds, deadline, command["cpu_budget_s"], account, start_s)
+        ready, timed_out = _wait(open_fds, deadline, command["cpu_budget_s"], usage_of)
         if timed_out:
             break
         if report_r in ready:
@@ -609,8 +882,10 @@ def _collect_report(command, pidfd, report_r, start, account, start_s):
 
 
 def _test_child(command, replies, calls, report):
-    """The test process: trusted code only, no capabilities; returns its exit status."""
+    """The test process: trusted code only, no capabilities; returns its exit status. It is in
+    the command's cgroups too: the tests' CPU is part of the command's, as without cgroups."""
     os.setsid()
+    _join_cgroups(command)
     null = os.open(os.devnull, os.O_RDWR)
     for target in (0, 1, 2):
         os.dup2(null, target)
@@ -622,6 +897,8 @@ def _test_child(command, replies, calls, report):
     for name, (soft, hard) in command["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
     _drop_capabilities()
+    # Rootless, the sample process has this uid too: not dumpable, it cannot be traced or read.
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return 126
     return _run_tests(tests, _Channel(3, 4), 5)

@@ -16,16 +16,40 @@ Every generated program is hostile until proven otherwise. A sandbox is
 - New pid, network, ipc, uts and cgroup namespaces: no network at all; programs cannot see or
   signal anything outside, nor the driver (another uid). Within a batch, each command also gets
   mount and IPC namespaces of its own (see `run_many`).
+- Nothing a command leaves in the kernel outlives it: its processes are killed, its files, SysV
+  and POSIX IPC go with its namespaces, and a seccomp filter refuses what would outlive them
+  all: kernel keyrings (a uid's user keyring outlives its processes and Linux has no keyring
+  namespace; the uid pool is shared by every run on the host) and new user namespaces (root of
+  its own mounts, a program could mount a tmpfs past every limit).
 - The filesystem is an empty root with read-only binds of `/usr`, a few `/etc` files the loader
   and compilers need, the interpreter or toolchain the checker names, and the work directory
   (read-only or writable as asked); `/tmp` is a private size-limited tmpfs, fresh for each command.
   Home directories and the repository are not visible.
 - stdout and stderr go to files outside the program's reach; RLIMIT_FSIZE caps them (and any file
   the program writes), so printing gigabytes ends the program instead of filling a disk or memory.
-- The time limit is the CPU time of all of a command's processes together (`Limits.cpu_budget`,
-  counted by the driver with BSD process accounting, so children the kernel reaps itself count
-  too); a wall clock of `Limits.wall_limit` only stops programs that block. RLIMIT_CPU bounds each
-  process. After each command of a batch (`run_many`) the driver kills every leftover process.
+- The time limit is the CPU time of all of a command's processes together (`Limits.cpu_budget`),
+  counted by the kernel in a cgroup of the command's own (`ckpteval.cgroups`: every thread, to
+  the nanosecond), which also bounds its memory in all (`Limits.memory_bytes`: memfds and shared
+  memory included); without a writable cgroup, per process by the driver (BSD process accounting
+  and /proc, in ticks). A wall clock of `Limits.wall_limit` only stops programs that block.
+  RLIMIT_CPU bounds each process. After each command of a batch (`run_many`) the driver kills
+  every leftover process.
+
+Without root (`ckpteval` run by a user, as on a Slurm cluster), bwrap mode runs rootless:
+bubblewrap makes a user namespace too, whose one uid (the user's) is root inside, the driver's
+and every command's. What the uid split gives as root is kept otherwise: each command gives up
+every capability, its bounding set and root's right to regain them on exec (securebits, locked);
+the seccomp filter also refuses any signal or pidfd aimed at the driver, and kill(-1); the
+driver and a judged run's test process are not dumpable, so a command can neither trace them nor
+open their descriptors or memory through /proc; the driver's directories, a judged run's tests
+and a command's stdin directory are covered in the command's own mount namespace; RLIMIT_NPROC
+counts per user namespace, so the process limit holds. What it loses: BSD process accounting
+(acct(2) needs the host's root) and, unless the host delegates a cgroup v2 subtree to the user,
+the per-command cgroup, so CPU is counted from /proc and the processes the driver reaps
+(children the kernel reaps itself, SIGCHLD ignored, go uncounted) and memory held outside address
+spaces (memfds, shared memory) is bounded only by /tmp's and SysV's sizes; a judged sample can
+signal its own tests' process (it can only fail itself that way). `tests/test_sandbox_rootless.py`
+runs the attacks as `nobody`.
 
 `mode="none"` runs the same commands without bubblewrap and without the uid drop (rlimits via
 `prlimit` and the timeout still apply). It exists for machines where bubblewrap cannot run; it
@@ -54,6 +78,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckpteval import cgroups
 from ckpteval.errors import UserError
 from ckpteval.io import first_free_lock
 
@@ -151,6 +176,12 @@ class RunResult:
     max_rss_bytes: int
     #: A judged Python run's report (`Command.python_tests`), else None.
     judge: dict | None = None
+    #: The kernel killed one of its processes at the command's memory limit (its cgroup's).
+    memory_limit: bool = False
+    #: What the command's own first process sent on its result channel (`Command.result_channel`),
+    #: else None; `forged_results` counts messages that other processes of it sent there.
+    channel: bytes | None = None
+    forged_results: int = 0
 
     @property
     def ok(self) -> bool:
@@ -173,6 +204,10 @@ class Command:
     #: With `python_file`: judge it, the tests (this JSON file, readable by root only) running in
     #: a process of their own (see `_sandbox_driver.py`); `RunResult.judge` has their report.
     python_tests: Path | None = None
+    #: bwrap mode: give the command a result channel as its fd 3 (a socket), on which only the
+    #: command's own first process can deliver its result (`RunResult.channel`): not a process it
+    #: starts, even one that inherited the descriptor.
+    result_channel: bool = False
 
 
 def check_mode(mode: str) -> str:
@@ -192,11 +227,6 @@ class Sandbox:
                 raise SandboxError(
                     "sandbox: bwrap not found; install Debian's `bubblewrap`, or choose "
                     "`sandbox: none` to run generated code unconfined"
-                )
-            if os.geteuid() != 0:
-                raise SandboxError(
-                    "sandbox: bwrap mode runs as root to drop each program to its own uid; "
-                    "run ckpteval as root (e.g. in its container) or choose `sandbox: none`"
                 )
         else:
             if shutil.which("prlimit") is None:
@@ -308,15 +338,23 @@ def _run_batch(
     `preload`: the modules the driver imports first, and the site directories it adds for them."""
     with contextlib.ExitStack() as stack:
         io_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-")))
-        uid = stack.enter_context(_uid_slot())
+        rootless = os.geteuid() != 0
+        uid = 0 if rootless else stack.enter_context(_uid_slot())
+        groups = stack.enter_context(cgroups.make_batch([_memory_cap(c.limits) for c in commands]))
         status_r, status_w = os.pipe()
         stack.callback(os.close, status_r)
         stdins = [Path(c.stdin).resolve().parent for c in commands if c.stdin]
         binds = [*(Path(p).resolve() for p in readable), Path(sys.base_prefix), *stdins]
         spec = _batch_spec(commands, uid, io_dir, workdir, [*binds, workdir], preload)
+        for command_spec, cgroup in zip(spec["commands"], groups.commands):
+            command_spec["cgroup"] = cgroup
+        if rootless:
+            _rootless_spec(spec, commands, [io_dir, *groups.roots])
         (io_dir / "spec.json").write_text(json.dumps(spec))
-        bwrap = _bwrap_argv(workdir, writable, binds, status_w, private=[io_dir])
-        if writable:
+        bwrap = _bwrap_argv(
+            workdir, writable, binds, status_w, private=[io_dir, *groups.roots], rootless=rootless
+        )
+        if writable and not rootless:
             _chown_tree(workdir, uid)
         outer = _execute(
             [*bwrap, *_driver_argv(io_dir / "spec.json")],
@@ -329,17 +367,45 @@ def _run_batch(
             close_after_start=status_w,
         )
         if b"child-pid" not in _read_all(status_r):
+            hint = (
+                " (not root: the sandbox needs unprivileged user namespaces, e.g. sysctl "
+                "kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; or run as "
+                "root, or choose `sandbox: none`)"
+                if rootless
+                else ""
+            )
             raise SandboxError(
                 "sandbox: bubblewrap failed to start: "
                 + outer.stderr.decode("utf-8", "replace").strip()[-500:]
+                + hint
             )
-        if writable:
+        if writable and not rootless:
             _chown_tree(workdir, os.geteuid())
-        lines = _result_lines(io_dir, uid, outer, len(commands))
+        lines = _result_lines(io_dir, None if rootless else uid, outer, len(commands))
         return [
             _result(command, json.loads(line), io_dir / str(i), outer.stderr)
             for i, (command, line) in enumerate(zip(commands, lines))
         ]
+
+
+def _memory_cap(limits: Limits) -> int:
+    """A command's memory in all (every process's pages, its memfds, shared memory and /tmp
+    files, counted by its cgroup): its address-space limit, which bounds a single process."""
+    return limits.memory_bytes
+
+
+def _rootless_spec(spec: dict, commands: Sequence[Command], private: Sequence[Path]) -> None:
+    """Not root: the sandbox is a user namespace with one uid, the driver's and every command's
+    (see "Without root" in the module's docstring). What file permissions keep from a command
+    as root's sandbox uid is kept from it by its mount namespace instead: the driver's
+    directories, a judged run's tests, its stdin's directory when that is not its own."""
+    spec["rootless"] = True
+    spec["hide"] = [str(p) for p in private]
+    for command_spec, command in zip(spec["commands"], commands):
+        hide = [str(command.python_tests)] if command.python_tests else []
+        if command.stdin:
+            hide.append(str(Path(command.stdin).resolve().parent))
+        command_spec["hide"] = hide
 
 
 def _driver_argv(spec: Path) -> list[str]:
@@ -357,11 +423,11 @@ def _batch_limits(commands: Sequence[Command]) -> Limits:
     )
 
 
-def _result_lines(io_dir: Path, uid: int, outer: RunResult, expected: int) -> list[str]:
+def _result_lines(io_dir: Path, uid: int | None, outer: RunResult, expected: int) -> list[str]:
     """The driver's result lines, one per command; a `SandboxError` if it stopped early."""
     results = io_dir / "results.jsonl"
     lines = results.read_text().splitlines() if results.exists() else []
-    if outer.timed_out:
+    if outer.timed_out and uid is not None:
         _wait_uid_empty(uid)
     if len(lines) != expected or outer.timed_out:
         raise SandboxError(
@@ -400,6 +466,8 @@ def _batch_spec(
                 "stdin": str(c.stdin) if c.stdin else None,
                 "stdout": str(io_dir / f"{i}.out"),
                 "stderr": str(io_dir / f"{i}.err"),
+                "result_channel": c.result_channel,
+                "result": str(io_dir / f"{i}.result"),
                 "wall_s": c.limits.wall_limit,
                 "cpu_budget_s": c.limits.cpu_budget,
                 "tmp_bytes": c.limits.tmp_bytes,
@@ -418,8 +486,8 @@ def _result(command: Command, row: dict, outputs: Path, driver_stderr: bytes) ->
             "sandbox: could not give a command its own namespaces and /tmp "
             f"(bubblewrap's root needs CAP_SYS_ADMIN): {row['isolation_error']}"
         )
-    if row.get("cpu_account") != "acct":
-        _warn_cpu_account(driver_stderr)
+    if row.get("cpu_account") != "cgroup":
+        _warn_cpu_account(row.get("cpu_account"), driver_stderr)
     code = os.waitstatus_to_exitcode(row["status"])
     cap = command.limits.file_bytes
     stdout = _read_capped(outputs.with_suffix(".out"), cap)
@@ -436,6 +504,11 @@ def _result(command: Command, row: dict, outputs: Path, driver_stderr: bytes) ->
         cpu_s=row["cpu_s"],
         max_rss_bytes=row["max_rss_bytes"],
         judge=row.get("judge"),
+        memory_limit=row.get("oom_killed", False),
+        channel=_read_capped(outputs.with_suffix(".result"), 1 << 20)
+        if outputs.with_suffix(".result").exists()
+        else None,
+        forged_results=row.get("forged_results", 0),
     )
 
 
@@ -447,16 +520,24 @@ def warn_unsandboxed() -> None:
     )
 
 
-def _warn_cpu_account(stderr: bytes) -> None:
-    """Say (once per process) that CPU limits miss orphans the kernel reaps by itself."""
+def _warn_cpu_account(kind: str | None, stderr: bytes) -> None:
+    """Say (once per process) what CPU limits miss without a cgroup per command."""
     global _WARNED_CPU_ACCOUNT
-    if not _WARNED_CPU_ACCOUNT:
-        _WARNED_CPU_ACCOUNT = True
+    if _WARNED_CPU_ACCOUNT:
+        return
+    _WARNED_CPU_ACCOUNT = True
+    if kind == "acct":
         log.warning(
-            "sandbox: no BSD process accounting in the sandbox, so CPU time of processes the "
-            "kernel reaps by itself is not counted against time limits: %s",
-            stderr.decode("utf-8", "replace").strip()[-300:],
+            "sandbox: no writable cgroup (v2 cpu.stat or v1 cpuacct), so CPU time is counted per "
+            "process in 10 ms ticks: children under a tick that the kernel reaps itself are not "
+            "counted against time limits, and memfds and shared memory not against memory limits"
         )
+        return
+    log.warning(
+        "sandbox: no cgroup and no BSD process accounting in the sandbox, so CPU time of "
+        "processes the kernel reaps by itself is not counted against time limits: %s",
+        stderr.decode("utf-8", "replace").strip()[-300:],
+    )
 
 
 _WARNED_CPU_ACCOUNT = False
@@ -469,21 +550,24 @@ def _bwrap_argv(
     status_fd: int,
     *,
     private: Sequence[Path] = (),
+    rootless: bool = False,
 ) -> list[str]:
     """The bubblewrap half of the command: namespaces, an empty root and the binds.
 
     `private` directories are bound writable but stay root-only (the driver's files). Root inside
     keeps only the driver's capabilities.
     """
-    argv = _bwrap_namespaces(status_fd) + _bwrap_system()
+    argv = _bwrap_namespaces(status_fd, rootless) + _bwrap_system()
     rw = {Path(p).resolve() for p in private} | ({workdir} if writable else set())
     argv += _bwrap_binds([*(Path(p).resolve() for p in readable), workdir, *rw], rw)
     return argv + ["--chdir", str(workdir), "--"]
 
 
-def _bwrap_namespaces(status_fd: int) -> list[str]:
+def _bwrap_namespaces(status_fd: int, rootless: bool = False) -> list[str]:
     """New namespaces (no network), a session of its own, and root with the driver's
-    capabilities only; bwrap reports its child's pid on `status_fd`."""
+    capabilities only; bwrap reports its child's pid on `status_fd`. Rootless: a user namespace
+    too, whose one uid (ours) is its root; CAP_SETPCAP lets the driver's children give up that
+    root for good."""
     argv = [
         "bwrap",
         "--unshare-pid",
@@ -498,7 +582,11 @@ def _bwrap_namespaces(status_fd: int) -> list[str]:
         "--hostname",
         "sandbox",
     ]
-    return argv + ["--cap-drop", "ALL", *(x for cap in _DRIVER_CAPS for x in ("--cap-add", cap))]
+    caps = [*_DRIVER_CAPS]
+    if rootless:
+        argv += ["--unshare-user", "--uid", "0", "--gid", "0"]
+        caps.append("CAP_SETPCAP")
+    return argv + ["--cap-drop", "ALL", *(x for cap in caps for x in ("--cap-add", cap))]
 
 
 def _bwrap_system() -> list[str]:

@@ -18,7 +18,11 @@ The function is untrusted code. Each sample runs in a process of its own, in one
 batch (`ckpteval.sandbox`: no network, rlimits, its own uid), under the per-sample timeout
 (`evaluate.timeout`). Its prints go to the evaluate job's log, never into the result channel:
 the runner moves the process's stdout onto stderr before it loads the file, and the result goes
-back on a descriptor of its own. A function that raises, returns something that is not a score,
+back on a channel of its own. In the bwrap sandbox that channel accepts only the runner's own
+process (`Command.result_channel`), the job comes on stdin from a file no sample can open (read
+before the function runs), and the sandbox shows copies of the function's own modules, not the
+directory beside it: a completion the function runs in another process can neither forge the
+result nor read the answers. A function that raises, returns something that is not a score,
 or exits fails that sample only, as `reward_error` with one line saying why; one that hangs is a
 `timeout`. `trusted: true` runs it without the sandbox (it can reach the network: a
 SandboxFusion URL, a reward-model server), each sample still in its own process under the
@@ -170,16 +174,42 @@ def plain(value, depth=0):
     return {"__unplain__": type(value).__name__}
 
 
+def result_channel():
+    # bwrap: the sandbox's result channel, fd 3, on which only this process's messages count.
+    # Otherwise (`sandbox: none`, `trusted: true`) a copy of stdout.
+    import socket, stat
+    try:
+        is_socket = stat.S_ISSOCK(os.fstat(3).st_mode)
+    except OSError:
+        is_socket = False
+    if is_socket:
+        os.set_inheritable(3, False)
+        channel = socket.socket(fileno=3)
+        return channel.send
+    out = os.fdopen(os.dup(1), "w")
+    return lambda data: (out.write(data.decode()), out.flush())
+
+
 def main():
     reseed()
-    import builtins, site
+    import builtins, ctypes, site
     if not hasattr(builtins, "exit"):  # a fork of the sandbox's driver (-S): as under `python`
         site.setquit()
-    result = os.fdopen(os.dup(1), "w")
+    # Not dumpable: a process the function starts (same uid) can neither trace this one nor
+    # open its descriptors through /proc.
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    send = result_channel()
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    with open("job.json", encoding="utf-8") as handle:
-        job = json.load(handle)
+    # The job (the completion, the ground truth) comes on stdin, from a file only root can
+    # reach; once read, nothing the function runs can read it again.
+    chunks = []
+    while chunk := os.read(0, 1 << 20):
+        chunks.append(chunk)
+    job = json.loads(b"".join(chunks))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     sys.path[:0] = job["paths"]
     try:
         spec = importlib.util.spec_from_file_location("ckpteval_reward", job["reward_file"])
@@ -191,8 +221,10 @@ def main():
         line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
         traceback.print_exc()
         out = {"error": line}
-    result.write(json.dumps(out, allow_nan=True))
-    result.flush()
+    try:
+        send(json.dumps(out, allow_nan=True).encode())
+    except OSError as exc:  # e.g. a result larger than the channel takes
+        send(json.dumps({"error": f"the result could not be sent: {exc}"}).encode())
     os._exit(0)
 
 
@@ -326,6 +358,13 @@ class RewardFunctionChecker(Checker):
         (self._code / "runner.py").write_text(RUNNER_SOURCE, encoding="utf-8")
         self._beside = source.resolve().parent
         self._source_name = source.name
+        #: The function's own modules (`local_modules`), copied: the sandbox shows these, not the
+        #: directory they came from (which may hold the problems and their answers).
+        self._modules = self._code / "modules"
+        self._modules.mkdir(mode=0o755)
+        for rel, module in local_modules(source).items():
+            (self._modules / rel).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            shutil.copyfile(module, self._modules / rel)
         #: What the sandbox's driver imports once per batch (see the module's docstring).
         self.preload = preload_modules(source.read_text(encoding="utf-8"), self._beside)
         #: Where it finds them: this environment's installed packages (trusted code).
@@ -376,10 +415,17 @@ class RewardFunctionChecker(Checker):
 
     def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
         """One sandbox for the batch, each sample a process of its own under its timeout."""
-        with tempfile.TemporaryDirectory(prefix="ckpteval-reward-") as tmp:
+        with (
+            tempfile.TemporaryDirectory(prefix="ckpteval-reward-") as tmp,
+            tempfile.TemporaryDirectory(prefix="ckpteval-reward-jobs-") as jobs_dir,
+        ):
             workdir = Path(tmp)
             os.chmod(workdir, 0o755)
-            commands = [self._command(workdir, i, job, timeout) for i, job in enumerate(jobs)]
+            os.chmod(jobs_dir, 0o700)  # the jobs: readable by the sandbox's root only
+            commands = [
+                self._command(workdir, Path(jobs_dir), i, job, timeout)
+                for i, job in enumerate(jobs)
+            ]
             results = self.sandbox.run_many(
                 commands,
                 workdir=workdir,
@@ -389,7 +435,12 @@ class RewardFunctionChecker(Checker):
             )
         return [self._verdict(job, result) for job, result in zip(jobs, results)]
 
-    def _command(self, workdir: Path, index: int, job: Job, timeout: float) -> Command:
+    def _command(
+        self, workdir: Path, jobs_dir: Path, index: int, job: Job, timeout: float
+    ) -> Command:
+        """A sample's command. Its job (the completion, the ground truth) is its stdin, a file in
+        `jobs_dir` that no sample can open; the runner reads it before the function runs, and
+        answers on the sandbox's result channel."""
         sample_dir = workdir / f"s{index}"
         sample_dir.mkdir(mode=0o755)
         call = {
@@ -402,10 +453,11 @@ class RewardFunctionChecker(Checker):
         spec = {
             "reward_file": str(self._code / "reward.py"),
             "name": self.function,
-            "paths": [str(self._beside)],
+            "paths": [str(self._modules)],
             "call": call,
         }
-        (sample_dir / "job.json").write_text(json.dumps(spec, default=str), encoding="utf-8")
+        job_file = jobs_dir / f"{index}.json"
+        job_file.write_text(json.dumps(spec, default=str), encoding="utf-8")
         runner = self._code / "runner.py"
         limits = Limits(wall_s=job.timeout or timeout, memory_bytes=self.memory_bytes)
         env = dict(os.environ) if self.trusted else None  # a service's URL or key, say
@@ -415,17 +467,15 @@ class RewardFunctionChecker(Checker):
             cwd=sample_dir,
             env=env,
             python_file=None if self.exec_samples else runner,  # bwrap: a fork of the driver
+            stdin=job_file,
+            result_channel=True,
         )
 
     def _readable(self) -> list[Path]:
         """What the sandbox binds read-only: this Python (its environment's packages, which a
-        reward function may import), the runner and the function's own directory."""
-        return [
-            Path(sys.prefix).resolve(),
-            Path(sys.base_prefix).resolve(),
-            self._code,
-            self._beside,
-        ]
+        reward function may import), the runner, the function and copies of its own modules
+        (not the directory it came from)."""
+        return [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), self._code]
 
     def _verdict(self, job: Job, result: RunResult) -> Verdict:
         """A run's outcome as a verdict: the score, or the one line saying why there is none."""
@@ -436,8 +486,17 @@ class RewardFunctionChecker(Checker):
         if result.timed_out or result.signal == signal.SIGXCPU:
             why = f"the function ran past its timeout ({duration:.1f} s)"
             return Verdict(False, "timeout", duration_s=duration, stderr_tail=why)
+        # bwrap: only what the runner's own process sent on its channel; `none`: its stdout.
+        sent = result.channel if self.sandbox.mode == "bwrap" else result.stdout
+        if result.forged_results:
+            log.warning(
+                "reward sample %s: %d result(s) sent by a process the function started were "
+                "refused",
+                job.task_id,
+                result.forged_results,
+            )
         try:
-            out = json.loads(result.stdout.decode("utf-8"))
+            out = json.loads((sent or b"").decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             out = None
         if not isinstance(out, dict) or ("value" not in out and "error" not in out):

@@ -1,0 +1,233 @@
+"""The bwrap sandbox for a user who is not root (issue 37 item 7): the hostile samples once more,
+run by an unprivileged user (`nobody`) with a Python that user can reach (Debian's python3: this
+project's interpreter lives under /root). Rootless, the sandbox is a user namespace whose one uid
+is the driver's and every command's; these check that what the uid split gave as root is kept
+otherwise: the driver cannot be signalled, traced or read, a judged sample cannot read or forge
+its tests, a reward completion cannot forge or read its result, no command sees another's files,
+and correct samples beside the attacks keep their verdicts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+#: About 40 s: one sandbox batch of probes and one judged batch, run once for the module by
+#: another user (no shared fixture runs as anyone but root).
+pytestmark = pytest.mark.slow
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+#: Run as `nobody`: prints one JSON object of what happened.
+SCRIPT = r"""
+import json, os, sys, tempfile
+from pathlib import Path
+from ckpteval.checkers import Job, get_checker
+from ckpteval.sandbox import Command, Limits, Sandbox
+
+PROBES = {
+    "kill_driver": "import os\ntry:\n    os.kill(os.getppid(), 9)\n    print('killed')\n"
+    "except OSError as e:\n    print('refused')",
+    "kill_all": "import os\ntry:\n    os.kill(-1, 9)\n    print('killed')\n"
+    "except OSError as e:\n    print('refused')",
+    "driver_fds": "import glob, os\nn = 0\nfor l in glob.glob(f'/proc/{os.getppid()}/fd/*'):\n"
+    "    try:\n        os.close(os.open(l, os.O_RDONLY))\n        n += 1\n    except OSError:\n"
+    "        pass\nprint('opened', n)",
+    "driver_mem": "import os\ntry:\n    open(f'/proc/{os.getppid()}/mem', 'rb')\n"
+    "    print('opened')\nexcept OSError:\n    print('refused')",
+    "capabilities": "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])",
+    "regain_root": "import subprocess\nout = subprocess.run(['grep', 'CapEff', '/proc/self/status'],"
+    " capture_output=True, text=True).stdout\nprint(out.split()[1])",
+    "user_namespace": "import subprocess\nprint(subprocess.run(['unshare', '-Ur', 'true'],"
+    " capture_output=True).returncode != 0)",
+    "keyring": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.syscall.restype = ctypes.c_long\n"
+    "print(libc.syscall(248, b'user', b'k', b'v', 1, -4) < 0)",
+    "siblings": "import os\nprint(sorted(os.listdir('..')))",
+    "fork_bomb": "import os\nn = 0\ntry:\n    while n < 2000:\n        if os.fork() == 0:\n"
+    "            import time\n            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
+    "except OSError:\n    pass\nprint(n < 2000)",
+    "after": "print('still here')",
+}
+
+def probes():
+    sandbox = Sandbox("bwrap")
+    work = Path(tempfile.mkdtemp())
+    os.chmod(work, 0o755)
+    commands = []
+    for name, code in PROBES.items():
+        (work / name).mkdir()
+        (work / name / "main.py").write_text(code)
+        commands.append(
+            Command([sys.executable, "-I", "-S", "main.py"], Limits(wall_s=10), cwd=work / name)
+        )
+    results = sandbox.run_many(commands, workdir=work, readable=[Path(sys.base_prefix)])
+    return {n: r.stdout.decode().strip() for n, r in zip(PROBES, results)}
+
+PROBLEM = {
+    "task_id": "add",
+    "prompt": "def add(a, b):\n",
+    "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"
+    "    assert candidate(-4, 4) == 0\n",
+    "entry_point": "add",
+}
+RIGHT = "    return a + b\n"
+JUDGED = {
+    "right": RIGHT,
+    "reads_tests": "    import glob\n    text = ''.join(open(p).read() for p in glob.glob('*.json'))\n"
+    "    return {(1, 2): 3, (-4, 4): 0}[(a, b)] if 'candidate(1, 2)' in text else None\n",
+    "kills_tester": "    import os\n    for pid in range(1, 200):\n        try:\n"
+    "            os.kill(pid, 19)\n        except OSError:\n            pass\n    return 0\n",
+    "wrong": "    return a - b\n",
+    "right_again": RIGHT,
+}
+
+def judged():
+    checker = get_checker("python", sandbox="bwrap")
+    try:
+        jobs = [Job("add", PROBLEM, c) for c in JUDGED.values()]
+        verdicts = checker.check_batch(jobs, 5.0)
+    finally:
+        checker.close()
+    return {n: [v.passed, v.error_type] for n, v in zip(JUDGED, verdicts)}
+
+REWARD = '''
+import os, subprocess, sys
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str.startswith("#fork"):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                exec(solution_str, {})
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        return 0.0
+    out = subprocess.run([sys.executable, "-I", "-c", solution_str], capture_output=True,
+                         text=True).stdout
+    return 1.0 if ground_truth in out else 0.0
+'''
+SECRET = "SECRET-ANSWER-4711"
+FORGES = '''#fork
+import os, socket
+for fd in range(3, 64):
+    try:
+        socket.socket(fileno=fd).send(b'{"value": 1.0}')
+    except OSError:
+        pass
+os.kill(os.getppid(), 9)
+'''
+SNOOPS = '''
+import glob, os
+found = []
+for p in glob.glob('../*/*') + glob.glob('/tmp/*/*') + [f'/proc/{os.getppid()}/fd/0']:
+    try:
+        found.append(open(p).read())
+    except OSError:
+        pass
+print(''.join(found))
+'''
+REWARDED = {"right": f"print({SECRET!r})", "forges": FORGES, "snoops": SNOOPS,
+            "wrong": "print('no idea')"}
+
+def rewarded():
+    folder = Path(tempfile.mkdtemp())
+    (folder / "reward.py").write_text(REWARD)
+    checker = get_checker(
+        "reward_function", reward_function=str(folder / "reward.py"), self_test="off: a test"
+    )
+    problem = {"task_id": "1", "ground_truth": SECRET, "question": "?"}
+    try:
+        verdicts = checker.check_batch([Job("1", problem, c) for c in REWARDED.values()], 20.0)
+    finally:
+        checker.close()
+    return {n: [v.passed, v.error_type] for n, v in zip(REWARDED, verdicts)}
+
+print(json.dumps({"uid": os.getuid(), "probes": probes(), "judged": judged(),
+                  "rewarded": rewarded()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def as_nobody() -> Iterator[dict]:
+    if os.geteuid() != 0 or shutil.which("runuser") is None or not SYSTEM_PYTHON.exists():
+        pytest.skip("needs root (to become nobody), runuser and Debian's python3")
+    # Not pytest's tmp_path: its parents are root's alone.
+    with tempfile.TemporaryDirectory(prefix="ckpteval-rootless-") as tmp:
+        yield _run_as_nobody(Path(tmp))
+
+
+def _run_as_nobody(work: Path) -> dict:
+    os.chmod(work, 0o777)
+    (work / "run.py").write_text(SCRIPT)
+    os.chmod(work / "run.py", 0o644)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC), "TMPDIR": str(work), "HOME": str(work)}
+    done = subprocess.run(
+        [
+            str(shutil.which("runuser")),
+            "-u",
+            "nobody",
+            "--",
+            str(SYSTEM_PYTHON),
+            str(work / "run.py"),
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_it_runs_as_a_user_who_is_not_root(as_nobody: dict) -> None:
+    assert as_nobody["uid"] != 0
+
+
+def test_commands_cannot_reach_the_driver(as_nobody: dict) -> None:
+    probes = as_nobody["probes"]
+    assert probes["kill_driver"] == "refused"
+    assert probes["kill_all"] == "refused"
+    assert probes["driver_fds"] == "opened 0"
+    assert probes["driver_mem"] == "refused"
+    assert probes["after"] == "still here"
+
+
+def test_commands_hold_no_root(as_nobody: dict) -> None:
+    probes = as_nobody["probes"]
+    assert probes["capabilities"] == "0000000000000000"
+    assert probes["regain_root"] == "0000000000000000"  # exec does not give root's back
+    assert probes["user_namespace"] == "True"
+    assert probes["keyring"] == "True"
+
+
+def test_commands_are_isolated_and_bounded(as_nobody: dict) -> None:
+    probes = as_nobody["probes"]
+    assert probes["siblings"] == "['siblings']"
+    assert probes["fork_bomb"] == "True"
+
+
+def test_judged_samples_cannot_read_or_stop_their_tests(as_nobody: dict) -> None:
+    judged = as_nobody["judged"]
+    assert judged["right"] == [True, None]
+    assert judged["right_again"] == [True, None]
+    assert judged["wrong"][0] is False
+    assert judged["reads_tests"][0] is False
+    assert judged["kills_tester"][0] is False
+
+
+def test_reward_completions_can_neither_forge_nor_read_their_result(as_nobody: dict) -> None:
+    rewarded = as_nobody["rewarded"]
+    assert rewarded["right"] == [True, None]
+    assert rewarded["forges"] == [False, "reward_error"]
+    assert rewarded["snoops"][0] is False
+    assert rewarded["wrong"][0] is False
