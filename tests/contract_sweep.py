@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from conftest import run_snakemake
+from conftest import dry_snakemake, run_snakemake
 from test_infer_backends import FakeEndpoint
 
 from ckpteval.config import validate_config
@@ -77,10 +77,11 @@ def planned(sweep: Sweep, config: dict[str, Any], name: str = "variant") -> Coun
 
 
 def dry_run(sweep: Sweep, config: dict[str, Any], name: str) -> tuple[Counter[str], str]:
-    """(jobs per rule, what the dry run printed) of `snakemake -n --configfile <config>`."""
+    """(jobs per rule, what the dry run printed) of `snakemake -n --configfile <config>`, in a
+    forked process (conftest.dry_snakemake: the walk alone makes ~100 of them)."""
     path = sweep.work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
+    proc = dry_snakemake(sweep.work, "-n", "--configfile", str(path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     if "Nothing to be done" in out:
