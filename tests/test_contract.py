@@ -2,8 +2,8 @@
 project plans nothing, and the file events that follow (touch, copy, delete, new bytes, a broken
 file) change the sweep's files and run last. Every Snakemake verb run for real is
 tests/test_contract_verbs.py, and the walk of every config key under `snakemake -n` is
-tests/test_contract_walk.py, each on a sweep of its own (so the three long modules run on the
-workers side by side).
+tests/test_contract_walk.py, each on a copy of its own of the one sweep a pytest run builds (so
+the three long modules run on the workers side by side).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from contract_sweep import (
     Sweep,
     chain,
     dry_run,
-    finished_sweep,
     planned,
     results_state,
+    shared_sweep,
 )
 
 from ckpteval.config import validate_config
@@ -72,7 +72,7 @@ def test_an_identity_is_the_same_for_reordered_settings_and_names_what_changed()
 
 @pytest.fixture(scope="module")
 def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
-    with finished_sweep(demo_dir, tmp_path_factory.mktemp("contract")) as finished:
+    with shared_sweep(demo_dir, tmp_path_factory, "contract") as finished:
         yield finished
 
 

@@ -1,6 +1,6 @@
 """The rerun contract (ckpteval.contract): every Snakemake verb run for real on a finished sweep
 (tests/contract_sweep.py) redoes exactly the promised files. Split from tests/test_contract.py so
-that the long modules of the contract run on separate workers (each builds its own sweep).
+that the long modules of the contract run on separate workers (each on its own copy of the sweep).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from contract_sweep import (
     VLLM_CKPTS,
     Sweep,
     cell_files,
-    finished_sweep,
     planned,
     results_state,
+    shared_sweep,
 )
 
 from ckpteval.backends import cache_namespace
@@ -28,7 +28,7 @@ from ckpteval.backends import cache_namespace
 
 @pytest.fixture(scope="module")
 def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
-    with finished_sweep(demo_dir, tmp_path_factory.mktemp("contract-verbs")) as finished:
+    with shared_sweep(demo_dir, tmp_path_factory, "contract-verbs") as finished:
         yield finished
 
 
