@@ -46,12 +46,14 @@ def _has_gpu() -> bool:
 # pytest-xdist (`make test`: `-n 2 --dist loadfile --no-loadscope-reorder`) a module is one unit of
 # work, handed to whichever worker is free in collection order; starting the long ones first keeps
 # one worker from running a long module alone at the end. Only the order depends on this list: a
-# stale or missing entry costs minutes, never a test.
+# stale or missing entry costs minutes, never a test. The three contract modules share one sweep
+# (tests/contract_sweep.py): the first builds it while the other worker starts a long module that
+# does not need it, instead of waiting on the sweep's lock.
 LONGEST_FIRST = (
     "test_contract_verbs.py",
+    "test_swap_workflow.py",
     "test_contract.py",
     "test_contract_walk.py",
-    "test_swap_workflow.py",
     "test_bench_gpu.py",
     "test_slurm.py",
     "test_reliability_kills.py",
