@@ -2,7 +2,9 @@
 # `make test`: set up .venv if needed and run the whole test suite (what CI runs), in two
 #   pytest-xdist workers; a test module stays in one worker (its module fixtures load once), the
 #   longest modules start first (tests/conftest.py's LONGEST_FIRST).
-#   PYTEST_WORKERS=0 runs it in one process.
+#   PYTEST_WORKERS=0 runs it in one process. Both test targets end with the ten slowest test
+#   modules (scripts/pytest-table.sh: pytest's --durations=0 summed by scripts/module_durations.py)
+#   and exit with pytest's status.
 # `make test-threads`: the `numeric` tests again, computed as a smaller machine would (one thread,
 #   CPU kernels one instruction set down: tests/numeric.py's other_machine_env); CI runs it too.
 # `make lint`: scripts/lint.sh (ruff, ruff format --check, snakefmt, snakemake --lint, dry runs).
@@ -25,10 +27,10 @@ demo: setup
 	@echo "demo: results in results/summary/ (metrics.md, report.html)"
 
 test: setup
-	$(PY) -m pytest $(PARALLEL)
+	bash scripts/pytest-table.sh $(PY) $(PARALLEL)
 
 test-fast: setup
-	$(PY) -m pytest $(PARALLEL) -m "not slow"
+	bash scripts/pytest-table.sh $(PY) $(PARALLEL) -m "not slow"
 
 test-threads: setup
 	env $$(cd tests && $(abspath $(PY)) -c 'from numeric import other_machine_env as e; print(*(f"{k}={v}" for k, v in e().items()))') \

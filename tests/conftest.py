@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,12 +46,14 @@ def _has_gpu() -> bool:
 # pytest-xdist (`make test`: `-n 2 --dist loadfile --no-loadscope-reorder`) a module is one unit of
 # work, handed to whichever worker is free in collection order; starting the long ones first keeps
 # one worker from running a long module alone at the end. Only the order depends on this list: a
-# stale or missing entry costs minutes, never a test.
+# stale or missing entry costs minutes, never a test. The three contract modules share one sweep
+# (tests/contract_sweep.py): the first builds it while the other worker starts a long module that
+# does not need it, instead of waiting on the sweep's lock.
 LONGEST_FIRST = (
     "test_contract_verbs.py",
+    "test_swap_workflow.py",
     "test_contract.py",
     "test_contract_walk.py",
-    "test_swap_workflow.py",
     "test_bench_gpu.py",
     "test_slurm.py",
     "test_reliability_kills.py",
@@ -157,6 +162,67 @@ def run_snakemake(
         *args,
     ]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def dry_snakemake(
+    workdir: Path, *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`snakemake -n` as `run_snakemake` runs it (same arguments, profile and environment), in a
+    process forked from this one instead of a new interpreter: the fork inherits Snakemake and
+    ckpteval already imported, which is most of a dry run's ~4 s, and it proves the same thing,
+    since the child parses the workflow from scratch in its own process (its own working
+    directory, Snakemake logger and parse-time state), exactly as `python -m snakemake` would.
+    Only for dry runs: jobs that run for real start from `run_snakemake`'s fresh interpreter."""
+    import snakemake.cli
+
+    args = ("-n", *args) if "-n" not in args and "--dry-run" not in args else args
+    argv = [
+        *("--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)),
+        *("--profile", str(REPO / "profiles" / "local"), *args),
+    ]
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+                os.chdir(REPO)
+                os.environ.update(env)
+                sys.argv = ["snakemake", *argv]
+                snakemake.cli.main(argv)
+            except SystemExit as done:
+                code = done.code if isinstance(done.code, int) else 1
+            except BaseException:  # noqa: BLE001 - reported to the parent as a failed run
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        returncode = _wait(pid, timeout)
+        out.seek(0)
+        err.seek(0)
+        text = (out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+    return subprocess.CompletedProcess(["snakemake", *argv], returncode, *text)
+
+
+def _wait(pid: int, timeout: float) -> int:
+    """The exit code of child `pid`; killed (and a TimeoutExpired raised) after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise subprocess.TimeoutExpired(["snakemake", "-n"], timeout)
+        time.sleep(0.02)
 
 
 def processes_with(marker: str) -> dict[str, bytes]:

@@ -1,14 +1,19 @@
 """The finished sweep of the rerun-contract tests, shared by tests/test_contract.py (a moved
-project, every Snakemake verb run for real, file events) and tests/test_contract_walk.py (every
-key of the schema changed in turn under `snakemake -n`). Each module runs its own sweep, so that
-pytest-xdist can give the two long modules to two workers; this file holds what they share: the
-sweep, the dry run and the jobs that regenerate a set of cells."""
+project, file events), tests/test_contract_verbs.py (every Snakemake verb run for real) and
+tests/test_contract_walk.py (every key of the schema changed in turn under `snakemake -n`). The
+sweep runs once per pytest run (`shared_sweep`: the first module to ask builds it under a file
+lock, in the directory all pytest-xdist workers share); each module works on a copy of its own,
+so the three long modules still run on separate workers side by side. This file also holds what
+they share besides: the dry run and the jobs that regenerate a set of cells."""
 
 from __future__ import annotations
 
 import copy
+import json
+import os
 import re
 import shutil
+import socket
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
-from conftest import run_snakemake
+from conftest import dry_snakemake, exclusive, run_snakemake
 from test_infer_backends import FakeEndpoint
 
 from ckpteval.config import validate_config
@@ -39,15 +45,61 @@ class Sweep:
     endpoint: FakeEndpoint
 
 
+def endpoint_on(port: int) -> FakeEndpoint:
+    """A FakeEndpoint on loopback `port` (0: a free one), bound with SO_REUSEPORT: the endpoint
+    URL is part of the endpoint run's identity, so every copy of the shared sweep serves it at the
+    URL it was built with; two workers may do so at once (the answers are a function of the
+    request, so which of them answers does not matter)."""
+
+    class Shared(FakeEndpoint):
+        def server_bind(self) -> None:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            self.server_address = ("127.0.0.1", port)
+            super().server_bind()
+
+    return Shared()
+
+
 @contextmanager
-def finished_sweep(demo_dir: Path, work: Path) -> Iterator[Sweep]:
-    """Run the sweep in `work` (copies of two demo checkpoints and the base model, an endpoint
-    on loopback) and hand it over finished; the endpoint stops when the block ends."""
+def shared_sweep(demo_dir: Path, factory: pytest.TempPathFactory, name: str) -> Iterator[Sweep]:
+    """A copy of this pytest run's finished sweep in a new directory `name`, and its endpoint.
+
+    The copy keeps every byte and modification time (`shutil.copy2`: real copies, not hard
+    links, since tests write files of their sweep in place); its config names the copy's paths,
+    so it is also a moved project, which must plan nothing (checked here, before any test)."""
+    base = factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    origin, done = root / "contract-sweep", root / "contract-sweep.done"
+    with exclusive(root / "contract-sweep.lock"):
+        if not done.exists():
+            shutil.rmtree(origin, ignore_errors=True)  # a build that failed half-way
+            origin.mkdir()
+            with finished_sweep(demo_dir, origin, endpoint_on(0)) as built:
+                port = int(built.endpoint.server_address[1])
+            done.write_text(json.dumps({"port": port}))
+        port = json.loads(done.read_text())["port"]
+        work = factory.mktemp(name)
+        shutil.copytree(origin, work, symlinks=True, dirs_exist_ok=True)
+    text = (work / "sweep.yaml").read_text().replace(str(origin), str(work))
+    (work / "sweep.yaml").write_text(text)
+    config = yaml.safe_load(text)
+    full = copy.deepcopy(config)
+    validate_config(full)
+    with endpoint_on(port) as endpoint:
+        sweep = Sweep(work, config, full, endpoint)
+        assert planned(sweep, config, "copied") == Counter(), "a copied sweep plans nothing"
+        yield sweep
+
+
+@contextmanager
+def finished_sweep(demo_dir: Path, work: Path, server: FakeEndpoint) -> Iterator[Sweep]:
+    """Run the sweep in `work` (copies of two demo checkpoints and the base model, `server` as
+    the endpoint run's server) and hand it over finished; the server stops when the block ends."""
     steps = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     for name, ckpt in zip(VLLM_CKPTS, (steps[0], steps[-1])):  # copies: later tests touch,
         shutil.copytree(ckpt, work / "run" / name)  # replace and delete them
     shutil.copytree(demo_dir / "base", work / "base")
-    with FakeEndpoint() as endpoint:
+    with server as endpoint:
         config = {
             "runs": {
                 "demo": {"path": str(work / "run"), "base_model": str(work / "base")},
@@ -77,10 +129,11 @@ def planned(sweep: Sweep, config: dict[str, Any], name: str = "variant") -> Coun
 
 
 def dry_run(sweep: Sweep, config: dict[str, Any], name: str) -> tuple[Counter[str], str]:
-    """(jobs per rule, what the dry run printed) of `snakemake -n --configfile <config>`."""
+    """(jobs per rule, what the dry run printed) of `snakemake -n --configfile <config>`, in a
+    forked process (conftest.dry_snakemake: the walk alone makes ~100 of them)."""
     path = sweep.work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
+    proc = dry_snakemake(sweep.work, "-n", "--configfile", str(path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     if "Nothing to be done" in out:

@@ -2,8 +2,8 @@
 project plans nothing, and the file events that follow (touch, copy, delete, new bytes, a broken
 file) change the sweep's files and run last. Every Snakemake verb run for real is
 tests/test_contract_verbs.py, and the walk of every config key under `snakemake -n` is
-tests/test_contract_walk.py, each on a sweep of its own (so the three long modules run on the
-workers side by side).
+tests/test_contract_walk.py, each on a copy of its own of the one sweep a pytest run builds (so
+the three long modules run on the workers side by side).
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from typing import Any
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, run_snakemake
+from conftest import REPO, dry_snakemake, run_snakemake
 from contract_sweep import (
     CELLS,
     TASKS,
     Sweep,
     chain,
     dry_run,
-    finished_sweep,
     planned,
     results_state,
+    shared_sweep,
 )
 
 from ckpteval.config import validate_config
@@ -72,7 +72,7 @@ def test_an_identity_is_the_same_for_reordered_settings_and_names_what_changed()
 
 @pytest.fixture(scope="module")
 def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
-    with finished_sweep(demo_dir, tmp_path_factory.mktemp("contract")) as finished:
+    with shared_sweep(demo_dir, tmp_path_factory, "contract") as finished:
         yield finished
 
 
@@ -87,6 +87,37 @@ def test_the_finished_sweep_plans_nothing_and_its_defaults_written_out_neither(
     assert planned(sweep, reordered, "reordered") == Counter()
 
 
+def said(proc: subprocess.CompletedProcess[str]) -> tuple[int, list[str]]:
+    """A dry run's exit status, job table and ckpteval's own lines (what the tests read)."""
+    out = proc.stdout + proc.stderr
+    table = out.split("Job stats:", 1)[1].split("total", 1)[0] if "Job stats:" in out else ""
+    lines = [ln for ln in out.splitlines() if ln.startswith("ckpteval:")]
+    return proc.returncode, [*table.split(), *lines]
+
+
+@pytest.mark.slow
+def test_a_forked_dry_run_plans_and_says_what_a_fresh_snakemake_does(sweep: Sweep) -> None:
+    """The contract tests' dry runs are forked from pytest (conftest.dry_snakemake, to skip the
+    imports): checked here against `python -m snakemake -n` on the same configs, one that plans
+    a chain and one with a user's mistake."""
+    changed = copy.deepcopy(sweep.full)
+    changed["tasks"]["pyfunc"]["limit"] = 1
+    mistake = {**sweep.config, "runs": {"demo": {"path": str(sweep.work / "no-such-run")}}}
+    seen = {}
+    for name, config in (("changed", changed), ("mistake", mistake)):
+        path = sweep.work / f"forked-{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        fresh = run_snakemake(sweep.work, "-n", "--configfile", str(path))
+        forked = dry_snakemake(sweep.work, "-n", "--configfile", str(path))
+        seen[name] = said(forked)
+        assert seen[name] == said(fresh), (forked.stderr[-2000:], fresh.stderr[-2000:])
+    status, words = seen["changed"]
+    assert status == 0 and "generation" in words and "evaluate" in words, words
+    assert any("tasks.pyfunc.limit" in w for w in words), "the reason, in ckpteval's words"
+    status, words = seen["mistake"]
+    assert status != 0 and any("no-such-run" in w for w in words), words
+
+
 @pytest.mark.slow
 def test_configfile_replaces_the_demo_config_instead_of_merging_into_it(sweep: Sweep) -> None:
     """A checkout whose demo was never built: its config/config.yaml names runs that do not
@@ -96,7 +127,7 @@ def test_configfile_replaces_the_demo_config_instead_of_merging_into_it(sweep: S
     (sweep.work / "config" / "config.yaml").write_text(yaml.safe_dump(demo))
     try:
         assert planned(sweep, sweep.config, "mine") == Counter()
-        proc = run_snakemake(
+        proc = dry_snakemake(
             sweep.work, "-n", "--configfile", str(sweep.work / "mine.yaml"), "--quiet", "rules"
         )
         assert "resources/demo" not in proc.stdout + proc.stderr
@@ -220,11 +251,11 @@ def test_publish_runs_only_as_its_own_target_and_again_only_for_its_settings(swe
     record = sweep.work / "results" / "summary" / "published" / "tensorboard.json"
     assert json.loads(record.read_text())["new"] > 0
     assert list((sweep.work / "tb").glob("*/*.ckpteval")), "event files written"
-    again = run_snakemake(sweep.work, "publish", "-n", "--configfile", str(path))
+    again = dry_snakemake(sweep.work, "publish", "-n", "--configfile", str(path))
     assert "Nothing to be done" in again.stdout + again.stderr
     config["publish"]["tensorboard"]["logdir"] = str(sweep.work / "tb2")
     path.write_text(yaml.safe_dump(config))
-    moved = run_snakemake(sweep.work, "publish", "-n", "--configfile", str(path))
+    moved = dry_snakemake(sweep.work, "publish", "-n", "--configfile", str(path))
     assert re.search(r"^publish\s+1\s*$", moved.stdout, re.M), moved.stdout[-2000:]
     del config["publish"]
     path.write_text(yaml.safe_dump(config))
@@ -323,7 +354,7 @@ def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
     try:
         path = sweep.work / "broken.yaml"
         path.write_text(yaml.safe_dump(sweep.config))
-        proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
+        proc = dry_snakemake(sweep.work, "-n", "--configfile", str(path))
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-3000:]
         line = next(ln for ln in out.splitlines() if "step_500" in ln and "broken" in ln)
@@ -344,7 +375,7 @@ def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
         assert "step_500" in status.stdout and "broken" in status.stdout, status.stderr
         # Still being written (changed a moment ago): not broken, not reported.
         os.utime(weights)
-        proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
+        proc = dry_snakemake(sweep.work, "-n", "--configfile", str(path))
         assert "step_500" not in proc.stdout + proc.stderr
     finally:
         shutil.rmtree(broken)
@@ -357,7 +388,7 @@ def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
     }
     path = sweep.work / "nothing.yaml"
     path.write_text(yaml.safe_dump(nothing))
-    proc = run_snakemake(sweep.work, "-n", "--configfile", str(path))
+    proc = dry_snakemake(sweep.work, "-n", "--configfile", str(path))
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out
     assert "runs.demo.patterns: nothing in" in out and "step_{step}" in out and "notes" in out

@@ -4,7 +4,8 @@ exactly what the contract table promises for that key: the affected cells' jobs,
 Every variant is given with `--configfile` and written out with all its defaults filled in, so
 each dry run also checks that `--configfile` replaces the demo config and that writing out
 defaults (a reformatted config) reruns nothing. A module of its own, apart from
-tests/test_contract.py, so that the two long modules run on two pytest-xdist workers.
+tests/test_contract.py, so that the long modules run on two pytest-xdist workers (each on its own
+copy of the sweep).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO
-from contract_sweep import CELLS, KINDS, TASKS, Sweep, chain, dry_run, finished_sweep
+from contract_sweep import CELLS, KINDS, TASKS, Sweep, chain, dry_run, shared_sweep
 
 from ckpteval.contract import (
     CONTRACT,
@@ -36,7 +37,7 @@ from ckpteval.contract import (
 
 @pytest.fixture(scope="module")
 def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
-    with finished_sweep(demo_dir, tmp_path_factory.mktemp("contract-walk")) as finished:
+    with shared_sweep(demo_dir, tmp_path_factory, "contract-walk") as finished:
         yield finished
 
 

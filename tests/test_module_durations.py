@@ -1,9 +1,13 @@
 """scripts/module_durations.py sums a `--durations=0` report per module (setup, call and
-teardown lines; parametrized ids with spaces and `::` in them; other lines ignored)."""
+teardown lines; parametrized ids with spaces and `::` in them; other lines ignored), and
+scripts/pytest-table.sh (what `make test` runs) prints that table and keeps pytest's status."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,3 +42,34 @@ def test_the_report_is_summed_per_module() -> None:
     }
     assert totals["tests/test_slurm.py"] == pytest.approx(374.18)
     assert totals["tests/test_checkers_python_hacks.py"] == pytest.approx(0.5)
+
+
+WRAPPER = REPO / "scripts" / "pytest-table.sh"
+
+
+def run_wrapper(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The wrapper on a scratch project, without the venv's plugins (their imports cost seconds)."""
+    return subprocess.run(
+        ["bash", str(WRAPPER), sys.executable, *args, "-p", "no:cacheprovider"],
+        cwd=cwd,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_test_targets_print_the_slowest_modules_and_keep_pytests_status(tmp_path: Path) -> None:
+    """`make test`'s wrapper: a failing test still fails the run (and the table is printed), and
+    a selection that collects nothing (pytest's status 5) fails it too, never passes silently."""
+    (tmp_path / "test_slowish.py").write_text(
+        "import time\n\ndef test_sleeps():\n    time.sleep(0.05)\n\n"
+        "def test_fails():\n    assert 1 == 2\n"
+    )
+    failed = run_wrapper(tmp_path, ".")
+    assert failed.returncode == 1, failed.stdout[-2000:]
+    table = failed.stdout.split("slowest test modules", 1)[1]
+    assert "test_slowish.py" in table and "total over" in table, table
+    none = run_wrapper(tmp_path, ".", "-k", "no_such_test")
+    assert none.returncode == 5, none.stdout[-2000:]
+    assert "slowest test modules" in none.stdout

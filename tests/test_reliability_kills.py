@@ -32,7 +32,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import REPO, run_snakemake, small_config, write_config
+from conftest import REPO, dry_snakemake, run_snakemake, small_config, write_config
 
 TASKS = {
     "arith": {"limit": 20},
@@ -439,7 +439,7 @@ def test_no_half_written_output_and_no_debris(sweeps: Sweeps) -> None:
         p for p in (sweeps.killed / "results").rglob(".*") if p.name != ".snakemake_timestamp"
     ]
     assert debris == [], debris
-    proc = run_snakemake(sweeps.killed, "-n")
+    proc = dry_snakemake(sweeps.killed, "-n")
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr
 
 

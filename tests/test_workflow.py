@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import run_snakemake, small_config, write_config
+from conftest import dry_snakemake, run_snakemake, small_config, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +126,7 @@ def test_rerun_of_one_target_file_touches_nothing_else(sweep: Path) -> None:
     after = {p: p.stat().st_mtime_ns for p in _cells(sweep)}
     assert [p for p in before if after[p] != before[p]] == [target]
     # Only the summary is now older than one of its inputs.
-    proc = run_snakemake(sweep, "-n")
+    proc = dry_snakemake(sweep, "-n")
     assert _job_counts(proc.stdout + proc.stderr) == {"aggregate": "1"}
     assert run_snakemake(sweep).returncode == 0
 
@@ -136,7 +136,7 @@ def test_a_new_checkpoint_is_picked_up_and_only_its_jobs_run(sweep: Path, demo_d
     new = steps[-1]
     old_cells = {p: p.stat().st_mtime_ns for p in _cells(sweep)}
     (sweep / "run" / new.name).symlink_to(new)
-    dry = run_snakemake(sweep, "-n")
+    dry = dry_snakemake(sweep, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = _job_counts(dry.stdout + dry.stderr)
     assert counts == {
@@ -157,17 +157,17 @@ def test_a_new_checkpoint_is_picked_up_and_only_its_jobs_run(sweep: Path, demo_d
 
 def test_user_mistakes_stop_before_any_job_with_one_line(sweep: Path, tmp_path: Path) -> None:
     write_config(tmp_path, small_config(tmp_path / "missing-run"))
-    proc = run_snakemake(tmp_path, "-n")
+    proc = dry_snakemake(tmp_path, "-n")
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "ckpteval: error: config: runs.demo.path:" in out and "Traceback" not in out
     write_config(tmp_path, small_config(sweep / "run", tasks={"nosuchtask": {}}))
-    proc = run_snakemake(tmp_path, "-n")
+    proc = dry_snakemake(tmp_path, "-n")
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "tasks.nosuchtask: unknown task" in out
     assert "Traceback" not in out
     write_config(tmp_path, {**small_config(sweep / "run"), "seeds": "42"})
-    proc = run_snakemake(tmp_path, "-n")
+    proc = dry_snakemake(tmp_path, "-n")
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "config: seeds: '42' is not of type 'array'" in out
     assert "Traceback" not in out
