@@ -107,5 +107,8 @@ def test_a_redo_input_names_the_damage_and_never_exists_when_planned(tmp_path: P
     first.touch()  # made by an earlier run for a damage of the same name
     second = redo_path(root, damaged)
     assert second != first and not second.exists()
+    assert redo_path(root, damaged, fresh=False) == first, "a cluster job finds the planned one"
+    second.touch()
+    assert redo_path(root, damaged, fresh=False) == second
     os.utime(damaged, ns=(1, 1))
     assert redo_path(root, damaged).parent == root and redo_path(root, damaged) != first

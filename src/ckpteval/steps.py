@@ -440,7 +440,13 @@ def generation(smk: Any) -> None:
     from ckpteval.verbs import staged_paths, staging_of
 
     task, variant = smk.wildcards.task, smk.wildcards.variant
-    staged, meta = staged_paths(staging_of(Path(smk.input.done)), task, variant)
+    done = getattr(smk.input, "done", None)
+    if done is None:
+        raise UserError(
+            f"{smk.output.generations}: this run did not plan its engine job; run the workflow "
+            "again (the next run plans it)"
+        )
+    staged, meta = staged_paths(staging_of(Path(done)), task, variant)
     if not staged.exists() or not meta.exists():
         raise UserError(
             f"{staged}: the engine job did not write this cell; run the workflow "

@@ -12,11 +12,13 @@ own parse). That is done with one *round* per engine job:
 - When the workflow is parsed, each engine job gets a round token `r<N>`, one more than any round
   its checkpoint's staging directory holds (`next_round`: one directory listing per checkpoint).
   Its output is `staging/{run}/{ckpt}/{group}.r<N>.done`, a file that does not exist yet.
-- A cell this invocation (re)generates (`requested`: stale on disk, damaged, or forced by a verb)
-  has that done file as a plain input of its generation job; every other cell as an `ancient()`
-  one. A planned generation job finds its input missing and so plans the engine job; an engine
-  job that runs reruns exactly the requested cells (an `ancient()` input never propagates a
-  rerun), so its neighbours' files, scores and the summary stay as they are.
+- A cell this invocation (re)generates (`requested`: stale on disk, damaged, or forced by a verb,
+  every cell when the engine rule itself is forced) has that done file as an input of its
+  generation job; every other cell has no edge to the engine job. A planned generation job finds
+  its input missing and so plans the engine job; an engine job that runs reruns exactly the
+  requested cells, so its neighbours' files, scores and the summary stay as they are. (An
+  `ancient()` input would not do: Snakemake holds back a rerun only for ancient files that
+  exist.)
 - The done files of engine jobs with requested cells are targets of `all`: a cell Snakemake
   would not redo by itself (a truncated generation file, a meta that does not parse, a file made
   by another model) is redone through its engine job, and nothing deletes it first.
@@ -221,16 +223,20 @@ def damaged_json(path: Path, *beside: Path) -> bool:
     return exists and (_unreadable(path) or not all(p.exists() for p in beside))
 
 
-def redo_path(root: Path, damaged: Path) -> Path:
+def redo_path(root: Path, damaged: Path, *, fresh: bool = True) -> Path:
     """The redo input of a damaged file's job: named by the file's path, size and mtime, so that
-    it does not exist while the file is damaged this way (one that does was made for an earlier
-    damage with the same name: a serial number is added)."""
+    it does not exist while the file is damaged this way (`fresh`: one that does was made for an
+    earlier damage with the same name, and a serial number is added). Not `fresh` (a cluster
+    job's own parse, after the main process planned and made it): the newest that exists."""
     stat = damaged.stat()
     key = sha256_json([str(damaged), stat.st_size, stat.st_mtime_ns])[:16]
     path, n = root / key, 0
     while path.exists():
         n += 1
-        path = root / f"{key}.{n}"
+        newer = root / f"{key}.{n}"
+        if not fresh and not newer.exists():
+            return path
+        path = newer
     return path
 
 

@@ -261,31 +261,30 @@ ENGINE_RULES = {
 
 
 def get_generation_inputs(wildcards):
-    """A cell's generation job reads its model card and its engine job's done file: a plain
-    input if this invocation (re)generates the cell (a missing input: Snakemake plans the
-    engine job) or the engine rule itself is forced (`-R infer`: every cell follows), else
-    `ancient()`: an engine job run for another cell never reruns this one."""
+    """A cell's generation job reads its model card and, if this invocation (re)generates the
+    cell, its engine job's done file: missing, so Snakemake plans the engine job. Any other cell
+    has no edge to the engine job: an engine job run for another cell never reruns it (an
+    `ancient()` input would not do, since Snakemake only holds back a rerun for ancient files
+    that exist)."""
     run, ckpt, task = wildcards.run, wildcards.ckpt, wildcards.task
     group = group_of(task)
     cells, _ = engine_plan(run, ckpt, group)
-    done = engine_done_file(run, ckpt, group)
-    follow = verbs().forces_rule(engine_rule(run, group)) or any(
-        (c.task, c.variant) == (task, wildcards.variant) for c in cells
-    )
-    return {
-        "manifest": f"{OUT}/models/{run}/{ckpt}.json",
-        "done": done if follow else ancient(done),
-    }
+    inputs = {"manifest": f"{OUT}/models/{run}/{ckpt}.json"}
+    if any((c.task, c.variant) == (task, wildcards.variant) for c in cells):
+        inputs["done"] = engine_done_file(run, ckpt, group)
+    return inputs
 
 
 @functools.cache
 def redo_file(path, *beside):
     """The redo input of the job that makes `path`, if `path` is damaged (ckpteval.verbs), else
     None: a missing input made by rule `redo`, a target of `all`, so Snakemake reruns that job
-    without the parse removing anything."""
+    without the parse removing anything. A cluster job's own parse finds the one the main
+    process planned (and rule `redo` made)."""
     if not damaged_json(Path(path), *map(Path, beside)):
         return None
-    return str(redo_path(Path(OUT) / "staging" / "redo", Path(path)))
+    root = Path(OUT) / "staging" / "redo"
+    return str(redo_path(root, Path(path), fresh=workflow.is_main_process))
 
 
 def score_redo(run, ckpt, task, variant):
