@@ -2,9 +2,12 @@
 moves, rewrites and deletes no file a job reads or writes, on a finished sweep and beside a
 running one. Only the cache keyed by content (`results/sources/`) may be written by a parse.
 
-The module runs the rerun-contract sweep of tests/contract_sweep.py once (each long module runs
-its own copy so that pytest-xdist can give them to separate workers; the other modules' sweeps
-are changed by their own tests while they run, so none can be shared with a live sweep here).
+Two sweeps: bench/plan.py's synthetic finished sweep (placeholder checkpoints, every output
+written as the jobs would, no model run: seconds to build), on which every verb is planned; and
+the rerun-contract sweep of tests/contract_sweep.py, run for real once here (each long module
+runs its own copy so that pytest-xdist can give them to separate workers; the other modules
+change theirs while they run, so none can host a live sweep), for the files a real run leaves
+and for a live sweep with dry runs beside it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,8 +30,12 @@ from contract_sweep import CELLS, Sweep, cell_files, finished_sweep, planned
 
 from ckpteval.backends import cache_namespace
 
-#: Content-keyed caches a parse may write (checkpoint content identities, hashes of big files).
-CACHES = ("results/sources/",)
+#: Content-keyed caches a parse may write (checkpoint content identities, hashes of big files),
+#: and Snakemake's own bookkeeping of an invocation (its IO cache, the logs of --summary/--dag).
+CACHES = ("results/sources/", ".snakemake/iocache/", ".snakemake/log/")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import plan as bench_plan  # noqa: E402 - bench/plan.py: the synthetic sweeps
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +104,118 @@ PLANNING = [
 ]
 
 
+# ----------------------------------------------- every verb planned on a synthetic finished sweep
+
+SYN_GEN = "results/generations/sweep/step_100/arith/greedy-s42.jsonl"
+SYN_SCORE = "results/scores/sweep/step_200/pyfunc/hot-s1.json"
+SYN_CELLS = 3 * 20
+ALL_CELLS = {"generation": SYN_CELLS, "evaluate": SYN_CELLS, "aggregate": 1}
+
+#: (arguments, jobs per rule the dry run plans): docs/reruns.md's table, on 3 checkpoints x 20
+#: cells; None: a command that plans nothing to count (it prints a graph or a table).
+SYNTHETIC_VERBS: list[tuple[tuple[str, ...], dict[str, int] | None]] = [
+    (("-n",), {}),
+    (("--summary",), None),
+    (("--dag",), None),
+    (("--rulegraph",), None),
+    (("-n", "-f", SYN_GEN), {"infer": 1, "generation": 1}),
+    (("-n", "-R", SYN_GEN), {"infer": 1, "generation": 1, "evaluate": 1, "aggregate": 1}),
+    (("-n", "-f", SYN_GEN.replace(".jsonl", ".meta.json")), {"infer": 1, "generation": 1}),
+    (("-n", "-f", SYN_SCORE), {"evaluate": 1}),
+    (("-n", "-f", "results/models/sweep/step_300"), {"consolidate": 1}),
+    (("-n", "-R", "infer"), {"infer": 3, **ALL_CELLS}),
+    (("-n", "-R", "generation"), {"infer": 3, **ALL_CELLS}),
+    (("-n", "-R", "consolidate"), {"consolidate": 3, "infer": 3, **ALL_CELLS}),
+    (("-n", "-R", "evaluate"), {"evaluate": SYN_CELLS, "aggregate": 1}),
+    (("-n", "-R", "aggregate"), {"aggregate": 1}),
+    (("-n", "-F"), {"consolidate": 3, "infer": 3, **ALL_CELLS}),
+    (("-n", "-F", "--until", "generation"), {"consolidate": 3, "infer": 3, "generation": 60}),
+    (("-n", "-F", "--omit-from", "evaluate"), {"consolidate": 3, "infer": 3, "generation": 60}),
+]
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("plan-synthetic")
+    bench_plan.make_sweep(work, 3)
+    assert bench_plan.finish(work) == SYN_CELLS
+    assert jobs_planned(work, "-n") == {}, "the synthetic sweep is finished"
+    return work
+
+
+def jobs_planned(work: Path, *args: str) -> dict[str, int] | None:
+    proc = run_snakemake(work, *args)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, (args, out[-3000:])
+    if "Nothing to be done" in out:
+        return {}
+    if "Job stats:" not in out:
+        return None
+    table = out.split("Job stats:", 1)[1].split("total", 1)[0]
+    found = re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)
+    return {rule: int(n) for rule, n in found if rule not in ("all", "job")}
+
+
+@pytest.mark.slow
+def test_every_verb_plans_its_chain_and_changes_no_file(synthetic: Path) -> None:
+    """Each verb of docs/reruns.md under `-n`, and `--summary`, `--dag`, `--rulegraph`,
+    `ckpteval status` and `ckpteval check`: the chain the table promises, and every file keeps
+    its bytes and modification time (the content-keyed cache and Snakemake's own logs aside)."""
+    before = tree(synthetic)
+    for args, jobs in SYNTHETIC_VERBS:
+        planned_jobs = jobs_planned(synthetic, *args)
+        if jobs is not None:
+            assert planned_jobs == jobs, args
+        assert changed(before, tree(synthetic)) == [], args
+    for command in ("status", "check"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ckpteval.cli", command],
+            cwd=synthetic,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert changed(before, tree(synthetic)) == [], command
+
+
+@pytest.mark.slow
+def test_damaged_files_are_planned_and_left_in_place(synthetic: Path) -> None:
+    """A truncated generation file, a score cell that does not parse, a score cell whose
+    samples file is gone, a model card that does not parse: a dry run plans each one's chain
+    (redo inputs, the engine job's round as a target) and removes nothing."""
+    results = synthetic / "results"
+    cut = {
+        results / SYN_GEN.removeprefix("results/"): 5,
+        results / SYN_SCORE.removeprefix("results/"): 7,
+        results / "models/sweep/step_300.json": 9,
+    }
+    samples = results / "scores/sweep/step_100/rustfunc/hot-s2.jsonl"
+    saved = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in [*cut, samples]}
+    try:
+        for path, keep in cut.items():
+            path.write_bytes(path.read_bytes()[:keep])
+        samples.unlink()
+        before = tree(synthetic)
+        assert jobs_planned(synthetic, "-n") == {
+            "infer": 2,  # step_100 for its truncated cell, step_300 for its new model
+            "consolidate": 1,
+            "redo": 3,
+            "generation": 1 + 20,
+            "evaluate": 1 + 1 + 1 + 20,
+            "aggregate": 1,
+        }
+        assert changed(before, tree(synthetic)) == []
+    finally:
+        for path, (data, mtime) in saved.items():
+            path.write_bytes(data)
+            os.utime(path, ns=(mtime, mtime))
+    assert jobs_planned(synthetic, "-n") == {}
+
+
+# --------------------------------------------------------------- a real sweep, finished and live
+
+
 @pytest.mark.slow
 def test_planning_a_finished_sweep_changes_no_file(sweep: Sweep) -> None:
     """`-n`, `--summary`, `--dag`, `--rulegraph`, every verb under `-n`, `ckpteval status` and
@@ -115,45 +235,6 @@ def test_planning_a_finished_sweep_changes_no_file(sweep: Sweep) -> None:
     # the config written for that dry run is the only new file
     assert changed(before, tree(sweep.work)) == ["readonly.yaml"]
     (sweep.work / "readonly.yaml").unlink()
-
-
-@pytest.mark.slow
-def test_damaged_files_are_planned_and_left_in_place_by_a_dry_run(sweep: Sweep) -> None:
-    """A truncated generation file, a score cell and a model card that do not parse: a dry run
-    plans their jobs (the chain a real run then runs: tests/test_contract_verbs.py) and removes
-    none of them."""
-    root = sweep.work / "results"
-    damaged = {
-        root / GEN.removeprefix("results/"): 40,
-        root / SCORE.removeprefix("results/"): 20,
-        root / "models/ep/step_7.json": 30,
-    }
-    saved = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in damaged}
-    try:
-        for path, keep in damaged.items():
-            path.write_bytes(path.read_bytes()[:keep])
-        before = tree(sweep.work)
-        jobs = planned(sweep, sweep.config, "damaged")
-        assert changed(before, tree(sweep.work)) == ["damaged.yaml"]
-        ep = [c for c in CELLS if c[0] == "ep"]
-        assert jobs == Counter(
-            {
-                "infer": 1,  # the truncated cell, alone
-                "endpoint": 1,  # every cell of the rebuilt model card
-                "model_card": 1,
-                "generation": 1 + len(ep),
-                "evaluate": 1 + len(ep),
-                "redo": 2,  # the score cell and the model card that do not parse
-                "aggregate": 1,
-            }
-        ), jobs
-    finally:
-        for path, (data, mtime) in saved.items():
-            path.write_bytes(data)
-            os.utime(path, ns=(mtime, mtime))
-        (sweep.work / "damaged.yaml").unlink(missing_ok=True)
-    assert planned(sweep, sweep.config, "repaired") == Counter()
-    (sweep.work / "repaired.yaml").unlink()
 
 
 def generations(work: Path) -> dict[str, bytes]:
