@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpteval.contract import generation_identity
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness, StaleCell
 from ckpteval.io import read_json, sha256_json, write_json
@@ -120,7 +119,7 @@ def requested(
         if reason is None and _older(jsonl, fresh.manifest_path(run, ckpt)):
             reason = "older than its model"
         if reason is not None:
-            identity = generation_identity(fresh.plan, run, task, variant)
+            identity = fresh.generation_identity(run, task, variant)
             cells.append(StaleCell(task, variant, identity, reason))
     return cells
 

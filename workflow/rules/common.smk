@@ -13,10 +13,8 @@ from ckpteval.checkpoints import sync_source_identity
 from ckpteval.config import build_plan, resolve_path, validate_config
 from ckpteval.contract import (
     engine_payload,
-    generation_identity,
     model_identity,
     publish_identity,
-    scoring_identity,
     summary_identity,
 )
 from ckpteval.errors import UserError
@@ -332,7 +330,7 @@ def get_evaluate_inputs(wildcards):
 
 
 def get_generation_identity(wildcards):
-    return generation_identity(PLAN, wildcards.run, wildcards.task, wildcards.variant).text
+    return FRESH.generation_identity(wildcards.run, wildcards.task, wildcards.variant).text
 
 
 def get_task_options(wildcards):
@@ -342,7 +340,7 @@ def get_task_options(wildcards):
 
 
 def get_scoring_identity(wildcards):
-    return scoring_identity(PLAN, wildcards.run, wildcards.task, wildcards.variant).text
+    return FRESH.scoring_identity(wildcards.run, wildcards.task, wildcards.variant).text
 
 
 def get_summary_identity(wildcards):
