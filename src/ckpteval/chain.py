@@ -8,7 +8,7 @@ invocation token), takes each one's
 claim in turn, swaps that checkpoint's weights into its running engine (ckpteval.swap, checked
 after every swap) and generates its cells into that checkpoint's staging directory. When that
 checkpoint's own engine job runs, it waits for the claim, finds its cells staged for its model
-and settings, and only writes its markers: no engine load.
+and settings, and only writes its done file: no engine load.
 
 A checkpoint whose model config or tokenizer differs, or one whose claim another job holds, is
 left to its own job, with a log line saying why. One not consolidated yet is waited for, up to the
