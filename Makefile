@@ -14,7 +14,7 @@ PROFILE ?= profiles/local
 PYTEST_WORKERS ?= 2
 PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: demo test test-fast test-threads lint setup dag clean
+.PHONY: demo test test-fast test-threads lint setup dag docs/dag.png clean
 
 setup: $(VENV)/.installed
 
@@ -42,6 +42,10 @@ lint: setup
 dag: setup
 	$(VENV)/bin/snakemake --rulegraph | dot -Tsvg > rulegraph.svg
 	@echo "wrote rulegraph.svg"
+
+# The README's picture of one checkpoint's DAG, from the current workflow (scripts/dag_png.py).
+docs/dag.png: setup
+	$(PY) scripts/dag_png.py
 
 clean:
 	rm -rf results logs .snakemake

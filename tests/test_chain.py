@@ -18,7 +18,7 @@ import pytest
 import ckpteval.steps as steps
 from ckpteval.contract import Identity
 from ckpteval.freshness import StaleCell
-from ckpteval.verbs import sync_markers
+from ckpteval.verbs import request_body, request_path, write_request
 
 RUN, INVOCATION = "r", "inv-1"
 
@@ -38,10 +38,10 @@ class StandIn:
 
 
 def _request(out: Path, ckpt: str) -> Path:
-    staging = out / "staging" / RUN / ckpt / "main"
-    request = staging.with_name("main.request.json")
+    """The request file a run writes when it starts for `ckpt`'s engine job (round r1)."""
+    request = request_path(out / "staging" / RUN / ckpt / "main", "r1")
     cell = StaleCell("arith", "greedy-s42", Identity({"task.definition": ckpt}), "missing")
-    sync_markers(staging, request, [("arith", "greedy-s42")], [cell], INVOCATION, {})
+    write_request(request, request_body([cell], INVOCATION, {}))
     return request
 
 
@@ -63,7 +63,9 @@ def _chain(out: Path, engine: StandIn, monkeypatch: pytest.MonkeyPatch) -> list[
     monkeypatch.setattr(steps, "CHAIN_POLL_SECONDS", 0.1)
     smk = SimpleNamespace(
         wildcards=SimpleNamespace(run=RUN, ckpt="step_1"),
-        input=SimpleNamespace(request=str(out / "staging" / RUN / "step_1" / "main.request.json")),
+        params=SimpleNamespace(
+            request=str(out / "staging" / RUN / "step_1" / "main.r1.request.json")
+        ),
     )
     steps._chain(smk, {"backend": engine}, out / "staging" / RUN / "step_1" / "main")
     return generated
@@ -125,7 +127,9 @@ def test_a_failed_generation_stops_the_chain(
     monkeypatch.setattr(steps, "_generate", fail)
     smk = SimpleNamespace(
         wildcards=SimpleNamespace(run=RUN, ckpt="step_1"),
-        input=SimpleNamespace(request=str(out / "staging" / RUN / "step_1" / "main.request.json")),
+        params=SimpleNamespace(
+            request=str(out / "staging" / RUN / "step_1" / "main.r1.request.json")
+        ),
     )
     steps._chain(smk, {"backend": engine}, out / "staging" / RUN / "step_1" / "main")
     assert engine.swapped == ["step_2"]

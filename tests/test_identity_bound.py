@@ -495,11 +495,11 @@ def test_a_sweep_scores_a_problem_file_task_and_a_moved_problem_file_reruns_noth
 
 
 def _engine_job_files(tmp: Path, plan: Any, run: str) -> SimpleNamespace:
-    """What the parse writes for the engine job of `run`'s checkpoint step_7: its model card and
-    its request file (every cell of the default engine group requested)."""
+    """What the engine job of `run`'s checkpoint step_7 reads: its model card and the request
+    file a run writes when it starts (every cell of the default engine group requested)."""
     from ckpteval.backends import model_card
     from ckpteval.contract import engine_payload, generation_identity, model_identity
-    from ckpteval.verbs import StaleCell, sync_markers
+    from ckpteval.verbs import StaleCell, request_body, request_path, write_request
 
     out = tmp / "results"
     manifest = out / "models" / run / "step_7.json"
@@ -509,14 +509,14 @@ def _engine_job_files(tmp: Path, plan: Any, run: str) -> SimpleNamespace:
         {**model_card(run, "openai", endpoint), **model_identity(plan, run, "step_7").record()},
     )
     staging = out / "staging" / run / "step_7" / "main"
-    request = staging.with_name("main.request.json")
+    request = request_path(staging, "r1")
     pairs = [(t, v) for t, vs in plan.task_variants.items() for v in vs]
     cells = [StaleCell(t, v, generation_identity(plan, run, t, v), "new") for t, v in pairs]
     payload = engine_payload(plan, run, list(plan.task_variants))
-    sync_markers(staging, request, pairs, cells, "inv-1", payload)
-    markers = [str(staging / t / f"{v}.ok") for t, v in pairs]
+    write_request(request, request_body(cells, "inv-1", payload))
+    done = staging.with_name("main.r1.done")
     return SimpleNamespace(
-        out=out, manifest=manifest, staging=staging, request=request, markers=markers, pairs=pairs
+        out=out, manifest=manifest, staging=staging, request=request, done=done, pairs=pairs
     )
 
 
@@ -527,13 +527,13 @@ def _run_engine_step(tmp: Path, files: SimpleNamespace, run: str, config: dict[s
         SimpleNamespace(
             config=config,
             wildcards=SimpleNamespace(run=run, ckpt="step_7"),
-            input=SimpleNamespace(
+            input=SimpleNamespace(manifest=str(files.manifest), keys=lambda: ["manifest"]),
+            output=SimpleNamespace(done=str(files.done)),
+            params=SimpleNamespace(
+                staging=str(files.staging),
                 request=str(files.request),
-                manifest=str(files.manifest),
-                keys=lambda: ["request", "manifest"],
+                cache_dir=str(files.out / "cache"),
             ),
-            output=SimpleNamespace(markers=files.markers),
-            params=SimpleNamespace(staging=str(files.staging), cache_dir=str(files.out / "cache")),
             log=[str(tmp / "logs" / "infer.log")],
             resources={},
         )

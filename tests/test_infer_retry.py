@@ -163,6 +163,8 @@ def test_engine_groups_are_one_infer_job_each_with_retry_resources(tmp_path: Pat
     ]
     assert len(placed) == 4 and all("pyfunc/" in b or "rustfunc/" in b for b in placed)
     assert counts["generation"] == "8"
-    assert "logs/infer/demo/step_10.code.log" in dry.stdout or "step_20.code.log" in dry.stdout
+    assert (
+        "logs/infer/demo/step_10.code.r1.log" in dry.stdout or "step_20.code.r1.log" in dry.stdout
+    )
     assert re.search(r"resources: .*gpu=1.*infer_attempt=1", dry.stdout)
     assert counts["evaluate"] == "8"

@@ -32,7 +32,7 @@ def _files(root: Path) -> dict[Path, int]:
 
 def _of(files: dict[Path, int], results: Path, ckpt: str) -> dict[Path, int]:
     """The files of one checkpoint: its model, manifest, generations, scores (not its engine
-    job's bookkeeping under staging/: markers, request and claim files)."""
+    job's bookkeeping under staging/: done, request and claim files)."""
     return {
         p: t
         for p, t in files.items()

@@ -44,15 +44,15 @@ def test_a_step_in_snakemakes_process_fails_with_one_line_in_its_log(tmp_path: P
 
     from ckpteval.steps import StepFailed, generation, run_in_process
 
-    marker = tmp_path / "staging" / "r" / "step_1" / "main" / "arith" / "greedy-s42.ok"
-    marker.parent.mkdir(parents=True)
-    marker.write_text("{}")
+    done = tmp_path / "staging" / "r" / "step_1" / "main.r1.done"
+    done.parent.mkdir(parents=True)
+    done.write_text("{}")
     log = tmp_path / "logs" / "generation.log"
     out = tmp_path / "generations" / "arith.jsonl"
     with pytest.raises(StepFailed) as failed:
         run_in_process(
             generation,
-            input=SimpleNamespace(marker=str(marker)),
+            input=SimpleNamespace(done=str(done)),
             output=SimpleNamespace(generations=str(out), meta=str(out.with_suffix(".meta.json"))),
             params=SimpleNamespace(identity="{}"),
             wildcards=SimpleNamespace(task="arith", variant="greedy-s42"),

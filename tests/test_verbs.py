@@ -1,6 +1,7 @@
-"""ckpteval.verbs without Snakemake: what a verb forces, and the markers that keep an engine job's
-rerun from spreading to the cells it did not generate. The verbs themselves, run for real on a
-finished sweep, are in tests/test_contract.py."""
+"""ckpteval.verbs without Snakemake: what a verb forces, the round an engine job gets, and how a
+damaged result is found without being touched. The verbs themselves, run for real on a finished
+sweep, are in tests/test_contract_verbs.py; that planning writes nothing, in
+tests/test_plan_readonly.py."""
 
 from __future__ import annotations
 
@@ -13,10 +14,16 @@ from ckpteval.contract import Identity
 from ckpteval.freshness import StaleCell
 from ckpteval.verbs import (
     Verbs,
-    drop_damaged_json,
-    marker_path,
+    damaged_json,
+    done_path,
+    next_round,
     read_request,
-    sync_markers,
+    redo_path,
+    request_body,
+    request_path,
+    staging_of,
+    write_done,
+    write_request,
 )
 
 RULES = ["infer", "generation", "evaluate", "consolidate"]
@@ -47,25 +54,25 @@ def _cell(task: str, variant: str = "greedy-s42") -> StaleCell:
     return StaleCell(task, variant, Identity({"task": task}), "missing")
 
 
-def test_a_marker_exists_exactly_for_the_cells_not_requested(tmp_path: Path) -> None:
-    staging, request = tmp_path / "main", tmp_path / "main.request.json"
-    pairs = [("arith", "greedy-s42"), ("pyfunc", "greedy-s42"), ("pyfunc", "hot-s1")]
-    sync_markers(staging, request, pairs, [_cell("pyfunc")])
-    present = {p for p in pairs if marker_path(staging, *p).exists()}
-    assert present == {("arith", "greedy-s42"), ("pyfunc", "hot-s1")}
-    assert [(c["task"], c["variant"]) for c in read_request(request)] == [("pyfunc", "greedy-s42")]
-    # The next parse finds nothing to do: every marker is back, the request is empty.
-    sync_markers(staging, request, pairs, [])
-    assert all(marker_path(staging, *p).exists() for p in pairs)
-    assert read_request(request) == []
-
-
-def test_an_unchanged_request_file_is_not_rewritten(tmp_path: Path) -> None:
-    staging, request = tmp_path / "main", tmp_path / "main.request.json"
-    sync_markers(staging, request, [("arith", "greedy-s42")], [_cell("arith")])
-    os.utime(request, (1, 1))
-    sync_markers(staging, request, [("arith", "greedy-s42")], [_cell("arith")])
-    assert request.stat().st_mtime == 1
+def test_a_round_is_one_more_than_any_round_of_its_group_so_its_done_file_is_new(
+    tmp_path: Path,
+) -> None:
+    staging = tmp_path / "step_1" / "main"
+    staging.mkdir(parents=True)
+    assert next_round(os.listdir(tmp_path / "step_1"), "main") == "r1"
+    write_request(request_path(staging, "r1"), request_body([_cell("arith")], "inv"))
+    # A run started (its request is there) but its engine job never finished: a new round.
+    assert next_round(os.listdir(tmp_path / "step_1"), "main") == "r2"
+    write_done(done_path(staging, "r7"), [("arith", "greedy-s42")])
+    names = [*os.listdir(tmp_path / "step_1"), "code.r30.done", "main.r9.claim", "main.rx.done"]
+    token = next_round(names, "main")
+    assert token == "r8", "other groups, claims and foreign names do not count"
+    assert not done_path(staging, token).exists()
+    assert staging_of(done_path(staging, token)) == staging
+    assert staging_of(request_path(staging / "x.y", "r3")) == staging / "x.y"
+    assert [(c["task"], c["variant"]) for c in read_request(request_path(staging, "r1"))] == [
+        ("arith", "greedy-s42")
+    ]
 
 
 def test_a_request_file_that_does_not_parse_reads_as_empty(tmp_path: Path) -> None:
@@ -75,14 +82,33 @@ def test_a_request_file_that_does_not_parse_reads_as_empty(tmp_path: Path) -> No
         assert read_request(path) == []
 
 
-def test_a_damaged_json_result_is_removed_with_its_companions(tmp_path: Path) -> None:
+def test_a_damaged_json_result_is_found_and_left_in_place(tmp_path: Path) -> None:
     metrics, samples = tmp_path / "c.json", tmp_path / "c.jsonl"
+    assert not damaged_json(metrics, samples), "nothing there: missing, not damaged"
     metrics.write_text(json.dumps({"n": 3}))
     samples.write_text("{}\n")
-    assert drop_damaged_json(metrics, samples) == []
-    metrics.write_text('{"n": ')  # truncated
-    assert drop_damaged_json(metrics, samples) == [metrics, samples]
-    assert not metrics.exists() and not samples.exists()
-    metrics.write_text(json.dumps({"n": 3}))  # its samples file is gone
-    assert drop_damaged_json(metrics, samples) == [metrics, samples]
-    assert drop_damaged_json(metrics, samples) == [], "nothing there, nothing to do"
+    assert not damaged_json(metrics, samples)
+    for text in ('{"n": ', "[1]", ""):  # truncated, not a mapping, empty
+        metrics.write_text(text)
+        before = (metrics.read_bytes(), metrics.stat().st_mtime_ns)
+        assert damaged_json(metrics, samples)
+        assert (metrics.read_bytes(), metrics.stat().st_mtime_ns) == before and samples.exists()
+    metrics.write_text(json.dumps({"n": 3}))
+    samples.unlink()
+    assert damaged_json(metrics, samples), "its samples file is gone"
+
+
+def test_a_redo_input_names_the_damage_and_never_exists_when_planned(tmp_path: Path) -> None:
+    damaged, root = tmp_path / "c.json", tmp_path / "redo"
+    damaged.write_text('{"n": ')
+    first = redo_path(root, damaged)
+    assert not first.exists() and redo_path(root, damaged) == first, "the same damage, one name"
+    root.mkdir()
+    first.touch()  # made by an earlier run for a damage of the same name
+    second = redo_path(root, damaged)
+    assert second != first and not second.exists()
+    assert redo_path(root, damaged, fresh=False) == first, "a cluster job finds the planned one"
+    second.touch()
+    assert redo_path(root, damaged, fresh=False) == second
+    os.utime(damaged, ns=(1, 1))
+    assert redo_path(root, damaged).parent == root and redo_path(root, damaged) != first

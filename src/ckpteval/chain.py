@@ -3,11 +3,12 @@
 Each checkpoint keeps its own engine job in Snakemake's graph (so `-f`, `-R` and `-F` plan
 exactly as before: ckpteval.verbs). What changes is who does the GPU work. An engine job that has
 generated its own checkpoint's cells looks at the request files of the other checkpoints of its
-run and engine group that this invocation will generate (same invocation token), takes each one's
+run and engine group that this invocation runs (written when the run started, with its
+invocation token), takes each one's
 claim in turn, swaps that checkpoint's weights into its running engine (ckpteval.swap, checked
 after every swap) and generates its cells into that checkpoint's staging directory. When that
 checkpoint's own engine job runs, it waits for the claim, finds its cells staged for its model
-and settings, and only writes its markers: no engine load.
+and settings, and only writes its done file: no engine load.
 
 A checkpoint whose model config or tokenizer differs, or one whose claim another job holds, is
 left to its own job, with a log line saying why. One not consolidated yet is waited for, up to the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import logging
 import os
 import re
@@ -40,6 +42,7 @@ class Checkpoint:
     run: str
     ckpt: str
     staging: Path
+    request: Path
     model_dir: Path
     manifest: Path
     cells: list[dict[str, Any]]
@@ -82,18 +85,23 @@ def scan(
     """The other checkpoints of `run` whose engine jobs of this group have cells to generate in
     this invocation, consolidated already, in step order after `ckpt` first, then before it;
     and the names of those not consolidated yet (a chain may wait for them)."""
+    from ckpteval.verbs import done_path, staging_of
+
     found, pending = [], []
-    for request in (out / "staging" / run).glob(f"*/{group_dir}.request.json"):
+    for request in (out / "staging" / run).glob(f"*/{glob.escape(group_dir)}.r*.request.json"):
         name = request.parent.name
         try:
             body = read_json(request)
-        except Exception:  # noqa: BLE001 - a request being rewritten: not ours to serve
+            staging = staging_of(request)
+        except Exception:  # noqa: BLE001 - not a request file of this group: not ours to serve
             continue
         manifest = out / "models" / run / f"{name}.json"
-        if name == ckpt or body.get("invocation") != invocation or not body.get("cells"):
+        if staging.name != group_dir or name == ckpt:
             continue
-        staging = request.with_suffix("").with_suffix("")
-        if _done(staging, body["cells"]):
+        if body.get("invocation") != invocation or not body.get("cells"):
+            continue
+        token = request.name.removesuffix(".request.json").rsplit(".", 1)[1]
+        if done_path(staging, token).exists():  # its engine job has run in this invocation
             continue
         if not manifest.exists():
             pending.append(name)
@@ -102,7 +110,8 @@ def scan(
             Checkpoint(
                 run,
                 name,
-                request.with_suffix("").with_suffix(""),
+                staging,
+                request,
                 manifest.with_suffix(""),
                 manifest,
                 list(body["cells"]),
@@ -110,13 +119,6 @@ def scan(
         )
     mine = _step_key(ckpt)
     return sorted(found, key=lambda c: (_step_key(c.ckpt) < mine, _step_key(c.ckpt))), pending
-
-
-def _done(staging: Path, cells: list[dict[str, Any]]) -> bool:
-    """Its engine job has run in this invocation: every requested cell has its marker back."""
-    from ckpteval.verbs import marker_path
-
-    return all(marker_path(staging, c["task"], c["variant"]).exists() for c in cells)
 
 
 def staged_current(staging: Path, cell: Any, model_hash: Any, invocation: Any) -> bool:

@@ -74,6 +74,17 @@ class Freshness:
         return self.out / "sources" / run / f"{ckpt}.json"
 
     @functools.cache  # noqa: B019 - one Freshness per parse
+    def generation_identity(self, run: str, task: str, variant: str) -> Identity:
+        """A cell's generation identity: the same for every checkpoint of a run, so computed
+        once per parse (ckpteval.contract; a pure function of the config)."""
+        return generation_identity(self.plan, run, task, variant)
+
+    @functools.cache  # noqa: B019
+    def scoring_identity(self, run: str, task: str, variant: str) -> Identity:
+        """A cell's scoring identity, once per (run, task, variant) and parse."""
+        return scoring_identity(self.plan, run, task, variant)
+
+    @functools.cache  # noqa: B019
     def manifest(self, run: str, ckpt: str) -> dict[str, Any] | None:
         return _read(self.manifest_path(run, ckpt))
 
@@ -111,7 +122,7 @@ class Freshness:
     @functools.cache  # noqa: B019
     def stale(self, run: str, ckpt: str, task: str, variant: str) -> StaleCell | None:
         """The cell if its generation file must be (re)written, else None."""
-        identity = generation_identity(self.plan, run, task, variant)
+        identity = self.generation_identity(run, task, variant)
         jsonl, meta_path = self.generation_paths(run, ckpt, task, variant)
         meta = _read(meta_path) if jsonl.exists() else None
         if meta is None:
@@ -138,7 +149,7 @@ class Freshness:
         cell = _read(path)
         if cell is None:
             return None
-        identity = scoring_identity(self.plan, run, task, variant)
+        identity = self.scoring_identity(run, task, variant)
         recorded = cell.get("scoring")  # the cell's provenance is merged into its top level
         if recorded is None or Identity(recorded).digest == identity.digest:
             return None

@@ -22,7 +22,8 @@ Snakemake runs (locally or under Slurm), after it stopped, and from another shel
 Which files *concern* a cell: an output or log path whose parts after the step or rule directory
 (`scores/`, `generations/`, `models/` under `outdir`; `logs/<rule>/`), with a `.json`, `.jsonl`,
 `.log` or similar suffix dropped, are a prefix of (run, ckpt, task, variant) of length >= 2. So
-`logs/infer/{run}/{ckpt}.log` and `models/{run}/{ckpt}/` concern every cell of that checkpoint,
+`logs/infer/{run}/{ckpt}.log` (an engine job's round, `.r<N>`, left out) and `models/{run}/{ckpt}/`
+concern every cell of that checkpoint,
 `logs/evaluate/{run}/{ckpt}/{task}/{variant}.log` one cell.
 
 Snakemake's working directory (for `.snakemake/`) and the logs directory default to the parent of
@@ -61,6 +62,8 @@ _ERROR_LINE = re.compile(
     re.IGNORECASE,
 )
 _TAIL_BYTES = 4096
+#: An engine job's round in its log's name (`{ckpt}.r3.log`: ckpteval.verbs).
+_ROUND = re.compile(r"\.r[0-9]+$")
 
 #: Held with a shared flock by every Snakemake process of this workflow in a working directory,
 #: from parse time until it exits (`claim_workdir`). The kernel drops it when the process dies,
@@ -286,7 +289,8 @@ class _Evidence:
         for log in _walk(logdir):
             rel = log.relative_to(logdir)
             if len(rel.parts) >= 3:  # <rule>/<run>/<ckpt>...
-                ev.job_logs[_key(Path(*rel.parts[1:]))].append(log)
+                key = _key(Path(*rel.parts[1:]))
+                ev.job_logs[(*key[:-1], _ROUND.sub("", key[-1]))].append(log)
         snakemake_dir = workdir / ".snakemake"
         locked = (
             set(_locked_outputs(snakemake_dir, workdir))

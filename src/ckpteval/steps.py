@@ -187,13 +187,14 @@ def replay(smk: Any) -> None:
 
 def infer(smk: Any) -> None:
     """An engine job (rules `infer*`, `endpoint*`): generate the cells its request file names
-    into its staging directory, write every marker of its group (ckpteval.verbs), then, with
+    into its staging directory, write its round's done file (ckpteval.verbs), then, with
     `engine.swap`, go on to the next checkpoints of its run on the same engine (ckpteval.chain).
     Its settings come from the request file and its model's identity (ckpteval.jobs.EngineJob)."""
     from ckpteval.chain import claim, staged_current
+    from ckpteval.verbs import write_done
 
     staging = Path(smk.params.staging)
-    job = _engine_job(smk, Path(smk.input.request), Path(smk.input.manifest))
+    job = _engine_job(smk, Path(smk.params.request), Path(smk.input.manifest))
     model_hash = read_meta(Path(smk.input.manifest)).get("weights_sha256")
     invocation = _invocation(smk)
     with claim(staging, wait=True):  # a chain that went ahead may be generating them now
@@ -205,7 +206,7 @@ def infer(smk: Any) -> None:
         with session as engine:
             if todo:
                 _generate(smk, engine, job, staging, todo, Path(smk.input.manifest))
-            _write_markers(smk.output.markers, staging, job.cells)
+            write_done(Path(smk.output.done), [(c.task, c.variant) for c in job.cells])
             if engine is not None and runtime(smk.config, "engine.swap") is not False:
                 _chain(smk, engine, staging)
 
@@ -226,15 +227,6 @@ def _clear_staged(staging: Path, keep: set[tuple[str, str]]) -> None:
         variant = path.name.removesuffix(".jsonl").removesuffix(".meta.json")
         if (path.parent.name, variant) not in keep:
             path.unlink(missing_ok=True)
-
-
-def _write_markers(markers: Any, staging: Path, cells: Any) -> None:
-    from ckpteval.verbs import write_marker
-
-    generated = {(c.task, c.variant) for c in cells}
-    for marker in map(Path, markers):
-        cell = (marker.parent.name, marker.name.removesuffix(".ok"))
-        write_marker(marker, generated=cell in generated)
 
 
 def _engine_knobs(smk: Any) -> dict[str, Any]:
@@ -340,7 +332,7 @@ def _invocation(smk: Any) -> Any:
     cell counts only for the invocation that staged it (an older one is a leftover)."""
     from ckpteval.io import read_json
 
-    return read_json(smk.input.request).get("invocation")
+    return read_json(smk.params.request).get("invocation")
 
 
 def _chain(smk: Any, engine: dict[str, Any], staging: Path) -> None:
@@ -418,9 +410,7 @@ def _serve_next(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> i
                 "its own job starts an engine for it"
             )
             return 0
-        job = _engine_job(
-            smk, nxt.staging.with_name(nxt.staging.name + ".request.json"), nxt.manifest
-        )
+        job = _engine_job(smk, nxt.request, nxt.manifest)
         model_hash = read_meta(nxt.manifest).get("weights_sha256")
         invocation = _invocation(smk)
         todo = [c for c in job.cells if not staged_current(nxt.staging, c, model_hash, invocation)]
@@ -451,10 +441,16 @@ def read_meta(path: Path) -> dict[str, Any]:
 def generation(smk: Any) -> None:
     """Move a cell's generation file and meta from its engine job's staging directory into
     place (rule `generation`; a rename: the file appears complete or not at all)."""
-    from ckpteval.verbs import staged_paths
+    from ckpteval.verbs import staged_paths, staging_of
 
     task, variant = smk.wildcards.task, smk.wildcards.variant
-    staged, meta = staged_paths(Path(smk.input.marker).parent.parent, task, variant)
+    done = getattr(smk.input, "done", None)
+    if done is None:
+        raise UserError(
+            f"{smk.output.generations}: this run did not plan its engine job; run the workflow "
+            "again (the next run plans it)"
+        )
+    staged, meta = staged_paths(staging_of(Path(done)), task, variant)
     if not staged.exists() or not meta.exists():
         raise UserError(
             f"{staged}: the engine job did not write this cell; run the workflow "

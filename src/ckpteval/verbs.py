@@ -1,40 +1,53 @@
-"""Which cells an engine job writes, so that every Snakemake verb plans a chain that can run.
+"""Which cells an engine job writes, so that every Snakemake verb plans a chain that can run,
+while planning writes nothing.
 
 A checkpoint's generations come from two rules. The engine job (`infer`, `infer_<group>`,
 `endpoint`, ...) loads the model once and writes the cells of its engine group into a staging
 directory; rule `generation`, one job per cell, moves a cell's file into place. Snakemake must be
 able to plan either by its own file graph, for every verb (`-f`, `-R`, `-F`, `--until`, a deleted
-file), without rerunning the neighbours of a cell the engine job rewrites. That is done with one
-marker file per cell, an output of the engine job and an `ancient()` input of the cell's job:
+or damaged file), without rerunning the neighbours of a cell the engine job rewrites, and without
+the parse creating, moving or deleting any file (a dry run beside a running sweep, a Slurm job's
+own parse). That is done with one *round* per engine job:
 
-- A marker exists exactly when its cell needs no generation. Snakemake then never propagates an
-  engine job's rerun to that cell (an existing `ancient()` input is not a reason to rerun), so the
-  cell's file, its scores and the summary stay as they are.
-- A cell that must be (re)generated has no marker. Its generation job, once planned (a missing
-  output, a changed identity, a forced file or rule), finds its input missing and so plans the
-  engine job: the chain always runs, never a job whose outputs cannot be made.
-- The engine job reads which cells to generate from its request file (an `ancient()` input:
-  writing it never plans anything) and writes every marker of its group.
+- When the workflow is parsed, each engine job gets a round token `r<N>`, one more than any round
+  its checkpoint's staging directory holds (`next_round`: one directory listing per checkpoint).
+  Its output is `staging/{run}/{ckpt}/{group}.r<N>.done`, a file that does not exist yet.
+- A cell this invocation (re)generates (`requested`: stale on disk, damaged, or forced by a verb,
+  every cell when the engine rule itself is forced) has that done file as an input of its
+  generation job; every other cell has no edge to the engine job. A planned generation job finds
+  its input missing and so plans the engine job; an engine job that runs reruns exactly the
+  requested cells, so its neighbours' files, scores and the summary stay as they are. (An
+  `ancient()` input would not do: Snakemake holds back a rerun only for ancient files that
+  exist.)
+- The done files of engine jobs with requested cells are targets of `all`: a cell Snakemake
+  would not redo by itself (a truncated generation file, a meta that does not parse, a file made
+  by another model) is redone through its engine job, and nothing deletes it first.
+- Which cells an engine job generates is written to its request file
+  (`{group}.r<N>.request.json`) when the run starts (`onstart`, under Snakemake's lock, never in a
+  dry run), for the engine jobs Snakemake will run. The engine job reads it; its siblings read it
+  to chain (ckpteval.chain).
 
 `Verbs` is what Snakemake was told to redo, read from its DAG settings when the input functions
-run in the main process; `requested` adds it to what the files say is stale
-(ckpteval.freshness). `sync_markers` makes the markers and the request file agree with that. If
-the engine rule itself is forced (`-R infer`), the cells' marker inputs are plain inputs instead,
-so that Snakemake reruns every cell after it.
+run; `requested` adds it to what the files say is stale (ckpteval.freshness).
+
+A damaged score cell or model card (a JSON file that does not parse, a score cell without its
+samples file) is redone the same way, without being removed: its job gets a *redo* input
+(`staging/redo/<key>`, named by the damaged file's path, size and mtime, so it never exists at
+parse time) made by the trivial rule `redo`, which `all` asks for.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpteval.contract import generation_identity
 from ckpteval.errors import UserError
-from ckpteval.freshness import DAMAGED, Freshness, StaleCell
-from ckpteval.io import read_json, write_json
+from ckpteval.freshness import Freshness, StaleCell
+from ckpteval.io import read_json, sha256_json, write_json
 
 #: The per-cell rule, and the rules whose rerun rewrites a checkpoint's model.
 CELL_RULE = "generation"
@@ -73,10 +86,6 @@ def _norm(path: str | os.PathLike[str]) -> str:
     return os.path.normpath(os.path.abspath(path))
 
 
-def marker_path(staging: Path, task: str, variant: str) -> Path:
-    return staging / task / f"{variant}.ok"
-
-
 def staged_paths(staging: Path, task: str, variant: str) -> tuple[Path, Path]:
     """Where an engine job writes a cell's generation file and meta."""
     base = staging / task / variant
@@ -110,7 +119,7 @@ def requested(
         if reason is None and _older(jsonl, fresh.manifest_path(run, ckpt)):
             reason = "older than its model"
         if reason is not None:
-            identity = generation_identity(fresh.plan, run, task, variant)
+            identity = fresh.generation_identity(run, task, variant)
             cells.append(StaleCell(task, variant, identity, reason))
     return cells
 
@@ -122,77 +131,11 @@ def _older(path: Path, than: Path) -> bool:
         return False
 
 
-def drop_damaged(fresh: Freshness, run: str, ckpt: str, cells: Sequence[StaleCell]) -> None:
-    """Remove the files of damaged cells (a truncated generation file, an unreadable meta):
-    Snakemake sees only that a file exists, so it would otherwise never regenerate them."""
-    for cell in cells:
-        if cell.reason == DAMAGED:
-            for path in fresh.generation_paths(run, ckpt, cell.task, cell.variant):
-                path.unlink(missing_ok=True)
-
-
-def drop_damaged_json(*paths: Path) -> list[Path]:
-    """Remove a result whose JSON file does not parse (a truncated copy), with the files written
-    beside it: Snakemake would take it for finished. Returns what was removed."""
-    damaged = [p for p in paths[:1] if p.exists() and _unreadable(p)]
-    if damaged or (paths[0].exists() and not all(p.exists() for p in paths[1:])):
-        for path in paths:
-            path.unlink(missing_ok=True)
-        return list(paths)
-    return []
-
-
 def _unreadable(path: Path) -> bool:
     try:
         return not isinstance(read_json(path), dict)
     except (UserError, OSError, ValueError):
         return True
-
-
-def sync_markers(
-    staging: Path,
-    request: Path,
-    pairs: Sequence[tuple[str, str]],
-    cells: Sequence[StaleCell],
-    invocation: str = "",
-    payload: dict[str, Any] | None = None,
-) -> None:
-    """Make the staging markers and the request file say what `cells` says: no marker for a
-    cell to generate, a marker for every other cell; the request lists the first kind, with
-    the invocation that asked (an engine job chains only to requests of its own invocation:
-    ckpteval.chain) and `payload`, what the engine job builds its cells from besides their
-    identities (ckpteval.jobs.engine_payload)."""
-    wanted = {(c.task, c.variant) for c in cells}
-    for task, variant in pairs:
-        marker = marker_path(staging, task, variant)
-        if (task, variant) in wanted:
-            marker.unlink(missing_ok=True)
-        elif not marker.exists():
-            write_marker(marker, generated=False)
-    # An empty request names no invocation: it is not rewritten by every parse.
-    body = {
-        "invocation": invocation if cells else "",
-        "cells": [_request_cell(c) for c in cells],
-        **(payload or {}),
-    }
-    if not request.exists() or _read_body(request) != body:
-        write_json(request, body)
-
-
-def _request_cell(cell: StaleCell) -> dict[str, Any]:
-    return {
-        "task": cell.task,
-        "variant": cell.variant,
-        "reason": cell.reason,
-        "record": cell.identity.record(),
-    }
-
-
-def _read_body(path: Path) -> Any:
-    try:
-        return read_json(path)
-    except UserError:
-        return None
 
 
 def read_request(path: Path, *, strict: bool = False) -> list[dict[str, Any]]:
@@ -212,12 +155,100 @@ def read_request_body(path: Path, *, strict: bool = False) -> dict[str, Any]:
         return body
     if strict:
         raise UserError(
-            f"{path}: not a request file; run the workflow again (the parse rewrites it)"
+            f"{path}: not a request file; run the workflow again (a run writes it when it starts)"
         )
     return {"cells": []}
 
 
-def write_marker(path: Path, *, generated: bool) -> None:
-    """A cell's marker: its presence is what counts; the body says what the engine job did."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"generated": generated})
+#: A round token: `r` and a serial number (the wildcard `token` of the engine rules).
+ROUND = re.compile(r"^(?P<group>.+)\.(?P<token>r[0-9]+)\.(?:done|request\.json)$")
+
+
+def next_round(names: Iterable[str], group_dir: str) -> str:
+    """The round token of a checkpoint's engine job of `group_dir`, given the names in its
+    staging directory: one more than any round there, so its done file does not exist."""
+    rounds = [
+        int(m["token"][1:])
+        for name in names
+        if (m := ROUND.match(name)) is not None and m["group"] == group_dir
+    ]
+    return f"r{max(rounds, default=0) + 1}"
+
+
+def done_path(staging: Path, token: str) -> Path:
+    """The engine job's output for round `token` (`staging` is its group's staging directory)."""
+    return staging.with_name(f"{staging.name}.{token}.done")
+
+
+def request_path(staging: Path, token: str) -> Path:
+    """Which cells the engine job of round `token` generates (written when the run starts)."""
+    return staging.with_name(f"{staging.name}.{token}.request.json")
+
+
+def staging_of(done: Path) -> Path:
+    """The staging directory of an engine job's done or request file."""
+    match = ROUND.match(done.name)
+    if match is None:
+        raise ValueError(f"{done}: not an engine job's done or request file")
+    return done.with_name(match["group"])
+
+
+def request_body(
+    cells: Sequence[StaleCell], invocation: str, payload: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """An engine job's request: the cells it generates with their identities, the invocation
+    that asked (an engine job chains only to requests of its own invocation: ckpteval.chain)
+    and `payload`, what the engine job builds its cells from besides their identities
+    (ckpteval.contract.engine_payload)."""
+    return {
+        "invocation": invocation,
+        "cells": [_request_cell(c) for c in cells],
+        **(payload or {}),
+    }
+
+
+def write_request(path: Path, body: dict[str, Any]) -> None:
+    """Write an engine job's request file (atomically: a sibling's chain may be reading)."""
+    write_json(path, body)
+
+
+def damaged_json(path: Path, *beside: Path) -> bool:
+    """A result whose JSON file is there but does not parse (a truncated copy), or whose
+    companions are gone: Snakemake would take it for finished. Reads, never removes."""
+    try:
+        exists = path.exists()
+    except OSError:
+        return False
+    return exists and (_unreadable(path) or not all(p.exists() for p in beside))
+
+
+def redo_path(root: Path, damaged: Path, *, fresh: bool = True) -> Path:
+    """The redo input of a damaged file's job: named by the file's path, size and mtime, so that
+    it does not exist while the file is damaged this way (`fresh`: one that does was made for an
+    earlier damage with the same name, and a serial number is added). Not `fresh` (a cluster
+    job's own parse, after the main process planned and made it): the newest that exists."""
+    stat = damaged.stat()
+    key = sha256_json([str(damaged), stat.st_size, stat.st_mtime_ns])[:16]
+    path, n = root / key, 0
+    while path.exists():
+        n += 1
+        newer = root / f"{key}.{n}"
+        if not fresh and not newer.exists():
+            return path
+        path = newer
+    return path
+
+
+def _request_cell(cell: StaleCell) -> dict[str, Any]:
+    return {
+        "task": cell.task,
+        "variant": cell.variant,
+        "reason": cell.reason,
+        "record": cell.identity.record(),
+    }
+
+
+def write_done(path: Path, generated: Iterable[tuple[str, str]]) -> None:
+    """An engine job's done file: its presence is what counts; the body lists the cells it
+    generated."""
+    write_json(path, {"generated": sorted(f"{t}/{v}" for t, v in generated)})

@@ -13,10 +13,8 @@ from ckpteval.checkpoints import sync_source_identity
 from ckpteval.config import build_plan, resolve_path, validate_config
 from ckpteval.contract import (
     engine_payload,
-    generation_identity,
     model_identity,
     publish_identity,
-    scoring_identity,
     summary_identity,
 )
 from ckpteval.errors import UserError
@@ -28,11 +26,14 @@ from ckpteval.steps import generation, run_in_process
 from ckpteval.tasks import check_harness_names
 from ckpteval.verbs import (
     Verbs,
-    drop_damaged,
-    drop_damaged_json,
-    marker_path,
+    damaged_json,
+    done_path,
+    next_round,
+    redo_path,
+    request_body,
+    request_path,
     requested,
-    sync_markers,
+    write_request,
 )
 
 try:
@@ -53,12 +54,13 @@ ALL_PAIRS = [(t, v) for t, vs in PLAN.task_variants.items() for v in vs]
 
 
 if workflow.is_main_process:
-    # Keep each checkpoint's content identity current (only new bytes move its mtime), then say
-    # in words what this invocation will redo for a changed setting, before Snakemake plans it.
+    # Keep each checkpoint's content identity current (only new bytes move its mtime; a cache
+    # keyed by content, the one file a parse may write), then say in words what this invocation
+    # will redo for a changed setting, before Snakemake plans it.
     for _run in PLAN.runs.values():
         for _ckpt in _run.checkpoints:
             _manifest = FRESH.manifest_path(_run.name, _ckpt.name)
-            if drop_damaged_json(_manifest):
+            if damaged_json(_manifest):
                 print(f"ckpteval: warning: {_manifest} did not parse; rebuilt", file=sys.stderr)
         if _run.has_weights:
             for _ckpt in _run.checkpoints:
@@ -88,9 +90,11 @@ def get_final_outputs(wildcards):
     # Every output of the aggregate step is a target (Snakemake reruns a job for a missing
     # output only when that output is requested), so a deleted flips.csv or plots/ is rebuilt.
     # Assist jobs (if any GPU would otherwise idle at the sweep's end) are targets too.
+    # Engine rounds and redo inputs with work to do are targets too (ckpteval.verbs).
+    extra = [*ASSIST_RECORDS, *get_engine_targets(), *get_redo_targets()]
     if PLAN.shard is not None:
-        return [*get_score_files(wildcards), *ASSIST_RECORDS]
-    return [*rules.aggregate.output, *get_cell_files(), *ASSIST_RECORDS]
+        return [*get_score_files(wildcards), *extra]
+    return [*rules.aggregate.output, *get_cell_files(), *extra]
 
 
 def get_cell_files():
@@ -160,19 +164,26 @@ def engine_rule(run, group):
 
 
 def staging_dir(group):
-    """Where an engine job of `group` writes its checkpoint's cells, beside one marker per cell
-    (ckpteval.verbs)."""
+    """Where an engine job of `group` writes its checkpoint's cells (ckpteval.verbs)."""
     return f"{OUT}/staging/{{run}}/{{ckpt}}/{group or 'main'}"
 
 
-def request_file(group):
-    """Which cells an engine job of `group` generates (written by the parse: ckpteval.verbs)."""
-    return f"{OUT}/staging/{{run}}/{{ckpt}}/{group or 'main'}.request.json"
+def engine_done(group):
+    """An engine job's output: one done file per round (ckpteval.verbs), a name no file has when
+    the workflow is parsed."""
+    return f"{staging_dir(group)}.{{token}}.done"
 
 
-def get_markers(group):
-    """The engine job's outputs: one marker per cell of its group, a list fixed by the config."""
-    return [str(marker_path(Path(staging_dir(group)), t, v)) for t, v in group_jobs(group)]
+def engine_log(group):
+    suffix = f".{group}" if group else ""
+    return f"logs/infer/{{run}}/{{ckpt}}{suffix}.{{token}}.log"
+
+
+def get_engine_request_path(group):
+    def request(wildcards):
+        return request_path(Path(staging_dir(group).format(**wildcards)), wildcards.token)
+
+    return request
 
 
 #: This invocation, as its request files name it (an engine job chains only within it).
@@ -189,61 +200,137 @@ def verbs():
 
 
 @functools.cache
-def engine_request(run, ckpt, group):
-    """The cells an engine job generates in this invocation; in the main process, its markers
-    and request file are made to say so before Snakemake looks at them (ckpteval.verbs)."""
+def staging_names(run, ckpt):
+    """The names in a checkpoint's staging directory (one listing per checkpoint and parse)."""
+    try:
+        return tuple(os.listdir(f"{OUT}/staging/{run}/{ckpt}"))
+    except OSError:
+        return ()
+
+
+@functools.cache
+def engine_plan(run, ckpt, group):
+    """(cells, round) of a checkpoint's engine job of `group` in this invocation: the cells it
+    (re)generates, read from the files and the verbs, and its round token (ckpteval.verbs).
+    Reads only: the request file is written when the run starts (write_engine_requests)."""
     cells = requested(FRESH, run, ckpt, group_jobs(group), verbs(), engine_rule(run, group))
-    if workflow.is_main_process:
+    return cells, next_round(staging_names(run, ckpt), group or "main")
+
+
+def engine_done_file(run, ckpt, group):
+    _, token = engine_plan(run, ckpt, group)
+    return str(done_path(Path(staging_dir(group).format(run=run, ckpt=ckpt)), token))
+
+
+def get_engine_targets():
+    """The done files of the engine jobs with cells to (re)generate: targets of `all`, so that
+    a cell Snakemake would not redo by itself (damaged, made by another model) is redone."""
+    return [
+        engine_done_file(run, ckpt.name, group)
+        for run in [*VLLM_RUNS, *OPENAI_RUNS]
+        for ckpt in PLAN.runs[run].checkpoints
+        if not ckpt.deleted
+        for group in PLAN.engine_groups
+        if engine_plan(run, ckpt.name, group)[0]
+    ]
+
+
+def write_engine_requests(dag):
+    """When the run starts (onstart: under Snakemake's lock, never in a dry run): the request
+    file of every engine job Snakemake will run, which it and its siblings read."""
+    for job in dag.needrun_jobs():
+        group = ENGINE_RULES.get(job.rule.name)
+        if group is None:
+            continue
+        run, ckpt = job.wildcards.run, job.wildcards.ckpt
+        cells, token = engine_plan(run, ckpt, group)
         staging = Path(staging_dir(group).format(run=run, ckpt=ckpt))
-        request = Path(request_file(group).format(run=run, ckpt=ckpt))
-        drop_damaged(FRESH, run, ckpt, cells)
         payload = engine_payload(PLAN, run, PLAN.engine_groups[group])
-        sync_markers(staging, request, group_jobs(group), cells, INVOCATION, payload)
-    return cells
+        body = request_body(cells, INVOCATION, payload)
+        write_request(request_path(staging, job.wildcards.token), body)
 
 
-def get_engine_request(group):
-    def request(wildcards):
-        engine_request(wildcards.run, wildcards.ckpt, group)
-        return ancient(request_file(group).format(run=wildcards.run, ckpt=wildcards.ckpt))
-
-    return request
+#: Engine rule name -> its engine group.
+ENGINE_RULES = {
+    infer_rule_name(prefix, group): group
+    for group in PLAN.engine_groups
+    for prefix in ("infer", "endpoint")
+}
 
 
 def get_generation_inputs(wildcards):
-    """A cell's generation job reads its model card and its engine job's marker. The marker is
-    `ancient()`: an engine job rerun for another cell never reruns this one; only when the
-    engine rule itself is forced (`-R infer`) does every cell follow it."""
+    """A cell's generation job reads its model card and, if this invocation (re)generates the
+    cell, its engine job's done file: missing, so Snakemake plans the engine job. Any other cell
+    has no edge to the engine job: an engine job run for another cell never reruns it (an
+    `ancient()` input would not do, since Snakemake only holds back a rerun for ancient files
+    that exist)."""
     run, ckpt, task = wildcards.run, wildcards.ckpt, wildcards.task
     group = group_of(task)
-    engine_request(run, ckpt, group)
-    staging = Path(staging_dir(group).format(run=run, ckpt=ckpt))
-    marker = str(marker_path(staging, task, wildcards.variant))
-    forced = verbs().forces_rule(engine_rule(run, group))
-    return {
-        "manifest": f"{OUT}/models/{run}/{ckpt}.json",
-        "marker": marker if forced else ancient(marker),
-    }
+    cells, _ = engine_plan(run, ckpt, group)
+    inputs = {"manifest": f"{OUT}/models/{run}/{ckpt}.json"}
+    if any((c.task, c.variant) == (task, wildcards.variant) for c in cells):
+        inputs["done"] = engine_done_file(run, ckpt, group)
+    return inputs
+
+
+@functools.cache
+def redo_file(path, *beside):
+    """The redo input of the job that makes `path`, if `path` is damaged (ckpteval.verbs), else
+    None: a missing input made by rule `redo`, a target of `all`, so Snakemake reruns that job
+    without the parse removing anything. A cluster job's own parse finds the one the main
+    process planned (and rule `redo` made)."""
+    if not damaged_json(Path(path), *map(Path, beside)):
+        return None
+    root = Path(OUT) / "staging" / "redo"
+    return str(redo_path(root, Path(path), fresh=workflow.is_main_process))
+
+
+def score_redo(run, ckpt, task, variant):
+    base = f"{OUT}/scores/{run}/{ckpt}/{task}/{variant}"
+    return redo_file(f"{base}.json", f"{base}.jsonl")
+
+
+def model_redo(run, ckpt):
+    return redo_file(f"{OUT}/models/{run}/{ckpt}.json")
+
+
+def get_model_redo(wildcards):
+    """A damaged model card's redo input (consolidate, model_card), or none."""
+    found = model_redo(wildcards.run, wildcards.ckpt)
+    return {"redo": found} if found else {}
+
+
+def get_score_redo(wildcards):
+    """A damaged score cell's redo input (evaluate), or none."""
+    w = wildcards
+    found = score_redo(w.run, w.ckpt, w.task, w.variant)
+    return {"redo": found} if found else {}
+
+
+def get_redo_targets():
+    """Every redo input of this invocation (a damaged score cell or model card): targets of
+    `all`. One read per score cell, shared with the rerun explanation (ckpteval.freshness)."""
+    found = [
+        model_redo(run.name, c.name)
+        for run in PLAN.runs.values()
+        for c in run.checkpoints
+        if not c.deleted
+    ]
+    found += [score_redo(c["run"], c["ckpt"], c["task"], c["variant"]) for c in PLAN.cells()]
+    return sorted(f for f in found if f)
 
 
 def get_evaluate_inputs(wildcards):
-    """A cell's generation file and model card. Damaged files of the cell (a metrics file that
-    does not parse, a samples file gone; a truncated generation file or a meta that does not
-    parse: ckpteval.verbs) are removed first, so that Snakemake redoes them."""
-    run, ckpt = wildcards.run, wildcards.ckpt
-    base = f"{run}/{ckpt}/{wildcards.task}/{wildcards.variant}"
-    if workflow.is_main_process and not PLAN.checkpoint(run, ckpt).deleted:
-        if run in VLLM_RUNS or run in OPENAI_RUNS:
-            engine_request(run, ckpt, group_of(wildcards.task))
-        drop_damaged_json(Path(f"{OUT}/scores/{base}.json"), Path(f"{OUT}/scores/{base}.jsonl"))
+    """A cell's generation file and model card."""
+    base = f"{wildcards.run}/{wildcards.ckpt}/{wildcards.task}/{wildcards.variant}"
     return {
         "generations": f"{OUT}/generations/{base}.jsonl",
-        "manifest": f"{OUT}/models/{run}/{ckpt}.json",
+        "manifest": f"{OUT}/models/{wildcards.run}/{wildcards.ckpt}.json",
     }
 
 
 def get_generation_identity(wildcards):
-    return generation_identity(PLAN, wildcards.run, wildcards.task, wildcards.variant).text
+    return FRESH.generation_identity(wildcards.run, wildcards.task, wildcards.variant).text
 
 
 def get_task_options(wildcards):
@@ -253,7 +340,7 @@ def get_task_options(wildcards):
 
 
 def get_scoring_identity(wildcards):
-    return scoring_identity(PLAN, wildcards.run, wildcards.task, wildcards.variant).text
+    return FRESH.scoring_identity(wildcards.run, wildcards.task, wildcards.variant).text
 
 
 def get_summary_identity(wildcards):
@@ -269,11 +356,6 @@ def get_publish_records():
     return [f"{OUT}/summary/published/{t}.json" for t in TRACKERS if config["publish"].get(t)]
 
 
-def get_infer_log(group):
-    suffix = f".{group}" if group else ""
-    return f"logs/infer/{{run}}/{{ckpt}}{suffix}.log"
-
-
 INFER_COSTS = InferCosts(PLAN)
 
 
@@ -282,7 +364,7 @@ def get_infer_priority(group):
     longest infer jobs first, so the last wave of a sweep is made of short ones."""
 
     def priority(wildcards):
-        cells = engine_request(wildcards.run, wildcards.ckpt, group)
+        cells, _ = engine_plan(wildcards.run, wildcards.ckpt, group)
         stale = [(c.task, c.variant) for c in cells]
         return float(f"{INFER_COSTS(wildcards.run, wildcards.ckpt, stale):.6g}")
 

@@ -7,6 +7,7 @@
 # jobs' expected GPU seconds (common.smk), so the longest checkpoints are ready first.
 rule consolidate:
     input:
+        unpack(get_model_redo),
         source=get_checkpoint_source,
         source_id=get_source_identity_file,
         base_model=get_base_model,

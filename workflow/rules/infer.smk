@@ -2,9 +2,10 @@
 # - vllm: rule `infer` (one per engine group: `infer_<group>`): one vLLM engine per job serves the
 #   checkpoint's cells of the group that this invocation (re)generates, on one leased GPU; a CUDA
 #   OOM is retried once with less memory, any other failure is not retried. It writes them into
-#   its staging directory with one marker per cell of the group, and rule `generation` moves
+#   its staging directory and one done file for its round ({token}), and rule `generation` moves
 #   each cell's file into place. Which cells, and why every Snakemake verb (-f, -R, -F, a deleted
-#   file) plans a chain that runs without rerunning the neighbours: ckpteval.verbs.
+#   file) plans a chain that runs without rerunning the neighbours and without the parse writing
+#   anything: ckpteval.verbs. The engine jobs' request files are written when a run starts.
 # - openai: rule `endpoint` (`endpoint_<group>`): the same job against an OpenAI-compatible server;
 #   no GPU here.
 # - replay: rule `replay`, one job per generation file: existing solutions, validated and copied.
@@ -21,13 +22,13 @@ for _group in PLAN.engine_groups:
             input:
                 model=f"{OUT}/models/{{run}}/{{ckpt}}",
                 manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
-                request=get_engine_request(_group),
             output:
-                markers=get_markers(_group),
+                done=engine_done(_group),
             log:
-                get_infer_log(_group),
+                engine_log(_group),
             wildcard_constraints:
                 run=runs_regex(VLLM_RUNS),
+                token=r"r[0-9]+",
             priority: get_infer_priority(_group)
             retries: 1
             resources:
@@ -36,6 +37,7 @@ for _group in PLAN.engine_groups:
                 share_chunks=get_share_chunks,
             params:
                 staging=staging_dir(_group),
+                request=get_engine_request_path(_group),
                 cache_dir=f"{OUT}/cache",
             script:
                 "../scripts/infer.py"
@@ -47,23 +49,29 @@ for _group in PLAN.engine_groups:
                 infer_rule_name("endpoint", _group)
             input:
                 manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
-                request=get_engine_request(_group),
             output:
-                markers=get_markers(_group),
+                done=engine_done(_group),
             log:
-                get_infer_log(_group),
+                engine_log(_group),
             wildcard_constraints:
                 run=runs_regex(OPENAI_RUNS),
+                token=r"r[0-9]+",
             params:
                 staging=staging_dir(_group),
+                request=get_engine_request_path(_group),
                 cache_dir=f"{OUT}/cache",
             script:
                 "../scripts/infer.py"
 
 
+# The request file of every engine job a run will run (never in a dry run): ckpteval.verbs.
+onstart:
+    write_engine_requests(workflow.dag)
+
+
 # A cell's generation file and meta, moved into place from its engine job's staging directory.
-# Its marker input is ancient (common.smk): an up-to-date cell's job is never planned, whatever
-# its neighbours do. Its identity param names the settings it was made with. Two renames: it
+# Its done-file input is ancient unless this invocation regenerates the cell (common.smk): an
+# up-to-date cell's job is never planned, whatever its neighbours do. Its identity param names the settings it was made with. Two renames: it
 # runs inside Snakemake's own process (`run:`), with no interpreter to start per cell.
 if VLLM_RUNS or OPENAI_RUNS:
 
@@ -144,6 +152,8 @@ if REPLAY_RUNS:
 if OPENAI_RUNS or REPLAY_RUNS:
 
     rule model_card:
+        input:
+            unpack(get_model_redo),
         output:
             manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
         log:
@@ -158,3 +168,16 @@ if OPENAI_RUNS or REPLAY_RUNS:
             "../scripts/model_card.py"
 
     ruleorder: model_card > consolidate
+
+
+# A damaged score cell or model card is redone through a redo input (ckpteval.verbs): a file
+# named for the damage, made here and asked for by `all`, so the job that makes the damaged
+# file runs again without the parse removing anything.
+rule redo:
+    output:
+        f"{OUT}/staging/redo/{{key}}",
+    wildcard_constraints:
+        key=r"[0-9a-f]+(\.[0-9]+)?",
+    localrule: True
+    shell:
+        "touch {output}"

@@ -1,0 +1,287 @@
+"""What planning costs: ckpteval's `snakemake -n`, `ckpteval status` and `ckpteval check` on
+synthetic sweeps, against a plain Snakefile with the same job graph.
+
+Each size is a run of placeholder checkpoints (empty directories marked complete with `DONE`)
+x 20 cells per checkpoint (5 built-in tasks x 4 variants: greedy, and one sampled config x 3
+seeds), in two states:
+
+- new: nothing done; every job is planned;
+- finished: every output present and valid, written as plausible files (model cards, generation
+  files with their metas, score cells with their samples, the summary), with identities
+  computed by ckpteval.contract exactly as the jobs record them, not by running models. A dry
+  run plans nothing.
+
+The plain Snakefile has the same rules and files (consolidate, one engine job per checkpoint,
+generation and evaluate per cell, aggregate) as `shell: touch` jobs with static inputs: what
+Snakemake itself costs for that graph. In one run it prints, per size and state, the seconds of
+each command, the ratio to the plain Snakefile, and how each grows with size; with `--profile`
+it also writes a cProfile of ckpteval's dry run (top costs printed).
+
+    python bench/plan.py                       # 100, 300 and 1000 checkpoints
+    python bench/plan.py --sizes 20 --profile  # one small size, profiled
+
+Goals (issue 35): new sweep within 1.3x the plain Snakefile at every size; finished sweep's
+no-op dry run at 1,000 x 20 within 2x; `ckpteval status` on 20,000 cells under 5 s; cost linear in
+cells. Run it alone on the machine (it is CPU-bound; under the shared lock on a shared box).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = {"arith": {}, "pyfunc": {}, "rustfunc": {}, "humaneval": {}, "math_qwen": {}}
+SAMPLING = {
+    "greedy": {"temperature": 0.0},
+    "hot": {"temperature": 0.7, "n": 2},
+}
+
+
+def config() -> dict[str, Any]:
+    return {
+        "runs": {"sweep": {"path": "run", "complete_marker": "DONE"}},
+        "tasks": TASKS,
+        "sampling": SAMPLING,
+        "seeds": [1, 2, 3],
+        "consolidate": {"smoke": "none"},
+    }
+
+
+def make_sweep(work: Path, checkpoints: int) -> None:
+    """A working directory with `checkpoints` placeholder checkpoints and the config."""
+    for c in range(checkpoints):
+        ckpt = work / "run" / f"step_{(c + 1) * 100}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "DONE").touch()
+    (work / "config").mkdir()
+    (work / "config" / "config.yaml").write_text(json.dumps(config()))
+
+
+def finish(work: Path) -> int:
+    """Write every output of the sweep as the jobs would (identities by ckpteval.contract),
+    oldest first along the graph; returns the number of cells."""
+    from ckpteval.checkpoints import hash_source
+    from ckpteval.config import build_plan, validate_config
+    from ckpteval.contract import model_identity
+
+    cfg = config()
+    validate_config(cfg)
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        plan = build_plan(cfg, base_dir=work)
+    finally:
+        os.chdir(cwd)
+    out = work / "results"
+    base = time.time() - 3600
+    cells = 0
+    for run in plan.runs.values():
+        for ckpt in run.checkpoints:
+            manifest = out / "models" / run.name / f"{ckpt.name}.json"
+            (manifest.with_suffix("")).mkdir(parents=True)
+            weights = f"w-{run.name}-{ckpt.name}"
+            card = {
+                **model_identity(plan, run.name, ckpt.name).record(),
+                "weights_sha256": weights,
+                "identity_sha256": weights,
+                "source_files": hash_source(Path(ckpt.path)),
+            }
+            _write(manifest, card, base + 1)
+            os.utime(manifest.with_suffix(""), (base + 1, base + 1))
+            for task, variants in plan.task_variants.items():
+                for variant in variants:
+                    cells += 1
+                    _finish_cell(out, plan, run.name, ckpt.name, task, variant, weights, base)
+    summary = out / "summary"
+    for name in (
+        "metrics.parquet metrics.csv metrics.md seeds.csv configs.csv passk.csv errors.csv "
+        "hacks.csv truncation.csv deltas.csv flips.csv missing.csv summary.json report.html"
+    ).split():
+        _write(summary / name, {}, base + 4)
+    (summary / "plots").mkdir(exist_ok=True)
+    os.utime(summary / "plots", (base + 4, base + 4))
+    return cells
+
+
+def _finish_cell(
+    out: Path, plan: Any, run: str, ckpt: str, task: str, variant: str, weights: str, base: float
+) -> None:
+    from ckpteval.contract import generation_identity, scoring_identity
+
+    rel = Path(run) / ckpt / task / variant
+    jsonl = out / "generations" / f"{rel}.jsonl"
+    jsonl.parent.mkdir(parents=True, exist_ok=True)
+    text = '{"problem_id": 0, "completion": "42"}\n'
+    jsonl.write_text(text)
+    os.utime(jsonl, (base + 2, base + 2))
+    meta = {
+        **generation_identity(plan, run, task, variant).record(),
+        "model_hash": weights,
+        "model_identity": weights,
+        "generation_bytes": len(text),
+    }
+    _write(out / "generations" / f"{rel}.meta.json", meta, base + 2)
+    score = scoring_identity(plan, run, task, variant)
+    samples = out / "scores" / f"{rel}.jsonl"
+    samples.parent.mkdir(parents=True, exist_ok=True)
+    samples.write_text('{"problem_id": 0, "passed": true}\n')
+    os.utime(samples, (base + 3, base + 3))
+    _write(out / "scores" / f"{rel}.json", {"scoring": score.settings, "n": 1}, base + 3)
+
+
+def _write(path: Path, obj: Any, mtime: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+    os.utime(path, (mtime, mtime))
+
+
+PLAIN = """
+import json
+CKPTS = json.load(open("ckpts.json"))
+CELLS = json.load(open("cells.json"))
+localrules: all, aggregate, generation
+wildcard_constraints:
+    ckpt=r"step_[0-9]+",
+    cell=r"[^/]+/[^/]+",
+rule all:
+    input: "results/summary/metrics.parquet"
+rule consolidate:
+    input: ancient("run/{ckpt}/DONE")
+    output: directory("results/models/sweep/{ckpt}"), "results/models/sweep/{ckpt}.json"
+    shell: "mkdir -p {output[0]}; touch {output[1]}"
+rule infer:
+    input: "results/models/sweep/{ckpt}", "results/models/sweep/{ckpt}.json"
+    output: "results/staging/sweep/{ckpt}/main.r1.done"
+    shell: "touch {output}"
+rule generation:
+    input: ancient("results/staging/sweep/{ckpt}/main.r1.done"), "results/models/sweep/{ckpt}.json"
+    output: "results/generations/sweep/{ckpt}/{cell}.jsonl", "results/generations/sweep/{ckpt}/{cell}.meta.json"
+    shell: "touch {output}"
+rule evaluate:
+    input: "results/generations/sweep/{ckpt}/{cell}.jsonl", "results/models/sweep/{ckpt}.json"
+    output: "results/scores/sweep/{ckpt}/{cell}.jsonl", "results/scores/sweep/{ckpt}/{cell}.json"
+    shell: "touch {output}"
+rule aggregate:
+    input: expand("results/scores/sweep/{ckpt}/{cell}.json", ckpt=CKPTS, cell=CELLS)
+    output: "results/summary/metrics.parquet"
+    shell: "touch {output}"
+"""
+
+
+def make_plain(work: Path, source: Path) -> None:
+    """The plain Snakefile beside the same checkpoints and, if `source` is finished, the same
+    output files (copied with their times)."""
+    ckpts = sorted(p.name for p in (source / "run").iterdir())
+    cells = [f"{t}/{v}" for t in TASKS for v in ("greedy-s42", "hot-s1", "hot-s2", "hot-s3")]
+    shutil.copytree(source / "run", work / "run")
+    if (source / "results").exists():
+        shutil.copytree(
+            source / "results", work / "results", ignore=shutil.ignore_patterns("sources")
+        )
+    (work / "ckpts.json").write_text(json.dumps(ckpts))
+    (work / "cells.json").write_text(json.dumps(cells))
+    (work / "Snakefile").write_text(PLAIN)
+
+
+def timed(cmd: list[str], cwd: Path, expect: str | None = None) -> float:
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    seconds = time.monotonic() - started
+    if proc.returncode != 0 or (expect is not None and expect not in proc.stdout + proc.stderr):
+        sys.exit(f"{' '.join(cmd)} in {cwd} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return seconds
+
+
+def dry_run(cwd: Path, snakefile: Path, nothing: bool, profile: Path | None = None) -> float:
+    args = [
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(snakefile),
+        "--directory",
+        str(cwd),
+        "--profile",
+        str(REPO / "profiles" / "local"),
+        "-n",
+        "--quiet",
+        "--cores",
+        "32",
+    ]
+    prefix = [sys.executable]
+    if profile is not None:
+        prefix = [sys.executable, "-m", "cProfile", "-o", str(profile)]
+    return timed([*prefix, *args], cwd, "Nothing to be done" if nothing else None)
+
+
+def ckpteval(cwd: Path, command: str) -> float:
+    return timed([sys.executable, "-m", "ckpteval.cli", command], cwd)
+
+
+def measure(root: Path, checkpoints: int, profile: bool) -> dict[str, float]:
+    work = root / f"ckpteval-{checkpoints}"
+    plain = root / f"plain-{checkpoints}"
+    make_sweep(work, checkpoints)
+    make_plain(plain, work)
+    row = {
+        "new": dry_run(work, REPO / "Snakefile", False),
+        "new_plain": dry_run(plain, plain / "Snakefile", False),
+    }
+    shutil.rmtree(plain)
+    row["cells"] = finish(work)
+    make_plain(plain, work)
+    prof = root / f"finished-{checkpoints}.prof" if profile else None
+    row["finished"] = dry_run(work, REPO / "Snakefile", True, prof)
+    row["finished_plain"] = dry_run(plain, plain / "Snakefile", True)
+    row["status"] = ckpteval(work, "status")
+    row["check"] = ckpteval(work, "check")
+    if prof is not None:
+        print(f"cProfile of the finished dry run, {checkpoints} checkpoints:")
+        pstats.Stats(str(prof)).sort_stats("cumulative").print_stats(25)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000])
+    parser.add_argument("--profile", action="store_true", help="cProfile the finished dry run")
+    parser.add_argument("--keep", type=Path, help="build the sweeps here and keep them")
+    args = parser.parse_args()
+    root = args.keep or Path(tempfile.mkdtemp(prefix="ckpteval-plan-"))
+    rows = {}
+    try:
+        for size in args.sizes:
+            rows[size] = measure(root, size, args.profile)
+            row = rows[size]
+            print(
+                f"{size} checkpoints, {row['cells']:.0f} cells: "
+                f"new {row['new']:.1f} s (plain {row['new_plain']:.1f} s, "
+                f"{row['new'] / row['new_plain']:.2f}x); "
+                f"finished {row['finished']:.1f} s (plain {row['finished_plain']:.1f} s, "
+                f"{row['finished'] / row['finished_plain']:.2f}x); "
+                f"status {row['status']:.1f} s; check {row['check']:.1f} s",
+                flush=True,
+            )
+        sizes = sorted(rows)
+        for a, b in zip(sizes, sizes[1:]):
+            grow = {k: rows[b][k] / rows[a][k] for k in ("new", "finished", "status", "check")}
+            print(
+                f"{a} -> {b} checkpoints ({b / a:.1f}x cells): "
+                + ", ".join(f"{k} {v:.2f}x" for k, v in grow.items())
+            )
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

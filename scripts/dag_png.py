@@ -1,0 +1,70 @@
+"""Regenerate docs/dag.png, the README's picture of the demo's DAG for one checkpoint, from the
+current workflow (`make docs/dag.png`): the demo config's tasks on one placeholder checkpoint
+(an empty directory marked complete), planned from scratch, drawn by graphviz's `dot`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def demo_tasks() -> dict:
+    """The demo config's tasks, with the files they name made absolute."""
+    tasks = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["tasks"]
+    for options in tasks.values():
+        if not isinstance(options, dict):
+            continue
+        if isinstance(options.get("problems"), str):
+            options["problems"] = str(REPO / options["problems"])
+        checker = options.get("checker")
+        if isinstance(checker, dict) and isinstance(checker.get("reward_function"), str):
+            checker["reward_function"] = str(REPO / checker["reward_function"])
+    return tasks
+
+
+def main() -> None:
+    out = REPO / "docs" / "dag.png"
+    with tempfile.TemporaryDirectory(prefix="ckpteval-dag-") as tmp:
+        work = Path(tmp)
+        (work / "run" / "step_300").mkdir(parents=True)
+        (work / "run" / "step_300" / "DONE").touch()
+        config = {
+            "runs": {"demo": {"path": str(work / "run"), "complete_marker": "DONE"}},
+            "tasks": demo_tasks(),
+            "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 128}},
+        }
+        (work / "dag.yaml").write_text(yaml.safe_dump(config))
+        dag = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "snakemake",
+                "--snakefile",
+                str(REPO / "Snakefile"),
+                "--directory",
+                str(work),
+                "--configfile",
+                str(work / "dag.yaml"),
+                "--cores",
+                "1",
+                "--dag",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if dag.returncode != 0:
+            sys.exit(f"snakemake --dag failed:\n{dag.stderr[-3000:]}")
+        graph = dag.stdout[dag.stdout.index("digraph") :]
+        subprocess.run(["dot", "-Tpng", "-o", str(out)], input=graph, text=True, check=True)
+    print(f"wrote {out.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
