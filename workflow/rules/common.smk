@@ -181,7 +181,7 @@ def engine_log(group):
 
 def get_engine_request_path(group):
     def request(wildcards):
-        return request_path(Path(staging_dir(group).format(**wildcards)), wildcards.token)
+        return str(request_path(Path(staging_dir(group).format(**wildcards)), wildcards.token))
 
     return request
 
