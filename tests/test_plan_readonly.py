@@ -270,6 +270,7 @@ def test_dry_runs_and_status_beside_a_live_sweep_cost_it_nothing(sweep: Sweep) -
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=sweep.work,
+                env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"},
             )
         try:
             wait_for_engines(sweep.work, live, old_logs)

@@ -181,7 +181,7 @@ def engine_log(group):
 
 def get_engine_request_path(group):
     def request(wildcards):
-        return request_path(Path(staging_dir(group).format(**wildcards)), wildcards.token)
+        return str(request_path(Path(staging_dir(group).format(**wildcards)), wildcards.token))
 
     return request
 
@@ -309,7 +309,8 @@ def get_score_redo(wildcards):
 
 def get_redo_targets():
     """Every redo input of this invocation (a damaged score cell or model card): targets of
-    `all`. One read per score cell, shared with the rerun explanation (ckpteval.freshness)."""
+    `all`. Reads each score cell once (the rerun explanation, ckpteval.freshness, reads it
+    again: sharing that read is left to do)."""
     found = [
         model_redo(run.name, c.name)
         for run in PLAN.runs.values()

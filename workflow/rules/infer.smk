@@ -176,8 +176,10 @@ if OPENAI_RUNS or REPLAY_RUNS:
 rule redo:
     output:
         f"{OUT}/staging/redo/{{key}}",
+    log:
+        "logs/redo/{key}.log",
     wildcard_constraints:
         key=r"[0-9a-f]+(\.[0-9]+)?",
     localrule: True
     shell:
-        "touch {output}"
+        "touch {output} > {log} 2>&1"
