@@ -600,6 +600,27 @@ def test_no_sample_text_stops_or_stalls_an_analysis(text: str, math_checker: Any
     limits) returns a verdict or its parts, quickly, whatever the text: math extraction and
     comparison, the python program's assembly, parse and static scan, the rust unit's assembly
     and static scans, the stdio language detection."""
+    _analyse(text, math_checker)
+
+
+#: The runs that stalled an analysis before (seconds to minutes each), always tried.
+KNOWN_STALLS = [
+    " " * SAMPLE_CHARS,  # the unit, `and` and sentence-end patterns (12,000: 49 s)
+    "The answer is " + " " * SAMPLE_CHARS + "x because",
+    "\n" * SAMPLE_CHARS + "x",  # stdio's `#include` look-up
+    "\\boxed{" * (SAMPLE_CHARS // 7),  # each unclosed box scanned to the end
+    "5" + " so" * (SAMPLE_CHARS // 3),
+    "use " * (SAMPLE_CHARS // 4),  # rust's `use ... as String` pattern
+    'r#"' * (SAMPLE_CHARS // 3),  # rust's raw-string lexeme
+]
+
+
+@pytest.mark.parametrize("text", KNOWN_STALLS, ids=lambda t: repr(t[:12]))
+def test_known_stalls_are_quick(text: str, math_checker: Any) -> None:
+    _analyse(text, math_checker)
+
+
+def _analyse(text: str, math_checker: Any) -> None:
     from ckpteval.checkers import Job, Verdict
     from ckpteval.checkers.extract import python_program
     from ckpteval.checkers.python import parse_program, static_hack

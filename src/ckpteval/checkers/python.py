@@ -59,7 +59,9 @@ def python_interpreter() -> tuple[str, Path]:
 
 class PythonChecker(Checker):
     name = "python"
-    version = "2"  # 2: tests in a process of their own (a pass can no longer be forged)
+    #: 2: tests in a process of their own (a pass can no longer be forged).
+    #: 3: a bodiless stub's prompt helpers come from the prompt, never the sample.
+    version = "3"
     default_timeout = 10.0
     compiles = True
     languages = ("python",)

@@ -142,7 +142,7 @@ def detect_program(completion: str, language: str | None = None) -> Program:
         completion, tuple(k for k, v in _FENCE_NAMES.items() if v == lang) if lang else ()
     )
     if lang is None:
-        if re.search(r"^\s*#\s*include\b", code, re.M):
+        if re.search(r"^[ \t]*#[ \t]*include\b", code, re.M):  # one line: never a run of them
             lang = "cpp"
         elif re.search(r"\bfn\s+main\s*\(", code):
             lang = "rust"
