@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_snakemake
-from contract_sweep import CELLS, Sweep, cell_files, finished_sweep, planned
+from contract_sweep import CELLS, Sweep, cell_files, planned, shared_sweep
 
 from ckpteval.backends import cache_namespace
 
@@ -40,7 +40,7 @@ import plan as bench_plan  # noqa: E402 - bench/plan.py: the synthetic sweeps
 
 @pytest.fixture(scope="module")
 def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
-    with finished_sweep(demo_dir, tmp_path_factory.mktemp("plan-readonly")) as finished:
+    with shared_sweep(demo_dir, tmp_path_factory, "plan-readonly") as finished:
         yield finished
 
 
