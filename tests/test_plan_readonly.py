@@ -4,10 +4,9 @@ running one. Only the cache keyed by content (`results/sources/`) may be written
 
 Two sweeps: bench/plan.py's synthetic finished sweep (placeholder checkpoints, every output
 written as the jobs would, no model run: seconds to build), on which every verb is planned; and
-the rerun-contract sweep of tests/contract_sweep.py, run for real once here (each long module
-runs its own copy so that pytest-xdist can give them to separate workers; the other modules
-change theirs while they run, so none can host a live sweep), for the files a real run leaves
-and for a live sweep with dry runs beside it.
+a copy of the rerun-contract sweep of tests/contract_sweep.py (run for real once per pytest run,
+each module on a copy of its own), for the files a real run leaves and for a live sweep with dry
+runs beside it.
 """
 
 from __future__ import annotations
