@@ -36,6 +36,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -203,12 +204,19 @@ class PythonChecker(Checker):
         return [Job(task_id, problem, early_exit), Job(task_id, problem, wrong)]
 
 
+#: CPython 3.11 counts the depth of AST conversions (source -> tree -> code) in state that all
+#: threads share: two samples parsed at once in a checker's worker threads raised `SystemError:
+#: AST constructor recursion depth mismatch` (seen in the suite). One conversion at a time.
+_AST_LOCK = threading.Lock()
+
+
 def parse_program(program: str) -> ast.Module | Verdict:
     """The program's tree, or its `compile_error` verdict: code nested past what the compiler
     takes (RecursionError, MemoryError) is a compile error of that sample, not of the run."""
     try:
-        tree = compile(program, "main.py", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
-        compile(tree, "main.py", "exec", dont_inherit=True)
+        with _AST_LOCK:
+            tree = compile(program, "main.py", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+            compile(tree, "main.py", "exec", dont_inherit=True)
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
         why = tail(f"{type(exc).__name__}: {exc}")
         return Verdict(False, "compile_error", compile_ok=False, stderr_tail=why)
