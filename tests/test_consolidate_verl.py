@@ -253,6 +253,31 @@ def test_verl_completeness_follows_shards_and_the_tracker(tmp_path: Path) -> Non
         consolidate(step, tmp_path, smoke="none")
 
 
+def test_the_identity_of_a_verl_checkpoint_is_what_consolidation_reads(tmp_path: Path) -> None:
+    """Optimizer and extra-state shards (twice the model and more) and a critic are not hashed,
+    and rewriting them changes nothing; a model shard, the config or a tokenizer file does."""
+    from ckpteval.checkpoints import hash_source, source_files
+
+    step = _plain_verl_step(tmp_path / "experiment")
+    actor = step / "actor"
+    torch.save({"state": {}}, actor / "optim_world_size_2_rank_0.pt")
+    torch.save({"rng": None}, actor / "extra_state_world_size_2_rank_0.pt")
+    (step / "critic").mkdir()
+    torch.save({"w": torch.ones(3)}, step / "critic" / "model_world_size_2_rank_0.pt")
+    (actor / "huggingface" / "tokenizer.json").write_text("{}")
+    assert sorted(source_files(step)) == [
+        "actor/fsdp_config.json",
+        "actor/huggingface/tokenizer.json",
+        "actor/model_world_size_2_rank_0.pt",
+        "actor/model_world_size_2_rank_1.pt",
+    ]
+    before = hash_source(step)
+    torch.save({"state": {0: torch.ones(2)}}, actor / "optim_world_size_2_rank_0.pt")
+    assert hash_source(step) == before
+    (actor / "huggingface" / "tokenizer.json").write_text('{"changed": 1}')
+    assert hash_source(step) != before
+
+
 def test_verl_megatron_checkpoint_is_refused_naming_the_merge_command(tmp_path: Path) -> None:
     step = tmp_path / "global_step_5"
     (step / "actor" / "dist_ckpt").mkdir(parents=True)

@@ -272,10 +272,19 @@ def is_complete(path: Path) -> bool:
 
 
 def source_files(path: Path) -> dict[str, os.stat_result]:
-    """A checkpoint's files (relative name -> stat); a bare checkpoint file is its own name."""
+    """A checkpoint's files (relative name -> stat); a bare checkpoint file is its own name.
+
+    Of a verl checkpoint only what consolidation reads (the actor's model shards,
+    `fsdp_config.json`, `huggingface/`): its optimizer and extra-state shards and a critic are
+    several times the model's size, and hashing them would say nothing about the model."""
+    from ckpteval.formats import verl
+
     if path.is_file():
         return {path.name: path.stat()}
-    return {str(f.relative_to(path)): f.stat() for f in sorted(path.rglob("*")) if f.is_file()}
+    files = sorted(f for f in path.rglob("*") if f.is_file())
+    if verl.detect(path):
+        files = [f for f in files if verl.model_file(path, f)]
+    return {str(f.relative_to(path)): f.stat() for f in files}
 
 
 def _stat_key(st: os.stat_result) -> list[int]:

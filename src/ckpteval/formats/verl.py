@@ -58,6 +58,21 @@ def actor_dir(path: Path) -> Path | None:
     return None
 
 
+def model_file(path: Path, file: Path) -> bool:
+    """Whether `file` (under checkpoint `path`) is one consolidation reads: a model rank shard,
+    `fsdp_config.json` or a file of `huggingface/` (Megatron: `dist_ckpt/` too)."""
+    actor = actor_dir(path)
+    if actor is None:
+        return True
+    try:
+        rel = file.relative_to(actor).parts
+    except ValueError:
+        return False
+    return bool(rel) and (
+        rel[0] in (FSDP_CONFIG, HF_DIR, MEGATRON_DIR) or SHARD_RE.match(rel[0]) is not None
+    )
+
+
 def detect(path: Path) -> bool:
     """`global_step_N/` (or its `actor/`) with rank shards, `fsdp_config.json` or `dist_ckpt/`."""
     return path.is_dir() and actor_dir(path) is not None
