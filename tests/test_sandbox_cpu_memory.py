@@ -168,10 +168,11 @@ def test_memory_held_in_memfds_is_counted(sandbox: Sandbox, tmp_path: Path) -> N
     assert neighbour.ok and neighbour.stdout == b"499500\n", neighbour
 
 
-def test_each_command_gets_its_own_cgroup_and_none_is_left(
+def test_each_command_is_charged_its_own_cpu_and_no_cgroup_is_left(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
-    """The first command's CPU is not the second's, and the batch removes its cgroups."""
+    """The first command's CPU is not charged to the second (they share the batch's cgroup), and
+    the batch removes its cgroup."""
     before = {h: set(os.listdir(h.own)) for h in {cgroups.support().cpu, cgroups.support().memory}}
     busy, idle = run_batch(sandbox, tmp_path, [HEAVY, "print(1)\n"], cpu_s=6)
     assert busy.cpu_s > 0.3 and idle.cpu_s < busy.cpu_s / 2, (busy.cpu_s, idle.cpu_s)

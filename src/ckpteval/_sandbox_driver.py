@@ -15,9 +15,10 @@ the same state and the driver never walks what a sample built. Commands cannot s
 overwrite the driver: it runs as another uid, and the results file lives in a directory only root
 can enter.
 
-A command's `cpu_s` is the CPU time of every process it started (`_Usage`): with a cgroup of its
-own (the spec's "cgroup", made by `ckpteval.cgroups`; its first process joins it before anything
-else), the kernel's count of every thread in it, in ns; its memory limit is the cgroup's too.
+A command's `cpu_s` is the CPU time of every process it started (`_Usage`): with the batch's
+cgroup (the spec's "cgroup", made by `ckpteval.cgroups`; the driver joins it first, so every
+command is born in it), the kernel's count of every thread in it while the command ran, in ns,
+less the driver's own; the memory limit is the cgroup's too, set for each command (`_Cgroup`).
 Without one (`_Account`), BSD process accounting (per pid namespace) records each process that
 exits, even those the kernel reaps by itself (SIGCHLD ignored) that no wait4 sees, in ticks; while
 the command runs, its live processes' times come from /proc.
@@ -105,7 +106,7 @@ def _child(command, uid, spec, keep=()):
         os.close(fd)
     _keep_fds(keep)  # the driver's files (results!) must not reach a forked command
     try:
-        _join_cgroups(command)
+        _oom_first()
         _isolate(command, spec)
         if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
@@ -500,23 +501,27 @@ def _comp_t(value):
 
 
 class _Usage:
-    """One command's CPU seconds and whether its memory limit killed it. With a cgroup (the
-    spec's "cgroup", made by `ckpteval.cgroups`): the kernel's own count of every thread of every
-    process in it, in ns. Without: the account's per-process counts (`_Account`), exact to a tick
-    per process, blind to children under a tick that the kernel reaps itself."""
+    """One command's CPU seconds and whether its memory limit killed it. With the batch's cgroup
+    (the spec's "cgroup", made by `ckpteval.cgroups`, which this driver joined first and every
+    command is born in): the kernel's count of every thread of every process in it, in ns, while
+    the command ran, less this driver's own CPU meanwhile (commands run one after another and
+    nothing of one outlives it). Without: the account's per-process counts (`_Account`)."""
 
     def __init__(self, command, account):
         self.account = account
-        cgroup = command.get("cgroup") or {}
+        cgroup = account.cgroup.for_command(command)
         self.cpu, self.memory = cgroup.get("cpu"), cgroup.get("memory")
         self.kind = "cgroup" if self.cpu else account.kind
         self.before = resource.getrusage(resource.RUSAGE_CHILDREN)
         self.start_s = account.ended()
+        if self.cpu:
+            self.cgroup_s, self.own_s = _cgroup_cpu(*self.cpu), _own_cpu()
+        self.ooms = _oom_kills(self.memory)
 
     def now(self):
         """CPU seconds used so far (while the command runs)."""
         if self.cpu:
-            return _cgroup_cpu(*self.cpu)
+            return (_cgroup_cpu(*self.cpu) - self.cgroup_s) - (_own_cpu() - self.own_s)
         return self.account.ended() - self.start_s + self.account.running()
 
     def final(self):
@@ -524,26 +529,36 @@ class _Usage:
         kernel's accounting recorded or the driver reaped if that is more (acct's ticks are
         coarser)."""
         if self.cpu:
-            return _cgroup_cpu(*self.cpu)
+            return max(0.0, self.now())
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         reaped = (after.ru_utime - self.before.ru_utime) + (after.ru_stime - self.before.ru_stime)
         return max(reaped, self.account.ended() - self.start_s)
 
     def oom_killed(self):
-        """Whether the kernel killed a process of the command at its cgroup's memory limit."""
-        if not self.memory:
-            return False
-        version, path = self.memory
-        name = "memory.events" if version == "v2" else "memory.oom_control"
-        try:
-            with open(f"{path}/{name}") as handle:
-                for line in handle:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value) > 0
-        except (OSError, ValueError):
-            pass
-        return False
+        """Whether the kernel killed a process of the command at the memory limit."""
+        return _oom_kills(self.memory) > self.ooms
+
+
+def _own_cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _oom_kills(memory):
+    """How many processes the kernel killed at the batch cgroup's memory limit so far."""
+    if not memory:
+        return 0
+    version, path = memory
+    name = "memory.events" if version == "v2" else "memory.oom_control"
+    try:
+        with open(f"{path}/{name}") as handle:
+            for line in handle:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _cgroup_cpu(version, path):
@@ -558,12 +573,53 @@ def _cgroup_cpu(version, path):
     raise OSError(f"no usage_usec in {path}/cpu.stat")
 
 
-def _join_cgroups(command):
-    """Move this process (a command's first, still root) into the command's cgroups: everything
-    it starts is counted there, whoever reaps it."""
-    for path in (command.get("cgroup") or {}).get("join", ()):
-        with open(f"{path}/cgroup.procs", "w") as handle:
-            handle.write("0\n")
+class _Cgroup:
+    """The batch's cgroup as the driver uses it: joined once, before any command (so every
+    command is born in it: no migration per command), and the memory limit set for each command
+    above what the driver holds. At the limit the kernel kills a command's process, not the
+    driver: each command's processes ask to go first (`_oom_first`)."""
+
+    def __init__(self, spec):
+        self.spec = spec or {}
+        for path in self.spec.get("join", ()):
+            with open(f"{path}/cgroup.procs", "w") as handle:
+                handle.write("0\n")
+        self.base = None
+        self.limit = None
+
+    def for_command(self, command):
+        """Set the memory limit for `command`: what the driver holds now, plus its own."""
+        memory = self.spec.get("memory")
+        if not memory:
+            return self.spec
+        version, path = memory
+        if self.base is None:  # after the preload: the driver's own pages
+            self.base = _memory_usage(version, path)
+        limit = self.base + command["memory_bytes"]
+        if limit != self.limit:
+            name = "memory.max" if version == "v2" else "memory.limit_in_bytes"
+            with open(f"{path}/{name}", "w") as handle:
+                handle.write(f"{limit}\n")
+            self.limit = limit
+        return self.spec
+
+
+def _memory_usage(version, path):
+    name = "memory.current" if version == "v2" else "memory.usage_in_bytes"
+    with open(f"{path}/{name}") as handle:
+        return int(handle.read())
+
+
+def _oom_first():
+    """Make this process (a command's first, still root: its children inherit it) the kernel's
+    first choice at the memory limit: an oom_score_adj of 1000 adds the whole limit to its
+    score, so it outranks the driver, whatever the driver holds (bubblewrap cannot give the
+    driver CAP_SYS_RESOURCE alone, to make itself exempt)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as handle:
+            handle.write("1000\n")
+    except OSError:
+        pass
 
 
 def _wait(fds, deadline, budget, usage):
@@ -741,6 +797,7 @@ def main():
     if spec.get("rootless"):  # the commands share this uid: no tracing, no /proc/<me>/fd or mem
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     account = _Account(spec["acct"])
+    account.cgroup = _Cgroup(spec.get("cgroup"))
     _preload(spec.get("site_dirs", []), spec.get("preload", []))
     with open(spec["results"], "w") as results:
         for command in spec["commands"]:
@@ -883,9 +940,9 @@ def _collect_report(command, pidfd, report_r, start, usage_of):
 
 def _test_child(command, replies, calls, report):
     """The test process: trusted code only, no capabilities; returns its exit status. It is in
-    the command's cgroups too: the tests' CPU is part of the command's, as without cgroups."""
+    the command's cgroup too: the tests' CPU is part of the command's, as without cgroups."""
     os.setsid()
-    _join_cgroups(command)
+    _oom_first()
     null = os.open(os.devnull, os.O_RDWR)
     for target in (0, 1, 2):
         os.dup2(null, target)

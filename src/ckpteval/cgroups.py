@@ -15,11 +15,10 @@ What this module finds, in order (`CgroupSupport`):
   process's cgroup, else cgroup v1's `memory.limit_in_bytes`.
 
 Each needs a hierarchy this process may make children in (root, or a cgroup v2 subtree delegated
-to the user). `make_batch` creates one directory per hierarchy for a sandbox batch, below this
-process's own cgroup, and one child per command with its memory limit; the sandbox binds the
-batch's directories into the sandbox and its driver moves each command's first process into the
-command's child before it drops privileges. Without a hierarchy the sandbox falls back to its
-per-process counts (`ckpteval.sandbox`, "CPU without cgroups").
+to the user). `make_batch` creates one cgroup per sandbox batch, below this process's own; the
+sandbox binds it into the sandbox, its driver joins it first, and charges each command the
+cgroup's CPU while it ran less its own, and sets the memory limit before each command. Without
+a hierarchy the sandbox falls back to its per-process counts (`ckpteval.sandbox`).
 """
 
 from __future__ import annotations
@@ -114,8 +113,8 @@ def detect() -> CgroupSupport:
                     if here.is_dir() and _writable(here):
                         v1[name] = Hierarchy("v1", mount, here)
     memory = v1.get("memory")
-    if v2 is not None and "memory" in _read(v2.own / "cgroup.controllers").split():
-        memory = v2
+    if v2 is not None and "memory" in _read(v2.own / "cgroup.subtree_control").split():
+        memory = v2  # a child of this cgroup (the batch's) has memory.max
     return CgroupSupport(cpu=v2 or v1.get("cpuacct"), memory=memory)
 
 
@@ -139,55 +138,40 @@ def _read(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Batch:
-    """A batch's cgroup directories (to bind into the sandbox) and each command's cgroups."""
+    """A batch's cgroup directories (to bind into the sandbox, one per hierarchy in use) and
+    the driver's spec of them: {"join": [dirs], "cpu": [version, dir] or None, "memory":
+    [version, dir] or None}."""
 
     roots: tuple[Path, ...]
-    #: Per command: {"join": [dirs its first process moves into], "cpu": [version, dir] or None,
-    #: "memory": [version, dir] or None} (the driver's spec).
-    commands: tuple[dict, ...]
+    spec: dict
 
 
 @contextlib.contextmanager
-def make_batch(memory_limits: Sequence[int], which: CgroupSupport | None = None) -> Iterator[Batch]:
-    """A cgroup per command (one per hierarchy in use), each with its memory limit; removed
-    after the batch (once its processes are gone)."""
+def make_batch(which: CgroupSupport | None = None) -> Iterator[Batch]:
+    """One cgroup for a sandbox batch (one directory per hierarchy in use), removed after it.
+
+    One per batch, not per command: moving a process between cgroups waits for an RCU grace
+    period (cgroup_threadgroup_rwsem), 10-20 ms on a loaded machine, more than many samples
+    take. So the batch's driver joins it once, every command is born in it, and the driver
+    charges each command the cgroup's CPU during it less its own (the commands of a batch run
+    one after another, and nothing of one survives it), and sets the memory limit for each."""
     which = which or support()
     hierarchies = [h for h in dict.fromkeys((which.cpu, which.memory)) if h is not None]
     name = f"ckpteval-{os.getpid()}-{secrets.token_hex(4)}"
-    roots = [h.own / name for h in hierarchies]
     made: list[Path] = []
     try:
-        for root in roots:
-            root.mkdir()
-            made.append(root)
-        if which.memory is not None and which.memory.version == "v2":
-            (which.memory.own / name / "cgroup.subtree_control").write_text("+memory\n")
-        commands = []
-        for i, limit in enumerate(memory_limits):
-            dirs = {h: h.own / name / f"c{i}" for h in hierarchies}
-            for path in dirs.values():
-                path.mkdir()
-                made.append(path)
-            memory = None
-            if which.memory is not None:
-                memory = [which.memory.version, str(dirs[which.memory])]
-                _set_memory_limit(which.memory.version, dirs[which.memory], limit)
-            cpu = [which.cpu.version, str(dirs[which.cpu])] if which.cpu else None
-            commands.append({"join": [str(p) for p in dirs.values()], "cpu": cpu, "memory": memory})
-        yield Batch(tuple(roots), tuple(commands))
+        for hierarchy in hierarchies:
+            (hierarchy.own / name).mkdir()
+            made.append(hierarchy.own / name)
+        dirs = {h: str(h.own / name) for h in hierarchies}
+        spec = {
+            "join": list(dirs.values()),
+            "cpu": [which.cpu.version, dirs[which.cpu]] if which.cpu else None,
+            "memory": [which.memory.version, dirs[which.memory]] if which.memory else None,
+        }
+        yield Batch(tuple(made), spec)
     finally:
         _remove(made)
-
-
-def _set_memory_limit(version: str, directory: Path, limit: int) -> None:
-    if version == "v2":
-        (directory / "memory.max").write_text(f"{limit}\n")
-        with contextlib.suppress(OSError):  # no swap accounting: nothing to bound
-            (directory / "memory.swap.max").write_text("0\n")
-    else:
-        (directory / "memory.limit_in_bytes").write_text(f"{limit}\n")
-        with contextlib.suppress(OSError):
-            (directory / "memory.swappiness").write_text("0\n")
 
 
 def _remove(made: Sequence[Path], timeout_s: float = 5.0) -> None:

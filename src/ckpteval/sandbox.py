@@ -340,14 +340,13 @@ def _run_batch(
         io_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ckpteval-io-")))
         rootless = os.geteuid() != 0
         uid = 0 if rootless else stack.enter_context(_uid_slot())
-        groups = stack.enter_context(cgroups.make_batch([_memory_cap(c.limits) for c in commands]))
+        groups = stack.enter_context(cgroups.make_batch())
         status_r, status_w = os.pipe()
         stack.callback(os.close, status_r)
         stdins = [Path(c.stdin).resolve().parent for c in commands if c.stdin]
         binds = [*(Path(p).resolve() for p in readable), Path(sys.base_prefix), *stdins]
         spec = _batch_spec(commands, uid, io_dir, workdir, [*binds, workdir], preload)
-        for command_spec, cgroup in zip(spec["commands"], groups.commands):
-            command_spec["cgroup"] = cgroup
+        spec["cgroup"] = groups.spec
         if rootless:
             _rootless_spec(spec, commands, [io_dir, *groups.roots])
         (io_dir / "spec.json").write_text(json.dumps(spec))
@@ -467,6 +466,7 @@ def _batch_spec(
                 "stdout": str(io_dir / f"{i}.out"),
                 "stderr": str(io_dir / f"{i}.err"),
                 "result_channel": c.result_channel,
+                "memory_bytes": _memory_cap(c.limits),
                 "result": str(io_dir / f"{i}.result"),
                 "wall_s": c.limits.wall_limit,
                 "cpu_budget_s": c.limits.cpu_budget,
@@ -521,7 +521,7 @@ def warn_unsandboxed() -> None:
 
 
 def _warn_cpu_account(kind: str | None, stderr: bytes) -> None:
-    """Say (once per process) what CPU limits miss without a cgroup per command."""
+    """Say (once per process) what CPU limits miss without the batch's cgroup."""
     global _WARNED_CPU_ACCOUNT
     if _WARNED_CPU_ACCOUNT:
         return
