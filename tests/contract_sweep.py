@@ -66,21 +66,28 @@ def shared_sweep(demo_dir: Path, factory: pytest.TempPathFactory, name: str) -> 
 
     The copy keeps every byte and modification time (`shutil.copy2`: real copies, not hard
     links, since tests write files of their sweep in place); its config names the copy's paths,
-    so it is also a moved project, which must plan nothing (checked here, before any test)."""
+    so it is also a moved project, which must plan nothing (checked here, before any test). The
+    sweep is built in a directory that is renamed afterwards: a model's manifest records its
+    source path, and a checkpoint a test deletes counts as deleted only if that path is gone too
+    (ckpteval.checkpoints.deleted_checkpoints), as it is when a project is moved, not copied."""
     base = factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     origin, done = root / "contract-sweep", root / "contract-sweep.done"
     with exclusive(root / "contract-sweep.lock"):
         if not done.exists():
-            shutil.rmtree(origin, ignore_errors=True)  # a build that failed half-way
-            origin.mkdir()
-            with finished_sweep(demo_dir, origin, endpoint_on(0)) as built:
+            build = root / "contract-sweep.build"
+            for half_done in (build, origin):  # of a build that failed
+                shutil.rmtree(half_done, ignore_errors=True)
+            build.mkdir()
+            with finished_sweep(demo_dir, build, endpoint_on(0)) as built:
                 port = int(built.endpoint.server_address[1])
-            done.write_text(json.dumps({"port": port}))
-        port = json.loads(done.read_text())["port"]
+            build.rename(origin)
+            done.write_text(json.dumps({"port": port, "built_in": str(build)}))
+        recorded = json.loads(done.read_text())
         work = factory.mktemp(name)
         shutil.copytree(origin, work, symlinks=True, dirs_exist_ok=True)
-    text = (work / "sweep.yaml").read_text().replace(str(origin), str(work))
+    port = recorded["port"]
+    text = (work / "sweep.yaml").read_text().replace(recorded["built_in"], str(work))
     (work / "sweep.yaml").write_text(text)
     config = yaml.safe_load(text)
     full = copy.deepcopy(config)
