@@ -987,7 +987,8 @@ def test_verls_block_pasted_and_every_default_written_out_plan_nothing(sweep: Sw
         "name": mine["name"],
         "reward_kwargs": {},
     }
-    task["checker"] = {"reward_function": mine["reward_function"], **DEFAULTS}
+    others = {k: v for k, v in DEFAULTS.items() if k not in ("name", "kwargs")}  # verl's say
+    task["checker"] = {"reward_function": mine["reward_function"], **others}
     assert sweep.dry_run(config, "verl") == {}
 
 
