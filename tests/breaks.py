@@ -144,7 +144,7 @@ def failed_tests(root: Path, brk: Break) -> tuple[list[str], str]:
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
+    failed = [f"{node} ({kind})" for kind, node in re.findall(r"^(FAILED|ERROR) (\S+)", out, re.M)]
     return failed, "\n".join(out.rstrip().splitlines()[-3:])
 
 
