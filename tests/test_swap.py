@@ -51,14 +51,20 @@ if __name__ == "__main__":
     before = [g.outputs[0].text for g in backend.generate(spec["prompts"], greedy)]
     result = {"before": before, "kernels": backend.cpu_kernels}
     if spec.get("swap_to"):
-        # vLLM's own reload alone, without ckpteval's rebuild of the CPU kernels: what the
-        # check after a swap must catch wherever a kernel keeps a packed copy.
-        backend.lm.model.collective_rpc("reload_weights", kwargs={"weights_path": spec["swap_to"]})
+        # A swap through vLLM's own reload alone, without ckpteval's rebuild of the CPU
+        # kernels: what the check inside every swap must refuse wherever a kernel keeps a
+        # packed copy (a swap that skipped its check would pass here).
+        import ckpteval.swap as swap
+
+        rebuild = swap.reload_in_place
+        swap.reload_in_place = lambda worker, path: worker.reload_weights(weights_path=path)
         try:
-            verify_weights(backend.lm.model, Path(spec["swap_to"]))
+            backend.swap(Path(spec["swap_to"]))
             result["plain_reload"] = "passed"
         except SwapError as exc:
             result["plain_reload"] = str(exc)
+        finally:
+            swap.reload_in_place = rebuild
         backend.swap(Path(spec["swap_to"]))
         try:
             verify_weights(backend.lm.model, Path(spec["start"]))
@@ -142,9 +148,9 @@ def test_the_check_after_a_swap_catches_weights_that_are_not_the_checkpoints(
 
 def test_the_check_reads_the_weights_through_the_kernels(runs: dict[str, Any]) -> None:
     """vLLM's in-place reload alone leaves the oneDNN kernel of the tied output head computing
-    with the old checkpoint (the layer's own weight holds the new one). The check after a swap
-    reads every dispatched layer's weights back through its kernel, so it refuses that engine;
-    on the plain torch path, where nothing is packed, the same reload is sound and passes."""
+    with the old checkpoint (the layer's own weight holds the new one). The check inside every
+    swap reads each dispatched layer's weights back through its kernel, so a swap made with that
+    reload fails; on the plain torch path, where nothing is packed, the same reload is sound."""
     assert "(kernel" in runs["onednn"]["swapped"]["plain_reload"]
     assert runs["torch"]["swapped"]["plain_reload"] == "passed"
 
