@@ -143,24 +143,25 @@ def small_config(run_dir: Path, **overrides: Any) -> dict[str, Any]:
     return config
 
 
+#: What every workflow run of the tests runs in: vLLM in the job's own process, unbuffered output.
+WORKFLOW_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
+
+
+def snakemake_cmd(workdir: Path, *args: str) -> list[str]:
+    """`python -m snakemake` on the repository's workflow in `workdir`, with the local profile."""
+    return [
+        *(sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")),
+        *("--directory", str(workdir), "--profile", str(REPO / "profiles" / "local"), *args),
+    ]
+
+
 def run_snakemake(
     workdir: Path, *args: str, timeout: float = 1800, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m snakemake` on the repository's workflow in `workdir`, with the local profile
-    (and `env` for its environment, the test's own by default)."""
-    env = {**(env or os.environ), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--profile",
-        str(REPO / "profiles" / "local"),
-        *args,
-    ]
+    """`snakemake_cmd` run to its end (with `env` for its environment, the test's own by
+    default)."""
+    env = {**(env or os.environ), **WORKFLOW_ENV}
+    cmd = snakemake_cmd(workdir, *args)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 

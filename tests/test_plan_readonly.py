@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_snakemake
+from conftest import WORKFLOW_ENV, run_snakemake, snakemake_cmd
 from contract_sweep import CELLS, Sweep, cell_files, planned, shared_sweep
 
 from ckpteval.backends import cache_namespace
@@ -269,7 +269,7 @@ def test_dry_runs_and_status_beside_a_live_sweep_cost_it_nothing(sweep: Sweep) -
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=sweep.work,
-                env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, **WORKFLOW_ENV},
             )
         try:
             wait_for_engines(sweep.work, live, old_logs)
@@ -298,22 +298,6 @@ def test_dry_runs_and_status_beside_a_live_sweep_cost_it_nothing(sweep: Sweep) -
     assert started["generation"] == len(CELLS), started
     assert generations(sweep.work) == alone
     assert planned(sweep, sweep.config, "after-live") == Counter()
-
-
-def snakemake_cmd(work: Path) -> list[str]:
-    from conftest import REPO
-
-    return [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(work),
-        "--profile",
-        str(REPO / "profiles" / "local"),
-    ]
 
 
 def wait_for_engines(
