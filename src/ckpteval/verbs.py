@@ -49,9 +49,8 @@ from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness, StaleCell
 from ckpteval.io import read_json, sha256_json, write_json
 
-#: The per-cell rule, and the rules whose rerun rewrites a checkpoint's model.
+#: The per-cell rule.
 CELL_RULE = "generation"
-MODEL_RULES = ("consolidate", "model_card")
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,10 @@ def requested(
     older than their model, or forced by a verb."""
     out = Path(fresh.plan.outdir)
     model = out / "models" / run / ckpt
-    model_forced = verbs.forces_rule(*MODEL_RULES) or verbs.forces_file(model, f"{model}.json")
+    # The rule whose rerun rewrites this run's model: consolidate for a run with weights,
+    # model_card for a weightless one (openai, replay); forcing the other leaves its cells alone.
+    model_rule = "consolidate" if fresh.plan.runs[run].backend == "vllm" else "model_card"
+    model_forced = verbs.forces_rule(model_rule) or verbs.forces_file(model, f"{model}.json")
     cells = []
     for task, variant in pairs:
         stale = fresh.stale(run, ckpt, task, variant)
