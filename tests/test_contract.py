@@ -373,10 +373,12 @@ def test_a_broken_checkpoint_is_reported_in_one_line_and_no_match_is_an_error(
             text=True,
         )
         assert "step_500" in status.stdout and "broken" in status.stdout, status.stderr
-        # Still being written (changed a moment ago): not broken, not reported.
+        # Still being written (changed a moment ago): not broken, shown as waiting.
         os.utime(weights)
         proc = dry_snakemake(sweep.work, "-n", "--configfile", str(path))
-        assert "step_500" not in proc.stdout + proc.stderr
+        mentions = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "step_500" in ln]
+        assert not any("model.safetensors" in ln for ln in mentions), mentions
+        assert any("step_500 waiting: being written" in ln for ln in mentions), mentions
     finally:
         shutil.rmtree(broken)
     empty = tmp_path / "empty-run"
