@@ -59,6 +59,7 @@ LONGEST_FIRST = (
     "test_reliability_kills.py",
     "test_reliability_hostile.py",
     "test_workflow.py",
+    "test_plan_readonly.py",
     "test_share.py",
     "test_infer_vllm.py",
     "test_reasoning.py",
