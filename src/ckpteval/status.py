@@ -244,25 +244,25 @@ def format_status(cells: pd.DataFrame, *, max_failed: int = 20) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *body]]
     counts = cells["state"].value_counts()
     lines += ["", ", ".join(f"{counts.get(s, 0)} {s}" for s in STATES) + f" ({len(cells)} cells)"]
-    failed = cells[cells["state"] == "failed"]
-    if len(failed):
-        lines += ["", "failed:"]
-        for _, row in failed.head(max_failed).iterrows():
-            lines.append(
-                f"  {row['run']}/{row['ckpt']}/{row['task']}/{row['variant']}: {row['detail']}"
-            )
-        if len(failed) > max_failed:
-            lines.append(f"  ... and {len(failed) - max_failed} more")
-    marked = cells[errors]
-    if len(marked):
-        lines += ["", "* done, with errored samples (counted in n, never left out of a mean):"]
-        for _, row in marked.head(max_failed).iterrows():
-            lines.append(
-                f"  {row['run']}/{row['ckpt']}/{row['task']}/{row['variant']}: {row['detail']}"
-            )
-        if len(marked) > max_failed:
-            lines.append(f"  ... and {len(marked) - max_failed} more")
+    lines += _listed(cells[cells["state"] == "failed"], "failed:", max_failed)
+    heading = "* done, with errored samples (counted in n, never left out of a mean):"
+    lines += _listed(cells[errors], heading, max_failed)
     return "\n".join(lines)
+
+
+def _listed(cells: Any, heading: str, most: int) -> list[str]:
+    """A section of the matrix's text: `heading`, then one line per cell (its detail), at most
+    `most` of them; nothing for no cells."""
+    if not len(cells):
+        return []
+    lines = ["", heading]
+    for _, row in cells.head(most).iterrows():
+        lines.append(
+            f"  {row['run']}/{row['ckpt']}/{row['task']}/{row['variant']}: {row['detail']}"
+        )
+    if len(cells) > most:
+        lines.append(f"  ... and {len(cells) - most} more")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
