@@ -171,12 +171,25 @@ def test_memory_held_in_memfds_is_counted(sandbox: Sandbox, tmp_path: Path) -> N
 def test_each_command_is_charged_its_own_cpu_and_no_cgroup_is_left(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
-    """The first command's CPU is not charged to the second (they share the batch's cgroup), and
-    the batch removes its cgroup."""
-    before = {h: set(os.listdir(h.own)) for h in {cgroups.support().cpu, cgroups.support().memory}}
+    """The first command's CPU is not charged to the second (they share the batch's cgroup), the
+    batch removes its cgroup, and the next batch removes an old one left by a process that is
+    gone (SIGKILLed before it could). Only this process's and the dead one's cgroups are looked
+    at: other test workers make and remove theirs meanwhile."""
+    hierarchies = {h for h in (cgroups.support().cpu, cgroups.support().memory) if h is not None}
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = f"ckpteval-{dead.pid}-0badc0de"
+    for hierarchy in hierarchies:
+        (hierarchy.own / left).mkdir()
+        os.utime(hierarchy.own / left, (0, 0))  # older than cgroups.STALE_AFTER_S
+
+    def ours() -> dict:
+        mine = (f"ckpteval-{os.getpid()}-", left)
+        return {h: {n for n in os.listdir(h.own) if n.startswith(mine)} for h in hierarchies}
+
     busy, idle = run_batch(sandbox, tmp_path, [HEAVY, "print(1)\n"], cpu_s=6)
     assert busy.cpu_s > 0.3 and idle.cpu_s < busy.cpu_s / 2, (busy.cpu_s, idle.cpu_s)
-    assert {h: set(os.listdir(h.own)) for h in before} == before
+    assert ours() == {h: set() for h in hierarchies}
 
 
 def test_without_cgroups_threads_behind_a_dead_leader_still_count(

@@ -27,6 +27,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterator, Sequence
@@ -37,6 +38,14 @@ log = logging.getLogger(__name__)
 
 #: Where a Linux host mounts its cgroup hierarchies.
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+#: A batch's cgroup name: the process that made it, and a random part.
+_BATCH_NAME = re.compile(r"ckpteval-(\d+)-[0-9a-f]{8}")
+
+#: A batch cgroup left by a process that is gone is removed once it is this old (seconds): a
+#: process killed by SIGKILL cannot remove its own, and a new batch's directory is empty for a
+#: moment before its driver joins it.
+STALE_AFTER_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +170,7 @@ def make_batch(which: CgroupSupport | None = None) -> Iterator[Batch]:
     made: list[Path] = []
     try:
         for hierarchy in hierarchies:
+            _remove_stale(hierarchy.own)
             (hierarchy.own / name).mkdir()
             made.append(hierarchy.own / name)
         dirs = {h: str(h.own / name) for h in hierarchies}
@@ -172,6 +182,37 @@ def make_batch(which: CgroupSupport | None = None) -> Iterator[Batch]:
         yield Batch(tuple(made), spec)
     finally:
         _remove(made)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale(own: Path) -> None:
+    """Remove the empty batch cgroups of processes that are gone (killed before their `finally`
+    ran); one that still holds a process refuses (EBUSY) and stays."""
+    try:
+        names = os.listdir(own)
+    except OSError:
+        return
+    for name in names:
+        match = _BATCH_NAME.fullmatch(name)
+        if match is None or int(match.group(1)) == os.getpid() or _alive(int(match.group(1))):
+            continue
+        path = own / name
+        try:
+            if time.time() - path.stat().st_mtime < STALE_AFTER_S:
+                continue
+            path.rmdir()
+            log.info("sandbox: removed cgroup %s left by a process that is gone", path)
+        except OSError:
+            continue
 
 
 def _remove(made: Sequence[Path], timeout_s: float = 5.0) -> None:
