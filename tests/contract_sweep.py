@@ -67,9 +67,9 @@ def shared_sweep(demo_dir: Path, factory: pytest.TempPathFactory, name: str) -> 
     The copy keeps every byte and modification time (`shutil.copy2`: real copies, not hard
     links, since tests write files of their sweep in place); its config names the copy's paths,
     so it is also a moved project, which must plan nothing (checked here, before any test). The
-    sweep is built in a directory that is renamed afterwards: a model's manifest records its
-    source path, and a checkpoint a test deletes counts as deleted only if that path is gone too
-    (ckpteval.checkpoints.deleted_checkpoints), as it is when a project is moved, not copied."""
+    sweep is built in a directory that is renamed afterwards, so each copy is a moved project's
+    twin; a checkpoint a test deletes in its copy counts as deleted whether or not the recorded
+    source path exists (tests/test_final_names.py checks a copy whose original remains)."""
     base = factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     origin, done = root / "contract-sweep", root / "contract-sweep.done"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,35 @@ def test_tables_and_plots_label_the_final_checkpoint(tmp_path: Path) -> None:
     labels = [(t.get_text(), t.xy) for t in ax.texts]
     assert len(labels) == 1 and labels[0][0] == "final"
     assert labels[0][1][0] == 11.0  # on the final checkpoint's point, after step 10
+
+
+def test_a_checkpoint_deleted_in_a_copied_project_is_marked_though_the_original_remains(
+    tmp_path: Path,
+) -> None:
+    """A manifest records its checkpoint's absolute source path; in a copy of the project that
+    path is the original's, which still exists. Deleting the checkpoint in the copy must mark it
+    deleted there (its scores kept, marked), and the original still has none deleted."""
+    from ckpteval.config import build_plan
+
+    original = tmp_path / "original"
+    for name in ("step_5", "step_10"):
+        _hf(original / "run" / name)
+    (original / "c.yaml").write_text("runs: {r: {path: run}}\ntasks: {arith: {}}\n")
+    models = original / "results" / "models" / "r"
+    models.mkdir(parents=True)
+    for name in ("step_5", "step_10"):
+        source = str(original / "run" / name)
+        (models / f"{name}.json").write_text(f'{{"source": "{source}"}}')
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    shutil.rmtree(copy / "run" / "step_5")
+
+    def deleted(project: Path) -> list[str]:
+        config = load_config(project / "c.yaml")
+        config["outdir"] = str(project / "results")
+        validate_config(config)
+        plan = build_plan(config, project)
+        return [c.name for c in plan.deleted.get("r", ())]
+
+    assert deleted(copy) == ["step_5"]
+    assert deleted(original) == []

@@ -136,10 +136,13 @@ def discover_checkpoints(
 
 
 def deleted_checkpoints(
-    models_dir: Path, present: set[str], patterns: list[str]
+    models_dir: Path, run_dir: Path, present: set[str], patterns: list[str]
 ) -> list[Checkpoint]:
-    """Checkpoints consolidated earlier (a manifest under `models_dir`) whose source no longer
-    exists and which discovery no longer lists: their results stay in the summary, marked."""
+    """Checkpoints consolidated earlier (a manifest under `models_dir`) that are no longer in
+    `run_dir` and which discovery no longer lists: their results stay in the summary, marked.
+
+    Looked up in the run's directory by the recorded source's name, not at the recorded path:
+    a copied project's manifests still name the original's checkpoints, which may well exist."""
     if not models_dir.is_dir():
         return []
     regexes = [pattern_regex(p) for p in patterns]
@@ -153,7 +156,7 @@ def deleted_checkpoints(
         except (OSError, ValueError, AttributeError):
             continue
         match = next((m for rx in regexes if (m := rx.match(name))), None)
-        if not source or Path(source).exists() or match is None:
+        if not source or (run_dir / Path(source).name).exists() or match is None:
             continue
         out.append(Checkpoint(name, int(match.group(1)), Path(source), deleted=True))
     return sorted(out, key=lambda c: c.step)

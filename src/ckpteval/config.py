@@ -571,7 +571,7 @@ def _vllm_run(
         )
     present = {c.name for c in ckpts} | {u.name for u in unfinished}
     gone = deleted_checkpoints(
-        Path(config["outdir"]) / "models" / name, present | {"base"}, r["patterns"]
+        Path(config["outdir"]) / "models" / name, path, present | {"base"}, r["patterns"]
     )
     if r.get("evaluate_base"):
         ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]
