@@ -58,7 +58,7 @@ from ckpteval.cache import cache_key, cache_row, read_cache, store_rows
 from ckpteval.chat_templates import TemplateUse, resolve, template_use
 from ckpteval.config import Variant
 from ckpteval.errors import UserError
-from ckpteval.gpus import Lease, lease_engine_device
+from ckpteval.gpus import Lease, engine_gpus, lease_engine_device
 from ckpteval.io import read_json, sha256_json, write_json, write_jsonl
 from ckpteval.problems import earlier_turns
 from ckpteval.reasoning import engine_spec, split, task_reasoning
@@ -126,7 +126,7 @@ def engine_session(
     """A device lease and a backend (its engine starts on first use) that outlive one
     checkpoint's `run_infer`: an engine job hands them to the checkpoints it chains to."""
     vllm = run_cfg.get("backend", "vllm") == "vllm"
-    lease = lease_engine_device(gpus) if vllm else Lease(None, "none")
+    lease = lease_engine_device(gpus, engine_gpus(engine_cfg)) if vllm else Lease(None, "none")
     try:
         backend = make_backend(run_cfg, model_dir=model_dir, engine_cfg=engine_cfg, where=where)
         try:
@@ -173,7 +173,8 @@ def run_infer(
     engine_cfg = engine_settings(engine_cfg, attempt)
     backend_name = run_cfg.get("backend", "vllm")
     if lease is None:
-        lease = lease_engine_device(gpus) if backend_name == "vllm" else Lease(None, "none")
+        vllm = backend_name == "vllm"
+        lease = lease_engine_device(gpus, engine_gpus(engine_cfg)) if vllm else Lease(None, "none")
     log.info("backend %s; device: %s (%s)", backend_name, lease.device or "cpu", lease.how)
     if backend is None:
         backend = make_backend(run_cfg, model_dir=model_dir, engine_cfg=engine_cfg, where=where)
@@ -309,11 +310,13 @@ def run_assist(
     *,
     gpus: Sequence[int | str] | None = None,
     grace_seconds: float = 30.0,
+    count: int = 1,
 ) -> dict[str, Any]:
-    """An assist job: on a leased GPU, help the infer jobs still running (ckpteval.share)."""
+    """An assist job: on `count` leased GPUs (its rule's `gpu` resource: the engines' tensor
+    parallelism), help the infer jobs still running (ckpteval.share)."""
     from ckpteval.share import assist
 
-    lease = lease_engine_device(gpus)
+    lease = lease_engine_device(gpus, count)
     log.info("assist job %s; device: %s (%s)", name, lease.device or "cpu", lease.how)
     try:
         stats = assist(boards_root(cache_dir), name, _assist_engine, grace_seconds=grace_seconds)

@@ -505,6 +505,7 @@ def assist(smk: Any) -> None:
         smk.params.name,
         gpus=runtime(smk.config, "gpus"),
         grace_seconds=float(smk.params.grace_seconds),
+        count=int(smk.resources.get("gpu", 1)),
     )
     write_json(smk.output.record, summary)
 

@@ -19,6 +19,7 @@ from ckpteval.contract import (
 )
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness
+from ckpteval.gpus import engine_gpus
 from ckpteval.io import sha256_json
 from ckpteval.publish import TRACKERS
 from ckpteval.schedule import InferCosts
@@ -359,6 +360,9 @@ def get_publish_records():
 
 INFER_COSTS = InferCosts(PLAN)
 
+#: GPUs one engine job (infer, assist) asks for: its tensor parallelism (ckpteval.gpus).
+ENGINE_GPUS = engine_gpus(config["engine"])
+
 
 def get_infer_priority(group):
     """A job's priority is its expected GPU seconds (ckpteval.schedule): Snakemake starts the
@@ -396,11 +400,11 @@ def pending_infer_checkpoints():
 
 
 def assist_records():
-    """One assist job per GPU beyond the first (`resources: gpu` of the profile), when `assist`
-    is on and some vllm checkpoint has generations to write; named by what is pending, so a
-    later sweep gets fresh ones and a finished one none."""
+    """One assist job per engine's worth of GPUs beyond the first (`resources: gpu` of the
+    profile, ENGINE_GPUS each), when `assist` is on and some vllm checkpoint has generations to
+    write; named by what is pending, so a later sweep gets fresh ones and a finished one none."""
     gpus = workflow.global_resources.get("gpu")
-    count = int(gpus.value) - 1 if gpus is not None and gpus.value else 0
+    count = int(gpus.value) // ENGINE_GPUS - 1 if gpus is not None and gpus.value else 0
     pending = pending_infer_checkpoints() if config.get("assist", True) and count > 0 else []
     if not pending:
         return []
