@@ -19,7 +19,7 @@
    - remeasure: the run evaluated again (a new engine setting or vLLM version): the
                 `.meta.json` of the earlier sweep measured every job, within a 5% spread.
 
-   Tail assist runs the workflow's mechanism through the real ckpteval.share code; only the engine
+   Tail assist runs the workflow's mechanism through the real ckpteval.assist code; only the engine
    is fake. An infer job cuts each task's generation into 4 chunks (~256 requests, about a
    simulated minute each; ~28 per job, chunk cost proportional to its seconds), publishes them on a
    board under cache/.boards (Board.publish), sleeps its engine load, then generates them in order
@@ -158,8 +158,8 @@ rule assist:
 '''
 
 # One job. infer and assist lease a fake GPU (as the workflow's do); infer loads (sleeps), then
-# generates its chunks (sleeps) through ckpteval.share.work_through, on a published board when the
-# sweep has assist jobs; assist runs ckpteval.share.assist with an engine that sleeps. Each job
+# generates its chunks (sleeps) through ckpteval.assist.work_through, on a published board when the
+# sweep has assist jobs; assist runs ckpteval.assist.assist with an engine that sleeps. Each job
 # writes a record per output.
 JOB_SCRIPT = """\
 import json, logging, sys, time
@@ -181,7 +181,7 @@ def lease():
 
 
 if kind == "infer":
-    from ckpteval.share import Board, work_through
+    from ckpteval.assist import Board, work_through
     held = lease()
     record.update(device=held.device, start=time.time())
     load = plan["load"][name]
@@ -218,7 +218,7 @@ if kind == "infer":
     record.update(chunks=len(secs), own_chunks=state["own"], assisted_chunks=len(assisted),
                   assisted_seconds=sum(s for _, s in assisted), own_end=state["own_end"])
 elif kind == "assist":
-    from ckpteval.share import Engine, assist
+    from ckpteval.assist import Engine, assist
     held = lease()
     record.update(device=held.device, start=time.time())
     joined = []
@@ -627,7 +627,7 @@ def main() -> None:
         "--assist",
         choices=["on", "off", "both"],
         default="both",
-        help="tail assist jobs (ckpteval.share) on, off, or each in turn",
+        help="tail assist jobs (ckpteval.assist) on, off, or each in turn",
     )
     parser.add_argument("--dryrun-jobs", type=int, default=10000, help="0 to skip the dry run")
     parser.add_argument("--workdir", type=Path, help="keep files here (default: a temp dir)")

@@ -342,11 +342,11 @@ def test_an_assist_job_generates_a_published_chunk_as_the_job_would(
 ) -> None:
     """A board published here (the job) from the fixture's requests; `run_assist` in a child
     process loads its own vLLM engine, takes every chunk and writes the same completions."""
+    from ckpteval.assist import Board, boards_root
     from ckpteval.backends import SamplingSpec
     from ckpteval.backends.vllm import VllmBackend
     from ckpteval.cache import cache_key, read_cache
     from ckpteval.config import validate_config
-    from ckpteval.share import Board, boards_root
 
     work = resumed["work"]
     config = _config(TASKS, resumed["include"], chunk_size=4)

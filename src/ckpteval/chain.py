@@ -1,4 +1,5 @@
-"""One engine per GPU slot per sweep: an engine job goes on to its run's next checkpoints.
+"""Chaining checkpoints on one engine: an engine job that has served its own checkpoint swaps in
+the weights of its run's next checkpoints and serves them too (one engine per GPU slot per sweep).
 
 Each checkpoint keeps its own engine job in Snakemake's graph (so `-f`, `-R` and `-F` plan
 exactly as before: ckpteval.verbs). What changes is who does the GPU work. An engine job that has

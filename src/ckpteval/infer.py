@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckpteval.assist import Board, Engine, boards_root, work_through
 from ckpteval.backends import (
     Backend,
     Generation,
@@ -59,7 +60,6 @@ from ckpteval.gpus import Lease, engine_gpus, lease_engine_device
 from ckpteval.io import read_json, sha256_json, write_json, write_jsonl
 from ckpteval.problems import earlier_turns
 from ckpteval.reasoning import engine_spec, split, task_reasoning
-from ckpteval.share import Board, Engine, boards_root, work_through
 from ckpteval.tasks import TaskSpec
 
 log = logging.getLogger("ckpteval.infer")
@@ -158,7 +158,7 @@ def run_infer(
     attempt number: a retry after a CUDA out-of-memory error asks vLLM for less memory. A
     `backend` given by the caller (bench/infer.py, an engine session made with
     `engine_settings(engine_cfg, attempt)`) is used as is and left open; so is a `lease`. With `share_as`
-    (a name for this job), missing requests are published for assist jobs (ckpteval.share).
+    (a name for this job), missing requests are published for assist jobs (ckpteval.assist).
     `template_check` is given the resolved chat template's identity (a workflow job checks it
     against its cells' identities: ckpteval.jobs.EngineJob.check_template).
     """
@@ -310,8 +310,8 @@ def run_assist(
     count: int = 1,
 ) -> dict[str, Any]:
     """An assist job: on `count` leased GPUs (its rule's `gpu` resource: the engines' tensor
-    parallelism), help the infer jobs still running (ckpteval.share)."""
-    from ckpteval.share import assist
+    parallelism), help the infer jobs still running (ckpteval.assist)."""
+    from ckpteval.assist import assist
 
     lease = lease_engine_device(gpus, count)
     log.info("assist job %s; device: %s (%s)", name, lease.device or "cpu", lease.how)
@@ -498,7 +498,7 @@ class MissingRequests:
 
     Prompts are checked against the context length when this is built, so a prompt that cannot
     fit stops the job before the engine loads. Once `publish`ed, chunks are claimed before they
-    are generated, so an assist job can take the last ones (ckpteval.share).
+    are generated, so an assist job can take the last ones (ckpteval.assist).
     """
 
     #: Seconds between looks at an assistant's chunks the job waits for.

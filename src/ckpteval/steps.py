@@ -496,7 +496,7 @@ def oom_only_retries(log_path: Path, attempt: int) -> Iterator[None]:
 
 
 def assist(smk: Any) -> None:
-    """An assist job: lend this GPU to the infer jobs still running (ckpteval.share)."""
+    """An assist job: lend this GPU to the infer jobs still running (ckpteval.assist)."""
     from ckpteval.infer import run_assist
     from ckpteval.io import write_json
 

@@ -1,5 +1,6 @@
-"""Which cells an engine job writes, so that every Snakemake verb plans a chain that can run,
-while planning writes nothing.
+"""What Snakemake's verbs (-f, -R, -F, --until, a deleted or damaged file) mean for an engine
+job: which cells it (re)generates in this invocation, its round token, request and done files,
+so that every verb plans a chain that can run while planning writes nothing.
 
 A checkpoint's generations come from two rules. The engine job (`infer`, `infer_<group>`,
 `endpoint`, ...) loads the model once and writes the cells of its engine group into a staging

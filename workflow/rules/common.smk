@@ -384,7 +384,7 @@ def get_consolidate_priority(wildcards):
     )
 
 
-# ---- tail assist (ckpteval.share): GPUs idle at a sweep's end help the infer jobs still running
+# ---- tail assist (ckpteval.assist): GPUs idle at a sweep's end help the infer jobs still running
 
 
 @functools.cache

@@ -100,7 +100,7 @@ if VLLM_RUNS or OPENAI_RUNS:
             )
 
 
-# Tail assist (ckpteval.share): one job per GPU beyond the first, lowest priority, so Snakemake
+# Tail assist (ckpteval.assist): one job per GPU beyond the first, lowest priority, so Snakemake
 # starts one only when every infer job already has a GPU. It helps the running infer job with the
 # most work left: loads that checkpoint's model and generates its last chunks into the shared
 # cache; it ends when no job has enough left to repay an engine load. Off with `assist: false`.
