@@ -105,7 +105,7 @@ BREAKS = (
     Break(
         "swap-check",
         "a weight swap is checked against the checkpoint (here: the check is skipped)",
-        "src/ckpteval/swap.py",
+        "src/ckpteval/engine/swap.py",
         (("    compared = verify_weights(llm, model_dir)\n", "    compared = 0\n"),),
         ("tests/test_swap.py::test_the_check_reads_the_weights_through_the_kernels",),
     ),

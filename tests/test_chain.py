@@ -1,4 +1,4 @@
-"""The chain's order of work (ckpteval.steps._chain, ckpteval.chain.scan) with a stand-in engine:
+"""The chain's order of work (ckpteval.steps._chain, ckpteval.engine.chain.scan) with a stand-in engine:
 which checkpoints an engine job serves after its own, which it leaves to their own jobs and why,
 and how long it waits for a consolidation. The swaps and generations themselves run for real in
 tests/test_swap.py and tests/test_swap_workflow.py; here the engine only records what it is asked.

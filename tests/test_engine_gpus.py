@@ -16,14 +16,14 @@ import pytest
 from conftest import REPO, dry_snakemake, write_config
 from safetensors.numpy import save_file
 
+from ckpteval.engine.gpus import engine_gpus, lease_gpu
 from ckpteval.errors import UserError
-from ckpteval.gpus import engine_gpus, lease_gpu
 from ckpteval.io import first_free_lock
 
 HOLDER = """
 import json, os, sys, time
 from pathlib import Path
-from ckpteval.gpus import lease_gpu
+from ckpteval.engine.gpus import lease_gpu
 lock_dir, seconds, start_line, count, pool = sys.argv[1:6]
 (Path(start_line) / f"ready-{os.getpid()}").touch()
 while not (Path(start_line) / "go").exists():

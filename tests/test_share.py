@@ -1,4 +1,4 @@
-"""Tail assist (ckpteval.assist): the board protocol, and an infer job helped by an assist job.
+"""Tail assist (ckpteval.engine.assist): the board protocol, and an infer job helped by an assist job.
 
 The engine here is a slow deterministic fake (no GPU can run in CI and the point is the protocol);
 tests/test_infer_vllm.py generates a published chunk with a real vLLM engine.
@@ -21,7 +21,9 @@ import pytest
 from conftest import run_snakemake, small_config, write_config
 from test_schedule import _plan
 
-from ckpteval.assist import (
+from ckpteval.backends import Backend, Completion, Generation, Prompt, SamplingSpec
+from ckpteval.config import build_tasks, validate_config
+from ckpteval.engine.assist import (
     MAIN,
     Board,
     Offer,
@@ -32,9 +34,7 @@ from ckpteval.assist import (
     work_through,
     worth_helping,
 )
-from ckpteval.backends import Backend, Completion, Generation, Prompt, SamplingSpec
-from ckpteval.config import build_tasks, validate_config
-from ckpteval.infer import Job, _AssistEngine, run_infer
+from ckpteval.engine.generate import Job, _AssistEngine, run_infer
 from ckpteval.io import write_json
 
 

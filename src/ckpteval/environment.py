@@ -15,7 +15,7 @@ from ckpteval import __version__
 
 def job_environment(lease: Any = None) -> dict[str, Any]:
     """Where a job ran: host, devices, scheduler job, GPU name (`lease`: the job's
-    ckpteval.gpus.Lease, None when it leased nothing)."""
+    ckpteval.engine.gpus.Lease, None when it leased nothing)."""
     return {
         "host": socket.gethostname(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),

@@ -36,7 +36,7 @@ text or a number: what the math checker compares with), `question` (the last use
 the prompt text) and, for chat prompts, `messages` and `system` (the system message, if any).
 Chat messages are an optional system message, then user and assistant in turn, ending with the
 user's; the turns before the last (few-shot examples, `earlier_turns`) are rendered with the
-run's chat template as they stand (ckpteval.infer.render_prompts).
+run's chat template as they stand (ckpteval.engine.generate.render_prompts).
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def consolidate(smk: Any) -> None:
     how it is smoke-tested (engine, GPU, memory) are runtime knobs, which never rerun it."""
     from ckpteval.checkpoints import hash_source
     from ckpteval.consolidate import consolidate_checkpoint
-    from ckpteval.gpus import Lease, lease_engine_device
+    from ckpteval.engine.gpus import Lease, lease_engine_device
     from ckpteval.jobs import ModelJob
 
     job = ModelJob.decode(smk.params.identity, smk.wildcards.run)
@@ -188,9 +188,9 @@ def replay(smk: Any) -> None:
 def infer(smk: Any) -> None:
     """An engine job (rules `infer*`, `endpoint*`): generate the cells its request file names
     into its staging directory, write its round's done file (ckpteval.verbs), then, with
-    `engine.swap`, go on to the next checkpoints of its run on the same engine (ckpteval.chain).
+    `engine.swap`, go on to the next checkpoints of its run on the same engine (ckpteval.engine.chain).
     Its settings come from the request file and its model's identity (ckpteval.jobs.EngineJob)."""
-    from ckpteval.chain import claim, staged_current
+    from ckpteval.engine.chain import claim, staged_current
     from ckpteval.verbs import write_done
 
     staging = Path(smk.params.staging)
@@ -256,7 +256,7 @@ def _endpoint_knobs(smk: Any, job: Any) -> dict[str, Any]:
 def _engine_session(smk: Any, job: Any) -> Iterator[Any]:
     """This job's device lease and backend, kept for the checkpoints it chains to; a CUDA OOM
     is retried once with less memory (oom_only_retries)."""
-    from ckpteval.infer import engine_session, engine_settings
+    from ckpteval.engine.generate import engine_session, engine_settings
 
     run = smk.wildcards.run
     attempt = int(smk.resources.get("infer_attempt", 1))
@@ -293,7 +293,7 @@ def _generate(
 ) -> None:
     """Generate `cells` (ckpteval.jobs.CellJob, of engine job `job`) of the checkpoint whose
     model the engine holds into `staging`."""
-    from ckpteval.infer import Job, run_infer
+    from ckpteval.engine.generate import Job, run_infer
     from ckpteval.verbs import staged_paths
 
     run = smk.wildcards.run
@@ -337,15 +337,15 @@ def _invocation(smk: Any) -> Any:
 
 def _chain(smk: Any, engine: dict[str, Any], staging: Path) -> None:
     """Serve the run's next checkpoints that have work in this invocation on this engine
-    (ckpteval.chain): swap, check, generate, then look again, since checkpoints get consolidated
+    (ckpteval.engine.chain): swap, check, generate, then look again, since checkpoints get consolidated
     meanwhile. Nothing of it can fail this job, whose own cells are done. A checkpoint whose
     swap fails is skipped (its own job tries it with a fresh engine; the next swap loads every
     weight again and is checked); a failed generation stops the chain, and the jobs of the
     checkpoints left start engines of their own. With nothing ready but checkpoints still being
     consolidated, it waits for them up to the seconds its own engine took to start: never longer
     than a fresh engine would cost."""
-    from ckpteval.chain import scan
-    from ckpteval.swap import engine_signature, swap_blocker
+    from ckpteval.engine.chain import scan
+    from ckpteval.engine.swap import engine_signature, swap_blocker
 
     backend = engine["backend"]
     if not hasattr(backend, "swap") or backend.model_dir is None:
@@ -398,8 +398,8 @@ def _chain_one(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> bo
 def _serve_next(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> int:
     """Generate checkpoint `nxt`'s requested cells on this engine if its claim is free and its
     model config and tokenizer are the engine's; how many cells it generated."""
-    from ckpteval.chain import claim, staged_current
-    from ckpteval.swap import engine_signature
+    from ckpteval.engine.chain import claim, staged_current
+    from ckpteval.engine.swap import engine_signature
 
     with claim(nxt.staging, wait=False) as held:
         if not held:
@@ -422,7 +422,7 @@ def _serve_next(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> i
 
 class _SwapFailed(Exception):
     """A checkpoint's weights could not be loaded into the engine, or were not what it holds
-    after the swap (ckpteval.swap): that checkpoint is left to its own job."""
+    after the swap (ckpteval.engine.swap): that checkpoint is left to its own job."""
 
 
 def _swap(backend: Any, model_dir: Path) -> None:
@@ -473,7 +473,7 @@ def oom_only_retries(log_path: Path, attempt: int) -> Iterator[None]:
     of memory (the retry asks for less), not after any other failure, which would only fail
     again after another engine load. A failure is noted beside the job's log; a retry that
     finds a failure other than out-of-memory stops at once with that failure's own message."""
-    from ckpteval.infer import is_cuda_oom
+    from ckpteval.engine.generate import is_cuda_oom
     from ckpteval.io import write_json
 
     note = log_path.with_name(log_path.name + ".failure.json")
@@ -496,8 +496,8 @@ def oom_only_retries(log_path: Path, attempt: int) -> Iterator[None]:
 
 
 def assist(smk: Any) -> None:
-    """An assist job: lend this GPU to the infer jobs still running (ckpteval.assist)."""
-    from ckpteval.infer import run_assist
+    """An assist job: lend this GPU to the infer jobs still running (ckpteval.engine.assist)."""
+    from ckpteval.engine.generate import run_assist
     from ckpteval.io import write_json
 
     summary = run_assist(

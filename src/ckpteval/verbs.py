@@ -26,7 +26,7 @@ own parse). That is done with one *round* per engine job:
 - Which cells an engine job generates is written to its request file
   (`{group}.r<N>.request.json`) when the run starts (`onstart`, under Snakemake's lock, never in a
   dry run), for the engine jobs Snakemake will run. The engine job reads it; its siblings read it
-  to chain (ckpteval.chain).
+  to chain (ckpteval.engine.chain).
 
 `Verbs` is what Snakemake was told to redo, read from its DAG settings when the input functions
 run; `requested` adds it to what the files say is stale (ckpteval.freshness).
@@ -200,7 +200,7 @@ def request_body(
     cells: Sequence[StaleCell], invocation: str, payload: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """An engine job's request: the cells it generates with their identities, the invocation
-    that asked (an engine job chains only to requests of its own invocation: ckpteval.chain)
+    that asked (an engine job chains only to requests of its own invocation: ckpteval.engine.chain)
     and `payload`, what the engine job builds its cells from besides their identities
     (ckpteval.contract.engine_payload)."""
     return {

@@ -19,10 +19,10 @@ from ckpteval.contract import (
 )
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness
-from ckpteval.gpus import engine_gpus
+from ckpteval.engine.gpus import engine_gpus
 from ckpteval.io import sha256_json
 from ckpteval.publish import TRACKERS
-from ckpteval.schedule import InferCosts
+from ckpteval.engine.schedule import InferCosts
 from ckpteval.steps import generation, run_in_process
 from ckpteval.tasks import check_harness_names
 from ckpteval.verbs import (
@@ -360,12 +360,12 @@ def get_publish_records():
 
 INFER_COSTS = InferCosts(PLAN)
 
-#: GPUs one engine job (infer, assist) asks for: its tensor parallelism (ckpteval.gpus).
+#: GPUs one engine job (infer, assist) asks for: its tensor parallelism (ckpteval.engine.gpus).
 ENGINE_GPUS = engine_gpus(config["engine"])
 
 
 def get_infer_priority(group):
-    """A job's priority is its expected GPU seconds (ckpteval.schedule): Snakemake starts the
+    """A job's priority is its expected GPU seconds (ckpteval.engine.schedule): Snakemake starts the
     longest infer jobs first, so the last wave of a sweep is made of short ones."""
 
     def priority(wildcards):
@@ -384,7 +384,7 @@ def get_consolidate_priority(wildcards):
     )
 
 
-# ---- tail assist (ckpteval.assist): GPUs idle at a sweep's end help the infer jobs still running
+# ---- tail assist (ckpteval.engine.assist): GPUs idle at a sweep's end help the infer jobs still running
 
 
 @functools.cache

@@ -12,8 +12,8 @@
 # - replay: rule `replay`, one job per generation file: existing solutions, validated and copied.
 # Weightless runs (openai, replay) get a model card as models/{run}/{ckpt}.json instead of a
 # consolidated model. Finished requests go to a content-addressed cache under {OUT}/cache
-# (ckpteval.cache), which is not a declared output: a killed or retried job resumes from it. An
-# infer job's priority is its expected GPU seconds (ckpteval.schedule): the longest start first.
+# (ckpteval.engine.cache), which is not a declared output: a killed or retried job resumes from it. An
+# infer job's priority is its expected GPU seconds (ckpteval.engine.schedule): the longest start first.
 for _group in PLAN.engine_groups:
     if VLLM_RUNS:
 
@@ -100,7 +100,7 @@ if VLLM_RUNS or OPENAI_RUNS:
             )
 
 
-# Tail assist (ckpteval.assist): one job per GPU beyond the first, lowest priority, so Snakemake
+# Tail assist (ckpteval.engine.assist): one job per GPU beyond the first, lowest priority, so Snakemake
 # starts one only when every infer job already has a GPU. It helps the running infer job with the
 # most work left: loads that checkpoint's model and generates its last chunks into the shared
 # cache; it ends when no job has enough left to repay an engine load. Off with `assist: false`.

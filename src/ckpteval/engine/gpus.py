@@ -124,7 +124,7 @@ def lease_gpu(
 
 
 def lease_engine_device(gpus: Sequence[int | str] | None, count: int = 1) -> Lease:
-    """`count` GPUs for a vLLM engine (ckpteval.gpus); without one, vLLM runs on CPU, where its
+    """`count` GPUs for a vLLM engine (ckpteval.engine.gpus); without one, vLLM runs on CPU, where its
     engine-core subprocess only adds start-up time (measured: it adds seconds and saves nothing)."""
     lease = lease_gpu(gpus, count=count)
     if lease.device is None and "CUDA_VISIBLE_DEVICES" not in os.environ:

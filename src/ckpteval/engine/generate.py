@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpteval.assist import Board, Engine, boards_root, work_through
 from ckpteval.backends import (
     Backend,
     Generation,
@@ -51,18 +50,19 @@ from ckpteval.backends import (
     cache_namespace,
     make_backend,
 )
-from ckpteval.cache import cache_key, cache_row, read_cache, store_rows
 from ckpteval.chat_templates import TemplateUse, resolve, template_use
 from ckpteval.config import Variant
+from ckpteval.engine.assist import Board, Engine, boards_root, work_through
+from ckpteval.engine.cache import cache_key, cache_row, read_cache, store_rows
+from ckpteval.engine.gpus import Lease, engine_gpus, lease_engine_device
 from ckpteval.environment import job_environment, versions
 from ckpteval.errors import UserError
-from ckpteval.gpus import Lease, engine_gpus, lease_engine_device
 from ckpteval.io import read_json, sha256_json, write_json, write_jsonl
 from ckpteval.problems import earlier_turns
 from ckpteval.reasoning import engine_spec, split, task_reasoning
 from ckpteval.tasks import TaskSpec
 
-log = logging.getLogger("ckpteval.infer")
+log = logging.getLogger("ckpteval.engine.generate")
 
 #: Each retry of a job that ran out of GPU memory asks vLLM for this fraction of the last attempt's
 #: `gpu_memory_utilization` (0.8 -> 0.68 -> 0.58).
@@ -158,7 +158,7 @@ def run_infer(
     attempt number: a retry after a CUDA out-of-memory error asks vLLM for less memory. A
     `backend` given by the caller (bench/infer.py, an engine session made with
     `engine_settings(engine_cfg, attempt)`) is used as is and left open; so is a `lease`. With `share_as`
-    (a name for this job), missing requests are published for assist jobs (ckpteval.assist).
+    (a name for this job), missing requests are published for assist jobs (ckpteval.engine.assist).
     `template_check` is given the resolved chat template's identity (a workflow job checks it
     against its cells' identities: ckpteval.jobs.EngineJob.check_template).
     """
@@ -310,8 +310,8 @@ def run_assist(
     count: int = 1,
 ) -> dict[str, Any]:
     """An assist job: on `count` leased GPUs (its rule's `gpu` resource: the engines' tensor
-    parallelism), help the infer jobs still running (ckpteval.assist)."""
-    from ckpteval.assist import assist
+    parallelism), help the infer jobs still running (ckpteval.engine.assist)."""
+    from ckpteval.engine.assist import assist
 
     lease = lease_engine_device(gpus, count)
     log.info("assist job %s; device: %s (%s)", name, lease.device or "cpu", lease.how)
@@ -498,7 +498,7 @@ class MissingRequests:
 
     Prompts are checked against the context length when this is built, so a prompt that cannot
     fit stops the job before the engine loads. Once `publish`ed, chunks are claimed before they
-    are generated, so an assist job can take the last ones (ckpteval.assist).
+    are generated, so an assist job can take the last ones (ckpteval.engine.assist).
     """
 
     #: Seconds between looks at an assistant's chunks the job waits for.

@@ -6,7 +6,7 @@ exactly as before: ckpteval.verbs). What changes is who does the GPU work. An en
 generated its own checkpoint's cells looks at the request files of the other checkpoints of its
 run and engine group that this invocation runs (written when the run started, with its
 invocation token), takes each one's
-claim in turn, swaps that checkpoint's weights into its running engine (ckpteval.swap, checked
+claim in turn, swaps that checkpoint's weights into its running engine (ckpteval.engine.swap, checked
 after every swap) and generates its cells into that checkpoint's staging directory. When that
 checkpoint's own engine job runs, it waits for the claim, finds its cells staged for its model
 and settings, and only writes its done file: no engine load.
@@ -33,7 +33,7 @@ from typing import Any
 
 from ckpteval.io import read_json
 
-log = logging.getLogger("ckpteval.chain")
+log = logging.getLogger("ckpteval.engine.chain")
 
 
 @dataclass(frozen=True)
