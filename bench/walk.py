@@ -247,6 +247,12 @@ def main() -> None:
     print(f"walk from {args.start}: {len(order)} functions in {len(visited)} modules")
     print(f"modules: {', '.join(m.removeprefix('ckpteval.') for m in visited)}")
     print(f"steps between modules: {moves}, back to a visited module: {back}")
+    units = [f"{unit(k.partition(':')[0], modules)}:" for k in order]
+    visited_units, unit_moves, unit_back = steps(units)
+    print(
+        f"counting a subpackage as one (engine, backends, checkers): {len(visited_units)} units, "
+        f"{unit_moves} steps, {unit_back} back to a visited one"
+    )
     across, inside = all_cycles(modules)
     print(f"import cycles: {len(across)}")
     for group in across:

@@ -52,7 +52,7 @@ BREAKS = (
     Break(
         "failed-engine",
         "a failed engine job deletes no finished file (here: it clears its cells' files first)",
-        "src/ckpteval/steps.py",
+        "src/ckpteval/engine/job.py",
         (
             (
                 "        _clear_staged(staging, {(c.task, c.variant) for c in job.cells})\n",

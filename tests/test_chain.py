@@ -1,4 +1,4 @@
-"""The chain's order of work (ckpteval.steps._chain, ckpteval.engine.chain.scan) with a stand-in engine:
+"""The chain's order of work (ckpteval.engine.job._chain, ckpteval.engine.chain.scan) with a stand-in engine:
 which checkpoints an engine job serves after its own, which it leaves to their own jobs and why,
 and how long it waits for a consolidation. The swaps and generations themselves run for real in
 tests/test_swap.py and tests/test_swap_workflow.py; here the engine only records what it is asked.
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import ckpteval.steps as steps
+import ckpteval.engine.job as steps
 from ckpteval.contract import Identity
 from ckpteval.freshness import StaleCell
 from ckpteval.verbs import request_body, request_path, write_request

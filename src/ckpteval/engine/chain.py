@@ -13,7 +13,7 @@ and settings, and only writes its done file: no engine load.
 
 A checkpoint whose model config or tokenizer differs, or one whose claim another job holds, is
 left to its own job, with a log line saying why. One not consolidated yet is waited for, up to the
-seconds the chain's own engine took to start (ckpteval.steps._chain), then left to its own job.
+seconds the chain's own engine took to start (ckpteval.engine.job._chain), then left to its own job.
 A failed swap skips that checkpoint (its own job starts a fresh engine for it); the next swap
 loads every weight again and is checked like any other.
 """
