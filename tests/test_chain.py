@@ -67,7 +67,7 @@ def _chain(out: Path, engine: StandIn, monkeypatch: pytest.MonkeyPatch) -> list[
             request=str(out / "staging" / RUN / "step_1" / "main.r1.request.json")
         ),
     )
-    steps._chain(smk, {"backend": engine}, out / "staging" / RUN / "step_1" / "main")
+    steps._chain(smk, steps.EngineSession(engine), out / "staging" / RUN / "step_1" / "main")
     return generated
 
 
@@ -131,6 +131,6 @@ def test_a_failed_generation_stops_the_chain(
             request=str(out / "staging" / RUN / "step_1" / "main.r1.request.json")
         ),
     )
-    steps._chain(smk, {"backend": engine}, out / "staging" / RUN / "step_1" / "main")
+    steps._chain(smk, steps.EngineSession(engine), out / "staging" / RUN / "step_1" / "main")
     assert engine.swapped == ["step_2"]
     assert "chain: stopped at r/step_2: engine died" in capsys.readouterr().out

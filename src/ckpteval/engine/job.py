@@ -13,7 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,20 @@ class EngineSettings:
             "allow_tensor_parallel": self.allow_tensor_parallel,
             **self.numerics,
         }
+
+
+@dataclass(frozen=True)
+class EngineSession:
+    """A started engine job's engine, kept for the checkpoints it chains to: the backend (its
+    engine loads on first use and swaps weights, ckpteval.engine.swap), the GPUs it leased, and
+    what every generation on it is run with (the run's backend settings, the engine section,
+    Snakemake's attempt)."""
+
+    backend: Any
+    lease: Any = None
+    attempt: int = 1
+    run_cfg: Mapping[str, Any] = field(default_factory=dict)
+    engine_cfg: Mapping[str, Any] = field(default_factory=dict)
 
 
 def run_engine_job(smk: Any) -> None:
@@ -118,7 +132,7 @@ def _endpoint_knobs(smk: Any, job: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _engine_session(smk: Any, job: Any) -> Iterator[Any]:
+def _engine_session(smk: Any, job: Any) -> Iterator[EngineSession]:
     """This job's device lease and backend, kept for the checkpoints it chains to; a CUDA OOM
     is retried once with less memory (oom_only_retries)."""
     from ckpteval.engine.generate import engine_session, engine_settings
@@ -137,18 +151,12 @@ def _engine_session(smk: Any, job: Any) -> Iterator[Any]:
         ):
             group = Path(smk.params.staging).name
             backend.served_by = f"{run}/{smk.wildcards.ckpt}:{group} (pid {os.getpid()})"
-            yield {
-                "backend": backend,
-                "lease": lease,
-                "attempt": attempt,
-                "run_cfg": run_cfg,
-                "engine_cfg": engine_cfg,
-            }
+            yield EngineSession(backend, lease, attempt, run_cfg, engine_cfg)
 
 
 def _generate(
     smk: Any,
-    engine: dict[str, Any],
+    engine: EngineSession,
     job: Any,
     staging: Path,
     cells: list[Any],
@@ -176,15 +184,15 @@ def _generate(
     run_infer(
         jobs,
         manifest_path=manifest,
-        model_dir=getattr(engine["backend"], "model_dir", None),
-        run_cfg=engine["run_cfg"],
-        engine_cfg=engine["engine_cfg"],  # run_infer applies the attempt's memory fraction
+        model_dir=getattr(engine.backend, "model_dir", None),
+        run_cfg=dict(engine.run_cfg),
+        engine_cfg=dict(engine.engine_cfg),  # run_infer applies the attempt's memory fraction
         cache_dir=Path(smk.params.cache_dir),
         include_paths=job.include_paths,
-        attempt=engine["attempt"],
+        attempt=engine.attempt,
         where=f"config: runs.{run}",
-        backend=engine["backend"],
-        lease=engine["lease"],
+        backend=engine.backend,
+        lease=engine.lease,
         template_check=job.check_template,
         share_as=f"{run}/{smk.wildcards.ckpt}:{staging.name}"
         if own and int(smk.resources.get("share_chunks", 0))
@@ -200,7 +208,7 @@ def _invocation(smk: Any) -> Any:
     return read_json(smk.params.request).get("invocation")
 
 
-def _chain(smk: Any, engine: dict[str, Any], staging: Path) -> None:
+def _chain(smk: Any, engine: EngineSession, staging: Path) -> None:
     """Serve the run's next checkpoints that have work in this invocation on this engine
     (ckpteval.engine.chain): swap, check, generate, then look again, since checkpoints get consolidated
     meanwhile. Nothing of it can fail this job, whose own cells are done. A checkpoint whose
@@ -212,7 +220,7 @@ def _chain(smk: Any, engine: dict[str, Any], staging: Path) -> None:
     from ckpteval.engine.chain import scan
     from ckpteval.engine.swap import engine_signature, swap_blocker
 
-    backend = engine["backend"]
+    backend = engine.backend
     if not hasattr(backend, "swap") or backend.model_dir is None:
         return
     blocker = swap_blocker(Path(backend.model_dir))
@@ -245,7 +253,7 @@ def _chain(smk: Any, engine: dict[str, Any], staging: Path) -> None:
 CHAIN_POLL_SECONDS = 2.0
 
 
-def _chain_one(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> bool:
+def _chain_one(smk: Any, engine: EngineSession, nxt: Any, signature: str) -> bool:
     """Serve one checkpoint of the chain; False when the chain must stop."""
     try:
         served = _serve_next(smk, engine, nxt, signature)
@@ -260,7 +268,7 @@ def _chain_one(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> bo
     return True
 
 
-def _serve_next(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> int:
+def _serve_next(smk: Any, engine: EngineSession, nxt: Any, signature: str) -> int:
     """Generate checkpoint `nxt`'s requested cells on this engine if its claim is free and its
     model config and tokenizer are the engine's; how many cells it generated."""
     from ckpteval.engine.chain import claim, staged_current
@@ -280,7 +288,7 @@ def _serve_next(smk: Any, engine: dict[str, Any], nxt: Any, signature: str) -> i
         invocation = _invocation(smk)
         todo = [c for c in job.cells if not staged_current(nxt.staging, c, model_hash, invocation)]
         if todo:
-            _swap(engine["backend"], nxt.model_dir)
+            _swap(engine.backend, nxt.model_dir)
             _generate(smk, engine, job, nxt.staging, todo, nxt.manifest, own=False)
         return len(todo)
 
