@@ -1,6 +1,6 @@
 """Infer throughput: ckpteval's infer step against a bare `LLM.generate` on the same prompts.
 
-Runs the infer step (`ckpteval.infer.run_infer`, the function the workflow's infer rule calls) for
+Runs the infer step (`ckpteval.engine.generate.run_infer`, the function the workflow's infer rule calls) for
 every task and variant of a config on one consolidated model, with an empty cache, and prints
 engine loads, load seconds, generation seconds and tokens. Then, in the same process and on the
 same engine (prefix cache reset), it sends exactly the prompts ckpteval sent, with the same
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ckpteval.backends.vllm import VllmBackend
     from ckpteval.config import build_tasks
-    from ckpteval.infer import Job, run_infer
+    from ckpteval.engine.generate import Job, run_infer
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="ckpteval-bench-infer-"))
     work.mkdir(parents=True, exist_ok=True)

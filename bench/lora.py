@@ -12,7 +12,7 @@ Two sides, each in its own process with its own engine, on the same prompts (the
 
 - merge + reload (what ckpteval does today): each adapter is merged into its base by
   ckpteval's consolidation (peft `merge_and_unload`, a CPU job in the workflow), the engine
-  starts on the first merged model, and every next one is swapped in (`ckpteval.swap`:
+  starts on the first merged model, and every next one is swapped in (`ckpteval.engine.swap`:
   `reload_weights`, prefix-cache reset, read-back check), then generates;
 - adapter serving: one engine on the base with `enable_lora`; each adapter is a `LoRARequest`
   (vLLM loads it on first use), no merge, no reload.
@@ -104,7 +104,7 @@ def side_merged(adapters: list[Path], base: Path, work: Path) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     from ckpteval.consolidate import consolidate_checkpoint
-    from ckpteval.swap import swap_weights
+    from ckpteval.engine.swap import swap_weights
 
     merged, merge_s = [], []
     for adapter in adapters:

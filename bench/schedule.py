@@ -2,14 +2,14 @@
 
 1. Schedule. A realistic sweep, 30 checkpoints x 7 tasks, is run for real by Snakemake through
    profiles/local with a fake pool of 8 GPUs (`--resources gpu=8`; each infer job leases a device
-   with ckpteval.gpus, exactly as the workflow's infer job does). The DAG has the workflow's shape:
+   with ckpteval.engine.gpus, exactly as the workflow's infer job does). The DAG has the workflow's shape:
    one infer job per checkpoint (engine load + every task's generation, on one GPU), one CPU
    evaluate job per (checkpoint, task), one aggregate, and with tail assist (`--assist`) one
    assist job per GPU beyond the first. Durations are drawn from a seeded distribution in
    simulated minutes and slept scaled down (`--scale` seconds per minute): per-task generation
    times with a per-checkpoint log-normal spread, log-normal scoring times.
    Each infer job's Snakemake `priority` is ckpteval's own estimate of its GPU seconds
-   (`ckpteval.schedule.expected_seconds`, what the workflow's infer rules use), fed with what the
+   (`ckpteval.engine.schedule.expected_seconds`, what the workflow's infer rules use), fed with what the
    workflow would know in the scenario (`--scenario`):
 
    - first:     one run evaluated for the first time: every checkpoint has the same model size
@@ -19,7 +19,7 @@
    - remeasure: the run evaluated again (a new engine setting or vLLM version): the
                 `.meta.json` of the earlier sweep measured every job, within a 5% spread.
 
-   Tail assist runs the workflow's mechanism through the real ckpteval.share code; only the engine
+   Tail assist runs the workflow's mechanism through the real ckpteval.engine.assist code; only the engine
    is fake. An infer job cuts each task's generation into 4 chunks (~256 requests, about a
    simulated minute each; ~28 per job, chunk cost proportional to its seconds), publishes them on a
    board under cache/.boards (Board.publish), sleeps its engine load, then generates them in order
@@ -98,7 +98,7 @@ ASSIST_POLL_MINUTES = 0.2
 SNAKEFILE = '''\
 import json, sys
 
-from ckpteval.schedule import Measurement, expected_seconds
+from ckpteval.engine.schedule import Measurement, expected_seconds
 
 PLAN = json.load(open("plan.json"))
 CKPTS = list(PLAN["infer"])
@@ -158,8 +158,8 @@ rule assist:
 '''
 
 # One job. infer and assist lease a fake GPU (as the workflow's do); infer loads (sleeps), then
-# generates its chunks (sleeps) through ckpteval.share.work_through, on a published board when the
-# sweep has assist jobs; assist runs ckpteval.share.assist with an engine that sleeps. Each job
+# generates its chunks (sleeps) through ckpteval.engine.assist.work_through, on a published board when the
+# sweep has assist jobs; assist runs ckpteval.engine.assist.assist with an engine that sleeps. Each job
 # writes a record per output.
 JOB_SCRIPT = """\
 import json, logging, sys, time
@@ -175,13 +175,13 @@ record = {"kind": kind, "output": outputs[0], "device": None}
 
 
 def lease():
-    from ckpteval.gpus import lease_gpu
+    from ckpteval.engine.gpus import lease_gpu
     return lease_gpu([str(d) for d in range(plan["gpus"])], Path(plan["lock_dir"]),
                      poll_seconds=0.05)
 
 
 if kind == "infer":
-    from ckpteval.share import Board, work_through
+    from ckpteval.engine.assist import Board, work_through
     held = lease()
     record.update(device=held.device, start=time.time())
     load = plan["load"][name]
@@ -218,7 +218,7 @@ if kind == "infer":
     record.update(chunks=len(secs), own_chunks=state["own"], assisted_chunks=len(assisted),
                   assisted_seconds=sum(s for _, s in assisted), own_end=state["own_end"])
 elif kind == "assist":
-    from ckpteval.share import Engine, assist
+    from ckpteval.engine.assist import Engine, assist
     held = lease()
     record.update(device=held.device, start=time.time())
     joined = []
@@ -627,7 +627,7 @@ def main() -> None:
         "--assist",
         choices=["on", "off", "both"],
         default="both",
-        help="tail assist jobs (ckpteval.share) on, off, or each in turn",
+        help="tail assist jobs (ckpteval.engine.assist) on, off, or each in turn",
     )
     parser.add_argument("--dryrun-jobs", type=int, default=10000, help="0 to skip the dry run")
     parser.add_argument("--workdir", type=Path, help="keep files here (default: a temp dir)")

@@ -52,7 +52,7 @@ BREAKS = (
     Break(
         "failed-engine",
         "a failed engine job deletes no finished file (here: it clears its cells' files first)",
-        "src/ckpteval/steps.py",
+        "src/ckpteval/engine/job.py",
         (
             (
                 "        _clear_staged(staging, {(c.task, c.variant) for c in job.cells})\n",
@@ -105,7 +105,7 @@ BREAKS = (
     Break(
         "swap-check",
         "a weight swap is checked against the checkpoint (here: the check is skipped)",
-        "src/ckpteval/swap.py",
+        "src/ckpteval/engine/swap.py",
         (("    compared = verify_weights(llm, model_dir)\n", "    compared = 0\n"),),
         ("tests/test_swap.py::test_the_check_reads_the_weights_through_the_kernels",),
     ),

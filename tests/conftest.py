@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Under pytest-xdist (`make test` runs two workers) each worker leases fake GPUs from a lock
 # directory of its own, so one worker's leases never make the other's tests wait. Set before any
-# test imports ckpteval.gpus, which reads it once; subprocesses (Snakemake jobs) inherit it.
+# test imports ckpteval.engine.gpus, which reads it once; subprocesses (Snakemake jobs) inherit it.
 if os.environ.get("PYTEST_XDIST_WORKER") and "CKPTEVAL_GPU_LOCK_DIR" not in os.environ:
     os.environ["CKPTEVAL_GPU_LOCK_DIR"] = (
         f"/tmp/ckpteval-gpu-locks-{os.getuid()}-{os.getppid()}-{os.environ['PYTEST_XDIST_WORKER']}"

@@ -1,4 +1,4 @@
-"""The chain's order of work (ckpteval.steps._chain, ckpteval.chain.scan) with a stand-in engine:
+"""The chain's order of work (ckpteval.engine.job._chain, ckpteval.engine.chain.scan) with a stand-in engine:
 which checkpoints an engine job serves after its own, which it leaves to their own jobs and why,
 and how long it waits for a consolidation. The swaps and generations themselves run for real in
 tests/test_swap.py and tests/test_swap_workflow.py; here the engine only records what it is asked.
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import ckpteval.steps as steps
+import ckpteval.engine.job as steps
 from ckpteval.contract import Identity
 from ckpteval.freshness import StaleCell
 from ckpteval.verbs import request_body, request_path, write_request
@@ -67,7 +67,7 @@ def _chain(out: Path, engine: StandIn, monkeypatch: pytest.MonkeyPatch) -> list[
             request=str(out / "staging" / RUN / "step_1" / "main.r1.request.json")
         ),
     )
-    steps._chain(smk, {"backend": engine}, out / "staging" / RUN / "step_1" / "main")
+    steps._chain(smk, steps.EngineSession(engine), out / "staging" / RUN / "step_1" / "main")
     return generated
 
 
@@ -131,6 +131,6 @@ def test_a_failed_generation_stops_the_chain(
             request=str(out / "staging" / RUN / "step_1" / "main.r1.request.json")
         ),
     )
-    steps._chain(smk, {"backend": engine}, out / "staging" / RUN / "step_1" / "main")
+    steps._chain(smk, steps.EngineSession(engine), out / "staging" / RUN / "step_1" / "main")
     assert engine.swapped == ["step_2"]
     assert "chain: stopped at r/step_2: engine died" in capsys.readouterr().out

@@ -38,8 +38,8 @@ from ckpteval.chat_templates import (
 )
 from ckpteval.config import build_plan, build_tasks, validate_config
 from ckpteval.contract import generation_identity
+from ckpteval.engine.generate import Job, render_prompts
 from ckpteval.errors import UserError
-from ckpteval.infer import Job, render_prompts
 from ckpteval.summary import build_summary, summarize
 
 #: A template of our own: visibly not the demo's ChatML.
@@ -271,7 +271,7 @@ def test_an_endpoint_run_records_its_servers_template_or_sends_plain_prompts(
 ) -> None:
     from test_infer_backends import FakeEndpoint, _setup
 
-    from ckpteval.infer import run_infer
+    from ckpteval.engine.generate import run_infer
 
     with FakeEndpoint() as endpoint:
         for value, record, chat in (

@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from ckpteval.gpus import device_pool, lease_gpu
+from ckpteval.engine.gpus import device_pool, lease_gpu
 
 HOLDER = """
 import json, os, sys, time
 from pathlib import Path
-from ckpteval.gpus import lease_gpu
+from ckpteval.engine.gpus import lease_gpu
 if len(sys.argv) > 3:  # a start line: lease only once every holder is up (any machine load)
     (Path(sys.argv[3]) / f"ready-{os.getpid()}").touch()
     while not (Path(sys.argv[3]) / "go").exists():

@@ -29,6 +29,7 @@ from ckpteval.knobs import NotAKnob, check_knob, runtime
 #: The step code: every module a Snakemake job runs its settings through.
 STEP_FILES = [
     REPO / "src" / "ckpteval" / "steps.py",
+    REPO / "src" / "ckpteval" / "engine" / "job.py",
     REPO / "src" / "ckpteval" / "jobs.py",
     *sorted((REPO / "workflow" / "scripts").glob("*.py")),
 ]

@@ -81,3 +81,78 @@ def test_importing_the_aggregate_loads_neither_the_report_nor_plotting() -> None
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# --- import cycles among all of ckpteval's modules (bench/walk.py finds them, statically) ------
+
+sys.path.insert(0, str(REPO / "bench"))
+import walk  # noqa: E402 - bench/walk.py: the import graph and the job's walk
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / "ckpteval" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_no_import_cycle_between_ckpteval_modules() -> None:
+    """Every import counts, top-level or inside a function; only a subpackage's registry loop
+    (its __init__ loading its plugins, which import its base classes) may stay, inside it."""
+    modules = walk.load(SRC)
+    across, inside = walk.all_cycles(modules)
+    assert across == []
+    for group in inside:
+        assert len({walk.unit(m, modules) for m in group}) == 1, group
+
+
+def test_the_cycle_finder_sees_loops_through_functions_and_registries(tmp_path: Path) -> None:
+    """A loop made only of imports inside functions counts; so does one that passes through a
+    package's lazy plugin load (the loop prompts.py removed: registry -> plugin -> tasks ->
+    registry); a registry's own loop is listed apart."""
+    src = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "def f():\n    from ckpteval import b\n",
+            "b.py": "def g():\n    from .a import f\n",
+            "tasks.py": "def t():\n    from ckpteval.reg import get\n",
+            "reg/__init__.py": "class Base: ...\ndef get():\n    from ckpteval.reg import plug\n",
+            "reg/plug.py": "from ckpteval.reg import Base\ndef p():\n    from ckpteval.tasks import t\n",
+            "reg2/__init__.py": "class Base: ...\ndef get():\n    from . import plug\n",
+            "reg2/plug.py": "from ckpteval.reg2 import Base\n",
+            "ok.py": "from ckpteval import a\n",
+        },
+    )
+    across, inside = walk.all_cycles(walk.load(src))
+    assert sorted(across) == [
+        ["ckpteval.a", "ckpteval.b"],
+        ["ckpteval.reg", "ckpteval.reg.plug", "ckpteval.tasks"],
+    ]
+    assert inside == [["ckpteval.reg2", "ckpteval.reg2.plug"]]
+
+
+def test_the_walk_follows_calls_across_modules(tmp_path: Path) -> None:
+    src = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "steps.py": "from ckpteval.x import a\ndef infer():\n    a()\n    from ckpteval import y\n"
+            "    y.b()\n    local()\ndef local():\n    pass\n",
+            "x.py": "def a():\n    from ckpteval.y import b\n    b()\n",
+            "y.py": "class K:\n    def m(self):\n        self.n()\n    def n(self):\n        pass\n"
+            "def b():\n    K.m(None)\n",
+        },
+    )
+    order = walk.walk(walk.load(src), "ckpteval.steps.infer")
+    assert order == [
+        "ckpteval.steps:infer",
+        "ckpteval.x:a",
+        "ckpteval.y:b",
+        "ckpteval.y:K.m",
+        "ckpteval.y:K.n",
+        "ckpteval.steps:local",
+    ]
+    # steps -> x -> y, then back to steps: 3 moves, the last one back to a visited module.
+    assert walk.steps(order) == (["ckpteval.steps", "ckpteval.x", "ckpteval.y"], 3, 1)

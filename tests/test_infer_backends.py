@@ -16,8 +16,8 @@ from fakes import JsonHandler, LoopbackServer, down_url
 from ckpteval.backends import model_card
 from ckpteval.backends.replay import replay_solutions
 from ckpteval.config import build_plan, build_tasks, validate_config
+from ckpteval.engine.generate import Job, run_infer
 from ckpteval.errors import UserError
-from ckpteval.infer import Job, run_infer
 from ckpteval.io import write_json
 from ckpteval.tasks import resolve_task
 
@@ -496,7 +496,7 @@ def test_workflow_with_weightless_runs_has_no_consolidate_and_reruns_nothing(
 def test_cache_survives_a_torn_last_line(tmp_path: Path) -> None:
     """A job killed mid-append leaves a torn line: it is skipped, and the next append starts on
     a line of its own."""
-    from ckpteval.cache import append_cache, read_cache
+    from ckpteval.engine.cache import append_cache, read_cache
 
     cache = tmp_path / "c.jsonl"
     append_cache(cache, [{"key": "a", "v": 1}])

@@ -15,8 +15,8 @@ from safetensors.numpy import save_file
 
 from ckpteval.backends import Backend, Generation, Prompt, SamplingSpec
 from ckpteval.config import build_tasks, validate_config
+from ckpteval.engine.generate import Job, gpu_memory_utilization, is_cuda_oom, run_infer
 from ckpteval.errors import UserError
-from ckpteval.infer import Job, gpu_memory_utilization, is_cuda_oom, run_infer
 from ckpteval.io import write_json
 
 

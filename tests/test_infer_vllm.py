@@ -37,7 +37,7 @@ DRIVER = """
 import json, logging, sys
 from pathlib import Path
 from ckpteval.config import build_tasks, validate_config
-from ckpteval.infer import Job, run_infer
+from ckpteval.engine.generate import Job, run_infer
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -204,7 +204,7 @@ def test_one_engine_load_serves_every_task_and_variant(resumed: dict[str, Any]) 
 
 def test_rerun_after_deleting_outputs_loads_no_engine(resumed: dict[str, Any]) -> None:
     from ckpteval.config import build_tasks, validate_config
-    from ckpteval.infer import Job, run_infer
+    from ckpteval.engine.generate import Job, run_infer
 
     work = resumed["work"]
     model = json.loads((work / "resumed.json").read_text())
@@ -344,9 +344,9 @@ def test_an_assist_job_generates_a_published_chunk_as_the_job_would(
     process loads its own vLLM engine, takes every chunk and writes the same completions."""
     from ckpteval.backends import SamplingSpec
     from ckpteval.backends.vllm import VllmBackend
-    from ckpteval.cache import cache_key, read_cache
     from ckpteval.config import validate_config
-    from ckpteval.share import Board, boards_root
+    from ckpteval.engine.assist import Board, boards_root
+    from ckpteval.engine.cache import cache_key, read_cache
 
     work = resumed["work"]
     config = _config(TASKS, resumed["include"], chunk_size=4)
@@ -395,7 +395,7 @@ def test_an_assist_job_generates_a_published_chunk_as_the_job_would(
                 sys.executable,
                 "-c",
                 "import json, logging, sys; from pathlib import Path; "
-                "from ckpteval.infer import run_assist; logging.basicConfig(level=logging.INFO); "
+                "from ckpteval.engine.generate import run_assist; logging.basicConfig(level=logging.INFO); "
                 "print('SUMMARY', json.dumps(run_assist(Path(sys.argv[1]), 'a1', grace_seconds=3)))",
                 str(tmp_path / "cache"),
             ],

@@ -15,9 +15,9 @@ from conftest import run_snakemake, small_config, write_config
 
 from ckpteval import demo
 from ckpteval.backends import SamplingSpec
-from ckpteval.cache import cache_key
 from ckpteval.config import build_tasks, validate_config
 from ckpteval.demo import ArithItem
+from ckpteval.engine.cache import cache_key
 from ckpteval.errors import UserError
 from ckpteval.io import iter_jsonl, read_json, write_json
 from ckpteval.reasoning import Reasoning, Split, engine_spec, from_config, split

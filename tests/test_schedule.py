@@ -11,7 +11,13 @@ from conftest import run_snakemake, write_config
 from safetensors.numpy import save_file
 
 from ckpteval.config import build_plan, validate_config
-from ckpteval.schedule import InferCosts, Measurement, expected_seconds, nearest, weight_bytes
+from ckpteval.engine.schedule import (
+    InferCosts,
+    Measurement,
+    expected_seconds,
+    nearest,
+    weight_bytes,
+)
 
 
 def _ckpt(run: Path, name: str, floats: int) -> None:

@@ -1,4 +1,4 @@
-"""Tail assist (ckpteval.share): the board protocol, and an infer job helped by an assist job.
+"""Tail assist (ckpteval.engine.assist): the board protocol, and an infer job helped by an assist job.
 
 The engine here is a slow deterministic fake (no GPU can run in CI and the point is the protocol);
 tests/test_infer_vllm.py generates a published chunk with a real vLLM engine.
@@ -23,9 +23,7 @@ from test_schedule import _plan
 
 from ckpteval.backends import Backend, Completion, Generation, Prompt, SamplingSpec
 from ckpteval.config import build_tasks, validate_config
-from ckpteval.infer import Job, _AssistEngine, run_infer
-from ckpteval.io import write_json
-from ckpteval.share import (
+from ckpteval.engine.assist import (
     MAIN,
     Board,
     Offer,
@@ -36,6 +34,8 @@ from ckpteval.share import (
     work_through,
     worth_helping,
 )
+from ckpteval.engine.generate import Job, _AssistEngine, run_infer
+from ckpteval.io import write_json
 
 
 class SlowEcho(Backend):

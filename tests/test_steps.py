@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ckpteval.engine.job import oom_only_retries
 from ckpteval.errors import UserError
-from ckpteval.steps import oom_only_retries
 
 
 def test_an_infer_job_is_retried_after_out_of_memory_and_not_after_anything_else(

@@ -65,7 +65,7 @@ def test_each_xdist_worker_has_its_own_gpu_lock_dir() -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None:
         pytest.skip("runs only under pytest-xdist (make test)")
-    from ckpteval.gpus import DEFAULT_LOCK_DIR
+    from ckpteval.engine.gpus import DEFAULT_LOCK_DIR
 
     assert DEFAULT_LOCK_DIR.name.endswith(f"-{worker}")
 

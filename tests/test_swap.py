@@ -1,4 +1,4 @@
-"""Swapping a checkpoint's weights into a running vLLM engine (ckpteval.swap), for real on CPU,
+"""Swapping a checkpoint's weights into a running vLLM engine (ckpteval.engine.swap), for real on CPU,
 on each kernel path vLLM's CPU backend takes, forced whatever this machine would choose.
 
 vLLM's CPU backend computes a linear layer either with `torch.nn.functional.linear` on the layer's
@@ -25,7 +25,7 @@ import pytest
 from drivers import run_driver
 from numeric import assert_same_or_near_tie
 
-from ckpteval.swap import engine_signature
+from ckpteval.engine.swap import engine_signature
 
 pytestmark = [pytest.mark.slow, pytest.mark.numeric]
 
@@ -42,7 +42,7 @@ if __name__ == "__main__":
     os.environ["CKPTEVAL_CPU_LINEAR"] = spec["path"]
     from ckpteval.backends.vllm import VllmBackend
     from ckpteval.backends import SamplingSpec
-    from ckpteval.swap import SwapError, verify_weights
+    from ckpteval.engine.swap import SwapError, verify_weights
 
     engine = {"dtype": spec["dtype"], "max_model_len": 512, "seed": 42, "tensor_parallel_size": 1,
               "gpu_memory_utilization": 0.15, "enforce_eager": True}
@@ -54,7 +54,7 @@ if __name__ == "__main__":
         # A swap through vLLM's own reload alone, without ckpteval's rebuild of the CPU
         # kernels: what the check inside every swap must refuse wherever a kernel keeps a
         # packed copy (a swap that skipped its check would pass here).
-        import ckpteval.swap as swap
+        import ckpteval.engine.swap as swap
 
         rebuild = swap.reload_in_place
         swap.reload_in_place = lambda worker, path: worker.reload_weights(weights_path=path)
@@ -185,7 +185,7 @@ def test_only_checkpoints_with_the_same_config_and_tokenizer_share_an_engine(
 def test_a_quantized_checkpoint_is_not_swapped_and_the_reason_is_one_line(
     demo_dir: Path, tmp_path: Path
 ) -> None:
-    from ckpteval.swap import swap_blocker
+    from ckpteval.engine.swap import swap_blocker
 
     steps = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     assert swap_blocker(steps[-1]) is None
@@ -199,8 +199,8 @@ def test_a_quantized_checkpoint_is_not_swapped_and_the_reason_is_one_line(
 
 
 def test_an_unknown_cpu_kernel_choice_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckpteval.engine.swap import CPU_LINEAR_ENV, force_cpu_linear
     from ckpteval.errors import UserError
-    from ckpteval.swap import CPU_LINEAR_ENV, force_cpu_linear
 
     monkeypatch.setenv(CPU_LINEAR_ENV, "amx")
     with pytest.raises(UserError, match="CKPTEVAL_CPU_LINEAR=amx: expected one of auto, onednn"):

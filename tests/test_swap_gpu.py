@@ -42,7 +42,7 @@ import json, sys
 from pathlib import Path
 from ckpteval.backends.vllm import VllmBackend
 from ckpteval.backends import SamplingSpec
-from ckpteval.swap import verify_weights
+from ckpteval.engine.swap import verify_weights
 
 if __name__ == "__main__":
     spec = json.loads(Path(sys.argv[1]).read_text())

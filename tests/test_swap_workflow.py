@@ -1,4 +1,4 @@
-"""One engine per GPU slot through the real workflow (`engine.swap`, ckpteval.chain): a run of four
+"""One engine per GPU slot through the real workflow (`engine.swap`, ckpteval.engine.chain): a run of four
 checkpoints, three of one architecture and one of another, on every kind of task (ckpteval's own,
 lm-eval's through its vLLM wrapper, a reasoning task, a chat-template task).
 
@@ -71,7 +71,7 @@ def _config(work: Path, outdir: str, swap: bool) -> Path:
     return path
 
 
-#: vLLM's oneDNN kernels for every linear layer (ckpteval.swap.force_cpu_linear).
+#: vLLM's oneDNN kernels for every linear layer (ckpteval.engine.swap.force_cpu_linear).
 ONEDNN = {**os.environ, "CKPTEVAL_CPU_LINEAR": "onednn"}
 
 

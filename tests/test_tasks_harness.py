@@ -16,9 +16,9 @@ import yaml
 
 from ckpteval.backends.vllm import VllmBackend
 from ckpteval.config import build_tasks, validate_config
+from ckpteval.engine.generate import Job
 from ckpteval.errors import UserError
 from ckpteval.harness import HarnessRunner, score_harness_file
-from ckpteval.infer import Job
 from ckpteval.io import write_json, write_jsonl
 from ckpteval.tasks import HARNESS_TASK_DIR, MATH_QWEN_EXEMPLARS, resolve_task
 

@@ -1,5 +1,5 @@
 """Multi-turn chat prompts (few-shot turns in a trainer's `prompt`, ckpteval.problems and
-ckpteval.infer.render_prompts) and a reward function's own modules in its scoring identity
+ckpteval.engine.generate.render_prompts) and a reward function's own modules in its scoring identity
 (ckpteval.checkers.reward.local_modules).
 
 Prompts are rendered through the demo checkpoint's real tokenizer and compared with what a
@@ -26,8 +26,8 @@ from ckpteval.backends.vllm import VllmBackend
 from ckpteval.chat_templates import TemplateUse
 from ckpteval.checkers.reward import local_modules
 from ckpteval.config import build_plan, build_tasks, validate_config
+from ckpteval.engine.generate import Job, render_prompts
 from ckpteval.errors import UserError
-from ckpteval.infer import Job, render_prompts
 from ckpteval.problems import earlier_turns
 from ckpteval.tasks import resolve_task
 

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ckpteval.checkers import available, default_workers
+from ckpteval.checkers import available, checker_class, default_workers
 from ckpteval.checkers.stdio import PistonError
 from ckpteval.errors import UserError
 from ckpteval.evaluate import DEFAULT_TIMEOUT_FACTOR, SelfTestError, read_samples, score_samples
@@ -191,7 +191,6 @@ def checker_options(checker: str, given: str | None) -> dict[str, Any]:
     """The options `--checker-options` gives (JSON, or @file of YAML or JSON), checked as a
     task's `checker:` mapping is (one line naming the option), a file option made absolute;
     one line when the checker needs options and none are given."""
-    from ckpteval.checkers import checker_class
 
     cls = checker_class(checker)
     key = "--checker-options"
@@ -240,7 +239,8 @@ def load_problems(path: Path, checker: str | None = None) -> dict[str, dict[str,
     reads it (`ckpteval.problems.load_problem_file`: ids, chat prompts, ground truths).
     Any malformed line is a `UserError`: a problem file is input the user controls."""
     if checker is not None and _trainer_file(path):
-        return {p["task_id"]: p for _, p in load_problem_file(path, checker)}
+        normalise = checker_class(checker).normalise_problem
+        return {p["task_id"]: p for _, p in load_problem_file(path, normalise)}
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         handle = opener(path, "rb")

@@ -1,4 +1,5 @@
-"""Content identities of what a setting names: a base model, replay files, lm-eval task YAMLs.
+"""Content identities of the files a setting names (a base model, replay files, lm-eval task
+YAMLs): hashes of names and bytes, never paths, so a moved project reruns nothing.
 
 An identity (ckpteval.contract) must not hold a path: a project copied or moved to another disk,
 or checkpoints mounted elsewhere, would rerun everything although no byte changed. A setting

@@ -496,7 +496,7 @@ class CachedHarnessLM:
         return dataclasses.replace(req, arguments=(context, gen))
 
     def _answer(self, kind: str, requests: list[Any]) -> list[Any]:
-        from ckpteval.cache import append_cache, read_cache, request_key
+        from ckpteval.engine.cache import append_cache, read_cache, request_key
 
         ident = self.backend.harness_identity()
         sent = [self._sent(kind, req) for req in requests]

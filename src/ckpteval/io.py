@@ -79,6 +79,11 @@ def append_jsonl(path: str | os.PathLike[str], rows: Iterable[dict[str, Any]]) -
         os.fsync(handle.fileno())
 
 
+def read_meta(path: Path) -> dict[str, Any]:
+    """A JSON record a job may find missing (meta, manifest, failure note): {} when absent."""
+    return read_json(path) if path.exists() else {}
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file; a missing or malformed file is a `UserError` naming it."""
     try:

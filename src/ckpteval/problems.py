@@ -36,7 +36,7 @@ text or a number: what the math checker compares with), `question` (the last use
 the prompt text) and, for chat prompts, `messages` and `system` (the system message, if any).
 Chat messages are an optional system message, then user and assistant in turn, ending with the
 user's; the turns before the last (few-shot examples, `earlier_turns`) are rendered with the
-run's chat template as they stand (ckpteval.infer.render_prompts).
+run's chat template as they stand (ckpteval.engine.generate.render_prompts).
 """
 
 from __future__ import annotations
@@ -116,20 +116,21 @@ def _parquet_rows(path: Path) -> list[dict[str, Any]]:
         raise UserError(f"{path}: not a readable parquet file ({exc})") from None
 
 
-def load_problem_file(path: Path, checker: str) -> list[tuple[str, dict[str, Any]]]:
-    """Every problem of `path` normalised for `checker`, in file order, with its `file:line`
-    (for messages; kept apart so that moving the file changes no problem)."""
+def load_problem_file(
+    path: Path, normalise: Callable[[Mapping[str, Any]], dict[str, Any]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every problem of `path` normalised by `normalise` (a checker's `normalise_problem`: given
+    by the caller, so this module never imports the checkers, which read problems), in file
+    order, with its `file:line` (for messages; kept apart so that moving the file changes no
+    problem)."""
     stat = [(p, p.stat().st_mtime_ns, p.stat().st_size) for p in problem_files(path)]
-    return [(where, dict(row)) for where, row in _load(tuple(stat), checker)]
+    return [(where, dict(row)) for where, row in _load(tuple(stat), normalise)]
 
 
 @functools.lru_cache(maxsize=8)
 def _load(
-    files: tuple[tuple[Path, int, int], ...], checker: str
+    files: tuple[tuple[Path, int, int], ...], normalise: Callable[[Mapping[str, Any]], Any]
 ) -> tuple[tuple[str, dict[str, Any]], ...]:
-    from ckpteval.checkers import checker_class
-
-    normalise = checker_class(checker).normalise_problem
     out: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, str] = {}
     for path, _, _ in files:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -30,9 +30,9 @@ from typing import Any
 from ckpteval.errors import UserError
 from ckpteval.io import iter_jsonl, sha256_json
 from ckpteval.problems import cap_generated, load_problem_file
+from ckpteval.prompts import PYTHON_STOPS, STDIO_PROMPT, render_template
 
 HARNESS_TASK_DIR = Path(__file__).resolve().parent / "harness_tasks"
-PYTHON_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```")
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,6 @@ _SCHEDULING_OPTIONS = (
 )
 #: The checkers that read a bare last line as the answer when a task says `answer_last_line`.
 MATH_CHECKERS = ("math", "gsm8k")
-
-_LANGUAGE_NAMES = {"python": "Python 3", "cpp": "C++17", "rust": "Rust"}
 
 
 @dataclass(frozen=True)
@@ -192,28 +190,6 @@ class TaskSpec:
         return sha256_json(ident)
 
 
-def render_template(
-    template: str, problem: dict[str, Any], language: str | None, *, where: str
-) -> str:
-    """`template` (str.format style) over the problem's fields, plus `language` and
-    `language_name`; a field the problem lacks is a `UserError` naming the task."""
-    lang = language or "python"
-    # the task's language, not a problem's own `language` (its reference solution's)
-    fields = {**problem, "language": lang, "language_name": _LANGUAGE_NAMES.get(lang, lang)}
-    try:
-        return template.format_map(fields)
-    except KeyError as exc:
-        raise UserError(
-            f"config: tasks.{where}.prompt: problem {problem.get('task_id')!r} has "
-            f"no field {exc} (it has {', '.join(sorted(problem))})"
-        ) from None
-    except (ValueError, IndexError, AttributeError) as exc:
-        raise UserError(
-            f"config: tasks.{where}.prompt: not a valid template ({exc}); write "
-            "literal braces as {{ and }}"
-        ) from None
-
-
 def _package_jsonl(name: str) -> Callable[[], list[dict[str, Any]]]:
     def load() -> list[dict[str, Any]]:
         path = resources.files("ckpteval") / "data" / "tasks" / name
@@ -272,17 +248,6 @@ MATH_QWEN_EXEMPLARS = (
 )
 
 
-#: The default prompt of stdin/stdout tasks: the statement, then an open code block of the
-#: task's language that the model fills in (the task stops at the closing fence).
-STDIO_PROMPT = (
-    "{question}\n\nWrite a {language_name} program that reads the input from standard "
-    "input and writes the answer to standard output.\n\n```{language}\n"
-)
-#: MBPP-shaped python problems (`text`, `test_list`) without a `prompt` of their own.
-MBPP_PROMPT = "{text}\nYour code should pass these tests:\n{tests_text}\n\n```python\n"
-MATH_PROMPT = "Question: {question}\nAnswer:"
-
-
 def _stdio_render(language: str) -> Callable[[dict[str, Any]], str]:
     def render(problem: dict[str, Any]) -> str:
         return render_template(STDIO_PROMPT, problem, language, where="(default)")
@@ -293,7 +258,7 @@ def _stdio_render(language: str) -> Callable[[dict[str, Any]], str]:
 def _stdio_package(name: str) -> Callable[[], list[dict[str, Any]]]:
     def load() -> list[dict[str, Any]]:
         path = Path(str(resources.files("ckpteval") / "data" / "tasks" / name))
-        return [p for _, p in load_problem_file(path, "stdio")]
+        return [p for _, p in load_problem_file(path, _normaliser("stdio"))]
 
     return load
 
@@ -416,7 +381,7 @@ def custom_builtin(name: str, options: dict[str, Any]) -> Builtin:
     _check_checker_options(key, cls, options.get("checker"))
     _check_language_fits(key, checker, options.get("language"))
     path = Path(os.path.expanduser(os.path.expandvars(str(options["problems"]))))
-    rows = load_problem_file(path, checker)
+    rows = load_problem_file(path, cls.normalise_problem)
     for where, problem in rows:
         try:
             cls.check_problem(problem["task_id"], problem)
@@ -609,3 +574,11 @@ def lm_eval_task_names() -> set[str]:
     except OSError:  # a read-only home: index again next time
         pass
     return names
+
+
+def _normaliser(checker: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """How `checker` reads one problem record (ckpteval.problems takes it as a function, so
+    that it never imports the checkers, which read problems)."""
+    from ckpteval.checkers import checker_class
+
+    return checker_class(checker).normalise_problem

@@ -1,5 +1,6 @@
-"""Which cells an engine job writes, so that every Snakemake verb plans a chain that can run,
-while planning writes nothing.
+"""What Snakemake's verbs (-f, -R, -F, --until, a deleted or damaged file) mean for an engine
+job: which cells it (re)generates in this invocation, its round token, request and done files,
+so that every verb plans a chain that can run while planning writes nothing.
 
 A checkpoint's generations come from two rules. The engine job (`infer`, `infer_<group>`,
 `endpoint`, ...) loads the model once and writes the cells of its engine group into a staging
@@ -25,7 +26,7 @@ own parse). That is done with one *round* per engine job:
 - Which cells an engine job generates is written to its request file
   (`{group}.r<N>.request.json`) when the run starts (`onstart`, under Snakemake's lock, never in a
   dry run), for the engine jobs Snakemake will run. The engine job reads it; its siblings read it
-  to chain (ckpteval.chain).
+  to chain (ckpteval.engine.chain).
 
 `Verbs` is what Snakemake was told to redo, read from its DAG settings when the input functions
 run; `requested` adds it to what the files say is stale (ckpteval.freshness).
@@ -199,7 +200,7 @@ def request_body(
     cells: Sequence[StaleCell], invocation: str, payload: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """An engine job's request: the cells it generates with their identities, the invocation
-    that asked (an engine job chains only to requests of its own invocation: ckpteval.chain)
+    that asked (an engine job chains only to requests of its own invocation: ckpteval.engine.chain)
     and `payload`, what the engine job builds its cells from besides their identities
     (ckpteval.contract.engine_payload)."""
     return {

@@ -12,29 +12,20 @@ from ckpteval.chat_templates import missing_template_lines
 from ckpteval.checkpoints import sync_source_identity
 from ckpteval.config import build_plan, resolve_path, validate_config
 from ckpteval.contract import (
-    engine_payload,
     model_identity,
     publish_identity,
     summary_identity,
 )
+from ckpteval.engine.plan import EnginePlan, infer_rule_name
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness
+from ckpteval.engine.gpus import engine_gpus
 from ckpteval.io import sha256_json
 from ckpteval.publish import TRACKERS
-from ckpteval.schedule import InferCosts
+from ckpteval.engine.schedule import InferCosts
 from ckpteval.steps import generation, run_in_process
 from ckpteval.tasks import check_harness_names
-from ckpteval.verbs import (
-    Verbs,
-    damaged_json,
-    done_path,
-    next_round,
-    redo_path,
-    request_body,
-    request_path,
-    requested,
-    write_request,
-)
+from ckpteval.verbs import Verbs, damaged_json, redo_path
 
 try:
     validate_config(config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml")
@@ -143,29 +134,32 @@ def runs_regex(names):
     return "|".join(re.escape(n) for n in names)
 
 
+#: This invocation, as its request files name it (an engine job chains only within it).
+INVOCATION = f"{os.getpid()}-{time.time_ns()}"
+
+
+@functools.cache
+def verbs():
+    """What this invocation was told to redo (-f, -R, -F): known once Snakemake builds its DAG,
+    which is when the input functions below first run."""
+    return Verbs.from_settings(
+        getattr(workflow, "dag_settings", None), [r.name for r in workflow.rules]
+    )
+
+
+#: The engine jobs of this invocation: their cells, rounds, done and request files
+#: (ckpteval.engine.plan; which cells each verb asks for: ckpteval.verbs).
+ENGINES = EnginePlan(PLAN, FRESH, verbs, INVOCATION)
+
+
 def group_jobs(group):
     """(task, variant) pairs one infer job of engine group `group` generates."""
-    return [(t, v) for t in PLAN.engine_groups[group] for v in PLAN.task_variants[t]]
-
-
-def infer_rule_name(prefix, group):
-    """`infer` / `endpoint` for the default engine group, `<prefix>_<group>` for named ones."""
-    return f"{prefix}_{group}" if group else prefix
-
-
-def group_of(task):
-    return next(g for g, tasks in PLAN.engine_groups.items() if task in tasks)
-
-
-def engine_rule(run, group):
-    """The engine rule that writes `run`'s cells of engine group `group`."""
-    backend = PLAN.runs[run].backend
-    return infer_rule_name("infer" if backend == "vllm" else "endpoint", group)
+    return ENGINES.group_jobs(group)
 
 
 def staging_dir(group):
     """Where an engine job of `group` writes its checkpoint's cells (ckpteval.verbs)."""
-    return f"{OUT}/staging/{{run}}/{{ckpt}}/{group or 'main'}"
+    return ENGINES.staging_dir(group)
 
 
 def engine_done(group):
@@ -181,96 +175,26 @@ def engine_log(group):
 
 def get_engine_request_path(group):
     def request(wildcards):
-        return str(request_path(Path(staging_dir(group).format(**wildcards)), wildcards.token))
+        return ENGINES.request_file(group, wildcards)
 
     return request
 
 
-#: This invocation, as its request files name it (an engine job chains only within it).
-INVOCATION = f"{os.getpid()}-{time.time_ns()}"
-
-
-@functools.cache
-def verbs():
-    """What this invocation was told to redo (-f, -R, -F): known once Snakemake builds its DAG,
-    which is when the input functions below first run."""
-    return Verbs.from_settings(
-        getattr(workflow, "dag_settings", None), [r.name for r in workflow.rules]
-    )
-
-
-@functools.cache
-def staging_names(run, ckpt):
-    """The names in a checkpoint's staging directory (one listing per checkpoint and parse)."""
-    try:
-        return tuple(os.listdir(f"{OUT}/staging/{run}/{ckpt}"))
-    except OSError:
-        return ()
-
-
-@functools.cache
-def engine_plan(run, ckpt, group):
-    """(cells, round) of a checkpoint's engine job of `group` in this invocation: the cells it
-    (re)generates, read from the files and the verbs, and its round token (ckpteval.verbs).
-    Reads only: the request file is written when the run starts (write_engine_requests)."""
-    cells = requested(FRESH, run, ckpt, group_jobs(group), verbs(), engine_rule(run, group))
-    return cells, next_round(staging_names(run, ckpt), group or "main")
-
-
-def engine_done_file(run, ckpt, group):
-    _, token = engine_plan(run, ckpt, group)
-    return str(done_path(Path(staging_dir(group).format(run=run, ckpt=ckpt)), token))
-
-
 def get_engine_targets():
-    """The done files of the engine jobs with cells to (re)generate: targets of `all`, so that
-    a cell Snakemake would not redo by itself (damaged, made by another model) is redone."""
-    return [
-        engine_done_file(run, ckpt.name, group)
-        for run in [*VLLM_RUNS, *OPENAI_RUNS]
-        for ckpt in PLAN.runs[run].checkpoints
-        if not ckpt.deleted
-        for group in PLAN.engine_groups
-        if engine_plan(run, ckpt.name, group)[0]
-    ]
+    """The done files of the engine jobs with cells to (re)generate: targets of `all`."""
+    return ENGINES.targets([*VLLM_RUNS, *OPENAI_RUNS])
 
 
 def write_engine_requests(dag):
-    """When the run starts (onstart: under Snakemake's lock, never in a dry run): the request
-    file of every engine job Snakemake will run, which it and its siblings read."""
-    for job in dag.needrun_jobs():
-        group = ENGINE_RULES.get(job.rule.name)
-        if group is None:
-            continue
-        run, ckpt = job.wildcards.run, job.wildcards.ckpt
-        cells, token = engine_plan(run, ckpt, group)
-        staging = Path(staging_dir(group).format(run=run, ckpt=ckpt))
-        payload = engine_payload(PLAN, run, PLAN.engine_groups[group])
-        body = request_body(cells, INVOCATION, payload)
-        write_request(request_path(staging, job.wildcards.token), body)
-
-
-#: Engine rule name -> its engine group.
-ENGINE_RULES = {
-    infer_rule_name(prefix, group): group
-    for group in PLAN.engine_groups
-    for prefix in ("infer", "endpoint")
-}
+    """When the run starts (onstart): the request file of every engine job Snakemake runs."""
+    ENGINES.write_requests(dag)
 
 
 def get_generation_inputs(wildcards):
-    """A cell's generation job reads its model card and, if this invocation (re)generates the
-    cell, its engine job's done file: missing, so Snakemake plans the engine job. Any other cell
-    has no edge to the engine job: an engine job run for another cell never reruns it (an
-    `ancient()` input would not do, since Snakemake only holds back a rerun for ancient files
-    that exist)."""
-    run, ckpt, task = wildcards.run, wildcards.ckpt, wildcards.task
-    group = group_of(task)
-    cells, _ = engine_plan(run, ckpt, group)
-    inputs = {"manifest": f"{OUT}/models/{run}/{ckpt}.json"}
-    if any((c.task, c.variant) == (task, wildcards.variant) for c in cells):
-        inputs["done"] = engine_done_file(run, ckpt, group)
-    return inputs
+    """A cell's model card and, if this invocation (re)generates it, its engine job's done
+    file (ckpteval.engine.plan.EnginePlan.generation_inputs)."""
+    w = wildcards
+    return ENGINES.generation_inputs(w.run, w.ckpt, w.task, w.variant)
 
 
 @functools.cache
@@ -359,13 +283,16 @@ def get_publish_records():
 
 INFER_COSTS = InferCosts(PLAN)
 
+#: GPUs one engine job (infer, assist) asks for: its tensor parallelism (ckpteval.engine.gpus).
+ENGINE_GPUS = engine_gpus(config["engine"])
+
 
 def get_infer_priority(group):
-    """A job's priority is its expected GPU seconds (ckpteval.schedule): Snakemake starts the
+    """A job's priority is its expected GPU seconds (ckpteval.engine.schedule): Snakemake starts the
     longest infer jobs first, so the last wave of a sweep is made of short ones."""
 
     def priority(wildcards):
-        cells, _ = engine_plan(wildcards.run, wildcards.ckpt, group)
+        cells, _ = ENGINES.cells_and_round(wildcards.run, wildcards.ckpt, group)
         stale = [(c.task, c.variant) for c in cells]
         return float(f"{INFER_COSTS(wildcards.run, wildcards.ckpt, stale):.6g}")
 
@@ -380,7 +307,7 @@ def get_consolidate_priority(wildcards):
     )
 
 
-# ---- tail assist (ckpteval.share): GPUs idle at a sweep's end help the infer jobs still running
+# ---- tail assist (ckpteval.engine.assist): GPUs idle at a sweep's end help the infer jobs still running
 
 
 @functools.cache
@@ -396,11 +323,11 @@ def pending_infer_checkpoints():
 
 
 def assist_records():
-    """One assist job per GPU beyond the first (`resources: gpu` of the profile), when `assist`
-    is on and some vllm checkpoint has generations to write; named by what is pending, so a
-    later sweep gets fresh ones and a finished one none."""
+    """One assist job per engine's worth of GPUs beyond the first (`resources: gpu` of the
+    profile, ENGINE_GPUS each), when `assist` is on and some vllm checkpoint has generations to
+    write; named by what is pending, so a later sweep gets fresh ones and a finished one none."""
     gpus = workflow.global_resources.get("gpu")
-    count = int(gpus.value) - 1 if gpus is not None and gpus.value else 0
+    count = int(gpus.value) // ENGINE_GPUS - 1 if gpus is not None and gpus.value else 0
     pending = pending_infer_checkpoints() if config.get("assist", True) and count > 0 else []
     if not pending:
         return []

@@ -1,6 +1,7 @@
 # Generations for every checkpoint, by the run's backend (runs.<name>.backend):
 # - vllm: rule `infer` (one per engine group: `infer_<group>`): one vLLM engine per job serves the
-#   checkpoint's cells of the group that this invocation (re)generates, on one leased GPU; a CUDA
+#   checkpoint's cells of the group that this invocation (re)generates, on one leased GPU (as
+#   many as engine.tensor_parallel_size when engine.allow_tensor_parallel is on); a CUDA
 #   OOM is retried once with less memory, any other failure is not retried. It writes them into
 #   its staging directory and one done file for its round ({token}), and rule `generation` moves
 #   each cell's file into place. Which cells, and why every Snakemake verb (-f, -R, -F, a deleted
@@ -11,8 +12,8 @@
 # - replay: rule `replay`, one job per generation file: existing solutions, validated and copied.
 # Weightless runs (openai, replay) get a model card as models/{run}/{ckpt}.json instead of a
 # consolidated model. Finished requests go to a content-addressed cache under {OUT}/cache
-# (ckpteval.cache), which is not a declared output: a killed or retried job resumes from it. An
-# infer job's priority is its expected GPU seconds (ckpteval.schedule): the longest start first.
+# (ckpteval.engine.cache), which is not a declared output: a killed or retried job resumes from it. An
+# infer job's priority is its expected GPU seconds (ckpteval.engine.schedule): the longest start first.
 for _group in PLAN.engine_groups:
     if VLLM_RUNS:
 
@@ -32,7 +33,7 @@ for _group in PLAN.engine_groups:
             priority: get_infer_priority(_group)
             retries: 1
             resources:
-                gpu=1,
+                gpu=ENGINE_GPUS,
                 infer_attempt=get_infer_attempt,
                 share_chunks=get_share_chunks,
             params:
@@ -99,7 +100,7 @@ if VLLM_RUNS or OPENAI_RUNS:
             )
 
 
-# Tail assist (ckpteval.share): one job per GPU beyond the first, lowest priority, so Snakemake
+# Tail assist (ckpteval.engine.assist): one job per GPU beyond the first, lowest priority, so Snakemake
 # starts one only when every infer job already has a GPU. It helps the running infer job with the
 # most work left: loads that checkpoint's model and generates its last chunks into the shared
 # cache; it ends when no job has enough left to repay an engine load. Off with `assist: false`.
@@ -117,7 +118,7 @@ if VLLM_RUNS:
             i=r"[0-9]+",
         priority: -1
         resources:
-            gpu=1,
+            gpu=ENGINE_GPUS,
         params:
             cache_dir=f"{OUT}/cache",
             name=get_assist_name,

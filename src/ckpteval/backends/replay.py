@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ckpteval.environment import job_environment, versions
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_file, write_json, write_jsonl
 from ckpteval.problems import numbered_lines
@@ -205,8 +206,6 @@ def _meta(
     started: float,
 ) -> dict[str, Any]:
     """The generation meta of a replay: what a generated one records, with the files' hashes."""
-    from ckpteval.infer import job_environment, versions
-
     return {
         "task": task.name,
         "variant": variant,

@@ -43,7 +43,7 @@ class VllmBackend(Backend):
         self._own_call = False
         self.swaps = 0
         self.swap_seconds = 0.0
-        #: Layers per CPU kernel of the loaded engine (ckpteval.swap.cpu_linear_kinds).
+        #: Layers per CPU kernel of the loaded engine (ckpteval.engine.swap.cpu_linear_kinds).
         self.cpu_kernels: dict[str, int] = {}
         #: Which engine job's engine generated (an engine may serve several checkpoints).
         self.served_by: str | None = None
@@ -109,7 +109,7 @@ class VllmBackend(Backend):
                 # vLLM's CPU worker crashes ("CPU Generator does not use offset") when a seeded
                 # sampling request's prompt is prefilled in chunks; whole-prompt prefill avoids it.
                 extra["enable_chunked_prefill"] = False
-                from ckpteval.swap import force_cpu_linear
+                from ckpteval.engine.swap import force_cpu_linear
 
                 forced = force_cpu_linear()
             start = time.monotonic()
@@ -133,7 +133,7 @@ class VllmBackend(Backend):
             self.loads += 1
             log.info("engine loaded in %.1f s", self.load_seconds)
             if current_platform.is_cpu():
-                from ckpteval.swap import cpu_linear_kinds
+                from ckpteval.engine.swap import cpu_linear_kinds
 
                 self.cpu_kernels = self._lm.model.collective_rpc(cpu_linear_kinds)[0]
                 kernels = ", ".join(f"{k} x {n}" for k, n in sorted(self.cpu_kernels.items()))
@@ -156,10 +156,10 @@ class VllmBackend(Backend):
 
     def swap(self, model_dir: Path) -> None:
         """Serve another checkpoint of the same architecture and tokenizer: its weights are
-        loaded into the running engine and checked (ckpteval.swap); an engine not started yet
+        loaded into the running engine and checked (ckpteval.engine.swap); an engine not started yet
         simply starts on the new checkpoint."""
         if self._lm is not None:
-            from ckpteval.swap import swap_weights
+            from ckpteval.engine.swap import swap_weights
 
             self.swap_seconds += swap_weights(self._lm.model, model_dir)
             self.swaps += 1

@@ -64,7 +64,7 @@ class MathChecker(Checker):
     def default_prompt(
         cls, problems: Sequence[Mapping[str, Any]], language: str | None, task: str
     ) -> Prompting:
-        from ckpteval.tasks import MATH_PROMPT, render_template
+        from ckpteval.prompts import MATH_PROMPT, render_template
 
         def render(problem: dict[str, Any]) -> str:
             return render_template(MATH_PROMPT, problem, None, where=task)

@@ -95,7 +95,7 @@ class PythonChecker(Checker):
     ) -> Prompting:
         """HumanEval-shaped problems are prompted with their `prompt` (the function to
         complete); MBPP-shaped ones (`text`, `test_list`) with the statement and the tests."""
-        from ckpteval.tasks import MBPP_PROMPT, PYTHON_STOPS, render_template
+        from ckpteval.prompts import MBPP_PROMPT, PYTHON_STOPS, render_template
 
         first = problems[0]
         if not first.get("prompt") and "test_list" in first:

@@ -263,7 +263,7 @@ class StdioChecker(Checker):
     ) -> Prompting:
         """The statement, then an open code block of the task's language (ckpteval.tasks
         `STDIO_PROMPT`), stopped at the closing fence."""
-        from ckpteval.tasks import STDIO_PROMPT, render_template
+        from ckpteval.prompts import STDIO_PROMPT, render_template
 
         def render(problem: dict[str, Any]) -> str:
             return render_template(STDIO_PROMPT, problem, language or "python", where=task)

@@ -41,7 +41,7 @@ from typing import Any
 
 from ckpteval.io import write_json
 
-log = logging.getLogger("ckpteval.share")
+log = logging.getLogger("ckpteval.engine.assist")
 
 BOARDS = ".boards"
 MAIN = "main"

@@ -4,7 +4,7 @@ Starting a vLLM engine costs 18 s for the demo's tiny model on CPU and 30-60 s o
 load, CUDA graphs, compilation); loading a checkpoint's weights into a running engine costs a
 fraction of that (0.04 s for the demo's model). An engine job that has finished its own
 checkpoint therefore goes on to the next ones of its run whose engine jobs have work in this
-invocation (ckpteval.chain), and swaps weights instead of starting an engine.
+invocation (ckpteval.engine.chain), and swaps weights instead of starting an engine.
 
 A swap is trusted only after it is checked: a fixed sample of the engine's parameters is read
 back from the worker (`collective_rpc`) and compared with the checkpoint's own tensors, which
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("ckpteval.swap")
+log = logging.getLogger("ckpteval.engine.swap")
 
 #: Values compared per parameter, and config keys that may differ between checkpoints of one
 #: run without changing the engine (provenance written by the trainer or by ckpteval).

@@ -1,18 +1,19 @@
-"""One engine per GPU slot per sweep: an engine job goes on to its run's next checkpoints.
+"""Chaining checkpoints on one engine: an engine job that has served its own checkpoint swaps in
+the weights of its run's next checkpoints and serves them too (one engine per GPU slot per sweep).
 
 Each checkpoint keeps its own engine job in Snakemake's graph (so `-f`, `-R` and `-F` plan
 exactly as before: ckpteval.verbs). What changes is who does the GPU work. An engine job that has
 generated its own checkpoint's cells looks at the request files of the other checkpoints of its
 run and engine group that this invocation runs (written when the run started, with its
 invocation token), takes each one's
-claim in turn, swaps that checkpoint's weights into its running engine (ckpteval.swap, checked
+claim in turn, swaps that checkpoint's weights into its running engine (ckpteval.engine.swap, checked
 after every swap) and generates its cells into that checkpoint's staging directory. When that
 checkpoint's own engine job runs, it waits for the claim, finds its cells staged for its model
 and settings, and only writes its done file: no engine load.
 
 A checkpoint whose model config or tokenizer differs, or one whose claim another job holds, is
 left to its own job, with a log line saying why. One not consolidated yet is waited for, up to the
-seconds the chain's own engine took to start (ckpteval.steps._chain), then left to its own job.
+seconds the chain's own engine took to start (ckpteval.engine.job._chain), then left to its own job.
 A failed swap skips that checkpoint (its own job starts a fresh engine for it); the next swap
 loads every weight again and is checked like any other.
 """
@@ -32,7 +33,7 @@ from typing import Any
 
 from ckpteval.io import read_json
 
-log = logging.getLogger("ckpteval.chain")
+log = logging.getLogger("ckpteval.engine.chain")
 
 
 @dataclass(frozen=True)

