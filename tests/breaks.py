@@ -167,13 +167,18 @@ def apply(root: Path, brk: Break) -> None:
 
 
 def failed_tests(root: Path, brk: Break) -> tuple[list[str], str]:
-    """The node ids that failed or errored in the broken copy, and pytest's last lines."""
+    """The node ids that failed or errored in the broken copy (with pytest's one-line reason),
+    and pytest's last lines."""
     cmd = [sys.executable, "-m", "pytest", "-n", "0", "-q", "-rfE", "--durations=0"]
     cmd += ["-o", f"cache_dir={REPO / '.pytest_cache'}", *brk.tests]
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
-    failed = [f"{node} ({kind})" for kind, node in re.findall(r"^(FAILED|ERROR) (\S+)", out, re.M)]
+    # `-rfE` summary lines: "FAILED node - why": the why tells an assertion from a crash.
+    failed = [
+        f"{node} ({kind}{': ' + why[:160] if why else ''})"
+        for kind, node, why in re.findall(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$", out, re.M)
+    ]
     return failed, "\n".join(out.rstrip().splitlines()[-3:])
 
 
