@@ -30,20 +30,34 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
+class Edit:
+    """One replacement in one file of the checkout: `old` must occur exactly once in `path`."""
+
+    path: str  # relative to the checkout
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
 class Break:
+    """A guarantee broken the way a real bug would break it: every file the bug needs changed
+    (a break that only made the code crash would prove the crash is caught, not the guarantee)."""
+
     name: str
     guarantee: str
-    path: str  # the file broken, relative to the checkout
-    edits: tuple[tuple[str, str], ...]  # (exact text, its replacement); each text must occur once
+    edits: tuple[Edit, ...]
     tests: tuple[str, ...]  # pytest node ids that must fail
+
+    @property
+    def paths(self) -> list[str]:
+        return sorted({edit.path for edit in self.edits})
 
 
 BREAKS = (
     Break(
         "force-file",
         "`-f` on a generation file regenerates that cell (the engine job is asked for it)",
-        "src/ckpteval/verbs.py",
-        (("            or verbs.forces_file(jsonl, meta)\n", ""),),
+        (Edit("src/ckpteval/verbs.py", "            or verbs.forces_file(jsonl, meta)\n", ""),),
         (
             "tests/test_contract_verbs.py::"
             "test_forcing_one_generation_file_regenerates_that_cell_only",
@@ -52,9 +66,9 @@ BREAKS = (
     Break(
         "failed-engine",
         "a failed engine job deletes no finished file (here: it clears its cells' files first)",
-        "src/ckpteval/engine/job.py",
         (
-            (
+            Edit(
+                "src/ckpteval/engine/job.py",
                 "        _clear_staged(staging, {(c.task, c.variant) for c in job.cells})\n",
                 "        _clear_staged(staging, {(c.task, c.variant) for c in job.cells})\n"
                 "        for c in job.cells:\n"
@@ -69,9 +83,9 @@ BREAKS = (
     Break(
         "sibling",
         "a sample sees only its own directory of the batch (here: the whole batch directory)",
-        "src/ckpteval/_sandbox_driver.py",
         (
-            (
+            Edit(
+                "src/ckpteval/_sandbox_driver.py",
                 'paths = sorted({cwd if p == workdir else p for p in spec["binds"]}, key=len)',
                 'paths = sorted(set(spec["binds"]), key=len)',
             ),
@@ -81,20 +95,30 @@ BREAKS = (
             "tests/test_checkers_python_isolation.py::test_a_sample_cannot_read_its_siblings_programs",
         ),
     ),
+    # The task's options and definition leave the generations' identity, as a planner that
+    # forgot them would; the generation job stops checking its task against the identity (a
+    # bare KeyError there would crash the sweep's build, a catch that proves nothing about
+    # reruns). A sweep still runs; a changed option must be caught by what it plans.
     Break(
         "task-option",
         "a changed task option reruns its cells (here: the task's settings leave the identity)",
-        "src/ckpteval/contract.py",
         (
-            (
+            Edit(
+                "src/ckpteval/contract.py",
                 '        "task.definition": plan.tasks[task].config_hash()[:16],\n',
                 "",
             ),
-            (
-                "    # Settings that name files count by content, not by their configured path (or name).\n"
-                "    settings = dict(identity.settings)\n",
+            Edit(
+                "src/ckpteval/contract.py",
+                "    # Settings that name files count by content, not by their configured path "
+                "(or name).\n    settings = dict(identity.settings)\n",
                 "    settings = dict(identity.settings)\n"
                 '    settings = {k: v for k, v in settings.items() if not k.startswith("tasks.")}\n',
+            ),
+            Edit(
+                "src/ckpteval/jobs.py",
+                '        if spec.config_hash()[:16] != self.identity.settings["task.definition"]:\n',
+                "        if False:\n",
             ),
         ),
         (
@@ -105,8 +129,13 @@ BREAKS = (
     Break(
         "swap-check",
         "a weight swap is checked against the checkpoint (here: the check is skipped)",
-        "src/ckpteval/engine/swap.py",
-        (("    compared = verify_weights(llm, model_dir)\n", "    compared = 0\n"),),
+        (
+            Edit(
+                "src/ckpteval/engine/swap.py",
+                "    compared = verify_weights(llm, model_dir)\n",
+                "    compared = 0\n",
+            ),
+        ),
         ("tests/test_swap.py::test_the_check_reads_the_weights_through_the_kernels",),
     ),
 )
@@ -128,23 +157,28 @@ def scratch_copy(dest: Path) -> None:
 
 
 def apply(root: Path, brk: Break) -> None:
-    path = root / brk.path
-    text = path.read_text()
-    for old, new in brk.edits:
-        if text.count(old) != 1:
-            raise LookupError(f"{brk.path} no longer holds {old.strip()!r}: update BREAKS")
-        text = text.replace(old, new)
-    path.write_text(text)
+    """Apply every edit of `brk` in the copy at `root`, in order (several may touch one file)."""
+    for edit in brk.edits:
+        path = root / edit.path
+        text = path.read_text()
+        if text.count(edit.old) != 1:
+            raise LookupError(f"{edit.path} no longer holds {edit.old.strip()!r}: update BREAKS")
+        path.write_text(text.replace(edit.old, edit.new))
 
 
 def failed_tests(root: Path, brk: Break) -> tuple[list[str], str]:
-    """The node ids that failed or errored in the broken copy, and pytest's last lines."""
+    """The node ids that failed or errored in the broken copy (with pytest's one-line reason),
+    and pytest's last lines."""
     cmd = [sys.executable, "-m", "pytest", "-n", "0", "-q", "-rfE", "--durations=0"]
     cmd += ["-o", f"cache_dir={REPO / '.pytest_cache'}", *brk.tests]
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
-    failed = [f"{node} ({kind})" for kind, node in re.findall(r"^(FAILED|ERROR) (\S+)", out, re.M)]
+    # `-rfE` summary lines: "FAILED node - why": the why tells an assertion from a crash.
+    failed = [
+        f"{node} ({kind}{': ' + why[:160] if why else ''})"
+        for kind, node, why in re.findall(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$", out, re.M)
+    ]
     return failed, "\n".join(out.rstrip().splitlines()[-3:])
 
 
@@ -164,7 +198,10 @@ def main(names: list[str]) -> int:
                 continue
             failed, tail = failed_tests(root, brk)
         seconds = time.monotonic() - started
-        print(f"{brk.name}: broken: {brk.guarantee} ({brk.path}; {seconds:.0f} s)", flush=True)
+        print(
+            f"{brk.name}: broken: {brk.guarantee} ({', '.join(brk.paths)}; {seconds:.0f} s)",
+            flush=True,
+        )
         if failed:
             for node in failed:
                 print(f"    caught by {node}", flush=True)

@@ -130,17 +130,23 @@ def finished_sweep(demo_dir: Path, work: Path, server: FakeEndpoint) -> Iterator
         yield Sweep(work, config, full, endpoint)
 
 
-def planned(sweep: Sweep, config: dict[str, Any], name: str = "variant") -> Counter[str]:
-    """Jobs per rule that `snakemake -n --configfile <config>` plans (the target `all` left out)."""
-    return dry_run(sweep, config, name)[0]
+def planned(
+    sweep: Sweep, config: dict[str, Any], name: str = "variant", *args: str
+) -> Counter[str]:
+    """Jobs per rule that `snakemake -n --configfile <config> ARGS` plans (the target `all` left
+    out)."""
+    return dry_run(sweep, config, name, *args)[0]
 
 
-def dry_run(sweep: Sweep, config: dict[str, Any], name: str) -> tuple[Counter[str], str]:
-    """(jobs per rule, what the dry run printed) of `snakemake -n --configfile <config>`, in a
-    forked process (conftest.dry_snakemake: the walk alone makes ~100 of them)."""
+def dry_run(
+    sweep: Sweep, config: dict[str, Any], name: str, *args: str
+) -> tuple[Counter[str], str]:
+    """(jobs per rule, what the dry run printed) of `snakemake -n --configfile <config> ARGS`
+    (a verb and its targets), in a forked process (conftest.dry_snakemake: the walk alone makes
+    ~100 of them)."""
     path = sweep.work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = dry_snakemake(sweep.work, "-n", "--configfile", str(path))
+    proc = dry_snakemake(sweep.work, "-n", "--configfile", str(path), *args)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     if "Nothing to be done" in out:

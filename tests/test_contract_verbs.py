@@ -18,6 +18,7 @@ from contract_sweep import (
     VLLM_CKPTS,
     Sweep,
     cell_files,
+    chain,
     planned,
     results_state,
     shared_sweep,
@@ -36,7 +37,10 @@ def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 #
 # Each verb runs for real on the finished sweep. Every result file's bytes and modification time
 # are compared before and after: exactly the promised files change, every other one stays as it
-# was, and a dry run afterwards plans nothing (the sweep is finished again).
+# was, and a dry run afterwards plans nothing (the sweep is finished again). A verb that one case
+# runs for real is checked in its other cases by what a dry run plans (`plan_verb`): the real run
+# shows that a planned job rewrites its own outputs and nothing else, so the plan is what the
+# other cases promise, at a fraction of a real run (every job of a real run starts an interpreter).
 
 
 def run_verb(sweep: Sweep, *args: str, expect_ok: bool = True) -> set[str]:
@@ -58,6 +62,11 @@ def run_verb(sweep: Sweep, *args: str, expect_ok: bool = True) -> set[str]:
             assert planned(sweep, sweep.config, "after-verb") == Counter()
     after = results_state(sweep.work)
     return {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+
+
+def plan_verb(sweep: Sweep, *args: str) -> Counter[str]:
+    """Jobs per rule that `snakemake -n ARGS` plans on the finished sweep (a forked dry run)."""
+    return planned(sweep, sweep.config, "verb", *args)
 
 
 def model_cards(*ckpts: tuple[str, str]) -> set[str]:
@@ -107,46 +116,45 @@ def test_forcing_a_model_redoes_that_checkpoints_chain(sweep: Sweep) -> None:
     assert changed == expected | model_cards(("demo", "step_400"))
 
 
+# `-R RULE` for the rules whose failing job leaves others of the rule to run (consolidate,
+# generation, model_card, evaluate, aggregate) runs for real in
+# test_a_failed_or_killed_job_of_any_rule_costs_no_other_file (below), one job of the rule failing:
+# the failed run and the next one together must redo exactly what `-R RULE` promises (`REDONE`),
+# so each rule's rerun and its failure are checked on one pair of runs instead of three runs.
+# The tests here check the plans of those verbs, and run `-R infer` and `-R endpoint`: the
+# failure of the only endpoint job leaves its forced cells undone (the next run does not force
+# them, and an engine job rerun regenerates no current cell), and the engine's failure is a test
+# of its own.
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "rule, cells",
-    [
-        ("infer", VLLM_CELLS),
-        ("endpoint", EP_CELLS),
-        ("generation", CELLS),
-    ],
-)
+@pytest.mark.parametrize("rule, cells", [("infer", VLLM_CELLS), ("endpoint", EP_CELLS)])
 def test_rerunning_an_infer_side_rule_regenerates_its_cells_without_engine_loads(
     sweep: Sweep, rule: str, cells: list[tuple[str, ...]]
 ) -> None:
+    """Each engine rule for real: its engine jobs are served by the cache. `-R generation` by its
+    plan (for real with a failed job, below)."""
     changed = run_verb(sweep, "-R", rule)
     assert changed == cell_files("generations", cells) | cell_files("scores", cells)
     # Served from the cache: no engine was started (a fresh sweep starts one per checkpoint).
     assert set(loads(sweep, cells)) <= {0}
+    assert plan_verb(sweep, "-R", rule) == chain(cells)
+    assert plan_verb(sweep, "-R", "generation") == chain(CELLS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "rule, cells, cards",
-    [
-        ("consolidate", VLLM_CELLS, model_cards(*[("demo", c) for c in VLLM_CKPTS])),
-        ("model_card", EP_CELLS, model_cards(("ep", "step_7"))),
-    ],
-)
-def test_rerunning_a_model_rule_redoes_its_runs_chains(
-    sweep: Sweep, rule: str, cells: list[tuple[str, ...]], cards: set[str]
-) -> None:
-    changed = run_verb(sweep, "-R", rule)
-    assert changed == cell_files("generations", cells) | cell_files("scores", cells) | cards
+def test_rerunning_a_model_rule_redoes_its_runs_chains(sweep: Sweep) -> None:
+    """Each run's model rule plans that run's chain only: never a vLLM run's engine under `-R
+    model_card`, nor the endpoint's under `-R consolidate` (both for real below)."""
+    assert plan_verb(sweep, "-R", "consolidate") == chain(VLLM_CELLS, model=True)
+    assert plan_verb(sweep, "-R", "model_card") == chain(EP_CELLS, model=True)
 
 
 @pytest.mark.slow
 def test_rerunning_evaluate_or_aggregate_leaves_every_generation_alone(sweep: Sweep) -> None:
-    assert run_verb(sweep, "-R", "evaluate") == cell_files("scores", CELLS)
-    summary = sweep.work / "results" / "summary" / "metrics.parquet"
-    mtime = summary.stat().st_mtime_ns
-    assert run_verb(sweep, "-R", "aggregate") == set()
-    assert summary.stat().st_mtime_ns != mtime
+    """By their plans (for real below, where the summary is checked to be rewritten)."""
+    assert plan_verb(sweep, "-R", "evaluate") == Counter(evaluate=len(CELLS), aggregate=1)
+    assert plan_verb(sweep, "-R", "aggregate") == Counter(aggregate=1)
 
 
 @pytest.mark.slow
@@ -155,15 +163,20 @@ def test_forceall_and_until_and_omit_from_plan_chains_that_run(sweep: Sweep) -> 
     cards = model_cards(*{(c[0], c[1]) for c in CELLS})
     assert run_verb(sweep, "--forceall") == everything | cards
     configfile = ("--configfile", str(sweep.work / "sweep.yaml"))
-    for verb in (("--until", "generation"), ("--omit-from", "evaluate")):
-        before = results_state(sweep.work)
-        proc = run_snakemake(sweep.work, "-F", *verb, *configfile)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-        after = results_state(sweep.work)
-        changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
-        assert changed == cell_files("generations", CELLS) | cards, verb
-        # What comes after the generations is left for the next run, which finishes the sweep.
-        assert run_verb(sweep) <= cell_files("scores", CELLS)
+    before = results_state(sweep.work)
+    proc = run_snakemake(sweep.work, "-F", "--until", "generation", *configfile)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    after = results_state(sweep.work)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert changed == cell_files("generations", CELLS) | cards
+    # What comes after the generations is left for the next run, which finishes the sweep.
+    assert run_verb(sweep) <= cell_files("scores", CELLS)
+    # The other two verbs by their plans: the real runs above show these jobs rewrite exactly
+    # their outputs. `--omit-from evaluate` stops where `--until generation` does.
+    upto = chain(CELLS, model=True) - Counter({"evaluate": len(CELLS), "aggregate": 1})
+    assert plan_verb(sweep, "-F", "--until", "generation") == upto
+    assert plan_verb(sweep, "-F", "--omit-from", "evaluate") == upto
+    assert plan_verb(sweep, "-F") == chain(CELLS, model=True)
 
 
 @pytest.mark.slow
@@ -239,16 +252,38 @@ FAILURES = [
 ]
 
 
+#: What `-R RULE` redoes, checked on the failed run and the next one together (the result
+#: files rewritten; the summary, rewritten by each, is not one of them); None: the only job of
+#: the rule failed, so nothing forced was left to run (its rerun runs for real above).
+REDONE: dict[str, set[str] | None] = {
+    "consolidate": cell_files("generations", VLLM_CELLS)
+    | cell_files("scores", VLLM_CELLS)
+    | model_cards(*[("demo", c) for c in VLLM_CKPTS]),
+    "endpoint": None,
+    "generation": cell_files("generations", CELLS) | cell_files("scores", CELLS),
+    "model_card": cell_files("generations", EP_CELLS)
+    | cell_files("scores", EP_CELLS)
+    | model_cards(("ep", "step_7")),
+    "evaluate": cell_files("scores", CELLS),
+    "aggregate": set(),
+}
+#: The rules whose rerun regenerates cells: served from the cache, with no engine load.
+CACHED = {"generation": CELLS}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("rule", "failpoint", "own"), FAILURES, ids=[f[0] for f in FAILURES])
 def test_a_failed_or_killed_job_of_any_rule_costs_no_other_file(
     sweep: Sweep, rule: str, failpoint: str, own: set[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Snakemake deletes the outputs of a failed job, and only those: no job's failure takes a
-    finished file of another job with it, and the next run finishes the sweep."""
+    finished file of another job with it, and the next run finishes the sweep. The two runs
+    together are `-R RULE` for real: they redo exactly what it promises (REDONE)."""
     from ckpteval.steps import FAILPOINT_ENV
 
     configfile = ("--configfile", str(sweep.work / "sweep.yaml"))
+    summary = sweep.work / "results" / "summary" / "metrics.parquet"
+    mtime = summary.stat().st_mtime_ns
     before = results_state(sweep.work)
     monkeypatch.setenv(FAILPOINT_ENV, failpoint)
     proc = run_snakemake(sweep.work, "-R", rule, *configfile)
@@ -259,8 +294,15 @@ def test_a_failed_or_killed_job_of_any_rule_costs_no_other_file(
     assert lost <= own, f"a failed {rule} job cost other files: {sorted(lost - own)}"
     rest = run_snakemake(sweep.work, *configfile)
     assert rest.returncode == 0, (rest.stdout + rest.stderr)[-4000:]
-    assert set(before) <= set(results_state(sweep.work))
+    after = results_state(sweep.work)
+    assert set(before) <= set(after)
     assert planned(sweep, sweep.config, "after-failure") == Counter()
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    if REDONE[rule] is not None:
+        assert changed == REDONE[rule]
+        assert summary.stat().st_mtime_ns != mtime, "the summary was not rewritten"
+    if rule in CACHED:  # no engine was started (a fresh sweep starts one per checkpoint)
+        assert set(loads(sweep, CACHED[rule])) <= {0}
 
 
 # ------------------------------------------------------------------- file events, on the same sweep

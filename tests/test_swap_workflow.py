@@ -2,12 +2,14 @@
 checkpoints, three of one architecture and one of another, on every kind of task (ckpteval's own,
 lm-eval's through its vLLM wrapper, a reasoning task, a chat-template task).
 
-The same sweep runs twice from an empty cache, each in its own outdir: with swapping off (one
-fresh engine per checkpoint, the reference) and on. Both run on vLLM's oneDNN kernels, forced
+The sweep runs with swapping on, from an empty cache; then, in its own outdir with swapping off,
+the checkpoints that were swapped in run again, each on a fresh engine of its own: the reference
+(the checkpoint each engine started on was loaded fresh already, its generations are their own
+reference, so a second fresh load of it would prove nothing and cost an engine). Both run on vLLM's oneDNN kernels, forced
 (`CKPTEVAL_CPU_LINEAR=onednn`, in fp32, the dtype in which every x86-64 machine of ours builds
 them): the path whose packed weight copies a reload must rebuild, whatever this machine would take
 by itself (tests/test_swap.py forces each path on a bare engine). Every generation of the swapped
-sweep equals the fresh one's, by tests/numeric.py's rules; the three checkpoints of one architecture share one
+sweep equals a fresh engine's, by tests/numeric.py's rules; the three checkpoints of one architecture share one
 engine load, and the fourth starts its own, saying why. Then a chain whose middle checkpoint is
 corrupt: that checkpoint fails alone, and the rest are served and equal to the reference.
 """
@@ -76,7 +78,8 @@ ONEDNN = {**os.environ, "CKPTEVAL_CPU_LINEAR": "onednn"}
 
 
 def _sweep(work: Path, config: Path, *args: str, ok: bool = True) -> str:
-    proc = run_snakemake(work, "--configfile", str(config), *args, env=ONEDNN)
+    """Snakemake with `args` (targets, verbs) before the configfile, which takes several."""
+    proc = run_snakemake(work, *args, "--configfile", str(config), env=ONEDNN)
     out = proc.stdout + proc.stderr
     assert (proc.returncode == 0) == ok, out[-4000:]
     return out
@@ -89,13 +92,38 @@ def sweeps(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     for name, source in zip(SAME, steps[-len(SAME) :]):
         shutil.copytree(source, work / "run" / name)
     _other_architecture(steps[-1], work / "run" / OTHER)
-    _sweep(work, _config(work, "fresh", swap=False))
     swapped = _config(work, "swapped", swap=True)
     # Consolidated first, so that the chain finds every checkpoint ready (how long it waits for
     # a consolidation, and what it then does: tests/test_chain.py).
     _sweep(work, swapped, "--until", "consolidate")
     _sweep(work, swapped)
-    return {"work": work}
+    # The checkpoints an engine started on: their files, kept aside (a later test regenerates
+    # the sweep's own) as their reference. Every other one runs again on a fresh engine.
+    metas = _metas(work, "swapped")
+    loaded = sorted({p.split("/")[0] for p, m in metas.items() if m["swaps"] == 0})
+    for ckpt in loaded:
+        for part in ("generations", "models"):
+            shutil.copytree(
+                work / "swapped" / part / "demo" / ckpt,
+                work / "loaded" / part / "demo" / ckpt,
+                # Weights hard-linked (read only; the test that cuts them replaces the file).
+                copy_function=os.link if part == "models" else shutil.copy2,
+            )
+    swapped_in = sorted({p.split("/")[0] for p in metas} - set(loaded))
+    targets = [
+        f"fresh/generations/demo/{ckpt}/{task}/greedy-s42.jsonl"
+        for ckpt in swapped_in
+        for task in TASKS
+    ]
+    _sweep(work, _config(work, "fresh", swap=False), *targets)
+    return {"work": work, "loaded": loaded, "swapped_in": swapped_in}
+
+
+def _reference(work: Path, ckpt: str) -> Path:
+    """The outdir of `ckpt`'s reference: the fresh sweep's, or the swapped sweep's own files
+    (kept aside) when the engine started on it."""
+    fresh = work / "fresh" / "generations" / "demo" / ckpt
+    return work / ("fresh" if fresh.exists() else "loaded")
 
 
 def _metas(work: Path, outdir: str) -> dict[str, dict[str, Any]]:
@@ -108,20 +136,22 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def _assert_equal_generations(work: Path, ckpts: tuple[str, ...], outdir: str) -> int:
-    """Every generation file of `ckpts` in `outdir` equals the fresh sweep's (a near-tie under
-    the checkpoint's own reference model aside); returns how many completions were compared."""
+    """Every generation file of `ckpts` in `outdir` equals its fresh engine's (`_reference`; a
+    near-tie under the checkpoint's own reference model aside); returns how many completions
+    were compared."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     compared = 0
     for ckpt in ckpts:
-        model_dir = work / "fresh" / "models" / "demo" / ckpt
+        reference_dir = _reference(work, ckpt)
+        model_dir = reference_dir / "models" / "demo" / ckpt
         reference = (
             AutoModelForCausalLM.from_pretrained(model_dir),
             AutoTokenizer.from_pretrained(model_dir),
         )
         for task in TASKS:
             name = f"generations/demo/{ckpt}/{task}/greedy-s42.jsonl"
-            ours, theirs = _lines(work / outdir / name), _lines(work / "fresh" / name)
+            ours, theirs = _lines(work / outdir / name), _lines(reference_dir / name)
             assert [r["task_id"] for r in ours] == [r["task_id"] for r in theirs], name
             for a, b in zip(ours, theirs):
                 assert a["prompt"] == b["prompt"], name
@@ -131,8 +161,11 @@ def _assert_equal_generations(work: Path, ckpts: tuple[str, ...], outdir: str) -
 
 
 def test_the_fresh_sweep_starts_one_engine_per_checkpoint(sweeps: dict[str, Any]) -> None:
+    """With swapping off, two checkpoints of one architecture (the two swapped in with it on)
+    each start an engine of their own."""
     metas = _metas(sweeps["work"], "fresh")
-    assert len(metas) == len(TASKS) * (len(SAME) + 1)
+    assert sweeps["swapped_in"] and set(sweeps["swapped_in"]) <= set(SAME)
+    assert len(metas) == len(TASKS) * len(sweeps["swapped_in"])
     assert {m["swaps"] for m in metas.values()} == {0}
     assert {m["engine_loads"] for m in metas.values()} == {1}
 
@@ -151,6 +184,7 @@ def test_one_engine_serves_each_architecture_and_the_generations_are_a_fresh_eng
     assert len(servers) == 1, servers
     assert {m["engine_loads"] for m in same} == {1}
     assert {m["swaps"] for m in same} == set(range(len(SAME)))  # 0 for the first, then 1, 2
+    assert len(sweeps["loaded"]) == 2 and OTHER in sweeps["loaded"], "one load per architecture"
     assert all(m["swap_seconds"] > 0 for m in same if m["swaps"])
     assert {m["served_by"] for m in other} != servers, "another architecture, another engine"
     log = "\n".join(p.read_text() for p in (work / "logs" / "infer").rglob("*.log"))
@@ -158,12 +192,13 @@ def test_one_engine_serves_each_architecture_and_the_generations_are_a_fresh_eng
     kernels = re.findall(r"CPU linear kernels: (.*) \(forced", log)
     assert kernels and all(re.fullmatch(r"onednn x \d+", k) for k in kernels), kernels
     # Generations differ between checkpoints (so equality below is not vacuous) ...
-    first = _lines(work / "fresh" / "generations/demo/step_1/arith/greedy-s42.jsonl")
-    last = _lines(work / "fresh" / "generations/demo/step_3/arith/greedy-s42.jsonl")
+    name = "generations/demo/{}/arith/greedy-s42.jsonl"
+    first = _lines(_reference(work, "step_1") / name.format("step_1"))
+    last = _lines(_reference(work, "step_3") / name.format("step_3"))
     assert [r["completion"] for r in first] != [r["completion"] for r in last]
     # ... and every task kind's generations equal a fresh engine's on that checkpoint, lm-eval's
     # included: its VLLM wrapper answered with the swapped-in weights.
-    assert _assert_equal_generations(work, (*SAME, OTHER), "swapped") > 0
+    assert _assert_equal_generations(work, tuple(sweeps["swapped_in"]), "swapped") > 0
 
 
 def test_a_corrupt_checkpoint_in_the_middle_of_a_chain_fails_alone(sweeps: dict[str, Any]) -> None:
