@@ -499,6 +499,9 @@ class RewardFunctionChecker(Checker):
             out = json.loads((sent or b"").decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             out = None
+        if result.memory_limit and not (isinstance(out, dict) and "value" in out):
+            why = "the function was killed at its memory limit"
+            return Verdict(False, "memory_limit", duration_s=duration, stderr_tail=why)
         if not isinstance(out, dict) or ("value" not in out and "error" not in out):
             why = _last_line(printed) or f"exited ({result.exit_code}) without a result"
             return _failed(why, duration)
@@ -546,7 +549,7 @@ class RewardFunctionChecker(Checker):
         """`runs`: the function returned a score (any: verl's gsm8k scores a bare ground truth
         0); `ground_truth`: the score reached `pass_threshold`."""
         if self.self_test == "runs":
-            return verdict.error_type not in ("reward_error", "timeout")
+            return verdict.error_type not in ("reward_error", "timeout", "memory_limit")
         return verdict.passed
 
     def self_test_words(self) -> tuple[str, str, str]:
