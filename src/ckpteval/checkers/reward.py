@@ -38,9 +38,10 @@ skipped). Each sample is then a fork of the driver that drops to the sandbox uid
 and namespaces, and only then runs the runner: it executes the reward file (the user's code
 runs in no other process) and calls the function. A fork's changes (module globals, a patched
 sympy, a crash, a kill of its group) die with it, so every sample is a first call. A sample
-costs a fork and a first call: bench/reward.py measured 0.18 s a sample with sympy and 0.71 s
-with math_verify (whose first call in a process imports more of sympy and builds its parser),
-against 2.6 and 2.4 s when each sample imported them itself. `trusted: true` and `sandbox:
+costs a fork, its isolation and a first call: bench/reward.py measured 90 ms a sample with
+sympy and 330 ms with math_verify (whose first call in a process imports more of sympy and
+builds its parser), against 1 and 10 ms in-process, and 2.6 and 2.4 s when each sample imported
+them itself (docs/evaluate.md says where the time goes). `trusted: true` and `sandbox:
 none` exec a fresh interpreter per sample, imports included.
 
 The file's content and `name` are part of the cell's scoring identity: editing the function
