@@ -59,6 +59,36 @@ int main() {
     puts("done");
 }
 """
+#: The same in Rust: libc's fork, signal and clock through `extern "C"` (no crates).
+SUB_TICK_RUST = r"""
+extern "C" {
+    fn fork() -> i32;
+    fn signal(signum: i32, handler: usize) -> usize;
+    fn clock() -> i64;
+    fn pipe(fds: *mut i32) -> i32;
+    fn write(fd: i32, buf: *const u8, n: usize) -> isize;
+    fn read(fd: i32, buf: *mut u8, n: usize) -> isize;
+    fn _exit(status: i32) -> !;
+}
+fn main() {
+    unsafe {
+        signal(17, 1); // SIGCHLD, SIG_IGN
+        let mut fds = [0i32; 2];
+        pipe(fds.as_mut_ptr());
+        for _ in 0..800 {
+            if fork() == 0 {
+                let t = clock();
+                while clock() - t < 4000 {} // 4 ms of CPU (CLOCKS_PER_SEC is 10^6)
+                write(fds[1], b"x".as_ptr(), 1);
+                _exit(0);
+            }
+            let mut c = 0u8;
+            read(fds[0], &mut c, 1);
+        }
+    }
+    println!("done");
+}
+"""
 HEAVY = "x = 0\nfor i in range(12_000_000):\n    x += i\nprint(x)\n"
 HEAVY_OUT = f"{sum(range(12_000_000))}\n".encode()
 #: A correct neighbour in the same batch, well under a 1 s budget.
@@ -108,21 +138,40 @@ def test_children_under_a_tick_are_counted(sandbox: Sandbox, tmp_path: Path) -> 
     assert neighbour.ok and neighbour.stdout == LIGHT_OUT, neighbour
 
 
-def test_compiled_children_under_a_tick_are_counted(sandbox: Sandbox, tmp_path: Path) -> None:
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("no g++")
-    source = tmp_path / "attack.cpp"
-    source.write_text(SUB_TICK_CPP)
+def run_compiled_attack(
+    sandbox: Sandbox, tmp_path: Path, compile_argv: list[str], source: str, suffix: str
+) -> None:
+    """Compile `source` (argv `compile_argv` + [binary, source file]), run it beside LIGHT with a
+    1 s budget: the attack is stopped at its budget, the neighbour keeps its verdict."""
+    path = tmp_path / f"attack{suffix}"
+    path.write_text(source)
     binary = tmp_path / "w" / "s0" / "attack"  # the command sees its own directory only
     binary.parent.mkdir(parents=True)
-    subprocess.run([compiler, "-O1", "-o", str(binary), str(source)], check=True)
+    subprocess.run([*compile_argv, str(binary), str(path)], check=True, timeout=300)
     binary.chmod(0o755)
     attacker, neighbour = run_batch(
         sandbox, tmp_path / "w", [["./attack"], LIGHT], cpu_s=1, wall_s=30
     )
     assert attacker.timed_out and attacker.stdout == b"", attacker
     assert neighbour.ok and neighbour.stdout == LIGHT_OUT, neighbour
+
+
+def test_compiled_children_under_a_tick_are_counted(sandbox: Sandbox, tmp_path: Path) -> None:
+    """C++: 800 forked children of 4 ms of CPU each, reaped by the kernel, a 1 s budget."""
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no g++")
+    run_compiled_attack(sandbox, tmp_path, [compiler, "-O1", "-o"], SUB_TICK_CPP, ".cpp")
+
+
+def test_rust_children_under_a_tick_are_counted(sandbox: Sandbox, tmp_path: Path) -> None:
+    """Rust: the same 800 children of 4 ms each, a 1 s budget."""
+    compiler = shutil.which("rustc")
+    if compiler is None:
+        pytest.skip("no rustc")
+    run_compiled_attack(
+        sandbox, tmp_path, [compiler, "--edition", "2021", "-O", "-o"], SUB_TICK_RUST, ".rs"
+    )
 
 
 def test_a_correct_sample_keeps_its_verdict_beside_hidden_cpu(
@@ -223,3 +272,59 @@ def test_without_cgroups_or_accounting_reaped_children_stop_a_command_at_its_bud
     assert attacker.timed_out and attacker.stdout == b"", attacker
     assert attacker.cpu_s < 2.5, attacker
     assert neighbour.ok and neighbour.stdout == LIGHT_OUT, neighbour
+
+
+#: Sample code that holds 400 MB in memfds (20 of 20 MB, each under the file size limit): no
+#: MemoryError and no allocation failure to read, only the kernel's kill at the command's limit.
+MEMFD_HOG = (
+    "import os\nchunk = b'x' * (1 << 20)\nfds = [os.memfd_create('hog') for _ in range(20)]\n"
+    "for fd in fds:\n    for _ in range(20):\n        os.write(fd, chunk)\n"
+)
+
+
+def test_a_sample_killed_at_its_memory_limit_says_so_in_its_verdict(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """The python checker and a reward function, each with a 200 MB limit: a sample the kernel
+    kills for memory is `memory_limit` (not a crash, nor a reward error), its correct neighbour
+    passes."""
+    from ckpteval.checkers import Job, get_checker
+
+    problem = {
+        "task_id": "t/0",
+        "prompt": "def double(x):\n",
+        "test": "def check(candidate):\n    assert candidate(2) == 4\n",
+        "entry_point": "double",
+    }
+    hog = "".join("    " + line + "\n" for line in MEMFD_HOG.splitlines())
+    checker = get_checker("python", sandbox="bwrap", memory_bytes=200 << 20)
+    jobs = [
+        Job("t/0", problem, hog + "    return 2 * x\n"),
+        Job("t/0", problem, "    return 2 * x\n"),
+    ]
+    hogged, neighbour = checker.check(jobs, workers=1, timeout=10)
+    assert hogged.error_type == "memory_limit", hogged
+    assert neighbour.passed, neighbour
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(
+        "import os\n\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if solution_str == 'hog':\n"
+        + "".join("        " + line + "\n" for line in MEMFD_HOG.splitlines())
+        + "    return float(solution_str == ground_truth)\n"
+    )
+    checker = get_checker(
+        "reward_function",
+        reward_function=str(reward),
+        memory_bytes=200 << 20,
+        self_test="off: test",
+    )
+    row = {"task_id": "r/0", "ground_truth": "4", "question": "2 + 2?"}
+    try:
+        hogged, neighbour = checker.check(
+            [Job("r/0", row, "hog"), Job("r/0", row, "4")], workers=1, timeout=10
+        )
+    finally:
+        checker.close()
+    assert hogged.error_type == "memory_limit" and "reward" not in hogged.extras, hogged
+    assert neighbour.passed and neighbour.extras["reward"] == 1.0, neighbour

@@ -42,7 +42,7 @@ ERROR_TYPES = (
     "compile_error",  # the program does not compile / parse
     "runtime_error",  # it crashed (exception, panic, signal, early exit)
     "timeout",  # wall-clock or CPU limit
-    "memory_limit",  # address-space limit hit (MemoryError, failed allocation, bad_alloc)
+    "memory_limit",  # memory limit hit (MemoryError, failed allocation, the cgroup's kill)
     "output_limit",  # wrote more than the output cap
     "wrong_answer",  # ran to completion, but a test assertion or expected output failed
     "no_tests",  # the program ran but the problem's tests did not (e.g. compiled out)

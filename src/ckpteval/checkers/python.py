@@ -287,8 +287,8 @@ def classify(result: RunResult, cpu_limit: float | None = None) -> Verdict:
     if not last:
         exceptions = _EXCEPTION_LINE.findall(result.stderr[-4096:])
         last = exceptions[-1].decode() if exceptions else ""
-    if last.endswith("MemoryError"):
-        kind = "memory_limit"
+    if last.endswith("MemoryError") or result.memory_limit:
+        kind = "memory_limit"  # MemoryError, or the kernel killed it at the command's limit
     elif last.endswith("AssertionError"):
         kind = "wrong_answer"
     else:

@@ -38,9 +38,10 @@ skipped). Each sample is then a fork of the driver that drops to the sandbox uid
 and namespaces, and only then runs the runner: it executes the reward file (the user's code
 runs in no other process) and calls the function. A fork's changes (module globals, a patched
 sympy, a crash, a kill of its group) die with it, so every sample is a first call. A sample
-costs a fork and a first call: bench/reward.py measured 0.18 s a sample with sympy and 0.71 s
-with math_verify (whose first call in a process imports more of sympy and builds its parser),
-against 2.6 and 2.4 s when each sample imported them itself. `trusted: true` and `sandbox:
+costs a fork, its isolation and a first call: bench/reward.py measured 90 ms a sample with
+sympy and 330 ms with math_verify (whose first call in a process imports more of sympy and
+builds its parser), against 1 and 10 ms in-process, and 2.6 and 2.4 s when each sample imported
+them itself (docs/evaluate.md says where the time goes). `trusted: true` and `sandbox:
 none` exec a fresh interpreter per sample, imports included.
 
 The file's content and `name` are part of the cell's scoring identity: editing the function
@@ -499,6 +500,9 @@ class RewardFunctionChecker(Checker):
             out = json.loads((sent or b"").decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             out = None
+        if result.memory_limit and not (isinstance(out, dict) and "value" in out):
+            why = "the function was killed at its memory limit"
+            return Verdict(False, "memory_limit", duration_s=duration, stderr_tail=why)
         if not isinstance(out, dict) or ("value" not in out and "error" not in out):
             why = _last_line(printed) or f"exited ({result.exit_code}) without a result"
             return _failed(why, duration)
@@ -546,7 +550,7 @@ class RewardFunctionChecker(Checker):
         """`runs`: the function returned a score (any: verl's gsm8k scores a bare ground truth
         0); `ground_truth`: the score reached `pass_threshold`."""
         if self.self_test == "runs":
-            return verdict.error_type not in ("reward_error", "timeout")
+            return verdict.error_type not in ("reward_error", "timeout", "memory_limit")
         return verdict.passed
 
     def self_test_words(self) -> tuple[str, str, str]:

@@ -1276,8 +1276,8 @@ def classify(
         return Verdict(True, None, compile_ok=True, stderr_tail="", hack=hack)
     if passed:
         return Verdict(False, "runtime_error", compile_ok=True, stderr_tail=refused, hack=hack)
-    if "memory allocation of" in stderr or "memory allocation of" in stdout:
-        kind = "memory_limit"
+    if result.memory_limit or "memory allocation of" in stderr or "memory allocation of" in stdout:
+        kind = "memory_limit"  # the kernel's kill at the command's limit, or a failed allocation
     elif re.search(
         r"assertion (`left == right` |`left != right` )?failed|assertion failed", stdout + stderr
     ):

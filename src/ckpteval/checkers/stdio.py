@@ -615,6 +615,8 @@ def _run_failure(result: RunResult, time_limit: float) -> str | None:
     if result.exit_code == 0:
         return None
     stderr = result.stderr[-4096:]
+    if result.memory_limit:  # the kernel killed a process of it at the command's memory limit
+        return "memory_limit"
     if b"MemoryError" in stderr or b"bad_alloc" in stderr or b"memory allocation of" in stderr:
         return "memory_limit"
     return "runtime_error"
