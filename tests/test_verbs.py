@@ -112,3 +112,32 @@ def test_a_redo_input_names_the_damage_and_never_exists_when_planned(tmp_path: P
     assert redo_path(root, damaged, fresh=False) == second
     os.utime(damaged, ns=(1, 1))
     assert redo_path(root, damaged).parent == root and redo_path(root, damaged) != first
+
+
+def test_the_plans_shared_read_of_a_score_cell_finds_the_same_damage(tmp_path: Path) -> None:
+    """Freshness.score_damaged (the redo input's check, sharing the rerun explanation's read of
+    the cell) says what damaged_json says of the same files, in every state, and touches none."""
+    from ckpteval.freshness import Freshness
+
+    metrics = tmp_path / "scores" / "r" / "step_1" / "arith" / "t0.7-s1.json"
+    samples = metrics.with_suffix(".jsonl")
+    metrics.parent.mkdir(parents=True)
+    states = [
+        lambda: None,  # nothing there
+        lambda: (metrics.write_text(json.dumps({"n": 3})), samples.write_text("{}\n")),
+        lambda: metrics.write_text('{"n": '),
+        lambda: metrics.write_text("[1]"),
+        lambda: metrics.write_text(""),
+        lambda: (metrics.write_text(json.dumps({"n": 3})), samples.unlink()),
+    ]
+    seen = []
+    for state in states:
+        state()
+        before = {p: p.read_bytes() for p in (metrics, samples) if p.exists()}
+        fresh = Freshness(SimpleNamespace(outdir=str(tmp_path)))  # one per parse
+        assert fresh.score_path("r", "step_1", "arith", "t0.7-s1") == metrics
+        found = fresh.score_damaged("r", "step_1", "arith", "t0.7-s1")
+        assert found == damaged_json(metrics, samples)
+        assert {p: p.read_bytes() for p in (metrics, samples) if p.exists()} == before
+        seen.append(found)
+    assert seen == [False, False, True, True, True, True]

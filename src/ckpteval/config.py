@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -212,10 +213,11 @@ class Plan:
         path = self.runs[run].path
         return text.replace(f"{path}{os.sep}", "") if path is not None else text
 
-    @property
+    @functools.cached_property
     def engine_groups(self) -> dict[str, tuple[str, ...]]:
         """Engine group -> its tasks; each group is one infer job per checkpoint. The default
-        group `""` (every task without `engine_group`) is the rule `infer`."""
+        group `""` (every task without `engine_group`) is the rule `infer`. Once per plan:
+        input functions ask per job."""
         groups: dict[str, list[str]] = {}
         for name in self.tasks:
             group = (self.config["tasks"][name] or {}).get("engine_group") or ""
@@ -228,13 +230,19 @@ class Plan:
     def checkpoint(self, run: str, ckpt: str) -> Checkpoint:
         """A checkpoint of the plan, or one whose source was deleted (its results stay)."""
         try:
-            return next(
-                c
-                for c in (*self.runs[run].checkpoints, *self.deleted.get(run, ()))
-                if c.name == ckpt
-            )
-        except (KeyError, StopIteration):
+            return self._checkpoints[(run, ckpt)]
+        except KeyError:
             raise UserError(f"no checkpoint {ckpt!r} in run {run!r}") from None
+
+    @functools.cached_property
+    def _checkpoints(self) -> dict[tuple[str, str], Checkpoint]:
+        """(run, name) -> checkpoint, built once: input functions ask per job, and a scan of
+        the run per job made planning quadratic in checkpoints. The first of a name wins."""
+        index: dict[tuple[str, str], Checkpoint] = {}
+        for name, run in self.runs.items():
+            for c in (*run.checkpoints, *self.deleted.get(name, ())):
+                index.setdefault((name, c.name), c)
+        return index
 
     def score_files(self) -> list[str]:
         """The evaluate step's cell metrics file of every cell, under `outdir`."""
@@ -244,22 +252,25 @@ class Plan:
         ]
 
     def cells(self) -> list[dict[str, Any]]:
-        """Every (run, ckpt, task, variant) the config asks for, in step order."""
-        out = []
-        for run in self.runs.values():
-            for ckpt in run.checkpoints:
-                for task, variants in self.task_variants.items():
-                    for variant in variants:
-                        out.append(
-                            {
-                                "run": run.name,
-                                "ckpt": ckpt.name,
-                                "step": ckpt.step,
-                                "task": task,
-                                "variant": variant,
-                            }
-                        )
-        return out
+        """Every (run, ckpt, task, variant) the config asks for, in step order (a new list of
+        new dicts per call: callers may change them)."""
+        return [dict(cell) for cell in self._cells]
+
+    @functools.cached_property
+    def _cells(self) -> tuple[dict[str, Any], ...]:
+        return tuple(
+            {
+                "run": run.name,
+                "ckpt": ckpt.name,
+                "step": ckpt.step,
+                "task": task,
+                "variant": variant,
+            }
+            for run in self.runs.values()
+            for ckpt in run.checkpoints
+            for task, variants in self.task_variants.items()
+            for variant in variants
+        )
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:

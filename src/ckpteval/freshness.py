@@ -85,6 +85,32 @@ class Freshness:
         return scoring_identity(self.plan, run, task, variant)
 
     @functools.cache  # noqa: B019
+    def _score(self, run: str, ckpt: str, task: str, variant: str) -> tuple[bool, Any]:
+        """(parses, its recorded scoring settings) of a score cell: read once per parse, however
+        many questions the plan asks of it (its rerun explanation, its redo input); only what
+        they need is kept, not the cell's metrics."""
+        cell = _read(self.score_path(run, ckpt, task, variant))
+        return cell is not None, None if cell is None else cell.get("scoring")
+
+    def score_damaged(self, run: str, ckpt: str, task: str, variant: str) -> bool:
+        """A score cell that is there but does not parse, or whose samples file is gone
+        (ckpteval.verbs.damaged_json, sharing this parse's read of it)."""
+        path = self.score_path(run, ckpt, task, variant)
+        try:
+            exists = path.exists()
+        except OSError:
+            return False
+        return exists and (
+            not self._score(run, ckpt, task, variant)[0] or not path.with_suffix(".jsonl").exists()
+        )
+
+    @functools.cache  # noqa: B019
+    def model_identity(self, run: str, ckpt: str) -> Identity:
+        """A checkpoint's model identity, once per parse (its consolidate job's param, and the
+        rerun explanation's comparison)."""
+        return model_identity(self.plan, run, ckpt)
+
+    @functools.cache  # noqa: B019
     def manifest(self, run: str, ckpt: str) -> dict[str, Any] | None:
         return _read(self.manifest_path(run, ckpt))
 
@@ -94,7 +120,7 @@ class Freshness:
         manifest = self.manifest(run, ckpt)
         if manifest is None:
             return "not built yet"
-        identity = model_identity(self.plan, run, ckpt)
+        identity = self.model_identity(run, ckpt)
         if manifest.get("identity") != identity.digest:
             changes = identity.changes(manifest.get("settings"))
             return "; ".join(changes) if changes else "built by an older ckpteval"
@@ -114,6 +140,9 @@ class Freshness:
         """(weights hash, model card identity) of the model as it is now."""
         manifest = self.manifest(run, ckpt) or {}
         return manifest.get("weights_sha256"), manifest.get("identity_sha256")
+
+    def score_path(self, run: str, ckpt: str, task: str, variant: str) -> Path:
+        return self.out / "scores" / run / ckpt / task / f"{variant}.json"
 
     def generation_paths(self, run: str, ckpt: str, task: str, variant: str) -> tuple[Path, Path]:
         base = self.out / "generations" / run / ckpt / task / variant
@@ -145,12 +174,11 @@ class Freshness:
 
     def score_change(self, run: str, ckpt: str, task: str, variant: str) -> str | None:
         """Why a cell that exists will be rescored for a changed setting, or None."""
-        path = self.out / "scores" / run / ckpt / task / f"{variant}.json"
-        cell = _read(path)
-        if cell is None:
+        parses, recorded = self._score(run, ckpt, task, variant)
+        if not parses:
             return None
         identity = self.scoring_identity(run, task, variant)
-        recorded = cell.get("scoring")  # the cell's provenance is merged into its top level
+        # `recorded`: the cell's `scoring` (its provenance is merged into its top level)
         if recorded is None or Identity(recorded).digest == identity.digest:
             return None
         return "; ".join(identity.changes(recorded))

@@ -79,7 +79,8 @@ class Verbs:
         return self.forceall or not self.rules.isdisjoint(names)
 
     def forces_file(self, *paths: str | os.PathLike[str]) -> bool:
-        return not self.files.isdisjoint(_norm(p) for p in paths)
+        # Nothing forced by file (the usual case): no path to normalize, asked once per cell.
+        return bool(self.files) and not self.files.isdisjoint(_norm(p) for p in paths)
 
 
 def _norm(path: str | os.PathLike[str]) -> str:

@@ -12,7 +12,6 @@ from ckpteval.chat_templates import missing_template_lines
 from ckpteval.checkpoints import sync_source_identity
 from ckpteval.config import build_plan, resolve_path, validate_config
 from ckpteval.contract import (
-    model_identity,
     publish_identity,
     summary_identity,
 )
@@ -115,7 +114,7 @@ def get_source_identity_file(wildcards):
 
 
 def get_model_identity(wildcards):
-    return model_identity(PLAN, wildcards.run, wildcards.ckpt).text
+    return FRESH.model_identity(wildcards.run, wildcards.ckpt).text
 
 
 def get_base_model(wildcards):
@@ -198,20 +197,28 @@ def get_generation_inputs(wildcards):
 
 
 @functools.cache
-def redo_file(path, *beside):
-    """The redo input of the job that makes `path`, if `path` is damaged (ckpteval.verbs), else
-    None: a missing input made by rule `redo`, a target of `all`, so Snakemake reruns that job
-    without the parse removing anything. A cluster job's own parse finds the one the main
-    process planned (and rule `redo` made)."""
-    if not damaged_json(Path(path), *map(Path, beside)):
-        return None
+def redo_input(path):
+    """The redo input of the job that makes `path`, a damaged file (ckpteval.verbs): a missing
+    input made by rule `redo`, a target of `all`, so Snakemake reruns that job without the parse
+    removing anything. A cluster job's own parse finds the one the main process planned (and
+    rule `redo` made)."""
     root = Path(OUT) / "staging" / "redo"
     return str(redo_path(root, Path(path), fresh=workflow.is_main_process))
 
 
+@functools.cache
+def redo_file(path, *beside):
+    """`path`'s redo input if it is damaged, else None."""
+    return redo_input(path) if damaged_json(Path(path), *map(Path, beside)) else None
+
+
+@functools.cache
 def score_redo(run, ckpt, task, variant):
-    base = f"{OUT}/scores/{run}/{ckpt}/{task}/{variant}"
-    return redo_file(f"{base}.json", f"{base}.jsonl")
+    """A score cell's redo input if it is damaged, else None (one read of the cell per parse,
+    shared with the rerun explanation: ckpteval.freshness)."""
+    if not FRESH.score_damaged(run, ckpt, task, variant):
+        return None
+    return redo_input(f"{OUT}/scores/{run}/{ckpt}/{task}/{variant}.json")
 
 
 def model_redo(run, ckpt):
@@ -233,8 +240,7 @@ def get_score_redo(wildcards):
 
 def get_redo_targets():
     """Every redo input of this invocation (a damaged score cell or model card): targets of
-    `all`. Reads each score cell once (the rerun explanation, ckpteval.freshness, reads it
-    again: sharing that read is left to do)."""
+    `all`. Reads each score cell once per parse, a read the rerun explanation shares."""
     found = [
         model_redo(run.name, c.name)
         for run in PLAN.runs.values()
@@ -246,12 +252,20 @@ def get_redo_targets():
 
 
 def get_evaluate_inputs(wildcards):
-    """A cell's generation file and model card."""
+    """A cell's generation file and model card, its checker's files, its redo input if its
+    score cell is damaged, and its task's problem file if it has one: one input function, not
+    four (Snakemake inspects each function's signature on every call, per cell)."""
     base = f"{wildcards.run}/{wildcards.ckpt}/{wildcards.task}/{wildcards.variant}"
-    return {
+    inputs = {
         "generations": f"{OUT}/generations/{base}.jsonl",
         "manifest": f"{OUT}/models/{wildcards.run}/{wildcards.ckpt}.json",
+        **get_checker_files(wildcards),
+        **get_score_redo(wildcards),
     }
+    problems = get_problems_file(wildcards)
+    if problems:
+        inputs["problems"] = problems
+    return inputs
 
 
 def get_generation_identity(wildcards):

@@ -8,9 +8,6 @@
 rule evaluate:
     input:
         unpack(get_evaluate_inputs),
-        unpack(get_checker_files),
-        unpack(get_score_redo),
-        problems=get_problems_file,
     output:
         samples=f"{OUT}/scores/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
         metrics=f"{OUT}/scores/{{run}}/{{ckpt}}/{{task}}/{{variant}}.json",
