@@ -127,7 +127,9 @@ def get_checkpoint_source(wildcards):
     if ckpt.deleted:
         return []
     if ckpt.url:  # on S3: only the objects consolidation reads, downloaded by Snakemake
-        return [ancient(storage.s3(f"{ckpt.url}/{o.rel}" if o.rel else ckpt.url)) for o in ckpt.objects]
+        return [
+            ancient(storage.s3(f"{ckpt.url}/{o.rel}" if o.rel else ckpt.url)) for o in ckpt.objects
+        ]
     return ancient(str(ckpt.path))
 
 
