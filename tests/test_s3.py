@@ -202,7 +202,7 @@ def test_consolidated_from_s3_once_and_a_moved_copy_reruns_nothing(
     _upload(s3_env, "e2e", "a/run/step_150", demo_dir / "run" / "step_150")
     cfg = _workflow_config(tmp_path, "s3://e2e/a/run")
     target = str(tmp_path / "results" / "models" / "s3run" / "step_150.json")
-    proc = run_snakemake(tmp_path, "--configfile", str(cfg), target, timeout=600)
+    proc = run_snakemake(tmp_path, target, "--configfile", str(cfg), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = load_config(target)  # JSON is YAML
     assert manifest["source_files"]["model.safetensors"]["etag"]
@@ -213,12 +213,12 @@ def test_consolidated_from_s3_once_and_a_moved_copy_reruns_nothing(
     _bucket(s3_env, "e2e-moved")
     _upload(s3_env, "e2e-moved", "b/c/run/step_150", demo_dir / "run" / "step_150")
     _workflow_config(tmp_path, "s3://e2e-moved/b/c/run")
-    dry = run_snakemake(tmp_path, "--configfile", str(cfg), "-n", target, timeout=300)
+    dry = run_snakemake(tmp_path, "-n", target, "--configfile", str(cfg), timeout=300)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
     # Other bytes under the same name: the consolidation is redone.
     _put(s3_env, "e2e-moved", "b/c/run/step_150/config.json", b'{"changed": 1}')
-    dry = run_snakemake(tmp_path, "--configfile", str(cfg), "-n", target, timeout=300)
+    dry = run_snakemake(tmp_path, "-n", target, "--configfile", str(cfg), timeout=300)
     assert "consolidate" in dry.stdout, dry.stdout[-3000:]
     # The secret is in the environment only: not in the config, a log, or what was printed.
     written = [p for p in tmp_path.rglob("*") if p.is_file() and ".snakemake/storage" not in str(p)]
