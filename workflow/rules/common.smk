@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ckpteval.chat_templates import missing_template_lines
-from ckpteval.checkpoints import sync_source_identity
+from ckpteval.checkpoints import sync_s3_identity, sync_source_identity
 from ckpteval.config import build_plan, resolve_path, validate_config
 from ckpteval.contract import (
     publish_identity,
@@ -56,13 +56,26 @@ if workflow.is_main_process:
             for _ckpt in _run.checkpoints:
                 _id_file = FRESH.source_id_path(_run.name, _ckpt.name)
                 _id_file.parent.mkdir(parents=True, exist_ok=True)
-                sync_source_identity(
-                    _ckpt.path, _id_file, FRESH.manifest_path(_run.name, _ckpt.name)
+                _sync = sync_s3_identity if _ckpt.url else sync_source_identity
+                _sync(
+                    _ckpt if _ckpt.url else _ckpt.path,
+                    _id_file,
+                    FRESH.manifest_path(_run.name, _ckpt.name),
                 )
     for _line in [*PLAN.broken_lines(), *missing_template_lines(PLAN)]:
         print(f"ckpteval: warning: {_line}", file=sys.stderr)
     for _line in FRESH.explain(ALL_PAIRS):
         print(f"ckpteval: rerun: {_line}", file=sys.stderr)
+# Checkpoints on S3 (runs.<name>.path: s3://...) are read through Snakemake's S3 storage plugin
+# (snakemake-storage-plugin-s3): the consolidate job's inputs are the objects it needs, which
+# Snakemake downloads under .snakemake/storage/s3/. Endpoint and credentials come from the
+# environment (SNAKEMAKE_STORAGE_S3_*, else boto3's AWS_* chain), never from the config.
+if any(c.url for r in PLAN.runs.values() for c in r.checkpoints):
+
+    storage s3:
+        provider="s3",
+
+
 VLLM_RUNS = PLAN.runs_with_backend("vllm")
 OPENAI_RUNS = PLAN.runs_with_backend("openai")
 REPLAY_RUNS = PLAN.runs_with_backend("replay")
@@ -101,7 +114,13 @@ def get_cell_files():
 
 def get_checkpoint_source(wildcards):
     ckpt = PLAN.checkpoint(wildcards.run, wildcards.ckpt)
-    return [] if ckpt.deleted else ancient(str(ckpt.path))
+    if ckpt.deleted:
+        return []
+    if ckpt.url:  # on S3: only the objects consolidation reads, downloaded by Snakemake
+        return [
+            ancient(storage.s3(f"{ckpt.url}/{o.rel}" if o.rel else ckpt.url)) for o in ckpt.objects
+        ]
+    return ancient(str(ckpt.path))
 
 
 def get_source_identity_file(wildcards):
