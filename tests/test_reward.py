@@ -885,6 +885,8 @@ class Sweep:
 
 
 STEPS = ("step_300", "step_600")
+#: What a changed reward function or setting of the gsm task plans: its self-test, then its cells.
+CHANGED = {"selftest": 1, "evaluate": 2, "aggregate": 1}
 
 
 @pytest.fixture(scope="module")
@@ -960,7 +962,7 @@ def test_editing_the_reward_function_rescores_and_moving_it_reruns_nothing(sweep
     original = sweep.reward.read_text()
     try:
         sweep.reward.write_text(original + "\n# a comment changes the file\n")
-        assert sweep.dry_run(sweep.config, "edited") == {"evaluate": 2, "aggregate": 1}
+        assert sweep.dry_run(sweep.config, "edited") == CHANGED
     finally:
         sweep.reward.write_text(original)
     moved = sweep.work / "elsewhere" / "my_reward.py"
@@ -970,7 +972,66 @@ def test_editing_the_reward_function_rescores_and_moving_it_reruns_nothing(sweep
     config["tasks"]["gsm"]["checker"]["reward_function"] = str(moved)
     assert sweep.dry_run(config, "moved") == {}
     config["tasks"]["gsm"]["checker"]["kwargs"] = {"bonus": 0.5}
-    assert sweep.dry_run(config, "kwargs") == {"evaluate": 2, "aggregate": 1}
+    assert sweep.dry_run(config, "kwargs") == CHANGED
+
+
+def score_files(sweep: Sweep) -> dict[str, tuple[bytes, int]]:
+    root = sweep.work / "results" / "scores"
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*.json*")}
+
+
+def status_of(sweep: Sweep, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """`ckpteval status` on the sweep's config, from its directory: (exit status, output)."""
+    import argparse
+
+    from ckpteval.status import run_status
+
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(sweep.work)
+        code = run_status(
+            argparse.Namespace(configfile=Path("config/config.yaml"), outdir=None, watch=None)
+        )
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_failing_self_test_costs_no_score_and_status_says_why(
+    sweep: Sweep, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The function breaks so that its self-test fails, while its cells must be rescored: the
+    self-test job fails alone, in one line naming the function, the rows and the setting; every
+    score file keeps its bytes and time, and `status` shows the task's cells blocked and why.
+    Fixed back, nothing is left to do; fixed otherwise, the self-test and the cells rerun."""
+    original = sweep.reward.read_text()
+    verdicts = sweep.work / "results" / "staging" / "selftest"
+    assert [p.name.split(".")[0] for p in verdicts.glob("*.json")] == ["gsm"]  # words: in-job
+    before = score_files(sweep)
+    try:
+        sweep.reward.write_text(
+            original + "\n\ndef half_score(*args, **kwargs):\n    raise ValueError('on purpose')\n"
+        )
+        assert sweep.dry_run(sweep.config, "broken") == CHANGED
+        proc = sweep.snakemake()
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-3000:]
+        assert "Error in rule selftest" in out and "Traceback" not in out, out[-3000:]
+        line = next(x for x in out.splitlines() if "self-test failed" in x)
+        for words in ("half_score", "reward.py", "self_test: runs", "on purpose", "100"):
+            assert words in line, line
+        assert score_files(sweep) == before, "a failed self-test cost a score file"
+        code, text = status_of(sweep, capsys)
+        assert code == 1
+        assert "BLOCKED" in text and "2 blocked" in text, text
+        blocked = [x for x in text.splitlines() if x.startswith("  demo/") and "/gsm/" in x]
+        assert len(blocked) == 2 and all("self-test failed" in x for x in blocked), text
+        assert all("scores kept from before" in x for x in blocked), text
+    finally:
+        sweep.reward.write_text(original)
+    assert sweep.dry_run(sweep.config, "fixed") == {}
+    code, text = status_of(sweep, capsys)
+    assert code == 0 and "blocked" not in text, text
+    assert score_files(sweep) == before
 
 
 @pytest.mark.slow
@@ -998,10 +1059,10 @@ def test_a_checker_of_ones_own_is_rescored_when_a_setting_it_reads_changes(sweep
 
     config = copy.deepcopy(sweep.config)
     config["evaluate"]["sandbox"] = "none"  # the word checker does not read it: gsm only
-    assert sweep.dry_run(config, "sandbox") == {"evaluate": 2, "aggregate": 1}
+    assert sweep.dry_run(config, "sandbox") == CHANGED
     config = copy.deepcopy(sweep.config)
-    config["evaluate"]["timeout"] = 7  # both read it
-    assert sweep.dry_run(config, "timeout") == {"evaluate": 4, "aggregate": 1}
+    config["evaluate"]["timeout"] = 7  # both read it (the word checker self-tests in its jobs)
+    assert sweep.dry_run(config, "timeout") == {"selftest": 1, "evaluate": 4, "aggregate": 1}
     before = {s: sweep.cell(s, "words")[0]["scoring"]["evaluate.timeout"] for s in STEPS}
     assert before == {s: 10 for s in STEPS}
     path = sweep.work / "timeout.yaml"

@@ -70,7 +70,7 @@ class ScoringJob:
             max_generated_tests=s.get(f"tasks.{task}.max_generated_tests"),
             timeout=_float(s.get("evaluate.timeout")),
             timeout_factor=_float(s.get("evaluate.timeout_factor")),
-            ks=[int(k) for k in s["evaluate.ks"]],
+            ks=[int(k) for k in s.get("evaluate.ks", ())],  # a self-test's has none
             checker_options=_checker_options(s),
             task_checker={
                 key[len(prefix) :]: value
