@@ -1054,6 +1054,58 @@ def test_verls_block_pasted_and_every_default_written_out_plan_nothing(sweep: Sw
 
 
 @pytest.mark.slow
+def test_the_trainers_logged_curve_is_put_beside_the_reward_by_step(sweep: Sweep) -> None:
+    """The run's TensorBoard event files, as verl's Tracking writes them (torch's SummaryWriter),
+    under the metric name verl gives the data source's validation reward: the summary puts each
+    checkpoint's value beside the trainer's at its step, flags the step where the trainer's lies
+    outside ckpteval's interval while the settings match, and none when they differ; adding the
+    logs reruns only the aggregate step. The sweep's summary is rebuilt as it was afterwards."""
+    import copy
+
+    import pandas as pd
+
+    tensorboard = pytest.importorskip("torch.utils.tensorboard")
+    metric = "val-core/openai/gsm8k/reward/mean@1"
+    ours = {int(s.split("_")[1]): sweep.cell(s, "gsm")[0]["metrics"][metric] for s in STEPS}
+    logs = sweep.work / "tensorboard_log" / "proj" / "exp"
+    writer = tensorboard.SummaryWriter(str(logs))
+    writer.add_scalar(metric, 0.25, 100)  # a step without a checkpoint: left out
+    writer.add_scalar(metric, ours[300]["value"], 300)  # agrees
+    writer.add_scalar(metric, -5.0, 600)  # outside any interval of a [0, 1] reward
+    writer.close()
+    summary = sweep.work / "results" / "summary"
+    config = copy.deepcopy(sweep.config)
+    try:
+        for val_kwargs, settings, flagged in (
+            ({"n": 1, "do_sample": False}, "match", {300: False, 600: True}),
+            (
+                {"n": 4, "temperature": 1.0},
+                "n: trainer 4, ckpteval 1; temperature: trainer 1.0,",
+                {},
+            ),
+        ):
+            config["runs"]["demo"]["train_logs"] = {
+                "path": str(logs.parent.parent),
+                "val_kwargs": val_kwargs,
+                "response_length": 16,
+            }
+            assert sweep.dry_run(config, "train-logs") == {"aggregate": 1}
+            proc = sweep.snakemake("--configfile", str(sweep.work / "train-logs.yaml"))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            table = pd.read_csv(summary / "training_curve.csv")
+            assert sorted(table["step"]) == [300, 600] and set(table["task"]) == {"gsm"}
+            assert all(s.startswith(settings) for s in table["settings"]), table["settings"]
+            by_step = dict(zip(table["step"], table["flagged"]))
+            assert by_step == (flagged or {300: False, 600: False})
+            assert (summary / "plots" / "training-demo-gsm.png").stat().st_size > 0
+    finally:
+        proc = sweep.snakemake()
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (summary / "training_curve.csv").exists()
+    assert not (summary / "plots" / "training-demo-gsm.png").exists()
+
+
+@pytest.mark.slow
 def test_a_checker_of_ones_own_is_rescored_when_a_setting_it_reads_changes(sweep: Sweep) -> None:
     import copy
 

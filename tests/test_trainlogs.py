@@ -104,3 +104,42 @@ def test_steps_outside_the_interval_are_flagged_only_when_settings_match() -> No
     points = compare_curves(trainer, ours, settings_match=True)
     assert [(p.step, p.flagged) for p in points] == [(0, False), (5, True), (10, False)]
     assert not any(p.flagged for p in compare_curves(trainer, ours, settings_match=False))
+
+
+def test_a_summary_puts_each_logged_metric_beside_the_cells_by_step(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from ckpteval.aggregate.training import training_table
+    from ckpteval.contract import summary_identity
+    from ckpteval.jobs import SummaryJob
+
+    log = tmp_path / "exp.jsonl"
+    lines = [{"step": s, "data": {METRIC: v}} for s, v in ((10, 0.5), (20, 0.9), (30, 0.1))]
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    tidy = pd.DataFrame(
+        [
+            {"run": "r", "step": s, "task": "gsm", "variant": "greedy-s42", "metric": m, "value": v}
+            | {"stderr": 0.05}
+            for s, v in ((10, 0.52), (20, 0.5))
+            for m in (METRIC, "reward_mean")
+        ]
+    )
+    config = {
+        "aggregate": {"title": "t", "bootstrap": 10},
+        "runs": {"r": {"train_logs": {"path": str(log), "val_kwargs": {"n": 1}}}},
+    }
+    job = SummaryJob.decode(summary_identity(config).text)  # as the aggregate job gets it
+    assert job.train_logs == {"r": {"path": str(log), "val_kwargs": {"n": 1}}}
+    sampling = {"greedy": {"temperature": 0.0}}
+    table = training_table(tidy, job.train_logs, sampling)
+    assert table[["step", "trainer", "ckpteval", "settings", "flagged"]].to_dict("records") == [
+        {"step": 10, "trainer": 0.5, "ckpteval": 0.52, "settings": "match", "flagged": False},
+        {"step": 20, "trainer": 0.9, "ckpteval": 0.5, "settings": "match", "flagged": True},
+    ]
+    other = training_table(tidy, {"r": {"path": str(log), "val_kwargs": {"n": 4}}}, sampling)
+    assert set(other["settings"]) == {"n: trainer 4, ckpteval 1"}
+    assert not other["flagged"].any()
+    renamed = {"path": str(log), "metrics": {"reward_mean": METRIC}}  # another name of ours
+    both = training_table(tidy, {"r": renamed}, sampling)
+    assert sorted(set(both["metric"])) == sorted({METRIC, "reward_mean"})
+    assert set(both["settings"]) == {"not given"} and not both["flagged"].any()

@@ -649,6 +649,10 @@ def aggregate(smk: Any) -> None:
         finals=list(getattr(smk.params, "finals", ())),
         truncation_threshold=job.truncation_threshold,
         main_metric=job.main_metric,
+        train_logs=job.train_logs,
+        # the sampling configs by name, to compare with the trainer's validation settings: a
+        # changed one regenerates its cells, which rebuilds the summary anyway
+        sampling=dict(smk.config.get("sampling") or {}),
     )
 
 
