@@ -923,7 +923,7 @@ def self_test_report(
         if failed:
             shown = "; ".join(
                 f"{job.task_id}: {v.error_type or 'score ' + repr(v.score)}: "
-                f"{v.stderr_tail.strip()[-300:]}".rstrip(": ")
+                f"{' '.join(v.stderr_tail.split())[-300:]}".rstrip(": ")  # one line
                 for job, v in failed[:3]
             )
             parts.append(
