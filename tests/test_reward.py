@@ -980,25 +980,20 @@ def score_files(sweep: Sweep) -> dict[str, tuple[bytes, int]]:
     return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*.json*")}
 
 
-def status_of(sweep: Sweep, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """`ckpteval status` on the sweep's config, from its directory: (exit status, output)."""
-    import argparse
-
-    from ckpteval.status import run_status
-
-    capsys.readouterr()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(sweep.work)
-        code = run_status(
-            argparse.Namespace(configfile=Path("config/config.yaml"), outdir=None, watch=None)
-        )
-    return code, capsys.readouterr().out
+def status_of(sweep: Sweep) -> tuple[int, str]:
+    """`ckpteval status` on the sweep's config, from its directory, in a process of its own (the
+    sweep's checker plugin is found through CKPTEVAL_CHECKERS there): (exit status, output)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpteval.cli", "status", "--configfile", "config/config.yaml"],
+        cwd=sweep.work,
+        capture_output=True,
+        text=True,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
-def test_a_failing_self_test_costs_no_score_and_status_says_why(
-    sweep: Sweep, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_failing_self_test_costs_no_score_and_status_says_why(sweep: Sweep) -> None:
     """The function breaks so that its self-test fails, while its cells must be rescored: the
     self-test job fails alone, in one line naming the function, the rows and the setting; every
     score file keeps its bytes and time, and `status` shows the task's cells blocked and why.
@@ -1022,7 +1017,7 @@ def test_a_failing_self_test_costs_no_score_and_status_says_why(
         for words in ("half_score", "reward.py", "self_test: runs", "on purpose", "100"):
             assert words in line, line
         assert score_files(sweep) == before, "a failed self-test cost a score file"
-        code, text = status_of(sweep, capsys)
+        code, text = status_of(sweep)
         assert code == 1
         assert "BLOCKED" in text and "2 blocked" in text, text
         blocked = [x for x in text.splitlines() if x.startswith("  demo/") and "/gsm/" in x]
@@ -1031,7 +1026,7 @@ def test_a_failing_self_test_costs_no_score_and_status_says_why(
     finally:
         sweep.reward.write_text(original)
     assert sweep.dry_run(sweep.config, "fixed") == {}
-    code, text = status_of(sweep, capsys)
+    code, text = status_of(sweep)
     assert code == 0 and "blocked" not in text, text
     assert score_files(sweep) == before
 
