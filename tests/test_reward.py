@@ -885,6 +885,8 @@ class Sweep:
 
 
 STEPS = ("step_300", "step_600")
+#: What a changed reward function or setting of the gsm task plans: its self-test, then its cells.
+CHANGED = {"selftest": 1, "evaluate": 2, "aggregate": 1}
 
 
 @pytest.fixture(scope="module")
@@ -960,7 +962,7 @@ def test_editing_the_reward_function_rescores_and_moving_it_reruns_nothing(sweep
     original = sweep.reward.read_text()
     try:
         sweep.reward.write_text(original + "\n# a comment changes the file\n")
-        assert sweep.dry_run(sweep.config, "edited") == {"evaluate": 2, "aggregate": 1}
+        assert sweep.dry_run(sweep.config, "edited") == CHANGED
     finally:
         sweep.reward.write_text(original)
     moved = sweep.work / "elsewhere" / "my_reward.py"
@@ -970,7 +972,63 @@ def test_editing_the_reward_function_rescores_and_moving_it_reruns_nothing(sweep
     config["tasks"]["gsm"]["checker"]["reward_function"] = str(moved)
     assert sweep.dry_run(config, "moved") == {}
     config["tasks"]["gsm"]["checker"]["kwargs"] = {"bonus": 0.5}
-    assert sweep.dry_run(config, "kwargs") == {"evaluate": 2, "aggregate": 1}
+    assert sweep.dry_run(config, "kwargs") == CHANGED
+
+
+def score_files(sweep: Sweep) -> dict[str, tuple[bytes, int]]:
+    root = sweep.work / "results" / "scores"
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*.json*")}
+
+
+def status_of(sweep: Sweep) -> tuple[int, str]:
+    """`ckpteval status` on the sweep's config, from its directory, in a process of its own (the
+    sweep's checker plugin is found through CKPTEVAL_CHECKERS there): (exit status, output)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpteval.cli", "status", "--configfile", "config/config.yaml"],
+        cwd=sweep.work,
+        capture_output=True,
+        text=True,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_failing_self_test_costs_no_score_and_status_says_why(sweep: Sweep) -> None:
+    """The function breaks so that its self-test fails, while its cells must be rescored: the
+    self-test job fails alone, in one line naming the function, the rows and the setting; every
+    score file keeps its bytes and time, and `status` shows the task's cells blocked and why.
+    Fixed back, nothing is left to do; fixed otherwise, the self-test and the cells rerun."""
+    original = sweep.reward.read_text()
+    verdicts = sweep.work / "results" / "staging" / "selftest"
+    assert [p.name.split(".")[0] for p in verdicts.glob("*.json")] == ["gsm"]  # words: in-job
+    before = score_files(sweep)
+    try:
+        sweep.reward.write_text(
+            original + "\n\ndef half_score(*args, **kwargs):\n    raise ValueError('on purpose')\n"
+        )
+        assert sweep.dry_run(sweep.config, "broken") == CHANGED
+        proc = sweep.snakemake()
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-3000:]
+        assert "Error in rule selftest" in out, out[-3000:]
+        assert "ckpteval/steps.py" not in out, out[-3000:]  # no traceback of ours
+        # one line, whatever the function's own traceback (its tail is in the line)
+        line = next(x for x in out.splitlines() if x.startswith("ckpteval: error: reward"))
+        for words in ("half_score", "reward.py", "self_test: runs", "on purpose", "100"):
+            assert words in line, line
+        assert score_files(sweep) == before, "a failed self-test cost a score file"
+        code, text = status_of(sweep)
+        assert code == 1
+        assert "BLOCKED" in text and "2 blocked" in text, text
+        blocked = [x for x in text.splitlines() if x.startswith("  demo/") and "/gsm/" in x]
+        assert len(blocked) == 2 and all("self-test failed" in x for x in blocked), text
+        assert all("scores kept from before" in x for x in blocked), text
+    finally:
+        sweep.reward.write_text(original)
+    assert sweep.dry_run(sweep.config, "fixed") == {}
+    code, text = status_of(sweep)
+    assert code == 0 and "blocked" not in text, text
+    assert score_files(sweep) == before
 
 
 @pytest.mark.slow
@@ -993,15 +1051,67 @@ def test_verls_block_pasted_and_every_default_written_out_plan_nothing(sweep: Sw
 
 
 @pytest.mark.slow
+def test_the_trainers_logged_curve_is_put_beside_the_reward_by_step(sweep: Sweep) -> None:
+    """The run's TensorBoard event files, as verl's Tracking writes them (torch's SummaryWriter),
+    under the metric name verl gives the data source's validation reward: the summary puts each
+    checkpoint's value beside the trainer's at its step, flags the step where the trainer's lies
+    outside ckpteval's interval while the settings match, and none when they differ; adding the
+    logs reruns only the aggregate step. The sweep's summary is rebuilt as it was afterwards."""
+    import copy
+
+    import pandas as pd
+
+    tensorboard = pytest.importorskip("torch.utils.tensorboard")
+    metric = "val-core/openai/gsm8k/reward/mean@1"
+    ours = {int(s.split("_")[1]): sweep.cell(s, "gsm")[0]["metrics"][metric] for s in STEPS}
+    logs = sweep.work / "tensorboard_log" / "proj" / "exp"
+    writer = tensorboard.SummaryWriter(str(logs))
+    writer.add_scalar(metric, 0.25, 100)  # a step without a checkpoint: left out
+    writer.add_scalar(metric, ours[300]["value"], 300)  # agrees
+    writer.add_scalar(metric, -5.0, 600)  # outside any interval of a [0, 1] reward
+    writer.close()
+    summary = sweep.work / "results" / "summary"
+    config = copy.deepcopy(sweep.config)
+    try:
+        for val_kwargs, settings, flagged in (
+            ({"n": 1, "do_sample": False}, "match", {300: False, 600: True}),
+            (
+                {"n": 4, "temperature": 1.0},
+                "n: trainer 4, ckpteval 1; temperature: trainer 1.0,",
+                {},
+            ),
+        ):
+            config["runs"]["demo"]["train_logs"] = {
+                "path": str(logs.parent.parent),
+                "val_kwargs": val_kwargs,
+                "response_length": 16,
+            }
+            assert sweep.dry_run(config, "train-logs") == {"aggregate": 1}
+            proc = sweep.snakemake("--configfile", str(sweep.work / "train-logs.yaml"))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            table = pd.read_csv(summary / "training_curve.csv")
+            assert sorted(table["step"]) == [300, 600] and set(table["task"]) == {"gsm"}
+            assert all(s.startswith(settings) for s in table["settings"]), table["settings"]
+            by_step = dict(zip(table["step"], table["flagged"]))
+            assert by_step == (flagged or {300: False, 600: False})
+            assert (summary / "plots" / "training-demo-gsm.png").stat().st_size > 0
+    finally:
+        proc = sweep.snakemake()
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (summary / "training_curve.csv").exists()
+    assert not (summary / "plots" / "training-demo-gsm.png").exists()
+
+
+@pytest.mark.slow
 def test_a_checker_of_ones_own_is_rescored_when_a_setting_it_reads_changes(sweep: Sweep) -> None:
     import copy
 
     config = copy.deepcopy(sweep.config)
     config["evaluate"]["sandbox"] = "none"  # the word checker does not read it: gsm only
-    assert sweep.dry_run(config, "sandbox") == {"evaluate": 2, "aggregate": 1}
+    assert sweep.dry_run(config, "sandbox") == CHANGED
     config = copy.deepcopy(sweep.config)
-    config["evaluate"]["timeout"] = 7  # both read it
-    assert sweep.dry_run(config, "timeout") == {"evaluate": 4, "aggregate": 1}
+    config["evaluate"]["timeout"] = 7  # both read it (the word checker self-tests in its jobs)
+    assert sweep.dry_run(config, "timeout") == {"selftest": 1, "evaluate": 4, "aggregate": 1}
     before = {s: sweep.cell(s, "words")[0]["scoring"]["evaluate.timeout"] for s in STEPS}
     assert before == {s: 10 for s in STEPS}
     path = sweep.work / "timeout.yaml"

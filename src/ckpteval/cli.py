@@ -78,6 +78,10 @@ def _run_aggregate(args: argparse.Namespace) -> int:
         bootstrap=int(config["aggregate"]["bootstrap"]),
         truncation_threshold=config["aggregate"].get("truncation_threshold"),
         main_metric=chosen_main_metrics(config),
+        train_logs={
+            name: run["train_logs"] for name, run in config["runs"].items() if run.get("train_logs")
+        },
+        sampling=config.get("sampling") or {},
     )
     present = sum(p.exists() for p in cells)
     print(

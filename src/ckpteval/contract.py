@@ -97,6 +97,18 @@ CONTRACT: tuple[Row, ...] = (
         "what a replay run replays (by content: its model card names the files' hash)",
     ),
     Row("runs.*.step", PLAN, "the step a weightless run's checkpoint is named after"),
+    Row("runs.*.train_logs", NONE, "the train_logs section as a whole (its keys below decide)"),
+    Row("runs.*.train_logs.path", SUMMARY, "where the trainer's logs are"),
+    Row(
+        "runs.*.train_logs.val_kwargs", NONE, "the val_kwargs section as a whole (its keys decide)"
+    ),
+    Row("runs.*.train_logs.val_kwargs.n", SUMMARY, "the trainer's validation settings"),
+    Row("runs.*.train_logs.val_kwargs.temperature", SUMMARY, "the trainer's validation settings"),
+    Row("runs.*.train_logs.val_kwargs.top_p", SUMMARY, "the trainer's validation settings"),
+    Row("runs.*.train_logs.val_kwargs.top_k", SUMMARY, "the trainer's validation settings"),
+    Row("runs.*.train_logs.val_kwargs.do_sample", SUMMARY, "the trainer's validation settings"),
+    Row("runs.*.train_logs.response_length", SUMMARY, "the trainer's validation settings"),
+    Row("runs.*.train_logs.metrics", SUMMARY, "which trainer metric is which of ckpteval's"),
     Row(
         "reasoning",
         GENERATIONS,
@@ -543,6 +555,8 @@ def summary_identity(config: Mapping[str, Any]) -> Identity:
         keys = [row.key]
         if row.key.startswith("tasks.*."):
             keys = [row.key.replace("*", task, 1) for task in config.get("tasks") or {}]
+        elif row.key.startswith("runs.*."):
+            keys = [row.key.replace("*", run, 1) for run in config.get("runs") or {}]
         settings.update({key: lookup(config, key) for key in keys})
     return Identity(_set(settings))
 

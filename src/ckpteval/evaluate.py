@@ -170,8 +170,14 @@ def score_samples(
     provenance: Mapping[str, Any] | None = None,
     input_errors: list[str] | None = None,
     chunk_size: int = CHUNK_SIZE,
+    passed_self_test: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Self-test `checker`, score `samples` against `problems`, write both files; return the cell.
+
+    `passed_self_test`, when given, is the verdict of a self-test already passed with these settings
+    (`{"self_test": report, "run_s": {task_id: reference run seconds}}`, what the workflow's
+    self-test job records: ckpteval.selftest): the checker is not self-tested again, and the
+    timeouts are calibrated from the recorded run times.
 
     `samples` is consumed lazily, once: a reader such as `read_samples` may keep appending its
     malformed lines to `input_errors` meanwhile; they all end up in the cell. Malformed samples
@@ -213,6 +219,7 @@ def score_samples(
             timeout=timeout,
             timeout_factor=timeout_factor,
             chunk_size=chunk_size,
+            passed=passed_self_test,
         )
     finally:
         impl.close()
@@ -248,11 +255,13 @@ def _score_into(
     timeout: float | None,
     timeout_factor: float,
     chunk_size: int,
+    passed: Mapping[str, Any] | None,
 ) -> tuple[_CellTotals, dict[str, Any], Timeouts, _Progress]:
     """`score_samples`' work between building the checker and writing the cell: validate the
-    problems, self-test, write the score lines; the samples' input errors are appended to the
-    second of `error_lists` (the reader's are the first). The verdicts' progress file is
-    returned for the caller to discard once the cell is written."""
+    problems, self-test (unless `passed` is the verdict of one already passed), write the score
+    lines; the samples' input errors are appended to the second of `error_lists` (the reader's
+    are the first). The verdicts' progress file is returned for the caller to discard once the
+    cell is written."""
     read_errors, invalid = error_lists
     for task_id, problem in problems.items():
         impl.validate_problem(task_id, problem)
@@ -274,13 +283,17 @@ def _score_into(
             "timeout_factor": timeout_factor,
         },
     )
-    try:
-        self_test, timeouts = run_self_test(
-            impl, problems, workers=workers, timeout=timeout, timeout_factor=timeout_factor
-        )
-    except SelfTestError:
-        progress.discard()  # verdicts of a checker that failed its self-test are worthless
-        raise
+    if passed is not None:  # the self-test job's verdict (ckpteval.selftest): no second run
+        self_test = dict(passed["self_test"])
+        timeouts = timeouts_from(impl, problems, timeout, timeout_factor, passed["run_s"])
+    else:
+        try:
+            self_test, timeouts, _ = run_self_test(
+                impl, problems, workers=workers, timeout=timeout, timeout_factor=timeout_factor
+            )
+        except SelfTestError:
+            progress.discard()  # verdicts of a checker that failed its self-test are worthless
+            raise
     rewards = getattr(impl, "scores_rewards", False)
     totals = _CellTotals(
         impl.compiles,
@@ -820,10 +833,27 @@ def calibrate_timeouts(
     solution)`, from the references' verdicts (`Verdict.run_s`). Problems without a measured
     reference keep the configured timeout (`Checker.run_timeout`), and so do problems that set
     their own time limit (`Checker.own_time_limit`: too slow for it is a wrong answer)."""
+    return timeouts_from(checker, problems, timeout, factor, reference_run_s(references, verdicts))
+
+
+def reference_run_s(references: Sequence[Job], verdicts: Sequence[Verdict]) -> dict[str, float]:
+    """The slowest run of each problem's reference solution (`Verdict.run_s`), by task_id: what
+    a self-test measured, which a self-test job records for the evaluate jobs it gates."""
     measured: dict[str, float] = {}
     for job, verdict in zip(references, verdicts):
         if verdict.run_s is not None:
             measured[job.task_id] = max(verdict.run_s, measured.get(job.task_id, 0.0))
+    return measured
+
+
+def timeouts_from(
+    checker: Checker,
+    problems: Mapping[str, Mapping[str, Any]],
+    timeout: float | None,
+    factor: float,
+    measured: Mapping[str, float],
+) -> Timeouts:
+    """`calibrate_timeouts` from the references' run times already measured (`reference_run_s`)."""
     limits: dict[str, float] = {}
     effective: list[float] = []
     for task_id, problem in problems.items():
@@ -849,9 +879,10 @@ def run_self_test(
     workers: int,
     timeout: float | None,
     timeout_factor: float = DEFAULT_TIMEOUT_FACTOR,
-) -> tuple[dict[str, Any], Timeouts]:
+) -> tuple[dict[str, Any], Timeouts, dict[str, float]]:
     """Reference solutions must pass and known-wrong samples must fail, or `SelfTestError`;
-    returns the report and the timeouts calibrated from the references' run times.
+    returns the report, the timeouts calibrated from the references' run times and those run
+    times (`reference_run_s`: what a self-test job records for the evaluate jobs it gates).
 
     References run with `max(1, timeout_factor)` times the configured timeout, so that a
     reference slower than the configured timeout on a busy machine is measured, not failed;
@@ -870,9 +901,8 @@ def run_self_test(
     off = getattr(checker, "self_test_off", None)
     if off:
         report["off"] = off
-    return report, calibrate_timeouts(
-        checker, problems, timeout, timeout_factor, references, verdicts[: len(references)]
-    )
+    measured = reference_run_s(references, verdicts[: len(references)])
+    return report, timeouts_from(checker, problems, timeout, timeout_factor, measured), measured
 
 
 def self_test_report(
@@ -893,7 +923,7 @@ def self_test_report(
         if failed:
             shown = "; ".join(
                 f"{job.task_id}: {v.error_type or 'score ' + repr(v.score)}: "
-                f"{v.stderr_tail.strip()[-300:]}".rstrip(": ")
+                f"{' '.join(v.stderr_tail.split())[-300:]}".rstrip(": ")  # one line
                 for job, v in failed[:3]
             )
             parts.append(

@@ -70,7 +70,7 @@ class ScoringJob:
             max_generated_tests=s.get(f"tasks.{task}.max_generated_tests"),
             timeout=_float(s.get("evaluate.timeout")),
             timeout_factor=_float(s.get("evaluate.timeout_factor")),
-            ks=[int(k) for k in s["evaluate.ks"]],
+            ks=[int(k) for k in s.get("evaluate.ks", ())],  # a self-test's has none
             checker_options=_checker_options(s),
             task_checker={
                 key[len(prefix) :]: value
@@ -151,6 +151,8 @@ class SummaryJob:
     truncation_threshold: float | None
     #: task -> the main metric its config chooses (`tasks.<task>.main_metric`)
     main_metric: dict[str, str] = field(hash=False, default_factory=dict)
+    #: run -> its `train_logs` setting (`path`, `val_kwargs`, `response_length`, `metrics`)
+    train_logs: dict[str, dict[str, Any]] = field(hash=False, default_factory=dict)
 
     @classmethod
     def decode(cls, text: str) -> SummaryJob:
@@ -162,7 +164,23 @@ class SummaryJob:
             bootstrap=int(s["aggregate.bootstrap"]),
             truncation_threshold=_float(s.get("aggregate.truncation_threshold")),
             main_metric=chosen_main_metrics(s),
+            train_logs=_train_logs(s),
         )
+
+
+def _train_logs(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """run -> `runs.<run>.train_logs`, rebuilt from an identity's flat keys."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in settings.items():
+        run, marker, rest = key.removeprefix("runs.").partition(".train_logs.")
+        if not key.startswith("runs.") or not marker:
+            continue
+        node = out.setdefault(run, {})
+        *parents, leaf = rest.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
 
 
 def chosen_main_metrics(settings: Mapping[str, Any]) -> dict[str, str]:

@@ -17,6 +17,9 @@ Snakemake runs (locally or under Slurm), after it stopped, and from another shel
     exception (`SomeError: ...`, `KeyboardInterrupt`), an `error:`/`fatal:` line (also Slurm's
     `slurmstepd: error: ... CANCELLED ...`) or `Killed`;
   - Snakemake's incomplete marker is there but no Snakemake holds the lock: the job was interrupted.
+- **blocked**: its task's self-test (ckpteval.selftest) failed for the current configuration and
+  has not passed since: the cell cannot be (re)scored, and its detail gives the self-test's line
+  (and the score file kept from before, if there is one). Checked before everything else.
 - **missing**: none of the above (not started, or waiting for an upstream job).
 
 Which files *concern* a cell: an output or log path whose parts after the step or rule directory
@@ -41,7 +44,7 @@ import re
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +52,7 @@ import pandas as pd
 
 from ckpteval.errors import UserError
 
-STATES = ("done", "running", "failed", "missing")
+STATES = ("done", "running", "failed", "blocked", "missing")
 CELL_COLUMNS = ["run", "ckpt", "step", "task", "variant", "state", "detail", "errors"]
 STALE_AFTER_S = 600.0
 STEP_DIRS = ("models", "generations", "scores")
@@ -139,8 +142,10 @@ def cell_states(
     workdir: Path | None = None,
     logdir: Path | None = None,
     now: float | None = None,
+    blocked: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
-    """One row per expected cell: run, ckpt, step, task, variant, state, detail (why)."""
+    """One row per expected cell: run, ckpt, step, task, variant, state, detail (why).
+    `blocked` maps a task whose self-test failed to its line (`ckpteval.selftest.blocked_tasks`)."""
     outdir = Path(outdir).resolve()
     workdir = Path(workdir).resolve() if workdir else outdir.parent
     logdir = Path(logdir).resolve() if logdir else outdir.parent / "logs"
@@ -153,6 +158,9 @@ def cell_states(
         except KeyError as exc:
             raise ValueError(f"expected cell {cell!r} lacks {exc}") from None
         state, detail = evidence.state(outdir, key)
+        if blocked and key[2] in blocked:
+            kept = f"; scores kept from before: {detail}" if state == "done" else ""
+            state, detail = "blocked", blocked[key[2]] + kept
         errors = _errored_samples(Path(detail)) if state == "done" else None
         if errors:
             detail += f": the reward function gave no score for {errors[0]} of {errors[1]} samples"
@@ -193,13 +201,14 @@ def status_matrix(
     logdir: Path | None = None,
 ) -> pd.DataFrame:
     """Checkpoint x task: rows indexed by (run, ckpt) in the order given, a column per task, each
-    entry the state of its variants taken together (failed > running > missing > done)."""
+    entry the state of its variants taken together (failed > blocked > running > missing >
+    done)."""
     return matrix_from_cells(cell_states(outdir, expected, workdir=workdir, logdir=logdir))
 
 
 def matrix_from_cells(cells: pd.DataFrame) -> pd.DataFrame:
     """Fold variants into one state per (run, ckpt, task); see `status_matrix`."""
-    rank = {"failed": 0, "running": 1, "missing": 2, "done": 3}
+    rank = {"failed": 0, "blocked": 1, "running": 2, "missing": 3, "done": 4}
     worst = (
         cells.assign(rank=cells["state"].map(rank))
         .groupby(["run", "ckpt", "task"], sort=False)["rank"]
@@ -240,15 +249,17 @@ def format_status(cells: pd.DataFrame, *, max_failed: int = 20) -> str:
         entries = []
         for task, state in states.items():
             n_done, n = done_of[(run, ckpt, task)]
-            text = state.upper() if state == "failed" else state
+            text = state.upper() if state in ("failed", "blocked") else state
             text += "*" if flagged_of.get((run, ckpt, task)) else ""
             entries.append(text if n_done in (0, n) else f"{text} {n_done}/{n}")
         body.append([label, *entries])
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *body]]
     counts = cells["state"].value_counts()
-    lines += ["", ", ".join(f"{counts.get(s, 0)} {s}" for s in STATES) + f" ({len(cells)} cells)"]
+    shown = [s for s in STATES if s != "blocked" or counts.get(s)]  # blocked: rare, said if any
+    lines += ["", ", ".join(f"{counts.get(s, 0)} {s}" for s in shown) + f" ({len(cells)} cells)"]
     lines += _listed(cells[cells["state"] == "failed"], "failed:", max_failed)
+    lines += _listed(cells[cells["state"] == "blocked"], "blocked:", max_failed)
     heading = "* done, with errored samples (counted in n, never left out of a mean):"
     lines += _listed(cells[errors], heading, max_failed)
     return "\n".join(lines)
@@ -480,28 +491,36 @@ def add_status_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    """Print the matrix; exit status 1 if any cell failed, else 0."""
-    expected, outdir, broken, waiting = _expected_cells(args.configfile)
+    """Print the matrix; exit status 1 if any cell failed or is blocked, else 0."""
+    expected, outdir, broken, waiting, plan = _expected_cells(args.configfile)
     outdir = args.outdir or outdir
     while True:
-        cells = cell_states(outdir, expected)
+        cells = cell_states(outdir, expected, blocked=_blocked(plan, outdir))
         text = format_status(cells) + "".join(f"\nwarning: {line}" for line in broken)
         text += "".join(f"\n{line}" for line in waiting)
         if args.watch:
             sys.stdout.write("\033[H\033[J")  # clear the terminal, like `watch`
         print(text, flush=True)
-        settled = cells["state"].isin(["done", "failed"]).all()
+        settled = cells["state"].isin(["done", "failed", "blocked"]).all()
+        stuck = cells["state"].isin(["failed", "blocked"]).any()
         if not args.watch or settled:
-            return 1 if (cells["state"] == "failed").any() else 0
+            return 1 if stuck else 0
         try:
             time.sleep(args.watch)
         except KeyboardInterrupt:
-            return 1 if (cells["state"] == "failed").any() else 0
+            return 1 if stuck else 0
+
+
+def _blocked(plan: Any, outdir: Path) -> dict[str, str]:
+    """The plan's tasks whose self-test failed, looked up under `outdir` (`--outdir`)."""
+    from ckpteval.selftest import blocked_tasks
+
+    return blocked_tasks(plan, Path(outdir))
 
 
 def _expected_cells(
     configfile: Path,
-) -> tuple[list[dict[str, Any]], Path, list[str], list[str]]:
+) -> tuple[list[dict[str, Any]], Path, list[str], list[str], Any]:
     """The cells a config asks for, its outdir (relative paths resolve against the cwd, as in
     the workflow), a line per checkpoint that looks broken and one per checkpoint being
     written (read once: its age in the line is as of the start)."""
@@ -512,4 +531,4 @@ def _expected_cells(
     config = load_config(configfile)
     validate_config(config)
     plan = build_plan(config)
-    return plan.cells(), Path(plan.outdir), plan.broken_lines(), plan.waiting_lines()
+    return plan.cells(), Path(plan.outdir), plan.broken_lines(), plan.waiting_lines(), plan

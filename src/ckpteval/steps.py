@@ -289,7 +289,9 @@ def evaluate(smk: Any) -> None:
         )
         return
     from ckpteval.evaluate import read_samples, score_samples
+    from ckpteval.selftest import read_verdict
 
+    verdict = _optional_input(smk, "selftest")
     errors: list[str] = []
     score_samples(
         task.checker,
@@ -299,7 +301,53 @@ def evaluate(smk: Any) -> None:
         Path(smk.output.metrics),
         provenance=provenance,
         input_errors=errors,
+        passed_self_test=read_verdict(verdict) if verdict is not None else None,
         **scoring,
+    )
+
+
+def selftest(smk: Any) -> None:
+    """A self-test job (ckpteval.selftest): the task's checker, built from the identity as an
+    evaluate job builds it, checked on the task's problems. Passed, it records its verdict;
+    failed, it leaves its one line beside for `ckpteval status` and fails alone."""
+    from ckpteval.checkers import get_checker
+    from ckpteval.contract import Identity
+    from ckpteval.evaluate import DEFAULT_TIMEOUT_FACTOR, SelfTestError, run_self_test
+    from ckpteval.jobs import ScoringJob
+    from ckpteval.selftest import record, record_failure
+
+    task_name = smk.wildcards.task
+    job = ScoringJob.decode(smk.params.identity, task_name)
+    task = job.build_task(_optional_input(smk, "problems"))
+    files = {
+        option: path
+        for option in job.task_checker
+        if (path := _optional_input(smk, f"checker_{option}")) is not None
+    }
+    scoring = job.scoring_kwargs(files)
+    verdict = Path(smk.output.verdict)
+    checker = get_checker(task.checker, **scoring["checker_options"])
+    problems = task.problems()
+    try:
+        for task_id, problem in problems.items():
+            checker.validate_problem(task_id, problem)
+        report, _, run_s = run_self_test(
+            checker,
+            problems,
+            workers=int(smk.threads),
+            timeout=scoring["timeout"],
+            timeout_factor=scoring.get("timeout_factor", DEFAULT_TIMEOUT_FACTOR),
+        )
+    except SelfTestError as exc:
+        record_failure(verdict, str(exc))
+        raise
+    finally:
+        checker.close()
+    record(
+        verdict,
+        task_name,
+        Identity.from_text(smk.params.identity),
+        {"self_test": report, "run_s": run_s},
     )
 
 
@@ -352,6 +400,10 @@ def aggregate(smk: Any) -> None:
         finals=list(getattr(smk.params, "finals", ())),
         truncation_threshold=job.truncation_threshold,
         main_metric=job.main_metric,
+        train_logs=job.train_logs,
+        # the sampling configs by name, to compare with the trainer's validation settings: a
+        # changed one regenerates its cells, which rebuilds the summary anyway
+        sampling=dict(smk.config.get("sampling") or {}),
     )
 
 

@@ -15,6 +15,7 @@ under `summary_dir`, each file written atomically:
 | `truncation.csv` | cell with a `truncation_rate`: the rate, the threshold, flagged (`TRUNCATION_COLUMNS`) |
 | `deltas.csv` | paired comparison: each checkpoint vs the run's baseline and vs the previous one (`DELTA_COLUMNS`; McNemar columns in `ckpteval.aggregate.deltas`) |
 | `flips.csv` | (comparison, problem) whose verdict flipped: `FLIP_COLUMNS`, `direction` gained or lost |
+| `training_curve.csv` | (run, task, variant, metric, step) the trainer logged too (`runs.<run>.train_logs`): both values, ckpteval's interval, the settings that differ, flagged (`ckpteval.aggregate.training`); only with `train_logs` |
 | `missing.csv` | cell or per-sample file that could not be used, with its path and why |
 | `summary.json` | run, checkpoint, task, variant: pass rate, counts, per problem (`write_summary_json`) |
 | `plots/*.png`, `report.html` | see `ckpteval.report` |
@@ -57,6 +58,7 @@ from ckpteval.aggregate.tables import (
     truncation_flags,
     truncation_table,
 )
+from ckpteval.aggregate.training import training_table
 from ckpteval.errors import UserError
 from ckpteval.io import atomic_open, iter_jsonl, write_json
 
@@ -109,6 +111,8 @@ def build_summary(
     finals: Collection[str] = (),
     truncation_threshold: float | None = None,
     main_metric: Mapping[str, str] | None = None,
+    train_logs: Mapping[str, Mapping[str, Any]] | None = None,
+    sampling: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Summary:
     """Build `summary_dir` from the cell jsons (see the module docstring for what is written);
     return what was built.
@@ -119,7 +123,10 @@ def build_summary(
     `finals` names the final checkpoints (`run/ckpt`, saved without a step): the tidy table's
     `final` column, labelled "final" on the plots.
     `truncation_threshold` (None: `TRUNCATION_THRESHOLD`) is the truncation rate above which a
-    cell's score is flagged as a lower bound."""
+    cell's score is flagged as a lower bound.
+    `train_logs` maps a run to its `train_logs` setting (`path`, `val_kwargs`, ...), whose curves
+    are put beside the cells' metrics; `sampling` the sampling configs by name, to say which
+    of the trainer's validation settings differ."""
     threshold = _checked_settings(bootstrap, truncation_threshold)
     summary_dir = Path(summary_dir)
     summary = summarize(
@@ -138,6 +145,8 @@ def build_summary(
     summary.tidy["final"] = (
         summary.tidy["run"].astype(str) + "/" + summary.tidy["ckpt"].astype(str)
     ).isin(set(finals))
+    if train_logs:
+        summary.training = training_table(summary.tidy, train_logs, sampling or {})
     write_tables(summary, summary_dir)
     plots = report.write_plots(summary, summary_dir / "plots")
     report.write_html(summary, plots, summary_dir / "report.html")
@@ -174,6 +183,11 @@ def write_tables(summary: Summary, summary_dir: Path) -> None:
         ("missing.csv", summary.missing),
     ):
         write_csv(frame, summary_dir / name)
+    curve = summary_dir / "training_curve.csv"
+    if summary.training.empty:
+        curve.unlink(missing_ok=True)  # no train_logs (any more): no table left from before
+    else:
+        write_csv(summary.training, curve)
     with atomic_open(summary_dir / "metrics.md") as handle:
         handle.write(
             metrics_markdown(

@@ -22,6 +22,7 @@ from ckpteval.engine.gpus import engine_gpus
 from ckpteval.io import sha256_json
 from ckpteval.publish import TRACKERS
 from ckpteval.engine.schedule import InferCosts
+from ckpteval.selftest import separate, selftest_identity, verdict_path
 from ckpteval.steps import generation, run_in_process
 from ckpteval.tasks import check_harness_names
 from ckpteval.verbs import Verbs, damaged_json, redo_path
@@ -86,6 +87,7 @@ wildcard_constraints:
     ckpt=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     task=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     variant=r"[A-Za-z0-9_.]+-s[0-9]+",
+    key=r"[0-9a-f]{16}",
 
 
 def get_final_outputs(wildcards):
@@ -272,19 +274,68 @@ def get_redo_targets():
 
 def get_evaluate_inputs(wildcards):
     """A cell's generation file and model card, its checker's files, its redo input if its
-    score cell is damaged, and its task's problem file if it has one: one input function, not
-    four (Snakemake inspects each function's signature on every call, per cell)."""
+    score cell is damaged, its self-test verdict where one gates it, and its task's problem file
+    if it has one: one input function, not five (Snakemake inspects each function's signature on every call, per cell)."""
     base = f"{wildcards.run}/{wildcards.ckpt}/{wildcards.task}/{wildcards.variant}"
     inputs = {
         "generations": f"{OUT}/generations/{base}.jsonl",
         "manifest": f"{OUT}/models/{wildcards.run}/{wildcards.ckpt}.json",
         **get_checker_files(wildcards),
         **get_score_redo(wildcards),
+        **get_selftest_input(wildcards),
     }
     problems = get_problems_file(wildcards)
     if problems:
         inputs["problems"] = problems
     return inputs
+
+
+@functools.cache
+def selftest_of(run, task, variant):
+    """The identity of the self-test that gates a cell's scoring (rule selftest,
+    ckpteval.selftest), or None for a checker that self-tests in its evaluate job."""
+    if not separate(PLAN.tasks[task].checker):
+        return None
+    return selftest_identity(FRESH.scoring_identity(run, task, variant))
+
+
+@functools.cache
+def selftest_identities():
+    """(task, key) -> identity of every self-test of the plan: a selftest job's param."""
+    found = {}
+    for cell in PLAN.cells():
+        identity = selftest_of(cell["run"], cell["task"], cell["variant"])
+        if identity is not None:
+            found[(cell["task"], identity.digest)] = identity
+    return found
+
+
+def get_selftest_identity(wildcards):
+    return selftest_identities()[(wildcards.task, wildcards.key)].text
+
+
+def get_selftest_input(wildcards):
+    """A reward cell's self-test verdict: ancient when it exists (a forced self-test reruns no
+    cell), and otherwise an edge only for a cell that this invocation (re)scores by the files
+    (missing or damaged scores, a changed setting, new generations), so that a verdict not made
+    yet, or removed, never reruns a current cell. A cell forced with no verdict (-R evaluate)
+    self-tests in its evaluate job, as other checkers do."""
+    w = wildcards
+    identity = selftest_of(w.run, w.task, w.variant)
+    if identity is None:
+        return {}
+    path = str(verdict_path(OUT, w.task, identity))
+    if os.path.exists(path):
+        return {"selftest": ancient(path)}
+    score = f"{OUT}/scores/{w.run}/{w.ckpt}/{w.task}/{w.variant}.json"
+    if (
+        not os.path.exists(score)
+        or score_redo(w.run, w.ckpt, w.task, w.variant)
+        or FRESH.score_change(w.run, w.ckpt, w.task, w.variant)
+        or FRESH.stale(w.run, w.ckpt, w.task, w.variant)
+    ):
+        return {"selftest": path}
+    return {}
 
 
 def get_generation_identity(wildcards):

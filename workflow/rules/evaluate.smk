@@ -4,7 +4,8 @@
 # rescores, a changed worker count does not. The job reads them from that param alone
 # (ckpteval.jobs), and its task's problem file, if it has one, as an input by content (ancient:
 # a moved or touched file reruns nothing; new content changes the identity), and so are the files
-# its checker's options name (a reward function: `checker_reward_function`).
+# its checker's options name (a reward function: `checker_reward_function`). A reward task's cell
+# that is (re)scored waits for its task's self-test job (rule selftest, below).
 rule evaluate:
     input:
         unpack(get_evaluate_inputs),
@@ -19,3 +20,23 @@ rule evaluate:
         identity=get_scoring_identity,
     script:
         "../scripts/evaluate.py"
+
+
+# A reward task's self-test, apart from its scoring (ckpteval.selftest): Snakemake removes a job's
+# outputs before it runs, so a self-test failing inside the evaluate job took the cell's previous
+# scores with it. This job fails alone, and the evaluate jobs that wait for it never start. Its
+# output is named by the digest of its identity, so a changed function or setting is a verdict
+# not made yet, and the same configuration finds its old one.
+rule selftest:
+    input:
+        unpack(get_checker_files),
+        problems=get_problems_file,
+    output:
+        verdict=f"{OUT}/staging/selftest/{{task}}.{{key}}.json",
+    log:
+        "logs/selftest/{task}.{key}.log",
+    threads: config["evaluate"]["workers"]
+    params:
+        identity=get_selftest_identity,
+    script:
+        "../scripts/selftest.py"

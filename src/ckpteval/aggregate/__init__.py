@@ -6,7 +6,8 @@ In memory only; `ckpteval.summary` writes the tables, `metrics.md`, the plots an
 - `tables`: the tables of scores (tidy, seeds, configs, pass@k, errors, hacks, truncation,
   missing) and the main metric of a task;
 - `deltas`: paired deltas and flipped problems between checkpoints;
-- `markdown`: `metrics.md`.
+- `markdown`: `metrics.md`;
+- `training`: the metrics beside the validation curve the trainer logged.
 
 `Summary` holds every table of one summary: what `ckpteval.summary` builds and writes and what
 `ckpteval.report` draws. Nothing here imports `ckpteval.report` or `ckpteval.summary`.
@@ -20,6 +21,7 @@ import pandas as pd
 
 from ckpteval.aggregate.deltas import FLIP_COLUMNS
 from ckpteval.aggregate.tables import HACK_COLUMNS, TRUNCATION_COLUMNS
+from ckpteval.aggregate.training import TRAINING_COLUMNS
 
 
 @dataclass
@@ -47,3 +49,5 @@ class Summary:
     truncation: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=TRUNCATION_COLUMNS)
     )
+    #: ckpteval's metrics beside the trainer's logged curve (`ckpteval.aggregate.training`).
+    training: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=TRAINING_COLUMNS))

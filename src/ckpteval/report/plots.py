@@ -81,6 +81,7 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
     for task, metric in summary.main_metrics.items():
         plots += _task_plots(summary, task, metric, plot_dir, deleted)
     plots += _length_plots(summary, plot_dir)
+    plots += _training_plots(summary, plot_dir)
     hacking = summary.seeds[summary.seeds["metric"] == HACK_RATE]
     if not hacking.empty:
         plots.append(_drawn("", _hacks_figure(hacking), plot_dir / HACK_PLOT, _HACKS_CAPTION))
@@ -88,6 +89,39 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
     for stale in plot_dir.glob("*.png"):
         if stale.name not in written:
             stale.unlink()
+    return plots
+
+
+def _training_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
+    """Per (run, task): ckpteval's metrics (with their 95% intervals) beside the curve the
+    trainer logged at the same steps, flagged steps marked, the settings that differ said."""
+    plots = []
+    for (run, task), rows in summary.training.groupby(["run", "task"], sort=True):
+        figure = Figure(figsize=(7, 3.6))
+        ax = figure.add_subplot()
+        colours = cycle(colormaps["tab10"].colors)
+        for (variant, metric), curve in rows.groupby(["variant", "metric"], sort=True):
+            colour = next(colours)
+            curve = curve.sort_values("step")
+            label = f"{metric} {variant}"
+            ax.plot(curve["step"], curve["ckpteval"], "o-", color=colour, label=f"ckpteval {label}")
+            if curve["low"].notna().any():
+                ax.fill_between(
+                    curve["step"], curve["low"], curve["high"], color=colour, alpha=0.15
+                )
+            ax.plot(curve["step"], curve["trainer"], "s--", color=colour, label=f"trainer {label}")
+            flagged = curve[curve["flagged"].astype(bool)]
+            ax.plot(flagged["step"], flagged["trainer"], "rx", markersize=10)
+        ax.set_xlabel("training step")
+        ax.legend(fontsize=6)
+        settings = "; ".join(sorted(set(rows["settings"])))
+        caption = (
+            f"{task} ({run}): ckpteval's reward (solid, 95% band) beside the validation curve "
+            f"the trainer logged (dashed) at the same steps; settings: {settings}. Red crosses: "
+            "the trainer's value outside ckpteval's interval with every setting matching."
+        )
+        name = f"training-{_slug(run)}-{_slug(task)}.png"
+        plots.append(_drawn(task, figure, plot_dir / name, caption))
     return plots
 
 

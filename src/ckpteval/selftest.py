@@ -1,0 +1,113 @@
+"""A reward task's self-test as a job of its own, so that a failing one costs no score.
+
+Snakemake removes a job's outputs before the job runs. A self-test run inside the scoring
+(evaluate) job therefore took the cell's previous scores with it when it failed. The workflow's
+`selftest` rule runs it apart instead, once per task and checker configuration, and every evaluate
+job of the task that is (re)scored waits for it:
+
+- **Its verdict file**, `<outdir>/staging/selftest/<task>.<key>.json`, is named by `key`, the
+  digest of the self-test's identity: the cell's scoring identity (the checker, its version, the
+  reward function's content and options, the evaluate settings it reads, the task's problems)
+  less what only the cell's metrics read (`evaluate.ks`, the cell format). A changed function
+  or setting is a file that does not exist yet, so the parse plans the job without writing
+  anything, and the same configuration again finds its old verdict. It records the report and
+  the references' run times (`reference_run_s`), from which the evaluate job calibrates its
+  timeouts instead of running the self-test a second time.
+- **A failed self-test** fails that job only, with its one line (function, rows, setting).
+  Nothing of the task's score cells is touched: the evaluate jobs never start. The job leaves
+  the line in `<task>.<key>.failed` beside (not an output, so Snakemake keeps it), which
+  `ckpteval status` shows for every cell of the task as `blocked`, until a passing self-test
+  removes it.
+
+Only reward-function tasks self-test apart (`SEPARATE_CHECKERS`); other checkers still self-test
+in their evaluate job, where their references' run times calibrate that job's own timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ckpteval.contract import Identity
+from ckpteval.io import write_json
+
+#: Checkers whose self-test is a job of its own (rule `selftest`).
+SEPARATE_CHECKERS = frozenset({"reward_function"})
+#: Scoring identity keys the self-test does not read (what only a cell's metrics depend on).
+CELL_ONLY_KEYS = frozenset({"cell.format", "evaluate.ks"})
+SELFTEST_DIR = Path("staging") / "selftest"
+
+
+def separate(checker: str) -> bool:
+    """Whether a task of `checker` self-tests in a job of its own."""
+    return checker in SEPARATE_CHECKERS
+
+
+def selftest_identity(scoring: Identity) -> Identity:
+    """The self-test's identity: a cell's scoring identity less what only the cell reads."""
+    return Identity({k: v for k, v in scoring.settings.items() if k not in CELL_ONLY_KEYS})
+
+
+def verdict_path(outdir: Path | str, task: str, identity: Identity) -> Path:
+    """Where the self-test of `task` with `identity` records its verdict (the rule's output)."""
+    return Path(outdir) / SELFTEST_DIR / f"{task}.{identity.digest}.json"
+
+
+def failure_path(verdict: Path) -> Path:
+    """Where a failed self-test leaves its line: beside its verdict, not an output."""
+    return verdict.with_suffix(".failed")
+
+
+def record(verdict: Path, task: str, identity: Identity, outcome: Mapping[str, Any]) -> None:
+    """Write a passed self-test's verdict (`outcome`: its report and the references' run times)
+    and remove the line a failed one of the same configuration left."""
+    write_json(verdict, {"task": task, **identity.record(), **outcome})
+    failure_path(verdict).unlink(missing_ok=True)
+
+
+def record_failure(verdict: Path, line: str) -> None:
+    """Leave a failed self-test's line beside its verdict, for `ckpteval status`."""
+    path = failure_path(verdict)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(line.strip() + "\n", encoding="utf-8")
+
+
+def read_verdict(path: Path) -> dict[str, Any]:
+    """A passed self-test's `{"self_test": report, "run_s": {task_id: seconds}}`, as
+    `ckpteval.evaluate.score_samples` takes it."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return {"self_test": data["self_test"], "run_s": data["run_s"]}
+
+
+def failed_line(verdict: Path) -> str | None:
+    """The line of the failed self-test of this configuration, if it failed and has not passed
+    since; None otherwise."""
+    if verdict.exists():
+        return None
+    try:
+        return failure_path(verdict).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def blocked_tasks(plan: Any, outdir: Path | None = None) -> dict[str, str]:
+    """`{task: why}` for the plan's tasks whose current self-test failed: their cells cannot be
+    (re)scored until it passes. One self-test per task and configuration (the first cell's; a
+    run whose settings differ has its own, read the same way), under `outdir` (the plan's by
+    default)."""
+    from ckpteval.contract import scoring_identity
+
+    blocked: dict[str, str] = {}
+    seen: set[tuple[str, str, str]] = set()
+    for cell in plan.cells():
+        task, where = cell["task"], (cell["run"], cell["task"], cell["variant"])
+        if task in blocked or where in seen or not separate(plan.tasks[task].checker):
+            continue
+        seen.add(where)
+        identity = selftest_identity(scoring_identity(plan, *where))
+        line = failed_line(verdict_path(outdir or plan.outdir, task, identity))
+        if line is not None:
+            blocked[task] = f"self-test failed: {line}"
+    return blocked
