@@ -274,9 +274,9 @@ def get_redo_targets():
 
 def get_evaluate_inputs(wildcards):
     """A cell's generation file and model card, its checker's files, its redo input if its
-    score cell is damaged, its self-test verdict where one gates it, and its task's problem file
-    if it has one: one input function, not five (Snakemake inspects each function's signature on every call, per cell).
-    """
+    score cell is damaged, its self-test verdict where one gates it, and its task's problem
+    file if it has one: one input function, not five (Snakemake inspects each function's
+    signature on every call, per cell)."""
     base = f"{wildcards.run}/{wildcards.ckpt}/{wildcards.task}/{wildcards.variant}"
     inputs = {
         "generations": f"{OUT}/generations/{base}.jsonl",
