@@ -230,6 +230,30 @@ def case(row: Any, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
         changed = {"start": "<think>", "end": "</r>", "budget": 64}[name]
         set_key(config, parent, {"end": "</think>", name: changed})
         return config, promise(row)
+    if key.startswith("runs.demo.train_logs"):  # a section whose `path` is required
+        logs = sweep.work / "trainer-val.jsonl"  # verl's file logger, one validation step
+        logs.write_text('{"step": 1, "data": {"val-core/arith/reward/mean@1": 0.5}}\n')
+        set_key(config, "runs.demo.train_logs", {"path": str(logs)})
+        name = key.removeprefix("runs.demo.train_logs").lstrip(".")
+        changed = {
+            "val_kwargs": {"n": 2},
+            "val_kwargs.n": 2,
+            "val_kwargs.temperature": 0.6,
+            "val_kwargs.top_p": 0.9,
+            "val_kwargs.top_k": 5,
+            "val_kwargs.do_sample": True,
+            "response_length": 64,
+            "metrics": {"pass@1": "val-core/arith/acc/mean@1"},
+        }
+        if name in changed:
+            set_key(config, key, changed[name])
+        if row.effect == NONE:  # a section as a whole: the sweep has none to reorder, so it is
+            # added with its keys in reverse order and plans what adding its keys plans
+            full = {"val_kwargs": {"top_p": 0.9, "n": 2}, "response_length": 64}
+            whole = {"path": str(logs), **full} if name == "" else {**full["val_kwargs"]}
+            set_key(config, key, dict(reversed(list(whole.items()))))
+            return config, Counter({"aggregate": 1})
+        return config, promise(row)
     if key == "runs.demo.base_model" and not (sweep.work / "base-copy").exists():
         # Another base model: a copy would be the same one (identity by content).
         shutil.copytree(sweep.work / "base", sweep.work / "base-copy")
