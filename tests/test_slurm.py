@@ -137,6 +137,7 @@ rule all:
 
 rule infer:
     output: "records/{{i}}.json"
+    resources: gpu=1  # as the workflow's engine rules ask (the profile sets no gpu of its own)
     shell: sys.executable + " {recorder} {{output}} {seconds}"
 
 rule aggregate:
