@@ -401,9 +401,9 @@ def aggregate(smk: Any) -> None:
         truncation_threshold=job.truncation_threshold,
         main_metric=job.main_metric,
         train_logs=job.train_logs,
-        # the sampling configs by name, to compare with the trainer's validation settings: a
-        # changed one regenerates its cells, which rebuilds the summary anyway
-        sampling=dict(smk.config.get("sampling") or {}),
+        # the sampling configs by name, to compare with the trainer's validation settings (a
+        # param: a changed one regenerates its cells, which rebuilds the summary anyway)
+        sampling=dict(getattr(smk.params, "sampling", None) or {}),
     )
 
 

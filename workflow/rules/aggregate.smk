@@ -39,5 +39,6 @@ rule aggregate:
         broken=get_broken_checkpoints,
         waiting=get_waiting_checkpoints,
         finals=get_final_checkpoints,
+        sampling=get_sampling_settings,
     script:
         "../scripts/aggregate.py"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ckpteval.chat_templates import missing_template_lines
 from ckpteval.checkpoints import sync_s3_identity, sync_source_identity
-from ckpteval.config import build_plan, resolve_path, validate_config
+from ckpteval.config import build_plan, resolve_path, sampling_configs, validate_config
 from ckpteval.contract import (
     publish_identity,
     summary_identity,
@@ -515,6 +515,20 @@ def get_summary_inputs_digest(wildcards):
 def get_final_checkpoints(wildcards):
     """`run/ckpt` of the final checkpoints (named without a step): labelled final in the report."""
     return PLAN.final_checkpoints()
+
+
+def get_sampling_settings(wildcards):
+    """The sampling configs by name (either form the config writes them in, resolved): the
+    summary compares them with a trainer's validation settings (runs.<name>.train_logs)."""
+    return {
+        name: {
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "max_new_tokens": s.max_new_tokens,
+            "n": s.n,
+        }
+        for name, s in sampling_configs(config["sampling"]).items()
+    }
 
 
 def get_waiting_checkpoints(wildcards):
