@@ -15,13 +15,13 @@ from ckpteval.contract import (
     publish_identity,
     summary_identity,
 )
+from ckpteval.engine.gpus import engine_gpus
 from ckpteval.engine.plan import EnginePlan, infer_rule_name
+from ckpteval.engine.schedule import InferCosts
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness
-from ckpteval.engine.gpus import engine_gpus
 from ckpteval.io import sha256_json
 from ckpteval.publish import TRACKERS
-from ckpteval.engine.schedule import InferCosts
 from ckpteval.selftest import separate, selftest_identity, verdict_path
 from ckpteval.steps import generation, run_in_process
 from ckpteval.tasks import check_harness_names
@@ -57,12 +57,11 @@ if workflow.is_main_process:
             for _ckpt in _run.checkpoints:
                 _id_file = FRESH.source_id_path(_run.name, _ckpt.name)
                 _id_file.parent.mkdir(parents=True, exist_ok=True)
-                _sync = sync_s3_identity if _ckpt.url else sync_source_identity
-                _sync(
-                    _ckpt if _ckpt.url else _ckpt.path,
-                    _id_file,
-                    FRESH.manifest_path(_run.name, _ckpt.name),
-                )
+                _manifest = FRESH.manifest_path(_run.name, _ckpt.name)
+                if _ckpt.url:  # on S3: from the listing, nothing downloaded
+                    sync_s3_identity(_ckpt, _id_file, _manifest)
+                else:
+                    sync_source_identity(_ckpt.path, _id_file, _manifest)
     for _line in [*PLAN.broken_lines(), *missing_template_lines(PLAN)]:
         print(f"ckpteval: warning: {_line}", file=sys.stderr)
     for _line in FRESH.explain(ALL_PAIRS):

@@ -93,7 +93,7 @@ class EnginePlan:
 
     def request_file(self, group: str, wildcards: Any) -> str:
         """The request file of an engine job (its rule's params)."""
-        staging = Path(self.staging_dir(group).format(**wildcards))
+        staging = self._staging(wildcards.run, wildcards.ckpt, group)
         return str(request_path(staging, wildcards.token))
 
     def targets(self, runs: Iterable[str]) -> list[str]:
