@@ -277,6 +277,11 @@ def bare_generate(work: Path, ckpt: str, tiny: bool) -> dict[str, Any]:
     model_dir = work / metas[0]["model_dir"]
     engine = engine_config(tiny)
     extra = {} if has_cuda() else {"enable_chunked_prefill": False}  # as VllmBackend on CPU
+    if not has_cuda():
+        from ckpteval.engine.kvcache import cpu_kv_cache_bytes
+
+        kv_bytes = cpu_kv_cache_bytes(model_dir, engine["max_model_len"])
+        extra.update({"kv_cache_memory_bytes": kv_bytes} if kv_bytes else {})
     started = time.monotonic()
     llm = LLM(
         str(model_dir),
