@@ -534,12 +534,10 @@ def check_harness_names(tasks: dict[str, TaskSpec], include_paths: list[str]) ->
     wanted = {name: str(t.harness_task) for name, t in tasks.items() if t.kind == "harness"}
     if not wanted:
         return
-    from lm_eval.tasks import TaskManager
-
     paths = [str(HARNESS_TASK_DIR), *[str(p) for p in include_paths]]
-    known = set(TaskManager(include_path=paths, include_defaults=False).all_tasks)
+    known = local_task_names(paths)
     if not set(wanted.values()) <= known:
-        known |= lm_eval_task_names()
+        known = local_task_names(paths, cached=False) | lm_eval_task_names()
     for name, harness in wanted.items():
         if harness not in known:
             close = difflib.get_close_matches(harness, sorted(known), n=3)
@@ -551,14 +549,66 @@ def check_harness_names(tasks: dict[str, TaskSpec], include_paths: list[str]) ->
             )
 
 
+def local_task_names(paths: list[str], *, cached: bool = True) -> set[str]:
+    """The task, group and tag names lm-eval indexes in the YAMLs under `paths`. Importing
+    lm-eval's task index costs ~2 s of CPU (it pulls `datasets` and pandas), paid by every
+    workflow parse, every dry run and every Slurm job's re-parse; so the names are kept in the
+    user's cache directory under the path, size and mtime of every YAML lm-eval would read, and
+    indexed again when any of them changes, appears or goes. A name the cache lacks is looked up
+    again uncached (`cached=False`) before it is called unknown."""
+    signature = _yaml_signature(paths)
+    index = _cache_dir() / f"lm_eval-{_lm_eval_version()}-local-{sha256_json(paths)[:16]}.json"
+    if cached:
+        try:
+            kept = json.loads(index.read_text(encoding="utf-8"))
+            if kept["signature"] == signature:
+                return set(kept["names"])
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    from lm_eval.tasks import TaskManager
+
+    names = set(TaskManager(include_path=paths, include_defaults=False).all_tasks)
+    try:
+        from ckpteval.io import write_json
+
+        index.parent.mkdir(parents=True, exist_ok=True)
+        write_json(index, {"signature": signature, "names": sorted(names)})
+    except OSError:  # a read-only home: index again next time
+        pass
+    return names
+
+
+def _yaml_signature(paths: list[str]) -> list[list[Any]]:
+    """[path, size, mtime_ns] of every YAML lm-eval's index reads under `paths` (its glob and its
+    ignored directories), in its order: any edit, new file or removed file changes it."""
+    rows: list[list[Any]] = []
+    for root in paths:
+        for yaml_path in sorted(Path(root).glob("**/*.yaml"), key=lambda p: p.as_posix()):
+            if {"__pycache__", ".ipynb_checkpoints"} & set(yaml_path.parts):
+                continue
+            try:
+                stat = yaml_path.stat()
+            except OSError:
+                continue
+            rows.append([yaml_path.as_posix(), stat.st_size, stat.st_mtime_ns])
+    return rows
+
+
+def _cache_dir() -> Path:
+    """Where ckpteval keeps lm-eval's task indexes: `$XDG_CACHE_HOME/ckpteval`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ckpteval"
+
+
+def _lm_eval_version() -> str:
+    """The installed lm-eval's version: a new lm-eval may index the same YAMLs differently."""
+    import importlib.metadata as md
+
+    return md.version("lm_eval")
+
+
 def lm_eval_task_names() -> set[str]:
     """The names of lm-eval's own tasks, from a cache file per lm-eval version."""
-    import importlib.metadata as md
-    import os
-
-    version = md.version("lm_eval")
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ckpteval"
-    index = cache / f"lm_eval-{version}-tasks.json"
+    index = _cache_dir() / f"lm_eval-{_lm_eval_version()}-tasks.json"
     try:
         return set(json.loads(index.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
