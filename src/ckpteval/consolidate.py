@@ -846,7 +846,10 @@ def smoke_vllm(model_dir: str, engine_args: dict[str, Any]) -> dict[str, Any]:
     """
     import dataclasses
 
-    from vllm import LLM, EngineArgs, SamplingParams
+    from ckpteval.engine.heap import engine_imports
+
+    with engine_imports():
+        from vllm import LLM, EngineArgs, SamplingParams
 
     known = {f.name for f in dataclasses.fields(EngineArgs)}
     kwargs = {k: v for k, v in engine_args.items() if k in known and k != "model"}

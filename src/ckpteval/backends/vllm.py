@@ -101,8 +101,11 @@ class VllmBackend(Backend):
     def lm(self) -> Any:
         """lm-eval's VLLM wrapper; `.model` is the `vllm.LLM`. Created on first access."""
         if self._lm is None:
-            from lm_eval.models.vllm_causallms import VLLM
-            from vllm.platforms import current_platform
+            from ckpteval.engine.heap import engine_imports
+
+            with engine_imports():
+                from lm_eval.models.vllm_causallms import VLLM
+                from vllm.platforms import current_platform
 
             extra: dict[str, Any] = {}
             if current_platform.is_cpu():
