@@ -1,12 +1,13 @@
 """Fixed costs per process: what a workflow invocation, a `script:` job and an engine process pay
 before their first piece of work, in CPU seconds (user + system) and wall seconds.
 
-1. `snakemake -n` on a small config (the demo run, four tasks): the parse, plugin discovery and
+1. `snakemake -n` on a small config (the demo run, three tasks): the parse, plugin discovery and
    the DAG, in a fresh interpreter, like every `snakemake`, `ckpteval` verb and Slurm job;
 2. a `script:` job's Python: interpreter start and `from ckpteval.steps import ...`;
 3. an engine process, phase by phase: `import vllm`, `from vllm import LLM`, lm-eval's vLLM
-   wrapper, the engine start through ckpteval's backend (`VllmBackend.lm`, what the infer job
-   does) and a first generation, with the time spent in Python's garbage collector counted apart.
+   wrapper (inside `ckpteval.engine.heap.engine_imports`, as the infer job imports them), the
+   engine start through ckpteval's backend (`VllmBackend.lm`, what the infer job does) and a
+   first generation, with the time spent in Python's garbage collector counted apart.
 
 Each is measured `--repeat` times in fresh processes; the smallest figure is printed (the others
 are noise from a shared machine). CPU seconds are the steadier figure on a busy machine.
@@ -51,12 +52,17 @@ def mark(name, since):
     since[:] = [time.perf_counter(), cpu()]
 since = [time.perf_counter(), cpu()]
 phases["interpreter"] = {"wall": 0.0, "cpu": cpu()}
-import vllm
-mark("import vllm", since)
-from vllm import LLM, SamplingParams
-mark("from vllm import LLM", since)
-from lm_eval.models.vllm_causallms import VLLM
-mark("lm-eval's VLLM wrapper", since)
+try:  # the imports as the infer job makes them (a ckpteval from before engine/heap.py: plain)
+    from ckpteval.engine.heap import engine_imports
+except ImportError:
+    from contextlib import nullcontext as engine_imports
+with engine_imports():
+    import vllm
+    mark("import vllm", since)
+    from vllm import LLM, SamplingParams
+    mark("from vllm import LLM", since)
+    from lm_eval.models.vllm_causallms import VLLM
+    mark("lm-eval's VLLM wrapper", since)
 from pathlib import Path
 from ckpteval.backends.vllm import VllmBackend
 backend = VllmBackend(Path(sys.argv[1]), {"dtype": "float32", "max_model_len": 512, "seed": 42,
