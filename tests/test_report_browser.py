@@ -354,7 +354,12 @@ def test_a_reward_task_shows_its_errors_and_its_data_sources(browser: Any, tmp_p
         )
         for s, rate in ((1, 0.0), (2, 0.5))
     ]
-    build_summary(cells, tmp_path / "summary")
+    logged = tmp_path / "val.jsonl"  # verl's file logger: the trainer's own curve
+    metric = "val-core/openai/gsm8k/reward/mean@1"
+    logged.write_text(
+        "".join(json.dumps({"step": s, "data": {metric: 0.9}}) + "\n" for s in (1, 2))
+    )
+    build_summary(cells, tmp_path / "summary", train_logs={"r": {"path": str(logged)}})
     view = Page(browser)
     page = view.open(tmp_path / "summary" / "report.html")
     marked = page.locator("#ckpt-task td[data-prov]").evaluate_all(
@@ -365,4 +370,5 @@ def test_a_reward_task_shows_its_errors_and_its_data_sources(browser: Any, tmp_p
     page.locator("#task-gsm").scroll_into_view_if_needed()
     page.wait_for_selector("#task-gsm[data-drawn=yes]")
     assert page.locator("#task-gsm [data-chart='sources'] canvas").count() == 1
+    assert page.locator("#task-gsm [data-chart='training'] canvas").count() == 1
     view.close()

@@ -32,6 +32,7 @@ from ckpteval.config import build_plan, validate_config
 from ckpteval.contract import generation_identity, scoring_identity
 from ckpteval.errors import UserError
 from ckpteval.evaluate import score_samples
+from ckpteval.report.page import page_data
 from ckpteval.tasks import resolve_task
 
 SYSTEM = "Answer with the number only, after ####."
@@ -1095,6 +1096,14 @@ def test_the_trainers_logged_curve_is_put_beside_the_reward_by_step(sweep: Sweep
             by_step = dict(zip(table["step"], table["flagged"]))
             assert by_step == (flagged or {300: False, 600: False})
             assert (summary / "plots" / "training-demo-gsm.png").stat().st_size > 0
+            page = page_data((summary / "report.html").read_text())  # the interactive panel
+            drawn = {(r["series"].split()[0], r["step"]): r for r in page["training"]}
+            assert sorted(drawn) == [(s, t) for s in ("ckpteval", "trainer") for t in (300, 600)]
+            assert (
+                drawn["trainer", 600]["mean"] == -5.0 and drawn["trainer", 600]["metric"] == metric
+            )
+            assert drawn["ckpteval", 300]["mean"] == pytest.approx(ours[300]["value"])
+            assert drawn["trainer", 600]["flagged"] == (600 in flagged)
     finally:
         proc = sweep.snakemake()
         assert proc.returncode == 0, proc.stderr[-3000:]

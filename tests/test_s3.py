@@ -249,3 +249,19 @@ def test_watch_picks_up_a_checkpoint_uploaded_later(
     assert now == frozenset({("s3run", "step_150")})
     assert describe_new(frozenset(), now) == "1 new checkpoint(s): s3run/step_150"
     assert os.environ["SNAKEMAKE_STORAGE_S3_SECRET_KEY"] not in cfg.read_text()
+
+
+def test_the_local_root_of_a_checkpoint_is_its_copys_path_less_the_objects_name() -> None:
+    """A verl checkpoint needs only objects below `actor/`: their common directory is not the
+    checkpoint (consolidation looks for `actor/` in it); the listing identity's names say where
+    the checkpoint starts. A single bare object is its own path."""
+    from ckpteval.steps import _source_path
+
+    root = ".snakemake/storage/s3/bkt/exp/global_step_5"
+    rels = ["actor/model_world_size_2_rank_0.pt", "actor/huggingface/config.json"]
+    identity = {"s3": True, "files": {rel: {"size": 1, "etag": "x"} for rel in rels}}
+    assert _source_path([f"{root}/{rel}" for rel in rels], identity) == Path(root)
+    assert _source_path([f"{root}/model.pt"], {"s3": True, "files": {"": {}}}) == Path(
+        f"{root}/model.pt"
+    )
+    assert _source_path(str(root)) == Path(root)

@@ -111,12 +111,18 @@ def _s3_identity(smk: Any) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("s3") else None
 
 
-def _source_path(source: Any) -> Path:
-    """The checkpoint to consolidate: one path, or (a checkpoint on S3) the local copies of the
-    objects it needs, which Snakemake's storage put under one directory."""
+def _source_path(source: Any, s3_id: dict[str, Any] | None = None) -> Path:
+    """The checkpoint to consolidate: one path, or (a checkpoint on S3) the root of the local
+    copies of the objects it needs, which Snakemake's storage put under one directory. The root
+    is a copy's path less the object's name within the checkpoint (the listing identity's
+    `files`): the objects needed may all lie below it (a verl checkpoint needs only `actor/`)."""
     if isinstance(source, str):
         return Path(source)
-    files = [str(f) for f in source]
+    files = [Path(f).as_posix() for f in source]
+    for rel in (s3_id or {}).get("files") or {}:
+        for local in files:
+            if rel and local.endswith("/" + rel):
+                return Path(local[: -len(rel) - 1])
     return Path(os.path.commonpath(files)) if len(files) > 1 else Path(files[0])
 
 
@@ -130,7 +136,7 @@ def consolidate(smk: Any) -> None:
 
     job = ModelJob.decode(smk.params.identity, smk.wildcards.run)
     s3_id = _s3_identity(smk)
-    source = _source_path(smk.input.source)
+    source = _source_path(smk.input.source, s3_id)
     record = {
         **job.identity.record(),
         "source_files": s3_id["files"] if s3_id else hash_source(source) if source.exists() else {},

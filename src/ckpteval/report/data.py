@@ -73,6 +73,7 @@ def build_payload(summary: Summary, focus: tuple[str, ...] | None = None) -> Pay
             "tasks": [{"task": t, "metric": m} for t, m in summary.main_metrics.items()],
             "checkpoints": _checkpoints(summary.tidy),
             "series": _series(summary),
+            "training": _training(summary),
             "deltas": _records(summary.deltas[DELTA_FIELDS]),
             "errors": _errors(summary.errors),
             "flags": _flags(summary),
@@ -107,6 +108,37 @@ def _series(summary: Summary) -> list[dict[str, Any]]:
     rows["lo"], rows["hi"] = rows["mean"] - half, rows["mean"] + half
     cols = ["run", "ckpt", "step", "is_baseline", "task", "sampling", "metric", "mean"]
     return _records(rows[[*cols, "lo", "hi", "n", "seeds"]])
+
+
+def _training(summary: Summary) -> list[dict[str, Any]]:
+    """The trainer's logged validation curve beside ckpteval's value at the same steps, as the
+    per-task panel draws them: a row per (run, variant, metric, step, source), where source is
+    "ckpteval" (its 95% interval as lo/hi) or "trainer" (the logged value, under its own name)."""
+    rows: list[dict[str, Any]] = []
+    for r in _records(summary.training):
+        base = {k: r[k] for k in ("run", "task", "step", "settings", "flagged")}
+        label = f"{r['run']} {r['metric']} {r['variant']}"
+        rows.append(
+            {
+                **base,
+                "metric": r["metric"],
+                "series": f"ckpteval {label}",
+                "mean": r["ckpteval"],
+                "lo": r["low"],
+                "hi": r["high"],
+            }
+        )
+        rows.append(
+            {
+                **base,
+                "metric": r["trainer_metric"],
+                "series": f"trainer {label}",
+                "mean": r["trainer"],
+                "lo": r["trainer"],
+                "hi": r["trainer"],
+            }
+        )
+    return rows
 
 
 def _errors(errors: pd.DataFrame) -> list[dict[str, Any]]:

@@ -229,7 +229,7 @@
     box.innerHTML = D.tasks.map((t) =>
       `<div class='task-panel' id='task-${esc(slug(t.task))}' data-task='${esc(t.task)}'>` +
       `<h3>${esc(t.task)} <small>${esc(t.metric)}</small></h3><div class='charts'>` +
-      ["metric", "sources", "errors", "lengths", "truncation", "hacks"].map((k) => `<div class='chart' data-chart='${k}'></div>`).join("") +
+      ["metric", "sources", "training", "errors", "lengths", "truncation", "hacks"].map((k) => `<div class='chart' data-chart='${k}'></div>`).join("") +
       "</div></div>").join("");
     const observer = new IntersectionObserver((entries) => {
       for (const e of entries) {
@@ -256,7 +256,7 @@
       truncation: [sideRows(task, ["truncation_rate", "truncated_reasoning_rate"]), "share cut at the budget"],
       hacks: [sideRows(task, ["hack_rate"]), "hack rate"],
     };
-    const jobs = [];
+    const jobs = [drawTraining(panel, task)];
     for (const [kind, [rows, title]] of Object.entries(charts)) {
       const el = panel.querySelector(`[data-chart='${kind}']`);
       if (!rows.length) { el.remove(); continue; }
@@ -266,6 +266,29 @@
     jobs.push(drawErrors(panel, task));
     panel.dataset.drawn = "pending";
     return Promise.all(jobs).then(() => { panel.dataset.drawn = "yes"; });
+  }
+  // ckpteval's value (line, 95% band) beside the validation curve the trainer logged (dashed)
+  // at the same steps; red crosses: outside ckpteval's interval with every setting matching.
+  function drawTraining(panel, task) {
+    const el = panel.querySelector("[data-chart='training']");
+    const rows = (D.training || []).filter((r) => r.task === task);
+    if (!rows.length) { el.remove(); return Promise.resolve(); }
+    const x = { field: "step", type: "quantitative", title: "training step" };
+    const color = { field: "series", type: "nominal", title: "curve" };
+    const dash = { condition: { test: "indexof(datum.series, 'trainer') === 0", value: [5, 3] }, value: [1, 0] };
+    const tooltip = [{ field: "series" }, { field: "step" }, { field: "metric" },
+      { field: "mean", title: "value", format: ".4f" }, { field: "lo", title: "95% low", format: ".4f" },
+      { field: "hi", title: "95% high", format: ".4f" }, { field: "settings" }, { field: "flagged" }];
+    return embed(el, { title: `${task}: beside the trainer's logged curve`, width: 420, height: 180,
+      data: { values: rows }, layer: [
+        { transform: [{ filter: "indexof(datum.series, 'ckpteval') === 0" }], mark: { type: "area", opacity: 0.2 },
+          encoding: { x, y: { field: "lo", type: "quantitative", title: "value" }, y2: { field: "hi" }, color } },
+        { mark: { type: "line", point: true },
+          encoding: { x, y: { field: "mean", type: "quantitative" }, color, strokeDash: dash, tooltip } },
+        { transform: [{ filter: "datum.flagged === true && indexof(datum.series, 'trainer') === 0" }],
+          mark: { type: "point", shape: "cross", size: 120, filled: true, color: "#d62728" },
+          encoding: { x, y: { field: "mean", type: "quantitative" }, tooltip } },
+      ] });
   }
   function drawErrors(panel, task) {
     const el = panel.querySelector("[data-chart='errors']");
