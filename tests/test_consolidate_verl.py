@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_snakemake
 from test_consolidate import (
     HERE,
     TIED,
@@ -290,3 +291,31 @@ def test_verl_megatron_checkpoint_is_refused_naming_the_merge_command(tmp_path: 
     assert "\n" not in message
     assert "verl Megatron checkpoint" in message
     assert f"--backend megatron --local_dir {step / 'actor'}" in message
+
+
+@pytest.mark.slow
+def test_a_verl_run_uploaded_to_s3_is_found_and_consolidated_through_the_workflow(
+    verl_run: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verl layout end to end from object storage (a real S3 API server on loopback): the
+    default patterns find `global_step_1` in the listing, only what consolidation reads is
+    downloaded (never the optimizer or extra state), and the model is the one a local
+    consolidation of the same shards gives. Reuses this module's FSDP run: building shards is
+    the expensive part, the S3 server starts in a second."""
+    s3 = pytest.importorskip("test_s3")
+    run, _ = verl_run
+    with s3.moto_server() as endpoint:
+        s3.set_s3_env(monkeypatch, endpoint)
+        s3._bucket(endpoint, "verl")
+        s3._upload(endpoint, "verl", "ckpts/proj/exp", run)
+        cfg = s3._workflow_config(tmp_path, "s3://verl/ckpts/proj/exp")
+        target = tmp_path / "results" / "models" / "s3run" / "global_step_1.json"
+        proc = run_snakemake(tmp_path, str(target), "--configfile", str(cfg), timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads(target.read_text())
+    assert manifest["format"] == "verl"
+    read = sorted(manifest["source_files"])
+    assert read and all(name.startswith("actor/") for name in read), read
+    assert not [n for n in read if "optim" in n or "extra_state" in n], read
+    _, local = consolidate(run / "global_step_1", tmp_path, "local", dtype=manifest["dtype"])
+    assert manifest["weights_sha256"] == local["weights_sha256"]

@@ -5,6 +5,7 @@ the environment only and appear in no config, log or output."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -35,8 +36,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[str]:
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
     """A moto S3 server on loopback; its endpoint URL."""
     port = _free_port()
     proc = subprocess.Popen(
@@ -61,17 +62,27 @@ def s3_server() -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-@pytest.fixture
-def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    with moto_server() as url:
+        yield url
+
+
+def set_s3_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
     """The storage plugin's variables for the test server, and nothing of boto3's own chain."""
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL", endpoint)
     monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_ACCESS_KEY", KEY_ID)
     monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_SECRET_KEY", SECRET)
+
+
+@pytest.fixture
+def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    set_s3_env(monkeypatch, s3_server)
     return s3_server
 
 
