@@ -196,3 +196,22 @@ def test_model_parallel_and_optimizerless_saves_are_refused_in_one_line(tmp_path
     assert detect_format(step) == "deepspeed" and not is_complete(step)
     with pytest.raises(UserError, match=r"without \*_optim_states.pt \(ZeRO stage 0"):
         consolidate(step, tmp_path, smoke="none")
+
+
+def test_on_s3_a_zero_checkpoint_waits_for_its_ranks_and_downloads_its_optimizer_states() -> None:
+    """The optimizer states hold the fp32 master weights: unlike other trainers' optimizer
+    files they are the model, so they are in the identity and downloaded."""
+    from ckpteval.s3 import S3Entry, S3Object, waiting_for
+
+    def entry(*names: str) -> S3Entry:
+        objects = tuple(S3Object(name, 10, f"etag-{name}", 0.0) for name in names)
+        return S3Entry("global_step3", "s3://bucket/_actor/global_step3", objects)
+
+    model, optim = "mp_rank_00_model_states.pt", "bf16_zero_pp_rank_{}_mp_rank_00_optim_states.pt"
+    assert waiting_for(entry(model), None) == "no *_optim_states.pt yet"
+    assert waiting_for(entry(model, optim.format(1)), None) == "shard 1 of 2 not there yet"
+    complete = entry(model, optim.format(0), optim.format(1))
+    assert waiting_for(complete, None) is None
+    assert sorted(complete.identity()) == sorted([model, optim.format(0), optim.format(1)])
+    stage3 = entry("zero_pp_rank_0_mp_rank_00_model_states.pt", optim.format(0), optim.format(1))
+    assert waiting_for(stage3, None) == "1 of 2 zero_pp_rank_*_model_states.pt there yet"
