@@ -45,7 +45,7 @@ def _model(model_dir: str, layout: str, out: Path, rank: int):  # noqa: ANN202
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = AutoConfig.from_pretrained(model_dir)
     config.tie_word_embeddings = False
-    config.hidden_size = 129  # odd sizes: ZeRO-3 pads each rank's piece, the merge drops it
+    config.hidden_size, config.num_attention_heads = 129, 3  # odd: every rank's piece padded
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.model.layers[0].input_layernorm.weight.requires_grad_(False)
     if rank == 0:
@@ -66,7 +66,8 @@ def _worker(rank: int, model_dir: str, out_dir: str, port: int) -> None:
     import deepspeed.comm.torch
     import torch
 
-    deepspeed.comm.torch.build_shm_op = lambda: None  # no g++ build; gloo all the same
+    # No g++ build; gloo all the same. (`deepspeed.comm.torch` as an attribute is torch itself.)
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
     out = Path(out_dir)
