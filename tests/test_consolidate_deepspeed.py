@@ -215,3 +215,16 @@ def test_on_s3_a_zero_checkpoint_waits_for_its_ranks_and_downloads_its_optimizer
     assert sorted(complete.identity()) == sorted([model, optim.format(0), optim.format(1)])
     stage3 = entry("zero_pp_rank_0_mp_rank_00_model_states.pt", optim.format(0), optim.format(1))
     assert waiting_for(stage3, None) == "1 of 2 zero_pp_rank_*_model_states.pt there yet"
+
+
+def test_hf_trainers_deepspeed_checkpoint_stays_an_hf_checkpoint(tmp_path: Path) -> None:
+    """HF Trainer under DeepSpeed writes `checkpoint-N/` with the model saved as HF and its
+    ZeRO state in `checkpoint-N/global_stepN/`: the HF weights are the checkpoint."""
+    from safetensors.torch import save_file
+
+    checkpoint = tmp_path / "checkpoint-3"
+    _fake_zero2(checkpoint / "global_step3")
+    save_file({"w": torch.zeros(2)}, checkpoint / "model.safetensors")
+    (checkpoint / "config.json").write_text("{}")
+    assert detect_format(checkpoint) == "hf"
+    assert detect_format(checkpoint / "global_step3") == "deepspeed"
