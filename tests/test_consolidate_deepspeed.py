@@ -48,7 +48,9 @@ def zero_runs(tiny: Tiny, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("deepspeed")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""}
     command = [DEEPSPEED_PYTHON, HERE / "helpers_deepspeed.py", tiny.hf_dir, out]
-    subprocess.run(command, check=True, env=env, timeout=600, capture_output=True)
+    proc = subprocess.run(command, env=env, timeout=600, capture_output=True, text=True)
+    if proc.returncode:
+        pytest.fail(f"helpers_deepspeed.py failed:\n{proc.stderr[-3000:]}")
     copy_tokenizer(tiny.tokenizer_dir, out / "untied")
     return out
 
