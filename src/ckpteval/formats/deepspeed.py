@@ -240,8 +240,8 @@ def _check_files(path: Path) -> Layout:
             path,
             None,
             f"model-parallel DeepSpeed checkpoint (mp_rank_{max(lay.mp_ranks):02d} files): "
-            "ckpteval merges data-parallel ZeRO ranks only, as zero_to_fp32 does; convert it "
-            "with DeepSpeed's ds_to_universal.py and merge that",
+            "ckpteval merges data-parallel ZeRO ranks only, as zero_to_fp32 does; save HF "
+            "checkpoints from the trainer (OpenRLHF: --save_hf_ckpt) and point a run at them",
         )
     if not lay.optim:
         raise checkpoint_error(
