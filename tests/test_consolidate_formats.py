@@ -32,7 +32,7 @@ def _chop(path: Path, nbytes: int = 100) -> None:
 
 
 def test_registry_lists_every_format_in_detection_order() -> None:
-    assert list(FORMATS) == ["lora", "verl", "dcp", "hf", "torch"]
+    assert list(FORMATS) == ["lora", "verl", "deepspeed", "dcp", "hf", "torch"]
 
 
 def test_hf_single_file(tmp_path: Path) -> None:

@@ -165,10 +165,17 @@ def test_vllm_generates_from_the_verl_checkpoint_what_it_does_from_the_same_mode
     plain = tmp_path / "plain"
     _trained(tiny, reference).save_pretrained(plain)
     copy_tokenizer(tiny.tokenizer_dir, plain)
+    assert_same_vllm_generation(run / "global_step_1", plain, tmp_path)
+
+
+def assert_same_vllm_generation(checkpoint: Path, plain: Path, tmp_path: Path, **kwargs) -> None:  # noqa: ANN003
+    """`checkpoint` (a trainer's layout) and `plain` (the same weights as an HF directory),
+    each consolidated with vLLM's smoke generation (the infer step's engine): the same weights
+    hash and the same greedy tokens and text. `kwargs` go to the checkpoint's consolidation."""
     engine = {"gpu_memory_utilization": 0.1, "enforce_eager": True, "max_model_len": 256}
     smokes = []
-    for name, source in (("verl", run / "global_step_1"), ("plain", plain)):
-        _, manifest = consolidate(source, tmp_path, name, smoke="vllm", engine_args=engine)
+    for name, source, extra in (("trainer", checkpoint, kwargs), ("plain", plain, {})):
+        _, manifest = consolidate(source, tmp_path, name, smoke="vllm", engine_args=engine, **extra)
         assert manifest["smoke"]["engine"] == "vllm"
         smokes.append(manifest)
     assert smokes[0]["weights_sha256"] == smokes[1]["weights_sha256"]

@@ -21,6 +21,7 @@ def setup(*parts: str, tmp_path: Path, **env: str) -> subprocess.CompletedProces
         "VENV": str(Path(sys.executable).parents[1]),
         "MLFLOW_VENV": str(tmp_path / "venv-mlflow"),
         "VERL_VENV": str(tmp_path / "venv-verl"),
+        "DEEPSPEED_VENV": str(tmp_path / "venv-deepspeed"),
         "PYTHON": "/bin/false",  # `python -m venv` fails at once: nothing is downloaded
     }
     return subprocess.run(
@@ -36,7 +37,7 @@ def setup(*parts: str, tmp_path: Path, **env: str) -> subprocess.CompletedProces
 def test_an_unknown_part_is_refused_in_one_line(tmp_path: Path) -> None:
     proc = setup("apt", tmp_path=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "setup: unknown part apt (system, venv, mlflow, verl)"
+    assert proc.stderr.strip() == "setup: unknown part apt (system, venv, mlflow, verl, deepspeed)"
 
 
 def test_the_mlflow_part_asked_for_by_name_fails_loudly(tmp_path: Path) -> None:
@@ -70,3 +71,14 @@ def test_the_verl_part_fails_loudly_by_name_and_is_optional_in_a_whole_setup(
     proc = setup(tmp_path=tmp_path, SETUP_PARTS="verl")
     assert proc.returncode == 0, proc.stderr
     assert "the comparison with verl's own merger will be skipped" in proc.stderr
+
+
+def test_the_deepspeed_part_fails_loudly_by_name_and_is_optional_in_a_whole_setup(
+    tmp_path: Path,
+) -> None:
+    proc = setup("deepspeed", tmp_path=tmp_path)
+    assert proc.returncode == 1
+    assert "deepspeed did not install into" in proc.stderr
+    proc = setup(tmp_path=tmp_path, SETUP_PARTS="deepspeed")
+    assert proc.returncode == 0, proc.stderr
+    assert "the comparison with DeepSpeed's zero_to_fp32 will be skipped" in proc.stderr

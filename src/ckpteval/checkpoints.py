@@ -278,8 +278,9 @@ def _tmp_of(path: Path, name: str) -> bool:
 def writing_progress(path: Path) -> str:
     """How far a checkpoint being written got: the first shard not yet complete out of how many
     (`shard 2 of 2 as .tmp`, `... partly written`, `... not there yet`) when its format names
-    its shards (verl rank shards, an HF index), else the files still under a temporary name."""
-    from ckpteval.formats import verl
+    its shards (verl rank shards, DeepSpeed's rank files, an HF index), else the files still
+    under a temporary name."""
+    from ckpteval.formats import deepspeed, verl
     from ckpteval.formats.hf import expected_shards
 
     if not path.is_dir():
@@ -291,6 +292,8 @@ def writing_progress(path: Path) -> str:
         for rank in range(expected):
             name = f"model_world_size_{expected}_rank_{rank}.pt"
             shards.append((str((actor / name).relative_to(path)), name not in pending))
+    elif deepspeed.detect(path):
+        shards = deepspeed.expected_files(path)
     else:
         shards = expected_shards(path)
     for i, (name, complete) in enumerate(shards):
@@ -307,6 +310,8 @@ def writing_progress(path: Path) -> str:
     tmp = sorted(str(f.relative_to(path)) for f in path.rglob("*") if f.name.endswith(TMP_SUFFIXES))
     if tmp:
         return f"{tmp[0]} as .tmp" + (f" (+{len(tmp) - 1} more)" if len(tmp) > 1 else "")
+    if deepspeed.detect(path):
+        return deepspeed.pending_marker(path)
     return verl.pending_marker(path) if verl.detect(path) else ""
 
 

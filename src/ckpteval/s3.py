@@ -38,6 +38,10 @@ TRAINER_STATE = re.compile(
     r"training_args\.bin|optim_[^/]*|extra_state_[^/]*|[^/]*_optim_states\.pt)\Z|^critic/"
 )
 VERL_SHARD = re.compile(r"(?:actor/)?model_world_size_(\d+)_rank_(\d+)\.pt\Z")
+#: DeepSpeed ZeRO's files (ckpteval.formats.deepspeed): its optimizer states hold the fp32
+#: master weights, which are the checkpoint's model, so they are read (and downloaded).
+ZERO_MODEL = re.compile(r"(?:zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt\Z")
+ZERO_OPTIM = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt\Z")
 OF_N_SHARD = re.compile(r"(.*)-(\d+)-of-(\d+)\.(safetensors|bin)\Z")
 BARE_SUFFIXES = (".pt", ".pth", ".bin")
 
@@ -88,6 +92,8 @@ class S3Entry:
 
     def needed(self) -> tuple[S3Object, ...]:
         """The objects consolidation reads (what is downloaded, what the identity covers)."""
+        if any(ZERO_MODEL.match(o.rel) for o in self.objects):
+            return self.objects
         return tuple(o for o in self.objects if not TRAINER_STATE.search(o.rel))
 
     def identity(self) -> dict[str, dict[str, Any]]:
@@ -183,6 +189,8 @@ def waiting_for(entry: S3Entry, marker: str | None) -> str | None:
     files = entry.files
     if marker:
         return None if marker in files else f"no {marker} yet (runs.<name>.complete_marker)"
+    if any(ZERO_MODEL.match(rel) for rel in files):
+        return _zero_waiting(files)
     ranks = [m for rel in files if (m := VERL_SHARD.match(rel))]
     if ranks or "actor/fsdp_config.json" in files:
         world = max((int(m.group(1)) for m in ranks), default=0)
@@ -211,3 +219,19 @@ def _hf_waiting(files: dict[str, S3Object]) -> str | None:
         torch_files = [r for r in files if r.endswith(BARE_SUFFIXES) and "/" not in r]
         return None if torch_files else "no model weights yet"
     return None if "config.json" in files else "no config.json yet"
+
+
+def _zero_waiting(files: dict[str, S3Object]) -> str | None:
+    """A DeepSpeed ZeRO checkpoint: optimizer states for ranks 0..R with no gap (and, at stage
+    3, as many model states). The world size is inside the model states' pickle, so a missing
+    last rank shows only when consolidation reads it (one line naming the file)."""
+    ranks = sorted(int(m.group(1)) for rel in files if (m := ZERO_OPTIM.match(rel)))
+    if not ranks:
+        return "no *_optim_states.pt yet"
+    for rank in range(max(ranks) + 1):
+        if rank not in ranks:
+            return f"shard {rank + 1} of {max(ranks) + 1} not there yet"
+    stage3 = [rel for rel in files if ZERO_MODEL.match(rel) and rel.startswith("zero_pp_rank_")]
+    if stage3 and len(stage3) != len(ranks):
+        return f"{len(stage3)} of {len(ranks)} zero_pp_rank_*_model_states.pt there yet"
+    return None

@@ -14,11 +14,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from ckpteval.errors import UserError
-from ckpteval.formats import dcp, hf, lora, torch_save, verl
+from ckpteval.formats import dcp, deepspeed, hf, lora, torch_save, verl
 from ckpteval.formats.base import CheckpointFormat, SourceCheckpoint, TensorRef, checkpoint_error
 
 FORMATS: dict[str, CheckpointFormat] = {
-    fmt.name: fmt for fmt in (lora.FORMAT, verl.FORMAT, dcp.FORMAT, hf.FORMAT, torch_save.FORMAT)
+    fmt.name: fmt
+    for fmt in (
+        lora.FORMAT,
+        verl.FORMAT,
+        deepspeed.FORMAT,
+        dcp.FORMAT,
+        hf.FORMAT,
+        torch_save.FORMAT,
+    )
 }
 
 __all__ = [
