@@ -253,7 +253,11 @@ def measure(root: Path, checkpoints: int, profile: bool) -> dict[str, float]:
     row: dict[str, float] = {}
 
     def record(name: str, seconds: float) -> None:
+        # Printed as soon as measured: a run stopped by a time limit still says what it got.
         row[name], row[f"{name}_wall"] = seconds, WALL[-1]
+        print(
+            f"  {checkpoints} x 20 {name}: {seconds:.1f} s CPU [{WALL[-1]:.1f} s wall]", flush=True
+        )
 
     record("new", dry_run(work, REPO / "Snakefile", False))
     record("new_plain", dry_run(plain, plain / "Snakefile", False))

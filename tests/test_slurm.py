@@ -5,16 +5,20 @@ devices; it is started once for this module and every daemon is stopped by pid a
 record the GPU they saw (CUDA_VISIBLE_DEVICES), their SLURM_JOB_ID and when they ran; the node
 comes from SLURMD_NODENAME or the controller's job records. The tests assert on those records:
 every job ran, both nodes were used, never more than 16 GPU jobs at once, never two at once on one
-(node, GPU); first for a toy workflow of 17 GPU jobs, then for the repository's workflow.
+(node, GPU); first for a toy workflow of 17 GPU jobs, then for the repository's workflow, whose
+engine job then runs again while dry runs and `ckpteval status` plan beside it (planning is
+read-only even where every Slurm job's own Snakemake parses the workflow again).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -23,6 +27,8 @@ import pytest
 import yaml
 from conftest import small_config, write_config
 from slurm.cluster import SlurmCluster, missing_binaries, slurm_cluster
+
+from ckpteval.backends import cache_namespace
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "2node"
@@ -288,6 +294,99 @@ def test_workflow_runs_through_the_2node_profile(
     changed = {p for p, mtime in before.items() if p.stat().st_mtime_ns != mtime}
     assert changed == {target, target.with_suffix(".jsonl")}, sorted(map(str, changed))
 
+    live_rerun_beside_planning(cluster, tmp_path, profile, source.name)
+
+
+def live_rerun_beside_planning(cluster: SlurmCluster, work: Path, profile: Path, ckpt: str) -> None:
+    """The demo's engine job again (`-R infer`, its request cache set aside so that a real engine
+    generates) while this process runs `snakemake -n` five times and `ckpteval status` twice in
+    the same directory: under Slurm each job's own Snakemake parses the workflow again, so a parse
+    that removed or rewrote a marker or request file would cost the running job its outputs (a
+    retry, or a failed sweep). Every job runs once (Snakemake's log, and the controller's new
+    job ids: no resubmission), and the results equal the sweep's run alone above.
+
+    Folded into the sweep above rather than a sweep of its own: one engine job and its evaluate
+    (two Slurm jobs, each a parse), ~1 minute on top of the module."""
+    results = work / "results"
+    generation = results / "generations" / "demo" / ckpt / "arith" / "greedy-s42.jsonl"
+    alone = generation.read_bytes()
+    table_alone = metric_values(results)
+    card = json.loads((results / "models" / "demo" / f"{ckpt}.json").read_text())
+    cache = results / "cache" / cache_namespace(card)
+    aside = cache.with_name(cache.name + ".aside")
+    shutil.move(cache, aside)
+    jobs_before = set(slurm_job_nodes(cluster))
+    old_logs = set((work / "logs" / "infer").rglob("*.log"))
+    log = work / "live.log"
+    try:
+        with open(log, "w") as out:
+            live = subprocess.Popen(
+                workflow_command(work, profile, ["-R", "infer"]),
+                cwd=REPO,
+                env=workflow_env(cluster),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            wait_for_new_log(work / "logs" / "infer", old_logs, live)
+            for i in range(5):
+                dry = run_workflow(cluster, work, profile, ["-n"])
+                assert dry.returncode == 0, (dry.stdout + dry.stderr)[-3000:]
+                if i in (1, 3):
+                    status = subprocess.run(
+                        [sys.executable, "-m", "ckpteval.cli", "status"],
+                        cwd=work,
+                        capture_output=True,
+                        text=True,
+                        timeout=300,
+                    )
+                    assert status.returncode == 0, status.stderr[-3000:]
+            assert live.wait(timeout=600) == 0, log.read_text()[-4000:]
+        finally:
+            if live.poll() is None:
+                live.kill()
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.move(aside, cache)
+    text = log.read_text()
+    assert "Trying to restart" not in text and "MissingOutputException" not in text, text[-4000:]
+    started = Counter(
+        line.split()[1].rstrip(":")
+        for line in text.splitlines()
+        if line.startswith(("rule ", "localrule "))
+    )
+    # One job per rule on this one checkpoint's one cell, each exactly once.
+    assert {"infer", "generation", "evaluate", "aggregate"} <= set(started), started
+    assert set(started.values()) == {1}, started
+    # Slurm saw exactly the two submitted jobs (infer, evaluate): none was resubmitted.
+    assert len(set(slurm_job_nodes(cluster)) - jobs_before) == 2
+    assert generation.read_bytes() == alone
+    assert metric_values(results).equals(table_alone)
+    after = run_workflow(cluster, work, profile, ["-n"])
+    planned = after.stdout + after.stderr
+    assert "Nothing to be done" in planned, planned[-3000:]
+
+
+def metric_values(results: Path) -> pd.DataFrame:
+    """The summary's (run, step, task, variant, metric, value) rows, in a fixed order."""
+    table = pd.read_parquet(results / "summary" / "metrics.parquet")
+    keys = ["run", "step", "task", "variant", "metric"]
+    return table[[*keys, "value"]].sort_values(keys).reset_index(drop=True)
+
+
+def wait_for_new_log(
+    logs: Path, old: set[Path], live: subprocess.Popen[bytes], timeout: float = 300
+) -> None:
+    """Until the live sweep's engine job has started on its node (its log, a new name: each round
+    has its own)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if set(logs.rglob("*.log")) - old:
+            return
+        assert live.poll() is None, "the live sweep ended before its engine job started"
+        time.sleep(0.5)
+    raise AssertionError("the live sweep's engine job did not start")
+
 
 # --- helpers ---------------------------------------------------------------------------------
 
@@ -327,12 +426,13 @@ def run_snakemake(
     )
 
 
-def run_workflow(
-    cluster: SlurmCluster, workdir: Path, profile: Path, args: list[str], timeout: float = 600
-) -> subprocess.CompletedProcess[str]:
-    """The repository's workflow in `workdir` through `profile` with -j 16 on the test cluster."""
-    env = {**cluster.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
-    command = [
+def workflow_env(cluster: SlurmCluster) -> dict[str, str]:
+    return {**cluster.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
+
+
+def workflow_command(workdir: Path, profile: Path, args: list[str]) -> list[str]:
+    """The repository's workflow in `workdir` through `profile` with -j 16 (run from REPO)."""
+    return [
         sys.executable,
         "-m",
         "snakemake",
@@ -347,8 +447,20 @@ def run_workflow(
         *FAST_POLL,
         *args,
     ]
+
+
+def run_workflow(
+    cluster: SlurmCluster, workdir: Path, profile: Path, args: list[str], timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """The repository's workflow in `workdir` through `profile` with -j 16 on the test cluster."""
     return subprocess.run(
-        command, cwd=REPO, env=env, text=True, capture_output=True, timeout=timeout, check=False
+        workflow_command(workdir, profile, args),
+        cwd=REPO,
+        env=workflow_env(cluster),
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
     )
 
 
