@@ -4,6 +4,7 @@ its cells' identities, never from the config; the rest from runtime knobs; GPUs 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -43,3 +44,29 @@ def test_gpus_need_both_the_identity_and_the_safety_switch() -> None:
     off = EngineSettings.of_job(_smk({**KNOBS, "allow_tensor_parallel": False}), tp2)
     assert (engine_gpus(on.as_dict()), engine_gpus(off.as_dict())) == (2, 1)
     assert on.attempt == 1  # no attempt given: the first
+
+
+def test_a_setting_the_model_cannot_take_is_one_line_naming_the_config_key(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM's own config check (a pydantic ValidationError whose first line, all a job's log
+    kept, says only "1 validation error for ModelConfig"): ckpteval's line gives the reason and
+    the key to change. Real vLLM, no engine: the check runs before any weight is read."""
+    import json
+    import shutil
+
+    from vllm.config import ModelConfig
+
+    from ckpteval.backends.vllm import settings_refusal
+
+    for f in (demo_dir / "base").iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    with pytest.raises(Exception) as refused:
+        ModelConfig(model=str(tmp_path), max_model_len=4096)
+    line = settings_refusal(refused.value)
+    assert line is not None and "\n" not in line, line
+    assert "max_model_len (4096)" in line and "64" in line and "engine.max_model_len" in line
+    assert settings_refusal(RuntimeError("CUDA error")) is None

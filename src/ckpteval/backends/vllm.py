@@ -27,6 +27,24 @@ from ckpteval.errors import UserError
 log = logging.getLogger(__name__)
 
 
+def settings_refusal(exc: BaseException) -> str | None:
+    """The reason of vLLM's config check (a pydantic `ValidationError` raised before any weight
+    is loaded: a setting the model cannot take, such as `max_model_len` beyond the model's
+    context), as one line in ckpteval's terms; None for any other failure. Its first line
+    ("1 validation error for ModelConfig") says nothing, the reason is on the next ones."""
+    if type(exc).__name__ != "ValidationError":
+        return None
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    detail = next((x for x in lines[1:] if x.startswith("Value error")), None)
+    detail = (detail or (lines[1] if len(lines) > 1 else lines[0] if lines else "")).removeprefix(
+        "Value error, "
+    )
+    detail = detail.split(" To allow overriding", 1)[0]
+    if "max_model_len" in detail:
+        detail += " Lower engine.max_model_len in the config to the model's context."
+    return detail
+
+
 class VllmBackend(Backend):
     name = "vllm"
 
@@ -126,17 +144,25 @@ class VllmBackend(Backend):
                 self.model_dir,
                 self.cfg["gpu_memory_utilization"],
             )
-            self._lm = VLLM(
-                pretrained=str(self.model_dir),
-                dtype=self.cfg["dtype"],
-                max_model_len=self.cfg["max_model_len"],
-                seed=self.cfg["seed"],
-                tensor_parallel_size=self.cfg["tensor_parallel_size"],
-                gpu_memory_utilization=self.cfg["gpu_memory_utilization"],
-                enforce_eager=self.cfg["enforce_eager"],
-                batch_size="auto",
-                **extra,
-            )
+            try:
+                self._lm = VLLM(
+                    pretrained=str(self.model_dir),
+                    dtype=self.cfg["dtype"],
+                    max_model_len=self.cfg["max_model_len"],
+                    seed=self.cfg["seed"],
+                    tensor_parallel_size=self.cfg["tensor_parallel_size"],
+                    gpu_memory_utilization=self.cfg["gpu_memory_utilization"],
+                    enforce_eager=self.cfg["enforce_eager"],
+                    batch_size="auto",
+                    **extra,
+                )
+            except Exception as exc:
+                refusal = settings_refusal(exc)
+                if refusal is None:
+                    raise
+                raise UserError(
+                    f"vLLM refused the engine for {self.model_dir}: {refusal}"
+                ) from None
             self.load_seconds = time.monotonic() - start
             self.loads += 1
             log.info("engine loaded in %.1f s", self.load_seconds)
