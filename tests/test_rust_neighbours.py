@@ -198,3 +198,11 @@ def test_trait_impl_detection() -> None:
     ]
     assert [rust_checker._trait_impls(t) for t in has] == [True] * len(has)
     assert [rust_checker._trait_impls(t) for t in has_not] == [False] * len(has_not)
+    # A problem's tests are in the crate too: an impl there counts for each of its samples.
+    tests_impl = {
+        **EVENS,
+        "tests": EVENS["tests"] + "struct W;\nimpl Clone for W {\n"
+        "    fn clone(&self) -> Self {\n        W\n    }\n}\n",
+    }
+    assert rust_checker._make_unit(0, Job("evens", tests_impl, EVENS_OK), 3.0).trait_impls
+    assert not rust_checker._make_unit(0, Job("evens", EVENS, EVENS_OK), 3.0).trait_impls

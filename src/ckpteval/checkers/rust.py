@@ -33,9 +33,9 @@ define at its top level (a crate-wide impl can change type inference in a siblin
 non-ASCII identifiers. Trait impls are the one thing a sealed module does to the whole crate:
 with a dozen impls of `PartialEq<Own>` for `i64` in the crate, a sibling's `assert_eq!(got,
 vec![])` is "type annotations needed", an error that names neither the impls nor their file. So
-units whose program has a trait impl (`impl X for Y`, or `impl` in a text with `macro_rules!`)
-are batched only with each other, never with units that have none, and a compile error among
-them is confirmed by compiling that unit alone.
+units whose program or tests have a trait impl (`impl X for Y`, or `impl` in a text with
+`macro_rules!`) are batched only with each other, never with units that have none, and a
+compile error among them is confirmed by compiling that unit alone.
 When the batch fails, rustc's JSON diagnostics name the files holding each error; the units
 owning them get a compile_error verdict with those errors, errors spanning several units send
 those units to be compiled alone, and the rest is recompiled until it compiles. Anything else
@@ -734,7 +734,7 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
         hacks,
         refused,
         exits=bool(_EXITS.search(completion)),
-        trait_impls=_trait_impls(program),
+        trait_impls=_trait_impls(program) or _trait_impls(tests),
         timeout=timeout,
         replaced=replaced + in_program + in_tests,
     )
