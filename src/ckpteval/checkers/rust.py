@@ -29,7 +29,13 @@ or reaches outside its module (`crate`, `super`, inner attributes `#!`, `macro_e
 `file!`, `module_path!`, `type_name`, `env`), acts on the whole binary (`asm!`, `global_asm!`,
 `#[global_allocator]`, `#[no_mangle]`, `#[export_name]`, `#[link...]`, `#[used]`, `naked`,
 `debugger_visualizer`, attributes assembled by macros), implements a trait for a type it does not
-define (a crate-wide impl can change type inference in a sibling), or has non-ASCII identifiers.
+define at its top level (a crate-wide impl can change type inference in a sibling), or has
+non-ASCII identifiers. Trait impls are the one thing a sealed module does to the whole crate:
+with a dozen impls of `PartialEq<Own>` for `i64` in the crate, a sibling's `assert_eq!(got,
+vec![])` is "type annotations needed", an error that names neither the impls nor their file. So
+units whose program or tests have a trait impl (`impl X for Y`, or `impl` in a text with
+`macro_rules!`) are batched only with each other, never with units that have none, and a
+compile error among them is confirmed by compiling that unit alone.
 When the batch fails, rustc's JSON diagnostics name the files holding each error; the units
 owning them get a compile_error verdict with those errors, errors spanning several units send
 those units to be compiled alone, and the rest is recompiled until it compiles. Anything else
@@ -420,13 +426,15 @@ class _Unit:
     compile_s: float = 0.0
     timeout: float = 0.0
     replaced: int = 0  # code points UTF-8 cannot encode, replaced by U+FFFD
+    trait_impls: bool = False  # its program implements a trait: batched only with such units
 
 
 class RustChecker(Checker):
     name = "rust"
     #: 3: the tests see the prompt's contract; unsafe/FFI refused; text made UTF-8.
     #: 4: `&'static str` is honest (was refused as an item named `str`).
-    version = "4"
+    #: 5: a neighbour's trait impls can no longer make a correct sample a compile_error.
+    version = "5"
     default_timeout = 10.0
     compiles = True
     streams = False  # a call's samples are compiled together
@@ -499,7 +507,10 @@ class RustChecker(Checker):
         todo = units
         batched = [u for u in todo if not u.alone_only]
         size = max(1, min(self.batch_size, -(-len(batched) // (2 * workers))))
-        groups = [batched[i : i + size] for i in range(0, len(batched), size)]
+        groups = []
+        for impls in (False, True):  # a sample without trait impls never shares a crate with one
+            part = [u for u in batched if u.trait_impls == impls]
+            groups += [part[i : i + size] for i in range(0, len(part), size)]
         groups += [[u] for u in todo if u.alone_only]
         dirs: list[Path] = []
         lock = threading.Lock()
@@ -582,9 +593,13 @@ class RustChecker(Checker):
 
         A dropped unit's errors all lie in its own files, and a unit cannot see the others
         (anything that could is compiled alone), so its verdict is that of compiling it alone.
+        Except through trait impls, which are crate-wide: in a group of units that have some, an
+        error in a unit's own files may come from another's impls (rustc's "type annotations
+        needed" does not always name them), so such a unit is compiled alone for its verdict.
         Failures no unit can be blamed for (a link error, a timeout) send the whole group to be
         compiled unit by unit, each in a directory of its own.
         """
+        confirm = any(u.trait_impls for u in group)
         pending, alone = (list(group), []) if len(group) > 1 else ([], list(group))
         workdir = new_dir() if pending else None
         attempt = 0
@@ -612,7 +627,7 @@ class RustChecker(Checker):
                 break
             broken, entangled = blame
             for unit in pending:
-                if unit.index in entangled:
+                if unit.index in entangled or confirm and unit.index in broken:
                     alone.append(unit)
                 elif unit.index in broken:
                     unit.verdict = Verdict(
@@ -704,7 +719,7 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
     hacks, refused = static_hacks(completion, job.problem)
     alone = (
         bool(_ALONE_ONLY.search(completion))
-        or _foreign_impls(completion)
+        or _foreign_impls(program)
         or ("macro_rules" in completion and bool(_ALONE_WITH_MACROS.search(completion)))
         or not completion.isascii()
         and not _blank_comments_and_strings(program).isascii()
@@ -719,6 +734,7 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
         hacks,
         refused,
         exits=bool(_EXITS.search(completion)),
+        trait_impls=_trait_impls(program) or _trait_impls(tests),
         timeout=timeout,
         replaced=replaced + in_program + in_tests,
     )
@@ -960,16 +976,19 @@ def _std_macros_by_path(text: str) -> str:
     return "".join(pieces)
 
 
-def _foreign_impls(text: str) -> bool:
-    """Whether `text` implements a trait for a type it may not define (`impl T for i32`,
-    `impl<T> T for Vec<T>`, ...): such an impl is crate-wide and can change how a sibling's
-    types are inferred, so the sample compiles alone. A target counts as its own only when the
-    sample defines a type of that name, imports no item of that name (`use std::...::HashMap`
-    inside a module would make `impl ... for HashMap` an impl on std's, beside a `struct HashMap`
-    of its own) and has neither glob imports nor inline modules, where names can mean another
-    type than the top-level one."""
-    blank = _blank_comments_and_strings(text)
-    local = set(re.findall(r"\b(?:struct|enum|union)\s+(\w+)", blank))
+def _foreign_impls(program: str) -> bool:
+    """Whether `program` (the prompt with the completion) implements a trait for a type it may
+    not define (`impl T for i32`, `impl<T> T for Vec<T>`, ...): such an impl is crate-wide and
+    can change how a sibling's types are inferred, so the sample compiles alone. A target counts
+    as its own only when the program defines a type of that name at its top level (one inside a
+    function or a block leaves the top-level name to an import), imports no item of that name
+    (`use std::...::HashMap`, the prompt's included, would make `impl ... for HashMap` an impl
+    on std's beside a `struct HashMap` of its own), the target is no macro call (`m!()`: macros
+    and types have separate names), and there are neither glob imports nor inline modules, where
+    names can mean another type than the top-level one. (A wrong guess only costs speed: units
+    with trait impls never share a crate with units without, `RustChecker._compile_group`.)"""
+    blank = _blank_comments_and_strings(program)
+    local = _top_level_types(blank)
     imported: set[str] = set()
     for use in _USE.finditer(blank):
         imported.update(re.findall(r"\w+", use.group()))
@@ -981,11 +1000,47 @@ def _foreign_impls(text: str) -> bool:
         if target is None:
             continue  # an inherent impl
         head = re.match(r"\s*(\w+)", target.group(1))
-        if unsure or head is None or head.group(1) not in local or head.group(1) in imported:
+        if (
+            unsure
+            or head is None
+            or "!" in target.group(1)
+            or head.group(1) not in local
+            or head.group(1) in imported
+        ):
             return True
     return False
 
 
+def _top_level_types(blank: str) -> set[str]:
+    """Names of the structs, enums and unions `blank` (code without comments and strings)
+    defines outside any block, in one pass."""
+    names, depth = set(), 0
+    for match in _TYPE_OR_BRACE.finditer(blank):
+        if match.group(0) == "{":
+            depth += 1
+        elif match.group(0) == "}":
+            depth -= 1
+        elif depth == 0:
+            names.add(match.group(1))
+    return names
+
+
+_TYPE_OR_BRACE = re.compile(r"[{}]|\b(?:struct|enum|union)\s+(\w+)")
+
+
+def _trait_impls(program: str) -> bool:
+    """Whether `program` implements a trait (`impl X for Y`; in a macro, `impl` and `for` may
+    come from its arguments). A trait impl is crate-wide: with many impls of a standard trait on
+    a standard type in the crate, rustc reports another sample's `assert_eq!(got, vec![])` as
+    "type annotations needed" without naming them. Inherent impls, `impl Trait` in a signature
+    and derives (impls for the type they decorate) do not count."""
+    blank = _blank_comments_and_strings(program)
+    if _within(_IMPL, _FOR, blank):
+        return True
+    return "macro_rules" in blank and bool(re.search(r"\bimpl\b", blank))
+
+
+_FOR = re.compile(r"\bfor\b")
 _INLINE_MOD = re.compile(r"\bmod\s+\w+\s*\{")
 _IMPL_TARGET = re.compile(r"\bfor\s+(.*?)(?:\bwhere\b|$)", re.S)
 
