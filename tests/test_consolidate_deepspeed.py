@@ -230,3 +230,36 @@ def test_hf_trainers_deepspeed_checkpoint_stays_an_hf_checkpoint(tmp_path: Path)
     (checkpoint / "config.json").write_text("{}")
     assert detect_format(checkpoint) == "hf"
     assert detect_format(checkpoint / "global_step3") == "deepspeed"
+
+
+@pytest.mark.slow
+def test_a_zero_run_is_found_consolidated_and_evaluated_through_the_workflow(
+    tiny: Tiny, zero_runs: Path, tmp_path: Path
+) -> None:
+    """The run directory as OpenRLHF leaves it, pointed at with its base model only: the
+    workflow finds `global_step1` by default, consolidates it into the weights DeepSpeed's
+    zero_to_fp32 gives, generates from it and scores it into the summary. Reuses the module's
+    DeepSpeed run (the expensive part)."""
+    import pandas as pd
+    import yaml
+    from conftest import run_snakemake
+
+    cfg = tmp_path / "zero.yaml"
+    config = {
+        "runs": {"zero": {"path": str(zero_runs / "zero2"), "base_model": str(tiny.hf_dir)}},
+        "tasks": {"arith": {}},
+        "consolidate": {"smoke": "none", "dtype": "float32"},
+        "engine": {"max_model_len": 256},  # the tiny model's positions
+        "outdir": str(tmp_path / "results"),
+    }
+    cfg.write_text(yaml.safe_dump(config))
+    proc = run_snakemake(tmp_path, "--configfile", str(cfg), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tidy = pd.read_parquet(tmp_path / "results" / "summary" / "metrics.parquet")
+    assert set(zip(tidy["run"], tidy["ckpt"], tidy["task"])) == {("zero", "global_step1", "arith")}
+    assert (tidy["n"] > 0).all()
+    model = tmp_path / "results" / "models" / "zero" / "global_step1"
+    merged = load_weights(model)
+    want = {k: v for k, v in zero_to_fp32(zero_runs / "zero2").items() if k != TIED}
+    assert sorted(merged) == sorted(want)
+    assert all(torch.equal(merged[k], want[k]) for k in want)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from conftest import run_snakemake
@@ -301,13 +302,13 @@ def test_verl_megatron_checkpoint_is_refused_naming_the_merge_command(tmp_path: 
 
 
 @pytest.mark.slow
-def test_a_verl_run_uploaded_to_s3_is_found_and_consolidated_through_the_workflow(
+def test_a_verl_run_uploaded_to_s3_is_found_consolidated_and_evaluated_through_the_workflow(
     verl_run: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The verl layout end to end from object storage (a real S3 API server on loopback): the
     default patterns find `global_step_1` in the listing, only what consolidation reads is
-    downloaded (never the optimizer or extra state), and the model is the one a local
-    consolidation of the same shards gives. Reuses this module's FSDP run: building shards is
+    downloaded (never the optimizer or extra state), the model is the one a local
+    consolidation of the same shards gives, and it is evaluated into the summary. Reuses this module's FSDP run: building shards is
     the expensive part, the S3 server starts in a second."""
     s3 = pytest.importorskip("test_s3")
     run, _ = verl_run
@@ -316,9 +317,17 @@ def test_a_verl_run_uploaded_to_s3_is_found_and_consolidated_through_the_workflo
         s3._bucket(endpoint, "verl")
         s3._upload(endpoint, "verl", "ckpts/proj/exp", run)
         cfg = s3._workflow_config(tmp_path, "s3://verl/ckpts/proj/exp")
+        with cfg.open("a") as f:  # the tiny model has 256 positions
+            f.write("engine: {max_model_len: 256}\n")
         target = tmp_path / "results" / "models" / "s3run" / "global_step_1.json"
-        proc = run_snakemake(tmp_path, str(target), "--configfile", str(cfg), timeout=600)
+        proc = run_snakemake(tmp_path, "--configfile", str(cfg), timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
+    # Evaluated end to end: the consolidated model generated and was scored, in the summary.
+    tidy = pd.read_parquet(tmp_path / "results" / "summary" / "metrics.parquet")
+    assert set(zip(tidy["run"], tidy["ckpt"], tidy["task"])) == {
+        ("s3run", "global_step_1", "arith")
+    }
+    assert (tidy["n"] > 0).all()
     manifest = json.loads(target.read_text())
     assert manifest["format"] == "verl"
     read = sorted(manifest["source_files"])
