@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -240,3 +241,16 @@ def processes_with(marker: str) -> dict[str, bytes]:
         if marker.encode() in cmdline:
             found[pid] = cmdline
     return found
+
+
+def jobs_started_without_restart(log_text: str) -> Counter[str]:
+    """How many jobs of each rule a Snakemake log started, after checking that no job was
+    restarted and no output went missing (what a planning process beside a live sweep must never
+    cause: tests/test_plan_readonly.py, tests/test_slurm.py)."""
+    assert "Trying to restart" not in log_text, log_text[-4000:]
+    assert "MissingOutputException" not in log_text, log_text[-4000:]
+    return Counter(
+        line.split()[1].rstrip(":")
+        for line in log_text.splitlines()
+        if line.startswith(("rule ", "localrule "))
+    )

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 SETUP = REPO / "scripts" / "setup-env.sh"
 
@@ -62,23 +64,19 @@ def test_an_existing_mlflow_venv_is_kept(tmp_path: Path) -> None:
     assert mlflow.read_text() == "#!/bin/sh\n"
 
 
-def test_the_verl_part_fails_loudly_by_name_and_is_optional_in_a_whole_setup(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("part", "failed", "skipped"),
+    [
+        ("verl", "verl's model_merger", "verl's own merger"),
+        ("deepspeed", "deepspeed", "DeepSpeed's zero_to_fp32"),
+    ],
+)
+def test_a_comparison_part_fails_loudly_by_name_and_is_optional_in_a_whole_setup(
+    tmp_path: Path, part: str, failed: str, skipped: str
 ) -> None:
-    proc = setup("verl", tmp_path=tmp_path)
+    proc = setup(part, tmp_path=tmp_path)
     assert proc.returncode == 1
-    assert "verl's model_merger did not install into" in proc.stderr
-    proc = setup(tmp_path=tmp_path, SETUP_PARTS="verl")
+    assert f"{failed} did not install into" in proc.stderr
+    proc = setup(tmp_path=tmp_path, SETUP_PARTS=part)
     assert proc.returncode == 0, proc.stderr
-    assert "the comparison with verl's own merger will be skipped" in proc.stderr
-
-
-def test_the_deepspeed_part_fails_loudly_by_name_and_is_optional_in_a_whole_setup(
-    tmp_path: Path,
-) -> None:
-    proc = setup("deepspeed", tmp_path=tmp_path)
-    assert proc.returncode == 1
-    assert "deepspeed did not install into" in proc.stderr
-    proc = setup(tmp_path=tmp_path, SETUP_PARTS="deepspeed")
-    assert proc.returncode == 0, proc.stderr
-    assert "the comparison with DeepSpeed's zero_to_fp32 will be skipped" in proc.stderr
+    assert f"the comparison with {skipped} will be skipped" in proc.stderr

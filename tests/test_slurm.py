@@ -18,14 +18,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from conftest import small_config, write_config
+from conftest import jobs_started_without_restart, small_config, write_config
 from slurm.cluster import SlurmCluster, missing_binaries, slurm_cluster
 
 from ckpteval.backends import cache_namespace
@@ -349,12 +348,7 @@ def live_rerun_beside_planning(cluster: SlurmCluster, work: Path, profile: Path,
         shutil.rmtree(cache, ignore_errors=True)
         shutil.move(aside, cache)
     text = log.read_text()
-    assert "Trying to restart" not in text and "MissingOutputException" not in text, text[-4000:]
-    started = Counter(
-        line.split()[1].rstrip(":")
-        for line in text.splitlines()
-        if line.startswith(("rule ", "localrule "))
-    )
+    started = jobs_started_without_restart(text)
     # One job per rule on this one checkpoint's one cell, each exactly once.
     assert {"infer", "generation", "evaluate", "aggregate"} <= set(started), started
     assert set(started.values()) == {1}, started
