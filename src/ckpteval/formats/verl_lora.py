@@ -196,7 +196,7 @@ def open_lora(
     peft_model.load_state_dict(state, strict=False, assign=True)
     _retie(peft_model.get_base_model())
     tensors, folded = fold(peft_model, file)
-    notes = [*source.notes, f"folded the verl LoRA {folded} from {LORA_META}"]
+    notes = [*source.notes, f"folded the {folded} in (r and lora_alpha from {LORA_META})"]
     return SourceCheckpoint(
         path=path,
         tensors=tensors,
