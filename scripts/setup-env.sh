@@ -84,19 +84,20 @@ mlflow_venv() {
 # verl itself (its model_merger), for tests/test_consolidate_verl.py to compare ckpteval's merge of
 # verl's FSDP shards with verl's own, bit for bit. An environment of its own: verl pins transformers
 # below the project's. `--no-deps verl` plus only what `python -m verl.model_merger` imports (the
-# full verl requirements are the training stack: vllm, flash-attn, wandb, ...).
+# full verl requirements are the training stack: vllm, flash-attn, wandb, ...). peft: the merger
+# imports it to split a LoRA actor's adapter out.
 verl_venv() {
   local required=$1
   VERL_VENV=${VERL_VENV:-.venv-verl}
-  "$VERL_VENV/bin/python" -c 'import verl.model_merger' 2>/dev/null && return 0
+  "$VERL_VENV/bin/python" -c 'import verl.model_merger, peft' 2>/dev/null && return 0
   local pip=("$VERL_VENV/bin/pip" install --quiet --disable-pip-version-check)
   { "$PYTHON" -m venv "$VERL_VENV" &&
     { "${pip[@]}" torch==2.13.0+cpu 2>/dev/null ||
       "${pip[@]}" --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu; } &&
     "${pip[@]}" --no-deps verl==0.9.1 &&
     "${pip[@]}" "transformers>=5.5.3,<5.11,!=5.6.0" "tensordict>=0.8.0,<=0.10.0,!=0.9.0" \
-      accelerate numpy tqdm packaging pyyaml ray omegaconf &&
-    "$VERL_VENV/bin/python" -c 'import verl.model_merger'; } && return 0
+      accelerate numpy tqdm packaging pyyaml ray omegaconf peft==0.21.2 &&
+    "$VERL_VENV/bin/python" -c 'import verl.model_merger, peft'; } && return 0
   if [ "$required" = 1 ]; then
     echo "setup: verl's model_merger did not install into $VERL_VENV" >&2
     exit 1

@@ -9,10 +9,12 @@ way FSDP2 trainers do. By default (2 ranks), torch.distributed.checkpoint direct
 - `OUT_DIR/model_only/`: `dcp.save(model_state_dict)`;
 
 with `verl` (`verl-fsdp1`: the model wrapped in FSDP1's `FullyShardedDataParallel` with the
-mesh, as verl's FSDP1 workers do), a verl run directory as verl's `FSDPCheckpointManager.save_checkpoint` writes it, step
+mesh, as verl's FSDP1 workers do; `verl-lora`: the model wrapped with peft LoRA first, as verl's
+FSDP engine does for `lora_rank > 0`, only the adapter trained), a verl run directory as verl's `FSDPCheckpointManager.save_checkpoint` writes it, step
 1: `OUT_DIR/global_step_1/actor/` with `torch.save(model.state_dict())` per rank as
 `model_world_size_{W}_rank_{R}.pt` (DTensors), `optim_world_size_*`, `extra_state_world_size_*`,
-`fsdp_config.json`, `huggingface/` (config, generation config, tokenizer files copied from
+`fsdp_config.json`, `lora_train_meta.json` with LoRA (`r`, `lora_alpha`, `task_type`, as verl
+writes it), `huggingface/` (config, generation config, tokenizer files copied from
 MODEL_DIR, never weights), and `OUT_DIR/latest_checkpointed_iteration.txt` written last, as verl's trainer does.
 
 Both also write `OUT_DIR/reference.pt`: the full (unsharded) model state dict after the step,
@@ -27,6 +29,16 @@ import sys
 from pathlib import Path
 
 WORLD_SIZE = 2
+#: The LoRA verl's FSDP engine builds (`task_type`, `r`, `lora_alpha`, `target_modules`, no bias);
+#: dropout 0 so that the step is the same on every run.
+LORA = {
+    "task_type": "CAUSAL_LM",
+    "r": 4,
+    "lora_alpha": 16,
+    "lora_dropout": 0.0,
+    "target_modules": ["q_proj", "v_proj", "down_proj"],
+    "bias": "none",
+}
 
 
 def _free_port() -> int:
@@ -55,6 +67,10 @@ def _worker(rank: int, model_dir: str, out_dir: str, port: int, layout: str, wor
         torch.manual_seed(0)
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        if layout == "verl-lora":  # verl's FSDP engine: get_peft_model before sharding
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(**LORA))
         if layout == "verl-fsdp1":  # verl's FSDP1 workers: the wrapper, given the device mesh
             from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -63,10 +79,11 @@ def _worker(rank: int, model_dir: str, out_dir: str, port: int, layout: str, wor
                 model, device_mesh=mesh, use_orig_params=True, device_id=cpu
             )
         else:
-            for layer in model.model.layers:
+            for layer in model.get_decoder().layers:
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-2)
         generator = torch.Generator().manual_seed(rank)
         batch = torch.randint(0, model.config.vocab_size, (2, 16), generator=generator)
         model(input_ids=batch, labels=batch).loss.backward()
@@ -128,6 +145,9 @@ def _save_verl(model, optimizer, rank: int, world: int, model_dir: Path, out: Pa
                 shutil.copy(file, hf / file.name)
         config = {"FSDP_version": 1 if fsdp1 else 2, "world_size": world}
         (actor / "fsdp_config.json").write_text(json.dumps(config, indent=4))
+        if type(model).__name__.endswith("PeftModelForCausalLM"):  # verl's _save_lora_train_meta
+            meta = {key: LORA[key] for key in ("r", "lora_alpha", "task_type")}
+            (actor / "lora_train_meta.json").write_text(json.dumps(meta, indent=4))
     dist.barrier()
     if rank == 0:
         (out / "latest_checkpointed_iteration.txt").write_text("1")

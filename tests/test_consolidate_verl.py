@@ -6,13 +6,16 @@ weights must equal, bit for bit, both the in-memory model after the step and the
 own rule (`verl/model_merger/fsdp_model_merger.py`: every rank's DTensor piece cast to bfloat16,
 concatenated along its `Shard` dim in rank order), run by verl itself when the verl environment
 (`.venv-verl`, scripts/setup-env.sh part `verl`) is there, and otherwise by an independent copy of
-that rule below.
+that rule below. A LoRA actor (`verl-lora`: peft-wrapped before sharding, as verl's FSDP engine
+does) has its own module run; its fold must equal peft's merge of the in-memory model and of
+verl's merger output.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +56,26 @@ def verl_run(tiny: Tiny, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     """A verl experiment directory after one FSDP2 step on 2 ranks, and the full state dict."""
     run = tmp_path_factory.mktemp("verl") / "experiment"
     return run, _write_verl_run(tiny, run, 2)
+
+
+@pytest.fixture(scope="module")
+def verl_lora_run(tiny: Tiny, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A verl experiment directory after one FSDP2 step of a peft LoRA actor on 2 ranks, and
+    the full (peft-named) state dict. Its own run: the LoRA layout is what is tested."""
+    run = tmp_path_factory.mktemp("verl_lora") / "experiment"
+    return run, _write_verl_run(tiny, run, 2, "verl-lora")
+
+
+def _peft_merged(tiny: Tiny, reference: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The LoRA actor as it was in memory after the step, merged by peft (float32)."""
+    from helpers_fsdp import LORA
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny.hf_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(**LORA))
+    model.load_state_dict(reference)
+    return model.merge_and_unload().eval()
 
 
 def _trained(tiny: Tiny, reference: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -226,6 +249,116 @@ def test_fsdp1_shards_merge_as_verls_merger_merges_them(tiny: Tiny, tmp_path: Pa
     if by_verl is None:
         pytest.skip(f"verl's own model_merger not installed ({VERL_PYTHON} missing)")
     assert_bit_equal(ours, by_verl)
+
+
+def verl_merger_folded(actor: Path, target: Path) -> dict[str, torch.Tensor] | None:
+    """What a verl user does today with a LoRA actor: verl's `model_merger` (base model +
+    `lora_adapter/`, bfloat16), then peft's `PeftModel.from_pretrained(...).merge_and_unload()`
+    on them, in bfloat16. None without verl."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    if verl_merger_output(actor, target) is None:
+        return None
+    assert json.loads((target / "lora_adapter" / "adapter_config.json").read_text())["r"] == 4
+    base = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16)
+    folded = PeftModel.from_pretrained(base, str(target / "lora_adapter")).merge_and_unload()
+    return {k: v.detach() for k, v in folded.state_dict().items()}
+
+
+@pytest.mark.numeric
+@pytest.mark.slow
+def test_verl_lora_actor_is_folded_as_peft_folds_it(
+    tiny: Tiny, verl_lora_run: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """A LoRA actor's shards (peft names: base_layer, lora_A, lora_B; lora_train_meta.json)
+    become the merged model: in float32 exactly the in-memory peft model after the step merged
+    by peft (same op, same dtype, same machine); in bfloat16, bit for bit, verl's own merger
+    output with its adapter folded by peft (both cast to bfloat16 first, then peft's merge)."""
+    run, reference = verl_lora_run
+    step = run / "global_step_1"
+    assert detect_format(step) == "verl" and is_complete(step)
+    merged = _peft_merged(tiny, reference)
+    out_dir, manifest = consolidate(step, tmp_path, "fp32", dtype="float32")
+    assert any("folded the LORA adapter (r=4, alpha=16) in" in n for n in manifest["notes"])
+    assert manifest["tensors"]["tied_dropped"] == [TIED]
+    assert_same_model(out_dir, manifest, merged, tiny.tokenizer, torch.float32)
+    ours = load_weights(out_dir)
+    want = {k: v for k, v in merged.state_dict().items() if k != TIED}
+    assert sorted(ours) == sorted(want)
+    for name, tensor in want.items():
+        assert torch.equal(ours[name], tensor), name
+    # The adapter did something, and only where verl put it.
+    base = tiny.model.state_dict()
+    changed = sorted(k for k in want if not torch.equal(ours[k], base[k]))
+    assert changed == sorted(
+        f"model.layers.{i}.{m}.weight"
+        for i in range(2)
+        for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")
+    )
+
+    bf16 = load_weights(consolidate(step, tmp_path, "bf16", dtype="bfloat16", smoke="none")[0])
+    by_verl = verl_merger_folded(step / "actor", tmp_path / "verl_merged")
+    if by_verl is None:
+        pytest.skip(f"verl's own model_merger not installed ({VERL_PYTHON} missing)")
+    assert_bit_equal(bf16, by_verl)
+
+
+def _lora_step_copy(run: Path, root: Path) -> Path:
+    step = root / "global_step_1"
+    shutil.copytree(
+        run / "global_step_1", step, ignore=shutil.ignore_patterns("optim_*", "extra_*")
+    )
+    return step
+
+
+@pytest.mark.numeric
+@pytest.mark.slow
+def test_verl_lora_scale_comes_from_lora_train_meta_or_nothing_is_made(
+    tiny: Tiny, verl_lora_run: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """verl's merger falls back to lora_alpha 0 (an adapter scaled to nothing) when
+    lora_train_meta.json is missing or unreadable: here that is one line naming the file. The
+    file is part of the checkpoint's identity. Shards saved with save_lora_only (the adapter
+    alone) fold onto the run's base_model into the same model."""
+    from ckpteval.checkpoints import hash_source, source_files
+
+    run, reference = verl_lora_run
+    step = _lora_step_copy(run, tmp_path / "experiment")
+    meta = step / "actor" / "lora_train_meta.json"
+    assert "actor/lora_train_meta.json" in source_files(step)
+    before = hash_source(step)
+    good = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**good, "lora_alpha": 32}))
+    assert hash_source(step) != before
+
+    for content, problem in (
+        (None, r"lora_train_meta.json: missing: the rank shards hold a LoRA adapter"),
+        ("{not json", r"lora_train_meta.json: unreadable"),
+        ({**good, "lora_alpha": 0}, r"lora_train_meta.json: lora_alpha is 0: a positive number"),
+        ({"r": 4, "task_type": "CAUSAL_LM"}, r"lora_alpha is None: a positive number"),
+        ({**good, "r": 8}, r"lora_train_meta.json: says r=8, but .*lora_A has rank 4"),
+        ({**good, "use_rslora": True}, r"has use_rslora, which ckpteval does not fold"),
+    ):
+        meta.unlink(missing_ok=True)
+        if content is not None:
+            meta.write_text(content if isinstance(content, str) else json.dumps(content))
+        with pytest.raises(UserError, match=problem) as err:
+            consolidate(step, tmp_path, "bad", smoke="none")
+        assert "\n" not in str(err.value)
+    meta.write_text(json.dumps(good))
+
+    # save_lora_only: each rank's shard keeps only the adapter (verl's filter: "lora_" in k).
+    for shard in (step / "actor").glob("model_world_size_2_rank_*.pt"):
+        state = torch.load(shard, weights_only=False)
+        torch.save({k: v for k, v in state.items() if "lora_" in k}, shard)
+    with pytest.raises(UserError, match=r"holds the LoRA adapter alone .*set base_model"):
+        consolidate(step, tmp_path, "alone", smoke="none")
+    out_dir, _ = consolidate(step, tmp_path, "alone", dtype="float32", base_model=tiny.hf_dir)
+    ours = load_weights(out_dir)
+    for name, tensor in _peft_merged(tiny, reference).state_dict().items():
+        if name != TIED:
+            assert torch.equal(ours[name], tensor), name
 
 
 def _plain_verl_step(root: Path, world: int = 2) -> Path:

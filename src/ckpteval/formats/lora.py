@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 from ckpteval.errors import UserError
 from ckpteval.formats.base import (
@@ -94,25 +95,30 @@ def open_checkpoint(path: Path, base_model: Path | None, dtype: str) -> SourceCh
                 path / WEIGHTS,
                 f"does not fit base model {base}: {str(warning.message)[:300]}",
             )
-    merged = peft_model.merge_and_unload()
-    tensors = {
-        name: TensorRef(
-            name=name,
-            shape=tuple(value.shape),
-            dtype=value.dtype,
-            file=path / WEIGHTS,
-            read=in_memory(value),
-        )
-        for name, value in merged.state_dict().items()
-    }
-    config = peft_model.peft_config["default"]
-    notes = [
-        f"merged {getattr(config.peft_type, 'value', config.peft_type)} adapter "
-        f"(r={getattr(config, 'r', '?')}, alpha={getattr(config, 'lora_alpha', '?')}) into {base}"
-    ]
+    tensors, folded = fold(peft_model, path / WEIGHTS)
+    notes = [f"merged {folded} into {base}"]
     return SourceCheckpoint(
         path=path, tensors=tensors, label=WEIGHTS, meta_dir=path, base_dir=base, notes=notes
     )
+
+
+def fold(peft_model: Any, file: Path) -> tuple[dict[str, TensorRef], str]:
+    """peft's `merge_and_unload` (W + scale * B @ A per adapted layer, in the base weight's
+    dtype), the merged state dict as a checkpoint's tensors, and what was merged, for the notes.
+    The one fold every format that holds an adapter uses (`lora`, verl's LoRA actors)."""
+    config = peft_model.peft_config["default"]
+    folded = (
+        f"{getattr(config.peft_type, 'value', config.peft_type)} adapter "
+        f"(r={getattr(config, 'r', '?')}, alpha={getattr(config, 'lora_alpha', '?')})"
+    )
+    merged = peft_model.merge_and_unload()
+    tensors = {
+        name: TensorRef(
+            name=name, shape=tuple(value.shape), dtype=value.dtype, file=file, read=in_memory(value)
+        )
+        for name, value in merged.state_dict().items()
+    }
+    return tensors, folded
 
 
 FORMAT = CheckpointFormat(

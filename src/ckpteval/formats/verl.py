@@ -13,6 +13,9 @@ rank order; a `Replicate` dimension (HSDP's `ddp`) is taken from its first coord
 tensor is concatenated along dim 0. It is applied lazily, one tensor at a time, from the rank
 files loaded memory-mapped with `weights_only=True` (DTensor and its mesh are allowed types).
 
+Shards of a LoRA actor (peft's `lora_A`/`lora_B` names) have the adapter folded in by
+`verl_lora`, with the scale from `actor/lora_train_meta.json`.
+
 verl's Megatron backend (`actor/dist_ckpt/`) is recognised and refused with the command that
 merges it: no test here can build one.
 """
@@ -25,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ckpteval.formats import verl_lora
 from ckpteval.formats.base import (
     CheckpointFormat,
     SourceCheckpoint,
@@ -60,7 +64,8 @@ def actor_dir(path: Path) -> Path | None:
 
 def model_file(path: Path, file: Path) -> bool:
     """Whether `file` (under checkpoint `path`) is one consolidation reads: a model rank shard,
-    `fsdp_config.json` or a file of `huggingface/` (Megatron: `dist_ckpt/` too)."""
+    `fsdp_config.json`, `lora_train_meta.json` or a file of `huggingface/` (Megatron:
+    `dist_ckpt/` too)."""
     actor = actor_dir(path)
     if actor is None:
         return True
@@ -69,7 +74,8 @@ def model_file(path: Path, file: Path) -> bool:
     except ValueError:
         return False
     return bool(rel) and (
-        rel[0] in (FSDP_CONFIG, HF_DIR, MEGATRON_DIR) or SHARD_RE.match(rel[0]) is not None
+        rel[0] in (FSDP_CONFIG, HF_DIR, MEGATRON_DIR, verl_lora.LORA_META)
+        or SHARD_RE.match(rel[0]) is not None
     )
 
 
@@ -313,16 +319,8 @@ def open_checkpoint(path: Path, base_model: Path | None, dtype: str) -> SourceCh
             )
     states = {rank: _load_rank(files[rank], path) for rank in range(size)}
     tensors, non_tensors = _collect(path, states, files)
-    if any("lora_" in name for name in tensors):
-        raise checkpoint_error(
-            path,
-            files[0],
-            "holds LoRA weights (lora_A/lora_B), which ckpteval does not merge from verl shards: "
-            f"run `python -m verl.model_merger merge --backend fsdp --local_dir {actor} "
-            "--target_dir <dir>` and point a run at <dir>/lora_adapter with base_model set",
-        )
     meta = actor / HF_DIR
-    return SourceCheckpoint(
+    source = SourceCheckpoint(
         path=path,
         tensors=tensors,
         label=files[0].name,
@@ -330,6 +328,9 @@ def open_checkpoint(path: Path, base_model: Path | None, dtype: str) -> SourceCh
         non_tensors=non_tensors,
         notes=[f"merged {size} verl FSDP rank shards ({actor.name}/model_world_size_{size}_*)"],
     )
+    if verl_lora.has_lora(list(tensors)):
+        return verl_lora.open_lora(path, actor, source, base_model, dtype)
+    return source
 
 
 FORMAT = CheckpointFormat(
