@@ -416,17 +416,34 @@ def test_no_finished_generation_was_redone(sweeps: Sweeps) -> None:
             assert final[name][: len(keys)] == keys, (kill.phase, name)
 
 
+#: An engine job's count per cell at its start: "arith greedy-s42: 20 prompts, 3 cached, ..." or,
+#: for a harness task, "... 8 lm-eval generate_until requests, 3 cached, ...".
+FOUND = re.compile(
+    r"(\w+) greedy-s42: (\d+) (?:prompts|lm-eval generate_until requests), (\d+) cached"
+)
+
+
 @pytest.mark.slow
 def test_a_resumed_job_counts_exactly_what_it_found(sweeps: Sweeps) -> None:
-    """The last infer job's meta: prompts found in the cache + prompts generated = all of them,
-    and for each task the cached count is what the previous kill left there."""
+    """The engine job after the last infer kill found, per task, exactly the requests that kill
+    left in the cache (its log says so); every generation meta counts cached + generated = all
+    of them. A later round may re-serve a cell whose generation file the scoring kill cut off
+    (an engine job that finds everything cached and loads no engine): its meta then says all
+    cached, none generated."""
     last_kill = next(k for k in reversed(sweeps.kills) if k.phase.startswith("infer"))
+    left = {task: len(last_kill.cache_rows.get(f"{task}.jsonl", [])) for task in TASKS}
+    logs = sorted(
+        (sweeps.killed / "logs" / "infer").rglob("*.log"), key=lambda p: p.stat().st_mtime
+    )
+    counts = [{m[1]: (int(m[2]), int(m[3])) for m in FOUND.finditer(p.read_text())} for p in logs]
+    resumed = next(c for c in counts if c.get("arith") == (TASKS["arith"]["limit"], left["arith"]))
+    assert resumed == {task: (TASKS[task]["limit"], left[task]) for task in TASKS}, counts
     for path in (sweeps.killed / "results" / "generations").rglob("*.meta.json"):
         meta = json.loads(path.read_text())
         task = path.parent.name
         n = TASKS[task]["limit"]
         assert meta["n_cached_prompts"] + meta["n_generated_prompts"] == n, meta
-        assert meta["n_cached_prompts"] == len(last_kill.cache_rows.get(f"{task}.jsonl", [])), (
+        assert meta["n_cached_prompts"] == left[task] or meta["n_generated_prompts"] == 0, (
             task,
             meta,
         )
