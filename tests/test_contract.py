@@ -420,6 +420,9 @@ def test_replay_solutions_rerun_that_runs_cells_only(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep = Sweep(tmp_path, config, config, None)  # type: ignore[arg-type]
     assert planned(sweep, config, "same") == Counter()
+    # Nor is a replayed cell said to be from another model (its meta names the model card).
+    dry = run_snakemake(tmp_path, "-n", "--configfile", str(tmp_path / "replay.yaml"))
+    assert "rerun:" not in dry.stdout + dry.stderr, (dry.stdout + dry.stderr)[-3000:]
     _replay_verbs(sweep)
     config["runs"]["two"]["solutions"] = str(tmp_path / "b")  # run two's chain, nothing of one
     assert planned(sweep, config, "changed") == Counter(
