@@ -278,10 +278,9 @@ def bare_generate(work: Path, ckpt: str, tiny: bool) -> dict[str, Any]:
     engine = engine_config(tiny)
     extra = {} if has_cuda() else {"enable_chunked_prefill": False}  # as VllmBackend on CPU
     if not has_cuda():
-        from ckpteval.engine.kvcache import cpu_kv_cache_bytes
+        from ckpteval.engine.kvcache import cpu_engine_args
 
-        kv_bytes = cpu_kv_cache_bytes(model_dir, engine["max_model_len"])
-        extra.update({"kv_cache_memory_bytes": kv_bytes} if kv_bytes else {})
+        extra.update(cpu_engine_args(model_dir, engine["max_model_len"]))
     started = time.monotonic()
     llm = LLM(
         str(model_dir),

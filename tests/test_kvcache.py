@@ -34,6 +34,7 @@ def test_a_tiny_model_gets_the_floor_and_a_large_context_gets_its_sequences(tmp_
     monkeypatch.setattr(kvcache, "_available_memory", lambda: 64 * kvcache.GIB)
     model = write_config(tmp_path, LLAMA)
     assert kvcache.cpu_kv_cache_bytes(model, 4096) == kvcache.GIB
+    assert kvcache.cpu_engine_args(model, 4096) == {"kv_cache_memory_bytes": kvcache.GIB}
     wide = write_config(tmp_path, {**LLAMA, "num_hidden_layers": 32, "num_key_value_heads": 8})
     need = (
         kvcache.SEQUENCES
@@ -62,3 +63,4 @@ def test_vllms_own_sizing_is_left_alone_where_ckpteval_cannot_do_better(
     else:
         write_config(tmp_path, {"architectures": ["Mamba"]})
     assert kvcache.cpu_kv_cache_bytes(model, 4096) is None
+    assert kvcache.cpu_engine_args(model, 4096) == {}  # no engine argument: vLLM's own sizing

@@ -859,11 +859,9 @@ def smoke_vllm(model_dir: str, engine_args: dict[str, Any]) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu() and "kv_cache_memory_bytes" not in kwargs:
-        from ckpteval.engine.kvcache import cpu_kv_cache_bytes
+        from ckpteval.engine.kvcache import cpu_engine_args
 
-        kv_bytes = cpu_kv_cache_bytes(model_dir, kwargs.get("max_model_len") or 4096)
-        if kv_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = kv_bytes
+        kwargs.update(cpu_engine_args(model_dir, kwargs.get("max_model_len") or 4096))
     llm = LLM(model=model_dir, **kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=SMOKE_TOKENS, logprobs=1, seed=SMOKE_SEED)
     output = llm.generate([SMOKE_PROMPT], params, use_tqdm=False)[0].outputs[0]

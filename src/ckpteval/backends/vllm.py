@@ -130,12 +130,10 @@ class VllmBackend(Backend):
                 # vLLM's CPU worker crashes ("CPU Generator does not use offset") when a seeded
                 # sampling request's prompt is prefilled in chunks; whole-prompt prefill avoids it.
                 extra["enable_chunked_prefill"] = False
-                from ckpteval.engine.kvcache import cpu_kv_cache_bytes
+                from ckpteval.engine.kvcache import cpu_engine_args
                 from ckpteval.engine.swap import force_cpu_linear
 
-                kv_bytes = cpu_kv_cache_bytes(self.model_dir, self.cfg["max_model_len"])
-                if kv_bytes is not None:
-                    extra["kv_cache_memory_bytes"] = kv_bytes
+                extra.update(cpu_engine_args(self.model_dir, self.cfg["max_model_len"]))
 
                 forced = force_cpu_linear()
             start = time.monotonic()

@@ -55,6 +55,13 @@ def cpu_kv_cache_bytes(model_dir: Path | str, max_model_len: int) -> int | None:
     return need
 
 
+def cpu_engine_args(model_dir: Path | str, max_model_len: int) -> dict[str, int]:
+    """The vLLM engine argument for `cpu_kv_cache_bytes` (`kv_cache_memory_bytes`), or nothing
+    where vLLM's own sizing stays: what every engine ckpteval starts on CPU passes."""
+    need = cpu_kv_cache_bytes(model_dir, max_model_len)
+    return {} if need is None else {"kv_cache_memory_bytes": need}
+
+
 def _available_memory() -> int | None:
     try:
         import psutil
