@@ -123,6 +123,7 @@ def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
         "tasks.pyfunc.reasoning": {"end": "</think>", "budget": 8},
         "gpus": [],
         "publish.prefix": "eval",
+        "publish.trainer_names": True,
         "publish.wandb": {"project": "p", "mode": "offline"},
         "publish.wandb.project": "p",
         "publish.wandb.entity": "team",

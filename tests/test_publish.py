@@ -262,6 +262,9 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    wandb.teardown()  # wandb reads WANDB_DIR once per process: this test's, not an earlier one's
     return tmp_path
 
 
@@ -299,6 +302,119 @@ def test_wandb_offline_training_run_by_id_and_a_sibling_eval_run(wandb_offline: 
         "ckpteval/code/t08/pass@1": pytest.approx(0.35),
     }, "only the changed point is logged again, at its training step"
     assert wandb_history(wandb_offline, sibling)[0] == beta_rows, "beta unchanged: not resumed"
+
+
+# ------------------------------------------------------------------ under the trainer's names
+
+VAL = "val-core/openai/gsm8k/reward/mean@1"  # verl's name of the validation reward
+VAL_ACC = "val-core/openai/gsm8k/acc/mean@1"  # what verl logs when the reward returns `acc`
+# (run, ckpt, step, is_baseline, task, sampling, seed) -> {metric: value}: a reward task whose
+# rows carry verl's data_source, plus a task the trainer never logged
+REWARD_CELLS = {
+    ("alpha", "step_100", 100, False, "gsm8k", "greedy", 42): {
+        "reward_mean": 0.25,
+        "acc": 0.2,
+        VAL: 0.25,
+    },
+    ("alpha", "step_200", 200, False, "gsm8k", "greedy", 42): {
+        "reward_mean": 0.5,
+        "acc": 0.45,
+        VAL: 0.5,
+    },
+    ("alpha", "step_100", 100, False, "arith", "greedy", 42): {"pass@1": 0.4},
+}
+
+
+def write_trainer_run(tmp_path: Path, summary: Path, cells: dict, metrics: dict) -> Path:
+    """The trainer's validation curve as verl's file logger writes it (one `{"step", "data"}`
+    line per step, training steps between validations too) and the summary's
+    training_curve.csv built from it by the aggregate step's own code."""
+    from ckpteval.aggregate.training import training_table
+
+    log = tmp_path / "verl" / "alpha.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    lines = [{"step": s, "data": {"actor/pg_loss": 0.1 * s}} for s in (50, 150)]
+    lines += [{"step": s, "data": {VAL: v, VAL_ACC: v - 0.05}} for s, v in ((100, 0.3), (200, 0.5))]
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_table(summary, cells)
+    logs = {"alpha": {"path": str(log), "metrics": metrics}}
+    table = training_table(pd.read_parquet(summary / "metrics.parquet"), logs, {})
+    table.to_csv(summary / "training_curve.csv", index=False)
+    return log
+
+
+def test_trainer_names_put_the_reward_beside_the_trainers_curve_in_each_tracker(
+    tmp_path: Path, wandb_offline: Path
+) -> None:
+    """`trainer_names`: each metric the trainer logged too goes under the trainer's name, read
+    back by the reader ckpteval reads the trainer's own logs with (TensorBoard) and by MLflow's
+    client under the name verl's MLflow logger gives it (`@` -> `_at_`); everything else keeps
+    ckpteval's keys; the training run's own directory gets nothing."""
+    from ckpteval.trainlogs import read_curves
+
+    summary, logdir = tmp_path / "summary", tmp_path / "tb"
+    write_trainer_run(tmp_path, summary, REWARD_CELLS, {"acc": VAL_ACC})
+    uri = (tmp_path / "mlruns").as_uri()
+    settings = {
+        "trainer_names": True,
+        "tensorboard": {"logdir": str(logdir)},
+        "mlflow": {"tracking_uri": uri, "experiment": "sweep"},
+        "wandb": {"project": "rl", "mode": "offline"},
+    }
+    (logdir / "alpha").mkdir(parents=True)  # the training run's own directory
+    reports = publish(summary, settings)
+    assert not list((logdir / "alpha").iterdir()), "nothing into the training run's directory"
+    assert reports["tensorboard"]["target"]["runs"] == "<run>-eval"
+    curves = read_curves(logdir / "alpha-eval")
+    assert curves[VAL] == pytest.approx({100: 0.25, 200: 0.5})
+    assert curves[VAL_ACC] == pytest.approx({100: 0.2, 200: 0.45})  # mapped with `metrics:`
+    assert curves["ckpteval/gsm8k/reward_mean"] == pytest.approx({100: 0.25, 200: 0.5})
+    assert curves["ckpteval/arith/pass@1"] == pytest.approx({100: 0.4})
+    assert "ckpteval/gsm8k/acc" not in curves and f"ckpteval/gsm8k/{VAL}" not in curves
+
+    got = mlflow_points(uri, "sweep")
+    verl_mlflow = VAL.replace("@", "_at_")  # verl's _MlflowLoggingAdapter
+    assert [v for _, v in got[("alpha", verl_mlflow, 200)]] == [pytest.approx(0.5)]
+    assert ("alpha", "ckpteval/gsm8k/reward_mean", 200) in got
+
+    sibling = reports["wandb"]["runs"]["alpha"]["run_id"]
+    rows, metrics = wandb_history(wandb_offline, sibling)
+    assert {"name": VAL, "step_metric": "ckpteval/train_step"} in [
+        {k: m.get(k) for k in ("name", "step_metric")} for m in metrics
+    ], "the trainer's name is plotted over the training step"
+    trainer_rows = sorted((r["ckpteval/train_step"], r[VAL]) for r in rows if VAL in r)
+    assert trainer_rows == [(100, pytest.approx(0.25)), (200, pytest.approx(0.5))]
+
+    again = publish(summary, settings)
+    assert all((r["new"], r["changed"]) == (0, 0) for r in again.values())
+
+
+def test_trainer_names_refuse_the_training_run_itself_and_name_no_ambiguous_cell(
+    tmp_path: Path, wandb_offline: Path
+) -> None:
+    """Logging the trainer's names into the training run would interleave ckpteval's values
+    with the trainer's: one line, nothing sent. A trainer name two cells claim (a task under two
+    sampling configs) names neither, with a note. No training curve: one line."""
+    summary = tmp_path / "summary"
+    settings = {"wandb": {"project": "rl", "mode": "offline", "run_ids": {"alpha": "train1"}}}
+    with pytest.raises(UserError, match="no run's metric was matched"):
+        write_table(summary, REWARD_CELLS)
+        publish(summary, {**settings, "trainer_names": True})
+    write_trainer_run(tmp_path, summary, REWARD_CELLS, {})
+    with pytest.raises(UserError, match=r"run alpha publishes into its training run .*alpha-eval"):
+        publish(summary, {**settings, "trainer_names": True})
+    assert not (summary / "published").exists(), "nothing sent, no ledger"
+
+    cells = dict(REWARD_CELLS)
+    cells[("alpha", "step_100", 100, False, "gsm8k", "t08", 1)] = {"reward_mean": 0.2, VAL: 0.2}
+    write_trainer_run(tmp_path, summary, cells, {})
+    report = publish(summary, {"trainer_names": True, "tensorboard": {"logdir": str(tmp_path)}})
+    note = f"alpha: the trainer's {VAL} matches gsm8k/greedy/{VAL}, gsm8k/t08/{VAL}"
+    assert any(n.startswith(note) for n in report["tensorboard"]["notes"])
+    from ckpteval.trainlogs import read_curves
+
+    keys = set(read_curves(tmp_path / "alpha-eval"))
+    assert VAL not in keys and f"ckpteval/gsm8k/greedy/{VAL}" in keys
 
 
 # ------------------------------------------------------------------------------ command line

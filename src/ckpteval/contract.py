@@ -253,6 +253,7 @@ CONTRACT: tuple[Row, ...] = (
     ),
     Row("publish", NONE, "the publish section as a whole (its keys below decide)"),
     Row("publish.prefix", PUBLISH, "the keys the points are sent under"),
+    Row("publish.trainer_names", PUBLISH, "the keys the points are sent under, and where"),
     Row("publish.wandb", PUBLISH, "whether and where W&B gets the points"),
     Row("publish.wandb.project", PUBLISH, "where W&B gets the points"),
     Row("publish.wandb.entity", PUBLISH, "where W&B gets the points"),
@@ -564,7 +565,10 @@ def summary_identity(config: Mapping[str, Any]) -> Identity:
 def publish_identity(config: Mapping[str, Any]) -> Identity:
     """What the `publish` target's record depends on besides the tidy table: where and under
     which keys the points go (what was sent is the ledger's business, ckpteval.publish)."""
-    return Identity(_set({row.key: lookup(config, row.key) for row in rows_with(PUBLISH)}))
+    settings = {row.key: lookup(config, row.key) for row in rows_with(PUBLISH)}
+    # false is what unset means (no schema default: a new key must not change an identity)
+    settings["publish.trainer_names"] = settings.get("publish.trainer_names") or None
+    return Identity(_set(settings))
 
 
 def engine_payload(plan: Any, run: str, tasks: list[str]) -> dict[str, Any]:

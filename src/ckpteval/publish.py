@@ -7,6 +7,9 @@ Input: the tidy table `summary/metrics.parquet` (`ckpteval.aggregate.tables.TIDY
 `<prefix>/<task>/<sampling>/<metric>` for a task the table has under several sampling configs.
 A checkpoint without a step, a NaN value, or a second checkpoint of a run at a step already
 taken is skipped with one note line each.
+With `trainer_names`, a metric the trainer logged too (the summary's `training_curve.csv`) is
+keyed by the trainer's own name instead, and goes to an eval run beside the training run, never
+into it (TensorBoard `<logdir>/<run>-eval/`; W&B refuses a `run_ids` run for it).
 
 Idempotence: every (tracker, destination) has a ledger, `summary/published/<tracker>-<slug>.json`:
 `{tracker, target, points: {run: {key: {step: value}}}, runs: {run: tracker state}}` (the state:
@@ -56,23 +59,32 @@ Sent = dict[str, dict[str, dict[str, float]]]
 
 @dataclass(frozen=True)
 class Point:
-    """One scalar of one run at one training step."""
+    """One scalar of one run at one training step. `trainer` when `key` is the name the
+    trainer logs the same metric under (`publish.trainer_names`)."""
 
     run: str
     key: str
     step: int
     value: float
+    trainer: bool = False
+
+
+#: (run, task, sampling, metric) -> the trainer's name of that metric.
+TrainerNames = dict[tuple[str, str, str, str], str]
 
 
 # ---------------------------------------------------------------------------------------------
 # The table -> points
 
 
-def table_points(tidy: pd.DataFrame, prefix: str = DEFAULT_PREFIX) -> tuple[list[Point], list[str]]:
+def table_points(
+    tidy: pd.DataFrame, prefix: str = DEFAULT_PREFIX, names: TrainerNames | None = None
+) -> tuple[list[Point], list[str]]:
     """Seed-mean points of a tidy table, ordered by run, step, key; and notes on what was skipped.
 
     Seeds are averaged per (run, ckpt, task, sampling, metric) with `aggregate.tables.seed_table`, so a
-    published value is the number the report shows."""
+    published value is the number the report shows. A metric in `names` is keyed by the
+    trainer's name for it instead (`trainer_names`)."""
     from ckpteval.aggregate.tables import seed_table
 
     if tidy.empty:
@@ -95,12 +107,50 @@ def table_points(tidy: pd.DataFrame, prefix: str = DEFAULT_PREFIX) -> tuple[list
         parts = [prefix, row.task]
         if multi[row.task] > 1:
             parts.append(row.sampling)
-        key = "/".join([*parts, row.metric])
+        theirs = (names or {}).get((row.run, row.task, row.sampling, row.metric))
+        key = theirs or "/".join([*parts, row.metric])
         if row.mean is None or math.isnan(row.mean):
             notes.append(f"{row.run}/{row.ckpt}: {key} has no value; not published")
             continue
-        points[(row.run, key, step)] = Point(row.run, key, step, float(row.mean))
+        point = Point(row.run, key, step, float(row.mean), trainer=theirs is not None)
+        points[(row.run, key, step)] = point
     return sorted(points.values(), key=lambda p: (p.run, p.step, p.key)), notes
+
+
+def trainer_names(summary: Path) -> tuple[TrainerNames, list[str]]:
+    """The trainer's name of each metric the trainer logged too, from the summary's
+    `training_curve.csv` (`ckpteval.aggregate.training`: written with `runs.<run>.train_logs`);
+    and notes. A trainer name that two cells of a run claim (two tasks, or one task under two
+    sampling configs) names neither: both keep ckpteval's keys, with a note."""
+    import pandas as pd
+
+    from ckpteval.config import parse_variant
+
+    curve = summary / "training_curve.csv"
+    if not curve.exists():
+        raise UserError(
+            f"publish.trainer_names: {curve} does not exist: no run's metric was matched to a "
+            "curve its trainer logged; set runs.<run>.train_logs (docs/evaluate.md) and rebuild "
+            "the summary, or drop publish.trainer_names"
+        )
+    table = pd.read_csv(curve, usecols=["run", "task", "variant", "metric", "trainer_metric"])
+    claims: dict[tuple[str, str], set[tuple[str, str, str, str]]] = {}
+    for row in table.drop_duplicates().itertuples():
+        cell = (str(row.run), str(row.task), parse_variant(str(row.variant))[0], str(row.metric))
+        claims.setdefault((cell[0], str(row.trainer_metric)), set()).add(cell)
+    names: TrainerNames = {}
+    notes = []
+    for (run, theirs), cells in sorted(claims.items()):
+        if len(cells) == 1:
+            names[next(iter(cells))] = theirs
+            continue
+        which = ", ".join(
+            f"{task}/{sampling}/{metric}" for _, task, sampling, metric in sorted(cells)
+        )
+        notes.append(
+            f"{run}: the trainer's {theirs} matches {which}; published under ckpteval's keys"
+        )
+    return names, notes
 
 
 def pending(points: Sequence[Point], sent: Sent) -> tuple[list[Point], list[Point]]:
@@ -136,9 +186,12 @@ class Tracker:
 
     name: str
 
-    def __init__(self, settings: Mapping[str, Any], prefix: str) -> None:
+    def __init__(
+        self, settings: Mapping[str, Any], prefix: str, trainer_names: bool = False
+    ) -> None:
         self.settings = dict(settings)
         self.prefix = prefix
+        self.trainer_names = trainer_names
 
     def target(self) -> dict[str, Any]:
         """What names the destination (and so the ledger)."""
@@ -146,6 +199,10 @@ class Tracker:
 
     def check(self) -> None:
         """Raise a UserError for missing settings or package, before anything is sent."""
+
+    def refuse(self, points: Sequence[Point]) -> None:
+        """Raise a UserError for points this destination must not get, before anything is
+        sent."""
 
     def failures(self) -> tuple[type[BaseException], ...]:
         """The tracker's own errors for what the user's setup causes (no login, no server, no
@@ -175,7 +232,17 @@ class TensorBoard(Tracker):
     name = "tensorboard"
 
     def target(self) -> dict[str, Any]:
-        return {"logdir": str(Path(self._need("logdir")).resolve())}
+        target: dict[str, Any] = {"logdir": str(Path(self._need("logdir")).resolve())}
+        if self.trainer_names:  # another directory per run: another destination, its own ledger
+            target["runs"] = "<run>-eval"
+        return target
+
+    def run_dir(self, run: str) -> Path:
+        """`<logdir>/<run>`; `<logdir>/<run>-eval` with the trainer's names, which the training
+        run's own directory has already: TensorBoard merges a directory's files into one run,
+        and a tag shown across runs is one chart, so beside the training run is where they
+        belong."""
+        return Path(self.target()["logdir"]) / (f"{run}-eval" if self.trainer_names else run)
 
     def check(self) -> None:
         self._need("logdir")
@@ -187,7 +254,7 @@ class TensorBoard(Tracker):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        directory = Path(self.target()["logdir"]) / run
+        directory = self.run_dir(run)
         writer = EventFileWriter(str(directory), filename_suffix=".ckpteval")
         now = time.time()
         for p in sorted(current, key=lambda p: (p.step, p.key)):
@@ -325,6 +392,18 @@ class WandB(Tracker):
         target = self.target()
         return f"ckpteval-{sha256_json([target['entity'], target['project'], run])[:12]}", False
 
+    def refuse(self, points: Sequence[Point]) -> None:
+        """The training run itself already has its trainer's curve under those names: ckpteval's
+        values there would interleave with it. They go to the sibling run instead."""
+        given = self.settings.get("run_ids") or {}
+        for run in sorted({p.run for p in points if p.trainer and p.run in given}):
+            raise UserError(
+                f"publish.trainer_names: run {run} publishes into its training run "
+                f"(publish.wandb.run_ids.{run}), which has the trainer's own values under those "
+                f"names; drop its run id to publish to the sibling run {run}-eval (same project, "
+                f"group {run}), or drop publish.trainer_names"
+            )
+
     def send(
         self, run: str, points: Sequence[Point], current: Sequence[Point], state: dict[str, Any]
     ) -> dict[str, Any]:
@@ -348,6 +427,8 @@ class WandB(Tracker):
             step_key = f"{self.prefix}/train_step"
             handle.define_metric(step_key)
             handle.define_metric(f"{self.prefix}/*", step_metric=step_key)
+            for key in sorted({p.key for p in current if p.trainer}):
+                handle.define_metric(key, step_metric=step_key)
             by_step: dict[int, dict[str, float]] = {}
             for p in points:
                 by_step.setdefault(p.step, {})[p.key] = p.value
@@ -408,12 +489,17 @@ def publish(
             "config: publish: no tracker configured; add publish.wandb, publish.tensorboard or "
             "publish.mlflow (docs/publish.md)"
         )
-    instances = [TRACKER_CLASSES[t](settings.get(t) or {}, prefix) for t in chosen]
+    by_trainer = bool(settings.get("trainer_names"))
+    instances = [TRACKER_CLASSES[t](settings.get(t) or {}, prefix, by_trainer) for t in chosen]
     for tracker in instances:
         tracker.check()
     import pandas as pd  # here, not at the top: every Snakefile parse imports this module
 
-    points, notes = table_points(pd.read_parquet(table), prefix)
+    names, notes = trainer_names(summary) if by_trainer else ({}, [])
+    points, skipped = table_points(pd.read_parquet(table), prefix, names)
+    notes += skipped
+    for tracker in instances:
+        tracker.refuse(points)
     reports = {}
     for tracker in instances:
         reports[tracker.name] = _publish_one(summary, tracker, points, notes)
@@ -510,6 +596,14 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--mlflow-tracking-uri": ("mlflow.tracking_uri", "MLflow tracking URI (http://, file:, ...)"),
     "--mlflow-experiment": ("mlflow.experiment", "MLflow experiment (default: ckpteval)"),
 }
+#: Command-line switch -> (publish setting it sets, help).
+_SWITCHES: dict[str, tuple[str, str]] = {
+    "--trainer-names": (
+        "trainer_names",
+        "publish a metric the trainer logged too (runs.<run>.train_logs) under the trainer's "
+        "name, beside its curve",
+    ),
+}
 
 
 def add_publish_parser(subparsers: Any) -> Any:
@@ -536,6 +630,8 @@ def add_publish_parser(subparsers: Any) -> Any:
     )
     for flag, (_, text) in _FLAGS.items():
         parser.add_argument(flag, help=text)
+    for flag, (_, text) in _SWITCHES.items():
+        parser.add_argument(flag, action="store_true", default=None, help=text)
     parser.add_argument(
         "--wandb-run-id",
         action="append",
@@ -558,7 +654,8 @@ def run_publish(args: Any) -> int:
         validate_config(config)
     summary = args.summary or Path(config["outdir"]) / "summary"
     overrides: dict[str, Any] = {
-        setting: getattr(args, flag[2:].replace("-", "_")) for flag, (setting, _) in _FLAGS.items()
+        setting: getattr(args, flag[2:].replace("-", "_"))
+        for flag, (setting, _) in {**_FLAGS, **_SWITCHES}.items()
     }
     run_ids = {}
     for pair in args.wandb_run_id:
