@@ -479,6 +479,9 @@ def test_cli_publishes_and_reports_missing_tables_and_packages_in_one_line(tmp_p
     assert report["new"] == n and (summary / "published" / report["ledger"]).exists()
     again = _cli(args, tmp_path)
     assert f"tensorboard: 0 new, 0 changed, {n} unchanged" in again.stdout
+    by_trainer = _cli([*args, "--trainer-names"], tmp_path)  # no train_logs: no training curve
+    assert by_trainer.returncode == 2 and by_trainer.stderr.strip().count("\n") == 0
+    assert "publish.trainer_names: " in by_trainer.stderr and "train_logs" in by_trainer.stderr
 
 
 def _mlflow_server_command() -> list[str] | None:
