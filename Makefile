@@ -18,18 +18,25 @@ PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 setup: $(VENV)/.installed
 
+# What the demo needs: the system packages and .venv ($$SETUP_PARTS overrides: CI sets `venv`).
 $(VENV)/.installed: pyproject.toml scripts/setup-env.sh
-	bash scripts/setup-env.sh
+	SETUP_PARTS="$${SETUP_PARTS:-system venv}" bash scripts/setup-env.sh
+
+# What only tests use besides: the MLflow server's, verl's and DeepSpeed's environments (GBs that
+# `make demo` need not fetch; each optional: its tests skip, saying so, when it did not install).
+$(VENV)/.test-installed: $(VENV)/.installed scripts/setup-env.sh
+	SETUP_PARTS="mlflow verl deepspeed" bash scripts/setup-env.sh
+	touch $@
 
 demo: setup
 	$(PY) -m ckpteval.demo build --out resources/demo
 	$(VENV)/bin/snakemake --profile $(PROFILE)
 	@echo "demo: results in results/summary/ (metrics.md, report.html)"
 
-test: setup
+test: $(VENV)/.test-installed
 	bash scripts/pytest-table.sh $(PY) $(PARALLEL)
 
-test-fast: setup
+test-fast: $(VENV)/.test-installed
 	bash scripts/pytest-table.sh $(PY) $(PARALLEL) -m "not slow"
 
 test-threads: setup

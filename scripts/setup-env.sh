@@ -7,7 +7,8 @@
 # metadata-only `vllm` alias so lm-eval and `vllm serve` find a distribution named vllm.
 #
 # Usage: scripts/setup-env.sh [PART...], PART one of system, venv, mlflow, verl, deepspeed; none (or
-# $SETUP_PARTS) runs all five in that order. .ci/run runs them apart to overlap them: apt-get beside
+# $SETUP_PARTS) runs all five in that order. `make demo` asks for system and venv only; `make test`
+# adds the other three. .ci/run runs them apart to overlap them: apt-get beside
 # pip, the MLflow server's, verl's and DeepSpeed's environments beside the lint. `mlflow`, `verl`
 # and `deepspeed` asked for by name fail loudly; as part of the whole setup they are optional
 # (their tests skip without them).

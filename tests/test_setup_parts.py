@@ -80,3 +80,26 @@ def test_a_comparison_part_fails_loudly_by_name_and_is_optional_in_a_whole_setup
     proc = setup(tmp_path=tmp_path, SETUP_PARTS=part)
     assert proc.returncode == 0, proc.stderr
     assert f"the comparison with {skipped} will be skipped" in proc.stderr
+
+
+def make_plan(target: str, tmp_path: Path) -> str:
+    """What `make -n TARGET` would run on a fresh clone (no venv yet)."""
+    proc = subprocess.run(
+        ["make", "-n", target, f"VENV={tmp_path / 'venv'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return proc.stdout
+
+
+def test_make_demo_sets_up_only_what_the_demo_needs_and_make_test_the_rest(tmp_path: Path) -> None:
+    """`make demo` fetches no test-only environment (GBs: the MLflow server, verl, DeepSpeed);
+    `make test` builds them, as optional parts (their tests skip when one did not install)."""
+    demo = make_plan("demo", tmp_path)
+    assert 'SETUP_PARTS="${SETUP_PARTS:-system venv}" bash scripts/setup-env.sh' in demo
+    assert "mlflow" not in demo and "deepspeed" not in demo and "verl" not in demo
+    test = make_plan("test", tmp_path)
+    assert 'SETUP_PARTS="${SETUP_PARTS:-system venv}" bash scripts/setup-env.sh' in test
+    assert 'SETUP_PARTS="mlflow verl deepspeed" bash scripts/setup-env.sh' in test
