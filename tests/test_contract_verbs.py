@@ -121,24 +121,28 @@ def test_forcing_a_model_redoes_that_checkpoints_chain(sweep: Sweep) -> None:
 # test_a_failed_or_killed_job_of_any_rule_costs_no_other_file (below), one job of the rule failing:
 # the failed run and the next one together must redo exactly what `-R RULE` promises (`REDONE`),
 # so each rule's rerun and its failure are checked on one pair of runs instead of three runs.
-# The tests here check the plans of those verbs, and run `-R infer` and `-R endpoint`: the
-# failure of the only endpoint job leaves its forced cells undone (the next run does not force
-# them, and an engine job rerun regenerates no current cell), and the engine's failure is a test
-# of its own.
+# The tests here check the plans of those verbs, and run `-R endpoint` for real: the failure of
+# the only endpoint job leaves its forced cells undone (the next run does not force them, and an
+# engine job rerun regenerates no current cell). `-R infer` runs for real in the engine's failure
+# test (test_a_failed_engine_job_deletes_no_finished_file): one checkpoint's engine job fails,
+# the other's regenerates exactly its cells from the cache, and the next run finishes the sweep;
+# both checkpoints' engine jobs are one code path, so a successful `-R infer` run on top of it
+# would check nothing more than its plan does.
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule, cells", [("infer", VLLM_CELLS), ("endpoint", EP_CELLS)])
 def test_rerunning_an_infer_side_rule_regenerates_its_cells_without_engine_loads(
-    sweep: Sweep, rule: str, cells: list[tuple[str, ...]]
+    sweep: Sweep,
 ) -> None:
-    """Each engine rule for real: its engine jobs are served by the cache. `-R generation` by its
-    plan (for real with a failed job, below)."""
-    changed = run_verb(sweep, "-R", rule)
-    assert changed == cell_files("generations", cells) | cell_files("scores", cells)
+    """`-R endpoint` for real: its engine job is served by the cache. `-R infer` for real in
+    test_a_failed_engine_job_deletes_no_finished_file (its served checkpoint checked the same
+    way), here by its plan, as `-R generation` (for real with a failed job, below)."""
+    changed = run_verb(sweep, "-R", "endpoint")
+    assert changed == cell_files("generations", EP_CELLS) | cell_files("scores", EP_CELLS)
     # Served from the cache: no engine was started (a fresh sweep starts one per checkpoint).
-    assert set(loads(sweep, cells)) <= {0}
-    assert plan_verb(sweep, "-R", rule) == chain(cells)
+    assert set(loads(sweep, EP_CELLS)) <= {0}
+    assert plan_verb(sweep, "-R", "endpoint") == chain(EP_CELLS)
+    assert plan_verb(sweep, "-R", "infer") == chain(VLLM_CELLS)
     assert plan_verb(sweep, "-R", "generation") == chain(CELLS)
 
 
@@ -159,9 +163,12 @@ def test_rerunning_evaluate_or_aggregate_leaves_every_generation_alone(sweep: Sw
 
 @pytest.mark.slow
 def test_forceall_and_until_and_omit_from_plan_chains_that_run(sweep: Sweep) -> None:
-    everything = cell_files("generations", CELLS) | cell_files("scores", CELLS)
+    """`-F --until generation` for real, then plain `snakemake`: it stops after the generations
+    and the next run finishes the sweep. `--forceall` and `--omit-from` by their plans: that
+    run shows that forced consolidate, model_card, engine and generation jobs rewrite exactly
+    their outputs, and the failed-job pairs below show it for every rule (evaluate and
+    aggregate included) under `-R RULE`, which forces jobs the same way."""
     cards = model_cards(*{(c[0], c[1]) for c in CELLS})
-    assert run_verb(sweep, "--forceall") == everything | cards
     configfile = ("--configfile", str(sweep.work / "sweep.yaml"))
     before = results_state(sweep.work)
     proc = run_snakemake(sweep.work, "-F", "--until", "generation", *configfile)
@@ -177,6 +184,7 @@ def test_forceall_and_until_and_omit_from_plan_chains_that_run(sweep: Sweep) -> 
     assert plan_verb(sweep, "-F", "--until", "generation") == upto
     assert plan_verb(sweep, "-F", "--omit-from", "evaluate") == upto
     assert plan_verb(sweep, "-F") == chain(CELLS, model=True)
+    assert plan_verb(sweep, "--forceall") == chain(CELLS, model=True)
 
 
 @pytest.mark.slow
@@ -225,6 +233,8 @@ def test_a_failed_engine_job_deletes_no_finished_file(sweep: Sweep) -> None:
     assert set(before) <= set(after), "a failed job cost a finished file"
     redone = [c for c in VLLM_CELLS if c[1] == "step_100"]
     assert changed == cell_files("generations", redone) | cell_files("scores", redone)
+    # `-R infer` for real: the checkpoint whose cache was kept was served from it, no engine.
+    assert set(loads(sweep, redone)) <= {0}
     # With the model repaired, the next run finishes what the failure left: step_400's cells
     # (forced, not redone) are current, so only the summary is rebuilt.
     assert planned(sweep, sweep.config, "after-failure") == Counter({"aggregate": 1})
