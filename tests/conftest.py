@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -213,6 +213,46 @@ def dry_snakemake(
         err.seek(0)
         text = (out.read().decode(errors="replace"), err.read().decode(errors="replace"))
     return subprocess.CompletedProcess(["snakemake", *argv], returncode, *text)
+
+
+def forked_main(
+    main: Callable[[list[str]], object], argv: list[str], cwd: Path, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`main(argv)` (a command's entry point: `snakemake.cli.main`, `ckpteval.cli.main`) in a
+    process forked from this one, run from `cwd` with the workflow's environment, its exit code
+    and output captured as `subprocess.run` would. As in `dry_snakemake` (which adds `-n`), the
+    child inherits the imports, not the state: it parses its workflow or config from scratch in
+    its own process. For planning commands only (`--summary`, `--dag`, `ckpteval status`...):
+    jobs that run for real start from `run_snakemake`'s fresh interpreter."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+                os.chdir(cwd)
+                os.environ.update(WORKFLOW_ENV)
+                sys.argv = [str(getattr(main, "__module__", "main")), *argv]
+                result = main(argv)
+                code = result if isinstance(result, int) else 0
+            except SystemExit as done:
+                code = done.code if isinstance(done.code, int) else 1
+            except BaseException:  # noqa: BLE001 - reported to the parent as a failed run
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        returncode = _wait(pid, timeout)
+        out.seek(0)
+        err.seek(0)
+        text = (out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+    return subprocess.CompletedProcess([main.__module__, *argv], returncode, *text)
 
 
 def _wait(pid: int, timeout: float) -> int:

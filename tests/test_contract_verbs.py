@@ -101,11 +101,13 @@ def test_forcing_one_generation_file_regenerates_that_cell_only(sweep: Sweep) ->
 
 @pytest.mark.slow
 def test_forcing_a_meta_file_or_a_score_file_redoes_that_cell_only(sweep: Sweep) -> None:
+    """Both forced in one run (`-f` forces each target the same way; their cells and chains
+    are disjoint): the endpoint cell's generation files, the other cell's scores, and no more."""
     ep_one = [c for c in EP_CELLS if c[2] == "pyfunc"]
     meta = next(p for p in cell_files("generations", ep_one) if p.endswith(".meta.json"))
-    assert run_verb(sweep, f"results/{meta}", "-f") == cell_files("generations", ep_one)
     score = next(p for p in cell_files("scores", ONE) if p.endswith(".json"))
-    assert run_verb(sweep, f"results/{score}", "-f") == cell_files("scores", ONE)
+    changed = run_verb(sweep, f"results/{meta}", f"results/{score}", "-f")
+    assert changed == cell_files("generations", ep_one) | cell_files("scores", ONE)
 
 
 @pytest.mark.slow
@@ -120,25 +122,30 @@ def test_forcing_a_model_redoes_that_checkpoints_chain(sweep: Sweep) -> None:
 # generation, model_card, evaluate, aggregate) runs for real in
 # test_a_failed_or_killed_job_of_any_rule_costs_no_other_file (below), one job of the rule failing:
 # the failed run and the next one together must redo exactly what `-R RULE` promises (`REDONE`),
-# so each rule's rerun and its failure are checked on one pair of runs instead of three runs.
-# The tests here check the plans of those verbs, and run `-R infer` and `-R endpoint`: the
-# failure of the only endpoint job leaves its forced cells undone (the next run does not force
-# them, and an engine job rerun regenerates no current cell), and the engine's failure is a test
-# of its own.
+# so each rule's rerun and its failure are checked on one pair of runs instead of three runs
+# (the two model rules, whose chains are disjoint, on one pair together).
+# The tests here check the plans of those verbs, and run `-R endpoint` for real: the failure of
+# the only endpoint job leaves its forced cells undone (the next run does not force them, and an
+# engine job rerun regenerates no current cell). `-R infer` runs for real in the engine's failure
+# test (test_a_failed_engine_job_deletes_no_finished_file): one checkpoint's engine job fails,
+# the other's regenerates exactly its cells from the cache, and the next run finishes the sweep;
+# both checkpoints' engine jobs are one code path, so a successful `-R infer` run on top of it
+# would check nothing more than its plan does.
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule, cells", [("infer", VLLM_CELLS), ("endpoint", EP_CELLS)])
 def test_rerunning_an_infer_side_rule_regenerates_its_cells_without_engine_loads(
-    sweep: Sweep, rule: str, cells: list[tuple[str, ...]]
+    sweep: Sweep,
 ) -> None:
-    """Each engine rule for real: its engine jobs are served by the cache. `-R generation` by its
-    plan (for real with a failed job, below)."""
-    changed = run_verb(sweep, "-R", rule)
-    assert changed == cell_files("generations", cells) | cell_files("scores", cells)
+    """`-R endpoint` for real: its engine job is served by the cache. `-R infer` for real in
+    test_a_failed_engine_job_deletes_no_finished_file (its served checkpoint checked the same
+    way), here by its plan, as `-R generation` (for real with a failed job, below)."""
+    changed = run_verb(sweep, "-R", "endpoint")
+    assert changed == cell_files("generations", EP_CELLS) | cell_files("scores", EP_CELLS)
     # Served from the cache: no engine was started (a fresh sweep starts one per checkpoint).
-    assert set(loads(sweep, cells)) <= {0}
-    assert plan_verb(sweep, "-R", rule) == chain(cells)
+    assert set(loads(sweep, EP_CELLS)) <= {0}
+    assert plan_verb(sweep, "-R", "endpoint") == chain(EP_CELLS)
+    assert plan_verb(sweep, "-R", "infer") == chain(VLLM_CELLS)
     assert plan_verb(sweep, "-R", "generation") == chain(CELLS)
 
 
@@ -159,9 +166,12 @@ def test_rerunning_evaluate_or_aggregate_leaves_every_generation_alone(sweep: Sw
 
 @pytest.mark.slow
 def test_forceall_and_until_and_omit_from_plan_chains_that_run(sweep: Sweep) -> None:
-    everything = cell_files("generations", CELLS) | cell_files("scores", CELLS)
+    """`-F --until generation` for real, then plain `snakemake`: it stops after the generations
+    and the next run finishes the sweep. `--forceall` and `--omit-from` by their plans: that
+    run shows that forced consolidate, model_card, engine and generation jobs rewrite exactly
+    their outputs, and the failed-job pairs below show it for every rule (evaluate and
+    aggregate included) under `-R RULE`, which forces jobs the same way."""
     cards = model_cards(*{(c[0], c[1]) for c in CELLS})
-    assert run_verb(sweep, "--forceall") == everything | cards
     configfile = ("--configfile", str(sweep.work / "sweep.yaml"))
     before = results_state(sweep.work)
     proc = run_snakemake(sweep.work, "-F", "--until", "generation", *configfile)
@@ -177,29 +187,32 @@ def test_forceall_and_until_and_omit_from_plan_chains_that_run(sweep: Sweep) -> 
     assert plan_verb(sweep, "-F", "--until", "generation") == upto
     assert plan_verb(sweep, "-F", "--omit-from", "evaluate") == upto
     assert plan_verb(sweep, "-F") == chain(CELLS, model=True)
+    assert plan_verb(sweep, "--forceall") == chain(CELLS, model=True)
 
 
 @pytest.mark.slow
 def test_deleted_or_truncated_files_are_redone_and_nothing_else(sweep: Sweep) -> None:
+    """Five damages, one run: a deleted generation file, a deleted meta, a truncated generation
+    file, a truncated score cell and a truncated model card, each in cells of its own (no damage
+    is redone only because another one's chain covers it). Each one's chain is redone, and
+    nothing else."""
     root = sweep.work / "results"
-    gone_gen = [c for c in CELLS if c[:3] == ("demo", "step_100", "pyfunc")]
+    gone_gen = [c for c in CELLS if c[:3] == ("demo", "step_400", "pyfunc")]
     gone_meta = [c for c in CELLS if c[:3] == ("ep", "step_7", "arith")]
     cut_gen = [c for c in CELLS if c[:3] == ("demo", "step_400", "arith")]
-    cut_score = [c for c in CELLS if c[:3] == ("demo", "step_400", "pyfunc")]
-    (root / "generations/demo/step_100/pyfunc/greedy-s42.jsonl").unlink()
+    cut_score = [c for c in CELLS if c[:3] == ("demo", "step_400", "arith_harness")]
+    ckpt = [c for c in CELLS if c[:2] == ("demo", "step_100")]  # its model card, cut
+    (root / "generations/demo/step_400/pyfunc/greedy-s42.jsonl").unlink()
     (root / "generations/ep/step_7/arith/greedy-s42.meta.json").unlink()
     cut = root / "generations/demo/step_400/arith/greedy-s42.jsonl"
     cut.write_bytes(cut.read_bytes()[:-40])
-    score = root / "scores/demo/step_400/pyfunc/greedy-s42.json"
+    score = root / "scores/demo/step_400/arith_harness/greedy-s42.json"
     score.write_bytes(score.read_bytes()[:20])
-    changed = run_verb(sweep)
-    redone = gone_gen + gone_meta + cut_gen
-    assert changed == (cell_files("generations", redone) | cell_files("scores", redone + cut_score))
     card = root / "models/demo/step_100.json"
     card.write_bytes(card.read_bytes()[:30])
-    ckpt = [c for c in CELLS if c[:2] == ("demo", "step_100")]
     changed = run_verb(sweep)
-    expected = cell_files("generations", ckpt) | cell_files("scores", ckpt)
+    redone = gone_gen + gone_meta + cut_gen + ckpt
+    expected = cell_files("generations", redone) | cell_files("scores", redone + cut_score)
     assert changed == expected | model_cards(("demo", "step_100"))
 
 
@@ -225,6 +238,8 @@ def test_a_failed_engine_job_deletes_no_finished_file(sweep: Sweep) -> None:
     assert set(before) <= set(after), "a failed job cost a finished file"
     redone = [c for c in VLLM_CELLS if c[1] == "step_100"]
     assert changed == cell_files("generations", redone) | cell_files("scores", redone)
+    # `-R infer` for real: the checkpoint whose cache was kept was served from it, no engine.
+    assert set(loads(sweep, redone)) <= {0}
     # With the model repaired, the next run finishes what the failure left: step_400's cells
     # (forced, not redone) are current, so only the summary is rebuilt.
     assert planned(sweep, sweep.config, "after-failure") == Counter({"aggregate": 1})
@@ -232,23 +247,29 @@ def test_a_failed_engine_job_deletes_no_finished_file(sweep: Sweep) -> None:
 
 
 #: One job of each rule kind fails (a crash with a traceback) or is killed (SIGKILL), while
-#: every job of its rule is forced: (rule, failpoint, the result files the failing job may take
-#: with it, its own outputs). The engine rule fails for real in the test above.
+#: every job of its rule is forced: (rules, failpoints, the result files the failing jobs may
+#: take with them, their own outputs). The engine rule fails for real in the test above. The two
+#: model rules share one pair of runs: their chains are disjoint (the vLLM run's checkpoints,
+#: the endpoint run's), and so are their own files, so `-R consolidate model_card` must redo
+#: exactly the union of what each promises, while one job of each fails.
 FAILURES = [
-    ("consolidate", "consolidate@demo/step_400:kill", {"models/demo/step_400.json"}),
-    ("endpoint", "infer@ep/step_7:kill", set()),
     (
-        "generation",
+        ("consolidate", "model_card"),
+        "consolidate@demo/step_400:kill,model_card@ep/step_7",
+        {"models/demo/step_400.json", "models/ep/step_7.json"},
+    ),
+    (("endpoint",), "infer@ep/step_7:kill", set()),
+    (
+        ("generation",),
         "generation@demo/step_100/arith",  # in Snakemake's process: a crash, never a kill
         cell_files("generations", [c for c in CELLS if c[:3] == ("demo", "step_100", "arith")]),
     ),
-    ("model_card", "model_card@ep/step_7", {"models/ep/step_7.json"}),
     (
-        "evaluate",
+        ("evaluate",),
         "evaluate@demo/step_400/pyfunc:kill",
         cell_files("scores", [c for c in CELLS if c[:3] == ("demo", "step_400", "pyfunc")]),
     ),
-    ("aggregate", "aggregate@", set()),
+    (("aggregate",), "aggregate@", set()),
 ]
 
 
@@ -272,9 +293,15 @@ CACHED = {"generation": CELLS}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("rule", "failpoint", "own"), FAILURES, ids=[f[0] for f in FAILURES])
+@pytest.mark.parametrize(
+    ("rules", "failpoint", "own"), FAILURES, ids=["+".join(f[0]) for f in FAILURES]
+)
 def test_a_failed_or_killed_job_of_any_rule_costs_no_other_file(
-    sweep: Sweep, rule: str, failpoint: str, own: set[str], monkeypatch: pytest.MonkeyPatch
+    sweep: Sweep,
+    rules: tuple[str, ...],
+    failpoint: str,
+    own: set[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Snakemake deletes the outputs of a failed job, and only those: no job's failure takes a
     finished file of another job with it, and the next run finishes the sweep. The two runs
@@ -286,22 +313,24 @@ def test_a_failed_or_killed_job_of_any_rule_costs_no_other_file(
     mtime = summary.stat().st_mtime_ns
     before = results_state(sweep.work)
     monkeypatch.setenv(FAILPOINT_ENV, failpoint)
-    proc = run_snakemake(sweep.work, "-R", rule, *configfile)
+    proc = run_snakemake(sweep.work, "-R", *rules, *configfile)
     monkeypatch.delenv(FAILPOINT_ENV)
     assert proc.returncode != 0, (proc.stdout + proc.stderr)[-3000:]
     assert "Error in rule" in proc.stderr, proc.stderr[-3000:]
     lost = set(before) - set(results_state(sweep.work))
-    assert lost <= own, f"a failed {rule} job cost other files: {sorted(lost - own)}"
+    assert lost <= own, f"a failed {rules} job cost other files: {sorted(lost - own)}"
     rest = run_snakemake(sweep.work, *configfile)
     assert rest.returncode == 0, (rest.stdout + rest.stderr)[-4000:]
     after = results_state(sweep.work)
     assert set(before) <= set(after)
     assert planned(sweep, sweep.config, "after-failure") == Counter()
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
-    if REDONE[rule] is not None:
-        assert changed == REDONE[rule]
+    promised = [redone for rule in rules if (redone := REDONE[rule]) is not None]
+    if len(promised) == len(rules):
+        assert changed == set[str]().union(*promised)
         assert summary.stat().st_mtime_ns != mtime, "the summary was not rewritten"
-    if rule in CACHED:  # no engine was started (a fresh sweep starts one per checkpoint)
+    # No engine was started (a fresh sweep starts one per checkpoint).
+    for rule in set(rules) & set(CACHED):
         assert set(loads(sweep, CACHED[rule])) <= {0}
 
 

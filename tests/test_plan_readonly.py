@@ -24,7 +24,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import WORKFLOW_ENV, jobs_started_without_restart, run_snakemake, snakemake_cmd
+from conftest import (
+    REPO,
+    WORKFLOW_ENV,
+    dry_snakemake,
+    forked_main,
+    jobs_started_without_restart,
+    snakemake_cmd,
+)
 from contract_sweep import CELLS, Sweep, cell_files, planned, shared_sweep
 
 from ckpteval.backends import cache_namespace
@@ -58,21 +65,21 @@ def changed(before: dict[str, tuple[str, int]], after: dict[str, tuple[str, int]
     return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
 
 
-def ckpteval(sweep: Sweep, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ckpteval.cli",
-            *args,
-            "--configfile",
-            str(sweep.work / "sweep.yaml"),
-        ],
-        cwd=sweep.work,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def ckpteval(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`ckpteval ARGS` in `work`, forked from this process (conftest.forked_main: a fresh
+    interpreter's import of ckpteval proves nothing more about what the command writes)."""
+    from ckpteval.cli import main
+
+    return forked_main(main, list(args), work)
+
+
+def plan(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`snakemake ARGS` (a planning command: `-n ...`, `--summary`, `--dag`...) as the tests'
+    workflow runs invoke it, forked from this process: the child parses the real workflow and
+    config from scratch, as `python -m snakemake` would, without paying its imports (~4 s)."""
+    import snakemake.cli
+
+    return forked_main(snakemake.cli.main, snakemake_cmd(work, *args)[3:], REPO)
 
 
 GEN = "results/generations/demo/step_100/arith/greedy-s42.jsonl"
@@ -143,7 +150,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def jobs_planned(work: Path, *args: str) -> dict[str, int] | None:
-    proc = run_snakemake(work, *args)
+    proc = plan(work, *args)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Traceback" not in out, (args, out[-3000:])
     if "Nothing to be done" in out:
@@ -167,13 +174,7 @@ def test_every_verb_plans_its_chain_and_changes_no_file(synthetic: Path) -> None
             assert planned_jobs == jobs, args
         assert changed(before, tree(synthetic)) == [], args
     for command in ("status", "check"):
-        proc = subprocess.run(
-            [sys.executable, "-m", "ckpteval.cli", command],
-            cwd=synthetic,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        proc = ckpteval(synthetic, command)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert changed(before, tree(synthetic)) == [], command
 
@@ -223,11 +224,11 @@ def test_planning_a_finished_sweep_changes_no_file(sweep: Sweep) -> None:
     configfile = ("--configfile", str(sweep.work / "sweep.yaml"))
     before = tree(sweep.work)
     for args in PLANNING:
-        proc = run_snakemake(sweep.work, *args, *configfile)
+        proc = plan(sweep.work, *args, *configfile)
         assert proc.returncode == 0, (args, (proc.stdout + proc.stderr)[-3000:])
         assert changed(before, tree(sweep.work)) == [], args
     for command in ("status", "check"):
-        proc = ckpteval(sweep, command)
+        proc = ckpteval(sweep.work, command, *configfile)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert changed(before, tree(sweep.work)) == [], command
     assert planned(sweep, sweep.config, "readonly") == Counter()
@@ -274,10 +275,10 @@ def test_dry_runs_and_status_beside_a_live_sweep_cost_it_nothing(sweep: Sweep) -
         try:
             wait_for_engines(sweep.work, live, old_logs)
             for i in range(5):
-                proc = run_snakemake(sweep.work, "-n", *configfile)
+                proc = dry_snakemake(sweep.work, "-n", *configfile)
                 assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
                 if i in (1, 3):
-                    assert ckpteval(sweep, "status").returncode == 0
+                    assert ckpteval(sweep.work, "status", *configfile).returncode == 0
             assert live.wait(timeout=1800) == 0, log.read_text()[-4000:]
         finally:
             if live.poll() is None:
