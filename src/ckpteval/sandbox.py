@@ -208,6 +208,13 @@ class Command:
     #: command's own first process can deliver its result (`RunResult.channel`): not a process it
     #: starts, even one that inherited the descriptor.
     result_channel: bool = False
+    #: bwrap mode, with `python_file` and `result_channel`: fork the command from a warm zygote,
+    #: one per batch (see "Warm zygotes" in `_sandbox_driver.py`): a process with the batch's
+    #: isolation that ran the file once as `__ckpteval_zygote__`, this mapping (plain JSON data,
+    #: never a command's input) as its `__ckpteval_warm__`; each command is a fork that calls the
+    #: file's `main()`. Commands with equal `warm`, file, cwd, env and limits share the zygote;
+    #: if it cannot start or dies, the rest run as without.
+    warm: Mapping[str, object] | None = None
 
 
 def check_mode(mode: str) -> str:
@@ -466,6 +473,7 @@ def _batch_spec(
                 "stdout": str(io_dir / f"{i}.out"),
                 "stderr": str(io_dir / f"{i}.err"),
                 "result_channel": c.result_channel,
+                "warm": c.warm,
                 "memory_bytes": _memory_cap(c.limits),
                 "result": str(io_dir / f"{i}.result"),
                 "wall_s": c.limits.wall_limit,

@@ -104,6 +104,9 @@ def reseed():
                 pass
 """
 
+#: The completion and ground truth of the warm zygote's one call (`Command.warm`): no sample's.
+WARM_INPUT = "0"
+
 #: verl's config block of a custom reward function, which a task's `checker:` may be as pasted.
 VERL_BLOCK = "custom_reward_function"
 #: verl's keys in it -> ours.
@@ -191,6 +194,35 @@ def result_channel():
     return lambda data: (out.write(data.decode()), out.flush())
 
 
+WARM = {}
+
+
+def load(reward_file, name, paths):
+    key = (reward_file, name, tuple(paths))
+    if WARM.get("key") == key:  # forked from the warm zygote: the file ran there
+        return WARM["function"]
+    sys.path[:0] = paths
+    spec = importlib.util.spec_from_file_location("ckpteval_reward", reward_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def warm(spec):
+    # The zygote's warm-up: the file run and the function called once on a fixed input that is
+    # no sample's (its result or error ignored), so that each fork finds its first-call costs
+    # paid. A file that fails here is run again by each sample, which then fails alone.
+    try:
+        function = load(spec["reward_file"], spec["name"], spec["paths"])
+    except BaseException:
+        return
+    WARM.update(key=(spec["reward_file"], spec["name"], tuple(spec["paths"])), function=function)
+    try:
+        function(**spec["call"])
+    except BaseException:
+        pass
+
+
 def main():
     reseed()
     import builtins, ctypes, site
@@ -211,12 +243,8 @@ def main():
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    sys.path[:0] = job["paths"]
     try:
-        spec = importlib.util.spec_from_file_location("ckpteval_reward", job["reward_file"])
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        value = getattr(module, job["name"])(**job["call"])
+        value = load(job["reward_file"], job["name"], job["paths"])(**job["call"])
         out = {"value": plain(value)}
     except BaseException as exc:
         line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
@@ -229,7 +257,10 @@ def main():
     os._exit(0)
 
 
-main()
+if __name__ == "__main__":
+    main()
+elif __name__ == "__ckpteval_zygote__":
+    warm(__ckpteval_warm__)  # noqa: F821 - given by the sandbox's driver
 """
 )
 
@@ -423,8 +454,10 @@ class RewardFunctionChecker(Checker):
             workdir = Path(tmp)
             os.chmod(workdir, 0o755)
             os.chmod(jobs_dir, 0o700)  # the jobs: readable by the sandbox's root only
+            (workdir / "s").mkdir(mode=0o755)  # every sample's cwd (empty, read-only)
+            warm = None if self.exec_samples else self._warm(jobs)
             commands = [
-                self._command(workdir, Path(jobs_dir), i, job, timeout)
+                self._command(workdir, Path(jobs_dir), i, job, timeout, warm)
                 for i, job in enumerate(jobs)
             ]
             results = self.sandbox.run_many(
@@ -436,14 +469,37 @@ class RewardFunctionChecker(Checker):
             )
         return [self._verdict(job, result) for job, result in zip(jobs, results)]
 
+    def _warm(self, jobs: Sequence[Job]) -> dict[str, Any]:
+        """What the batch's warm zygote runs (`Command.warm`): the file, and one call on a fixed
+        input that is no sample's completion and no problem's answer (the batch's first data
+        source, so that a function dispatching on it warms the right branch)."""
+        call = {
+            "data_source": jobs[0].problem.get("data_source", "") if jobs else "",
+            "solution_str": WARM_INPUT,
+            "ground_truth": WARM_INPUT,
+            "extra_info": {},
+            **self.kwargs,
+        }
+        return {
+            "reward_file": str(self._code / "reward.py"),
+            "name": self.function,
+            "paths": [str(self._modules)],
+            "call": call,
+        }
+
     def _command(
-        self, workdir: Path, jobs_dir: Path, index: int, job: Job, timeout: float
+        self,
+        workdir: Path,
+        jobs_dir: Path,
+        index: int,
+        job: Job,
+        timeout: float,
+        warm: Mapping[str, Any] | None = None,
     ) -> Command:
         """A sample's command. Its job (the completion, the ground truth) is its stdin, a file in
         `jobs_dir` that no sample can open; the runner reads it before the function runs, and
-        answers on the sandbox's result channel."""
-        sample_dir = workdir / f"s{index}"
-        sample_dir.mkdir(mode=0o755)
+        answers on the sandbox's result channel. `warm`: fork it from the batch's warm zygote."""
+        sample_dir = workdir / "s"
         call = {
             "data_source": job.problem.get("data_source", ""),
             "solution_str": job.completion,
@@ -470,6 +526,7 @@ class RewardFunctionChecker(Checker):
             python_file=None if self.exec_samples else runner,  # bwrap: a fork of the driver
             stdin=job_file,
             result_channel=True,
+            warm=warm,
         )
 
     def _readable(self) -> list[Path]:
