@@ -240,3 +240,36 @@ def test_timeouts_and_crashes_fail_alone(verdicts: list[Any]) -> None:
     assert outcome["wrong"] == (False, "wrong_answer")
     honest = [v for (c, _), v in zip(BATCH, verdicts) if c == "right"]
     assert [(v.passed, v.score) for v in honest] == [(True, 1.0)] * 4
+
+
+#: A reward file whose import maps shared memory (what multiprocessing's locks do): every fork of
+#: a zygote would share it, a channel from one sample to the next.
+SHARED_MAPPING = """
+import mmap, os
+
+SHARED = mmap.mmap(-1, 4096)  # anonymous and shared: a fork writes what its siblings read
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    seen = SHARED[:64].rstrip(b"\\0").decode()
+    SHARED[:64] = solution_str.encode().ljust(64, b"\\0")
+    return {"score": 0.0, "seen": seen, "parent": os.getppid()}
+"""
+
+
+def test_a_warm_up_that_maps_shared_memory_gets_no_zygote(tmp_path: Path) -> None:
+    """Guard: the zygote refuses to serve when its warm-up left a shared writable mapping (each
+    sample then runs the file in a fork of the driver, as without zygotes)."""
+    (tmp_path / "reward.py").write_text(SHARED_MAPPING)
+    checker = get_checker(
+        "reward_function", reward_function=str(tmp_path / "reward.py"), self_test="off: a test"
+    )
+    jobs = [
+        Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": "x"}, f"secret-{i}")
+        for i in range(3)
+    ]
+    try:
+        infos = [v.extras["reward_info"] for v in checker.check_batch(jobs, 2.0)]
+    finally:
+        checker.close()
+    assert [info["seen"] for info in infos] == ["", "", ""]

@@ -850,7 +850,7 @@ class _Zygote:
         if ready != b"ready":
             for fd in fds:
                 os.close(fd)
-            self._die("its warm-up did not finish")
+            self._die(ready.decode("utf-8", "replace") if ready else "its warm-up did not finish")
             return
         self.roots = [(fd, os.fstat(fd).st_dev) for fd in fds]
         account.cgroup.base = None  # the memory limit counts from the warm zygote's pages
@@ -1021,9 +1021,8 @@ def _zygote_main(command, spec, control):
     _keep_fds((control,))
     _oom_first(_ZYGOTE_OOM_SCORE)
     _isolate(command, spec)
-    roots = [r for r in _visible(command, spec)] + [_STAGE]
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    shared = [os.open(r, flags) for r in roots]
+    roots = [os.open(r, flags) for r in [*_visible(command, spec), _STAGE]]
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     driver = os.getppid()
@@ -1038,14 +1037,29 @@ def _zygote_main(command, spec, control):
     import gc
     import socket
 
+    shared = _shared_writable_mapping()
+    if shared:  # every fork would share it: a channel from one sample to the next
+        socket.socket(fileno=3).send(f"its warm-up left a shared mapping: {shared}".encode())
+        os._exit(1)
+
     sys.stdout.flush()  # nothing the warm-up printed reaches a sample's files
     sys.stderr.flush()
     gc.freeze()  # a sample's collections never walk (so never copy) the warm heap
     channel = socket.socket(fileno=3)
-    socket.send_fds(channel, [b"ready"], shared)
-    for fd in shared:
+    socket.send_fds(channel, [b"ready"], roots)
+    for fd in roots:
         os.close(fd)
     _zygote_serve(channel, namespace, command, driver if spec.get("rootless") else None)
+
+
+def _shared_writable_mapping():
+    """A writable shared mapping of this process (/proc/self/maps), or None."""
+    with open("/proc/self/maps") as handle:
+        for line in handle:
+            fields = line.split()
+            if fields[1][1] == "w" and fields[1][3] == "s":
+                return " ".join(fields[:1] + fields[5:])[:200]
+    return None
 
 
 def _become_sandbox_uid(spec):
