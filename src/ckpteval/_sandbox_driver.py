@@ -40,14 +40,49 @@ installed packages with its `site_dirs` on the path (the reward checker: sympy, 
 cost 0.3-1 s each to import). Only trusted code runs before the fork; a fork's changes to a
 preloaded module (its globals, patched functions) die with it.
 
+Commands with `warm` (the reward checker's samples) are forked from a warm zygote instead: see
+"Warm zygotes" below.
+
 A command with `python_file` *and* `python_tests` is judged: see "Judged Python runs" below. Its
 result line adds "judge": what the test runner reported.
 
 argv: spec.json. spec: {"uid", "results", "site_dirs": [dir, ...], "preload": [module, ...],
 "commands": [{"argv", "python_file",
-"python_tests", "cwd", "env", "stdin", "stdout", "stderr", "wall_s", "rlimits": {"RLIMIT_AS": n, ...}}]}.
+"python_tests", "warm", "cwd", "env", "stdin", "stdout", "stderr", "wall_s", "rlimits": {"RLIMIT_AS": n,
+...}}]}.
 One JSON result line per command. `-c SOURCE --judge TESTS PROGRAM REPORT` runs one judged program
 without the sandbox (`sandbox: none`: same protocol, no uid split, so no protection).
+
+Warm zygotes
+------------
+A reward function's first call can cost more than scoring (math_verify builds its parser on
+first use: ~140 ms), and forking the driver, isolating and running the file per sample cost the
+rest. So the first command with `warm` (and those sharing its file, `warm`, cwd, env and limits:
+`_zygote_key`) gets a zygote, forked once per batch: `_child`'s per-batch part (its own mount and
+IPC namespaces, a fresh /tmp, the work directory covered, `no_new_privs`, the seccomp filter,
+rlimits, the sandbox uid or `_drop_root`), not dumpable, then, as the sandbox uid, it runs the
+command's Python file once as `__ckpteval_zygote__` with `warm` as `__ckpteval_warm__` (the reward
+runner runs the reward file and calls the function once on a fixed input that is no sample's) and
+freezes its heap out of the cyclic collector (`gc.freeze`: a fork's collections then copy none of
+it). A warm-up that left a writable shared mapping (each fork would share it) gets no zygote.
+
+Per command the driver opens its stdin, stdout and stderr and passes them, with its result
+channel, to the zygote (SCM_RIGHTS); the zygote forks and never reads them: the *fork* reads its
+job, so the zygote holds no sample's text. The fork takes a session of its own, those files as
+0-3 and no other descriptor, its rlimits (RLIMIT_CPU counts from the fork), asks to go first at
+the memory limit, and adds a seccomp filter refusing signals and pidfds aimed at the zygote (and,
+rootless, the driver), kill(-1), and making SysV IPC objects or POSIX message queues (they would
+live in the IPC namespace the zygote's samples share: refused, so nothing is left to remove);
+then calls the file's `main()`. The zygote reports the fork's pid, waits for it and reports its
+status, CPU and peak memory. The driver times, charges and kills it as any command (the cgroup's
+count while it ran; the zygote's warm-up is before, and its pid is left out of the /proc count),
+keeps only the fork's pid's result, then kills every process but the zygote and empties what the
+samples share, the zygote's /tmp, covers and /dev/shm, through directory descriptors the zygote
+sent it before dropping root: no symlink followed, no mount entered (`_empty_dir`). Samples run
+one at a time, so none sees another's files, processes or IPC; a sample's changes to the
+warmed modules die with its fork. A zygote that does not warm up, stops answering or dies is
+killed; the driver says so on its stderr once and runs the rest of the batch the usual way (the
+command it was running, again from the start).
 
 Judged Python runs
 ------------------

@@ -29,20 +29,23 @@ SandboxFusion URL, a reward-model server), each sample still in its own process 
 timeout.
 
 What runs where, and what it costs. A reward function's imports (sympy, math_verify, ...) take
-0.3-1 s each, more than scoring a sample. So in the bwrap sandbox they are paid once per batch:
-the sandbox's driver (ckpteval._sandbox_driver), as the sandbox's root before any sample, adds
-this environment's site-packages to its path and imports the installed packages the file
-imports (`preload_modules`: found by reading the file, never by running it; the standard
-library's and the modules beside the file are left out, and one that fails to import is
-skipped). Each sample is then a fork of the driver that drops to the sandbox uid, its limits
-and namespaces, and only then runs the runner: it executes the reward file (the user's code
-runs in no other process) and calls the function. A fork's changes (module globals, a patched
-sympy, a crash, a kill of its group) die with it, so every sample is a first call. A sample
-costs a fork, its isolation and a first call: bench/reward.py measured 90 ms a sample with
-sympy and 330 ms with math_verify (whose first call in a process imports more of sympy and
-builds its parser), against 1 and 10 ms in-process, and 2.6 and 2.4 s when each sample imported
-them itself (docs/evaluate.md says where the time goes). `trusted: true` and `sandbox:
-none` exec a fresh interpreter per sample, imports included.
+0.3-1 s each and its first call may cost more than scoring (math_verify builds its parser:
+~140 ms). So in the bwrap sandbox both are paid once per batch: the sandbox's driver
+(ckpteval._sandbox_driver), as the sandbox's root before any sample, adds this environment's
+site-packages to its path and imports the installed packages the file imports
+(`preload_modules`: found by reading the file, never by running it; the standard library's and
+the modules beside the file are left out, and one that fails to import is skipped). It then forks
+the batch's warm zygote (`Command.warm`, "Warm zygotes" in the driver), which takes the batch's
+namespaces, /tmp, seccomp filter, limits and the sandbox uid, and only then runs the reward file
+and calls the function once on a fixed input (`WARM_INPUT` as completion and ground truth, the
+batch's first data source, `kwargs`): no sample's text. Each sample is a fork of it that reads
+its own job from its stdin and calls the function. A fork's changes (module globals, a patched
+sympy, a crash, a kill of its group) die with it; what it leaves in /tmp is emptied and its
+processes killed before the next; so every sample starts from the same warm state, its call the
+second in its process (after the warm-up's). A zygote that cannot warm up (or whose warm-up
+leaves a shared writable mapping) or dies falls back to forking each sample from the driver,
+which then runs the file itself. `trusted: true` and `sandbox: none` exec a fresh interpreter
+per sample, imports included. docs/evaluate.md has the figures (bench/reward.py).
 
 The file's content and `name` are part of the cell's scoring identity: editing the function
 rescores, moving the file reruns nothing (ckpteval.contract). So are the modules it imports from
