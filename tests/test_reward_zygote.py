@@ -5,15 +5,20 @@ each assertion names the guard it proves (a zygote without it fails here)."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ckpteval.checkers import Job, get_checker
+from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers.reward import WARM_INPUT
 
+SRC = Path(__file__).resolve().parents[1] / "src"
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 #: A reward function whose completion says what the sample does; it reports what its process
@@ -80,15 +85,20 @@ def attack_zygote():
         "kill -1": refused(lambda: os.kill(-1, signal.SIGKILL)),
         "ptrace": libc.ptrace(16, z, None, None) == -1,
     }
-    for what in ("mem", "fd", "environ"):
+    for what in ("mem", "environ"):
         try:
-            if what == "fd":
-                os.listdir(f"/proc/{z}/fd")
-            else:
-                open(f"/proc/{z}/{what}", "rb").read(1)
+            open(f"/proc/{z}/{what}", "rb").read(1)
             out[what] = False
         except OSError:
             out[what] = True
+    opened = 0
+    for fd in range(64):
+        try:
+            os.close(os.open(f"/proc/{z}/fd/{fd}", os.O_RDONLY))
+            opened += 1
+        except OSError:
+            pass
+    out["fd"] = opened == 0
     return out
 
 
@@ -161,8 +171,34 @@ BATCH = [
 ]
 
 
-@pytest.fixture(scope="module")
-def verdicts(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+#: Run by `nobody` (rootless bwrap: the zygote, its samples and the driver share one uid): the
+#: batch's verdicts as JSON.
+AS_NOBODY = """
+import json, os, sys, tempfile
+from pathlib import Path
+from ckpteval.checkers import Job, Verdict, get_checker
+
+data = json.load(open(sys.argv[1]))
+folder = Path(tempfile.mkdtemp())
+(folder / "reward.py").write_text(data["source"])
+checker = get_checker("reward_function", reward_function=str(folder / "reward.py"),
+                      self_test="off: a test")
+jobs = [Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": gt}, c)
+        for i, (c, gt) in enumerate(data["batch"])]
+try:
+    verdicts = checker.check_batch(jobs, 2.0)
+finally:
+    checker.close()
+print(json.dumps([[v.passed, v.error_type, v.score, v.extras] for v in verdicts]))
+"""
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+@pytest.fixture(scope="module", params=["root", "rootless"])
+def verdicts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The batch's verdicts, run by root (the sandbox's uid split) and by `nobody` (rootless)."""
+    if request.param == "rootless":
+        return _as_nobody()
     folder = tmp_path_factory.mktemp("fn")
     (folder / "reward.py").write_text(ATTACKS)
     checker = get_checker(
@@ -176,6 +212,31 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
         return checker.check_batch(jobs, 2.0)
     finally:
         checker.close()
+
+
+def _as_nobody() -> list[Any]:
+    if os.geteuid() != 0 or shutil.which("runuser") is None or not SYSTEM_PYTHON.exists():
+        pytest.skip("needs root (to become nobody), runuser and Debian's python3")
+    with tempfile.TemporaryDirectory(prefix="ckpteval-rootless-") as tmp:  # not root's tmp_path
+        work = Path(tmp)
+        os.chmod(work, 0o755)
+        (work / "run.py").write_text(AS_NOBODY)
+        (work / "data.json").write_text(json.dumps({"source": ATTACKS, "batch": BATCH}))
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC), "TMPDIR": "/tmp", "HOME": tmp}
+        done = subprocess.run(
+            [shutil.which("runuser") or "runuser", "-u", "nobody", "--", str(SYSTEM_PYTHON)]
+            + [str(work / "run.py"), str(work / "data.json")],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    return [
+        Verdict(passed, error, score=score, extras=extras) for passed, error, score, extras in rows
+    ]
 
 
 def _info(verdicts: list[Any], completion: str, nth: int = 0) -> dict[str, Any]:
