@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ckpteval.checkers import Job, Verdict, get_checker
-from ckpteval.checkers.reward import RewardFunctionChecker, preload_modules
+from ckpteval.checkers.reward import WARM_CALLS, RewardFunctionChecker, preload_modules
 
 PROBLEM = {"task_id": "1", "ground_truth": "2", "question": "1 + 1?"}
 
@@ -135,10 +135,15 @@ def test_every_sample_is_a_first_call_whatever_the_others_changed(tmp_path: Path
     assert checker.preload == ["sympy"]
     verdicts = _one_batch(checker, ["2", "1 + 1", "3", "2", "x"])
     assert [v.passed for v in verdicts] == [True, True, False, True, False]
-    # Each sample is forked from the batch's warm zygote, which made the one call before it
-    # (on a fixed input): every sample's is the second, whatever the others changed.
+    # Each sample is forked from the batch's warm zygote, which made its calls (on fixed inputs)
+    # before: every sample's is the one after those, whatever the others changed.
+    warm = len(WARM_CALLS)
     for verdict in verdicts:
-        assert verdict.extras["reward_info"] == {"calls": 2, "marks": 2, "preloaded": True}
+        assert verdict.extras["reward_info"] == {
+            "calls": warm + 1,
+            "marks": warm + 1,
+            "preloaded": True,
+        }
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ckpteval.checkers import Job, Verdict, get_checker
-from ckpteval.checkers.reward import WARM_INPUT
+from ckpteval.checkers.reward import WARM_CALLS
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -254,7 +254,7 @@ def test_every_sample_forks_from_one_warm_zygote_that_saw_only_the_fixed_input(
     zygotes = {v.extras["reward_info"]["zygote"] for v in scored}
     assert len(zygotes) == 1  # none of the attacks killed it: no fallback to the driver
     for verdict in scored:
-        assert verdict.extras["reward_info"]["before"] == [[WARM_INPUT, WARM_INPUT]]
+        assert verdict.extras["reward_info"]["before"] == [list(call) for call in WARM_CALLS]
 
 
 def test_what_a_sample_leaves_is_gone_for_the_next(verdicts: list[Any]) -> None:

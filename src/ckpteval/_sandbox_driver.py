@@ -62,7 +62,7 @@ rest. So the first command with `warm` (and those sharing its file, `warm`, cwd,
 IPC namespaces, a fresh /tmp, the work directory covered, `no_new_privs`, the seccomp filter,
 rlimits, the sandbox uid or `_drop_root`), not dumpable, then, as the sandbox uid, it runs the
 command's Python file once as `__ckpteval_zygote__` with `warm` as `__ckpteval_warm__` (the reward
-runner runs the reward file and calls the function once on a fixed input that is no sample's) and
+runner runs the reward file and calls the function on a few fixed inputs, no sample's) and
 freezes its heap out of the cyclic collector (`gc.freeze`: a fork's collections then copy none of
 it). A warm-up that left a writable shared mapping (each fork would share it) gets no zygote.
 

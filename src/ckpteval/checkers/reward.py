@@ -37,12 +37,12 @@ site-packages to its path and imports the installed packages the file imports
 the modules beside the file are left out, and one that fails to import is skipped). It then forks
 the batch's warm zygote (`Command.warm`, "Warm zygotes" in the driver), which takes the batch's
 namespaces, /tmp, seccomp filter, limits and the sandbox uid, and only then runs the reward file
-and calls the function once on a fixed input (`WARM_INPUT` as completion and ground truth, the
-batch's first data source, `kwargs`): no sample's text. Each sample is a fork of it that reads
+and calls the function on a few fixed inputs (`WARM_CALLS`, the batch's first data source,
+`kwargs`): no sample's text. Each sample is a fork of it that reads
 its own job from its stdin and calls the function. A fork's changes (module globals, a patched
 sympy, a crash, a kill of its group) die with it; what it leaves in /tmp is emptied and its
 processes killed before the next; so every sample starts from the same warm state, its call the
-second in its process (after the warm-up's). A zygote that cannot warm up (or whose warm-up
+one after the warm-up's in its process. A zygote that cannot warm up (or whose warm-up
 leaves a shared writable mapping) or dies falls back to forking each sample from the driver,
 which then runs the file itself. `trusted: true` and `sandbox: none` exec a fresh interpreter
 per sample, imports included. docs/evaluate.md has the figures (bench/reward.py).
@@ -107,8 +107,11 @@ def reseed():
                 pass
 """
 
-#: The completion and ground truth of the warm zygote's one call (`Command.warm`): no sample's.
-WARM_INPUT = "0"
+#: (completion, ground truth) of the warm zygote's calls (`Command.warm`): fixed, no sample's.
+#: More than one because what a call warms depends on its input: math_verify compares "0" with
+#: "0" without sympy, and builds a sum's or a LaTeX answer's machinery on the first it meets
+#: (40-90 ms each, measured), which every fork would pay again.
+WARM_CALLS = (("0", "0"), ("1", "0"), ("1 + 1", "2"), ("$1 + 1$", "2"))
 
 #: verl's config block of a custom reward function, which a task's `checker:` may be as pasted.
 VERL_BLOCK = "custom_reward_function"
@@ -212,18 +215,19 @@ def load(reward_file, name, paths):
 
 
 def warm(spec):
-    # The zygote's warm-up: the file run and the function called once on a fixed input that is
-    # no sample's (its result or error ignored), so that each fork finds its first-call costs
+    # The zygote's warm-up: the file run and the function called on fixed inputs that are no
+    # sample's (results and errors ignored), so that each fork finds its first-call costs
     # paid. A file that fails here is run again by each sample, which then fails alone.
     try:
         function = load(spec["reward_file"], spec["name"], spec["paths"])
     except BaseException:
         return
     WARM.update(key=(spec["reward_file"], spec["name"], tuple(spec["paths"])), function=function)
-    try:
-        function(**spec["call"])
-    except BaseException:
-        pass
+    for call in spec["calls"]:
+        try:
+            function(**call)
+        except BaseException:
+            pass
 
 
 def main():
@@ -476,18 +480,22 @@ class RewardFunctionChecker(Checker):
         """What the batch's warm zygote runs (`Command.warm`): the file, and one call on a fixed
         input that is no sample's completion and no problem's answer (the batch's first data
         source, so that a function dispatching on it warms the right branch)."""
-        call = {
-            "data_source": jobs[0].problem.get("data_source", "") if jobs else "",
-            "solution_str": WARM_INPUT,
-            "ground_truth": WARM_INPUT,
-            "extra_info": {},
-            **self.kwargs,
-        }
+        source = jobs[0].problem.get("data_source", "") if jobs else ""
+        calls = [
+            {
+                "data_source": source,
+                "solution_str": completion,
+                "ground_truth": truth,
+                "extra_info": {},
+                **self.kwargs,
+            }
+            for completion, truth in WARM_CALLS
+        ]
         return {
             "reward_file": str(self._code / "reward.py"),
             "name": self.function,
             "paths": [str(self._modules)],
-            "call": call,
+            "calls": calls,
         }
 
     def _command(
