@@ -318,7 +318,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
-def test_a_warm_up_that_maps_shared_memory_gets_no_zygote(tmp_path: Path) -> None:
+def test_a_warm_up_that_maps_shared_memory_gets_no_zygote(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Guard: the zygote refuses to serve when its warm-up left a shared writable mapping (each
     sample then runs the file in a fork of the driver, as without zygotes)."""
     (tmp_path / "reward.py").write_text(SHARED_MAPPING)
@@ -334,3 +336,4 @@ def test_a_warm_up_that_maps_shared_memory_gets_no_zygote(tmp_path: Path) -> Non
     finally:
         checker.close()
     assert [info["seen"] for info in infos] == ["", "", ""]
+    assert "shared mapping" in caplog.text  # the fallback says why, once

@@ -388,6 +388,9 @@ def _run_batch(
         if writable and not rootless:
             _chown_tree(workdir, os.geteuid())
         lines = _result_lines(io_dir, None if rootless else uid, outer, len(commands))
+        for line in outer.stderr.decode("utf-8", "replace").splitlines():
+            if line.startswith("sandbox: warm zygote gone"):  # the driver's one line
+                log.warning("%s", line)
         return [
             _result(command, json.loads(line), io_dir / str(i), outer.stderr)
             for i, (command, line) in enumerate(zip(commands, lines))
