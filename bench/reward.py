@@ -22,10 +22,13 @@ imports or caches); every way runs one sample at a time unless `--workers` says 
   function in the fork (as the sandbox does, without the sandbox). Its difference to
   `warm fork` is what a first call costs (the file's own code, lazy imports, parsers and caches
   built on first use);
-- `sandboxed`: ckpteval's checker, bwrap, batched as the evaluate job batches (the sandbox's
-  driver starts and imports the packages once per batch; each sample a fork that drops to the
-  sandbox's uid, limits, namespaces, cgroup and seccomp filter, then runs the file). Its
-  difference to `fork` is what isolation costs, per-batch start-up included;
+- `no zygote`: ckpteval's checker, bwrap, batched as the evaluate job batches, each sample
+  forked from the sandbox's driver (which imported the packages once per batch) and dropping to
+  the sandbox's uid, limits, namespaces, cgroup and seccomp filter, then running the file (the
+  path before warm zygotes, and the fallback). Its difference to `fork` is what isolation
+  costs, per-batch start-up included;
+- `sandboxed`: as ckpteval scores: the same, each sample forked from the batch's warm zygote
+  (isolated once per batch, the file run and the function called once on a fixed input);
 - `1 batch`: the same, all samples in one batch: its difference to `sandboxed` is what the
   evaluate job's batching costs (a sandbox start and the packages' import per batch);
 - `exec` (with `--exec`, slow): each sample a fresh interpreter in the sandbox, imports included.
@@ -176,13 +179,22 @@ def forked(source: Path, n: int, warm: bool = False) -> tuple[float, list]:
 
 
 def sandboxed(
-    source: Path, n: int, workers: int, timeout: float, exec_samples: bool, one_batch: bool = False
+    source: Path,
+    n: int,
+    workers: int,
+    timeout: float,
+    exec_samples: bool,
+    one_batch: bool = False,
+    zygote: bool = True,
 ) -> tuple[float, list]:
-    """ckpteval's checker, bwrap-sandboxed, batched as the evaluate job batches."""
+    """ckpteval's checker, bwrap-sandboxed, batched as the evaluate job batches (`zygote`:
+    each sample forked from the batch's warm zygote, as ckpteval scores; else from the driver)."""
     from ckpteval.checkers import Job, get_checker
 
     checker = get_checker("reward_function", reward_function=str(source), self_test="off: bench")
     checker.exec_samples = exec_samples
+    if not zygote:
+        checker._warm = lambda jobs: None
     if one_batch:
         checker.batch_size_for = lambda n_jobs, workers: n_jobs
     jobs = [Job(p["task_id"], p, c) for p, c in samples(n)]
@@ -216,6 +228,7 @@ def main() -> int:
                 "in-process": in_process(source, n),
                 "warm fork": forked(source, n, warm=True),
                 "fork": forked(source, n),
+                "no zygote": sandboxed(source, n, args.workers, args.timeout, False, zygote=False),
                 "sandboxed": sandboxed(source, n, args.workers, args.timeout, False),
                 "1 batch": sandboxed(source, n, args.workers, args.timeout, False, True),
             }
@@ -230,7 +243,8 @@ def main() -> int:
                 + "  ".join(f"{way} {value:8.2f}" for way, value in ms.items())
                 + f"\n{'':12s} a fork {ms['warm fork'] - ms['in-process']:6.2f}"
                 f"  first call {ms['fork'] - ms['warm fork']:7.2f}"
-                f"  isolation {ms['sandboxed'] - ms['fork']:7.2f}"
+                f"  isolation {ms['no zygote'] - ms['fork']:7.2f}"
+                f"  zygote saves {ms['no zygote'] - ms['sandboxed']:7.2f}"
                 f"  sandboxed - in-process {ms['sandboxed'] - ms['in-process']:7.2f} (target <= 10)"
                 f"; {sum(p for p, _ in reference)} passed, verdicts "
                 f"{'equal' if same else 'DIFFER'}"

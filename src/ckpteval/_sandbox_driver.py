@@ -40,14 +40,49 @@ installed packages with its `site_dirs` on the path (the reward checker: sympy, 
 cost 0.3-1 s each to import). Only trusted code runs before the fork; a fork's changes to a
 preloaded module (its globals, patched functions) die with it.
 
+Commands with `warm` (the reward checker's samples) are forked from a warm zygote instead: see
+"Warm zygotes" below.
+
 A command with `python_file` *and* `python_tests` is judged: see "Judged Python runs" below. Its
 result line adds "judge": what the test runner reported.
 
 argv: spec.json. spec: {"uid", "results", "site_dirs": [dir, ...], "preload": [module, ...],
 "commands": [{"argv", "python_file",
-"python_tests", "cwd", "env", "stdin", "stdout", "stderr", "wall_s", "rlimits": {"RLIMIT_AS": n, ...}}]}.
+"python_tests", "warm", "cwd", "env", "stdin", "stdout", "stderr", "wall_s", "rlimits": {"RLIMIT_AS": n,
+...}}]}.
 One JSON result line per command. `-c SOURCE --judge TESTS PROGRAM REPORT` runs one judged program
 without the sandbox (`sandbox: none`: same protocol, no uid split, so no protection).
+
+Warm zygotes
+------------
+A reward function's first call can cost more than scoring (math_verify builds its parser on
+first use: ~140 ms), and forking the driver, isolating and running the file per sample cost the
+rest. So the first command with `warm` (and those sharing its file, `warm`, cwd, env and limits:
+`_zygote_key`) gets a zygote, forked once per batch: `_child`'s per-batch part (its own mount and
+IPC namespaces, a fresh /tmp, the work directory covered, `no_new_privs`, the seccomp filter,
+rlimits, the sandbox uid or `_drop_root`), not dumpable, then, as the sandbox uid, it runs the
+command's Python file once as `__ckpteval_zygote__` with `warm` as `__ckpteval_warm__` (the reward
+runner runs the reward file and calls the function on a few fixed inputs, no sample's) and
+freezes its heap out of the cyclic collector (`gc.freeze`: a fork's collections then copy none of
+it). A warm-up that left a writable shared mapping (each fork would share it) gets no zygote.
+
+Per command the driver opens its stdin, stdout and stderr and passes them, with its result
+channel, to the zygote (SCM_RIGHTS); the zygote forks and never reads them: the *fork* reads its
+job, so the zygote holds no sample's text. The fork takes a session of its own, those files as
+0-3 and no other descriptor, its rlimits (RLIMIT_CPU counts from the fork), asks to go first at
+the memory limit, and adds a seccomp filter refusing signals and pidfds aimed at the zygote (and,
+rootless, the driver), kill(-1), and making SysV IPC objects or POSIX message queues (they would
+live in the IPC namespace the zygote's samples share: refused, so nothing is left to remove);
+then calls the file's `main()`. The zygote reports the fork's pid, waits for it and reports its
+status, CPU and peak memory. The driver times, charges and kills it as any command (the cgroup's
+count while it ran; the zygote's warm-up is before, and its pid is left out of the /proc count),
+keeps only the fork's pid's result, then kills every process but the zygote and empties what the
+samples share, the zygote's /tmp, covers and /dev/shm, through directory descriptors the zygote
+sent it before dropping root: no symlink followed, no mount entered (`_empty_dir`). Samples run
+one at a time, so none sees another's files, processes or IPC; a sample's changes to the
+warmed modules die with its fork. A zygote that does not warm up, stops answering or dies is
+killed; the driver says so on its stderr once and runs the rest of the batch the usual way (the
+command it was running, again from the start).
 
 Judged Python runs
 ------------------
@@ -326,9 +361,18 @@ _BPF = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "jset": 0x45, "ret": 0x06}
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
 
-def _seccomp_program(machine, protect=()):
+#: Per architecture: the calls that make SysV IPC objects and POSIX message queues, which live
+#: in an IPC namespace: refused to the samples of a warm zygote, who share the zygote's.
+_IPC_SYSCALLS = {
+    "x86_64": {"shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240},
+    "aarch64": {"shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180},
+}
+
+
+def _seccomp_program(machine, protect=(), ipc=False):
     """The BPF program of `_refuse_kernel_state` as (code, jt, jf, k) tuples, or None for an
-    architecture it does not know. `protect`: pids no signal of the command's may reach."""
+    architecture it does not know. `protect`: pids no signal of the command's may reach. `ipc`:
+    also refuse making SysV IPC objects and POSIX message queues."""
     if machine not in _SYSCALLS:
         return None
     arch, foreign, numbers, more = _SYSCALLS[machine]
@@ -337,6 +381,8 @@ def _seccomp_program(machine, protect=()):
     if foreign:
         ops.append(("jge", foreign, "deny", None))
     ops += [("jeq", numbers[name], "deny", None) for name in ("add_key", "request_key", "keyctl")]
+    if ipc:
+        ops += [("jeq", number, "deny", None) for number in _IPC_SYSCALLS[machine].values()]
     ops += [("jeq", numbers["clone3"], "enosys", None)]
     ops += [("jeq", numbers[name], "flags", None) for name in ("unshare", "clone")]
     if protect:
@@ -379,15 +425,16 @@ def _assemble(ops):
     return program
 
 
-def _refuse_kernel_state(protect=()):
+def _refuse_kernel_state(protect=(), ipc=False):
     """Install a seccomp filter (needs `no_new_privs`) that refuses, for this process and all it
     starts: the keyring calls (add_key, request_key, keyctl: a uid's keyrings outlive its
     processes, and Linux has no keyring namespace), a new user namespace (unshare or clone with
     CLONE_NEWUSER: root of its own mounts, a sample could mount a tmpfs past every limit) and
     clone3 (its flags are out of the filter's reach; ENOSYS makes libc fall back to clone), and
     on x86_64 the x32 ABI's numbers. Container runtimes refuse the same calls. `protect`: pids
-    (the driver's, rootless) that no kill, tkill, tgkill or pidfd_open may name, nor kill(-1)."""
-    program = _seccomp_program(os.uname().machine, protect)
+    (the driver's, rootless) that no kill, tkill, tgkill or pidfd_open may name, nor kill(-1).
+    `ipc`: also refuse shmget, semget, msgget and mq_open (a warm zygote's samples)."""
+    program = _seccomp_program(os.uname().machine, protect, ipc)
     if program is None:
         raise OSError(_ENOSYS, f"no seccomp filter for {os.uname().machine}")
     instructions = b"".join(struct.pack("=HBBI", *ins) for ins in program)
@@ -416,6 +463,7 @@ class _Account:
 
     def __init__(self, path):
         self.kind = "acct"
+        self.spare = ()  # a warm zygote: its CPU (its warm-up) is no command's
         self.fd = None
         self.buffer = b""
         self.dead_s = 0.0  # CPU of every process that ended so far
@@ -461,7 +509,7 @@ class _Account:
         are missed."""
         me, total, dead_too = os.getpid(), 0, self.fd is None
         for pid in os.listdir("/proc"):
-            if not pid.isdigit() or int(pid) in (1, me):
+            if not pid.isdigit() or int(pid) in (1, me, *self.spare):
                 continue
             try:
                 with open(f"/proc/{pid}/stat", "rb") as handle:
@@ -524,14 +572,15 @@ class _Usage:
             return (_cgroup_cpu(*self.cpu) - self.cgroup_s) - (_own_cpu() - self.own_s)
         return self.account.ended() - self.start_s + self.account.running()
 
-    def final(self):
+    def final(self, reaped_elsewhere=0.0):
         """CPU seconds once every process of the command ended: the cgroup's count, or what the
-        kernel's accounting recorded or the driver reaped if that is more (acct's ticks are
-        coarser)."""
+        kernel's accounting recorded or the driver reaped (with `reaped_elsewhere`: what a warm
+        zygote reaped of its sample) if that is more (acct's ticks are coarser)."""
         if self.cpu:
             return max(0.0, self.now())
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         reaped = (after.ru_utime - self.before.ru_utime) + (after.ru_stime - self.before.ru_stime)
+        reaped += reaped_elsewhere
         return max(reaped, self.account.ended() - self.start_s)
 
     def oom_killed(self):
@@ -610,14 +659,14 @@ def _memory_usage(version, path):
         return int(handle.read())
 
 
-def _oom_first():
+def _oom_first(score=1000):
     """Make this process (a command's first, still root: its children inherit it) the kernel's
     first choice at the memory limit: an oom_score_adj of 1000 adds the whole limit to its
     score, so it outranks the driver, whatever the driver holds (bubblewrap cannot give the
     driver CAP_SYS_RESOURCE alone, to make itself exempt)."""
     try:
         with open("/proc/self/oom_score_adj", "w") as handle:
-            handle.write("1000\n")
+            handle.write(f"{score}\n")
     except OSError:
         pass
 
@@ -716,10 +765,10 @@ class _ResultChannel:
         return forged
 
 
-def _row(command, usage_of, status, timed_out, duration, max_rss):
+def _row(command, usage_of, status, timed_out, duration, max_rss, reaped_elsewhere=0.0):
     """A command's result line. CPU used past the budget is a timeout even when the command
     ended before a poll saw it (what its processes did between polls, or after it exited)."""
-    cpu_s = usage_of.final()
+    cpu_s = usage_of.final(reaped_elsewhere)
     return {
         "status": status,
         "timed_out": timed_out or cpu_s > command["cpu_budget_s"],
@@ -739,18 +788,24 @@ def _kill_group(pid):
         pass
 
 
-def _clean():
+def _clean(spare=()):
     """Kill whatever the command left running and reap it (its CPU time counts). Its files went
-    with its mount namespace; nothing is walked or deleted here."""
+    with its mount namespace; nothing is walked or deleted here. `spare`: a warm zygote's pid,
+    the one process that outlives a command (its samples' files are emptied by `_Zygote`)."""
     me = os.getpid()
+    keep = {1, me, *spare}
     deadline = time.monotonic() + 10
+    others = []
     while True:
-        try:
-            os.kill(-1, signal.SIGKILL)  # every process but the namespace's init and this one
-        except ProcessLookupError:
-            pass
+        if not spare:
+            others = ["-1"]  # every process but the namespace's init and this one
+        for pid in others:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         _reap()
-        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in keep]
         if not others:
             break
         if time.monotonic() > deadline:
@@ -787,6 +842,348 @@ def _preload(site_dirs, modules):
             os.write(2, f"sandbox: preload {module} skipped: {type(exc).__name__}\n".encode())
 
 
+# ----------------------------------------------------------------- warm zygotes (reward samples)
+
+#: `__name__` of a command's Python file when a zygote runs it to warm up.
+ZYGOTE_NAME = "__ckpteval_zygote__"
+#: What a command must share with the zygote's first to be forked from it.
+_ZYGOTE_KEYS = ("python_file", "warm", "cwd", "env", "rlimits", "tmp_bytes", "memory_bytes", "hide")
+#: The zygote's place at the memory limit: below its samples' (1000), above the driver's.
+_ZYGOTE_OOM_SCORE = 500
+
+
+def _zygote_key(command):
+    """Commands with equal keys are forked from one zygote; None: this one never is."""
+    if not command.get("warm") or not command.get("python_file") or command.get("python_tests"):
+        return None
+    if not command.get("result_channel"):
+        return None
+    return json.dumps([command.get(k) for k in _ZYGOTE_KEYS], sort_keys=True)
+
+
+class _Zygote:
+    """A warm process per batch that forks each of its commands (see "Warm zygotes" in the
+    module's docstring). The driver's side: start it, fork a command from it, empty what the
+    command left in the zygote's /tmp and covers, and fall back (None) once it is gone."""
+
+    def __init__(self, command, spec, account):
+        import socket
+
+        self.key, self.spec, self.account = _zygote_key(command), spec, account
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                self.control.close()
+                _zygote_main(command, spec, theirs.detach())
+            finally:
+                os._exit(127)
+        theirs.close()
+        account.spare = (self.pid,)
+        self.roots = []  # (fd, st_dev) of each directory the samples share, to empty
+        ready, fds = self._receive(max(command["wall_s"], 1.0), fds=8)
+        if ready != b"ready":
+            for fd in fds:
+                os.close(fd)
+            self._die(ready.decode("utf-8", "replace") if ready else "its warm-up did not finish")
+            return
+        self.roots = [(fd, os.fstat(fd).st_dev) for fd in fds]
+        account.cgroup.base = None  # the memory limit counts from the warm zygote's pages
+
+    @classmethod
+    def start(cls, spec, account):
+        """The batch's zygote, for the first command that can have one; None if none can."""
+        for command in spec["commands"]:
+            if _zygote_key(command):
+                return cls(command, spec, account)
+        return None
+
+    def serves(self, command):
+        return self.pid is not None and _zygote_key(command) == self.key
+
+    def _receive(self, timeout, fds=0):
+        """The zygote's next message (and fds), or (None, []) if it ended or said nothing."""
+        import socket
+
+        ready, _, _ = select.select([self.control], [], [], timeout)
+        if not ready:
+            return None, []
+        try:
+            data, received, _, _ = socket.recv_fds(self.control, 4096, fds)
+        except OSError:
+            return None, []
+        return data or None, received
+
+    def _die(self, why):
+        """The zygote is gone: kill it, say so once, and fork the rest from the driver."""
+        if self.pid is None:
+            return
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        os.write(
+            2,
+            f"sandbox: warm zygote gone ({why}): the rest of the batch forks from "
+            "the driver\n".encode(),
+        )
+        self.pid, self.account.spare = None, ()
+        self.account.cgroup.base = None
+        for fd, _ in self.roots:
+            os.close(fd)
+        self.roots = []
+        self.control.close()
+
+    def close(self):
+        if self.pid is not None:
+            self.control.close()
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            for fd, _ in self.roots:
+                os.close(fd)
+
+    def run(self, command):
+        """Run `command` forked from the zygote; its result line, or None if the zygote is gone
+        (the caller runs it the usual way: nothing of it ran, or its outcome is unknown)."""
+        import socket
+
+        start = time.monotonic()
+        usage_of = _Usage(command, self.account)
+        channel = _ResultChannel()
+        files = _command_files(command)
+        try:
+            socket.send_fds(self.control, [b"fork"], [*files, channel.theirs.fileno()])
+        except OSError:
+            self._die("it stopped taking commands")
+            return None
+        finally:
+            for fd in files:
+                os.close(fd)
+            channel.started()
+        message, _ = self._receive(10.0)
+        if message is None or not message.startswith(b"pid "):
+            self._die("it did not fork")
+            return None
+        pid = int(message[4:])
+        pidfd = os.pidfd_open(pid)
+        _, timed_out = _wait([pidfd], start + command["wall_s"], command["cpu_budget_s"], usage_of)
+        if timed_out:
+            _kill_group(pid)
+        fate, _ = self._receive(_EXIT_GRACE_S)
+        os.close(pidfd)
+        duration = time.monotonic() - start
+        _clean(spare=(self.pid,) if fate else ())
+        if fate is None:
+            self._die("it died while a command ran")
+            return None
+        self._empty()
+        status, cpu_s, max_rss = json.loads(fate)
+        row = _row(command, usage_of, status, timed_out, duration, max_rss * 1024, cpu_s)
+        row["forged_results"] = channel.collect(pid, command["result"])
+        row["zygote"] = True
+        return row
+
+    def _empty(self):
+        """Delete what the command left in the directories the zygote's samples share (its
+        /tmp, covers, /dev/shm): by descriptor, never following a symlink, nor entering a mount
+        (a bound toolchain, a skeleton of one). Every process of the command is dead by now."""
+        for fd, dev in self.roots:
+            _empty_dir(fd, dev)
+
+
+def _empty_dir(root, dev):
+    """Delete everything in the directory `root` (an fd) on device `dev`, iteratively (no
+    depth a sample builds can exhaust the driver's stack)."""
+    stack = [(os.dup(root), None, None, None)]  # (fd, its entries left, parent fd, name)
+    while stack:
+        fd, entries, parent, name = stack.pop()
+        if entries is None:
+            entries = [entry.name for entry in os.scandir(fd)]
+        pushed = False
+        while entries and not pushed:
+            sub = _empty_entry(fd, entries.pop(), dev)
+            if sub is not None:
+                stack += [(fd, entries, parent, name), (sub[0], None, fd, sub[1])]
+                pushed = True
+        if pushed:
+            continue
+        os.close(fd)
+        if parent is not None:
+            try:
+                os.rmdir(name, dir_fd=parent)
+            except OSError:
+                pass  # holds a mount point: the zygote's own skeleton
+
+
+def _empty_entry(fd, name, dev):
+    """Delete the file `name` in `fd`; a directory on `dev`: (its fd, name) to empty first."""
+    import stat
+
+    try:
+        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if info.st_dev != dev:
+            return None  # a mount point: a bind's, not the sample's
+        if stat.S_ISDIR(info.st_mode):
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+            return os.open(name, flags, dir_fd=fd), name
+        os.unlink(name, dir_fd=fd)
+    except OSError:
+        pass  # a mount point's skeleton (busy), or gone
+    return None
+
+
+def _command_files(command):
+    """The command's stdin, stdout and stderr, opened by the driver (a zygote's sample cannot
+    open its stdin: a file of the sandbox's root, or in a directory hidden from it)."""
+    stdin = os.open(command["stdin"] or os.devnull, os.O_RDONLY)
+    stdout = os.open(command["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    stderr = os.open(command["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    return [stdin, stdout, stderr]
+
+
+def _zygote_main(command, spec, control):
+    """The zygote: `_child`'s per-batch isolation, then, as the sandbox uid, the command's Python
+    file run once as `ZYGOTE_NAME` (its warm-up, on no command's input), then one fork per
+    command (`_zygote_serve`). Any failure ends it: the driver falls back."""
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    _keep_fds((control,))
+    _oom_first(_ZYGOTE_OOM_SCORE)
+    _isolate(command, spec)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    roots = [os.open(r, flags) for r in [*_visible(command, spec), _STAGE]]
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    driver = os.getppid()
+    _refuse_kernel_state(protect=(driver,) if spec.get("rootless") else ())
+    os.chdir(command["cwd"])
+    for name, (soft, hard) in command["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    _become_sandbox_uid(spec)
+    # Not dumpable: its samples (the same uid) can neither trace it nor open its /proc files.
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    namespace = _warm(command)
+    import gc
+    import socket
+
+    shared = _shared_writable_mapping()
+    if shared:  # every fork would share it: a channel from one sample to the next
+        socket.socket(fileno=3).send(f"its warm-up left a shared mapping: {shared}".encode())
+        os._exit(1)
+
+    sys.stdout.flush()  # nothing the warm-up printed reaches a sample's files
+    sys.stderr.flush()
+    gc.freeze()  # a sample's collections never walk (so never copy) the warm heap
+    channel = socket.socket(fileno=3)
+    socket.send_fds(channel, [b"ready"], roots)
+    for fd in roots:
+        os.close(fd)
+    _zygote_serve(channel, namespace, command, driver if spec.get("rootless") else None)
+
+
+def _shared_writable_mapping():
+    """A writable shared mapping of this process (/proc/self/maps), or None."""
+    with open("/proc/self/maps") as handle:
+        for line in handle:
+            fields = line.split()
+            if fields[1][1] == "w" and fields[1][3] == "s":
+                return " ".join(fields[:1] + fields[5:])[:200]
+    return None
+
+
+def _become_sandbox_uid(spec):
+    if spec.get("rootless"):
+        _drop_root()
+    else:
+        uid = spec["uid"]
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+
+
+def _warm(command):
+    """Run the command's Python file as `ZYGOTE_NAME`, with its `warm` mapping as
+    `__ckpteval_warm__`; its namespace (whose `main` each fork calls)."""
+    import builtins
+
+    os.environ.clear()
+    os.environ.update(command["env"])
+    path = command["python_file"]
+    sys.argv = [path]
+    namespace = {
+        "__name__": ZYGOTE_NAME,
+        "__file__": path,
+        "__builtins__": builtins,
+        "__ckpteval_warm__": command["warm"],
+    }
+    with open(path, encoding="utf-8") as handle:
+        code = compile(handle.read(), path, "exec", dont_inherit=True)
+    exec(code, namespace)
+    if not callable(namespace.get("main")):
+        raise SystemExit(f"{path} defines no main()")
+    return namespace
+
+
+def _zygote_serve(channel, namespace, command, driver):
+    """Fork one sample per message: its stdin, stdout, stderr and result channel come with it
+    (the zygote never reads them). Report its pid, then its exit status, CPU and peak memory."""
+    import socket
+
+    me = os.getpid()
+    while True:
+        data, fds, _, _ = socket.recv_fds(channel, 64, 4)
+        if not data:
+            os._exit(0)
+        pid = os.fork()
+        if pid == 0:
+            channel.detach()
+            _zygote_sample(namespace, fds, command, (me, driver) if driver else (me,))
+        for fd in fds:
+            os.close(fd)
+        channel.send(f"pid {pid}".encode())
+        _, status, usage = os.wait4(pid, 0)
+        cpu = usage.ru_utime + usage.ru_stime
+        channel.send(json.dumps([status, cpu, usage.ru_maxrss]).encode())
+
+
+def _zygote_sample(namespace, fds, command, protect):
+    """A sample forked from the zygote: its own session, its files as 0-3 and nothing else of
+    the zygote's, its rlimits (RLIMIT_CPU counts from the fork), first at the memory limit, and a
+    filter that also refuses signals to the zygote (and driver) and making IPC objects (they
+    would outlive it in the zygote's IPC namespace); then the file's `main()`."""
+    status = 127
+    try:
+        os.setsid()
+        for fd, target in zip(fds[:3], (0, 1, 2)):
+            os.dup2(fd, target)
+        _keep_fds(fds[3:4])
+        for name, (soft, hard) in command["rlimits"].items():
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        _oom_first()
+        _refuse_kernel_state(protect=protect, ipc=True)
+        status = 1
+        namespace["main"]()
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the sample's failure: its status says so
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status & 0xFF)
+
+
 def main():
     if sys.argv[1] == "--judge":
         sys.exit(_judge_unsandboxed(*sys.argv[2:5]))
@@ -799,11 +1196,20 @@ def main():
     account = _Account(spec["acct"])
     account.cgroup = _Cgroup(spec.get("cgroup"))
     _preload(spec.get("site_dirs", []), spec.get("preload", []))
+    import gc
+
+    gc.freeze()  # a fork's collections never walk (so never copy) the preloaded heap
+    zygote = _Zygote.start(spec, account)
     with open(spec["results"], "w") as results:
         for command in spec["commands"]:
-            results.write(json.dumps(_run(command, spec["uid"], spec, account)) + "\n")
+            row = zygote.run(command) if zygote and zygote.serves(command) else None
+            if row is None:
+                row = _run(command, spec["uid"], spec, account)
+            results.write(json.dumps(row) + "\n")
             results.flush()
             account.forget()
+    if zygote:
+        zygote.close()
 
 
 # ------------------------------------------------------------------------- judged Python runs

@@ -208,6 +208,13 @@ class Command:
     #: command's own first process can deliver its result (`RunResult.channel`): not a process it
     #: starts, even one that inherited the descriptor.
     result_channel: bool = False
+    #: bwrap mode, with `python_file` and `result_channel`: fork the command from a warm zygote,
+    #: one per batch (see "Warm zygotes" in `_sandbox_driver.py`): a process with the batch's
+    #: isolation that ran the file once as `__ckpteval_zygote__`, this mapping (plain JSON data,
+    #: never a command's input) as its `__ckpteval_warm__`; each command is a fork that calls the
+    #: file's `main()`. Commands with equal `warm`, file, cwd, env and limits share the zygote;
+    #: if it cannot start or dies, the rest run as without.
+    warm: Mapping[str, object] | None = None
 
 
 def check_mode(mode: str) -> str:
@@ -381,6 +388,9 @@ def _run_batch(
         if writable and not rootless:
             _chown_tree(workdir, os.geteuid())
         lines = _result_lines(io_dir, None if rootless else uid, outer, len(commands))
+        for line in outer.stderr.decode("utf-8", "replace").splitlines():
+            if line.startswith("sandbox: warm zygote gone"):  # the driver's one line
+                log.warning("%s", line)
         return [
             _result(command, json.loads(line), io_dir / str(i), outer.stderr)
             for i, (command, line) in enumerate(zip(commands, lines))
@@ -466,6 +476,7 @@ def _batch_spec(
                 "stdout": str(io_dir / f"{i}.out"),
                 "stderr": str(io_dir / f"{i}.err"),
                 "result_channel": c.result_channel,
+                "warm": c.warm,
                 "memory_bytes": _memory_cap(c.limits),
                 "result": str(io_dir / f"{i}.result"),
                 "wall_s": c.limits.wall_limit,

@@ -29,20 +29,23 @@ SandboxFusion URL, a reward-model server), each sample still in its own process 
 timeout.
 
 What runs where, and what it costs. A reward function's imports (sympy, math_verify, ...) take
-0.3-1 s each, more than scoring a sample. So in the bwrap sandbox they are paid once per batch:
-the sandbox's driver (ckpteval._sandbox_driver), as the sandbox's root before any sample, adds
-this environment's site-packages to its path and imports the installed packages the file
-imports (`preload_modules`: found by reading the file, never by running it; the standard
-library's and the modules beside the file are left out, and one that fails to import is
-skipped). Each sample is then a fork of the driver that drops to the sandbox uid, its limits
-and namespaces, and only then runs the runner: it executes the reward file (the user's code
-runs in no other process) and calls the function. A fork's changes (module globals, a patched
-sympy, a crash, a kill of its group) die with it, so every sample is a first call. A sample
-costs a fork, its isolation and a first call: bench/reward.py measured 90 ms a sample with
-sympy and 330 ms with math_verify (whose first call in a process imports more of sympy and
-builds its parser), against 1 and 10 ms in-process, and 2.6 and 2.4 s when each sample imported
-them itself (docs/evaluate.md says where the time goes). `trusted: true` and `sandbox:
-none` exec a fresh interpreter per sample, imports included.
+0.3-1 s each and its first call may cost more than scoring (math_verify builds its parser:
+~140 ms). So in the bwrap sandbox both are paid once per batch: the sandbox's driver
+(ckpteval._sandbox_driver), as the sandbox's root before any sample, adds this environment's
+site-packages to its path and imports the installed packages the file imports
+(`preload_modules`: found by reading the file, never by running it; the standard library's and
+the modules beside the file are left out, and one that fails to import is skipped). It then forks
+the batch's warm zygote (`Command.warm`, "Warm zygotes" in the driver), which takes the batch's
+namespaces, /tmp, seccomp filter, limits and the sandbox uid, and only then runs the reward file
+and calls the function on a few fixed inputs (`WARM_CALLS`, the batch's first data source,
+`kwargs`): no sample's text. Each sample is a fork of it that reads
+its own job from its stdin and calls the function. A fork's changes (module globals, a patched
+sympy, a crash, a kill of its group) die with it; what it leaves in /tmp is emptied and its
+processes killed before the next; so every sample starts from the same warm state, its call the
+one after the warm-up's in its process. A zygote that cannot warm up (or whose warm-up
+leaves a shared writable mapping) or dies falls back to forking each sample from the driver,
+which then runs the file itself. `trusted: true` and `sandbox: none` exec a fresh interpreter
+per sample, imports included. docs/evaluate.md has the figures (bench/reward.py).
 
 The file's content and `name` are part of the cell's scoring identity: editing the function
 rescores, moving the file reruns nothing (ckpteval.contract). So are the modules it imports from
@@ -103,6 +106,12 @@ def reseed():
             except Exception:
                 pass
 """
+
+#: (completion, ground truth) of the warm zygote's calls (`Command.warm`): fixed, no sample's.
+#: More than one because what a call warms depends on its input: math_verify compares "0" with
+#: "0" without sympy, and builds a sum's or a LaTeX answer's machinery on the first it meets
+#: (40-90 ms each, measured), which every fork would pay again.
+WARM_CALLS = (("0", "0"), ("1", "0"), ("1 + 1", "2"), ("$1 + 1$", "2"))
 
 #: verl's config block of a custom reward function, which a task's `checker:` may be as pasted.
 VERL_BLOCK = "custom_reward_function"
@@ -191,6 +200,36 @@ def result_channel():
     return lambda data: (out.write(data.decode()), out.flush())
 
 
+WARM = {}
+
+
+def load(reward_file, name, paths):
+    key = (reward_file, name, tuple(paths))
+    if WARM.get("key") == key:  # forked from the warm zygote: the file ran there
+        return WARM["function"]
+    sys.path[:0] = paths
+    spec = importlib.util.spec_from_file_location("ckpteval_reward", reward_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def warm(spec):
+    # The zygote's warm-up: the file run and the function called on fixed inputs that are no
+    # sample's (results and errors ignored), so that each fork finds its first-call costs
+    # paid. A file that fails here is run again by each sample, which then fails alone.
+    try:
+        function = load(spec["reward_file"], spec["name"], spec["paths"])
+    except BaseException:
+        return
+    WARM.update(key=(spec["reward_file"], spec["name"], tuple(spec["paths"])), function=function)
+    for call in spec["calls"]:
+        try:
+            function(**call)
+        except BaseException:
+            pass
+
+
 def main():
     reseed()
     import builtins, ctypes, site
@@ -211,12 +250,8 @@ def main():
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    sys.path[:0] = job["paths"]
     try:
-        spec = importlib.util.spec_from_file_location("ckpteval_reward", job["reward_file"])
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        value = getattr(module, job["name"])(**job["call"])
+        value = load(job["reward_file"], job["name"], job["paths"])(**job["call"])
         out = {"value": plain(value)}
     except BaseException as exc:
         line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
@@ -229,7 +264,10 @@ def main():
     os._exit(0)
 
 
-main()
+if __name__ == "__main__":
+    main()
+elif __name__ == "__ckpteval_zygote__":
+    warm(__ckpteval_warm__)  # noqa: F821 - given by the sandbox's driver
 """
 )
 
@@ -423,8 +461,10 @@ class RewardFunctionChecker(Checker):
             workdir = Path(tmp)
             os.chmod(workdir, 0o755)
             os.chmod(jobs_dir, 0o700)  # the jobs: readable by the sandbox's root only
+            (workdir / "s").mkdir(mode=0o755)  # every sample's cwd (empty, read-only)
+            warm = None if self.exec_samples else self._warm(jobs)
             commands = [
-                self._command(workdir, Path(jobs_dir), i, job, timeout)
+                self._command(workdir, Path(jobs_dir), i, job, timeout, warm)
                 for i, job in enumerate(jobs)
             ]
             results = self.sandbox.run_many(
@@ -436,14 +476,41 @@ class RewardFunctionChecker(Checker):
             )
         return [self._verdict(job, result) for job, result in zip(jobs, results)]
 
+    def _warm(self, jobs: Sequence[Job]) -> dict[str, Any]:
+        """What the batch's warm zygote runs (`Command.warm`): the file, and one call on a fixed
+        input that is no sample's completion and no problem's answer (the batch's first data
+        source, so that a function dispatching on it warms the right branch)."""
+        source = jobs[0].problem.get("data_source", "") if jobs else ""
+        calls = [
+            {
+                "data_source": source,
+                "solution_str": completion,
+                "ground_truth": truth,
+                "extra_info": {},
+                **self.kwargs,
+            }
+            for completion, truth in WARM_CALLS
+        ]
+        return {
+            "reward_file": str(self._code / "reward.py"),
+            "name": self.function,
+            "paths": [str(self._modules)],
+            "calls": calls,
+        }
+
     def _command(
-        self, workdir: Path, jobs_dir: Path, index: int, job: Job, timeout: float
+        self,
+        workdir: Path,
+        jobs_dir: Path,
+        index: int,
+        job: Job,
+        timeout: float,
+        warm: Mapping[str, Any] | None = None,
     ) -> Command:
         """A sample's command. Its job (the completion, the ground truth) is its stdin, a file in
         `jobs_dir` that no sample can open; the runner reads it before the function runs, and
-        answers on the sandbox's result channel."""
-        sample_dir = workdir / f"s{index}"
-        sample_dir.mkdir(mode=0o755)
+        answers on the sandbox's result channel. `warm`: fork it from the batch's warm zygote."""
+        sample_dir = workdir / "s"
         call = {
             "data_source": job.problem.get("data_source", ""),
             "solution_str": job.completion,
@@ -470,6 +537,7 @@ class RewardFunctionChecker(Checker):
             python_file=None if self.exec_samples else runner,  # bwrap: a fork of the driver
             stdin=job_file,
             result_channel=True,
+            warm=warm,
         )
 
     def _readable(self) -> list[Path]:

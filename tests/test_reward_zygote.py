@@ -1,0 +1,339 @@
+"""A reward batch's samples fork from one warm zygote (ckpteval._sandbox_driver, "Warm
+zygotes"): nothing a sample leaves reaches the next, none can reach the zygote, and the zygote
+never sees a sample's text. One batch of attacks between honest neighbours, one reward file;
+each assertion names the guard it proves (a zygote without it fails here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpteval.checkers import Job, Verdict, get_checker
+from ckpteval.checkers.reward import WARM_CALLS
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+#: A reward function whose completion says what the sample does; it reports what its process
+#: saw. `SEEN` records every call made in this process before the sample's own.
+ATTACKS = r"""
+import ctypes, gc, os, signal, socket, string, threading, time
+
+SEEN = []
+STATE = "original"
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def refused(call):
+    try:
+        return call() == -1
+    except OSError:
+        return True
+
+
+def plant():
+    global STATE
+    STATE = "changed"
+    string.capwords = lambda *a, **k: "patched"  # a module every sample imports
+    out = {}
+    for path in ("/tmp/x", "/dev/shm/x", "x", "/tmp/d/e/f"):
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            open(path, "w").write("answer 42")
+            os.symlink("/etc", path + ".link")
+            out[path] = "written"
+        except OSError:
+            out[path] = "refused"
+    out["shm"] = "refused" if libc.shmget(0x4b45, 4096, 0o1666) == -1 else "made"
+    if os.fork() == 0:  # a stray: double fork, new session, an abstract socket held open
+        os.setsid()
+        if os.fork() == 0:
+            s = socket.socket(socket.AF_UNIX)
+            s.bind("\0ckpteval-zygote-stray")
+            s.listen()
+            time.sleep(30)
+        os._exit(0)
+    time.sleep(0.2)
+    return out
+
+
+def look():
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect("\0ckpteval-zygote-stray")
+        stray = True
+    except OSError:
+        stray = False
+    return {
+        "left": [p for p in ("/tmp/x", "/dev/shm/x", "x", "/tmp/d", "/tmp/x.link") if os.path.lexists(p)],
+        "state": STATE, "capwords": string.capwords("a b"), "stray": stray,
+    }
+
+
+def attack_zygote():
+    z = os.getppid()
+    out = {
+        "kill": refused(lambda: os.kill(z, signal.SIGKILL)),
+        "killpg": refused(lambda: os.killpg(z, signal.SIGKILL)),
+        "kill -1": refused(lambda: os.kill(-1, signal.SIGKILL)),
+        "ptrace": libc.ptrace(16, z, None, None) == -1,
+    }
+    for what in ("mem", "environ"):
+        try:
+            open(f"/proc/{z}/{what}", "rb").read(1)
+            out[what] = False
+        except OSError:
+            out[what] = True
+    opened = 0
+    for fd in range(64):
+        try:
+            os.close(os.open(f"/proc/{z}/fd/{fd}", os.O_RDONLY))
+            opened += 1
+        except OSError:
+            pass
+    out["fd"] = opened == 0
+    return out
+
+
+def keyring():
+    add_key, keyctl = (217, 219) if os.uname().machine == "aarch64" else (248, 250)
+    return {
+        "add_key": libc.syscall(add_key, b"user", b"k", b"v", 1, ctypes.c_int(-3)) == -1,
+        "join": libc.syscall(keyctl, 1, None) == -1,
+    }
+
+
+def search(marker):
+    found = 0
+    for obj in gc.get_objects():
+        items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+        try:
+            found += sum(1 for v in items if isinstance(v, str) and marker in v)
+        except Exception:
+            pass
+    return {"found": found}
+
+
+def burn():
+    for _ in range(2):
+        threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()
+    time.sleep(60)
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    before = list(SEEN)
+    SEEN.append([solution_str, ground_truth])
+    what, _, arg = solution_str.partition(" ")
+    info = {"before": before, "zygote": os.getppid()}
+    if what == "plant":
+        info.update(plant())
+    elif what == "look":
+        info.update(look())
+    elif what == "attack":
+        info.update(attack_zygote())
+    elif what == "keyring":
+        info.update(keyring())
+    elif what == "search":
+        info.update(search(arg[::-1]))
+    elif what == "burn":
+        burn()
+    elif what == "abort":
+        os.abort()
+    elif what == "segv":
+        ctypes.string_at(0)
+    return {"score": float(what == ground_truth), **info}
+"""
+
+#: (completion, ground truth) of one batch: attacks between honest samples.
+BATCH = [
+    ("right", "right"),
+    ("plant secret-AAAA", "gt-BBBB"),
+    ("look", "x"),
+    ("attack", "x"),
+    ("right", "right"),
+    ("keyring", "x"),
+    ("search AAAA-terces", "x"),
+    ("search BBBB-tg", "x"),
+    ("burn", "x"),
+    ("right", "right"),
+    ("abort", "x"),
+    ("wrong", "right"),
+    ("segv", "x"),
+    ("look", "x"),
+    ("right", "right"),
+]
+
+
+#: Run by `nobody` (rootless bwrap: the zygote, its samples and the driver share one uid): the
+#: batch's verdicts as JSON.
+AS_NOBODY = """
+import json, os, sys, tempfile
+from pathlib import Path
+from ckpteval.checkers import Job, Verdict, get_checker
+
+data = json.load(open(sys.argv[1]))
+folder = Path(tempfile.mkdtemp())
+(folder / "reward.py").write_text(data["source"])
+checker = get_checker("reward_function", reward_function=str(folder / "reward.py"),
+                      self_test="off: a test")
+jobs = [Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": gt}, c)
+        for i, (c, gt) in enumerate(data["batch"])]
+try:
+    verdicts = checker.check_batch(jobs, 2.0)
+finally:
+    checker.close()
+print(json.dumps([[v.passed, v.error_type, v.score, v.extras] for v in verdicts]))
+"""
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+@pytest.fixture(scope="module", params=["root", "rootless"])
+def verdicts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The batch's verdicts, run by root (the sandbox's uid split) and by `nobody` (rootless)."""
+    if request.param == "rootless":
+        return _as_nobody()
+    folder = tmp_path_factory.mktemp("fn")
+    (folder / "reward.py").write_text(ATTACKS)
+    checker = get_checker(
+        "reward_function", reward_function=str(folder / "reward.py"), self_test="off: a test"
+    )
+    jobs = [
+        Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": gt}, completion)
+        for i, (completion, gt) in enumerate(BATCH)
+    ]
+    try:
+        return checker.check_batch(jobs, 2.0)
+    finally:
+        checker.close()
+
+
+def _as_nobody() -> list[Any]:
+    if os.geteuid() != 0 or shutil.which("runuser") is None or not SYSTEM_PYTHON.exists():
+        pytest.skip("needs root (to become nobody), runuser and Debian's python3")
+    with tempfile.TemporaryDirectory(prefix="ckpteval-rootless-") as tmp:  # not root's tmp_path
+        work = Path(tmp)
+        os.chmod(work, 0o755)
+        (work / "run.py").write_text(AS_NOBODY)
+        (work / "data.json").write_text(json.dumps({"source": ATTACKS, "batch": BATCH}))
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC), "TMPDIR": "/tmp", "HOME": tmp}
+        done = subprocess.run(
+            [shutil.which("runuser") or "runuser", "-u", "nobody", "--", str(SYSTEM_PYTHON)]
+            + [str(work / "run.py"), str(work / "data.json")],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    return [
+        Verdict(passed, error, score=score, extras=extras) for passed, error, score, extras in rows
+    ]
+
+
+def _info(verdicts: list[Any], completion: str, nth: int = 0) -> dict[str, Any]:
+    found = [v for (c, _), v in zip(BATCH, verdicts) if c == completion]
+    return found[nth].extras["reward_info"]
+
+
+def test_every_sample_forks_from_one_warm_zygote_that_saw_only_the_fixed_input(
+    verdicts: list[Any],
+) -> None:
+    """Guards: the warm-up call's input is fixed (no sample's text), and each sample is a fork of
+    the zygote, not of a previous sample (nothing a sample called reaches the next)."""
+    scored = [v for v in verdicts if "reward_info" in v.extras]
+    assert len(scored) >= 10
+    zygotes = {v.extras["reward_info"]["zygote"] for v in scored}
+    assert len(zygotes) == 1  # none of the attacks killed it: no fallback to the driver
+    for verdict in scored:
+        assert verdict.extras["reward_info"]["before"] == [list(call) for call in WARM_CALLS]
+
+
+def test_what_a_sample_leaves_is_gone_for_the_next(verdicts: list[Any]) -> None:
+    """Guards: /tmp (and its symlinks, without following them) emptied after each sample, a
+    stray (double fork, setsid) killed, module globals and patches die with the fork, SysV IPC
+    refused (it would outlive the sample in the zygote's IPC namespace)."""
+    planted = _info(verdicts, "plant secret-AAAA")
+    assert planted["/tmp/x"] == "written" and planted["/tmp/d/e/f"] == "written"
+    assert planted["shm"] == "refused"
+    for nth in (0, 1):
+        seen = _info(verdicts, "look", nth)
+        assert seen["left"] == [] and seen["stray"] is False
+        assert seen["state"] == "original" and seen["capwords"] == "A B"
+    assert Path("/etc/passwd").exists()  # the cleanup followed no planted symlink
+
+
+def test_a_sample_cannot_reach_the_zygote(verdicts: list[Any]) -> None:
+    """Guards: the samples' seccomp filter protects the zygote's pid (kill, killpg, kill -1),
+    the zygote is not dumpable (no ptrace, no /proc/<zygote>/mem, fd, environ)."""
+    assert _info(verdicts, "attack") == {
+        **_info(verdicts, "attack"),
+        **dict.fromkeys(("kill", "killpg", "kill -1", "ptrace", "mem", "fd", "environ"), True),
+    }
+
+
+def test_keyrings_are_refused_to_the_zygotes_samples(verdicts: list[Any]) -> None:
+    """Guard: the zygote's own seccomp filter (inherited by every fork) refuses keyrings."""
+    assert _info(verdicts, "keyring")["add_key"] is True
+    assert _info(verdicts, "keyring")["join"] is True
+
+
+def test_no_sample_finds_anothers_text_in_its_memory(verdicts: list[Any]) -> None:
+    """Guard: each sample reads its own job from its own stdin; the zygote never holds one."""
+    assert _info(verdicts, "search AAAA-terces")["found"] == 0  # an earlier completion
+    assert _info(verdicts, "search BBBB-tg")["found"] == 0  # an earlier ground truth
+
+
+def test_timeouts_and_crashes_fail_alone(verdicts: list[Any]) -> None:
+    """Guards: CPU of a sample's threads counts to it (timeout) and not to the next; a sample
+    that aborts or segfaults fails alone; honest neighbours keep their verdicts."""
+    outcome = {c: (v.passed, v.error_type) for (c, _), v in zip(BATCH, verdicts)}
+    assert outcome["burn"] == (False, "timeout")
+    assert outcome["abort"][1] == "reward_error" and outcome["segv"][1] == "reward_error"
+    assert outcome["wrong"] == (False, "wrong_answer")
+    honest = [v for (c, _), v in zip(BATCH, verdicts) if c == "right"]
+    assert [(v.passed, v.score) for v in honest] == [(True, 1.0)] * 4
+
+
+#: A reward file whose import maps shared memory (what multiprocessing's locks do): every fork of
+#: a zygote would share it, a channel from one sample to the next.
+SHARED_MAPPING = """
+import mmap, os
+
+SHARED = mmap.mmap(-1, 4096)  # anonymous and shared: a fork writes what its siblings read
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    seen = SHARED[:64].rstrip(b"\\0").decode()
+    SHARED[:64] = solution_str.encode().ljust(64, b"\\0")
+    return {"score": 0.0, "seen": seen, "parent": os.getppid()}
+"""
+
+
+def test_a_warm_up_that_maps_shared_memory_gets_no_zygote(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Guard: the zygote refuses to serve when its warm-up left a shared writable mapping (each
+    sample then runs the file in a fork of the driver, as without zygotes)."""
+    (tmp_path / "reward.py").write_text(SHARED_MAPPING)
+    checker = get_checker(
+        "reward_function", reward_function=str(tmp_path / "reward.py"), self_test="off: a test"
+    )
+    jobs = [
+        Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": "x"}, f"secret-{i}")
+        for i in range(3)
+    ]
+    try:
+        infos = [v.extras["reward_info"] for v in checker.check_batch(jobs, 2.0)]
+    finally:
+        checker.close()
+    assert [info["seen"] for info in infos] == ["", "", ""]
+    assert "shared mapping" in caplog.text  # the fallback says why, once
