@@ -52,6 +52,15 @@ def plant():
         except OSError:
             out[path] = "refused"
     out["shm"] = "refused" if libc.shmget(0x4b45, 4096, 0o1666) == -1 else "made"
+    for top in ("/tmp/locked", "/dev/shm/locked"):  # what its owner can open again, no one else
+        try:
+            os.makedirs(top + "/in")
+            open(top + "/in/f", "w").write("answer 42")
+            os.chmod(top + "/in", 0)
+            os.chmod(top, 0)
+            out[top] = "written"
+        except OSError:
+            out[top] = "refused"
     if os.fork() == 0:  # a stray: double fork, new session, an abstract socket held open
         os.setsid()
         if os.fork() == 0:
@@ -72,7 +81,11 @@ def look():
     except OSError:
         stray = False
     return {
-        "left": [p for p in ("/tmp/x", "/dev/shm/x", "x", "/tmp/d", "/tmp/x.link") if os.path.lexists(p)],
+        "left": [
+            p
+            for p in ("/tmp/x", "/dev/shm/x", "x", "/tmp/d", "/tmp/x.link", "/tmp/locked", "/dev/shm/locked")
+            if os.path.lexists(p)
+        ],
         "state": STATE, "capwords": string.capwords("a b"), "stray": stray,
     }
 
@@ -263,6 +276,7 @@ def test_what_a_sample_leaves_is_gone_for_the_next(verdicts: list[Any]) -> None:
     refused (it would outlive the sample in the zygote's IPC namespace)."""
     planted = _info(verdicts, "plant secret-AAAA")
     assert planted["/tmp/x"] == "written" and planted["/tmp/d/e/f"] == "written"
+    assert planted["/tmp/locked"] == "written"  # a directory only its owner can reopen
     assert planted["shm"] == "refused"
     for nth in (0, 1):
         seen = _info(verdicts, "look", nth)
@@ -337,3 +351,31 @@ def test_a_warm_up_that_maps_shared_memory_gets_no_zygote(
         checker.close()
     assert [info["seen"] for info in infos] == ["", "", ""]
     assert "shared mapping" in caplog.text  # the fallback says why, once
+
+
+def test_the_check_after_emptying_sees_any_leftover_and_follows_no_link(tmp_path: Path) -> None:
+    """What the driver compares after emptying a zygote's shared directories (a difference ends
+    the zygote: fail closed): every entry on the directory's device, nested and locked ones too,
+    symlinks listed but not followed."""
+    from ckpteval._sandbox_driver import _empty_dir, _tree
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    fd = os.open(shared, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        dev = os.fstat(fd).st_dev
+        baseline = _tree(fd, dev)
+        (shared / "a" / "b").mkdir(parents=True)
+        (shared / "a" / "b" / "f").write_text("answer 42")
+        (shared / "link").symlink_to("/etc")
+        os.chmod(shared / "a" / "b", 0)
+        left = _tree(fd, dev)
+        assert ("a/b/f", 0o100000) in left and ("link", 0o120000) in left
+        assert not any(path.startswith("link/") for path, _ in left)  # /etc not walked
+        _empty_dir(fd, dev)
+        assert _tree(fd, dev) == baseline == []
+        assert Path("/etc/passwd").exists()
+        (shared / "late").write_text("x")  # what an emptying that failed would leave
+        assert _tree(fd, dev) != baseline
+    finally:
+        os.close(fd)

@@ -78,7 +78,9 @@ status, CPU and peak memory. The driver times, charges and kills it as any comma
 count while it ran; the zygote's warm-up is before, and its pid is left out of the /proc count),
 keeps only the fork's pid's result, then kills every process but the zygote and empties what the
 samples share, the zygote's /tmp, covers and /dev/shm, through directory descriptors the zygote
-sent it before dropping root: no symlink followed, no mount entered (`_empty_dir`). Samples run
+sent it before dropping root: no symlink followed, no mount entered (`_empty_dir`). What
+the emptying leaves differs from what was there before the first sample? The zygote goes
+(fail closed). Samples run
 one at a time, so none sees another's files, processes or IPC; a sample's changes to the
 warmed modules die with its fork. A zygote that does not warm up, stops answering or dies is
 killed; the driver says so on its stderr once and runs the rest of the batch the usual way (the
@@ -888,6 +890,7 @@ class _Zygote:
             self._die(ready.decode("utf-8", "replace") if ready else "its warm-up did not finish")
             return
         self.roots = [(fd, os.fstat(fd).st_dev) for fd in fds]
+        self.baseline = [_tree(fd, dev) for fd, dev in self.roots]  # what no sample wrote
         account.cgroup.base = None  # the memory limit counts from the warm zygote's pages
 
     @classmethod
@@ -993,6 +996,38 @@ class _Zygote:
         (a bound toolchain, a skeleton of one). Every process of the command is dead by now."""
         for fd, dev in self.roots:
             _empty_dir(fd, dev)
+        # Fail closed: whatever could not be removed (a deletion refused for any reason) must
+        # reach no later sample, so the zygote goes and the rest of the batch forks fresh.
+        if [_tree(fd, dev) for fd, dev in self.roots] != self.baseline:
+            self._die("a sample left files that could not be removed")
+
+
+def _tree(root, dev):
+    """Every entry under the directory `root` (an fd) on device `dev`, as sorted (path, kind)
+    pairs: symlinks not followed, mounts named but not entered."""
+    import stat
+
+    found, stack = [], [(os.dup(root), "")]
+    while stack:
+        fd, prefix = stack.pop()
+        try:
+            for entry in os.scandir(fd):
+                path = prefix + entry.name
+                try:
+                    info = os.stat(entry.name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    found.append((path, "?"))
+                    continue
+                found.append((path, stat.S_IFMT(info.st_mode)))
+                if info.st_dev == dev and stat.S_ISDIR(info.st_mode):
+                    try:
+                        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                        stack.append((os.open(entry.name, flags, dir_fd=fd), path + "/"))
+                    except OSError:
+                        found.append((path + "/", "unreadable"))
+        finally:
+            os.close(fd)
+    return sorted(found)
 
 
 def _empty_dir(root, dev):
