@@ -239,7 +239,9 @@ def test_a_zero_run_is_found_consolidated_and_evaluated_through_the_workflow(
         },
         "tasks": {"arith": {}},
         "consolidate": {"smoke": "none", "dtype": "float32"},
-        "engine": {"max_model_len": 256},  # the tiny model's positions
+        # The tiny model's positions; no swapping: each checkpoint is loaded by an engine of its
+        # own, from its own directory.
+        "engine": {"max_model_len": 256, "swap": False},
         "outdir": str(tmp_path / "results"),
     }
     cfg.write_text(yaml.safe_dump(config))

@@ -196,6 +196,13 @@ def assert_same_generations(results: Path, ours: str, plain: str) -> None:
     same engine and settings: equal, not just close)."""
     manifests = [json.loads((results / "models" / f"{c}.json").read_text()) for c in (ours, plain)]
     assert manifests[0]["weights_sha256"] == manifests[1]["weights_sha256"]
+    metas = [
+        [json.loads(m.read_text()) for m in (results / "generations" / c).rglob("*.meta.json")]
+        for c in (ours, plain)
+    ]
+    assert all(m["swaps"] == 0 and m["engine_loads"] == 1 for side in metas for m in side)
+    served = [{m["served_by"] for m in side} for side in metas]
+    assert not served[0] & served[1], "each loaded by an engine of its own"
     files = [sorted((results / "generations" / c).rglob("*.jsonl")) for c in (ours, plain)]
     assert files[0] and [f.relative_to(results / "generations" / ours) for f in files[0]] == [
         f.relative_to(results / "generations" / plain) for f in files[1]
@@ -451,7 +458,9 @@ def test_a_verl_run_uploaded_to_s3_is_found_consolidated_and_evaluated_through_t
         cfg = s3._workflow_config(tmp_path, "s3://verl/ckpts/proj/exp")
         config = yaml.safe_load(cfg.read_text())
         config["runs"]["plain"] = {"path": str(plain)}
-        config["engine"] = {"max_model_len": 256}  # the tiny model has 256 positions
+        # The tiny model has 256 positions; no swapping: each checkpoint is loaded by an engine
+        # of its own, from its own directory.
+        config["engine"] = {"max_model_len": 256, "swap": False}
         cfg.write_text(yaml.safe_dump(config))
         target = tmp_path / "results" / "models" / "s3run" / "global_step_1.json"
         proc = run_snakemake(tmp_path, "--configfile", str(cfg), timeout=900)
