@@ -248,4 +248,9 @@ def test_a_corrupt_checkpoint_in_the_middle_of_a_chain_fails_alone(sweeps: dict[
     # are current, so nothing is generated again), and nothing is left to do.
     _sweep(work, config, *UNTIL)
     _assert_equal_generations(work, ("step_2",), "swapped")
-    assert "Nothing to be done" in _sweep(work, config, "-n", *UNTIL)
+    every = [
+        f"swapped/generations/demo/{ckpt}/{task}/greedy-s42.jsonl"
+        for ckpt in (*SAME, OTHER)
+        for task in TASKS
+    ]  # (a dry run `--until generation` of the default target says nothing of the kind)
+    assert "Nothing to be done" in _sweep(work, config, "-n", *every)
