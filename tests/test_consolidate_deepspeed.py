@@ -25,7 +25,7 @@ import pytest
 import torch
 from test_consolidate import HERE, TIED, Tiny, consolidate, copy_tokenizer, load_weights
 from test_consolidate import tiny as tiny  # noqa: F401 - the module's shared model fixture
-from test_consolidate_verl import assert_same_vllm_generation
+from test_consolidate_verl import assert_same_generations, plain_run
 
 from ckpteval.checkpoints import discover_checkpoints, unfinished_checkpoints
 from ckpteval.errors import UserError
@@ -97,24 +97,6 @@ def test_zero_run_is_found_and_merges_bit_equal_to_deepspeeds_zero_to_fp32(
         assert_bit_equal(load_weights(out_dir), {k: v.to(dtype) for k, v in want.items()})
     for file in ("tokenizer.json", "config.json"):
         assert (out_dir / file).exists(), file
-
-
-@pytest.mark.numeric
-@pytest.mark.slow
-def test_vllm_generates_from_the_zero_checkpoint_what_it_does_from_the_same_weights_as_hf(
-    tiny: Tiny, zero_runs: Path, tmp_path: Path
-) -> None:
-    """zero_to_fp32's weights saved as a plain HF directory (config and tokenizer of the base):
-    the same greedy tokens from vLLM (same weights, engine and settings: equal, not close)."""
-    from safetensors.torch import save_file
-
-    plain = tmp_path / "plain"
-    copy_tokenizer(tiny.hf_dir, plain)
-    (plain / "model.safetensors").unlink()
-    weights = {k: v.contiguous() for k, v in zero_to_fp32(zero_runs / "zero2").items() if k != TIED}
-    save_file(weights, plain / "model.safetensors", metadata={"format": "pt"})
-    checkpoint = zero_runs / "zero2" / "global_step1"
-    assert_same_vllm_generation(checkpoint, plain, tmp_path, base_model=tiny.hf_dir)
 
 
 # --- completeness and refusals, on ZeRO-shaped files written here -----------------------------
@@ -232,6 +214,7 @@ def test_hf_trainers_deepspeed_checkpoint_stays_an_hf_checkpoint(tmp_path: Path)
     assert detect_format(checkpoint / "global_step3") == "deepspeed"
 
 
+@pytest.mark.numeric
 @pytest.mark.slow
 def test_a_zero_run_is_found_consolidated_and_evaluated_through_the_workflow(
     tiny: Tiny, zero_runs: Path, tmp_path: Path
@@ -239,27 +222,39 @@ def test_a_zero_run_is_found_consolidated_and_evaluated_through_the_workflow(
     """The run directory as OpenRLHF leaves it, pointed at with its base model only: the
     workflow finds `global_step1` by default, consolidates it into the weights DeepSpeed's
     zero_to_fp32 gives, generates from it and scores it into the summary. Reuses the module's
-    DeepSpeed run (the expensive part)."""
+    DeepSpeed run (the expensive part). In the same sweep, a second run holds zero_to_fp32's
+    weights saved as a plain HF directory (config and tokenizer of the base): vLLM generates
+    from it, line for line, what it generates from the ZeRO checkpoint (one sweep, one engine
+    each: the infer step's own engine is the one compared)."""
     import pandas as pd
     import yaml
     from conftest import run_snakemake
 
+    want = {k: v for k, v in zero_to_fp32(zero_runs / "zero2").items() if k != TIED}
     cfg = tmp_path / "zero.yaml"
     config = {
-        "runs": {"zero": {"path": str(zero_runs / "zero2"), "base_model": str(tiny.hf_dir)}},
+        "runs": {
+            "zero": {"path": str(zero_runs / "zero2"), "base_model": str(tiny.hf_dir)},
+            "plain": {"path": str(plain_run(want, tiny.hf_dir, tmp_path / "plain"))},
+        },
         "tasks": {"arith": {}},
         "consolidate": {"smoke": "none", "dtype": "float32"},
-        "engine": {"max_model_len": 256},  # the tiny model's positions
+        # The tiny model's positions; no swapping: each checkpoint is loaded by an engine of its
+        # own, from its own directory.
+        "engine": {"max_model_len": 256, "swap": False},
         "outdir": str(tmp_path / "results"),
     }
     cfg.write_text(yaml.safe_dump(config))
     proc = run_snakemake(tmp_path, "--configfile", str(cfg), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tidy = pd.read_parquet(tmp_path / "results" / "summary" / "metrics.parquet")
-    assert set(zip(tidy["run"], tidy["ckpt"], tidy["task"])) == {("zero", "global_step1", "arith")}
+    assert set(zip(tidy["run"], tidy["ckpt"], tidy["task"])) == {
+        ("zero", "global_step1", "arith"),
+        ("plain", "step_1", "arith"),
+    }
     assert (tidy["n"] > 0).all()
     model = tmp_path / "results" / "models" / "zero" / "global_step1"
     merged = load_weights(model)
-    want = {k: v for k, v in zero_to_fp32(zero_runs / "zero2").items() if k != TIED}
     assert sorted(merged) == sorted(want)
     assert all(torch.equal(merged[k], want[k]) for k in want)
+    assert_same_generations(tmp_path / "results", "zero/global_step1", "plain/step_1")

@@ -176,68 +176,67 @@ def test_verl_merge_is_bit_equal_to_verls_model_merger(
     assert_bit_equal(ours, by_verl)
 
 
-@pytest.mark.numeric
-@pytest.mark.slow
-def test_vllm_generates_from_the_verl_checkpoint_what_it_does_from_the_same_model_as_hf(
-    tiny: Tiny, verl_run: tuple[Path, dict], tmp_path: Path
-) -> None:
-    """The engine the infer step uses, on the consolidated verl checkpoint and on the trained
-    model saved as a plain HF directory: the same greedy tokens (same weights, same engine and
-    settings: equal, not just close). Needs the module's verl run, hence not test_consolidate's
-    vLLM test."""
-    run, reference = verl_run
-    plain = tmp_path / "plain"
-    _trained(tiny, reference).save_pretrained(plain)
-    copy_tokenizer(tiny.tokenizer_dir, plain)
-    assert_same_vllm_generation(run / "global_step_1", plain, tmp_path)
+def plain_run(weights: dict[str, torch.Tensor], like: Path, root: Path) -> Path:
+    """A run directory whose one checkpoint `step_1` holds `weights` as a plain HF save, with
+    `like`'s config.json and tokenizer: the reference a trainer's checkpoint is compared with."""
+    from safetensors.torch import save_file
+
+    checkpoint = root / "step_1"
+    copy_tokenizer(like, checkpoint)
+    (checkpoint / "model.safetensors").unlink(missing_ok=True)
+    tensors = {k: v.contiguous() for k, v in weights.items() if k != TIED}
+    save_file(tensors, checkpoint / "model.safetensors", metadata={"format": "pt"})
+    return root
 
 
-def assert_same_vllm_generation(checkpoint: Path, plain: Path, tmp_path: Path, **kwargs) -> None:  # noqa: ANN003
-    """`checkpoint` (a trainer's layout) and `plain` (the same weights as an HF directory),
-    each consolidated with vLLM's smoke generation (the infer step's engine): the same weights
-    hash and the same greedy tokens and text. `kwargs` go to the checkpoint's consolidation."""
-    engine = {"gpu_memory_utilization": 0.1, "enforce_eager": True, "max_model_len": 256}
-    smokes = []
-    for name, source, extra in (("trainer", checkpoint, kwargs), ("plain", plain, {})):
-        _, manifest = consolidate(source, tmp_path, name, smoke="vllm", engine_args=engine, **extra)
-        assert manifest["smoke"]["engine"] == "vllm"
-        smokes.append(manifest)
-    assert smokes[0]["weights_sha256"] == smokes[1]["weights_sha256"]
-    assert smokes[0]["smoke"]["token_ids"] == smokes[1]["smoke"]["token_ids"]
-    assert smokes[0]["smoke"]["text"] == smokes[1]["smoke"]["text"]
-
-
-@pytest.mark.numeric
-@pytest.mark.slow
-def test_three_ranks_shard_unevenly_and_still_merge(tiny: Tiny, tmp_path: Path) -> None:
-    """128-wide rows over 3 ranks are 43 + 43 + 42: any world size, uneven pieces. Cannot reuse
-    the module's 2-rank run: the world size is what is tested."""
-    run = tmp_path / "experiment"
-    reference = _write_verl_run(tiny, run, 3)
-    actor = run / "global_step_1" / "actor"
-    assert sorted(p.name for p in actor.glob("model_*")) == [
-        f"model_world_size_3_rank_{r}.pt" for r in range(3)
+def assert_same_generations(results: Path, ours: str, plain: str) -> None:
+    """The trainer's checkpoint `ours` ("run/ckpt") and the same weights saved as a plain HF
+    directory `plain`, each consolidated and generated from by the workflow's infer step in one
+    sweep: the same weights hash and the same greedy completions, line for line (same weights,
+    same engine and settings: equal, not just close)."""
+    manifests = [json.loads((results / "models" / f"{c}.json").read_text()) for c in (ours, plain)]
+    assert manifests[0]["weights_sha256"] == manifests[1]["weights_sha256"]
+    metas = [
+        [json.loads(m.read_text()) for m in (results / "generations" / c).rglob("*.meta.json")]
+        for c in (ours, plain)
     ]
-    out_dir, manifest = consolidate(actor.parent, tmp_path, dtype="float32", smoke="none")
-    loaded = load_weights(out_dir)
-    for name, tensor in reference.items():
-        if name != TIED:
-            assert torch.equal(loaded[name], tensor), name
-    assert_bit_equal(
-        load_weights(consolidate(actor.parent, tmp_path, "bf16", smoke="none")[0]),
-        verl_rule_merge(actor),
-    )
+    # `served_by` names the engine job (its own run/ckpt): a swapped-in checkpoint has its
+    # chain's, so distinct sets mean each directory was loaded by an engine of its own.
+    served = [{m["served_by"] for m in side} for side in metas]
+    assert all(served) and not served[0] & served[1], served
+    files = [sorted((results / "generations" / c).rglob("*.jsonl")) for c in (ours, plain)]
+    assert files[0] and [f.relative_to(results / "generations" / ours) for f in files[0]] == [
+        f.relative_to(results / "generations" / plain) for f in files[1]
+    ]
+    for a, b in zip(*files):
+        lines = [[json.loads(x) for x in f.read_text().splitlines()] for f in (a, b)]
+        assert len(lines[0]) == len(lines[1]) > 0, a
+        for x, y in zip(*lines):
+            assert (x["prompt"], x["completion"]) == (y["prompt"], y["completion"]), a
+            assert x["completion_tokens"] == y["completion_tokens"] > 0, a
 
 
 @pytest.mark.numeric
 @pytest.mark.slow
-def test_fsdp1_shards_merge_as_verls_merger_merges_them(tiny: Tiny, tmp_path: Path) -> None:
+def test_fsdp1_shards_over_three_ranks_merge_as_verls_merger_merges_them(
+    tiny: Tiny, tmp_path: Path
+) -> None:
     """verl's FSDP1 workers: FullyShardedDataParallel given the device mesh, saved under
-    SHARDED_STATE_DICT (DTensors again). Cannot reuse the module's run: FSDP1 is what is tested."""
+    SHARDED_STATE_DICT (DTensors again), over 3 ranks: 128-wide rows are 43 + 43 + 42, so any
+    world size and uneven pieces are checked on the same run. Cannot reuse the module's 2-rank
+    FSDP2 run: FSDP1 and the world size are what is tested. One run covers both, since ckpteval
+    merges every DTensor by its placement whatever FSDP version wrote it (formats/verl.py reads
+    `FSDP_version` nowhere); the module's run is the FSDP2 case."""
     run = tmp_path / "experiment"
-    reference = _write_verl_run(tiny, run, 2, "verl-fsdp1")
+    reference = _write_verl_run(tiny, run, 3, "verl-fsdp1")
     actor = run / "global_step_1" / "actor"
     assert json.loads((actor / "fsdp_config.json").read_text())["FSDP_version"] == 1
+    ranks = sorted(p.name for p in actor.glob("model_*"))
+    assert ranks == [f"model_world_size_3_rank_{r}.pt" for r in range(3)]
+    first = torch.load(actor / ranks[0], weights_only=False)
+    last = torch.load(actor / ranks[2], weights_only=False)
+    uneven = [k for k in first if first[k]._local_tensor.shape != last[k]._local_tensor.shape]
+    assert uneven, "no tensor split unevenly over 3 ranks"
     out_dir, _ = consolidate(actor.parent, tmp_path, "fp32", dtype="float32", smoke="none")
     loaded = load_weights(out_dir)
     assert sorted(loaded) == sorted(k for k in reference if k != TIED)
@@ -434,31 +433,44 @@ def test_verl_megatron_checkpoint_is_refused_naming_the_merge_command(tmp_path: 
     assert f"--backend megatron --local_dir {step / 'actor'}" in message
 
 
+@pytest.mark.numeric
 @pytest.mark.slow
 def test_a_verl_run_uploaded_to_s3_is_found_consolidated_and_evaluated_through_the_workflow(
-    verl_run: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny: Tiny, verl_run: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The verl layout end to end from object storage (a real S3 API server on loopback): the
     default patterns find `global_step_1` in the listing, only what consolidation reads is
     downloaded (never the optimizer or extra state), the model is the one a local
-    consolidation of the same shards gives, and it is evaluated into the summary. Reuses this module's FSDP run: building shards is
-    the expensive part, the S3 server starts in a second."""
+    consolidation of the same shards gives, and it is evaluated into the summary. In the same
+    sweep, a local run holds the trained model (in memory after the step) saved as a plain HF
+    directory: vLLM generates from it, line for line, what it generates from the verl
+    checkpoint (one engine each, the infer step's own). Reuses this module's FSDP run: building
+    shards is the expensive part, the S3 server starts in a second."""
+    import yaml
+
     s3 = pytest.importorskip("test_s3")
-    run, _ = verl_run
+    run, reference = verl_run
+    weights = _trained(tiny, reference).state_dict()
+    plain = plain_run(weights, tiny.hf_dir, tmp_path / "plain")
     with s3.moto_server() as endpoint:
         s3.set_s3_env(monkeypatch, endpoint)
         s3._bucket(endpoint, "verl")
         s3._upload(endpoint, "verl", "ckpts/proj/exp", run)
         cfg = s3._workflow_config(tmp_path, "s3://verl/ckpts/proj/exp")
-        with cfg.open("a") as f:  # the tiny model has 256 positions
-            f.write("engine: {max_model_len: 256}\n")
+        config = yaml.safe_load(cfg.read_text())
+        config["runs"]["plain"] = {"path": str(plain)}
+        # The tiny model has 256 positions; no swapping: each checkpoint is loaded by an engine
+        # of its own, from its own directory.
+        config["engine"] = {"max_model_len": 256, "swap": False}
+        cfg.write_text(yaml.safe_dump(config))
         target = tmp_path / "results" / "models" / "s3run" / "global_step_1.json"
         proc = run_snakemake(tmp_path, "--configfile", str(cfg), timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
     # Evaluated end to end: the consolidated model generated and was scored, in the summary.
     tidy = pd.read_parquet(tmp_path / "results" / "summary" / "metrics.parquet")
     assert set(zip(tidy["run"], tidy["ckpt"], tidy["task"])) == {
-        ("s3run", "global_step_1", "arith")
+        ("s3run", "global_step_1", "arith"),
+        ("plain", "step_1", "arith"),
     }
     assert (tidy["n"] > 0).all()
     manifest = json.loads(target.read_text())
@@ -468,3 +480,4 @@ def test_a_verl_run_uploaded_to_s3_is_found_consolidated_and_evaluated_through_t
     assert not [n for n in read if "optim" in n or "extra_state" in n], read
     _, local = consolidate(run / "global_step_1", tmp_path, "local", dtype=manifest["dtype"])
     assert manifest["weights_sha256"] == local["weights_sha256"]
+    assert_same_generations(tmp_path / "results", "s3run/global_step_1", "plain/step_1")

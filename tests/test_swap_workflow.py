@@ -12,6 +12,11 @@ by itself (tests/test_swap.py forces each path on a bare engine). Every generati
 sweep equals a fresh engine's, by tests/numeric.py's rules; the three checkpoints of one architecture share one
 engine load, and the fourth starts its own, saying why. Then a chain whose middle checkpoint is
 corrupt: that checkpoint fails alone, and the rest are served and equal to the reference.
+
+Every sweep here stops at the generations (`--until generation`): what is tested is what the
+engines generate, and scoring those files (an evaluate job per cell, each a new interpreter, and
+the summary) would check nothing more about swapping; tests/test_workflow.py scores every task
+kind end to end.
 """
 
 from __future__ import annotations
@@ -77,6 +82,10 @@ def _config(work: Path, outdir: str, swap: bool) -> Path:
 ONEDNN = {**os.environ, "CKPTEVAL_CPU_LINEAR": "onednn"}
 
 
+#: Where every sweep of this module stops: the generation files, never scored (module docstring).
+UNTIL = ("--until", "generation")
+
+
 def _sweep(work: Path, config: Path, *args: str, ok: bool = True) -> str:
     """Snakemake with `args` (targets, verbs) before the configfile, which takes several."""
     proc = run_snakemake(work, *args, "--configfile", str(config), env=ONEDNN)
@@ -96,7 +105,7 @@ def sweeps(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     # Consolidated first, so that the chain finds every checkpoint ready (how long it waits for
     # a consolidation, and what it then does: tests/test_chain.py).
     _sweep(work, swapped, "--until", "consolidate")
-    _sweep(work, swapped)
+    _sweep(work, swapped, *UNTIL)
     # The checkpoints an engine started on: their files, kept aside (a later test regenerates
     # the sweep's own) as their reference. Every other one runs again on a fresh engine.
     metas = _metas(work, "swapped")
@@ -237,6 +246,11 @@ def test_a_corrupt_checkpoint_in_the_middle_of_a_chain_fails_alone(sweeps: dict[
     _assert_equal_generations(work, ("step_1", "step_3"), "swapped")
     # Repaired, the next run finishes: step_2's files were never touched by the failure (they
     # are current, so nothing is generated again), and nothing is left to do.
-    _sweep(work, config)
+    _sweep(work, config, *UNTIL)
     _assert_equal_generations(work, ("step_2",), "swapped")
-    assert "Nothing to be done" in _sweep(work, config, "-n")
+    every = [
+        f"swapped/generations/demo/{ckpt}/{task}/greedy-s42.jsonl"
+        for ckpt in (*SAME, OTHER)
+        for task in TASKS
+    ]  # (a dry run `--until generation` of the default target says nothing of the kind)
+    assert "Nothing to be done" in _sweep(work, config, "-n", *every)

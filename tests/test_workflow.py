@@ -1,11 +1,14 @@
 """The whole workflow, for real: Snakemake -> consolidate -> vLLM on CPU -> sandboxed scoring ->
-aggregate, on the tiny demo model. One module-scoped sweep is shared by the tests below; each later
-test changes something and reruns."""
+aggregate, on the tiny demo model. One module-scoped sweep is shared by the tests below: it runs
+with one checkpoint, then a second checkpoint is added and the sweep runs again (so the sweep that
+the tests read is also the one that proves a new checkpoint runs only its own jobs, without a
+third checkpoint's engine); each later test changes something and reruns."""
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -17,19 +20,44 @@ pytestmark = pytest.mark.slow
 TASKS = ["arith", "arith_harness", "pyfunc", "rustfunc"]
 
 
+@dataclass(frozen=True)
+class Grown:
+    """The module's sweep, and what its second run did when a checkpoint was added to it."""
+
+    work: Path
+    new: str  # the checkpoint added to the finished one-checkpoint sweep
+    planned: dict[str, str]  # jobs per rule in the dry run right after it was added
+    before: dict[Path, int]  # score files' mtimes before the second run
+    after: dict[Path, int]  # and after it
+
+
 @pytest.fixture(scope="module")
-def sweep(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run with the first two demo checkpoints, swept once end to end."""
+def grown(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Grown:
+    """A run with the first demo checkpoint swept end to end, then the second one added and the
+    sweep run again."""
     work = tmp_path_factory.mktemp("sweep")
     run = work / "run"
     run.mkdir()
     steps = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    for ckpt in steps[:2]:
-        (run / ckpt.name).symlink_to(ckpt)
+    first, new = steps[:2]
+    (run / first.name).symlink_to(first)
     write_config(work, small_config(run))
     proc = run_snakemake(work)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return work
+    before = {p: p.stat().st_mtime_ns for p in _cells(work)}
+    (run / new.name).symlink_to(new)
+    dry = dry_snakemake(work, "-n")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    proc = run_snakemake(work)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    after = {p: p.stat().st_mtime_ns for p in _cells(work)}
+    return Grown(work, new.name, _job_counts(dry.stdout + dry.stderr), before, after)
+
+
+@pytest.fixture(scope="module")
+def sweep(grown: Grown) -> Path:
+    """The module's sweep: two checkpoints, every task, scored and summarised."""
+    return grown.work
 
 
 def _job_counts(output: str) -> dict[str, str]:
@@ -128,31 +156,23 @@ def test_rerun_of_one_target_file_touches_nothing_else(sweep: Path) -> None:
     # Only the summary is now older than one of its inputs.
     proc = dry_snakemake(sweep, "-n")
     assert _job_counts(proc.stdout + proc.stderr) == {"aggregate": "1"}
-    assert run_snakemake(sweep).returncode == 0
 
 
-def test_a_new_checkpoint_is_picked_up_and_only_its_jobs_run(sweep: Path, demo_dir: Path) -> None:
-    steps = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    new = steps[-1]
-    old_cells = {p: p.stat().st_mtime_ns for p in _cells(sweep)}
-    (sweep / "run" / new.name).symlink_to(new)
-    dry = dry_snakemake(sweep, "-n")
-    assert dry.returncode == 0, dry.stderr[-3000:]
-    counts = _job_counts(dry.stdout + dry.stderr)
-    assert counts == {
+def test_a_new_checkpoint_is_picked_up_and_only_its_jobs_run(grown: Grown) -> None:
+    """The fixture's second run: the checkpoint added to a finished sweep plans its own jobs
+    and the summary only, and running them leaves every other score file untouched."""
+    assert grown.planned == {
         "consolidate": "1",
         "infer": "1",
         "evaluate": str(len(TASKS)),
         "aggregate": "1",
     }
-    proc = run_snakemake(sweep)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert all(p.stat().st_mtime_ns == t for p, t in old_cells.items())
-    new_cells = [p for p in _cells(sweep) if p not in old_cells]
-    assert {p.parent.parent.name for p in new_cells} == {new.name}
+    assert grown.before and all(grown.after[p] == t for p, t in grown.before.items())
+    new_cells = [p for p in grown.after if p not in grown.before]
+    assert {p.parent.parent.name for p in new_cells} == {grown.new}
     assert len(new_cells) == len(TASKS)
-    table = pd.read_parquet(sweep / "results" / "summary" / "metrics.parquet")
-    assert new.name in set(table["ckpt"])
+    table = pd.read_parquet(grown.work / "results" / "summary" / "metrics.parquet")
+    assert grown.new in set(table["ckpt"])
 
 
 def test_user_mistakes_stop_before_any_job_with_one_line(sweep: Path, tmp_path: Path) -> None:
@@ -189,6 +209,7 @@ def test_a_bare_torch_file_is_discovered_and_consolidated(
     torch.save({"model": state, "step": 7}, run / "step_7.pt")
     config = small_config(run)
     config["runs"]["demo"]["base_model"] = str(demo_dir / "base")
+    config["consolidate"] = {"smoke": "none"}  # the weights are the claim, not a generation
     write_config(tmp_path, config)
     proc = run_snakemake(tmp_path, "results/models/demo/step_7.json")
     assert proc.returncode == 0, proc.stderr[-4000:]
