@@ -72,8 +72,8 @@ LONGEST_FIRST = (
     "test_reliability_load.py",
     "test_reward.py",
     "test_report_browser.py",
-    "test_consolidate_verl.py",  # estimated ~5 min: two FSDP runs on gloo, two vLLM engines
-    "test_consolidate_deepspeed.py",  # ~1.5 min: a 2-rank DeepSpeed run, two vLLM engines
+    "test_consolidate_verl.py",  # ~3 min: two FSDP runs on gloo, verl's merger, one sweep
+    "test_consolidate_deepspeed.py",  # ~1.5 min: a 2-rank DeepSpeed run, one sweep
     "test_consolidate.py",
 )
 
