@@ -184,39 +184,18 @@ def dry_snakemake(
         *("--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)),
         *("--profile", str(REPO / "profiles" / "local"), *args),
     ]
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into pytest
-            code = 1
-            try:
-                os.dup2(out.fileno(), 1)
-                os.dup2(err.fileno(), 2)
-                sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-                sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-                os.chdir(REPO)
-                os.environ.update(env)
-                sys.argv = ["snakemake", *argv]
-                snakemake.cli.main(argv)
-            except SystemExit as done:
-                code = done.code if isinstance(done.code, int) else 1
-            except BaseException:  # noqa: BLE001 - reported to the parent as a failed run
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        returncode = _wait(pid, timeout)
-        out.seek(0)
-        err.seek(0)
-        text = (out.read().decode(errors="replace"), err.read().decode(errors="replace"))
-    return subprocess.CompletedProcess(["snakemake", *argv], returncode, *text)
+    done = forked_main(snakemake.cli.main, argv, REPO, timeout, prog="snakemake")
+    return subprocess.CompletedProcess(
+        ["snakemake", *argv], done.returncode, done.stdout, done.stderr
+    )
 
 
 def forked_main(
-    main: Callable[[list[str]], object], argv: list[str], cwd: Path, timeout: float = 600
+    main: Callable[[list[str]], object],
+    argv: list[str],
+    cwd: Path,
+    timeout: float = 600,
+    prog: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`main(argv)` (a command's entry point: `snakemake.cli.main`, `ckpteval.cli.main`) in a
     process forked from this one, run from `cwd` with the workflow's environment, its exit code
@@ -235,7 +214,7 @@ def forked_main(
                 sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
                 os.chdir(cwd)
                 os.environ.update(WORKFLOW_ENV)
-                sys.argv = [str(getattr(main, "__module__", "main")), *argv]
+                sys.argv = [prog or str(getattr(main, "__module__", "main")), *argv]
                 result = main(argv)
                 code = result if isinstance(result, int) else 0
             except SystemExit as done:
