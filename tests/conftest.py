@@ -8,7 +8,9 @@ directory holding a small config, against the repository's Snakefile and profile
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,6 +150,29 @@ def small_config(run_dir: Path, **overrides: Any) -> dict[str, Any]:
 
 #: What every workflow run of the tests runs in: vLLM in the job's own process, unbuffered output.
 WORKFLOW_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
+
+#: Debian's python3, which `nobody` can run (the project's venv may sit in root's home).
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+def as_nobody_json(script: Path, *args: str, cwd: Path, tmpdir: str | None = None) -> Any:
+    """Run `script` with Debian's python3 as `nobody` (a user who is not root: rootless
+    bubblewrap), this checkout's package on its path, `tmpdir` (default `cwd`) its TMPDIR; the
+    JSON of its last stdout line. Skips without root, runuser or that python3."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None or not SYSTEM_PYTHON.exists():
+        pytest.skip("needs root (to become nobody), runuser and Debian's python3")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"), "HOME": str(cwd)}
+    done = subprocess.run(
+        [str(shutil.which("runuser")), "-u", "nobody", "--", str(SYSTEM_PYTHON), str(script)]
+        + list(args),
+        cwd=cwd,
+        env={**env, "TMPDIR": tmpdir or str(cwd)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def snakemake_cmd(workdir: Path, *args: str) -> list[str]:

@@ -8,17 +8,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import as_nobody_json
 
 from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers.reward import WARM_CALLS
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 #: A reward function whose completion says what the sample does; it reports what its process
@@ -204,7 +203,6 @@ finally:
     checker.close()
 print(json.dumps([[v.passed, v.error_type, v.score, v.extras] for v in verdicts]))
 """
-SYSTEM_PYTHON = Path("/usr/bin/python3")
 
 
 @pytest.fixture(scope="module", params=["root", "rootless"])
@@ -228,25 +226,12 @@ def verdicts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 
 def _as_nobody() -> list[Any]:
-    if os.geteuid() != 0 or shutil.which("runuser") is None or not SYSTEM_PYTHON.exists():
-        pytest.skip("needs root (to become nobody), runuser and Debian's python3")
     with tempfile.TemporaryDirectory(prefix="ckpteval-rootless-") as tmp:  # not root's tmp_path
         work = Path(tmp)
         os.chmod(work, 0o755)
         (work / "run.py").write_text(AS_NOBODY)
         (work / "data.json").write_text(json.dumps({"source": ATTACKS, "batch": BATCH}))
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC), "TMPDIR": "/tmp", "HOME": tmp}
-        done = subprocess.run(
-            [shutil.which("runuser") or "runuser", "-u", "nobody", "--", str(SYSTEM_PYTHON)]
-            + [str(work / "run.py"), str(work / "data.json")],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
+        rows = as_nobody_json(work / "run.py", str(work / "data.json"), cwd=work, tmpdir="/tmp")
     return [
         Verdict(passed, error, score=score, extras=extras) for passed, error, score, extras in rows
     ]

@@ -8,22 +8,18 @@ and correct samples beside the attacks keep their verdicts."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import as_nobody_json
 
 #: About 40 s: one sandbox batch of probes and one judged batch, run once for the module by
 #: another user (no shared fixture runs as anyone but root).
 pytestmark = pytest.mark.slow
 
-SYSTEM_PYTHON = Path("/usr/bin/python3")
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: Run as `nobody`: prints one JSON object of what happened.
 SCRIPT = r"""
@@ -158,8 +154,6 @@ print(json.dumps({"uid": os.getuid(), "probes": probes(), "judged": judged(),
 
 @pytest.fixture(scope="module")
 def as_nobody() -> Iterator[dict]:
-    if os.geteuid() != 0 or shutil.which("runuser") is None or not SYSTEM_PYTHON.exists():
-        pytest.skip("needs root (to become nobody), runuser and Debian's python3")
     # Not pytest's tmp_path: its parents are root's alone.
     with tempfile.TemporaryDirectory(prefix="ckpteval-rootless-") as tmp:
         yield _run_as_nobody(Path(tmp))
@@ -169,24 +163,7 @@ def _run_as_nobody(work: Path) -> dict:
     os.chmod(work, 0o777)
     (work / "run.py").write_text(SCRIPT)
     os.chmod(work / "run.py", 0o644)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC), "TMPDIR": str(work), "HOME": str(work)}
-    done = subprocess.run(
-        [
-            str(shutil.which("runuser")),
-            "-u",
-            "nobody",
-            "--",
-            str(SYSTEM_PYTHON),
-            str(work / "run.py"),
-        ],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return as_nobody_json(work / "run.py", cwd=work)
 
 
 def test_it_runs_as_a_user_who_is_not_root(as_nobody: dict) -> None:
