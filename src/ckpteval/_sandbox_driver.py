@@ -972,12 +972,17 @@ class _Zygote:
             self._die("it did not fork")
             return None
         pid = int(message[4:])
-        pidfd = os.pidfd_open(pid)
-        _, timed_out = _wait([pidfd], start + command["wall_s"], command["cpu_budget_s"], usage_of)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:  # it ended, and the zygote reaped it, before this looked
+            pidfd, timed_out = None, False
+        if pidfd is not None:
+            deadline = start + command["wall_s"]
+            _, timed_out = _wait([pidfd], deadline, command["cpu_budget_s"], usage_of)
+            os.close(pidfd)
         if timed_out:
             _kill_group(pid)
         fate, _ = self._receive(_EXIT_GRACE_S)
-        os.close(pidfd)
         duration = time.monotonic() - start
         _clean(spare=(self.pid,) if fate else ())
         if fate is None:
