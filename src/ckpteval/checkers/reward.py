@@ -482,25 +482,32 @@ class RewardFunctionChecker(Checker):
         return [self._verdict(job, result) for job, result in zip(jobs, results)]
 
     def _warm(self, jobs: Sequence[Job]) -> dict[str, Any]:
-        """What the batch's warm zygote runs (`Command.warm`): the file, and one call on a fixed
-        input that is no sample's completion and no problem's answer (the batch's first data
-        source, so that a function dispatching on it warms the right branch)."""
+        """What the batch's warm zygote runs (`Command.warm`): the file, and calls on fixed
+        inputs (`WARM_CALLS`) that are no sample's completion and no problem's answer (with the
+        batch's first data source, so that a function dispatching on it warms the right
+        branch)."""
         source = jobs[0].problem.get("data_source", "") if jobs else ""
-        calls = [
-            {
-                "data_source": source,
-                "solution_str": completion,
-                "ground_truth": truth,
-                "extra_info": {},
-                **self.kwargs,
-            }
-            for completion, truth in WARM_CALLS
-        ]
+        calls = [self._call(source, completion, truth, {}) for completion, truth in WARM_CALLS]
+        return {**self._function_spec(), "calls": calls}
+
+    def _function_spec(self) -> dict[str, Any]:
+        """Where the runner finds the function: the copied file, its name, its modules' dir."""
         return {
             "reward_file": str(self._code / "reward.py"),
             "name": self.function,
             "paths": [str(self._modules)],
-            "calls": calls,
+        }
+
+    def _call(
+        self, data_source: Any, completion: str, ground_truth: Any, extra_info: Any
+    ) -> dict[str, Any]:
+        """The function's keyword arguments, as verl passes them, plus the task's `kwargs`."""
+        return {
+            "data_source": data_source,
+            "solution_str": completion,
+            "ground_truth": ground_truth,
+            "extra_info": extra_info,
+            **self.kwargs,
         }
 
     def _command(
@@ -516,19 +523,13 @@ class RewardFunctionChecker(Checker):
         `jobs_dir` that no sample can open; the runner reads it before the function runs, and
         answers on the sandbox's result channel. `warm`: fork it from the batch's warm zygote."""
         sample_dir = workdir / "s"
-        call = {
-            "data_source": job.problem.get("data_source", ""),
-            "solution_str": job.completion,
-            "ground_truth": job.problem.get("ground_truth"),
-            "extra_info": job.problem.get("extra_info") or {},
-            **self.kwargs,
-        }
-        spec = {
-            "reward_file": str(self._code / "reward.py"),
-            "name": self.function,
-            "paths": [str(self._modules)],
-            "call": call,
-        }
+        call = self._call(
+            job.problem.get("data_source", ""),
+            job.completion,
+            job.problem.get("ground_truth"),
+            job.problem.get("extra_info") or {},
+        )
+        spec = {**self._function_spec(), "call": call}
         job_file = jobs_dir / f"{index}.json"
         job_file.write_text(json.dumps(spec, default=str), encoding="utf-8")
         runner = self._code / "runner.py"
