@@ -590,6 +590,64 @@ def test_output_is_replaced_whole_and_kept_on_failure(tiny: Tiny, tmp_path: Path
     assert not list(out_dir.parent.glob(".model.*"))
 
 
+#: Consolidates argv[1] into argv[2] without a smoke test; prints whether transformers' model
+#: classes were imported (they are not when the tensor list comes from the cache).
+CONSOLIDATE_AND_SAY = """
+import json, sys
+from pathlib import Path
+from ckpteval.consolidate import consolidate_checkpoint
+out = Path(sys.argv[2])
+manifest = consolidate_checkpoint(Path(sys.argv[1]), out / "m", out / "m.json", smoke="none")
+print(json.dumps([manifest["weights_sha256"], "transformers.models.auto.modeling_auto" in sys.modules]))
+"""
+
+
+def test_the_tensor_list_is_kept_per_config_and_a_kept_one_refuses_what_a_built_one_does(
+    tiny: Tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The expected tensors of a config are built by transformers once and read back from the
+    cache after that: in a fresh process no model class is imported, the result is the same, a
+    missing tensor is still refused; another config (one number changed) or another
+    transformers version is another entry; a damaged entry is built again."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    kept = cache / "ckpteval" / "architectures"
+    _, first = consolidate(tiny.hf_dir, tmp_path, "first", smoke="none")
+    (entry,) = kept.iterdir()
+
+    def fresh_process(out: str) -> list[Any]:
+        proc = subprocess.run(
+            [sys.executable, "-c", CONSOLIDATE_AND_SAY, str(tiny.hf_dir), str(tmp_path / out)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    assert fresh_process("second") == [first["weights_sha256"], False]
+
+    missing = _hf_copy(tiny, tmp_path / "missing")
+    _rewrite_weights(missing, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    _fails(missing, tmp_path, r"1 tensor\(s\) missing that LlamaForCausalLM expects")
+    widened = _hf_copy(tiny, tmp_path / "widened")
+    _widen_mlp_in_config(widened)
+    _fails(widened, tmp_path, r"shape mismatch: tensor model.layers.0.mlp.\w+_proj.weight")
+    assert len(list(kept.iterdir())) == 2
+
+    for damage in ("{", json.dumps({"name": 1, "shapes": [["x", ["y"]]]})):
+        entry.write_text(damage)
+        assert fresh_process("again")[0] == first["weights_sha256"]
+        assert json.loads(entry.read_text())["name"] == "LlamaForCausalLM"
+
+    import importlib.metadata as md
+
+    real = md.version
+    monkeypatch.setattr(md, "version", lambda name: "0.0" if name == "transformers" else real(name))
+    consolidate(tiny.hf_dir, tmp_path, "other-version", smoke="none")
+    assert len(list(kept.iterdir())) == 3
+
+
 def test_weights_hash_follows_content_not_mtime(tiny: Tiny, tmp_path: Path) -> None:
     source = _hf_copy(tiny, tmp_path / "hashed")
     before = summarize_weights(source)

@@ -29,6 +29,8 @@ text, token_ids, seconds}, ckpteval_version, consolidate_version, seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -56,7 +58,7 @@ from ckpteval.formats.safetensors_io import (
     summarize_weights,
     write_file,
 )
-from ckpteval.io import read_json, write_json
+from ckpteval.io import read_json, sha256_json, user_cache_dir, write_json
 
 if TYPE_CHECKING:
     import torch
@@ -368,7 +370,70 @@ def expected_tensors(config_dir: Path, source: Path, origin: Path) -> Architectu
     Names are those of saved checkpoints: where transformers converts weights on load (fused MoE
     experts in transformers 5), its own reverse conversion gives the on-disk names and shapes.
     `origin` is where that config.json was copied from, for error messages.
+
+    Importing transformers' model classes costs seconds of CPU (its generation utilities import
+    scikit-learn), more than the rest of consolidating a small checkpoint, and every checkpoint
+    of a run has the same config: the list is kept in `user_cache_dir()/architectures/`, under
+    the config's bytes and the transformers and torch versions (`_architecture_key`), and read
+    back instead. Only a list that is data alone is kept (not one that converts weights on
+    load); a cache file that does not read back is built again.
     """
+    key = _architecture_key(config_dir / "config.json")
+    cached = _read_architecture(key)
+    if cached is not None:
+        return cached
+    arch = _built_architecture(config_dir, source, origin)
+    _keep_architecture(key, arch)
+    return arch
+
+
+#: Bump when what `_built_architecture` returns for the same config changes.
+ARCHITECTURE_CACHE_VERSION = 1
+
+
+def _architecture_key(config_json: Path) -> str:
+    """What the tensor list depends on: the config's bytes and the two libraries' versions."""
+    import importlib.metadata as md
+
+    digest = hashlib.sha256(config_json.read_bytes()).hexdigest()
+    versions = [md.version(name) for name in ("transformers", "torch")]
+    return sha256_json([ARCHITECTURE_CACHE_VERSION, digest, *versions])[:32]
+
+
+def _architecture_file(key: str) -> Path:
+    return user_cache_dir() / "architectures" / f"{key}.json"
+
+
+def _read_architecture(key: str) -> Architecture | None:
+    try:
+        data = json.loads(_architecture_file(key).read_text(encoding="utf-8"))
+        return Architecture(
+            name=str(data["name"]),
+            shapes={str(name): tuple(int(d) for d in dims) for name, dims in data["shapes"]},
+            aliases={str(k): str(v) for k, v in data["aliases"].items()},
+            ignore_missing=tuple(re.compile(p) for p in data["ignore_missing"]),
+            ignore_unexpected=tuple(re.compile(p) for p in data["ignore_unexpected"]),
+        )
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, re.error):
+        return None
+
+
+def _keep_architecture(key: str, arch: Architecture) -> None:
+    if arch.to_saved is not None or arch.module_shapes:
+        return
+    data = {
+        "name": arch.name,
+        "shapes": [[name, list(dims)] for name, dims in arch.shapes.items()],
+        "aliases": arch.aliases,
+        "ignore_missing": [p.pattern for p in arch.ignore_missing],
+        "ignore_unexpected": [p.pattern for p in arch.ignore_unexpected],
+    }
+    with contextlib.suppress(OSError):  # a read-only home: build it again next time
+        write_json(_architecture_file(key), data)
+
+
+def _built_architecture(config_dir: Path, source: Path, origin: Path) -> Architecture:
+    """`expected_tensors`, built by transformers."""
     import torch
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM

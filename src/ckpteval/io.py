@@ -25,6 +25,12 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+def user_cache_dir() -> Path:
+    """Where ckpteval keeps what it can compute again (lm-eval's task indexes, model classes'
+    tensor lists): `$XDG_CACHE_HOME/ckpteval`, else `~/.cache/ckpteval`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ckpteval"
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
     """Open a temp file beside `path`; rename it over `path` only if the block completes.

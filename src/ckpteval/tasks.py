@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import UserError
-from ckpteval.io import iter_jsonl, sha256_json
+from ckpteval.io import iter_jsonl, sha256_json, user_cache_dir
 from ckpteval.problems import cap_generated, load_problem_file
 from ckpteval.prompts import PYTHON_STOPS, STDIO_PROMPT, render_template
 
@@ -557,7 +557,7 @@ def local_task_names(paths: list[str], *, cached: bool = True) -> set[str]:
     indexed again when any of them changes, appears or goes. A name the cache lacks is looked up
     again uncached (`cached=False`) before it is called unknown."""
     signature = _yaml_signature(paths)
-    index = _cache_dir() / f"lm_eval-{_lm_eval_version()}-local-{sha256_json(paths)[:16]}.json"
+    index = user_cache_dir() / f"lm_eval-{_lm_eval_version()}-local-{sha256_json(paths)[:16]}.json"
     if cached:
         try:
             kept = json.loads(index.read_text(encoding="utf-8"))
@@ -594,11 +594,6 @@ def _yaml_signature(paths: list[str]) -> list[list[Any]]:
     return rows
 
 
-def _cache_dir() -> Path:
-    """Where ckpteval keeps lm-eval's task indexes: `$XDG_CACHE_HOME/ckpteval`."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ckpteval"
-
-
 def _lm_eval_version() -> str:
     """The installed lm-eval's version: a new lm-eval may index the same YAMLs differently."""
     import importlib.metadata as md
@@ -608,7 +603,7 @@ def _lm_eval_version() -> str:
 
 def lm_eval_task_names() -> set[str]:
     """The names of lm-eval's own tasks, from a cache file per lm-eval version."""
-    index = _cache_dir() / f"lm_eval-{_lm_eval_version()}-tasks.json"
+    index = user_cache_dir() / f"lm_eval-{_lm_eval_version()}-tasks.json"
     try:
         return set(json.loads(index.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
