@@ -189,6 +189,10 @@ def plain_run(weights: dict[str, torch.Tensor], like: Path, root: Path) -> Path:
     return root
 
 
+def _generation_metas(results: Path) -> list[Path]:
+    return sorted((results / "generations").rglob("*.meta.json"))
+
+
 def assert_same_generations(results: Path, ours: str, plain: str) -> None:
     """The trainer's checkpoint `ours` ("run/ckpt") and the same weights saved as a plain HF
     directory `plain`, each consolidated and generated from by the workflow's infer step in one
@@ -460,12 +464,34 @@ def test_a_verl_run_uploaded_to_s3_is_found_consolidated_and_evaluated_through_t
         config = yaml.safe_load(cfg.read_text())
         config["runs"]["plain"] = {"path": str(plain)}
         # The tiny model has 256 positions; no swapping: each checkpoint is loaded by an engine
-        # of its own, from its own directory.
-        config["engine"] = {"max_model_len": 256, "swap": False}
+        # of its own, from its own directory (eager and a small memory share, as every engine of
+        # the tests: vLLM's compiled CPU graph took 32 s of each start).
+        config["engine"] = {
+            "max_model_len": 256,
+            "swap": False,
+            "enforce_eager": True,
+            "gpu_memory_utilization": 0.15,
+        }
         cfg.write_text(yaml.safe_dump(config))
         target = tmp_path / "results" / "models" / "s3run" / "global_step_1.json"
         proc = run_snakemake(tmp_path, "--configfile", str(cfg), timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        # The same weights make the same request-cache keys: the job that ran second was served
+        # from the first's cache without loading its model. With the cache gone, its cell is
+        # forced, so that both directories are really loaded and generated from.
+        cached = [
+            cell
+            for cell in _generation_metas(tmp_path / "results")
+            if json.loads(cell.read_text())["n_generated_prompts"] == 0
+        ]
+        assert len(cached) == 1, cached
+        shutil.rmtree(tmp_path / "results" / "cache")
+        forced = str(cached[0].with_name(cached[0].name.replace(".meta.json", ".jsonl")))
+        proc = run_snakemake(tmp_path, "-f", forced, "--configfile", str(cfg), timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    for cell in _generation_metas(tmp_path / "results"):
+        meta = json.loads(cell.read_text())
+        assert (meta["engine_loads"], meta["n_generated_prompts"]) == (1, 20), cell
     # Evaluated end to end: the consolidated model generated and was scored, in the summary.
     tidy = pd.read_parquet(tmp_path / "results" / "summary" / "metrics.parquet")
     assert set(zip(tidy["run"], tidy["ckpt"], tidy["task"])) == {

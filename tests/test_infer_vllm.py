@@ -272,7 +272,10 @@ def test_harness_path_equals_lm_eval_cli(
             "seed=42",
         ]
     )
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # lm-eval's wrapper passes no KV-cache size: on CPU vLLM would write 15% of the machine's
+    # memory before the first token. 1 GiB, as ckpteval's own engines ask for at least
+    # (ckpteval.engine.kvcache); the size changes no generation.
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.run(
         [
             sys.executable,

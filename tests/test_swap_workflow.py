@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import run_snakemake
+from conftest import dry_snakemake, run_snakemake
 from numeric import assert_same_or_near_tie
 
 pytestmark = [pytest.mark.slow, pytest.mark.numeric]
@@ -119,13 +119,33 @@ def sweeps(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
                 copy_function=os.link if part == "models" else shutil.copy2,
             )
     swapped_in = sorted({p.split("/")[0] for p in metas} - set(loaded))
+    # Their consolidated models, hard-linked into the fresh outdir with their source records:
+    # the same bytes the swapped engine swapped in, and nothing for Snakemake to consolidate
+    # again (what is compared is the engines, not two consolidations of one checkpoint).
+    for ckpt in swapped_in:
+        for part in (
+            f"models/demo/{ckpt}",
+            f"models/demo/{ckpt}.json",
+            f"sources/demo/{ckpt}.json",
+        ):
+            _link(work / "swapped" / part, work / "fresh" / part)
     targets = [
         f"fresh/generations/demo/{ckpt}/{task}/greedy-s42.jsonl"
         for ckpt in swapped_in
         for task in TASKS
     ]
-    _sweep(work, _config(work, "fresh", swap=False), *targets)
+    out = _sweep(work, _config(work, "fresh", swap=False), *targets)
+    assert "rule consolidate" not in out, "the fresh outdir's models are the swapped sweep's"
     return {"work": work, "loaded": loaded, "swapped_in": swapped_in}
+
+
+def _link(source: Path, target: Path) -> None:
+    """`source` (a file, or a directory's files) hard-linked at `target` (read only here)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_dir():
+        shutil.copytree(source, target, copy_function=os.link)
+    else:
+        os.link(source, target)
 
 
 def _reference(work: Path, ckpt: str) -> Path:
@@ -231,11 +251,13 @@ def test_a_corrupt_checkpoint_in_the_middle_of_a_chain_fails_alone(sweeps: dict[
         for ckpt in SAME
         for task in TASKS
     ]
-    try:  # the chain of one architecture only: the other needs no engine load here
-        out = _sweep(work, config, "-R", "infer", *targets, ok=False)
+    try:  # the chain of one architecture only: the other needs no engine load here (the
+        # targets go before `-R`, whose list would take them and leave the default target)
+        out = _sweep(work, config, *targets, "-R", "infer", ok=False)
     finally:
         os.replace(aside, weights)
     assert "Error in rule infer" in out and "step_2" in out
+    assert "ckpt=step_4" not in out and "rule evaluate" not in out, "one chain's jobs, no more"
     metas = _metas(work, "swapped")
     served = {p: m for p, m in metas.items() if p.split("/")[0] in ("step_1", "step_3")}
     assert len(served) == 2 * len(TASKS)
@@ -253,4 +275,5 @@ def test_a_corrupt_checkpoint_in_the_middle_of_a_chain_fails_alone(sweeps: dict[
         for ckpt in (*SAME, OTHER)
         for task in TASKS
     ]  # (a dry run `--until generation` of the default target says nothing of the kind)
-    assert "Nothing to be done" in _sweep(work, config, "-n", *every)
+    dry = dry_snakemake(work, *every, "--configfile", str(config))
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stderr
