@@ -223,13 +223,15 @@ def forked_main(
     cwd: Path,
     timeout: float = 600,
     prog: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`main(argv)` (a command's entry point: `snakemake.cli.main`, `ckpteval.cli.main`) in a
-    process forked from this one, run from `cwd` with the workflow's environment, its exit code
-    and output captured as `subprocess.run` would. As in `dry_snakemake` (which adds `-n`), the
-    child inherits the imports, not the state: it parses its workflow or config from scratch in
-    its own process. For planning commands only (`--summary`, `--dag`, `ckpteval status`...):
-    jobs that run for real start from `run_snakemake`'s fresh interpreter."""
+    process forked from this one, run from `cwd` with the workflow's environment (on top of
+    `env`, e.g. a test Slurm cluster's), its exit code and output captured as `subprocess.run`
+    would. As in `dry_snakemake` (which adds `-n`), the child inherits the imports, not the
+    state: it parses its workflow or config from scratch in its own process. For planning
+    commands only (`--summary`, `--dag`, `ckpteval status`...): jobs that run for real start
+    from `run_snakemake`'s fresh interpreter."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()
         if pid == 0:  # the child: never returns into pytest
@@ -240,7 +242,7 @@ def forked_main(
                 sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
                 sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
                 os.chdir(cwd)
-                os.environ.update(WORKFLOW_ENV)
+                os.environ.update({**(env or {}), **WORKFLOW_ENV})
                 sys.argv = [prog or str(getattr(main, "__module__", "main")), *argv]
                 result = main(argv)
                 code = result if isinstance(result, int) else 0

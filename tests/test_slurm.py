@@ -5,9 +5,10 @@ devices; it is started once for this module and every daemon is stopped by pid a
 record the GPU they saw (CUDA_VISIBLE_DEVICES), their SLURM_JOB_ID and when they ran; the node
 comes from SLURMD_NODENAME or the controller's job records. The tests assert on those records:
 every job ran, both nodes were used, never more than 16 GPU jobs at once, never two at once on one
-(node, GPU); first for a toy workflow of 17 GPU jobs, then for the repository's workflow, whose
-engine job then runs again while dry runs and `ckpteval status` plan beside it (planning is
-read-only even where every Slurm job's own Snakemake parses the workflow again).
+(node, GPU); first for a toy workflow of 17 GPU jobs (more than the profile's 16 GPUs and -j 16),
+then for the repository's workflow, whose engine job then runs again while dry runs and
+`ckpteval status` plan beside it (planning is read-only even where every Slurm job's own Snakemake
+parses the workflow again).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import jobs_started_without_restart, small_config, write_config
+from conftest import forked_main, jobs_started_without_restart, small_config, write_config
 from slurm.cluster import SlurmCluster, missing_binaries, slurm_cluster
 
 from ckpteval.backends import cache_namespace
@@ -32,7 +33,10 @@ from ckpteval.backends import cache_namespace
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "2node"
 # The profile polls job states 20 s apart; a test cluster answers at once, so poll every 2 s to
-# keep the module inside its CI budget. Everything else comes from the profile unchanged.
+# keep the module inside its CI budget. Everything else comes from the profile unchanged. The
+# plugin adds 10 s after every poll that saw no job end (polls 2, 14, 36, 68 s after a submission),
+# and has no setting for that: most of the module's wall time is these waits, not CPU (1 s here
+# gave 1, 12, 33, 64 and no measurable change of the module's time).
 FAST_POLL = ["--slurm-init-seconds-before-status-checks", "2"]
 
 pytestmark = [
@@ -194,7 +198,12 @@ def test_profile_spreads_gpu_jobs_over_both_nodes(cluster: SlurmCluster, tmp_pat
 
 # --- the real workflow through profiles/2node -------------------------------------------------
 
-REPLAY_STEPS = 16  # with the one vLLM checkpoint: 17 GPU jobs > 16, so the -j 16 cap is exercised
+# With the one vLLM checkpoint, 4 GPU jobs: the test cluster's LLN=YES puts two jobs that run at
+# once on both nodes. The -j 16 cap is the toy workflow's to exceed (17 jobs of a few seconds' CPU
+# each, where the workflow's are two parses of the Snakefile and a script each): the cap is the
+# profile's `jobs` and `resources: gpu`, which Snakemake enforces whatever the workflow, and what
+# the workflow adds to it, every GPU job asking Slurm for its GPU, is checked on each job below.
+REPLAY_STEPS = 3
 ARITH = [
     json.loads(line)
     for line in (REPO / "src" / "ckpteval" / "data" / "tasks" / "arith.jsonl")
@@ -209,12 +218,13 @@ def test_workflow_runs_through_the_2node_profile(
     """The repository's workflow, unchanged, through profiles/2node -j 16 on the test cluster.
 
     Two runs in one config: `demo`, a real checkpoint (consolidate -> infer with a real vLLM engine
-    on CPU, its GPU chosen by Slurm -> evaluate), and `replayed`, 16 steps of existing solutions
-    (the replay backend: no engine). 17 engines cannot run at once on this 2-core machine, so the
-    replay jobs stand in for GPU jobs: the test profile is profiles/2node plus `gpu: 1` for rule
-    `replay`. Both kinds record where they ran in their generation meta. Tail assist is off: with
-    16 GPUs it would add 15 assist jobs, each a Snakemake start on a node that finds nothing to
-    do on this tiny sweep, beside the engine job on two cores (assist is tests/test_share.py's).
+    on CPU, its GPU chosen by Slurm -> evaluate), and `replayed`, 3 steps of existing solutions
+    (the replay backend: no engine). Engines cannot run side by side on this 2-core machine, so
+    the replay jobs stand in for more GPU jobs: the test profile is profiles/2node plus `gpu: 1`
+    for rule `replay`. Both kinds record where they ran in their generation meta. Tail assist is
+    off: with 16 GPUs it would add 15 assist jobs, each a Snakemake start on a node that finds
+    nothing to do on this tiny sweep, beside the engine job on two cores (assist is
+    tests/test_share.py's).
     """
     source = sorted((demo_dir / "run").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
     (tmp_path / "run").mkdir()
@@ -255,6 +265,8 @@ def test_workflow_runs_through_the_2node_profile(
     table = pd.read_parquet(results / "summary" / "metrics.parquet")
     replayed = table[(table.run == "replayed") & (table.metric == "pass@1")].sort_values("step")
     assert replayed["value"].tolist() == [s / 20 for s in range(1, REPLAY_STEPS + 1)]
+    # The summary is a local rule: made in this process's environment, not as a Slurm job.
+    assert "localrule aggregate" in result.stderr
 
     metas = {
         (p.parts[-4], p.parts[-3]): json.loads(p.read_text())
@@ -298,14 +310,17 @@ def test_workflow_runs_through_the_2node_profile(
 
 def live_rerun_beside_planning(cluster: SlurmCluster, work: Path, profile: Path, ckpt: str) -> None:
     """The demo's engine job again (`-R infer`, its request cache set aside so that a real engine
-    generates) while this process runs `snakemake -n` five times and `ckpteval status` twice in
-    the same directory: under Slurm each job's own Snakemake parses the workflow again, so a parse
-    that removed or rewrote a marker or request file would cost the running job its outputs (a
-    retry, or a failed sweep). Every job runs once (Snakemake's log, and the controller's new
-    job ids: no resubmission), and the results equal the sweep's run alone above.
+    generates) while `snakemake -n` runs five times and `ckpteval status` twice in the same
+    directory (each forked from this process, parsing from scratch: conftest.forked_main): under
+    Slurm each job's own Snakemake parses the workflow again, so a parse that removed or rewrote a
+    marker or request file would cost the running job its outputs (a retry, or a failed sweep).
+    Every job runs once (Snakemake's log, and the controller's new job ids: no resubmission), and
+    the results equal the sweep's run alone above.
 
     Folded into the sweep above rather than a sweep of its own: one engine job and its evaluate
     (two Slurm jobs, each a parse), ~1 minute on top of the module."""
+    from ckpteval.cli import main as ckpteval_main
+
     results = work / "results"
     generation = results / "generations" / "demo" / ckpt / "arith" / "greedy-s42.jsonl"
     alone = generation.read_bytes()
@@ -329,16 +344,10 @@ def live_rerun_beside_planning(cluster: SlurmCluster, work: Path, profile: Path,
         try:
             wait_for_new_log(work / "logs" / "infer", old_logs, live)
             for i in range(5):
-                dry = run_workflow(cluster, work, profile, ["-n"])
+                dry = dry_workflow(cluster, work, profile)
                 assert dry.returncode == 0, (dry.stdout + dry.stderr)[-3000:]
                 if i in (1, 3):
-                    status = subprocess.run(
-                        [sys.executable, "-m", "ckpteval.cli", "status"],
-                        cwd=work,
-                        capture_output=True,
-                        text=True,
-                        timeout=300,
-                    )
+                    status = forked_main(ckpteval_main, ["status"], work, timeout=300)
                     assert status.returncode == 0, status.stderr[-3000:]
             assert live.wait(timeout=600) == 0, log.read_text()[-4000:]
         finally:
@@ -356,7 +365,7 @@ def live_rerun_beside_planning(cluster: SlurmCluster, work: Path, profile: Path,
     assert len(set(slurm_job_nodes(cluster)) - jobs_before) == 2
     assert generation.read_bytes() == alone
     assert metric_values(results).equals(table_alone)
-    after = run_workflow(cluster, work, profile, ["-n"])
+    after = dry_workflow(cluster, work, profile)
     planned = after.stdout + after.stderr
     assert "Nothing to be done" in planned, planned[-3000:]
 
@@ -455,6 +464,20 @@ def run_workflow(
         capture_output=True,
         timeout=timeout,
         check=False,
+    )
+
+
+def dry_workflow(
+    cluster: SlurmCluster, workdir: Path, profile: Path
+) -> subprocess.CompletedProcess[str]:
+    """`run_workflow(..., ["-n"])` in a process forked from this one (conftest.forked_main): the
+    child parses the workflow from scratch as a new interpreter would, without paying its
+    imports again."""
+    import snakemake.cli
+
+    argv = workflow_command(workdir, profile, ["-n"])[3:]  # after `python -m snakemake`
+    return forked_main(
+        snakemake.cli.main, argv, REPO, timeout=600, prog="snakemake", env=workflow_env(cluster)
     )
 
 

@@ -127,6 +127,10 @@ def slurm_conf_text(
     `ports[0]` is slurmctld's, `ports[1:]` one per node. `config_overrides` lets a 2-core host
     advertise `cpus_per_node` CPUs and `real_memory_mb` memory per node; `MinJobAge=3600` keeps
     finished jobs visible to `squeue`, which the Snakemake plugin polls when there is no slurmdbd.
+    `LLN=YES` starts each job on the node with the most idle CPUs, so two jobs running at once
+    already sit on both nodes (without it, Slurm fills node1 first and a test needs more than 8
+    GPU jobs at once to see node2: tests/test_slurm.py's workflow sweep then ran 17, each a Slurm
+    job that parses the workflow twice).
     """
     host = socket.gethostname().split(".")[0]
     lines = [
@@ -168,7 +172,7 @@ def slurm_conf_text(
             "State=UNKNOWN"
         )
     lines.append(
-        f"PartitionName=main Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP"
+        f"PartitionName=main Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP LLN=YES"
     )
     return "\n".join(lines) + "\n"
 
