@@ -23,7 +23,7 @@ from ckpteval.freshness import Freshness
 from ckpteval.io import sha256_json
 from ckpteval.publish import TRACKERS
 from ckpteval.selftest import separate, selftest_identity, verdict_path
-from ckpteval.steps import generation, run_in_process
+from ckpteval.steps import generation, model_card, run_in_process
 from ckpteval.tasks import check_harness_names
 from ckpteval.verbs import Verbs, damaged_json, redo_path
 

@@ -150,6 +150,8 @@ if REPLAY_RUNS:
             "../scripts/replay.py"
 
 
+# A weightless run's model card: a few lines of JSON, written inside Snakemake's own process
+# (`run:`), as `generation` is: an interpreter per card cost ~0.8 s each.
 if OPENAI_RUNS or REPLAY_RUNS:
 
     rule model_card:
@@ -165,8 +167,14 @@ if OPENAI_RUNS or REPLAY_RUNS:
         params:
             settings=get_model_card_settings,
             identity=get_model_identity,
-        script:
-            "../scripts/model_card.py"
+        run:
+            run_in_process(
+                model_card,
+                output=output,
+                params=params,
+                wildcards=wildcards,
+                log=log,
+            )
 
     ruleorder: model_card > consolidate
 
