@@ -115,8 +115,19 @@ def reseed():
 #: (completion, ground truth) of the warm zygote's calls (`Command.warm`): fixed, no sample's.
 #: More than one because what a call warms depends on its input: math_verify compares "0" with
 #: "0" without sympy, and builds a sum's or a LaTeX answer's machinery on the first it meets
-#: (40-90 ms each, measured), which every fork would pay again.
-WARM_CALLS = (("0", "0"), ("1", "0"), ("1 + 1", "2"), ("$1 + 1$", "2"))
+#: (40-90 ms each, measured), which every fork would pay again; its LaTeX lexer (ANTLR) learns
+#: each character on first sight, so every digit, a decimal point and a minus sign come too,
+#: and the usual answer shapes: a boxed fraction, gsm8k's `#### 72`.
+WARM_CALLS = (
+    ("0", "0"),
+    ("1", "0"),
+    ("1 + 1", "2"),
+    ("$1 + 1$", "2"),
+    ("-23.45 + 67 * 89", "0"),
+    ("$-23.45 + 67 \\cdot 89$", "0"),
+    ("$\\boxed{\\frac{3}{4}}$", "\\frac{3}{4}"),
+    ("#### 72", "72"),
+)
 
 #: verl's config block of a custom reward function, which a task's `checker:` may be as pasted.
 VERL_BLOCK = "custom_reward_function"
@@ -168,7 +179,7 @@ def _verl(key: str, block: Any) -> list[tuple[str, str, Any]]:
 
 RUNNER_SOURCE = (
     r"""
-import importlib.util, json, math, os, sys, traceback
+import builtins, ctypes, importlib.util, json, math, os, site, socket, stat, sys, traceback
 """
     + RESEED_SOURCE
     + r"""
@@ -192,7 +203,6 @@ def plain(value, depth=0):
 def result_channel():
     # bwrap: the sandbox's result channel, fd 3, on which only this process's messages count.
     # Otherwise (`sandbox: none`, `trusted: true`) a copy of stdout.
-    import socket, stat
     try:
         is_socket = stat.S_ISSOCK(os.fstat(3).st_mode)
     except OSError:
@@ -206,6 +216,8 @@ def result_channel():
 
 
 WARM = {}
+# Loaded here, not in main(): forked from the warm zygote, a sample finds it loaded.
+LIBC = ctypes.CDLL(None)
 
 
 def load(reward_file, name, paths):
@@ -237,12 +249,11 @@ def warm(spec):
 
 def main():
     reseed()
-    import builtins, ctypes, site
     if not hasattr(builtins, "exit"):  # a fork of the sandbox's driver (-S): as under `python`
         site.setquit()
     # Not dumpable: a process the function starts (same uid) can neither trace this one nor
     # open its descriptors through /proc.
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    LIBC.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
     send = result_channel()
     os.dup2(2, 1)
     sys.stdout = sys.stderr
