@@ -201,7 +201,7 @@ def sandboxed(
     checker = get_checker("reward_function", reward_function=str(source), self_test="off: bench")
     checker.exec_samples = exec_samples
     if not zygote:
-        checker._warm = lambda jobs: None
+        checker._warm = lambda jobs, timeout: None
     if one_batch:
         checker.batch_size_for = lambda n_jobs, workers: n_jobs
     jobs = [Job(p["task_id"], p, c) for p, c in samples(n)]

@@ -179,7 +179,7 @@ def _verl(key: str, block: Any) -> list[tuple[str, str, Any]]:
 
 RUNNER_SOURCE = (
     r"""
-import builtins, ctypes, importlib.util, json, math, os, site, socket, stat, sys, traceback
+import builtins, ctypes, importlib.util, json, math, os, site, socket, stat, sys, time, traceback
 """
     + RESEED_SOURCE
     + r"""
@@ -234,13 +234,17 @@ def load(reward_file, name, paths):
 def warm(spec):
     # The zygote's warm-up: the file run and the function called on fixed inputs that are no
     # sample's (results and errors ignored), so that each fork finds its first-call costs
-    # paid. A file that fails here is run again by each sample, which then fails alone.
+    # paid. A file that fails here is run again by each sample, which then fails alone. No call
+    # starts after `budget_s`: a slow function's warm-up must not outlast the zygote's deadline.
     try:
         function = load(spec["reward_file"], spec["name"], spec["paths"])
     except BaseException:
         return
     WARM.update(key=(spec["reward_file"], spec["name"], tuple(spec["paths"])), function=function)
+    stop = time.monotonic() + spec["budget_s"]
     for call in spec["calls"]:
+        if time.monotonic() > stop:
+            break
         try:
             function(**call)
         except BaseException:
@@ -478,7 +482,7 @@ class RewardFunctionChecker(Checker):
             os.chmod(workdir, 0o755)
             os.chmod(jobs_dir, 0o700)  # the jobs: readable by the sandbox's root only
             (workdir / "s").mkdir(mode=0o755)  # every sample's cwd (empty, read-only)
-            warm = None if self.exec_samples else self._warm(jobs)
+            warm = None if self.exec_samples else self._warm(jobs, timeout)
             commands = [
                 self._command(workdir, Path(jobs_dir), i, job, timeout, warm)
                 for i, job in enumerate(jobs)
@@ -492,14 +496,15 @@ class RewardFunctionChecker(Checker):
             )
         return [self._verdict(job, result) for job, result in zip(jobs, results)]
 
-    def _warm(self, jobs: Sequence[Job]) -> dict[str, Any]:
+    def _warm(self, jobs: Sequence[Job], timeout: float) -> dict[str, Any]:
         """What the batch's warm zygote runs (`Command.warm`): the file, and calls on fixed
         inputs (`WARM_CALLS`) that are no sample's completion and no problem's answer (with the
         batch's first data source, so that a function dispatching on it warms the right
-        branch)."""
+        branch); none starts after half the per-sample `timeout` (the zygote must be ready
+        within a sample's wall clock, or the batch goes without it)."""
         source = jobs[0].problem.get("data_source", "") if jobs else ""
         calls = [self._call(source, completion, truth, {}) for completion, truth in WARM_CALLS]
-        return {**self._function_spec(), "calls": calls}
+        return {**self._function_spec(), "calls": calls, "budget_s": timeout / 2}
 
     def _function_spec(self) -> dict[str, Any]:
         """Where the runner finds the function: the copied file, its name, its modules' dir."""
