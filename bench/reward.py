@@ -15,8 +15,9 @@ imports or caches); every way runs one sample at a time unless `--workers` says 
 
 - `in-process`: import the file, call the function on every sample in a loop, as a trainer does
   (the first call's costs paid once, for the whole run);
-- `warm fork`: import the file's packages, run the file and call the function once on a fixed
-  input (never a sample's text), then fork once per sample and call it in the fork: what a
+- `warm fork`: import the file's packages, run the file and call the function on the warm
+  zygote's fixed inputs (`WARM_CALLS`, never a sample's text), freeze the heap out of the cyclic
+  collector as the zygote does, then fork once per sample and call it in the fork: what a
   fork-server would give, without a sandbox. Its difference to `in-process` is a fork's cost;
 - `fork`: import the file's packages, fork once per sample, and run the file and call the
   function in the fork (as the sandbox does, without the sandbox). Its difference to
@@ -40,6 +41,7 @@ Verdicts (passed, score) of every way must be equal (exit status 1 if not). The 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import logging
@@ -52,7 +54,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from ckpteval.checkers.reward import as_score, preload_modules  # noqa: E402
+from ckpteval.checkers.reward import WARM_CALLS, as_score, preload_modules  # noqa: E402
 
 FUNCTIONS = {
     "plain": """
@@ -145,9 +147,14 @@ def _forked(source: Path, n: int, warm: bool) -> tuple[float, list]:
     for module in preload_modules(source.read_text(), source.parent):
         importlib.import_module(module)
     function = None
-    if warm:  # the file run and one call made on a fixed input, never a sample's text
+    if warm:  # the file run and the zygote's calls made, on fixed inputs, never a sample's text
         function = _load(source)
-        _call(function, {"ground_truth": "1"}, "1")
+        for completion, truth in WARM_CALLS:
+            try:
+                _call(function, {"ground_truth": truth}, completion)
+            except Exception:  # noqa: BLE001 - as the zygote's warm-up: errors ignored
+                pass
+        gc.freeze()
     start = time.perf_counter()
     outcome = []
     for problem, completion in samples(n):
@@ -173,8 +180,8 @@ def in_process(source: Path, n: int) -> tuple[float, list]:
 
 def forked(source: Path, n: int, warm: bool = False) -> tuple[float, list]:
     """A process that imported the file's packages (`warm`: and ran the file and called the
-    function once, on a fixed input) forks once per sample; the fork (cold: runs the file and)
-    calls the function. No sandbox."""
+    function on the zygote's fixed inputs) forks once per sample; the fork (cold: runs the file
+    and) calls the function. No sandbox."""
     return _in_child(_forked, source, n, warm)
 
 
@@ -194,7 +201,7 @@ def sandboxed(
     checker = get_checker("reward_function", reward_function=str(source), self_test="off: bench")
     checker.exec_samples = exec_samples
     if not zygote:
-        checker._warm = lambda jobs: None
+        checker._warm = lambda jobs, timeout: None
     if one_batch:
         checker.batch_size_for = lambda n_jobs, workers: n_jobs
     jobs = [Job(p["task_id"], p, c) for p, c in samples(n)]

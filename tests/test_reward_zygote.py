@@ -364,3 +364,45 @@ def test_the_check_after_emptying_sees_any_leftover_and_follows_no_link(tmp_path
         assert _tree(fd, dev) != baseline
     finally:
         os.close(fd)
+
+
+#: A slow reward function (0.4 s a call): all the warm-up's calls would take longer than the
+#: zygote may take to get ready (a sample's wall clock, 2 s at a 1 s timeout).
+SLOW = """
+import os, time
+
+SEEN = []
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    before = list(SEEN)
+    SEEN.append([solution_str, ground_truth])
+    time.sleep(0.4)
+    return {"score": 1.0, "before": before, "zygote": os.getppid()}
+"""
+
+
+def test_a_slow_functions_warm_up_stops_in_time_and_its_zygote_serves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Guard: no warm-up call starts after half the per-sample timeout, so a slow function still
+    gets its zygote (its samples fork from it, after the calls that fitted) instead of the batch
+    falling back to forking each sample from the driver."""
+    (tmp_path / "reward.py").write_text(SLOW)
+    checker = get_checker(
+        "reward_function", reward_function=str(tmp_path / "reward.py"), self_test="off: a test"
+    )
+    jobs = [
+        Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": "x"}, f"sample-{i}")
+        for i in range(2)
+    ]
+    try:
+        infos = [v.extras["reward_info"] for v in checker.check_batch(jobs, 1.0)]
+    finally:
+        checker.close()
+    assert "warm zygote gone" not in caplog.text
+    assert len({info["zygote"] for info in infos}) == 1
+    warmed = [list(call) for call in WARM_CALLS]
+    for info in infos:
+        assert 1 <= len(info["before"]) < len(WARM_CALLS)
+        assert info["before"] == warmed[: len(info["before"])]

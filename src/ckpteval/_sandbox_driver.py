@@ -436,14 +436,26 @@ def _refuse_kernel_state(protect=(), ipc=False):
     on x86_64 the x32 ABI's numbers. Container runtimes refuse the same calls. `protect`: pids
     (the driver's, rootless) that no kill, tkill, tgkill or pidfd_open may name, nor kill(-1).
     `ipc`: also refuse shmget, semget, msgget and mq_open (a warm zygote's samples)."""
-    program = _seccomp_program(os.uname().machine, protect, ipc)
-    if program is None:
-        raise OSError(_ENOSYS, f"no seccomp filter for {os.uname().machine}")
-    instructions = b"".join(struct.pack("=HBBI", *ins) for ins in program)
-    buffer = ctypes.create_string_buffer(instructions, len(instructions))
-    fprog = struct.pack("=HxxxxxxQ", len(program), ctypes.addressof(buffer))
-    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+    _Filter(protect, ipc).install()
+
+
+class _Filter:
+    """`_refuse_kernel_state`'s filter, assembled once and installed by each process that needs
+    it: a warm zygote builds its samples' before the first fork, so that each fork only installs
+    it (assembling it in Python cost a fork a few tenths of a millisecond)."""
+
+    def __init__(self, protect=(), ipc=False):
+        program = _seccomp_program(os.uname().machine, protect, ipc)
+        if program is None:
+            raise OSError(_ENOSYS, f"no seccomp filter for {os.uname().machine}")
+        instructions = b"".join(struct.pack("=HBBI", *ins) for ins in program)
+        self.buffer = ctypes.create_string_buffer(instructions, len(instructions))
+        self.fprog = struct.pack("=HxxxxxxQ", len(program), ctypes.addressof(self.buffer))
+
+    def install(self):
+        """Install it on this process (and all it starts); needs `no_new_privs`."""
+        if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(self.fprog), 0, 0):
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
 # ------------------------------------------------------------------------- CPU accounting
@@ -1176,6 +1188,7 @@ def _zygote_serve(channel, namespace, command, driver):
     import socket
 
     me = os.getpid()
+    refuse = _Filter(protect=(me, driver) if driver else (me,), ipc=True)
     while True:
         data, fds, _, _ = socket.recv_fds(channel, 64, 4)
         if not data:
@@ -1183,7 +1196,7 @@ def _zygote_serve(channel, namespace, command, driver):
         pid = os.fork()
         if pid == 0:
             channel.detach()
-            _zygote_sample(namespace, fds, command, (me, driver) if driver else (me,))
+            _zygote_sample(namespace, fds, command, refuse)
         for fd in fds:
             os.close(fd)
         channel.send(f"pid {pid}".encode())
@@ -1192,11 +1205,11 @@ def _zygote_serve(channel, namespace, command, driver):
         channel.send(json.dumps([status, cpu, usage.ru_maxrss]).encode())
 
 
-def _zygote_sample(namespace, fds, command, protect):
+def _zygote_sample(namespace, fds, command, refuse):
     """A sample forked from the zygote: its own session, its files as 0-3 and nothing else of
-    the zygote's, its rlimits (RLIMIT_CPU counts from the fork), first at the memory limit, and a
-    filter that also refuses signals to the zygote (and driver) and making IPC objects (they
-    would outlive it in the zygote's IPC namespace); then the file's `main()`."""
+    the zygote's, its rlimits (RLIMIT_CPU counts from the fork), first at the memory limit, and
+    `refuse`, a filter that also refuses signals to the zygote (and driver) and making IPC
+    objects (they would outlive it in the zygote's IPC namespace); then the file's `main()`."""
     status = 127
     try:
         os.setsid()
@@ -1206,7 +1219,7 @@ def _zygote_sample(namespace, fds, command, protect):
         for name, (soft, hard) in command["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (soft, hard))
         _oom_first()
-        _refuse_kernel_state(protect=protect, ipc=True)
+        refuse.install()
         status = 1
         namespace["main"]()
         status = 0

@@ -115,8 +115,19 @@ def reseed():
 #: (completion, ground truth) of the warm zygote's calls (`Command.warm`): fixed, no sample's.
 #: More than one because what a call warms depends on its input: math_verify compares "0" with
 #: "0" without sympy, and builds a sum's or a LaTeX answer's machinery on the first it meets
-#: (40-90 ms each, measured), which every fork would pay again.
-WARM_CALLS = (("0", "0"), ("1", "0"), ("1 + 1", "2"), ("$1 + 1$", "2"))
+#: (40-90 ms each, measured), which every fork would pay again; its LaTeX lexer (ANTLR) learns
+#: each character on first sight, so every digit, a decimal point and a minus sign come too,
+#: and the usual answer shapes: a boxed fraction, gsm8k's `#### 72`.
+WARM_CALLS = (
+    ("0", "0"),
+    ("1", "0"),
+    ("1 + 1", "2"),
+    ("$1 + 1$", "2"),
+    ("-23.45 + 67 * 89", "0"),
+    ("$-23.45 + 67 \\cdot 89$", "0"),
+    ("$\\boxed{\\frac{3}{4}}$", "\\frac{3}{4}"),
+    ("#### 72", "72"),
+)
 
 #: verl's config block of a custom reward function, which a task's `checker:` may be as pasted.
 VERL_BLOCK = "custom_reward_function"
@@ -168,7 +179,7 @@ def _verl(key: str, block: Any) -> list[tuple[str, str, Any]]:
 
 RUNNER_SOURCE = (
     r"""
-import importlib.util, json, math, os, sys, traceback
+import builtins, ctypes, importlib.util, json, math, os, site, socket, stat, sys, time, traceback
 """
     + RESEED_SOURCE
     + r"""
@@ -192,7 +203,6 @@ def plain(value, depth=0):
 def result_channel():
     # bwrap: the sandbox's result channel, fd 3, on which only this process's messages count.
     # Otherwise (`sandbox: none`, `trusted: true`) a copy of stdout.
-    import socket, stat
     try:
         is_socket = stat.S_ISSOCK(os.fstat(3).st_mode)
     except OSError:
@@ -206,6 +216,8 @@ def result_channel():
 
 
 WARM = {}
+# Loaded here, not in main(): forked from the warm zygote, a sample finds it loaded.
+LIBC = ctypes.CDLL(None)
 
 
 def load(reward_file, name, paths):
@@ -222,13 +234,17 @@ def load(reward_file, name, paths):
 def warm(spec):
     # The zygote's warm-up: the file run and the function called on fixed inputs that are no
     # sample's (results and errors ignored), so that each fork finds its first-call costs
-    # paid. A file that fails here is run again by each sample, which then fails alone.
+    # paid. A file that fails here is run again by each sample, which then fails alone. No call
+    # starts after `budget_s`: a slow function's warm-up must not outlast the zygote's deadline.
     try:
         function = load(spec["reward_file"], spec["name"], spec["paths"])
     except BaseException:
         return
     WARM.update(key=(spec["reward_file"], spec["name"], tuple(spec["paths"])), function=function)
+    stop = time.monotonic() + spec["budget_s"]
     for call in spec["calls"]:
+        if time.monotonic() > stop:
+            break
         try:
             function(**call)
         except BaseException:
@@ -237,12 +253,11 @@ def warm(spec):
 
 def main():
     reseed()
-    import builtins, ctypes, site
     if not hasattr(builtins, "exit"):  # a fork of the sandbox's driver (-S): as under `python`
         site.setquit()
     # Not dumpable: a process the function starts (same uid) can neither trace this one nor
     # open its descriptors through /proc.
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    LIBC.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
     send = result_channel()
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -467,7 +482,7 @@ class RewardFunctionChecker(Checker):
             os.chmod(workdir, 0o755)
             os.chmod(jobs_dir, 0o700)  # the jobs: readable by the sandbox's root only
             (workdir / "s").mkdir(mode=0o755)  # every sample's cwd (empty, read-only)
-            warm = None if self.exec_samples else self._warm(jobs)
+            warm = None if self.exec_samples else self._warm(jobs, timeout)
             commands = [
                 self._command(workdir, Path(jobs_dir), i, job, timeout, warm)
                 for i, job in enumerate(jobs)
@@ -481,14 +496,15 @@ class RewardFunctionChecker(Checker):
             )
         return [self._verdict(job, result) for job, result in zip(jobs, results)]
 
-    def _warm(self, jobs: Sequence[Job]) -> dict[str, Any]:
+    def _warm(self, jobs: Sequence[Job], timeout: float) -> dict[str, Any]:
         """What the batch's warm zygote runs (`Command.warm`): the file, and calls on fixed
         inputs (`WARM_CALLS`) that are no sample's completion and no problem's answer (with the
         batch's first data source, so that a function dispatching on it warms the right
-        branch)."""
+        branch); none starts after half the per-sample `timeout` (the zygote must be ready
+        within a sample's wall clock, or the batch goes without it)."""
         source = jobs[0].problem.get("data_source", "") if jobs else ""
         calls = [self._call(source, completion, truth, {}) for completion, truth in WARM_CALLS]
-        return {**self._function_spec(), "calls": calls}
+        return {**self._function_spec(), "calls": calls, "budget_s": timeout / 2}
 
     def _function_spec(self) -> dict[str, Any]:
         """Where the runner finds the function: the copied file, its name, its modules' dir."""
