@@ -366,8 +366,10 @@ def test_the_check_after_emptying_sees_any_leftover_and_follows_no_link(tmp_path
         os.close(fd)
 
 
-#: A slow reward function (0.4 s a call): all the warm-up's calls would take longer than the
-#: zygote may take to get ready (a sample's wall clock, 2 s at a 1 s timeout).
+#: A slow reward function (1 s a call): all the warm-up's calls would take longer than the
+#: zygote may take to get ready (a sample's wall clock, 6 s at a 3 s timeout). Seconds, not
+#: tenths: the zygote's start (bubblewrap, imports) must fit in the margin on a loaded machine
+#: (two calls fit in the budget: ready ~2 s after the start, 4 s before the deadline).
 SLOW = """
 import os, time
 
@@ -377,7 +379,7 @@ SEEN = []
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     before = list(SEEN)
     SEEN.append([solution_str, ground_truth])
-    time.sleep(0.4)
+    time.sleep(1.0)
     return {"score": 1.0, "before": before, "zygote": os.getppid()}
 """
 
@@ -397,7 +399,7 @@ def test_a_slow_functions_warm_up_stops_in_time_and_its_zygote_serves(
         for i in range(2)
     ]
     try:
-        infos = [v.extras["reward_info"] for v in checker.check_batch(jobs, 1.0)]
+        infos = [v.extras["reward_info"] for v in checker.check_batch(jobs, 3.0)]
     finally:
         checker.close()
     assert "warm zygote gone" not in caplog.text
