@@ -74,7 +74,7 @@ LONGEST_FIRST = (
     "test_reliability_load.py",
     "test_reward.py",
     "test_report_browser.py",
-    "test_consolidate_verl.py",  # ~3 min: two FSDP runs on gloo, verl's merger, one sweep
+    "test_consolidate_verl.py",  # ~1.5 min: two FSDP runs on gloo, verl's merger, one sweep
     "test_consolidate_deepspeed.py",  # ~1.5 min: a 2-rank DeepSpeed run, one sweep
     "test_consolidate.py",
 )
