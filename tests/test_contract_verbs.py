@@ -100,22 +100,22 @@ def test_forcing_one_generation_file_regenerates_that_cell_only(sweep: Sweep) ->
 
 
 @pytest.mark.slow
-def test_forcing_a_meta_file_or_a_score_file_redoes_that_cell_only(sweep: Sweep) -> None:
-    """Both forced in one run (`-f` forces each target the same way; their cells and chains
-    are disjoint): the endpoint cell's generation files, the other cell's scores, and no more."""
+def test_forcing_a_meta_file_a_score_file_or_a_model_redoes_that_chain_only(
+    sweep: Sweep,
+) -> None:
+    """All three forced in one run (`-f` forces each target the same way; their cells and
+    chains are disjoint: the endpoint run's pyfunc cell, step_100's arith cell, step_400): the
+    endpoint cell's generation files, the other cell's scores, the model's checkpoint chain
+    (its card, every cell's generations and scores, in the next run), and no more."""
     ep_one = [c for c in EP_CELLS if c[2] == "pyfunc"]
+    ckpt = [c for c in CELLS if c[:2] == ("demo", "step_400")]
     meta = next(p for p in cell_files("generations", ep_one) if p.endswith(".meta.json"))
     score = next(p for p in cell_files("scores", ONE) if p.endswith(".json"))
-    changed = run_verb(sweep, f"results/{meta}", f"results/{score}", "-f")
-    assert changed == cell_files("generations", ep_one) | cell_files("scores", ONE)
-
-
-@pytest.mark.slow
-def test_forcing_a_model_redoes_that_checkpoints_chain(sweep: Sweep) -> None:
-    ckpt = [c for c in CELLS if c[:2] == ("demo", "step_400")]
-    changed = run_verb(sweep, "results/models/demo/step_400", "-f")
-    expected = cell_files("generations", ckpt) | cell_files("scores", ckpt)
-    assert changed == expected | model_cards(("demo", "step_400"))
+    model = "results/models/demo/step_400"
+    changed = run_verb(sweep, f"results/{meta}", f"results/{score}", model, "-f")
+    forced_files = cell_files("generations", ep_one) | cell_files("scores", ONE)
+    forced_model = cell_files("generations", ckpt) | cell_files("scores", ckpt)
+    assert changed == forced_files | forced_model | model_cards(("demo", "step_400"))
 
 
 # `-R RULE` for the rules whose failing job leaves others of the rule to run (consolidate,
