@@ -317,23 +317,30 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
+def _reward_infos(
+    tmp_path: Path, source: str, completions: list[str], timeout: float
+) -> list[dict[str, Any]]:
+    """The `reward_info` of each completion, scored in one batch by the function in `source`."""
+    (tmp_path / "reward.py").write_text(source)
+    checker = get_checker(
+        "reward_function", reward_function=str(tmp_path / "reward.py"), self_test="off: a test"
+    )
+    jobs = [
+        Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": "x"}, completion)
+        for i, completion in enumerate(completions)
+    ]
+    try:
+        return [v.extras["reward_info"] for v in checker.check_batch(jobs, timeout)]
+    finally:
+        checker.close()
+
+
 def test_a_warm_up_that_maps_shared_memory_gets_no_zygote(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Guard: the zygote refuses to serve when its warm-up left a shared writable mapping (each
     sample then runs the file in a fork of the driver, as without zygotes)."""
-    (tmp_path / "reward.py").write_text(SHARED_MAPPING)
-    checker = get_checker(
-        "reward_function", reward_function=str(tmp_path / "reward.py"), self_test="off: a test"
-    )
-    jobs = [
-        Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": "x"}, f"secret-{i}")
-        for i in range(3)
-    ]
-    try:
-        infos = [v.extras["reward_info"] for v in checker.check_batch(jobs, 2.0)]
-    finally:
-        checker.close()
+    infos = _reward_infos(tmp_path, SHARED_MAPPING, [f"secret-{i}" for i in range(3)], 2.0)
     assert [info["seen"] for info in infos] == ["", "", ""]
     assert "shared mapping" in caplog.text  # the fallback says why, once
 
@@ -390,18 +397,7 @@ def test_a_slow_functions_warm_up_stops_in_time_and_its_zygote_serves(
     """Guard: no warm-up call starts after half the per-sample timeout, so a slow function still
     gets its zygote (its samples fork from it, after the calls that fitted) instead of the batch
     falling back to forking each sample from the driver."""
-    (tmp_path / "reward.py").write_text(SLOW)
-    checker = get_checker(
-        "reward_function", reward_function=str(tmp_path / "reward.py"), self_test="off: a test"
-    )
-    jobs = [
-        Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": "x"}, f"sample-{i}")
-        for i in range(2)
-    ]
-    try:
-        infos = [v.extras["reward_info"] for v in checker.check_batch(jobs, 3.0)]
-    finally:
-        checker.close()
+    infos = _reward_infos(tmp_path, SLOW, ["sample-0", "sample-1"], 3.0)
     assert "warm zygote gone" not in caplog.text
     assert len({info["zygote"] for info in infos}) == 1
     warmed = [list(call) for call in WARM_CALLS]
