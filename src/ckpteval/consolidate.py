@@ -378,7 +378,10 @@ def expected_tensors(config_dir: Path, source: Path, origin: Path) -> Architectu
     back instead. Only a list that is data alone is kept (not one that converts weights on
     load); a cache file that does not read back is built again.
     """
-    key = _architecture_key(config_dir / "config.json")
+    try:
+        key = _architecture_key(config_dir / "config.json")
+    except OSError:  # no readable config.json: transformers' own message names the problem
+        return _built_architecture(config_dir, source, origin)
     cached = _read_architecture(key)
     if cached is not None:
         return cached
