@@ -500,11 +500,13 @@ class RewardFunctionChecker(Checker):
         """What the batch's warm zygote runs (`Command.warm`): the file, and calls on fixed
         inputs (`WARM_CALLS`) that are no sample's completion and no problem's answer (with the
         batch's first data source, so that a function dispatching on it warms the right
-        branch); none starts after half the per-sample `timeout` (the zygote must be ready
-        within a sample's wall clock, or the batch goes without it)."""
+        branch); none starts after half the shortest wall limit a sample of the batch gets (a
+        job's own timeout, else `timeout`, as `_command` sets it): the zygote must be ready
+        within a sample's wall clock, or the batch goes without it."""
         source = jobs[0].problem.get("data_source", "") if jobs else ""
         calls = [self._call(source, completion, truth, {}) for completion, truth in WARM_CALLS]
-        return {**self._function_spec(), "calls": calls, "budget_s": timeout / 2}
+        wall_s = min((job.timeout or timeout for job in jobs), default=timeout)
+        return {**self._function_spec(), "calls": calls, "budget_s": wall_s / 2}
 
     def _function_spec(self) -> dict[str, Any]:
         """Where the runner finds the function: the copied file, its name, its modules' dir."""
