@@ -270,6 +270,61 @@ def test_what_a_sample_leaves_is_gone_for_the_next(verdicts: list[Any]) -> None:
     assert Path("/etc/passwd").exists()  # the cleanup followed no planted symlink
 
 
+def _kernel_collapses() -> bool:
+    """Whether this kernel backs anonymous memory with huge pages on MADV_COLLAPSE (6.1+, THP
+    not `never`): asked of a 4 MiB mapping of this process."""
+    import ctypes
+    import mmap
+
+    region = mmap.mmap(-1, 4 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    region.write(b"x" * len(region))
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    aligned = -(-base // (2 << 20)) * (2 << 20)
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.madvise(ctypes.c_void_p(aligned), ctypes.c_size_t(2 << 20), 25) == 0
+
+
+#: A reward function with a warm heap of ~20 MB (as sympy's or math_verify's is larger); each
+#: sample reports how much of its memory is in huge pages and which number it holds.
+BALLAST = r"""
+BALLAST = [str(i) * 3 for i in range(250_000)]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    huge = -1
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("AnonHugePages:"):
+            huge = int(line.split()[1])
+    BALLAST[int(solution_str)] = "written by a sample"
+    return {"score": float(BALLAST[int(ground_truth)] == ground_truth * 3), "huge_kb": huge}
+"""
+
+
+def test_a_long_batchs_zygote_forks_from_huge_pages_and_its_samples_stay_apart(
+    tmp_path: Path,
+) -> None:
+    """Guard: a zygote serving 64 samples or more collapses its heap into huge pages before its
+    first fork (a fork then copies one page-table entry per 2 MiB): its samples inherit them,
+    and a page one writes is still its own (each writes where the next reads)."""
+    if not _kernel_collapses():
+        pytest.skip("this kernel has no MADV_COLLAPSE (Linux 6.1+) or THP is `never`")
+    (tmp_path / "reward.py").write_text(BALLAST)
+    checker = get_checker(
+        "reward_function", reward_function=str(tmp_path / "reward.py"), self_test="off: a test"
+    )
+    jobs = [
+        Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": str(n)}, str(n + 1))
+        for i, n in enumerate(range(1000, 1064))  # above the warm-up's numbers
+    ]
+    try:
+        verdicts = checker.check_batch(jobs, 5.0)
+    finally:
+        checker.close()
+    assert [v.passed for v in verdicts] == [True] * 64  # sample i+1 never sees i's write
+    huge = [v.extras["reward_info"]["huge_kb"] for v in verdicts]
+    assert all(kb >= 4096 for kb in huge), huge
+
+
 def test_a_sample_cannot_reach_the_zygote(verdicts: list[Any]) -> None:
     """Guards: the samples' seccomp filter protects the zygote's pid (kill, killpg, kill -1),
     the zygote is not dumpable (no ptrace, no /proc/<zygote>/mem, fd, environ)."""
@@ -404,3 +459,31 @@ def test_a_slow_functions_warm_up_stops_in_time_and_its_zygote_serves(
     for info in infos:
         assert 1 <= len(info["before"]) < len(WARM_CALLS)
         assert info["before"] == warmed[: len(info["before"])]
+
+
+def test_a_batch_mixing_timeouts_keeps_every_samples_result(tmp_path: Path) -> None:
+    """Guard: samples with another timeout (another zygote key: the self-test's references and
+    its known-wrong sample) run the usual way between the zygote's; the zygote's last result,
+    written while the next sample runs, is written before one of those runs and at the end."""
+    (tmp_path / "reward.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    print('checking', solution_str)\n"
+        "    return float(solution_str == ground_truth)\n"
+    )
+    checker = get_checker(
+        "reward_function", reward_function=str(tmp_path / "reward.py"), self_test="off: a test"
+    )
+    plan = [("a", "a", 20.0), ("b", "b", 20.0), ("c", "x", None)]  # the self-test's shape
+    jobs = [
+        Job(str(i), {"task_id": str(i), "ground_truth": gt}, completion, timeout=timeout)
+        for i, (completion, gt, timeout) in enumerate(plan)
+    ]
+    try:
+        verdicts = checker.check(jobs, workers=1, timeout=5.0)
+    finally:
+        checker.close()
+    assert [(v.passed, v.error_type) for v in verdicts] == [
+        (True, None),
+        (True, None),
+        (False, "wrong_answer"),
+    ]

@@ -65,6 +65,11 @@ command's Python file once as `__ckpteval_zygote__` with `warm` as `__ckpteval_w
 runner runs the reward file and calls the function on a few fixed inputs, no sample's) and
 freezes its heap out of the cyclic collector (`gc.freeze`: a fork's collections then copy none of
 it). A warm-up that left a writable shared mapping (each fork would share it) gets no zygote.
+Last, a zygote that serves 64 samples or more asks the kernel to back its private heap with
+huge pages where it can (`_collapse_heap`, MADV_COLLAPSE, Linux 6.1+; best effort): a fork then
+copies one page-table entry per 2 MiB instead of 512, and its exit tears down as few (a 65 MB
+math_verify zygote: fork 1.8 -> 1.1 ms, exit 2.8 -> 2.0 ms; the collapse itself 10-90 ms once).
+A page a sample writes is still copied alone, 4 KiB, as before.
 
 Per command the driver opens its stdin, stdout and stderr and passes them, with its result
 channel, to the zygote (SCM_RIGHTS); the zygote forks and never reads them: the *fork* reads its
@@ -753,6 +758,13 @@ class _ResultChannel:
     def collect(self, pid, path):
         """Write the command's own result (if it sent one) to `path`; the number of messages
         that came from another process."""
+        kept, forged = self.take(pid)
+        _write_result(path, kept)
+        return forged
+
+    def take(self, pid):
+        """(the message the command's own process `pid` sent first, or None; how many came from
+        another process), once every process of the command has ended."""
         import socket
 
         self.ours.setblocking(False)
@@ -773,10 +785,18 @@ class _ResultChannel:
             else:
                 forged += 1
         self.ours.close()
-        if kept is not None:
-            with open(path, "wb") as handle:
-                handle.write(kept)
-        return forged
+        return kept, forged
+
+    def close(self):
+        """Never used: both ends go."""
+        self.ours.close()
+        self.theirs.close()
+
+
+def _write_result(path, kept):
+    if kept is not None:
+        with open(path, "wb") as handle:
+            handle.write(kept)
 
 
 def _row(command, usage_of, status, timed_out, duration, max_rss, reaped_elsewhere=0.0):
@@ -884,6 +904,8 @@ class _Zygote:
         import socket
 
         self.key, self.spec, self.account = _zygote_key(command), spec, account
+        self.ahead = None  # (command, its result channel, its files): opened while one ran
+        self.pending = None  # (path, bytes): the last sample's result, written while one runs
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = os.fork()
         if self.pid == 0:
@@ -952,24 +974,57 @@ class _Zygote:
             os.close(fd)
         self.roots = []
         self.control.close()
+        self.settle()
 
     def close(self):
+        self.settle()
         if self.pid is not None:
             self.control.close()
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
+            try:  # a command run the usual way kills every process but the driver: it too
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
             for fd, _ in self.roots:
                 os.close(fd)
 
-    def run(self, command):
+    def _prepare(self, command):
+        """While a sample runs: write the one before's result file and open the next command's
+        files and result channel (`command`, if the zygote serves it), so that neither waits
+        between two samples (creating a file costs 0.05-0.5 ms; three go with each sample). Its
+        files are the driver's: no sample sees them before its own fork gets them."""
+        if self.pending:
+            _write_result(*self.pending)
+            self.pending = None
+        if command is not None and self.ahead is None and self.serves(command):
+            self.ahead = (command, _ResultChannel(), _command_files(command))
+
+    def settle(self):
+        """Write what is pending and close what was opened ahead and not used."""
+        if self.pending:
+            _write_result(*self.pending)
+            self.pending = None
+        if self.ahead:
+            _, channel, files = self.ahead
+            channel.close()
+            for fd in files:
+                os.close(fd)
+            self.ahead = None
+
+    def run(self, command, upcoming=None):
         """Run `command` forked from the zygote; its result line, or None if the zygote is gone
-        (the caller runs it the usual way: nothing of it ran, or its outcome is unknown)."""
+        (the caller runs it the usual way: nothing of it ran, or its outcome is unknown).
+        `upcoming`: the command after it, whose files are opened while this one runs."""
         import socket
 
+        if self.ahead and self.ahead[0] is command:
+            _, channel, files = self.ahead
+            self.ahead = None
+        else:
+            self.settle()
+            channel, files = _ResultChannel(), _command_files(command)
         start = time.monotonic()
         usage_of = _Usage(command, self.account)
-        channel = _ResultChannel()
-        files = _command_files(command)
         try:
             socket.send_fds(self.control, [b"fork"], [*files, channel.theirs.fileno()])
         except OSError:
@@ -988,6 +1043,7 @@ class _Zygote:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:  # it ended, and the zygote reaped it, before this looked
             pidfd, timed_out = None, False
+        self._prepare(upcoming)
         if pidfd is not None:
             deadline = start + command["wall_s"]
             _, timed_out = _wait([pidfd], deadline, command["cpu_budget_s"], usage_of)
@@ -1003,7 +1059,8 @@ class _Zygote:
         self._empty()
         status, cpu_s, max_rss = json.loads(fate)
         row = _row(command, usage_of, status, timed_out, duration, max_rss * 1024, cpu_s)
-        row["forged_results"] = channel.collect(pid, command["result"])
+        kept, row["forged_results"] = channel.take(pid)
+        self.pending = (command["result"], kept)  # written while the next sample runs
         row["zygote"] = True
         return row
 
@@ -1132,6 +1189,9 @@ def _zygote_main(command, spec, control):
     sys.stdout.flush()  # nothing the warm-up printed reaches a sample's files
     sys.stderr.flush()
     gc.freeze()  # a sample's collections never walk (so never copy) the warm heap
+    key = _zygote_key(command)
+    if sum(_zygote_key(c) == key for c in spec["commands"]) >= _COLLAPSE_FROM:
+        _collapse_heap()
     channel = socket.socket(fileno=3)
     socket.send_fds(channel, [b"ready"], roots)
     for fd in roots:
@@ -1147,6 +1207,30 @@ def _shared_writable_mapping():
             if fields[1][1] == "w" and fields[1][3] == "s":
                 return " ".join(fields[:1] + fields[5:])[:200]
     return None
+
+
+MADV_COLLAPSE = 25
+_HUGE = 1 << 21
+#: Samples a zygote must serve to collapse its heap: collapsing costs 10-90 ms (a 40 MB heap),
+#: and saves ~1.3 ms a fork.
+_COLLAPSE_FROM = 64
+
+
+def _collapse_heap():
+    """Back the 2 MiB-aligned parts of this process's private writable anonymous memory (the
+    interpreter's heap and arenas) with huge pages, where the kernel can (MADV_COLLAPSE: Linux
+    6.1+, whatever the THP sysfs setting but `never`); what it cannot stays as it was. Only the
+    page tables change: no content, no permission, nothing a fork shares."""
+    with open("/proc/self/maps") as handle:
+        lines = handle.read().splitlines()
+    for line in lines:
+        fields = line.split()
+        if fields[1] != "rw-p" or (len(fields) > 5 and fields[5] != "[heap]"):
+            continue
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        low, high = -(-low // _HUGE) * _HUGE, high // _HUGE * _HUGE
+        if high > low:
+            _libc.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_COLLAPSE)
 
 
 def _become_sandbox_uid(spec):
@@ -1253,9 +1337,13 @@ def main():
 
     gc.freeze()  # a fork's collections never walk (so never copy) the preloaded heap
     zygote = _Zygote.start(spec, account)
+    commands = spec["commands"]
     with open(spec["results"], "w") as results:
-        for command in spec["commands"]:
-            row = zygote.run(command) if zygote and zygote.serves(command) else None
+        for i, command in enumerate(commands):
+            upcoming = commands[i + 1] if i + 1 < len(commands) else None
+            row = zygote.run(command, upcoming) if zygote and zygote.serves(command) else None
+            if row is None and zygote:
+                zygote.settle()  # the last sample's result file, before this command runs
             if row is None:
                 row = _run(command, spec["uid"], spec, account)
             results.write(json.dumps(row) + "\n")
