@@ -1167,6 +1167,34 @@ def test_the_reward_checker_without_its_function_is_one_line() -> None:
         get_checker("reward_function", sandbox="bwrap")
 
 
+def test_an_evaluate_window_is_one_sandbox_per_worker_refilled_as_each_ends(
+    reward_file: Path,
+) -> None:
+    """A batch's start (bubblewrap, imports, warm-up) costs tens of samples: the evaluate job's
+    window of 1,024 on 8 workers is 8 batches of 128, and each worker gets its next as soon as
+    its last ends, so the whole stream runs in batches of 128 (no sandbox started here)."""
+    from ckpteval.checkers import Verdict
+    from ckpteval.evaluate import CHUNK_SIZE
+
+    checker = get_checker("reward_function", reward_function=str(reward_file), self_test="off: x")
+    sizes: list[int] = []
+    lock = threading.Lock()
+
+    def check_batch(jobs: list[Job], timeout: float) -> list[Verdict]:
+        with lock:
+            sizes.append(len(jobs))
+        return [Verdict(True, None) for _ in jobs]
+
+    checker.check_batch = check_batch  # type: ignore[method-assign]
+    jobs = (Job(str(i), {"ground_truth": "1"}, "1") for i in range(3 * CHUNK_SIZE))
+    verdicts = checker.check_stream(
+        jobs, workers=8, window=CHUNK_SIZE, window_chars=1 << 30, buffer=8 * CHUNK_SIZE
+    )
+    assert sum(v.passed for v in verdicts) == 3 * CHUNK_SIZE
+    assert CHUNK_SIZE == 1024 and sizes == [128] * 24
+    assert checker.batch_size_for(100, 1) == 100 and checker.batch_size_for(1024, 1) == 256
+
+
 def test_a_replay_runs_solutions_name_the_rows_ids(tmp_path: Path, reward_file: Path) -> None:
     """A replay run's solution lines name a verl row by `extra_info.index`, and are scored."""
     from ckpteval.backends.replay import replay_solutions

@@ -85,11 +85,12 @@ from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
 
 log = logging.getLogger(__name__)
 
-#: Samples per sandbox (at most; `batch_size_for` keeps four batches per worker in a window): a
-#: batch pays bubblewrap's start, the packages' import and the zygote's warm-up once (0.2-1.2 s,
-#: bench/reward.py), and each of its samples is a fork of the warm zygote, so a longer batch
-#: spreads that cost thinner at no cost to isolation.
-BATCH_SIZE = 128
+#: Samples per sandbox, at most (`batch_size_for`: one batch per worker in a window): a batch
+#: pays bubblewrap's start, the packages' import and the zygote's warm-up once (0.3-1 s with
+#: sympy or math_verify, bench/reward.py: as much as 30-60 samples), and each of its samples is
+#: a fork of the warm zygote, so a longer batch spreads that cost thinner at no cost to
+#: isolation.
+BATCH_SIZE = 256
 #: How many problems' ground truths the self-test scores.
 SELF_TEST_PROBLEMS = 3
 #: The longest error line a score line keeps.
@@ -470,7 +471,11 @@ class RewardFunctionChecker(Checker):
         return Prompting(lambda problem: problem["question"])
 
     def batch_size_for(self, n_jobs: int, workers: int) -> int:
-        return max(1, min(self.batch_size, -(-n_jobs // (4 * max(1, workers)))))
+        """One batch per worker in a window, up to `batch_size`: a batch's start costs as much
+        as tens of samples, and the evaluate job's stream gives a worker its next batch as soon
+        as its last one ends, so smaller batches would balance only a cell's last window (an
+        evaluate job's window of 1,024 samples: 8 workers, batches of 128, not 32)."""
+        return max(1, min(self.batch_size, -(-n_jobs // max(1, workers))))
 
     def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
         """One sandbox for the batch, each sample a process of its own under its timeout."""
