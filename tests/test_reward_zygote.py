@@ -284,10 +284,13 @@ def _kernel_collapses() -> bool:
     return libc.madvise(ctypes.c_void_p(aligned), ctypes.c_size_t(2 << 20), 25) == 0
 
 
-#: A reward function with a warm heap of ~20 MB (as sympy's or math_verify's is larger); each
-#: sample reports how much of its memory is in huge pages and which number it holds.
+#: A reward function with a warm heap of ~16 MB (sympy's or math_verify's is larger): an 8 MiB
+#: buffer (one mapping, so it holds whole aligned 2 MiB ranges wherever it lands) and a list of
+#: strings; each sample reports how much of its memory is in huge pages, writes its number into
+#: both and reads what the sample before it would have written.
 BALLAST = r"""
-BALLAST = [str(i) * 3 for i in range(250_000)]
+BUFFER = bytearray(b"-" * (8 << 20))
+BALLAST = [str(i) * 3 for i in range(150_000)]
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -295,8 +298,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     for line in open("/proc/self/smaps_rollup"):
         if line.startswith("AnonHugePages:"):
             huge = int(line.split()[1])
-    BALLAST[int(solution_str)] = "written by a sample"
-    return {"score": float(BALLAST[int(ground_truth)] == ground_truth * 3), "huge_kb": huge}
+    mine, before = int(solution_str), int(ground_truth)
+    BALLAST[mine] = "written by a sample"
+    BUFFER[mine * 4096] = ord("w")
+    untouched = BALLAST[before] == ground_truth * 3 and BUFFER[before * 4096] == ord("-")
+    return {"score": float(untouched), "huge_kb": huge}
 """
 
 
@@ -320,9 +326,9 @@ def test_a_long_batchs_zygote_forks_from_huge_pages_and_its_samples_stay_apart(
         verdicts = checker.check_batch(jobs, 5.0)
     finally:
         checker.close()
-    assert [v.passed for v in verdicts] == [True] * 64  # sample i+1 never sees i's write
+    assert [v.passed for v in verdicts] == [True] * 64  # sample i+1 never sees i's writes
     huge = [v.extras["reward_info"]["huge_kb"] for v in verdicts]
-    assert all(kb >= 4096 for kb in huge), huge
+    assert all(kb >= 4096 for kb in huge), huge  # the buffer's whole 2 MiB ranges, at least
 
 
 def test_a_sample_cannot_reach_the_zygote(verdicts: list[Any]) -> None:

@@ -69,7 +69,10 @@ Last, a zygote that serves 64 samples or more asks the kernel to back its privat
 huge pages where it can (`_collapse_heap`, MADV_COLLAPSE, Linux 6.1+; best effort): a fork then
 copies one page-table entry per 2 MiB instead of 512, and its exit tears down as few (a 65 MB
 math_verify zygote: fork 1.8 -> 1.1 ms, exit 2.8 -> 2.0 ms; the collapse itself 10-90 ms once).
-A page a sample writes is still copied alone, 4 KiB, as before.
+Only whole aligned 2 MiB ranges of a mapping can be: how much of the interpreter's arenas (1 MiB
+mappings, often merged into mappings of a few MiB) that is depends on where they landed; what
+the zygote itself writes while a sample lives is split again. A page a sample writes is still
+copied alone, 4 KiB, as before.
 
 Per command the driver opens its stdin, stdout and stderr and passes them, with its result
 channel, to the zygote (SCM_RIGHTS); the zygote forks and never reads them: the *fork* reads its
