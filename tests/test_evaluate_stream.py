@@ -273,3 +273,44 @@ def test_duplicates_are_found_in_any_order() -> None:
             pair = (rng.choice("ab"), rng.randint(-3, 12))
             assert seen.add(*pair) == (pair not in reference), pair
             reference.add(pair)
+
+
+class _Batched(_Deterministic):
+    """Checks in batches of up to 64 that are worth starting full (as a reward sandbox's are):
+    records the size of each batch it is given."""
+
+    name = "batched-test-double"
+    window_per_worker = 64
+    sizes: list[int] = []
+
+    def batch_size_for(self, n_jobs: int, workers: int) -> int:
+        return max(1, min(64, -(-n_jobs // workers)))
+
+    def check_batch(self, jobs: Any, timeout: float) -> list[Verdict]:
+        type(self).sizes.append(len(jobs))
+        return [self.check_one(job, timeout) for job in jobs]
+
+
+register(_Batched.name, _Batched)
+
+
+def test_a_window_holds_a_full_batch_per_worker_of_a_checker_that_asks(tmp_path: Path) -> None:
+    """8 workers and a window of 32 samples would give batches of 4; the checker's
+    `window_per_worker` widens the window to 8 x 64, so every batch but the cell's last is full
+    (the reward checker's: 256, `RewardFunctionChecker.window_per_worker`)."""
+    samples = [{"task_id": "p0", "completion": "ok"} for _ in range(2000)]
+    _Batched.sizes = []
+    cell = score_samples(
+        _Batched.name,
+        {"p0": {}},
+        samples,
+        tmp_path / "out.jsonl",
+        tmp_path / "out.json",
+        workers=8,
+        chunk_size=32,
+    )
+    assert cell["error_types"] == {}
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 2000
+    assert _Batched.sizes[:2] == [1, 1]  # the self-test: a reference, a known-wrong sample
+    sizes = _Batched.sizes[2:]
+    assert sum(sizes) == 2000 and sizes[:31] == [64] * 31, sizes

@@ -1193,6 +1193,8 @@ def test_an_evaluate_window_is_one_sandbox_per_worker_refilled_as_each_ends(
     assert sum(v.passed for v in verdicts) == 3 * CHUNK_SIZE
     assert CHUNK_SIZE == 1024 and sizes == [128] * 24
     assert checker.batch_size_for(100, 1) == 100 and checker.batch_size_for(1024, 1) == 256
+    # More workers widen the evaluate job's window (ckpteval.evaluate): 16 get batches of 256.
+    assert checker.batch_size_for(max(CHUNK_SIZE, checker.window_per_worker * 16), 16) == 256
 
 
 def test_a_replay_runs_solutions_name_the_rows_ids(tmp_path: Path, reward_file: Path) -> None:

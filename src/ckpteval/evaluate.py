@@ -190,8 +190,9 @@ def score_samples(
     Memory does not grow with the number of samples (beyond one bit each for the compile rate or
     accuracy, the token counts of the length metrics (`LengthTotals`: 8 bytes a sample), the input
     error messages, and the sample indices that arrive out of order): at most
-    `chunk_size` samples are being checked at once (`REORDER_CHUNKS` times as many verdicts may
-    wait for a slow one), lines are appended to a temp file beside `out_jsonl` that is renamed
+    `chunk_size` samples (or the checker's `window_per_worker` times the workers, if more: a
+    reward batch is worth starting full) are being checked at once (`REORDER_CHUNKS` times as
+    many verdicts may wait for a slow one), lines are appended to a temp file beside `out_jsonl` that is renamed
     into place once every sample is scored, and the cell's metrics are kept as running counts.
 
     Each problem's run timeout is `max(configured, timeout_factor x its reference solution's run
@@ -359,14 +360,15 @@ def _scored_lines(
                 keys[index] = key
                 yield timeouts.apply(row.job)
 
+    window = max(chunk_size, impl.window_per_worker * max(1, workers))  # full batches
     for verdict in impl.check_stream(
         items(),
         workers=workers,
         timeout=timeout,
         on_verdicts=progress.listener(keys),
-        window=chunk_size,
+        window=window,
         window_chars=CHUNK_CHARS,
-        buffer=REORDER_CHUNKS * chunk_size,
+        buffer=REORDER_CHUNKS * window,
     ):
         index, task_id, sample_idx, source_file = waiting.popleft()
         keys.pop(index, None)

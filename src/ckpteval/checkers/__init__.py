@@ -172,6 +172,9 @@ class Checker(abc.ABC):
     #: Whether `check_stream` may start jobs as they come (else it calls `check` on chunks).
     #: A subclass that overrides `check` does not stream unless it says so.
     streams: bool = True
+    #: Jobs an evaluate window holds per worker at least, so that each worker gets a full batch
+    #: (0: the window as given; a window is bounded by its characters either way).
+    window_per_worker: int = 0
 
     #: The languages a task of this checker may ask in (`tasks.<name>.language`); () for none.
     languages: tuple[str, ...] = ()

@@ -486,11 +486,16 @@ class RewardFunctionChecker(Checker):
         the chat template are the task's, ckpteval.tasks), or the prompt text."""
         return Prompting(lambda problem: problem["question"])
 
+    @property
+    def window_per_worker(self) -> int:  # type: ignore[override]
+        """A full batch per worker: 16 workers get batches of 256, not 1,024 / 16 = 64."""
+        return self.batch_size
+
     def batch_size_for(self, n_jobs: int, workers: int) -> int:
         """One batch per worker in a window, up to `batch_size`: a batch's start costs as much
         as tens of samples, and the evaluate job's stream gives a worker its next batch as soon
-        as its last one ends, so smaller batches would balance only a cell's last window (an
-        evaluate job's window of 1,024 samples: 8 workers, batches of 128, not 32)."""
+        as its last one ends, so smaller batches would balance only a cell's last window (the
+        evaluate job's window holds `window_per_worker` samples per worker at least)."""
         return max(1, min(self.batch_size, -(-n_jobs // max(1, workers))))
 
     def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
