@@ -791,7 +791,7 @@ class _ResultChannel:
         return kept, forged
 
     def close(self):
-        """Never used: both ends go."""
+        """A channel opened for a command that then did not run here: both ends go."""
         self.ours.close()
         self.theirs.close()
 

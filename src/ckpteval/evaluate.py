@@ -192,8 +192,9 @@ def score_samples(
     error messages, and the sample indices that arrive out of order): at most
     `chunk_size` samples (or the checker's `window_per_worker` times the workers, if more: a
     reward batch is worth starting full) are being checked at once (`REORDER_CHUNKS` times as
-    many verdicts may wait for a slow one), lines are appended to a temp file beside `out_jsonl` that is renamed
-    into place once every sample is scored, and the cell's metrics are kept as running counts.
+    many verdicts may wait for a slow one), lines are appended to a temp file beside `out_jsonl`
+    that is renamed into place once every sample is scored, and the cell's metrics are kept as
+    running counts.
 
     Each problem's run timeout is `max(configured, timeout_factor x its reference solution's run
     time in the self-test)` (`calibrate_timeouts`), so a correct but slowish sample on a busy
