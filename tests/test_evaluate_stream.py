@@ -237,6 +237,21 @@ class _SlowFirst(_Deterministic):
 register(_SlowFirst.name, _SlowFirst)
 
 
+def _score_p0(
+    checker: str, samples: list[dict[str, Any]], tmp: Path, *, workers: int, chunk_size: int
+) -> dict[str, Any]:
+    """`score_samples` of samples of one problem, p0, into `tmp`."""
+    return score_samples(
+        checker,
+        {"p0": {}},
+        samples,
+        tmp / "out.jsonl",
+        tmp / "out.json",
+        workers=workers,
+        chunk_size=chunk_size,
+    )
+
+
 def test_a_slow_sample_does_not_hold_up_the_next_chunks(tmp_path: Path) -> None:
     """While one worker waits on the first sample, the other checks the samples of the chunks
     after it: a scorer that finished each chunk before starting the next would wait out the 2 s
@@ -245,15 +260,7 @@ def test_a_slow_sample_does_not_hold_up_the_next_chunks(tmp_path: Path) -> None:
         {"task_id": "p0", "completion": c}
         for c in ["ok slow", *(f"wa {i}" for i in range(10)), "ok last"]
     ]
-    cell = score_samples(
-        _SlowFirst.name,
-        {"p0": {}},
-        samples,
-        tmp_path / "out.jsonl",
-        tmp_path / "out.json",
-        workers=2,
-        chunk_size=4,
-    )
+    cell = _score_p0(_SlowFirst.name, samples, tmp_path, workers=2, chunk_size=4)
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [(line["sample_idx"], line["error_type"]) for line in lines] == [
         (0, None),
@@ -300,15 +307,7 @@ def test_a_window_holds_a_full_batch_per_worker_of_a_checker_that_asks(tmp_path:
     (the reward checker's: 256, `RewardFunctionChecker.window_per_worker`)."""
     samples = [{"task_id": "p0", "completion": "ok"} for _ in range(2000)]
     _Batched.sizes = []
-    cell = score_samples(
-        _Batched.name,
-        {"p0": {}},
-        samples,
-        tmp_path / "out.jsonl",
-        tmp_path / "out.json",
-        workers=8,
-        chunk_size=32,
-    )
+    cell = _score_p0(_Batched.name, samples, tmp_path, workers=8, chunk_size=32)
     assert cell["error_types"] == {}
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 2000
     assert _Batched.sizes[:2] == [1, 1]  # the self-test: a reference, a known-wrong sample
