@@ -1170,9 +1170,10 @@ def test_the_reward_checker_without_its_function_is_one_line() -> None:
 def test_an_evaluate_window_is_one_sandbox_per_worker_refilled_as_each_ends(
     reward_file: Path,
 ) -> None:
-    """A batch's start (bubblewrap, imports, warm-up) costs tens of samples: the evaluate job's
-    window of 1,024 on 8 workers is 8 batches of 128, and each worker gets its next as soon as
-    its last ends, so the whole stream runs in batches of 128 (no sandbox started here)."""
+    """A batch's start (bubblewrap, imports, warm-up) costs tens of samples: a window of 1,024
+    on 8 workers is 8 batches of 128, and each worker gets its next as soon as its last ends, so
+    the whole stream runs in batches of 128 (no sandbox started here). The evaluate job widens
+    the window to 256 samples per worker (`window_per_worker`): batches of 256."""
     from ckpteval.checkers import Verdict
     from ckpteval.evaluate import CHUNK_SIZE
 
@@ -1193,8 +1194,10 @@ def test_an_evaluate_window_is_one_sandbox_per_worker_refilled_as_each_ends(
     assert sum(v.passed for v in verdicts) == 3 * CHUNK_SIZE
     assert CHUNK_SIZE == 1024 and sizes == [128] * 24
     assert checker.batch_size_for(100, 1) == 100 and checker.batch_size_for(1024, 1) == 256
-    # More workers widen the evaluate job's window (ckpteval.evaluate): 16 get batches of 256.
-    assert checker.batch_size_for(max(CHUNK_SIZE, checker.window_per_worker * 16), 16) == 256
+    # The evaluate job's window (ckpteval.evaluate) holds a full batch per worker.
+    for workers in (1, 2, 8, 16):
+        window = max(CHUNK_SIZE, checker.window_per_worker * workers)
+        assert checker.batch_size_for(window, workers) == 256
 
 
 def test_a_replay_runs_solutions_name_the_rows_ids(tmp_path: Path, reward_file: Path) -> None:

@@ -488,7 +488,8 @@ class RewardFunctionChecker(Checker):
 
     @property
     def window_per_worker(self) -> int:  # type: ignore[override]
-        """A full batch per worker: 16 workers get batches of 256, not 1,024 / 16 = 64."""
+        """A full batch per worker in the evaluate job's window: 8 workers get batches of 256,
+        not 1,024 / 8 = 128."""
         return self.batch_size
 
     def batch_size_for(self, n_jobs: int, workers: int) -> int:
