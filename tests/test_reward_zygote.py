@@ -133,6 +133,27 @@ def search(marker):
     return {"found": found}
 
 
+def peek(marker):
+    # Every descriptor of every other process it can list: the driver holds the next sample's
+    # job (its stdin) open while this one runs.
+    opened, found = set(), 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                with open(f"/proc/{pid}/fd/{fd}", "rb") as handle:
+                    opened.add(open(f"/proc/{pid}/comm").read().strip())
+                    found += marker.encode() in handle.read(1 << 20)
+            except OSError:
+                pass
+    return {"opened": sorted(opened), "found": found}
+
+
 def burn():
     for _ in range(2):
         threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()
@@ -154,6 +175,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         info.update(keyring())
     elif what == "search":
         info.update(search(arg[::-1]))
+    elif what == "peek":
+        info.update(peek(arg[::-1]))
     elif what == "burn":
         burn()
     elif what == "abort":
@@ -173,6 +196,8 @@ BATCH = [
     ("keyring", "x"),
     ("search AAAA-terces", "x"),
     ("search BBBB-tg", "x"),
+    ("peek CCCC-tg", "x"),
+    ("next", "gt-CCCC"),  # its job is open in the driver while the one before runs
     ("burn", "x"),
     ("right", "right"),
     ("abort", "x"),
@@ -350,6 +375,17 @@ def test_no_sample_finds_anothers_text_in_its_memory(verdicts: list[Any]) -> Non
     """Guard: each sample reads its own job from its own stdin; the zygote never holds one."""
     assert _info(verdicts, "search AAAA-terces")["found"] == 0  # an earlier completion
     assert _info(verdicts, "search BBBB-tg")["found"] == 0  # an earlier ground truth
+
+
+def test_no_sample_reads_the_next_ones_job_the_driver_opened_ahead(verdicts: list[Any]) -> None:
+    """Guard: the driver opens the next sample's files while a sample runs (`_Zygote._prepare`);
+    they are the driver's (another uid, or not dumpable rootless): no descriptor of the driver or
+    the zygote opens through /proc, and the next ground truth is nowhere a sample can read.
+    (Rootless, bubblewrap's own init shares the uid and is dumpable: its /dev/null and the
+    driver's stdout and stderr files open; no sample's job is among them.)"""
+    peeked = _info(verdicts, "peek CCCC-tg")
+    assert peeked["found"] == 0
+    assert set(peeked["opened"]) <= {"bwrap"}, peeked["opened"]
 
 
 def test_timeouts_and_crashes_fail_alone(verdicts: list[Any]) -> None:
