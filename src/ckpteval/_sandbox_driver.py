@@ -996,17 +996,18 @@ class _Zygote:
         files and result channel (`command`, if the zygote serves it), so that neither waits
         between two samples (creating a file costs 0.05-0.5 ms; three go with each sample). Its
         files are the driver's: no sample sees them before its own fork gets them."""
-        if self.pending:
-            _write_result(*self.pending)
-            self.pending = None
+        self._write_pending()
         if command is not None and self.ahead is None and self.serves(command):
             self.ahead = (command, _ResultChannel(), _command_files(command))
 
-    def settle(self):
-        """Write what is pending and close what was opened ahead and not used."""
+    def _write_pending(self):
         if self.pending:
             _write_result(*self.pending)
             self.pending = None
+
+    def settle(self):
+        """Write what is pending and close what was opened ahead and not used."""
+        self._write_pending()
         if self.ahead:
             _, channel, files = self.ahead
             channel.close()
