@@ -21,6 +21,36 @@ from conftest import as_nobody_json
 pytestmark = pytest.mark.slow
 
 
+#: A command's reach into every other process of its sandbox (pid 1 included: bubblewrap's own
+#: init once, the same uid and dumpable): trace it, write its memory, enter its root (a mount
+#: namespace where the driver's files are not covered), open its descriptors, open the driver's
+#: results file through it. Prints what it reached.
+EVERY_PROCESS = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+reached = []
+for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:
+    if libc.ptrace(16, int(pid), None, None) == 0:
+        reached.append(pid + ' ptrace')
+        os.waitpid(int(pid), 0x40000000)
+        libc.ptrace(17, int(pid), None, None)
+    paths = [f'/proc/{pid}/mem', f'/proc/{pid}/root/.']
+    try:
+        paths += [f'/proc/{pid}/fd/{fd}' for fd in os.listdir(f'/proc/{pid}/fd')]
+    except OSError:
+        pass
+    for arg in open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\0'):
+        if arg.endswith(b'spec.json'):
+            paths.append(f'/proc/{pid}/root{os.path.dirname(arg.decode())}/results.jsonl')
+    for path in paths:
+        try:
+            os.close(os.open(path, os.O_RDONLY))
+            reached.append(path)
+        except OSError:
+            pass
+print(reached)
+"""
+
 #: Run as `nobody`: prints one JSON object of what happened.
 SCRIPT = r"""
 import json, os, sys, tempfile
@@ -50,6 +80,7 @@ PROBES = {
     "fork_bomb": "import os\nn = 0\ntry:\n    while n < 2000:\n        if os.fork() == 0:\n"
     "            import time\n            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
     "except OSError:\n    pass\nprint(n < 2000)",
+    "every_process": open(os.path.join(os.path.dirname(__file__), "every_process.py")).read(),
     "after": "print('still here')",
 }
 
@@ -162,6 +193,7 @@ def as_nobody() -> Iterator[dict]:
 def _run_as_nobody(work: Path) -> dict:
     os.chmod(work, 0o777)
     (work / "run.py").write_text(SCRIPT)
+    (work / "every_process.py").write_text(EVERY_PROCESS)
     os.chmod(work / "run.py", 0o644)
     return as_nobody_json(work / "run.py", cwd=work)
 
@@ -176,6 +208,7 @@ def test_commands_cannot_reach_the_driver(as_nobody: dict) -> None:
     assert probes["kill_all"] == "refused"
     assert probes["driver_fds"] == "opened 0"
     assert probes["driver_mem"] == "refused"
+    assert probes["every_process"] == "[]"  # bubblewrap has no init beside the driver
     assert probes["after"] == "still here"
 
 

@@ -29,8 +29,11 @@ command's own first process sent there (`_ResultChannel`), whoever else holds th
 Rootless (`"rootless"` in the spec: ckpteval is not root, bubblewrap made a user namespace whose
 one uid is this driver's) a command keeps that uid and gives up root instead (`_drop_root`); the
 seccomp filter also protects the driver from its signals, the driver is not dumpable, and the
-spec's and the command's "hide" paths are covered in the command's mount namespace. The driver is also a child subreaper (PR_SET_CHILD_SUBREAPER), so orphans are
-re-parented to it and reaped by it once the cleanup has killed them.
+spec's and the command's "hide" paths are covered in the command's mount namespace. The driver
+is the pid namespace's init (bwrap `--as-pid-1`; also a child subreaper, PR_SET_CHILD_SUBREAPER),
+so orphans are re-parented to it and reaped by it once the cleanup has killed them, and no other
+process of the sandbox (bubblewrap's init, with the commands' uid and dumpable) offers a command
+its memory, its descriptors or its root, where the hidden paths are not covered.
 
 A command with `python_file` runs that file in a fork of this interpreter instead of exec'ing a
 new one (Python start-up costs more than most tests take); the fork drops privileges first, like
@@ -835,7 +838,7 @@ def _clean(spare=()):
     others = []
     while True:
         if not spare:
-            others = ["-1"]  # every process but the namespace's init and this one
+            others = ["-1"]  # every process but this one, the namespace's init
         for pid in others:
             try:
                 os.kill(int(pid), signal.SIGKILL)

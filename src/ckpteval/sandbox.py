@@ -14,8 +14,11 @@ Every generated program is hostile until proven otherwise. A sandbox is
   process on the host: RLIMIT_NPROC counts all processes of a uid, so a fork bomb in one sample
   cannot starve a sample running beside it.
 - New pid, network, ipc, uts and cgroup namespaces: no network at all; programs cannot see or
-  signal anything outside, nor the driver (another uid). Within a batch, each command also gets
-  mount and IPC namespaces of its own (see `run_many`).
+  signal anything outside, nor the driver (another uid). The driver is the pid namespace's init
+  (`--as-pid-1`): bubblewrap's own init would be one more process a command can see, which,
+  rootless, has the command's uid and is dumpable (traced, its memory written, its root a way
+  past the command's mount namespace). Within a batch, each command also gets mount and IPC
+  namespaces of its own (see `run_many`).
 - Nothing a command leaves in the kernel outlives it: its processes are killed, its files, SysV
   and POSIX IPC go with its namespaces, and a seccomp filter refuses what would outlive them
   all: kernel keyrings (a uid's user keyring outlives its processes and Linux has no keyring
@@ -575,13 +578,15 @@ def _bwrap_argv(
 
 
 def _bwrap_namespaces(status_fd: int, rootless: bool = False) -> list[str]:
-    """New namespaces (no network), a session of its own, and root with the driver's
+    """New namespaces (no network), a session of its own, the driver as the pid namespace's init
+    (no bubblewrap init beside it: see the module's docstring), and root with the driver's
     capabilities only; bwrap reports its child's pid on `status_fd`. Rootless: a user namespace
     too, whose one uid (ours) is its root; CAP_SETPCAP lets the driver's children give up that
     root for good."""
     argv = [
         "bwrap",
         "--unshare-pid",
+        "--as-pid-1",
         "--unshare-net",
         "--unshare-ipc",
         "--unshare-uts",
