@@ -11,6 +11,7 @@ import fcntl
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -194,6 +195,20 @@ def run_snakemake(
     env = {**(env or os.environ), **WORKFLOW_ENV}
     cmd = snakemake_cmd(workdir, *args)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def why_failed(proc: subprocess.CompletedProcess[str], workdir: Path, tail: int = 2000) -> str:
+    """What a failed Snakemake run says about each failed job (its "Error in rule" block and
+    the end of the log file it names), then the end of its stderr: a failure early in a long
+    run is not lost to a tail."""
+    parts = []
+    for block in re.findall(r"Error in rule .*?(?=\n\S|\Z)", proc.stderr, re.S)[:3]:
+        parts.append(block[:1500])
+        for log in re.findall(r"log: (\S+)", block):
+            path = workdir / log.rstrip(",")
+            if path.is_file():
+                parts.append(f"--- {log}:\n" + path.read_text(errors="replace")[-1500:])
+    return "\n".join([*parts, "--- stderr, last lines:", proc.stderr[-tail:]])
 
 
 def dry_snakemake(

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import dry_snakemake, exclusive, run_snakemake
+from conftest import dry_snakemake, exclusive, run_snakemake, why_failed
 from test_infer_backends import FakeEndpoint
 
 from ckpteval.config import validate_config
@@ -124,7 +124,7 @@ def finished_sweep(demo_dir: Path, work: Path, server: FakeEndpoint) -> Iterator
         }
         (work / "sweep.yaml").write_text(yaml.safe_dump(config))
         proc = run_snakemake(work, "--configfile", str(work / "sweep.yaml"))
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert proc.returncode == 0, why_failed(proc, work)
         full = copy.deepcopy(config)
         validate_config(full)
         yield Sweep(work, config, full, endpoint)
