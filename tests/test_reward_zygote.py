@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import as_nobody_json
+from reach import REACH
 
 from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers.reward import WARM_CALLS
@@ -133,63 +134,6 @@ def search(marker):
     return {"found": found}
 
 
-def peek(marker):
-    # Every other process it can list (pid 1, bubblewrap's own init when there was one, too):
-    # trace it, write its memory, enter its root (a mount namespace where the driver's files are
-    # not covered), read and write each of its descriptors (the driver holds the next sample's
-    # job open while this one runs) and the driver's results file through its root.
-    opened, written, found = set(), set(), 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        comm = open(f"/proc/{pid}/comm").read().strip()
-        if libc.ptrace(16, int(pid), None, None) == 0:  # PTRACE_ATTACH: it would run our code
-            written.add(f"{comm} (ptrace)")
-            os.waitpid(int(pid), 0x40000000)  # __WALL: until it stops, then let it go on
-            libc.ptrace(17, int(pid), None, None)
-        try:
-            open(f"/proc/{pid}/mem", "r+b").close()
-            written.add(f"{comm} (mem)")
-        except OSError:
-            pass
-        try:  # its root: a mount namespace where what a sample's own covers is visible
-            os.listdir(f"/proc/{pid}/root/")
-            opened.add(f"{comm} (root)")
-        except OSError:
-            pass
-        for arg in open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0"):
-            if arg.endswith("spec.json"):  # the driver's: its results file is beside it
-                try:  # opened, not written: the run must still end to report
-                    open(f"/proc/{pid}/root{os.path.dirname(arg)}/results.jsonl", "ab").close()
-                    written.add(f"{comm} (results)")
-                except OSError:
-                    pass
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            where = f"{comm} {fd}"
-            try:
-                with open(f"/proc/{pid}/fd/{fd}", "rb") as handle:
-                    opened.add(where)
-                    found += marker.encode() in handle.read(1 << 20)
-            except OSError:
-                pass
-            try:
-                with open(f"/proc/{pid}/fd/{fd}", "ab") as handle:
-                    handle.write(b"\nsandbox: warm zygote gone (forged by a sample)\n")
-                    written.add(where)
-            except OSError:
-                pass
-            pidfd = libc.syscall(434, int(pid), 0)  # pidfd_open, then pidfd_getfd: a copy
-            if pidfd >= 0:
-                if libc.syscall(438, pidfd, int(fd), 0) >= 0:
-                    written.add(where + " (pidfd_getfd)")
-                os.close(pidfd)
-    return {"opened": sorted(opened), "written": sorted(written), "found": found}
-
-
 def burn():
     for _ in range(2):
         threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()
@@ -212,7 +156,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     elif what == "search":
         info.update(search(arg[::-1]))
     elif what == "peek":
-        info.update(peek(arg[::-1]))
+        info.update(reach(arg[::-1].encode()))  # tests/reach.py
     elif what == "burn":
         burn()
     elif what == "abort":
@@ -220,7 +164,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     elif what == "segv":
         ctypes.string_at(0)
     return {"score": float(what == ground_truth), **info}
-"""
+""" + REACH
 
 #: (completion, ground truth) of one batch: attacks between honest samples.
 BATCH = [

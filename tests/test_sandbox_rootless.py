@@ -15,41 +15,15 @@ from pathlib import Path
 
 import pytest
 from conftest import as_nobody_json
+from reach import REACH
 
 #: About 40 s: one sandbox batch of probes and one judged batch, run once for the module by
 #: another user (no shared fixture runs as anyone but root).
 pytestmark = pytest.mark.slow
 
 
-#: A command's reach into every other process of its sandbox (pid 1 included: bubblewrap's own
-#: init once, the same uid and dumpable): trace it, write its memory, enter its root (a mount
-#: namespace where the driver's files are not covered), open its descriptors, open the driver's
-#: results file through it. Prints what it reached.
-EVERY_PROCESS = r"""
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-reached = []
-for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:
-    if libc.ptrace(16, int(pid), None, None) == 0:
-        reached.append(pid + ' ptrace')
-        os.waitpid(int(pid), 0x40000000)
-        libc.ptrace(17, int(pid), None, None)
-    paths = [f'/proc/{pid}/mem', f'/proc/{pid}/root/.']
-    try:
-        paths += [f'/proc/{pid}/fd/{fd}' for fd in os.listdir(f'/proc/{pid}/fd')]
-    except OSError:
-        pass
-    for arg in open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\0'):
-        if arg.endswith(b'spec.json'):
-            paths.append(f'/proc/{pid}/root{os.path.dirname(arg.decode())}/results.jsonl')
-    for path in paths:
-        try:
-            os.close(os.open(path, os.O_RDONLY))
-            reached.append(path)
-        except OSError:
-            pass
-print(reached)
-"""
+#: A command's reach into every other process of its sandbox (tests/reach.py): what it reached.
+EVERY_PROCESS = REACH + 'r = reach()\nprint(r["opened"] + r["written"])\n'
 
 #: Run as `nobody`: prints one JSON object of what happened.
 SCRIPT = r"""
