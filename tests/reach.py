@@ -7,7 +7,7 @@ plain commands run by a user who is not root (test_sandbox_rootless)."""
 #: root (a mount namespace where the driver's files are not covered), read and write each of its
 #: descriptors (searching them for `marker`), copy them with pidfd_getfd, and open the driver's
 #: results file through its root. Returns {"opened": [...], "written": [...], "found": n}.
-REACH = r'''
+REACH = r"""
 import ctypes as _ctypes, os as _os
 
 _reach_libc = _ctypes.CDLL(None, use_errno=True)
@@ -64,4 +64,4 @@ def reach(marker=b""):
                     written.add(where + " (pidfd_getfd)")
                 _os.close(pidfd)
     return {"opened": sorted(opened), "written": sorted(written), "found": found}
-'''
+"""

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bub
 
 #: A reward function whose completion says what the sample does; it reports what its process
 #: saw. `SEEN` records every call made in this process before the sample's own.
-ATTACKS = r"""
+ATTACKS = (
+    r"""
 import ctypes, gc, os, signal, socket, string, threading, time
 
 SEEN = []
@@ -164,7 +165,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     elif what == "segv":
         ctypes.string_at(0)
     return {"score": float(what == ground_truth), **info}
-""" + REACH
+"""
+    + REACH
+)
 
 #: (completion, ground truth) of one batch: attacks between honest samples.
 BATCH = [
