@@ -26,6 +26,7 @@ class _Echo(Checker):
         self.lock = threading.Lock()
         self.reads = self.checked = self.most_held = 0
         self.batches: list[int] = []
+        self.firsts: list[tuple[str, int]] = []  # (its first job's completion, its size)
 
     def items(self, source: Sequence[Job | Verdict]) -> Iterator[Job | Verdict]:
         for item in source:
@@ -40,6 +41,7 @@ class _Echo(Checker):
 
     def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
         self.batches.append(len(jobs))
+        self.firsts.append((jobs[0].completion, len(jobs)))
         return super().check_batch(jobs, timeout)
 
     def check_one(self, job: Job, timeout: float) -> Verdict:
@@ -118,7 +120,9 @@ def test_verdicts_come_in_order_within_the_window(make: Callable[[], _Echo], win
         assert checker.calls and max(checker.calls) <= window
         assert sum(checker.calls) == sum(isinstance(item, Job) for item in items)
     else:
-        assert max(checker.batches) == min(checker.batch, window)
+        # full batches, unless a window cannot hold one for each of the 3 workers: then what
+        # it holds is shared among them
+        assert max(checker.batches) == min(checker.batch, -(-window // 3))
         assert sum(checker.batches) == checker.reads
 
 
@@ -132,6 +136,38 @@ def test_characters_of_completions_close_the_window() -> None:
     )
     assert all(v.passed for v in verdicts) and len(verdicts) == 40
     assert checker.most_held <= 3  # 3 x 106 characters reach 250; a fourth waits
+
+
+@pytest.mark.parametrize("jobs", [300, 1100, 5000])
+def test_a_streams_last_jobs_are_shared_among_the_workers(jobs: int) -> None:
+    """Batches of 64 on 8 workers, a window of two batches per worker (as the reward checker
+    asks): full batches while more input comes; what is left when the input ends is shared among
+    the 8 workers, at most a batch each (a cell of 300: 8 batches of 38, not four of 64 and one
+    of 44 on five workers, three idle)."""
+    checker = _Echo(batch=64)
+    items = [Job("t", {}, f"ok {i}") for i in range(jobs)]
+    verdicts = list(
+        checker.check_stream(
+            checker.items(items), workers=8, window=2 * 8 * 64, window_chars=10**9, buffer=10**5
+        )
+    )
+    assert len(verdicts) == jobs and all(v.passed for v in verdicts)
+    # Batches take the jobs in input order: their first jobs give the order they started in.
+    sizes = [n for _, n in sorted(checker.firsts, key=lambda f: int(f[0].split()[1]))]
+    assert sum(sizes) == jobs and max(sizes) <= 64, sizes
+
+    def shared(k: int) -> bool:  # the last k batches, started after the input ended, share it
+        left = sum(sizes[-k:])
+        each = min(64, -(-left // 8))
+        return (
+            k == -(-left // each)
+            and sizes[:-k] == [64] * (len(sizes) - k)
+            and sizes[-k:] == [each] * (k - 1) + [left - each * (k - 1)]
+        )
+
+    assert any(shared(k) for k in range(1, min(8, len(sizes)) + 1)), sizes
+    if jobs == 300:
+        assert sizes == [38] * 7 + [34]
 
 
 class _HeadWaits(_Echo):

@@ -374,10 +374,19 @@ class Checker(abc.ABC):
     ) -> Iterator[Verdict]:
         """`check_stream` on a thread pool: a batch starts once it is full, or once the input
         ends or a worker would idle; finished batches are collected in the order they started,
-        so that a failure stops the stream at the first failed batch."""
+        so that a failure stops the stream at the first failed batch.
+
+        A batch of several jobs (`batch_size_for` above 1) starts only on a free worker, and its
+        size is chosen then, from what has been read: a full batch once there is one for every
+        free worker; what is held, shared among the free workers, when no more can be read
+        yet; and what was left when the input ended, shared among all the workers (a full batch
+        started last would end long after the others; a cell smaller than a batch per worker
+        is spread over all of them)."""
         timeout = timeout or self.default_timeout
         workers = max(1, workers)
         size = max(1, self.batch_size_for(window, workers))
+        ahead = workers if size > 1 else window  # batches started at once (run or queued)
+        tail = size  # a batch's size once the input has ended
         source = enumerate(items)
         slots: deque[_Slot] = deque()  # items read and not yet yielded, in order
         batch: list[tuple[int, _Slot, Job]] = []  # jobs read and not yet started
@@ -388,12 +397,12 @@ class Checker(abc.ABC):
         exhausted = False
         with ThreadPoolExecutor(max_workers=workers) as pool, cancel_on_error(running):
 
-            def start() -> None:
+            def start(n: int) -> None:
                 nonlocal batch
-                future = pool.submit(self.check_batch, [job for *_, job in batch], timeout)
-                running[future] = (next(order), batch)
+                taken, batch = batch[:n], batch[n:]
+                future = pool.submit(self.check_batch, [job for *_, job in taken], timeout)
+                running[future] = (next(order), taken)
                 future.add_done_callback(finished.put)
-                batch = []
 
             while True:
                 while (
@@ -405,16 +414,18 @@ class Checker(abc.ABC):
                     index, item = next(source, (-1, None))
                     if item is None:
                         exhausted = True
+                        tail = max(1, min(size, -(-len(batch) // workers)))
                     elif isinstance(item, Verdict):
                         slots.append(_Slot(item))
                     else:
                         slots.append(slot := _Slot())
                         batch.append((index, slot, item))
                         held, held_chars = held + 1, held_chars + len(item.completion)
-                        if len(batch) >= size:
-                            start()
-                if batch and (exhausted or len(running) < workers):
-                    start()
+                        while _full(len(batch), size, ahead - len(running)):
+                            start(size)
+                while batch and len(running) < ahead:
+                    free = ahead - len(running)
+                    start(tail if exhausted else min(size, -(-len(batch) // free)))
                 while slots and slots[0].verdict is not None:
                     yield slots.popleft().verdict  # type: ignore[misc]
                 if not slots:
@@ -513,6 +524,12 @@ class Checker(abc.ABC):
 
     def close(self) -> None:
         """Release helper processes; the checker is not used afterwards."""
+
+
+def _full(held: int, size: int, free: int) -> bool:
+    """Whether `held` jobs not yet started make a full batch of `size` for each of the `free`
+    workers (for a batch of one job: for one of them)."""
+    return free > 0 and held >= size * (free if size > 1 else 1)
 
 
 @dataclass

@@ -86,11 +86,13 @@ from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
 log = logging.getLogger(__name__)
 
 #: Samples per sandbox, at most (`batch_size_for`: one batch per worker in a window): a batch
-#: pays bubblewrap's start, the packages' import and the zygote's warm-up once (0.3-1 s with
+#: pays bubblewrap's start, the packages' import and the zygote's warm-up once (0.5-1.3 s with
 #: sympy or math_verify, bench/reward.py: as much as 30-60 samples), and each of its samples is
 #: a fork of the warm zygote, so a longer batch spreads that cost thinner at no cost to
-#: isolation.
-BATCH_SIZE = 256
+#: isolation. A cell's last samples are shared among the workers in smaller batches (the
+#: evaluate window reads two batches per worker ahead, `window_per_worker`, so that it sees the
+#: cell end in time; `Checker._stream` sizes each batch when it starts).
+BATCH_SIZE = 1024
 #: How many problems' ground truths the self-test scores.
 SELF_TEST_PROBLEMS = 3
 #: The longest error line a score line keeps.
@@ -488,15 +490,17 @@ class RewardFunctionChecker(Checker):
 
     @property
     def window_per_worker(self) -> int:  # type: ignore[override]
-        """A full batch per worker in the evaluate job's window: 8 workers get batches of 256,
-        not 1,024 / 8 = 128."""
-        return self.batch_size
+        """Two full batches per worker in the evaluate job's window: one running and one read
+        ahead, so that 8 workers get batches of 1,024 (not 1,024 / 8 = 128), and the input's end
+        is read while a batch's worth is left for each worker to share."""
+        return 2 * self.batch_size
 
     def batch_size_for(self, n_jobs: int, workers: int) -> int:
         """One batch per worker in a window, up to `batch_size`: a batch's start costs as much
         as tens of samples, and the evaluate job's stream gives a worker its next batch as soon
-        as its last one ends, so smaller batches would balance only a cell's last window (the
-        evaluate job's window holds `window_per_worker` samples per worker at least)."""
+        as its last one ends and shares a cell's last samples among the workers, so smaller
+        batches would balance nothing (the evaluate job's window holds `window_per_worker`
+        samples per worker at least)."""
         return max(1, min(self.batch_size, -(-n_jobs // max(1, workers))))
 
     def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
