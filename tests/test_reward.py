@@ -55,8 +55,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
         return {"score": 0.5, "acc": True, "pred": "7"}
     if solution_str == "bool":
         return solution_str == ground_truth
-    if solution_str == "flood":  # more than a sample may print (8 MiB)
-        print("x" * (9 << 20))
+    if solution_str == "flood":  # more than a sample may print (32 MiB)
+        print("x" * (33 << 20))
         return 1.0
     match = re.search(r"(?:#### )?(-?\\d+)\\s*$", solution_str)
     return (1.0 if match and match.group(1) == str(ground_truth) else 0.0) + bonus
@@ -349,7 +349,7 @@ def test_each_sample_scores_as_calling_the_function_directly_and_a_broken_one_fa
     assert by["string"].stderr_tail == "returned str 'oops', not a number"
     assert (by["floods"].error_type, by["floods"].stderr_tail) == (
         "reward_error",
-        "the function printed 8 MiB, its limit",
+        "the function printed 32 MiB, its limit",
     )
     assert all("\n" not in v.stderr_tail for v in verdicts)
 

@@ -93,10 +93,6 @@ log = logging.getLogger(__name__)
 #: evaluate window reads two batches per worker ahead, `window_per_worker`, so that it sees the
 #: cell end in time; `Checker._stream` sizes each batch when it starts).
 BATCH_SIZE = 1024
-#: What a sample may print (its stdout and stderr files, each): the verdict keeps `LOG_CHARS`
-#: of it, but a batch's files are all on disk, and read, until the batch ends, so a batch of
-#: 1,024 may hold 8 GiB at most (as 256 did at the sandbox's default of 32 MiB).
-OUTPUT_BYTES = 8 << 20
 #: How many problems' ground truths the self-test scores.
 SELF_TEST_PROBLEMS = 3
 #: The longest error line a score line keeps.
@@ -586,9 +582,7 @@ class RewardFunctionChecker(Checker):
         job_file = jobs_dir / f"{index}.json"
         job_file.write_text(json.dumps(spec, default=str), encoding="utf-8")
         runner = self._code / "runner.py"
-        limits = Limits(
-            wall_s=job.timeout or timeout, memory_bytes=self.memory_bytes, file_bytes=OUTPUT_BYTES
-        )
+        limits = Limits(wall_s=job.timeout or timeout, memory_bytes=self.memory_bytes)
         env = dict(os.environ) if self.trusted else None  # a service's URL or key, say
         return Command(
             [sys.executable, "-I", "-B", str(runner)],  # `sandbox: none`, `trusted: true`
@@ -633,7 +627,8 @@ class RewardFunctionChecker(Checker):
             why = "the function was killed at its memory limit"
             return Verdict(False, "memory_limit", duration_s=duration, stderr_tail=why)
         if result.output_limit and not (isinstance(out, dict) and "value" in out):
-            return _failed(f"the function printed {OUTPUT_BYTES >> 20} MiB, its limit", duration)
+            cap = Limits().file_bytes >> 20  # what a file of the sample's may hold
+            return _failed(f"the function printed {cap} MiB, its limit", duration)
         if not isinstance(out, dict) or ("value" not in out and "error" not in out):
             why = _last_line(printed) or f"exited ({result.exit_code}) without a result"
             return _failed(why, duration)
