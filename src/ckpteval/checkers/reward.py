@@ -623,10 +623,11 @@ class RewardFunctionChecker(Checker):
             out = json.loads((sent or b"").decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             out = None
-        if result.memory_limit and not (isinstance(out, dict) and "value" in out):
+        returned = isinstance(out, dict) and "value" in out  # a limit hit after it counts not
+        if result.memory_limit and not returned:
             why = "the function was killed at its memory limit"
             return Verdict(False, "memory_limit", duration_s=duration, stderr_tail=why)
-        if result.output_limit and not (isinstance(out, dict) and "value" in out):
+        if result.output_limit and not returned:
             cap = Limits().file_bytes >> 20  # what a file of the sample's may hold
             return _failed(f"the function printed {cap} MiB, its limit", duration)
         if not isinstance(out, dict) or ("value" not in out and "error" not in out):
