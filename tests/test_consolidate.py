@@ -237,18 +237,30 @@ def test_sharded_fp32_becomes_bf16_and_the_hash_ignores_sharding(
 @pytest.mark.slow
 @pytest.mark.parametrize("machine", ["this-machine", "one-thread-smaller-isa"])
 def test_single_file_beside_an_index_of_missing_shards_loads_in_vllm(
-    tiny: Tiny, tmp_path: Path, machine: str, monkeypatch: pytest.MonkeyPatch
+    tiny: Tiny,
+    tmp_path: Path,
+    machine: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     """vLLM refuses this layout ("Weight files referenced in index but missing"); the output loads.
 
     The one vLLM smoke check of the suite; engine arguments include ckpteval's own `chunk_size`,
     which must be left out of `vllm.LLM(...)`. Run twice: as this machine computes, and with one
     thread and a smaller instruction set (the vLLM child process inherits the environment), so a
-    comparison that holds on one CPU only fails here, not on someone else's machine.
+    comparison that holds on one CPU only fails here, not on someone else's machine. The smaller
+    machine also claims AVX-512, its BF16 and AMX (tests/amx_claim), as an Intel Xeon with AMX
+    does: there vLLM used to pack for AMX under oneDNN's AVX2 cap and abort in C++; ckpteval now
+    tells vLLM what the caps leave (one log line), so it loads its AVX2 library and builds no AMX
+    kernel, on every CPU this runs on.
     """
     if machine != "this-machine":
         for name, value in other_machine_env().items():
             monkeypatch.setenv(name, value)
+        claim = str(HERE / "amx_claim")
+        monkeypatch.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [claim, os.environ.get("PYTHONPATH")]))
+        )
     broken = tmp_path / "broken"
     shutil.copytree(tiny.hf_dir, broken)
     keys = list(load_file(broken / "model.safetensors"))
@@ -271,6 +283,16 @@ def test_single_file_beside_an_index_of_missing_shards_loads_in_vllm(
     assert not (out_dir / "model.safetensors.index.json").exists()
     assert any("missing shard" in note for note in manifest["notes"])
     assert manifest["smoke"]["engine"] == "vllm"
+    kernels, library = (manifest["smoke"]["cpu_kernels"][k] for k in ("linear", "library"))
+    assert kernels and sum(kernels.values()) >= 2, kernels
+    if machine != "this-machine":
+        assert "sgl" not in kernels, f"an AMX kernel was built under a cap at AVX2: {kernels}"
+        assert library == "_C_AVX2", f"vLLM loaded {library} under a cap at AVX2"
+        assert "cap this CPU below its AVX-512, AVX-512 BF16, AMX" in capfd.readouterr().err
+    else:
+        assert library in {"_C", "_C_AVX512", "_C_AVX2"}, library
+        if not torch.cpu._is_amx_tile_supported():
+            assert "sgl" not in kernels, kernels
     assert_same_model(out_dir, manifest, tiny.model, tiny.tokenizer, torch.bfloat16)
 
 

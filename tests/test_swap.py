@@ -2,12 +2,13 @@
 on each kernel path vLLM's CPU backend takes, forced whatever this machine would choose.
 
 vLLM's CPU backend computes a linear layer either with `torch.nn.functional.linear` on the layer's
-weight or with a kernel of its own that keeps a packed copy of it (oneDNN on x86; sgl-kernel on
-AMX and zentorch on Zen are not here). Which one depends on the CPU and the dtype: bf16 takes
-oneDNN only with AVX-512, fp32 takes it from AVX2 on. So each path is forced
-(`CKPTEVAL_CPU_LINEAR`): `torch` in bf16 (the production dtype), `onednn` in fp32 (the dtype in
-which every x86-64 machine these tests run on builds oneDNN kernels), and the engine reports the
-kernels it built, so a path that silently fell back fails the test.
+weight or with a kernel of its own that keeps a packed copy of it (oneDNN on x86, sgl-kernel's
+AMX packing on AMX CPUs; zentorch on Zen is not here). Which one depends on the CPU and the dtype:
+bf16 takes oneDNN only with AVX-512, fp32 takes it from AVX2 on. So each path is forced
+(`CKPTEVAL_CPU_LINEAR`, ckpteval.engine.cpu_kernels): `torch` in bf16 (the production dtype),
+`onednn` in fp32 (the dtype in which every x86-64 machine these tests run on builds oneDNN
+kernels), `amx` in bf16 where the CPU has AMX (skipped elsewhere, saying so), and the engine
+reports the kernels it built, so a path that silently fell back fails the test.
 
 Per path, one child process starts an engine on the demo's first checkpoint, swaps the last
 checkpoint in, generates, and then checks what the verification is there to catch; a second
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from drivers import run_driver
 from numeric import assert_same_or_near_tie
 
@@ -30,8 +32,22 @@ from ckpteval.engine.swap import engine_signature
 pytestmark = [pytest.mark.slow, pytest.mark.numeric]
 
 PROMPTS = ["Q: What is 3 + 4?\nA:", "Q: What is 12 - 5?\nA:", "def add(a, b):\n", "The capital of"]
-#: Kernel path -> the dtype in which every x86-64 machine of ours takes it.
-PATHS = {"torch": "bfloat16", "onednn": "float32"}
+#: Kernel path -> the dtype in which every x86-64 machine of ours takes it (`amx`: those with AMX).
+PATHS = {"torch": "bfloat16", "onednn": "float32", "amx": "bfloat16"}
+#: The label ckpteval.engine.cpu_kernels.cpu_linear_kinds gives each path's layers.
+KERNEL = {"torch": "torch", "onednn": "onednn", "amx": "sgl"}
+HAS_AMX = bool(torch.cpu._is_amx_tile_supported())
+#: The paths this CPU can take, each a test parameter; `amx` is skipped, saying why, elsewhere.
+RUNNABLE = [p for p in PATHS if p != "amx" or HAS_AMX]
+ALL_PATHS = [
+    pytest.param(
+        p,
+        marks=pytest.mark.skipif(
+            p not in RUNNABLE, reason="this CPU has no AMX tiles: the amx path runs on AMX CPUs"
+        ),
+    )
+    for p in PATHS
+]
 
 DRIVER = r"""
 import json, os, sys
@@ -96,7 +112,8 @@ def runs(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     found: dict[str, Any] = {"first": steps[0], "last": steps[-1]}
-    for path, dtype in PATHS.items():
+    for path in RUNNABLE:
+        dtype = PATHS[path]
         common = {"path": path, "dtype": dtype}
         found[path] = {
             "swapped": _run(
@@ -112,16 +129,20 @@ def runs(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     return found
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", ALL_PATHS)
 def test_each_kernel_path_is_the_one_forced(runs: dict[str, Any], path: str) -> None:
     """The engine built the forced kernel for every dispatched layer (the demo's 16 linear
-    layers and its tied output head), in the swapped and in the fresh engine alike."""
+    layers and its tied output head), in the swapped and in the fresh engine alike. AMX packs
+    only shapes its tiles fit; the others take oneDNN."""
     for name in ("swapped", "fresh"):
         kernels = runs[path][name]["kernels"]
-        assert set(kernels) == {path} and kernels[path] >= 17, (name, kernels)
+        if path == "amx":
+            assert kernels.get("sgl", 0) >= 1 and set(kernels) <= {"sgl", "onednn"}, kernels
+        else:
+            assert set(kernels) == {KERNEL[path]} and kernels[KERNEL[path]] >= 17, (name, kernels)
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", ALL_PATHS)
 def test_a_swapped_engine_generates_what_a_fresh_engine_does(
     runs: dict[str, Any], path: str
 ) -> None:
@@ -136,7 +157,7 @@ def test_a_swapped_engine_generates_what_a_fresh_engine_does(
         assert_same_or_near_tie(model, tokenizer, prompt, ours, theirs)
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", ALL_PATHS)
 def test_the_check_after_a_swap_catches_weights_that_are_not_the_checkpoints(
     runs: dict[str, Any], path: str
 ) -> None:
@@ -155,7 +176,7 @@ def test_the_check_reads_the_weights_through_the_kernels(runs: dict[str, Any]) -
     assert runs["torch"]["swapped"]["plain_reload"] == "passed"
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", ALL_PATHS)
 def test_a_checkpoint_that_cannot_load_fails_the_swap_and_a_good_one_loads_after(
     runs: dict[str, Any], path: str
 ) -> None:
@@ -196,14 +217,3 @@ def test_a_quantized_checkpoint_is_not_swapped_and_the_reason_is_one_line(
     (quantized / "config.json").write_text(json.dumps(config))
     why = swap_blocker(quantized)
     assert why and "fp8" in why and "\n" not in why
-
-
-def test_an_unknown_cpu_kernel_choice_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ckpteval.engine.swap import CPU_LINEAR_ENV, force_cpu_linear
-    from ckpteval.errors import UserError
-
-    monkeypatch.setenv(CPU_LINEAR_ENV, "amx")
-    with pytest.raises(UserError, match="CKPTEVAL_CPU_LINEAR=amx: expected one of auto, onednn"):
-        force_cpu_linear()
-    monkeypatch.setenv(CPU_LINEAR_ENV, "auto")
-    assert force_cpu_linear() == "auto"

@@ -828,6 +828,8 @@ def smoke_check(
         "text": result["text"],
         "token_ids": result["token_ids"],
         "seconds": seconds,
+        # Which CPU kernels vLLM computed the smoke with (ckpteval.engine.cpu_kernels).
+        **({"cpu_kernels": result["cpu_kernels"]} if result.get("cpu_kernels") else {}),
     }
 
 
@@ -907,7 +909,8 @@ def _smoke_vllm_subprocess(
 
 
 def smoke_vllm(model_dir: str, engine_args: dict[str, Any]) -> dict[str, Any]:
-    """Greedy generation with `vllm.LLM` (call in a fresh process): `{text, token_ids, finite}`.
+    """Greedy generation with `vllm.LLM` (call in a fresh process): `{text, token_ids, finite,
+    cpu_kernels}` (on the CPU backend: layers per linear kernel and vLLM's native library).
 
     `engine_args` may be the workflow's whole engine config: keys that `vllm.EngineArgs` does not
     know (ckpteval's own settings) are left out.
@@ -926,11 +929,25 @@ def smoke_vllm(model_dir: str, engine_args: dict[str, Any]) -> dict[str, Any]:
         log.info("not vLLM engine arguments, left out: %s", ", ".join(skipped))
     from vllm.platforms import current_platform
 
-    if current_platform.is_cpu() and "kv_cache_memory_bytes" not in kwargs:
-        from ckpteval.engine.kvcache import cpu_engine_args
+    on_cpu = current_platform.is_cpu()
+    if on_cpu:
+        from ckpteval.engine.cpu_kernels import (
+            apply_cpu_kernels,
+            cpu_linear_kinds,
+            describe,
+            vllm_library,
+        )
 
-        kwargs.update(cpu_engine_args(model_dir, kwargs.get("max_model_len") or 4096))
+        plan = apply_cpu_kernels()
+        if "kv_cache_memory_bytes" not in kwargs:
+            from ckpteval.engine.kvcache import cpu_engine_args
+
+            kwargs.update(cpu_engine_args(model_dir, kwargs.get("max_model_len") or 4096))
     llm = LLM(model=model_dir, **kwargs)
+    kernels: dict[str, Any] = {}
+    if on_cpu:
+        kernels = {"linear": llm.collective_rpc(cpu_linear_kinds)[0], "library": vllm_library()}
+        log.info("CPU linear kernels: %s", describe(kernels["linear"], plan, kernels["library"]))
     params = SamplingParams(temperature=0.0, max_tokens=SMOKE_TOKENS, logprobs=1, seed=SMOKE_SEED)
     output = llm.generate([SMOKE_PROMPT], params, use_tqdm=False)[0].outputs[0]
     token_ids = list(output.token_ids)
@@ -942,7 +959,7 @@ def smoke_vllm(model_dir: str, engine_args: dict[str, Any]) -> dict[str, Any]:
     finite = all(math.isfinite(lp) for lp in logprobs) and (
         output.cumulative_logprob is None or math.isfinite(output.cumulative_logprob)
     )
-    return {"text": output.text, "token_ids": token_ids, "finite": finite}
+    return {"text": output.text, "token_ids": token_ids, "finite": finite, "cpu_kernels": kernels}
 
 
 # ---- atomic publication -----------------------------------------------------------------------
@@ -993,7 +1010,11 @@ def _main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     request = json.loads(args.request.read_text())
-    result = smoke_vllm(request["model"], request["engine_args"])
+    try:
+        result = smoke_vllm(request["model"], request["engine_args"])
+    except UserError as exc:  # one line, which the parent quotes
+        print(f"error: {exc}", flush=True)
+        return 2
     write_json(args.result, result)
     return 0
 

@@ -61,7 +61,7 @@ class VllmBackend(Backend):
         self._own_call = False
         self.swaps = 0
         self.swap_seconds = 0.0
-        #: Layers per CPU kernel of the loaded engine (ckpteval.engine.swap.cpu_linear_kinds).
+        #: Layers per CPU kernel of the loaded engine (engine.cpu_kernels.cpu_linear_kinds).
         self.cpu_kernels: dict[str, int] = {}
         #: Which engine job's engine generated (an engine may serve several checkpoints).
         self.served_by: str | None = None
@@ -130,12 +130,12 @@ class VllmBackend(Backend):
                 # vLLM's CPU worker crashes ("CPU Generator does not use offset") when a seeded
                 # sampling request's prompt is prefilled in chunks; whole-prompt prefill avoids it.
                 extra["enable_chunked_prefill"] = False
+                from ckpteval.engine.cpu_kernels import apply_cpu_kernels
                 from ckpteval.engine.kvcache import cpu_engine_args
-                from ckpteval.engine.swap import force_cpu_linear
 
                 extra.update(cpu_engine_args(self.model_dir, self.cfg["max_model_len"]))
 
-                forced = force_cpu_linear()
+                kernels_plan = apply_cpu_kernels()
             start = time.monotonic()
             log.info(
                 "loading vLLM engine for %s (gpu_memory_utilization %s)",
@@ -165,14 +165,13 @@ class VllmBackend(Backend):
             self.loads += 1
             log.info("engine loaded in %.1f s", self.load_seconds)
             if current_platform.is_cpu():
-                from ckpteval.engine.swap import cpu_linear_kinds
+                from ckpteval.engine.cpu_kernels import cpu_linear_kinds, describe, vllm_library
 
                 self.cpu_kernels = self._lm.model.collective_rpc(cpu_linear_kinds)[0]
-                kernels = ", ".join(f"{k} x {n}" for k, n in sorted(self.cpu_kernels.items()))
-                why = (
-                    "vLLM's choice" if forced == "auto" else f"forced: CKPTEVAL_CPU_LINEAR={forced}"
+                log.info(
+                    "CPU linear kernels: %s",
+                    describe(self.cpu_kernels, kernels_plan, vllm_library()),
                 )
-                log.info("CPU linear kernels: %s (%s)", kernels, why)
         return self._lm
 
     def generate(self, prompts: list[Prompt], specs: list[SamplingSpec]) -> list[Generation]:

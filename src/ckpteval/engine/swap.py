@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -265,57 +264,3 @@ def swap_weights(llm: Any, model_dir: Path) -> float:
     seconds = time.monotonic() - started
     log.info("swapped to %s in %.2f s (%d parameters checked)", model_dir, seconds, compared)
     return seconds
-
-
-#: Forces the CPU backend's kernel for linear layers, where the engine runs in this process
-#: (ckpteval's default on CPU): `onednn` (x86 with oneDNN; vLLM still falls back to torch where
-#: oneDNN cannot build a kernel, e.g. bf16 without AVX-512), `torch` (the plain
-#: `torch.nn.functional.linear` fallback), or `auto` (vLLM's own choice, the default).
-CPU_LINEAR_ENV = "CKPTEVAL_CPU_LINEAR"
-CPU_LINEAR_CHOICES = ("auto", "onednn", "torch")
-
-
-def force_cpu_linear(kind: str | None = None) -> str:
-    """Make vLLM's CPU backend take the `kind` path for every linear layer it dispatches from now
-    on in this process (CPU_LINEAR_ENV). Returns the kind in force."""
-    from ckpteval.errors import UserError
-
-    kind = kind or os.environ.get(CPU_LINEAR_ENV) or "auto"
-    if kind not in CPU_LINEAR_CHOICES:
-        raise UserError(f"{CPU_LINEAR_ENV}={kind}: expected one of {', '.join(CPU_LINEAR_CHOICES)}")
-    if kind == "auto":
-        return kind
-    import vllm._custom_ops as ops
-    import vllm.model_executor.layers.utils as gemm
-    from vllm.platforms import current_platform
-
-    gemm.check_cpu_sgl_kernel = lambda n, k, dtype: False  # AMX packs
-    current_platform.is_zen_cpu = lambda: False  # zentorch prepacks
-    if kind == "torch":
-        ops._supports_onednn = False
-    return kind
-
-
-def cpu_linear_kinds(worker: Any) -> dict[str, int]:
-    """Runs inside each vLLM worker (collective_rpc): how many layers compute with each CPU
-    kernel (`onednn`, `sgl`, `zentorch`, `torch`); empty off the CPU backend."""
-    kinds: dict[str, int] = {}
-    for layer in worker.model_runner.model.modules():
-        kernel = getattr(layer, "cpu_linear", None)
-        if kernel is None:
-            continue
-        names = getattr(getattr(kernel, "__code__", None), "co_names", ())
-        kind = next(
-            (
-                label
-                for label, marker in (
-                    ("onednn", "onednn_mm"),
-                    ("sgl", "weight_packed_linear_cpu"),
-                    ("zentorch", "zentorch_linear_unary"),
-                )
-                if marker in names
-            ),
-            "torch",
-        )
-        kinds[kind] = kinds.get(kind, 0) + 1
-    return kinds
