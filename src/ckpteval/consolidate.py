@@ -307,9 +307,10 @@ def copy_side_files(
     if (tokenizer_dir / TEMPLATE_DIR).is_dir():
         shutil.copytree(tokenizer_dir / TEMPLATE_DIR, staging / TEMPLATE_DIR)
         records.append(_record(staging / TEMPLATE_DIR, "copied", tokenizer_dir / TEMPLATE_DIR))
-    if not has_chat_template(staging) and base_model is not None and base_model != tokenizer_dir:
+    origin = template_origin(ckpt.meta_dir, base_model)
+    if origin is not None and origin != tokenizer_dir:
         for name in TEMPLATE_FILES:
-            records += _copy_if_present(base_model / name, staging / name)
+            records += _copy_if_present(origin / name, staging / name)
     return records
 
 
@@ -329,6 +330,19 @@ def tokenizer_source(meta_dir: Path | None, base_model: Path | None) -> Path | N
     return _first_with(
         [meta_dir, base_model], lambda d: any((d / m).is_file() for m in TOKENIZER_MARKERS)
     )
+
+
+def template_origin(meta_dir: Path | None, base_model: Path | None) -> Path | None:
+    """The directory whose chat template a consolidated model carries (None: it will have none):
+    the tokenizer's (`tokenizer_source`) when that holds one, else the base model's template
+    files. `copy_side_files` copies from it and the parse's warning about checkpoints without a
+    template reads it (ckpteval.chat_templates), so the two never disagree."""
+    tokenizer_dir = tokenizer_source(meta_dir, base_model)
+    if tokenizer_dir is not None and has_chat_template(tokenizer_dir):
+        return tokenizer_dir
+    if base_model is not None and any((base_model / name).is_file() for name in TEMPLATE_FILES):
+        return base_model
+    return None
 
 
 def has_chat_template(model_dir: Path) -> bool:
