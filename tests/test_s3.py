@@ -264,6 +264,7 @@ def test_consolidated_from_s3_once_and_a_moved_copy_reruns_nothing(
     proc = run_snakemake(tmp_path, target, "--configfile", str(cfg), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = load_config(target)  # JSON is YAML
+    assert manifest["source"] == "s3://e2e/a/run/step_150"  # not the downloaded copy
     assert manifest["source_files"]["model.safetensors"]["etag"]
     assert "trainer_state.json" not in manifest["source_files"]
     model = tmp_path / "results" / "models" / "s3run" / "step_150"
