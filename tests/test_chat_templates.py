@@ -159,6 +159,50 @@ def test_ckpteval_check_prints_the_warning(tmp_path: Path, ckpts: dict[str, Path
     assert f"run bare: checkpoint(s) {ckpts['bare'].name} have no chat" in warnings[0]
 
 
+def verl_step(run_dir: Path, step: int, template: bool) -> Path:
+    """A verl `global_step_N/` laid out as verl's checkpoint manager writes it (rank shards of
+    plain tensors: enough to be found complete), whose config and tokenizer, with or without a
+    chat template, are in `actor/huggingface/`, not beside the shards."""
+    import torch
+
+    actor = run_dir / f"global_step_{step}" / "actor"
+    (actor / "huggingface").mkdir(parents=True)
+    for rank in range(2):
+        torch.save({"w": torch.zeros(2)}, actor / f"model_world_size_2_rank_{rank}.pt")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 2}))
+    (actor / "huggingface" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    tokenizer = {"tokenizer_class": "Qwen2Tokenizer"}
+    if template:
+        tokenizer["chat_template"] = QA_TEMPLATE
+    (actor / "huggingface" / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    return actor.parent
+
+
+def test_a_verl_checkpoints_template_is_read_in_actor_huggingface_as_consolidation_copies_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 47: a verl run whose generations said `chat_template source: checkpoint` was
+    warned about as having none (the parse looked for tokenizer files in `global_step_N/`)."""
+    from ckpteval.consolidate import copy_side_files, has_chat_template
+    from ckpteval.formats import get_format
+
+    steps = [verl_step(tmp_path / "grpo", step, template=True) for step in (100, 200)]
+    verl_step(tmp_path / "zero", 100, template=False)
+    runs = {"grpo": {"path": str(tmp_path / "grpo")}, "zero": {"path": str(tmp_path / "zero")}}
+    plan = plan_for(tmp_path, runs)
+    assert [c.name for c in plan.runs["grpo"].checkpoints] == ["global_step_100", "global_step_200"]
+    (line,) = missing_template_lines(plan)
+    assert line.startswith("run zero: checkpoint(s) global_step_100 have no chat template")
+    # What the parse read is what consolidation copies, for the format named or detected.
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    ckpt = get_format("verl").open(steps[0], None, "float32")
+    copy_side_files(ckpt, None, staging, "float32")
+    assert has_chat_template(staging)
+    runs["grpo"]["format"] = "verl"
+    assert missing_template_lines(plan_for(tmp_path, runs)) == [line]
+
+
 def test_identity_counts_a_template_by_content_and_only_for_chat_tasks(
     tmp_path: Path, ckpts: dict[str, Path]
 ) -> None:

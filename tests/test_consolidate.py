@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -617,6 +618,7 @@ def test_output_is_replaced_whole_and_kept_on_failure(tiny: Tiny, tmp_path: Path
 CONSOLIDATE_AND_SAY = """
 import json, sys
 from pathlib import Path
+from types import SimpleNamespace
 from ckpteval.consolidate import consolidate_checkpoint
 out = Path(sys.argv[2])
 manifest = consolidate_checkpoint(Path(sys.argv[1]), out / "m", out / "m.json", smoke="none")
@@ -698,3 +700,41 @@ def test_name_mapping() -> None:
         choose_prefix(["module.model.norm.weight", "module.lm_head.weight"], expected) == "module."
     )
     assert choose_prefix(["encoder.layer.0.weight"], expected) is None
+
+
+class _Named(dict):
+    """Snakemake's named file lists as a job script sees them (`.name`, `keys()`, `get`)."""
+
+    __getattr__ = dict.__getitem__
+
+
+def test_the_manifest_of_a_checkpoint_on_s3_names_its_url_and_keeps_the_copy_apart(
+    tiny: Tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consolidate job on an S3 checkpoint (ckpteval.steps.consolidate) as Snakemake runs
+    it: the objects downloaded under `.snakemake/storage/s3/`, the listing identity the parse
+    wrote. The manifest's `source` is the `s3://` URL, not the temporary copy (issue 47)."""
+    from ckpteval.contract import Identity
+    from ckpteval.steps import consolidate as consolidate_job
+
+    monkeypatch.chdir(tmp_path)
+    url = "s3://bkt/jobs/run/step_1"
+    copy = Path(".snakemake/storage/s3/bkt/jobs/run/step_1")
+    shutil.copytree(tiny.hf_dir, copy)
+    files = {p.name: {"size": p.stat().st_size, "etag": f"etag-{p.name}"} for p in copy.iterdir()}
+    source_id = tmp_path / "step_1.source.json"
+    source_id.write_text(json.dumps({"source": url, "s3": True, "content": "c", "files": files}))
+    settings = {"runs.s3run.format": "auto", "consolidate.dtype": "float32"}
+    smk = SimpleNamespace(
+        params=SimpleNamespace(identity=Identity(settings).text),
+        wildcards=SimpleNamespace(run="s3run"),
+        input=_Named(source=[str(copy / name) for name in files], source_id=str(source_id)),
+        output=SimpleNamespace(model=str(tmp_path / "m"), manifest=str(tmp_path / "m.json")),
+        config={"consolidate": {"smoke": "none"}},
+    )
+    consolidate_job(smk)
+    manifest = json.loads((tmp_path / "m.json").read_text())
+    assert manifest["source"] == url
+    assert manifest["local_copy"] == str(copy.absolute())
+    assert manifest["source_files"]["model.safetensors"]["etag"] == "etag-model.safetensors"
+    assert "local_copy" not in consolidate(tiny.hf_dir, tmp_path, smoke="none")[1]

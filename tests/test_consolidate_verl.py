@@ -501,6 +501,7 @@ def test_a_verl_run_uploaded_to_s3_is_found_consolidated_and_evaluated_through_t
     assert (tidy["n"] > 0).all()
     manifest = json.loads(target.read_text())
     assert manifest["format"] == "verl"
+    assert manifest["source"] == "s3://verl/ckpts/proj/exp/global_step_1"
     read = sorted(manifest["source_files"])
     assert read and all(name.startswith("actor/") for name in read), read
     assert not [n for n in read if "optim" in n or "extra_state" in n], read

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from ckpteval.checkers import Checker, Job, Verdict, register
 from ckpteval.errors import UserError
 from ckpteval.evaluate import SelfTestError, read_samples, score_samples
 from ckpteval.io import iter_jsonl
+from ckpteval.sandbox import isolation
 
 TASKS = Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks"
 
@@ -66,6 +68,8 @@ def test_python_cell(tmp_path: Path) -> None:
     assert cell["self_test"]["references_passed"] == 8
     assert cell["input_errors"] == errors
     assert cell["run"] == "demo" and cell["step"] == 100 and cell["sandbox"] == "bwrap"
+    assert cell["sandbox_mode"] == ("root" if os.geteuid() == 0 else "rootless")
+    assert cell["sandbox_uncounted"] == isolation("bwrap")["sandbox_uncounted"]
     assert cell["checker"] == "python" and cell["scorer_version"].startswith("ckpteval-")
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from ckpteval.checkers import MAX_COMPLETION_CHARS, Checker, Job, Verdict, register
 from ckpteval.evaluate import read_samples, score_samples
+from ckpteval.sandbox import isolation
 
 #: Files written by the scorer before it streamed (`git show 27ecd4a:src/ckpteval/evaluate.py`),
 #: for `golden_input` scored by the deterministic checkers below.
@@ -158,6 +159,8 @@ def test_streamed_files_equal_those_of_the_in_memory_scorer(
     for volatile in ("duration_s", "timeouts"):  # wall time; the timeout calibration is new
         expected.pop(volatile, None)
         written.pop(volatile)
+    for host in ("sandbox_mode", "sandbox_uncounted"):  # this host's: root or not, its cgroups
+        assert written.pop(host, None) == isolation(expected["sandbox"]).get(host)
     assert json.dumps(written, indent=2, sort_keys=True) == json.dumps(
         expected, indent=2, sort_keys=True
     )

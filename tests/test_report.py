@@ -15,6 +15,7 @@ from ckpteval.report.samples import decode_blob
 from ckpteval.summary import build_summary, summarize
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+UNCOUNTED = "CPU time of child processes the kernel reaps itself (SIGCHLD ignored)"
 
 
 def _cell(
@@ -65,6 +66,8 @@ def _cell(
         if task == "code"
         else {},
     }
+    if task == "code":  # scored in a sandbox, here one run by a user who is not root
+        cell.update(sandbox="bwrap", sandbox_mode="rootless", sandbox_uncounted=UNCOUNTED)
     path = cell_dir / f"{variant}.json"
     path.write_text(json.dumps(cell))
     return path
@@ -152,6 +155,8 @@ def test_report_is_self_contained_with_tables_charts_and_sample_blobs(
     [prov] = data["provenance"][key]
     assert prov["source"].endswith("scores/with/step_300/code/t8-s1.json")
     assert prov["model_hash"] == "h" and prov["scorer_version"] == "v1"
+    assert prov["sandbox"] == f"bwrap (rootless); not counted: {UNCOUNTED}"
+    assert data["provenance"]["with|step_300|math"][0]["sandbox"] is None  # no code was run
 
     assert "<h1>Demo &lt;sweep&gt;</h1>" in html  # escaped title
     for heading in (

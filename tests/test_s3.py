@@ -6,6 +6,7 @@ the environment only and appear in no config, log or output."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -177,6 +178,53 @@ def test_a_partly_uploaded_checkpoint_waits(s3_env: str, tmp_path: Path) -> None
     assert [c.name for c in marked.runs["s3run"].checkpoints] == ["step_40"]
 
 
+def test_a_verl_checkpoints_template_on_s3_is_read_as_generation_reads_it(
+    s3_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: verl's tokenizer and template live in `actor/huggingface/`. Before download a
+    checkpoint whose listing holds tokenizer files is not warned about (a parse downloads
+    nothing), one with none is; once consolidated, the model the engine loads decides."""
+    from ckpteval.chat_templates import missing_template_lines
+
+    monkeypatch.chdir(tmp_path)
+    _bucket(s3_env, "tmpl")
+    template = json.dumps({"chat_template": "{{ messages[0]['content'] }}"}).encode()
+    for step in (100, 200, 300):  # the listing is all a parse reads: names, sizes, ETags
+        actor = f"grpo/global_step_{step}/actor"
+        _put(s3_env, "tmpl", f"{actor}/fsdp_config.json", b'{"world_size": 2}')
+        for rank in range(2):
+            _put(s3_env, "tmpl", f"{actor}/model_world_size_2_rank_{rank}.pt", b"x")
+        if step != 300:
+            _put(s3_env, "tmpl", f"{actor}/huggingface/tokenizer_config.json", template)
+    cfg = tmp_path / "tmpl.yaml"
+    cfg.write_text(
+        "runs: {grpo: {path: 's3://tmpl/grpo', base_model: base}}\n"
+        "tasks: {arith: {chat_template: true}}\n"
+        f"outdir: {tmp_path / 'results'}\n"
+    )
+    (tmp_path / "base").mkdir()  # a base model without a template: global_step_300 has none
+    (tmp_path / "base" / "tokenizer_config.json").write_text("{}")
+    config = load_config(cfg)
+    validate_config(config)
+    plan = build_plan(config, tmp_path)
+    assert [c.name for c in plan.runs["grpo"].checkpoints] == [
+        "global_step_100",
+        "global_step_200",
+        "global_step_300",
+    ]
+    (line,) = missing_template_lines(plan)
+    assert line.startswith("run grpo: checkpoint(s) global_step_300 have no chat template")
+    # Consolidated, the model decides: global_step_200's, made (say) without the template, has
+    # none, whatever its listing holds.
+    model = tmp_path / "results" / "models" / "grpo" / "global_step_200"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer_config.json").write_text("{}")
+    (line,) = missing_template_lines(plan)
+    assert "checkpoint(s) global_step_200, global_step_300 have no chat template" in line
+    assert not (tmp_path / ".snakemake").exists(), "a parse downloaded something"
+
+
 def test_missing_credentials_and_bucket_are_one_line(
     s3_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -216,6 +264,7 @@ def test_consolidated_from_s3_once_and_a_moved_copy_reruns_nothing(
     proc = run_snakemake(tmp_path, target, "--configfile", str(cfg), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = load_config(target)  # JSON is YAML
+    assert manifest["source"] == "s3://e2e/a/run/step_150"  # not the downloaded copy
     assert manifest["source_files"]["model.safetensors"]["etag"]
     assert "trainer_state.json" not in manifest["source_files"]
     model = tmp_path / "results" / "models" / "s3run" / "step_150"

@@ -4,7 +4,8 @@ project's interpreter lives under /root). Rootless, the sandbox is a user namesp
 is the driver's and every command's; these check that what the uid split gave as root is kept
 otherwise: the driver cannot be signalled, traced or read, a judged sample cannot read or forge
 its tests, a reward completion cannot forge or read its result, no command sees another's files,
-and correct samples beside the attacks keep their verdicts."""
+and correct samples beside the attacks keep their verdicts; and that score files and the log say
+the sandbox ran rootless and what that leaves uncounted."""
 
 from __future__ import annotations
 
@@ -27,10 +28,18 @@ EVERY_PROCESS = REACH + 'r = reach()\nprint(r["opened"] + r["written"])\n'
 
 #: Run as `nobody`: prints one JSON object of what happened.
 SCRIPT = r"""
-import json, os, sys, tempfile
+import json, logging, os, sys, tempfile
 from pathlib import Path
 from ckpteval.checkers import Job, get_checker
-from ckpteval.sandbox import Command, Limits, Sandbox
+from ckpteval.sandbox import Command, Limits, Sandbox, isolation
+
+WARNINGS = []
+
+class Kept(logging.Handler):
+    def emit(self, record):
+        WARNINGS.append(record.getMessage())
+
+logging.getLogger("ckpteval.sandbox").addHandler(Kept())
 
 PROBES = {
     "kill_driver": "import os\ntry:\n    os.kill(os.getppid(), 9)\n    print('killed')\n"
@@ -153,7 +162,8 @@ def rewarded():
     return {n: [v.passed, v.error_type] for n, v in zip(REWARDED, verdicts)}
 
 print(json.dumps({"uid": os.getuid(), "probes": probes(), "judged": judged(),
-                  "rewarded": rewarded()}))
+                  "rewarded": rewarded(), "isolation": isolation("bwrap"),
+                  "warnings": WARNINGS}))
 """
 
 
@@ -215,3 +225,22 @@ def test_reward_completions_can_neither_forge_nor_read_their_result(as_nobody: d
     assert rewarded["forges"] == [False, "reward_error"]
     assert rewarded["snoops"][0] is False
     assert rewarded["wrong"][0] is False
+
+
+def test_score_files_and_the_log_say_rootless_and_what_it_does_not_count(as_nobody: dict) -> None:
+    """What a score cell records of its sandbox (ckpteval.evaluate writes `isolation(mode)`),
+    the report's words for it, and the one warning of the job's log, as `nobody` (no cgroup of
+    its own here: CPU comes from /proc and what the driver reaps)."""
+    from ckpteval.sandbox import describe_isolation
+
+    record = as_nobody["isolation"]
+    assert (record["sandbox"], record["sandbox_mode"]) == ("bwrap", "rootless")
+    assert record["sandbox_uncounted"].startswith("CPU time of child processes the kernel reaps")
+    assert (
+        describe_isolation(record)
+        == f"bwrap (rootless); not counted: {record['sandbox_uncounted']}"
+    )
+    (line,) = [w for w in as_nobody["warnings"] if "not counted" in w]
+    assert line.startswith("sandbox: bwrap runs rootless") and line.endswith(
+        record["sandbox_uncounted"]
+    )

@@ -137,19 +137,25 @@ def has_template(model_dir: Path) -> bool:
 
 
 def checkpoint_has_template(
-    source: Path, base_model: Path | None, consolidated: Path | None = None
+    ckpt: Any, fmt: str, base_model: Path | None, consolidated: Path
 ) -> bool:
-    """Whether a checkpoint's consolidated model will have a chat template: the consolidated
-    directory when it exists, else as consolidation picks it (the checkpoint's tokenizer files,
-    else the base model's; a template from the base model when the tokenizer's has none)."""
-    from ckpteval.consolidate import tokenizer_source
+    """Whether a checkpoint's model has a chat template, read where generation reads it: the
+    consolidated directory (what the engine loads) when it exists; before that, the one
+    consolidation will copy (`consolidate.template_origin` of the format's side-file directory,
+    verl's `actor/huggingface/`, and the base model). A checkpoint on S3 not yet downloaded
+    counts as having one when its listing holds tokenizer files: what they hold is known only
+    once downloaded, and a parse downloads nothing."""
+    from ckpteval.consolidate import template_origin
+    from ckpteval.formats import side_dir
 
-    if consolidated is not None and (consolidated / "config.json").is_file():
+    if (consolidated / "config.json").is_file():
         return has_template(consolidated)
-    tokenizer_dir = tokenizer_source(source if source.is_dir() else None, base_model)
-    if tokenizer_dir is not None and has_template(tokenizer_dir):
+    if _on_s3_with_tokenizer(ckpt):
         return True
-    return base_model is not None and has_template(base_model)
+    try:
+        return template_origin(side_dir(ckpt.path, fmt), base_model) is not None
+    except (OSError, UserError):
+        return False
 
 
 def missing_template_lines(plan: Any) -> list[str]:
@@ -162,13 +168,11 @@ def missing_template_lines(plan: Any) -> list[str]:
     for run in plan.runs.values():
         if not run.has_weights or run.chat_template.mode != "auto":
             continue
+        models = Path(plan.outdir) / "models" / run.name
         lacking = [
             c.name
             for c in run.checkpoints
-            if not _on_s3_with_tokenizer(c)
-            and not checkpoint_has_template(
-                c.path, run.base_model, Path(plan.outdir) / "models" / run.name / c.name
-            )
+            if not checkpoint_has_template(c, run.format, run.base_model, models / c.name)
         ]
         if not lacking:
             continue
@@ -185,10 +189,9 @@ def missing_template_lines(plan: Any) -> list[str]:
 
 
 def _on_s3_with_tokenizer(ckpt: Any) -> bool:
-    """A checkpoint on S3 whose tokenizer files are there: whether they
-    hold a template is known only once downloaded (a parse downloads nothing), so no warning."""
+    """A checkpoint on S3 whose listing holds tokenizer files or a template file."""
     names = {o.rel.rsplit("/", 1)[-1] for o in ckpt.objects} if ckpt.url else set()
-    return bool(names & {"tokenizer_config.json", "chat_template.jinja"})
+    return bool(names & {"tokenizer_config.json", "chat_template.jinja", "chat_template.json"})
 
 
 def check_plain_turns(runs: dict[str, Any], tasks: dict[str, Any]) -> None:

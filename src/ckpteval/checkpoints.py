@@ -211,7 +211,8 @@ def deleted_checkpoints(
         if name in present:
             continue
         try:
-            source = json.loads(manifest.read_text(encoding="utf-8")).get("source")
+            recorded = json.loads(manifest.read_text(encoding="utf-8"))
+            source = recorded.get("local_copy") or recorded.get("source")
         except (OSError, ValueError, AttributeError):
             continue
         match = next((m for rx in regexes if (m := rx.match(name))), None)

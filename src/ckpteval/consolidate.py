@@ -20,10 +20,12 @@ way for every format:
    fails on NaN/inf logits or empty output;
 6. renames the staged directory into place and writes the manifest last.
 
-Manifest schema (`models/{run}/{ckpt}.json`): source, format, base_model, dtype, architecture,
+Manifest schema (`models/{run}/{ckpt}.json`): source (the checkpoint's path, or its `s3://` URL),
+local_copy (on S3: the downloaded copy consolidated), format, base_model, dtype, architecture,
 param_count, weights_sha256, tensors {n, missing, unexpected, ignored, tied_dropped},
 files [{name, bytes, how (hardlink|symlink|written|copied), from}], notes, smoke {engine, prompt,
-text, token_ids, seconds}, ckpteval_version, consolidate_version, seconds.
+text, token_ids, seconds}, ckpteval_version, consolidate_version, seconds; the workflow adds
+the model's identity and source_files (per file read: sha256 and stat, or on S3 size and ETag).
 """
 
 from __future__ import annotations
@@ -160,6 +162,7 @@ def consolidate_checkpoint(
     engine_args: dict[str, Any] | None = None,
     max_shard_bytes: int = MAX_SHARD_BYTES,
     record: dict[str, Any] | None = None,
+    origin: str | None = None,
 ) -> dict[str, Any]:
     """Consolidate `source` into `out_dir` and write its manifest to `manifest_path`; return it.
 
@@ -174,6 +177,8 @@ def consolidate_checkpoint(
     generation ("vllm", "transformers", "none"); `engine_args` go to `vllm.LLM` (keys it does not
     know are left out). `max_shard_bytes` bounds each written safetensors file. `record` is
     merged into the manifest (the workflow's identity of the model, the source's file hashes).
+    `origin` is where the checkpoint really is when `source` is a local copy of it (an S3
+    checkpoint's `s3://` URL): the manifest's `source`, the copy's path its `local_copy`.
     """
     started = time.monotonic()
     source, out_dir, manifest_path = Path(source), Path(out_dir), Path(manifest_path)
@@ -212,7 +217,8 @@ def consolidate_checkpoint(
         smoke_result = smoke_check(staging, smoke, dtype, engine_args or {}, source)
         base = ckpt.base_dir or base_model
         manifest = {
-            "source": os.path.abspath(source),
+            "source": origin or os.path.abspath(source),
+            **({"local_copy": os.path.abspath(source)} if origin else {}),
             "format": fmt_name,
             "base_model": str(base) if base else None,
             "dtype": dtype,
@@ -307,9 +313,10 @@ def copy_side_files(
     if (tokenizer_dir / TEMPLATE_DIR).is_dir():
         shutil.copytree(tokenizer_dir / TEMPLATE_DIR, staging / TEMPLATE_DIR)
         records.append(_record(staging / TEMPLATE_DIR, "copied", tokenizer_dir / TEMPLATE_DIR))
-    if not has_chat_template(staging) and base_model is not None and base_model != tokenizer_dir:
+    origin = template_origin(ckpt.meta_dir, base_model)
+    if origin is not None and origin != tokenizer_dir:
         for name in TEMPLATE_FILES:
-            records += _copy_if_present(base_model / name, staging / name)
+            records += _copy_if_present(origin / name, staging / name)
     return records
 
 
@@ -329,6 +336,19 @@ def tokenizer_source(meta_dir: Path | None, base_model: Path | None) -> Path | N
     return _first_with(
         [meta_dir, base_model], lambda d: any((d / m).is_file() for m in TOKENIZER_MARKERS)
     )
+
+
+def template_origin(meta_dir: Path | None, base_model: Path | None) -> Path | None:
+    """The directory whose chat template a consolidated model carries (None: it will have none):
+    the tokenizer's (`tokenizer_source`) when that holds one, else the base model's template
+    files. `copy_side_files` copies from it and the parse's warning about checkpoints without a
+    template reads it (ckpteval.chat_templates), so the two never disagree."""
+    tokenizer_dir = tokenizer_source(meta_dir, base_model)
+    if tokenizer_dir is not None and has_chat_template(tokenizer_dir):
+        return tokenizer_dir
+    if base_model is not None and any((base_model / name).is_file() for name in TEMPLATE_FILES):
+        return base_model
+    return None
 
 
 def has_chat_template(model_dir: Path) -> bool:

@@ -16,8 +16,9 @@ Files written (the schemas live here):
 
 - `out_json`, the cell::
 
-    {"checker", "checker_version", "scorer_version", "sandbox", "n_problems", "n_samples",
-     "problems_without_samples", "metrics": {"pass@k": {"value", "stderr", "n"}, ...,
+    {"checker", "checker_version", "scorer_version", "sandbox", "sandbox_mode" (bwrap: root or
+     rootless), "sandbox_uncounted" (bwrap: what its limits miss on this host, or null),
+     "n_problems", "n_samples", "problems_without_samples", "metrics": {"pass@k": {"value", "stderr", "n"}, ...,
      "compile_rate": {...} (code checkers), "accuracy": {...} (answer checkers),
      "hack_rate": {...}, ...length metrics}, "error_types": {type: count}, "hack_types": {hack: count}, "input_errors": [...], "self_test": {...},
      "timeouts": {"configured": float, "factor": float, "calibrated_problems": int,
@@ -84,6 +85,7 @@ from ckpteval.errors import UserError
 from ckpteval.io import append_jsonl, iter_jsonl, sha256_json, write_json, write_jsonl
 from ckpteval.metrics import LengthTotals, RunningMean, pass_at_k_table
 from ckpteval.reasoning import TRUNCATED
+from ckpteval.sandbox import isolation
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +232,7 @@ def score_samples(
         "checker": checker,
         "checker_version": impl.version,
         "scorer_version": SCORER_VERSION,
-        "sandbox": _sandbox_mode(impl, options),
+        **isolation(_sandbox_mode(impl, options)),
         **totals.cell_metrics(problems, ks),
         "input_errors": errors,
         "self_test": self_test,

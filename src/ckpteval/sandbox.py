@@ -80,6 +80,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ckpteval import cgroups
 from ckpteval.errors import UserError
@@ -534,12 +535,56 @@ def warn_unsandboxed() -> None:
     )
 
 
+def isolation(mode: str | None) -> dict[str, Any]:
+    """What a score cell records of the sandbox its samples ran in: `sandbox`, the mode (None: a
+    checker that runs no code); in bwrap mode `sandbox_mode`, `root` or `rootless` (ckpteval is
+    not root: see "Without root" in the module doc), and `sandbox_uncounted`, what the limits do
+    not count on this host (None: nothing), from the facts the sandbox itself goes by (this
+    process's uid, the cgroups it may make)."""
+    if mode != "bwrap":
+        return {"sandbox": mode}
+    rootless = os.geteuid() != 0
+    support = cgroups.support()
+    missed = []
+    if support.cpu is None:
+        missed.append(
+            "CPU time of child processes the kernel reaps itself (SIGCHLD ignored)"
+            if rootless
+            else "CPU time of child processes the kernel reaps itself, under a 10 ms tick "
+            "(all of it without BSD process accounting)"
+        )
+    if support.memory is None:
+        missed.append("memory held in memfds and shared memory")
+    return {
+        "sandbox": "bwrap",
+        "sandbox_mode": "rootless" if rootless else "root",
+        "sandbox_uncounted": "; ".join(missed) or None,
+    }
+
+
+def describe_isolation(record: Mapping[str, Any]) -> str | None:
+    """A score cell's sandbox (`isolation`) in words: `bwrap (rootless); not counted: ...`."""
+    mode = record.get("sandbox")
+    if mode is None:
+        return None
+    text = f"{mode} (rootless)" if record.get("sandbox_mode") == "rootless" else str(mode)
+    uncounted = record.get("sandbox_uncounted")
+    return f"{text}; not counted: {uncounted}" if uncounted else text
+
+
 def _warn_cpu_account(kind: str | None, stderr: bytes) -> None:
     """Say (once per process) what CPU limits miss without the batch's cgroup."""
     global _WARNED_CPU_ACCOUNT
     if _WARNED_CPU_ACCOUNT:
         return
     _WARNED_CPU_ACCOUNT = True
+    if os.geteuid() != 0:
+        log.warning(
+            "sandbox: bwrap runs rootless (ckpteval is not root) and without a writable cgroup, "
+            "so these are not counted against the limits: %s",
+            isolation("bwrap")["sandbox_uncounted"],
+        )
+        return
     if kind == "acct":
         log.warning(
             "sandbox: no writable cgroup (v2 cpu.stat or v1 cpuacct), so CPU time is counted per "

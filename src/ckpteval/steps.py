@@ -155,6 +155,7 @@ def consolidate(smk: Any) -> None:
             smoke=smoke,
             engine_args=_smoke_engine_args(smk),
             record=record,
+            origin=s3_id["source"] if s3_id else None,
         )
     finally:
         lease.release()

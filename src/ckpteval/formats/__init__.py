@@ -15,7 +15,13 @@ from pathlib import Path
 
 from ckpteval.errors import UserError
 from ckpteval.formats import dcp, deepspeed, hf, lora, torch_save, verl
-from ckpteval.formats.base import CheckpointFormat, SourceCheckpoint, TensorRef, checkpoint_error
+from ckpteval.formats.base import (
+    CheckpointFormat,
+    SourceCheckpoint,
+    TensorRef,
+    checkpoint_error,
+    own_dir,
+)
 
 FORMATS: dict[str, CheckpointFormat] = {
     fmt.name: fmt
@@ -37,6 +43,7 @@ __all__ = [
     "detect_format",
     "get_format",
     "is_complete",
+    "side_dir",
 ]
 
 
@@ -73,3 +80,12 @@ def is_complete(path: str | Path) -> bool:
     path = Path(path)
     fmt = _detect(path)
     return fmt is not None and fmt.is_complete(path)
+
+
+def side_dir(path: str | Path, fmt: str | None = "auto") -> Path | None:
+    """Where the checkpoint at `path` keeps its own config.json and tokenizer files, as its
+    format (`fmt`, or the one detected) opens it: verl's `actor/huggingface/`, most formats' own
+    directory; None when there is none (a single file, a path not there yet)."""
+    path = Path(path)
+    chosen = _detect(path) if fmt in ("auto", "", None) else FORMATS.get(str(fmt))
+    return (chosen.side_dir if chosen is not None else own_dir)(path)

@@ -67,6 +67,11 @@ class SourceCheckpoint:
     notes: list[str] = field(default_factory=list)
 
 
+def own_dir(path: Path) -> Path | None:
+    """The usual `side_dir`: the checkpoint's own directory (None for a single file)."""
+    return path if path.is_dir() else None
+
+
 @dataclass(frozen=True)
 class CheckpointFormat:
     """A registered checkpoint format.
@@ -75,6 +80,9 @@ class CheckpointFormat:
     `is_complete(path)` whether the writer has finished (its completion marker); `open(path,
     base_model, dtype)` enumerates the tensors; `dtype` is the output dtype, for formats that must
     materialise a model (a LoRA merge). `markers` describes the completion marker for users.
+    `side_dir(path)` is where the checkpoint keeps its own config.json and tokenizer files (its
+    `SourceCheckpoint.meta_dir`), found from names alone: `open` uses it, and so does the parse,
+    which must know the chat template consolidation will copy without opening anything.
     """
 
     name: str
@@ -83,6 +91,7 @@ class CheckpointFormat:
     detect: Callable[[Path], bool]
     is_complete: Callable[[Path], bool]
     open: Callable[[Path, Path | None, str], SourceCheckpoint]
+    side_dir: Callable[[Path], Path | None] = own_dir
 
 
 def in_memory(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:

@@ -424,6 +424,12 @@ def side_tensors(file: Path, z: ZeroStates) -> dict[str, TensorRef]:
     return refs
 
 
+def side_dir(path: Path) -> Path | None:
+    """The format's `side_dir`: the checkpoint's directory when a config or tokenizer file lies
+    beside the ZeRO files (DeepSpeed itself writes none; else they come from `base_model`)."""
+    return path if any((path / m).is_file() for m in CONFIG_MARKERS) else None
+
+
 def open_checkpoint(path: Path, base_model: Path | None, dtype: str) -> SourceCheckpoint:
     """Check every rank's file is there in full, load them memory-mapped, list the merged
     tensors (fp32 master weights, as zero_to_fp32 writes them)."""
@@ -435,7 +441,7 @@ def open_checkpoint(path: Path, base_model: Path | None, dtype: str) -> SourceCh
     for alias, source in (z.models[0].get("shared_params") or {}).items():
         if source in refs:
             refs[alias] = _alias(refs[source], alias)
-    meta = path if any((path / m).is_file() for m in CONFIG_MARKERS) else None
+    meta = side_dir(path)
     if meta is None and base_model is None:
         raise checkpoint_error(
             path,
@@ -469,4 +475,5 @@ FORMAT = CheckpointFormat(
     detect=detect,
     is_complete=is_complete,
     open=open_checkpoint,
+    side_dir=side_dir,
 )

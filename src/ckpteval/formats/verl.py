@@ -62,6 +62,14 @@ def actor_dir(path: Path) -> Path | None:
     return None
 
 
+def hf_dir(path: Path) -> Path | None:
+    """The format's `side_dir`: `actor/huggingface/`, where verl keeps config.json, the tokenizer
+    and its chat template (None when it has none)."""
+    actor = actor_dir(path)
+    meta = actor / HF_DIR if actor is not None else None
+    return meta if meta is not None and meta.is_dir() else None
+
+
 def model_file(path: Path, file: Path) -> bool:
     """Whether `file` (under checkpoint `path`) is one consolidation reads: a model rank shard,
     `fsdp_config.json`, `lora_train_meta.json` or a file of `huggingface/` (Megatron:
@@ -319,12 +327,11 @@ def open_checkpoint(path: Path, base_model: Path | None, dtype: str) -> SourceCh
             )
     states = {rank: _load_rank(files[rank], path) for rank in range(size)}
     tensors, non_tensors = _collect(path, states, files)
-    meta = actor / HF_DIR
     source = SourceCheckpoint(
         path=path,
         tensors=tensors,
         label=files[0].name,
-        meta_dir=meta if meta.is_dir() else None,
+        meta_dir=hf_dir(path),
         non_tensors=non_tensors,
         notes=[f"merged {size} verl FSDP rank shards ({actor.name}/model_world_size_{size}_*)"],
     )
@@ -343,4 +350,5 @@ FORMAT = CheckpointFormat(
     detect=detect,
     is_complete=is_complete,
     open=open_checkpoint,
+    side_dir=hf_dir,
 )

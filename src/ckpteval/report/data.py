@@ -30,6 +30,7 @@ from ckpteval.aggregate.tables import (
 )
 from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.report.samples import encode_blob, read_cell_samples
+from ckpteval.sandbox import describe_isolation
 
 _Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
 #: The deltas.csv columns the page reads (the Tables section has them all).
@@ -206,7 +207,8 @@ def _hack_flags(seeds: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _provenance(tidy: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
-    """ "run|ckpt|task" -> its cells: file, variant, model hash, scorer version and settings."""
+    """ "run|ckpt|task" -> its cells: file, variant, model hash, scorer version, settings and
+    sandbox (`bwrap (rootless); not counted: ...`)."""
     out: dict[str, list[dict[str, Any]]] = {}
     cells = tidy.drop_duplicates("source")
     for row in cells.itertuples(index=False):
@@ -219,6 +221,7 @@ def _provenance(tidy: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
                 "scorer_version": row.scorer_version,
                 "scoring": raw.get("scoring"),
                 "checker": raw.get("checker"),
+                "sandbox": describe_isolation(raw),
                 "chat_template": raw.get("chat_template"),
                 "generation_file": raw.get("generation_file"),
             }

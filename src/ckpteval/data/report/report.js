@@ -219,6 +219,7 @@
       `<dt>generation file</dt><dd><code>${esc(p.generation_file)}</code></dd>` +
       `<dt>model hash</dt><dd><code>${esc(p.model_hash)}</code></dd>` +
       `<dt>scorer</dt><dd>${esc(p.scorer_version)} · checker ${esc(p.checker)}</dd>` +
+      (p.sandbox ? `<dt>sandbox</dt><dd>${esc(p.sandbox)}</dd>` : "") +
       `<dt>settings</dt><dd><code>${esc(JSON.stringify(p.scoring))}</code></dd>` +
       `<dt>chat template</dt><dd><code>${esc(JSON.stringify(p.chat_template))}</code></dd></dl>`;
   }
