@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ckpteval.aggregate.cells import Cell, Problem, identity_frame
+from ckpteval.errored import REWARD_ERROR_RATE, Errored
 from ckpteval.errors import UserError
 from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.stats import conservative_stderr, pass_at_k_curve
@@ -41,6 +43,9 @@ TIDY_COLUMNS = [
     "value",
     "stderr",
     "n",
+    "errored",
+    "errored_as",
+    "errored_at",
     "scorer_version",
     "model_hash",
     "is_baseline",
@@ -118,9 +123,6 @@ HACK_COLUMNS = [
 ]
 #: The metric of a cell's reward-hack share (`ckpteval.evaluate`); never a task's main metric.
 HACK_RATE = "hack_rate"
-#: The share of a reward-function cell's samples the function gave no score (raised, hung, not a
-#: finite number): its cells are marked in the overview and the tables.
-REWARD_ERROR_RATE = "reward_error_rate"
 #: Metrics that are never a task's main metric: they describe the samples, not their success.
 NOT_MAIN_METRICS = ("compile_rate", HACK_RATE, REWARD_ERROR_RATE, *LENGTH_METRICS)
 #: Default `aggregate.truncation_threshold`: a cell whose truncation_rate exceeds it is flagged.
@@ -141,7 +143,10 @@ STDERR_LEGEND = (
 
 
 def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
-    """One row per (cell, metric), ordered by run, baseline first, step, task, variant."""
+    """One row per (cell, metric), ordered by run, baseline first, step, task, variant.
+    `errored`, `errored_as` and `errored_at` say how the metric counts the samples the reward
+    function gave no score (`ckpteval.errored.Errored`: count, how, value; 0, "" and NaN for a
+    metric that counts none)."""
     rows = [
         {
             "run": c.run,
@@ -155,6 +160,9 @@ def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
             "value": value,
             "stderr": stderr,
             "n": n,
+            "errored": c.errored[name].count if name in c.errored else 0,
+            "errored_as": c.errored[name].how if name in c.errored else "",
+            "errored_at": c.errored[name].at if name in c.errored else math.nan,
             "scorer_version": c.scorer_version,
             "model_hash": c.model_hash,
             "is_baseline": c.is_baseline,
@@ -180,6 +188,9 @@ def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
             "value": np.float64,
             "stderr": np.float64,
             "n": "Int64",
+            "errored": "Int64",
+            "errored_as": str,
+            "errored_at": np.float64,
             "is_baseline": bool,
             "scorer_version": "str",
             "model_hash": "str",
@@ -346,21 +357,77 @@ def truncation_flags(
     return flags
 
 
-def reward_error_flags(
-    seeds: pd.DataFrame, main_metrics: dict[str, str]
-) -> dict[tuple[str, str, str, str, str], float]:
-    """(run, ckpt, task, sampling, main metric) -> the share of samples the reward function gave
-    no score (`REWARD_ERROR_RATE`, mean over seeds), for each checkpoint entry where it did so
-    for any: its number counts them (at the bottom of a known range, or says it excludes them),
-    and the overview and the tables mark it."""
-    if seeds.empty:
+@dataclass(frozen=True)
+class RewardErrors:
+    """A checkpoint entry (run, ckpt, task, sampling) whose reward function gave no score for
+    some samples: `errored` of its `samples` (over its seeds, from `REWARD_ERROR_RATE`), and
+    how each of its numbers counts them (`numbers`: metric and `Errored`, the main metric
+    first; a metric whose seeds count them in different ways is listed once per way)."""
+
+    errored: int
+    samples: int
+    numbers: tuple[tuple[str, Errored], ...] = ()
+
+    def words(self) -> str:
+        """The entry's sentences: how many errored, then what each number does with them."""
+        head = f"the reward function gave no score for {self.errored} of {self.samples} samples."
+        return " ".join([head, *(f"{e.words(metric)}." for metric, e in self.numbers)])
+
+    def of(self, metric: str) -> Errored | None:
+        """How `metric` counts the errored samples (its first way), None if it does not."""
+        return next((e for name, e in self.numbers if name == metric), None)
+
+
+def reward_errors(
+    tidy: pd.DataFrame, main_metrics: Mapping[str, str]
+) -> dict[tuple[str, str, str, str], RewardErrors]:
+    """(run, ckpt, task, sampling) -> its `RewardErrors`, for each checkpoint entry whose reward
+    function gave no score for some samples (`REWARD_ERROR_RATE` above 0 in a cell), in the
+    tidy table's order. A number's counts add up over the seeds it is the mean of (their
+    samples that returned a score, for one that excludes errors), named when there are several."""
+    if tidy.empty:
         return {}
-    rates = seeds[(seeds["metric"] == REWARD_ERROR_RATE) & (seeds["mean"] > 0)]
-    return {
-        (row.run, row.ckpt, row.task, row.sampling, main_metrics[row.task]): float(row.mean)
-        for row in rates.itertuples(index=False)
-        if row.task in main_metrics
-    }
+    keys = ["run", "ckpt", "task", "sampling"]
+    rates = tidy[tidy["metric"] == REWARD_ERROR_RATE]
+    n = rates["n"].to_numpy(dtype=np.float64, na_value=np.nan)
+    counts = rates.assign(errored=(rates["value"] * n).round(), n=n)
+    totals = counts.groupby(keys, sort=False)[["errored", "n"]].sum()
+    totals = totals[totals["errored"] > 0]
+    if totals.empty:
+        return {}
+    entries = tidy.set_index(keys).index.isin(totals.index)
+    rows = tidy[entries & ~tidy["metric"].isin([REWARD_ERROR_RATE])]
+    numbers: dict[tuple[str, str, str, str], list[tuple[str, Errored]]] = {}
+    for (*key, metric), group in rows.groupby([*keys, "metric"], sort=False):
+        errored = group[group["errored"].fillna(0) > 0]
+        if errored.empty:
+            continue
+        seeds = sorted(int(s) for s in group["seed"])
+        ways = list(errored.groupby(["errored_as", "errored_at"], sort=False, dropna=False))
+        for (how, at), way in ways:
+            # One way for all of the number's seeds: its counts over every seed (those without
+            # errors add samples that returned a score); several: each over its own seeds.
+            over = group if len(ways) == 1 else way
+            named = sorted(int(s) for s in over["seed"])
+            numbers.setdefault(tuple(key), []).append(
+                (
+                    metric,
+                    Errored(
+                        count=int(way["errored"].sum()),
+                        how=str(how),
+                        n=int(over["n"].fillna(0).sum()),
+                        at=float(at),
+                        seeds=tuple(named) if len(seeds) > 1 else (),
+                    ),
+                )
+            )
+    out = {}
+    for key, row in totals.iterrows():
+        found = numbers.get(key, [])
+        main = main_metrics.get(key[2])
+        found.sort(key=lambda item: item[0] != main)  # stable: the main metric first
+        out[key] = RewardErrors(int(row["errored"]), int(row["n"]), tuple(found))
+    return out
 
 
 def passk_table(cells: Sequence[Cell], samples: pd.DataFrame, tidy: pd.DataFrame) -> pd.DataFrame:
