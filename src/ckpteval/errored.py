@@ -62,16 +62,21 @@ class Errored:
         where = ""
         if self.seeds:
             where = f" (seed{'s' if len(self.seeds) > 1 else ''} {' '.join(map(str, self.seeds))})"
+        one = self.count == 1
         if self.how == EXCLUDED:
+            scored = "sample that" if self.n == 1 else "samples that"
             return (
-                f"{metric}{where}: mean over the {self.n} samples that returned a score; "
-                f"{self.count} of {self.n + self.count} errored and are excluded"
+                f"{metric}{where}: mean over the {self.n} {scored} returned a score; "
+                f"{self.count} of {self.n + self.count} errored and {'is' if one else 'are'} "
+                "excluded"
             )
         if self.how == BOTTOM:
             return (
-                f"{metric}{where}: {self.count} of {self.n} samples errored and count as "
-                f"{self.at:g}, the bottom of the scores' range"
+                f"{metric}{where}: {self.count} of {self.n} samples errored and "
+                f"{'counts' if one else 'count'} as {self.at:g}, the bottom of the scores' range"
             )
+        if one:
+            return f"{metric}{where}: its 1 errored sample counts as a failure"
         return f"{metric}{where}: its {self.count} errored samples count as failures"
 
 
