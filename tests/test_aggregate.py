@@ -780,7 +780,7 @@ def test_errored_samples_counted_at_the_bottom_and_over_seeds_are_worded_so(
         "pass@1: its 4 errored samples count as failures. "
         f"{SOURCE_A}: 4 of 14 samples errored and count as 0, the bottom of the scores' range."
     )
-    assert entry.of("reward_mean").mark() == "4 of 20 errored, counted as 0"
+    assert dict(entry.numbers)["reward_mean"].mark() == "4 of 20 errored, counted as 0"
     seeds = [
         reward_cell(tmp_path / "s", "s1", 1, "greedy-s1", 2),
         reward_cell(tmp_path / "s", "s1", 1, "greedy-s2", 0),
@@ -789,8 +789,8 @@ def test_errored_samples_counted_at_the_bottom_and_over_seeds_are_worded_so(
         ("r", "s1", "gsm", "greedy")
     ]
     assert entry.errored == 2 and entry.samples == 40
-    assert entry.of("reward_mean").words("reward_mean") == (
+    assert dict(entry.numbers)["reward_mean"].words("reward_mean") == (
         "reward_mean (seeds 1 2): mean over the 38 samples that returned a score; 2 of 40 "
         "errored and are excluded"
     )
-    assert entry.of(SOURCE_B) is None
+    assert SOURCE_B not in dict(entry.numbers)

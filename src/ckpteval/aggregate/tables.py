@@ -373,10 +373,6 @@ class RewardErrors:
         head = f"the reward function gave no score for {self.errored} of {self.samples} samples."
         return " ".join([head, *(f"{e.words(metric)}." for metric, e in self.numbers)])
 
-    def of(self, metric: str) -> Errored | None:
-        """How `metric` counts the errored samples (its first way), None if it does not."""
-        return next((e for name, e in self.numbers if name == metric), None)
-
 
 def reward_errors(
     tidy: pd.DataFrame, main_metrics: Mapping[str, str]

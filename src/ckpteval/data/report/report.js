@@ -184,7 +184,7 @@
       const cls = mark === " ▼" ? "sig down" : mark ? "sig up" : "";
       // A value whose reward function gave no score for some samples: marked, with what the
       // number does with them (the aggregate's words for this cell, not a fixed sentence).
-      const warn = r.errors ? ` ⚠ <small class='errored'>${esc(r.errors_mark || "")}</small>` : "";
+      const warn = r.errors ? ` ⚠ <small>${esc(r.errors_mark || "")}</small>` : "";
       const note = r.errors ? `; ${r.errors}` : "";
       tr += `<td data-value='${r.mean}' data-prov='${esc(`${c.run}|${c.ckpt}|${t.task}`)}' class='${cls}' title='${esc(title + note)}' style='background:${heat(share)}'>${fmt(r.mean)}${mark}${warn}</td>`;
     }
