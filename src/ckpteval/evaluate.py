@@ -35,7 +35,8 @@ Files written (the schemas live here):
   factor, how many problems got a longer timeout from their reference solution's run time, and
   the largest and median timeout over the problems (`calibrate_timeouts`).
 
-  Reward-function cells (`ckpteval.checkers.reward`) add, errors never flattering:
+  Reward-function cells (`ckpteval.checkers.reward`) add, each number stating what it does with
+  the errored samples (`ckpteval.errored` words it):
   `reward_error_rate` (the share of samples with no score: the function raised, hung or returned
   no finite number, or the sample was too large or its reasoning never ended; `n` counts every
   sample), `reward_mean` and `acc` (the mean of a numeric or boolean `acc` key the function
@@ -484,8 +485,8 @@ class _CellTotals:
 
 
 class RewardTotals:
-    """A reward-function cell's reward metrics (see the module's docstring: errors never
-    flatter): the scores of the lines that carry a `reward` (8 bytes a sample, for the
+    """A reward-function cell's reward metrics (see the module's docstring: each says what it
+    does with errored samples): the scores of the lines that carry a `reward` (8 bytes a sample, for the
     distribution's quantiles), how many lines carry none (the function raised, hung or returned
     no number; the sample was too large or its reasoning never ended), whether every score was a
     bool, and the `acc` values. `reward_range` is the declared range of the scores, if any."""
