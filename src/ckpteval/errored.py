@@ -81,15 +81,14 @@ class Errored:
 
 
 def no_score(metrics: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(errored, all) samples of a cell file's `metrics` (its `reward_error_rate`), or None when
-    it has none (not a reward cell, or no sample errored)."""
+    """(errored, all) samples of a cell file's `metrics` (its `reward_error_rate`; errored may
+    be 0), or None when it is not a reward cell."""
     entry = metrics.get(REWARD_ERROR_RATE)
     try:
         n = int(entry["n"])
-        errored = round(float(entry["value"]) * n)
+        return (round(float(entry["value"]) * n), n)
     except (KeyError, TypeError, ValueError):
         return None
-    return (errored, n) if errored > 0 else None
 
 
 def errored_metrics(metrics: Mapping[str, Any]) -> dict[str, Errored]:
@@ -109,7 +108,7 @@ def errored_metrics(metrics: Mapping[str, Any]) -> dict[str, Errored]:
             out[name] = Errored(excluded, EXCLUDED, n)
         elif included and isinstance(at, Sequence) and at and _number(at[0]):
             out[name] = Errored(included, BOTTOM, n, float(at[0]))
-        elif cell and _PASS_AT.match(name):
+        elif cell and cell[0] and _PASS_AT.match(name):
             out[name] = Errored(cell[0], FAILURE, n)
     return out
 

@@ -193,7 +193,7 @@ def _errored_samples(score: Path) -> tuple[int, str] | None:
         counts = no_score(metrics)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if counts is None:
+    if not counts or not counts[0]:
         return None
     numbers = sorted(
         errored_metrics(metrics).items(), key=lambda item: item[0] != cell.get("primary_metric")
