@@ -11,6 +11,7 @@ from test_aggregate import write_cell
 
 from ckpteval.report import _steps_figure, write_plots
 from ckpteval.report.page import page_data
+from ckpteval.report.plots import _excluding
 from ckpteval.report.samples import decode_blob
 from ckpteval.summary import build_summary, summarize
 
@@ -256,7 +257,7 @@ def test_a_cell_whose_reward_function_errored_is_marked_in_overview_and_tables(
         cells[-1].write_text(
             json.dumps({**json.loads(cells[-1].read_text()), "primary_metric": "reward_mean"})
         )
-    build_summary(cells, tmp_path / "summary")
+    summary = build_summary(cells, tmp_path / "summary")
     page = (tmp_path / "summary" / "report.html").read_text()
     flags = [f for f in page_data(page)["flags"] if f["kind"] == "reward_errors"]
     assert [f["text"] for f in flags] == [
@@ -278,6 +279,18 @@ def test_a_cell_whose_reward_function_errored_is_marked_in_overview_and_tables(
     )
     assert "errors" not in series[("step_1", "reward_mean")]
     assert "errors" not in series[("step_1", gsm8k)] and "errors" not in series[("step_2", math)]
+    # the PNG of the headline over steps crosses step_2's value and its caption says why
+    [steps] = [
+        p for p in write_plots(summary, tmp_path / "plots") if p.path.name == "gsm-steps.png"
+    ]
+    assert "crosses: means over the samples that returned a score" in steps.caption
+    seeds = summary.seeds[summary.seeds["metric"] == "reward_mean"]
+    crosses = {(r, c, s) for r, c, _, s, m in _excluding(summary) if m == "reward_mean"}
+    figure = _steps_figure("gsm", "reward_mean", seeds, summary.deltas, excluding=crosses)
+    [crossed] = [
+        x for x in figure.axes[0].get_lines() if x.get_label() == "errored samples excluded"
+    ]
+    assert list(crossed.get_xdata()) == [2]
     markdown = (tmp_path / "summary" / "metrics.md").read_text()
     assert markdown.count("[^e1]") == 3  # reward_mean, the gsm8k column, the footnote
     assert f"[^e1]: {flags[0]['text']}" in markdown
