@@ -95,6 +95,7 @@ def summarize(
         hacks=hack_table(cells),
         flips=flip_table(flips),
         truncation=truncation_table(cells, truncation_threshold),
+        reward_errors=reward_errors(tidy, metrics_by_task),
     )
 
 
@@ -195,7 +196,7 @@ def write_tables(summary: Summary, summary_dir: Path) -> None:
                 summary.title,
                 summary.deltas,
                 truncation_flags(summary.truncation, summary.main_metrics),
-                reward_errors(summary.tidy, summary.main_metrics),
+                summary.reward_errors,
                 summary.main_metrics,
             )
         )

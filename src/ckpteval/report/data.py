@@ -26,7 +26,6 @@ from ckpteval.aggregate.tables import (
     CONFIDENCE,
     HACK_RATE,
     REWARD_ERROR_RATE,
-    reward_errors,
     truncation_flags,
 )
 from ckpteval.metrics import LENGTH_METRICS
@@ -125,9 +124,9 @@ def _error_words(
     summary: Summary,
 ) -> tuple[dict[tuple[str, ...], str], dict[tuple[str, ...], str]]:
     """(run, ckpt, task, sampling, metric) -> the mark beside its value and its words, for each
-    number of a checkpoint entry with errored samples (`reward_errors`); the entry's main metric
-    gets the entry's words when it does not count them itself."""
-    errors = reward_errors(summary.tidy, summary.main_metrics)
+    number of a checkpoint entry with errored samples (`Summary.reward_errors`); the entry's
+    main metric gets the entry's words when it does not count them itself."""
+    errors = summary.reward_errors
     marks = {key: mark.strip() for key, mark in error_marks(errors, summary.main_metrics).items()}
     words: dict[tuple[str, ...], str] = {}
     for key, entry in errors.items():
@@ -206,9 +205,7 @@ def _flags(summary: Summary) -> list[dict[str, Any]]:
         text = f"{run} {ckpt} {task} ({sampling}): {metric} is a lower bound, {share:.0%} cut"
         flags.append({"kind": "truncation", "text": text, "run": run, "task": task})
     flags += _hack_flags(summary.seeds)
-    for (run, ckpt, task, sampling), entry in reward_errors(
-        summary.tidy, summary.main_metrics
-    ).items():
+    for (run, ckpt, task, sampling), entry in summary.reward_errors.items():
         text = f"{run} {ckpt} {task} ({sampling}): {entry.words()}"
         flags.append({"kind": "reward_errors", "text": text, "run": run, "task": task})
     for row in summary.missing.itertuples(index=False):

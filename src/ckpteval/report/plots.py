@@ -44,7 +44,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
 from ckpteval.aggregate import Summary
-from ckpteval.aggregate.tables import CONFIDENCE, HACK_RATE, TRUNCATION_THRESHOLD, reward_errors
+from ckpteval.aggregate.tables import CONFIDENCE, HACK_RATE, TRUNCATION_THRESHOLD
 from ckpteval.errored import EXCLUDED
 from ckpteval.io import atomic_open
 
@@ -457,9 +457,7 @@ def _excluding(summary: Summary) -> set[tuple[str, str, str, str, str]]:
     returned a score, the reward function's errored samples left out (`ckpteval.errored`)."""
     return {
         (run, ckpt, task, sampling, metric)
-        for (run, ckpt, task, sampling), entry in reward_errors(
-            summary.tidy, summary.main_metrics
-        ).items()
+        for (run, ckpt, task, sampling), entry in summary.reward_errors.items()
         for metric, errored in entry.numbers
         if errored.how == EXCLUDED
     }

@@ -18,7 +18,6 @@ from ckpteval.aggregate.tables import (
     CONFIDENCE,
     HACK_RATE,
     STDERR_LEGEND,
-    reward_errors,
     truncation_flags,
 )
 from ckpteval.metrics import LENGTH_METRICS
@@ -113,8 +112,7 @@ def _metrics(summary: Summary) -> list[str]:
     if not scores.empty:
         flags = truncation_flags(summary.truncation, summary.main_metrics)
         marks = {key: " (lower bound)" for key in flags}
-        errors = reward_errors(summary.tidy, summary.main_metrics)
-        for key, mark in error_marks(errors, summary.main_metrics).items():
+        for key, mark in error_marks(summary.reward_errors, summary.main_metrics).items():
             marks[key] = marks.get(key, "") + mark
         header, rows = metrics_wide(scores, marks)
         parts.append(_table(pd.DataFrame(rows, columns=header)))
