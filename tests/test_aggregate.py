@@ -794,3 +794,25 @@ def test_errored_samples_counted_at_the_bottom_and_over_seeds_are_worded_so(
         "errored and are excluded"
     )
     assert SOURCE_B not in dict(entry.numbers)
+
+
+def test_seeds_that_count_errored_samples_differently_are_worded_each_with_its_seed(
+    tmp_path: Path,
+) -> None:
+    """Seed 1's scores were all bools (errors at 0), seed 2's floats (errors left out): the mean
+    over the two seeds is worded once per way, each with its own seed's counts."""
+    paths = [
+        reward_cell(tmp_path, "s1", 1, "greedy-s1", 2, known=True),
+        reward_cell(tmp_path, "s1", 1, "greedy-s2", 3),
+    ]
+    entry = summarize(paths).reward_errors[("r", "s1", "gsm", "greedy")]
+    assert (entry.errored, entry.samples) == (5, 40)
+    assert [e.words(m) for m, e in entry.numbers if m == "reward_mean"] == [
+        "reward_mean (seed 1): 2 of 20 samples errored and count as 0, the bottom of the scores' "
+        "range",
+        "reward_mean (seed 2): mean over the 17 samples that returned a score; 3 of 20 errored "
+        "and are excluded",
+    ]
+    assert dict(entry.numbers)["pass@1"].words("pass@1") == (
+        "pass@1 (seeds 1 2): its 5 errored samples count as failures"
+    )
