@@ -12,7 +12,9 @@ cell whose `truncation_rate` exceeds the threshold (`aggregate.truncation_thresh
 `TRUNCATION_THRESHOLD`; a rate exactly at it is not flagged) has a score that is a lower bound:
 its checkpoint's main-metric value is marked in `metrics.md` (with a footnote giving the share of
 its samples that hit the token budget) and in the report, and `truncation.csv` lists every cell's
-rate and flag.
+rate and flag. A checkpoint entry whose reward function gave no score for some samples has a
+`RewardErrors` (`reward_errors`): how many, and what each of its numbers does with them, in the
+words `metrics.md`, the report and the plots show beside those numbers.
 """
 
 from __future__ import annotations
