@@ -2,8 +2,8 @@
 
 A reward cell (`ckpteval.evaluate.RewardTotals`) states it per metric entry, and this module reads
 it back, so that every place that speaks of errored samples (`ckpteval status`, `metrics.md`, the
-report, `ckpteval score`) says what the number it shows does with them, with that number's own
-counts, never a fixed sentence that can be wrong:
+report and its plots, `ckpteval score`, `ckpteval compare`) says what the number it shows does
+with them, with that number's own counts, never a fixed sentence that can be wrong:
 
 - `excludes_errors: k`: the mean is over the `n` samples that returned a score, `k` left out
   (`EXCLUDED`: the scores' range is unknown; such a number can flatter);
