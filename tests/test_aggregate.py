@@ -14,7 +14,7 @@ import pytest
 
 from ckpteval.aggregate.cells import load_cells, load_samples
 from ckpteval.aggregate.markdown import metrics_markdown
-from ckpteval.aggregate.tables import TIDY_COLUMNS
+from ckpteval.aggregate.tables import TIDY_COLUMNS, reward_errors
 from ckpteval.errors import UserError
 from ckpteval.metrics import pass_at_k_table
 from ckpteval.summary import build_summary, summarize
@@ -684,3 +684,135 @@ def test_build_summary_writes_consistent_atomic_files(tmp_path: Path) -> None:
     first = (summary_dir / "deltas.csv").read_text()
     build_summary(paths, summary_dir, title="t", bootstrap=200, seed=3)
     assert (summary_dir / "deltas.csv").read_text() == first, "same seed, same intervals"
+
+
+# errored reward samples ---------------------------------------------------------------------------
+
+#: A per-source metric of the reward sweep below: a source whose samples errored (`A`) and one
+#: whose did not (`B`).
+SOURCE_A = "val-core/a/reward/mean@1"
+SOURCE_B = "val-core/b/reward/mean@1"
+
+
+def reward_cell(
+    root: Path, ckpt: str, step: int, variant: str, errored: int, *, known: bool = False
+) -> Path:
+    """A reward cell of 20 samples as the evaluate step writes it, `errored` of them (all of
+    source A's, which has 14 samples; B has 6) without a score: a float reward's means exclude
+    them (`excludes_errors`); with `known` (a bool reward) they count at 0 (`includes_errors`)."""
+
+    def mean(value: float, scored: int) -> dict[str, Any]:
+        if not errored or scored == 6:  # source B: nothing errored
+            return {"value": value, "stderr": 0.0, "n": scored}
+        if known:
+            return {
+                "value": value,
+                "stderr": 0.1,
+                "n": scored + errored,
+                "includes_errors": errored,
+                "errors_at": [0, 1],
+                "interval": [0.3, 0.9],
+            }
+        return {"value": value, "stderr": 0.0, "n": scored, "excludes_errors": errored}
+
+    metrics = {
+        "reward_error_rate": {"value": errored / 20, "stderr": 0.1, "n": 20},
+        "reward_mean": mean(1.0, 20 - errored),
+        "pass@1": {"value": 0.7, "stderr": 0.1, "n": 20},
+        SOURCE_A: mean(1.0, 14 - errored),
+        SOURCE_B: mean(1.0, 6),
+    }
+    path = write_cell(root, "r", ckpt, step, "gsm", variant, metrics=metrics)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "primary_metric": "reward_mean"}))
+    return path
+
+
+def test_a_mean_over_the_scored_samples_says_so_in_metrics_md_with_its_own_counts(
+    tmp_path: Path,
+) -> None:
+    """A float reward's headline of 1.000 over 6 errored samples of 20 is marked with what it
+    does (excludes them), the counts from its own entry; so is the per-source column whose
+    samples errored, and pass@1 says it counts them as failures. The other source's column and
+    a checkpoint without errors carry no mark, and no sentence claims the errors are in n."""
+    paths = [
+        reward_cell(tmp_path, "s1", 1, "greedy-s42", 6),
+        reward_cell(tmp_path, "s2", 2, "greedy-s42", 0),
+    ]
+    summary = summarize(paths)
+    errors = reward_errors(summary.tidy, summary.main_metrics)
+    text = metrics_markdown(summary.seeds, "t", None, None, errors, summary.main_metrics)
+    header, s1, s2 = [line for line in text.splitlines() if line.startswith("| ")]
+    cells = dict(zip(*([c.strip(" |") for c in line.split(" | ")] for line in (header, s1))))
+    assert cells["gsm/reward_mean"] == "1.000 (excludes 6 of 20 errored) [^e1]"
+    assert cells[f"gsm/{SOURCE_A}"] == "1.000 (excludes 6 of 14 errored) [^e1]"
+    assert cells[f"gsm/{SOURCE_B}"] == "1.000"
+    assert cells["gsm/pass@1"] == "0.700 ± 0.100 (6 errored, counted as failures) [^e1]"
+    assert "errored" not in s2 and "[^e" not in s2
+    assert (
+        "[^e1]: r s1 gsm (greedy): the reward function gave no score for 6 of 20 samples. "
+        "reward_mean: mean over the 14 samples that returned a score; 6 of 20 errored and are "
+        "excluded. pass@1: its 6 errored samples count as failures. "
+        f"{SOURCE_A}: mean over the 8 samples that returned a score; 6 of 14 errored and are "
+        "excluded."
+    ) in text.splitlines()
+    assert "counted in" not in text and text.count("[^e") == 4  # three marks, one footnote
+    tidy = summary.tidy
+    rows = tidy[(tidy["ckpt"] == "s1")].set_index("metric")
+    assert rows.loc["reward_mean", ["errored", "errored_as", "n"]].tolist() == [6, "excluded", 14]
+    assert rows.loc["pass@1", ["errored", "errored_as"]].tolist() == [6, "failure"]
+    assert rows.loc[SOURCE_B, ["errored", "errored_as"]].tolist() == [0, ""]
+    assert (tidy[tidy["ckpt"] == "s2"]["errored"] == 0).all()
+
+
+def test_errored_samples_counted_at_the_bottom_and_over_seeds_are_worded_so(
+    tmp_path: Path,
+) -> None:
+    """A bool reward counts its errored samples at 0 and says how many of all; over two seeds,
+    one without errors, a mean's counts add up over both (the scored samples of the seed
+    without errors included) and name the seeds."""
+    bottom = [reward_cell(tmp_path / "b", "s1", 1, "greedy-s42", 4, known=True)]
+    entry = reward_errors(summarize(bottom).tidy, {"gsm": "reward_mean"})[
+        ("r", "s1", "gsm", "greedy")
+    ]
+    assert entry.words() == (
+        "the reward function gave no score for 4 of 20 samples. "
+        "reward_mean: 4 of 20 samples errored and count as 0, the bottom of the scores' range. "
+        "pass@1: its 4 errored samples count as failures. "
+        f"{SOURCE_A}: 4 of 14 samples errored and count as 0, the bottom of the scores' range."
+    )
+    assert dict(entry.numbers)["reward_mean"].mark() == "4 of 20 errored, counted as 0"
+    seeds = [
+        reward_cell(tmp_path / "s", "s1", 1, "greedy-s1", 2),
+        reward_cell(tmp_path / "s", "s1", 1, "greedy-s2", 0),
+    ]
+    entry = reward_errors(summarize(seeds).tidy, {"gsm": "reward_mean"})[
+        ("r", "s1", "gsm", "greedy")
+    ]
+    assert entry.errored == 2 and entry.samples == 40
+    assert dict(entry.numbers)["reward_mean"].words("reward_mean") == (
+        "reward_mean (seeds 1 2): mean over the 38 samples that returned a score; 2 of 40 "
+        "errored and are excluded"
+    )
+    assert SOURCE_B not in dict(entry.numbers)
+
+
+def test_seeds_that_count_errored_samples_differently_are_worded_each_with_its_seed(
+    tmp_path: Path,
+) -> None:
+    """Seed 1's scores were all bools (errors at 0), seed 2's floats (errors left out): the mean
+    over the two seeds is worded once per way, each with its own seed's counts."""
+    paths = [
+        reward_cell(tmp_path, "s1", 1, "greedy-s1", 2, known=True),
+        reward_cell(tmp_path, "s1", 1, "greedy-s2", 3),
+    ]
+    entry = summarize(paths).reward_errors[("r", "s1", "gsm", "greedy")]
+    assert (entry.errored, entry.samples) == (5, 40)
+    assert [e.words(m) for m, e in entry.numbers if m == "reward_mean"] == [
+        "reward_mean (seed 1): 2 of 20 samples errored and count as 0, the bottom of the scores' "
+        "range",
+        "reward_mean (seed 2): mean over the 17 samples that returned a score; 3 of 20 errored "
+        "and are excluded",
+    ]
+    assert dict(entry.numbers)["pass@1"].words("pass@1") == (
+        "pass@1 (seeds 1 2): its 5 errored samples count as failures"
+    )

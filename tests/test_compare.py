@@ -15,6 +15,7 @@ import pytest
 from test_aggregate import write_cell
 
 from ckpteval.aggregate.deltas import DELTA_COLUMNS, FLIP_COLUMNS
+from ckpteval.compare import compare
 from ckpteval.stats import paired_mde
 from ckpteval.summary import build_summary
 
@@ -414,3 +415,44 @@ def test_compare_reads_the_outdir_from_configfile_and_its_page_opens_on_the_bigg
     )
     assert missing.returncode != 0 and "config file not found" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_compare_says_what_its_values_do_with_errored_reward_samples(tmp_path: Path) -> None:
+    """step_100's float reward gave no score for 2 of 5 samples: its cell's reward_mean (1.0)
+    leaves them out, while compare's paired values take the score lines' score, 0 for them;
+    compare says both, with the cell's counts, and nothing of base, which had no errors."""
+    for ckpt, errored in (("base", 0), ("step_100", 2)):
+        samples = [
+            {
+                "task_id": f"q{i}",
+                "sample_idx": 0,
+                "passed": i >= errored,
+                "score": float(i >= errored),
+                "error_type": "reward_error" if i < errored else None,
+            }
+            for i in range(5)
+        ]
+        mean = {"value": 1.0, "stderr": 0.0, "n": 5 - errored}
+        path = write_cell(
+            tmp_path,
+            "r",
+            ckpt,
+            STEPS[ckpt],
+            "gsm",
+            "greedy-s42",
+            metrics={
+                "reward_mean": mean | ({"excludes_errors": errored} if errored else {}),
+                "reward_error_rate": {"value": errored / 5, "stderr": 0.1, "n": 5},
+            },
+            samples=samples,
+            is_baseline=ckpt == "base",
+        )
+        _patch(path, primary_metric="reward_mean")
+    results, warnings = compare(tmp_path, ("r", "base"), ("r", "step_100"))
+    assert (results[0].value_a, results[0].value_b) == (1.0, 0.6)
+    assert warnings == [
+        "gsm (greedy): r:step_100: the reward function gave no score for 2 of 5 samples; "
+        "compare's reward_mean counts them as 0 (their score lines' score); the cell's "
+        "reward_mean: mean over the 3 samples that returned a score; 2 of 5 errored and are "
+        "excluded"
+    ]

@@ -11,6 +11,7 @@ from test_aggregate import write_cell
 
 from ckpteval.report import _steps_figure, write_plots
 from ckpteval.report.page import page_data
+from ckpteval.report.plots import _excluding
 from ckpteval.report.samples import decode_blob
 from ckpteval.summary import build_summary, summarize
 
@@ -238,35 +239,65 @@ def test_deleted_checkpoints_keep_their_point_drawn_hollow(tmp_path: Path) -> No
 def test_a_cell_whose_reward_function_errored_is_marked_in_overview_and_tables(
     tmp_path: Path,
 ) -> None:
-    """step_2's reward function gave no score for 7 of 12 samples: the overview lists it, the
-    metrics table and metrics.md mark its main metric; step_1 (no errors) is not marked."""
-    cells = [
-        write_cell(
-            tmp_path,
-            "r",
-            f"step_{s}",
-            s,
-            "gsm",
-            "greedy-s42",
-            metrics={
-                "reward_mean": {"value": 0.25, "stderr": 0.1, "n": 12},
-                "reward_error_rate": {"value": rate, "stderr": 0.1, "n": 12},
-                "val-core/openai/gsm8k/reward/mean@1": {"value": 0.5, "stderr": 0.1, "n": 6},
-            },
+    """step_2's float reward gave no score for 7 of 12 samples, 3 of source gsm8k's 6, none of
+    source math's (4 had no source): the overview says, with the cell's own counts, that
+    reward_mean and the gsm8k column are means over the others (not counted in n); the metrics
+    table, the series behind the checkpoint x task table and the charts, and metrics.md mark
+    those numbers; step_1 (no errors) and the math column are not marked."""
+    gsm8k, math = "val-core/openai/gsm8k/reward/mean@1", "val-core/math/reward/mean@1"
+    cells = []
+    for s, errored in ((1, 0), (2, 7)):
+        entries = {
+            "reward_mean": {"value": 0.25, "stderr": 0.1, "n": 12 - errored},
+            "reward_error_rate": {"value": errored / 12, "stderr": 0.1, "n": 12},
+            gsm8k: {"value": 0.5, "stderr": 0.1, "n": 6 - 3 * bool(errored)},
+            math: {"value": 0.5, "stderr": 0.1, "n": 6},
+        }
+        if errored:
+            entries["reward_mean"]["excludes_errors"] = errored
+            entries[gsm8k]["excludes_errors"] = 3
+        cells.append(
+            write_cell(tmp_path, "r", f"step_{s}", s, "gsm", "greedy-s42", metrics=entries)
         )
-        for s, rate in ((1, 0.0), (2, 7 / 12))
-    ]
-    build_summary(cells, tmp_path / "summary")
+        cells[-1].write_text(
+            json.dumps({**json.loads(cells[-1].read_text()), "primary_metric": "reward_mean"})
+        )
+    summary = build_summary(cells, tmp_path / "summary")
     page = (tmp_path / "summary" / "report.html").read_text()
     flags = [f for f in page_data(page)["flags"] if f["kind"] == "reward_errors"]
     assert [f["text"] for f in flags] == [
-        "r step_2 gsm (greedy): the reward function gave no score for 58% of samples "
-        "(counted in reward_mean's n)"
+        "r step_2 gsm (greedy): the reward function gave no score for 7 of 12 samples. "
+        "reward_mean: mean over the 5 samples that returned a score; 7 of 12 errored and are "
+        f"excluded. {gsm8k}: mean over the 3 samples that returned a score; 3 of 6 errored and "
+        "are excluded."
     ]
-    assert "58% errored" in page and page.count("% errored)") == 1
+    assert "counted in" not in page  # no sentence says errors count in n
+    assert "Reward function errors (how each number counts them)" in page  # overview heading
+    table = page.split("<h2>Metrics</h2>")[1].split("</table>")[0]
+    assert "0.250 ± 0.100 (excludes 7 of 12 errored)" in table
+    assert "0.500 ± 0.100 (excludes 3 of 6 errored)" in table
+    assert table.count("errored)") == 2  # step_2's two means: not math's, nothing of step_1
+    series = {(r["ckpt"], r["metric"]): r for r in page_data(page)["series"]}
+    assert series[("step_2", "reward_mean")]["errors_mark"] == "(excludes 7 of 12 errored)"
+    assert series[("step_2", gsm8k)]["errors"] == (
+        f"{gsm8k}: mean over the 3 samples that returned a score; 3 of 6 errored and are excluded"
+    )
+    assert "errors" not in series[("step_1", "reward_mean")]
+    assert "errors" not in series[("step_1", gsm8k)] and "errors" not in series[("step_2", math)]
+    # the PNG of the headline over steps crosses step_2's value and its caption says why
+    [steps] = [
+        p for p in write_plots(summary, tmp_path / "plots") if p.path.name == "gsm-steps.png"
+    ]
+    assert "crosses: means over the samples that returned a score" in steps.caption
+    seeds = summary.seeds[summary.seeds["metric"] == "reward_mean"]
+    crosses = {(r, c, s) for r, c, _, s, m in _excluding(summary) if m == "reward_mean"}
+    figure = _steps_figure("gsm", "reward_mean", seeds, summary.deltas, excluding=crosses)
+    [crossed] = [
+        x for x in figure.axes[0].get_lines() if x.get_label() == "errored samples excluded"
+    ]
+    assert list(crossed.get_xdata()) == [2]
     markdown = (tmp_path / "summary" / "metrics.md").read_text()
-    assert markdown.count("[^e1]") == 2  # the mark and its footnote
-    assert "[^e1]: r step_2 gsm (greedy): the reward function gave no score for 58%" in markdown
-    assert "Reward function errors (counted in n)" in page  # the overview's heading for them
+    assert markdown.count("[^e1]") == 3  # reward_mean, the gsm8k column, the footnote
+    assert f"[^e1]: {flags[0]['text']}" in markdown
     sources = [r for r in page_data(page)["series"] if r["metric"].startswith("val-core/")]
     assert {(r["ckpt"], r["mean"]) for r in sources} == {("step_1", 0.5), ("step_2", 0.5)}

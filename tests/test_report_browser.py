@@ -335,8 +335,9 @@ def test_snakemake_report_packs_the_report(demo_sweep: Path) -> None:
 
 
 def test_a_reward_task_shows_its_errors_and_its_data_sources(browser: Any, tmp_path: Path) -> None:
-    """The checkpoint x task table marks the cell whose reward function errored, the overview
-    lists it, and the task's panel draws the reward per data source, without a page error."""
+    """The checkpoint x task table marks the cell whose reward function errored with what its
+    mean does (excludes them, with its counts), the overview lists it, and the task's panel
+    draws the reward per data source, without a page error."""
     cells = [
         write_cell(
             tmp_path,
@@ -346,7 +347,8 @@ def test_a_reward_task_shows_its_errors_and_its_data_sources(browser: Any, tmp_p
             "gsm",
             "greedy-s42",
             metrics={
-                "reward_mean": {"value": 0.2 * s, "stderr": 0.1, "n": 12},
+                "reward_mean": {"value": 0.2 * s, "stderr": 0.1, "n": 12 - round(12 * rate)}
+                | ({"excludes_errors": 6} if rate else {}),
                 "reward_error_rate": {"value": rate, "stderr": 0.1, "n": 12},
                 "val-core/openai/gsm8k/reward/mean@1": {"value": 0.1 * s, "stderr": 0.1, "n": 6},
                 "val-core/math/reward/mean@1": {"value": 0.3 * s, "stderr": 0.1, "n": 6},
@@ -363,10 +365,15 @@ def test_a_reward_task_shows_its_errors_and_its_data_sources(browser: Any, tmp_p
     view = Page(browser)
     page = view.open(tmp_path / "summary" / "report.html")
     marked = page.locator("#ckpt-task td[data-prov]").evaluate_all(
-        "els => els.map(e => e.textContent.includes('⚠'))"
+        "els => els.map(e => [e.textContent, e.title])"
     )
-    assert marked == [False, True]
-    assert "gave no score for 50%" in page.locator("#flags").inner_text()
+    assert "⚠" not in marked[0][0] and "errored" not in marked[0][1]
+    assert marked[1][0].endswith("⚠ (excludes 6 of 12 errored)")
+    assert marked[1][1].endswith(
+        "; reward_mean: mean over the 6 samples that returned a score; 6 of 12 errored and are "
+        "excluded"
+    )
+    assert "gave no score for 6 of 12 samples" in page.locator("#flags").inner_text()
     page.locator("#task-gsm").scroll_into_view_if_needed()
     page.wait_for_selector("#task-gsm[data-drawn=yes]")
     assert page.locator("#task-gsm [data-chart='sources'] canvas").count() == 1

@@ -28,8 +28,10 @@ import yaml
 from conftest import REPO, run_snakemake, small_config, write_config
 
 from ckpteval.checkers import Job, get_checker
+from ckpteval.cli_score import summary as score_line
 from ckpteval.config import build_plan, validate_config
 from ckpteval.contract import generation_identity, scoring_identity
+from ckpteval.errored import errored_metrics
 from ckpteval.errors import UserError
 from ckpteval.evaluate import score_samples
 from ckpteval.report.page import page_data
@@ -409,6 +411,11 @@ def test_a_cell_reports_reward_mean_acc_the_distribution_and_pass_at_k(
     assert (metrics["acc"]["value"], metrics["acc"]["n"]) == (0.5, 2)
     assert metrics["acc"]["interval"][1] >= 1.0
     assert metrics["pass@2"]["value"] == pytest.approx(2 / 3)  # problems 0 and 2
+    # `ckpteval score`'s line says what each number does with the errored sample
+    line = score_line(cell)
+    assert "reward_mean 0.7000 ± 0.2000 (excludes 1 of 6 errored);" in line
+    assert "acc 0.5000 ± 0.5000 (1 of 2 errored, counted as 0) [" in line
+    assert "pass@1 " in line and line.count("(1 errored, counted as failures)") == 2
     assert "accuracy" not in metrics and cell["primary_metric"] == "reward_mean"
     assert cell["error_types"] == {"reward_error": 1, "wrong_answer": 2}
     assert cell["reward_distribution"]["counts"] == {"0.0": 1, "0.5": 1, "1.0": 3}
@@ -469,7 +476,10 @@ def test_errored_samples_count_in_n_at_both_ends_of_a_known_range(
         for c in completions[:5]
     ]
     mean = cell["metrics"]["reward_mean"]
-    assert mean["n"] == 12 and "excludes_errors" not in mean
+    assert mean["n"] == 12 and "excludes_errors" not in mean and mean["includes_errors"] == 7
+    assert errored_metrics(cell["metrics"])["reward_mean"].words("reward_mean") == (
+        f"reward_mean: 7 of 12 samples errored and count as {lo:g}, the bottom of the scores' range"
+    )
     assert mean["value"] == pytest.approx((sum(scores) + 7 * lo) / 12)
     assert mean["value"] < sum(scores) / 5  # the survivors alone would flatter
     low, high = mean["interval"]
@@ -525,12 +535,15 @@ def test_the_reward_is_a_reward_tasks_headline_and_the_dicts_numbers_are_average
     assert summarize([tmp_path / "s.json"]).main_metrics == {"t": "reward_mean"}
 
 
-def test_each_data_source_has_its_reward_named_as_verl_logs_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", [BOOL_REWARD, REWARD], ids=["bool", "float"])
+def test_each_data_source_has_its_reward_named_as_verl_logs_it(tmp_path: Path, source: str) -> None:
     """Rows of two data sources, two samples each: each source's reward beside the task's, as
     verl's `val-core/<data_source>/reward/mean@<N>`, over its own samples (its errored ones
-    counted as in the task's reward_mean: here a bool reward, so at 0)."""
+    counted as in the task's reward_mean: for a bool reward at 0; for a float reward left out,
+    so math_dapo's 1.0 is over 1 of its 2 samples), and the entry says how many errored, in the
+    words every report of it uses; gsm8k's, without errors, says nothing of them."""
     reward = tmp_path / "reward.py"
-    reward.write_text(BOOL_REWARD)
+    reward.write_text(source)
     problems = {
         str(i): {"task_id": str(i), "ground_truth": "4", "question": "?", "data_source": source}
         for i, source in enumerate(["openai/gsm8k", "openai/gsm8k", "math_dapo"])
@@ -552,12 +565,25 @@ def test_each_data_source_has_its_reward_named_as_verl_logs_it(tmp_path: Path) -
         checker_options={"reward_function": str(reward)},
     )
     metrics = cell["metrics"]
-    assert metrics["val-core/openai/gsm8k/reward/mean@2"]["value"] == 0.75
-    assert metrics["val-core/openai/gsm8k/reward/mean@2"]["n"] == 4
-    assert metrics["val-core/math_dapo/reward/mean@2"]["value"] == 0.5  # the error at 0
-    assert metrics["val-core/math_dapo/reward/mean@2"]["n"] == 2
+    gsm8k, dapo = "val-core/openai/gsm8k/reward/mean@2", "val-core/math_dapo/reward/mean@2"
+    assert (metrics[gsm8k]["value"], metrics[gsm8k]["n"]) == (0.75, 4)
     assert len([m for m in metrics if m.startswith("val-core/")]) == 2
-    assert metrics["reward_mean"]["value"] == 4 / 8
+    words = {name: e.words(name) for name, e in errored_metrics(metrics).items()}
+    assert gsm8k not in words and "excludes_errors" not in metrics[gsm8k]
+    if source == BOOL_REWARD:
+        assert (metrics[dapo]["value"], metrics[dapo]["n"]) == (0.5, 2)  # the error at 0
+        assert metrics[dapo]["includes_errors"] == 1
+        assert metrics["reward_mean"]["value"] == 4 / 8
+        assert words[dapo] == (
+            f"{dapo}: 1 of 2 samples errored and counts as 0, the bottom of the scores' range"
+        )
+    else:
+        assert (metrics[dapo]["value"], metrics[dapo]["n"]) == (1.0, 1)
+        assert metrics[dapo]["excludes_errors"] == 1
+        assert metrics["reward_mean"]["value"] == pytest.approx(4 / 7)
+        assert words[dapo] == (
+            f"{dapo}: mean over the 1 sample that returned a score; 1 of 2 errored and is excluded"
+        )
 
 
 def test_the_self_test_can_be_off_with_a_reason_and_a_wrong_function_fails_it(

@@ -160,7 +160,17 @@ def test_a_cell_with_errored_samples_is_done_but_marked_and_a_failed_self_test_s
 
     out = tmp_path / "results"
     cells = expected(["step_1", "step_2"], ["gsm"])
-    cell = {"metrics": {"reward_error_rate": {"value": 7 / 12, "stderr": 0.1, "n": 12}}}
+    source = "val-core/openai/gsm8k/reward/mean@1"
+    cell = {
+        "primary_metric": "reward_mean",
+        "metrics": {
+            "reward_error_rate": {"value": 7 / 12, "stderr": 0.1, "n": 12},
+            "pass@1": {"value": 0.25, "stderr": 0.1, "n": 12},
+            "reward_mean": {"value": 1.0, "stderr": 0.0, "n": 5, "excludes_errors": 7},
+            source: {"value": 1.0, "stderr": 0.0, "n": 2, "excludes_errors": 4},
+            "val-core/math/reward/mean@1": {"value": 1.0, "stderr": 0.0, "n": 3},
+        },
+    }
     touch(out / "scores/r/step_1/gsm/greedy-s1.json", json.dumps(cell))
     why = (
         "ckpteval: error: reward function compute_score of reward.py (self_test: ground_truth) "
@@ -170,11 +180,20 @@ def test_a_cell_with_errored_samples_is_done_but_marked_and_a_failed_self_test_s
     touch(tmp_path / "logs/evaluate/r/step_2/gsm/greedy-s1.log", f"scoring\n{why}\n")
     frame = cell_states(out, cells).set_index("ckpt")
     assert frame.loc["step_1", "state"] == "done" and frame.loc["step_1", "errors"] == 7
-    assert frame.loc["step_1", "detail"].endswith("gave no score for 7 of 12 samples")
+    # what each number does with them, from the cell's own counts: its headline first; the
+    # source without errors is not named
+    assert frame.loc["step_1", "detail"].endswith(
+        "greedy-s1.json: the reward function gave no score for 7 of 12 samples. reward_mean: "
+        "mean over the 5 samples that returned a score; 7 of 12 errored and are excluded. "
+        "pass@1: its 7 errored samples count as failures. "
+        f"{source}: mean over the 2 samples that returned a score; 4 of 6 errored and are excluded"
+    )
     assert frame.loc["step_2", "state"] == "failed" and why in frame.loc["step_2", "detail"]
     text = format_status(cell_states(out, cells))
     assert text.splitlines()[1].split() == ["r/step_1", "(1)", "done*"]
-    assert "r/step_1/gsm/greedy-s1: " in text.split("* done, with errored samples")[1]
+    listed = text.split("* done, with errored samples (what each number does with them):")[1]
+    assert "r/step_1/gsm/greedy-s1: " in listed and "excluded" in listed
+    assert "counted in n" not in text and "never left out" not in text
     touch(out / "scores/r/step_1/gsm/greedy-s1.json", "{}")  # no errors: not marked
     assert cell_states(out, cells).set_index("ckpt").loc["step_1", "errors"] == 0
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from ckpteval.checkers import available, checker_class, default_workers
 from ckpteval.checkers.stdio import PistonError
+from ckpteval.errored import errored_metrics
 from ckpteval.errors import UserError
 from ckpteval.evaluate import DEFAULT_TIMEOUT_FACTOR, SelfTestError, read_samples, score_samples
 from ckpteval.problems import is_trainer_row, load_problem_file, numbered_lines
@@ -168,10 +169,12 @@ def run_score(args: argparse.Namespace) -> int:
 
 
 def summary(cell: dict[str, Any]) -> str:
-    """One line: the metrics with their standard errors, then the error counts."""
+    """One line: the metrics with their standard errors (and how each counts the samples a
+    reward function gave no score, `ckpteval.errored`), then the error counts."""
+    errored = errored_metrics(cell["metrics"])
     parts = [
         f"{name} {m['value']:.4f} ± {m['stderr']:.4f}"
-        + (f" (excludes {m['excludes_errors']} errored)" if m.get("excludes_errors") else "")
+        + (f" ({errored[name].mark()})" if name in errored else "")
         + (" [{:.4f}, {:.4f}]".format(*m["interval"]) if m.get("interval") else "")
         for name, m in cell["metrics"].items()
     ]

@@ -12,7 +12,9 @@ works across runs.
 Cells that are not comparable are never compared silently: a warning line (stderr) says when the
 two sides were generated with different chat templates (the cells' `chat_template.sha256`; cells
 without the field are not checked), scored by a different checker or checker/scorer version, or
-scored with different settings (the cells' `scoring` identity, `ckpteval.contract`).
+scored with different settings (the cells' `scoring` identity, `ckpteval.contract`), and, for
+each side whose reward function gave no score for some samples, that its values count them as 0
+while the cell's own number may leave them out (`errored_warnings`).
 
 `--html OUT.html` also writes the report page of the two checkpoints' cells, opened on the
 drill-down of the pair: the problems that flipped, each with its prompt and both completions
@@ -36,6 +38,7 @@ import numpy as np
 from ckpteval.aggregate.cells import Cell, CellError, load_cell, read_samples
 from ckpteval.aggregate.deltas import MCNEMAR, NO_TEST_NO_PAIRS, NO_TEST_NOT_BINARY
 from ckpteval.aggregate.tables import CONFIDENCE, main_metrics
+from ckpteval.errored import errored_metrics, no_score
 from ckpteval.errors import UserError
 from ckpteval.jobs import chosen_main_metrics
 from ckpteval.stats import (
@@ -182,7 +185,9 @@ def compare(
         cells_a, cells_b = side_a.cells_of(task, samp), side_b.cells_of(task, samp)
         results.append(_compare_cells(task, samp, metrics[task], cells_a, cells_b, n_boot, rng))
         warnings += [
-            f"{task} ({samp}): {line}" for line in provenance_warnings(side_a, side_b, task, samp)
+            f"{task} ({samp}): {line}"
+            for line in provenance_warnings(side_a, side_b, task, samp)
+            + errored_warnings(side_a, side_b, task, samp, metrics[task])
         ]
     return results, warnings
 
@@ -302,6 +307,31 @@ def _pairs(side: Side) -> set[tuple[str, str]]:
 
 def _names(names: Any) -> str:
     return ", ".join(sorted(set(names))) or "none"
+
+
+def errored_warnings(
+    side_a: Side, side_b: Side, task: str, sampling: str, metric: str
+) -> list[str]:
+    """For each side whose reward function gave no score for some samples of (task, sampling):
+    how many, and what the compared values do with them. They are paired per sample (the score
+    lines' `passed` or `score`), and an errored sample's line has score 0 and is not passed, so
+    here they count as 0, whatever the cell's own number does with them (`ckpteval.errored`,
+    said too when the side has one cell)."""
+    out = []
+    for side in (side_a, side_b):
+        metrics = [side.raw[c.source].get("metrics") or {} for c in side.cells_of(task, sampling)]
+        counts = [c for c in map(no_score, metrics) if c]
+        errored = sum(c[0] for c in counts)
+        if not errored:
+            continue
+        line = (
+            f"{side.label}: the reward function gave no score for {errored} of "
+            f"{sum(c[1] for c in counts)} samples; compare's {metric} counts them as 0 (their "
+            "score lines' score)"
+        )
+        own = errored_metrics(metrics[0]).get(metric) if len(metrics) == 1 else None
+        out.append(line + (f"; the cell's {own.words(metric)}" if own else ""))
+    return out
 
 
 def _values(raws: list[dict[str, Any]], get: Any) -> list[str]:

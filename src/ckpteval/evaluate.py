@@ -36,15 +36,17 @@ Files written (the schemas live here):
   factor, how many problems got a longer timeout from their reference solution's run time, and
   the largest and median timeout over the problems (`calibrate_timeouts`).
 
-  Reward-function cells (`ckpteval.checkers.reward`) add, errors never flattering:
+  Reward-function cells (`ckpteval.checkers.reward`) add, each number stating what it does with
+  the errored samples (`ckpteval.errored` words it):
   `reward_error_rate` (the share of samples with no score: the function raised, hung or returned
   no finite number, or the sample was too large or its reasoning never ended; `n` counts every
   sample), `reward_mean` and `acc` (the mean of a numeric or boolean `acc` key the function
   returned, a [0, 1] value). Where the scores' range is known (every score a bool, `acc`, or the
   task's `reward_range: [lo, hi]`), an errored sample counts in `n` at the bottom of the range,
-  and the entry adds `errors_at: [lo, hi]` and `interval`: from the mean with them at `lo` minus
-  its margin to the mean with them at `hi` plus its margin, within [lo, hi]. Where it is not known,
-  the mean is over the scored samples and `excludes_errors` says how many it leaves out.
+  and the entry adds `includes_errors` (how many), `errors_at: [lo, hi]` and `interval`: from the
+  mean with them at `lo` minus its margin to the mean with them at `hi` plus its margin, within
+  [lo, hi]. Where it is not known, the mean is over the scored samples and `excludes_errors` says
+  how many it leaves out. The per-source metrics do the same with their source's samples.
   `reward_distribution`: {"min", "p10", "p25", "p50", "p75", "p90", "max", "n"} of the scores,
   plus "counts" {score: samples} when there are at most `DISTRIBUTION_VALUES` distinct scores.
   Their score lines carry `reward`, `reward_info` (the dict's other keys) and `reward_type:
@@ -485,8 +487,8 @@ class _CellTotals:
 
 
 class RewardTotals:
-    """A reward-function cell's reward metrics (see the module's docstring: errors never
-    flatter): the scores of the lines that carry a `reward` (8 bytes a sample, for the
+    """A reward-function cell's reward metrics (see the module's docstring: each says what it
+    does with errored samples): the scores of the lines that carry a `reward` (8 bytes a sample, for the
     distribution's quantiles), how many lines carry none (the function raised, hung or returned
     no number; the sample was too large or its reasoning never ended), whether every score was a
     bool, and the `acc` values. `reward_range` is the declared range of the scores, if any."""
@@ -615,9 +617,10 @@ def bounded_mean(
     values: Sequence[float], errored: int, bounds: tuple[float, float] | None
 ) -> dict[str, Any]:
     """A mean with `errored` samples that have no value: with `bounds` (lo, hi) known, they
-    count in `n` at `lo` (the mean never flatters) and the `interval` (95%, within the range)
-    reaches from the mean with them at `lo` to the mean with them at `hi`; unknown, the mean is over
-    `values` alone, and `excludes_errors` says how many it leaves out."""
+    count in `n` at `lo` (the mean never flatters), `includes_errors` says how many, and the
+    `interval` (95%, within the range) reaches from the mean with them at `lo` to the mean with
+    them at `hi`; unknown, the mean is over `values` alone, and `excludes_errors` says how many it
+    leaves out. Either count is what `ckpteval.errored` words every errored number with."""
     z = Z_95
     if not errored or bounds is None:
         mean = RunningMean()
@@ -639,6 +642,7 @@ def bounded_mean(
         "value": low,
         "stderr": low_se,
         "n": len(values) + errored,
+        "includes_errors": errored,
         "errors_at": list(bounds),
         "interval": [max(bounds[0], low - z * low_se), min(bounds[1], high + z * high_se)],
     }

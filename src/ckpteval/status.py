@@ -50,6 +50,7 @@ from typing import Any
 
 import pandas as pd
 
+from ckpteval.errored import errored_metrics, no_score
 from ckpteval.errors import UserError
 
 STATES = ("done", "running", "failed", "blocked", "missing")
@@ -163,7 +164,7 @@ def cell_states(
             state, detail = "blocked", blocked[key[2]] + kept
         errors = _errored_samples(Path(detail)) if state == "done" else None
         if errors:
-            detail += f": the reward function gave no score for {errors[0]} of {errors[1]} samples"
+            detail += f": {errors[1]}"
         rows.append(
             {
                 "run": key[0],
@@ -179,18 +180,26 @@ def cell_states(
     return pd.DataFrame(rows, columns=CELL_COLUMNS).astype({"step": "Int64", "errors": "Int64"})
 
 
-def _errored_samples(score: Path) -> tuple[int, int] | None:
-    """(errored, all) samples of a done cell whose reward function failed on some (its
-    `reward_error_rate`, ckpteval.evaluate), else None: such a cell is done but marked."""
+def _errored_samples(score: Path) -> tuple[int, str] | None:
+    """The samples of a done cell its reward function gave no score (its `reward_error_rate`,
+    ckpteval.evaluate) and the words saying how many of all, and what each of its numbers does
+    with them (`ckpteval.errored`, its primary metric first), else None: such a cell is done but
+    marked."""
     import json
 
     try:
-        entry = json.loads(score.read_text(encoding="utf-8"))["metrics"]["reward_error_rate"]
-        n = int(entry["n"])
-        errored = round(float(entry["value"]) * n)
-    except (OSError, ValueError, KeyError, TypeError):
+        cell = json.loads(score.read_text(encoding="utf-8"))
+        metrics = cell["metrics"]
+        counts = no_score(metrics)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return (errored, n) if errored else None
+    if not counts or not counts[0]:
+        return None
+    numbers = sorted(
+        errored_metrics(metrics).items(), key=lambda item: item[0] != cell.get("primary_metric")
+    )
+    head = f"the reward function gave no score for {counts[0]} of {counts[1]} samples"
+    return counts[0], ". ".join([head, *(e.words(metric) for metric, e in numbers)])
 
 
 def status_matrix(
@@ -260,7 +269,7 @@ def format_status(cells: pd.DataFrame, *, max_failed: int = 20) -> str:
     lines += ["", ", ".join(f"{counts.get(s, 0)} {s}" for s in shown) + f" ({len(cells)} cells)"]
     lines += _listed(cells[cells["state"] == "failed"], "failed:", max_failed)
     lines += _listed(cells[cells["state"] == "blocked"], "blocked:", max_failed)
-    heading = "* done, with errored samples (counted in n, never left out of a mean):"
+    heading = "* done, with errored samples (what each number does with them):"
     lines += _listed(cells[errors], heading, max_failed)
     return "\n".join(lines)
 

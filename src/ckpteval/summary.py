@@ -5,7 +5,7 @@ under `summary_dir`, each file written atomically:
 
 | file | one row per |
 | --- | --- |
-| `metrics.parquet`, `.csv` | (cell, metric): `TIDY_COLUMNS` (`source_deleted`: the checkpoint's source is gone, its scores kept; `final`: the run's final checkpoint, saved without a step) |
+| `metrics.parquet`, `.csv` | (cell, metric): `TIDY_COLUMNS` (`source_deleted`: the checkpoint's source is gone, its scores kept; `final`: the run's final checkpoint, saved without a step; `errored`, `errored_as`, `errored_at`: how the metric counts the samples the reward function gave no score) |
 | `metrics.md` | checkpoint, by (run, step); `task/metric` columns, mean over seeds ± stderr |
 | `seeds.csv` | (run, ckpt, task, sampling, metric): mean, std, stderr and count over seeds |
 | `configs.csv` | (run, task, sampling, metric): the sampling config across the run's checkpoints |
@@ -52,7 +52,7 @@ from ckpteval.aggregate.tables import (
     main_metrics,
     missing_table,
     passk_table,
-    reward_error_flags,
+    reward_errors,
     seed_table,
     tidy_table,
     truncation_flags,
@@ -95,6 +95,7 @@ def summarize(
         hacks=hack_table(cells),
         flips=flip_table(flips),
         truncation=truncation_table(cells, truncation_threshold),
+        reward_errors=reward_errors(tidy, metrics_by_task),
     )
 
 
@@ -195,7 +196,8 @@ def write_tables(summary: Summary, summary_dir: Path) -> None:
                 summary.title,
                 summary.deltas,
                 truncation_flags(summary.truncation, summary.main_metrics),
-                reward_error_flags(summary.seeds, summary.main_metrics),
+                summary.reward_errors,
+                summary.main_metrics,
             )
         )
 

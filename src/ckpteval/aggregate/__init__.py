@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ckpteval.aggregate.deltas import FLIP_COLUMNS
-from ckpteval.aggregate.tables import HACK_COLUMNS, TRUNCATION_COLUMNS
+from ckpteval.aggregate.tables import HACK_COLUMNS, TRUNCATION_COLUMNS, RewardErrors
 from ckpteval.aggregate.training import TRAINING_COLUMNS
 
 
@@ -49,5 +49,8 @@ class Summary:
     truncation: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=TRUNCATION_COLUMNS)
     )
+    #: (run, ckpt, task, sampling) -> how many samples its reward function gave no score and what
+    #: each of its numbers does with them (`reward_errors`), for the entries with some.
+    reward_errors: dict[tuple[str, str, str, str], RewardErrors] = field(default_factory=dict)
     #: ckpteval's metrics beside the trainer's logged curve (`ckpteval.aggregate.training`).
     training: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=TRAINING_COLUMNS))

@@ -2,7 +2,8 @@
 
 Input: one pair of files per cell (run, ckpt, task, variant) under `scores/{run}/{ckpt}/{task}/`:
 - `{variant}.json`: the cell's metrics (`{"metrics": {name: {"value", "stderr", "n"}}}`, with
-  `hack_rate` among them when the scorer reports reward hacks), error type and hack type counts
+  `hack_rate` among them when the scorer reports reward hacks, and a reward cell's counts of
+  errored samples, `ckpteval.errored`), error type and hack type counts
   (`error_types`, `hack_types`) and provenance (`run`, `ckpt`, `step`, `task`, `variant`, `sampling`, `seed`,
   `is_baseline`, `scorer_version`, `model_hash`, ...).
 - `{variant}.jsonl`: one line per (problem, sample) with `task_id`, `sample_idx`, `passed`, `score`.
@@ -27,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from ckpteval.errored import Errored, errored_metrics
 from ckpteval.errors import UserError
 from ckpteval.io import iter_jsonl
 
@@ -65,6 +67,9 @@ class Cell:
     #: The chat template its prompts went through: its sha256, "plain" for none, None when the
     #: cell does not record it (cells scored before templates were recorded).
     chat_template: str | None = None
+    #: Metric -> how it counts the samples the reward function gave no score, for the metrics
+    #: that count any (`ckpteval.errored.errored_metrics`).
+    errored: dict[str, Errored] = field(default_factory=dict)
 
     @property
     def samples_path(self) -> Path:
@@ -117,6 +122,7 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
         primary_metric=primary if isinstance(primary, str) and primary in parsed else None,
         hack_types=_counts(raw, "hack_types"),
         chat_template=_template_key(raw.get("chat_template")),
+        errored=errored_metrics(raw["metrics"]),
     )
 
 

@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
 from ckpteval.aggregate.deltas import template_note
-from ckpteval.aggregate.tables import STDERR_LEGEND, checkpoint_order
+from ckpteval.aggregate.tables import STDERR_LEGEND, RewardErrors, checkpoint_order
 from ckpteval.metrics import LENGTH_METRICS
 
 
@@ -62,20 +63,23 @@ def metrics_markdown(
     title: str,
     deltas: pd.DataFrame | None = None,
     flags: dict[tuple[str, str, str, str, str], float] | None = None,
-    errors: dict[tuple[str, str, str, str, str], float] | None = None,
+    errors: Mapping[tuple[str, str, str, str], RewardErrors] | None = None,
+    main_metrics: Mapping[str, str] | None = None,
 ) -> str:
     """`metrics.md`: the title, a one-line legend (and `template_note` of the `deltas` when it
     has one) and `metrics_wide` as a Markdown table (length metrics left out), then the length
     metrics' own table. Each entry of `flags` (`truncation_flags`) marks its value with a
-    footnote saying the score is a lower bound, each of `errors` (`reward_error_flags`) with one
-    saying what share of its samples the reward function gave no score."""
+    footnote saying the score is a lower bound. Each checkpoint entry of `errors`
+    (`reward_errors`) has a footnote saying how many samples the reward function gave no score
+    and what each number does with them; it marks its main metric (`main_metrics`) and every
+    number that counts them, with a few words of how (`error_marks`)."""
     lines = [f"# {title}", ""]
     if seeds.empty:
         return "\n".join(lines + ["No scored cells.", ""])
     lengths = seeds["metric"].isin(LENGTH_METRICS)
     marks = {key: f" [^t{i}]" for i, key in enumerate(flags or {}, start=1)}
-    for i, key in enumerate(errors or {}, start=1):
-        marks[key] = marks.get(key, "") + f" [^e{i}]"
+    for key, mark in error_marks(errors or {}, main_metrics or {}, " [^e{}]").items():
+        marks[key] = marks.get(key, "") + mark
     note = template_note(deltas)
     lines += [STDERR_LEGEND, "", *([f"**{note}**", ""] if note else [])]
     if not lengths.all():
@@ -89,16 +93,32 @@ def metrics_markdown(
             f"[^t{i}]: {run} {ckpt} {task} ({sampling}): score is a lower bound: "
             f"{share:.0%} of samples hit the token budget"
         )
-    for i, ((run, ckpt, task, sampling, metric), share) in enumerate(
-        (errors or {}).items(), start=1
-    ):
-        lines.append(
-            f"[^e{i}]: {run} {ckpt} {task} ({sampling}): the reward function gave no score for "
-            f"{share:.0%} of samples, counted in {metric}'s n"
-        )
+    for i, ((run, ckpt, task, sampling), entry) in enumerate((errors or {}).items(), start=1):
+        lines.append(f"[^e{i}]: {run} {ckpt} {task} ({sampling}): {entry.words()}")
     if flags or errors:
         lines.append("")
     return "\n".join(lines)
+
+
+def error_marks(
+    errors: Mapping[tuple[str, str, str, str], RewardErrors],
+    main_metrics: Mapping[str, str],
+    reference: str = "",
+) -> dict[tuple[str, str, str, str, str], str]:
+    """(run, ckpt, task, sampling, metric) -> what follows the value in a table: for each number
+    of an entry of `errors` that counts errored samples, how (" (excludes 6 of 20 errored)"),
+    and for the entry's main metric at least a reference to the entry's words (`reference`,
+    formatted with the entry's position from 1, e.g. a footnote)."""
+    marks: dict[tuple[str, str, str, str, str], str] = {}
+    for i, (key, entry) in enumerate(errors.items(), start=1):
+        note = reference.format(i)
+        for metric, errored in entry.numbers:
+            mark = marks.get((*key, metric), "").removesuffix(note)
+            marks[(*key, metric)] = f"{mark} ({errored.mark()}){note}"
+        main = main_metrics.get(key[2])
+        if main is not None and (*key, main) not in marks:
+            marks[(*key, main)] = f" ({entry.errored} of {entry.samples} samples errored){note}"
+    return marks
 
 
 def _format_value(value: float, stderr: float) -> str:

@@ -12,19 +12,23 @@ cell whose `truncation_rate` exceeds the threshold (`aggregate.truncation_thresh
 `TRUNCATION_THRESHOLD`; a rate exactly at it is not flagged) has a score that is a lower bound:
 its checkpoint's main-metric value is marked in `metrics.md` (with a footnote giving the share of
 its samples that hit the token budget) and in the report, and `truncation.csv` lists every cell's
-rate and flag.
+rate and flag. A checkpoint entry whose reward function gave no score for some samples has a
+`RewardErrors` (`reward_errors`): how many, and what each of its numbers does with them, in the
+words `metrics.md`, the report and the plots show beside those numbers.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ckpteval.aggregate.cells import Cell, Problem, identity_frame
+from ckpteval.errored import REWARD_ERROR_RATE, Errored
 from ckpteval.errors import UserError
 from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.stats import conservative_stderr, pass_at_k_curve
@@ -41,6 +45,9 @@ TIDY_COLUMNS = [
     "value",
     "stderr",
     "n",
+    "errored",
+    "errored_as",
+    "errored_at",
     "scorer_version",
     "model_hash",
     "is_baseline",
@@ -118,9 +125,6 @@ HACK_COLUMNS = [
 ]
 #: The metric of a cell's reward-hack share (`ckpteval.evaluate`); never a task's main metric.
 HACK_RATE = "hack_rate"
-#: The share of a reward-function cell's samples the function gave no score (raised, hung, not a
-#: finite number): its cells are marked in the overview and the tables.
-REWARD_ERROR_RATE = "reward_error_rate"
 #: Metrics that are never a task's main metric: they describe the samples, not their success.
 NOT_MAIN_METRICS = ("compile_rate", HACK_RATE, REWARD_ERROR_RATE, *LENGTH_METRICS)
 #: Default `aggregate.truncation_threshold`: a cell whose truncation_rate exceeds it is flagged.
@@ -141,7 +145,10 @@ STDERR_LEGEND = (
 
 
 def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
-    """One row per (cell, metric), ordered by run, baseline first, step, task, variant."""
+    """One row per (cell, metric), ordered by run, baseline first, step, task, variant.
+    `errored`, `errored_as` and `errored_at` say how the metric counts the samples the reward
+    function gave no score (`ckpteval.errored.Errored`: count, how, value; 0, "" and NaN for a
+    metric that counts none)."""
     rows = [
         {
             "run": c.run,
@@ -155,6 +162,9 @@ def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
             "value": value,
             "stderr": stderr,
             "n": n,
+            "errored": c.errored[name].count if name in c.errored else 0,
+            "errored_as": c.errored[name].how if name in c.errored else "",
+            "errored_at": c.errored[name].at if name in c.errored else math.nan,
             "scorer_version": c.scorer_version,
             "model_hash": c.model_hash,
             "is_baseline": c.is_baseline,
@@ -180,6 +190,9 @@ def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
             "value": np.float64,
             "stderr": np.float64,
             "n": "Int64",
+            "errored": "Int64",
+            "errored_as": str,
+            "errored_at": np.float64,
             "is_baseline": bool,
             "scorer_version": "str",
             "model_hash": "str",
@@ -346,21 +359,83 @@ def truncation_flags(
     return flags
 
 
-def reward_error_flags(
-    seeds: pd.DataFrame, main_metrics: dict[str, str]
-) -> dict[tuple[str, str, str, str, str], float]:
-    """(run, ckpt, task, sampling, main metric) -> the share of samples the reward function gave
-    no score (`REWARD_ERROR_RATE`, mean over seeds), for each checkpoint entry where it did so
-    for any: its number counts them (at the bottom of a known range, or says it excludes them),
-    and the overview and the tables mark it."""
-    if seeds.empty:
+@dataclass(frozen=True)
+class RewardErrors:
+    """A checkpoint entry (run, ckpt, task, sampling) whose reward function gave no score for
+    some samples: `errored` of its `samples` (over its seeds, from `REWARD_ERROR_RATE`), and
+    how each of its numbers counts them (`numbers`: metric and `Errored`, the main metric
+    first; a metric whose seeds count them in different ways is listed once per way)."""
+
+    errored: int
+    samples: int
+    numbers: tuple[tuple[str, Errored], ...] = ()
+
+    def words(self) -> str:
+        """The entry's sentences: how many errored, then what each number does with them."""
+        head = f"the reward function gave no score for {self.errored} of {self.samples} samples."
+        return " ".join([head, *(f"{e.words(metric)}." for metric, e in self.numbers)])
+
+
+def reward_errors(
+    tidy: pd.DataFrame, main_metrics: Mapping[str, str]
+) -> dict[tuple[str, str, str, str], RewardErrors]:
+    """(run, ckpt, task, sampling) -> its `RewardErrors`, for each checkpoint entry whose reward
+    function gave no score for some samples (`REWARD_ERROR_RATE` above 0 in a cell), in the
+    tidy table's order. A number's counts add up over the seeds it is the mean of (their
+    samples that returned a score, for one that excludes errors), named when there are several."""
+    if tidy.empty:
         return {}
-    rates = seeds[(seeds["metric"] == REWARD_ERROR_RATE) & (seeds["mean"] > 0)]
-    return {
-        (row.run, row.ckpt, row.task, row.sampling, main_metrics[row.task]): float(row.mean)
-        for row in rates.itertuples(index=False)
-        if row.task in main_metrics
-    }
+    keys = ["run", "ckpt", "task", "sampling"]
+    rates = tidy[tidy["metric"] == REWARD_ERROR_RATE]
+    n = rates["n"].to_numpy(dtype=np.float64, na_value=np.nan)
+    counts = rates.assign(errored=(rates["value"] * n).round(), n=n)
+    totals = counts.groupby(keys, sort=False)[["errored", "n"]].sum()
+    totals = totals[totals["errored"] > 0]
+    if totals.empty:
+        return {}
+    entries = tidy.set_index(keys).index.isin(totals.index)
+    rows = tidy[entries & (tidy["metric"] != REWARD_ERROR_RATE)]
+    counted = rows["errored"].fillna(0).groupby([rows[k] for k in [*keys, "metric"]], sort=False)
+    rows = rows[counted.transform("max") > 0]  # the numbers that count errored samples
+    # Plain Python over their rows, as lists: a pandas groupby per number took ~7 ms.
+    columns = [rows[k].tolist() for k in [*keys, "metric", "errored_as"]]
+    seeds = rows["seed"].to_numpy(np.int64).tolist()
+    ns = rows["n"].to_numpy(np.int64, na_value=0).tolist()
+    counts = rows["errored"].to_numpy(np.int64, na_value=0).tolist()
+    ats = rows["errored_at"].to_numpy(np.float64).tolist()
+    cells_of: dict[tuple[Any, ...], list[tuple[int, int, int, str, float]]] = {}
+    for run, ckpt, task, sampling, metric, how, seed, n, count, at in zip(
+        *columns, seeds, ns, counts, ats
+    ):
+        cells_of.setdefault((run, ckpt, task, sampling, metric), []).append(
+            (seed, n, count, how, at)
+        )
+    numbers: dict[tuple[Any, ...], list[tuple[str, Errored]]] = {}
+    for (*key, metric), cells in cells_of.items():
+        ways: dict[tuple[str, float | None], list[tuple[int, int, int, str, float]]] = {}
+        for cell in cells:
+            seed, n, count, how, at = cell
+            if count > 0:
+                ways.setdefault((how, None if math.isnan(at) else at), []).append(cell)
+        for (how, at), way in ways.items():
+            # One way for all of the number's seeds: its counts over every seed (those without
+            # errors add samples that returned a score); several: each over its own seeds.
+            over = cells if len(ways) == 1 else way
+            errored = Errored(
+                count=sum(c[2] for c in way),
+                how=how,
+                n=sum(c[1] for c in over),
+                at=math.nan if at is None else at,
+                seeds=tuple(sorted(c[0] for c in over)) if len(cells) > 1 else (),
+            )
+            numbers.setdefault(tuple(key), []).append((metric, errored))
+    out = {}
+    for key, errored, samples in zip(totals.index, totals["errored"], totals["n"]):
+        found = numbers.get(key, [])
+        main = main_metrics.get(key[2])
+        found.sort(key=lambda item: item[0] != main)  # stable: the main metric first
+        out[key] = RewardErrors(int(errored), int(samples), tuple(found))
+    return out
 
 
 def passk_table(cells: Sequence[Cell], samples: pd.DataFrame, tidy: pd.DataFrame) -> pd.DataFrame:

@@ -318,7 +318,9 @@ class RewardFunctionChecker(Checker):
     #: 2: errored samples count (reward_error_rate, reward_range), reward_mean the headline,
     #: reward_extra/<key>, per data source; no accuracy. Part of a cell's scoring identity:
     #: reward cells of version 1 are rescored once (CPU only), other checkers' cells are not.
-    version = "2"
+    #: 3: a mean that counts errored samples at the bottom of the range says how many
+    #: (`includes_errors`), so that every errored number is worded with its own counts.
+    version = "3"
     #: Each sample a fresh `python -I -B runner.py` exec'd in the sandbox, re-importing what the
     #: function imports (the path before preloading): for bench/reward.py's comparison only.
     exec_samples = False

@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 
 from ckpteval.aggregate import Summary
+from ckpteval.aggregate.markdown import error_marks
 from ckpteval.aggregate.tables import (
     CONFIDENCE,
     HACK_RATE,
     REWARD_ERROR_RATE,
-    reward_error_flags,
     truncation_flags,
 )
 from ckpteval.metrics import LENGTH_METRICS
@@ -107,8 +107,37 @@ def _series(summary: Summary) -> list[dict[str, Any]]:
     rows = rows.join(n, on=keys)
     half = _Z * rows["cell_stderr"].fillna(0)
     rows["lo"], rows["hi"] = rows["mean"] - half, rows["mean"] + half
+    marks, words = _error_words(summary)
+    labels = list(zip(*(rows[k] for k in keys)))
+    rows["errors"] = [words.get(label) for label in labels]
+    rows["errors_mark"] = [marks.get(label) for label in labels]
     cols = ["run", "ckpt", "step", "is_baseline", "task", "sampling", "metric", "mean"]
-    return _records(rows[[*cols, "lo", "hi", "n", "seeds"]])
+    out = _records(rows[[*cols, "lo", "hi", "n", "seeds", "errors", "errors_mark"]])
+    return [{k: v for k, v in r.items() if v is not None or k not in _ERROR_FIELDS} for r in out]
+
+
+#: A series row's words on errored samples: absent on a row that has none (a chart's tooltip
+#: then shows nothing for them).
+_ERROR_FIELDS = ("errors", "errors_mark")
+
+
+def _error_words(
+    summary: Summary,
+) -> tuple[dict[tuple[str, ...], str], dict[tuple[str, ...], str]]:
+    """(run, ckpt, task, sampling, metric) -> the mark beside its value and its words, for each
+    number of a checkpoint entry with errored samples (`Summary.reward_errors`); the entry's
+    main metric gets the entry's words when it does not count them itself."""
+    errors = summary.reward_errors
+    marks = {key: mark.strip() for key, mark in error_marks(errors, summary.main_metrics).items()}
+    words: dict[tuple[str, ...], str] = {}
+    for key, entry in errors.items():
+        for metric, errored in entry.numbers:
+            clause = errored.words(metric)
+            words[(*key, metric)] = "; ".join(filter(None, [words.get((*key, metric)), clause]))
+        main = summary.main_metrics.get(key[2])
+        if main is not None:
+            words.setdefault((*key, main), entry.words())
+    return marks, words
 
 
 def _training(summary: Summary) -> list[dict[str, Any]]:
@@ -177,13 +206,8 @@ def _flags(summary: Summary) -> list[dict[str, Any]]:
         text = f"{run} {ckpt} {task} ({sampling}): {metric} is a lower bound, {share:.0%} cut"
         flags.append({"kind": "truncation", "text": text, "run": run, "task": task})
     flags += _hack_flags(summary.seeds)
-    for (run, ckpt, task, sampling, metric), share in reward_error_flags(
-        summary.seeds, summary.main_metrics
-    ).items():
-        text = (
-            f"{run} {ckpt} {task} ({sampling}): the reward function gave no score for "
-            f"{share:.0%} of samples (counted in {metric}'s n)"
-        )
+    for (run, ckpt, task, sampling), entry in summary.reward_errors.items():
+        text = f"{run} {ckpt} {task} ({sampling}): {entry.words()}"
         flags.append({"kind": "reward_errors", "text": text, "run": run, "task": task})
     for row in summary.missing.itertuples(index=False):
         text = f"{row.kind} {row.path}: {row.reason}"

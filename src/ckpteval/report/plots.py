@@ -3,7 +3,9 @@
 Plots, one set per task, under `summary/plots/`:
 - `{task}-steps.png`: the task's main metric over training step, one line per run (and sampling
   config when a task has several), a 95% band of ±1.96 standard errors, the run's baseline as a
-  dashed horizontal line, and a marker where a checkpoint is significantly worse than the previous.
+  dashed horizontal line, a marker where a checkpoint is significantly worse than the previous,
+  and a cross on a value that is a mean over the samples that returned a score, its errored
+  samples left out (`ckpteval.errored`; metrics.md and the report say how many).
 - `{task}-passk.png` (tasks with pass@k): pass@k against k for the baseline and up to
   `PASSK_CURVES` checkpoints spread over each run, seeds pooled.
 - `{task}-errors.png` (tasks whose cells count error types): the fraction of samples per error type
@@ -43,6 +45,7 @@ from matplotlib.ticker import ScalarFormatter
 
 from ckpteval.aggregate import Summary
 from ckpteval.aggregate.tables import CONFIDENCE, HACK_RATE, TRUNCATION_THRESHOLD
+from ckpteval.errored import EXCLUDED
 from ckpteval.io import atomic_open
 
 PASSK_CURVES = 4
@@ -78,8 +81,9 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
     plot_dir.mkdir(parents=True, exist_ok=True)
     plots: list[Plot] = []
     deleted = _deleted(summary)
+    excluding = _excluding(summary)
     for task, metric in summary.main_metrics.items():
-        plots += _task_plots(summary, task, metric, plot_dir, deleted)
+        plots += _task_plots(summary, task, metric, plot_dir, deleted, excluding)
     plots += _length_plots(summary, plot_dir)
     plots += _training_plots(summary, plot_dir)
     hacking = summary.seeds[summary.seeds["metric"] == HACK_RATE]
@@ -135,18 +139,32 @@ _HACKS_CAPTION = (
 
 
 def _task_plots(
-    summary: Summary, task: str, metric: str, plot_dir: Path, deleted: set[tuple[str, str]]
+    summary: Summary,
+    task: str,
+    metric: str,
+    plot_dir: Path,
+    deleted: set[tuple[str, str]],
+    excluding: set[tuple[str, str, str, str, str]],
 ) -> list[Plot]:
     """A task's own plots: its main metric over steps, pass@k against k, its error types."""
     plots = []
     slug = _slug(task)
     steps = summary.seeds[(summary.seeds["task"] == task) & (summary.seeds["metric"] == metric)]
     if not steps.empty:
-        figure = _steps_figure(task, metric, steps, summary.deltas, deleted, _finals(summary))
+        crossed = {(k[0], k[1], k[3]) for k in excluding if k[2] == task and k[4] == metric}
+        figure = _steps_figure(
+            task, metric, steps, summary.deltas, deleted, _finals(summary), crossed
+        )
         caption = (
             f"{task}: {metric} over training step; bands are 95% intervals (±1.96 stderr), "
             "dashed lines the runs' baselines, red triangles significant drops from the "
-            "previous checkpoint."
+            "previous checkpoint"
+            + (
+                "; crosses: means over the samples that returned a score, the reward "
+                "function's errored samples left out (metrics.md says how many)."
+                if crossed
+                else "."
+            )
         )
         plots.append(_drawn(task, figure, plot_dir / f"{slug}-steps.png", caption))
     passk = summary.passk[summary.passk["task"] == task]
@@ -355,14 +373,18 @@ def _steps_figure(
     deltas: pd.DataFrame,
     deleted: set[tuple[str, str]] | None = None,
     finals: set[tuple[str, str]] | None = None,
+    excluding: set[tuple[str, str, str]] | None = None,
 ) -> Figure:
     """The main metric over training steps; a checkpoint whose source was deleted keeps its point,
-    drawn hollow ("source deleted" in the legend); a final checkpoint is labelled "final"."""
+    drawn hollow ("source deleted" in the legend); a final checkpoint is labelled "final"; a
+    value of `excluding` ((run, ckpt, sampling): a mean that leaves errored samples out) is
+    crossed."""
     fig, ax = _axes()
     several = seeds["sampling"].nunique() > 1
     colors = _colors()
     flagged_label = "significant drop vs previous"
     deleted_label = "source deleted (scores kept)"
+    excluded_label = "errored samples excluded"
     for (run, sampling), group in seeds.groupby(["run", "sampling"], sort=False):
         color = next(colors)
         label = f"{run} · {sampling}" if several else run
@@ -371,6 +393,9 @@ def _steps_figure(
             gone = trained[[(run, ckpt) in (deleted or set()) for ckpt in trained["ckpt"]]]
             if _mark_deleted(ax, gone, color, deleted_label):
                 deleted_label = "_nolegend_"
+            out = [(run, ckpt, sampling) in (excluding or set()) for ckpt in trained["ckpt"]]
+            if _mark_excluding(ax, trained[out], excluded_label):
+                excluded_label = "_nolegend_"
             _label_finals(ax, trained, run, finals or set())
             drops = _drops(deltas, run, task, sampling)
             if _mark_drops(
@@ -408,6 +433,34 @@ def _mark_deleted(ax: Axes, gone: pd.DataFrame, color: tuple[float, ...], label:
         label=label,
     )
     return True
+
+
+def _mark_excluding(ax: Axes, points: pd.DataFrame, label: str) -> bool:
+    """A black cross on each point of `points` (means that leave errored samples out); whether
+    there was one."""
+    if points.empty:
+        return False
+    ax.plot(
+        points["step"].to_numpy(np.float64),
+        points["mean"].to_numpy(np.float64),
+        linestyle="none",
+        marker="x",
+        markersize=9,
+        color="black",
+        label=label,
+    )
+    return True
+
+
+def _excluding(summary: Summary) -> set[tuple[str, str, str, str, str]]:
+    """(run, ckpt, task, sampling, metric) of the numbers that are means over the samples that
+    returned a score, the reward function's errored samples left out (`ckpteval.errored`)."""
+    return {
+        (run, ckpt, task, sampling, metric)
+        for (run, ckpt, task, sampling), entry in summary.reward_errors.items()
+        for metric, errored in entry.numbers
+        if errored.how == EXCLUDED
+    }
 
 
 def _mark_drops(ax: Axes, at: pd.Series, label: str) -> bool:

@@ -13,12 +13,11 @@ import pandas as pd
 
 from ckpteval.aggregate import Summary
 from ckpteval.aggregate.deltas import MCNEMAR, template_note
-from ckpteval.aggregate.markdown import metrics_wide
+from ckpteval.aggregate.markdown import error_marks, metrics_wide
 from ckpteval.aggregate.tables import (
     CONFIDENCE,
     HACK_RATE,
     STDERR_LEGEND,
-    reward_error_flags,
     truncation_flags,
 )
 from ckpteval.metrics import LENGTH_METRICS
@@ -113,8 +112,8 @@ def _metrics(summary: Summary) -> list[str]:
     if not scores.empty:
         flags = truncation_flags(summary.truncation, summary.main_metrics)
         marks = {key: " (lower bound)" for key in flags}
-        for key, share in reward_error_flags(summary.seeds, summary.main_metrics).items():
-            marks[key] = marks.get(key, "") + f" ({share:.0%} errored)"
+        for key, mark in error_marks(summary.reward_errors, summary.main_metrics).items():
+            marks[key] = marks.get(key, "") + mark
         header, rows = metrics_wide(scores, marks)
         parts.append(_table(pd.DataFrame(rows, columns=header)))
     return parts

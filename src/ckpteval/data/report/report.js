@@ -70,7 +70,7 @@
       return;
     }
     const kinds = { regression: "Regressions", truncation: "Truncated scores (lower bounds)",
-      hack: "Reward hacks", reward_errors: "Reward function errors (counted in n)",
+      hack: "Reward hacks", reward_errors: "Reward function errors (how each number counts them)",
       missing: "Missing or unusable files", broken: "Broken checkpoints",
       waiting: "Checkpoints being written" };
     let out = "";
@@ -120,6 +120,13 @@
     { field: "lo", title: "95% low", format: ".4f" }, { field: "hi", title: "95% high", format: ".4f" },
     { field: "n" }, { field: "seeds" },
   ];
+  // A chart with a value whose reward function errored on some samples shows, on hover, what
+  // each value does with them ("none" for the values without).
+  function withErrors(rows, tooltip) {
+    if (!rows.some((r) => r.errors)) return [rows, tooltip];
+    return [rows.map((r) => (r.errors ? r : { ...r, errors: "none" })),
+      [...tooltip, { field: "errors", title: "errored samples" }]];
+  }
   function embed(el, spec) {
     spec.$schema = "https://vega.github.io/schema/vega-lite/v5.json";
     // logLevel Error: a facet panel whose layer has no rows (no drop there) warns of an empty extent.
@@ -131,11 +138,12 @@
       document.getElementById("grid").innerHTML = "<p>No scored cells.</p>";
       return Promise.resolve();
     }
+    const [values, tooltip] = withErrors(rows, TOOLTIP);
     return embed("#grid", {
-      data: { values: rows },
+      data: { values },
       facet: { field: "task", type: "nominal", title: null, sort: D.tasks.map((t) => t.task) },
       columns: 4,
-      spec: { width: 240, height: 140, layer: curveLayers("mean", "main metric", TOOLTIP) },
+      spec: { width: 240, height: 140, layer: curveLayers("mean", "main metric", tooltip) },
       resolve: { scale: { y: "independent" } },
     });
   }
@@ -174,18 +182,13 @@
       const mark = d && d.significant ? (d.delta > 0 ? " ▲" : " ▼") : "";
       const title = d ? `vs ${d.ref_ckpt}: ${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}], McNemar p ${pval(d.mcnemar_p)}` : `n ${r.n}`;
       const cls = mark === " ▼" ? "sig down" : mark ? "sig up" : "";
-      const errored = rewardErrors(c.run, c.ckpt, t.task);
-      const warn = errored ? " ⚠" : "";
-      const note = errored ? `; the reward function gave no score for ${(100 * errored).toFixed(0)}% of samples (counted in n)` : "";
+      // A value whose reward function gave no score for some samples: marked, with what the
+      // number does with them (the aggregate's words for this cell, not a fixed sentence).
+      const warn = r.errors ? ` ⚠ <small>${esc(r.errors_mark || "")}</small>` : "";
+      const note = r.errors ? `; ${r.errors}` : "";
       tr += `<td data-value='${r.mean}' data-prov='${esc(`${c.run}|${c.ckpt}|${t.task}`)}' class='${cls}' title='${esc(title + note)}' style='background:${heat(share)}'>${fmt(r.mean)}${mark}${warn}</td>`;
     }
     return tr + "</tr>";
-  }
-  // The largest share of samples a cell of (run, ckpt, task) had no reward for, or 0.
-  function rewardErrors(run, ckpt, task) {
-    const rows = D.series.filter((r) => r.metric === "reward_error_rate" && r.run === run &&
-      r.ckpt === ckpt && r.task === task && r.mean > 0);
-    return rows.length ? Math.max(...rows.map((r) => r.mean)) : 0;
   }
   function heat(share) {
     return `hsl(${Math.round(share * 120)}, 70%, ${88 - Math.round(share * 10)}%)`;
@@ -261,8 +264,9 @@
     for (const [kind, [rows, title]] of Object.entries(charts)) {
       const el = panel.querySelector(`[data-chart='${kind}']`);
       if (!rows.length) { el.remove(); continue; }
+      const [values, tooltip] = withErrors(rows, TOOLTIP);
       jobs.push(embed(el, { title: `${task}: ${title}`, width: 420, height: 180,
-        data: { values: rows }, layer: curveLayers("mean", title, TOOLTIP) }));
+        data: { values }, layer: curveLayers("mean", title, tooltip) }));
     }
     jobs.push(drawErrors(panel, task));
     panel.dataset.drawn = "pending";
