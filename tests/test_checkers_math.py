@@ -486,13 +486,16 @@ def test_reading_answers_is_linear_in_the_number_of_answer_lines() -> None:
 
 
 def test_many_answer_lines_get_one_verdict_quickly(checker: MathChecker) -> None:
+    """50,000 answer lines, each with its answer on the next line (what the old scan read the
+    whole rest of the text for: over a minute), scored in seconds: the bound is generous so a
+    busy machine passes; the test above checks that the reading is linear."""
     same = "Answer: 7\n" * 50_000
-    different = "".join(f"Answer: {i}\n" for i in range(50_000))
+    different = "".join(f"Answer:\n{i}\n" for i in range(50_000))
     start = time.monotonic()
     agreed, sprayed = (
         checker.check_one(Job("t", {"answer": "7"}, text), 5.0) for text in (same, different)
     )
-    assert time.monotonic() - start < 5.0
+    assert time.monotonic() - start < 20.0
     assert agreed.passed and agreed.extras["equivalence"] == "string"
     assert sprayed.error_type == "wrong_answer"
     assert sprayed.extras["equivalence"] == "several_answers"

@@ -42,12 +42,14 @@ _NOT_UNITS = frozenset(
     "am pm hundred thousand million billion trillion dozen squared cubed percent factorial".split()
 )
 _BASE = re.compile(r"([0-9A-Za-z]+)_\{?(\d+)\}?")
-#: A unit word at the end of a stripped answer. Searched for only in the last `_UNIT_WINDOW`
-#: characters, and never with leading or trailing `\s*`: that made every position of a run of
-#: spaces start a match that failed at its end (12,000 spaces: seconds per search).
+#: A unit word at the end of a stripped answer: `\\text{...}`, a word of two or more letters, or
+#: after a space one of the one-letter unit symbols (`5 m`, `3 g`, `2 h`; `2 i` is no unit).
+#: Searched for only in the last `_UNIT_WINDOW` characters, and never with leading or trailing
+#: `\s*`: that made every position of a run of spaces start a match that failed at its end
+#: (12,000 spaces: seconds per search).
 _UNIT_TOKEN = re.compile(
-    r"(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z][a-zA-Z ./]*\}|(?<![\\a-zA-Z])[a-zA-Z]{2,}\.?)"
-    r"(?:\^\{?[23]\}?)?$"
+    r"(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z][a-zA-Z ./]*\}|(?<![\\a-zA-Z])[a-zA-Z]{2,}\.?"
+    r"|(?<=\s)[mgshlL])(?:\^\{?[23]\}?)?$"
 )
 _UNIT_WINDOW = 100
 _REWRITES: tuple[tuple[str, str], ...] = (
