@@ -5,16 +5,22 @@ decides (`equivalent` returns it as the score line's `equivalence`):
 - `string`: equal once normalised, whitespace ignored (`2 i` is `2i`);
 - `text`: equal as text: `\\text{}` unwrapped, case, spacing and punctuation ignored
   (`5:15 PM` is `5:15 p.m.`, `(B)` is `B`);
+- `unit`: both sides have unit words after their number and the units differ (`5 km`, `5 cm`;
+  `unit+converted` when the values agree once converted): wrong (ckpteval.checkers.math_units);
+- `too_large`: a number with a power of ten beyond `MAX_EXPONENT`, not equal as written: wrong;
 - `number`: both plain numbers, compared exactly as rationals (`$1,234.50`, `3/4`, `\\frac{3}{4}`,
-  `1.5e3`, `25%`); a percent against a bare number matches its value or its digits;
+  `1.5e3`, `25%`, `2.5 million`, `twenty-five`); a percent against a bare number matches its
+  value or its digits;
 - `list`: comma lists compared item by item: tuples, intervals and vectors in order with the same
   brackets, sets (`\\{1, 2\\}`) and bare lists (`1, 2`: MATH's "all solutions") in any order;
+  a sentence (`No, there is none`) is not a list;
 - `math_verify`: math-verify (sympy) on the normalised forms. An answer with words (`Tuesday`)
   never goes there, as sympy would read it as a product of letters that any anagram equals: it
   is `text` or wrong.
-Unit words after a number are dropped from both sides first (`+units`); a thousands separator is
-one only in true groups of three (`1,234` is 1234, `1,2,3` is a list). Forms math-verify cannot
-parse are rewritten first (`+rewrite`: unicode `√`, `π`, `×`, `\\sqrt2`, `\\sqrt[3]4`, `\\frac12`).
+Unit words after a number are cut off both sides first and compared (`+units`; a unit on one
+side only is dropped); a thousands separator is one only in true groups of three (`1,234` is
+1234, `1,2,3` is a list). Forms math-verify cannot parse are rewritten first (`+rewrite`:
+unicode `√`, `π`, `×`, `\\sqrt2`, `\\sqrt[3]4`, `\\frac12`).
 """
 
 from __future__ import annotations

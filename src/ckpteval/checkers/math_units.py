@@ -30,6 +30,7 @@ _UNITS: dict[str, tuple[str, Fraction, tuple[str, ...]]] = {
     "kg": ("mass", Fraction(1000), ("kilogram",)),
     "lb": ("mass", Fraction(45359237, 100000), ("pound", "lbs")),
     "oz": ("mass", Fraction(45359237, 1600000), ("ounce",)),
+    "ms": ("time", Fraction(1, 1000), ("millisecond",)),
     "s": ("time", Fraction(1), ("second", "sec")),
     "min": ("time", Fraction(60), ("minute",)),
     "h": ("time", Fraction(3600), ("hour", "hr", "hrs")),
