@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import time
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
 from ckpteval.checkers import Job, get_checker
-from ckpteval.checkers.math import MathChecker, as_number, extract_answer, gold_answer
+from ckpteval.checkers.math import (
+    ALLOWANCE_S,
+    MathChecker,
+    as_number,
+    extract_answer,
+    gold_answer,
+)
 from ckpteval.io import iter_jsonl
 
 ARITH = Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks" / "arith.jsonl"
@@ -455,3 +463,207 @@ def test_plus_minus_is_both_values(checker: MathChecker) -> None:
             ("\\pm 3", "3", False, "list"),
         ],
     )
+
+
+def _best_of(runs: int, call: object, arg: str) -> float:
+    took = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call(arg)  # type: ignore[operator]
+        took.append(time.perf_counter() - start)
+    return min(took)
+
+
+def test_reading_answers_is_linear_in_the_number_of_answer_lines() -> None:
+    """Each answer line reads its own line (or the next non-empty one), never the rest of the
+    text: 20,000 bare `Answer:` lines took 10 s. Timed as a ratio against a tenth of the input
+    (linear: about 10; quadratic: about 100), best of a few runs, so that a busy machine passes."""
+    piece = "Answer:\nAnswer: 1\nFinal Answer\n#### 1\nThe answer is 1\n"
+    small = _best_of(3, extract_answer, piece * 1_000)
+    large = _best_of(2, extract_answer, piece * 10_000)  # 50,000 answer lines
+    assert large < 30 * small, (small, large)
+    assert large < 5.0
+
+
+def test_many_answer_lines_get_one_verdict_quickly(checker: MathChecker) -> None:
+    """50,000 answer lines, each with its answer on the next line (what the old scan read the
+    whole rest of the text for: over a minute), scored in seconds: the bound is generous so a
+    busy machine passes; the test above checks that the reading is linear."""
+    same = "Answer: 7\n" * 50_000
+    different = "".join(f"Answer:\n{i}\n" for i in range(50_000))
+    start = time.monotonic()
+    agreed, sprayed = (
+        checker.check_one(Job("t", {"answer": "7"}, text), 5.0) for text in (same, different)
+    )
+    assert time.monotonic() - start < 20.0
+    assert agreed.passed and agreed.extras["equivalence"] == "string"
+    assert sprayed.error_type == "wrong_answer"
+    assert sprayed.extras["equivalence"] == "several_answers"
+    assert "50000 different final answers" in sprayed.stderr_tail
+
+
+def test_a_huge_power_of_ten_is_compared_as_written(checker: MathChecker) -> None:
+    """`1e100000000` as an exact value is 10^(10^8) (minutes, hundreds of MB): beyond
+    `MAX_EXPONENT` a number is only compared as written."""
+    assert as_number("1e100000000") is None and as_number("1e1000") == 10**1000
+    start = time.monotonic()
+    assert_judged(
+        checker,
+        [
+            ("42", "1e100000000", False, "too_large"),
+            ("1e100000000", "1e100000000", True, "string"),
+            ("1e100000000", "1E+100000000", False, "too_large"),
+            ("1e100000000", "1e100000001", False, "too_large"),
+            ("1000000", "1e6", True, "number"),
+        ],
+    )
+    assert time.monotonic() - start < 10.0
+
+
+@pytest.mark.parametrize("answer", ["10^{10^{10}}", "(x+y+z+w)^{90}"])
+def test_a_comparison_sympy_cannot_finish_ends_within_the_timeout(
+    checker: MathChecker, answer: str
+) -> None:
+    """An exponent tower (sympy evaluates 10^(10^10)) or a huge expansion: the helper is killed
+    at the sample's timeout, and the sample ends within it plus the stated allowance."""
+    job = Job("t", {"answer": "42" if "^{10" in answer else "x^{90}"}, f"\\boxed{{{answer}}}")
+    checker.check([Job("w", {"answer": "x^2"}, "\\boxed{x^2}")], workers=1)  # a started pool
+    start = time.monotonic()
+    verdict = checker.check_one(job, 1.0)
+    assert verdict.error_type == "timeout", verdict
+    assert time.monotonic() - start < 1.0 + ALLOWANCE_S
+    assert verdict.duration_s < 1.0 + ALLOWANCE_S
+
+
+def test_a_fresh_checkers_first_comparison_gets_no_more_than_its_timeout() -> None:
+    """The first call of a fresh helper used to get 60 s on top of the sample's timeout (for the
+    import), which a hostile first sample spent on sympy. Now the import is paid once, with the
+    sample's clock stopped, and helpers are forks of the warm template: the first sample that
+    needs math-verify is held to its timeout plus `ALLOWANCE_S` like any other, and so is the
+    first call of the helper forked to replace the one it overran. Closing leaves no process.
+    (A checker of its own, so a few seconds of import and warm-up: what is tested.)"""
+    fresh = MathChecker()
+    try:
+        slow = Job("t", {"answer": "x^{90}"}, "\\boxed{(x+y+z+w)^{90}}", timeout=1.0)
+        honest = Job("t", {"answer": "x^2 + 2x + 1"}, "\\boxed{(x+1)^2}", timeout=2.0)
+        first, second = fresh.check([slow, honest], workers=1)
+        template, helpers = fresh._pool._template, list(fresh._pool._live)
+    finally:
+        fresh.close()
+    assert first.error_type == "timeout", first
+    assert first.duration_s < 1.0 + ALLOWANCE_S
+    assert second.passed, second
+    assert second.duration_s < 2.0 + ALLOWANCE_S
+    assert template is not None and template.poll() is not None and helpers
+    for pid in helpers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_units_are_compared_not_dropped(checker: MathChecker) -> None:
+    """A unit on both sides must be the same unit (any spelling); a different unit fails, and a
+    correct conversion says so (`unit+converted`). A unit on one side only is dropped: the
+    problem names the unit, and a count noun says what a number counts."""
+    assert_judged(
+        checker,
+        [
+            ("5\\text{ cm}", "5 km", False, "unit"),
+            ("5 cm", "5 km", False, "unit"),
+            ("5\\text{ cm}", "5 centimeters", True, "string+units"),
+            ("5\\text{ cm}", "5 \\text{cm}", True, "string"),
+            ("50\\text{ m}", "0.05 km", False, "unit+converted"),
+            ("50\\text{ m}", "0.5 km", False, "unit"),
+            ("6\\text{ cm}^2", "6 square centimeters", True, "string+units"),
+            ("6\\text{ cm}^2", "6 cm", False, "unit"),
+            ("40\\text{ mph}", "40 miles per hour", True, "string+units"),
+            ("3\\text{ kg}", "3 seconds", False, "unit"),
+            ("35\\text{ diagonals}", "35 lines", False, "unit"),
+            ("13\\text{ packs}", "13 pack", True, "string+units"),
+            ("5\\text{ cm}", "5", True, "string+units"),
+            ("5", "5 km", True, "string+units"),
+            ("5\\text{ cm}", "6 cm", False, "number+units"),
+        ],
+    )
+
+
+def test_numbers_in_words_are_numbers(checker: MathChecker) -> None:
+    assert_judged(
+        checker,
+        [
+            ("2500000", "2.5 million", True, "number"),
+            ("2,500,000", "2.5 million", True, "number"),
+            ("2.5 million", "2500000", True, "number"),
+            ("2500000", "25 million", False, "number"),
+            ("2500000", "2.5 billion", False, "number"),
+            ("3000", "3 thousand dollars", True, "number+units"),
+            ("48", "4 dozen", True, "number"),
+            ("25", "twenty-five", True, "number"),
+            ("305", "three hundred and five", True, "number"),
+            ("5200000", "five million two hundred thousand", True, "number"),
+            ("26", "twenty-five", False, "number"),
+            ("10", "five five", False, "text"),
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    "completion,answer",
+    [
+        ("The answer is 42, the number of ways to choose them.", "42"),
+        ("The answer is No, there is no such number.", "No"),
+        ("Answer: 5 cm, the length of the side", "5 cm"),
+        # still lists, or hedges that fail as lists
+        ("The answer is 3, 4.", "3, 4"),
+        ("The answer is A, B.", "A, B"),
+        ("The answer is Tuesday, Thursday.", "Tuesday, Thursday"),
+        ("The answer is 5, or maybe 6.", "5, or maybe 6"),
+        ("The answer is x = 3, y = 4.", "x = 3, y = 4"),
+    ],
+)
+def test_a_clause_after_a_comma_is_not_part_of_the_answer(completion: str, answer: str) -> None:
+    assert extract_answer(completion)[0] == answer
+
+
+def test_a_sentence_is_not_a_list(checker: MathChecker) -> None:
+    for completion, gold, passed in [
+        ("The answer is 42, the number of ways to choose them.", "42", True),
+        ("So the answer is no, there is no such number.", "\\text{no}", True),
+        ("The answer is 5, or maybe 6.", "5", False),
+        ("The answer is Tuesday, Thursday.", "\\text{Tuesday}", False),
+    ]:
+        verdict = checker.check_one(Job("t", {"answer": gold}, completion), 5.0)
+        assert verdict.passed == passed, (completion, verdict.extras)
+    assert_judged(
+        checker,
+        [
+            ("\\text{No, there is none}", "there is none, No", False, "text"),
+            ("\\text{No, there is none}", "No, there is none", True, "string"),
+            ("\\text{Tuesday, Thursday}", "Thursday, Tuesday", True, "list"),
+        ],
+    )
+
+
+def test_several_different_final_answers_fail(checker: MathChecker) -> None:
+    """Round 3's spray (three answer sentences, the right one last) fails: a completion that
+    states different final answers does not commit to one. An answer withdrawn by the words
+    after it (`Wait`, `a mistake`, `checking ...`) is not final, and restating the same value
+    (in any form) is one answer."""
+    spray = "The answer is 41. The answer is 42. The answer is 43."
+    for completion, gold, passed in [
+        (spray, "43", False),
+        (spray, "41", False),
+        ("Answer: 41\nAnswer: 43", "43", False),
+        ("The answer is 41.\n#### 43", "43", False),
+        ("\\boxed{41}. \\boxed{42}. \\boxed{43}.", "43", False),
+        ("The answer is 5. Wait, I dropped a term. The answer is 6.", "6", True),
+        ("The answer is 5. That was a mistake: the answer is 6.", "6", True),
+        ("A first try gives \\boxed{4}. Checking it fails, so \\boxed{3}.", "3", True),
+        ("The answer is 1/2.\n#### 0.5", "0.5", True),
+        ("The answer is 7. So the answer is 7.", "7", True),
+        ("Final Answer: The final answer is $16$. I hope it is correct.", "16", True),
+    ]:
+        verdict = checker.check_one(Job("t", {"answer": gold}, completion), 5.0)
+        assert verdict.passed == passed, (completion, verdict.extras, verdict.stderr_tail)
+        if not passed and gold == "43":  # the last answer is right, an earlier one is not
+            assert verdict.extras["equivalence"] == "several_answers"
+            assert "different final answers" in verdict.stderr_tail

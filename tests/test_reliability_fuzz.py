@@ -588,6 +588,7 @@ def math_checker() -> Iterator[Any]:
     from ckpteval.checkers.math import MathChecker
 
     checker = MathChecker()
+    checker._pool.start = lambda: 0.0  # type: ignore[method-assign]
     checker._pool.verify = lambda gold, answer, timeout: False  # type: ignore[method-assign]
     yield checker
     checker.close()
@@ -612,6 +613,8 @@ KNOWN_STALLS = [
     "5" + " so" * (SAMPLE_CHARS // 3),
     "use " * (SAMPLE_CHARS // 4),  # rust's `use ... as String` pattern
     'r#"' * (SAMPLE_CHARS // 3),  # rust's raw-string lexeme
+    "Answer:\n" * (SAMPLE_CHARS // 8),  # each answer line read the rest of the text
+    "\\boxed{1e100000000}",  # an exact Fraction of 10^(10^8)
 ]
 
 

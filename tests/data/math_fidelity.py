@@ -305,6 +305,9 @@ def rows() -> list[dict[str, object]]:
     for shape, (gold, good, near, numeric) in MORE_SHAPES.items():
         out += _shape_rows(shape, gold, good, near, numeric)
     out += _hedges()
+    for shape, (gold, good, near) in ROUND_FOUR_SHAPES.items():
+        out += _unit_rows(shape, gold, good, near)
+    out += _round_four()
     for i, row in enumerate(out):
         row["id"] = f"mf{i:04d}"
     return [{"id": r.pop("id"), **r} for r in out]
@@ -417,6 +420,57 @@ def _hedges() -> list:
         (f"{WORKING} The answer is $4$, $3$.", "answer_is"),
     ):
         out.append(_row("roots_in_prose", "3, 4", text, True, style, "correct: all roots"))
+    return out
+
+
+#: Issue 48's shapes (after the others, so that earlier ids stay): units compared, not dropped
+#: (a different unit, a converted value); numbers in words.
+ROUND_FOUR_SHAPES: dict[str, tuple[str, list[str], list[str]]] = {
+    "units_length": (
+        "5\\text{ cm}",
+        ["5 cm", "5 centimeters", "5", "5 \\text{ cm}"],
+        ["5 km", "5 m", "50 mm", "6 cm"],
+    ),
+    "units_rate_symbol": ("40\\text{ mph}", ["40 miles per hour", "40"], ["40 km per hour"]),
+    "number_words": (
+        "2500000",
+        ["2.5 million", "2,500,000", "2.5 million dollars"],
+        ["2.5 billion", "25 million", "2.5"],
+    ),
+}
+
+
+def _round_four() -> list:
+    """Several different final answers (round 3's spray of answer sentences, answer lines and
+    boxes in separate sentences, the right one last): a fail, while the same answer restated, or
+    a withdrawn one corrected, passes. And a clause after a comma is not a second answer."""
+    out = []
+    for gold, right, wrong in HEDGED:
+        for text, style in (
+            (
+                f"{WORKING} The answer is ${wrong}$. The answer is $0$. The answer is ${right}$.",
+                "spray_answer_is",
+            ),
+            (f"{WORKING}\nAnswer: ${wrong}$\nAnswer: ${right}$", "spray_answer_line"),
+            (
+                f"{WORKING} So $\\boxed{{{wrong}}}$. Then $\\boxed{{{right}}}$.",
+                "spray_boxes_apart",
+            ),
+        ):
+            out.append(_row("sprayed", gold, text, False, style, f"spray: {wrong} / {right}"))
+        for text, style in (
+            (f"{WORKING} The answer is ${right}$. So the answer is ${right}$.", "restated"),
+            (
+                f"{WORKING} The answer is ${wrong}$. That was a mistake: the answer is ${right}$.",
+                "self_correction",
+            ),
+        ):
+            out.append(_row("sprayed", gold, text, True, style, f"one answer: {right}"))
+    for gold, text in (
+        ("42", f"{WORKING} The answer is 42, the number of ways to pick them."),
+        ("\\text{no}", f"{WORKING} The answer is no, there is no such number."),
+    ):
+        out.append(_row("sentence_comma", gold, text, True, "answer_is", "a clause, not a list"))
     return out
 
 

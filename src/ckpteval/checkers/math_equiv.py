@@ -5,16 +5,22 @@ decides (`equivalent` returns it as the score line's `equivalence`):
 - `string`: equal once normalised, whitespace ignored (`2 i` is `2i`);
 - `text`: equal as text: `\\text{}` unwrapped, case, spacing and punctuation ignored
   (`5:15 PM` is `5:15 p.m.`, `(B)` is `B`);
+- `unit`: both sides have unit words after their number and the units differ (`5 km`, `5 cm`;
+  `unit+converted` when the values agree once converted): wrong (ckpteval.checkers.math_units);
+- `too_large`: a number with a power of ten beyond `MAX_EXPONENT`, not equal as written: wrong;
 - `number`: both plain numbers, compared exactly as rationals (`$1,234.50`, `3/4`, `\\frac{3}{4}`,
-  `1.5e3`, `25%`); a percent against a bare number matches its value or its digits;
+  `1.5e3`, `25%`, `2.5 million`, `twenty-five`); a percent against a bare number matches its
+  value or its digits;
 - `list`: comma lists compared item by item: tuples, intervals and vectors in order with the same
   brackets, sets (`\\{1, 2\\}`) and bare lists (`1, 2`: MATH's "all solutions") in any order;
+  a sentence (`No, there is none`) is not a list;
 - `math_verify`: math-verify (sympy) on the normalised forms. An answer with words (`Tuesday`)
   never goes there, as sympy would read it as a product of letters that any anagram equals: it
   is `text` or wrong.
-Unit words after a number are dropped from both sides first (`+units`); a thousands separator is
-one only in true groups of three (`1,234` is 1234, `1,2,3` is a list). Forms math-verify cannot
-parse are rewritten first (`+rewrite`: unicode `√`, `π`, `×`, `\\sqrt2`, `\\sqrt[3]4`, `\\frac12`).
+Unit words after a number are cut off both sides first and compared (`+units`; a unit on one
+side only is dropped); a thousands separator is one only in true groups of three (`1,234` is
+1234, `1,2,3` is a list). Forms math-verify cannot parse are rewritten first (`+rewrite`:
+unicode `√`, `π`, `×`, `\\sqrt2`, `\\sqrt[3]4`, `\\frac12`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from fractions import Fraction
+
+from ckpteval.checkers import math_units
 
 #: A math-verify call: True/False, or None when it ran out of time.
 Verify = Callable[[str, str], "bool | None"]
@@ -40,12 +48,14 @@ _NOT_UNITS = frozenset(
     "am pm hundred thousand million billion trillion dozen squared cubed percent factorial".split()
 )
 _BASE = re.compile(r"([0-9A-Za-z]+)_\{?(\d+)\}?")
-#: A unit word at the end of a stripped answer. Searched for only in the last `_UNIT_WINDOW`
-#: characters, and never with leading or trailing `\s*`: that made every position of a run of
-#: spaces start a match that failed at its end (12,000 spaces: seconds per search).
+#: A unit word at the end of a stripped answer: `\\text{...}`, a word of two or more letters, or
+#: after a space one of the one-letter unit symbols (`5 m`, `3 g`, `2 h`; `2 i` is no unit).
+#: Searched for only in the last `_UNIT_WINDOW` characters, and never with leading or trailing
+#: `\s*`: that made every position of a run of spaces start a match that failed at its end
+#: (12,000 spaces: seconds per search).
 _UNIT_TOKEN = re.compile(
-    r"(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z][a-zA-Z .]*\}|(?<![\\a-zA-Z])[a-zA-Z]{2,}\.?)"
-    r"(?:\^\{?[23]\}?)?$"
+    r"(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z][a-zA-Z ./]*\}|(?<![\\a-zA-Z])[a-zA-Z]{2,}\.?"
+    r"|(?<=\s)[mgshlL])(?:\^\{?[23]\}?)?$"
 )
 _UNIT_WINDOW = 100
 _REWRITES: tuple[tuple[str, str], ...] = (
@@ -117,19 +127,22 @@ def _unwrap_math(text: str) -> str:
     return text
 
 
-def strip_units(text: str) -> str:
-    """`text` without unit words after a number (`35 diagonals`, `40 miles per hour`,
-    `2\\text{ cm}^2`, `18.9 dollars`): words of two or more letters, or `\\text{}`, that follow
-    a part with a digit and no letters outside LaTeX commands. Single letters stay (`2 i`)."""
+def split_units(text: str) -> tuple[str, str]:
+    """(`text` without the unit words after its number, those words) (`35 diagonals`, `40 miles
+    per hour`, `2\\text{ cm}^2`, `18.9 dollars`); (`text`, "") when it has none. Unit words are
+    words of two or more letters, or `\\text{}`, that follow a part with a digit and no letters
+    outside LaTeX commands but number words (`2.5 million dollars`). Single letters stay (`2 i`)."""
     rest = text.strip()
     while True:
         match = _UNIT_TOKEN.search(rest, max(0, len(rest) - _UNIT_WINDOW))
         if not match or match.start() == 0 or text_key(match.group(0)) in _NOT_UNITS:
             break
         rest = rest[: match.start()].rstrip()
-    if rest == text.strip() or not re.search(r"\d", rest) or has_letters(rest):
-        return text
-    return rest
+    if rest == text.strip() or not re.search(r"\d", rest):
+        return text, ""
+    if has_letters(rest) and words_number(rest) is None:
+        return text, ""
+    return rest, text.strip()[len(rest) :].strip()
 
 
 def has_letters(text: str) -> bool:
@@ -170,11 +183,94 @@ def _number(text: str) -> tuple[Fraction, bool] | None:
             return None
         return sign * Fraction(int(frac.group(2)), int(frac.group(3))), percent
     if not _NUMBER.fullmatch(cleaned):
+        words = words_number(cleaned) if re.search("[a-zA-Z]{3}", cleaned) else None
+        return None if words is None else (words, percent)
+    if oversized(cleaned):
         return None
     try:
         return Fraction(cleaned), percent
     except (ValueError, ZeroDivisionError):
         return None
+
+
+#: The largest power of ten a number may be written with (`1e1000`) and still be read as its
+#: exact value: `1e100000000` as a Fraction is 10^(10^8), minutes and hundreds of MB to build.
+#: A number beyond it is compared only as written (`equivalence: too_large` when that fails).
+MAX_EXPONENT = 1000
+_EXPONENT = re.compile(r"(?<=[\d.])[eE][-+]?0*(\d+)")
+
+
+def oversized(text: str) -> bool:
+    """Whether `text` writes a number with a power of ten beyond `MAX_EXPONENT` (`1e100000000`)."""
+    return any(
+        len(m.group(1)) > len(str(MAX_EXPONENT)) or int(m.group(1)) > MAX_EXPONENT
+        for m in _EXPONENT.finditer(text)
+    )
+
+
+_ONES = {
+    word: value
+    for value, word in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+        "fifteen sixteen seventeen eighteen nineteen".split()
+    )
+}
+_TENS = {
+    word: 10 * value
+    for value, word in enumerate(
+        "twenty thirty forty fifty sixty seventy eighty ninety".split(), start=2
+    )
+}
+_SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+#: What may follow a written number (`2.5 million`, `3 dozen`, `2 hundred thousand`).
+_MULTIPLIERS = {"dozen": 12, "hundred": 100, **_SCALES}
+_DECIMAL = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)")
+
+
+def words_number(text: str) -> Fraction | None:
+    """A number written with words as an exact rational: a decimal and scale words (`2.5
+    million`, `3 thousand`, `4 dozen`) or an English number (`twenty-five`, `three hundred and
+    five`, `five million two hundred thousand`); None for any other text."""
+    words = [w for w in re.split(r"[\s-]+", text.strip().lower()) if w]
+    if not words or len(words) > 16:
+        return None
+    if _DECIMAL.fullmatch(words[0]):
+        if len(words) == 1 or any(w not in _MULTIPLIERS for w in words[1:]):
+            return None
+        value = Fraction(words[0])
+        for word in words[1:]:
+            value *= _MULTIPLIERS[word]
+        return value
+    total, at, last_scale = 0, 0, None
+    while at < len(words):
+        chunk, at = _below_thousand(words, at)
+        if chunk is None:
+            return None
+        if at == len(words):
+            return Fraction(total + chunk)
+        scale = _SCALES.get(words[at])
+        if scale is None or (last_scale is not None and scale >= last_scale):
+            return None
+        total, at, last_scale = total + chunk * scale, at + 1, scale
+        if at < len(words) and words[at] == "and":  # two thousand and twenty
+            at += 1
+    return Fraction(total)
+
+
+def _below_thousand(words: list[str], at: int) -> tuple[int | None, int]:
+    """(the number under a thousand that `words[at:]` start with, where it ends)."""
+    value, found = 0, False
+    if at + 1 < len(words) and 0 < _ONES.get(words[at], 0) < 10 and words[at + 1] == "hundred":
+        value, at, found = 100 * _ONES[words[at]], at + 2, True
+        if at < len(words) and words[at] == "and":
+            at += 1
+    if at < len(words) and words[at] in _TENS:
+        value, at, found = value + _TENS[words[at]], at + 1, True
+        if at < len(words) and 0 < _ONES.get(words[at], 0) < 10:
+            value, at = value + _ONES[words[at]], at + 1
+    elif at < len(words) and words[at] in _ONES and not (found and words[at] == "zero"):
+        value, at, found = value + _ONES[words[at]], at + 1, True
+    return (value if found else None), at
 
 
 def text_key(text: str) -> str:
@@ -203,10 +299,11 @@ _PLUS_MINUS = re.compile(r"\\pm(?![a-zA-Z])|±")
 def equivalent(gold: str, answer: str, verify: Verify) -> tuple[bool | None, str]:
     """(whether `answer` equals `gold`, the stage that decided); None when math-verify ran out
     of time. A lone `x =` (or `x \\in`) is dropped from a side when the other has no `=`, and
-    `and` separates items when the gold is a list and the answer is not."""
+    `and` separates items when the gold is a list and the answer is not (`3 or 4`, `1 and 2`;
+    not `three hundred and five`)."""
     g, g_rewritten = normalise(gold)
     a, a_rewritten = normalise(answer)
-    if _CONNECTIVE.search(a) and not _CONNECTIVE.search(g):  # `3 or 4`, `1 and 2`
+    if _CONNECTIVE.search(a) and not _CONNECTIVE.search(g) and words_number(a) is None:
         a = ", ".join(piece.strip().removesuffix(",") for piece in _CONNECTIVE.split(a))
     g, a = _both_signs(g), _both_signs(a)
     same, how = _compare(g, a, verify)
@@ -258,10 +355,23 @@ def _compare(g: str, a: str, verify: Verify) -> tuple[bool | None, str]:
     key = text_key(g)
     if re.search("[a-z]", key) and key == text_key(a):
         return True, "text"
-    gu, au = strip_units(g), strip_units(a)
-    suffix = "+units" if (gu, au) != (g, a) else ""
+    (gu, g_unit), (au, a_unit) = split_units(g), split_units(a)
+    suffix = "+units" if g_unit or a_unit else ""
+    units = math_units.compare(g_unit, a_unit)
+    if units != "same":  # `5 km` is not `5 cm`; `0.05 km` is `50 m`, in another unit
+        gn, an = _number(gu), _number(au)
+        converted = (
+            units == "converted"
+            and gn is not None
+            and an is not None
+            and gn[1] == an[1]
+            and an[0] * math_units.size_ratio(g_unit, a_unit) == gn[0]
+        )
+        return False, "unit+converted" if converted else "unit"
     if suffix and _squash(gu) == _squash(au):
         return True, "string" + suffix
+    if oversized(gu) or oversized(au):  # compared as written, which the stages above did
+        return False, "too_large" + suffix
     same = _numbers_equal(gu, au)
     if same is not None:
         return same, "number" + suffix
@@ -310,7 +420,15 @@ def split_list(text: str) -> tuple[str, str, list[str]] | None:
         items = _top_level_split(text[1:-1])
         return (text[0], text[-1], items) if items and len(items) >= 2 else None
     items = _top_level_split(text)
+    if items and any(_is_clause(item) for item in items):
+        return None  # `No, there is none` is a sentence, not two answers
     return ("", "", items) if items and len(items) >= 2 else None
+
+
+def _is_clause(item: str) -> bool:
+    """Whether a comma-separated part is words of a sentence: no digit, two or more words."""
+    words = re.findall(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}", _ENVIRONMENT.sub("", item))
+    return len(words) >= 2 and not re.search(r"\d", item)
 
 
 def _encloses(text: str) -> bool:
