@@ -195,3 +195,25 @@ def test_checkpoint_lookup_and_cells_are_computed_once_yet_answer_like_a_scan(
     cells.clear()
     assert plan.cells()[0]["ckpt"] == "step_10" and len(plan.cells()) == 6
     assert plan.score_files()[0].endswith("/a/step_10/arith/greedy-s42.json")
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        ({"tasks": {"val": {"data": {"val_files": "val.parquet"}}}}, "tasks.val.data.val_files"),
+        ({"tasks": {"val": {"data.val_files": ["a.parquet"]}}}, "tasks.val.data.val_files"),
+        ({"tasks": {"val": {"val_files": "val.parquet"}}}, "tasks.val.val_files"),
+        ({"data": {"val_files": "val.parquet"}}, "data.val_files"),
+    ],
+)
+def test_verls_val_files_points_at_problems(run_dir: Path, where: dict[str, Any], key: str) -> None:
+    """A verl user pastes `data.val_files` from the trainer's config: one line naming the key
+    ckpteval reads the same files from, instead of "not a known key"."""
+    config = {**_config(run_dir), **where}
+    with pytest.raises(UserError) as err:
+        validate_config(config)
+    message = str(err.value)
+    task = "tasks.val." if key.startswith("tasks.") else "tasks.<name>."
+    assert message.startswith(f"config: {key}: verl's key; ")
+    assert f"{task}problems: one file" in message
+    assert "\n" not in message

@@ -303,6 +303,7 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> 
         raise UserError(
             "config is empty: give a config file with --configfile (see config/README.md)"
         )
+    _pasted_val_files(config)
     if isinstance(config.get("tasks"), dict):
         for name, opts in config["tasks"].items():
             if opts is None:
@@ -323,6 +324,32 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> 
         raise UserError(f"config: {key}: {_short(error)}") from None
     for name, opts in config["tasks"].items():
         _canonical_checker(name, opts)
+
+
+def _pasted_val_files(config: dict[str, Any]) -> None:
+    """verl's `data.val_files` pasted into a task (as `data: {val_files}`, `data.val_files` or
+    `val_files`) or at the top level: one line naming ckpteval's key for the same files, where
+    the schema would only call it unknown. Not translated: verl takes a list of files and
+    ckpteval one file or directory per task."""
+    places: list[tuple[str, Any]] = [("", config)]
+    if isinstance(config.get("tasks"), dict):
+        places += [(f"tasks.{name}.", opts) for name, opts in config["tasks"].items()]
+    for prefix, opts in places:
+        if not isinstance(opts, dict):
+            continue
+        data = opts.get("data")
+        for key, present in (
+            ("data.val_files", isinstance(data, dict) and "val_files" in data),
+            ("data.val_files", "data.val_files" in opts),
+            ("val_files", bool(prefix) and "val_files" in opts),
+        ):
+            if present:
+                task = prefix or "tasks.<name>."
+                raise UserError(
+                    f"config: {prefix}{key}: verl's key; ckpteval reads a task's validation "
+                    f"set from {task}problems: one file (.parquet, .jsonl) or a directory of "
+                    "them, one task per set (config/README.md)"
+                )
 
 
 def _pasted_checker(task: str, opts: dict[str, Any]) -> None:
