@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ckpteval.checkers import Checker, Job, Prompting, Verdict, register
+from ckpteval.checkers import Checker, Job, Prompting, Verdict, register, timeout_line
 from ckpteval.checkers.math_equiv import as_number, equivalent
 from ckpteval.checkers.math_extract import boxed, extract_answer, gold_answer
 from ckpteval.errors import UserError
@@ -110,7 +110,7 @@ class MathChecker(Checker):
                 "timeout",
                 duration_s=duration,
                 extras=extras,
-                stderr_tail=f"math-verify took longer than {timeout:g} s",
+                stderr_tail=f"math-verify {timeout_line(timeout, timeout, timeout)}",
             )
         return Verdict(same, None if same else "wrong_answer", duration_s=duration, extras=extras)
 

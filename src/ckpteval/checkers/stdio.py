@@ -79,7 +79,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpteval.checkers import Checker, Job, Prompting, Verdict, register, tail
+from ckpteval.checkers import Checker, Job, Prompting, Verdict, register, tail, with_timeout_line
 from ckpteval.checkers.extract import code_block, utf8_safe
 from ckpteval.checkers.python import python_interpreter
 from ckpteval.checkers.rust import rust_sysroot
@@ -337,6 +337,10 @@ class StdioChecker(Checker):
         tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
         judge = self._judge(job.task_id, problem)
         verdict = self.backend.judge(program, tests, time_limit, memory, judge)
+        if verdict.error_type == "timeout" and verdict.compile_ok:
+            verdict.stderr_tail = with_timeout_line(
+                verdict.stderr_tail, _timeout_words(time_limit, own=own, raised=bool(job.timeout))
+            )
         verdict.duration_s = time.monotonic() - start
         verdict.extras.setdefault("language", program.language)
         if replaced:
@@ -578,6 +582,18 @@ class _Local(_Backend):
             extras={"tests_passed": len(tests), "tests_total": len(tests)},
             run_s=slowest,
         )
+
+
+def _timeout_words(time_limit: float, *, own: bool, raised: bool) -> str:
+    """A timeout verdict's line: which limit the run exceeded, named by where it came from (the
+    problem's own `time_limit`, the configured `evaluate.timeout`, or that raised by
+    calibration). The wall clock that stops a program that blocks is not named: it stretches
+    with the machine's load (`wall_limit`), and the verdict is judged on CPU time."""
+    if own:
+        return f"timed out (the problem's time_limit {time_limit:g} s per test)"
+    if raised:
+        return f"timed out ({time_limit:g} s per test: evaluate.timeout, raised for this problem)"
+    return f"timed out (evaluate.timeout {time_limit:g} s per test)"
 
 
 def cpu_backstop(time_limit: float) -> int:
