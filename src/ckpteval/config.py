@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,9 @@ class Plan:
     waiting: tuple[tuple[str, Unfinished], ...] = ()
     #: Per run, checkpoints whose source is gone but whose results are on disk (kept, marked).
     deleted: dict[str, tuple[Checkpoint, ...]] = field(default_factory=dict)
+    #: One line per task left out: marked `optional` and its checker's program not installed
+    #: here (`left_out_tasks`). Said by the workflow's parse and `check`, never silently.
+    left_out: tuple[str, ...] = ()
     #: Content hashes of the files settings name, memoized (ckpteval.content).
     content: ContentIds | None = field(default=None, repr=False, compare=False)
 
@@ -491,6 +495,9 @@ def build_plan(
     for a training run's first checkpoint)."""
     base_dir = base_dir or Path.cwd()
     tasks, variants, task_variants = build_tasks(config)
+    left_out = left_out_tasks(tasks, config)
+    for name in left_out:
+        del tasks[name], task_variants[name]
 
     runs: dict[str, Run] = {}
     broken: list[tuple[str, Unfinished]] = []
@@ -543,7 +550,34 @@ def build_plan(
         tuple(broken),
         tuple(waiting),
         deleted,
+        left_out=tuple(left_out.values()),
     )
+
+
+def left_out_tasks(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> dict[str, str]:
+    """The tasks marked `optional` whose checker runs a program not installed here
+    (`Checker.programs`: rustc for Rust), each with the line saying so: left out of the plan, so
+    that a machine without an optional tool (the demo's Rust task) runs the rest. A task not
+    marked optional stays, and its evaluate job fails naming the program: a task asked for is
+    never silently dropped. Decided on the machine that plans."""
+    from ckpteval.checkers import checker_class
+
+    evaluate = config.get("evaluate") or {}
+    out: dict[str, str] = {}
+    for name, spec in tasks.items():
+        if not config["tasks"][name].get("optional") or spec.checker == "harness":
+            continue
+        needed = checker_class(spec.checker).programs(spec.language, evaluate)
+        missing = [p for p in needed if shutil.which(p) is None]
+        if missing:
+            out[name] = (
+                f"task {name} left out: it is optional and its checker runs "
+                f"{' and '.join(missing)}, not found on PATH; install {' '.join(missing)} "
+                f"(Debian: sudo apt-get install {' '.join(missing)}) to run it"
+            )
+    if out and len(out) == len(tasks):
+        raise UserError(f"config: tasks: every task is left out ({'; '.join(out.values())})")
+    return out
 
 
 def check_piston_limits(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> None:

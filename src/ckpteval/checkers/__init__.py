@@ -222,6 +222,15 @@ class Checker(abc.ABC):
             cls.streams = False
 
     @classmethod
+    def programs(cls, language: str | None, evaluate: Mapping[str, Any]) -> tuple[str, ...]:
+        """The programs on PATH this checker runs to judge a task asked in `language` (None:
+        told from each completion) under the config's `evaluate` section, besides Python and
+        the sandbox. Where one is missing, a task marked `optional` is left out of the plan
+        with one line (ckpteval.config), and any other task fails in its evaluate job, saying
+        which."""
+        return ()
+
+    @classmethod
     def normalise_problem(cls, row: Mapping[str, Any]) -> dict[str, Any]:
         """One line of a problem file as the record this checker reads (raise KeyError,
         TypeError or ValueError with what is wrong: the caller names file and line)."""

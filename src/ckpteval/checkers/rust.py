@@ -459,6 +459,10 @@ class RustChecker(Checker):
         self.rustc = str(self.sysroot / "bin" / "rustc")
 
     @classmethod
+    def programs(cls, language: str | None, evaluate: Mapping[str, Any]) -> tuple[str, ...]:
+        return ("rustc",)
+
+    @classmethod
     def default_prompt(
         cls, problems: Sequence[Mapping[str, Any]], language: str | None, task: str
     ) -> Prompting:

@@ -252,6 +252,15 @@ class StdioChecker(Checker):
         self._checker_dirs: list[tempfile.TemporaryDirectory[str]] = []
 
     @classmethod
+    def programs(cls, language: str | None, evaluate: Mapping[str, Any]) -> tuple[str, ...]:
+        """A task asked in C++ or Rust compiles with g++ or rustc on this machine, unless a
+        Piston server (`evaluate.piston_url`) runs it; one told from each completion may need
+        either or neither."""
+        if evaluate.get("piston_url"):
+            return ()
+        return {"cpp": ("g++",), "rust": ("rustc",)}.get(language or "", ())
+
+    @classmethod
     def normalise_problem(cls, row: Mapping[str, Any]) -> dict[str, Any]:
         from ckpteval.problems import normalise_stdio
 
