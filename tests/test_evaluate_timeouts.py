@@ -105,6 +105,7 @@ def test_python_timeout_is_calibrated_from_the_reference(tmp_path: Path) -> None
     assert not (tmp_path / "u.jsonl").exists()
 
 
+@pytest.mark.needs("rustc")
 def test_rust_timeout_is_calibrated_from_the_reference_run_not_its_compile(tmp_path: Path) -> None:
     problems = {"slow/0": SLOW_RS}
     samples = [
@@ -129,6 +130,7 @@ def test_rust_timeout_is_calibrated_from_the_reference_run_not_its_compile(tmp_p
     _assert_calibrated(cell, _lines(tmp_path / "s.jsonl"))
 
 
+@pytest.mark.needs("rustc")
 def test_rust_run_s_is_the_test_run_alone() -> None:
     checker = get_checker("rust")
     verdicts = checker.check(
