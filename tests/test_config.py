@@ -11,10 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from conftest import path_without
 from safetensors.numpy import save_file
 
 from ckpteval.checkpoints import discover_checkpoints, pattern_regex
+from ckpteval.cli import main
 from ckpteval.config import build_plan, validate_config
 from ckpteval.errors import UserError
 
@@ -225,7 +227,10 @@ def test_verls_val_files_points_at_problems(run_dir: Path, where: dict[str, Any]
 
 @pytest.mark.needs("rustc", "g++")  # and plans them where they are installed
 def test_an_optional_task_is_left_out_in_one_line_where_its_checkers_program_is_missing(
-    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    run_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The demo's Rust task on a machine without rustc (a user who cannot install it): marked
     optional, it leaves the plan with one line; asked for plainly, it stays (its evaluate job
@@ -250,6 +255,16 @@ def test_an_optional_task_is_left_out_in_one_line_where_its_checkers_program_is_
         "task stdio_demo left out: it is optional and its checker runs g++, not found on PATH; "
         "install g++ (Debian: sudo apt-get install g++) to run it",
     )
+    # `ckpteval check` and `status` read the same plan, and say the same line.
+    path = tmp_path / "config.yaml"
+    outdir = str(tmp_path / "results")
+    path.write_text(yaml.safe_dump(_config(run_dir, tasks=copy.deepcopy(tasks), outdir=outdir)))
+    for verb in ("check", "status"):
+        main([verb, "--configfile", str(path)])
+        said = capsys.readouterr().out.splitlines()
+        assert [f"warning: {line}" for line in plan.left_out] == [
+            line for line in said if "left out" in line
+        ], said
     # A Piston server compiles C++ itself; a Rust task not marked optional stays.
     config = _config(
         run_dir,
