@@ -118,7 +118,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     the skip reasons, which pytest-xdist's workers report to the controller)."""
     missing: Counter[str] = Counter()
     for report in terminalreporter.stats.get("skipped", []):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+        # (path, line, reason); a list once pytest-xdist has sent it from a worker
+        longrepr = report.longrepr
+        reason = str(longrepr[2]) if isinstance(longrepr, (tuple, list)) else ""
         if match := _NEEDS_REASON.match(reason):
             missing.update(match[1].split(", "))
     for program, n in sorted(missing.items()):

@@ -181,3 +181,30 @@ def test_the_demo_plans_without_rustc_leaving_out_its_rust_task_in_one_line(
         "not found on PATH; install rustc (Debian: sudo apt-get install rustc) to run it"
     ]
     assert "pyfunc/greedy-s42" in proc.stdout + proc.stderr  # the rest is planned
+
+
+def test_tests_that_compile_rust_skip_without_rustc_counted_in_one_line(tmp_path: Path) -> None:
+    """`make test` on a machine without rustc: a module of Rust tests (marked needs("rustc"))
+    skips, each test saying why, and the run ends with one line counting them. A pytest of its
+    own (~4 s of CPU, most of it importing the module's ckpteval imports), without plugins."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/test_rust_neighbours.py", "-q"]
+        + ["-p", "no:cacheprovider"],
+        cwd=REPO,
+        env={
+            **os.environ,
+            "PATH": path_without(tmp_path / "bin", "rustc"),
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    lines = proc.stdout.splitlines()
+    assert (
+        "rustc not found: 4 test(s) that need it skipped (sudo apt-get install rustc to run them)"
+        in lines
+    )
+    assert any("4 skipped" in line for line in lines), lines[-3:]
