@@ -177,8 +177,7 @@ def small_config(run_dir: Path, **overrides: Any) -> dict[str, Any]:
             "arith": {},
             "arith_harness": {"limit": 10},
             "pyfunc": {"limit": 3},
-            # Left out without rustc, as the demo's: the rest of a test's sweep still runs.
-            "rustfunc": {"limit": 2, "optional": True},
+            "rustfunc": {"limit": 2},
         },
         "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 48}},
         "engine": {"gpu_memory_utilization": 0.15, "enforce_eager": True},
