@@ -41,6 +41,14 @@ system_packages() {
   optional slurmctld slurm-wlm "the Slurm test cluster's tests skip"
   optional munged munge "the Slurm test cluster's tests skip"
   optional chromium chromium "the report's browser tests skip"
+  # Rootless, the sandbox is a user namespace: one the kernel may refuse to unprivileged users
+  # (Ubuntu 24.04's AppArmor restriction), which only an admin can allow.
+  local refused
+  if [ ${#need[@]} -eq 0 ] && [ "$(id -u)" -ne 0 ] &&
+    ! refused=$(bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all true 2>&1); then
+    echo "setup: bubblewrap cannot make a sandbox as $(id -un) (${refused:-no reason given}); an admin allows user namespaces (Ubuntu: sysctl kernel.apparmor_restrict_unprivileged_userns=0)" >&2
+    exit 1
+  fi
   [ $((${#need[@]} + ${#want[@]})) -eq 0 ] && return 0
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     echo "setup: apt-get install ${need[*]} ${want[*]}"

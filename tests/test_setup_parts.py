@@ -116,7 +116,8 @@ def test_make_demo_sets_up_only_what_the_demo_needs_and_make_test_the_rest(tmp_p
 def test_setup_as_a_user_without_rustc_says_what_is_skipped_in_one_line() -> None:
     """A user who is not root (`nobody`), on a machine with bubblewrap and without rustc: the
     system part succeeds and says in one line what is left out; without bubblewrap (the
-    sandbox, which only an admin can install) it stops, saying so in one line."""
+    sandbox, which only an admin can install), or with one the kernel refuses this user a
+    namespace for, it stops, saying so in one line."""
     if os.geteuid() != 0 or shutil.which("runuser") is None:
         pytest.skip("needs root (to become nobody) and runuser")
     bin_dir = Path(tempfile.mkdtemp(prefix="ckpteval-path-"))  # nobody cannot enter tmp_path
@@ -149,6 +150,21 @@ def test_setup_as_a_user_without_rustc_says_what_is_skipped_in_one_line() -> Non
             "admin installs it (sudo apt-get install bubblewrap), the rest of the setup needs no "
             "root"
         ]
+        # A kernel that refuses this user a namespace (cannot be set here: a stand-in bwrap
+        # answers as bubblewrap does under Ubuntu's AppArmor restriction).
+        refusing = bin_dir / "c"
+        refusing.mkdir(mode=0o755)
+        (refusing / "bwrap").write_text(
+            "#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n"
+        )
+        (refusing / "bwrap").chmod(0o755)
+        proc = as_nobody(f"{refusing}:{path_without(bin_dir / 'd', 'rustc', path=system)}")
+        assert proc.returncode == 1
+        assert proc.stderr.splitlines()[-1] == (
+            "setup: bubblewrap cannot make a sandbox as nobody (bwrap: setting up uid map: "
+            "Permission denied); an admin allows user namespaces (Ubuntu: sysctl "
+            "kernel.apparmor_restrict_unprivileged_userns=0)"
+        )
     finally:
         shutil.rmtree(bin_dir)
 
