@@ -144,7 +144,7 @@ class Plan:
     #: Per run, checkpoints whose source is gone but whose results are on disk (kept, marked).
     deleted: dict[str, tuple[Checkpoint, ...]] = field(default_factory=dict)
     #: One line per task left out: marked `optional` and its checker's program not installed
-    #: here (`left_out_tasks`). Said by the workflow's parse and `check`, never silently.
+    #: here (`left_out_tasks`). Said by the workflow's parse, `check` and `status`.
     left_out: tuple[str, ...] = ()
     #: Content hashes of the files settings name, memoized (ckpteval.content).
     content: ContentIds | None = field(default=None, repr=False, compare=False)
