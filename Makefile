@@ -47,6 +47,7 @@ lint: setup
 	bash scripts/lint.sh
 
 dag: setup
+	@command -v dot >/dev/null || { echo "dag: graphviz's dot not found; install it with: sudo apt-get install graphviz" >&2; exit 1; }
 	$(VENV)/bin/snakemake --rulegraph | dot -Tsvg > rulegraph.svg
 	@echo "wrote rulegraph.svg"
 

@@ -4,6 +4,7 @@ current workflow (`make docs/dag.png`): the demo config's tasks on one placehold
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,8 @@ def demo_tasks() -> dict:
 
 
 def main() -> None:
+    if shutil.which("dot") is None:
+        sys.exit("dag: graphviz's dot not found; install it with: sudo apt-get install graphviz")
     out = REPO / "docs" / "dag.png"
     with tempfile.TemporaryDirectory(prefix="ckpteval-dag-") as tmp:
         work = Path(tmp)

@@ -15,34 +15,53 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3 || true)}  # none: said below
 VENV=${VENV:-.venv}
 
 system_packages() {
-  # bubblewrap: the sandbox; graphviz: `snakemake --dag | dot`; g++: C++ solutions in stdio tasks;
-  # rustc: the Rust checker (Debian's is fine if no rustup toolchain is present).
-  # Optional: slurm-wlm and munge, the two-node Slurm test cluster of tests/test_slurm.py, and
-  # chromium, the browser tests/test_report_browser.py opens the report in (their tests skip
-  # without them, and without root).
-  local need=() want=()
+  # Needed: bubblewrap, the sandbox every checker runs generated code in (the demo's tasks and
+  # most tests); an admin installs it once, everything else here a user can do alone. Optional,
+  # each said in one line when missing (what is skipped, how to get it): rustc (the Rust checker;
+  # the demo's Rust task is `optional: true`, left out without it; Debian's is fine if no rustup
+  # toolchain is present), g++ (stdin/stdout tasks asked in C++), graphviz (`make dag`,
+  # docs/dag.png), slurm-wlm and munge (the two-node Slurm test cluster of tests/test_slurm.py),
+  # chromium (the browser tests/test_report_browser.py opens the report in). As root, apt-get
+  # installs whatever is missing.
+  local need=() want=() skipped=()
   command -v bwrap >/dev/null || need+=(bubblewrap)
-  command -v dot >/dev/null || need+=(graphviz)
-  command -v g++ >/dev/null || need+=(g++)
-  command -v rustc >/dev/null || need+=(rustc)
-  PATH="$PATH:/usr/sbin:/sbin" command -v slurmctld >/dev/null || want+=(slurm-wlm)
-  PATH="$PATH:/usr/sbin:/sbin" command -v munged >/dev/null || want+=(munge)
-  command -v chromium >/dev/null || want+=(chromium)
+  # optional PROGRAM PACKAGE WHAT: without PROGRAM, PACKAGE is wanted and WHAT is skipped.
+  optional() {
+    PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null && return 0
+    want+=("$2")
+    skipped+=("$1 not found: $3; install it with: sudo apt-get install $2")
+  }
+  optional rustc rustc "the demo's Rust task (tasks.rustfunc) is left out, the Rust tests skip"
+  optional g++ g++ "stdin/stdout tasks asked in C++ cannot be scored, their tests skip"
+  optional dot graphviz "\`make dag\` and docs/dag.png cannot draw the DAG"
+  optional slurmctld slurm-wlm "the Slurm test cluster's tests skip"
+  optional munged munge "the Slurm test cluster's tests skip"
+  optional chromium chromium "the report's browser tests skip"
+  # Rootless, the sandbox is a user namespace: one the kernel may refuse to unprivileged users
+  # (Ubuntu 24.04's AppArmor restriction), which only an admin can allow.
+  local refused
+  if [ ${#need[@]} -eq 0 ] && [ "$(id -u)" -ne 0 ] &&
+    ! refused=$(bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all true 2>&1); then
+    echo "setup: bubblewrap cannot make a sandbox as $(id -un) (${refused:-no reason given}); an admin allows user namespaces (Ubuntu: sysctl kernel.apparmor_restrict_unprivileged_userns=0)" >&2
+    exit 1
+  fi
   [ $((${#need[@]} + ${#want[@]})) -eq 0 ] && return 0
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     echo "setup: apt-get install ${need[*]} ${want[*]}"
     apt-get update -qq &&
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" "${want[@]}" >/dev/null
-  elif [ ${#need[@]} -gt 0 ]; then
-    echo "setup: missing system packages: ${need[*]} (install them with: sudo apt-get install ${need[*]} ${want[*]})" >&2
-    exit 1
-  else
-    echo "setup: the Slurm or browser tests will be skipped (to run them: sudo apt-get install ${want[*]})" >&2
+    return 0
   fi
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "setup: bubblewrap not found: the sandbox every task's generated code runs in; an admin installs it (sudo apt-get install bubblewrap), the rest of the setup needs no root" >&2
+    exit 1
+  fi
+  local line
+  for line in "${skipped[@]}"; do echo "setup: $line" >&2; done
 }
 
 project_venv() {

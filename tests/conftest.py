@@ -82,14 +82,52 @@ LONGEST_FIRST = (
 )
 
 
+#: Debian's package of each optional program a test may need (`@pytest.mark.needs(program)`):
+#: scripts/setup-env.sh installs them as root and says in one line what a user without one
+#: misses; the tests that need a missing one skip, each saying which, and the run ends with one
+#: line per missing program saying how many.
+OPTIONAL_PROGRAMS = {"rustc": "rustc", "g++": "g++"}
+
+#: The reason of a test skipped for want of programs (the programs: group 1).
+_NEEDS_REASON = re.compile(r"(?:Skipped: )?needs (.+?): not found on PATH")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=_module_rank)  # stable: tests keep their order inside a module
+    for item in items:
+        needed = [p for mark in item.iter_markers("needs") for p in mark.args]
+        missing = [p for p in needed if shutil.which(p) is None]
+        if missing:
+            packages = " ".join(OPTIONAL_PROGRAMS[p] for p in missing)
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"needs {', '.join(missing)}: not found on PATH "
+                    f"(sudo apt-get install {packages})"
+                )
+            )
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line per optional program this machine lacks: how many tests skipped for it (from
+    the skip reasons, which pytest-xdist's workers report to the controller)."""
+    missing: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        # (path, line, reason); a list once pytest-xdist has sent it from a worker
+        longrepr = report.longrepr
+        reason = str(longrepr[2]) if isinstance(longrepr, (tuple, list)) else ""
+        if match := _NEEDS_REASON.match(reason):
+            missing.update(match[1].split(", "))
+    for program, n in sorted(missing.items()):
+        terminalreporter.write_line(
+            f"{program} not found: {n} test(s) that need it skipped "
+            f"(sudo apt-get install {OPTIONAL_PROGRAMS[program]} to run them)"
+        )
 
 
 def _module_rank(item: pytest.Item) -> int:
@@ -177,6 +215,24 @@ def as_nobody_json(script: Path, *args: str, cwd: Path, tmpdir: str | None = Non
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def path_without(bin_dir: Path, *programs: str, path: str | None = None) -> str:
+    """A PATH that finds every program `path` (default: this process's PATH) does but
+    `programs`: `bin_dir`, made here, holding a link to the first of each name (a machine
+    without rustc, say, as a user who cannot uninstall it sees one)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    bin_dir.chmod(0o755)
+    for entry in (path or os.environ["PATH"]).split(os.pathsep):
+        if not os.path.isdir(entry):
+            continue
+        for name in os.listdir(entry):
+            link, target = bin_dir / name, Path(entry) / name
+            if name in programs or os.path.lexists(link) or not target.is_file():
+                continue
+            if os.access(target, os.X_OK):
+                link.symlink_to(target)
+    return str(bin_dir)
 
 
 def snakemake_cmd(workdir: Path, *args: str) -> list[str]:

@@ -11,6 +11,9 @@ from ckpteval.checkers.extract import brace_depth, rust_program, rust_tests
 from ckpteval.checkers.rust import prompt_contract
 from ckpteval.io import iter_jsonl
 
+#: Every test compiles Rust.
+pytestmark = pytest.mark.needs("rustc")
+
 RUSTFUNC = (
     Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks" / "rustfunc.jsonl"
 )

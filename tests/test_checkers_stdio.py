@@ -16,6 +16,9 @@ from ckpteval.checkers.stdio import PistonError, detect_program, outputs_match
 from ckpteval.errors import UserError
 from ckpteval.evaluate import score_samples
 
+#: The verdicts of C++ and Rust programs: compiled here, or by the Piston stand-in.
+pytestmark = pytest.mark.needs("g++", "rustc")
+
 APLUSB = {
     "task_id": "aplusb",
     "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6\n"}],

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import yaml
+from conftest import path_without
 from safetensors.numpy import save_file
 
 from ckpteval.checkpoints import discover_checkpoints, pattern_regex
+from ckpteval.cli import main
 from ckpteval.config import build_plan, validate_config
 from ckpteval.errors import UserError
 
@@ -195,3 +201,96 @@ def test_checkpoint_lookup_and_cells_are_computed_once_yet_answer_like_a_scan(
     cells.clear()
     assert plan.cells()[0]["ckpt"] == "step_10" and len(plan.cells()) == 6
     assert plan.score_files()[0].endswith("/a/step_10/arith/greedy-s42.json")
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        ({"tasks": {"val": {"data": {"val_files": "val.parquet"}}}}, "tasks.val.data.val_files"),
+        ({"tasks": {"val": {"data.val_files": ["a.parquet"]}}}, "tasks.val.data.val_files"),
+        ({"tasks": {"val": {"val_files": "val.parquet"}}}, "tasks.val.val_files"),
+        ({"data": {"val_files": "val.parquet"}}, "data.val_files"),
+    ],
+)
+def test_verls_val_files_points_at_problems(run_dir: Path, where: dict[str, Any], key: str) -> None:
+    """A verl user pastes `data.val_files` from the trainer's config: one line naming the key
+    ckpteval reads the same files from, instead of "not a known key"."""
+    config = {**_config(run_dir), **where}
+    with pytest.raises(UserError) as err:
+        validate_config(config)
+    message = str(err.value)
+    task = "tasks.val." if key.startswith("tasks.") else "tasks.<name>."
+    assert message.startswith(f"config: {key}: verl's key; ")
+    assert f"{task}problems: one file" in message
+    assert "\n" not in message
+
+
+@pytest.mark.needs("rustc", "g++")  # and plans them where they are installed
+def test_an_optional_task_is_left_out_in_one_line_where_its_checkers_program_is_missing(
+    run_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The demo's Rust task on a machine without rustc (a user who cannot install it): marked
+    optional, it leaves the plan with one line; asked for plainly, it stays (its evaluate job
+    fails naming rustc), so a task a user asked for never silently gives nothing."""
+    tasks = {
+        "arith": {},
+        "rustfunc": {"optional": True},
+        "stdio_demo": {"language": "cpp", "optional": True},
+    }
+    config = _config(run_dir, tasks=copy.deepcopy(tasks))
+    validate_config(config)
+    here = build_plan(config)  # this machine has rustc and g++: everything runs
+    assert list(here.tasks) == ["arith", "rustfunc", "stdio_demo"] and here.left_out == ()
+
+    monkeypatch.setenv("PATH", path_without(tmp_path / "bin", "rustc", "g++"))
+    plan = build_plan(config)
+    assert list(plan.tasks) == list(plan.task_variants) == ["arith"]
+    assert {c["task"] for c in plan.cells()} == {"arith"}
+    assert plan.left_out == (
+        "task rustfunc left out: it is optional and its checker runs rustc, not found on PATH; "
+        "install rustc (Debian: sudo apt-get install rustc) to run it",
+        "task stdio_demo left out: it is optional and its checker runs g++, not found on PATH; "
+        "install g++ (Debian: sudo apt-get install g++) to run it",
+    )
+    # `ckpteval check` and `status` read the same plan, and say the same line.
+    path = tmp_path / "config.yaml"
+    outdir = str(tmp_path / "results")
+    path.write_text(yaml.safe_dump(_config(run_dir, tasks=copy.deepcopy(tasks), outdir=outdir)))
+    for verb in ("check", "status"):
+        main([verb, "--configfile", str(path)])
+        said = capsys.readouterr().out.splitlines()
+        assert [f"warning: {line}" for line in plan.left_out] == [
+            line for line in said if "left out" in line
+        ], said
+    # A Piston server compiles C++ itself; a Rust task not marked optional stays.
+    config = _config(
+        run_dir,
+        tasks={**copy.deepcopy(tasks), "rustfunc": {}},
+        evaluate={"piston_url": "http://127.0.0.1:9/"},
+    )
+    validate_config(config)
+    plan = build_plan(config)
+    assert list(plan.tasks) == ["arith", "rustfunc", "stdio_demo"] and plan.left_out == ()
+    # Whether a task is optional is no part of what it asks: its identity is the same.
+    assert plan.tasks["rustfunc"].config_hash() == here.tasks["rustfunc"].config_hash()
+    only = _config(run_dir, tasks={"rustfunc": {"optional": True}})
+    validate_config(only)
+    with pytest.raises(UserError, match=r"^config: tasks: every task is left out \(task rustfunc"):
+        build_plan(only)
+
+
+def test_a_rust_task_asked_for_without_rustc_fails_naming_it(tmp_path: Path) -> None:
+    """What the evaluate job of a Rust task not marked optional says on a machine without
+    rustc (in a process of its own: the toolchain's path is cached per process)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "from ckpteval.checkers import get_checker; get_checker('rust')"],
+        env={**os.environ, "PATH": path_without(tmp_path / "bin", "rustc")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "rust checker: rustc not usable" in done.stderr.splitlines()[-1]

@@ -432,6 +432,7 @@ def test_a_checker_program_by_path_and_a_float_tolerance(tmp_path: Path) -> None
         _task(_write(tmp_path / "cf.jsonl", [{**APLUSB, "task_id": "t", "tolerance": "big"}]))
 
 
+@pytest.mark.needs("g++")
 def test_the_bundled_stdio_task_in_another_language(tmp_path: Path) -> None:
     task = resolve_task("stdio_demo", {"language": "cpp", "limit": 1})
     problem = task.problems()["stdio_demo/0"]

@@ -6,6 +6,7 @@ configured timeout still scores its correct samples, and an endless sample still
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,15 @@ def _assert_calibrated(cell: dict[str, Any], lines: dict[int, dict[str, Any]]) -
     # used that much CPU, or at the latest after WALL_FACTOR times that on a loaded machine.
     longest = WALL_FACTOR * timeouts["max_s"] + 3
     assert timeouts["max_s"] - 0.1 <= lines[1]["duration_s"] <= longest, lines[1]
+    # Its line names the configured timeout first, then the calibrated one and the wall clock.
+    said = re.search(
+        r"timed out \(evaluate\.timeout 0\.5 s, ([\d.]+) s for this problem; "
+        r"wall limit ([\d.]+) s\)\Z",
+        lines[1]["stderr_tail"],
+    )
+    assert said, lines[1]
+    assert float(said[1]) == timeouts["max_s"], said[0]
+    assert float(said[2]) == pytest.approx(WALL_FACTOR * timeouts["max_s"], abs=0.002), said[0]
     assert lines[2]["error_type"] == "wrong_answer"
 
 
@@ -78,7 +88,10 @@ def test_python_timeout_is_calibrated_from_the_reference(tmp_path: Path) -> None
     _assert_calibrated(cell, _lines(tmp_path / "s.jsonl"))
     assert json.loads((tmp_path / "s.json").read_text())["timeouts"] == cell["timeouts"]
     # Without calibration the reference itself times out: the checker cannot be trusted.
-    with pytest.raises(SelfTestError, match="slow/0: timeout"):
+    with pytest.raises(
+        SelfTestError,
+        match=r"slow/0: timeout: .*timed out \(evaluate\.timeout 0\.5 s; wall limit 1 s\)",
+    ):
         score_samples(
             "python",
             problems,
@@ -92,6 +105,7 @@ def test_python_timeout_is_calibrated_from_the_reference(tmp_path: Path) -> None
     assert not (tmp_path / "u.jsonl").exists()
 
 
+@pytest.mark.needs("rustc")
 def test_rust_timeout_is_calibrated_from_the_reference_run_not_its_compile(tmp_path: Path) -> None:
     problems = {"slow/0": SLOW_RS}
     samples = [
@@ -116,6 +130,7 @@ def test_rust_timeout_is_calibrated_from_the_reference_run_not_its_compile(tmp_p
     _assert_calibrated(cell, _lines(tmp_path / "s.jsonl"))
 
 
+@pytest.mark.needs("rustc")
 def test_rust_run_s_is_the_test_run_alone() -> None:
     checker = get_checker("rust")
     verdicts = checker.check(
@@ -154,6 +169,8 @@ def test_stdio_calibrates_only_problems_without_their_own_time_limit() -> None:
     assert configured.error_type == "timeout", configured  # 1 s of CPU > 0.3 s
     assert calibrated.passed and calibrated.run_s >= 1.0, calibrated  # the slowest test's run
     assert own.error_type == "timeout", own
+    assert configured.stderr_tail.endswith("timed out (evaluate.timeout 0.3 s per test)")
+    assert own.stderr_tail.endswith("timed out (the problem's time_limit 0.3 s per test)")
     assert checker.own_time_limit(judged) and not checker.own_time_limit(free)
 
 

@@ -45,7 +45,8 @@ from ckpteval.checkers.python import python_interpreter
 from ckpteval.checkers.rust import rust_sysroot
 from ckpteval.sandbox import Command, Limits, Sandbox
 
-pytestmark = pytest.mark.slow
+#: The attacks are made in Python, Rust and C++ (the host fixture resolves the Rust toolchain).
+pytestmark = [pytest.mark.slow, pytest.mark.needs("rustc", "g++")]
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = f"ckpteval-hostile-{secrets.token_hex(6)}"

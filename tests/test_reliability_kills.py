@@ -34,6 +34,9 @@ import pandas as pd
 import pytest
 from conftest import REPO, dry_snakemake, run_snakemake, small_config, write_config
 
+#: The sweeps score a Rust task, whose cells the tests read.
+pytestmark = pytest.mark.needs("rustc")
+
 TASKS = {
     "arith": {"limit": 20},
     "arith_harness": {"limit": 8},

@@ -346,7 +346,11 @@ def test_each_sample_scores_as_calling_the_function_directly_and_a_broken_one_fa
         "reward_error",
         "ValueError: cannot parse",
     )
-    assert by["hangs"].error_type == "timeout"
+    # The configured timeout, and the wall clock (bwrap: twice the CPU budget) it also had.
+    assert (by["hangs"].error_type, by["hangs"].stderr_tail) == (
+        "timeout",
+        "the function timed out (evaluate.timeout 1 s; wall limit 2 s)",
+    )
     assert by["string"].error_type == "reward_error"
     assert by["string"].stderr_tail == "returned str 'oops', not a number"
     assert (by["floods"].error_type, by["floods"].stderr_tail) == (

@@ -42,6 +42,9 @@ from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers import rust as rust_checker
 from ckpteval.io import iter_jsonl
 
+#: Every test compiles Rust.
+pytestmark = pytest.mark.needs("rustc")
+
 RUSTFUNC = (
     Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks" / "rustfunc.jsonl"
 )

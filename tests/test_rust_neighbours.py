@@ -25,6 +25,9 @@ from test_rust_isolation import ADD, CORRECT, WORDS
 from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers import rust as rust_checker
 
+#: Every test compiles Rust.
+pytestmark = pytest.mark.needs("rustc")
+
 #: Its tests compare with an empty `vec![]`: the element type comes from the one `PartialEq`
 #: impl of `i64`, until a neighbour adds others.
 EVENS = {

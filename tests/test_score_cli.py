@@ -104,6 +104,7 @@ def test_timeout_options_reach_the_cell(tmp_path: Path, capsys: pytest.CaptureFi
         assert "--timeout-factor" in capsys.readouterr().err
 
 
+@pytest.mark.needs("rustc")
 def test_rust_and_gsm8k(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rust = [json.loads(line) for line in (TASKS / "rustfunc.jsonl").read_text().splitlines()]
     samples = write_jsonl(

@@ -90,6 +90,7 @@ def test_limits_of_a_run() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.needs("g++")
 @pytest.mark.parametrize("hogs", [0, 2 * CORES], ids=["no-added-load", "2x-cores-busy"])
 def test_cpu_time_decides_the_verdict_under_load(hogs: int) -> None:
     """Python and C++ programs at 0.7x and 1.3x the limit, several runs each, and a sleeper, with

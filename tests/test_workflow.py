@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 from conftest import dry_snakemake, run_snakemake, small_config, write_config
 
-pytestmark = pytest.mark.slow
+#: The sweep scores a Rust task (TASKS) and its tests read its cells.
+pytestmark = [pytest.mark.slow, pytest.mark.needs("rustc")]
 
 TASKS = ["arith", "arith_harness", "pyfunc", "rustfunc"]
 

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,9 @@ class Plan:
     waiting: tuple[tuple[str, Unfinished], ...] = ()
     #: Per run, checkpoints whose source is gone but whose results are on disk (kept, marked).
     deleted: dict[str, tuple[Checkpoint, ...]] = field(default_factory=dict)
+    #: One line per task left out: marked `optional` and its checker's program not installed
+    #: here (`left_out_tasks`). Said by the workflow's parse, `check` and `status`.
+    left_out: tuple[str, ...] = ()
     #: Content hashes of the files settings name, memoized (ckpteval.content).
     content: ContentIds | None = field(default=None, repr=False, compare=False)
 
@@ -303,6 +307,7 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> 
         raise UserError(
             "config is empty: give a config file with --configfile (see config/README.md)"
         )
+    _pasted_val_files(config)
     if isinstance(config.get("tasks"), dict):
         for name, opts in config["tasks"].items():
             if opts is None:
@@ -323,6 +328,32 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> 
         raise UserError(f"config: {key}: {_short(error)}") from None
     for name, opts in config["tasks"].items():
         _canonical_checker(name, opts)
+
+
+def _pasted_val_files(config: dict[str, Any]) -> None:
+    """verl's `data.val_files` pasted into a task (as `data: {val_files}`, `data.val_files` or
+    `val_files`) or at the top level: one line naming ckpteval's key for the same files, where
+    the schema would only call it unknown. Not translated: verl takes a list of files and
+    ckpteval one file or directory per task."""
+    places: list[tuple[str, Any]] = [("", config)]
+    if isinstance(config.get("tasks"), dict):
+        places += [(f"tasks.{name}.", opts) for name, opts in config["tasks"].items()]
+    for prefix, opts in places:
+        if not isinstance(opts, dict):
+            continue
+        data = opts.get("data")
+        for key, present in (
+            ("data.val_files", isinstance(data, dict) and "val_files" in data),
+            ("data.val_files", "data.val_files" in opts),
+            ("val_files", bool(prefix) and "val_files" in opts),
+        ):
+            if present:
+                task = prefix or "tasks.<name>."
+                raise UserError(
+                    f"config: {prefix}{key}: verl's key; ckpteval reads a task's validation "
+                    f"set from {task}problems: one file (.parquet, .jsonl) or a directory of "
+                    "them, one task per set (config/README.md)"
+                )
 
 
 def _pasted_checker(task: str, opts: dict[str, Any]) -> None:
@@ -464,6 +495,9 @@ def build_plan(
     for a training run's first checkpoint)."""
     base_dir = base_dir or Path.cwd()
     tasks, variants, task_variants = build_tasks(config)
+    left_out = left_out_tasks(tasks, config)
+    for name in left_out:
+        del tasks[name], task_variants[name]
 
     runs: dict[str, Run] = {}
     broken: list[tuple[str, Unfinished]] = []
@@ -516,7 +550,34 @@ def build_plan(
         tuple(broken),
         tuple(waiting),
         deleted,
+        left_out=tuple(left_out.values()),
     )
+
+
+def left_out_tasks(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> dict[str, str]:
+    """The tasks marked `optional` whose checker runs a program not installed here
+    (`Checker.programs`: rustc for Rust), each with the line saying so: left out of the plan, so
+    that a machine without an optional tool (the demo's Rust task) runs the rest. A task not
+    marked optional stays, and its evaluate job fails naming the program: a task asked for is
+    never silently dropped. Decided on the machine that plans."""
+    from ckpteval.checkers import checker_class
+
+    evaluate = config.get("evaluate") or {}
+    out: dict[str, str] = {}
+    for name, spec in tasks.items():
+        if not config["tasks"][name].get("optional") or spec.checker == "harness":
+            continue
+        needed = checker_class(spec.checker).programs(spec.language, evaluate)
+        missing = [p for p in needed if shutil.which(p) is None]
+        if missing:
+            out[name] = (
+                f"task {name} left out: it is optional and its checker runs "
+                f"{' and '.join(missing)}, not found on PATH; install {' '.join(missing)} "
+                f"(Debian: sudo apt-get install {' '.join(missing)}) to run it"
+            )
+    if out and len(out) == len(tasks):
+        raise UserError(f"config: tasks: every task is left out ({'; '.join(out.values())})")
+    return out
 
 
 def check_piston_limits(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> None:

@@ -158,6 +158,11 @@ CONTRACT: tuple[Row, ...] = (
     ),
     Row("tasks.*.engine_group", NONE, "which engine job generates the task"),
     Row(
+        "tasks.*.optional",
+        PLAN,
+        "whether the task is left out where a program its checker runs is not installed",
+    ),
+    Row(
         "tasks.*.reasoning",
         GENERATIONS,
         "what is asked of the engine (no stop strings, the budget) and how the answer is cut",

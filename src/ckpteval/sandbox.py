@@ -244,6 +244,11 @@ class Sandbox:
                 raise SandboxError("sandbox: prlimit not found; install Debian's `util-linux`")
             warn_unsandboxed()
 
+    def wall_clock(self, limits: Limits) -> float:
+        """When this sandbox stops a command still running under `limits`: bwrap at
+        `Limits.wall_limit` (it bounds CPU time by the budget), unsandboxed at `wall_s`."""
+        return limits.wall_limit if self.mode == "bwrap" else limits.wall_s
+
     def run(
         self,
         argv: Sequence[str],

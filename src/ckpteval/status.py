@@ -531,8 +531,9 @@ def _expected_cells(
     configfile: Path,
 ) -> tuple[list[dict[str, Any]], Path, list[str], list[str], Any]:
     """The cells a config asks for, its outdir (relative paths resolve against the cwd, as in
-    the workflow), a line per checkpoint that looks broken and one per checkpoint being
-    written (read once: its age in the line is as of the start)."""
+    the workflow), a warning line per task left out (`Plan.left_out`) and per checkpoint that
+    looks broken, and one per checkpoint being written (read once: its age in the line is as
+    of the start)."""
     from ckpteval.config import build_plan, load_config, validate_config
 
     if not configfile.exists():
@@ -540,4 +541,5 @@ def _expected_cells(
     config = load_config(configfile)
     validate_config(config)
     plan = build_plan(config)
-    return plan.cells(), Path(plan.outdir), plan.broken_lines(), plan.waiting_lines(), plan
+    broken = [*plan.left_out, *plan.broken_lines()]
+    return plan.cells(), Path(plan.outdir), broken, plan.waiting_lines(), plan

@@ -58,6 +58,7 @@ _SCHEDULING_OPTIONS = (
     "main_metric",  # how the summary reads the task's cells (a `summary` row)
     "sampling",
     "engine_group",
+    "optional",  # whether the task is left out where its checker's program is missing
     "problems",
     "max_generated_tests",
     "answer_last_line",

@@ -62,7 +62,7 @@ if workflow.is_main_process:
                     sync_s3_identity(_ckpt, _id_file, _manifest)
                 else:
                     sync_source_identity(_ckpt.path, _id_file, _manifest)
-    for _line in [*PLAN.broken_lines(), *missing_template_lines(PLAN)]:
+    for _line in [*PLAN.left_out, *PLAN.broken_lines(), *missing_template_lines(PLAN)]:
         print(f"ckpteval: warning: {_line}", file=sys.stderr)
     for _line in FRESH.explain(ALL_PAIRS):
         print(f"ckpteval: rerun: {_line}", file=sys.stderr)

@@ -153,6 +153,32 @@ def tail(data: bytes | str, limit: int = STDERR_TAIL_CHARS) -> str:
     return text[-limit:]
 
 
+def timeout_line(configured: float, limit: float, wall: float) -> str:
+    """The line a timeout verdict ends with. It names the number the user set first (the
+    configured timeout, `evaluate.timeout`, the checker's default when unset), then this
+    problem's limit when calibration raised it (`ckpteval.evaluate.calibrate_timeouts`), then
+    the wall clock the sandbox stopped the run at when that is longer (bwrap stops a program
+    that blocks only at `WALL_FACTOR` x its CPU budget): a run killed at 20 s wall under a
+    10 s timeout reads as both, never as a limit of 20 s."""
+    words = f"evaluate.timeout {_seconds(configured)} s"
+    if limit != configured:
+        words += f", {_seconds(limit)} s for this problem"
+    if wall != limit:
+        words += f"; wall limit {_seconds(wall)} s"
+    return f"timed out ({words})"
+
+
+def _seconds(value: float) -> str:
+    """Seconds as the cell's `timeouts` record rounds them (ms), without trailing zeros."""
+    return f"{round(value, 3):g}"
+
+
+def with_timeout_line(stderr_tail: str, line: str) -> str:
+    """A timeout verdict's `stderr_tail`: what the program printed, then `line` last (the part
+    one-line summaries keep, e.g. a failed self-test's)."""
+    return f"{stderr_tail.rstrip()}\n{line}" if stderr_tail.strip() else line
+
+
 class Checker(abc.ABC):
     """Scores completions of one kind of problem. Subclasses set `name` and `version`.
 
@@ -194,6 +220,15 @@ class Checker(abc.ABC):
         super().__init_subclass__(**kwargs)
         if "check" in cls.__dict__ and "streams" not in cls.__dict__:
             cls.streams = False
+
+    @classmethod
+    def programs(cls, language: str | None, evaluate: Mapping[str, Any]) -> tuple[str, ...]:
+        """The programs on PATH this checker runs to judge a task asked in `language` (None:
+        told from each completion) under the config's `evaluate` section, besides Python and
+        the sandbox. Where one is missing, a task marked `optional` is left out of the plan
+        with one line (ckpteval.config), and any other task fails in its evaluate job, saying
+        which."""
+        return ()
 
     @classmethod
     def normalise_problem(cls, row: Mapping[str, Any]) -> dict[str, Any]:

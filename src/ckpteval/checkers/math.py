@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ckpteval.checkers import Checker, Job, Prompting, Verdict, register
+from ckpteval.checkers import Checker, Job, Prompting, Verdict, register, timeout_line
 from ckpteval.checkers.math_equiv import as_number, equivalent
 from ckpteval.checkers.math_extract import boxed, extract_answer, final_answers, gold_answer
 from ckpteval.errors import UserError
@@ -133,7 +133,7 @@ class MathChecker(Checker):
             if same is None:
                 break
         if same is None:
-            return verdict(None, f"math-verify took longer than {timeout:g} s")
+            return verdict(None, f"math-verify {timeout_line(timeout, timeout, timeout)}")
         if extras["equivalence"] == "unit+converted":
             return verdict(False, "the answer is the gold converted to another unit")
         if extras["equivalence"] == "too_large":

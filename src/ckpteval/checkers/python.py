@@ -41,7 +41,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckpteval.checkers import HACK_TYPES, Checker, Job, Prompting, Verdict, register, tail
+from ckpteval.checkers import (
+    HACK_TYPES,
+    Checker,
+    Job,
+    Prompting,
+    Verdict,
+    register,
+    tail,
+    timeout_line,
+    with_timeout_line,
+)
 from ckpteval.checkers.extract import compilable_prompt, python_program
 from ckpteval.errors import UserError
 from ckpteval.sandbox import _DRIVER_SOURCE as DRIVER_SOURCE
@@ -122,7 +132,7 @@ class PythonChecker(Checker):
             workdir = Path(tmp)
             os.chmod(workdir, 0o755)
             hacks: dict[int, str | None] = {}
-            commands_limits: dict[int, float] = {}
+            command_limits: dict[int, Limits] = {}
             commands: list[Command] = []
             for i, job in enumerate(jobs):
                 program = python_program(job.problem, job.completion)
@@ -139,7 +149,7 @@ class PythonChecker(Checker):
                     json.dump(_tests(job.problem), handle)
                 hacks[i] = static_hack(tree)
                 limits = Limits(wall_s=job.timeout or timeout, memory_bytes=self.memory_bytes)
-                commands_limits[i] = limits.cpu_limit
+                command_limits[i] = limits
                 if self.sandbox.mode == "bwrap":
                     commands.append(
                         Command(
@@ -177,7 +187,11 @@ class PythonChecker(Checker):
                     result = dataclasses.replace(
                         result, judge=_unsandboxed_report(workdir / f"s{i}" / "report.json")
                     )
-                verdict = classify(result, cpu_limit=commands_limits[i])
+                limits = command_limits[i]
+                verdict = classify(result, cpu_limit=limits.cpu_limit)
+                if verdict.error_type == "timeout":
+                    line = timeout_line(timeout, limits.wall_s, self.sandbox.wall_clock(limits))
+                    verdict.stderr_tail = with_timeout_line(verdict.stderr_tail, line)
                 verdict.hack = first_hack([*observed_hacks(result.judge), hacks[i]])
                 verdict.stderr_tail = verdict.stderr_tail.replace(f"{workdir}/s{i}/", "")
                 verdict.duration_s = verdict.run_s = result.duration_s

@@ -78,7 +78,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckpteval.checkers import Checker, Job, Prompting, Verdict, register
+from ckpteval.checkers import Checker, Job, Prompting, Verdict, register, timeout_line
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_file, sha256_json
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
@@ -527,7 +527,13 @@ class RewardFunctionChecker(Checker):
                 preload=() if self.exec_samples else self.preload,
                 site_dirs=self.site_dirs,
             )
-        return [self._verdict(job, result) for job, result in zip(jobs, results)]
+        return [
+            self._verdict(job, result, self._timeout_line(timeout, command.limits))
+            for job, result, command in zip(jobs, results, commands)
+        ]
+
+    def _timeout_line(self, timeout: float, limits: Limits) -> str:
+        return timeout_line(timeout, limits.wall_s, self.sandbox.wall_clock(limits))
 
     def _warm(self, jobs: Sequence[Job], timeout: float) -> dict[str, Any]:
         """What the batch's warm zygote runs (`Command.warm`): the file, and calls on fixed
@@ -603,14 +609,15 @@ class RewardFunctionChecker(Checker):
         (not the directory it came from)."""
         return [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), self._code]
 
-    def _verdict(self, job: Job, result: RunResult) -> Verdict:
-        """A run's outcome as a verdict: the score, or the one line saying why there is none."""
+    def _verdict(self, job: Job, result: RunResult, timed_out: str) -> Verdict:
+        """A run's outcome as a verdict: the score, or the one line saying why there is none
+        (`timed_out`: the line of a run stopped at its limits, `timeout_line`)."""
         duration = result.duration_s
         printed = result.stderr.decode("utf-8", "replace")
         if printed.strip():
             log.info("reward function output for %s:\n%s", job.task_id, printed[-LOG_CHARS:])
         if result.timed_out or result.signal == signal.SIGXCPU:
-            why = f"the function ran past its timeout ({duration:.1f} s)"
+            why = f"the function {timed_out}"
             return Verdict(False, "timeout", duration_s=duration, stderr_tail=why)
         # bwrap: only what the runner's own process sent on its channel; `none`: its stdout.
         sent = result.channel if self.sandbox.mode == "bwrap" else result.stdout

@@ -138,6 +138,8 @@ from ckpteval.checkers import (
     cancel_on_error,
     register,
     tail,
+    timeout_line,
+    with_timeout_line,
 )
 from ckpteval.checkers.extract import (
     _blank_comments_and_strings,
@@ -457,6 +459,10 @@ class RustChecker(Checker):
         self.rustc = str(self.sysroot / "bin" / "rustc")
 
     @classmethod
+    def programs(cls, language: str | None, evaluate: Mapping[str, Any]) -> tuple[str, ...]:
+        return ("rustc",)
+
+    @classmethod
     def default_prompt(
         cls, problems: Sequence[Mapping[str, Any]], language: str | None, task: str
     ) -> Prompting:
@@ -547,7 +553,7 @@ class RustChecker(Checker):
                     chunks += [
                         runnable[i : i + RUN_CHUNK] for i in range(0, len(runnable), RUN_CHUNK)
                     ]
-                futures = [pool.submit(self._run_chunk, chunk) for chunk in chunks]
+                futures = [pool.submit(self._run_chunk, chunk, timeout) for chunk in chunks]
                 with cancel_on_error(futures):
                     for future, chunk in zip(futures, chunks):
                         future.result()
@@ -559,9 +565,10 @@ class RustChecker(Checker):
                 shutil.rmtree(path, ignore_errors=True)
         return [u.verdict for u in units]  # type: ignore[misc]
 
-    def _run_chunk(self, units: list[_Unit]) -> None:
+    def _run_chunk(self, units: list[_Unit], timeout: float) -> None:
         """Run the tests of compiled units (one sandbox for the chunk, one process per unit, each
-        under its unit's timeout, each with fresh tokens)."""
+        under its unit's timeout, each with fresh tokens); `timeout`: the call's, which a
+        timeout verdict names (`timeout_line`)."""
         tokens = [{name: secrets.token_hex(16) for name in u.names} for u in units]
         commands = [
             Command(
@@ -580,10 +587,15 @@ class RustChecker(Checker):
             for u, toks in zip(units, tokens)
         ]
         workdir = units[0].binary.parent  # type: ignore[union-attr]
-        for unit, toks, result in zip(
-            units, tokens, self.sandbox.run_many(commands, workdir=workdir)
+        for unit, toks, command, result in zip(
+            units, tokens, commands, self.sandbox.run_many(commands, workdir=workdir)
         ):
             verdict = classify(result, unit.module, toks, unit.hacks, unit.refused, unit.exits)
+            if verdict.error_type == "timeout":
+                wall = self.sandbox.wall_clock(command.limits)
+                verdict.stderr_tail = with_timeout_line(
+                    verdict.stderr_tail, timeout_line(timeout, unit.timeout, wall)
+                )
             verdict.duration_s = unit.compile_s + result.duration_s
             verdict.run_s = result.duration_s
             unit.verdict = verdict

@@ -79,7 +79,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpteval.checkers import Checker, Job, Prompting, Verdict, register, tail
+from ckpteval.checkers import Checker, Job, Prompting, Verdict, register, tail, with_timeout_line
 from ckpteval.checkers.extract import code_block, utf8_safe
 from ckpteval.checkers.python import python_interpreter
 from ckpteval.checkers.rust import rust_sysroot
@@ -252,6 +252,15 @@ class StdioChecker(Checker):
         self._checker_dirs: list[tempfile.TemporaryDirectory[str]] = []
 
     @classmethod
+    def programs(cls, language: str | None, evaluate: Mapping[str, Any]) -> tuple[str, ...]:
+        """A task asked in C++ or Rust compiles with g++ or rustc on this machine, unless a
+        Piston server (`evaluate.piston_url`) runs it; one told from each completion may need
+        either or neither."""
+        if evaluate.get("piston_url"):
+            return ()
+        return {"cpp": ("g++",), "rust": ("rustc",)}.get(language or "", ())
+
+    @classmethod
     def normalise_problem(cls, row: Mapping[str, Any]) -> dict[str, Any]:
         from ckpteval.problems import normalise_stdio
 
@@ -337,6 +346,10 @@ class StdioChecker(Checker):
         tests = [*(problem.get("tests") or []), *(problem.get("generated_tests") or [])]
         judge = self._judge(job.task_id, problem)
         verdict = self.backend.judge(program, tests, time_limit, memory, judge)
+        if verdict.error_type == "timeout" and verdict.compile_ok:
+            verdict.stderr_tail = with_timeout_line(
+                verdict.stderr_tail, _timeout_words(time_limit, own=own, raised=bool(job.timeout))
+            )
         verdict.duration_s = time.monotonic() - start
         verdict.extras.setdefault("language", program.language)
         if replaced:
@@ -578,6 +591,18 @@ class _Local(_Backend):
             extras={"tests_passed": len(tests), "tests_total": len(tests)},
             run_s=slowest,
         )
+
+
+def _timeout_words(time_limit: float, *, own: bool, raised: bool) -> str:
+    """A timeout verdict's line: which limit the run exceeded, named by where it came from (the
+    problem's own `time_limit`, the configured `evaluate.timeout`, or that raised by
+    calibration). The wall clock that stops a program that blocks is not named: it stretches
+    with the machine's load (`wall_limit`), and the verdict is judged on CPU time."""
+    if own:
+        return f"timed out (the problem's time_limit {time_limit:g} s per test)"
+    if raised:
+        return f"timed out ({time_limit:g} s per test: evaluate.timeout, raised for this problem)"
+    return f"timed out (evaluate.timeout {time_limit:g} s per test)"
 
 
 def cpu_backstop(time_limit: float) -> int:
