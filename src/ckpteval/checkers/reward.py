@@ -917,7 +917,7 @@ def as_score(value: Any) -> tuple[float | str, dict[str, Any]]:
     score, {}): a number within ±`MAX_REWARD` or a bool, or a dict whose `score` is one (and
     whose numeric `acc`, a cell metric too, is one)."""
     info: dict[str, Any] = {}
-    if isinstance(value, dict):
+    if isinstance(value, dict) and not _big_int(value):
         if "score" not in value:
             return f"returned a dict without a `score` key (keys: {', '.join(value)})", {}
         info = {k: v for k, v in value.items() if k != "score"}
