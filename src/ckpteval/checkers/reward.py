@@ -385,18 +385,21 @@ def state_of(generator):
 
 
 def global_states():
-    numpy = sys.modules.get("numpy")
+    # The state of `random`'s and numpy's global generators (numpy's if it is imported).
     states = {"random": random.getstate()}
-    if numpy is not None:
-        states["numpy"] = state_of(numpy.random.mtrand._rand)
+    numpy = sys.modules.get("numpy")
+    legacy = getattr(getattr(getattr(numpy, "random", None), "mtrand", None), "_rand", None)
+    if legacy is not None:
+        states["numpy"] = state_of(legacy)
     return states
 
 
 def reseed_globals():
     random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
+    try:
+        sys.modules["numpy"].random.seed()
+    except Exception:  # not imported, or not numpy as known
+        pass
 
 
 def open_fds():
