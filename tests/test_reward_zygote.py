@@ -22,12 +22,14 @@ from ckpteval.checkers.reward import WARM_CALLS
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 #: A reward function whose completion says what the sample does; it reports what its process
-#: saw. `SEEN` records every call made in this process before the sample's own.
+#: saw. `SEEN` records every call made in this process before the sample's own: kept on `sys`,
+#: which the zygote's two imports of the file share (its warm-up calls the first; a sample, the
+#: second, which no call reached).
 ATTACKS = (
     r"""
-import ctypes, gc, os, signal, socket, string, threading, time
+import ctypes, gc, os, signal, socket, string, sys, threading, time
 
-SEEN = []
+SEEN = sys.__dict__.setdefault("ckpteval_seen", [])
 STATE = "original"
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -460,9 +462,9 @@ def test_the_check_after_emptying_sees_any_leftover_and_follows_no_link(tmp_path
 #: tenths: the zygote's start (bubblewrap, imports) must fit in the margin on a loaded machine
 #: (two calls fit in the budget: ready ~2 s after the start, 4 s before the deadline).
 SLOW = """
-import os, time
+import os, sys, time
 
-SEEN = []
+SEEN = sys.__dict__.setdefault("ckpteval_seen", [])  # shared by the zygote's two imports
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):

@@ -50,9 +50,8 @@ A command with `python_file` *and* `python_tests` is judged: see "Judged Python 
 result line adds "judge": what the test runner reported.
 
 argv: spec.json. spec: {"uid", "results", "site_dirs": [dir, ...], "preload": [module, ...],
-"commands": [{"argv", "python_file",
-"python_tests", "warm", "cwd", "env", "stdin", "stdout", "stderr", "wall_s", "rlimits": {"RLIMIT_AS": n,
-...}}]}.
+"commands": [{"argv", "python_file", "python_tests", "warm", "warm_s", "cwd", "env", "stdin",
+"stdout", "stderr", "wall_s", "rlimits": {"RLIMIT_AS": n, ...}}]}.
 One JSON result line per command. `-c SOURCE --judge TESTS PROGRAM REPORT` runs one judged program
 without the sandbox (`sandbox: none`: same protocol, no uid split, so no protection).
 
@@ -63,9 +62,11 @@ first use: ~140 ms), and forking the driver, isolating and running the file per 
 rest. So the first command with `warm` (and those sharing its file, `warm`, cwd, env and limits:
 `_zygote_key`) gets a zygote, forked once per batch: `_child`'s per-batch part (its own mount and
 IPC namespaces, a fresh /tmp, the work directory covered, `no_new_privs`, the seccomp filter,
-rlimits, the sandbox uid or `_drop_root`), not dumpable, then, as the sandbox uid, it runs the
+rlimits, but CPU: `warm_s`, its warm-up's allowance, which is also how long the driver waits for
+it; the sandbox uid or `_drop_root`), not dumpable, then, as the sandbox uid, it runs the
 command's Python file once as `__ckpteval_zygote__` with `warm` as `__ckpteval_warm__` (the reward
-runner runs the reward file and calls the function on a few fixed inputs, no sample's) and
+runner runs the reward file and calls the function on a few fixed inputs, no sample's, then
+imports the file again for its samples; it may refuse, raising SystemExit with its reason) and
 freezes its heap out of the cyclic collector (`gc.freeze`: a fork's collections then copy none of
 it). A warm-up that left a writable shared mapping (each fork would share it) gets no zygote.
 Last, a zygote that serves 64 samples or more asks the kernel to back its private heap with
@@ -887,9 +888,24 @@ def _preload(site_dirs, modules):
 #: `__name__` of a command's Python file when a zygote runs it to warm up.
 ZYGOTE_NAME = "__ckpteval_zygote__"
 #: What a command must share with the zygote's first to be forked from it.
-_ZYGOTE_KEYS = ("python_file", "warm", "cwd", "env", "rlimits", "tmp_bytes", "memory_bytes", "hide")
+_ZYGOTE_KEYS = (
+    "python_file",
+    "warm",
+    "warm_s",
+    "cwd",
+    "env",
+    "rlimits",
+    "tmp_bytes",
+    "memory_bytes",
+    "hide",
+)
 #: The zygote's place at the memory limit: below its samples' (1000), above the driver's.
 _ZYGOTE_OOM_SCORE = 500
+
+
+def _warm_s(command):
+    """How long the command's zygote may take to warm up (`warm_s`, else its wall limit)."""
+    return max(command.get("warm_s") or command["wall_s"], 1.0)
 
 
 def _zygote_key(command):
@@ -923,7 +939,7 @@ class _Zygote:
         theirs.close()
         account.spare = (self.pid,)
         self.roots = []  # (fd, st_dev) of each directory the samples share, to empty
-        ready, fds = self._receive(max(command["wall_s"], 1.0), fds=8)
+        ready, fds = self._receive(_warm_s(command), fds=8)
         if ready != b"ready":
             for fd in fds:
                 os.close(fd)
@@ -1179,14 +1195,23 @@ def _zygote_main(command, spec, control):
     driver = os.getppid()
     _refuse_kernel_state(protect=(driver,) if spec.get("rootless") else ())
     os.chdir(command["cwd"])
-    for name, (soft, hard) in command["rlimits"].items():
+    # Its warm-up's CPU is no sample's: it may use `_warm_s` (each fork lowers it to its own).
+    cpu = math.ceil(_warm_s(command))
+    soft, hard = command["rlimits"].get("RLIMIT_CPU", (cpu, cpu + 1))
+    rlimits = {**command["rlimits"], "RLIMIT_CPU": (max(soft, cpu), max(hard, cpu + 1))}
+    for name, (soft, hard) in rlimits.items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
     _become_sandbox_uid(spec)
     # Not dumpable: its samples (the same uid) can neither trace it nor open its /proc files.
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    namespace = _warm(command)
     import gc
     import socket
+
+    try:
+        namespace = _warm(command)
+    except SystemExit as exc:  # the file refuses to be a zygote, saying why
+        socket.socket(fileno=3).send(str(exc.code)[:300].encode())
+        os._exit(1)
 
     shared = _shared_writable_mapping()
     if shared:  # every fork would share it: a channel from one sample to the next

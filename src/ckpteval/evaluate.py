@@ -610,7 +610,10 @@ def data_sources(problems: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (bool, int, float)) and math.isfinite(float(value))
+    """A bool or a finite number a float holds (an int too large for one is not)."""
+    if isinstance(value, int):
+        return abs(value) < 2**1023
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def bounded_mean(

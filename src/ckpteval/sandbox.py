@@ -219,6 +219,10 @@ class Command:
     #: file's `main()`. Commands with equal `warm`, file, cwd, env and limits share the zygote;
     #: if it cannot start or dies, the rest run as without.
     warm: Mapping[str, object] | None = None
+    #: With `warm`: the seconds (wall clock, and CPU) the zygote may take to run the file once,
+    #: on top of the commands' own limits and charged to none of them: a slow import is paid
+    #: once per batch. 0: the command's wall limit.
+    warm_s: float = 0.0
 
 
 def check_mode(mode: str) -> str:
@@ -433,9 +437,11 @@ def _driver_argv(spec: Path) -> list[str]:
 
 
 def _batch_limits(commands: Sequence[Command]) -> Limits:
-    """The whole batch's backstop: every command's wall clock and a margin, its largest memory."""
+    """The whole batch's backstop: every command's wall clock, a warm zygote's start and a
+    margin, its largest memory."""
+    warm_s = max((c.warm_s for c in commands if c.warm), default=0.0)
     return Limits(
-        wall_s=sum(c.limits.wall_limit for c in commands) + 5 + 0.5 * len(commands),
+        wall_s=sum(c.limits.wall_limit for c in commands) + warm_s + 5 + 0.5 * len(commands),
         memory_bytes=max(c.limits.memory_bytes for c in commands) + (1 << 30),
         file_bytes=1 << 20,
     )
@@ -486,6 +492,7 @@ def _batch_spec(
                 "stderr": str(io_dir / f"{i}.err"),
                 "result_channel": c.result_channel,
                 "warm": c.warm,
+                "warm_s": c.warm_s,
                 "memory_bytes": _memory_cap(c.limits),
                 "result": str(io_dir / f"{i}.result"),
                 "wall_s": c.limits.wall_limit,

@@ -38,13 +38,17 @@ the modules beside the file are left out, and one that fails to import is skippe
 the batch's warm zygote (`Command.warm`, "Warm zygotes" in the driver), which takes the batch's
 namespaces, /tmp, seccomp filter, limits and the sandbox uid, and only then runs the reward file
 and calls the function on a few fixed inputs (`WARM_CALLS`, the batch's first data source,
-`kwargs`): no sample's text. Each sample is a fork of it that reads
-its own job from its stdin and calls the function. A fork's changes (module globals, a patched
-sympy, a crash, a kill of its group) die with it; what it leaves in /tmp is emptied and its
-processes killed before the next; so every sample starts from the same warm state, its call the
-one after the warm-up's in its process. A zygote that cannot warm up (or whose warm-up
-leaves a shared writable mapping) or dies falls back to forking each sample from the driver,
-which then runs the file itself. `trusted: true` and `sandbox: none` exec a fresh interpreter
+`kwargs`): no sample's text. Those calls are made on an import of the file of their own; the
+zygote then imports the file and its own modules again, uncalled (the runner's `warm`). Each
+sample is a fork of it that reads its own job from its stdin and calls the function: its call
+is the first of that module, as in a fresh process (generators the import seeded from the OS
+reseeded, those it seeded alike set as a fresh process has them). A fork's changes (module
+globals, a patched sympy, a crash, a kill of its group) die with it; what it leaves in /tmp is
+emptied and its processes killed before the next; so every sample starts from the same warm
+state. A zygote that cannot warm up (within `IMPORT_ALLOWANCE_S` an import, charged to no
+sample), whose import leaves threads or descriptors (which no fork has) or a shared writable
+mapping, or that dies falls back to forking each sample from the driver, which then runs the
+file itself. `trusted: true` and `sandbox: none` exec a fresh interpreter
 per sample, imports included. docs/evaluate.md has the figures (bench/reward.py).
 
 The file's content and `name` are part of the cell's scoring identity: editing the function
@@ -101,11 +105,14 @@ ERROR_LINE_CHARS = 300
 LOG_CHARS = 2000
 
 #: Run first in each sample's process (a fork of the sandbox's driver, which preloaded the
-#: function's packages): a package's global generator seeded or drawn from before the fork
-#: (numpy's, torch's) would give every sample of the batch the same "random" numbers, as no two
-#: fresh processes get. Python's `random` is reseeded by CPython itself at a fork.
+#: function's packages, or of the warm zygote): a package's global generator seeded or drawn from
+#: before the fork (numpy's, torch's) would give every sample of the batch the same "random"
+#: numbers, as no two fresh processes get. Python's `random` is reseeded by CPython itself at a
+#: fork. In a fork of the warm zygote, `WARM` (set by its `warm`) says more: the generators the
+#: file made at import from the OS's entropy, reseeded; and the global ones its import seeded with
+#: a fixed seed, set back to the state that import left (what a fresh process would draw from).
 RESEED_SOURCE = r"""
-def reseed():
+def reseed(warm=None):
     for name, call in (("numpy", lambda m: m.random.seed()), ("torch", lambda m: m.seed())):
         module = sys.modules.get(name)
         if module is not None:
@@ -113,8 +120,30 @@ def reseed():
                 call(module)
             except Exception:
                 pass
+    warm = warm or {}
+    for generator in warm.get("reseed", ()):
+        fresh_seed(generator)
+    if "random" in warm:
+        sys.modules["random"].setstate(warm["random"])
+    if "numpy" in warm:
+        sys.modules["numpy"].random.set_state(warm["numpy"])
+
+
+def fresh_seed(generator):
+    # Reseeded from the OS's entropy, as made without a seed in a fresh process.
+    try:
+        if type(generator).__name__ == "Generator":
+            generator.bit_generator.state = type(generator.bit_generator)().state
+        else:
+            generator.seed()
+    except Exception:
+        pass
 """
 
+#: Seconds the warm zygote may take for each of its two imports of the file (`RUNNER_SOURCE`'s
+#: `warm`), besides a sample's timeout for its warm-up calls: paid once per batch, charged to no
+#: sample (`Command.warm_s`). A file that takes longer gets no zygote: each sample imports it.
+IMPORT_ALLOWANCE_S = 60.0
 #: (completion, ground truth) of the warm zygote's calls (`Command.warm`): fixed, no sample's.
 #: More than one because what a call warms depends on its input: math_verify compares "0" with
 #: "0" without sympy, and builds a sum's or a LaTeX answer's machinery on the first it meets
@@ -198,25 +227,80 @@ def _verl(key: str, block: Any) -> list[tuple[str, str, Any]]:
 
 RUNNER_SOURCE = (
     r"""
-import builtins, ctypes, importlib.util, json, math, os, site, socket, stat, sys, time, traceback
+import builtins, ctypes, importlib.util, itertools, json, math, os, pickle, random, site, socket
+import stat, sys, threading, time, traceback
 """
     + RESEED_SOURCE
     + r"""
 
+# What a result may hold (`plain`): deeper containers, longer strings, more items and ints
+# beyond 64 bits are cut, each with a note in its place; a result whose JSON is still longer
+# than MESSAGE_BYTES keeps its `score` and drops the rest, saying so.
+DEPTH, STR_CHARS, ITEMS, MESSAGE_BYTES = 4, 2000, 100, 64 << 10
+
+
+def digits(value):
+    return int(abs(value).bit_length() * math.log10(2)) + 1
+
+
+def cut(text):
+    if len(text) <= STR_CHARS:
+        return str(text)
+    return f"{text[:STR_CHARS]}... (cut: {len(text)} characters)"
+
 
 def plain(value, depth=0):
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if value is None or isinstance(value, (bool, float)):
         return value
-    if depth < 4 and isinstance(value, dict):
-        return {str(k): plain(v, depth + 1) for k, v in value.items()}
-    if depth < 4 and isinstance(value, (list, tuple)):
-        return [plain(v, depth + 1) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+    if isinstance(value, int):
+        if -(1 << 63) <= value < 1 << 63:
+            return int(value)
+        return {"__unplain__": "int", "digits": digits(value)}
+    if isinstance(value, str):
+        return cut(value)
+    if depth < DEPTH and isinstance(value, dict):
+        keys = list(itertools.islice(value, ITEMS))
+        if depth == 0 and "score" in value and "score" not in keys:
+            keys.append("score")
+        out = {cut(str(k)): plain(value[k], depth + 1) for k in keys}
+        if len(value) > len(keys):
+            out["__cut__"] = f"{len(value) - len(keys)} more keys"
+        return out
+    if depth < DEPTH and isinstance(value, (list, tuple)):
+        out = [plain(v, depth + 1) for v in value[:ITEMS]]
+        if len(value) > ITEMS:
+            out.append(f"__cut__: {len(value) - ITEMS} more items")
+        return out
+    if depth < DEPTH and hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
         try:
             return plain(value.item(), depth + 1)
         except Exception:
             pass
     return {"__unplain__": type(value).__name__}
+
+
+def message(value):
+    # The result as the channel's one message, at most MESSAGE_BYTES.
+    data = json.dumps({"value": plain(value)}, allow_nan=True).encode()
+    if len(data) <= MESSAGE_BYTES:
+        return data
+    if isinstance(value, dict) and "score" in value:
+        note = f"the other keys were dropped: {len(data)} bytes as JSON, over {MESSAGE_BYTES}"
+        kept = {"score": plain(value["score"], DEPTH), "reward_info_cut": note}
+        return json.dumps({"value": kept}, allow_nan=True).encode()
+    why = f"returned {len(data)} bytes as JSON, over {MESSAGE_BYTES}"
+    return json.dumps({"error": why}).encode()
+
+
+def describe(exc):
+    # An exception's first line, at most STR_CHARS (its text may be anything: even its str()
+    # may fail).
+    try:
+        text = str(exc)
+    except BaseException:
+        text = ""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return cut(f"{type(exc).__name__}: {line}" if line else type(exc).__name__)
 
 
 def result_channel():
@@ -239,27 +323,117 @@ WARM = {}
 LIBC = ctypes.CDLL(None)
 
 
+def import_file(reward_file, paths):
+    for path in reversed(paths):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    spec = importlib.util.spec_from_file_location("ckpteval_reward", reward_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load(reward_file, name, paths):
     key = (reward_file, name, tuple(paths))
     if WARM.get("key") == key:  # forked from the warm zygote: the file ran there
         return WARM["function"]
-    sys.path[:0] = paths
-    spec = importlib.util.spec_from_file_location("ckpteval_reward", reward_file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+    return getattr(import_file(reward_file, paths), name)
+
+
+def own_modules(module, paths):
+    # The file's module and its own modules (those under `paths`) that are imported.
+    roots = tuple(os.path.join(path, "") for path in paths)
+    found = [module]
+    for other in list(sys.modules.values()):
+        where = getattr(other, "__file__", None)
+        if isinstance(where, str) and where.startswith(roots):
+            found.append(other)
+    return found
+
+
+def generators(modules):
+    # (where, generator) of each random generator a module global, or an attribute of one, holds:
+    # random.Random (not SystemRandom), numpy's Generator and RandomState.
+    found = []
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            where = (module.__name__, name)
+            if is_generator(value):
+                found.append((where, value))
+            elif not isinstance(value, (type, type(sys))):
+                try:
+                    attrs = list(vars(value).items())
+                except Exception:  # no __dict__ (or one that refuses)
+                    attrs = []
+                found += [((*where, a), inner) for a, inner in attrs if is_generator(inner)]
+    return found
+
+
+def is_generator(value):
+    if isinstance(value, random.Random):
+        return not isinstance(value, random.SystemRandom)
+    kind = type(value)
+    numpy = str(getattr(kind, "__module__", "")).startswith("numpy.random")
+    return numpy and kind.__name__ in ("Generator", "RandomState")
+
+
+def state_of(generator):
+    try:
+        return pickle.dumps(generator)
+    except Exception:
+        return None
+
+
+def global_states():
+    # The state of `random`'s and numpy's global generators (numpy's if it is imported).
+    states = {"random": random.getstate()}
+    numpy = sys.modules.get("numpy")
+    legacy = getattr(getattr(getattr(numpy, "random", None), "mtrand", None), "_rand", None)
+    if legacy is not None:
+        states["numpy"] = state_of(legacy)
+    return states
+
+
+def reseed_globals():
+    random.seed()
+    try:
+        sys.modules["numpy"].random.seed()
+    except Exception:  # not imported, or not numpy as known
+        pass
+
+
+def open_fds():
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            os.fstat(int(name))
+            fds.add(int(name))
+        except OSError:
+            pass
+    return fds
 
 
 def warm(spec):
-    # The zygote's warm-up: the file run and the function called on fixed inputs that are no
-    # sample's (results and errors ignored), so that each fork finds its first-call costs
-    # paid. A file that fails here is run again by each sample, which then fails alone. No call
-    # starts after `budget_s`: a slow function's warm-up must not outlast the zygote's deadline.
+    # The zygote's warm-up. The file is imported twice, both times after the global generators
+    # were seeded afresh. The first import (`first`) is called on fixed inputs that are no
+    # sample's (results and errors ignored), so that the packages' first-call costs are paid;
+    # no call starts after `budget_s`. Then the file and its own modules are imported again,
+    # never called: that is the module each sample calls, holding what its import made and
+    # nothing the warm-up's calls left (memos, counters, a generator's draws). What the two
+    # imports made differently came from the OS's entropy: such generators are reseeded in each
+    # fork; a global generator both left alike (a fixed seed) is set back to that state in each
+    # fork. An import that leaves threads running or descriptors open gets no zygote (a fork
+    # has neither): each sample then imports the file itself. A file that fails here is run
+    # again by each sample, which then fails alone.
+    paths = spec["paths"]
     try:
-        function = load(spec["reward_file"], spec["name"], spec["paths"])
+        reseed_globals()
+        first = import_file(spec["reward_file"], paths)
+        function = getattr(first, spec["name"])
     except BaseException:
         return
-    WARM.update(key=(spec["reward_file"], spec["name"], tuple(spec["paths"])), function=function)
+    first_generators = {where: state_of(g) for where, g in generators(own_modules(first, paths))}
+    first_globals = global_states()
     stop = time.monotonic() + spec["budget_s"]
     for call in spec["calls"]:
         if time.monotonic() > stop:
@@ -268,10 +442,38 @@ def warm(spec):
             function(**call)
         except BaseException:
             pass
+    roots = tuple(os.path.join(path, "") for path in paths)
+    for name, other in list(sys.modules.items()):
+        where = getattr(other, "__file__", None)
+        if isinstance(where, str) and where.startswith(roots):
+            del sys.modules[name]
+    threads, fds = set(threading.enumerate()), open_fds()
+    try:
+        reseed_globals()
+        module = import_file(spec["reward_file"], paths)
+        function = getattr(module, spec["name"])
+    except BaseException:
+        return
+    started = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()]
+    opened = sorted(open_fds() - fds)
+    if started or opened:
+        what = f"threads {', '.join(started)}" if started else f"{len(opened)} descriptor(s)"
+        raise SystemExit(f"the file's import leaves {what} open, which no fork has")
+    WARM.update(key=(spec["reward_file"], spec["name"], tuple(paths)), function=function)
+    WARM["reseed"] = [
+        g
+        for where, g in generators(own_modules(module, paths))
+        if first_generators.get(where) != state_of(g)
+    ]
+    for name, state in global_states().items():
+        if state is not None and state == first_globals.get(name):
+            WARM[name] = random.getstate() if name == "random" else (
+                sys.modules["numpy"].random.get_state()
+            )
 
 
 def main():
-    reseed()
+    reseed(WARM)
     if not hasattr(builtins, "exit"):  # a fork of the sandbox's driver (-S): as under `python`
         site.setquit()
     # Not dumpable: a process the function starts (same uid) can neither trace this one nor
@@ -291,14 +493,13 @@ def main():
     os.close(null)
     try:
         value = load(job["reward_file"], job["name"], job["paths"])(**job["call"])
-        out = {"value": plain(value)}
+        data = message(value)
     except BaseException as exc:
-        line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
         traceback.print_exc()
-        out = {"error": line}
+        data = json.dumps({"error": describe(exc)}).encode()
     try:
-        send(json.dumps(out, allow_nan=True).encode())
-    except OSError as exc:  # e.g. a result larger than the channel takes
+        send(data)
+    except OSError as exc:
         send(json.dumps({"error": f"the result could not be sent: {exc}"}).encode())
     os._exit(0)
 
@@ -540,8 +741,9 @@ class RewardFunctionChecker(Checker):
         inputs (`WARM_CALLS`) that are no sample's completion and no problem's answer (with the
         batch's first data source, so that a function dispatching on it warms the right
         branch); none starts after half the shortest wall limit a sample of the batch gets (a
-        job's own timeout, else `timeout`, as `_command` sets it): the zygote must be ready
-        within a sample's wall clock, or the batch goes without it."""
+        job's own timeout, else `timeout`, as `_command` sets it). The zygote must be ready
+        within that wall clock and `IMPORT_ALLOWANCE_S` for each of its two imports of the file
+        (`Command.warm_s`), or the batch goes without it."""
         source = jobs[0].problem.get("data_source", "") if jobs else ""
         calls = [self._call(source, completion, truth, {}) for completion, truth in WARM_CALLS]
         wall_s = min((job.timeout or timeout for job in jobs), default=timeout)
@@ -591,6 +793,8 @@ class RewardFunctionChecker(Checker):
         job_file.write_text(json.dumps(spec, default=str), encoding="utf-8")
         runner = self._code / "runner.py"
         limits = Limits(wall_s=job.timeout or timeout, memory_bytes=self.memory_bytes)
+        # The zygote's two imports, and its calls (none starts after `budget_s`, half a wall).
+        warm_s = 2 * IMPORT_ALLOWANCE_S + 2 * warm["budget_s"] if warm else 0.0
         env = dict(os.environ) if self.trusted else None  # a service's URL or key, say
         return Command(
             [sys.executable, "-I", "-B", str(runner)],  # `sandbox: none`, `trusted: true`
@@ -601,6 +805,7 @@ class RewardFunctionChecker(Checker):
             stdin=job_file,
             result_channel=True,
             warm=warm,
+            warm_s=warm_s,
         )
 
     def _readable(self) -> list[Path]:
@@ -724,20 +929,25 @@ def as_score(value: Any) -> tuple[float | str, dict[str, Any]]:
     score, {}): a number within ±`MAX_REWARD` or a bool, or a dict whose `score` is one (and
     whose numeric `acc`, a cell metric too, is one)."""
     info: dict[str, Any] = {}
-    if isinstance(value, dict):
+    if isinstance(value, dict) and not _big_int(value):
         if "score" not in value:
             return f"returned a dict without a `score` key (keys: {', '.join(value)})", {}
         info = {k: v for k, v in value.items() if k != "score"}
         value = value["score"]
     acc = info.get("acc")
-    if isinstance(acc, (int, float)) and not _in_range(acc):
+    if (isinstance(acc, (int, float)) or _big_int(acc)) and not _in_range(acc):
         return f"returned an `acc` of {_short(acc)}, {_RANGE}", {}
     if _in_range(value):
         return float(value), info
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) or _big_int(value):
         return f"returned {_short(value)}, {_RANGE}", {}
     shown = value.get("__unplain__") if isinstance(value, dict) else type(value).__name__
-    return f"returned {shown} {_short(value)}, not a number".replace("  ", " "), {}
+    return " ".join(["returned", str(shown), _short(value)]).rstrip() + ", not a number", {}
+
+
+def _big_int(value: Any) -> bool:
+    """Whether `value` is the runner's note in place of an int beyond 64 bits (`plain`)."""
+    return isinstance(value, dict) and value.get("__unplain__") == "int" and "digits" in value
 
 
 #: The largest score (in magnitude) a reward function may return. Beyond it a cell's sums and
@@ -758,6 +968,8 @@ def _in_range(value: Any) -> bool:
 
 
 def _short(value: Any) -> str:
+    if _big_int(value):
+        return f"an integer of about {value['digits']} digits"
     if isinstance(value, int) and abs(value) > 10**40:  # never str(): it is bounded too
         return f"an integer of about {int(abs(value).bit_length() * math.log10(2)) + 1} digits"
     if isinstance(value, (int, float)):
