@@ -179,8 +179,8 @@ def redefines_assertions(code: Code) -> bool:
 
 
 def _item_names(code: Code) -> Iterator[tuple[int, Token, Token]]:
-    """(index, item keyword, the token after it that names the item) for `_ITEM_KEYWORDS` and `type`:
-    `'static` is a lifetime, `*const T` a pointer type, `fn(i32)` a function type."""
+    """(index, item keyword, the token after it that names the item) for `_ITEM_KEYWORDS` and
+    `type`: `'static` is a lifetime, `*const T` a pointer type, `fn(i32)` a function type."""
     for i, token in enumerate(code.toks):
         if not token.keyword(*_ITEM_KEYWORDS, "type") or (
             token.text == "const" and code.at(i - 1).punct("*")
