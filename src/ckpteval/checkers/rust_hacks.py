@@ -60,25 +60,37 @@ class Code:
     """A source's code tokens and where each stands."""
 
     toks: tuple[Token, ...]
+    names: frozenset[str]  # every identifier's name: most questions end here, with no candidate
+    literals: tuple[str, ...]  # the bodies of its string and char literals
+    items: tuple[tuple[int, Token, Token], ...]  # `_item_names`
     macros: bool  # it defines `macro_rules!`: names may reach code through macro arguments
     in_attribute: tuple[bool, ...]  # inside `#[...]` or `#![...]`
     top: tuple[bool, ...]  # outside every brace block the source itself opens
     associated: tuple[bool, ...]  # directly inside an `impl` or `trait` block
 
+    def mentions(self, *names: str) -> bool:
+        """Whether any of `names` is an identifier here."""
+        return not self.names.isdisjoint(names)
+
     def at(self, i: int) -> Token:
         return self.toks[i] if 0 <= i < len(self.toks) else _NOTHING
 
     def spans(self, keyword: str, *ends: str) -> Iterator[tuple[int, int]]:
-        """(index of each `keyword`, index of the first of `ends` after it, or the end)."""
-        for i, token in enumerate(self.toks):
-            if token.keyword(keyword):
+        """(index of a `keyword`, index of the first of `ends` after it, or the end), for each
+        `keyword` outside the spans before: in one pass, where a span per `keyword` would take
+        time quadratic in a run of them (`use use use ...`)."""
+        i = 0
+        while i < len(self.toks):
+            if self.toks[i].keyword(keyword):
                 stop = i + 1
                 while stop < len(self.toks) and not self.toks[stop].punct(*ends):
                     stop += 1
                 yield i, stop
+                i = stop
+            i += 1
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=8)
 def read(source: str) -> Code:
     toks = tokens(source)
     in_attribute, top, associated = [], [], []
@@ -102,9 +114,13 @@ def read(source: str) -> Code:
             if token.text == "}" and blocks:
                 blocks.pop()
             head = ""
+    names = frozenset(t.text for t in toks if t.kind == IDENT)
     return Code(
         toks,
-        any(t.ident("macro_rules") for t in toks),
+        names,
+        tuple(t.text for t in toks if t.kind == LITERAL),
+        tuple(_item_names(toks)) if not names.isdisjoint((*_ITEM_KEYWORDS, "type")) else (),
+        "macro_rules" in names,
         tuple(in_attribute),
         tuple(top),
         tuple(associated),
@@ -118,6 +134,8 @@ def _inner_attribute(toks: tuple[Token, ...], i: int) -> bool:
 def binary_wide(code: Code) -> bool:
     """`global_asm!`/`asm!`, `#[global_allocator]`, `#[no_mangle]`, `#[export_name]`,
     `#[link_section]`, `#[linkage]`, `#[used]`, naked functions."""
+    if not code.mentions(*_BINARY_WIDE_NAMES, *_BINARY_WIDE_ATTRS, "asm"):
+        return False
     for i, token in enumerate(code.toks):
         if token.kind != IDENT:
             continue
@@ -139,11 +157,15 @@ def unsafe_or_ffi(code: Code) -> bool:
     hidden-test harness has no use for, and the only ways (short of a compiler soundness bug) a
     sample can leave a test body other than by returning or panicking (a foreign exception, a
     forced unwind, `longjmp`, raw exit calls) or read the harness's tokens out of its memory."""
-    return any(t.keyword("unsafe", "extern") for t in code.toks)
+    return code.mentions("unsafe", "extern") and any(
+        t.keyword("unsafe", "extern") for t in code.toks
+    )
 
 
 def includes_files(code: Code) -> bool:
     """`include!`/`include_str!`/`include_bytes!`, `#[path]`, `debugger_visualizer`."""
+    if not code.mentions(*_INCLUDES, "path", "debugger_visualizer"):
+        return False
     for i, token in enumerate(code.toks):
         if token.ident(*_INCLUDES) and (code.at(i + 1).punct("!") or code.macros):
             return True
@@ -154,11 +176,13 @@ def includes_files(code: Code) -> bool:
 
 def reads_at_run_time(code: Code) -> bool:
     """Run-time reads of /proc, the environment, directories or `.rs` files."""
+    if any(_READ_PATHS.search(text) for text in code.literals):
+        return True
+    if code.mentions("environ", "read_dir", "current_exe"):
+        return True
+    if "env" not in code.names:
+        return False
     for i, token in enumerate(code.toks):
-        if token.kind == LITERAL and _READ_PATHS.search(token.text):
-            return True
-        if token.ident("environ", "read_dir", "current_exe"):
-            return True
         if token.ident("env") and code.at(i + 1).punct("::") and code.at(i + 2).ident(*_ENV_READS):
             return True
     return False
@@ -166,6 +190,8 @@ def reads_at_run_time(code: Code) -> bool:
 
 def redefines_assertions(code: Code) -> bool:
     """`macro_rules!` or imports named like the assertion macros or the test attributes."""
+    if not code.mentions("macro_rules", "as"):
+        return False
     for i, token in enumerate(code.toks):
         if token.ident("macro_rules") and code.at(i + 1).punct("!"):
             name, names = code.at(i + 2), _ASSERT_MACROS
@@ -178,24 +204,26 @@ def redefines_assertions(code: Code) -> bool:
     return False
 
 
-def _item_names(code: Code) -> Iterator[tuple[int, Token, Token]]:
+def _item_names(toks: tuple[Token, ...]) -> Iterator[tuple[int, Token, Token]]:
     """(index, item keyword, the token after it that names the item) for `_ITEM_KEYWORDS` and
     `type`: `'static` is a lifetime, `*const T` a pointer type, `fn(i32)` a function type."""
-    for i, token in enumerate(code.toks):
+    for i, token in enumerate(toks):
         if not token.keyword(*_ITEM_KEYWORDS, "type") or (
-            token.text == "const" and code.at(i - 1).punct("*")
+            token.text == "const" and i and toks[i - 1].punct("*")
         ):
             continue
-        name = code.at(i + 1)
+        name = toks[i + 1] if i + 1 < len(toks) else _NOTHING
         if token.text == "static" and name.keyword("mut"):
-            name = code.at(i + 2)
+            name = toks[i + 2] if i + 2 < len(toks) else _NOTHING
         yield i, token, name
 
 
 def shadows_std_name(code: Code) -> bool:
     """An item named like a primitive or a prelude name (`struct i32`, `fn Some`), or an import
     renamed to one (`use x as String;`)."""
-    for _, keyword, name in _item_names(code):
+    if not code.mentions(*STD_NAMES):
+        return False
+    for _, keyword, name in code.items:
         if keyword.text != "type" and name.kind == IDENT and name.text in STD_NAMES:
             return True
     return any(
@@ -210,14 +238,14 @@ def aliases_std_name(code: Code) -> bool:
     (`type Err = ...` in an impl) not counted."""
     return any(
         keyword.text == "type" and name.ident(*STD_NAMES) and not code.associated[i]
-        for i, keyword, name in _item_names(code)
+        for i, keyword, name in code.items
     )
 
 
 def named_by_macro(code: Code) -> bool:
     """Items, or imports' new names, that come from a macro's arguments (`struct $name`,
     `use x as $name`): what `shadows_std_name` cannot read."""
-    if any(name.punct("$") for _, _, name in _item_names(code)):
+    if any(name.punct("$") for _, _, name in code.items):
         return True
     return any(
         code.toks[k].keyword("as") and code.at(k + 1).punct("$")
@@ -230,7 +258,7 @@ def prelude_variant_in_scope(code: Code) -> bool:
     """An enum variant named like a prelude value (`enum E { Some, None }`) that the code may
     import into a scope (`use E::*`, `use E::Some`, at its top level or re-exported): a variant
     is only ever named through its enum otherwise, so `E::None` stands for no prelude name."""
-    if not _prelude_variant(code):
+    if not (code.macros or code.mentions(*_PRELUDE_VARIANTS)) or not _prelude_variant(code):
         return False
     if code.macros:
         return True
@@ -246,11 +274,13 @@ def prelude_variant_in_scope(code: Code) -> bool:
 def _prelude_variant(code: Code) -> bool:
     """Whether an enum has a variant named `Some`, `None`, `Ok` or `Err` (or variants named by
     a macro's arguments)."""
-    for _, stop in code.spans("enum", "{", ";"):
-        if not code.at(stop).punct("{"):
+    scanned = 0  # bodies are read once: an enum inside one read before is not read again
+    for start, stop in code.spans("enum", "{", ";"):
+        if start < scanned or not code.at(stop).punct("{"):
             continue
         depth, expect_name = 0, True
-        for token in code.toks[stop + 1 :]:
+        for scanned in range(stop + 1, len(code.toks)):
+            token = code.toks[scanned]
             if token.punct("{", "(", "["):
                 depth += 1
             elif token.punct("}", ")", "]"):
@@ -270,6 +300,8 @@ def hand_eq(code: Code) -> bool:
     """A hand-written impl of `PartialEq`, `PartialOrd`, `Ord`, `Not` or `Deref` (an `impl`
     item; `impl Ord` as a parameter's or a return type is none, unless a macro may be
     assembling items)."""
+    if "impl" not in code.names or not code.mentions(*_HAND_EQ_TRAITS):
+        return False
     for start, stop in code.spans("impl", "{", ";"):
         before = code.at(start - 1)
         item = before is _NOTHING or before.punct("}", ";", "{", "]") or before.keyword("unsafe")
@@ -283,31 +315,36 @@ def hand_eq(code: Code) -> bool:
 def tampers(code: Code) -> bool:
     """Names the harness, sets a panic hook or environment variables, or defines or imports
     under a prelude name (flagged only)."""
+    if any("ckpteval" in text for text in (*code.names, *code.literals)):
+        return True
+    if code.mentions("set_hook", "take_hook", "set_var", "remove_var"):
+        return True
+    if not code.mentions(*PRELUDE_NAMES):
+        return False
     for i, token in enumerate(code.toks):
-        if token.kind in (IDENT, LITERAL) and "ckpteval" in token.text:
-            return True
-        if token.ident("set_hook", "take_hook", "set_var", "remove_var"):
-            return True
         if token.keyword("as") and code.at(i + 1).ident(*PRELUDE_NAMES):
             return True
     return any(
         keyword.text not in ("mod", "type") and name.ident(*PRELUDE_NAMES)
-        for _, keyword, name in _item_names(code)
+        for _, keyword, name in code.items
     )
 
 
 def fake_report(code: Code) -> bool:
     """A string that reads like libtest's report or the harness's records."""
-    return any(t.kind == LITERAL and _FAKE_REPORT.search(t.text) for t in code.toks)
+    return any(_FAKE_REPORT.search(text) for text in code.literals)
 
 
 def always_equal(code: Code) -> bool:
     """`fn eq(...) -> bool { true }` (or `ne`, or `false`): a comparison that ignores its
     operands."""
+    if "fn" not in code.names or not code.mentions("eq", "ne"):
+        return False
+    closing = _closing_parentheses(code)
     for i, token in enumerate(code.toks):
         if not (token.keyword("fn") and code.at(i + 1).ident("eq", "ne")):
             continue
-        close = _closing(code, i + 2)
+        close = closing.get(i + 2)
         if close is not None and [code.at(close + k).text for k in range(1, 6)] in (
             ["->", "bool", "{", "true", "}"],
             ["->", "bool", "{", "false", "}"],
@@ -316,21 +353,22 @@ def always_equal(code: Code) -> bool:
     return False
 
 
-def _closing(code: Code, at: int) -> int | None:
-    """Index of the `)` closing the `(` at `at`."""
-    if not code.at(at).punct("("):
-        return None
-    depth = 0
-    for k in range(at, len(code.toks)):
-        depth += code.toks[k].punct("(") - code.toks[k].punct(")")
-        if depth == 0:
-            return k
-    return None
+def _closing_parentheses(code: Code) -> dict[int, int]:
+    """The index of the `)` closing each `(` that is closed, in one pass."""
+    opened: list[int] = []
+    pairs = {}
+    for k, token in enumerate(code.toks):
+        if token.punct("("):
+            opened.append(k)
+        elif token.punct(")") and opened:
+            pairs[opened.pop()] = k
+    return pairs
 
 
 def exits(code: Code) -> bool:
     """Calls `exit(...)` or `abort(...)`, or names `_exit`."""
-    return any(
-        t.ident("exit", "abort") and code.at(i + 1).punct("(") or t.ident("_exit")
-        for i, t in enumerate(code.toks)
+    if "_exit" in code.names:
+        return True
+    return code.mentions("exit", "abort") and any(
+        t.ident("exit", "abort") and code.at(i + 1).punct("(") for i, t in enumerate(code.toks)
     )

@@ -12,8 +12,9 @@ them), so decisions can compare identifiers and token sequences instead of subst
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterator
 from functools import lru_cache
+from typing import NamedTuple
 
 IDENT = "ident"
 LIFETIME = "lifetime"
@@ -23,10 +24,10 @@ PUNCT = "punct"
 COMMENT = "comment"
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
+class Token(NamedTuple):
     """One token: `text` is an identifier's name (without `r#`), a literal's body between its
-    quotes (escapes as written), or the characters of anything else."""
+    quotes (escapes as written), or the characters of anything else. (A tuple: a long sample
+    has tens of thousands, and a tuple is the cheapest record to build.)"""
 
     kind: str
     text: str
@@ -46,65 +47,70 @@ class Token:
         return self.kind == PUNCT and self.text in marks
 
 
-_NEXT = re.compile(
-    r"""(?P<space>\s+)
-      | (?P<line>//[^\n]*)
+#: The lexemes that open comments and literals, shared by `lex` and
+#: `blank_comments_and_literals`. Block comments and raw strings (whose ends a regular pattern
+#: cannot find: comments nest, raw strings end at their own number of `#`) and unterminated
+#: strings are only opened here; the caller finds their ends.
+_OPENERS = r"""
+        (?P<line>//[^\n]*)
       | (?P<block>/\*)
       | (?P<rawstr>[bc]?r(?P<hashes>\#*)")
-      | (?P<str>[bc]?")
+      | (?P<str>[bc]?"(?P<body>[^"\\]*(?:\\.[^"\\]*)*)")
+      | (?P<open>[bc]?")
+      | (?P<char>b?'(?P<value>[^'\\\n]|\\(?:u\{[^}'\n]*\}|x[0-9A-Fa-f]{2}|.))')
+      | (?P<lifetime>'(?:r\#)?[^\W\d]\w*)"""
+#: One token after any whitespace.
+_NEXT = re.compile(
+    rf"""\s*(?:{_OPENERS}
       | r\#(?P<rawident>[^\W\d]\w*)
-      | (?P<char>b?'(?:[^'\\\n]|\\(?:u\{[^}'\n]*\}|x[0-9A-Fa-f]{2}|.))')
-      | (?P<lifetime>'(?:r\#)?[^\W\d]\w*)
       | (?P<number>\d[0-9_]*(?:\.[0-9][0-9_]*)?(?:[eE][+-]?[0-9_]+)?\w*)
       | (?P<ident>[^\W\d]\w*)
       | (?P<punct>::|->|=>|.)
-    """,
+      | (?P<end>\Z)
+    )""",
     re.S | re.X,
 )
+#: The same lexemes where only comments and literals matter: words and runs of other characters
+#: are passed over whole (a word is never split, so `bar"x"` holds no raw string `r"x"`).
+_NEXT_LITERAL = re.compile(rf"""{_OPENERS} | r\#[^\W\d]\w* | \w+ | [^\w/"']+ | .""", re.S | re.X)
+_KINDS = {"line": COMMENT, "lifetime": LIFETIME, "number": NUMBER, "ident": IDENT, "punct": PUNCT}
 _BLOCK_EDGE = re.compile(r"/\*|\*/")
-_STRING_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=8)
 def lex(source: str) -> tuple[Token, ...]:
-    """Every token of `source`, comments included (kind COMMENT), whitespace left out."""
+    """Every token of `source`, comments included (kind COMMENT), whitespace left out. (Cached:
+    a unit's assembly reads the same program and completion several times in a row; a few
+    entries do, and bound the memory a long text's tokens take.)"""
     out: list[Token] = []
-    pos, end = 0, len(source)
-    while pos < end:
-        match = _NEXT.match(source, pos)
-        assert match is not None  # the last alternative takes any character
-        kind = match.lastgroup
-        if kind == "space":
-            pos = match.end()
-            continue
-        if kind == "block":
-            stop = _block_comment_end(source, match.end())
-            out.append(Token(COMMENT, source[pos:stop], pos, stop))
-        elif kind == "line":
-            stop = match.end()
-            out.append(Token(COMMENT, source[pos:stop], pos, stop))
-        elif kind == "rawstr":  # `r`, its hashes and the opening quote were matched
-            closing = '"' + match.group("hashes")
-            found = source.find(closing, match.end())
-            stop = end if found < 0 else found + len(closing)
-            body_end = end if found < 0 else found
-            out.append(Token(LITERAL, source[match.end() : body_end], pos, stop))
-        elif kind == "str":
-            rest = _STRING_REST.match(source, match.end())
-            stop = rest.end() if rest else end
-            out.append(Token(LITERAL, source[match.end() : stop - 1 if rest else end], pos, stop))
-        elif kind == "rawident":
-            stop = match.end()
-            out.append(Token(IDENT, match.group("rawident"), pos, stop, raw=True))
-        elif kind == "char":
-            stop = match.end()
-            text = match.group()
-            out.append(Token(LITERAL, text[text.index("'") + 1 : -1], pos, stop))
-        else:
-            stop = match.end()
-            kinds = {"lifetime": LIFETIME, "number": NUMBER, "ident": IDENT, "punct": PUNCT}
-            out.append(Token(kinds[kind], match.group(), pos, stop))  # type: ignore[index]
-        pos = stop
+    new = tuple.__new__  # builds a Token without NamedTuple's Python-level constructor
+    resume, end = 0, len(source)
+    while resume < end:
+        # From `resume` to the end, unless a lexeme needs its end found and lexing resumed.
+        at, resume = resume, end
+        for match in _NEXT.finditer(source, at):
+            kind = match.lastgroup
+            at = match.start(kind)  # type: ignore[arg-type]
+            if kind in _KINDS:
+                out.append(new(Token, (_KINDS[kind], match.group(kind), at, match.end(), False)))
+            elif kind == "str":
+                out.append(new(Token, (LITERAL, match.group("body"), at, match.end(), False)))
+            elif kind == "rawident":
+                out.append(new(Token, (IDENT, match.group(kind), at, match.end(), True)))
+            elif kind == "char":
+                out.append(new(Token, (LITERAL, match.group("value"), at, match.end(), False)))
+            elif kind == "end":
+                break
+            else:
+                resume = _end_of(source, match)
+                if kind == "block":
+                    out.append(Token(COMMENT, source[at:resume], at, resume))
+                    break
+                closing = '"' + (match["hashes"] or "") if kind == "rawstr" else '"'
+                closed = kind == "rawstr" and source.endswith(closing, match.end(), resume)
+                body = source[match.end() : resume - len(closing) if closed else resume]
+                out.append(Token(LITERAL, body, at, resume))
+                break
     return tuple(out)
 
 
@@ -120,20 +126,47 @@ def _block_comment_end(source: str, at: int) -> int:
     return at
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=8)
 def tokens(source: str) -> tuple[Token, ...]:
     """The tokens of `source` that are code: comments (doc comments included) left out."""
     return tuple(t for t in lex(source) if t.kind != COMMENT)
 
 
+@lru_cache(maxsize=8)
 def blank_comments_and_literals(source: str) -> str:
     """`source` with every comment and literal replaced by spaces, newlines kept (so offsets
-    and line numbers still match the source)."""
+    and line numbers still match the source). Reads the lexemes `lex` reads without building
+    tokens: the checker blanks each program several times."""
     pieces, pos = [], 0
-    for token in lex(source):
-        if token.kind in (COMMENT, LITERAL):
-            pieces.append(source[pos : token.start])
-            pieces.append(re.sub(r"[^\n]", " ", source[token.start : token.end]))
-            pos = token.end
+    for start, stop in _comments_and_literals(source):
+        pieces.append(source[pos:start])
+        pieces.append(_NOT_NEWLINE.sub(" ", source[start:stop]))
+        pos = stop
     pieces.append(source[pos:])
     return "".join(pieces)
+
+
+_NOT_NEWLINE = re.compile(r"[^\n]")
+
+
+def _comments_and_literals(source: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each comment and literal of `source`, in order."""
+    resume, end = 0, len(source)
+    while resume < end:
+        at, resume = resume, end
+        for match in _NEXT_LITERAL.finditer(source, at):
+            kind = match.lastgroup
+            if kind in ("line", "str", "char"):
+                yield match.start(), match.end()
+            elif kind in ("block", "rawstr", "open"):
+                resume = _end_of(source, match)
+                yield match.start(), resume
+                break
+
+
+def _end_of(source: str, match: re.Match[str]) -> int:
+    """Where the block comment, raw string or unterminated string `match` opens ends."""
+    if match.lastgroup == "block":
+        return _block_comment_end(source, match.end())
+    found = source.find('"' + match.group("hashes"), match.end()) if match["rawstr"] else -1
+    return len(source) if found < 0 else found + 1 + len(match.group("hashes"))
