@@ -272,8 +272,8 @@ def prelude_variant_in_scope(code: Code) -> bool:
 
 
 def _prelude_variant(code: Code) -> bool:
-    """Whether an enum has a variant named `Some`, `None`, `Ok` or `Err` (or variants named by
-    a macro's arguments)."""
+    """Whether an enum has a variant named `Some`, `None`, `Ok` or `Err`, or variants named by
+    a macro's arguments where a macro the code defines is given one of those names."""
     scanned = 0  # bodies are read once: an enum inside one read before is not read again
     for start, stop in code.spans("enum", "{", ";"):
         if start < scanned or not code.at(stop).punct("{"):
@@ -288,11 +288,35 @@ def _prelude_variant(code: Code) -> bool:
                     break
                 depth -= 1
             elif depth == 0:
-                if token.punct("$"):
+                if token.punct("$") and _local_macro_given_variant_name(code):
                     return True
                 if expect_name and token.ident(*_PRELUDE_VARIANTS):
                     return True
                 expect_name = token.punct(",", "#")
+    return False
+
+
+def _local_macro_given_variant_name(code: Code) -> bool:
+    """Whether a macro the code defines (`macro_rules! m`) is invoked with `Some`, `None`, `Ok`
+    or `Err` among its arguments: the only way a name reaches a `$` of its expansion."""
+    toks = code.toks
+    local = {
+        code.at(i + 2).text
+        for i, token in enumerate(toks)
+        if token.ident("macro_rules") and code.at(i + 1).punct("!")
+    }
+    i = 0
+    while i < len(toks):
+        if toks[i].ident(*local) and code.at(i + 1).punct("!") and code.at(i + 2).punct(*"([{"):
+            depth, i = 0, i + 2
+            while i < len(toks):  # the arguments, read once (an invocation inside included)
+                depth += toks[i].punct(*"([{") - toks[i].punct(*")]}")
+                if depth == 0:
+                    break
+                if toks[i].ident(*_PRELUDE_VARIANTS):
+                    return True
+                i += 1
+        i += 1
     return False
 
 
