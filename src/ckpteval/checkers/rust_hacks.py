@@ -92,6 +92,8 @@ class Code:
 
 @lru_cache(maxsize=8)
 def read(source: str) -> Code:
+    """`source`'s code tokens and where each stands, in one pass (cached: the checker asks of
+    the same completion twice)."""
     toks = tokens(source)
     in_attribute, top, associated = [], [], []
     depth = 0  # bracket depth inside an attribute; 0 outside
