@@ -37,6 +37,12 @@ SPLIT = {  # many valid outputs: print two non-negative integers summing to n
     "canonical_solution": "n = int(input())\nprint(n, 0)\n",
     "language": "python",
 }
+SWAP = {  # two tokens out: testlib's blanks (space, tab, CR, LF) separate them, nothing else
+    "task_id": "swap",
+    "tests": [{"input": "1 2\n", "output": "2 1\n"}],
+    "canonical_solution": "a, b = input().split()\nprint(b, a)\n",
+    "language": "python",
+}
 HALF_SECOND = {"task_id": "half", "tests": [{"input": "1 2\n", "output": "3\n"}], "time_limit": 0.5}
 BURN = "import os, time\ndef burn(s):\n    while time.process_time() < s:\n        pass\n"
 PY_OK = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
@@ -131,6 +137,24 @@ CASES = [
         "wrong_answer",
     ),
     ("checker rejects garbage", SPLIT, "```python\nprint('hello')\n```", "wrong_answer"),
+    (
+        "tokens apart by tab, CR and newlines",
+        SWAP,
+        "```python\na, b = input().split()\nprint(f'\\r\\n{b}\\t\\r\\n{a}\\t')\n```",
+        None,
+    ),
+    (
+        "tokens joined by NBSP (no testlib blank)",
+        SWAP,
+        "```python\na, b = input().split()\nprint(f'{b}\\u00a0{a}')\n```",
+        "wrong_answer",
+    ),
+    (
+        "tokens joined by a vertical tab (no testlib blank)",
+        SWAP,
+        "```python\na, b = input().split()\nprint(f'{b}\\v{a}')\n```",
+        "wrong_answer",
+    ),
 ]
 
 
@@ -173,6 +197,11 @@ def test_progress_is_reported(verdicts: dict[str, Verdict]) -> None:
 
 def test_output_comparison() -> None:
     assert outputs_match("1 2\n3\n", "1 2 3")
+    assert outputs_match("1 2\n", "\r\n 1\t\t2\r\n\n")
+    # only testlib's blanks (space, tab, CR, LF) separate tokens, not other Unicode spaces
+    for joint in ("\u00a0", "\v", "\f", "\u3000", "\u2028", "\u0085", "\u2003"):
+        assert not outputs_match("1 2", f"1{joint}2"), repr(joint)
+        assert not outputs_match("1", f"1{joint}"), repr(joint)
     assert not outputs_match("1", "1 2")
     # without a declared float comparison, a decimal answer is as exact as any other token
     assert not outputs_match("0.3333333", "0.33333334")

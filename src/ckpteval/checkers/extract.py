@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ckpteval.checkers.rust_lexer import blank_comments_and_literals
+
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.M | re.S)
 
 
@@ -176,20 +178,10 @@ def delimiters_balanced(source: str) -> bool:
     return not stack
 
 
-_RUST_LEXEMES = re.compile(
-    r"""//[^\n]*                        # line comment
-      | /\*(?:[^*]|\*(?!/))*(?:\*/|\Z)  # block comment (not nested; unterminated runs to end)
-      | b?r(\#*)".*?(?:"\1|\Z)          # raw string (unterminated runs to end)
-      | b?"(?:[^"\\]|\\.)*(?:"|\Z)      # string
-      | b?'(?:[^'\\\n]|\\.[^'\n]{0,9})'  # char literal (lifetimes have no closing quote)
-    """,
-    re.S | re.X,
-)
-
-
 def _blank_comments_and_strings(source: str) -> str:
-    """Source with comments and literals replaced by spaces (newlines kept, so lines still match)."""
-    return _RUST_LEXEMES.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), source)
+    """Source with comments and literals replaced by spaces (newlines kept, so lines still match),
+    read as rustc reads it: block comments nest, raw strings end at their own `"#`."""
+    return blank_comments_and_literals(source)
 
 
 def rust_tests(problem: Mapping[str, Any]) -> str:

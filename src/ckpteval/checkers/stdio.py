@@ -19,9 +19,10 @@ all passed (`official_passed`, `generated_passed`; `first_failure`).
 Solutions are Python, C++ or Rust, told apart by the completion's fence language (```cpp) or, for
 bare code, by its look (`#include`, `fn main`); a problem's `solution_language` (a task's
 `language`) fixes it instead, and the code block of that language is taken. Without a checker
-program, output is compared token by token, exactly. Only a problem that declares a float
-comparison, by its `tolerance` (say 1e-6), lets two tokens that are both numbers differ by that
-much (absolute or relative); `1.5` against `1.4999` is wrong for a problem without one, whatever
+program, output is compared token by token, exactly, tokens separated by testlib's blanks
+(space, tab, CR, LF; not NBSP, vertical tab or other Unicode spaces). Only a problem that
+declares a float comparison, by its `tolerance` (say 1e-6), lets two tokens that are both
+numbers differ by that much (absolute or relative); `1.5` against `1.4999` is wrong for a problem without one, whatever
 the decimal point suggests. A checker program is run as `checker <input> <output> <answer>` and
 accepts with exit status 0 (testlib's convention), in the local sandbox; it decides tolerance
 itself.
@@ -190,10 +191,11 @@ def first_failure(verdict: Verdict, n_official: int, n_generated: int) -> dict[s
 
 
 def outputs_match(expected: str, actual: str, tolerance: float | None = None) -> bool:
-    """Token-wise equality. With a `tolerance` (a problem that declares a float comparison), two
-    tokens that are both plain decimal numbers may differ by it, absolute or relative; without
-    one every token must be equal: an exact decimal answer accepts no other value."""
-    want, got = expected.split(), actual.split()
+    """Token-wise equality, tokens separated by testlib's blanks (`_TOKEN`). With a `tolerance`
+    (a problem that declares a float comparison), two tokens that are both plain decimal numbers
+    may differ by it, absolute or relative; without one every token must be equal: an exact
+    decimal answer accepts no other value."""
+    want, got = _TOKEN.findall(expected), _TOKEN.findall(actual)
     if len(want) != len(got):
         return False
     for a, b in zip(want, got):
@@ -207,6 +209,10 @@ def outputs_match(expected: str, actual: str, tolerance: float | None = None) ->
     return True
 
 
+#: A token as testlib's `wcmp` reads one: what lies between its blanks (`isBlanks`: space, tab,
+#: CR, LF). `str.split()` also splits at NBSP, vertical tab, form feed, U+3000, U+2028 and other
+#: Unicode spaces, which would accept `1\u00a02` for `1 2`.
+_TOKEN = re.compile(r"[^ \t\r\n]+")
 #: A number as a judge prints one (no `inf`, `nan`, `0x10` or `1_000`, which `float` reads).
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
@@ -218,8 +224,9 @@ def _is_number(token: str) -> bool:
 class StdioChecker(Checker):
     name = "stdio"
     #: 2: per-sample first_failed_test, official_passed, generated_passed; 3: tolerance only
-    #: where the problem declares it, unencodable text replaced
-    version = "3"
+    #: where the problem declares it, unencodable text replaced; 4: tokens split at testlib's
+    #: blanks only (NBSP, vertical tab, U+3000 no longer separate tokens)
+    version = "4"
     default_timeout = DEFAULT_TIME_LIMIT
     compiles = True
     languages = LANGUAGES
