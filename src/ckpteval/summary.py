@@ -76,7 +76,7 @@ def summarize(
     each task's chosen main metric (`tasks.<task>.main_metric`), where the config chooses one."""
     cells, problems = load_cells(cell_jsons)
     samples, sample_problems = load_samples(cells)
-    tidy = tidy_table(cells)
+    tidy = tidy_table(cells, samples)
     metrics_by_task = main_metrics(cells, main_metric)
     seeds = seed_table(tidy)
     flips: list[dict[str, Any]] = []

@@ -5,7 +5,8 @@ Input: one pair of files per cell (run, ckpt, task, variant) under `scores/{run}
   `hack_rate` among them when the scorer reports reward hacks, and a reward cell's counts of
   errored samples, `ckpteval.errored`), error type and hack type counts
   (`error_types`, `hack_types`) and provenance (`run`, `ckpt`, `step`, `task`, `variant`, `sampling`, `seed`,
-  `is_baseline`, `scorer_version`, `model_hash`, ...).
+  `is_baseline`, `scorer_version`, `model_hash`, ...) and how many problems and samples it scored
+  (`n_problems`, `n_samples`).
 - `{variant}.jsonl`: one line per (problem, sample) with `task_id`, `sample_idx`, `passed`, `score`.
 
 A file that cannot be used never stops the reading: it becomes a `Problem` (listed in
@@ -70,6 +71,10 @@ class Cell:
     #: Metric -> how it counts the samples the reward function gave no score, for the metrics
     #: that count any (`ckpteval.errored.errored_metrics`).
     errored: dict[str, Errored] = field(default_factory=dict)
+    #: The problems and samples the cell scored (its json's `n_problems`, `n_samples`; None
+    #: when it does not say): the unit an interval is clustered by, and how many draws it has.
+    n_problems: int | None = None
+    n_samples: int | None = None
 
     @property
     def samples_path(self) -> Path:
@@ -123,6 +128,8 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
         hack_types=_counts(raw, "hack_types"),
         chat_template=_template_key(raw.get("chat_template")),
         errored=errored_metrics(raw["metrics"]),
+        n_problems=_count(raw.get("n_problems")),
+        n_samples=_count(raw.get("n_samples")),
     )
 
 
@@ -325,6 +332,13 @@ def _is_number(value: Any, *, allow_none: bool) -> bool:
 def _number(value: Any) -> float:
     """A JSON number as float; null, strings ("N/A" from lm-eval) and the rest as NaN."""
     return float(value) if _is_number(value, allow_none=False) else math.nan
+
+
+def _count(value: Any) -> int | None:
+    """A positive integer count, else None (unknown)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
 
 
 def _optional_str(value: Any) -> str | None:
