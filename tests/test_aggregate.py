@@ -153,6 +153,66 @@ def test_tidy_table_from_hand_written_cells(tmp_path: Path) -> None:
     assert first["source"] == str(paths[2])
 
 
+def test_intervals_stay_in_range_and_are_clustered_by_problem(tmp_path: Path) -> None:
+    """Wilson for scores in [0, 1] (not zero-width at 0: the per-source reward of 0.000 over 4
+    problems), inflated by the design effect where a problem's samples agree; the normal
+    interval for rewards outside [0, 1]; the seed table carries the same interval."""
+    zero = {"value": 0.0, "stderr": 0.0, "n": 4}
+    rw = write_cell(
+        tmp_path,
+        "r",
+        "step_1",
+        1,
+        "rw",
+        "greedy-s1",
+        metrics={"reward_mean": zero, "val-core/src/reward/mean@1": zero},
+        samples=[{"task_id": f"p{i}", "sample_idx": 0, "score": 0.0} for i in range(4)],
+    )
+    # 10 problems x 4 samples, each problem's samples all pass or all fail: design effect 4
+    qa_samples = [(f"q{i}", j, i < 5) for i in range(10) for j in range(4)]
+    qa = write_cell(
+        tmp_path,
+        "r",
+        "step_1",
+        1,
+        "qa",
+        "t07-s1",
+        metrics={"accuracy": {"value": 0.5, "stderr": math.sqrt(0.25 / 39), "n": 40}},
+        samples=qa_samples,
+    )
+    big = write_cell(
+        tmp_path,
+        "r",
+        "step_1",
+        1,
+        "big",
+        "greedy-s1",
+        metrics={"reward_mean": {"value": 2.5, "stderr": 0.5, "n": 2}},
+        samples=[{"task_id": f"b{i}", "sample_idx": 0, "score": 2.0 + i} for i in range(2)],
+    )
+    for path, problems, samples in ((rw, 4, 4), (qa, 10, 40), (big, 2, 2)):
+        cell = json.loads(path.read_text())
+        path.write_text(json.dumps({**cell, "n_problems": problems, "n_samples": samples}))
+    summary = summarize([rw, qa, big])
+    tidy = summary.tidy.set_index(["task", "metric"])
+    for metric in ("reward_mean", "val-core/src/reward/mean@1"):
+        row = tidy.loc[("rw", metric)]
+        assert row["ci_method"] == "wilson" and row["n_eff"] == 4
+        assert row["ci_low"] == 0 and row["ci_high"] == pytest.approx(0.49, abs=0.005)
+    qa_row = tidy.loc[("qa", "accuracy")]
+    assert qa_row["ci_method"] == "wilson"
+    assert qa_row["n_eff"] == pytest.approx(39 / 4)  # 40 samples worth 10 problems
+    assert qa_row["ci_low"] == pytest.approx(0.237, abs=0.005)
+    assert qa_row["ci_high"] == pytest.approx(0.763, abs=0.005)
+    big_row = tidy.loc[("big", "reward_mean")]
+    assert big_row["ci_method"] == "normal"
+    assert (big_row["ci_low"], big_row["ci_high"]) == pytest.approx((2.5 - 0.98, 2.5 + 0.98), 1e-3)
+    seeds = summary.seeds.set_index(["task", "metric"])
+    for key in (("rw", "reward_mean"), ("qa", "accuracy"), ("big", "reward_mean")):
+        assert seeds.loc[key, "ci_low"] == pytest.approx(tidy.loc[key, "ci_low"])
+        assert seeds.loc[key, "ci_high"] == pytest.approx(tidy.loc[key, "ci_high"])
+
+
 def test_seed_table_mean_std_stderr_over_seeds(tmp_path: Path) -> None:
     paths = [
         write_cell(
