@@ -700,9 +700,12 @@ def test_metrics_markdown_rows_by_step_columns_task_metric(tmp_path: Path) -> No
     table = [line for line in lines if line.startswith("|")]
     assert lines[0] == "# demo"
     assert table[0] == "| run | ckpt | step | code/pass@1 | math/acc (greedy) | math/acc (t7) |"
-    assert table[2] == "| r | base (baseline) | 0 | 0.000 |  |  |"
-    assert table[3] == "| r | s3 | 3 | 0.250 ± 0.050 | 0.100 ± 0.010 | 0.200 ± 0.010 |"
-    assert table[4] == "| r | s20 | 20 | 0.500 ± 0.100 |  |  |"
+    # Wilson's intervals over the 10 problems: not zero-width at 0, inside [0, 1]
+    assert table[2] == "| r | base (baseline) | 0 | 0.000 [0.000, 0.278] |  |  |"
+    assert table[3] == (
+        "| r | s3 | 3 | 0.250 [0.081, 0.558] | 0.100 [0.018, 0.404] | 0.200 [0.057, 0.510] |"
+    )
+    assert table[4] == "| r | s20 | 20 | 0.500 [0.237, 0.763] |  |  |"
 
 
 def test_build_summary_writes_consistent_atomic_files(tmp_path: Path) -> None:

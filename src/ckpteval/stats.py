@@ -277,7 +277,8 @@ def wilson_interval(
         z2n = z * z / n
         centre = (p + z2n / 2.0) / (1.0 + z2n)
         half = z / (1.0 + z2n) * np.sqrt(np.maximum(p * (1.0 - p) / n + z2n / (4.0 * n), 0.0))
-    return np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
+    low = np.where(p == 0.0, 0.0, np.clip(centre - half, 0.0, 1.0))  # exact ends, not rounding
+    return low, np.where(p == 1.0, 1.0, np.clip(centre + half, 0.0, 1.0))
 
 
 def effective_size(

@@ -168,8 +168,9 @@ SHARE_METRICS = re.compile(r"pass@\d+|acc|(?!reward_extra/).*_rate")
 #: Metrics that are the mean of the per-sample `score`: in [0, 1] when every score of the task is.
 SCORE_MEANS = re.compile(r"accuracy|reward_mean|val-core/.*/reward/mean@\d+")
 STDERR_LEGEND = (
-    "Mean over seeds ± standard error (conservative for several seeds: the root mean square of the "
-    "cells' standard errors)."
+    "Mean over seeds [95% interval]: Wilson's for scores in [0, 1], the mean ± 1.96 standard "
+    "errors otherwise; clustered by problem, and for several seeds no narrower than one seed's "
+    "(docs/statistics.md)."
 )
 
 
