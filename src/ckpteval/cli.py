@@ -108,6 +108,7 @@ _PLUGGED: list[tuple[str, str]] = [
     ("publish", "add_publish_parser"),
     ("compare", "add_compare_parser"),
     ("gate", "add_gate_parser"),
+    ("best", "add_best_parser"),
     ("status", "add_status_parser"),
     ("watch", "add_watch_parser"),
 ]

@@ -137,7 +137,7 @@ def _share(path: Path, key: str, value: Any) -> float:
 
 def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict]]:
     """(checkpoint label, reference label, a verdict per (task, sampling) both scored)."""
-    tidy = _tidy(policy.outdir)
+    tidy = read_summary_table(policy.outdir, "gate")
     run, ckpt = _checkpoint(tidy, *policy.checkpoint)
     ref_run, ref_ckpt = _reference(tidy, run, ckpt, policy.reference)
     sides = {(run, ckpt): 1, (ref_run, ref_ckpt): 0}
@@ -175,10 +175,14 @@ def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict]]:
     return f"{run}:{ckpt}", f"{ref_run}:{ref_ckpt}", verdicts
 
 
-def _tidy(outdir: Path) -> pd.DataFrame:
+def read_summary_table(outdir: Path, command: str) -> pd.DataFrame:
+    """The summary's tidy table, which names the cells a decision reads; a `UserError` naming
+    `command` when the aggregate step has not written it."""
     path = outdir / "summary" / "metrics.parquet"
     if not path.exists():
-        raise UserError(f"gate: {path} not found; run the aggregate step first (or set outdir)")
+        raise UserError(
+            f"{command}: {path} not found; run the aggregate step first (or set outdir)"
+        )
     return pd.read_parquet(path)
 
 
