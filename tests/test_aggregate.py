@@ -190,10 +190,22 @@ def test_intervals_stay_in_range_and_are_clustered_by_problem(tmp_path: Path) ->
         metrics={"reward_mean": {"value": 2.5, "stderr": 0.5, "n": 2}},
         samples=[{"task_id": f"b{i}", "sample_idx": 0, "score": 2.0 + i} for i in range(2)],
     )
-    for path, problems, samples in ((rw, 4, 4), (qa, 10, 40), (big, 2, 2)):
+    # 2 of 10 samples errored: the cell's own interval reaches the mean with them all at 1
+    errored = {"value": 0.4, "stderr": 0.16, "n": 10, "errors_at": [0, 1], "interval": [0.1, 0.9]}
+    err = write_cell(
+        tmp_path,
+        "r",
+        "step_1",
+        1,
+        "err",
+        "greedy-s1",
+        metrics={"reward_mean": errored},
+        samples=[{"task_id": f"e{i}", "sample_idx": 0, "score": i % 2} for i in range(8)],
+    )
+    for path, problems, samples in ((rw, 4, 4), (qa, 10, 40), (big, 2, 2), (err, 10, 10)):
         cell = json.loads(path.read_text())
         path.write_text(json.dumps({**cell, "n_problems": problems, "n_samples": samples}))
-    summary = summarize([rw, qa, big])
+    summary = summarize([rw, qa, big, err])
     tidy = summary.tidy.set_index(["task", "metric"])
     for metric in ("reward_mean", "val-core/src/reward/mean@1"):
         row = tidy.loc[("rw", metric)]
@@ -207,8 +219,17 @@ def test_intervals_stay_in_range_and_are_clustered_by_problem(tmp_path: Path) ->
     big_row = tidy.loc[("big", "reward_mean")]
     assert big_row["ci_method"] == "normal"
     assert (big_row["ci_low"], big_row["ci_high"]) == pytest.approx((2.5 - 0.98, 2.5 + 0.98), 1e-3)
+    err_row = tidy.loc[("err", "reward_mean")]
+    assert err_row["ci_method"] == "wilson"  # Wilson's [0.17, 0.69] widened to the cell's own
+    assert (err_row["ci_low"], err_row["ci_high"]) == (0.1, 0.9)
     seeds = summary.seeds.set_index(["task", "metric"])
-    for key in (("rw", "reward_mean"), ("qa", "accuracy"), ("big", "reward_mean")):
+    keys = [
+        ("rw", "reward_mean"),
+        ("qa", "accuracy"),
+        ("big", "reward_mean"),
+        ("err", "reward_mean"),
+    ]
+    for key in keys:
         assert seeds.loc[key, "ci_low"] == pytest.approx(tidy.loc[key, "ci_low"])
         assert seeds.loc[key, "ci_high"] == pytest.approx(tidy.loc[key, "ci_high"])
 

@@ -75,6 +75,9 @@ class Cell:
     #: when it does not say): the unit an interval is clustered by, and how many draws it has.
     n_problems: int | None = None
     n_samples: int | None = None
+    #: name -> the (low, high) a metric's entry states itself: a reward mean with errored samples
+    #: reaches from them all at the bottom of the range to all at its top (`evaluate.bounded_mean`).
+    stated_intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def samples_path(self) -> Path:
@@ -130,6 +133,7 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
         errored=errored_metrics(raw["metrics"]),
         n_problems=_count(raw.get("n_problems")),
         n_samples=_count(raw.get("n_samples")),
+        stated_intervals=_stated_intervals(raw["metrics"]),
     )
 
 
@@ -180,6 +184,20 @@ def _parse_metrics(metrics: Any) -> dict[str, tuple[float, float, float]]:
             _number(entry.get("n")),
         )
     return parsed
+
+
+def _stated_intervals(metrics: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """The metrics whose entry states an `interval` of two numbers: name -> (low, high)."""
+    out = {}
+    for name, entry in metrics.items():
+        interval = entry.get("interval")
+        if (
+            isinstance(interval, list)
+            and len(interval) == 2
+            and all(_is_number(v, allow_none=False) for v in interval)
+        ):
+            out[name] = (float(interval[0]), float(interval[1]))
+    return out
 
 
 def _counts(raw: dict[str, Any], key: str) -> dict[str, int]:

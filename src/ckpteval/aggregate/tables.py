@@ -249,7 +249,9 @@ def score_intervals(
     value ± 1.96 standard errors. Clustering by problem: pass@k's standard error is already over
     problems; a metric over samples, where a problem has several, has its standard error
     inflated by the design effect: estimated from the cell's per-sample scores for the score
-    means, else the worst case (every sample of a problem alike: samples / problems).
+    means, else the worst case (every sample of a problem alike: samples / problems). An
+    interval the cell states (a reward mean with errored samples: from them all at the bottom of
+    the range to all at its top) widens it: errors never flatter.
     """
     if frame.empty:
         return frame.assign(n_eff=np.nan, ci_low=np.nan, ci_high=np.nan, ci_method="")
@@ -274,6 +276,11 @@ def score_intervals(
     low, high, n_eff = score_interval(
         frame["value"].to_numpy(np.float64), stderr, problems, n_max, proportion, CONFIDENCE
     )
+    stated = np.array(
+        [cells[i].stated_intervals.get(m, (np.nan, np.nan)) for i, m in zip(cell_index, metric)],
+        dtype=np.float64,
+    ).reshape(-1, 2)
+    low, high = np.fmin(low, stated[:, 0]), np.fmax(high, stated[:, 1])
     return frame.assign(
         n_eff=n_eff, ci_low=low, ci_high=high, ci_method=np.where(proportion, WILSON, NORMAL)
     )
@@ -347,13 +354,14 @@ def seed_table(tidy: pd.DataFrame) -> pd.DataFrame:
     The seed mean's interval (what the report draws) is as conservative: seeds share the
     problems, so the mean of several seeds is given no more weight than one of its cells.
     Wilson's interval at the mean of the cells' `n_eff`, or the mean ± 1.96 times the root mean
-    square of the cells' clustered standard errors. A tidy table without intervals (written
-    before they existed) gives NaN ones."""
+    square of the cells' clustered standard errors; widened to the mean of the cells' own bounds
+    where those reach further (a cell's stated interval: one seed's is the cell's). A tidy table
+    without intervals (written before they existed) gives NaN ones."""
     keys = ["run", "step", "ckpt", "is_baseline", "task", "sampling", "metric"]
     if tidy.empty:
         return pd.DataFrame(columns=SEED_COLUMNS)
     if "ci_method" not in tidy:
-        tidy = tidy.assign(n_eff=np.nan, ci_method="")
+        tidy = tidy.assign(n_eff=np.nan, ci_low=np.nan, ci_high=np.nan, ci_method="")
     clustered = tidy["stderr"] * np.sqrt(tidy["n"].astype("float64") / tidy["n_eff"])
     work = tidy.assign(seed_text=tidy["seed"].astype(str), clustered=clustered)
     grouped = work.groupby(keys, sort=False, dropna=False)
@@ -366,13 +374,15 @@ def seed_table(tidy: pd.DataFrame) -> pd.DataFrame:
         clustered=("clustered", conservative_stderr),
         n_eff=("n_eff", "mean"),
         ci_method=("ci_method", "first"),
+        cells_low=("ci_low", "mean"),
+        cells_high=("ci_high", "mean"),
     ).reset_index()
     out["stderr"] = out["std"] / np.sqrt(out["n_seeds"])
     wilson = out["ci_method"] == WILSON
     w_low, w_high = wilson_interval(out["mean"], out["n_eff"], CONFIDENCE)
     half = Z_95 * out["clustered"]
-    out["ci_low"] = np.where(wilson, w_low, out["mean"] - half)
-    out["ci_high"] = np.where(wilson, w_high, out["mean"] + half)
+    out["ci_low"] = np.fmin(np.where(wilson, w_low, out["mean"] - half), out["cells_low"])
+    out["ci_high"] = np.fmax(np.where(wilson, w_high, out["mean"] + half), out["cells_high"])
     return out[SEED_COLUMNS]
 
 
