@@ -320,3 +320,14 @@ def test_holm_adjusts_step_down_and_skips_nan() -> None:
     assert adjusted[[0, 1, 3]] == pytest.approx([0.03, 0.06, 0.06])
     assert math.isnan(adjusted[2])
     assert holm(np.array([0.5, 0.9])) == pytest.approx([1.0, 1.0])
+
+
+def test_wilson_interval_equals_scipy() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    cases = [(k, n) for n in (1, 4, 10, 37, 120, 1000) for k in sorted({0, 1, n // 3, n - 1, n})]
+    low, high = wilson_interval(
+        np.array([k / n for k, n in cases]), np.array([n for _, n in cases], dtype=np.float64)
+    )
+    for (k, n), lo, hi in zip(cases, low, high):
+        expected = stats.binomtest(k, n).proportion_ci(method="wilson")
+        assert (lo, hi) == pytest.approx((expected.low, expected.high), abs=1e-12), (k, n)
