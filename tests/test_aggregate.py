@@ -830,7 +830,8 @@ def test_a_mean_over_the_scored_samples_says_so_in_metrics_md_with_its_own_count
     assert cells["gsm/reward_mean"] == "1.000 (excludes 6 of 20 errored) [^e1]"
     assert cells[f"gsm/{SOURCE_A}"] == "1.000 (excludes 6 of 14 errored) [^e1]"
     assert cells[f"gsm/{SOURCE_B}"] == "1.000"
-    assert cells["gsm/pass@1"] == "0.700 ± 0.100 (6 errored, counted as failures) [^e1]"
+    # Wilson's interval, its 20 samples worth the cell's 10 problems
+    assert cells["gsm/pass@1"] == "0.700 [0.397, 0.892] (6 errored, counted as failures) [^e1]"
     assert "errored" not in s2 and "[^e" not in s2
     assert (
         "[^e1]: r s1 gsm (greedy): the reward function gave no score for 6 of 20 samples. "

@@ -130,8 +130,10 @@ def error_marks(
 def _format_value(value: float, stderr: float, low: float, high: float) -> str:
     if pd.isna(value):
         return ""
-    if pd.notna(low) and pd.notna(high):
+    if pd.notna(low) and pd.notna(high) and low < high:
         return f"{value:.3f} [{low:.3f}, {high:.3f}]"
+    if pd.notna(low) and pd.notna(high):
+        return f"{value:.3f}"  # no spread to show: a mean of identical values
     if pd.isna(stderr) or stderr == 0:
         return f"{value:.3f}"
     return f"{value:.3f} ± {stderr:.3f}"
