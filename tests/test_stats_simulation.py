@@ -16,6 +16,7 @@ import pytest
 from ckpteval.best import selection_interval
 from ckpteval.stats import (
     design_effect,
+    drop_p_value,
     holm,
     paired_z_p,
     score_interval,
@@ -147,3 +148,24 @@ def test_the_interval_of_the_best_of_30_is_not_optimistic() -> None:
         assert wins.sum() == pytest.approx(1.0)
     assert covered / draws >= LEVEL - TOLERANCE
     assert naive / draws < 0.8
+
+
+def test_the_gate_fails_a_checkpoint_within_its_allowance_at_most_alpha_of_the_time() -> None:
+    """5 tasks of 200 problems, each truly 2 points worse (exactly the allowance): the gate's
+    test (`drop_p_value`, Holm over the tasks) fails the checkpoint in at most 5% of draws; a
+    true drop of 12 points, 10 beyond the allowance, fails it in most."""
+    rng = np.random.default_rng(6)
+    n_problems, tasks, allowed = 200, 5, 0.02
+    rates = rng.uniform(0.2, 0.8, size=(n_problems, tasks))
+
+    def failed(true_drop: float) -> float:
+        before = rng.random((DRAWS, n_problems, tasks)) < rates
+        after = rng.random((DRAWS, n_problems, tasks)) < rates - true_drop
+        changes = after.astype(np.float64) - before
+        p = np.array(
+            [[drop_p_value(changes[d, :, t], allowed) for t in range(tasks)] for d in range(DRAWS)]
+        )
+        return float(np.mean([(holm(row) <= 0.05).any() for row in p]))
+
+    assert failed(allowed) <= 0.05 + TOLERANCE
+    assert failed(0.12) > 0.8

@@ -41,7 +41,7 @@ import yaml
 from ckpteval.aggregate.cells import load_cells, load_samples
 from ckpteval.aggregate.tables import main_metrics
 from ckpteval.errors import UserError
-from ckpteval.stats import holm, per_problem_means
+from ckpteval.stats import drop_p_value, holm, per_problem_means
 
 POLICY_KEYS = ("checkpoint", "reference", "max_drop", "tasks", "alpha", "outdir")
 
@@ -262,12 +262,7 @@ def _verdict(
     delta = float(per_problem.mean()) if n else math.nan
     stderr = float(per_problem.std(ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
     upper = delta + NormalDist().inv_cdf(1 - alpha) * stderr
-    if n < 2:
-        p = math.nan  # nothing to tell a drop from noise with: the task cannot fail
-    elif stderr > 0:
-        p = NormalDist().cdf((delta + max_drop) / stderr)
-    else:
-        p = 0.0 if delta < -max_drop else 1.0
+    p = drop_p_value(per_problem, max_drop)  # NaN with < 2 problems: the task cannot fail
     return TaskVerdict(
         task,
         sampling,

@@ -374,6 +374,21 @@ def paired_z_p(per_problem: np.ndarray) -> np.ndarray:
     return out
 
 
+def drop_p_value(per_problem: np.ndarray, max_drop: float) -> float:
+    """One-sided p-value of "the true change is at least -max_drop" from per-problem changes
+    (one per problem, NaN-free): the normal test of their mean with its standard error over
+    problems. Small when the data show a drop beyond `max_drop`. NaN with fewer than 2 problems
+    (nothing to tell a drop from noise with); with no spread, 0 or 1 by the mean alone."""
+    n = len(per_problem)
+    if n < 2:
+        return math.nan
+    mean = float(per_problem.mean())
+    stderr = float(per_problem.std(ddof=1)) / math.sqrt(n)
+    if stderr > 0:
+        return NormalDist().cdf((mean + max_drop) / stderr)
+    return 0.0 if mean < -max_drop else 1.0
+
+
 def holm(p_values: np.ndarray) -> np.ndarray:
     """Holm's step-down adjusted p-values: reject where adjusted <= alpha and the family-wise
     error rate (any false alarm among the comparisons) is at most alpha, whatever their
