@@ -153,6 +153,87 @@ def test_tidy_table_from_hand_written_cells(tmp_path: Path) -> None:
     assert first["source"] == str(paths[2])
 
 
+def test_intervals_stay_in_range_and_are_clustered_by_problem(tmp_path: Path) -> None:
+    """Wilson for scores in [0, 1] (not zero-width at 0: the per-source reward of 0.000 over 4
+    problems), inflated by the design effect where a problem's samples agree; the normal
+    interval for rewards outside [0, 1]; the seed table carries the same interval."""
+    zero = {"value": 0.0, "stderr": 0.0, "n": 4}
+    rw = write_cell(
+        tmp_path,
+        "r",
+        "step_1",
+        1,
+        "rw",
+        "greedy-s1",
+        metrics={"reward_mean": zero, "val-core/src/reward/mean@1": zero},
+        samples=[{"task_id": f"p{i}", "sample_idx": 0, "score": 0.0} for i in range(4)],
+    )
+    # 10 problems x 4 samples, each problem's samples all pass or all fail: design effect 4
+    qa_samples = [(f"q{i}", j, i < 5) for i in range(10) for j in range(4)]
+    qa = write_cell(
+        tmp_path,
+        "r",
+        "step_1",
+        1,
+        "qa",
+        "t07-s1",
+        metrics={"accuracy": {"value": 0.5, "stderr": math.sqrt(0.25 / 39), "n": 40}},
+        samples=qa_samples,
+    )
+    big = write_cell(
+        tmp_path,
+        "r",
+        "step_1",
+        1,
+        "big",
+        "greedy-s1",
+        metrics={"reward_mean": {"value": 2.5, "stderr": 0.5, "n": 2}},
+        samples=[{"task_id": f"b{i}", "sample_idx": 0, "score": 2.0 + i} for i in range(2)],
+    )
+    # 2 of 10 samples errored: the cell's own interval reaches the mean with them all at 1
+    errored = {"value": 0.4, "stderr": 0.16, "n": 10, "errors_at": [0, 1], "interval": [0.1, 0.9]}
+    err = write_cell(
+        tmp_path,
+        "r",
+        "step_1",
+        1,
+        "err",
+        "greedy-s1",
+        metrics={"reward_mean": errored},
+        samples=[{"task_id": f"e{i}", "sample_idx": 0, "score": i % 2} for i in range(8)],
+    )
+    for path, problems, samples in ((rw, 4, 4), (qa, 10, 40), (big, 2, 2), (err, 10, 10)):
+        cell = json.loads(path.read_text())
+        path.write_text(json.dumps({**cell, "n_problems": problems, "n_samples": samples}))
+    summary = summarize([rw, qa, big, err])
+    tidy = summary.tidy.set_index(["task", "metric"])
+    for metric in ("reward_mean", "val-core/src/reward/mean@1"):
+        row = tidy.loc[("rw", metric)]
+        assert row["ci_method"] == "wilson" and row["n_eff"] == 4
+        assert row["ci_low"] == 0 and row["ci_high"] == pytest.approx(0.49, abs=0.005)
+    qa_row = tidy.loc[("qa", "accuracy")]
+    assert qa_row["ci_method"] == "wilson"
+    assert qa_row["n_eff"] == pytest.approx(39 / 4)  # 40 samples worth 10 problems
+    assert qa_row["ci_low"] == pytest.approx(0.237, abs=0.005)
+    assert qa_row["ci_high"] == pytest.approx(0.763, abs=0.005)
+    big_row = tidy.loc[("big", "reward_mean")]
+    assert big_row["ci_method"] == "normal"
+    assert (big_row["ci_low"], big_row["ci_high"]) == pytest.approx((2.5 - 0.98, 2.5 + 0.98), 1e-3)
+    err_row = tidy.loc[("err", "reward_mean")]
+    assert err_row["ci_method"] == "wilson"  # Wilson's [0.17, 0.69] widened to the cell's own
+    assert (err_row["ci_low"], err_row["ci_high"]) == (0.1, 0.9)
+    seeds = summary.seeds.set_index(["task", "metric"])
+    keys = [
+        ("rw", "reward_mean"),
+        ("qa", "accuracy"),
+        ("big", "reward_mean"),
+        ("err", "reward_mean"),
+    ]
+    for key in keys:
+        assert seeds.loc[key, "ci_low"] == pytest.approx(tidy.loc[key, "ci_low"])
+        assert seeds.loc[key, "ci_high"] == pytest.approx(tidy.loc[key, "ci_high"])
+
+
 def test_seed_table_mean_std_stderr_over_seeds(tmp_path: Path) -> None:
     paths = [
         write_cell(
@@ -640,9 +721,12 @@ def test_metrics_markdown_rows_by_step_columns_task_metric(tmp_path: Path) -> No
     table = [line for line in lines if line.startswith("|")]
     assert lines[0] == "# demo"
     assert table[0] == "| run | ckpt | step | code/pass@1 | math/acc (greedy) | math/acc (t7) |"
-    assert table[2] == "| r | base (baseline) | 0 | 0.000 |  |  |"
-    assert table[3] == "| r | s3 | 3 | 0.250 ± 0.050 | 0.100 ± 0.010 | 0.200 ± 0.010 |"
-    assert table[4] == "| r | s20 | 20 | 0.500 ± 0.100 |  |  |"
+    # Wilson's intervals over the 10 problems: not zero-width at 0, inside [0, 1]
+    assert table[2] == "| r | base (baseline) | 0 | 0.000 [0.000, 0.278] |  |  |"
+    assert table[3] == (
+        "| r | s3 | 3 | 0.250 [0.081, 0.558] | 0.100 [0.018, 0.404] | 0.200 [0.057, 0.510] |"
+    )
+    assert table[4] == "| r | s20 | 20 | 0.500 [0.237, 0.763] |  |  |"
 
 
 def test_build_summary_writes_consistent_atomic_files(tmp_path: Path) -> None:
@@ -746,7 +830,8 @@ def test_a_mean_over_the_scored_samples_says_so_in_metrics_md_with_its_own_count
     assert cells["gsm/reward_mean"] == "1.000 (excludes 6 of 20 errored) [^e1]"
     assert cells[f"gsm/{SOURCE_A}"] == "1.000 (excludes 6 of 14 errored) [^e1]"
     assert cells[f"gsm/{SOURCE_B}"] == "1.000"
-    assert cells["gsm/pass@1"] == "0.700 ± 0.100 (6 errored, counted as failures) [^e1]"
+    # Wilson's interval, its 20 samples worth the cell's 10 problems
+    assert cells["gsm/pass@1"] == "0.700 [0.397, 0.892] (6 errored, counted as failures) [^e1]"
     assert "errored" not in s2 and "[^e" not in s2
     assert (
         "[^e1]: r s1 gsm (greedy): the reward function gave no score for 6 of 20 samples. "

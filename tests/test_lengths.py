@@ -5,6 +5,7 @@ metrics.md, truncation.csv and the report, and drawn as curves over training ste
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import tracemalloc
 from collections.abc import Iterator
@@ -382,7 +383,7 @@ def test_metrics_md_marks_lower_bounds_and_has_a_length_table(
     assert "think/accuracy" in header and "completion_tokens" not in header
     rows = {line.split(" | ")[1]: line for line in main.splitlines() if line.startswith("| r |")}
     assert "[^t" not in rows["step_1"] and "[^t" not in rows["step_2"]
-    assert "0.300 ± 0.010 [^t1]" in rows["step_3"] and "[^t2]" in rows["step_4"]
+    assert "0.300 [0.280, 0.320] [^t1]" in rows["step_3"] and "[^t2]" in rows["step_4"]
     assert (
         "[^t1]: r step_3 think (greedy): score is a lower bound: 6% of samples hit the token "
         "budget" in lengths
@@ -409,7 +410,8 @@ def test_report_has_length_and_truncation_curves_and_states_lower_bounds(
     assert "r step_3 think (greedy): accuracy — score is a lower bound: 6%" in section
     assert "step_2 think" not in section.split("<ul>")[1].split("</ul>")[0]
     metrics = html[html.index("<h2>Metrics</h2>") :]
-    assert "0.300 ± 0.010 (lower bound)" in metrics and "0.100 ± 0.010 (lower bound)" not in metrics
+    assert "0.300 [0.280, 0.320] (lower bound)" in metrics
+    assert not re.search(r"0\.100 \[[^]]*\] \(lower bound\)", metrics)
 
 
 def test_length_curves_plot_mean_median_and_reasoning_per_run(sweep: list[Path]) -> None:

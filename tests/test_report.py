@@ -274,8 +274,9 @@ def test_a_cell_whose_reward_function_errored_is_marked_in_overview_and_tables(
     assert "counted in" not in page  # no sentence says errors count in n
     assert "Reward function errors (how each number counts them)" in page  # overview heading
     table = page.split("<h2>Metrics</h2>")[1].split("</table>")[0]
-    assert "0.250 ± 0.100 (excludes 7 of 12 errored)" in table
-    assert "0.500 ± 0.100 (excludes 3 of 6 errored)" in table
+    # rewards of unknown range (no per-sample scores here): mean ± 1.96 standard errors
+    assert "0.250 [0.054, 0.446] (excludes 7 of 12 errored)" in table
+    assert "0.500 [0.304, 0.696] (excludes 3 of 6 errored)" in table
     assert table.count("errored)") == 2  # step_2's two means: not math's, nothing of step_1
     series = {(r["ckpt"], r["metric"]): r for r in page_data(page)["series"]}
     assert series[("step_2", "reward_mean")]["errors_mark"] == "(excludes 7 of 12 errored)"

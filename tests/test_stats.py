@@ -12,6 +12,8 @@ from ckpteval.metrics import mean_and_stderr, pass_at_k, pass_at_k_table
 from ckpteval.stats import (
     bootstrap_weights,
     conservative_stderr,
+    design_effect,
+    holm,
     mcnemar_exact,
     min_discordant,
     paired_bootstrap,
@@ -19,6 +21,7 @@ from ckpteval.stats import (
     paired_mde,
     pass_at_k_curve,
     per_problem_means,
+    wilson_interval,
 )
 
 # pass@k ------------------------------------------------------------------------------------------
@@ -288,3 +291,43 @@ def test_a_mean_of_values_past_the_float_range_has_an_infinite_stderr_not_an_err
     mean, stderr = mean_and_stderr([1e308, -1e308, 1e308])
     assert math.isfinite(mean) and stderr == math.inf
     assert mean_and_stderr([1.0, 3.0]) == (2.0, 1.0)
+
+
+# intervals and Holm ------------------------------------------------------------------------------
+
+
+def test_wilson_interval_matches_hand_values() -> None:
+    low, high = wilson_interval(np.array([0.0, 0.5, 1.0, np.nan]), np.array([4, 10, 4, 10]))
+    z2 = 1.959963984540054**2
+    assert (low[0], high[0]) == pytest.approx((0.0, z2 / (4 + z2)))  # 0.490, not zero-width
+    assert (low[1], high[1]) == pytest.approx((0.2366, 0.7634), abs=1e-4)  # Wilson (1927)
+    assert (low[2], high[2]) == pytest.approx((4 / (4 + z2), 1.0))
+    assert math.isnan(low[3]) and math.isnan(high[3])
+
+
+def test_design_effect_is_one_for_independent_samples_and_bounded_by_the_cluster_size() -> None:
+    codes = np.repeat(np.arange(10), 4)
+    alike = np.repeat([0.0, 1.0] * 5, 4)  # each problem's 4 samples agree
+    assert design_effect(alike, codes) == pytest.approx(4.0)
+    alternating = np.tile([0.0, 1.0], 20)  # every problem half solved: no problem effect
+    assert design_effect(alternating, codes) == 1.0
+    assert design_effect(alike, np.arange(40)) == 1.0  # one sample per problem
+
+
+def test_holm_adjusts_step_down_and_skips_nan() -> None:
+    adjusted = holm(np.array([0.01, 0.04, np.nan, 0.03]))
+    # sorted 0.01, 0.03, 0.04 times 3, 2, 1, made monotone: 0.03, 0.06, 0.06
+    assert adjusted[[0, 1, 3]] == pytest.approx([0.03, 0.06, 0.06])
+    assert math.isnan(adjusted[2])
+    assert holm(np.array([0.5, 0.9])) == pytest.approx([1.0, 1.0])
+
+
+def test_wilson_interval_equals_scipy() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    cases = [(k, n) for n in (1, 4, 10, 37, 120, 1000) for k in sorted({0, 1, n // 3, n - 1, n})]
+    low, high = wilson_interval(
+        np.array([k / n for k, n in cases]), np.array([n for _, n in cases], dtype=np.float64)
+    )
+    for (k, n), lo, hi in zip(cases, low, high):
+        expected = stats.binomtest(k, n).proportion_ci(method="wilson")
+        assert (lo, hi) == pytest.approx((expected.low, expected.high), abs=1e-12), (k, n)

@@ -119,7 +119,7 @@ def test_a_summary_puts_each_logged_metric_beside_the_cells_by_step(tmp_path: Pa
     tidy = pd.DataFrame(
         [
             {"run": "r", "step": s, "task": "gsm", "variant": "greedy-s42", "metric": m, "value": v}
-            | {"stderr": 0.05}
+            | {"stderr": 0.05, "ci_low": v - 0.1, "ci_high": v + 0.1}
             for s, v in ((10, 0.52), (20, 0.5))
             for m in (METRIC, "reward_mean")
         ]

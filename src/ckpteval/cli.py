@@ -1,4 +1,4 @@
-"""The `ckpteval` command: standalone scorers, sweep status, config checks, comparisons.
+"""The `ckpteval` command: standalone scorers, sweep status, config checks, comparisons, gates.
 
 A `UserError` anywhere below becomes one line on stderr and exit status 2; anything else is a bug
 and keeps its traceback.
@@ -107,6 +107,8 @@ _PLUGGED: list[tuple[str, str]] = [
     ("cli_score", "add_score_parser"),
     ("publish", "add_publish_parser"),
     ("compare", "add_compare_parser"),
+    ("gate", "add_gate_parser"),
+    ("best", "add_best_parser"),
     ("status", "add_status_parser"),
     ("watch", "add_watch_parser"),
 ]

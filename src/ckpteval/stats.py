@@ -1,4 +1,5 @@
-"""Statistics across cells: paired bootstrap deltas, McNemar's exact test, pooled pass@k, seeds.
+"""Statistics across cells: intervals, paired bootstrap deltas, McNemar's exact test with Holm's
+correction, pooled pass@k, seeds.
 
 `ckpteval.metrics` owns the per-problem estimators (unbiased pass@k, the standard error of a mean);
 this module applies them to many cells at once, vectorised with numpy so a sweep of a million
@@ -251,3 +252,154 @@ def conservative_stderr(stderrs: np.ndarray) -> float:
     stderrs = np.asarray(stderrs, dtype=np.float64)
     stderrs = stderrs[~np.isnan(stderrs)]
     return float(np.sqrt(np.mean(stderrs**2))) if len(stderrs) else float("nan")
+
+
+#: How an interval was made (the tidy table's `ci_method`): Wilson's score interval at the
+#: effective sample size, for scores in [0, 1]; the normal interval of a mean otherwise.
+WILSON = "wilson"
+NORMAL = "normal"
+
+
+def wilson_interval(
+    p: np.ndarray, n: np.ndarray, confidence: float = 0.95
+) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson's score interval of a share `p` seen in `n` (effective) draws, elementwise.
+
+    Unlike p ± z·SE it stays inside [0, 1] and is not zero-width at p = 0 or 1 (its upper bound
+    at p = 0 is z²/(n + z²)). `n` need not be an integer (an effective size). NaN where p or n is
+    NaN or n <= 0.
+    """
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    p = np.asarray(p, dtype=np.float64)
+    n = np.asarray(n, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n = np.where(n > 0, n, np.nan)
+        z2n = z * z / n
+        centre = (p + z2n / 2.0) / (1.0 + z2n)
+        half = z / (1.0 + z2n) * np.sqrt(np.maximum(p * (1.0 - p) / n + z2n / (4.0 * n), 0.0))
+    low = np.where(p == 0.0, 0.0, np.clip(centre - half, 0.0, 1.0))  # exact ends, not rounding
+    return low, np.where(p == 1.0, 1.0, np.clip(centre + half, 0.0, 1.0))
+
+
+def effective_size(
+    p: np.ndarray, stderr: np.ndarray, n_units: np.ndarray, n_max: np.ndarray
+) -> np.ndarray:
+    """How many independent draws a share `p` with (problem-clustered) standard error `stderr`
+    is worth: p(1 - p) / stderr², i.e. n / design effect, at most `n_max` (the samples).
+
+    Where that says nothing (p is 0 or 1, or stderr is 0 or unknown) it is `n_units`, the
+    problems: samples of one problem may agree entirely, so the problem is the safe unit.
+    """
+    p, stderr = np.asarray(p, np.float64), np.asarray(stderr, np.float64)
+    n_units, n_max = np.asarray(n_units, np.float64), np.asarray(n_max, np.float64)
+    informative = (p > 0) & (p < 1) & (stderr > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        from_spread = np.where(informative, p * (1.0 - p) / stderr**2, n_units)
+    return np.minimum(from_spread, np.maximum(n_max, n_units))
+
+
+def score_interval(
+    value: np.ndarray,
+    stderr: np.ndarray,
+    n_units: np.ndarray,
+    n_max: np.ndarray,
+    proportion: np.ndarray,
+    confidence: float = 0.95,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each score's interval, elementwise: (low, high, n_eff).
+
+    `stderr` must already be clustered by problem (`clustered_stderr`, or a per-problem
+    estimator's). Where `proportion` (a score in [0, 1]) it is Wilson's at `effective_size`;
+    elsewhere value ± z·stderr, and n_eff is `n_max`. NaN where the value or (for a mean) its
+    stderr is unknown.
+    """
+    value = np.asarray(value, np.float64)
+    stderr = np.asarray(stderr, np.float64)
+    proportion = np.asarray(proportion, bool)
+    n_eff = effective_size(value, stderr, n_units, n_max)
+    w_low, w_high = wilson_interval(value, n_eff, confidence)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    low = np.where(proportion, w_low, value - z * stderr)
+    high = np.where(proportion, w_high, value + z * stderr)
+    return low, high, np.where(proportion, n_eff, np.asarray(n_max, np.float64))
+
+
+def design_effect(values: np.ndarray, problem_codes: np.ndarray) -> float:
+    """How much the variance of a mean over samples grows because samples of one problem are
+    alike: (problem-clustered variance) / (independent-samples variance), between 1 and the
+    samples per problem (its largest possible value, when a problem's samples all agree).
+
+    The clustered variance is the cluster-robust (CR1) one of the ratio estimator sum(y)/n:
+    P/(P-1) · sum_i (y_i - mean·n_i)² / n², P problems with n_i samples summing to y_i. 1 with
+    fewer than 2 problems or no spread (nothing to estimate a larger one from). NaN values are
+    left out.
+    """
+    keep = ~np.isnan(values)
+    values, codes = values[keep], problem_codes[keep]
+    n = len(values)
+    if n < 2:
+        return 1.0
+    _, inverse = np.unique(codes, return_inverse=True)
+    sizes = np.bincount(inverse).astype(np.float64)
+    if len(sizes) < 2 or len(sizes) == n:
+        return 1.0
+    mean = values.mean()
+    naive = values.var(ddof=1) / n
+    sums = np.bincount(inverse, weights=values)
+    clustered = len(sizes) / (len(sizes) - 1) * np.sum((sums - mean * sizes) ** 2) / n**2
+    if not naive > 0:
+        return 1.0
+    return float(min(max(1.0, clustered / naive), n / len(sizes)))
+
+
+def paired_z_p(per_problem: np.ndarray) -> np.ndarray:
+    """Two-sided p-value of "the mean per-problem difference is zero", per column: the normal
+    test of the mean of the problems' differences (NaN where absent) with its standard error over
+    problems, so several samples of one problem count once. NaN with fewer than 2 problems;
+    with no spread, 1 for a zero mean and 0 otherwise (every problem moved the same way)."""
+    present = ~np.isnan(per_problem)
+    count = present.sum(axis=0)
+    values = np.where(present, per_problem, 0.0)
+    out = np.full(per_problem.shape[1], np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = values.sum(axis=0) / count
+        var = (np.where(present, per_problem - mean, 0.0) ** 2).sum(axis=0) / (count - 1)
+        z = np.abs(mean) / np.sqrt(var / count)
+    normal = NormalDist()
+    for j in np.flatnonzero(count >= 2):
+        if var[j] > 0:
+            out[j] = 2.0 * (1.0 - normal.cdf(float(z[j])))
+        else:
+            out[j] = 1.0 if mean[j] == 0 else 0.0
+    return out
+
+
+def drop_p_value(per_problem: np.ndarray, max_drop: float) -> float:
+    """One-sided p-value of "the true change is at least -max_drop" from per-problem changes
+    (one per problem, NaN-free): the normal test of their mean with its standard error over
+    problems. Small when the data show a drop beyond `max_drop`. NaN with fewer than 2 problems
+    (nothing to tell a drop from noise with); with no spread, 0 or 1 by the mean alone."""
+    n = len(per_problem)
+    if n < 2:
+        return math.nan
+    mean = float(per_problem.mean())
+    stderr = float(per_problem.std(ddof=1)) / math.sqrt(n)
+    if stderr > 0:
+        return NormalDist().cdf((mean + max_drop) / stderr)
+    return 0.0 if mean < -max_drop else 1.0
+
+
+def holm(p_values: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values: reject where adjusted <= alpha and the family-wise
+    error rate (any false alarm among the comparisons) is at most alpha, whatever their
+    dependence. NaN p-values are not comparisons: they stay NaN and do not count in the family."""
+    p = np.asarray(p_values, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    idx = np.flatnonzero(~np.isnan(p))
+    m = len(idx)
+    if m == 0:
+        return out
+    order = idx[np.argsort(p[idx], kind="stable")]
+    scaled = (m - np.arange(m)) * p[order]
+    out[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
+    return out

@@ -6,7 +6,7 @@ under `summary_dir`, each file written atomically:
 | file | one row per |
 | --- | --- |
 | `metrics.parquet`, `.csv` | (cell, metric): `TIDY_COLUMNS` (`source_deleted`: the checkpoint's source is gone, its scores kept; `final`: the run's final checkpoint, saved without a step; `errored`, `errored_as`, `errored_at`: how the metric counts the samples the reward function gave no score) |
-| `metrics.md` | checkpoint, by (run, step); `task/metric` columns, mean over seeds ± stderr |
+| `metrics.md` | checkpoint, by (run, step); `task/metric` columns, mean over seeds [95% interval] |
 | `seeds.csv` | (run, ckpt, task, sampling, metric): mean, std, stderr and count over seeds |
 | `configs.csv` | (run, task, sampling, metric): the sampling config across the run's checkpoints |
 | `passk.csv` | (run, ckpt, task, sampling, k): pass@k from per-sample verdicts, seeds pooled |
@@ -76,7 +76,7 @@ def summarize(
     each task's chosen main metric (`tasks.<task>.main_metric`), where the config chooses one."""
     cells, problems = load_cells(cell_jsons)
     samples, sample_problems = load_samples(cells)
-    tidy = tidy_table(cells)
+    tidy = tidy_table(cells, samples)
     metrics_by_task = main_metrics(cells, main_metric)
     seeds = seed_table(tidy)
     flips: list[dict[str, Any]] = []

@@ -5,7 +5,8 @@ Input: one pair of files per cell (run, ckpt, task, variant) under `scores/{run}
   `hack_rate` among them when the scorer reports reward hacks, and a reward cell's counts of
   errored samples, `ckpteval.errored`), error type and hack type counts
   (`error_types`, `hack_types`) and provenance (`run`, `ckpt`, `step`, `task`, `variant`, `sampling`, `seed`,
-  `is_baseline`, `scorer_version`, `model_hash`, ...).
+  `is_baseline`, `scorer_version`, `model_hash`, ...) and how many problems and samples it scored
+  (`n_problems`, `n_samples`).
 - `{variant}.jsonl`: one line per (problem, sample) with `task_id`, `sample_idx`, `passed`, `score`.
 
 A file that cannot be used never stops the reading: it becomes a `Problem` (listed in
@@ -70,6 +71,13 @@ class Cell:
     #: Metric -> how it counts the samples the reward function gave no score, for the metrics
     #: that count any (`ckpteval.errored.errored_metrics`).
     errored: dict[str, Errored] = field(default_factory=dict)
+    #: The problems and samples the cell scored (its json's `n_problems`, `n_samples`; None
+    #: when it does not say): the unit an interval is clustered by, and how many draws it has.
+    n_problems: int | None = None
+    n_samples: int | None = None
+    #: name -> the (low, high) a metric's entry states itself: a reward mean with errored samples
+    #: reaches from them all at the bottom of the range to all at its top (`evaluate.bounded_mean`).
+    stated_intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def samples_path(self) -> Path:
@@ -123,6 +131,9 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
         hack_types=_counts(raw, "hack_types"),
         chat_template=_template_key(raw.get("chat_template")),
         errored=errored_metrics(raw["metrics"]),
+        n_problems=_count(raw.get("n_problems")),
+        n_samples=_count(raw.get("n_samples")),
+        stated_intervals=_stated_intervals(raw["metrics"]),
     )
 
 
@@ -173,6 +184,20 @@ def _parse_metrics(metrics: Any) -> dict[str, tuple[float, float, float]]:
             _number(entry.get("n")),
         )
     return parsed
+
+
+def _stated_intervals(metrics: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """The metrics whose entry states an `interval` of two numbers: name -> (low, high)."""
+    out = {}
+    for name, entry in metrics.items():
+        interval = entry.get("interval")
+        if (
+            isinstance(interval, list)
+            and len(interval) == 2
+            and all(_is_number(v, allow_none=False) for v in interval)
+        ):
+            out[name] = (float(interval[0]), float(interval[1]))
+    return out
 
 
 def _counts(raw: dict[str, Any], key: str) -> dict[str, int]:
@@ -325,6 +350,13 @@ def _is_number(value: Any, *, allow_none: bool) -> bool:
 def _number(value: Any) -> float:
     """A JSON number as float; null, strings ("N/A" from lm-eval) and the rest as NaN."""
     return float(value) if _is_number(value, allow_none=False) else math.nan
+
+
+def _count(value: Any) -> int | None:
+    """A positive integer count, else None (unknown)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
 
 
 def _optional_str(value: Any) -> str | None:

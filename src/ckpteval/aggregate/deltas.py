@@ -12,8 +12,12 @@ harness metric such as an F1 score, `none: no pairs`); `n_gained` / `n_lost` cou
 unsolved by the reference and solved by the checkpoint / the reverse, out of `n_problems`;
 `mcnemar_p` is the two-sided exact p-value; `mde` the minimum detectable effect at alpha 0.05 and
 power 0.8 for that many problems (`ckpteval.stats.paired_mde`): a smaller difference is not
-detectable at this task's size. `flips.csv` lists the gained and lost problems by task_id
-(`ckpt_a` the reference, `ckpt_b` the checkpoint). Definitions: docs/statistics.md.
+detectable at this task's size. `p_value` is the comparison's own test (McNemar's exact p with one
+0/1 pair per problem, else the normal test of the per-problem differences), `p_holm` it adjusted
+by Holm's method over every comparison of the table, and `significant` / `regression` (a
+significant drop) use `p_holm`: the chance of any false mark in the table is at most 5%.
+`flips.csv` lists the gained and lost problems by task_id (`ckpt_a` the reference, `ckpt_b` the
+checkpoint). Definitions: docs/statistics.md.
 
 A comparison of cells whose prompts went through different chat templates (the cells'
 `chat_template` provenance, ckpteval.chat_templates) is flagged (`chat_templates_differ`), and
@@ -34,8 +38,10 @@ from ckpteval.aggregate.tables import CONFIDENCE
 from ckpteval.stats import (
     BootstrapResult,
     FlipResult,
+    holm,
     paired_bootstrap,
     paired_flips,
+    paired_z_p,
     per_problem_means,
 )
 
@@ -62,6 +68,8 @@ DELTA_COLUMNS = [
     "n_lost",
     "mcnemar_p",
     "mde",
+    "p_value",
+    "p_holm",
     "chat_templates_differ",
 ]
 #: flips.csv: one row per problem whose per-problem verdict flipped in a deltas.csv comparison.
@@ -70,6 +78,8 @@ FLIP_COLUMNS = ["run", "task", "sampling", "ckpt_a", "ckpt_b", "task_id", "direc
 MCNEMAR = "mcnemar-exact"
 NO_TEST_NOT_BINARY = "none: scores not 0/1"
 NO_TEST_NO_PAIRS = "none: no pairs"
+#: The family-wise error rate the significance marks (`significant`, `regression`) keep.
+ALPHA = 0.05
 #: The line metrics.md and the report show when some comparison mixes chat templates.
 TEMPLATE_NOTE = (
     "{n} comparison(s) in deltas.csv pair cells generated with different chat templates "
@@ -105,8 +115,8 @@ def delta_table(
     For each (run, task, sampling), every non-baseline checkpoint is compared with the run's
     baseline (if the run has one) and with the previous checkpoint by step. The pairs are the
     (task_id, seed, sample_idx) both checkpoints scored; a problem's difference is the mean over
-    its pairs; the interval resamples problems. `significant` means the interval excludes zero,
-    `regression` that it lies below zero. McNemar's exact test and the minimum detectable effect
+    its pairs; the interval resamples problems. `significant` means the Holm-adjusted p-value
+    is at most `ALPHA`, `regression` a significant drop (`_delta_frame`). McNemar's exact test and the minimum detectable effect
     come from `stats.paired_flips` on the same pairs; each flipped problem is appended to `flips`
     (when given) as a `FLIP_COLUMNS` row.
     """
@@ -129,12 +139,16 @@ def delta_table(
         a = [pairs.ckpts.index(c) for c, _, _ in comparisons]
         b = [pairs.ckpts.index(r) for _, r, _ in comparisons]
         diffs = pairs.matrix[:, a] - pairs.matrix[:, b]
-        boot = paired_bootstrap(
-            per_problem_means(diffs, pairs.problem), n_boot=n_boot, rng=rng, confidence=CONFIDENCE
-        )
+        per_problem = per_problem_means(diffs, pairs.problem)
+        boot = paired_bootstrap(per_problem, n_boot=n_boot, rng=rng, confidence=CONFIDENCE)
         flipped = paired_flips(pairs.matrix[:, b], pairs.matrix[:, a], pairs.problem)
         n_pairs = (~np.isnan(diffs)).sum(axis=0)
-        results += _delta_rows(key, group, comparisons, boot, flipped, n_pairs)
+        # McNemar's exact p where it is the textbook test (one 0/1 pair per problem), else the
+        # normal test of the per-problem differences: either way one unit per problem, and the
+        # test is of the delta the row shows.
+        textbook = flipped.binary & (n_pairs == boot.n_problems)
+        p_value = np.where(textbook, flipped.p_value, paired_z_p(per_problem))
+        results += _delta_rows(key, group, comparisons, boot, flipped, n_pairs, p_value)
         if flips is not None:
             flips += _flip_rows(key, comparisons, flipped, task_ids)
     return _delta_frame(results)
@@ -165,6 +179,7 @@ def _delta_rows(
     boot: BootstrapResult,
     flipped: FlipResult,
     n_pairs: np.ndarray,
+    p_value: np.ndarray,
 ) -> list[dict[str, Any]]:
     """One `DELTA_COLUMNS` row per comparison of the group (column j of `boot` and `flipped`)."""
     run, task, sampling, metric = key
@@ -193,6 +208,7 @@ def _delta_rows(
             "n_lost": int(flipped.lost[:, j].sum()),
             "mcnemar_p": flipped.p_value[j],
             "mde": flipped.mde[j],
+            "p_value": p_value[j],
             "chat_templates_differ": bool(
                 templates_of[ckpt] and templates_of[ref] and templates_of[ckpt] != templates_of[ref]
             ),
@@ -230,11 +246,14 @@ def _flip_rows(
 
 
 def _delta_frame(results: list[dict[str, Any]]) -> pd.DataFrame:
-    """`deltas.csv` from the rows: significance from the interval, in (run, task, sampling,
-    step) order."""
+    """`deltas.csv` from the rows, in (run, task, sampling, step) order: `p_holm` is `p_value`
+    adjusted by Holm's method over every comparison of the table (the family the report and
+    metrics.md mark from), `significant` that it is at most `ALPHA`, `regression` a significant
+    drop."""
     frame = pd.DataFrame(results, columns=DELTA_COLUMNS)
-    frame["significant"] = (frame["ci_low"] > 0) | (frame["ci_high"] < 0)
-    frame["regression"] = frame["ci_high"] < 0
+    frame["p_holm"] = holm(frame["p_value"].to_numpy(np.float64))
+    frame["significant"] = frame["p_holm"] <= ALPHA
+    frame["regression"] = frame["significant"] & (frame["delta"] < 0)
     frame = frame.astype({"step": "Int64", "ref_step": "Int64"})
     frame = frame.sort_values(["run", "task", "sampling", "step"], kind="stable")
     return frame.reset_index(drop=True)

@@ -20,7 +20,9 @@ def metrics_wide(
     seeds: pd.DataFrame, marks: dict[tuple[str, str, str, str, str], str] | None = None
 ) -> tuple[list[str], list[list[str]]]:
     """Checkpoints as rows ordered by (run, step), `task/metric` columns (with the sampling config
-    when a task has several), each entry `mean ± stderr` over seeds: (header, rows) of text.
+    when a task has several), each entry the mean over seeds with its 95% interval
+    (`mean [low, high]`, the seed table's; `mean ± stderr` for a table without intervals):
+    (header, rows) of text.
     `marks` appends a marker to the entries it names by (run, ckpt, task, sampling, metric)."""
     multi = seeds.groupby("task")["sampling"].nunique()
     labels = (
@@ -31,18 +33,22 @@ def metrics_wide(
     )
     columns = list(dict.fromkeys(labels))
     texts: dict[tuple[str, str], dict[str, str]] = {}
-    for run, ckpt, label, value, stderr, task, sampling, metric in zip(
+    low = seeds["ci_low"] if "ci_low" in seeds else pd.Series(np.nan, index=seeds.index)
+    high = seeds["ci_high"] if "ci_high" in seeds else pd.Series(np.nan, index=seeds.index)
+    for run, ckpt, label, value, stderr, lo, hi, task, sampling, metric in zip(
         seeds["run"],
         seeds["ckpt"],
         labels,
         seeds["mean"],
         seeds["cell_stderr"],
+        low,
+        high,
         seeds["task"],
         seeds["sampling"],
         seeds["metric"],
     ):
         mark = (marks or {}).get((run, ckpt, task, sampling, metric), "")
-        texts.setdefault((run, ckpt), {})[label] = _format_value(value, stderr) + mark
+        texts.setdefault((run, ckpt), {})[label] = _format_value(value, stderr, lo, hi) + mark
     ckpts = checkpoint_order(seeds.drop_duplicates(["run", "ckpt"]), [])
     rows = [
         [
@@ -121,9 +127,13 @@ def error_marks(
     return marks
 
 
-def _format_value(value: float, stderr: float) -> str:
+def _format_value(value: float, stderr: float, low: float, high: float) -> str:
     if pd.isna(value):
         return ""
+    if pd.notna(low) and pd.notna(high) and low < high:
+        return f"{value:.3f} [{low:.3f}, {high:.3f}]"
+    if pd.notna(low) and pd.notna(high):
+        return f"{value:.3f}"  # no spread to show: a mean of identical values
     if pd.isna(stderr) or stderr == 0:
         return f"{value:.3f}"
     return f"{value:.3f} ± {stderr:.3f}"

@@ -15,11 +15,17 @@ its samples that hit the token budget) and in the report, and `truncation.csv` l
 rate and flag. A checkpoint entry whose reward function gave no score for some samples has a
 `RewardErrors` (`reward_errors`): how many, and what each of its numbers does with them, in the
 words `metrics.md`, the report and the plots show beside those numbers.
+
+Every score row carries its 95% interval (`ci_low`, `ci_high`, `ci_method`, `n_eff`; the rules
+are in docs/statistics.md and `score_intervals`): Wilson's score interval for scores in [0, 1],
+the normal interval of a mean otherwise, both clustered by problem. The tables, the plots, the
+comparison with the trainer's curve and `ckpteval gate` read these columns.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +37,15 @@ from ckpteval.aggregate.cells import Cell, Problem, identity_frame
 from ckpteval.errored import REWARD_ERROR_RATE, Errored
 from ckpteval.errors import UserError
 from ckpteval.metrics import LENGTH_METRICS
-from ckpteval.stats import conservative_stderr, pass_at_k_curve
+from ckpteval.stats import (
+    NORMAL,
+    WILSON,
+    conservative_stderr,
+    design_effect,
+    pass_at_k_curve,
+    score_interval,
+    wilson_interval,
+)
 
 TIDY_COLUMNS = [
     "run",
@@ -48,6 +62,11 @@ TIDY_COLUMNS = [
     "errored",
     "errored_as",
     "errored_at",
+    "n_problems",
+    "n_eff",
+    "ci_low",
+    "ci_high",
+    "ci_method",
     "scorer_version",
     "model_hash",
     "is_baseline",
@@ -69,6 +88,10 @@ SEED_COLUMNS = [
     "n_seeds",
     "seeds",
     "cell_stderr",
+    "n_eff",
+    "ci_low",
+    "ci_high",
+    "ci_method",
 ]
 CONFIG_COLUMNS = [
     "run",
@@ -138,17 +161,26 @@ TRUNCATION_COLUMNS = [
 ]
 MISSING_COLUMNS = ["kind", "path", "reason", "run", "ckpt", "task", "variant"]
 CONFIDENCE = 0.95
+#: The normal quantile of a two-sided `CONFIDENCE` interval.
+Z_95 = 1.959963984540054
+#: Metrics that are shares of samples or problems by construction: always in [0, 1].
+SHARE_METRICS = re.compile(r"pass@\d+|acc|(?!reward_extra/).*_rate")
+#: Metrics that are the mean of the per-sample `score`: in [0, 1] when every score of the task is.
+SCORE_MEANS = re.compile(r"accuracy|reward_mean|val-core/.*/reward/mean@\d+")
 STDERR_LEGEND = (
-    "Mean over seeds ± standard error (conservative for several seeds: the root mean square of the "
-    "cells' standard errors)."
+    "Mean over seeds [95% interval]: Wilson's for scores in [0, 1], the mean ± 1.96 standard "
+    "errors otherwise; clustered by problem, and for several seeds no narrower than one seed's "
+    "(docs/statistics.md)."
 )
 
 
-def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
+def tidy_table(cells: Sequence[Cell], samples: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (cell, metric), ordered by run, baseline first, step, task, variant.
     `errored`, `errored_as` and `errored_at` say how the metric counts the samples the reward
     function gave no score (`ckpteval.errored.Errored`: count, how, value; 0, "" and NaN for a
-    metric that counts none)."""
+    metric that counts none). Each row has its interval (`score_intervals`; `samples`, the
+    cells' per-sample rows, tell it which scores lie in [0, 1] and how alike one problem's
+    samples are)."""
     rows = [
         {
             "run": c.run,
@@ -165,15 +197,17 @@ def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
             "errored": c.errored[name].count if name in c.errored else 0,
             "errored_as": c.errored[name].how if name in c.errored else "",
             "errored_at": c.errored[name].at if name in c.errored else math.nan,
+            "n_problems": c.n_problems,
+            "cell": index,
             "scorer_version": c.scorer_version,
             "model_hash": c.model_hash,
             "is_baseline": c.is_baseline,
             "source": c.source,
         }
-        for c in cells
+        for index, c in enumerate(cells)
         for name, (value, stderr, n) in c.metrics.items()
     ]
-    frame = pd.DataFrame(rows, columns=TIDY_COLUMNS)
+    frame = pd.DataFrame(rows, columns=[*TIDY_COLUMNS, "cell"])
     frame["source_deleted"] = False  # build_summary marks checkpoints whose source is gone
     frame["final"] = False  # ... and the final checkpoints, saved without a step
     frame = frame.astype(
@@ -193,12 +227,92 @@ def tidy_table(cells: Sequence[Cell]) -> pd.DataFrame:
             "errored": "Int64",
             "errored_as": str,
             "errored_at": np.float64,
+            "n_problems": "Int64",
             "is_baseline": bool,
             "scorer_version": "str",
             "model_hash": "str",
         }
     )
-    return checkpoint_order(frame, ["task", "variant"])
+    frame = score_intervals(frame, cells, samples)
+    return checkpoint_order(frame.drop(columns="cell"), ["task", "variant"])
+
+
+def score_intervals(
+    frame: pd.DataFrame, cells: Sequence[Cell], samples: pd.DataFrame | None
+) -> pd.DataFrame:
+    """`frame` (tidy rows with a `cell` column indexing `cells`) with `n_eff`, `ci_low`,
+    `ci_high` and `ci_method` filled in.
+
+    A score in [0, 1] gets Wilson's interval (`stats.score_interval`): the shares
+    (`SHARE_METRICS`), and the means of the per-sample score (`SCORE_MEANS`, and a cell's
+    declared primary metric) of a task whose every per-sample score lies in [0, 1]. The rest get
+    value ± 1.96 standard errors. Clustering by problem: pass@k's standard error is already over
+    problems; a metric over samples, where a problem has several, has its standard error
+    inflated by the design effect: estimated from the cell's per-sample scores for the score
+    means, else the worst case (every sample of a problem alike: samples / problems). An
+    interval the cell states (a reward mean with errored samples: from them all at the bottom of
+    the range to all at its top) widens it: errors never flatter.
+    """
+    if frame.empty:
+        return frame.assign(n_eff=np.nan, ci_low=np.nan, ci_high=np.nan, ci_method="")
+    cell_index = frame["cell"].to_numpy()
+    metric = frame["metric"].astype(str)
+    primary = np.array([c.primary_metric or "" for c in cells], dtype=object)[cell_index]
+    score_mean = metric.str.fullmatch(SCORE_MEANS.pattern).to_numpy() | (metric == primary)
+    unit_scores = _unit_score_tasks(cells, samples)
+    proportion = metric.str.fullmatch(SHARE_METRICS.pattern).to_numpy() | (
+        score_mean & frame["task"].isin(unit_scores).to_numpy()
+    )
+    n = frame["n"].astype("float64").to_numpy()
+    problems = frame["n_problems"].astype("float64").to_numpy()
+    problems = np.where(np.isnan(problems) | (problems > n), n, problems)
+    per_sample = n > problems
+    worst = np.divide(n, problems, out=np.ones_like(n), where=problems > 0)
+    measured = _design_effects(cells, samples)[cell_index]
+    deff = np.where(per_sample, np.where(score_mean & ~np.isnan(measured), measured, worst), 1.0)
+    stderr = frame["stderr"].to_numpy(np.float64) * np.sqrt(deff)
+    cell_samples = np.array([c.n_samples or 0 for c in cells], dtype=np.float64)[cell_index]
+    n_max = np.where(per_sample, n / deff, np.maximum(n, cell_samples))
+    low, high, n_eff = score_interval(
+        frame["value"].to_numpy(np.float64), stderr, problems, n_max, proportion, CONFIDENCE
+    )
+    stated = np.array(
+        [cells[i].stated_intervals.get(m, (np.nan, np.nan)) for i, m in zip(cell_index, metric)],
+        dtype=np.float64,
+    ).reshape(-1, 2)
+    low, high = np.fmin(low, stated[:, 0]), np.fmax(high, stated[:, 1])
+    return frame.assign(
+        n_eff=n_eff, ci_low=low, ci_high=high, ci_method=np.where(proportion, WILSON, NORMAL)
+    )
+
+
+def _unit_score_tasks(cells: Sequence[Cell], samples: pd.DataFrame | None) -> set[str]:
+    """The tasks with per-sample scores, every one of them in [0, 1]."""
+    if samples is None or samples.empty:
+        return set()
+    scored = samples[samples["score"].notna()]
+    task = np.array([c.task for c in cells], dtype=object)[scored["cell"].to_numpy()]
+    inside = scored["score"].between(0.0, 1.0).to_numpy()
+    frame = pd.DataFrame({"task": task, "inside": inside})
+    verdict = frame.groupby("task")["inside"].all()
+    return set(verdict.index[verdict])
+
+
+def _design_effects(cells: Sequence[Cell], samples: pd.DataFrame | None) -> np.ndarray:
+    """Per cell, the design effect of the mean of its per-sample scores
+    (`stats.design_effect`); NaN for a cell without per-sample scores."""
+    out = np.full(len(cells), np.nan)
+    if samples is None or samples.empty:
+        return out
+    scored = samples[samples["score"].notna()]
+    codes = scored["problem"].to_numpy()
+    values = scored["score"].to_numpy(np.float64)
+    bounds = np.searchsorted(scored["cell"].to_numpy(), np.arange(len(cells) + 1))
+    for index in range(len(cells)):
+        start, stop = bounds[index], bounds[index + 1]
+        if stop > start:
+            out[index] = design_effect(values[start:stop], codes[start:stop])
+    return out
 
 
 def main_metric(names: Sequence[str], primary: str | None = None) -> str:
@@ -235,11 +349,21 @@ def main_metrics(cells: Sequence[Cell], chosen: Mapping[str, str] | None = None)
 def seed_table(tidy: pd.DataFrame) -> pd.DataFrame:
     """Mean, std, stderr (std/sqrt(count)) and count over seeds per (run, ckpt, task, sampling,
     metric); `cell_stderr` is the conservative stderr of the seed mean from the cells' own
-    stderrs (`stats.conservative_stderr`), the error bar the report draws."""
+    stderrs (`stats.conservative_stderr`).
+
+    The seed mean's interval (what the report draws) is as conservative: seeds share the
+    problems, so the mean of several seeds is given no more weight than one of its cells.
+    Wilson's interval at the mean of the cells' `n_eff`, or the mean ± 1.96 times the root mean
+    square of the cells' clustered standard errors; widened to the mean of the cells' own bounds
+    where those reach further (a cell's stated interval: one seed's is the cell's). A tidy table
+    without intervals (written before they existed) gives NaN ones."""
     keys = ["run", "step", "ckpt", "is_baseline", "task", "sampling", "metric"]
     if tidy.empty:
         return pd.DataFrame(columns=SEED_COLUMNS)
-    work = tidy.assign(seed_text=tidy["seed"].astype(str))
+    if "ci_method" not in tidy:
+        tidy = tidy.assign(n_eff=np.nan, ci_low=np.nan, ci_high=np.nan, ci_method="")
+    clustered = tidy["stderr"] * np.sqrt(tidy["n"].astype("float64") / tidy["n_eff"])
+    work = tidy.assign(seed_text=tidy["seed"].astype(str), clustered=clustered)
     grouped = work.groupby(keys, sort=False, dropna=False)
     out = grouped.agg(
         mean=("value", "mean"),
@@ -247,8 +371,18 @@ def seed_table(tidy: pd.DataFrame) -> pd.DataFrame:
         n_seeds=("value", "count"),
         seeds=("seed_text", " ".join),
         cell_stderr=("stderr", conservative_stderr),
+        clustered=("clustered", conservative_stderr),
+        n_eff=("n_eff", "mean"),
+        ci_method=("ci_method", "first"),
+        cells_low=("ci_low", "mean"),
+        cells_high=("ci_high", "mean"),
     ).reset_index()
     out["stderr"] = out["std"] / np.sqrt(out["n_seeds"])
+    wilson = out["ci_method"] == WILSON
+    w_low, w_high = wilson_interval(out["mean"], out["n_eff"], CONFIDENCE)
+    half = Z_95 * out["clustered"]
+    out["ci_low"] = np.fmin(np.where(wilson, w_low, out["mean"] - half), out["cells_low"])
+    out["ci_high"] = np.fmax(np.where(wilson, w_high, out["mean"] + half), out["cells_high"])
     return out[SEED_COLUMNS]
 
 

@@ -34,8 +34,6 @@ TRAINING_COLUMNS = [
     "settings",
     "flagged",
 ]
-#: The normal quantile of a two-sided 95% interval.
-Z_95 = 1.959963984540054
 
 
 def training_table(
@@ -86,7 +84,7 @@ def _rows(
     differ = settings_differences(given, sampling.get(name, {}), samples) if given else []
     settings = "not given" if not given else ("; ".join(differ) or "match")
     ours = [
-        (int(r.step), float(r.value), *_interval(r.value, r.stderr))
+        (int(r.step), float(r.value), *_interval(r.ci_low, r.ci_high))
         for r in group.sort_values("step").itertuples()
         if pd.notna(r.step) and pd.notna(r.value)
     ]
@@ -116,7 +114,9 @@ def _samples(metric: str) -> int:
     return int(tail) if tail.isdigit() else 1
 
 
-def _interval(value: float, stderr: Any) -> tuple[float | None, float | None]:
-    if stderr is None or pd.isna(stderr):
+def _interval(low: Any, high: Any) -> tuple[float | None, float | None]:
+    """The tidy table's interval of a row (`aggregate.tables.score_intervals`: Wilson's for a
+    reward in [0, 1], never zero-width at 0 or 1), None where it has none."""
+    if pd.isna(low) or pd.isna(high):
         return None, None
-    return float(value) - Z_95 * float(stderr), float(value) + Z_95 * float(stderr)
+    return float(low), float(high)

@@ -1,8 +1,9 @@
 """The report's data: what the page's charts, tables and drill-down read, built from a `Summary`
 and the cells' files.
 
-Everything here comes from the summary's tables (the CIs are the cells' stderrs as the PNG plots
-draw them, the significance is deltas.csv's bootstrap interval and McNemar p) or from the cells'
+Everything here comes from the summary's tables (the CIs are the seed table's intervals as the PNG
+plots draw them, the significance is deltas.csv's bootstrap interval and Holm-adjusted McNemar p) or
+from the cells'
 own files; nothing is computed that the aggregate does not already state. Small tables go into
 one JSON document; per-sample data goes into compressed blobs (`ckpteval.report.samples`).
 """
@@ -14,7 +15,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,6 @@ from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.report.samples import encode_blob, read_cell_samples
 from ckpteval.sandbox import describe_isolation
 
-_Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
 #: The deltas.csv columns the page reads (the Tables section has them all).
 DELTA_FIELDS = [
     "run",
@@ -47,6 +46,7 @@ DELTA_FIELDS = [
     "significant",
     "regression",
     "mcnemar_p",
+    "p_holm",
 ]
 #: Metrics charted per task besides the main one.
 SIDE_METRICS = (HACK_RATE, REWARD_ERROR_RATE, *LENGTH_METRICS)
@@ -93,7 +93,8 @@ def _checkpoints(tidy: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _series(summary: Summary) -> list[dict[str, Any]]:
-    """Seed means with their 95% interval (±1.96 cell stderr) and n, for each task's main metric,
+    """Seed means with their 95% interval (the seed table's: Wilson's for scores in [0, 1]) and
+    n, for each task's main metric,
     the side metrics (hack rate, reward errors, lengths, truncation) and a reward task's per
     data source rewards."""
     seeds = summary.seeds
@@ -105,8 +106,7 @@ def _series(summary: Summary) -> list[dict[str, Any]]:
     keys = ["run", "ckpt", "task", "sampling", "metric"]
     n = summary.tidy.groupby(keys, sort=False)["n"].max().rename("n")
     rows = rows.join(n, on=keys)
-    half = _Z * rows["cell_stderr"].fillna(0)
-    rows["lo"], rows["hi"] = rows["mean"] - half, rows["mean"] + half
+    rows["lo"], rows["hi"] = rows["ci_low"], rows["ci_high"]
     marks, words = _error_words(summary)
     labels = list(zip(*(rows[k] for k in keys)))
     rows["errors"] = [words.get(label) for label in labels]

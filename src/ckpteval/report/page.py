@@ -112,14 +112,14 @@ _SKELETON = """
   <h2>Overview</h2>
   <div id='flags'></div>
   <h3>Main metric over training steps</h3>
-  <p class='note'>One panel per task; bands are 95% intervals (±1.96 stderr), dashed lines the
+  <p class='note'>One panel per task; bands are 95% intervals (Wilson for scores in [0, 1]), dashed lines the
   baselines, red triangles significant drops from the previous checkpoint. Hover a point for its
   value, n and interval.</p>
   <div id='grid' class='chart'></div>
   <h3>Checkpoint × task</h3>
   <p class='note'>Main metric per checkpoint (colour: the task's range). ▲/▼: the change from the
-  previous checkpoint is significant (95% paired bootstrap interval excludes 0); the hover shows
-  the delta, its interval and McNemar's p. Click a header to sort; click a cell for its
+  previous checkpoint is significant (Holm-adjusted p at most 0.05 over every comparison, so
+  any false mark has at most a 5% chance); the hover shows the delta, its interval and the p-values. Click a header to sort; click a cell for its
   provenance.</p>
   <div id='matrix'></div>
   <div id='provenance' class='panel' hidden></div>

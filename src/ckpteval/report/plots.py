@@ -2,10 +2,10 @@
 
 Plots, one set per task, under `summary/plots/`:
 - `{task}-steps.png`: the task's main metric over training step, one line per run (and sampling
-  config when a task has several), a 95% band of ±1.96 standard errors, the run's baseline as a
-  dashed horizontal line, a marker where a checkpoint is significantly worse than the previous,
-  and a cross on a value that is a mean over the samples that returned a score, its errored
-  samples left out (`ckpteval.errored`; metrics.md and the report say how many).
+  config when a task has several), its 95% interval as a band (docs/statistics.md), the run's
+  baseline as a dashed horizontal line, a marker where a checkpoint is significantly worse than
+  the previous, and a cross on a value that is a mean over the samples that returned a score, its
+  errored samples left out (`ckpteval.errored`; metrics.md and the report say how many).
 - `{task}-passk.png` (tasks with pass@k): pass@k against k for the baseline and up to
   `PASSK_CURVES` checkpoints spread over each run, seeds pooled.
 - `{task}-errors.png` (tasks whose cells count error types): the fraction of samples per error type
@@ -34,7 +34,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import cycle
 from pathlib import Path
-from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
@@ -44,7 +43,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
 from ckpteval.aggregate import Summary
-from ckpteval.aggregate.tables import CONFIDENCE, HACK_RATE, TRUNCATION_THRESHOLD
+from ckpteval.aggregate.tables import HACK_RATE, TRUNCATION_THRESHOLD
 from ckpteval.errored import EXCLUDED
 from ckpteval.io import atomic_open
 
@@ -52,7 +51,6 @@ PASSK_CURVES = 4
 # Fixed margins with the legend right of the axes: matplotlib's automatic layouts cost ~40% more.
 _MARGINS = {"left": 0.08, "right": 0.74, "top": 0.92, "bottom": 0.12}
 _LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "fontsize": "small"}
-_Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)  # 1.96 for 95%
 #: The one plot of every task's hack rate (not a task's own plot: shown under "Reward hacking").
 HACK_PLOT = "reward-hacking.png"
 
@@ -156,8 +154,8 @@ def _task_plots(
             task, metric, steps, summary.deltas, deleted, _finals(summary), crossed
         )
         caption = (
-            f"{task}: {metric} over training step; bands are 95% intervals (±1.96 stderr), "
-            "dashed lines the runs' baselines, red triangles significant drops from the "
+            f"{task}: {metric} over training step; bands are 95% intervals (Wilson for scores "
+            "in [0, 1]), dashed lines the runs' baselines, red triangles significant drops from the "
             "previous checkpoint"
             + (
                 "; crosses: means over the samples that returned a score, the reward "
@@ -258,9 +256,10 @@ def _trained_curve(
     clip: bool = False,
     unknown_stderr_as_zero: bool = True,
 ) -> pd.DataFrame:
-    """The trained checkpoints' seed means over step, with a 95% band (±1.96 cell stderr,
-    clipped to [0, 1] for shares); return those rows (by step). An unknown stderr is a
-    zero-width band, or (`unknown_stderr_as_zero` False) a gap in it."""
+    """The trained checkpoints' seed means over step, with a 95% band (the seed table's
+    interval: Wilson's for scores in [0, 1]; clipped to [0, 1] for shares); return those rows
+    (by step). An unknown interval is a zero-width band, or (`unknown_stderr_as_zero` False) a
+    gap in it."""
     trained = rows[~rows["is_baseline"] & rows["step"].notna()].sort_values("step")
     if trained.empty:
         return trained
@@ -268,9 +267,10 @@ def _trained_curve(
     y = trained["mean"].to_numpy(np.float64)
     ax.plot(x, y, style, marker="o", markersize=3, color=color, label=label)
     if band:
-        stderr = trained["cell_stderr"]
-        half = _Z * (stderr.fillna(0) if unknown_stderr_as_zero else stderr).to_numpy(np.float64)
-        low, high = y - half, y + half
+        low = trained["ci_low"].to_numpy(np.float64)
+        high = trained["ci_high"].to_numpy(np.float64)
+        if unknown_stderr_as_zero:
+            low, high = np.where(np.isnan(low), y, low), np.where(np.isnan(high), y, high)
         if clip:
             low, high = np.clip(low, 0, 1), np.clip(high, 0, 1)
         ax.fill_between(x, low, high, color=color, alpha=0.2, linewidth=0)

@@ -95,13 +95,15 @@ def _regressions(summary: Summary) -> list[str]:
     regressions = deltas[deltas["regression"].astype(bool)] if not deltas.empty else deltas
     if regressions.empty:
         return [
-            "<h2>Regressions</h2><p>No checkpoint is significantly worse (95% paired bootstrap "
-            "interval below zero) than its run's baseline or its previous checkpoint.</p>"
+            "<h2>Regressions</h2><p>No checkpoint is significantly worse (Holm-adjusted p at "
+            "most 0.05 over every comparison) than its run's baseline or its previous "
+            "checkpoint.</p>"
         ]
     return [
         "<h2>Regressions</h2>",
-        f"<p class='bad'>{len(regressions)} comparison(s) with a 95% interval below "
-        "zero. With many comparisons some are expected by chance (5% each).</p>",
+        f"<p class='bad'>{len(regressions)} significant drop(s): Holm-adjusted p at most 0.05 "
+        "over every comparison in deltas.csv, so the chance that any of them is noise is at "
+        "most 5%.</p>",
         _table(regressions),
     ]
 
@@ -198,7 +200,10 @@ _PAIRED_NOTE = (
     "the reverse. MDE: the smallest difference this many problems can detect (alpha 0.05, "
     "power 0.8); a smaller delta is not evidence either way; with fewer than 6 problems "
     "none is detectable. Tasks whose scores are not "
-    "pass/fail get no McNemar test.</p>"
+    "pass/fail get no McNemar test. Holm p: the comparison's p-value (McNemar's with one "
+    "pass/fail sample per problem, else a normal test of the per-problem differences) "
+    "adjusted by Holm's method over every comparison of the summary; a mark for a change "
+    "means Holm p at most 0.05.</p>"
 )
 
 
@@ -269,6 +274,7 @@ def _comparison_table(rows: pd.DataFrame) -> pd.DataFrame:
                 "" if pd.isna(m) else f"{m:.3f}" if np.isfinite(m) else "none (too few)"
                 for m in rows["mde"]
             ],
+            "Holm p": ["" if pd.isna(p) else f"{p:.3g}" for p in rows["p_holm"]],
         }
     )
 

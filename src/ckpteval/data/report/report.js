@@ -180,7 +180,7 @@
       const share = hi > lo ? (r.mean - lo) / (hi - lo) : 0.5;
       const d = previousDelta(r);
       const mark = d && d.significant ? (d.delta > 0 ? " ▲" : " ▼") : "";
-      const title = d ? `vs ${d.ref_ckpt}: ${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}], McNemar p ${pval(d.mcnemar_p)}` : `n ${r.n}`;
+      const title = d ? `vs ${d.ref_ckpt}: ${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}], McNemar p ${pval(d.mcnemar_p)}, Holm p ${pval(d.p_holm)}` : `n ${r.n}`;
       const cls = mark === " ▼" ? "sig down" : mark ? "sig up" : "";
       // A value whose reward function gave no score for some samples: marked, with what the
       // number does with them (the aggregate's words for this cell, not a fixed sentence).
@@ -383,7 +383,7 @@
     const d = runA === runB && D.deltas.find((x) => x.run === runA && x.task === g.task &&
       x.sampling === g.sampling && x.ref_ckpt === ckptA && x.ckpt === ckptB);
     if (!d) return "";
-    return ` Delta ${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}] (95% paired bootstrap), McNemar p ${pval(d.mcnemar_p)}.`;
+    return ` Delta ${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}] (95% paired bootstrap), McNemar p ${pval(d.mcnemar_p)}, Holm p ${pval(d.p_holm)}.`;
   }
   // A cell blob holds its score lines ("s") and generation lines ("g") as columns.
   const SHOWN = new Set(["task_id", "sample_idx", "passed", "score", "error_type", "stderr_tail", "hack"]);
