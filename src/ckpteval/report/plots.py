@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import cycle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -391,10 +392,10 @@ def _steps_figure(
         trained = _trained_curve(ax, group, color, label, unknown_stderr_as_zero=False)
         if not trained.empty:
             gone = trained[[(run, ckpt) in (deleted or set()) for ckpt in trained["ckpt"]]]
-            if _mark_deleted(ax, gone, color, deleted_label):
+            if _mark(ax, gone, deleted_label, markeredgecolor=color, **_DELETED):
                 deleted_label = "_nolegend_"
             out = [(run, ckpt, sampling) in (excluding or set()) for ckpt in trained["ckpt"]]
-            if _mark_excluding(ax, trained[out], excluded_label):
+            if _mark(ax, trained[out], excluded_label, **_EXCLUDING):
                 excluded_label = "_nolegend_"
             _label_finals(ax, trained, run, finals or set())
             drops = _drops(deltas, run, task, sampling)
@@ -418,36 +419,23 @@ def _drops(deltas: pd.DataFrame, run: str, task: str, sampling: str) -> pd.Serie
     ]["step"]
 
 
-def _mark_deleted(ax: Axes, gone: pd.DataFrame, color: tuple[float, ...], label: str) -> bool:
-    """A hollow circle around each point of `gone`; whether there was one."""
-    if gone.empty:
-        return False
-    ax.plot(
-        gone["step"].to_numpy(np.float64),
-        gone["mean"].to_numpy(np.float64),
-        linestyle="none",
-        marker="o",
-        markersize=9,
-        markerfacecolor="white",
-        markeredgecolor=color,
-        label=label,
-    )
-    return True
+#: How `_mark` draws each kind of point: deleted checkpoints get a hollow circle in their
+#: line's colour, means that leave errored samples out a black cross.
+_DELETED = {"marker": "o", "markerfacecolor": "white"}
+_EXCLUDING = {"marker": "x", "color": "black"}
 
 
-def _mark_excluding(ax: Axes, points: pd.DataFrame, label: str) -> bool:
-    """A black cross on each point of `points` (means that leave errored samples out); whether
-    there was one."""
+def _mark(ax: Axes, points: pd.DataFrame, label: str, **style: Any) -> bool:
+    """A marker (`style`) on each point of `points`; whether there was one."""
     if points.empty:
         return False
     ax.plot(
         points["step"].to_numpy(np.float64),
         points["mean"].to_numpy(np.float64),
         linestyle="none",
-        marker="x",
         markersize=9,
-        color="black",
         label=label,
+        **style,
     )
     return True
 
