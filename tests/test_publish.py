@@ -105,6 +105,27 @@ def test_points_are_seed_means_at_their_steps_and_stepless_checkpoints_are_noted
     assert notes == ["beta/latest: no training step; not published"]
 
 
+def test_a_published_mean_that_leaves_errored_samples_out_is_noted_once_per_key(
+    tmp_path: Path,
+) -> None:
+    """A tracker shows a number without its footnote: publishing says which keys exclude
+    errored samples, and at how many steps; a key whose errors count in its mean is not named."""
+    write_table(tmp_path, CELLS)
+    tidy = pd.read_parquet(tmp_path / "metrics.parquet")
+    alpha = (tidy["run"] == "alpha") & (tidy["task"] == "arith")
+    tidy.loc[alpha, "errored"] = 3
+    tidy.loc[alpha, "errored_as"] = "excluded"
+    code = tidy["task"] == "code"
+    tidy.loc[code, "errored"] = 2
+    tidy.loc[code, "errored_as"] = "failure"
+    points, notes = table_points(tidy)
+    steps = {p.step for p in points if p.run == "alpha" and p.key == "ckpteval/arith/pass@1"}
+    assert [n for n in notes if "errored" in n] == [
+        f"alpha: ckpteval/arith/pass@1 leaves errored samples out of its mean at {len(steps)} "
+        "step(s); a tracker shows it without saying so: read reward_error_rate beside it"
+    ]
+
+
 # ------------------------------------------------------------------------------ TensorBoard
 
 

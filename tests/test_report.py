@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from test_aggregate import write_cell
 
+from ckpteval.aggregate.training import TRAINING_COLUMNS
 from ckpteval.report import _steps_figure, write_plots
 from ckpteval.report.page import page_data
-from ckpteval.report.plots import _excluding
+from ckpteval.report.plots import _excluding, _training_plots
 from ckpteval.report.samples import decode_blob
 from ckpteval.summary import build_summary, summarize
 
@@ -302,3 +305,20 @@ def test_a_cell_whose_reward_function_errored_is_marked_in_overview_and_tables(
     assert f"[^e1]: {flags[0]['text']}" in markdown
     sources = [r for r in page_data(page)["series"] if r["metric"].startswith("val-core/")]
     assert {(r["ckpt"], r["mean"]) for r in sources} == {("step_1", 0.5), ("step_2", 0.5)}
+    # beside the trainer's logged curve, the gsm8k column's step 2 is crossed, math's is not
+    logged = pd.DataFrame(
+        [
+            ("r", "gsm", "greedy-s42", metric, metric, step, 0.5, 0.5, 0.4, 0.6, "match", False)
+            for metric in (gsm8k, math)
+            for step in (1, 2)
+        ],
+        columns=TRAINING_COLUMNS,
+    )
+    with_logs = dataclasses.replace(summary, training=logged)
+    [training] = _training_plots(with_logs, tmp_path / "plots", _excluding(summary))
+    assert (
+        "Black crosses: ckpteval means over the samples that returned a score" in training.caption
+    )
+    without = dataclasses.replace(summary, training=logged[logged["metric"] == math])
+    [plain] = _training_plots(without, tmp_path / "plots", _excluding(summary))
+    assert "Black crosses" not in plain.caption

@@ -96,6 +96,8 @@ def table_points(
     notes += [f"{r.run}/{r.ckpt}: no training step; not published" for r in no_step.itertuples()]
     points: dict[tuple[str, str, int], Point] = {}
     owner: dict[tuple[str, int], str] = {}
+    flattering = _excluding_errors(tidy)
+    excluded: dict[tuple[str, str], int] = {}
     for row in seeds[seeds["step"].notna()].itertuples():
         step = int(row.step)
         taken = owner.setdefault((row.run, step), row.ckpt)
@@ -114,7 +116,27 @@ def table_points(
             continue
         point = Point(row.run, key, step, float(row.mean), trainer=theirs is not None)
         points[(row.run, key, step)] = point
+        if (row.run, row.ckpt, row.task, row.sampling, row.metric) in flattering:
+            excluded[(row.run, key)] = excluded.get((row.run, key), 0) + 1
+    notes += [
+        f"{run}: {key} leaves errored samples out of its mean at {count} step(s); a tracker "
+        "shows it without saying so: read reward_error_rate beside it"
+        for (run, key), count in sorted(excluded.items())
+    ]
     return sorted(points.values(), key=lambda p: (p.run, p.step, p.key)), notes
+
+
+def _excluding_errors(tidy: pd.DataFrame) -> set[tuple[str, str, str, str, str]]:
+    """(run, ckpt, task, sampling, metric) of the means that leave errored samples out
+    (ckpteval.errored's `EXCLUDED`), in any seed."""
+    from ckpteval.errored import EXCLUDED
+
+    if "errored_as" not in tidy.columns:
+        return set()
+    rows = tidy[(tidy["errored_as"] == EXCLUDED) & (tidy["errored"].fillna(0) > 0)]
+    return set(
+        zip(rows["run"], rows["ckpt"], rows["task"], rows["sampling"], rows["metric"], strict=True)
+    )
 
 
 def trainer_names(summary: Path) -> tuple[TrainerNames, list[str]]:

@@ -45,6 +45,7 @@ from matplotlib.ticker import ScalarFormatter
 
 from ckpteval.aggregate import Summary
 from ckpteval.aggregate.tables import HACK_RATE, TRUNCATION_THRESHOLD
+from ckpteval.config import parse_variant
 from ckpteval.errored import EXCLUDED
 from ckpteval.io import atomic_open
 
@@ -84,7 +85,7 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
     for task, metric in summary.main_metrics.items():
         plots += _task_plots(summary, task, metric, plot_dir, deleted, excluding)
     plots += _length_plots(summary, plot_dir)
-    plots += _training_plots(summary, plot_dir)
+    plots += _training_plots(summary, plot_dir, excluding)
     hacking = summary.seeds[summary.seeds["metric"] == HACK_RATE]
     if not hacking.empty:
         plots.append(_drawn("", _hacks_figure(hacking), plot_dir / HACK_PLOT, _HACKS_CAPTION))
@@ -95,14 +96,20 @@ def write_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
     return plots
 
 
-def _training_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
+def _training_plots(
+    summary: Summary, plot_dir: Path, excluding: set[tuple[str, str, str, str, str]]
+) -> list[Plot]:
     """Per (run, task): ckpteval's metrics (with their 95% intervals) beside the curve the
-    trainer logged at the same steps, flagged steps marked, the settings that differ said."""
+    trainer logged at the same steps, flagged steps marked, the settings that differ said, and
+    each mean that leaves errored samples out crossed (`excluding`, as in `_steps_figure`)."""
     plots = []
+    step_of = dict(zip(zip(summary.seeds["run"], summary.seeds["ckpt"]), summary.seeds["step"]))
+    crossed = {(r, step_of.get((r, c)), t, s, m) for r, c, t, s, m in excluding}
     for (run, task), rows in summary.training.groupby(["run", "task"], sort=True):
         figure = Figure(figsize=(7, 3.6))
         ax = figure.add_subplot()
         colours = cycle(colormaps["tab10"].colors)
+        excluded_label = "errored samples excluded"
         for (variant, metric), curve in rows.groupby(["variant", "metric"], sort=True):
             colour = next(colours)
             curve = curve.sort_values("step")
@@ -115,6 +122,11 @@ def _training_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
             ax.plot(curve["step"], curve["trainer"], "s--", color=colour, label=f"trainer {label}")
             flagged = curve[curve["flagged"].astype(bool)]
             ax.plot(flagged["step"], flagged["trainer"], "rx", markersize=10)
+            sampling = parse_variant(variant)[0]
+            out = [(run, step, task, sampling, metric) in crossed for step in curve["step"]]
+            means = curve[out].rename(columns={"ckpteval": "mean"})
+            if _mark(ax, means, excluded_label, **_EXCLUDING):
+                excluded_label = "_nolegend_"
         ax.set_xlabel("training step")
         ax.legend(fontsize=6)
         settings = "; ".join(sorted(set(rows["settings"])))
@@ -123,6 +135,11 @@ def _training_plots(summary: Summary, plot_dir: Path) -> list[Plot]:
             f"the trainer logged (dashed) at the same steps; settings: {settings}. Red crosses: "
             "the trainer's value outside ckpteval's interval with every setting matching."
         )
+        if excluded_label == "_nolegend_":
+            caption += (
+                " Black crosses: ckpteval means over the samples that returned a score, the "
+                "reward function's errored samples left out (how many: metrics.md)."
+            )
         name = f"training-{_slug(run)}-{_slug(task)}.png"
         plots.append(_drawn(task, figure, plot_dir / name, caption))
     return plots
