@@ -502,7 +502,12 @@ def many(tmp_path: Path) -> Path:
         generations.write_text(
             "".join(
                 json.dumps(
-                    {"task_id": f"p{i}", "sample_idx": 0, "completion": f"{TRICKY} {ckpt} {i}"}
+                    {
+                        "task_id": f"p{i}",
+                        "sample_idx": 0,
+                        "prompt": f"Is {i} < 10?",
+                        "completion": f"{TRICKY} {ckpt} {i}",
+                    }
                 )
                 + "\n"
                 for i in range(30)
@@ -596,6 +601,7 @@ def test_compare_three_checkpoints_text_and_page(
     p12 = next(r for r in rows if r.startswith("<td>p12</td>"))
     for ckpt in ("base", "step_1", "step_9"):  # every checkpoint's completion, escaped
         assert f"<pre>{html.escape(TRICKY)} {ckpt} 12</pre>" in p12
+    assert "<summary>prompt</summary><pre>Is 12 &lt; 10?</pre>" in p12  # once, escaped
     assert "<summary>1/1 ✓</summary>" in p12 and "<summary>0/1 ✗</summary>" in p12
     assert "seed 42, sample 0: failed (wrong_answer)" in p12
     assert TRICKY not in page  # never unescaped

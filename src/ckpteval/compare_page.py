@@ -42,6 +42,7 @@ p.legend { max-width: 60em; }
 """
 
 Completions = dict[str, list[tuple[str, str]]]  # task_id -> (sample heading, completion)
+Prompts = dict[str, str]  # task_id -> the prompt of its first generation line
 
 
 def write_compare_page(
@@ -64,10 +65,12 @@ def write_compare_page(
         f"is at most {ALPHA} (the chance of any false mark is at most {ALPHA:.0%}).</p>",
     ]
     for view in views:
+        prompts: Prompts = {}
         completions = [
-            _completions(outdir, side.cells_of(view.task, view.sampling), view) for side in sides
+            _completions(outdir, side.cells_of(view.task, view.sampling), view, prompts)
+            for side in sides
         ]
-        body += _task_section(view, labels, completions, family)
+        body += _task_section(view, labels, completions, prompts, family)
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(' vs '.join(labels))}</title><style>{_STYLE}</style></head>"
@@ -81,7 +84,11 @@ def write_compare_page(
 
 
 def _task_section(
-    view: TaskView, labels: list[str], completions: list[Completions], family: int
+    view: TaskView,
+    labels: list[str],
+    completions: list[Completions],
+    prompts: Prompts,
+    family: int,
 ) -> list[str]:
     anchor = f"{view.task}|{view.sampling}"
     out = [
@@ -116,7 +123,17 @@ def _task_section(
         + "</tr>"
     )
     for problem in view.differing:
-        row = [f"<td>{_e(problem.task_id)}</td>"]
+        prompt = prompts.get(problem.task_id)
+        row = [
+            f"<td>{_e(problem.task_id)}</td>",
+            "<td>"
+            + (
+                f"<details><summary>prompt</summary><pre>{_e(prompt)}</pre></details>"
+                if prompt is not None
+                else ""
+            )
+            + "</td>",
+        ]
         for verdict, found in zip(problem.verdicts, completions):
             solved = 2 * verdict[0] > verdict[1]
             klass = f' class="{"solved" if solved else "unsolved"}"' if view.binary else ""
@@ -145,9 +162,12 @@ def _comparison_cells(r: TaskComparison) -> list[str]:
     ]
 
 
-def _completions(outdir: Path, cells: Sequence[Any], view: TaskView) -> Completions:
+def _completions(
+    outdir: Path, cells: Sequence[Any], view: TaskView, prompts: Prompts
+) -> Completions:
     """task_id -> (heading, completion) of every sample of the differing problems in `cells`
-    (one per seed), headed by seed, sample and its score line's verdict."""
+    (one per seed), headed by seed, sample and its score line's verdict; each problem's prompt
+    is added to `prompts` when it is not there yet (prompts are the same at every checkpoint)."""
     wanted = {p.task_id for p in view.differing}
     out: Completions = {}
     for cell in cells:
@@ -166,6 +186,8 @@ def _completions(outdir: Path, cells: Sequence[Any], view: TaskView) -> Completi
             task_id = str(row.get("task_id"))
             if task_id not in wanted:
                 continue
+            if "prompt" in row:
+                prompts.setdefault(task_id, _text(row["prompt"]))
             score = verdicts.get((task_id, row.get("sample_idx")), {})
             verdict = (
                 "passed"
