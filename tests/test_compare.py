@@ -4,6 +4,7 @@ report's "Paired comparisons" section."""
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -190,6 +191,12 @@ def test_compare_prints_delta_mcnemar_mde_and_flips(results: Path) -> None:
     assert "code (greedy, pass@1): 10 problems, 10 paired samples, seeds 42" in out
     assert "pass@1 0.500 -> 0.800, delta +0.300 [95% CI" in out
     assert f"McNemar exact p = {58 / 128:.4g} (gained 5, lost 2)" in out
+    # Holm over the 2 comparisons shown: qa's (every problem +0.1: p = 0) is the smaller
+    assert f"lost 2); Holm-adjusted over the 2 comparison(s) shown: {58 / 128:.4g}\n" in out
+    assert (
+        "  paired normal test p = 0; Holm-adjusted over the 2 comparison(s) shown: 0: "
+        "significant gain\n" in out
+    )
     assert f"MDE {paired_mde(10, 7):.3f}: at n=10" in out
     assert "gained (5): p5 p6 p7 p8 p9" in out
     assert "lost (2): p3 p4" in out
@@ -456,3 +463,197 @@ def test_compare_says_what_its_values_do_with_errored_reward_samples(tmp_path: P
         "reward_mean: mean over the 3 samples that returned a score; 2 of 5 errored and are "
         "excluded"
     ]
+
+
+# ckpteval compare A B C: several checkpoints side by side ---------------------------------------
+
+# Task `big`: 30 problems, one greedy sample each. base solves p0-p9; r:step_1 also p10-p29
+# (gained 20: McNemar p = 2^-19); q:step_9, another run, also p10-p15 (gained 6: p = 2/64 =
+# 0.031, below 0.05 alone). Task `qa`: F1 scores of 5 problems; step_1 is about 0.1 lower on
+# each (the normal test: p ~ 0), q:step_9 equal to base (p = 1). Holm over these 4
+# comparisons: step_1's two stay significant; q:step_9's `big` becomes 2 x 0.031 = 0.0625: no
+# mark, which the uncorrected p would have given.
+MANY = {("r", "base"): range(10), ("r", "step_1"): range(30), ("q", "step_9"): range(16)}
+QA_DROP = {("r", "base"): [0.0] * 5, ("r", "step_1"): [0.1, 0.12, 0.09, 0.11, 0.1]}
+TRICKY = 'if a < b: return "<ok>" & 1'  # escaped on the page
+
+
+@pytest.fixture
+def many(tmp_path: Path) -> Path:
+    """The three checkpoints above, with generation files whose completions need escaping."""
+    for (run, ckpt), solved in MANY.items():
+        share = len(solved) / 30
+        path = write_cell(
+            tmp_path,
+            run,
+            ckpt,
+            int(ckpt.split("_")[-1]) if "_" in ckpt else 0,
+            "big",
+            "greedy-s42",
+            metrics={
+                "pass@1": {"value": share, "stderr": (share * (1 - share) / 30) ** 0.5, "n": 30}
+            },
+            samples=[(f"p{i}", 0, i in solved) for i in range(30)],
+            is_baseline=ckpt == "base",
+        )
+        _patch(path, n_problems=30, n_samples=30)
+        generations = tmp_path / "generations" / run / ckpt / "big" / "greedy-s42.jsonl"
+        generations.parent.mkdir(parents=True)
+        generations.write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "task_id": f"p{i}",
+                        "sample_idx": 0,
+                        "prompt": f"Is {i} < 10?",
+                        "completion": f"{TRICKY} {ckpt} {i}",
+                    }
+                )
+                + "\n"
+                for i in range(30)
+            )
+        )
+        drop = QA_DROP.get((run, ckpt), [0.0] * 5)
+        write_cell(
+            tmp_path,
+            run,
+            ckpt,
+            0,
+            "qa",
+            "greedy-s42",
+            metrics={"f1": 0.7 - sum(drop) / 5},
+            samples=[
+                {"task_id": f"q{i}", "sample_idx": 0, "passed": False, "score": 0.5 + 0.1 * i - d}
+                for i, d in enumerate(drop)
+            ],
+            is_baseline=ckpt == "base",
+        )
+    return tmp_path
+
+
+def _wilson(p: float, n: int) -> tuple[float, float]:
+    """Wilson's 95% score interval, written out here to check the page's independently."""
+    z = 1.959963984540054
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return centre - half, centre + half
+
+
+def _main(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`ckpteval` in this process (fast; the one-line error handling is `cli.main`'s)."""
+    from ckpteval.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_compare_three_checkpoints_text_and_page(
+    many: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page_path = tmp_path / "side.html"
+    code, out, err = _main(
+        "compare", "r:base", "r:step_1", "q:step_9", "--outdir", str(many), "--html",
+        str(page_path), "--bootstrap", "200", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    assert err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith("r:step_1, q:step_9 against r:base")
+    assert "Holm's correction over the 4 comparisons shown" in lines[0]
+    big = lines[lines.index("big (greedy, pass@1)") :]
+    low, high = _wilson(10 / 30, 30)
+    assert big[1].split() == ["r:base", "0.333", f"[{low:.3f},", f"{high:.3f}]"]
+    assert big[2].startswith(f"  r:step_1  1.000 [{_wilson(1.0, 30)[0]:.3f}, 1.000]  delta +0.667")
+    assert "delta +0.667" in big[2] and f"McNemar exact p = {2**-19:.4g}" in big[2]
+    assert big[2].endswith("significant gain ▲")
+    assert (
+        f"McNemar exact p = {2 / 64:.4g}; Holm-adjusted over the 4 comparison(s) shown: "
+        f"{4 / 64:.4g}"
+    ) in big[3]
+    assert not big[3].endswith("▲")
+    assert big[4] == "  verdicts differ on 20 problem(s) all scored"
+    assert big[5].split() == ["problem", "r:base", "r:step_1", "q:step_9"]
+    assert big[6].split() == ["p10", "0/1", "✗", "1/1", "✓", "1/1", "✓"]
+    assert big[6 + 6].split() == ["p16", "0/1", "✗", "1/1", "✓", "0/1", "✗"]
+    assert big[6 + 20] == ""  # all 20 listed: the next task follows
+    qa = lines[lines.index("qa (greedy, f1)") :]
+    assert "paired normal test" in qa[2] and qa[2].endswith("significant drop ▼")
+    assert "paired normal test p = 1;" in qa[3] and not qa[3].endswith("▲")
+    assert [line.split()[1] for line in qa[1:4]] == ["0.700", "0.596", "0.700"]
+    assert qa[4] == "  verdicts differ on 5 problem(s) all scored"
+    assert qa[6].split() == ["q0", "0.500", "0.400", "0.500"]
+
+    page = page_path.read_text()
+    assert "<script" not in page and "http" not in page.split("<body>")[1]  # self-contained
+    assert "Holm-adjusted over the 4 comparisons on this page" in page
+    section = page.split('<h2 id="big|greedy">', 1)[1].split("<h2", 1)[0]
+    assert f'<td>r:base</td><td class="num">0.333 [{low:.3f}, {high:.3f}]</td>' in section
+    rows = section.split("<tr>")
+    step_1 = next(r for r in rows if r.startswith("<td>r:step_1</td>"))
+    assert '<span class="gain">▲</span>' in step_1
+    q = next(r for r in rows if r.startswith("<td>q:step_9</td>"))
+    assert f"{2 / 64:.4g} (McNemar)" in q and f'<td class="num">{4 / 64:.4g}</td>' in q
+    assert "▲" not in q
+    assert "Problems whose verdicts differ (20)" in section
+    differing = [r.split("</td>", 1)[0] for r in rows if r.startswith("<td>p")]
+    assert differing == [f"<td>p{i}" for i in range(10, 30)]
+    p12 = next(r for r in rows if r.startswith("<td>p12</td>"))
+    for ckpt in ("base", "step_1", "step_9"):  # every checkpoint's completion, escaped
+        assert f"<pre>{html.escape(TRICKY)} {ckpt} 12</pre>" in p12
+    assert "<summary>prompt</summary><pre>Is 12 &lt; 10?</pre>" in p12  # once, escaped
+    assert "<summary>1/1 ✓</summary>" in p12 and "<summary>0/1 ✗</summary>" in p12
+    assert "seed 42, sample 0: failed (wrong_answer)" in p12
+    assert TRICKY not in page  # never unescaped
+    assert "<td>p5</td>" not in section  # solved by all: not listed
+    qa_section = page.split('<h2 id="qa|greedy">', 1)[1]
+    assert '<span class="drop">▼</span>' in qa_section
+    assert "Problems whose verdicts differ (5)" in qa_section
+    assert "no file " in qa_section  # qa has no generation files: said in place
+
+
+def test_compare_three_checkpoints_json_has_scores_and_differing_problems(
+    many: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _main(
+        "compare", "r:base", "r:step_1", "q:step_9", "--outdir", str(many), "--task", "big",
+        "--json", "--bootstrap", "50", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["checkpoints"] == ["r:base", "r:step_1", "q:step_9"]
+    assert document["correction"] == "holm" and "b" not in document
+    [task] = document["tasks"]
+    assert [s["value"] for s in task["scores"]] == pytest.approx([10 / 30, 1.0, 16 / 30])
+    assert all(s["ci_method"] == "wilson" for s in task["scores"])
+    assert task["scores"][1]["ci_high"] == 1.0 and task["scores"][1]["ci_low"] < 1.0
+    assert [p["task_id"] for p in task["differing"]] == [f"p{i}" for i in range(10, 30)]
+    # with one task, the family is the 2 comparisons: q:step_9 is then significant
+    assert [c["p_holm"] for c in document["comparisons"]] == pytest.approx([2 * 2**-19, 2 / 64])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["r:base"], "compare: give 2 to 6 checkpoints as RUN:CKPT, got 1"),
+        ([f"r:c{i}" for i in range(7)], "compare: give 2 to 6 checkpoints as RUN:CKPT, got 7"),
+        (
+            ["r:base", "r:step_1", "q:step_1"],
+            "compare: run 'q' has no checkpoint 'step_1' in {root}/scores/q; its checkpoints: "
+            "step_9",
+        ),
+        (["r:base", "r:step_1", "r:base"], "compare: r:base is given twice"),
+        (
+            ["r:base", "r:step_1", "q:step_9", "--task", "nope"],
+            "compare: task 'nope' is not scored for all of r:base, r:step_1, q:step_9; tasks of "
+            "all: big, qa",
+        ),
+    ],
+)
+def test_compare_many_mistakes_are_one_line(
+    many: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _main("compare", *args, "--outdir", str(many), capsys=capsys)
+    assert code == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert line.startswith("ckpteval: error: " + message.format(root=many))

@@ -249,6 +249,32 @@ def test_compare_html_writes_the_pair_view(browser: Any, results: Path) -> None:
     view.close()
 
 
+def test_compare_html_of_three_checkpoints_opens_each_completion_on_a_click(
+    browser: Any, results: Path
+) -> None:
+    """The side-by-side page in the browser: the verdicts of a differing problem are folded and
+    one click shows that checkpoint's completion; the page needs nothing from the network."""
+    out = results / "three.html"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpteval.cli", "compare", "r:base", "r:step_100", "r:step_200",
+         "--outdir", str(results), "--html", str(out), "--task", "code", "--bootstrap", "50"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    view = Page(browser)
+    page = view.page
+    page.goto(out.resolve().as_uri())
+    row = page.locator("tr", has=page.locator("td", has_text="p3"))
+    step_100 = row.locator("details").nth(2)  # prompt, base, step_100
+    assert not step_100.locator("pre").is_visible()
+    step_100.locator("summary").click()
+    assert step_100.locator("pre").inner_text() == "def f3(): return 'step_100'"
+    assert step_100.locator("summary").inner_text() == "0/1 ✗"
+    view.close()
+
+
 def test_a_report_without_cells_opens_without_errors(browser: Any, tmp_path: Path) -> None:
     build_summary([tmp_path / "absent.json"], tmp_path / "summary")
     view = Page(browser)
