@@ -228,8 +228,8 @@ def publish_summary(built: Path, outputs: Sequence[Path]) -> None:
         if source.is_dir():
             _publish_dir(source, out)
         else:
-            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-            tmp.unlink(missing_ok=True)
+            tmp = out.with_name(f".{out.name}.tmp")  # one publisher at a time: a stale one
+            tmp.unlink(missing_ok=True)  # is debris of a killed one
             _link(source, tmp)
             os.replace(tmp, out)
     names = {out.name for out in outputs}
@@ -242,7 +242,7 @@ def publish_summary(built: Path, outputs: Sequence[Path]) -> None:
 def _publish_dir(source: Path, out: Path) -> None:
     """`out` becomes a directory of the files of `source` (hidden ones left out: Snakemake's
     timestamp flag), swapped in by two renames."""
-    new, old = (out.with_name(f".{out.name}.{os.getpid()}.{part}") for part in ("new", "old"))
+    new, old = (out.with_name(f".{out.name}.{part}") for part in ("new", "old"))
     for stale in (new, old):
         shutil.rmtree(stale, ignore_errors=True)
     new.mkdir()
