@@ -38,8 +38,8 @@ except UserError as _error:
 
 OUT = PLAN.outdir
 FRESH = Freshness(PLAN)
-# Where the aggregate job builds the summary that rule `summary` publishes: beside the engine
-# jobs' staging/<run>/, named so that no run can have it (run names start with a letter or digit).
+# Where the aggregate job builds the summary (published to summary/ once complete), beside the
+# engine jobs' staging/<run>/, named so that no run has it (run names start with a letter or digit).
 SUMMARY_STAGING = f"{OUT}/staging/_summary"
 
 
