@@ -95,13 +95,15 @@ wildcard_constraints:
 def get_final_outputs(wildcards):
     # A shard (`--config shard=i/n`) scores its own checkpoints; an unsharded run aggregates all.
     # Every file of the summary is a target (Snakemake reruns a job for a missing output only
-    # when that output is requested), so a deleted flips.csv or plots/ is published again.
+    # when that output is requested), so a deleted flips.csv or plots/ is published again; and
+    # so is the aggregate job's build: after a failed build (its outputs deleted) the published
+    # summary looks current, and only the missing build makes the next run rebuild it.
     # Assist jobs (if any GPU would otherwise idle at the sweep's end) are targets too.
     # Engine rounds and redo inputs with work to do are targets too (ckpteval.verbs).
     extra = [*ASSIST_RECORDS, *get_engine_targets(), *get_redo_targets()]
     if PLAN.shard is not None:
         return [*get_score_files(wildcards), *extra]
-    return [*rules.summary.output, *get_cell_files(), *extra]
+    return [*rules.aggregate.output, *rules.summary.output, *get_cell_files(), *extra]
 
 
 def get_cell_files():
