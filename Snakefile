@@ -42,6 +42,7 @@ include: "workflow/rules/publish.smk"
 localrules:
     all,
     aggregate,
+    summary,
     publish,
 
 

@@ -169,6 +169,8 @@ CELLS = [
     for task in TASKS
 ]
 ENGINE_RULE = {"vllm": "infer", "openai": "endpoint"}
+#: The jobs that rebuild the summary: the aggregate job's build, rule summary's publication of it.
+SUMMARY_JOBS = Counter({"aggregate": 1, "summary": 1})
 
 
 def chain(cells: list[tuple[str, ...]], *, model: bool = False) -> Counter[str]:
@@ -181,7 +183,7 @@ def chain(cells: list[tuple[str, ...]], *, model: bool = False) -> Counter[str]:
         jobs[ENGINE_RULE[backend]] += 1
         if model:
             jobs["consolidate" if backend == "vllm" else "model_card"] += 1
-    return jobs + Counter({"generation": len(cells), "evaluate": len(cells), "aggregate": 1})
+    return jobs + Counter({"generation": len(cells), "evaluate": len(cells)}) + SUMMARY_JOBS
 
 
 def cell_files(step: str, cells: list[tuple[str, ...]]) -> set[str]:

@@ -17,7 +17,7 @@ from ckpteval.aggregate.markdown import metrics_markdown
 from ckpteval.aggregate.tables import TIDY_COLUMNS, reward_errors
 from ckpteval.errors import UserError
 from ckpteval.metrics import pass_at_k_table
-from ckpteval.summary import build_summary, summarize
+from ckpteval.summary import build_summary, publish_summary, summarize
 
 
 def write_cell(
@@ -901,3 +901,29 @@ def test_seeds_that_count_errored_samples_differently_are_worded_each_with_its_s
     assert dict(entry.numbers)["pass@1"].words("pass@1") == (
         "pass@1 (seeds 1 2): its 5 errored samples count as failures"
     )
+
+
+def test_a_published_summary_replaces_the_old_one_file_by_file(tmp_path: Path) -> None:
+    """`publish_summary` puts a complete build in place: each file linked (no second copy) and
+    renamed over the old one, the plots swapped whole, an optional file the new summary has not
+    removed; the build itself is left as it was (the workflow publishes it again from there)."""
+    built, summary = tmp_path / "built", tmp_path / "summary"
+    build_summary([tmp_path / "nope.json"], built, title="new")
+    (summary / "plots").mkdir(parents=True)
+    (summary / "plots" / "old-steps.png").write_bytes(b"old plot")
+    (summary / "metrics.md").write_text("# old")
+    (summary / "training_curve.csv").write_text("left from a config with train_logs")
+    (summary / "published").mkdir()  # the publish target's ledgers: not the summary's
+    (summary / "published" / "wandb.json").write_text("{}")
+    (built / "plots" / "new-steps.png").write_bytes(b"new plot")
+    names = sorted(p.name for p in built.iterdir())
+    publish_summary(built, [summary / name for name in names])
+    assert (summary / "metrics.md").read_text().startswith("# new")
+    assert (summary / "metrics.md").stat().st_ino == (built / "metrics.md").stat().st_ino
+    assert [p.name for p in (summary / "plots").iterdir()] == ["new-steps.png"]
+    assert not (summary / "training_curve.csv").exists()
+    assert (summary / "published" / "wandb.json").read_text() == "{}"
+    assert sorted(p.name for p in built.iterdir()) == names
+    assert sorted(p.name for p in summary.iterdir()) == sorted([*names, "published"])
+    with pytest.raises(FileNotFoundError, match="did not write"):
+        publish_summary(built, [summary / "training_curve.csv"])

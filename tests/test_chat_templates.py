@@ -424,7 +424,7 @@ def test_moving_the_file_plans_nothing_and_editing_it_reruns_that_runs_generatio
     assert _plan(sweep, moved, "moved")[0] == Counter()
     (sweep.work / "elsewhere" / "b.jinja").write_text(QA_TEMPLATE.replace("ASSISTANT:", "BOT:"))
     jobs, out = _plan(sweep, moved, "edited")
-    chain = Counter({"infer": 1, "generation": 2, "evaluate": 2, "aggregate": 1})
+    chain = Counter({"infer": 1, "generation": 2, "evaluate": 2, "aggregate": 1, "summary": 1})
     assert jobs == chain
     assert "ckpteval: rerun:" in out and "runs.tpl.chat_template: sha256:" in out
     auto = copy.deepcopy(sweep.config)

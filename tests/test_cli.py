@@ -53,3 +53,27 @@ def test_mistakes_are_one_line_with_status_2(tmp_path: Path) -> None:
     assert all(
         cmd in proc.stdout for cmd in ("check", "score", "status", "watch", "publish", "compare")
     )
+
+
+def test_a_wrong_train_logs_path_is_one_line_at_check(tmp_path: Path) -> None:
+    """`runs.<run>.train_logs.path` is checked with the rest of the config (not first by the
+    aggregate job): a path that does not exist, then one that holds no log file."""
+    (tmp_path / "run" / "step_5").mkdir(parents=True)
+    save_file({"w": np.zeros(2, dtype=np.float32)}, str(tmp_path / "run/step_5/model.safetensors"))
+    (tmp_path / "run" / "step_5" / "config.json").write_text("{}")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("runs: {r: {path: run, train_logs: {path: logs/exq}}}\ntasks: {arith: {}}\n")
+    proc = _ckpteval("check", "--configfile", str(cfg), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"ckpteval: error: config: runs.r.train_logs.path: {tmp_path}/logs/exq does not exist; "
+        "point it at the trainer's log directory (TensorBoard event files or verl's file-logger "
+        "JSONL)"
+    )
+    (tmp_path / "logs" / "exq").mkdir(parents=True)
+    proc = _ckpteval("check", "--configfile", str(cfg), cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "config: runs.r.train_logs.path: no TensorBoard event file" in proc.stderr
+    (tmp_path / "logs" / "exq" / "val.jsonl").write_text('{"step": 5, "acc": 0.5}\n')
+    proc = _ckpteval("check", "--configfile", str(cfg), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr

@@ -81,6 +81,8 @@ def test_defaults_are_filled_and_checkpoints_ordered_by_step(run_dir: Path) -> N
         (lambda c: c.update(engine={"gpu_memory_utilization": 2}), "engine.gpu_memory_utilization"),
         (lambda c: c.update(seeds=[]), "config: seeds:"),
         (lambda c: c.pop("tasks"), "'tasks' is a required property"),
+        # the aggregate job could not build a summary with it: one line before any job
+        (lambda c: c.update(aggregate={"bootstrap": 0}), "config: aggregate.bootstrap: 0 is less"),
     ],
 )
 def test_schema_errors_are_one_line_naming_the_key(

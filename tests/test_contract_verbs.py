@@ -15,6 +15,7 @@ import pytest
 from conftest import run_snakemake
 from contract_sweep import (
     CELLS,
+    SUMMARY_JOBS,
     VLLM_CKPTS,
     Sweep,
     cell_files,
@@ -160,8 +161,8 @@ def test_rerunning_a_model_rule_redoes_its_runs_chains(sweep: Sweep) -> None:
 @pytest.mark.slow
 def test_rerunning_evaluate_or_aggregate_leaves_every_generation_alone(sweep: Sweep) -> None:
     """By their plans (for real below, where the summary is checked to be rewritten)."""
-    assert plan_verb(sweep, "-R", "evaluate") == Counter(evaluate=len(CELLS), aggregate=1)
-    assert plan_verb(sweep, "-R", "aggregate") == Counter(aggregate=1)
+    assert plan_verb(sweep, "-R", "evaluate") == Counter(evaluate=len(CELLS)) + SUMMARY_JOBS
+    assert plan_verb(sweep, "-R", "aggregate") == SUMMARY_JOBS
 
 
 @pytest.mark.slow
@@ -183,7 +184,7 @@ def test_forceall_and_until_and_omit_from_plan_chains_that_run(sweep: Sweep) -> 
     assert run_verb(sweep) <= cell_files("scores", CELLS)
     # The other two verbs by their plans: the real runs above show these jobs rewrite exactly
     # their outputs. `--omit-from evaluate` stops where `--until generation` does.
-    upto = chain(CELLS, model=True) - Counter({"evaluate": len(CELLS), "aggregate": 1})
+    upto = chain(CELLS, model=True) - Counter({"evaluate": len(CELLS)}) - SUMMARY_JOBS
     assert plan_verb(sweep, "-F", "--until", "generation") == upto
     assert plan_verb(sweep, "-F", "--omit-from", "evaluate") == upto
     assert plan_verb(sweep, "-F") == chain(CELLS, model=True)
@@ -242,7 +243,7 @@ def test_a_failed_engine_job_deletes_no_finished_file(sweep: Sweep) -> None:
     assert set(loads(sweep, redone)) <= {0}
     # With the model repaired, the next run finishes what the failure left: step_400's cells
     # (forced, not redone) are current, so only the summary is rebuilt.
-    assert planned(sweep, sweep.config, "after-failure") == Counter({"aggregate": 1})
+    assert planned(sweep, sweep.config, "after-failure") == SUMMARY_JOBS
     assert run_verb(sweep) == set()
 
 
@@ -304,14 +305,16 @@ def test_a_failed_or_killed_job_of_any_rule_costs_no_other_file(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Snakemake deletes the outputs of a failed job, and only those: no job's failure takes a
-    finished file of another job with it, and the next run finishes the sweep. The two runs
-    together are `-R RULE` for real: they redo exactly what it promises (REDONE)."""
+    finished file of another job with it, nor the last summary (a failed aggregate job loses
+    only its build), and the next run finishes the sweep. The two runs together are `-R RULE`
+    for real: they redo exactly what it promises (REDONE)."""
     from ckpteval.steps import FAILPOINT_ENV
 
     configfile = ("--configfile", str(sweep.work / "sweep.yaml"))
     summary = sweep.work / "results" / "summary" / "metrics.parquet"
     mtime = summary.stat().st_mtime_ns
     before = results_state(sweep.work)
+    kept = {p: p.read_bytes() for p in summary.parent.rglob("*") if p.is_file()}
     monkeypatch.setenv(FAILPOINT_ENV, failpoint)
     proc = run_snakemake(sweep.work, "-R", *rules, *configfile)
     monkeypatch.delenv(FAILPOINT_ENV)
@@ -319,6 +322,7 @@ def test_a_failed_or_killed_job_of_any_rule_costs_no_other_file(
     assert "Error in rule" in proc.stderr, proc.stderr[-3000:]
     lost = set(before) - set(results_state(sweep.work))
     assert lost <= own, f"a failed {rules} job cost other files: {sorted(lost - own)}"
+    assert {p: p.read_bytes() for p in kept if p.is_file()} == kept, "the summary changed"
     rest = run_snakemake(sweep.work, *configfile)
     assert rest.returncode == 0, (rest.stdout + rest.stderr)[-4000:]
     after = results_state(sweep.work)

@@ -19,7 +19,16 @@ from typing import Any
 
 import pytest
 from conftest import REPO
-from contract_sweep import CELLS, KINDS, TASKS, Sweep, chain, dry_run, shared_sweep
+from contract_sweep import (
+    CELLS,
+    KINDS,
+    SUMMARY_JOBS,
+    TASKS,
+    Sweep,
+    chain,
+    dry_run,
+    shared_sweep,
+)
 
 from ckpteval.contract import (
     CONTRACT,
@@ -70,7 +79,7 @@ def promise(row: Any) -> Counter[str]:
     if row.effect in (NONE, PUBLISH):  # publish: a target of its own, never part of `all`
         return Counter()
     if row.effect == SUMMARY:
-        return Counter({"aggregate": 1})
+        return SUMMARY_JOBS
     name = star_name(row.key)
     head = row.key.split(".", 1)[0]
 
@@ -84,7 +93,7 @@ def promise(row: Any) -> Counter[str]:
         return chain([c for c in CELLS if c[0] in runs], model=True)
     cells = [c for c in CELLS if selected(c)]
     if row.effect == SCORES:
-        return Counter({"evaluate": len(cells), "aggregate": 1}) if cells else Counter()
+        return Counter({"evaluate": len(cells)}) + SUMMARY_JOBS if cells else Counter()
     assert row.effect == GENERATIONS
     return chain(cells)
 
@@ -186,7 +195,7 @@ def plan_case(key: str, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
         return config, chain([("demo", "base", t, "greedy", "vllm") for t in TASKS], model=True)
     if key == "runs.*.complete_marker":  # no checkpoint has it: demo's cells leave the summary
         config["runs"]["demo"]["complete_marker"] = "DONE"
-        return config, Counter({"aggregate": 1})
+        return config, SUMMARY_JOBS
     if key == "runs.*.step":
         config["runs"]["ep"]["step"] = 8
         return config, chain([("ep", "step_8", t, "greedy", "openai") for t in TASKS], model=True)
@@ -256,7 +265,7 @@ def case(row: Any, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
             full = {"val_kwargs": {"top_p": 0.9, "n": 2}, "response_length": 64}
             whole = {"path": str(logs), **full} if name == "" else {**full["val_kwargs"]}
             set_key(config, key, dict(reversed(list(whole.items()))))
-            return config, Counter({"aggregate": 1})
+            return config, SUMMARY_JOBS
         return config, promise(row)
     if key == "runs.demo.base_model" and not (sweep.work / "base-copy").exists():
         # Another base model: a copy would be the same one (identity by content).

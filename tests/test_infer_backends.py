@@ -474,8 +474,9 @@ def test_workflow_with_weightless_runs_has_no_consolidate_and_reruns_nothing(
         "generation": "1",
         "evaluate": "3",
         "aggregate": "1",
+        "summary": "1",
         "all": "1",
-        "total": "12",
+        "total": "13",
     }
     proc = run_snakemake(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -115,7 +115,8 @@ PLANNING = [
 SYN_GEN = "results/generations/sweep/step_100/arith/greedy-s42.jsonl"
 SYN_SCORE = "results/scores/sweep/step_200/pyfunc/hot-s1.json"
 SYN_CELLS = 3 * 20
-ALL_CELLS = {"generation": SYN_CELLS, "evaluate": SYN_CELLS, "aggregate": 1}
+SUMMARY = {"aggregate": 1, "summary": 1}
+ALL_CELLS = {"generation": SYN_CELLS, "evaluate": SYN_CELLS, **SUMMARY}
 
 #: (arguments, jobs per rule the dry run plans): docs/reruns.md's table, on 3 checkpoints x 20
 #: cells; None: a command that plans nothing to count (it prints a graph or a table).
@@ -125,15 +126,15 @@ SYNTHETIC_VERBS: list[tuple[tuple[str, ...], dict[str, int] | None]] = [
     (("--dag",), None),
     (("--rulegraph",), None),
     (("-n", "-f", SYN_GEN), {"infer": 1, "generation": 1}),
-    (("-n", "-R", SYN_GEN), {"infer": 1, "generation": 1, "evaluate": 1, "aggregate": 1}),
+    (("-n", "-R", SYN_GEN), {"infer": 1, "generation": 1, "evaluate": 1, **SUMMARY}),
     (("-n", "-f", SYN_GEN.replace(".jsonl", ".meta.json")), {"infer": 1, "generation": 1}),
     (("-n", "-f", SYN_SCORE), {"evaluate": 1}),
     (("-n", "-f", "results/models/sweep/step_300"), {"consolidate": 1}),
     (("-n", "-R", "infer"), {"infer": 3, **ALL_CELLS}),
     (("-n", "-R", "generation"), {"infer": 3, **ALL_CELLS}),
     (("-n", "-R", "consolidate"), {"consolidate": 3, "infer": 3, **ALL_CELLS}),
-    (("-n", "-R", "evaluate"), {"evaluate": SYN_CELLS, "aggregate": 1}),
-    (("-n", "-R", "aggregate"), {"aggregate": 1}),
+    (("-n", "-R", "evaluate"), {"evaluate": SYN_CELLS, **SUMMARY}),
+    (("-n", "-R", "aggregate"), SUMMARY),
     (("-n", "-F"), {"consolidate": 3, "infer": 3, **ALL_CELLS}),
     (("-n", "-F", "--until", "generation"), {"consolidate": 3, "infer": 3, "generation": 60}),
     (("-n", "-F", "--omit-from", "evaluate"), {"consolidate": 3, "infer": 3, "generation": 60}),
@@ -203,7 +204,7 @@ def test_damaged_files_are_planned_and_left_in_place(synthetic: Path) -> None:
             "redo": 3,
             "generation": 1 + 20,
             "evaluate": 1 + 1 + 1 + 20,
-            "aggregate": 1,
+            **SUMMARY,
         }
         assert changed(before, tree(synthetic)) == []
     finally:

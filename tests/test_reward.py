@@ -925,7 +925,7 @@ class Sweep:
 
 STEPS = ("step_300", "step_600")
 #: What a changed reward function or setting of the gsm task plans: its self-test, then its cells.
-CHANGED = {"selftest": 1, "evaluate": 2, "aggregate": 1}
+CHANGED = {"selftest": 1, "evaluate": 2, "aggregate": 1, "summary": 1}
 
 
 @pytest.fixture(scope="module")
@@ -1125,7 +1125,7 @@ def test_the_trainers_logged_curve_is_put_beside_the_reward_by_step(sweep: Sweep
                 "val_kwargs": val_kwargs,
                 "response_length": 16,
             }
-            assert sweep.dry_run(config, "train-logs") == {"aggregate": 1}
+            assert sweep.dry_run(config, "train-logs") == {"aggregate": 1, "summary": 1}
             proc = sweep.snakemake("--configfile", str(sweep.work / "train-logs.yaml"))
             assert proc.returncode == 0, proc.stderr[-3000:]
             table = pd.read_csv(summary / "training_curve.csv")
@@ -1142,11 +1142,79 @@ def test_the_trainers_logged_curve_is_put_beside_the_reward_by_step(sweep: Sweep
             )
             assert drawn["ckpteval", 300]["mean"] == pytest.approx(ours[300]["value"])
             assert drawn["trainer", 600]["flagged"] == (600 in flagged)
+        # An output of the workflow like any other: deleted, it is published again (from the
+        # aggregate job's build, which stays).
+        curve = summary / "training_curve.csv"
+        kept = curve.read_bytes()
+        curve.unlink()
+        assert sweep.dry_run(config, "train-logs") == {"summary": 1}
+        proc = sweep.snakemake("--configfile", str(sweep.work / "train-logs.yaml"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert curve.read_bytes() == kept
     finally:
         proc = sweep.snakemake()
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (summary / "training_curve.csv").exists()
     assert not (summary / "plots" / "training-demo-gsm.png").exists()
+
+
+def summary_files(summary: Path) -> dict[str, bytes]:
+    """The bytes of every file of a summary directory, by path within it."""
+    return {
+        str(p.relative_to(summary)): p.read_bytes()
+        for p in sorted(summary.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+@pytest.mark.slow
+def test_a_failed_aggregate_keeps_the_previous_summary_until_a_new_one_is_complete(
+    sweep: Sweep,
+) -> None:
+    """The disk fills up while the aggregate job writes its new summary (a file-size limit
+    stands in for the full disk: the tables and plots fit, report.html does not): the job fails,
+    and every file of summary/ keeps its bytes; the next run plans the build again and
+    publishes the new summary whole."""
+    import copy
+    import resource
+
+    from conftest import WORKFLOW_ENV, snakemake_cmd
+
+    summary = sweep.work / "results" / "summary"
+    before = summary_files(summary)
+    limit = len(before["report.html"]) // 2
+    assert max(len(v) for k, v in before.items() if k != "report.html") < limit
+    config = copy.deepcopy(sweep.config)
+    config["aggregate"] = {"title": "after a full disk"}
+    path = sweep.work / "retitled.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    def full_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    try:
+        failed = subprocess.run(
+            snakemake_cmd(sweep.work, "--configfile", str(path)),
+            cwd=REPO,
+            env={**os.environ, **WORKFLOW_ENV},
+            preexec_fn=full_disk,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert failed.returncode != 0, failed.stderr[-3000:]
+        assert "Error in rule aggregate" in failed.stderr, failed.stderr[-3000:]
+        log = (sweep.work / "logs" / "aggregate" / "aggregate.log").read_text()
+        assert "File too large" in log, log[-3000:]
+        assert summary_files(summary) == before
+        assert sweep.dry_run(config, "retitled") == {"aggregate": 1, "summary": 1}
+        proc = sweep.snakemake("--configfile", str(path))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "after a full disk" in (summary / "report.html").read_text()
+        assert summary_files(summary).keys() == before.keys()
+    finally:
+        proc = sweep.snakemake()
+        assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -1158,7 +1226,12 @@ def test_a_checker_of_ones_own_is_rescored_when_a_setting_it_reads_changes(sweep
     assert sweep.dry_run(config, "sandbox") == CHANGED
     config = copy.deepcopy(sweep.config)
     config["evaluate"]["timeout"] = 7  # both read it (the word checker self-tests in its jobs)
-    assert sweep.dry_run(config, "timeout") == {"selftest": 1, "evaluate": 4, "aggregate": 1}
+    assert sweep.dry_run(config, "timeout") == {
+        "selftest": 1,
+        "evaluate": 4,
+        "aggregate": 1,
+        "summary": 1,
+    }
     before = {s: sweep.cell(s, "words")[0]["scoring"]["evaluate.timeout"] for s in STEPS}
     assert before == {s: 10 for s in STEPS}
     path = sweep.work / "timeout.yaml"

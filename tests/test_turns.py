@@ -321,6 +321,7 @@ def test_editing_an_earlier_turn_regenerates_and_an_own_module_rescores(fewshot:
             "selftest": 1,
             "evaluate": 1,
             "aggregate": 1,
+            "summary": 1,
         }
     finally:
         parse.write_text(PARSE)

@@ -62,27 +62,39 @@ def _add_aggregate_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_aggregate(args: argparse.Namespace) -> int:
+    import shutil
+    import tempfile
+
     from ckpteval.config import build_plan, load_config, validate_config
     from ckpteval.jobs import chosen_main_metrics
-    from ckpteval.summary import build_summary
+    from ckpteval.summary import build_summary, publish_summary
 
     config = load_config(args.configfile)
     validate_config(config)
     plan = build_plan(config)
     cells = [Path(p) for p in plan.score_files()]
     summary = args.out or Path(plan.outdir) / "summary"
-    build_summary(
-        cells,
-        summary,
-        title=config["aggregate"]["title"],
-        bootstrap=int(config["aggregate"]["bootstrap"]),
-        truncation_threshold=config["aggregate"].get("truncation_threshold"),
-        main_metric=chosen_main_metrics(config),
-        train_logs={
-            name: run["train_logs"] for name, run in config["runs"].items() if run.get("train_logs")
-        },
-        sampling=config.get("sampling") or {},
-    )
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    # built beside it and published once complete: a failed build leaves the previous summary
+    built = Path(tempfile.mkdtemp(prefix=f".{summary.name}.", dir=summary.parent))
+    try:
+        build_summary(
+            cells,
+            built,
+            title=config["aggregate"]["title"],
+            bootstrap=int(config["aggregate"]["bootstrap"]),
+            truncation_threshold=config["aggregate"].get("truncation_threshold"),
+            main_metric=chosen_main_metrics(config),
+            train_logs={
+                name: run["train_logs"]
+                for name, run in config["runs"].items()
+                if run.get("train_logs")
+            },
+            sampling=config.get("sampling") or {},
+        )
+        publish_summary(built, [summary / p.name for p in built.iterdir()])
+    finally:
+        shutil.rmtree(built, ignore_errors=True)
     present = sum(p.exists() for p in cells)
     print(
         f"{summary}: {present} of {len(cells)} cells summarized"

@@ -504,6 +504,8 @@ def build_plan(
     waiting: list[tuple[str, Unfinished]] = []
     deleted: dict[str, tuple[Checkpoint, ...]] = {}
     for name, r in config["runs"].items():
+        if r.get("train_logs") and not allow_empty_runs:
+            _check_train_logs(name, r["train_logs"], base_dir)
         backend = r["backend"]
         if backend != "vllm":
             runs[name] = _weightless_run(name, r, base_dir, task_variants)
@@ -578,6 +580,17 @@ def left_out_tasks(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> dict[s
     if out and len(out) == len(tasks):
         raise UserError(f"config: tasks: every task is left out ({'; '.join(out.values())})")
     return out
+
+
+def _check_train_logs(name: str, logs: dict[str, Any], base_dir: Path) -> None:
+    """The trainer's logs a run names (`runs.<name>.train_logs.path`) exist and hold a log file:
+    a wrong path is one line now, not a failed aggregate job. (`ckpteval watch` may start
+    before the trainer has logged anything: it skips this, like a run's empty directory.)"""
+    from ckpteval.trainlogs import log_files
+
+    log_files(
+        resolve_path(str(logs["path"]), base_dir), where=f"config: runs.{name}.train_logs.path"
+    )
 
 
 def check_piston_limits(tasks: dict[str, TaskSpec], config: dict[str, Any]) -> None:

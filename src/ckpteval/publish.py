@@ -156,6 +156,12 @@ def trainer_names(summary: Path) -> tuple[TrainerNames, list[str]]:
             "the summary, or drop publish.trainer_names"
         )
     table = pd.read_csv(curve, usecols=["run", "task", "variant", "metric", "trainer_metric"])
+    if table.empty:
+        raise UserError(
+            f"publish.trainer_names: {curve} pairs no metric with a curve its trainer logged; "
+            "name the trainer's metrics in runs.<run>.train_logs.metrics (docs/evaluate.md), or "
+            "drop publish.trainer_names"
+        )
     claims: dict[tuple[str, str], set[tuple[str, str, str, str]]] = {}
     for row in table.drop_duplicates().itertuples():
         cell = (str(row.run), str(row.task), parse_variant(str(row.variant))[0], str(row.metric))

@@ -399,7 +399,8 @@ def _score_provenance(
 
 
 def aggregate(smk: Any) -> None:
-    """The aggregate job: title, bootstrap and truncation threshold from its identity
+    """The aggregate job: build the summary into its staging directory (rule `summary` publishes
+    it once complete). Title, bootstrap and truncation threshold from its identity
     (ckpteval.jobs.SummaryJob); which cells, deleted and broken checkpoints from its params."""
     from ckpteval.jobs import SummaryJob
     from ckpteval.summary import build_summary
@@ -407,7 +408,7 @@ def aggregate(smk: Any) -> None:
     job = SummaryJob.decode(smk.params.identity)
     build_summary(
         [Path(p) for p in smk.input.cells],
-        Path(smk.output.parquet).parent,
+        Path(smk.output.staged),
         title=job.title,
         bootstrap=job.bootstrap,
         deleted=list(smk.params.deleted),
@@ -421,6 +422,14 @@ def aggregate(smk: Any) -> None:
         # param: a changed one regenerates its cells, which rebuilds the summary anyway)
         sampling=dict(getattr(smk.params, "sampling", None) or {}),
     )
+
+
+def summary(smk: Any) -> None:
+    """Rule `summary`: the aggregate job's complete build in place under summary/
+    (ckpteval.summary.publish_summary)."""
+    from ckpteval.summary import publish_summary
+
+    publish_summary(Path(smk.input.staged), [Path(p) for p in smk.output])
 
 
 def publish(smk: Any) -> None:

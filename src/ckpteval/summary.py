@@ -23,6 +23,11 @@ under `summary_dir`, each file written atomically:
 A missing or corrupt cell file never stops the build: the cell is listed in `missing.csv` and the
 report, and everything else is built. A run without a baseline has no baseline comparisons.
 
+A summary is built into a directory of its own and then put in place by `publish_summary`, so
+that a build that fails (a full disk, logs the trainer moved) leaves the previous summary whole:
+the workflow's aggregate job builds into `<outdir>/staging/_summary/` and rule `summary`
+publishes it to `summary/`; `ckpteval aggregate` does the same in one go.
+
 This module joins the two sides: `ckpteval.aggregate` computes the tables (and never imports the
 report), `ckpteval.report` draws them (and never imports this module).
 """
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -148,7 +154,7 @@ def build_summary(
     ).isin(set(finals))
     if train_logs:
         summary.training = training_table(summary.tidy, train_logs, sampling or {})
-    write_tables(summary, summary_dir)
+    write_tables(summary, summary_dir, training_curve=bool(train_logs))
     plots = report.write_plots(summary, summary_dir / "plots")
     report.write_html(summary, plots, summary_dir / "report.html")
     write_summary_json(cell_jsons, summary_dir / "summary.json")
@@ -168,8 +174,10 @@ def _checked_settings(bootstrap: int, truncation_threshold: float | None) -> flo
     return threshold
 
 
-def write_tables(summary: Summary, summary_dir: Path) -> None:
-    """`metrics.parquet`, every CSV and `metrics.md` of the summary."""
+def write_tables(summary: Summary, summary_dir: Path, *, training_curve: bool = False) -> None:
+    """`metrics.parquet`, every CSV and `metrics.md` of the summary; `training_curve.csv` if
+    `training_curve` (a run has `train_logs`: the file is then an output of the workflow, written
+    even when no metric matched a logged curve)."""
     write_parquet(summary.tidy, summary_dir / "metrics.parquet")
     for name, frame in (
         ("metrics.csv", summary.tidy),
@@ -184,11 +192,8 @@ def write_tables(summary: Summary, summary_dir: Path) -> None:
         ("missing.csv", summary.missing),
     ):
         write_csv(frame, summary_dir / name)
-    curve = summary_dir / "training_curve.csv"
-    if summary.training.empty:
-        curve.unlink(missing_ok=True)  # no train_logs (any more): no table left from before
-    else:
-        write_csv(summary.training, curve)
+    if training_curve:
+        write_csv(summary.training, summary_dir / "training_curve.csv")
     with atomic_open(summary_dir / "metrics.md") as handle:
         handle.write(
             metrics_markdown(
@@ -200,6 +205,66 @@ def write_tables(summary: Summary, summary_dir: Path) -> None:
                 summary.main_metrics,
             )
         )
+
+
+#: Files a summary has only with some settings (`training_curve.csv`: with `train_logs`): one
+#: that the new summary has not is removed when it is published, not left from an older one.
+OPTIONAL_FILES = ("training_curve.csv",)
+
+
+def publish_summary(built: Path, outputs: Sequence[Path]) -> None:
+    """Put the complete summary in `built` in place: each of `outputs` (files and the plots
+    directory of a summary directory) becomes its namesake in `built`, and an optional file that
+    is not among them is removed beside them.
+
+    Each file is hard-linked (copied where the file system has no hard links) under a temp name
+    and renamed over the old one, the plots directory is swapped whole: a reader sees the old
+    file or the new one, never a part. Called only once `built` is complete, so a build that
+    failed never touches the summary people read."""
+    outputs = [Path(out) for out in outputs]
+    for out in outputs:
+        source = Path(built) / out.name
+        if not source.exists():
+            raise FileNotFoundError(f"{source}: the summary build did not write it")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            _publish_dir(source, out)
+        else:
+            tmp = out.with_name(f".{out.name}.tmp")  # one publisher at a time: a stale one
+            tmp.unlink(missing_ok=True)  # is debris of a killed one
+            _link(source, tmp)
+            os.replace(tmp, out)
+    names = {out.name for out in outputs}
+    for out_dir in {out.parent for out in outputs}:
+        for name in OPTIONAL_FILES:
+            if name not in names:
+                (out_dir / name).unlink(missing_ok=True)
+
+
+def _publish_dir(source: Path, out: Path) -> None:
+    """`out` becomes a directory of the files of `source` (hidden ones left out: Snakemake's
+    timestamp flag), swapped in by two renames."""
+    new, old = (out.with_name(f".{out.name}.{part}") for part in ("new", "old"))
+    for stale in (new, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    new.mkdir()
+    for file in sorted(source.iterdir()):
+        if file.is_file() and not file.name.startswith("."):
+            _link(file, new / file.name)
+    if out.exists():
+        out.rename(old)
+    new.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _link(source: Path, dest: Path) -> None:
+    """`dest` as a hard link to `source`: the summary costs no second copy of its files (each
+    build writes new ones, so the link never sees a file change); a copy where the file system
+    has no hard links."""
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)
 
 
 def write_summary_json(cell_jsons: Sequence[Path], path: Path) -> None:

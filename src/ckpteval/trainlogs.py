@@ -187,17 +187,21 @@ def read_jsonl_scalars(path: Path) -> Iterator[tuple[str, int, float]]:
                     yield key, row["step"], float(value)
 
 
-def log_files(path: Path) -> list[Path]:
-    """The event files and JSONL files at `path` (a file, or a directory searched recursively)."""
+def log_files(path: Path, where: str = "train_logs") -> list[Path]:
+    """The event files and JSONL files at `path` (a file, or a directory searched recursively);
+    a `UserError` that starts with `where` (the config key) when there are none."""
     path = Path(path)
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise UserError(f"train_logs: {path} does not exist")
-    found = sorted({*path.rglob(EVENT_GLOB), *path.rglob("*.jsonl")})
+        raise UserError(
+            f"{where}: {path} does not exist; point it at the trainer's log directory "
+            "(TensorBoard event files or verl's file-logger JSONL)"
+        )
+    found = sorted(f for f in {*path.rglob(EVENT_GLOB), *path.rglob("*.jsonl")} if f.is_file())
     if not found:
         raise UserError(
-            f"train_logs: no TensorBoard event file ({EVENT_GLOB}) or verl file-logger JSONL "
+            f"{where}: no TensorBoard event file ({EVENT_GLOB}) or verl file-logger JSONL "
             f"under {path}"
         )
     return found

@@ -1,11 +1,35 @@
 # Every cell -> one tidy table, seed/config analysis, plots over training steps, an HTML report.
-# `snakemake --report report.zip` collects the outputs marked report() with their captions.
 # With --keep-going a failed cell holds this rule back; `ckpteval aggregate` summarizes whatever
 # cells exist and lists the missing ones.
+# The aggregate job builds the summary in a staging directory; rule `summary` then publishes it
+# to summary/ (hard links, each renamed into place). Snakemake deletes a failed job's outputs:
+# a failed build loses only its staging directory, and the previous summary stays whole.
 rule aggregate:
     input:
         cells=get_score_files,
     output:
+        staged=directory(SUMMARY_STAGING),
+    log:
+        "logs/aggregate/aggregate.log",
+    params:
+        identity=get_summary_identity,
+        cells=get_summary_inputs_digest,
+        deleted=get_deleted_checkpoints,
+        broken=get_broken_checkpoints,
+        waiting=get_waiting_checkpoints,
+        finals=get_final_checkpoints,
+        sampling=get_sampling_settings,
+    script:
+        "../scripts/aggregate.py"
+
+
+# Every file of the summary is an output: a deleted one is published again from the build.
+# `snakemake --report report.zip` collects the outputs marked report() with their captions.
+rule summary:
+    input:
+        staged=SUMMARY_STAGING,
+    output:
+        **get_training_curve_output(),
         parquet=f"{OUT}/summary/metrics.parquet",
         csv=report(f"{OUT}/summary/metrics.csv", caption="../report/metrics.rst", category="Tables"),
         md=f"{OUT}/summary/metrics.md",
@@ -31,14 +55,6 @@ rule aggregate:
             f"{OUT}/summary/report.html", caption="../report/summary.rst", category="Summary"
         ),
     log:
-        "logs/aggregate/aggregate.log",
-    params:
-        identity=get_summary_identity,
-        cells=get_summary_inputs_digest,
-        deleted=get_deleted_checkpoints,
-        broken=get_broken_checkpoints,
-        waiting=get_waiting_checkpoints,
-        finals=get_final_checkpoints,
-        sampling=get_sampling_settings,
-    script:
-        "../scripts/aggregate.py"
+        "logs/summary/summary.log",
+    run:
+        run_in_process(summary, input=input, output=output, log=log)

@@ -23,7 +23,7 @@ from ckpteval.freshness import Freshness
 from ckpteval.io import sha256_json
 from ckpteval.publish import TRACKERS
 from ckpteval.selftest import separate, selftest_identity, verdict_path
-from ckpteval.steps import generation, model_card, run_in_process
+from ckpteval.steps import generation, model_card, run_in_process, summary
 from ckpteval.tasks import check_harness_names
 from ckpteval.verbs import Verbs, damaged_json, redo_path
 
@@ -38,6 +38,9 @@ except UserError as _error:
 
 OUT = PLAN.outdir
 FRESH = Freshness(PLAN)
+# Where the aggregate job builds the summary (published to summary/ once complete), beside the
+# engine jobs' staging/<run>/, named so that no run has it (run names start with a letter or digit).
+SUMMARY_STAGING = f"{OUT}/staging/_summary"
 
 
 # Every (task, variant) of a checkpoint: a cell is a checkpoint and one of these.
@@ -91,14 +94,16 @@ wildcard_constraints:
 
 def get_final_outputs(wildcards):
     # A shard (`--config shard=i/n`) scores its own checkpoints; an unsharded run aggregates all.
-    # Every output of the aggregate step is a target (Snakemake reruns a job for a missing
-    # output only when that output is requested), so a deleted flips.csv or plots/ is rebuilt.
+    # Every file of the summary is a target (Snakemake reruns a job for a missing output only
+    # when that output is requested), so a deleted flips.csv or plots/ is published again; and
+    # so is the aggregate job's build: after a failed build (its outputs deleted) the published
+    # summary looks current, and only the missing build makes the next run rebuild it.
     # Assist jobs (if any GPU would otherwise idle at the sweep's end) are targets too.
     # Engine rounds and redo inputs with work to do are targets too (ckpteval.verbs).
     extra = [*ASSIST_RECORDS, *get_engine_targets(), *get_redo_targets()]
     if PLAN.shard is not None:
         return [*get_score_files(wildcards), *extra]
-    return [*rules.aggregate.output, *get_cell_files(), *extra]
+    return [*rules.aggregate.output, *rules.summary.output, *get_cell_files(), *extra]
 
 
 def get_cell_files():
@@ -350,6 +355,14 @@ def get_task_options(wildcards):
 
 def get_scoring_identity(wildcards):
     return FRESH.scoring_identity(wildcards.run, wildcards.task, wildcards.variant).text
+
+
+def get_training_curve_output():
+    """`training_curve.csv` of the summary, when a run has `train_logs` (its curves beside the
+    trainer's; ckpteval.aggregate.training)."""
+    if any(run.get("train_logs") for run in config["runs"].values()):
+        return {"training_curve": f"{OUT}/summary/training_curve.csv"}
+    return {}
 
 
 def get_summary_identity(wildcards):

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from ckpteval.config import parse_variant
+from ckpteval.config import parse_variant, resolve_path
 from ckpteval.trainlogs import compare_curves, read_curves, settings_differences
 
 TRAINING_COLUMNS = [
@@ -54,7 +54,8 @@ def training_table(
         names = {mine: theirs for mine, theirs in names.items() if mine in set(ours["metric"])}
         if not names:
             continue
-        curves = read_curves(Path(logs["path"]), set(names.values()))
+        # the path as the config check resolved it (ckpteval.config.build_plan)
+        curves = read_curves(resolve_path(str(logs["path"]), Path.cwd()), set(names.values()))
         for (task, variant, metric), group in ours[ours["metric"].isin(names)].groupby(
             ["task", "variant", "metric"], sort=True
         ):
