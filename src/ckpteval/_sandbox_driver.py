@@ -1548,8 +1548,12 @@ def _drop_capabilities():
         raise OSError(ctypes.get_errno(), "capset")
 
 
-class _SampleGone(Exception):
-    """The sample process ended (exit, crash, kill) or broke the protocol while the tests ran.
+class _SampleGone(BaseException):
+    """The sample process ended (exit, crash, kill), raised what no test may catch
+    (KeyboardInterrupt...) or broke the protocol while the tests ran: the sample fails whatever
+    the tests catch, as in one process, where its exit ends the tests. A BaseException, so that
+    `except Exception:` in the tests lets it through; `_Tests` also keeps the first one and
+    `_run_tests` fails the sample on it even if the tests caught it (`except:`).
     `forged`: what came was no reply the sample process's loop writes: someone else wrote it."""
 
     def __init__(self, message, forged=False):
@@ -1790,6 +1794,8 @@ class _Tests:
         self.hacks = []
         self.compared = False
         self.mutated = ()
+        self.gone = None  # the first _SampleGone: the verdict, whatever the tests caught
+        self.namespace = {}  # the tests' globals: the prompt's exception classes
 
     def _lookup(self, ref, info):
         """The remote object a reply refers to (by the sample's number for it)."""
@@ -1817,7 +1823,13 @@ class _Tests:
 
     def ask(self, op, target, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.channel.send((op, target, _encode(list(args), self._arg), _encode(kwargs, self._arg)))
+        request = (op, target, _encode(list(args), self._arg), _encode(kwargs, self._arg))
+        if self.gone is not None:
+            raise self.gone  # no second conversation with a sample that is gone
+        try:
+            self.channel.send(request)
+        except OSError:  # its end of the pipe is closed: it ended
+            self._gone(_SampleGone("the sample process ended while the tests ran"))
         self.mutated = ()
         value = self.answer()
         for key, tree in self.mutated if type(self.mutated) is list else ():
@@ -1834,14 +1846,28 @@ class _Tests:
     def _mutate(self, arg, tree):
         """What the call did to a list, dict or set the tests passed: done to the tests' own
         object too, as if the call had run here (the new contents are the sample's, as data)."""
-        new = _decode(tree, self._lookup)
+        try:
+            new = _decode(tree, self._lookup)
+        except _SampleGone as exc:
+            self._gone(exc)
         if type(arg) is list and type(new) is list:
             arg[:] = new
         elif type(arg) in (dict, set) and type(new) is type(arg):
             arg.clear()
             arg.update(new)
 
+    def _gone(self, exc):
+        if self.gone is None:
+            self.gone = exc
+        raise exc
+
     def answer(self, ready=False):
+        try:
+            return self._answer(ready)
+        except _SampleGone as exc:
+            self._gone(exc)
+
+    def _answer(self, ready):
         raw = self.channel.receive_raw()
         try:
             reply = ast.literal_eval(raw.decode("utf-8", "surrogatepass"))
@@ -1872,12 +1898,82 @@ class _Tests:
                 self.mutated = reply[3]
             return _decode(reply[1], self._lookup)
         if reply[0] == "err" and len(reply) >= 4 and type(reply[1]) is str:
-            raise _sample_exception(reply[1], str(reply[3]))
+            raise self._exception(reply)
         if reply[0] == "exit":
             if not ready:  # during the tests; at start-up it may be a __main__ block's exit
                 self._hack("exit_before_tests")
             raise _SampleExited(f"the sample called exit({reply[1]!r}) while the tests ran")
         raise _SampleGone("a malformed reply")
+
+    def _exception(self, reply):
+        """The exception the sample raised (an "err" reply), as the tests' own: the first class
+        of its MRO that `_exception_class` finds here, with its args and plain attributes (as
+        data), and the sample's traceback as a note. What no `except Exception:` catches in one
+        process (KeyboardInterrupt, GeneratorExit, ...) ends the sample's verdict instead."""
+        classes = [("builtins", reply[1]), ("builtins", "Exception")]
+        classes = reply[4] if len(reply) > 4 and type(reply[4]) is list else classes
+        cls = None
+        for entry in classes[:64]:
+            if type(entry) is tuple and len(entry) == 2 and all(type(x) is str for x in entry):
+                cls = _exception_class(entry[0], entry[1], self.namespace)
+                if cls is not None:
+                    break
+        if cls is None or not issubclass(cls, Exception):
+            raise _SampleGone(f"the sample raised {reply[1][:100]}, which ends the tests")
+        args = _decode(reply[5], self._lookup) if len(reply) > 5 else ()
+        args = args if type(args) is tuple else ()
+        try:
+            exc = cls.__new__(cls, *args)
+        except Exception:  # noqa: BLE001 - a __new__ that wants other arguments
+            exc = cls.__new__(cls)
+        exc.args = args
+        attrs = _decode(reply[6], self._lookup) if len(reply) > 6 else {}
+        for name, value in attrs.items() if type(attrs) is dict else ():
+            if type(name) is str and not name.startswith("__"):
+                try:
+                    setattr(exc, name, value)
+                except Exception:  # noqa: BLE001 - a read-only attribute of the class
+                    pass
+        exc.add_note(f"raised by the sample:\n{str(reply[3])[-1500:]}")
+        return exc
+
+
+#: Modules whose exceptions mean something to a test runner (a skip, a test framework's own
+#: failure): a sample's exception is never one of them.
+_RUNNER_MODULES = ("unittest", "pytest", "_pytest", "doctest")
+
+
+def _exception_class(module, qualname, namespace):
+    """The class `module`.`qualname` as the tests know it, if it is an exception a sample may
+    raise there: a builtin one, one of a module already imported here (by the tests, the prompt
+    or the driver's preload: importing one a sample names would run code on its word), or one the
+    prompt defines (the sample's `__main__`, the tests' namespace). Never a test runner's or a
+    stopper of iteration (StopIteration crossing a generator means something else)."""
+    import builtins
+
+    if module == "builtins":
+        cls = getattr(builtins, qualname, None)
+    elif module == "__main__":
+        cls = namespace.get(qualname.split(".")[0])
+        for part in qualname.split(".")[1:]:
+            cls = getattr(cls, part, None) if isinstance(cls, type) else None
+        prompt = namespace.get("__name__")
+        if not isinstance(cls, type) or cls.__module__ != prompt or cls.__qualname__ != qualname:
+            return None
+        return cls if issubclass(cls, BaseException) else None
+    elif module.split(".")[0] in _RUNNER_MODULES or module not in sys.modules:
+        return None
+    else:
+        cls = sys.modules[module]
+        for part in qualname.split("."):
+            cls = getattr(cls, part, None)
+    if not isinstance(cls, type) or not issubclass(cls, BaseException):
+        return None
+    if issubclass(cls, (StopIteration, StopAsyncIteration)):
+        return None
+    if cls.__module__.split(".")[0] in _RUNNER_MODULES:
+        return None
+    return cls
 
 
 _HACKS = (
@@ -1888,22 +1984,6 @@ _HACKS = (
     "reads_harness_files",
     "always_equal_object",
 )
-
-
-def _sample_exception(name, text):
-    """An exception the sample raised, re-raised in the tests as the built-in exception of the
-    same name (a test may expect one), else as a plain Exception; never a trusted class."""
-    import builtins
-
-    cls = getattr(builtins, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Exception)) or cls in (
-        StopIteration,
-        StopAsyncIteration,
-    ):
-        cls = Exception
-    exc = cls.__new__(cls)
-    exc.args = (f"raised by the sample:\n{text[-1500:]}",)
-    return exc
 
 
 def _format_failure(exc):
@@ -1961,14 +2041,15 @@ def _run_tests(tests, channel, report_fd):
     try:
         _judge(tests, runner)
         report = {"ok": True}
-    except _SampleExited as exc:
-        report = {"ok": False, "exception": "", "sample_exit": True, "traceback": str(exc)}
-    except _SampleGone as exc:
-        report = {"ok": False, "exception": "", "sample_gone": True, "traceback": str(exc)}
-        if exc.forged:
-            runner._hack("tampers_with_tests")
     except BaseException as exc:  # noqa: BLE001 - any failure of the tests is the sample's
         report = _failed_tests_report(exc)
+    gone = runner.gone  # the sample ended: its verdict, whatever the tests caught
+    if isinstance(gone, _SampleExited):
+        report = {"ok": False, "exception": "", "sample_exit": True, "traceback": str(gone)}
+    elif gone is not None:
+        report = {"ok": False, "exception": "", "sample_gone": True, "traceback": str(gone)}
+        if gone.forged:
+            runner._hack("tampers_with_tests")
     report["hacks"] = runner.hacks
     report["compared_object"] = runner.compared
     data = json.dumps(report).encode()[:_MAX_REPORT]
@@ -1985,6 +2066,7 @@ def _judge(tests, runner):
     import builtins
 
     namespace = _tests_namespace(tests)
+    runner.namespace = namespace
     code = compile(tests["test"], "<tests>", "exec", dont_inherit=True)
     entry = tests.get("entry_point")
     _import_modules_used(tests["test"], namespace, entry)
@@ -2030,7 +2112,7 @@ def _bind_sample_names(runner, namespace, wanted):
     library modules it imported as the real module, plain values as the data it sent."""
     found = runner.ask("names", None, wanted)
     if type(found) is not dict:
-        raise _SampleGone("a malformed reply to names")
+        runner._gone(_SampleGone("a malformed reply to names"))
     for name, kind in found.items():
         if type(name) is not str or name not in wanted:
             continue
@@ -2161,11 +2243,30 @@ class _SampleServer:
         return self.objects[ref]
 
     def failure(self, exc):
+        """The reply for an exception the program raised: its name, traceback, classes (its
+        MRO, by module and qualname, for the tests to find the first they know), args and
+        instance attributes (as data, objects by reference)."""
         try:
             text = _format_failure(exc)
         except BaseException:  # noqa: BLE001
             text = type(exc).__name__
-        return ("err", type(exc).__name__, list(self.hacks), text[-3000:])
+        reply = ("err", type(exc).__name__, list(self.hacks), text[-3000:])
+        try:
+            classes = [
+                (str(c.__module__), str(c.__qualname__))
+                for c in type(exc).__mro__
+                if issubclass(c, BaseException)
+            ]
+            args = _encode(tuple(exc.args), self.refer)
+            attrs = {
+                k: v
+                for k, v in getattr(exc, "__dict__", {}).items()
+                if type(k) is str and not k.startswith("__")
+            }
+            attrs.update(_builtin_exception_fields(exc))
+            return (*reply, classes, args, _encode(attrs, self.refer))
+        except BaseException:  # noqa: BLE001 - args the channel cannot carry: the name only
+            return reply
 
     def run(self, step):
         """Run one step of the program's, audited; its reply."""
@@ -2246,6 +2347,23 @@ class _SampleServer:
         if op == "str":
             return str(obj)
         raise TypeError(f"unknown request {op!r}")
+
+
+def _builtin_exception_fields(exc):
+    """The fields of `exc` that built-in exception classes keep outside `__dict__` and `args`
+    (OSError's `filename`, UnicodeError's `start`, SyntaxError's `lineno`, ...)."""
+    fields = {}
+    for cls in type(exc).__mro__:
+        if cls.__module__ != "builtins" or cls is BaseException:
+            continue
+        for name, member in vars(cls).items():
+            kind = type(member).__name__
+            if kind in ("getset_descriptor", "member_descriptor") and not name.startswith("__"):
+                try:
+                    fields.setdefault(name, getattr(exc, name))
+                except AttributeError:  # unset (OSError.characters_written)
+                    pass
+    return fields
 
 
 #: Audit events only a program that tampers with the tests' machinery raises.
