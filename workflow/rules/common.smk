@@ -320,26 +320,29 @@ def get_selftest_identity(wildcards):
 
 
 def get_selftest_input(wildcards):
-    """A reward cell's self-test verdict: ancient when it exists (a forced self-test reruns no
-    cell), and otherwise an edge only for a cell that this invocation (re)scores by the files
-    (missing or damaged scores, a changed setting, new generations), so that a verdict not made
-    yet, or removed, never reruns a current cell. A cell forced with no verdict (-R evaluate)
-    self-tests in its evaluate job, as other checkers do."""
+    """A reward cell's self-test verdict, a plain input of every cell this invocation (re)scores
+    (missing or damaged scores, a changed setting, new generations, a forced evaluate) and no
+    input of a current one: a verdict not made yet, removed or forced never reruns a current
+    cell, and a cell that is rescored always waits for a self-test Snakemake reruns. Never an
+    `ancient` input: a self-test that Snakemake reruns (an interrupted one, incomplete) hides
+    the own reasons of the jobs it feeds through an ancient input, so the rerun ran the
+    self-test alone, said done and left the cells unscored (snakemake/snakemake#4166). A cell
+    Snakemake rescores for a reason not named here (a newer generation file) self-tests in its
+    evaluate job, as other checkers do."""
     w = wildcards
     identity = selftest_of(w.run, w.task, w.variant)
     if identity is None:
         return {}
-    path = str(verdict_path(OUT, w.task, identity))
-    if os.path.exists(path):
-        return {"selftest": ancient(path)}
-    score = f"{OUT}/scores/{w.run}/{w.ckpt}/{w.task}/{w.variant}.json"
+    score = f"{OUT}/scores/{w.run}/{w.ckpt}/{w.task}/{w.variant}"
     if (
-        not os.path.exists(score)
+        not os.path.exists(f"{score}.json")
         or score_redo(w.run, w.ckpt, w.task, w.variant)
         or FRESH.score_change(w.run, w.ckpt, w.task, w.variant)
         or FRESH.stale(w.run, w.ckpt, w.task, w.variant)
+        or verbs().forces_rule("evaluate")
+        or verbs().forces_file(f"{score}.json", f"{score}.jsonl")
     ):
-        return {"selftest": path}
+        return {"selftest": str(verdict_path(OUT, w.task, identity))}
     return {}
 
 
