@@ -85,6 +85,26 @@ def write_cell(
     return path
 
 
+def write_solved(root: Path, solved: dict[tuple[str, str], int], n: int) -> Path:
+    """A results directory of run `r`: per (checkpoint, task), one greedy cell of `n` problems of
+    which the first `solved` pass (`base` is the baseline at step 0, `step_N` at step N), and its
+    summary. Returns `root`."""
+    for (ckpt, task), count in solved.items():
+        write_cell(
+            root,
+            "r",
+            ckpt,
+            0 if ckpt == "base" else int(ckpt.split("_")[1]),
+            task,
+            "greedy-s42",
+            metrics={"pass@1": count / n},
+            samples=[(f"p{i}", 0, i < count) for i in range(n)],
+            is_baseline=ckpt == "base",
+        )
+    build_summary(sorted((root / "scores").glob("*/*/*/*.json")), root / "summary", bootstrap=50)
+    return root
+
+
 def verdicts(passes: list[int], samples: int = 1) -> list[tuple[str, int, bool]]:
     """(task_id, sample_idx, passed) for problems p0, p1, ...: problem i passes its first
     `passes[i]` samples."""

@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from test_aggregate import write_cell
+from test_aggregate import write_solved
 
 from ckpteval.cli import main
-from ckpteval.summary import build_summary
 
 N = 60
 #: Problems solved (of N) per checkpoint and task: step_300 is clearly best on `code`, step_100
@@ -23,22 +22,8 @@ SOLVED = {
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("results")
-    for task, by_ckpt in SOLVED.items():
-        for ckpt, solved in by_ckpt.items():
-            write_cell(
-                root,
-                "r",
-                ckpt,
-                0 if ckpt == "base" else int(ckpt.split("_")[1]),
-                task,
-                "greedy-s42",
-                metrics={"pass@1": solved / N},
-                samples=[(f"p{i}", 0, i < solved) for i in range(N)],
-                is_baseline=ckpt == "base",
-            )
-    build_summary(sorted((root / "scores").glob("*/*/*/*.json")), root / "summary", bootstrap=50)
-    return root
+    solved = {(ckpt, task): count for task, row in SOLVED.items() for ckpt, count in row.items()}
+    return write_solved(tmp_path_factory.mktemp("results"), solved, N)
 
 
 def test_best_by_one_task(results: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_aggregate import write_cell
+from test_aggregate import write_solved
 
 from ckpteval.cli import main
-from ckpteval.summary import build_summary
 
 N = 60
 #: Problems solved (of N, one greedy sample each) per checkpoint and task: `code` drops by 20
@@ -23,26 +22,11 @@ SOLVED = {
     ("step_100", "qa"): 33,
     ("step_200", "qa"): 33,
 }
-STEPS = {"base": 0, "step_100": 100, "step_200": 200}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("results")
-    for (ckpt, task), solved in SOLVED.items():
-        write_cell(
-            root,
-            "r",
-            ckpt,
-            STEPS[ckpt],
-            task,
-            "greedy-s42",
-            metrics={"pass@1": solved / N},
-            samples=[(f"p{i}", 0, i < solved) for i in range(N)],
-            is_baseline=ckpt == "base",
-        )
-    build_summary(sorted((root / "scores").glob("*/*/*/*.json")), root / "summary", bootstrap=50)
-    return root
+    return write_solved(tmp_path_factory.mktemp("results"), SOLVED, N)
 
 
 def _gate(tmp_path: Path, results: Path, policy: str) -> int:
