@@ -20,9 +20,10 @@ if not workflow.overwrite_configfiles:
 if workflow.is_main_process:
     import sys
 
-    from ckpteval.status import claim_workdir
+    from ckpteval.status import claim_workdir, say_live_sweep_plainly
 
     _stale_locks = claim_workdir()
+    say_live_sweep_plainly()  # a dry run beside a live sweep: no "Error:" line for a good plan
     if _stale_locks:
         print(
             f"ckpteval: removed {len(_stale_locks)} stale Snakemake lock file(s) left by a killed "

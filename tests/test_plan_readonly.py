@@ -35,6 +35,7 @@ from conftest import (
 from contract_sweep import CELLS, Sweep, cell_files, planned, shared_sweep
 
 from ckpteval.backends import cache_namespace
+from ckpteval.status import LIVE_SWEEP_LINE
 
 #: Content-keyed caches a parse may write (checkpoint content identities, hashes of big files),
 #: and Snakemake's own bookkeeping of an invocation (its IO cache, the logs of --summary/--dag).
@@ -275,12 +276,17 @@ def test_dry_runs_and_status_beside_a_live_sweep_cost_it_nothing(sweep: Sweep) -
             )
         try:
             wait_for_engines(sweep.work, live, old_logs)
+            said = []
             for i in range(5):
                 proc = dry_snakemake(sweep.work, "-n", *configfile)
                 assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+                # a good plan beside a live sweep prints no "Error:" line, and says why it is calm
+                assert "Error" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+                said.append(LIVE_SWEEP_LINE in proc.stdout + proc.stderr)
                 if i in (1, 3):
                     assert ckpteval(sweep.work, "status", *configfile).returncode == 0
             assert live.wait(timeout=1800) == 0, log.read_text()[-4000:]
+            assert any(said), "no dry run met the live sweep's locks"
         finally:
             if live.poll() is None:
                 live.kill()

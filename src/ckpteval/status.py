@@ -39,6 +39,7 @@ import argparse
 import base64
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import sys
@@ -114,6 +115,34 @@ def claim_workdir(snakemake_dir: Path = Path(".snakemake")) -> list[Path]:
         return removed
     _owner_fd = fd
     return removed
+
+
+#: What Snakemake's dry run prints when another Snakemake holds locks on its files
+#: (`Persistence.lock_warn_only`), before it plans as usual and exits 0.
+SNAKEMAKE_LOCKED_LINE = "Error: Directory cannot be locked. Another Snakemake instance is running."
+#: What a dry run beside a live sweep says instead: nothing is wrong.
+LIVE_SWEEP_LINE = (
+    "ckpteval: another Snakemake is running in this directory: this dry run shows the plan as of "
+    "now (it locks nothing and changes no file)"
+)
+
+
+class _LiveSweepLine(logging.Filter):
+    """Rewrites Snakemake's "Error:" line of a dry run beside a live sweep (`LIVE_SWEEP_LINE`):
+    a user, or a script that greps for "Error", must not read a correct plan as a failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() == SNAKEMAKE_LOCKED_LINE:
+            record.msg, record.args = LIVE_SWEEP_LINE, ()
+        return True
+
+
+def say_live_sweep_plainly() -> None:
+    """Install `_LiveSweepLine` on Snakemake's logger (the workflow's parse, main process)."""
+    from snakemake.logging import logger
+
+    if not any(isinstance(f, _LiveSweepLine) for f in logger.filters):
+        logger.addFilter(_LiveSweepLine())
 
 
 def snakemake_alive(snakemake_dir: Path) -> bool:
