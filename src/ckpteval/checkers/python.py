@@ -72,7 +72,9 @@ class PythonChecker(Checker):
     name = "python"
     #: 2: tests in a process of their own (a pass can no longer be forged).
     #: 3: a bodiless stub's prompt helpers come from the prompt, never the sample.
-    version = "3"
+    #: 4: the sample's exit fails it whatever the tests catch (it could pass under
+    #: `except Exception:`); its exceptions reach the tests with their class and args.
+    version = "4"
     default_timeout = 10.0
     compiles = True
     languages = ("python",)
