@@ -85,7 +85,7 @@ def table_points(
     Seeds are averaged per (run, ckpt, task, sampling, metric) with `aggregate.tables.seed_table`, so a
     published value is the number the report shows. A metric in `names` is keyed by the
     trainer's name for it instead (`trainer_names`)."""
-    from ckpteval.aggregate.tables import seed_table
+    from ckpteval.aggregate.tables import excluding_errors, reward_errors, seed_table
 
     if tidy.empty:
         return [], []
@@ -96,7 +96,7 @@ def table_points(
     notes += [f"{r.run}/{r.ckpt}: no training step; not published" for r in no_step.itertuples()]
     points: dict[tuple[str, str, int], Point] = {}
     owner: dict[tuple[str, int], str] = {}
-    flattering = _excluding_errors(tidy)
+    flattering = excluding_errors(reward_errors(tidy, {}))  # order of numbers: unused
     excluded: dict[tuple[str, str], int] = {}
     for row in seeds[seeds["step"].notna()].itertuples():
         step = int(row.step)
@@ -124,19 +124,6 @@ def table_points(
         for (run, key), count in sorted(excluded.items())
     ]
     return sorted(points.values(), key=lambda p: (p.run, p.step, p.key)), notes
-
-
-def _excluding_errors(tidy: pd.DataFrame) -> set[tuple[str, str, str, str, str]]:
-    """(run, ckpt, task, sampling, metric) of the means that leave errored samples out
-    (ckpteval.errored's `EXCLUDED`), in any seed."""
-    from ckpteval.errored import EXCLUDED
-
-    if "errored_as" not in tidy.columns:
-        return set()
-    rows = tidy[(tidy["errored_as"] == EXCLUDED) & (tidy["errored"].fillna(0) > 0)]
-    return set(
-        zip(rows["run"], rows["ckpt"], rows["task"], rows["sampling"], rows["metric"], strict=True)
-    )
 
 
 def trainer_names(summary: Path) -> tuple[TrainerNames, list[str]]:

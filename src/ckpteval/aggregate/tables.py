@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from ckpteval.aggregate.cells import Cell, Problem, identity_frame
-from ckpteval.errored import REWARD_ERROR_RATE, Errored
+from ckpteval.errored import EXCLUDED, REWARD_ERROR_RATE, Errored
 from ckpteval.errors import UserError
 from ckpteval.metrics import LENGTH_METRICS
 from ckpteval.stats import (
@@ -570,6 +570,19 @@ def reward_errors(
         found.sort(key=lambda item: item[0] != main)  # stable: the main metric first
         out[key] = RewardErrors(int(errored), int(samples), tuple(found))
     return out
+
+
+def excluding_errors(
+    entries: Mapping[tuple[str, str, str, str], RewardErrors],
+) -> set[tuple[str, str, str, str, str]]:
+    """(run, ckpt, task, sampling, metric) of the numbers of `reward_errors`' entries that are
+    means over the samples that returned a score, the errored ones left out (`EXCLUDED`)."""
+    return {
+        (*key, metric)
+        for key, entry in entries.items()
+        for metric, errored in entry.numbers
+        if errored.how == EXCLUDED
+    }
 
 
 def passk_table(cells: Sequence[Cell], samples: pd.DataFrame, tidy: pd.DataFrame) -> pd.DataFrame:

@@ -44,9 +44,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
 from ckpteval.aggregate import Summary
-from ckpteval.aggregate.tables import HACK_RATE, TRUNCATION_THRESHOLD
+from ckpteval.aggregate.tables import HACK_RATE, TRUNCATION_THRESHOLD, excluding_errors
 from ckpteval.config import parse_variant
-from ckpteval.errored import EXCLUDED
 from ckpteval.io import atomic_open
 
 PASSK_CURVES = 4
@@ -458,14 +457,8 @@ def _mark(ax: Axes, points: pd.DataFrame, label: str, **style: Any) -> bool:
 
 
 def _excluding(summary: Summary) -> set[tuple[str, str, str, str, str]]:
-    """(run, ckpt, task, sampling, metric) of the numbers that are means over the samples that
-    returned a score, the reward function's errored samples left out (`ckpteval.errored`)."""
-    return {
-        (run, ckpt, task, sampling, metric)
-        for (run, ckpt, task, sampling), entry in summary.reward_errors.items()
-        for metric, errored in entry.numbers
-        if errored.how == EXCLUDED
-    }
+    """The summary's means that leave errored samples out (`aggregate.tables.excluding_errors`)."""
+    return excluding_errors(summary.reward_errors)
 
 
 def _mark_drops(ax: Axes, at: pd.Series, label: str) -> bool:
