@@ -1303,9 +1303,14 @@ def test_an_evaluate_window_is_one_sandbox_per_worker_refilled_as_each_ends(
         jobs, workers=8, window=CHUNK_SIZE, window_chars=1 << 30, buffer=8 * CHUNK_SIZE
     )
     assert sum(v.passed for v in verdicts) == 3 * CHUNK_SIZE
-    # the last 128, if the stream read them before it saw the input end: shared by the 8
-    ordered = sorted(sizes, reverse=True)  # as the workers took them up
-    assert CHUNK_SIZE == 1024 and ordered[:23] == [128] * 23 and ordered[23:] in ([128], [16] * 8)
+    # Full batches of 128 until the input ends; what is then read and not yet started (how much
+    # depends on how fast the workers ran, so on the machine's load) is shared by the 8 workers:
+    # equal shares, the last one maybe smaller, at most one per worker.
+    ordered = sorted(sizes, reverse=True)
+    full = ordered.count(128)
+    shares = ordered[full:]
+    assert CHUNK_SIZE == 1024 and sum(ordered) == 3 * CHUNK_SIZE and full >= 16, ordered
+    assert len(shares) <= 8 and len(set(shares[:-1])) <= 1, ordered
     assert checker.batch_size_for(100, 1) == 100 and checker.batch_size_for(4096, 1) == 1024
     # The evaluate job's window (ckpteval.evaluate) holds two full batches per worker.
     for workers in (1, 2, 8, 16):
