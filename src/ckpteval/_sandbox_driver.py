@@ -938,14 +938,14 @@ class _Zygote:
                 os._exit(127)
         theirs.close()
         account.spare = (self.pid,)
-        self.roots = []  # (fd, st_dev) of each directory the samples share, to empty
-        ready, fds = self._receive(_warm_s(command), fds=8)
+        # (fd, st_dev) of each directory the samples share, to empty: sent before the file runs,
+        # so that nothing of it holds or replaces them.
+        roots, fds = self._receive(_warm_s(command), fds=8)
+        self.roots = [(fd, os.fstat(fd).st_dev) for fd in fds]
+        ready, _ = self._receive(_warm_s(command)) if roots == b"roots" else (roots, None)
         if ready != b"ready":
-            for fd in fds:
-                os.close(fd)
             self._die(ready.decode("utf-8", "replace") if ready else "its warm-up did not finish")
             return
-        self.roots = [(fd, os.fstat(fd).st_dev) for fd in fds]
         self.baseline = [_tree(fd, dev) for fd, dev in self.roots]  # what no sample wrote
         account.cgroup.base = None  # the memory limit counts from the warm zygote's pages
 
@@ -1204,18 +1204,26 @@ def _zygote_main(command, spec, control):
     _become_sandbox_uid(spec)
     # Not dumpable: its samples (the same uid) can neither trace it nor open its /proc files.
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    # `random` and `threading` register at-fork hooks (a fork reseeds `random` and resets
+    # `threading`'s state, as in any fork of CPython): before the file runs, so they are kept.
     import gc
+    import random  # noqa: F401
     import socket
+    import threading  # noqa: F401
 
+    channel = socket.socket(fileno=3)
+    socket.send_fds(channel, [b"roots"], roots)
+    for fd in roots:
+        os.close(fd)
+    before = _ZygoteState()
     try:
         namespace = _warm(command)
     except SystemExit as exc:  # the file refuses to be a zygote, saying why
-        socket.socket(fileno=3).send(str(exc.code)[:300].encode())
+        channel.send(str(exc.code)[:300].encode())
         os._exit(1)
-
-    shared = _shared_writable_mapping()
-    if shared:  # every fork would share it: a channel from one sample to the next
-        socket.socket(fileno=3).send(f"its warm-up left a shared mapping: {shared}".encode())
+    left = before.left_by_warm_up()
+    if left:  # a channel from one sample to the next, or code that would run in the zygote
+        channel.send(f"its warm-up left {left}"[:300].encode())
         os._exit(1)
 
     sys.stdout.flush()  # nothing the warm-up printed reaches a sample's files
@@ -1224,21 +1232,123 @@ def _zygote_main(command, spec, control):
     key = _zygote_key(command)
     if sum(_zygote_key(c) == key for c in spec["commands"]) >= _COLLAPSE_FROM:
         _collapse_heap()
-    channel = socket.socket(fileno=3)
-    socket.send_fds(channel, [b"ready"], roots)
-    for fd in roots:
-        os.close(fd)
+    channel.send(b"ready")
     _zygote_serve(channel, namespace, command, driver if spec.get("rootless") else None)
 
 
-def _shared_writable_mapping():
-    """A writable shared mapping of this process (/proc/self/maps), or None."""
-    with open("/proc/self/maps") as handle:
+PR_GET_DUMPABLE = 3
+#: CPython's three lists of at-fork hooks (`os.register_at_fork`'s before, after in the parent
+#: and after in the child), found at the driver's start (`_find_at_fork_hooks`).
+_AT_FORK = []
+
+
+def _find_at_fork_hooks():
+    """Find the interpreter's at-fork hook lists, which no API lists or empties: register a
+    placeholder in each and keep the one list that refers to it (at the driver's start: few
+    objects to search, none frozen yet); then take the placeholders out."""
+    import gc
+
+    placeholders = (lambda: None, lambda: None, lambda: None)
+    os.register_at_fork(
+        before=placeholders[0], after_in_parent=placeholders[1], after_in_child=placeholders[2]
+    )
+    for placeholder in placeholders:
+        (hooks,) = [r for r in gc.get_referrers(placeholder) if type(r) is list]
+        hooks.remove(placeholder)
+        _AT_FORK.append(hooks)
+
+
+class _ZygoteState:
+    """What the zygote's warm-up (a reward file's import: trusted code, but not the zygote's)
+    could leave in the zygote's process that reaches from one sample to the next, or that runs
+    its code in the zygote later, where each sample's files arrive: taken before the warm-up
+    and compared after it (`left_by_warm_up`)."""
+
+    def __init__(self):
+        self.at_fork = [list(hooks) for hooks in _AT_FORK]
+        self.fds = set(os.listdir("/proc/self/fd"))
+        self.signals = _signal_state()
+        self.hooks = (sys.gettrace(), sys.getprofile())
+
+    def left_by_warm_up(self):
+        """Drop the at-fork hooks the warm-up registered: they would run in the zygote before
+        each fork, with the next sample's files open, and in each sample before its isolation
+        (a fresh process, which never forks, runs none). Then what else it left, as a phrase,
+        or None: threads, descriptors (what it dropped collected first), signal handlers, a
+        trace or profile function (each would run in the zygote), the zygote made dumpable
+        (a sample could write its memory), SysV IPC objects (a sample reaches them by id) or a
+        mapping a sample could write and the next read (`_shared_mapping`)."""
+        import gc
+
+        for hooks, kept in zip(_AT_FORK, self.at_fork):
+            hooks[:] = kept
+        gc.collect()
+        threads = len(os.listdir("/proc/self/task")) - 1
+        opened = set(os.listdir("/proc/self/fd")) - self.fds
+        ipc = [kind for kind in ("shm", "sem", "msg") if _sysv_objects(kind)]
+        if threads:
+            return f"{threads} thread(s) running"
+        if opened:
+            return f"{len(opened)} descriptor(s) open"
+        if _signal_state() != self.signals:
+            return "a signal handler of its own"
+        if (sys.gettrace(), sys.getprofile()) != self.hooks:
+            return "a trace or profile function"
+        if _libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:
+            return "the zygote dumpable"
+        if ipc:
+            return f"SysV IPC objects ({', '.join(ipc)})"
+        return _shared_mapping()
+
+
+def _signal_state():
+    """The signals this process catches (the kernel's mask: C handlers too) and the Python
+    handler of each."""
+    with open("/proc/self/status") as handle:
+        caught = [line for line in handle if line.startswith("SigCgt:")]
+    handlers = []
+    for number in signal.valid_signals():
+        try:
+            handlers.append(signal.getsignal(number))
+        except (OSError, ValueError):
+            handlers.append(None)
+    return caught, handlers
+
+
+def _sysv_objects(kind):
+    """How many SysV IPC objects of `kind` (shm, sem, msg) this IPC namespace holds."""
+    try:
+        with open(f"/proc/sysvipc/{kind}") as handle:
+            return len(handle.readlines()) - 1
+    except OSError:
+        return 0
+
+
+def _shared_mapping():
+    """A mapping of this process that one fork could write and the next read, as a phrase, or
+    None: a shared mapping that may be made writable (`mw`: whatever its protection now,
+    mprotect can), or a mapping of a file this uid may write (through the file, whose changes
+    its unwritten pages show). A read-only file's shared mapping (glibc's gconv cache) is none,
+    nor is a deleted file's private one: no sample can reach that file."""
+    found, header = None, None
+    with open("/proc/self/smaps") as handle:
         for line in handle:
-            fields = line.split()
-            if fields[1][1] == "w" and fields[1][3] == "s":
-                return " ".join(fields[:1] + fields[5:])[:200]
-    return None
+            if line.startswith("VmFlags:") and header:
+                fields = header.split(maxsplit=5)
+                path = fields[5].strip() if len(fields) > 5 else ""
+                shared = fields[1][3] == "s" and " mw" in line
+                writable_file = (
+                    fields[4] != "0"
+                    and path.startswith("/")
+                    and not path.endswith(" (deleted)")
+                    and os.access(path, os.W_OK)
+                )
+                if shared or writable_file:
+                    kind = "a shared mapping" if shared else "a mapping of a writable file"
+                    found = found or f"{kind}: {fields[0]} {path}"[:200]
+            elif not line.split(maxsplit=1)[0].endswith(":"):
+                header = line
+    return found
 
 
 MADV_COLLAPSE = 25
@@ -1364,6 +1474,7 @@ def main():
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     account = _Account(spec["acct"])
     account.cgroup = _Cgroup(spec.get("cgroup"))
+    _find_at_fork_hooks()  # before the preload: its packages' hooks are kept in every fork
     _preload(spec.get("site_dirs", []), spec.get("preload", []))
     import gc
 
