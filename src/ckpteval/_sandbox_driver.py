@@ -68,7 +68,14 @@ command's Python file once as `__ckpteval_zygote__` with `warm` as `__ckpteval_w
 runner runs the reward file and calls the function on a few fixed inputs, no sample's, then
 imports the file again for its samples; it may refuse, raising SystemExit with its reason) and
 freezes its heap out of the cyclic collector (`gc.freeze`: a fork's collections then copy none of
-it). A warm-up that left a writable shared mapping (each fork would share it) gets no zygote.
+it). Before its warm-up it has sent the driver the directories its samples share (below); after
+it, it drops the at-fork hooks the warm-up registered (the interpreter's lists, found at the
+driver's start: `_find_at_fork_hooks`), and a warm-up that left anything reaching from one fork
+to the next, or running code in the zygote, gets no zygote (`_ZygoteState`: a thread, a
+descriptor, a signal handler, a trace or profile function, the zygote dumpable, SysV objects, a
+shared mapping that may be made writable, a mapping of a writable file). What the warm-up's
+code does to the zygote's own code (the driver's functions, the interpreter's memory) no check
+in this process can rule out: the file is trusted that far.
 Last, a zygote that serves 64 samples or more asks the kernel to back its private heap with
 huge pages where it can (`_collapse_heap`, MADV_COLLAPSE, Linux 6.1+; best effort): a fork then
 copies one page-table entry per 2 MiB instead of 512, and its exit tears down as few (a 65 MB
@@ -78,10 +85,11 @@ mappings, often merged into mappings of a few MiB) that is depends on where they
 the zygote itself writes while a sample lives is split again. A page a sample writes is still
 copied alone, 4 KiB, as before.
 
-Per command the driver opens its stdin, stdout and stderr and passes them, with its result
-channel, to the zygote (SCM_RIGHTS); the zygote forks and never reads them: the *fork* reads its
-job, so the zygote holds no sample's text. The fork takes a session of its own, those files as
-0-3 and no other descriptor, its rlimits (RLIMIT_CPU counts from the fork), asks to go first at
+Per command the driver opens its stdin, stdout and stderr; the zygote forks, and the *fork*
+takes those files, with the command's result channel, from the driver (SCM_RIGHTS on the
+zygote's channel, which the zygote does not read while its fork lives) and reads its job: the
+zygote never holds a sample's files, so it holds no sample's text. The fork takes a session of
+its own, those files as 0-3 and no other descriptor, its rlimits (RLIMIT_CPU counts from the fork), asks to go first at
 the memory limit, and adds a seccomp filter refusing signals and pidfds aimed at the zygote (and,
 rootless, the driver), kill(-1), and making SysV IPC objects or POSIX message queues (they would
 live in the IPC namespace the zygote's samples share: refused, so nothing is left to remove);
@@ -1048,16 +1056,17 @@ class _Zygote:
             channel, files = _ResultChannel(), _command_files(command)
         start = time.monotonic()
         usage_of = _Usage(command, self.account)
-        try:
-            socket.send_fds(self.control, [b"fork"], [*files, channel.theirs.fileno()])
+        try:  # the files go to the fork, once it is there: the zygote never holds them
+            self.control.send(b"fork")
+            message, _ = self._receive(10.0)
+            if message is not None and message.startswith(b"pid "):
+                socket.send_fds(self.control, [b"files"], [*files, channel.theirs.fileno()])
         except OSError:
-            self._die("it stopped taking commands")
-            return None
+            message = None
         finally:
             for fd in files:
                 os.close(fd)
             channel.started()
-        message, _ = self._receive(10.0)
         if message is None or not message.startswith(b"pid "):
             self._die("it did not fork")
             return None
@@ -1409,36 +1418,39 @@ def _warm(command):
 
 
 def _zygote_serve(channel, namespace, command, driver):
-    """Fork one sample per message: its stdin, stdout, stderr and result channel come with it
-    (the zygote never reads them). Report its pid, then its exit status, CPU and peak memory."""
-    import socket
-
+    """Fork one sample per message; the fork, not the zygote, then takes its stdin, stdout,
+    stderr and result channel from the driver (`_zygote_sample`), so the zygote never holds a
+    sample's files. Report its pid, then its exit status, CPU and peak memory."""
     me = os.getpid()
     refuse = _Filter(protect=(me, driver) if driver else (me,), ipc=True)
     while True:
-        data, fds, _, _ = socket.recv_fds(channel, 64, 4)
+        data = channel.recv(64)
         if not data:
             os._exit(0)
+        if data != b"fork":
+            continue  # the files of a fork killed before it took them (closed by the kernel)
         pid = os.fork()
         if pid == 0:
-            channel.detach()
-            _zygote_sample(namespace, fds, command, refuse)
-        for fd in fds:
-            os.close(fd)
+            _zygote_sample(namespace, channel, command, refuse)
         channel.send(f"pid {pid}".encode())
         _, status, usage = os.wait4(pid, 0)
         cpu = usage.ru_utime + usage.ru_stime
         channel.send(json.dumps([status, cpu, usage.ru_maxrss]).encode())
 
 
-def _zygote_sample(namespace, fds, command, refuse):
-    """A sample forked from the zygote: its own session, its files as 0-3 and nothing else of
-    the zygote's, its rlimits (RLIMIT_CPU counts from the fork), first at the memory limit, and
-    `refuse`, a filter that also refuses signals to the zygote (and driver) and making IPC
-    objects (they would outlive it in the zygote's IPC namespace); then the file's `main()`."""
+def _zygote_sample(namespace, channel, command, refuse):
+    """A sample forked from the zygote: its own session, its files (taken from the driver on
+    the zygote's channel) as 0-3 and nothing else of the zygote's, its rlimits (RLIMIT_CPU
+    counts from the fork), first at the memory limit, and `refuse`, a filter that also refuses
+    signals to the zygote (and driver) and making IPC objects (they would outlive it in the
+    zygote's IPC namespace); then the file's `main()`."""
+    import socket
+
     status = 127
     try:
         os.setsid()
+        _, fds, _, _ = socket.recv_fds(channel, 64, 4)
+        channel.detach()  # its fd 3 becomes the result channel
         for fd, target in zip(fds[:3], (0, 1, 2)):
             os.dup2(fd, target)
         _keep_fds(fds[3:4])
