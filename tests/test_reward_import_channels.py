@@ -14,11 +14,16 @@ itself, and the log says why in one line).
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import as_nobody_json
 from test_reward_direct import fresh_call, one_batch
+from test_reward_zygote import AS_NOBODY
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
@@ -226,3 +231,21 @@ def test_an_import_cannot_carry_one_samples_text_into_the_next(
         assert refusal in caplog.text, caplog.text
     else:
         assert "warm zygote gone" not in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("channel", ["dumpable zygote", "at-fork hooks"])
+def test_rootless_an_import_cannot_carry_one_samples_text_into_the_next(channel: str) -> None:
+    """The same as `nobody` (rootless bubblewrap), where the driver, the zygote and its samples
+    share one uid: a dumpable zygote would be open to every sample."""
+    source, _ = CHANNELS[channel]
+    completions = ["secret-AAAA 2", "probe 3", "probe 2"]
+    with tempfile.TemporaryDirectory(prefix="ckpteval-rootless-") as tmp:  # not root's tmp_path
+        work = Path(tmp)
+        os.chmod(work, 0o755)
+        (work / "run.py").write_text(AS_NOBODY)
+        batch = [(completion, "2") for completion in completions]
+        (work / "data.json").write_text(json.dumps({"source": source + SCORE, "batch": batch}))
+        rows = as_nobody_json(work / "run.py", str(work / "data.json"), cwd=work, tmpdir="/tmp")
+    results = [{"score": score, **extras["reward_info"]} for _, _, score, extras in rows]
+    assert [r["carried"] for r in results] == ["", "", ""], results
+    assert [r["score"] for r in results] == [1.0, 0.0, 1.0]
