@@ -207,7 +207,7 @@ CHANNELS = {
     "SysV objects by id": (SYSV, "its warm-up left SysV IPC objects (shm, msg)"),
     "at-fork hooks": (AT_FORK, None),
     "dumpable zygote": (DUMPABLE, "its warm-up left the zygote dumpable"),
-    "thread": (THREAD, "its warm-up left 1 thread(s) running"),
+    "thread": (THREAD, "its warm-up left 1 Python thread(s) running"),
     "signal handler": (SIGNAL, "its warm-up left a signal handler of its own"),
     "profile function": (PROFILE, "its warm-up left a trace or profile function"),
 }

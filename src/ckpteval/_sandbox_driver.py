@@ -71,7 +71,7 @@ freezes its heap out of the cyclic collector (`gc.freeze`: a fork's collections 
 it). Before its warm-up it has sent the driver the directories its samples share (below); after
 it, it drops the at-fork hooks the warm-up registered (the interpreter's lists, found at the
 driver's start: `_find_at_fork_hooks`), and a warm-up that left anything reaching from one fork
-to the next, or running code in the zygote, gets no zygote (`_ZygoteState`: a thread, a
+to the next, or running code in the zygote, gets no zygote (`_ZygoteState`: a Python thread, a
 descriptor, a signal handler, a trace or profile function, the zygote dumpable, SysV objects, a
 shared mapping that may be made writable, a mapping of a writable file). What the warm-up's
 code does to the zygote's own code (the driver's functions, the interpreter's memory) no check
@@ -89,8 +89,8 @@ Per command the driver opens its stdin, stdout and stderr; the zygote forks, and
 takes those files, with the command's result channel, from the driver (SCM_RIGHTS on the
 zygote's channel, which the zygote does not read while its fork lives) and reads its job: the
 zygote never holds a sample's files, so it holds no sample's text. The fork takes a session of
-its own, those files as 0-3 and no other descriptor, its rlimits (RLIMIT_CPU counts from the fork), asks to go first at
-the memory limit, and adds a seccomp filter refusing signals and pidfds aimed at the zygote (and,
+its own, those files as 0-3 and no other descriptor, its rlimits (RLIMIT_CPU counts from the
+fork), asks to go first at the memory limit, and adds a seccomp filter refusing signals and pidfds aimed at the zygote (and,
 rootless, the driver), kill(-1), and making SysV IPC objects or POSIX message queues (they would
 live in the IPC namespace the zygote's samples share: refused, so nothing is left to remove);
 then calls the file's `main()`. The zygote reports the fork's pid, waits for it and reports its
@@ -1255,7 +1255,7 @@ def _find_at_fork_hooks():
     """Find the interpreter's at-fork hook lists, which no API lists or empties: register a
     placeholder in each and keep the one list that refers to it; then take the placeholders
     out. At the driver's start no module has registered a hook yet, so the lists are made
-    here: the search covers only what is made after a freeze (the whole heap: ~15 ms)."""
+    here: the search covers only what is made after a freeze (the whole heap took ~15 ms)."""
     import gc
 
     gc.freeze()
@@ -1275,8 +1275,8 @@ def _find_at_fork_hooks():
 class _ZygoteState:
     """What the zygote's warm-up (a reward file's import: trusted code, but not the zygote's)
     could leave in the zygote's process that reaches from one sample to the next, or that runs
-    its code in the zygote later, where each sample's files arrive: taken before the warm-up
-    and compared after it (`left_by_warm_up`)."""
+    its code in the zygote later: taken before the warm-up and compared after it
+    (`left_by_warm_up`)."""
 
     def __init__(self):
         self.at_fork = [list(hooks) for hooks in _AT_FORK]
@@ -1285,25 +1285,25 @@ class _ZygoteState:
         self.hooks = (sys.gettrace(), sys.getprofile())
 
     def left_by_warm_up(self):
-        """Drop the at-fork hooks the warm-up registered: they would run in the zygote before
-        each fork, with the next sample's files open, and in each sample before its isolation
-        (a fresh process, which never forks, runs none). Then what else it left, as a phrase,
-        or None: threads, descriptors (what it dropped collected first), signal handlers, a
-        trace or profile function (each would run in the zygote), the zygote made dumpable
-        (a sample could write its memory), SysV IPC objects (a sample reaches them by id) or a
+        """Drop the at-fork hooks the warm-up registered: they would run the file's code in the
+        zygote before each fork and in each sample before its isolation (a fresh process, which
+        never forks, runs none). Then what else it left, as a phrase, or None: Python threads,
+        descriptors (what it dropped collected first), signal handlers, a trace or profile
+        function (each would run the file's code in the zygote), the zygote made dumpable (a
+        sample could write its memory), SysV IPC objects (a sample reaches them by id) or a
         mapping a sample could write and the next read (`_shared_mapping`)."""
         import gc
 
         for hooks, kept in zip(_AT_FORK, self.at_fork):
             hooks[:] = kept
-        threads = len(os.listdir("/proc/self/task")) - 1
+        threads = len(sys._current_frames()) - 1  # a native one (BLAS's pool) runs no Python
         opened = set(os.listdir("/proc/self/fd")) - self.fds
         if opened:  # maybe held by what the warm-up dropped: collected, they close
             gc.collect()
             opened = set(os.listdir("/proc/self/fd")) - self.fds
         ipc = [kind for kind in ("shm", "sem", "msg") if _sysv_objects(kind)]
         if threads:
-            return f"{threads} thread(s) running"
+            return f"{threads} Python thread(s) running"
         if opened:
             return f"{len(opened)} descriptor(s) open"
         if _signal_state() != self.signals:
