@@ -249,3 +249,28 @@ def test_rootless_an_import_cannot_carry_one_samples_text_into_the_next(channel:
     results = [{"score": score, **extras["reward_info"]} for _, _, score, extras in rows]
     assert [r["carried"] for r in results] == ["", "", ""], results
     assert [r["score"] for r in results] == [1.0, 0.0, 1.0]
+
+
+#: Honest: a matrix product whose BLAS library starts a native thread pool in the warm-up's
+#: calls (OpenBLAS, with more than one core). Those threads run none of the file's code.
+BLAS = """
+import numpy
+
+MATRIX = numpy.ones((300, 300))
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": float(solution_str == ground_truth), "total": float((MATRIX @ MATRIX).sum())}
+"""
+
+
+def test_a_blas_thread_pool_started_by_the_warm_up_keeps_the_zygote(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Native threads in the zygote (no Python state) do not cost it the zygote, Python ones do
+    (the `thread` channel above): refusing both cost every BLAS-using function its zygote."""
+    completions = ["2", "3"]
+    path, verdicts = one_batch(tmp_path, BLAS, completions)
+    results = [{"score": v.score, **v.extras["reward_info"]} for v in verdicts]
+    assert results == [fresh_call(path, c) for c in completions]
+    assert "warm zygote gone" not in caplog.text, caplog.text
