@@ -1,5 +1,6 @@
 """A reward file's import cannot carry one sample's text into another's result through the warm
-zygote (docs/evaluate.md, "What a sample shares with the zygote").
+zygote (docs/evaluate.md, "What the file's import can and cannot carry from one sample to the
+next").
 
 The zygote runs the file's import, so whatever that import leaves in the zygote's process is in
 every sample forked from it. Each reward file here leaves one channel there and then tries, in
@@ -9,7 +10,8 @@ by id, at-fork hooks, the zygote made dumpable again (for /proc/<zygote>/mem), a
 handler and a profile function. Each sample's result must be what a fresh process that imports
 the file and calls it once returns (`fresh_call`): nothing carried. The zygote either leaves the
 channel out (at-fork hooks are dropped) or is not used (each sample then imports the file
-itself, and the log says why in one line).
+itself, and the log says why in one line). Each case is one real sandboxed batch (a few seconds
+under load): the channels live in the zygote's process, which only the real sandbox makes.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from test_reward_zygote import AS_NOBODY
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 #: Each file's compute_score returns {"score", "carried"}: `carried` is what it found of another
-#: sample's text ("" in a fresh process), `verdict` stands for any score it would give from it.
+#: sample's text ("" in a fresh process), which it could as well turn into any score.
 SCORE = """
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
