@@ -1463,6 +1463,8 @@ def _zygote_sample(namespace, channel, command, refuse):
     try:
         os.setsid()
         _, fds, _, _ = socket.recv_fds(channel, 64, 4)
+        if len(fds) != 4:  # the driver gave up on the zygote before sending them
+            os._exit(127)
         channel.detach()  # its fd 3 becomes the result channel
         for fd, target in zip(fds[:3], (0, 1, 2)):
             os.dup2(fd, target)
