@@ -68,7 +68,14 @@ command's Python file once as `__ckpteval_zygote__` with `warm` as `__ckpteval_w
 runner runs the reward file and calls the function on a few fixed inputs, no sample's, then
 imports the file again for its samples; it may refuse, raising SystemExit with its reason) and
 freezes its heap out of the cyclic collector (`gc.freeze`: a fork's collections then copy none of
-it). A warm-up that left a writable shared mapping (each fork would share it) gets no zygote.
+it). Before its warm-up it has sent the driver the directories its samples share (below); after
+it, it drops the at-fork hooks the warm-up registered (the interpreter's lists, found at the
+driver's start: `_find_at_fork_hooks`), and a warm-up that left anything reaching from one fork
+to the next, or running code in the zygote, gets no zygote (`_ZygoteState`: a Python thread, a
+descriptor, a signal handler, a trace or profile function, the zygote dumpable, SysV objects, a
+shared mapping that may be made writable, a mapping of a writable file). What the warm-up's
+code does to the zygote's own code (the driver's functions, the interpreter's memory) no check
+in this process can rule out: the file is trusted that far.
 Last, a zygote that serves 64 samples or more asks the kernel to back its private heap with
 huge pages where it can (`_collapse_heap`, MADV_COLLAPSE, Linux 6.1+; best effort): a fork then
 copies one page-table entry per 2 MiB instead of 512, and its exit tears down as few (a 65 MB
@@ -78,11 +85,12 @@ mappings, often merged into mappings of a few MiB) that is depends on where they
 the zygote itself writes while a sample lives is split again. A page a sample writes is still
 copied alone, 4 KiB, as before.
 
-Per command the driver opens its stdin, stdout and stderr and passes them, with its result
-channel, to the zygote (SCM_RIGHTS); the zygote forks and never reads them: the *fork* reads its
-job, so the zygote holds no sample's text. The fork takes a session of its own, those files as
-0-3 and no other descriptor, its rlimits (RLIMIT_CPU counts from the fork), asks to go first at
-the memory limit, and adds a seccomp filter refusing signals and pidfds aimed at the zygote (and,
+Per command the driver opens its stdin, stdout and stderr; the zygote forks, and the *fork*
+takes those files, with the command's result channel, from the driver (SCM_RIGHTS on the
+zygote's channel, which the zygote does not read while its fork lives) and reads its job: the
+zygote never holds a sample's files, so it holds no sample's text. The fork takes a session of
+its own, those files as 0-3 and no other descriptor, its rlimits (RLIMIT_CPU counts from the
+fork), asks to go first at the memory limit, and adds a seccomp filter refusing signals and pidfds aimed at the zygote (and,
 rootless, the driver), kill(-1), and making SysV IPC objects or POSIX message queues (they would
 live in the IPC namespace the zygote's samples share: refused, so nothing is left to remove);
 then calls the file's `main()`. The zygote reports the fork's pid, waits for it and reports its
@@ -938,14 +946,14 @@ class _Zygote:
                 os._exit(127)
         theirs.close()
         account.spare = (self.pid,)
-        self.roots = []  # (fd, st_dev) of each directory the samples share, to empty
-        ready, fds = self._receive(_warm_s(command), fds=8)
+        # (fd, st_dev) of each directory the samples share, to empty: sent before the file runs,
+        # so that nothing of it holds or replaces them.
+        roots, fds = self._receive(_warm_s(command), fds=8)
+        self.roots = [(fd, os.fstat(fd).st_dev) for fd in fds]
+        ready, _ = self._receive(_warm_s(command)) if roots == b"roots" else (roots, None)
         if ready != b"ready":
-            for fd in fds:
-                os.close(fd)
             self._die(ready.decode("utf-8", "replace") if ready else "its warm-up did not finish")
             return
-        self.roots = [(fd, os.fstat(fd).st_dev) for fd in fds]
         self.baseline = [_tree(fd, dev) for fd, dev in self.roots]  # what no sample wrote
         account.cgroup.base = None  # the memory limit counts from the warm zygote's pages
 
@@ -1048,16 +1056,17 @@ class _Zygote:
             channel, files = _ResultChannel(), _command_files(command)
         start = time.monotonic()
         usage_of = _Usage(command, self.account)
-        try:
-            socket.send_fds(self.control, [b"fork"], [*files, channel.theirs.fileno()])
+        try:  # the files go to the fork, once it is there: the zygote never holds them
+            self.control.send(b"fork")
+            message, _ = self._receive(10.0)
+            if message is not None and message.startswith(b"pid "):
+                socket.send_fds(self.control, [b"files"], [*files, channel.theirs.fileno()])
         except OSError:
-            self._die("it stopped taking commands")
-            return None
+            message = None
         finally:
             for fd in files:
                 os.close(fd)
             channel.started()
-        message, _ = self._receive(10.0)
         if message is None or not message.startswith(b"pid "):
             self._die("it did not fork")
             return None
@@ -1204,18 +1213,26 @@ def _zygote_main(command, spec, control):
     _become_sandbox_uid(spec)
     # Not dumpable: its samples (the same uid) can neither trace it nor open its /proc files.
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    # `random` and `threading` register at-fork hooks (a fork reseeds `random` and resets
+    # `threading`'s state, as in any fork of CPython): before the file runs, so they are kept.
     import gc
+    import random  # noqa: F401
     import socket
+    import threading  # noqa: F401
 
+    channel = socket.socket(fileno=3)
+    socket.send_fds(channel, [b"roots"], roots)
+    for fd in roots:
+        os.close(fd)
+    before = _ZygoteState()
     try:
         namespace = _warm(command)
     except SystemExit as exc:  # the file refuses to be a zygote, saying why
-        socket.socket(fileno=3).send(str(exc.code)[:300].encode())
+        channel.send(str(exc.code)[:300].encode())
         os._exit(1)
-
-    shared = _shared_writable_mapping()
-    if shared:  # every fork would share it: a channel from one sample to the next
-        socket.socket(fileno=3).send(f"its warm-up left a shared mapping: {shared}".encode())
+    left = before.left_by_warm_up()
+    if left:  # a channel from one sample to the next, or code that would run in the zygote
+        channel.send(f"its warm-up left {left}"[:300].encode())
         os._exit(1)
 
     sys.stdout.flush()  # nothing the warm-up printed reaches a sample's files
@@ -1224,20 +1241,135 @@ def _zygote_main(command, spec, control):
     key = _zygote_key(command)
     if sum(_zygote_key(c) == key for c in spec["commands"]) >= _COLLAPSE_FROM:
         _collapse_heap()
-    channel = socket.socket(fileno=3)
-    socket.send_fds(channel, [b"ready"], roots)
-    for fd in roots:
-        os.close(fd)
+    channel.send(b"ready")
     _zygote_serve(channel, namespace, command, driver if spec.get("rootless") else None)
 
 
-def _shared_writable_mapping():
-    """A writable shared mapping of this process (/proc/self/maps), or None."""
+PR_GET_DUMPABLE = 3
+#: CPython's three lists of at-fork hooks (`os.register_at_fork`'s before, after in the parent
+#: and after in the child), found at the driver's start (`_find_at_fork_hooks`).
+_AT_FORK = []
+
+
+def _find_at_fork_hooks():
+    """Find the interpreter's at-fork hook lists, which no API lists or empties: register a
+    placeholder in each and keep the one list that refers to it; then take the placeholders
+    out. At the driver's start no module has registered a hook yet, so the lists are made
+    here: the search covers only what is made after a freeze (the whole heap took ~15 ms)."""
+    import gc
+
+    gc.freeze()
+    try:
+        placeholders = (lambda: None, lambda: None, lambda: None)
+        os.register_at_fork(
+            before=placeholders[0], after_in_parent=placeholders[1], after_in_child=placeholders[2]
+        )
+        for placeholder in placeholders:
+            (hooks,) = [r for r in gc.get_referrers(placeholder) if type(r) is list]
+            hooks.remove(placeholder)
+            _AT_FORK.append(hooks)
+    finally:
+        gc.unfreeze()
+
+
+class _ZygoteState:
+    """What the zygote's warm-up (a reward file's import: trusted code, but not the zygote's)
+    could leave in the zygote's process that reaches from one sample to the next, or that runs
+    its code in the zygote later: taken before the warm-up and compared after it
+    (`left_by_warm_up`)."""
+
+    def __init__(self):
+        self.at_fork = [list(hooks) for hooks in _AT_FORK]
+        self.fds = set(os.listdir("/proc/self/fd"))
+        self.signals = _signal_state()
+        self.hooks = (sys.gettrace(), sys.getprofile())
+
+    def left_by_warm_up(self):
+        """Drop the at-fork hooks the warm-up registered: they would run the file's code in the
+        zygote before each fork and in each sample before its isolation (a fresh process, which
+        never forks, runs none). Then what else it left, as a phrase, or None: Python threads,
+        descriptors (what it dropped collected first), signal handlers, a trace or profile
+        function (each would run the file's code in the zygote), the zygote made dumpable (a
+        sample could write its memory), SysV IPC objects (a sample reaches them by id) or a
+        mapping a sample could write and the next read (`_shared_mapping`)."""
+        import gc
+
+        for hooks, kept in zip(_AT_FORK, self.at_fork):
+            hooks[:] = kept
+        threads = len(sys._current_frames()) - 1  # a native one (BLAS's pool) runs no Python
+        opened = set(os.listdir("/proc/self/fd")) - self.fds
+        if opened:  # maybe held by what the warm-up dropped: collected, they close
+            gc.collect()
+            opened = set(os.listdir("/proc/self/fd")) - self.fds
+        ipc = [kind for kind in ("shm", "sem", "msg") if _sysv_objects(kind)]
+        if threads:
+            return f"{threads} Python thread(s) running"
+        if opened:
+            return f"{len(opened)} descriptor(s) open"
+        if _signal_state() != self.signals:
+            return "a signal handler of its own"
+        if (sys.gettrace(), sys.getprofile()) != self.hooks:
+            return "a trace or profile function"
+        if _libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:
+            return "the zygote dumpable"
+        if ipc:
+            return f"SysV IPC objects ({', '.join(ipc)})"
+        return _shared_mapping()
+
+
+def _signal_state():
+    """The signals this process catches (the kernel's mask: C handlers too) and the Python
+    handler of each."""
+    with open("/proc/self/status") as handle:
+        caught = [line for line in handle if line.startswith("SigCgt:")]
+    handlers = []
+    for number in signal.valid_signals():
+        try:
+            handlers.append(signal.getsignal(number))
+        except (OSError, ValueError):
+            handlers.append(None)
+    return caught, handlers
+
+
+def _sysv_objects(kind):
+    """How many SysV IPC objects of `kind` (shm, sem, msg) this IPC namespace holds."""
+    try:
+        with open(f"/proc/sysvipc/{kind}") as handle:
+            return len(handle.readlines()) - 1
+    except OSError:
+        return 0
+
+
+def _shared_mapping():
+    """A mapping of this process that one fork could write and the next read, as a phrase, or
+    None: a mapping of a file this uid may write (through the file, whose changes its unwritten
+    pages show), or a shared mapping that may be made writable (`mw`: whatever its protection
+    now, mprotect can). A read-only file's shared mapping (glibc's gconv cache) is none, nor
+    is a deleted file's private one: no sample can reach that file."""
+    shared, files = set(), set()
     with open("/proc/self/maps") as handle:
         for line in handle:
-            fields = line.split()
-            if fields[1][1] == "w" and fields[1][3] == "s":
-                return " ".join(fields[:1] + fields[5:])[:200]
+            fields = line.split(maxsplit=5)
+            path = fields[5].strip() if len(fields) > 5 else ""
+            if fields[1][3] == "s":
+                shared.add(fields[0])
+            if fields[4] != "0" and path.startswith("/") and not path.endswith(" (deleted)"):
+                files.add(path)
+    for path in sorted(files):
+        if os.access(path, os.W_OK):
+            return f"a mapping of a writable file: {path}"[:200]
+    if not shared:
+        return None
+    where = None  # the shared mapping whose flags come next
+    with open("/proc/self/smaps") as handle:  # 10-40 ms: only when there is a shared mapping
+        for line in handle:
+            first = line.split(maxsplit=1)[0]
+            if first in shared:
+                where = line.strip()
+            elif first == "VmFlags:":
+                if where and " mw" in line:
+                    return f"a shared mapping: {where}"[:200]
+                where = None
     return None
 
 
@@ -1299,36 +1431,41 @@ def _warm(command):
 
 
 def _zygote_serve(channel, namespace, command, driver):
-    """Fork one sample per message: its stdin, stdout, stderr and result channel come with it
-    (the zygote never reads them). Report its pid, then its exit status, CPU and peak memory."""
-    import socket
-
+    """Fork one sample per message; the fork, not the zygote, then takes its stdin, stdout,
+    stderr and result channel from the driver (`_zygote_sample`), so the zygote never holds a
+    sample's files. Report its pid, then its exit status, CPU and peak memory."""
     me = os.getpid()
     refuse = _Filter(protect=(me, driver) if driver else (me,), ipc=True)
     while True:
-        data, fds, _, _ = socket.recv_fds(channel, 64, 4)
+        data = channel.recv(64)
         if not data:
             os._exit(0)
+        if data != b"fork":
+            continue  # the files of a fork killed before it took them (closed by the kernel)
         pid = os.fork()
         if pid == 0:
-            channel.detach()
-            _zygote_sample(namespace, fds, command, refuse)
-        for fd in fds:
-            os.close(fd)
+            _zygote_sample(namespace, channel, command, refuse)
         channel.send(f"pid {pid}".encode())
         _, status, usage = os.wait4(pid, 0)
         cpu = usage.ru_utime + usage.ru_stime
         channel.send(json.dumps([status, cpu, usage.ru_maxrss]).encode())
 
 
-def _zygote_sample(namespace, fds, command, refuse):
-    """A sample forked from the zygote: its own session, its files as 0-3 and nothing else of
-    the zygote's, its rlimits (RLIMIT_CPU counts from the fork), first at the memory limit, and
-    `refuse`, a filter that also refuses signals to the zygote (and driver) and making IPC
-    objects (they would outlive it in the zygote's IPC namespace); then the file's `main()`."""
+def _zygote_sample(namespace, channel, command, refuse):
+    """A sample forked from the zygote: its own session, its files (taken from the driver on
+    the zygote's channel) as 0-3 and nothing else of the zygote's, its rlimits (RLIMIT_CPU
+    counts from the fork), first at the memory limit, and `refuse`, a filter that also refuses
+    signals to the zygote (and driver) and making IPC objects (they would outlive it in the
+    zygote's IPC namespace); then the file's `main()`."""
+    import socket
+
     status = 127
     try:
         os.setsid()
+        _, fds, _, _ = socket.recv_fds(channel, 64, 4)
+        if len(fds) != 4:  # the driver gave up on the zygote before sending them
+            os._exit(127)
+        channel.detach()  # its fd 3 becomes the result channel
         for fd, target in zip(fds[:3], (0, 1, 2)):
             os.dup2(fd, target)
         _keep_fds(fds[3:4])
@@ -1364,6 +1501,7 @@ def main():
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     account = _Account(spec["acct"])
     account.cgroup = _Cgroup(spec.get("cgroup"))
+    _find_at_fork_hooks()  # before the preload: its packages' hooks are kept in every fork
     _preload(spec.get("site_dirs", []), spec.get("preload", []))
     import gc
 

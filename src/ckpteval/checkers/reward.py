@@ -46,10 +46,12 @@ reseeded, those it seeded alike set as a fresh process has them). A fork's chang
 globals, a patched sympy, a crash, a kill of its group) die with it; what it leaves in /tmp is
 emptied and its processes killed before the next; so every sample starts from the same warm
 state. A zygote that cannot warm up (within `IMPORT_ALLOWANCE_S` an import, charged to no
-sample), whose import leaves threads or descriptors (which no fork has) or a shared writable
-mapping, or that dies falls back to forking each sample from the driver, which then runs the
-file itself. `trusted: true` and `sandbox: none` exec a fresh interpreter
-per sample, imports included. docs/evaluate.md has the figures (bench/reward.py).
+sample), whose import leaves threads or descriptors (which no fork has) or anything else one
+sample could reach the next through (a shared mapping, SysV objects, a signal handler: the
+driver's `_ZygoteState`), or that dies falls back to forking each sample from the driver, which
+then runs the file itself; at-fork hooks the import registers run in no fork of it.
+`trusted: true` and `sandbox: none` exec a fresh interpreter per sample, imports included.
+docs/evaluate.md has the figures (bench/reward.py).
 
 The file's content and `name` are part of the cell's scoring identity: editing the function
 rescores, moving the file reruns nothing (ckpteval.contract). So are the modules it imports from
