@@ -80,6 +80,7 @@ def build_payload(summary: Summary, focus: tuple[str, ...] | None = None) -> Pay
             "flags": _flags(summary),
             "provenance": _provenance(summary.tidy),
             "focus": list(focus) if focus else None,
+            "best": summary.best or None,
         }
     )
     _add_samples(summary, payload)
