@@ -155,7 +155,8 @@ def candidates(
     keep = [(r, c) for r, c in zip(order["run"], order["ckpt"]) if has[(r, c)] == len(tasks)]
     if len(keep) < 2:
         raise UserError(f"best: {len(keep)} checkpoint(s) scored every task of the rule; need 2")
-    rows = rows[[(r, c) in set(keep) for r, c in zip(rows["run"], rows["ckpt"])]]
+    kept = set(keep)
+    rows = rows[[(r, c) in kept for r, c in zip(rows["run"], rows["ckpt"])]]
     return tasks, keep, rows
 
 
