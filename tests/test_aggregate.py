@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -947,6 +948,10 @@ def test_a_published_summary_replaces_the_old_one_file_by_file(tmp_path: Path) -
     assert sorted(p.name for p in summary.iterdir()) == sorted([*names, "published"])
     with pytest.raises(FileNotFoundError, match="did not write"):
         publish_summary(built, [summary / "training_curve.csv"])
+    assert (built / "report_files").is_dir()  # the workflow declares it: always there
+    shutil.rmtree(built / "report_files")  # a build by an older ckpteval: published empty
+    publish_summary(built, [summary / "report_files"])
+    assert (summary / "report_files").is_dir() and not list((summary / "report_files").iterdir())
 
 
 def test_deltas_say_when_errored_samples_count_as_zero_in_the_pair(tmp_path: Path) -> None:

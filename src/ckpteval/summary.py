@@ -234,6 +234,11 @@ def write_tables(summary: Summary, summary_dir: Path, *, training_curve: bool = 
 OPTIONAL_FILES = ("training_curve.csv",)
 
 
+#: Directories a build by an older ckpteval does not have (its report holds their files):
+#: published empty from such a build, so a workflow that gained them needs no rebuild.
+NEWER_DIRS = ("report_files",)
+
+
 def publish_summary(built: Path, outputs: Sequence[Path]) -> None:
     """Put the complete summary in `built` in place: each of `outputs` (files and the plots
     directory of a summary directory) becomes its namesake in `built`, and an optional file that
@@ -246,10 +251,10 @@ def publish_summary(built: Path, outputs: Sequence[Path]) -> None:
     outputs = [Path(out) for out in outputs]
     for out in outputs:
         source = Path(built) / out.name
-        if not source.exists():
+        if not source.exists() and out.name not in NEWER_DIRS:
             raise FileNotFoundError(f"{source}: the summary build did not write it")
         out.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
+        if source.is_dir() or out.name in NEWER_DIRS:
             _publish_dir(source, out)
         else:
             tmp = out.with_name(f".{out.name}.tmp")  # one publisher at a time: a stale one
@@ -270,7 +275,7 @@ def _publish_dir(source: Path, out: Path) -> None:
     for stale in (new, old):
         shutil.rmtree(stale, ignore_errors=True)
     new.mkdir()
-    for file in sorted(source.iterdir()):
+    for file in sorted(source.iterdir()) if source.is_dir() else []:
         if file.is_file() and not file.name.startswith("."):
             _link(file, new / file.name)
     if out.exists():
