@@ -553,9 +553,14 @@
       html += "</tbody></table>";
       if (differing.length > MAX_FLIPS * 4) html += `<p class='note'>${differing.length - MAX_FLIPS * 4} more: see flips.csv or ckpteval compare.</p>`;
     }
-    out.innerHTML = html + "<div id='sev-sample'></div>";
+    out.innerHTML = html;
+    // A verdict's completions open in a row under its problem (the list can be long).
     out.querySelectorAll("button.verdict-cell").forEach((b) => b.addEventListener("click", async () => {
       const label = chosen[Number(b.dataset.slot)], id = b.dataset.taskId;
+      const old = document.getElementById("sev-sample");
+      if (old) old.closest("tr").remove();
+      const row = b.closest("tr").insertAdjacentElement("afterend", document.createElement("tr"));
+      row.innerHTML = `<td colspan='${chosen.length + 1}' id='sev-sample'></td>`;
       const box = document.getElementById("sev-sample");
       box.dataset.state = "loading";
       const rows = (await cellRows(g, g.ckpts.indexOf(label))).filter((r) => r.task_id === id);
