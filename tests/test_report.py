@@ -156,11 +156,13 @@ def test_report_is_self_contained_with_tables_charts_and_sample_blobs(
     regression = [f for f in data["flags"] if f["kind"] == "regression"]
     assert any((f["a"], f["b"]) == ("step_200", "step_300") for f in regression)
     key = "with|step_300|code"
-    [prov] = data["provenance"][key]
+    # provenance: a blob per task, read when a cell is clicked
+    [prov] = _blob(html, data["provenance"]["code"])[key]
     assert prov["source"].endswith("scores/with/step_300/code/t8-s1.json")
     assert prov["model_hash"] == "h" and prov["scorer_version"] == "v1"
     assert prov["sandbox"] == f"bwrap (rootless); not counted: {UNCOUNTED}"
-    assert data["provenance"]["with|step_300|math"][0]["sandbox"] is None  # no code was run
+    math_prov = _blob(html, data["provenance"]["math"])
+    assert math_prov["with|step_300|math"][0]["sandbox"] is None  # no code was run
 
     assert "<h1>Demo &lt;sweep&gt;</h1>" in html  # escaped title
     for heading in (

@@ -162,6 +162,7 @@ def test_overview_panels_and_sortable_table(browser: Any, results: Path) -> None
         "step_200",
     ]
     page.click("#ckpt-task tr[data-ckpt='step_100'] td[data-prov]")
+    page.wait_for_selector("#provenance:not([hidden])")  # its task's blob read on the click
     provenance = page.locator("#provenance").inner_text()
     assert "scores/r/step_100/code/greedy-s42.json" in provenance and "hash-step_100" in provenance
     view.close()

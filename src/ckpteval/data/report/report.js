@@ -228,10 +228,14 @@
     rows.sort((a, b) => (down ? value(b) - value(a) : value(a) - value(b)));
     rows.forEach((row) => body.appendChild(row));
   }
-  function showProvenance(key) {
+  // Provenance: a blob per task (D.provenance: task -> blob id), "run|ckpt|task" -> cells.
+  async function provenanceTable(task) {
+    return (D.provenance[task] && (await blob(D.provenance[task]))) || {};
+  }
+  async function showProvenance(key) {
     const box = document.getElementById("provenance");
-    const cells = D.provenance[key] || [];
     const [run, ckpt, task] = key.split("|");
+    const cells = (await provenanceTable(task))[key] || [];
     box.innerHTML = `<button class='close'>×</button><h4>${esc(`${run} ${ckpt} ${task}`)}: provenance</h4>` +
       cells.map(provenanceItem).join("");
     box.hidden = false;
@@ -393,7 +397,8 @@
     const gained = flips.filter((f) => f.direction === "gained").length;
     let html = `<p class='cmp-summary'>${esc(g.task)} (${esc(g.sampling)}), ${esc(a)} → ${esc(b)}: ` +
       `${m.problems.length} problems, <b>${gained} gained</b>, <b>${flips.length - gained} lost</b>.${deltaLine(g, a, b)}</p>`;
-    html += flips.slice(0, MAX_FLIPS).map((f) => flipHtml(f, prompts, rowsA, rowsB, a, b)).join("");
+    const prov = await provenanceTable(g.task);
+    html += flips.slice(0, MAX_FLIPS).map((f) => flipHtml(f, prompts, rowsA, rowsB, a, b, prov)).join("");
     if (flips.length > MAX_FLIPS) html += `<p class='note'>${flips.length - MAX_FLIPS} more flipped problems: see flips.csv.</p>`;
     out.innerHTML = html;
     out.dataset.state = "ready";
@@ -430,16 +435,16 @@
     }
     return rows;
   }
-  function flipHtml(f, prompts, rowsA, rowsB, a, b) {
-    const side = (rows, label) => `<div class='side'><h5>${esc(label)}</h5>${provenanceOf(label)}` +
+  function flipHtml(f, prompts, rowsA, rowsB, a, b, prov) {
+    const side = (rows, label) => `<div class='side'><h5>${esc(label)}</h5>${provenanceOf(label, prov)}` +
       (rows.filter((r) => r.task_id === f.id).map(sampleHtml).join("") || "<p class='note'>no sample</p>") + "</div>";
     return `<div class='flip ${f.direction}' data-task-id='${esc(f.id)}'><h4>${esc(f.id)} <span class='tag'>${f.direction}</span></h4>` +
       promptHtml(prompts[f.id]) + `<div class='sides'>${side(rowsA, a)}${side(rowsB, b)}</div></div>`;
   }
-  function provenanceOf(label) {
+  function provenanceOf(label, prov) {
     const [run, ckpt] = label.split(/:(.*)/s);
     const task = document.getElementById("cmp-group").value.split("|")[0];
-    const cells = D.provenance[`${run}|${ckpt}|${task}`] || [];
+    const cells = prov[`${run}|${ckpt}|${task}`] || [];
     return `<details class='prov-inline'><summary>provenance</summary>${cells.map(provenanceItem).join("")}</details>`;
   }
   function promptHtml(prompt, open = true) {
