@@ -75,7 +75,7 @@ def build_payload(summary: Summary, focus: tuple[str, ...] | None = None) -> Pay
             "checkpoints": _checkpoints(summary.tidy),
             "series": _series(summary),
             "training": _training(summary),
-            "deltas": _records(summary.deltas[DELTA_FIELDS]),
+            "deltas": _columns(summary.deltas[DELTA_FIELDS]),
             "errors": _errors(summary.errors),
             "flags": _flags(summary),
             "provenance": {},
@@ -322,6 +322,13 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Rows as JSON-ready dicts: NaN and NA become null, numpy scalars Python ones."""
     out = frame.astype(object).where(frame.notna(), None)
     return [{k: _plain(v) for k, v in row.items()} for row in out.to_dict("records")]
+
+
+def _columns(frame: pd.DataFrame) -> dict[str, list[Any]]:
+    """`frame` as JSON-ready columns (as `_records` writes rows): a long table's field names
+    once, not once per row (deltas.csv at 1,000 checkpoints x 20 tasks: 4 MB, not 10)."""
+    out = frame.astype(object).where(frame.notna(), None)
+    return {name: [_plain(v) for v in out[name].tolist()] for name in out.columns}
 
 
 def _plain(value: Any) -> Any:

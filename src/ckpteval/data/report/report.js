@@ -4,6 +4,9 @@
 "use strict";
 (function () {
   const D = JSON.parse(document.getElementById("report-data").textContent);
+  // deltas.csv's rows come as columns (field -> values, names once): back to row objects.
+  D.deltas = Array.from({ length: (D.deltas.run || []).length }, (_, i) =>
+    Object.fromEntries(Object.entries(D.deltas).map(([name, values]) => [name, values[i]])));
   const cache = new Map();
   const MAX_FLIPS = 50;
 
