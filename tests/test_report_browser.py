@@ -445,3 +445,32 @@ def test_several_checkpoints_side_by_side_with_blobs_loaded_from_files(
     shown = page.locator("#sev-sample").inner_text()
     assert "def f3(): return 'step_100'" in shown and "Traceback: p3 at step_100" in shown
     view.close()
+
+
+def test_a_long_checkpoint_table_gets_every_row_after_the_overview(
+    browser: Any, tmp_path: Path
+) -> None:
+    """Past the first 100 checkpoints the table's rows are added once the overview is drawn:
+    by "ready" all are there, and a late row's cell still opens its provenance."""
+    for step in range(0, 120):
+        ckpt = "base" if step == 0 else f"step_{step}"
+        samples = [(f"p{i}", 0, (i + step) % 3 == 0) for i in range(3)]
+        write_cell(
+            tmp_path,
+            "r",
+            ckpt,
+            step,
+            "code",
+            "greedy-s42",
+            metrics={"pass@1": 1 / 3},
+            samples=samples,
+            is_baseline=step == 0,
+        )
+    build_summary(sorted((tmp_path / "scores").glob("*/*/*/*.json")), tmp_path / "s", bootstrap=20)
+    view = Page(browser)
+    page = view.open(tmp_path / "s" / "report.html")
+    assert page.locator("#ckpt-task tbody tr").count() == 120
+    page.click("#ckpt-task tr[data-ckpt='step_115'] td[data-prov]")
+    page.wait_for_selector("#provenance:not([hidden])")
+    assert "scores/r/step_115/code/greedy-s42.json" in page.locator("#provenance").inner_text()
+    view.close()

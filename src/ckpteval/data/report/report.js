@@ -186,13 +186,23 @@
     }
     let head = "<tr><th data-col='step' class='sortable'>checkpoint</th>";
     head += D.tasks.map((t) => `<th data-col='${esc(t.task)}' class='sortable'>${esc(t.task)}<br><small>${esc(t.metric)}</small></th>`).join("");
-    const body = D.checkpoints.map((c) => matrixRow(c, byKey, range)).join("");
+    const rowsHtml = (checkpoints) => checkpoints.map((c) => matrixRow(c, byKey, range)).join("");
     const box = document.getElementById("matrix");
-    box.innerHTML = `<table id='ckpt-task'><thead>${head}</tr></thead><tbody>${body}</tbody></table>`;
+    box.innerHTML = `<table id='ckpt-task'><thead>${head}</tr></thead>` +
+      `<tbody>${rowsHtml(D.checkpoints.slice(0, FIRST_ROWS))}</tbody></table>`;
     box.querySelectorAll("th.sortable").forEach((th) => th.addEventListener("click", () => sortBy(th)));
-    box.querySelectorAll("td[data-prov]").forEach((td) =>
-      td.addEventListener("click", () => showProvenance(td.dataset.prov)));
+    box.addEventListener("click", (e) => {
+      const td = e.target.closest("td[data-prov]");
+      if (td) showProvenance(td.dataset.prov);
+    });
+    // The rows past the first screenful: added once the overview is drawn (at 1,000 checkpoints
+    // they cost a second of the browser's time before anything shows).
+    return () => {
+      if (D.checkpoints.length <= FIRST_ROWS) return;
+      box.querySelector("tbody").insertAdjacentHTML("beforeend", rowsHtml(D.checkpoints.slice(FIRST_ROWS)));
+    };
   }
+  const FIRST_ROWS = 100;
   function matrixRow(c, byKey, range) {
     const step = c.step === null ? -1 : c.step;
     let tr = `<tr data-run='${esc(c.run)}' data-ckpt='${esc(c.ckpt)}'><td data-value='${step}'>${esc(c.run)} ${esc(c.ckpt)}${c.is_baseline ? " (baseline)" : ""}</td>`;
@@ -630,11 +640,12 @@
   // The script runs before the tables and the sample blobs are parsed: the overview first, the
   // views that read blobs once the document is complete.
   renderFlags();
-  renderMatrix();
+  const restOfMatrix = renderMatrix();
   const overview = renderGrid();
+  const matrixDone = overview.then(() => new Promise((resolve) => setTimeout(() => { restOfMatrix(); resolve(); }, 0)));
   const drill = new Promise((resolve) => document.addEventListener("DOMContentLoaded", resolve))
     .then(() => { renderTasks(); initCompare(); initLazySections(); return Promise.all([initSeveral(), initProblem()]); });
-  window.ckptevalReady = Promise.all([overview, drill]).then(() => {
+  window.ckptevalReady = Promise.all([overview, drill, matrixDone]).then(() => {
     document.body.dataset.ready = "yes";
   });
   overview.then(() => { document.body.dataset.overview = "yes"; });
