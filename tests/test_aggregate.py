@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -947,3 +948,49 @@ def test_a_published_summary_replaces_the_old_one_file_by_file(tmp_path: Path) -
     assert sorted(p.name for p in summary.iterdir()) == sorted([*names, "published"])
     with pytest.raises(FileNotFoundError, match="did not write"):
         publish_summary(built, [summary / "training_curve.csv"])
+    assert (built / "report_files").is_dir()  # the workflow declares it: always there
+    shutil.rmtree(built / "report_files")  # a build by an older ckpteval: published empty
+    publish_summary(built, [summary / "report_files"])
+    assert (summary / "report_files").is_dir() and not list((summary / "report_files").iterdir())
+
+
+def test_deltas_say_when_errored_samples_count_as_zero_in_the_pair(tmp_path: Path) -> None:
+    """deltas.csv's errored_note names, per side, the samples the reward function gave no score
+    (the cells' reward_error_rate counts) and that the delta counts them as 0; a comparison
+    without any has none."""
+    cells = []
+    for ckpt, step, errored in (("base", 0, 0), ("step_1", 1, 2), ("step_2", 2, 0)):
+        samples = [
+            {"task_id": f"p{i}", "sample_idx": 0, "score": 0.0 if i < errored else 0.5}
+            for i in range(4)
+        ]
+        metrics = {
+            "reward_mean": {"value": 0.5, "stderr": 0.1, "n": 4 - errored},
+            "reward_error_rate": {"value": errored / 4, "stderr": 0.1, "n": 4},
+        }
+        if errored:
+            metrics["reward_mean"]["excludes_errors"] = errored
+        cells.append(
+            write_cell(
+                tmp_path,
+                "r",
+                ckpt,
+                step,
+                "gsm",
+                "greedy-s42",
+                metrics=metrics,
+                samples=samples,
+                is_baseline=ckpt == "base",
+            )
+        )
+    deltas = summarize(cells, bootstrap=50).deltas
+    notes = {(c, r): n for c, r, n in zip(deltas.ckpt, deltas.ref_ckpt, deltas.errored_note)}
+    said = (
+        "step_1: the reward function gave no score for 2 of 4 samples; this delta's "
+        "reward_mean counts them as 0 (their score lines' score)"
+    )
+    assert notes == {
+        ("step_1", "base"): said,
+        ("step_2", "base"): "",
+        ("step_2", "step_1"): said,
+    }

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 from ckpteval.aggregate.cells import Cell
-from ckpteval.aggregate.tables import tidy_table
+from ckpteval.aggregate.tables import seed_table, tidy_table
 from ckpteval.errors import UserError
 from ckpteval.publish import mlflow_key, publish, table_points
 from ckpteval.summary import write_parquet
@@ -46,7 +46,21 @@ CELLS = {
 
 
 def expected_points(cells: dict) -> dict[tuple[str, str, int], float]:
-    """(run, key, step) -> seed mean, computed here by hand: the published contract."""
+    """(run, key, step) -> seed mean, computed here by hand, and `<key>/ci_low`, `<key>/ci_high`
+    -> the seed table's interval: the published contract."""
+    means = expected_means(cells)
+    seeds = seed_table(table(cells))
+    bounds = {}
+    for row in seeds[seeds["step"].notna()].itertuples():
+        middle = [row.sampling] if seeds[seeds.task == row.task].sampling.nunique() > 1 else []
+        key = "/".join(["ckpteval", row.task, *middle, row.metric])
+        for bound in ("ci_low", "ci_high"):
+            bounds[(row.run, f"{key}/{bound}", int(row.step))] = getattr(row, bound)
+    return {**means, **bounds}
+
+
+def expected_means(cells: dict) -> dict[tuple[str, str, int], float]:
+    """(run, key, step) -> seed mean, computed here by hand."""
     samplings: dict[str, set[str]] = {}
     for _run, _ckpt, _step, _base, task, sampling, _seed in cells:
         samplings.setdefault(task, set()).add(sampling)
@@ -62,6 +76,11 @@ def expected_points(cells: dict) -> dict[tuple[str, str, int], float]:
 
 
 def write_table(summary: Path, cells: dict) -> None:
+    summary.mkdir(parents=True, exist_ok=True)
+    write_parquet(table(cells), summary / "metrics.parquet")
+
+
+def table(cells: dict) -> pd.DataFrame:
     rows = [
         Cell(
             source=f"{run}/{ckpt}/{task}/{sampling}-s{seed}.json",
@@ -79,8 +98,7 @@ def write_table(summary: Path, cells: dict) -> None:
         )
         for (run, ckpt, step, base, task, sampling, seed), metrics in cells.items()
     ]
-    summary.mkdir(parents=True, exist_ok=True)
-    write_parquet(tidy_table(rows), summary / "metrics.parquet")
+    return tidy_table(rows)
 
 
 def changed_cells() -> dict:
@@ -103,6 +121,20 @@ def test_points_are_seed_means_at_their_steps_and_stepless_checkpoints_are_noted
     assert got[("alpha", "ckpteval/code/t08/pass@1", 100)] == pytest.approx(0.3)
     assert got[("alpha", "ckpteval/arith/pass@1", 0)] == pytest.approx(0.1)  # the baseline
     assert notes == ["beta/latest: no training step; not published"]
+
+
+def test_each_value_is_published_with_its_interval_bounds(tmp_path: Path) -> None:
+    """`<key>/ci_low` and `<key>/ci_high` at the value's step, the seed table's interval: in
+    [0, 1] around the value, and not zero-width at a score of 0 (Wilson's)."""
+    write_table(tmp_path, CELLS)
+    points, _ = table_points(pd.read_parquet(tmp_path / "metrics.parquet"))
+    got = {(p.run, p.key, p.step): p.value for p in points}
+    for (run, key, step), value in expected_means(CELLS).items():
+        low, high = got[(run, f"{key}/ci_low", step)], got[(run, f"{key}/ci_high", step)]
+        assert 0 <= low <= value <= high <= 1, key
+    assert got[("alpha", "ckpteval/code/greedy/pass@1/ci_low", 0)] == 0
+    assert got[("alpha", "ckpteval/code/greedy/pass@1/ci_high", 0)] > 0.1  # 0 of 10 solved
+    assert mlflow_key("ckpteval/code/pass@1/ci_high") == "ckpteval/code/pass_at_1_ci_high"
 
 
 def test_a_published_mean_that_leaves_errored_samples_out_is_noted_once_per_key(
@@ -171,7 +203,7 @@ def test_tensorboard_has_exactly_the_table_and_one_value_per_step_after_a_rerun(
 
     write_table(summary, changed_cells())
     rerun = publish(summary, settings)["tensorboard"]
-    assert (rerun["new"], rerun["changed"]) == (0, 1)
+    assert (rerun["new"], rerun["changed"]) == (0, 3)  # the mean and both interval bounds
     got = tensorboard_points(logdir)
     assert all(len(v) == 1 for v in got.values()), "exactly one value per step remains"
     assert {k: v[0] for k, v in got.items()} == pytest.approx(
@@ -242,8 +274,11 @@ def test_mlflow_has_the_table_and_a_rerun_logs_one_newer_point(tmp_path: Path) -
     key = ("alpha", mlflow_key(CHANGED_KEY[1]), 100)
     assert [v for _, v in after[key]] == [pytest.approx(0.3), pytest.approx(0.35)]
     assert after[key][1][0] >= after[key][0][0], "the newer value has the later timestamp"
-    assert {k: v for k, v in after.items() if k != key} == {
-        k: v for k, v in got.items() if k != key
+    # the value and its interval bounds (`<key>_ci_low`: a file store cannot nest them)
+    moved = {key, *((*key[:1], f"{key[1]}_{bound}", key[2]) for bound in ("ci_low", "ci_high"))}
+    assert all(len(after[k]) == 2 for k in moved)
+    assert {k: v for k, v in after.items() if k not in moved} == {
+        k: v for k, v in got.items() if k not in moved
     }
 
 
@@ -323,14 +358,20 @@ def test_wandb_offline_training_run_by_id_and_a_sibling_eval_run(wandb_offline: 
 
     write_table(summary, changed_cells())
     rerun = publish(summary, settings)["wandb"]
-    assert (rerun["new"], rerun["changed"]) == (0, 1)
+    assert (rerun["new"], rerun["changed"]) == (0, 3)  # the mean and both interval bounds
+    expected_changed = [
+        expected_points(changed_cells())[(*CHANGED_KEY[:1], f"{CHANGED_KEY[1]}/{b}", 100)]
+        for b in ("ci_low", "ci_high")
+    ]
     rows2, _ = wandb_history(wandb_offline, "train123")
     added = rows2[len(rows) :]
     assert len(added) == 1 and added[0]["ckpteval/train_step"] == 100
     assert {k: v for k, v in added[0].items() if k.startswith("ckpteval/")} == {
         "ckpteval/train_step": 100,
         "ckpteval/code/t08/pass@1": pytest.approx(0.35),
-    }, "only the changed point is logged again, at its training step"
+        "ckpteval/code/t08/pass@1/ci_low": pytest.approx(expected_changed[0]),
+        "ckpteval/code/t08/pass@1/ci_high": pytest.approx(expected_changed[1]),
+    }, "only the changed point (and its interval) is logged again, at its training step"
     assert wandb_history(wandb_offline, sibling)[0] == beta_rows, "beta unchanged: not resumed"
 
 

@@ -156,11 +156,13 @@ def test_report_is_self_contained_with_tables_charts_and_sample_blobs(
     regression = [f for f in data["flags"] if f["kind"] == "regression"]
     assert any((f["a"], f["b"]) == ("step_200", "step_300") for f in regression)
     key = "with|step_300|code"
-    [prov] = data["provenance"][key]
+    # provenance: a blob per task, read when a cell is clicked
+    [prov] = _blob(html, data["provenance"]["code"])[key]
     assert prov["source"].endswith("scores/with/step_300/code/t8-s1.json")
     assert prov["model_hash"] == "h" and prov["scorer_version"] == "v1"
     assert prov["sandbox"] == f"bwrap (rootless); not counted: {UNCOUNTED}"
-    assert data["provenance"]["with|step_300|math"][0]["sandbox"] is None  # no code was run
+    math_prov = _blob(html, data["provenance"]["math"])
+    assert math_prov["with|step_300|math"][0]["sandbox"] is None  # no code was run
 
     assert "<h1>Demo &lt;sweep&gt;</h1>" in html  # escaped title
     for heading in (
@@ -322,3 +324,66 @@ def test_a_cell_whose_reward_function_errored_is_marked_in_overview_and_tables(
     without = dataclasses.replace(summary, training=logged[logged["metric"] == math])
     [plain] = _training_plots(without, tmp_path / "plots", _excluding(summary))
     assert "Black crosses" not in plain.caption
+
+
+def test_the_best_section_is_what_ckpteval_best_prints(
+    tmp_path: Path, sweep: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The report's best checkpoint is `ckpteval best`'s default choice on the same summary,
+    with the same selection-aware interval and win rate (same cells, bootstrap and seed), and
+    the page states the rule."""
+    from ckpteval.cli import main
+
+    build_summary(sweep, tmp_path / "summary", bootstrap=300)
+    html = (tmp_path / "summary" / "report.html").read_text()
+    shown = page_data(html)["best"]
+    assert main(["best", "--outdir", str(tmp_path), "--bootstrap", "300", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert shown["best"] == printed["best"] == "with:step_400"  # code 30/40 and math 4/10
+    assert shown["candidates"] == printed["candidates"] and len(shown["candidates"]) == 8
+    for key in ("score", "low", "high", "naive_low", "naive_high"):
+        assert shown[key] == pytest.approx(printed[key]), key
+    assert shown["wins"] == pytest.approx(printed["wins"])
+    assert shown["low"] < shown["naive_low"] < shown["score"] < shown["naive_high"] < shown["high"]
+    section = html.split("<div id='best'>", 1)[1].split("</div>", 1)[0]
+    assert "<b>with:step_400</b>" in section and "2 task(s) (code, math), weight 1" in section
+    assert f"[{shown['low']:.3f}, {shown['high']:.3f}]" in section
+    assert f"{shown['wins']['with:step_400']:.0%} of 300 resamples" in section
+
+
+def test_the_best_section_says_why_no_checkpoint_is_chosen(tmp_path: Path) -> None:
+    cells = [
+        _cell(tmp_path, "r", "base", 0, "math", "greedy-s1", [1, 0, 0], 1, is_baseline=True),
+        _cell(tmp_path, "r", "step_1", 1, "math", "greedy-s1", [1, 1, 0], 1),
+    ]
+    build_summary(cells, tmp_path / "summary", bootstrap=50)
+    html = (tmp_path / "summary" / "report.html").read_text()
+    assert page_data(html)["best"] == {
+        "none": "best: 1 checkpoint(s) scored every task of the rule; need 2"
+    }
+    assert "No choice: best: 1 checkpoint(s) scored every task of the rule; need 2." in html
+
+
+def test_a_large_report_keeps_its_blobs_in_files_the_page_loads(
+    tmp_path: Path, sweep: list[Path]
+) -> None:
+    """Above the threshold every blob is a script file in report_files/ (what the page's data
+    names), none is inside the page, and each file holds the blob the one-file page holds; a
+    later build below the threshold empties the directory."""
+    from ckpteval.report import files_dir, render_html, write_html
+
+    summary = summarize(sweep, bootstrap=50)
+    one_file = render_html(summary)
+    path = tmp_path / "out" / "report.html"
+    write_html(summary, [], path, external_blobs=0)
+    page = path.read_text()
+    data = page_data(page)
+    assert data["blob_dir"] == "report_files" and "id='blob-" not in page
+    files = {p.stem: p.read_text() for p in files_dir(path).glob("*.js")}
+    assert sorted(files) == data["blob_ids"] and len(files) > 10
+    for blob_id, text in files.items():
+        match = re.fullmatch(r'ckptevalBlobText\("([^"]+)","([^"]+)"\);\n', text)
+        assert match and match.group(1) == blob_id
+        assert decode_blob(match.group(2)) == _blob(one_file, blob_id)
+    write_html(summary, [], path)  # small: one file again
+    assert "id='blob-" in path.read_text() and not list(files_dir(path).iterdir())

@@ -162,6 +162,7 @@ def test_overview_panels_and_sortable_table(browser: Any, results: Path) -> None
         "step_200",
     ]
     page.click("#ckpt-task tr[data-ckpt='step_100'] td[data-prov]")
+    page.wait_for_selector("#provenance:not([hidden])")  # its task's blob read on the click
     provenance = page.locator("#provenance").inner_text()
     assert "scores/r/step_100/code/greedy-s42.json" in provenance and "hash-step_100" in provenance
     view.close()
@@ -404,4 +405,72 @@ def test_a_reward_task_shows_its_errors_and_its_data_sources(browser: Any, tmp_p
     page.wait_for_selector("#task-gsm[data-drawn=yes]")
     assert page.locator("#task-gsm [data-chart='sources'] canvas").count() == 1
     assert page.locator("#task-gsm [data-chart='training'] canvas").count() == 1
+    view.close()
+
+
+def test_several_checkpoints_side_by_side_with_blobs_loaded_from_files(
+    browser: Any, results: Path
+) -> None:
+    """The several-checkpoints view opens on the baseline, the best and the last checkpoint,
+    lists the problems whose verdicts differ among them, and loads a verdict's completions on
+    click, here from report_files/ beside the page (a large report's layout, forced by a zero
+    threshold) opened from file://: nothing fails to load."""
+    from ckpteval.report import files_dir, write_html
+    from ckpteval.summary import summarize
+
+    cells = sorted((results / "scores").glob("*/*/*/*.json"))
+    path = results / "external" / "report.html"
+    write_html(summarize(cells, bootstrap=200), [], path, external_blobs=0)
+    assert "id='blob-" not in path.read_text()
+    assert len(list(files_dir(path).glob("*.js"))) > 6  # cells, prompts, verdict matrices
+    view = Page(browser)
+    page = view.open(path)
+    page.select_option("#sev-group", "code|greedy")
+    page.wait_for_selector("#sev-out[data-state=ready]")
+    chosen = page.locator("#sev-out table.several tbody tr").evaluate_all(
+        "els => els.map(e => e.dataset.ckpt)"
+    )
+    # step_200 (0.9) beats step_100 (0.8), so the best is also the last: shown once
+    assert chosen == ["r:base", "r:step_200"]
+    assert "best" in page.locator("#sev-out tr[data-ckpt='r:step_200']").inner_text()
+    page.select_option("#sev-ckpts select[data-slot='2']", "r:step_100")
+    page.wait_for_function("document.querySelectorAll('#sev-out .several-problems tr').length")
+    differing = page.locator("#sev-out .several-problems tbody tr").evaluate_all(
+        "els => els.map(e => e.dataset.taskId)"
+    )
+    # base solves p0-p4, step_200 all but p1, step_100 p0-p2 and p5-p9
+    assert differing == ["p1", "p3", "p4", "p5", "p6", "p7", "p8", "p9"]
+    page.click("#sev-out tr[data-task-id='p3'] button[data-slot='2']")
+    page.wait_for_selector("#sev-sample[data-state=ready]")
+    shown = page.locator("#sev-sample").inner_text()
+    assert "def f3(): return 'step_100'" in shown and "Traceback: p3 at step_100" in shown
+    view.close()
+
+
+def test_a_long_checkpoint_table_gets_every_row_after_the_overview(
+    browser: Any, tmp_path: Path
+) -> None:
+    """Past the first 100 checkpoints the table's rows are added once the overview is drawn:
+    by "ready" all are there, and a late row's cell still opens its provenance."""
+    for step in range(0, 120):
+        ckpt = "base" if step == 0 else f"step_{step}"
+        samples = [(f"p{i}", 0, (i + step) % 3 == 0) for i in range(3)]
+        write_cell(
+            tmp_path,
+            "r",
+            ckpt,
+            step,
+            "code",
+            "greedy-s42",
+            metrics={"pass@1": 1 / 3},
+            samples=samples,
+            is_baseline=step == 0,
+        )
+    build_summary(sorted((tmp_path / "scores").glob("*/*/*/*.json")), tmp_path / "s", bootstrap=20)
+    view = Page(browser)
+    page = view.open(tmp_path / "s" / "report.html")
+    assert page.locator("#ckpt-task tbody tr").count() == 120
+    page.click("#ckpt-task tr[data-ckpt='step_115'] td[data-prov]")
+    page.wait_for_selector("#provenance:not([hidden])")
+    assert "scores/r/step_115/code/greedy-s42.json" in page.locator("#provenance").inner_text()
     view.close()

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from ckpteval.aggregate.cells import load_cells, load_samples
+from ckpteval.aggregate.cells import Cell, load_cells, load_samples
 from ckpteval.aggregate.tables import main_metrics
 from ckpteval.errors import UserError
 from ckpteval.gate import read_summary_table
-from ckpteval.stats import bootstrap_weights, per_problem_means
+from ckpteval.stats import bootstrap_weights
 
 CONFIDENCE = 0.95
 
@@ -100,9 +101,30 @@ def select(
     seed: int = 0,
 ) -> Selection:
     """The rule's choice among the summary's trained checkpoints (see the module docstring)."""
-    if n_boot < 2:
-        raise UserError(f"best: --bootstrap {n_boot}: give at least 2 (1000 is usual)")
     tidy = read_summary_table(outdir, "best")
+    tasks, keep, rows = candidates(tidy, weights, runs=runs, sampling=sampling)
+    cells, problems = load_cells(
+        [
+            outdir / "scores" / r.run / r.ckpt / r.task / f"{r.variant}.json"
+            for r in rows.itertuples()
+        ]
+    )
+    if problems:
+        raise UserError(f"best: {problems[0].path}: {problems[0].reason}; rerun the workflow")
+    samples, _ = load_samples(cells)
+    return select_among(cells, samples, tasks, keep, main_metrics(cells), n_boot=n_boot, seed=seed)
+
+
+def candidates(
+    tidy: pd.DataFrame,
+    weights: Mapping[str, float],
+    *,
+    runs: Sequence[str] = (),
+    sampling: str | None = None,
+) -> tuple[dict[str, float], list[tuple[str, str]], pd.DataFrame]:
+    """What the rule chooses among, from a tidy table: the rule's tasks with their weights, the
+    candidate (run, ckpt)s in checkpoint order, and their tidy rows (one per cell). A rule no
+    summary can answer is a `UserError`."""
     tidy = tidy[~tidy["is_baseline"].astype(bool)]
     if runs:
         unknown = sorted(set(runs) - set(tidy["run"]))
@@ -133,27 +155,45 @@ def select(
     keep = [(r, c) for r, c in zip(order["run"], order["ckpt"]) if has[(r, c)] == len(tasks)]
     if len(keep) < 2:
         raise UserError(f"best: {len(keep)} checkpoint(s) scored every task of the rule; need 2")
-    rows = rows[[(r, c) in set(keep) for r, c in zip(rows["run"], rows["ckpt"])]]
-    cells, problems = load_cells(
+    kept = set(keep)
+    rows = rows[[(r, c) in kept for r, c in zip(rows["run"], rows["ckpt"])]]
+    return tasks, keep, rows
+
+
+def select_among(
+    cells: Sequence[Cell],
+    samples: pd.DataFrame,
+    tasks: Mapping[str, float],
+    keep: Sequence[tuple[str, str]],
+    metrics: Mapping[str, str],
+    *,
+    n_boot: int,
+    seed: int = 0,
+) -> Selection:
+    """The selection over loaded cells and their samples (`load_samples`; `samples["cell"]`
+    indexes `cells`): the candidates `keep` (from `candidates`), the rule's `tasks` with their
+    weights and each task's main metric. Cells of other checkpoints or tasks, and of another
+    sampling config than the candidates', are left out, so the report passes a whole summary's."""
+    if n_boot < 2:
+        raise UserError(f"best: --bootstrap {n_boot}: give at least 2 (1000 is usual)")
+    candidate = {key: i for i, key in enumerate(keep)}
+    samplings = {
+        c.task: c.sampling for c in cells if (c.run, c.ckpt) in candidate and c.task in tasks
+    }
+    column = np.array(
         [
-            outdir / "scores" / r.run / r.ckpt / r.task / f"{r.variant}.json"
-            for r in rows.itertuples()
+            candidate.get((c.run, c.ckpt), -1) if samplings.get(c.task) == c.sampling else -1
+            for c in cells
         ]
     )
-    if problems:
-        raise UserError(f"best: {problems[0].path}: {problems[0].reason}; rerun the workflow")
-    samples, _ = load_samples(cells)
-    metrics = main_metrics(cells)
-    candidate = {key: i for i, key in enumerate(keep)}
-    column = np.array([candidate[(c.run, c.ckpt)] for c in cells])
     task_of = np.array([c.task for c in cells], dtype=object)
+    cell_of = samples["cell"].to_numpy()
     matrices = []
     for task in tasks:
-        mine = samples[task_of[samples["cell"].to_numpy()] == task]
+        mine = samples[(task_of[cell_of] == task) & (column[cell_of] >= 0)]
         value = (mine["passed"] if metrics[task] == "pass@1" else mine["score"]).to_numpy()
-        wide = np.full((len(mine), len(keep)), np.nan)
-        wide[np.arange(len(mine)), column[mine["cell"].to_numpy()]] = value
-        means = per_problem_means(wide, mine["problem"].to_numpy())
+        columns = column[mine["cell"].to_numpy()]
+        means = _per_problem(value, mine["problem"].to_numpy(), columns, len(keep))
         complete = means[~np.isnan(means).any(axis=1)]
         if len(complete) < 2:
             raise UserError(f"best: task {task!r}: fewer than 2 problems scored by every candidate")
@@ -175,6 +215,22 @@ def select(
         weights={t: float(w) for t, w in tasks.items()},
         n_boot=n_boot,
     )
+
+
+def _per_problem(
+    values: np.ndarray, problems: np.ndarray, columns: np.ndarray, width: int
+) -> np.ndarray:
+    """(problem, candidate) mean of `values` ignoring NaN (NaN where none), problems in code
+    order: `stats.per_problem_means` of the (sample, candidate) matrix with one value per row,
+    without building that matrix (at 1,000 candidates it would not fit in memory)."""
+    codes, row = np.unique(problems, return_inverse=True)
+    ok = ~np.isnan(values)
+    flat = row[ok] * width + columns[ok]
+    size = len(codes) * width
+    sums = np.bincount(flat, weights=values[ok], minlength=size)
+    counts = np.bincount(flat, minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (sums / counts).reshape(len(codes), width)
 
 
 def parse_weights(items: Sequence[str]) -> dict[str, float]:

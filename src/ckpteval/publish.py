@@ -5,6 +5,9 @@ Input: the tidy table `summary/metrics.parquet` (`ckpteval.aggregate.tables.TIDY
 `mean` of `ckpteval.aggregate.tables.seed_table`, the number `metrics.md` shows), at the checkpoint's `step`
 (the base checkpoint at its step, 0). Its key is `<prefix>/<task>/<metric>`, or
 `<prefix>/<task>/<sampling>/<metric>` for a task the table has under several sampling configs.
+The value's 95% interval (the seed table's `ci_low`, `ci_high`: Wilson's for a score in [0, 1],
+clustered by problem) goes beside it as `<key>/ci_low` and `<key>/ci_high` (MLflow: `<key>_ci_low`, `<key>_ci_high`),
+at the same step (none where the interval is unknown).
 A checkpoint without a step, a NaN value, or a second checkpoint of a run at a step already
 taken is skipped with one note line each.
 With `trainer_names`, a metric the trainer logged too (the summary's `training_curve.csv`) is
@@ -51,6 +54,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 TRACKERS = ("wandb", "tensorboard", "mlflow")
+#: The seed table's 95% interval of each value, published beside it as `<key>/ci_low` and
+#: `<key>/ci_high` (MLflow: `<key>_ci_low`, `<key>_ci_high`, see `mlflow_key`).
+INTERVAL_BOUNDS = ("ci_low", "ci_high")
 DEFAULT_PREFIX = "ckpteval"
 
 #: Ledger -> run -> key -> step (as text: JSON keys) -> value.
@@ -116,6 +122,13 @@ def table_points(
             continue
         point = Point(row.run, key, step, float(row.mean), trainer=theirs is not None)
         points[(row.run, key, step)] = point
+        for bound in INTERVAL_BOUNDS:
+            value = getattr(row, bound)
+            if value is not None and not math.isnan(value):
+                bound_key = f"{key}/{bound}"
+                points[(row.run, bound_key, step)] = Point(
+                    row.run, bound_key, step, float(value), trainer=point.trainer
+                )
         if (row.run, row.ckpt, row.task, row.sampling, row.metric) in flattering:
             excluded[(row.run, key)] = excluded.get((row.run, key), 0) + 1
     notes += [
@@ -370,7 +383,12 @@ def probe_server(uri: str, timeout: float = PROBE_TIMEOUT) -> None:
 
 
 def mlflow_key(key: str) -> str:
-    """MLflow allows only alphanumerics and `_-. :/` in a metric name: `pass@1` is `pass_at_1`."""
+    """MLflow allows only alphanumerics and `_-. :/` in a metric name: `pass@1` is `pass_at_1`.
+    An interval bound is `<key>_ci_low` (not `<key>/ci_low`): MLflow's file store keeps a
+    metric as a file named by its key, so `pass_at_1` cannot also be a directory."""
+    for bound in INTERVAL_BOUNDS:
+        if key.endswith(f"/{bound}"):
+            key = f"{key[: -len(bound) - 1]}_{bound}"
     return re.sub(r"[^\w\-. :/]", "_", key.replace("@", "_at_"))
 
 

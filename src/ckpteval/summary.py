@@ -18,7 +18,7 @@ under `summary_dir`, each file written atomically:
 | `training_curve.csv` | (run, task, variant, metric, step) the trainer logged too (`runs.<run>.train_logs`): both values, ckpteval's interval, the settings that differ, flagged (`ckpteval.aggregate.training`); only with `train_logs` |
 | `missing.csv` | cell or per-sample file that could not be used, with its path and why |
 | `summary.json` | run, checkpoint, task, variant: pass rate, counts, per problem (`write_summary_json`) |
-| `plots/*.png`, `report.html` | see `ckpteval.report` |
+| `plots/*.png`, `report.html`, `report_files/` | see `ckpteval.report` |
 
 A missing or corrupt cell file never stops the build: the cell is listed in `missing.csv` and the
 report, and everything else is built. A run without a baseline has no baseline comparisons.
@@ -38,6 +38,7 @@ import json
 import os
 import shutil
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ import pyarrow.parquet as pq
 
 from ckpteval import report
 from ckpteval.aggregate import Summary
-from ckpteval.aggregate.cells import load_cells, load_samples
+from ckpteval.aggregate.cells import Cell, load_cells, load_samples
 from ckpteval.aggregate.deltas import delta_table, flip_table
 from ckpteval.aggregate.markdown import metrics_markdown
 from ckpteval.aggregate.tables import (
@@ -65,6 +66,7 @@ from ckpteval.aggregate.tables import (
     truncation_table,
 )
 from ckpteval.aggregate.training import training_table
+from ckpteval.best import candidates, select_among
 from ckpteval.errors import UserError
 from ckpteval.io import atomic_open, iter_jsonl, write_json
 
@@ -102,7 +104,25 @@ def summarize(
         flips=flip_table(flips),
         truncation=truncation_table(cells, truncation_threshold),
         reward_errors=reward_errors(tidy, metrics_by_task),
+        best=default_selection(tidy, cells, samples, n_boot=bootstrap, seed=seed),
     )
+
+
+def default_selection(
+    tidy: pd.DataFrame, cells: Sequence[Cell], samples: pd.DataFrame, *, n_boot: int, seed: int
+) -> dict[str, Any]:
+    """What `ckpteval best` prints with its default rule (every task, weight 1, every run) on
+    this summary, computed alike (`best.select_among` on the same cells and the same seed), for
+    the report's "best" section; {"none": the reason} where the rule cannot choose (fewer than
+    two trained checkpoints, a task under several sampling configs)."""
+    try:
+        tasks, keep, _ = candidates(tidy, {})
+        chosen = select_among(
+            cells, samples, tasks, keep, main_metrics(cells), n_boot=n_boot, seed=seed
+        )
+    except UserError as exc:
+        return {"none": str(exc)}
+    return asdict(chosen)
 
 
 def build_summary(
@@ -156,6 +176,8 @@ def build_summary(
         summary.training = training_table(summary.tidy, train_logs, sampling or {})
     write_tables(summary, summary_dir, training_curve=bool(train_logs))
     plots = report.write_plots(summary, summary_dir / "plots")
+    # report_files/ always exists: the workflow declares it (empty when the page holds its blobs)
+    report.files_dir(summary_dir / "report.html").mkdir(parents=True, exist_ok=True)
     report.write_html(summary, plots, summary_dir / "report.html")
     write_summary_json(cell_jsons, summary_dir / "summary.json")
     return summary
@@ -212,6 +234,11 @@ def write_tables(summary: Summary, summary_dir: Path, *, training_curve: bool = 
 OPTIONAL_FILES = ("training_curve.csv",)
 
 
+#: Directories a build by an older ckpteval does not have (its report holds their files):
+#: published empty from such a build, so a workflow that gained them needs no rebuild.
+NEWER_DIRS = ("report_files",)
+
+
 def publish_summary(built: Path, outputs: Sequence[Path]) -> None:
     """Put the complete summary in `built` in place: each of `outputs` (files and the plots
     directory of a summary directory) becomes its namesake in `built`, and an optional file that
@@ -224,10 +251,10 @@ def publish_summary(built: Path, outputs: Sequence[Path]) -> None:
     outputs = [Path(out) for out in outputs]
     for out in outputs:
         source = Path(built) / out.name
-        if not source.exists():
+        if not source.exists() and out.name not in NEWER_DIRS:
             raise FileNotFoundError(f"{source}: the summary build did not write it")
         out.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
+        if source.is_dir() or out.name in NEWER_DIRS:
             _publish_dir(source, out)
         else:
             tmp = out.with_name(f".{out.name}.tmp")  # one publisher at a time: a stale one
@@ -248,7 +275,7 @@ def _publish_dir(source: Path, out: Path) -> None:
     for stale in (new, old):
         shutil.rmtree(stale, ignore_errors=True)
     new.mkdir()
-    for file in sorted(source.iterdir()):
+    for file in sorted(source.iterdir()) if source.is_dir() else []:
         if file.is_file() and not file.name.startswith("."):
             _link(file, new / file.name)
     if out.exists():

@@ -54,6 +54,7 @@ rule summary:
         report=report(
             f"{OUT}/summary/report.html", caption="../report/summary.rst", category="Summary"
         ),
+        report_files=directory(f"{OUT}/summary/report_files"),
     log:
         "logs/summary/summary.log",
     run:

@@ -16,6 +16,7 @@ In memory only; `ckpteval.summary` writes the tables, `metrics.md`, the plots an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -54,3 +55,6 @@ class Summary:
     reward_errors: dict[tuple[str, str, str, str], RewardErrors] = field(default_factory=dict)
     #: ckpteval's metrics beside the trainer's logged curve (`ckpteval.aggregate.training`).
     training: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=TRAINING_COLUMNS))
+    #: The checkpoint `ckpteval best`'s default rule picks (every task, weight 1, every run):
+    #: `ckpteval.best.Selection` as a dict, or {"none": why no checkpoint could be chosen}.
+    best: dict[str, Any] = field(default_factory=dict)

@@ -21,12 +21,15 @@ checkpoint). Definitions: docs/statistics.md.
 
 A comparison of cells whose prompts went through different chat templates (the cells'
 `chat_template` provenance, ckpteval.chat_templates) is flagged (`chat_templates_differ`), and
-`metrics.md` and the report say so in one line (`TEMPLATE_NOTE`).
+`metrics.md` and the report say so in one line (`TEMPLATE_NOTE`). A comparison in which the
+reward function gave no score for some samples says, in `errored_note`, how many on each side
+and that the delta counts them as 0 (`errored_note`); empty otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +38,7 @@ import pandas as pd
 
 from ckpteval.aggregate.cells import Cell, identity_frame
 from ckpteval.aggregate.tables import CONFIDENCE
+from ckpteval.errored import REWARD_ERROR_RATE
 from ckpteval.stats import (
     BootstrapResult,
     FlipResult,
@@ -71,6 +75,7 @@ DELTA_COLUMNS = [
     "p_value",
     "p_holm",
     "chat_templates_differ",
+    "errored_note",
 ]
 #: flips.csv: one row per problem whose per-problem verdict flipped in a deltas.csv comparison.
 FLIP_COLUMNS = ["run", "task", "sampling", "ckpt_a", "ckpt_b", "task_id", "direction"]
@@ -148,7 +153,7 @@ def delta_table(
         # test is of the delta the row shows.
         textbook = flipped.binary & (n_pairs == boot.n_problems)
         p_value = np.where(textbook, flipped.p_value, paired_z_p(per_problem))
-        results += _delta_rows(key, group, comparisons, boot, flipped, n_pairs, p_value)
+        results += _delta_rows(key, group, comparisons, boot, flipped, n_pairs, p_value, cells)
         if flips is not None:
             flips += _flip_rows(key, comparisons, flipped, task_ids)
     return _delta_frame(results)
@@ -180,11 +185,16 @@ def _delta_rows(
     flipped: FlipResult,
     n_pairs: np.ndarray,
     p_value: np.ndarray,
+    cells: Sequence[Cell],
 ) -> list[dict[str, Any]]:
     """One `DELTA_COLUMNS` row per comparison of the group (column j of `boot` and `flipped`)."""
     run, task, sampling, metric = key
     info = group.drop_duplicates("ckpt").set_index("ckpt")
     seeds_of = group.groupby("ckpt")["seed"].agg(set)
+    no_score = {
+        (ckpt, seed): _no_score(cells[i])
+        for i, ckpt, seed in zip(group.index, group.ckpt, group.seed)
+    }
     templates_of = group.groupby("ckpt")["chat_template"].agg(lambda t: set(t.dropna()))
     return [
         {
@@ -212,9 +222,45 @@ def _delta_rows(
             "chat_templates_differ": bool(
                 templates_of[ckpt] and templates_of[ref] and templates_of[ckpt] != templates_of[ref]
             ),
+            "errored_note": errored_note(
+                metric, no_score, (ckpt, ref), seeds_of[ckpt] & seeds_of[ref]
+            ),
         }
         for j, (ckpt, ref, kind) in enumerate(comparisons)
     ]
+
+
+def _no_score(cell: Cell) -> tuple[int, int]:
+    """(errored, all) samples of a cell by its `reward_error_rate` (`errored.no_score`'s count);
+    (0, 0) for a cell that is not a reward cell."""
+    value, _, n = cell.metrics.get(REWARD_ERROR_RATE, (math.nan, math.nan, math.nan))
+    if not (math.isfinite(value) and math.isfinite(n)):
+        return 0, 0
+    return round(value * n), int(n)
+
+
+def errored_note(
+    metric: str,
+    no_score: Mapping[tuple[str, int], tuple[int, int]],
+    pair: tuple[str, str],
+    seeds: Collection[int],
+) -> str:
+    """deltas.csv's `errored_note`: for each side of a comparison whose reward function gave no
+    score for some samples of the paired seeds, how many (the cells' `reward_error_rate`
+    counts), and that the delta counts them as 0, whatever the cells' own numbers do with them
+    (the pairs are the score lines' `passed` or `score`, and an errored sample's line has score
+    0 and is not passed); "" when no sample errored. Worded as `ckpteval compare`'s warning."""
+    parts = []
+    for ckpt in pair:
+        counts = [no_score.get((ckpt, seed), (0, 0)) for seed in sorted(seeds)]
+        errored = sum(c[0] for c in counts)
+        if errored:
+            parts.append(
+                f"{ckpt}: the reward function gave no score for {errored} of "
+                f"{sum(c[1] for c in counts)} samples; this delta's {metric} counts them as 0 "
+                "(their score lines' score)"
+            )
+    return "; ".join(parts)
 
 
 def _paired_test(flipped: FlipResult, j: int) -> str:

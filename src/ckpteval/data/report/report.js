@@ -4,6 +4,9 @@
 "use strict";
 (function () {
   const D = JSON.parse(document.getElementById("report-data").textContent);
+  // deltas.csv's rows come as columns (field -> values, names once): back to row objects.
+  D.deltas = Array.from({ length: (D.deltas.run || []).length }, (_, i) =>
+    Object.fromEntries(Object.entries(D.deltas).map(([name, values]) => [name, values[i]])));
   const cache = new Map();
   const MAX_FLIPS = 50;
 
@@ -24,10 +27,30 @@
   }
 
   // Blobs ------------------------------------------------------------------------------------
-  async function inflate(id) {
+  // A large report keeps its blobs in files beside it (D.blob_dir/<id>.js, each calling
+  // ckptevalBlobText): loaded by a script tag when first needed, which works from file://
+  // where fetch() does not.
+  const pending = new Map();
+  window.ckptevalBlobText = (id, text) => {
+    const resolve = pending.get(id);
+    if (resolve) { pending.delete(id); resolve(text); }
+  };
+  function blobText(id) {
     const node = document.getElementById("blob-" + id);
-    if (!node) return null;
-    const bytes = Uint8Array.from(atob(node.textContent.trim()), (c) => c.charCodeAt(0));
+    if (node) return Promise.resolve(node.textContent);
+    if (!D.blob_dir || !(D.blob_ids || []).includes(id)) return Promise.resolve(null);
+    return new Promise((resolve) => {
+      pending.set(id, resolve);
+      const tag = document.createElement("script");
+      tag.src = `${D.blob_dir}/${encodeURIComponent(id)}.js`;
+      tag.onerror = () => { pending.delete(id); resolve(null); };
+      document.head.appendChild(tag);
+    });
+  }
+  async function inflate(id) {
+    const text = await blobText(id);
+    if (text === null) return null;
+    const bytes = Uint8Array.from(atob(text.trim()), (c) => c.charCodeAt(0));
     const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
     return JSON.parse(await new Response(stream).text());
   }
@@ -163,13 +186,23 @@
     }
     let head = "<tr><th data-col='step' class='sortable'>checkpoint</th>";
     head += D.tasks.map((t) => `<th data-col='${esc(t.task)}' class='sortable'>${esc(t.task)}<br><small>${esc(t.metric)}</small></th>`).join("");
-    const body = D.checkpoints.map((c) => matrixRow(c, byKey, range)).join("");
+    const rowsHtml = (checkpoints) => checkpoints.map((c) => matrixRow(c, byKey, range)).join("");
     const box = document.getElementById("matrix");
-    box.innerHTML = `<table id='ckpt-task'><thead>${head}</tr></thead><tbody>${body}</tbody></table>`;
+    box.innerHTML = `<table id='ckpt-task'><thead>${head}</tr></thead>` +
+      `<tbody>${rowsHtml(D.checkpoints.slice(0, FIRST_ROWS))}</tbody></table>`;
     box.querySelectorAll("th.sortable").forEach((th) => th.addEventListener("click", () => sortBy(th)));
-    box.querySelectorAll("td[data-prov]").forEach((td) =>
-      td.addEventListener("click", () => showProvenance(td.dataset.prov)));
+    box.addEventListener("click", (e) => {
+      const td = e.target.closest("td[data-prov]");
+      if (td) showProvenance(td.dataset.prov);
+    });
+    // The rows past the first screenful: added once the overview is drawn (at 1,000 checkpoints
+    // they cost a second of the browser's time before anything shows).
+    return () => {
+      if (D.checkpoints.length <= FIRST_ROWS) return;
+      box.querySelector("tbody").insertAdjacentHTML("beforeend", rowsHtml(D.checkpoints.slice(FIRST_ROWS)));
+    };
   }
+  const FIRST_ROWS = 100;
   function matrixRow(c, byKey, range) {
     const step = c.step === null ? -1 : c.step;
     let tr = `<tr data-run='${esc(c.run)}' data-ckpt='${esc(c.ckpt)}'><td data-value='${step}'>${esc(c.run)} ${esc(c.ckpt)}${c.is_baseline ? " (baseline)" : ""}</td>`;
@@ -208,10 +241,14 @@
     rows.sort((a, b) => (down ? value(b) - value(a) : value(a) - value(b)));
     rows.forEach((row) => body.appendChild(row));
   }
-  function showProvenance(key) {
+  // Provenance: a blob per task (D.provenance: task -> blob id), "run|ckpt|task" -> cells.
+  async function provenanceTable(task) {
+    return (D.provenance[task] && (await blob(D.provenance[task]))) || {};
+  }
+  async function showProvenance(key) {
     const box = document.getElementById("provenance");
-    const cells = D.provenance[key] || [];
     const [run, ckpt, task] = key.split("|");
+    const cells = (await provenanceTable(task))[key] || [];
     box.innerHTML = `<button class='close'>×</button><h4>${esc(`${run} ${ckpt} ${task}`)}: provenance</h4>` +
       cells.map(provenanceItem).join("");
     box.hidden = false;
@@ -373,7 +410,8 @@
     const gained = flips.filter((f) => f.direction === "gained").length;
     let html = `<p class='cmp-summary'>${esc(g.task)} (${esc(g.sampling)}), ${esc(a)} → ${esc(b)}: ` +
       `${m.problems.length} problems, <b>${gained} gained</b>, <b>${flips.length - gained} lost</b>.${deltaLine(g, a, b)}</p>`;
-    html += flips.slice(0, MAX_FLIPS).map((f) => flipHtml(f, prompts, rowsA, rowsB, a, b)).join("");
+    const prov = await provenanceTable(g.task);
+    html += flips.slice(0, MAX_FLIPS).map((f) => flipHtml(f, prompts, rowsA, rowsB, a, b, prov)).join("");
     if (flips.length > MAX_FLIPS) html += `<p class='note'>${flips.length - MAX_FLIPS} more flipped problems: see flips.csv.</p>`;
     out.innerHTML = html;
     out.dataset.state = "ready";
@@ -410,16 +448,16 @@
     }
     return rows;
   }
-  function flipHtml(f, prompts, rowsA, rowsB, a, b) {
-    const side = (rows, label) => `<div class='side'><h5>${esc(label)}</h5>${provenanceOf(label)}` +
+  function flipHtml(f, prompts, rowsA, rowsB, a, b, prov) {
+    const side = (rows, label) => `<div class='side'><h5>${esc(label)}</h5>${provenanceOf(label, prov)}` +
       (rows.filter((r) => r.task_id === f.id).map(sampleHtml).join("") || "<p class='note'>no sample</p>") + "</div>";
     return `<div class='flip ${f.direction}' data-task-id='${esc(f.id)}'><h4>${esc(f.id)} <span class='tag'>${f.direction}</span></h4>` +
       promptHtml(prompts[f.id]) + `<div class='sides'>${side(rowsA, a)}${side(rowsB, b)}</div></div>`;
   }
-  function provenanceOf(label) {
+  function provenanceOf(label, prov) {
     const [run, ckpt] = label.split(/:(.*)/s);
     const task = document.getElementById("cmp-group").value.split("|")[0];
-    const cells = D.provenance[`${run}|${ckpt}|${task}`] || [];
+    const cells = prov[`${run}|${ckpt}|${task}`] || [];
     return `<details class='prov-inline'><summary>provenance</summary>${cells.map(provenanceItem).join("")}</details>`;
   }
   function promptHtml(prompt, open = true) {
@@ -442,6 +480,114 @@
       `<pre class='completion'>${esc(r.completion !== undefined ? r.completion : r.note || "(no generation line)")}</pre>` +
       (r.stderr_tail ? `<details class='stderr' open><summary>stderr tail</summary><pre>${esc(r.stderr_tail)}</pre></details>` : "") +
       "</div>";
+  }
+
+  // Several checkpoints side by side -----------------------------------------------------------
+  // Up to 6 checkpoints of one task: each one's score with its interval, each later one's delta
+  // from deltas.csv when it is a comparison there (same run, the first being its baseline or
+  // previous checkpoint; marks Holm-corrected as everywhere on the page), and the problems
+  // whose verdicts differ among them, every verdict a button that loads its completions.
+  const MAX_SEVERAL = 6;
+  function defaultSeveral(g) {
+    const trained = D.checkpoints.filter((c) => !c.is_baseline).map((c) => `${c.run}:${c.ckpt}`);
+    const last = trained.length ? trained[trained.length - 1] : g.ckpts[g.ckpts.length - 1];
+    const best = D.best && D.best.best;
+    return [...new Set([g.ckpts[0], best, last])].filter((c) => c && g.ckpts.includes(c));
+  }
+  function initSeveral() {
+    const sg = document.getElementById("sev-group");
+    const out = document.getElementById("sev-out");
+    if (!D.groups.length) { out.textContent = "No scored cells."; out.dataset.state = "ready"; return; }
+    fillGroups(sg);
+    const picks = document.getElementById("sev-ckpts");
+    const fill = (chosen) => {
+      const g = group(sg.value);
+      const options = ["", ...g.ckpts].map((c) => `<option value='${esc(c)}'>${esc(c || "–")}</option>`).join("");
+      picks.innerHTML = Array.from({ length: MAX_SEVERAL }, (_, i) => `<select data-slot='${i}'>${options}</select>`).join("");
+      picks.querySelectorAll("select").forEach((s, i) => {
+        s.value = chosen[i] || "";
+        s.addEventListener("change", showSeveral);
+      });
+    };
+    sg.addEventListener("change", () => { fill(defaultSeveral(group(sg.value))); showSeveral(); });
+    fill(defaultSeveral(group(sg.value)));
+    return showSeveral();
+  }
+  function severalChosen() {
+    const values = Array.from(document.querySelectorAll("#sev-ckpts select")).map((s) => s.value);
+    return [...new Set(values.filter((v) => v))];
+  }
+  function severalDelta(g, first, label) {
+    const [runA, ckptA] = first.split(/:(.*)/s), [runB, ckptB] = label.split(/:(.*)/s);
+    return runA === runB ? D.deltas.find((x) => x.run === runA && x.task === g.task &&
+      x.sampling === g.sampling && x.ref_ckpt === ckptA && x.ckpt === ckptB) : undefined;
+  }
+  async function showSeveral() {
+    const g = group(document.getElementById("sev-group").value);
+    const chosen = severalChosen();
+    const out = document.getElementById("sev-out");
+    out.dataset.state = "loading";
+    const m = await blob(g.verdicts);
+    const index = chosen.map((c) => g.ckpts.indexOf(c));
+    const metric = mainMetric[g.task];
+    let html = `<table class='several'><thead><tr><th>checkpoint</th><th>${esc(metric)} [95% interval]</th>` +
+      "<th>delta from the first [95% interval]</th><th>Holm p</th><th>mark</th></tr></thead><tbody>";
+    chosen.forEach((label, i) => {
+      const [run, ckpt] = label.split(/:(.*)/s);
+      const r = D.series.find((x) => x.run === run && x.ckpt === ckpt && x.task === g.task &&
+        x.sampling === g.sampling && x.metric === metric);
+      const score = r ? `${fmt(r.mean)} [${fmt(r.lo)}, ${fmt(r.hi)}]` : "–";
+      const tag = D.best && D.best.best === label ? " <span class='tag'>best</span>" : "";
+      let rest = "<td>reference</td><td></td><td></td>";
+      if (i) {
+        const d = severalDelta(g, chosen[0], label);
+        const mark = d && d.significant ? (d.delta > 0 ? "<span class='up'>▲</span>" : "<span class='down'>▼</span>") : "";
+        rest = d ? `<td>${fmt(d.delta)} [${fmt(d.ci_low)}, ${fmt(d.ci_high)}]</td><td>${pval(d.p_holm)}</td><td>${mark}</td>`
+          : "<td class='note'>not a comparison of deltas.csv (ckpteval compare pairs any two)</td><td></td><td></td>";
+      }
+      html += `<tr data-ckpt='${esc(label)}'><td>${esc(label)}${tag}</td><td>${score}</td>${rest}</tr>`;
+    });
+    html += "</tbody></table>";
+    const differing = [];
+    m.problems.forEach((id, p) => {
+      const verdicts = index.map((c) => (c < 0 ? null : solved(m, c, p)));
+      if (verdicts.every((v) => v !== null) && new Set(verdicts).size > 1) differing.push(p);
+    });
+    html += `<h3>Problems whose verdicts differ (${differing.length} of ${m.problems.length})</h3>`;
+    if (chosen.length < 2) html += "<p class='note'>Choose two checkpoints or more.</p>";
+    else if (!differing.length) html += "<p>None: every chosen checkpoint gives every problem they all scored one verdict.</p>";
+    else {
+      html += "<table class='several-problems'><thead><tr><th>problem</th>" +
+        chosen.map((c) => `<th>${esc(c)}</th>`).join("") + "</tr></thead><tbody>";
+      html += differing.slice(0, MAX_FLIPS * 4).map((p) => {
+        const id = m.problems[p];
+        return `<tr data-task-id='${esc(id)}'><td>${esc(id)}</td>` + index.map((c, i) => {
+          const pass = m.passed[c][p], n = m.n[c][p];
+          const cls = 2 * pass > n ? "pass" : "fail";
+          return `<td><button class='verdict-cell ${cls}' data-slot='${i}' data-task-id='${esc(id)}'>` +
+            `${pass}/${n} ${2 * pass > n ? "✓" : "✗"}</button></td>`;
+        }).join("") + "</tr>";
+      }).join("");
+      html += "</tbody></table>";
+      if (differing.length > MAX_FLIPS * 4) html += `<p class='note'>${differing.length - MAX_FLIPS * 4} more: see flips.csv or ckpteval compare.</p>`;
+    }
+    out.innerHTML = html;
+    // A verdict's completions open in a row under its problem (the list can be long).
+    out.querySelectorAll("button.verdict-cell").forEach((b) => b.addEventListener("click", async () => {
+      const label = chosen[Number(b.dataset.slot)], id = b.dataset.taskId;
+      const old = document.getElementById("sev-sample");
+      if (old) old.closest("tr").remove();
+      const row = b.closest("tr").insertAdjacentElement("afterend", document.createElement("tr"));
+      row.innerHTML = `<td colspan='${chosen.length + 1}' id='sev-sample'></td>`;
+      const box = document.getElementById("sev-sample");
+      box.dataset.state = "loading";
+      const rows = (await cellRows(g, g.ckpts.indexOf(label))).filter((r) => r.task_id === id);
+      const prompts = (await blob(g.prompts)) || {};
+      box.innerHTML = `<h4>${esc(id)} at ${esc(label)}</h4>` + promptHtml(prompts[id], false) +
+        (rows.map(sampleHtml).join("") || "<p>no sample</p>");
+      box.dataset.state = "ready";
+    }));
+    out.dataset.state = "ready";
   }
 
   // One problem across the run ---------------------------------------------------------------
@@ -494,11 +640,12 @@
   // The script runs before the tables and the sample blobs are parsed: the overview first, the
   // views that read blobs once the document is complete.
   renderFlags();
-  renderMatrix();
+  const restOfMatrix = renderMatrix();
   const overview = renderGrid();
+  const matrixDone = overview.then(() => new Promise((resolve) => setTimeout(() => { restOfMatrix(); resolve(); }, 0)));
   const drill = new Promise((resolve) => document.addEventListener("DOMContentLoaded", resolve))
-    .then(() => { renderTasks(); initCompare(); initLazySections(); return initProblem(); });
-  window.ckptevalReady = Promise.all([overview, drill]).then(() => {
+    .then(() => { renderTasks(); initCompare(); initLazySections(); return Promise.all([initSeveral(), initProblem()]); });
+  window.ckptevalReady = Promise.all([overview, drill, matrixDone]).then(() => {
     document.body.dataset.ready = "yes";
   });
   overview.then(() => { document.body.dataset.overview = "yes"; });
