@@ -1602,6 +1602,7 @@ class _Channel:
 #: message's literal stays within what `ast.literal_eval` parses (200 nested brackets; a level
 #: takes up to 3) and no structure's depth is bounded by a recursion limit.
 _SPILL_DEPTH = 48
+_MAX_SPILLS = 1 << 14  # so a depth of 786k levels; a list that contains itself ends here
 
 #: Built-in types that cross as themselves when a type is the value (`defaultdict(list)`).
 _BUILTIN_TYPES = (
@@ -1799,14 +1800,18 @@ class _Outbound:
     survive). A message with entries is ("X", tree, entries); an entry refers only to later
     entries and to instances, so `_load` decodes them last to first without recursing."""
 
-    __slots__ = ("side", "work", "memo")
+    __slots__ = ("side", "work", "memo", "spills")
 
     def __init__(self, side):
         self.side = side
         self.work = []
         self.memo = {}
+        self.spills = 0
 
     def spill(self, value):
+        self.spills += 1
+        if self.spills > _MAX_SPILLS:
+            raise ValueError("a value nested too deeply, or a list or dict that contains itself")
         self.work.append(("s", value))
         return ("^", len(self.work) - 1)
 
