@@ -107,16 +107,22 @@ write, secret tokens included. So the tests do not run in the sample's process a
 
 - the *sample* process (uid U, the sandbox uid, its rlimits, like any command) runs the program
   (prompt + completion, no tests) and then only serves calls: "call f with these arguments",
-  answering with the returned value as plain data (None, bool, int, float, complex, str, bytes,
-  list, tuple, dict, set, frozenset, range; iterators materialised) or, for any other object, an
-  opaque reference;
+  answering with the returned value as data (`_encode`: plain data inline; standard-library
+  values by tag; instances of the program's classes by class name and attributes, shared and
+  cyclic references kept; Enum members by class and name; iterators lazily, in chunks; see
+  `_Outbound`) or, for any other object, an opaque reference. The tests' callables the call
+  gets are callbacks: the sample's call of one comes back to the test process, which runs it
+  on the arguments as data (`_Callback`);
 - the *test* process (a fork of this driver: uid 0 with every capability dropped, the command's
   rlimits, `no_new_privs`, its own session) runs the trusted code: the prompt (for its helpers),
   the tests and `check(candidate)`, where `candidate` and every other name the tests take from
   the program are proxies that ask the sample process. Replies are parsed with
-  `ast.literal_eval` into fresh built-in values, so every comparison is the built-in one:
-  `__eq__` tricks, patched `AssertionError` or builtins, a replaced `check` live in the other
-  process and reach nothing here. An opaque reference equals only itself.
+  `ast.literal_eval` into fresh values, so every comparison is the built-in one or the
+  prompt's: an instance of the program's class becomes one of the tests' copy of the prompt's
+  class, made and filled without calling its code (`_fill`: an attribute that would shadow a
+  method of it is refused), so `__eq__` tricks, patched `AssertionError` or builtins, a
+  replaced `check` live in the other process and reach nothing here. An opaque reference
+  equals only itself.
 - The verdict is the test process's own report, sent on a pipe only it and the driver hold, and
   its exit status, which only the driver (its parent) sees. The sample process cannot read the
   tests (a 0600 file of uid 0), the test process's memory or fds (another uid: no ptrace, no
@@ -1568,7 +1574,7 @@ class _SampleExited(_SampleGone):
 
 
 class _Channel:
-    """Length-prefixed `repr`s of plain data over a pair of pipes."""
+    """Length-prefixed `repr`s of literals over a pair of pipes."""
 
     def __init__(self, read_fd, write_fd):
         self.read_fd, self.write_fd = read_fd, write_fd
