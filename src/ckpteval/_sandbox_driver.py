@@ -1689,6 +1689,9 @@ def _encode(value, out, depth=0):  # noqa: C901 - one branch per plain type the 
                 for k, v in dict.items(value)
             ],
         )
+    enum = sys.modules.get("enum")
+    if enum is not None and isinstance(value, enum.Enum):  # an IntEnum's member is an int too
+        return out.rich(value, depth)
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, int):
