@@ -1610,7 +1610,7 @@ class _Channel:
 _SPILL_DEPTH = 48
 _MAX_SPILLS = 1 << 14  # so a depth of 786k levels; a list that contains itself ends here
 
-#: Built-in types that cross as themselves when a type is the value (`defaultdict(list)`).
+#: Built-in types and functions that cross as themselves (`defaultdict(list)`, `key=len`).
 _BUILTIN_TYPES = (
     "bool",
     "bytes",
@@ -1625,6 +1625,7 @@ _BUILTIN_TYPES = (
     "str",
     "tuple",
 )
+_BUILTIN_FUNCTIONS = ("abs", "len", "max", "min", "ord", "chr", "repr", "round", "sorted", "sum")
 
 
 def _encode(value, out, depth=0):  # noqa: C901 - one branch per plain type the channel carries, kept flat to audit
@@ -1840,6 +1841,13 @@ class _Outbound:
             return ("E", kind.__module__, kind.__qualname__, value._name_, side.enum_extra(value))
         if kind is type and value.__module__ == "builtins" and value.__name__ in _BUILTIN_TYPES:
             return ("B", value.__name__)
+        if kind is type(len) and value.__name__ in _BUILTIN_FUNCTIONS:
+            import builtins
+
+            if getattr(builtins, value.__name__) is value:  # `key=len`: no callback per call
+                return ("B", value.__name__)
+        if isinstance(value, type) and value.__module__ == side.program_module:
+            return ("C", value.__module__, value.__qualname__, side.enum_extra(value))
         if (
             kind.__module__ == side.program_module
             and kind.__new__ is object.__new__
@@ -2063,10 +2071,12 @@ def _decode_rich(tag, rest, inbound, depth):  # noqa: C901 - the mirror of `_Out
         return dict(enumerate(_decode_items(rest[0], inbound, depth))).values()
     if tag == "Vi" and len(rest) == 1:
         return dict(_decode_pairs(rest[0], inbound, depth)).items()
-    if tag == "B" and len(rest) == 1 and rest[0] in _BUILTIN_TYPES:
+    if tag == "B" and len(rest) == 1 and rest[0] in _BUILTIN_TYPES + _BUILTIN_FUNCTIONS:
         import builtins
 
         return getattr(builtins, rest[0])
+    if tag == "C" and len(rest) == 3 and type(rest[0]) is str and type(rest[1]) is str:
+        return side.program_type(rest[0], rest[1], rest[2], inbound)
     if tag == "E" and len(rest) == 4 and type(rest[0]) is str and type(rest[1]) is str:
         return side.enum_member(rest[0], rest[1], rest[2], rest[3], inbound)
     if tag in ("G", "K", "J") and len(rest) == 1:
@@ -2289,6 +2299,11 @@ class _Tests:
         if cls is None or cls.__new__ is not object.__new__ or issubclass(cls, BaseException):
             return None
         return cls
+
+    def program_type(self, module, qualname, ref, inbound):
+        """A class of the program's: the tests' copy of the prompt's, or the sample's, opaque."""
+        cls = _program_class(self.namespace, qualname) if module == "__main__" else None
+        return cls if cls is not None else self.stand_in(qualname, ref, inbound)
 
     def stand_in(self, qualname, ref, inbound):
         if type(ref) is tuple and ref[:1] == ("O",):
@@ -2836,6 +2851,10 @@ class _SampleServer:
         if module not in ("__main__", "__ckpteval_tests__"):
             return None
         return _program_class(self.namespace, qualname)
+
+    def program_type(self, module, qualname, _ref, _inbound):
+        cls = self.program_class(module, qualname)
+        return cls if cls is not None else type(self.stand_in(qualname, None, None))
 
     def stand_in(self, qualname, _ref, _inbound):
         """An instance of a class the tests define and the program does not: one of a class of
