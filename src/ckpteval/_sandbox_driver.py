@@ -1701,6 +1701,10 @@ def _encode(value, out, depth=0):  # noqa: C901 - one branch per plain type the 
         return _encode(float.__float__(value), out)
     if isinstance(value, bytes):
         return bytes(value)
+    if module == "fractions" and kind.__name__ == "Fraction":
+        return ("Q", _encode(value.numerator, out), _encode(value.denominator, out))
+    if module == "decimal" and kind.__name__ == "Decimal":
+        return ("M", str(value))
     return out.rich(value, depth)
 
 
