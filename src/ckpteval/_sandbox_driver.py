@@ -1874,10 +1874,8 @@ class _Outbound:
         return ("P", len(self.work) - 1)
 
     def finish(self, tree):
-        """The message: `tree`, or ("X", tree, entries) if it has out-of-line entries."""
+        """The message with out-of-line entries: ("X", tree, entries)."""
         work = self.work
-        if not work:
-            return tree
         entries = []
         for what, value in work:  # grows while it runs: entries add entries
             if what == "s":
@@ -1893,7 +1891,8 @@ class _Outbound:
 def _dump(value, side):
     """`value` encoded by `side`, as one message's tree."""
     out = _Outbound(side)
-    return out.finish(_encode(value, out))
+    tree = _encode(value, out)
+    return out.finish(tree) if out.work else tree
 
 
 def _state(obj):
@@ -1934,8 +1933,11 @@ class _Inbound:
 def _load(tree, side, root=None):
     """The value `_dump` made, decoded for `side` (untrusted: see `_decode`). `root`: an
     instance the message's first entry stands for (a call changed it: `_Tests._mutate`)."""
+    kind = type(tree)
+    if tree is None or kind is bool or kind is int or kind is float or kind is str:
+        return tree
     inbound = _Inbound(side)
-    if type(tree) is not tuple or not tree or tree[0] != "X":
+    if kind is not tuple or not tree or tree[0] != "X":
         return _decode(tree, inbound)
     if len(tree) != 3 or type(tree[2]) is not list:
         raise _SampleGone("a malformed reply")
