@@ -89,6 +89,136 @@ FILES = problem(
     ),
 )
 
+LIST_NODE = (
+    "class ListNode:\n"
+    "    def __init__(self, val=0, next=None):\n"
+    "        self.val = val\n"
+    "        self.next = next\n\n\n"
+)
+WALK = "def walk(node):\n    out = []\n    while node:\n        out.append(node.val)\n        node = node.next\n    return out\n\n\n"
+REVERSE = problem(
+    "reverse",
+    LIST_NODE + "def f(head):\n",
+    WALK
+    + check_body(
+        "head = ListNode(1, ListNode(2, ListNode(3)))",
+        "result = candidate(head)",
+        "assert isinstance(result, ListNode) and walk(result) == [3, 2, 1]",
+        "assert candidate(None) is None",
+    ),
+)
+HAS_CYCLE = problem(
+    "cycle",
+    LIST_NODE + "def f(head):\n",
+    check_body(
+        "a = ListNode(1)",
+        "a.next = ListNode(2, ListNode(3, a))",
+        "assert candidate(a) is True",
+        "assert candidate(ListNode(1, ListNode(2))) is False",
+    ),
+)
+REORDER = problem(
+    "reorder",
+    LIST_NODE + "def f(head):\n",
+    WALK
+    + check_body(
+        "head = ListNode(1, ListNode(2, ListNode(3, ListNode(4))))",
+        "assert candidate(head) is None",
+        "assert walk(head) == [1, 4, 2, 3]",
+    ),
+)
+COLOR = problem(
+    "enum",
+    "import enum\n\nclass Color(enum.Enum):\n    RED = 1\n    GREEN = 2\n\n\ndef f(c):\n",
+    check_body(
+        "assert candidate(Color.RED) is Color.GREEN", "assert candidate(Color.GREEN) is Color.RED"
+    ),
+)
+CALLBACK = problem(
+    "callback",
+    "def f(xs, key):\n",
+    check_body(
+        "seen = []",
+        "assert candidate([3, 1, 2], lambda x: seen.append(x) or -x) == [3, 2, 1]",
+        "assert sorted(seen) == [1, 2, 3]",
+    ),
+)
+DATES = problem(
+    "dates",
+    "import datetime\n\ndef f(s):\n",
+    "import datetime\n\n"
+    + check_body(
+        "assert candidate('2024-02-28') == datetime.date(2024, 2, 29)",
+        "assert candidate('2024-02-28') - datetime.date(2024, 1, 1) == datetime.timedelta(days=59)",
+    ),
+)
+DEQUE = problem(
+    "deque",
+    "from collections import deque\n\ndef f(xs, k):\n",
+    check_body(
+        "window = candidate([1, 2, 3, 4], 2)",
+        "assert isinstance(window, deque) and window == deque([3, 4], maxlen=2)",
+        "assert window.maxlen == 2",
+    ),
+)
+COUNTS = problem(
+    "counter",
+    "from collections import Counter, OrderedDict, defaultdict\n\ndef f(s):\n",
+    check_body(
+        "counts, order, groups = candidate('abca')",
+        "assert counts.most_common(1) == [('a', 2)]",
+        "assert list(order) == ['a', 'b', 'c'] and isinstance(order, OrderedDict)",
+        "assert groups['a'] == [0, 3] and groups['z'] == []",
+    ),
+)
+VIEWS = problem(
+    "views",
+    "def f(d):\n",
+    check_body(
+        "keys, values, items = candidate({'a': 1, 'b': 2})",
+        "assert keys == {'a', 'b'} and sorted(values) == [1, 2] and ('a', 1) in items",
+    ),
+)
+NATURALS = problem(
+    "generator",
+    "def f(start):\n",
+    "import itertools\n\n"
+    + check_body(
+        "assert list(itertools.islice(candidate(5), 3)) == [5, 6, 7]",
+        "g = candidate(0)",
+        "assert next(g) == 0 and next(g) == 1",
+    ),
+)
+DEEP = problem(
+    "deep",
+    "def f(n):\n",
+    check_body(
+        "x = candidate(5000)",
+        "for _ in range(5000):",
+        "    assert len(x) == 1",
+        "    x = x[0]",
+        "assert x == []",
+    ),
+)
+POINT = problem(
+    "point",
+    "class Point:\n    def __init__(self, x):\n        self.x = x\n\n"
+    "    def __eq__(self, other):\n        return self.same(other)\n\n"
+    "    def same(self, other):\n        return self.x == other.x\n\n\ndef f(x):\n",
+    check_body("assert candidate(1) == Point(2)"),
+)
+
+
+def forge(reply: str) -> str:
+    """A completion that writes `reply` on the sample's reply pipe as its answer, then waits."""
+    return (
+        "    import os, time\n"
+        f"    data = repr({reply}).encode()\n"
+        "    os.write(4, len(data).to_bytes(8, 'big') + data)\n"
+        "    time.sleep(30)\n"
+    )
+
+
 # (name, problem, completion, passes as a direct call, passes here)
 CASES = [
     # the sample's exit is its failure whatever the tests catch
@@ -184,6 +314,159 @@ CASES = [
         False,
         False,
     ),
+    # values of any type the tests use cross both ways
+    (
+        "a linked list of the prompt's class, reversed",
+        REVERSE,
+        "    prev = None\n    while head:\n        head.next, prev, head = prev, head, head.next\n    return prev\n",
+        True,
+        True,
+    ),
+    ("a linked list not reversed", REVERSE, "    return head\n", False, False),
+    (
+        "a cyclic linked list",
+        HAS_CYCLE,
+        "    slow = fast = head\n    while fast and fast.next:\n"
+        "        slow, fast = slow.next, fast.next.next\n"
+        "        if slow is fast:\n            return True\n    return False\n",
+        True,
+        True,
+    ),
+    ("a cycle missed", HAS_CYCLE, "    return False\n", False, False),
+    (
+        "a linked list reordered in place",
+        REORDER,
+        "    a, b = head.next, head.next.next\n    c = b.next\n"
+        "    head.next, c.next, a.next = c, a, b\n    b.next = None\n",
+        True,
+        True,
+    ),
+    ("a linked list left as it was", REORDER, "    return None\n", False, False),
+    (
+        "an enum member each way",
+        COLOR,
+        "    return Color.GREEN if c is Color.RED else Color.RED\n",
+        True,
+        True,
+    ),
+    ("the wrong enum member", COLOR, "    return c\n", False, False),
+    ("a lambda of the tests'", CALLBACK, "    return sorted(xs, key=key)\n", True, True),
+    ("a lambda not called", CALLBACK, "    return sorted(xs, reverse=True)\n", False, False),
+    (
+        "a date and a timedelta",
+        DATES,
+        "    return datetime.date.fromisoformat(s) + datetime.timedelta(days=1)\n",
+        True,
+        True,
+    ),
+    ("a date a day off", DATES, "    return datetime.date.fromisoformat(s)\n", False, False),
+    ("a deque with maxlen", DEQUE, "    return deque(xs, maxlen=k)\n", True, True),
+    ("a deque without maxlen", DEQUE, "    return deque(xs[-k:])\n", False, False),
+    (
+        "Counter, OrderedDict, defaultdict",
+        COUNTS,
+        "    groups = defaultdict(list)\n    for i, c in enumerate(s):\n        groups[c].append(i)\n"
+        "    return Counter(s), OrderedDict.fromkeys(s), groups\n",
+        True,
+        True,
+    ),
+    (
+        "a dict for a defaultdict",
+        COUNTS,
+        "    groups = {}\n    for i, c in enumerate(s):\n        groups.setdefault(c, []).append(i)\n"
+        "    return Counter(s), OrderedDict.fromkeys(s), groups\n",
+        False,
+        False,
+    ),
+    ("dict views", VIEWS, "    return d.keys(), d.values(), d.items()\n", True, True),
+    ("the wrong view", VIEWS, "    return d.values(), d.values(), d.items()\n", False, False),
+    (
+        "an endless generator, partly consumed",
+        NATURALS,
+        "    while True:\n        yield start\n        start += 1\n",
+        True,
+        True,
+    ),
+    (
+        "a generator that skips",
+        NATURALS,
+        "    while True:\n        yield start\n        start += 2\n",
+        False,
+        False,
+    ),
+    (
+        "a list nested 5000 deep",
+        DEEP,
+        "    x = []\n    for _ in range(n):\n        x = [x]\n    return x\n",
+        True,
+        True,
+    ),
+    (
+        "a list nested one less",
+        DEEP,
+        "    x = []\n    for _ in range(n - 1):\n        x = [x]\n    return x\n",
+        False,
+        False,
+    ),
+    # hostile: what the sample sends never passes and never stops the judge
+    (
+        "an instance whose state shadows the prompt's method",
+        POINT,
+        "    p = Point(x)\n    p.same = lambda other: True\n    return p\n",
+        True,
+        False,
+    ),
+    (
+        "a list that contains itself",
+        DEEP,
+        "    x = []\n    x.append(x)\n    return x\n",
+        False,
+        False,
+    ),
+    (
+        "a forged instance of a class the prompt does not define",
+        REVERSE,
+        forge("('ok', ('X', ('P', 0), [('p', '__main__', 'Nope', None, [])]), [], [])"),
+        False,
+        False,
+    ),
+    (
+        "a forged instance with a dunder attribute",
+        REVERSE,
+        forge(
+            "('ok', ('X', ('P', 0), [('p', '__main__', 'ListNode', None, [('__class__', 1)])]), [], [])"
+        ),
+        False,
+        False,
+    ),
+    (
+        "a forged entry that refers back to itself",
+        REVERSE,
+        forge("('ok', ('X', ('^', 0), [('s', ('L', [('^', 0)]))]), [], [])"),
+        False,
+        False,
+    ),
+    (
+        "a forged enum member",
+        COLOR,
+        forge("('ok', ('E', '__main__', 'Color', 'BLUE', None), [], [])"),
+        False,
+        False,
+    ),
+    (
+        "a forged enum of a module",
+        COLOR,
+        forge("('ok', ('E', 'os', 'system', 'x', None), [], [])"),
+        False,
+        False,
+    ),
+    (
+        "a forged callback",
+        CALLBACK,
+        forge("('cb', 'call', 7, ('L', []), ('D', []))"),
+        False,
+        False,
+    ),
 ]
 
 
@@ -236,3 +519,11 @@ def test_sandbox_none_judges_the_same() -> None:
     ]
     got = checker.check_batch([Job(p["task_id"], p, c) for _, p, c, *_ in picked], timeout=5)
     assert [v.passed for v in got] == [c[4] for c in picked]
+
+
+def test_driver_fits_one_command_line_argument() -> None:
+    """The sandbox driver runs as `-c` source: one argument is at most 128 KiB (MAX_ARG_STRLEN),
+    past which no sample runs at all ("Argument list too long")."""
+    from ckpteval.sandbox import _DRIVER_SOURCE
+
+    assert len(_DRIVER_SOURCE.encode()) < 128 << 10

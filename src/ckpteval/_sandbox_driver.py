@@ -115,16 +115,22 @@ write, secret tokens included. So the tests do not run in the sample's process a
 
 - the *sample* process (uid U, the sandbox uid, its rlimits, like any command) runs the program
   (prompt + completion, no tests) and then only serves calls: "call f with these arguments",
-  answering with the returned value as plain data (None, bool, int, float, complex, str, bytes,
-  list, tuple, dict, set, frozenset, range; iterators materialised) or, for any other object, an
-  opaque reference;
+  answering with the returned value as data (`_encode`: plain data inline; standard-library
+  values by tag; instances of the program's classes by class name and attributes, shared and
+  cyclic references kept; Enum members by class and name; iterators lazily, in chunks; see
+  `_Outbound`) or, for any other object, an opaque reference. The tests' callables the call
+  gets are callbacks: the sample's call of one comes back to the test process, which runs it
+  on the arguments as data (`_Callback`);
 - the *test* process (a fork of this driver: uid 0 with every capability dropped, the command's
   rlimits, `no_new_privs`, its own session) runs the trusted code: the prompt (for its helpers),
   the tests and `check(candidate)`, where `candidate` and every other name the tests take from
   the program are proxies that ask the sample process. Replies are parsed with
-  `ast.literal_eval` into fresh built-in values, so every comparison is the built-in one:
-  `__eq__` tricks, patched `AssertionError` or builtins, a replaced `check` live in the other
-  process and reach nothing here. An opaque reference equals only itself.
+  `ast.literal_eval` into fresh values, so every comparison is the built-in one or the
+  prompt's: an instance of the program's class becomes one of the tests' copy of the prompt's
+  class, made and filled without calling its code (`_fill`: an attribute that would shadow a
+  method of it is refused), so `__eq__` tricks, patched `AssertionError` or builtins, a
+  replaced `check` live in the other process and reach nothing here. An opaque reference
+  equals only itself.
 - The verdict is the test process's own report, sent on a pipe only it and the driver hold, and
   its exit status, which only the driver (its parent) sees. The sample process cannot read the
   tests (a 0600 file of uid 0), the test process's memory or fds (another uid: no ptrace, no
@@ -133,7 +139,9 @@ write, secret tokens included. So the tests do not run in the sample's process a
 """
 
 import ast
+import collections
 import ctypes
+import datetime
 import fcntl
 import json
 import math
@@ -1704,7 +1712,7 @@ class _SampleExited(_SampleGone):
 
 
 class _Channel:
-    """Length-prefixed `repr`s of plain data over a pair of pipes."""
+    """Length-prefixed `repr`s of literals over a pair of pipes."""
 
     def __init__(self, read_fd, write_fd):
         self.read_fd, self.write_fd = read_fd, write_fd
@@ -1734,30 +1742,71 @@ class _Channel:
         return b"".join(chunks)
 
 
-def _encode(value, refer, depth=0):  # noqa: C901 - one branch per plain type the channel carries, kept flat to audit
-    """Plain data as a tree of literals; anything else through `refer` (an opaque reference)."""
-    if depth > 200:
-        raise RecursionError("value nested too deeply")
+#: How deep `_encode` nests one tree: deeper values go out of line (see `_Outbound`), so a
+#: message's literal stays within what `ast.literal_eval` parses (200 nested brackets; a level
+#: takes up to 3) and no structure's depth is bounded by a recursion limit.
+_SPILL_DEPTH = 48
+_MAX_SPILLS = 1 << 14  # so a depth of 786k levels; a list that contains itself ends here
+
+#: Built-in types and functions that cross as themselves (`defaultdict(list)`, `key=len`).
+_BUILTIN_TYPES = (
+    "bool",
+    "bytes",
+    "complex",
+    "dict",
+    "float",
+    "frozenset",
+    "int",
+    "list",
+    "object",
+    "set",
+    "str",
+    "tuple",
+)
+_BUILTIN_FUNCTIONS = ("abs", "len", "max", "min", "ord", "chr", "repr", "round", "sorted", "sum")
+
+
+def _encode(value, out, depth=0):  # noqa: C901 - one branch per plain type the channel carries, kept flat to audit
+    """Plain data as a tree of literals, exact types first (the fast path); anything else
+    through `out.rich` (tagged values, program classes, opaque references: `_Outbound`)."""
+    if depth > _SPILL_DEPTH:
+        return out.spill(value)
     kind = type(value)
-    if value is None or kind is bool or kind is str or kind is bytes:
+    if value is None or kind is bool or kind is str:
         return value
     if kind is int:
         return value if value.bit_length() <= _BIG_INT_BITS else ("I", format(value, "x"))
     if kind is float:
         return value if math.isfinite(value) else ("F", repr(value))
+    if kind is list:
+        return ("L", [_encode(item, out, depth + 1) for item in value])
+    if kind is tuple:
+        return ("T", [_encode(item, out, depth + 1) for item in value])
+    if kind is dict:
+        return (
+            "D",
+            [(_encode(k, out, depth + 1), _encode(v, out, depth + 1)) for k, v in value.items()],
+        )
+    if kind is bytes:
+        return value
+    if kind is set or kind is frozenset:
+        return ("S" if kind is set else "Z", [_encode(item, out, depth + 1) for item in value])
     if kind is complex:
-        return ("C", _encode(value.real, refer), _encode(value.imag, refer))
+        return ("C", _encode(value.real, out), _encode(value.imag, out))
     if kind is range:
         return ("R", value.start, value.stop, value.step)
     if isinstance(value, bool):
         return bool(value)
-    fields = getattr(type(value), "_fields", None)
+    module = kind.__module__
+    if module in _TAGGED_MODULES:
+        return out.rich(value, depth)
+    fields = getattr(kind, "_fields", None)
     if isinstance(value, tuple) and type(fields) is tuple and all(type(f) is str for f in fields):
         return (
             "N",
-            str(type(value).__name__),
+            str(kind.__name__),
             list(fields),
-            [_encode(item, refer, depth + 1) for item in tuple.__iter__(value)],
+            [_encode(item, out, depth + 1) for item in tuple.__iter__(value)],
         )
     if isinstance(value, (list, tuple, set, frozenset)):
         tag = (
@@ -1770,39 +1819,419 @@ def _encode(value, refer, depth=0):  # noqa: C901 - one branch per plain type th
             else "Z"
         )
         base = list if tag == "L" else tuple if tag == "T" else set if tag == "S" else frozenset
-        return (tag, [_encode(item, refer, depth + 1) for item in base.__iter__(value)])
+        return (tag, [_encode(item, out, depth + 1) for item in base.__iter__(value)])
     if isinstance(value, dict):
         return (
             "D",
             [
-                (_encode(k, refer, depth + 1), _encode(v, refer, depth + 1))
+                (_encode(k, out, depth + 1), _encode(v, out, depth + 1))
                 for k, v in dict.items(value)
             ],
         )
+    enum = sys.modules.get("enum")
+    if enum is not None and isinstance(value, enum.Enum):  # an IntEnum's member is an int too
+        return out.rich(value, depth)
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, int):
-        return _encode(int.__index__(value), refer)
+        return _encode(int.__index__(value), out)
     if isinstance(value, float):
-        return _encode(float.__float__(value), refer)
+        return _encode(float.__float__(value), out)
     if isinstance(value, bytes):
         return bytes(value)
-    module = type(value).__module__
-    if module == "fractions" and type(value).__name__ == "Fraction":
-        return ("Q", _encode(value.numerator, refer), _encode(value.denominator, refer))
-    if module == "decimal" and type(value).__name__ == "Decimal":
+    if module == "fractions" and kind.__name__ == "Fraction":
+        return ("Q", _encode(value.numerator, out), _encode(value.denominator, out))
+    if module == "decimal" and kind.__name__ == "Decimal":
         return ("M", str(value))
-    if getattr(type(value), "__next__", None) is not None and iter(value) is value:
-        items = []
-        for item in value:
-            items.append(_encode(item, refer, depth + 1))
-            if len(items) > _MAX_ITEMS:
-                raise MemoryError("an endless iterator")
-        return ("G", items)
-    return refer(value)
+    return out.rich(value, depth)
 
 
-def _decode(tree, lookup, depth=0):  # noqa: C901 - the mirror of _encode, kept flat to audit
+def _pairs(mapping, out, depth):
+    return [(_encode(k, out, depth + 1), _encode(v, out, depth + 1)) for k, v in mapping.items()]
+
+
+def _encode_date(value, out, depth):
+    return ("Yd", value.year, value.month, value.day)
+
+
+def _encode_tz(tz):
+    """A fixed-offset `datetime.timezone` as (days, seconds, microseconds, name); another
+    tzinfo (its code decides its offsets) makes the value opaque."""
+    if tz is None:
+        return None
+    if type(tz) is not datetime.timezone:
+        raise TypeError("a tzinfo other than datetime.timezone")
+    offset = tz.utcoffset(None)
+    name = tz.tzname(None)
+    name = None if tz is datetime.UTC else name
+    return (offset.days, offset.seconds, offset.microseconds, name)
+
+
+def _encode_datetime(value, out, depth):
+    fields = (value.year, value.month, value.day, value.hour, value.minute, value.second)
+    return ("Yt", *fields, value.microsecond, value.fold, _encode_tz(value.tzinfo))
+
+
+def _encode_time(value, out, depth):
+    fields = (value.hour, value.minute, value.second, value.microsecond, value.fold)
+    return ("Yh", *fields, _encode_tz(value.tzinfo))
+
+
+def _encode_timedelta(value, out, depth):
+    return ("Yz", value.days, value.seconds, value.microseconds)
+
+
+def _encode_deque(value, out, depth):
+    items = [_encode(item, out, depth + 1) for item in value]
+    return ("Cq", items, value.maxlen)
+
+
+def _encode_counter(value, out, depth):
+    return ("Cc", _pairs(value, out, depth))
+
+
+def _encode_ordered(value, out, depth):
+    return ("Co", _pairs(value, out, depth))
+
+
+def _encode_defaultdict(value, out, depth):
+    return ("Cd", _encode(value.default_factory, out, depth + 1), _pairs(value, out, depth))
+
+
+def _encode_keys(value, out, depth):
+    return ("Vk", [_encode(item, out, depth + 1) for item in value])
+
+
+def _encode_values(value, out, depth):
+    return ("Vv", [_encode(item, out, depth + 1) for item in value])
+
+
+def _encode_items(value, out, depth):
+    return ("Vi", [(_encode(k, out, depth + 1), _encode(v, out, depth + 1)) for k, v in value])
+
+
+#: Standard-library value types that cross by tag, by exact type (a subclass's code is its own:
+#: it stays opaque). Their state is read through the C type's own accessors.
+_TAGGED = {
+    datetime.date: _encode_date,
+    datetime.datetime: _encode_datetime,
+    datetime.time: _encode_time,
+    datetime.timedelta: _encode_timedelta,
+    collections.deque: _encode_deque,
+    collections.Counter: _encode_counter,
+    collections.OrderedDict: _encode_ordered,
+    collections.defaultdict: _encode_defaultdict,
+    type({}.keys()): _encode_keys,
+    type({}.values()): _encode_values,
+    type({}.items()): _encode_items,
+    type(collections.OrderedDict().keys()): _encode_keys,
+    type(collections.OrderedDict().values()): _encode_values,
+    type(collections.OrderedDict().items()): _encode_items,
+}
+_TAGGED_MODULES = ("datetime", "collections")
+
+
+class _PlainOnly:
+    """An `_encode` target that takes plain data only (what `_SampleServer.changed` compares)."""
+
+    def spill(self, value):
+        raise TypeError("not plain data")
+
+    rich = spill
+
+
+class _Outbound:
+    """One message being encoded by `side` (`_Tests` or `_SampleServer`). What `_encode` does not
+    carry inline goes through `rich`: a standard-library value by tag (`_TAGGED`), an Enum member
+    by class and name, an instance of a class the program defines (the prompt's, on both sides)
+    by class and state, an iterator as a lazy reference, a callable of the tests' as a callback,
+    anything else as the side's opaque reference. Instances and values deeper than
+    `_SPILL_DEPTH` go out of line, into `work`: entry k is ("s", tree) for a spilled value (its
+    place says ("^", k)) or ("p", module, qualname, ref, [(name, tree), ...]) for an instance
+    (its places say ("P", k); `memo` gives one object one entry, so shared and cyclic references
+    survive). A message with entries is ("X", tree, entries); an entry refers only to later
+    entries and to instances, so `_load` decodes them last to first without recursing."""
+
+    __slots__ = ("side", "work", "memo", "spills")
+
+    def __init__(self, side):
+        self.side = side
+        self.work = []
+        self.memo = {}
+        self.spills = 0
+
+    def spill(self, value):
+        self.spills += 1
+        if self.spills > _MAX_SPILLS:
+            raise ValueError("a value nested too deeply, or a list or dict that contains itself")
+        self.work.append(("s", value))
+        return ("^", len(self.work) - 1)
+
+    def rich(self, value, depth):
+        kind = type(value)
+        tagged = _TAGGED.get(kind)
+        if tagged is not None:
+            try:
+                return tagged(value, self, depth)
+            except TypeError:  # a tzinfo with code of its own
+                return self.side.refer(value)
+        side = self.side
+        if kind is side.callback_type:
+            return side.own_callback(value)
+        enum = sys.modules.get("enum")
+        if enum is not None and isinstance(value, enum.Enum):
+            return ("E", kind.__module__, kind.__qualname__, value._name_, side.enum_extra(value))
+        if kind is type and value.__module__ == "builtins" and value.__name__ in _BUILTIN_TYPES:
+            return ("B", value.__name__)
+        if kind is type(len) and value.__name__ in _BUILTIN_FUNCTIONS:
+            import builtins
+
+            if getattr(builtins, value.__name__) is value:  # `key=len`: no callback per call
+                return ("B", value.__name__)
+        if isinstance(value, type) and value.__module__ == side.program_module:
+            return ("C", value.__module__, value.__qualname__, side.enum_extra(value))
+        if (
+            kind.__module__ == side.program_module
+            and kind.__new__ is object.__new__
+            and not isinstance(value, (type, BaseException))
+            and not callable(value)
+        ):
+            return self.instance(value)
+        if getattr(kind, "__next__", None) is not None and iter(value) is value:
+            return side.iterator(value)
+        if callable(value) and not isinstance(value, type):
+            return side.callable(value)
+        return side.refer(value)
+
+    def instance(self, value):
+        key = id(value)
+        if key in self.memo:
+            return ("P", self.memo[key])
+        self.work.append(("p", value))
+        self.memo[key] = len(self.work) - 1
+        return ("P", len(self.work) - 1)
+
+    def finish(self, tree):
+        """The message with out-of-line entries: ("X", tree, entries)."""
+        work = self.work
+        entries = []
+        for what, value in work:  # grows while it runs: entries add entries
+            if what == "s":
+                entries.append(("s", _encode(value, self)))
+            else:
+                kind = type(value)
+                state = [(name, _encode(item, self, 1)) for name, item in _state(value)]
+                ref = self.side.refer(value) if self.side.program_module == "__main__" else None
+                entries.append(("p", kind.__module__, kind.__qualname__, ref, state))
+        return ("X", tree, entries)
+
+
+def _dump(value, side):
+    """`value` encoded by `side`, as one message's tree."""
+    out = _Outbound(side)
+    tree = _encode(value, out)
+    return out.finish(tree) if out.work else tree
+
+
+def _state(obj):
+    """An instance's attributes: its `__dict__`, then its slots that are set."""
+    state = list(obj.__dict__.items()) if hasattr(obj, "__dict__") else []
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if type(slots) is str else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            try:
+                state.append((name, object.__getattribute__(obj, name)))
+            except AttributeError:  # unset
+                pass
+    return state
+
+
+class _Inbound:
+    """One message being decoded for `side`: its out-of-line entries (see `_Outbound`), decoded
+    so far, and the index of the entry being decoded (an entry refers only to later ones)."""
+
+    __slots__ = ("side", "entries", "floor", "kinds")
+
+    def __init__(self, side):
+        self.side = side
+        self.entries = ()
+        self.kinds = ()
+        self.floor = -1
+
+    def entry(self, tag, k):
+        if type(k) is not int or not 0 <= k < len(self.entries) or self.kinds[k] != tag:
+            raise _SampleGone("a malformed reference in a reply")
+        if tag == "s" and k <= self.floor:
+            raise _SampleGone("a reply's entry refers back")
+        return self.entries[k]
+
+
+def _load(tree, side, root=None):
+    """The value `_dump` made, decoded for `side` (untrusted: see `_decode`). `root`: an
+    instance the message's first entry stands for (a call changed it: `_Tests._mutate`)."""
+    kind = type(tree)
+    if tree is None or kind is bool or kind is int or kind is float or kind is str:
+        return tree
+    inbound = _Inbound(side)
+    if kind is not tuple or not tree or tree[0] != "X":
+        return _decode(tree, inbound)
+    if len(tree) != 3 or type(tree[2]) is not list:
+        raise _SampleGone("a malformed reply")
+    entries = tree[2]
+    if not all(type(e) is tuple and e and e[0] in ("s", "p") for e in entries):
+        raise _SampleGone("a malformed entry in a reply")
+    inbound.kinds = [e[0] for e in entries]
+    inbound.entries = [None] * len(entries)
+    for k, entry in enumerate(entries):  # instances first: entries may refer to any of them
+        if entry[0] == "p":
+            inbound.entries[k] = _shell(entry, inbound)
+    if root is not None and tree[1] == ("P", 0) and type(inbound.entries[0]) is type(root):
+        root.__dict__.clear()
+        inbound.entries[0] = root
+    for k in range(len(entries) - 1, -1, -1):
+        inbound.floor = k
+        entry = entries[k]
+        if entry[0] == "s" and len(entry) == 2:
+            inbound.entries[k] = _decode(entry[1], inbound)
+        elif entry[0] == "p" and type(entry[4]) is list:
+            state = []
+            for pair in entry[4]:
+                if type(pair) is not tuple or len(pair) != 2 or type(pair[0]) is not str:
+                    raise _SampleGone("a malformed instance in a reply")
+                state.append((pair[0], _decode(pair[1], inbound)))
+            side.fill(inbound.entries[k], state)
+        else:
+            raise _SampleGone("a malformed entry in a reply")
+    inbound.floor = -1
+    return _decode(tree[1], inbound)
+
+
+def _shell(entry, inbound):
+    """The instance an entry ("p", module, qualname, ref, state) becomes, still without state:
+    one of the class the receiving side's program defines by that name, made without calling
+    its `__init__`, or (the tests' side, no such class) the sample's object as a reference."""
+    if len(entry) != 5 or type(entry[1]) is not str or type(entry[2]) is not str:
+        raise _SampleGone("a malformed instance in a reply")
+    cls = inbound.side.program_class(entry[1], entry[2])
+    if cls is None:
+        return inbound.side.stand_in(entry[2], entry[3], inbound)
+    return object.__new__(cls)
+
+
+def _fill(obj, state, trusted_class):
+    """Set an instance's attributes as pickle does (its `__dict__`, or its slots), calling none
+    of its code. A class the side trusts (the tests' copy of the prompt's) gets data only: a
+    name that its class binds to a method or a descriptor (an instance attribute would shadow
+    the prompt's method with the sample's callable) is a malformed reply."""
+    for name, value in state:
+        if not name.isidentifier() or name.startswith("__"):
+            raise _SampleGone("a malformed attribute name in a reply")
+        static = None
+        for cls in type(obj).__mro__:
+            if name in cls.__dict__:
+                static = cls.__dict__[name]
+                break
+        if type(static).__name__ == "member_descriptor":
+            object.__setattr__(obj, name, value)
+        elif (
+            trusted_class
+            and static is not None
+            and (callable(static) or hasattr(type(static), "__get__"))
+        ):
+            raise _SampleGone(f"a reply's instance state shadows its class's {name!r}")
+        elif hasattr(obj, "__dict__"):
+            obj.__dict__[name] = value
+        else:
+            raise _SampleGone(f"a reply's instance has no attribute {name!r}")
+
+
+def _decode_tz(tz):
+    if tz is None:
+        return None
+    if type(tz) is not tuple or len(tz) != 4 or type(tz[3]) not in (str, type(None)):
+        raise TypeError("a malformed tzinfo")
+    offset = datetime.timedelta(*_ints(tz[:3]))
+    if tz[3] is None:
+        return datetime.timezone(offset)
+    return datetime.timezone(offset, tz[3])
+
+
+def _decode_pairs(pairs, inbound, depth):
+    if type(pairs) is not list:
+        raise _SampleGone("a malformed mapping in a reply")
+    result = []
+    for pair in pairs:
+        if type(pair) is not tuple or len(pair) != 2:
+            raise _SampleGone("a malformed mapping in a reply")
+        result.append((_decode(pair[0], inbound, depth + 1), _decode(pair[1], inbound, depth + 1)))
+    return result
+
+
+def _decode_items(items, inbound, depth):
+    if type(items) is not list:
+        raise _SampleGone("a malformed container in a reply")
+    return [_decode(item, inbound, depth + 1) for item in items]
+
+
+def _ints(values):
+    if not all(type(x) is int for x in values):
+        raise TypeError("fields must be ints")
+    return values
+
+
+def _decode_rich(tag, rest, inbound, depth):  # noqa: C901 - the mirror of `_Outbound.rich`, kept flat to audit
+    """The tagged values `_Outbound.rich` made; `_UNKNOWN` for a tag it never makes."""
+    side = inbound.side
+    if tag == "^" and len(rest) == 1:
+        return inbound.entry("s", rest[0])
+    if tag == "P" and len(rest) == 1:
+        return inbound.entry("p", rest[0])
+    if tag == "Yd" and len(rest) == 3:
+        return datetime.date(*_ints(rest))
+    if tag == "Yt" and len(rest) == 9:
+        return datetime.datetime(
+            *_ints(rest[:7]), tzinfo=_decode_tz(rest[8]), fold=_ints(rest[7:8])[0]
+        )
+    if tag == "Yh" and len(rest) == 6:
+        return datetime.time(*_ints(rest[:4]), tzinfo=_decode_tz(rest[5]), fold=_ints(rest[4:5])[0])
+    if tag == "Yz" and len(rest) == 3:
+        return datetime.timedelta(*_ints(rest))
+    if tag == "Cq" and len(rest) == 2 and (rest[1] is None or type(rest[1]) is int):
+        return collections.deque(_decode_items(rest[0], inbound, depth), rest[1])
+    if tag == "Cc" and len(rest) == 1:
+        return collections.Counter(dict(_decode_pairs(rest[0], inbound, depth)))
+    if tag == "Co" and len(rest) == 1:
+        return collections.OrderedDict(_decode_pairs(rest[0], inbound, depth))
+    if tag == "Cd" and len(rest) == 2:
+        factory = _decode(rest[0], inbound, depth + 1)
+        if factory is not None and not callable(factory):
+            raise TypeError("a defaultdict's factory must be callable")
+        return collections.defaultdict(factory, _decode_pairs(rest[1], inbound, depth))
+    if tag == "Vk" and len(rest) == 1:
+        return dict.fromkeys(_decode_items(rest[0], inbound, depth)).keys()
+    if tag == "Vv" and len(rest) == 1:
+        return dict(enumerate(_decode_items(rest[0], inbound, depth))).values()
+    if tag == "Vi" and len(rest) == 1:
+        return dict(_decode_pairs(rest[0], inbound, depth)).items()
+    if tag == "B" and len(rest) == 1 and rest[0] in _BUILTIN_TYPES + _BUILTIN_FUNCTIONS:
+        import builtins
+
+        return getattr(builtins, rest[0])
+    if tag == "C" and len(rest) == 3 and type(rest[0]) is str and type(rest[1]) is str:
+        return side.program_type(rest[0], rest[1], rest[2], inbound)
+    if tag == "E" and len(rest) == 4 and type(rest[0]) is str and type(rest[1]) is str:
+        return side.enum_member(rest[0], rest[1], rest[2], rest[3], inbound)
+    if tag in ("G", "K", "J") and len(rest) == 1:
+        return side.crossing(tag, rest[0])
+    return _UNKNOWN
+
+
+_UNKNOWN = object()
+
+
+def _decode(tree, inbound, depth=0):  # noqa: C901 - the mirror of _encode, kept flat to audit
     """The value `_encode` made (untrusted input: anything unexpected is a `_SampleGone`)."""
     if depth > 400:
         raise _SampleGone("a reply nested too deeply")
@@ -1813,15 +2242,15 @@ def _decode(tree, lookup, depth=0):  # noqa: C901 - the mirror of _encode, kept 
         raise _SampleGone(f"a malformed reply ({kind.__name__})")
     tag, rest = tree[0], tree[1:]
     try:
-        if tag in ("L", "T", "S", "Z", "G") and len(rest) == 1 and type(rest[0]) is list:
-            items = [_decode(item, lookup, depth + 1) for item in rest[0]]
-            return {"L": list, "T": tuple, "S": set, "Z": frozenset, "G": iter}[tag](items)
+        if tag in ("L", "T", "S", "Z") and len(rest) == 1 and type(rest[0]) is list:
+            items = [_decode(item, inbound, depth + 1) for item in rest[0]]
+            return {"L": list, "T": tuple, "S": set, "Z": frozenset}[tag](items)
         if tag == "D" and len(rest) == 1 and type(rest[0]) is list:
             result = {}
             for pair in rest[0]:
                 if type(pair) is not tuple or len(pair) != 2:
                     raise _SampleGone("a malformed dict in a reply")
-                result[_decode(pair[0], lookup, depth + 1)] = _decode(pair[1], lookup, depth + 1)
+                result[_decode(pair[0], inbound, depth + 1)] = _decode(pair[1], inbound, depth + 1)
             return result
         if (
             tag == "N"
@@ -1832,7 +2261,7 @@ def _decode(tree, lookup, depth=0):  # noqa: C901 - the mirror of _encode, kept 
             and len(rest[1]) == len(rest[2]) <= 255
         ):
             return _named_tuple(rest[0], tuple(rest[1]))(
-                *[_decode(item, lookup, depth + 1) for item in rest[2]]
+                *[_decode(item, inbound, depth + 1) for item in rest[2]]
             )
         if tag == "I" and len(rest) == 1 and type(rest[0]) is str:
             return int(rest[0], 16)
@@ -1843,7 +2272,7 @@ def _decode(tree, lookup, depth=0):  # noqa: C901 - the mirror of _encode, kept 
         if tag == "R" and len(rest) == 3 and all(type(x) is int for x in rest):
             return range(*rest)
         if tag == "O" and len(rest) == 2:
-            return lookup(rest[0], rest[1])
+            return inbound.side.lookup(rest[0], rest[1])
         if tag == "Q" and len(rest) == 2 and all(type(x) is int for x in rest) and rest[1]:
             import fractions
 
@@ -1852,9 +2281,56 @@ def _decode(tree, lookup, depth=0):  # noqa: C901 - the mirror of _encode, kept 
             import decimal
 
             return decimal.Decimal(rest[0])
-    except (TypeError, ValueError) as exc:  # an unhashable key, a field name that is no name
+        value = _decode_rich(tag, rest, inbound, depth)
+        if value is not _UNKNOWN:
+            return value
+    except (TypeError, ValueError, OverflowError) as exc:  # an unhashable key, a bad date, ...
         raise _SampleGone(f"a malformed reply: {exc}") from None
     raise _SampleGone(f"a malformed reply (tag {tag!r})")
+
+
+def _program_class(namespace, qualname):
+    """The class named `qualname` that the code run in `namespace` defines, if it does."""
+    parts = qualname.split(".")
+    cls = namespace.get(parts[0])
+    for part in parts[1:]:
+        cls = getattr(cls, part, None) if isinstance(cls, type) else None
+    if not isinstance(cls, type) or cls.__module__ != namespace.get("__name__"):
+        return None
+    return cls if cls.__qualname__ == qualname else None
+
+
+def _next_items(iterator, args):
+    """(ended, up to `args[0]` next items of `iterator`): one chunk of a lazy iterator."""
+    if len(args) != 1 or type(args[0]) is not int or not 0 < args[0] <= _CHUNK:
+        raise TypeError("a malformed request for items")
+    items = []
+    try:
+        while len(items) < args[0]:
+            items.append(next(iterator))
+    except StopIteration:
+        return (True, items)
+    return (False, items)
+
+
+#: Most items one request takes from a lazy iterator; the first takes 1, each next twice as
+#: many: at most about as many items are computed ahead as were asked for.
+_CHUNK = 1024
+
+
+def _remote_items(tests, ref):
+    """The sample's iterator, seen from the tests: a generator that asks the sample for its
+    items in chunks as it is consumed (a partly consumed or endless one works as in one
+    process; an exception the sample's iterator raises comes where its item would)."""
+    size = 1
+    while True:
+        reply = tests.ask("next", ref, (size,))
+        if type(reply) is not tuple or len(reply) != 2 or type(reply[1]) is not list:
+            tests._gone(_SampleGone("a malformed reply to next"))
+        yield from reply[1]
+        if reply[0] is True:
+            return
+        size = min(size * 2, _CHUNK)
 
 
 _NAMED_TUPLES = {}
@@ -1934,8 +2410,82 @@ class _Tests:
         self.mutated = ()
         self.gone = None  # the first _SampleGone: the verdict, whatever the tests caught
         self.namespace = {}  # the tests' globals: the prompt's exception classes
+        self.callbacks = []  # the tests' callables and iterators the sample holds, by index
 
-    def _lookup(self, ref, info):
+    # -- what `_Outbound` and `_Inbound` ask of this side (see them)
+
+    program_module = "__ckpteval_tests__"
+    callback_type = _Remote
+
+    def own_callback(self, value):
+        return ("O", value._ckpteval_id, None)
+
+    def refer(self, value):
+        raise TypeError(f"a test passes a {type(value).__name__} the sample process cannot get")
+
+    def enum_extra(self, value):
+        return None
+
+    def callable(self, value):
+        self.callbacks.append(value)
+        return ("K", len(self.callbacks) - 1)
+
+    def iterator(self, value):
+        self.callbacks.append(value)
+        return ("J", len(self.callbacks) - 1)
+
+    def program_class(self, module, qualname):
+        """The tests' copy of the prompt's class (or the tests' own) named `qualname`: a plain
+        class (no `__new__` of its own), never an exception or an enum."""
+        if module not in ("__main__", "__ckpteval_tests__"):
+            return None
+        cls = _program_class(self.namespace, qualname)
+        if cls is None or cls.__new__ is not object.__new__ or issubclass(cls, BaseException):
+            return None
+        return cls
+
+    def program_type(self, module, qualname, ref, inbound):
+        """A class of the program's: the tests' copy of the prompt's, or the sample's, opaque."""
+        cls = _program_class(self.namespace, qualname) if module == "__main__" else None
+        return cls if cls is not None else self.stand_in(qualname, ref, inbound)
+
+    def stand_in(self, qualname, ref, inbound):
+        if type(ref) is tuple and ref[:1] == ("O",):
+            return _decode(ref, inbound)  # a class of the sample's own: its object, opaque
+        raise _SampleGone(f"an instance of {qualname[:100]!r}, which the tests do not know")
+
+    def fill(self, obj, state):
+        if not isinstance(obj, _Remote):
+            _fill(obj, state, True)
+
+    def enum_member(self, module, qualname, name, extra, inbound):
+        """A member of the prompt's Enum or of an already imported module's (by class and
+        name); another one is the sample's object, opaque."""
+        if module in ("__main__", "__ckpteval_tests__"):
+            cls = _program_class(self.namespace, qualname)
+        elif module.split(".")[0] in _RUNNER_MODULES or module not in sys.modules:
+            cls = None
+        else:
+            cls = sys.modules[module]
+            for part in qualname.split("."):
+                cls = getattr(cls, part, None)
+        enum = sys.modules["enum"]
+        if isinstance(cls, type) and issubclass(cls, enum.Enum) and type(name) is str:
+            member = cls.__members__.get(name)
+            if member is not None:
+                return member
+        if type(extra) is tuple and extra[:1] == ("O",):
+            return _decode(extra, inbound)
+        raise _SampleGone(f"a member of {qualname[:100]!r}, which the tests do not know")
+
+    def crossing(self, tag, index):
+        if tag == "G":
+            return _remote_items(self, index)
+        if type(index) is not int or not 0 <= index < len(self.callbacks):
+            raise _SampleGone("a malformed callback in a reply")
+        return self.callbacks[index]
+
+    def lookup(self, ref, info):
         """The remote object a reply refers to (by the sample's number for it)."""
         if type(ref) is not int:
             raise _SampleGone("a malformed reference in a reply")
@@ -1954,14 +2504,9 @@ class _Tests:
         if name not in self.hacks:
             self.hacks.append(name)
 
-    def _arg(self, value):
-        if isinstance(value, _Remote):
-            return ("O", value._ckpteval_id, None)
-        raise TypeError(f"a test passes a {type(value).__name__} the sample process cannot get")
-
     def ask(self, op, target, args=(), kwargs=None):
         kwargs = kwargs or {}
-        request = (op, target, _encode(list(args), self._arg), _encode(kwargs, self._arg))
+        request = (op, target, _dump(list(args), self), _dump(kwargs, self))
         if self.gone is not None:
             raise self.gone  # no second conversation with a sample that is gone
         try:
@@ -1982,10 +2527,12 @@ class _Tests:
         return value
 
     def _mutate(self, arg, tree):
-        """What the call did to a list, dict or set the tests passed: done to the tests' own
-        object too, as if the call had run here (the new contents are the sample's, as data)."""
+        """What the call did to a list, dict or set or an instance of the prompt's class the tests
+        passed: done to the tests' own object too, as if the call had run here (the new contents
+        are the sample's, as data; an instance keeps its identity, so a cycle back to it too)."""
+        instance = type(arg).__module__ == self.program_module and hasattr(arg, "__dict__")
         try:
-            new = _decode(tree, self._lookup)
+            new = _load(tree, self, arg if instance else None)
         except _SampleGone as exc:
             self._gone(exc)
         if type(arg) is list and type(new) is list:
@@ -2005,7 +2552,7 @@ class _Tests:
         except _SampleGone as exc:
             self._gone(exc)
 
-    def _answer(self, ready):
+    def _receive(self):
         raw = self.channel.receive_raw()
         try:
             reply = ast.literal_eval(raw.decode("utf-8", "surrogatepass"))
@@ -2020,6 +2567,13 @@ class _Tests:
             raise _SampleGone(f"a malformed reply: {type(exc).__name__}", True) from None
         if type(reply) is not tuple or not reply:
             raise _SampleGone("a malformed reply", True)
+        return reply
+
+    def _answer(self, ready):
+        reply = self._receive()
+        while reply[0] == "cb":  # the sample calls one of the tests' callables first
+            self._call_back(reply)
+            reply = self._receive()
         for hack in (
             reply[2]
             if reply[0] in ("ok", "err") and len(reply) > 2 and type(reply[2]) is list
@@ -2034,7 +2588,7 @@ class _Tests:
                 and all(type(m) is tuple and len(m) == 2 for m in reply[3])
             ):
                 self.mutated = reply[3]
-            return _decode(reply[1], self._lookup)
+            return _load(reply[1], self)
         if reply[0] == "err" and len(reply) >= 4 and type(reply[1]) is str:
             raise self._exception(reply)
         if reply[0] == "exit":
@@ -2058,14 +2612,14 @@ class _Tests:
                     break
         if cls is None or not issubclass(cls, Exception):
             raise _SampleGone(f"the sample raised {reply[1][:100]}, which ends the tests")
-        args = _decode(reply[5], self._lookup) if len(reply) > 5 else ()
+        args = _load(reply[5], self) if len(reply) > 5 else ()
         args = args if type(args) is tuple else ()
         try:
             exc = cls.__new__(cls, *args)
         except Exception:  # noqa: BLE001 - a __new__ that wants other arguments
             exc = cls.__new__(cls)
         exc.args = args
-        attrs = _decode(reply[6], self._lookup) if len(reply) > 6 else {}
+        attrs = _load(reply[6], self) if len(reply) > 6 else {}
         for name, value in attrs.items() if type(attrs) is dict else ():
             if type(name) is str and not name.startswith("__"):
                 try:
@@ -2074,6 +2628,35 @@ class _Tests:
                     pass
         exc.add_note(f"raised by the sample:\n{str(reply[3])[-1500:]}")
         return exc
+
+    def _call_back(self, request):
+        """Run one of the tests' callables the sample called ("cb", "call", index, args,
+        kwargs), or take the next items of one of their iterators ("cb", "next", index, [n]):
+        trusted code on the sample's arguments as data; the reply is its result or the name
+        and message of what it raised."""
+        if (
+            len(request) != 5
+            or request[1] not in ("call", "next")
+            or type(request[2]) is not int
+            or not 0 <= request[2] < len(self.callbacks)
+        ):
+            raise _SampleGone("a malformed callback request")
+        target = self.callbacks[request[2]]
+        args, kwargs = _load(request[3], self), _load(request[4], self)
+        if type(args) is not list or type(kwargs) is not dict:
+            raise _SampleGone("a malformed callback request")
+        try:
+            if request[1] == "call":
+                value = target(*args, **kwargs)
+            else:
+                value = _next_items(target, args)
+            message = ("ret", _dump(value, self))
+        except Exception as exc:  # noqa: BLE001 - the sample's to catch, as in one process
+            message = ("raise", type(exc).__name__, str(exc)[:2000])
+        try:
+            self.channel.send(message)
+        except OSError:
+            raise _SampleGone("the sample process ended while the tests ran") from None
 
 
 #: Modules whose exceptions mean something to a test runner (a skip, a test framework's own
@@ -2280,7 +2863,7 @@ def _serve_sample(path, env, tests_path):
     os.environ.update(env)
     sys.argv = [path]
     channel = _Channel(3, 4)
-    server = _SampleServer(path)
+    server = _SampleServer(path, channel)
     sys.addaudithook(server.hook)
     reply = server.run(server.program)
     if reply[0] == "err" and reply[1] == "MemoryError":
@@ -2299,14 +2882,33 @@ def _serve_sample(path, env, tests_path):
         reply = server.run(functools.partial(server.step, op, target, args, kwargs))
 
 
+class _Callback:
+    """A callable of the tests', seen from the program: calling it asks the tests' process to
+    run it on the arguments (as data) and returns its result (`_SampleServer.call_back`)."""
+
+    __slots__ = ("_server", "_index")
+
+    def __init__(self, server, index):
+        self._server, self._index = server, index
+
+    def __call__(self, *args, **kwargs):
+        return self._server.call_back("call", self._index, args, kwargs)
+
+    def __repr__(self):
+        return f"<tests' callable {self._index}>"
+
+
 class _SampleServer:
     """The sample process's side of the channel: the program's namespace, the objects it handed
     out (by number), and the hints of hacks its audit hook saw."""
 
-    def __init__(self, path):
+    def __init__(self, path, channel):
         import builtins
 
         self.path = path
+        self.channel = channel
+        self.pending = {}  # the exception an iterator raised after the items it sent last
+        self.stand_ins = {}
         self.hacks = []
         self.auditing = False
         self.busy = False  # the hook's own calls (sys._getframe) are not the sample's
@@ -2373,6 +2975,96 @@ class _SampleServer:
             pass
         return ("O", ref, info)
 
+    # -- what `_Outbound` and `_Inbound` ask of this side (see them)
+
+    program_module = "__main__"
+    callback_type = _Callback
+
+    def own_callback(self, value):
+        return ("K", value._index)
+
+    def enum_extra(self, value):
+        return self.refer(value)
+
+    callable = refer
+
+    def iterator(self, value):
+        return ("G", self.refer(value)[1])
+
+    def program_class(self, module, qualname):
+        if module not in ("__main__", "__ckpteval_tests__"):
+            return None
+        return _program_class(self.namespace, qualname)
+
+    def program_type(self, module, qualname, _ref, _inbound):
+        cls = self.program_class(module, qualname)
+        return cls if cls is not None else type(self.stand_in(qualname, None, None))
+
+    def stand_in(self, qualname, _ref, _inbound):
+        """An instance of a class the tests define and the program does not: one of a class of
+        that name with no methods, its attributes alone (what duck typing needs)."""
+        if qualname not in self.stand_ins:
+            name = qualname.rsplit(".", 1)[-1]
+            cls = type(name, (), {"__module__": "__main__", "__qualname__": qualname})
+            self.stand_ins[qualname] = cls
+        return object.__new__(self.stand_ins[qualname])
+
+    def fill(self, obj, state):
+        _fill(obj, state, False)
+
+    def enum_member(self, module, qualname, name, _extra, _inbound):
+        import importlib
+
+        if module in ("__main__", "__ckpteval_tests__"):
+            cls = _program_class(self.namespace, qualname)
+        else:
+            cls = importlib.import_module(module)
+            for part in qualname.split("."):
+                cls = getattr(cls, part)
+        return cls.__members__[name]
+
+    def crossing(self, tag, index):
+        if type(index) is not int:
+            raise TypeError("a malformed reference")
+        if tag == "K":
+            return _Callback(self, index)
+        if tag == "J":
+            return self.pull(index)
+        return self.objects[index]
+
+    def pull(self, index):
+        """An iterator of the tests', seen from the program (see `_remote_items`)."""
+        size = 1
+        while True:
+            ended, items = self.call_back("next", index, (size,), {})
+            yield from items
+            if ended:
+                return
+            size = min(size * 2, _CHUNK)
+
+    def call_back(self, op, index, args, kwargs):
+        """Call one of the tests' callables (or take items of an iterator): the tests' process
+        runs it and answers; calls the tests make meanwhile are served here first."""
+        import builtins
+        import functools
+
+        auditing = self.auditing
+        self.auditing = False
+        try:
+            self.channel.send(("cb", op, index, _dump(list(args), self), _dump(kwargs, self)))
+            while True:
+                message = ast.literal_eval(self.channel.receive_raw().decode())
+                if message[0] == "ret":
+                    return _load(message[1], self)
+                if message[0] == "raise":
+                    cls = getattr(builtins, message[1], None)
+                    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                        cls = Exception
+                    raise cls(message[2])
+                self.channel.send(self.run(functools.partial(self.step, *message)))
+        finally:
+            self.auditing = auditing
+
     def lookup(self, ref, _info):
         if type(ref) is tuple and len(ref) == 2 and ref[0] == "name":
             if ref[1] not in self.namespace:
@@ -2395,14 +3087,14 @@ class _SampleServer:
                 for c in type(exc).__mro__
                 if issubclass(c, BaseException)
             ]
-            args = _encode(tuple(exc.args), self.refer)
+            args = _dump(tuple(exc.args), self)
             attrs = {
                 k: v
                 for k, v in getattr(exc, "__dict__", {}).items()
                 if type(k) is str and not k.startswith("__")
             }
             attrs.update(_builtin_exception_fields(exc))
-            return (*reply, classes, args, _encode(attrs, self.refer))
+            return (*reply, classes, args, _dump(attrs, self))
         except BaseException:  # noqa: BLE001 - args the channel cannot carry: the name only
             return reply
 
@@ -2413,7 +3105,7 @@ class _SampleServer:
         try:
             value = step()
             self.auditing = False
-            return ("ok", _encode(value, self.refer), list(self.hacks), list(self.mutated))
+            return ("ok", _dump(value, self), list(self.hacks), list(self.mutated))
         except SystemExit as exc:
             self.auditing = False
             return ("exit", exc.code if isinstance(exc.code, (int, str, type(None))) else 1)
@@ -2426,19 +3118,20 @@ class _SampleServer:
 
     def changed(self, args, kwargs, sent_args, sent_kwargs):
         """The lists, dicts and sets among the arguments that the call changed (plain data
-        only), for the tests to see the change (a test may check an in-place sort)."""
-
-        def plain(value):
-            raise TypeError("not plain data")
-
+        only), and the instances of the program's classes (as they are now), for the tests to
+        see the change (a test may check an in-place sort, or a linked list reordered)."""
+        sent_args = sent_args[1] if sent_args[0] == "X" else sent_args
+        sent_kwargs = sent_kwargs[1] if sent_kwargs[0] == "X" else sent_kwargs
         try:
             pairs = [(i, a, sent_args[1][i]) for i, a in enumerate(args)]
             pairs += [(k, v, sent[1]) for (k, v), sent in zip(kwargs.items(), sent_kwargs[1])]
             for key, value, before in pairs:
                 if type(value) in (list, dict, set):
-                    after = _encode(value, plain)
+                    after = _encode(value, _PlainOnly())
                     if after != before:
                         self.mutated.append((key, after))
+                elif type(before) is tuple and before[:1] == ("P",):
+                    self.mutated.append((key, _dump(value, self)))
         except (TypeError, IndexError, RecursionError):
             pass
 
@@ -2463,7 +3156,7 @@ class _SampleServer:
 
     def step(self, op, target, sent_args, sent_kwargs):
         """One request of the tests': names, or an operation on one of the program's objects."""
-        args, kwargs = _decode(sent_args, self.lookup), _decode(sent_kwargs, self.lookup)
+        args, kwargs = _load(sent_args, self), _load(sent_kwargs, self)
         if op == "names":
             return self.names(args)
         obj = self.lookup(target, None)
@@ -2478,6 +3171,21 @@ class _SampleServer:
             return len(obj)
         if op == "list":
             return list(obj)
+        if op == "next":
+            if target in self.pending:
+                raise self.pending.pop(target)
+            size = args[0] if len(args) == 1 and type(args[0]) is int else 1
+            items = []
+            try:
+                while len(items) < min(max(size, 1), _CHUNK):
+                    items.append(next(obj))
+            except StopIteration:
+                return (True, items)
+            except Exception as exc:  # noqa: BLE001 - raised after some items: comes after them
+                if not items:
+                    raise
+                self.pending[target] = exc
+            return (False, items)
         if op == "getitem":
             return obj[args[0]]
         if op == "getattr":

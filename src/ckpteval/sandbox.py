@@ -129,7 +129,17 @@ _DRIVER_CAPS = (
 #: A command's wall clock is a backstop for programs that block (sleep, wait): at least this many
 #: times its CPU budget, so that load on the machine does not turn a CPU-bound pass into a timeout.
 WALL_FACTOR = 2.0
-_DRIVER_SOURCE = (Path(__file__).with_name("_sandbox_driver.py")).read_text(encoding="utf-8")
+
+
+def _driver_source() -> str:
+    """The driver as `-c` source without its module docstring (blank lines keep its line
+    numbers): one argument of a command line is at most 128 KiB (MAX_ARG_STRLEN)."""
+    source = Path(__file__).with_name("_sandbox_driver.py").read_text(encoding="utf-8")
+    end = source.index('\n"""\n', 3) + 5
+    return "\n" * source.count("\n", 0, end) + source[end:]
+
+
+_DRIVER_SOURCE = _driver_source()
 
 
 class SandboxError(RuntimeError):

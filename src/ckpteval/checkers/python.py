@@ -74,7 +74,10 @@ class PythonChecker(Checker):
     #: 3: a bodiless stub's prompt helpers come from the prompt, never the sample.
     #: 4: the sample's exit fails it whatever the tests catch (it could pass under
     #: `except Exception:`); its exceptions reach the tests with their class and args.
-    version = "4"
+    #: 5: values of any type the tests use cross as in one process (callbacks, the prompt's class
+    #: instances, enum members, dates, collections, views, lazy generators, any depth), where
+    #: honest samples failed with a TypeError in the tests before.
+    version = "5"
     default_timeout = 10.0
     compiles = True
     languages = ("python",)

