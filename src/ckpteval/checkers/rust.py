@@ -392,7 +392,9 @@ class RustChecker(Checker):
     #: 5: a neighbour's trait impls can no longer make a correct sample a compile_error.
     #: 6: flags and refusals read tokens: words in comments, strings or longer identifiers,
     #: prelude-named variants and std-named aliases the tests cannot see are honest.
-    version = "6"
+    #: 7: the implied-bounds soundness hole's shape (rust-lang/rust#25860) is refused: safe code
+    #: that extends a lifetime read the pass tokens from the harness's stack and passed.
+    version = "7"
     default_timeout = 10.0
     compiles = True
     streams = False  # a call's samples are compiled together
@@ -1102,6 +1104,13 @@ def _process_hacks(
         refused = refused or (
             "ckpteval: unsafe code or FFI (unsafe, extern) can leave a test other than by "
             "returning or panicking, or read the harness's memory; not passed"
+        )
+    if rust_hacks.extends_lifetimes(code) and "binary_wide_code" not in hacks:
+        hacks.append("binary_wide_code")
+        refused = refused or (
+            "ckpteval: a lifetime-extension shape (rust-lang/rust#25860: a reference to a type "
+            "with another named lifetime, and a fn pointer, for<..>/Fn(..) bound or impl "
+            "header that loses the bound) lets safe code read the harness's memory; not passed"
         )
     if rust_hacks.exits(code):
         hacks.append("exit_before_tests")
