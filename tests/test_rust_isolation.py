@@ -23,8 +23,9 @@ correct and wrong neighbours of the same problem:
   a `#[no_mangle]` unwinding symbol) are refused, on samples whose answer is right;
 - (issue 48) safe code that extends a lifetime through the compiler's implied-bounds hole
   (rust-lang/rust#25860), reads its test's token from the harness's stack frame, prints the
-  harness's record with it and a libtest report, and exits 0: refused by its shape, and shown
-  to forge a pass when that refusal is off (`test_stack_reader_forges_without_its_refusal`).
+  harness's record with it and a libtest report, and exits 0: refused by its shape; with that
+  refusal off it fails where the entry point runs in a process of its own and forges a pass
+  where it runs in the tests' process (`test_stack_reader_without_its_refusal`).
 
 Each attacker's own answer is wrong, so any pass would be forged. The tests check that every
 neighbour's verdict (and every attacker's) equals its verdict when compiled alone, that no
@@ -591,15 +592,119 @@ def test_a_trait_impl_whose_target_name_may_mean_another_type_compiles_alone() -
     assert [_key(v) for v in _check(jobs)] == [(True, None, True)] * 4
 
 
-def test_stack_reader_forges_without_its_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the shape refusal stands in for: the pass tokens live in the sample's own address
-    space, so safe code that reaches arbitrary memory through a compiler soundness hole reads its
-    test's token and forges a pass (docs/evaluate.md, "Rust: the pass signal"). If this fails
-    because the sample no longer compiles, rustc closed the hole: say so there."""
+#: A problem whose entry point takes `&mut`: the caller must see the change, so the function
+#: runs in the tests' process (`rust.prompt_contract`), where only the shape refusal stands.
+IN_PLACE = {
+    "task_id": "in_place",
+    "entry_point": "add_two",
+    "prompt": "/// Add `b` to `total`.\nfn add_two(total: &mut i64, b: i64) {\n",
+    "canonical_solution": "    *total += b;\n}\n",
+    "tests": "#[cfg(test)]\nmod tests {\n    use super::*;\n\n    #[test]\n    fn test_add_two() {\n"
+    "        let mut total = 2;\n        add_two(&mut total, 3);\n        assert_eq!(total, 5);\n"
+    "    }\n}\n",
+}
+
+
+def test_stack_reader_without_its_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What stands behind the shape refusal. Where the entry point runs in a process of its own
+    (`ckpteval_harness::call`), the sample's code has no token in its memory that could reach
+    the verdict: its stdout is /dev/null and its exit fails the test. Where it runs in the
+    tests' process (`&mut` parameters, generics, return types the harness cannot carry), safe
+    code that reaches arbitrary memory through a compiler soundness hole reads its test's token
+    and forges a pass (docs/evaluate.md, "Rust: the pass signal"); if that sample stops
+    compiling, rustc closed the hole: say so there."""
     assert rust_checker.static_hacks(STACK_READER, ADD)[0] == [
         "binary_wide_code",
         "exit_before_tests",
     ]
     monkeypatch.setattr(rust_checker.rust_hacks, "extends_lifetimes", lambda code: False)
-    verdict = _check([Job(ADD["task_id"], ADD, STACK_READER)])[0]
-    assert verdict.passed and verdict.hack == "exit_before_tests", verdict
+    apart, together, honest = _check(
+        [
+            Job(ADD["task_id"], ADD, STACK_READER),
+            Job("in_place", IN_PLACE, STACK_READER),
+            Job("in_place", IN_PLACE, IN_PLACE["canonical_solution"]),
+        ]
+    )
+    assert (apart.passed, apart.error_type, apart.hack) == (
+        False,
+        "runtime_error",
+        "exit_before_tests",
+    ), apart
+    assert "exited before its function returned" in apart.stderr_tail
+    assert together.passed and together.hack == "exit_before_tests", together
+    assert honest.passed and honest.hack is None, honest
+
+
+def _problem(name: str, prompt: str, tests: str) -> dict[str, Any]:
+    return {
+        "task_id": name,
+        "entry_point": name,
+        "prompt": prompt,
+        "tests": "#[cfg(test)]\nmod tests {\n    use super::*;\n    #[test]\n"
+        f"    fn test_{name}() {{\n{tests}    }}\n}}\n",
+    }
+
+
+#: Return types the harness carries from the sample's process to the tests': (problem, right
+#: body, wrong body).
+CARRIED = [
+    (
+        _problem(
+            "index",
+            "use std::collections::HashMap;\n"
+            "fn index(words: &[&str]) -> HashMap<String, Vec<(usize, f64)>> {\n",
+            '        let got = index(&["é", "b", "é"]);\n        assert_eq!(got["é"], vec![(0, 0.5), (2, 0.5)]);\n'
+            "        assert_eq!(got.len(), 2);\n",
+        ),
+        "    let mut out: HashMap<String, Vec<(usize, f64)>> = HashMap::new();\n"
+        "    for (i, w) in words.iter().enumerate() {\n"
+        "        out.entry(w.to_string()).or_default().push((i, 0.5));\n    }\n    out\n}\n",
+        "    let mut out = HashMap::new();\n    out.insert(words[0].to_string(), vec![(0, 0.5)]);\n"
+        "    out\n}\n",
+    ),
+    (
+        _problem(
+            "split",
+            "fn split(text: String) -> (Option<char>, std::collections::BTreeSet<u64>, bool) {\n",
+            '        let (first, lens, empty) = split("ab c".to_string());\n'
+            "        assert_eq!(first, Some('a'));\n"
+            "        assert_eq!(lens.into_iter().collect::<Vec<_>>(), vec![1, 2]);\n"
+            "        assert!(!empty);\n",
+        ),
+        "    let lens = text.split(' ').map(|w| w.len() as u64).collect();\n"
+        "    (text.chars().next(), lens, text.is_empty())\n}\n",
+        "    (text.chars().last(), Default::default(), false)\n}\n",
+    ),
+    (
+        _problem(
+            "half",
+            "fn half(n: i64) -> Result<i64, String> {\n",
+            '        assert_eq!(half(4), Ok(2));\n        assert_eq!(half(3), Err("odd".to_string()));\n'
+            '        let caught = std::panic::catch_unwind(|| half(-1)).unwrap_err();\n'
+            '        assert!(caught.downcast_ref::<String>().unwrap().contains("negative"));\n',
+        ),
+        '    if n < 0 {\n        panic!("negative");\n    }\n'
+        '    if n % 2 == 0 { Ok(n / 2) } else { Err("odd".to_string()) }\n}\n',
+        '    if n < 0 {\n        panic!("below zero");\n    }\n'
+        '    if n % 2 == 0 { Ok(n / 2) } else { Err("odd".to_string()) }\n}\n',
+    ),
+]
+
+
+def test_entry_point_results_cross_processes_intact() -> None:
+    """The entry point runs in a child of the tests' process and its result comes back as
+    bytes: maps, sets, tuples, options, non-ASCII strings, floats and `Result`s arrive equal, a
+    panic arrives as a panic with the sample's message, and a wrong value still fails."""
+    for problem, _, _ in CARRIED:
+        assert "ckpteval_harness::call" in (
+            rust_checker.prompt_contract(problem["prompt"], problem["entry_point"]) or ""
+        ), problem["task_id"]
+    jobs = [
+        Job(problem["task_id"], problem, body)
+        for problem, right, wrong in CARRIED
+        for body in (right, wrong)
+    ]
+    verdicts = _check(jobs)
+    assert [_key(v) for v in verdicts] == [(True, None, True), (False, "wrong_answer", True)] * 3, [
+        (v.error_type, v.stderr_tail[-300:]) for v in verdicts
+    ]
