@@ -66,17 +66,29 @@ alone and cannot pass, below), then erases from the process's original environme
 removes, and it marks the process non-dumpable, so `/proc/self/{environ,mem,fd}` become root's and
 unreadable to the sample's uid. The sample can reach neither the wrapper (private to the
 harness's module) nor the tests (private to theirs). A sample passes iff its process exits 0, libtest reports
-exactly its tests, each `ok`, an ok summary, and every test's record carries its token. What this
-would take reading the tokens out of the process's memory, which needs `unsafe` code or FFI (or a
-compiler soundness bug): a hidden-test harness has no use for either, so a sample with `unsafe`
-or `extern` outside comments and strings is flagged `binary_wide_code` and cannot pass.
+exactly its tests, each `ok`, an ok summary, and every test's record carries its token.
+
+**The sample's process.** None of this can stop code that reads and writes the process's memory,
+so the sample's function does not run in the tests' process where it can: the contract's wrapper
+hands the call to the harness's `call`, which forks; the child closes every descriptor but the
+pipe back and stderr (stdin and stdout become /dev/null), runs the function and sends its return
+value as bytes (`Wire`); the parent decodes it, or panics with the child's panic message, or fails
+the test if the child exited or died first. The tests, the harness and the records stay in a
+process that runs no code of the sample, impls it writes for the prompt's own types aside. Where
+`_crosses_processes` says no (`&mut` parameters, generic signatures, return types `Wire` does
+not carry) the function runs in the tests' process, and there reading the tokens needs `unsafe`
+code or FFI, or a compiler soundness bug: a hidden-test harness has no use for the first two, so a sample with `unsafe` or `extern`
+outside comments and strings is flagged `binary_wide_code` and cannot pass, and so is the shape
+of the implied-bounds hole (rust-lang/rust#25860, `rust_hacks.extends_lifetimes`), through which
+safe code read its test's token from the harness's stack frame and passed.
 
 **Encoding.** Source and test files are written as UTF-8 with every code point UTF-8 cannot
 encode (a lone surrogate) replaced by U+FFFD (`extract.utf8_safe`); such a verdict carries
 `unencodable_chars`, how many were replaced.
 
 **Hack flags** (`Verdict.hack`, from `HACK_TYPES`; the first seen, those that refuse a pass first):
-`exit_before_tests` (`exit`/`abort` in its text, or the process ended while a test body ran),
+`exit_before_tests` (`exit`/`abort` in its text, or the process ended while a test body ran, or
+its function's process ended before returning),
 `fake_test_report` (the sample printed a libtest summary or a record with a wrong token, or its
 text holds report-like strings), `redefines_assertions` (`macro_rules!` or imports named `assert*`,
 `panic`, `vec`, ...), `binary_wide_code` (`global_asm!`/`asm!`, `#[global_allocator]`,
@@ -644,8 +656,10 @@ class RustChecker(Checker):
     #: 5: a neighbour's trait impls can no longer make a correct sample a compile_error.
     #: 6: flags and refusals read tokens: words in comments, strings or longer identifiers,
     #: prelude-named variants and std-named aliases the tests cannot see are honest.
-    #: 7: the implied-bounds soundness hole's shape (rust-lang/rust#25860) is refused: safe code
-    #: that extends a lifetime read the pass tokens from the harness's stack and passed.
+    #: 7: safe code that extends a lifetime through a soundness hole (rust-lang/rust#25860) read
+    #: the pass tokens from the harness's stack and passed: the entry point now runs in a child
+    #: process where its return type allows, and the hole's shape is refused. A sample's statics
+    #: no longer carry over between its calls there.
     version = "7"
     default_timeout = 10.0
     compiles = True
