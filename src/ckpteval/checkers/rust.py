@@ -502,14 +502,11 @@ mod ckpteval_harness {
         )*};
     }
     wire_tuples!((A 0), (A 0, B 1), (A 0, B 1, C 2), (A 0, B 1, C 2, D 3));
-    /// Call the sample's function in a child process and return what it returned: the tests,
-    /// the harness and the tokens stay in this process, which no code of the sample runs in.
-    /// The child can reach nothing of this process's but the pipe its result comes back on
-    /// (stdin and stdout become /dev/null, other descriptors are closed before the sample's
-    /// code runs; stderr stays, for its messages); a child that exits, is killed or sends
-    /// bytes that are no value of `R` makes the test fail here.
-    #[track_caller]
-    {vis} fn call<R: Wire, F: ::std::ops::FnOnce() -> R>(f: F) -> R {
+    /// `body` run in a child process (see `call`): the bytes it sent back (0 and its value, or
+    /// 1 and its panic message) and its wait status. Not generic: compiled once per crate.
+    fn in_child(
+        body: &mut dyn ::std::ops::FnMut() -> ::std::vec::Vec<u8>,
+    ) -> (::std::vec::Vec<u8>, ::std::os::raw::c_int) {
         let mut fds = [0 as ::std::os::raw::c_int; 2];
         if unsafe { pipe(fds.as_mut_ptr()) } != 0 {
             ::std::panic!("ckpteval: no pipe for the sample's process");
@@ -538,10 +535,10 @@ mod ckpteval_harness {
                 *PANIC.lock().unwrap_or_else(|e| e.into_inner()) = ::std::string::ToString::to_string(info);
             }));
             let mut out = ::std::vec::Vec::new();
-            match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(f)) {
+            match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| body())) {
                 ::std::result::Result::Ok(value) => {
                     out.push(0);
-                    value.put(&mut out);
+                    out.extend_from_slice(&value);
                 }
                 ::std::result::Result::Err(_) => {
                     out.push(1);
@@ -575,6 +572,24 @@ mod ckpteval_harness {
             close(fds[0]);
             waitpid(pid, &mut status, 0);
         }
+        (bytes, status)
+    }
+    /// Call the sample's function in a child process and return what it returned: the tests,
+    /// the harness and the tokens stay in this process, which no code of the sample runs in.
+    /// The child can reach nothing of this process's but the pipe its result comes back on
+    /// (stdin and stdout become /dev/null, other descriptors are closed before the sample's
+    /// code runs; stderr stays, for its messages); a child that exits, is killed or sends
+    /// bytes that are no value of `R` makes the test fail here.
+    #[track_caller]
+    {vis} fn call<R: Wire, F: ::std::ops::FnOnce() -> R>(f: F) -> R {
+        let mut f = ::std::option::Option::Some(f);
+        let (bytes, status) = in_child(&mut || {
+            let mut out = ::std::vec::Vec::new();
+            if let ::std::option::Option::Some(f) = f.take() {
+                f().put(&mut out);
+            }
+            out
+        });
         let mut input = &bytes[..];
         match take_bytes(&mut input, 1) {
             ::std::option::Option::Some([0]) => match R::get(&mut input) {
