@@ -609,7 +609,7 @@ IN_PLACE = {
 def test_stack_reader_without_its_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
     """What stands behind the shape refusal. Where the entry point runs in a process of its own
     (`ckpteval_harness::call`), the sample's code has no token in its memory that could reach
-    the verdict: its stdout is /dev/null and its exit fails the test. Where it runs in the
+    the verdict: its stdout goes to stderr, which decides no pass, and its exit fails the test. Where it runs in the
     tests' process (`&mut` parameters, generics, return types the harness cannot carry), safe
     code that reaches arbitrary memory through a compiler soundness hole reads its test's token
     and forges a pass (docs/evaluate.md, "Rust: the pass signal"); if that sample stops

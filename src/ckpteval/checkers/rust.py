@@ -71,7 +71,8 @@ exactly its tests, each `ok`, an ok summary, and every test's record carries its
 **The sample's process.** None of this can stop code that reads and writes the process's memory,
 so the sample's function does not run in the tests' process where it can: the contract's wrapper
 hands the call to the harness's `call`, which forks; the child closes every descriptor but the
-pipe back and stderr (stdin and stdout become /dev/null), runs the function and sends its return
+pipe back and stderr (stdin becomes /dev/null, stdout goes to stderr: records are read from
+stdout only, and the output cap still applies), runs the function and sends its return
 value as bytes (`Wire`); the parent decodes it, or panics with the child's panic message, or fails
 the test if the child exited or died first. The tests, the harness and the records stay in a
 process that runs no code of the sample, impls it writes for the prompt's own types aside. Where
@@ -519,7 +520,7 @@ mod ckpteval_harness {
             unsafe {
                 let null = open(b"/dev/null\0".as_ptr() as *const ::std::os::raw::c_char, 2);
                 dup2(null, 0);
-                dup2(null, 1);
+                dup2(2, 1);
                 dup2(fds[1], 3);
                 // close_range(2), number 436 on every Linux architecture (>= 5.9), called by
                 // number: glibc < 2.34 has no wrapper; on older kernels, one by one.
@@ -577,9 +578,9 @@ mod ckpteval_harness {
     /// Call the sample's function in a child process and return what it returned: the tests,
     /// the harness and the tokens stay in this process, which no code of the sample runs in.
     /// The child can reach nothing of this process's but the pipe its result comes back on
-    /// (stdin and stdout become /dev/null, other descriptors are closed before the sample's
-    /// code runs; stderr stays, for its messages); a child that exits, is killed or sends
-    /// bytes that are no value of `R` makes the test fail here.
+    /// (stdin becomes /dev/null, stdout goes to stderr, which decides no pass but keeps the
+    /// output cap; other descriptors are closed before the sample's code runs); a child that
+    /// exits, is killed or sends bytes that are no value of `R` makes the test fail here.
     #[track_caller]
     {vis} fn call<R: Wire, F: ::std::ops::FnOnce() -> R>(f: F) -> R {
         let mut f = ::std::option::Option::Some(f);
