@@ -608,12 +608,12 @@ IN_PLACE = {
 
 def test_stack_reader_without_its_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
     """What stands behind the shape refusal. Where the entry point runs in a process of its own
-    (`ckpteval_harness::call`), the sample's code has no token in its memory that could reach
-    the verdict: its stdout goes to stderr, which decides no pass, and its exit fails the test. Where it runs in the
-    tests' process (`&mut` parameters, generics, return types the harness cannot carry), safe
-    code that reaches arbitrary memory through a compiler soundness hole reads its test's token
-    and forges a pass (docs/evaluate.md, "Rust: the pass signal"); if that sample stops
-    compiling, rustc closed the hole: say so there."""
+    (`ckpteval_harness::call`), the token the sample's code finds cannot reach the verdict: its
+    stdout goes to stderr, which decides no pass, and its exit fails the test. Where it runs in
+    the tests' process (`&mut` parameters, generics, return types the harness cannot carry),
+    safe code that reaches arbitrary memory through a compiler soundness hole reads its test's
+    token and forges a pass (docs/evaluate.md, "Rust: the sample's function runs in a process
+    of its own"); if that sample stops compiling, rustc closed the hole: say so there."""
     assert rust_checker.static_hacks(STACK_READER, ADD)[0] == [
         "binary_wide_code",
         "exit_before_tests",
