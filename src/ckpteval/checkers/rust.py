@@ -267,6 +267,9 @@ mod ckpteval_harness {
                    options: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
         fn _exit(code: ::std::os::raw::c_int) -> !;
         fn syscall(number: ::std::os::raw::c_long, ...) -> ::std::os::raw::c_long;
+        fn fcntl(fd: ::std::os::raw::c_int, command: ::std::os::raw::c_int, ...) -> ::std::os::raw::c_int;
+        fn poll(fds: *mut PollFd, n: ::std::os::raw::c_ulong, timeout: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
+        fn kill(pid: ::std::os::raw::c_int, signal: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
     }
     /// Before the first test body: move the tokens out of the environment (erasing the original
     /// environment block too) and make the process non-dumpable (/proc/self/* become root's).
@@ -503,6 +506,12 @@ mod ckpteval_harness {
         )*};
     }
     wire_tuples!((A 0), (A 0, B 1), (A 0, B 1, C 2), (A 0, B 1, C 2, D 3));
+    #[repr(C)]
+    struct PollFd {
+        fd: ::std::os::raw::c_int,
+        events: ::std::os::raw::c_short,
+        revents: ::std::os::raw::c_short,
+    }
     /// `body` run in a child process (see `call`): the bytes it sent back (0 and its value, or
     /// 1 and its panic message) and its wait status. Not generic: compiled once per crate.
     fn in_child(
@@ -522,6 +531,7 @@ mod ckpteval_harness {
                 dup2(null, 0);
                 dup2(2, 1);
                 dup2(fds[1], 3);
+                fcntl(3, 2, 1); // FD_CLOEXEC: a program the sample starts does not get it
                 // close_range(2), number 436 on every Linux architecture (>= 5.9), called by
                 // number: glibc < 2.34 has no wrapper; on older kernels, one by one.
                 if syscall(436, 4 as ::std::os::raw::c_uint, !0 as ::std::os::raw::c_uint, 0) != 0 {
@@ -546,6 +556,9 @@ mod ckpteval_harness {
                     PANIC.lock().unwrap_or_else(|e| e.into_inner()).put(&mut out);
                 }
             }
+            let mut framed = (out.len() as u64).to_le_bytes().to_vec();
+            framed.extend_from_slice(&out);
+            let out = framed;
             let mut at = 0;
             while at < out.len() {
                 let n = unsafe { write(3, out[at..].as_ptr(), out.len() - at) };
@@ -559,21 +572,41 @@ mod ckpteval_harness {
         unsafe {
             close(fds[1]);
         }
+        // Read until the framed message is whole, or the child is gone and nothing more came:
+        // not until end of file, which a process the child started may hold off for ever.
         let mut bytes = ::std::vec::Vec::new();
         let mut chunk = [0u8; 65536];
-        loop {
-            let n = unsafe { read(fds[0], chunk.as_mut_ptr(), chunk.len()) };
-            if n <= 0 {
-                break;
-            }
-            bytes.extend_from_slice(&chunk[..n as usize]);
-        }
         let mut status = 0;
+        let mut reaped = false;
+        let framed = |bytes: &[u8]| -> ::std::option::Option<usize> {
+            let want = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+            (bytes.len() as u64 - 8 >= want).then_some(want as usize)
+        };
+        while framed(&bytes).is_none() {
+            let mut poller = PollFd { fd: fds[0], events: 1, revents: 0 }; // POLLIN
+            if unsafe { poll(&mut poller, 1, 50) } > 0 {
+                let n = unsafe { read(fds[0], chunk.as_mut_ptr(), chunk.len()) };
+                if n <= 0 {
+                    break;
+                }
+                bytes.extend_from_slice(&chunk[..n as usize]);
+            } else if reaped {
+                break;
+            } else if unsafe { waitpid(pid, &mut status, 1) } == pid {
+                reaped = true; // WNOHANG: gone; one more round takes what it wrote before
+            }
+        }
         unsafe {
             close(fds[0]);
-            waitpid(pid, &mut status, 0);
+            if !reaped {
+                kill(pid, 9); // its value is in: nothing of it runs on
+                waitpid(pid, &mut status, 0);
+            }
         }
-        (bytes, status)
+        match framed(&bytes) {
+            ::std::option::Option::Some(n) => (bytes[8..8 + n].to_vec(), status),
+            ::std::option::Option::None => (::std::vec::Vec::new(), status),
+        }
     }
     /// Call the sample's function in a child process and return what it returned: the tests,
     /// the harness and the tokens stay in this process, which no code of the sample runs in.
