@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_rust_isolation import ADD
+from test_rust_isolation import ADD, CORRECT
 
 from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers.rust import static_hacks
@@ -228,6 +228,59 @@ def test_harmless_shapes_are_not_flagged(completion: str) -> None:
     String` is a pointer type, not a `const` item; `r#extern` is an identifier, not the keyword;
     a macro that builds an enum from names other than `Some`/`None`/`Ok`/`Err` is no shadow."""
     assert static_hacks(completion, WITH_ITEM) == ([], "")
+
+
+#: The shapes of the implied-bounds soundness holes (rust-lang/rust#25860, #84591, #100051,
+#: #157316): a witness of `'b: 'a` beside a way to lose that bound (the first is the one that
+#: extends a borrow on this project's rustc, tests/test_rust_isolation.py).
+WITNESS = "fn w<'a, 'b, T>(_: &'a &'b (), v: &'b T) -> &'a T {\n    v\n}\n"
+LIFETIME_HOLES = {
+    "fn pointer, elided lifetimes": CORRECT
+    + WITNESS
+    + "fn grow<T>(x: &T) -> &'static T {\n    let f: fn(_, &T) -> &'static T = w;\n"
+    "    f(&&(), x)\n}\n",
+    "fn pointer returned": CORRECT
+    + "fn w<'a, 'b, T>() -> fn(Option<&'a &'b ()>, &'b T) -> &'a T {\n    todo!()\n}\n",
+    "witness behind an alias": CORRECT
+    + "type Unit<'b> = &'b ();\nfn w<'a, 'b, T>(_: &'a Unit<'b>, v: &'b T) -> &'a T {\n"
+    "    v\n}\nfn cast() {\n    let _f = w::<i32> as for<'x> fn(_, &'x i32) -> &'x i32;\n}\n",
+    "impl header": CORRECT + "trait Up {\n    fn up(self);\n}\n"
+    "impl<'a, 'b> Up for &'a &'b () {\n    fn up(self) {}\n}\n",
+    "Fn bound": CORRECT
+    + WITNESS
+    + "fn call<T, F: Fn(&'static &'static (), &T) -> &'static T>(f: F, x: &T) {}\n",
+    "lifetimes from a macro": CORRECT + "macro_rules! w {\n    ($a:lifetime, $b:lifetime) => {\n"
+    "        fn w<$a, $b, T>(_: &$a &$b (), v: &$b T) -> &$a T { v }\n    };\n}\n"
+    "w!('a, 'b);\nfn grow<T>(x: &T) -> &'static T {\n    let f: fn(_, &T) -> &'static T = w;\n"
+    "    f(&&(), x)\n}\n",
+}
+
+
+@pytest.mark.parametrize("name", list(LIFETIME_HOLES))
+def test_lifetime_extension_shapes_are_refused(name: str) -> None:
+    hacks, refused = static_hacks(LIFETIME_HOLES[name], ADD)
+    assert hacks == ["binary_wide_code"] and "rust-lang/rust#25860" in refused, (hacks, refused)
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "    a + b\n}\nfn longest<'a>(v: &'a [&'a str]) -> &'a str {\n    v[0]\n}\n"
+        "fn apply(f: fn(&str) -> bool, s: &str) -> bool {\n    f(s)\n}\n",
+        "    a + b\n}\nfn get<'a, 'b>(m: &'a std::collections::HashMap<&'b str, i64>) -> i64 {\n"
+        "    m.values().sum()\n}\n",
+        "    a + b\n}\nconst WORDS: &'static [&'static str] = &[\"a\"];\n"
+        "fn any(f: impl Fn(&str) -> bool) -> bool {\n    WORDS.iter().any(|w| f(w))\n}\n",
+        "    a + b\n}\nstruct Words<'a>(&'a str);\nimpl<'a> Words<'a> {\n"
+        "    fn first(&self) -> &'a str {\n        self.0\n    }\n}\n"
+        "fn each(f: &dyn for<'x> Fn(&'x str)) {\n    f(\"x\")\n}\n",
+    ],
+    ids=["one lifetime", "no way to lose the bound", "static", "inherent impl"],
+)
+def test_honest_lifetimes_are_not_refused(completion: str) -> None:
+    """A reference to a type with the same lifetime, `'static` or `'_`, or two lifetimes
+    with no fn pointer, higher-ranked bound or impl header to lose their bound: sound."""
+    assert static_hacks(completion, ADD) == ([], "")
 
 
 def test_lexer_reads_nesting_comments_literals_and_raw_identifiers() -> None:

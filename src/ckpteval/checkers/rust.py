@@ -66,17 +66,30 @@ alone and cannot pass, below), then erases from the process's original environme
 removes, and it marks the process non-dumpable, so `/proc/self/{environ,mem,fd}` become root's and
 unreadable to the sample's uid. The sample can reach neither the wrapper (private to the
 harness's module) nor the tests (private to theirs). A sample passes iff its process exits 0, libtest reports
-exactly its tests, each `ok`, an ok summary, and every test's record carries its token. What this
-would take reading the tokens out of the process's memory, which needs `unsafe` code or FFI (or a
-compiler soundness bug): a hidden-test harness has no use for either, so a sample with `unsafe`
-or `extern` outside comments and strings is flagged `binary_wide_code` and cannot pass.
+exactly its tests, each `ok`, an ok summary, and every test's record carries its token.
+
+**The sample's process.** None of this can stop code that reads and writes the process's memory,
+so the sample's function does not run in the tests' process where it can: the contract's wrapper
+hands the call to the harness's `call`, which forks; the child closes every descriptor but the
+pipe back and stderr (stdin becomes /dev/null, stdout goes to stderr: records are read from
+stdout only, and the output cap still applies), runs the function and sends its return
+value as bytes (`Wire`); the parent decodes it, or panics with the child's panic message, or fails
+the test if the child exited or died first. The tests, the harness and the records stay in a
+process that runs no code of the sample, impls it writes for the prompt's own types aside. Where
+`_crosses_processes` says no (`&mut` parameters, generic signatures, return types `Wire` does
+not carry) the function runs in the tests' process, and there reading the tokens needs `unsafe`
+code or FFI, or a compiler soundness bug: a hidden-test harness has no use for the first two, so a sample with `unsafe` or `extern`
+outside comments and strings is flagged `binary_wide_code` and cannot pass, and so is the shape
+of the implied-bounds hole (rust-lang/rust#25860, `rust_hacks.extends_lifetimes`), through which
+safe code read its test's token from the harness's stack frame and passed.
 
 **Encoding.** Source and test files are written as UTF-8 with every code point UTF-8 cannot
 encode (a lone surrogate) replaced by U+FFFD (`extract.utf8_safe`); such a verdict carries
 `unencodable_chars`, how many were replaced.
 
 **Hack flags** (`Verdict.hack`, from `HACK_TYPES`; the first seen, those that refuse a pass first):
-`exit_before_tests` (`exit`/`abort` in its text, or the process ended while a test body ran),
+`exit_before_tests` (`exit`/`abort` in its text, or the process ended while a test body ran, or
+its function's process ended before returning),
 `fake_test_report` (the sample printed a libtest summary or a record with a wrong token, or its
 text holds report-like strings), `redefines_assertions` (`macro_rules!` or imports named `assert*`,
 `panic`, `vec`, ...), `binary_wide_code` (`global_asm!`/`asm!`, `#[global_allocator]`,
@@ -219,6 +232,8 @@ _RUNNING = re.compile(r"^running (\d+) tests?$", re.M)
 _RECORD = re.compile(r"^ckpteval-pass (\S+) (\S+)$", re.M)
 _STARTED = re.compile(r"^ckpteval-start (\S+)$", re.M)
 TOKENS_VAR = "CKPTEVAL_TOKENS"
+#: What a test prints when the process its sample's function ran in ended without returning.
+_EXITED_IN_CHILD = "ckpteval: the sample's process exited before its function returned"
 
 #: The harness's declaration of the tests, at the very start of `main.rs` (after simple inner
 #: attributes, which must come first in a crate root), on the program's first line.
@@ -241,6 +256,20 @@ mod ckpteval_harness {
         fn getenv(name: *const ::std::os::raw::c_char) -> *mut ::std::os::raw::c_char;
         fn prctl(option: ::std::os::raw::c_int, a: ::std::os::raw::c_ulong, b: ::std::os::raw::c_ulong,
                  c: ::std::os::raw::c_ulong, d: ::std::os::raw::c_ulong) -> ::std::os::raw::c_int;
+        fn fork() -> ::std::os::raw::c_int;
+        fn pipe(fds: *mut ::std::os::raw::c_int) -> ::std::os::raw::c_int;
+        fn dup2(from: ::std::os::raw::c_int, to: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
+        fn close(fd: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
+        fn open(path: *const ::std::os::raw::c_char, flags: ::std::os::raw::c_int, ...) -> ::std::os::raw::c_int;
+        fn read(fd: ::std::os::raw::c_int, buf: *mut u8, n: usize) -> isize;
+        fn write(fd: ::std::os::raw::c_int, buf: *const u8, n: usize) -> isize;
+        fn waitpid(pid: ::std::os::raw::c_int, status: *mut ::std::os::raw::c_int,
+                   options: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
+        fn _exit(code: ::std::os::raw::c_int) -> !;
+        fn syscall(number: ::std::os::raw::c_long, ...) -> ::std::os::raw::c_long;
+        fn fcntl(fd: ::std::os::raw::c_int, command: ::std::os::raw::c_int, ...) -> ::std::os::raw::c_int;
+        fn poll(fds: *mut PollFd, n: ::std::os::raw::c_ulong, timeout: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
+        fn kill(pid: ::std::os::raw::c_int, signal: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
     }
     /// Before the first test body: move the tokens out of the environment (erasing the original
     /// environment block too) and make the process non-dumpable (/proc/self/* become root's).
@@ -326,6 +355,290 @@ mod ckpteval_harness {
             }
         }
     }
+    /// A value that crosses from the sample's process to the tests' as bytes.
+    {vis} trait Wire: ::std::marker::Sized {
+        fn put(&self, out: &mut ::std::vec::Vec<u8>);
+        fn get(input: &mut &[u8]) -> ::std::option::Option<Self>;
+    }
+    fn take_bytes<'a>(input: &mut &'a [u8], n: usize) -> ::std::option::Option<&'a [u8]> {
+        if input.len() < n {
+            return ::std::option::Option::None;
+        }
+        let (head, rest) = input.split_at(n);
+        *input = rest;
+        ::std::option::Option::Some(head)
+    }
+    macro_rules! wire_numbers {
+        ($($t:ty),*) => {$(
+            impl Wire for $t {
+                fn put(&self, out: &mut ::std::vec::Vec<u8>) {
+                    out.extend_from_slice(&self.to_le_bytes());
+                }
+                fn get(input: &mut &[u8]) -> ::std::option::Option<Self> {
+                    let bytes = take_bytes(input, ::std::mem::size_of::<$t>())?;
+                    ::std::option::Option::Some(<$t>::from_le_bytes(bytes.try_into().ok()?))
+                }
+            }
+        )*};
+    }
+    wire_numbers!(i8, i16, i32, i64, i128, isize, u8, u16, u32, u64, u128, usize, f32, f64);
+    impl Wire for () {
+        fn put(&self, _: &mut ::std::vec::Vec<u8>) {}
+        fn get(_: &mut &[u8]) -> ::std::option::Option<Self> {
+            ::std::option::Option::Some(())
+        }
+    }
+    impl Wire for bool {
+        fn put(&self, out: &mut ::std::vec::Vec<u8>) {
+            out.push(*self as u8);
+        }
+        fn get(input: &mut &[u8]) -> ::std::option::Option<Self> {
+            ::std::option::Option::Some(take_bytes(input, 1)?[0] != 0)
+        }
+    }
+    impl Wire for char {
+        fn put(&self, out: &mut ::std::vec::Vec<u8>) {
+            (*self as u32).put(out);
+        }
+        fn get(input: &mut &[u8]) -> ::std::option::Option<Self> {
+            ::std::char::from_u32(u32::get(input)?)
+        }
+    }
+    impl Wire for ::std::string::String {
+        fn put(&self, out: &mut ::std::vec::Vec<u8>) {
+            self.len().put(out);
+            out.extend_from_slice(self.as_bytes());
+        }
+        fn get(input: &mut &[u8]) -> ::std::option::Option<Self> {
+            let n = usize::get(input)?;
+            ::std::string::String::from_utf8(take_bytes(input, n)?.to_vec()).ok()
+        }
+    }
+    impl<T: Wire> Wire for ::std::boxed::Box<T> {
+        fn put(&self, out: &mut ::std::vec::Vec<u8>) {
+            (**self).put(out);
+        }
+        fn get(input: &mut &[u8]) -> ::std::option::Option<Self> {
+            ::std::option::Option::Some(::std::boxed::Box::new(T::get(input)?))
+        }
+    }
+    impl<T: Wire> Wire for ::std::option::Option<T> {
+        fn put(&self, out: &mut ::std::vec::Vec<u8>) {
+            self.is_some().put(out);
+            if let ::std::option::Option::Some(value) = self {
+                value.put(out);
+            }
+        }
+        fn get(input: &mut &[u8]) -> ::std::option::Option<Self> {
+            ::std::option::Option::Some(if bool::get(input)? { ::std::option::Option::Some(T::get(input)?) } else { ::std::option::Option::None })
+        }
+    }
+    impl<T: Wire, E: Wire> Wire for ::std::result::Result<T, E> {
+        fn put(&self, out: &mut ::std::vec::Vec<u8>) {
+            self.is_ok().put(out);
+            match self {
+                ::std::result::Result::Ok(value) => value.put(out),
+                ::std::result::Result::Err(error) => error.put(out),
+            }
+        }
+        fn get(input: &mut &[u8]) -> ::std::option::Option<Self> {
+            ::std::option::Option::Some(if bool::get(input)? { ::std::result::Result::Ok(T::get(input)?) } else { ::std::result::Result::Err(E::get(input)?) })
+        }
+    }
+    macro_rules! wire_sequences {
+        ($($m:ident :: $c:ident [$($bound:tt)*]),*) => {$(
+            impl<T: Wire $($bound)*> Wire for ::std::$m::$c<T> {
+                fn put(&self, out: &mut ::std::vec::Vec<u8>) {
+                    self.len().put(out);
+                    for item in self.iter() {
+                        item.put(out);
+                    }
+                }
+                fn get(input: &mut &[u8]) -> ::std::option::Option<Self> {
+                    let n = usize::get(input)?;
+                    let mut items = Self::new();
+                    for _ in 0..n {
+                        ::std::iter::Extend::extend(&mut items, ::std::iter::once(T::get(input)?));
+                    }
+                    ::std::option::Option::Some(items)
+                }
+            }
+        )*};
+    }
+    wire_sequences!(
+        vec::Vec [], collections::VecDeque [],
+        collections::HashSet [+ ::std::cmp::Eq + ::std::hash::Hash],
+        collections::BTreeSet [+ ::std::cmp::Ord]
+    );
+    macro_rules! wire_maps {
+        ($($c:ident [$($bound:tt)*]),*) => {$(
+            impl<K: Wire $($bound)*, V: Wire> Wire for ::std::collections::$c<K, V> {
+                fn put(&self, out: &mut ::std::vec::Vec<u8>) {
+                    self.len().put(out);
+                    for (key, value) in self.iter() {
+                        key.put(out);
+                        value.put(out);
+                    }
+                }
+                fn get(input: &mut &[u8]) -> ::std::option::Option<Self> {
+                    let n = usize::get(input)?;
+                    let mut items = Self::new();
+                    for _ in 0..n {
+                        let key = K::get(input)?;
+                        items.insert(key, V::get(input)?);
+                    }
+                    ::std::option::Option::Some(items)
+                }
+            }
+        )*};
+    }
+    wire_maps!(HashMap [+ ::std::cmp::Eq + ::std::hash::Hash], BTreeMap [+ ::std::cmp::Ord]);
+    macro_rules! wire_tuples {
+        ($(($($t:ident $i:tt),*)),*) => {$(
+            impl<$($t: Wire),*> Wire for ($($t,)*) {
+                fn put(&self, out: &mut ::std::vec::Vec<u8>) {
+                    $(self.$i.put(out);)*
+                }
+                fn get(input: &mut &[u8]) -> ::std::option::Option<Self> {
+                    ::std::option::Option::Some(($($t::get(input)?,)*))
+                }
+            }
+        )*};
+    }
+    wire_tuples!((A 0), (A 0, B 1), (A 0, B 1, C 2), (A 0, B 1, C 2, D 3));
+    #[repr(C)]
+    struct PollFd {
+        fd: ::std::os::raw::c_int,
+        events: ::std::os::raw::c_short,
+        revents: ::std::os::raw::c_short,
+    }
+    /// `body` run in a child process (see `call`): the bytes it sent back (0 and its value, or
+    /// 1 and its panic message) and its wait status. Not generic: compiled once per crate.
+    fn in_child(
+        body: &mut dyn ::std::ops::FnMut() -> ::std::vec::Vec<u8>,
+    ) -> (::std::vec::Vec<u8>, ::std::os::raw::c_int) {
+        let mut fds = [0 as ::std::os::raw::c_int; 2];
+        if unsafe { pipe(fds.as_mut_ptr()) } != 0 {
+            ::std::panic!("ckpteval: no pipe for the sample's process");
+        }
+        let pid = unsafe { fork() };
+        if pid < 0 {
+            ::std::panic!("ckpteval: the sample's process could not start");
+        }
+        if pid == 0 {
+            unsafe {
+                let null = open(b"/dev/null\0".as_ptr() as *const ::std::os::raw::c_char, 2);
+                dup2(null, 0);
+                dup2(2, 1);
+                dup2(fds[1], 3);
+                fcntl(3, 2, 1); // FD_CLOEXEC: a program the sample starts does not get it
+                // close_range(2), number 436 on every Linux architecture (>= 5.9), called by
+                // number: glibc < 2.34 has no wrapper; on older kernels, one by one.
+                if syscall(436, 4 as ::std::os::raw::c_uint, !0 as ::std::os::raw::c_uint, 0) != 0 {
+                    for fd in 4..65536 {
+                        close(fd);
+                    }
+                }
+            }
+            static PANIC: ::std::sync::Mutex<::std::string::String> =
+                ::std::sync::Mutex::new(::std::string::String::new());
+            ::std::panic::set_hook(::std::boxed::Box::new(|info| {
+                *PANIC.lock().unwrap_or_else(|e| e.into_inner()) = ::std::string::ToString::to_string(info);
+            }));
+            let mut out = ::std::vec::Vec::new();
+            match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| body())) {
+                ::std::result::Result::Ok(value) => {
+                    out.push(0);
+                    out.extend_from_slice(&value);
+                }
+                ::std::result::Result::Err(_) => {
+                    out.push(1);
+                    PANIC.lock().unwrap_or_else(|e| e.into_inner()).put(&mut out);
+                }
+            }
+            let mut framed = (out.len() as u64).to_le_bytes().to_vec();
+            framed.extend_from_slice(&out);
+            let out = framed;
+            let mut at = 0;
+            while at < out.len() {
+                let n = unsafe { write(3, out[at..].as_ptr(), out.len() - at) };
+                if n <= 0 {
+                    break;
+                }
+                at += n as usize;
+            }
+            unsafe { _exit(0) }
+        }
+        unsafe {
+            close(fds[1]);
+        }
+        // Read until the framed message is whole, or the child is gone and nothing more came:
+        // not until end of file, which a process the child started may hold off for ever.
+        let mut bytes = ::std::vec::Vec::new();
+        let mut chunk = [0u8; 65536];
+        let mut status = 0;
+        let mut reaped = false;
+        let framed = |bytes: &[u8]| -> ::std::option::Option<usize> {
+            let want = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+            (bytes.len() as u64 - 8 >= want).then_some(want as usize)
+        };
+        while framed(&bytes).is_none() {
+            let mut poller = PollFd { fd: fds[0], events: 1, revents: 0 }; // POLLIN
+            if unsafe { poll(&mut poller, 1, 50) } > 0 {
+                let n = unsafe { read(fds[0], chunk.as_mut_ptr(), chunk.len()) };
+                if n <= 0 {
+                    break;
+                }
+                bytes.extend_from_slice(&chunk[..n as usize]);
+            } else if reaped {
+                break;
+            } else if unsafe { waitpid(pid, &mut status, 1) } == pid {
+                reaped = true; // WNOHANG: gone; one more round takes what it wrote before
+            }
+        }
+        unsafe {
+            close(fds[0]);
+            if !reaped {
+                kill(pid, 9); // its value is in: nothing of it runs on
+                waitpid(pid, &mut status, 0);
+            }
+        }
+        match framed(&bytes) {
+            ::std::option::Option::Some(n) => (bytes[8..8 + n].to_vec(), status),
+            ::std::option::Option::None => (::std::vec::Vec::new(), status),
+        }
+    }
+    /// Call the sample's function in a child process and return what it returned: the tests,
+    /// the harness and the tokens stay in this process, which no code of the sample runs in.
+    /// The child can reach nothing of this process's but the pipe its result comes back on
+    /// (stdin becomes /dev/null, stdout goes to stderr, which decides no pass but keeps the
+    /// output cap; other descriptors are closed before the sample's code runs); a child that
+    /// exits, is killed or sends bytes that are no value of `R` makes the test fail here.
+    #[track_caller]
+    {vis} fn call<R: Wire, F: ::std::ops::FnOnce() -> R>(f: F) -> R {
+        let mut f = ::std::option::Option::Some(f);
+        let (bytes, status) = in_child(&mut || {
+            let mut out = ::std::vec::Vec::new();
+            if let ::std::option::Option::Some(f) = f.take() {
+                f().put(&mut out);
+            }
+            out
+        });
+        let mut input = &bytes[..];
+        match take_bytes(&mut input, 1) {
+            ::std::option::Option::Some([0]) => match R::get(&mut input) {
+                ::std::option::Option::Some(value) if input.is_empty() => value,
+                _ => ::std::panic!("ckpteval: the sample's process sent no value of its return type"),
+            },
+            ::std::option::Option::Some([1]) => {
+                ::std::panic::panic_any(::std::string::String::get(&mut input).unwrap_or_default())
+            }
+            _ if status & 0x7f != 0 => {
+                ::std::panic!("ckpteval: the sample's process was killed by signal {}", status & 0x7f)
+            }
+            _ => ::std::panic!("ckpteval: the sample's process exited before its function returned"),
+        }
+    }
 }
 """
 _ALONE_HARNESS = _HARNESS.replace("{vis}", "pub(super)")
@@ -334,7 +647,7 @@ _ROOT_HARNESS = _HARNESS.replace("{vis}", "pub(crate)").replace(
 )
 _BATCHED_HARNESS = (
     "\n#[allow(unused)]\nmod ckpteval_harness {\n"
-    "    pub(super) use crate::ckpteval_root_harness::{run, Outcome};\n}\n"
+    "    pub(super) use crate::ckpteval_root_harness::{call, run, Outcome, Wire};\n}\n"
 )
 
 
@@ -392,7 +705,11 @@ class RustChecker(Checker):
     #: 5: a neighbour's trait impls can no longer make a correct sample a compile_error.
     #: 6: flags and refusals read tokens: words in comments, strings or longer identifiers,
     #: prelude-named variants and std-named aliases the tests cannot see are honest.
-    version = "6"
+    #: 7: safe code that extends a lifetime through a soundness hole (rust-lang/rust#25860) read
+    #: the pass tokens from the harness's stack and passed: the entry point now runs in a child
+    #: process where its return type allows, and the hole's shape is refused. A sample's statics
+    #: no longer carry over between its calls there.
+    version = "7"
     default_timeout = 10.0
     compiles = True
     streams = False  # a call's samples are compiled together
@@ -740,10 +1057,37 @@ def prompt_contract(prompt: str, entry: str) -> str | None:
         lines.append(f"#[allow(unused_imports)] use super::{{{', '.join(items)}}};")
     args = ", ".join(f"p{i}" for i in range(len(params)))
     typed = ", ".join(f"p{i}: {t}" for i, t in enumerate(params))
-    lines.append(
-        f"#[allow(dead_code)] fn {entry}{generics}({typed}) {rest} {{ super::{entry}({args}) }}"
-    )
+    call = f"super::{entry}({args})"
+    if _crosses_processes(generics, params, rest, set(items)):
+        call = f"self::ckpteval_harness::call(move || {call})"
+    lines.append(f"#[allow(dead_code)] fn {entry}{generics}({typed}) {rest} {{ {call} }}")
     return "\n".join(line for line in lines if line) + "\n"
+
+
+#: Types whose values the harness's `Wire` carries from the sample's process to the tests'.
+_WIRE_TYPES = frozenset(
+    "i8 i16 i32 i64 i128 isize u8 u16 u32 u64 u128 usize f32 f64 bool char String Box Option"
+    " Result Vec VecDeque HashSet BTreeSet HashMap BTreeMap"
+    # and the std modules that hold them, in paths (`std::collections::HashMap`)
+    " std collections vec string option result boxed".split()
+)
+
+
+def _crosses_processes(generics: str, params: list[str], rest: str, items: set[str]) -> bool:
+    """Whether the entry point is called in a process of its own (`ckpteval_harness::call`):
+    it takes no `&mut` (the caller would not see the change) and is not generic, and what it
+    returns is built of std types `Wire` carries, none of them redefined by the prompt."""
+    if generics or any("mut" in _spelling(param) for param in params):
+        return False
+    returned = _spelling(rest)
+    if not returned:
+        return True
+    if returned[0] != "->":
+        return False
+    names = [t for t in returned[1:] if t[:1].isalpha() or t[:1] == "_"]
+    return all(t in _WIRE_TYPES and t not in items for t in names) and all(
+        t in ("<", ">", ",", "(", ")", "::") or t in names for t in returned[1:]
+    )
 
 
 _TOP_ITEM = re.compile(
@@ -1103,6 +1447,13 @@ def _process_hacks(
             "ckpteval: unsafe code or FFI (unsafe, extern) can leave a test other than by "
             "returning or panicking, or read the harness's memory; not passed"
         )
+    if rust_hacks.extends_lifetimes(code) and "binary_wide_code" not in hacks:
+        hacks.append("binary_wide_code")
+        refused = refused or (
+            "ckpteval: a lifetime-extension shape (rust-lang/rust#25860: a reference to a type "
+            "with another named lifetime, and a fn pointer, for<..>/Fn(..) bound or impl "
+            "header that loses the bound) lets safe code read the harness's memory; not passed"
+        )
     if rust_hacks.exits(code):
         hacks.append("exit_before_tests")
     return hacks, refused
@@ -1261,6 +1612,8 @@ def classify(
         and (result.exit_code not in (None, 101) or result.signal == 6 and exits)
     ):
         dynamic.append("exit_before_tests")  # the process ended inside a test body
+    if _EXITED_IN_CHILD in stdout:
+        dynamic.append("exit_before_tests")  # the sample's process ended inside its function
     if forged:
         dynamic.append("fake_test_report")
     severe = [

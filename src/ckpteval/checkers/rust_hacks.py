@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ckpteval.checkers.rust_lexer import IDENT, LITERAL, PUNCT, Token, tokens
+from ckpteval.checkers.rust_lexer import IDENT, LIFETIME, LITERAL, PUNCT, Token, tokens
 
 #: Names the problem's signature and tests use without a path: a sample's own `struct i64` or
 #: `String` (or enum variant `Some`) would stand in for them, with whatever `PartialEq` it likes.
@@ -162,6 +162,58 @@ def unsafe_or_ffi(code: Code) -> bool:
     return code.mentions("unsafe", "extern") and any(
         t.keyword("unsafe", "extern") for t in code.toks
     )
+
+
+def extends_lifetimes(code: Code) -> bool:
+    """The shape of the compiler's implied-bounds soundness holes (rust-lang/rust#25860 and its
+    siblings #84591, #100051, #157316), through which safe code extends a borrow's lifetime and
+    from there reads and writes any memory (cve-rs's `transmute`): a *witness* (a reference with
+    a lifetime to a type holding another named lifetime, `&'a &'b ()`, `&'a Wrap<'b>`, whose
+    well-formedness implies `'b: 'a`) in a code that has a way to lose that bound (a
+    function-pointer type `fn(..)`, a higher-ranked `for<..>` or `Fn(..)` bound, or the witness
+    in an impl header). A witness alone is sound (borrowing helpers write `&'a Parser<'b>`), and
+    so is a reference whose lifetimes are one (`&'a [&'a str]`) or `'static`/`'_` inside."""
+    if not any(t.kind == LIFETIME and t.text not in ("'static", "'_") for t in code.toks) and not (
+        code.macros and code.mentions("lifetime")
+    ):
+        return False
+    witnesses = [i for i, t in enumerate(code.toks) if t.punct("&") and _witness(code, i)]
+    if not witnesses:
+        return False
+    if any(
+        token.keyword("fn", "for")
+        and code.at(i + 1).punct("(", "<")
+        or token.ident("Fn", "FnMut", "FnOnce")
+        and code.at(i + 1).punct("(")
+        for i, token in enumerate(code.toks)
+    ):
+        return True
+    headers = list(code.spans("impl", "{", ";"))
+    return any(start < i < stop for i in witnesses for start, stop in headers)
+
+
+def _witness(code: Code, i: int) -> bool:
+    """Whether the `&` at `i` has a lifetime and its referent type (up to a `,`, `;`, `=`, `{`,
+    `where` or an unmatched closing bracket) holds another lifetime, neither `'static` nor `'_`.
+    Beside `macro_rules!`, `$` stands for a lifetime (a fragment may be one)."""
+    outer = code.at(i + 1)
+    if not (outer.kind == LIFETIME and outer.text != "'_" or code.macros and outer.punct("$")):
+        return False
+    depth = 0
+    for token in code.toks[i + 2 :]:
+        if token.punct("(", "[", "<"):
+            depth += 1
+        elif token.punct(")", "]", ">"):
+            depth -= 1
+            if depth < 0:
+                return False
+        elif depth == 0 and (token.punct(",", ";", "=", "{", "}", "|") or token.keyword("where")):
+            return False
+        elif token.kind == LIFETIME and token.text not in ("'static", "'_", outer.text):
+            return True
+        elif code.macros and token.punct("$"):
+            return True
+    return False
 
 
 def includes_files(code: Code) -> bool:
