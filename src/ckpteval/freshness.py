@@ -45,6 +45,21 @@ def _read(path: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON, type for type (so the same digest): a cheaper answer than hashing a
+    recorded identity per cell. True == 1 and 10 == 10.0 in Python, not in JSON; a value only
+    Python equates (a tuple for a list) is not the same here and is left to the digest."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):  # -0.0 == 0.0 and nan != nan in Python, not as JSON
+        return repr(a) == repr(b)
+    return bool(a == b)
+
+
 def _size(path: str | Path) -> int | None:
     try:
         return os.stat(path).st_size
@@ -182,31 +197,42 @@ class Freshness:
     def score_change(self, run: str, ckpt: str, task: str, variant: str) -> str | None:
         """Why a cell that exists will be rescored for a changed setting, or None."""
         parses, recorded = self._score(run, ckpt, task, variant)
-        if not parses:
-            return None
+        return self._scoring_change(run, task, variant, recorded) if parses else None
+
+    def _scoring_change(self, run: str, task: str, variant: str, recorded: Any) -> str | None:
+        """`recorded`: the cell's `scoring` (its provenance is merged into its top level)."""
         identity = self.scoring_identity(run, task, variant)
-        # `recorded`: the cell's `scoring` (its provenance is merged into its top level)
-        if recorded is None or Identity(recorded).digest == identity.digest:
+        if recorded is None or _same(recorded, identity.settings):
+            return None
+        if Identity(recorded).digest == identity.digest:
             return None
         return "; ".join(identity.changes(recorded))
 
-    def rescore_reason(self, run: str, ckpt: str, task: str, variant: str) -> str | None:
+    def rescore_reason(
+        self, run: str, ckpt: str, task: str, variant: str, cell: Any = None
+    ) -> str | None:
         """Why the next run scores again a cell whose score file is there, else None: each
         reason is an edge of its evaluate job (workflow/rules/common.smk, `get_evaluate_inputs`)
         that Snakemake sees. A damaged cell has a redo input; a changed scoring setting or
         reward function changes the job's identity param; generations the engine or replay job
         must (re)write precede it; a generation file or model card newer than the cell is
         Snakemake's mtime trigger. `ckpteval status` reads this, so it names the cells
-        `snakemake -n` plans."""
-        if self.score_damaged(run, ckpt, task, variant):
+        `snakemake -n` plans. `cell`: the score cell as the caller read it (status reads it
+        anyway), else read here."""
+        score = self._score_file(run, ckpt, task, variant)
+        if isinstance(cell, dict):
+            parses, recorded = True, cell.get("scoring")
+        else:
+            parses, recorded = self._score(run, ckpt, task, variant)
+        if not parses or not os.path.exists(score.removesuffix(".json") + ".jsonl"):
             return DAMAGED
-        change = self.score_change(run, ckpt, task, variant)
+        change = self._scoring_change(run, task, variant, recorded)
         if change:
             return f"scoring: {change}"
         stale = self.stale(run, ckpt, task, variant)
         if stale is not None:
             return f"generations: {stale.reason}"
-        scored = _mtime(self._score_file(run, ckpt, task, variant)) or 0.0
+        scored = _mtime(score) or 0.0
         generations = self._generation_files(run, ckpt, task, variant)[0]
         if (_mtime(generations) or 0.0) > scored:
             return f"{generations} is newer than its scores"

@@ -45,6 +45,7 @@ import argparse
 import base64
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import re
@@ -180,12 +181,12 @@ def cell_states(
     logdir: Path | None = None,
     now: float | None = None,
     blocked: Mapping[str, str] | None = None,
-    rescore: Callable[[str, str, str, str], str | None] | None = None,
+    rescore: Callable[[str, str, str, str, Any], str | None] | None = None,
 ) -> pd.DataFrame:
     """One row per expected cell: run, ckpt, step, task, variant, state, detail (why).
     `blocked` maps a task whose self-test failed to its line (`ckpteval.selftest.blocked_tasks`);
-    `rescore(run, ckpt, task, variant)` says why a cell with a score file is scored again by the
-    next run, or None (`ckpteval.freshness.Freshness.rescore_reason`)."""
+    `rescore(run, ckpt, task, variant, cell)` says why a cell with a score file (`cell`, as read
+    here) is scored again by the next run, or None (`ckpteval.freshness.Freshness.rescore_reason`)."""
     outdir = Path(outdir).resolve()
     workdir = Path(workdir).resolve() if workdir else outdir.parent
     logdir = Path(logdir).resolve() if logdir else outdir.parent / "logs"
@@ -198,12 +199,14 @@ def cell_states(
         except KeyError as exc:
             raise ValueError(f"expected cell {cell!r} lacks {exc}") from None
         state, detail = evidence.state(outdir, key)
-        if state == "done" and rescore is not None and (why := rescore(*key)):
+        # One read of a done cell: its errored samples and its freshness.
+        record = _read_json(detail) if state == "done" else None
+        if state == "done" and rescore is not None and (why := rescore(*key, record)):
             state, detail = "stale", why
         if blocked and key[2] in blocked:
             kept = f"; scores kept from before: {detail}" if state == "done" else ""
             state, detail = "blocked", blocked[key[2]] + kept
-        errors = _errored_samples(Path(detail)) if state == "done" else None
+        errors = _errored_samples(record) if state == "done" else None
         if errors:
             detail += f": {errors[1]}"
         rows.append(
@@ -221,15 +224,21 @@ def cell_states(
     return pd.DataFrame(rows, columns=CELL_COLUMNS).astype({"step": "Int64", "errors": "Int64"})
 
 
-def _errored_samples(score: Path) -> tuple[int, str] | None:
+def _read_json(path: str) -> Any:
+    """The JSON of a file, or None if it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def _errored_samples(cell: Any) -> tuple[int, str] | None:
     """The samples of a done cell its reward function gave no score (its `reward_error_rate`,
     ckpteval.evaluate) and the words saying how many of all, and what each of its numbers does
     with them (`ckpteval.errored`, its primary metric first), else None: such a cell is done but
     marked."""
-    import json
-
     try:
-        cell = json.loads(score.read_text(encoding="utf-8"))
         metrics = cell["metrics"]
         counts = no_score(metrics)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -386,9 +395,9 @@ class _Evidence:
         return ev
 
     def state(self, outdir: Path, cell: Key) -> tuple[str, str]:
-        score = outdir.joinpath("scores", *cell[:3], f"{cell[3]}.json")
-        if score.exists():
-            return "done", str(score)
+        score = f"{outdir}/scores/{cell[0]}/{cell[1]}/{cell[2]}/{cell[3]}.json"
+        if os.path.exists(score):
+            return "done", score
         prefixes = [cell[:n] for n in (4, 3, 2)]
         for prefix in prefixes:
             if prefix in self.running:
