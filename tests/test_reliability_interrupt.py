@@ -1,11 +1,14 @@
 """Interrupt Snakemake for real while a job runs, then run plain `snakemake` again: that run must
 finish the sweep in one go (every cell scored, exit 0), and a dry run after it plans nothing.
 
-The signal goes to the Snakemake process alone, as `kill` or a batch scheduler sends it: Snakemake
-then waits for the running job, which finishes and writes its output, and marks that output
-incomplete. The sweep is a replay run (existing solutions: no engine, no model) of one checkpoint
+Two sweeps. The first is a replay run (existing solutions: no engine, no model) of one checkpoint
 and a reward task of one problem, whose function sleeps on the self-test's inputs only, so that
-the self-test job is still running when the signal comes.
+the self-test job is still running when the signal comes: the regression of a self-test
+interrupted by SIGINT or SIGTERM (sent to the Snakemake process alone, as `kill` or a batch
+scheduler sends it). The second is the smallest demo sweep with a job of every rule of `all`
+(consolidate, the engine job, the self-test, evaluate, aggregate, summary), interrupted at each
+with SIGINT, SIGTERM and SIGKILL (the whole process group: a crashed node); its final run's
+tidy table must equal an uninterrupted run's.
 """
 
 from __future__ import annotations

@@ -322,7 +322,7 @@ def _agree_sweep(root: Path) -> dict:
         for step in (1, 2):
             solutions = root / "sol" / f"step_{step}" / f"{name}.jsonl"
             solutions.parent.mkdir(parents=True, exist_ok=True)
-            lines = [{"task_id": str(i - 1), "completion": f"#### {2 * i}"} for i in (1, 2)]
+            lines = [{"task_id": str(i), "completion": f"#### {2 * i}"} for i in (1, 2)]
             solutions.write_text("".join(json.dumps(line) + "\n" for line in lines))
     run = {"backend": "replay", "solutions": str(root / "sol" / "step_{step}" / "{task}.jsonl")}
     config = small_config(root, runs={"rep": run}, tasks=tasks, seeds=[42])
@@ -363,8 +363,9 @@ def test_status_and_a_dry_run_name_the_same_cells_to_rerun(tmp_path: Path) -> No
     """After an edited reward function, an edited task setting and a deleted score file (each
     undone before the next), `ckpteval status` names as missing or stale exactly the cells
     `snakemake -n` plans to score. Before, status read only whether a score file was there and
-    showed the first two as done. One real replayed sweep (~30 s: no engine), then only forked
-    dry runs and status (a few seconds each)."""
+    showed the first two as done. One real replayed sweep (no engine: ~50 s on a busy 2-core
+    box, most of it Snakemake's parses and the jobs' interpreters), then five forked dry runs
+    and status calls (a few seconds each)."""
     config = _agree_sweep(tmp_path)
     proc = run_snakemake(tmp_path)
     assert proc.returncode == 0, why_failed(proc, tmp_path)
