@@ -277,12 +277,15 @@ def test_an_interrupt_at_any_rule_is_finished_by_the_next_plain_run(
     must not exit 0. One more plain start must then exit 0 with every cell scored, the summary
     whole, the tidy table's values those of the clean run, and a dry run must plan nothing.
 
-    Cost: the clean run (module-scoped, ~100 s on a busy 2-core box, most of it the engine job's
-    CPU vLLM start) is shared by the three signals; each signal's sweep is about seven Snakemake
-    starts (~5 s of parse each), one consolidation redone, and one to two engine jobs (the one
-    interrupted at its start, the one after that runs to its end: ~70 s), ~3 min in all. A sweep
-    per rule and signal would pay the engine job eighteen times; the chain proves the same for
-    each rule (the start after its interrupt plans and runs the rest) at a third of the cost.
+    Cost, measured on a 2-core box at load ~7 (about half that on a quiet one): the clean run,
+    module-scoped and shared by the three signals, 270 s (100 s quiet), most of it the engine
+    job's CPU vLLM start; each signal's sweep 290-430 s: seven Snakemake starts (~5-15 s of
+    parse each), consolidation twice, and the engine job three times (the one interrupted, then
+    once per later start that finds the generations not yet moved into place: ~40 s each, every
+    request served from the cache); SIGKILL's was the cheapest (its starts end at once). A sweep
+    per rule and signal, eighteen, would each pay a run up to its rule and a final run, the
+    engine start in most: several times this. The chain proves the same for each rule (the start
+    after its interrupt must plan and run the rest, or it fails here).
     SIGINT and SIGTERM go to Snakemake alone, as `kill` or a batch scheduler sends them; SIGKILL
     goes to the whole process group and every job, as a crashed node ends them."""
     work = _demo_sweep(tmp_path, demo_dir)
