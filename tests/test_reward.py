@@ -1218,6 +1218,45 @@ def test_a_failed_aggregate_keeps_the_previous_summary_until_a_new_one_is_comple
 
 
 @pytest.mark.slow
+def test_a_failed_summary_job_keeps_the_previous_summary(sweep: Sweep) -> None:
+    """The job that publishes a new build fails (a fault injected at its start): every file of
+    summary/ keeps its bytes. Before, Snakemake removed the job's outputs before it ran and after
+    it failed, and the previous report was gone; they are update() outputs now, restored from
+    Snakemake's backup. The next run publishes the new summary."""
+    import copy
+
+    from conftest import WORKFLOW_ENV, snakemake_cmd
+
+    from ckpteval.steps import FAILPOINT_ENV
+
+    summary = sweep.work / "results" / "summary"
+    before = summary_files(summary)
+    config = copy.deepcopy(sweep.config)
+    config["aggregate"] = {"title": "after a failed publication"}
+    path = sweep.work / "republished.yaml"
+    path.write_text(yaml.safe_dump(config))
+    try:
+        failed = subprocess.run(
+            snakemake_cmd(sweep.work, "--configfile", str(path)),
+            cwd=REPO,
+            env={**os.environ, **WORKFLOW_ENV, FAILPOINT_ENV: "summary"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert failed.returncode != 0, failed.stderr[-3000:]
+        assert "Error in rule summary" in failed.stderr, failed.stderr[-3000:]
+        assert summary_files(summary) == before
+        assert sweep.dry_run(config, "republished") == {"summary": 1}
+        proc = sweep.snakemake("--configfile", str(path))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "after a failed publication" in (summary / "report.html").read_text()
+    finally:
+        proc = sweep.snakemake()
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_a_checker_of_ones_own_is_rescored_when_a_setting_it_reads_changes(sweep: Sweep) -> None:
     import copy
 

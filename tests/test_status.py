@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,7 +15,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import (
+    dry_snakemake,
+    forked_main,
+    run_snakemake,
+    small_config,
+    why_failed,
+    write_config,
+)
 
+from ckpteval.cli import main
 from ckpteval.errors import UserError
 from ckpteval.status import (
     CELL_COLUMNS,
@@ -270,9 +281,107 @@ def test_status_command_reads_the_config(
     args = parser.parse_args(["status", "--configfile", "cfg.yaml"])
     assert args.func(args) == 1  # a failed cell
     printed = capsys.readouterr().out.splitlines()
-    assert printed[1].split() == ["r/step_5", "(5)", "done"]
+    # A score cell without its samples file is damaged: the next run scores it again.
+    assert printed[1].split() == ["r/step_5", "(5)", "stale"]
     assert printed[2].split() == ["r/step_10", "(10)", "FAILED"]
+    assert "  r/step_5/arith/greedy-s42: damaged (truncated or unreadable)" in printed
 
     args = parser.parse_args(["status", "--configfile", "nope.yaml"])
     with pytest.raises(UserError, match="nope.yaml"):
         args.func(args)
+
+
+# ------------------------------------------------------------ status and `snakemake -n` agree
+
+AGREE_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(solution_str.split("####")[-1].strip() == str(ground_truth))
+"""
+
+
+def _agree_sweep(root: Path) -> dict:
+    """A replayed run (no engine, no model: existing solutions) of two checkpoints x two reward
+    tasks of two problems each: four cells, each with its self-test."""
+    tasks = {}
+    for name in ("a", "b"):
+        rows = [
+            {
+                "data_source": "arith",
+                "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+                "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+                "extra_info": {"index": i},
+            }
+            for i in (1, 2)
+        ]
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (root / f"{name}.py").write_text(AGREE_REWARD)
+        tasks[name] = {
+            "problems": str(root / f"{name}.jsonl"),
+            "checker": {"reward_function": str(root / f"{name}.py"), "self_test": "ground_truth"},
+        }
+        for step in (1, 2):
+            solutions = root / "sol" / f"step_{step}" / f"{name}.jsonl"
+            solutions.parent.mkdir(parents=True, exist_ok=True)
+            lines = [{"task_id": str(i), "completion": f"#### {2 * i}"} for i in (1, 2)]
+            solutions.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = {"backend": "replay", "solutions": str(root / "sol" / "step_{step}" / "{task}.jsonl")}
+    config = small_config(root, runs={"rep": run}, tasks=tasks, seeds=[42])
+    write_config(root, config)
+    return config
+
+
+def _planned(work: Path) -> set[tuple[str, str]]:
+    """(ckpt, task) of every evaluate job `snakemake -n` plans."""
+    dry = dry_snakemake(work)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    blocks = re.findall(r"^(?:local)?rule evaluate:\n((?:[ \t]+.*\n)*)", dry.stdout, re.M)
+    found = set()
+    for block in blocks:
+        wildcards = dict(
+            item.split("=", 1) for item in re.search(r"wildcards: (.*)", block).group(1).split(", ")
+        )
+        found.add((wildcards["ckpt"], wildcards["task"]))
+    return found
+
+
+def _to_run(work: Path) -> set[tuple[str, str]]:
+    """(ckpt, task) of every cell `ckpteval status` shows as missing or stale."""
+    done = forked_main(main, ["status"], work, prog="ckpteval")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    tasks = lines[0].split()[1:]
+    found = set()
+    for line in lines[1 : lines.index("")]:
+        label, _step, *states = line.split()
+        ckpt = label.split("/")[1]
+        found |= {(ckpt, t) for t, s in zip(tasks, states) if s in ("missing", "stale")}
+    return found
+
+
+@pytest.mark.slow
+def test_status_and_a_dry_run_name_the_same_cells_to_rerun(tmp_path: Path) -> None:
+    """After an edited reward function, an edited task setting and a deleted score file (each
+    undone before the next), `ckpteval status` names as missing or stale exactly the cells
+    `snakemake -n` plans to score. Before, status read only whether a score file was there and
+    showed the first two as done. One real replayed sweep (no engine: ~50 s on a busy 2-core
+    box, most of it Snakemake's parses and the jobs' interpreters), then five forked dry runs
+    and status calls (a few seconds each)."""
+    config = _agree_sweep(tmp_path)
+    proc = run_snakemake(tmp_path)
+    assert proc.returncode == 0, why_failed(proc, tmp_path)
+    assert _to_run(tmp_path) == _planned(tmp_path) == set()
+
+    reward = tmp_path / "a.py"
+    reward.write_text(AGREE_REWARD + "\n# an edit: a new function is a new identity\n")
+    assert _to_run(tmp_path) == _planned(tmp_path) == {("step_1", "a"), ("step_2", "a")}
+    reward.write_text(AGREE_REWARD)
+    assert _to_run(tmp_path) == _planned(tmp_path) == set()
+
+    edited = json.loads(json.dumps(config))
+    edited["tasks"]["b"]["limit"] = 1
+    write_config(tmp_path, edited)
+    assert _to_run(tmp_path) == _planned(tmp_path) == {("step_1", "b"), ("step_2", "b")}
+    write_config(tmp_path, config)
+
+    (tmp_path / "results" / "scores" / "rep" / "step_2" / "b" / "greedy-s42.json").unlink()
+    assert _to_run(tmp_path) == _planned(tmp_path) == {("step_2", "b")}

@@ -29,6 +29,7 @@ option holding a file by its content): a new checker file adds its own rows.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -341,8 +342,10 @@ class Identity:
 
     settings: dict[str, Any]
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
+        """Computed once per identity: the plan asks it of the same cached identity per cell
+        (ckpteval.freshness), and `settings` is never changed after construction."""
         return sha256_json(self.settings)[:16]
 
     @property

@@ -36,7 +36,7 @@ class StaleCell:
     reason: str
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def _read(path: str | Path) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
@@ -45,14 +45,29 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _size(path: Path) -> int | None:
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON, type for type (so the same digest): a cheaper answer than hashing a
+    recorded identity per cell. True == 1 and 10 == 10.0 in Python, not in JSON; a value only
+    Python equates (a tuple for a list) is not the same here and is left to the digest."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):  # -0.0 == 0.0 and nan != nan in Python, not as JSON
+        return repr(a) == repr(b)
+    return bool(a == b)
+
+
+def _size(path: str | Path) -> int | None:
     try:
         return os.stat(path).st_size
     except OSError:
         return None
 
 
-def _mtime(path: Path) -> float | None:
+def _mtime(path: str | Path) -> float | None:
     try:
         return os.stat(path).st_mtime
     except OSError:
@@ -62,9 +77,9 @@ def _mtime(path: Path) -> float | None:
 class Freshness:
     """Parse-time comparison of the files under `outdir` with the plan (memoized per file)."""
 
-    def __init__(self, plan: Any) -> None:
+    def __init__(self, plan: Any, outdir: Path | None = None) -> None:
         self.plan = plan
-        self.out = Path(plan.outdir)
+        self.out = Path(plan.outdir if outdir is None else outdir)
 
     def manifest_path(self, run: str, ckpt: str) -> Path:
         return self.out / "models" / run / f"{ckpt}.json"
@@ -89,19 +104,16 @@ class Freshness:
         """(parses, its recorded scoring settings) of a score cell: read once per parse, however
         many questions the plan asks of it (its rerun explanation, its redo input); only what
         they need is kept, not the cell's metrics."""
-        cell = _read(self.score_path(run, ckpt, task, variant))
+        cell = _read(self._score_file(run, ckpt, task, variant))
         return cell is not None, None if cell is None else cell.get("scoring")
 
     def score_damaged(self, run: str, ckpt: str, task: str, variant: str) -> bool:
         """A score cell that is there but does not parse, or whose samples file is gone
         (ckpteval.verbs.damaged_json, sharing this parse's read of it)."""
-        path = self.score_path(run, ckpt, task, variant)
-        try:
-            exists = path.exists()
-        except OSError:
-            return False
-        return exists and (
-            not self._score(run, ckpt, task, variant)[0] or not path.with_suffix(".jsonl").exists()
+        path = self._score_file(run, ckpt, task, variant)
+        return os.path.exists(path) and (
+            not self._score(run, ckpt, task, variant)[0]
+            or not os.path.exists(path.removesuffix(".json") + ".jsonl")
         )
 
     @functools.cache  # noqa: B019
@@ -142,22 +154,32 @@ class Freshness:
         return manifest.get("weights_sha256"), manifest.get("identity_sha256")
 
     def score_path(self, run: str, ckpt: str, task: str, variant: str) -> Path:
-        return self.out / "scores" / run / ckpt / task / f"{variant}.json"
+        return Path(self._score_file(run, ckpt, task, variant))
 
     def generation_paths(self, run: str, ckpt: str, task: str, variant: str) -> tuple[Path, Path]:
-        base = self.out / "generations" / run / ckpt / task / variant
-        return base.with_suffix(".jsonl"), base.with_suffix(".meta.json")
+        jsonl, meta = self._generation_files(run, ckpt, task, variant)
+        return Path(jsonl), Path(meta)
+
+    # What the per-cell questions read, as strings: pathlib's `/` per part cost more than the
+    # reads themselves, paid per cell in every parse and `ckpteval status`.
+    def _score_file(self, run: str, ckpt: str, task: str, variant: str) -> str:
+        return f"{self.out}/scores/{run}/{ckpt}/{task}/{variant}.json"
+
+    def _generation_files(self, run: str, ckpt: str, task: str, variant: str) -> tuple[str, str]:
+        base = f"{self.out}/generations/{run}/{ckpt}/{task}/{variant}"
+        return f"{base}.jsonl", f"{base}.meta.json"
 
     @functools.cache  # noqa: B019
     def stale(self, run: str, ckpt: str, task: str, variant: str) -> StaleCell | None:
         """The cell if its generation file must be (re)written, else None."""
         identity = self.generation_identity(run, task, variant)
-        jsonl, meta_path = self.generation_paths(run, ckpt, task, variant)
-        meta = _read(meta_path) if jsonl.exists() else None
+        jsonl, meta_path = self._generation_files(run, ckpt, task, variant)
+        size = _size(jsonl)
+        meta = _read(meta_path) if size is not None else None
         if meta is None:
-            damaged = jsonl.exists() or meta_path.exists()
+            damaged = size is not None or os.path.exists(meta_path)
             return StaleCell(task, variant, identity, DAMAGED if damaged else "missing")
-        if meta.get("generation_bytes") not in (None, _size(jsonl)):
+        if meta.get("generation_bytes") not in (None, size):
             return StaleCell(task, variant, identity, DAMAGED)
         if meta.get("identity") != identity.digest:
             changes = identity.changes(meta.get("settings"))
@@ -175,13 +197,52 @@ class Freshness:
     def score_change(self, run: str, ckpt: str, task: str, variant: str) -> str | None:
         """Why a cell that exists will be rescored for a changed setting, or None."""
         parses, recorded = self._score(run, ckpt, task, variant)
-        if not parses:
-            return None
+        return self._scoring_change(run, task, variant, recorded) if parses else None
+
+    def _scoring_change(self, run: str, task: str, variant: str, recorded: Any) -> str | None:
+        """`recorded`: the cell's `scoring` (its provenance is merged into its top level)."""
         identity = self.scoring_identity(run, task, variant)
-        # `recorded`: the cell's `scoring` (its provenance is merged into its top level)
-        if recorded is None or Identity(recorded).digest == identity.digest:
+        if recorded is None or _same(recorded, identity.settings):
+            return None
+        if Identity(recorded).digest == identity.digest:
             return None
         return "; ".join(identity.changes(recorded))
+
+    def rescore_reason(
+        self, run: str, ckpt: str, task: str, variant: str, cell: Any = None
+    ) -> str | None:
+        """Why the next run scores again a cell whose score file is there, else None: each
+        reason is an edge of its evaluate job (workflow/rules/common.smk, `get_evaluate_inputs`)
+        that Snakemake sees. A damaged cell has a redo input; a changed scoring setting or
+        reward function changes the job's identity param; generations the engine or replay job
+        must (re)write precede it; a generation file or model card newer than the cell is
+        Snakemake's mtime trigger. `ckpteval status` reads this, so it names the cells
+        `snakemake -n` plans. `cell`: the score cell as the caller read it (status reads it
+        anyway), else read here."""
+        score = self._score_file(run, ckpt, task, variant)
+        if isinstance(cell, dict):
+            parses, recorded = True, cell.get("scoring")
+        else:
+            parses, recorded = self._score(run, ckpt, task, variant)
+        if not parses or not os.path.exists(score.removesuffix(".json") + ".jsonl"):
+            return DAMAGED
+        change = self._scoring_change(run, task, variant, recorded)
+        if change:
+            return f"scoring: {change}"
+        stale = self.stale(run, ckpt, task, variant)
+        if stale is not None:
+            return f"generations: {stale.reason}"
+        scored = _mtime(score) or 0.0
+        generations = self._generation_files(run, ckpt, task, variant)[0]
+        if (_mtime(generations) or 0.0) > scored:
+            return f"{generations} is newer than its scores"
+        if self._manifest_mtime(run, ckpt) > scored:
+            return f"{self.manifest_path(run, ckpt)} is newer than its scores"
+        return None
+
+    @functools.cache  # noqa: B019
+    def _manifest_mtime(self, run: str, ckpt: str) -> float:
+        return _mtime(self.manifest_path(run, ckpt)) or 0.0
 
     def explain(self, pairs: list[tuple[str, str]]) -> list[str]:
         """One line per distinct reason: what a run of the workflow will redo, and why."""

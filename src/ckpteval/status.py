@@ -1,4 +1,5 @@
-"""Progress of a sweep, read from the files: each expected cell is done, running, failed or missing.
+"""Progress of a sweep, read from the files: each expected cell is done, stale, running, failed or
+missing.
 
 A cell is (run, ckpt, task, variant). Its state is decided from the files alone, so it works while
 Snakemake runs (locally or under Slurm), after it stopped, and from another shell:
@@ -20,6 +21,11 @@ Snakemake runs (locally or under Slurm), after it stopped, and from another shel
 - **blocked**: its task's self-test (ckpteval.selftest) failed for the current configuration and
   has not passed since: the cell cannot be (re)scored, and its detail gives the self-test's line
   (and the score file kept from before, if there is one). Checked before everything else.
+- **stale**: its score file is there, but the next run scores it again, for the reason its detail
+  gives: a damaged cell, a changed scoring setting or reward function, generations to be
+  (re)written or newer than the scores. The same decision the workflow's rules read
+  (`ckpteval.freshness.Freshness.rescore_reason`), so `snakemake -n` plans exactly these cells
+  (and the missing ones).
 - **missing**: none of the above (not started, or waiting for an upstream job).
 
 Which files *concern* a cell: an output or log path whose parts after the step or rule directory
@@ -39,13 +45,14 @@ import argparse
 import base64
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import re
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +60,9 @@ import pandas as pd
 
 from ckpteval.errored import errored_metrics, no_score
 from ckpteval.errors import UserError
+from ckpteval.freshness import Freshness
 
-STATES = ("done", "running", "failed", "blocked", "missing")
+STATES = ("done", "stale", "running", "failed", "blocked", "missing")
 CELL_COLUMNS = ["run", "ckpt", "step", "task", "variant", "state", "detail", "errors"]
 STALE_AFTER_S = 600.0
 STEP_DIRS = ("models", "generations", "scores")
@@ -173,9 +181,12 @@ def cell_states(
     logdir: Path | None = None,
     now: float | None = None,
     blocked: Mapping[str, str] | None = None,
+    rescore: Callable[[str, str, str, str, Any], str | None] | None = None,
 ) -> pd.DataFrame:
     """One row per expected cell: run, ckpt, step, task, variant, state, detail (why).
-    `blocked` maps a task whose self-test failed to its line (`ckpteval.selftest.blocked_tasks`)."""
+    `blocked` maps a task whose self-test failed to its line (`ckpteval.selftest.blocked_tasks`);
+    `rescore(run, ckpt, task, variant, cell)` says why a cell with a score file (`cell`, as read
+    here) is scored again by the next run, or None (`ckpteval.freshness.Freshness.rescore_reason`)."""
     outdir = Path(outdir).resolve()
     workdir = Path(workdir).resolve() if workdir else outdir.parent
     logdir = Path(logdir).resolve() if logdir else outdir.parent / "logs"
@@ -188,10 +199,14 @@ def cell_states(
         except KeyError as exc:
             raise ValueError(f"expected cell {cell!r} lacks {exc}") from None
         state, detail = evidence.state(outdir, key)
+        # One read of a done cell: its errored samples and its freshness.
+        record = _read_json(detail) if state == "done" else None
+        if state == "done" and rescore is not None and (why := rescore(*key, record)):
+            state, detail = "stale", why
         if blocked and key[2] in blocked:
             kept = f"; scores kept from before: {detail}" if state == "done" else ""
             state, detail = "blocked", blocked[key[2]] + kept
-        errors = _errored_samples(Path(detail)) if state == "done" else None
+        errors = _errored_samples(record) if state == "done" else None
         if errors:
             detail += f": {errors[1]}"
         rows.append(
@@ -209,15 +224,21 @@ def cell_states(
     return pd.DataFrame(rows, columns=CELL_COLUMNS).astype({"step": "Int64", "errors": "Int64"})
 
 
-def _errored_samples(score: Path) -> tuple[int, str] | None:
+def _read_json(path: str) -> Any:
+    """The JSON of a file, or None if it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def _errored_samples(cell: Any) -> tuple[int, str] | None:
     """The samples of a done cell its reward function gave no score (its `reward_error_rate`,
     ckpteval.evaluate) and the words saying how many of all, and what each of its numbers does
     with them (`ckpteval.errored`, its primary metric first), else None: such a cell is done but
     marked."""
-    import json
-
     try:
-        cell = json.loads(score.read_text(encoding="utf-8"))
         metrics = cell["metrics"]
         counts = no_score(metrics)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -240,13 +261,13 @@ def status_matrix(
 ) -> pd.DataFrame:
     """Checkpoint x task: rows indexed by (run, ckpt) in the order given, a column per task, each
     entry the state of its variants taken together (failed > blocked > running > missing >
-    done)."""
+    stale > done)."""
     return matrix_from_cells(cell_states(outdir, expected, workdir=workdir, logdir=logdir))
 
 
 def matrix_from_cells(cells: pd.DataFrame) -> pd.DataFrame:
     """Fold variants into one state per (run, ckpt, task); see `status_matrix`."""
-    rank = {"failed": 0, "blocked": 1, "running": 2, "missing": 3, "done": 4}
+    rank = {"failed": 0, "blocked": 1, "running": 2, "missing": 3, "stale": 4, "done": 5}
     worst = (
         cells.assign(rank=cells["state"].map(rank))
         .groupby(["run", "ckpt", "task"], sort=False)["rank"]
@@ -294,10 +315,13 @@ def format_status(cells: pd.DataFrame, *, max_failed: int = 20) -> str:
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *body]]
     counts = cells["state"].value_counts()
-    shown = [s for s in STATES if s != "blocked" or counts.get(s)]  # blocked: rare, said if any
+    # blocked and stale: rare, said if any
+    shown = [s for s in STATES if s not in ("blocked", "stale") or counts.get(s)]
     lines += ["", ", ".join(f"{counts.get(s, 0)} {s}" for s in shown) + f" ({len(cells)} cells)"]
     lines += _listed(cells[cells["state"] == "failed"], "failed:", max_failed)
     lines += _listed(cells[cells["state"] == "blocked"], "blocked:", max_failed)
+    heading = "stale (the next run scores them again):"
+    lines += _listed(cells[cells["state"] == "stale"], heading, max_failed)
     heading = "* done, with errored samples (what each number does with them):"
     lines += _listed(cells[errors], heading, max_failed)
     return "\n".join(lines)
@@ -371,9 +395,9 @@ class _Evidence:
         return ev
 
     def state(self, outdir: Path, cell: Key) -> tuple[str, str]:
-        score = outdir.joinpath("scores", *cell[:3], f"{cell[3]}.json")
-        if score.exists():
-            return "done", str(score)
+        score = f"{outdir}/scores/{cell[0]}/{cell[1]}/{cell[2]}/{cell[3]}.json"
+        if os.path.exists(score):
+            return "done", score
         prefixes = [cell[:n] for n in (4, 3, 2)]
         for prefix in prefixes:
             if prefix in self.running:
@@ -533,7 +557,9 @@ def run_status(args: argparse.Namespace) -> int:
     expected, outdir, broken, waiting, plan = _expected_cells(args.configfile)
     outdir = args.outdir or outdir
     while True:
-        cells = cell_states(outdir, expected, blocked=_blocked(plan, outdir))
+        # A new Freshness each round: it memoizes what it read, and a watched sweep moves on.
+        rescore = Freshness(plan, outdir).rescore_reason
+        cells = cell_states(outdir, expected, blocked=_blocked(plan, outdir), rescore=rescore)
         text = format_status(cells) + "".join(f"\nwarning: {line}" for line in broken)
         text += "".join(f"\n{line}" for line in waiting)
         if args.watch:

@@ -25,34 +25,47 @@ rule aggregate:
 
 # Every file of the summary is an output: a deleted one is published again from the build.
 # `snakemake --report report.zip` collects the outputs marked report() with their captions.
+# Each is update(): Snakemake removes a job's outputs before it runs and after it fails, which
+# for this job took the previous summary with it (a killed or failed publication left no
+# report). Kept instead, each file is replaced by its new version in one rename
+# (ckpteval.summary.publish_summary), Snakemake restores the previous ones if the job fails
+# (from its backup, .snakemake/backups), and a killed job, marked incomplete, runs again.
 rule summary:
     input:
         staged=SUMMARY_STAGING,
     output:
-        **get_training_curve_output(),
-        parquet=f"{OUT}/summary/metrics.parquet",
-        csv=report(f"{OUT}/summary/metrics.csv", caption="../report/metrics.rst", category="Tables"),
-        md=f"{OUT}/summary/metrics.md",
-        seeds=f"{OUT}/summary/seeds.csv",
-        configs=f"{OUT}/summary/configs.csv",
-        passk=f"{OUT}/summary/passk.csv",
-        errors=f"{OUT}/summary/errors.csv",
-        hacks=f"{OUT}/summary/hacks.csv",
-        truncation=f"{OUT}/summary/truncation.csv",
-        deltas=report(
-            f"{OUT}/summary/deltas.csv", caption="../report/deltas.rst", category="Tables"
+        **{name: update(path) for name, path in get_training_curve_output().items()},
+        parquet=update(f"{OUT}/summary/metrics.parquet"),
+        csv=update(
+            report(
+                f"{OUT}/summary/metrics.csv", caption="../report/metrics.rst", category="Tables"
+            )
         ),
-        flips=f"{OUT}/summary/flips.csv",
-        missing=f"{OUT}/summary/missing.csv",
-        summary_json=f"{OUT}/summary/summary.json",
-        plots=report(
-            directory(f"{OUT}/summary/plots"),
-            patterns=["{name}.png"],
-            caption="../report/plots.rst",
-            category="Plots",
+        md=update(f"{OUT}/summary/metrics.md"),
+        seeds=update(f"{OUT}/summary/seeds.csv"),
+        configs=update(f"{OUT}/summary/configs.csv"),
+        passk=update(f"{OUT}/summary/passk.csv"),
+        errors=update(f"{OUT}/summary/errors.csv"),
+        hacks=update(f"{OUT}/summary/hacks.csv"),
+        truncation=update(f"{OUT}/summary/truncation.csv"),
+        deltas=update(
+            report(f"{OUT}/summary/deltas.csv", caption="../report/deltas.rst", category="Tables")
         ),
-        report=report(
-            f"{OUT}/summary/report.html", caption="../report/summary.rst", category="Summary"
+        flips=update(f"{OUT}/summary/flips.csv"),
+        missing=update(f"{OUT}/summary/missing.csv"),
+        summary_json=update(f"{OUT}/summary/summary.json"),
+        plots=update(
+            report(
+                directory(f"{OUT}/summary/plots"),
+                patterns=["{name}.png"],
+                caption="../report/plots.rst",
+                category="Plots",
+            )
+        ),
+        report=update(
+            report(
+                f"{OUT}/summary/report.html", caption="../report/summary.rst", category="Summary"
+            )
         ),
         report_files=directory(f"{OUT}/summary/report_files"),
     log:
