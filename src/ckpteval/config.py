@@ -31,6 +31,7 @@ from ckpteval.checkpoints import (
 )
 from ckpteval.content import ContentIds, content_id, model_files, task_yaml_files
 from ckpteval.errors import UserError
+from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.reasoning import from_config
 from ckpteval.s3 import is_s3, local_path
 from ckpteval.shard import Shard, parse_shard, select
@@ -252,10 +253,13 @@ class Plan:
 
     def score_files(self) -> list[str]:
         """The evaluate step's cell metrics file of every cell, under `outdir`."""
-        return [
-            f"{self.outdir}/scores/{c['run']}/{c['ckpt']}/{c['task']}/{c['variant']}.json"
-            for c in self.cells()
-        ]
+        layout = Layout(self.outdir)
+        return [layout.score(cell) for cell in self.cell_keys]
+
+    @functools.cached_property
+    def cell_keys(self) -> tuple[CellKey, ...]:
+        """Every cell the config asks for, in step order (once per plan: input functions ask)."""
+        return tuple(CellKey(c["run"], c["ckpt"], c["task"], c["variant"]) for c in self._cells)
 
     def cells(self) -> list[dict[str, Any]]:
         """Every (run, ckpt, task, variant) the config asks for, in step order (a new list of
@@ -649,7 +653,7 @@ def _vllm_run(
         not ckpts
         and not unfinished
         and not allow_empty_runs
-        and not (Path(config["outdir"]) / "models" / name).is_dir()
+        and not Path(Layout(config["outdir"]).models_of(name)).is_dir()
     ):
         entries = (
             sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
@@ -667,7 +671,7 @@ def _vllm_run(
         )
     present = {c.name for c in ckpts} | {u.name for u in unfinished}
     gone = deleted_checkpoints(
-        Path(config["outdir"]) / "models" / name, path, present | {"base"}, r["patterns"]
+        Path(Layout(config["outdir"]).models_of(name)), path, present | {"base"}, r["patterns"]
     )
     if r.get("evaluate_base"):
         ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]

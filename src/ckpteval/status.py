@@ -53,6 +53,7 @@ import pandas as pd
 
 from ckpteval.errored import errored_metrics, no_score
 from ckpteval.errors import UserError
+from ckpteval.plan.layout import CellKey, Layout
 
 STATES = ("done", "running", "failed", "blocked", "missing")
 CELL_COLUMNS = ["run", "ckpt", "step", "task", "variant", "state", "detail", "errors"]
@@ -371,7 +372,7 @@ class _Evidence:
         return ev
 
     def state(self, outdir: Path, cell: Key) -> tuple[str, str]:
-        score = outdir.joinpath("scores", *cell[:3], f"{cell[3]}.json")
+        score = Path(Layout(str(outdir)).score(CellKey(*cell)))
         if score.exists():
             return "done", str(score)
         prefixes = [cell[:n] for n in (4, 3, 2)]

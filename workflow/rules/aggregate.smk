@@ -29,30 +29,32 @@ rule summary:
     input:
         staged=SUMMARY_STAGING,
     output:
-        **get_training_curve_output(),
-        parquet=f"{OUT}/summary/metrics.parquet",
-        csv=report(f"{OUT}/summary/metrics.csv", caption="../report/metrics.rst", category="Tables"),
-        md=f"{OUT}/summary/metrics.md",
-        seeds=f"{OUT}/summary/seeds.csv",
-        configs=f"{OUT}/summary/configs.csv",
-        passk=f"{OUT}/summary/passk.csv",
-        errors=f"{OUT}/summary/errors.csv",
-        hacks=f"{OUT}/summary/hacks.csv",
-        truncation=f"{OUT}/summary/truncation.csv",
-        deltas=report(
-            f"{OUT}/summary/deltas.csv", caption="../report/deltas.rst", category="Tables"
+        **SWEEP.summary_outputs(),
+        parquet=LAYOUT.summary("metrics.parquet"),
+        csv=report(
+            LAYOUT.summary("metrics.csv"), caption="../report/metrics.rst", category="Tables"
         ),
-        flips=f"{OUT}/summary/flips.csv",
-        missing=f"{OUT}/summary/missing.csv",
-        summary_json=f"{OUT}/summary/summary.json",
+        md=LAYOUT.summary("metrics.md"),
+        seeds=LAYOUT.summary("seeds.csv"),
+        configs=LAYOUT.summary("configs.csv"),
+        passk=LAYOUT.summary("passk.csv"),
+        errors=LAYOUT.summary("errors.csv"),
+        hacks=LAYOUT.summary("hacks.csv"),
+        truncation=LAYOUT.summary("truncation.csv"),
+        deltas=report(
+            LAYOUT.summary("deltas.csv"), caption="../report/deltas.rst", category="Tables"
+        ),
+        flips=LAYOUT.summary("flips.csv"),
+        missing=LAYOUT.summary("missing.csv"),
+        summary_json=LAYOUT.summary("summary.json"),
         plots=report(
-            directory(f"{OUT}/summary/plots"),
+            directory(LAYOUT.summary("plots")),
             patterns=["{name}.png"],
             caption="../report/plots.rst",
             category="Plots",
         ),
         report=report(
-            f"{OUT}/summary/report.html", caption="../report/summary.rst", category="Summary"
+            LAYOUT.summary("report.html"), caption="../report/summary.rst", category="Summary"
         ),
     log:
         "logs/summary/summary.log",

@@ -21,8 +21,8 @@ for _group in PLAN.engine_groups:
             name:
                 infer_rule_name("infer", _group)
             input:
-                model=f"{OUT}/models/{{run}}/{{ckpt}}",
-                manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+                model=LAYOUT.model_dir("{run}", "{ckpt}"),
+                manifest=LAYOUT.manifest("{run}", "{ckpt}"),
             output:
                 done=engine_done(_group),
             log:
@@ -39,7 +39,7 @@ for _group in PLAN.engine_groups:
             params:
                 staging=staging_dir(_group),
                 request=get_engine_request_path(_group),
-                cache_dir=f"{OUT}/cache",
+                cache_dir=LAYOUT.cache(),
             script:
                 "../scripts/infer.py"
 
@@ -49,7 +49,7 @@ for _group in PLAN.engine_groups:
             name:
                 infer_rule_name("endpoint", _group)
             input:
-                manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+                manifest=LAYOUT.manifest("{run}", "{ckpt}"),
             output:
                 done=engine_done(_group),
             log:
@@ -60,7 +60,7 @@ for _group in PLAN.engine_groups:
             params:
                 staging=staging_dir(_group),
                 request=get_engine_request_path(_group),
-                cache_dir=f"{OUT}/cache",
+                cache_dir=LAYOUT.cache(),
             script:
                 "../scripts/infer.py"
 
@@ -80,8 +80,8 @@ if VLLM_RUNS or OPENAI_RUNS:
         input:
             unpack(get_generation_inputs),
         output:
-            generations=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
-            meta=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.meta.json",
+            generations=LAYOUT.generation(WILDCARDS),
+            meta=LAYOUT.generation_meta(WILDCARDS),
         log:
             "logs/generation/{run}/{ckpt}/{task}/{variant}.log",
         wildcard_constraints:
@@ -110,7 +110,7 @@ if VLLM_RUNS:
         input:
             get_assist_inputs,
         output:
-            record=f"{OUT}/assist/{{token}}/{{i}}.json",
+            record=LAYOUT.assist_record("{token}", "{i}"),
         log:
             "logs/assist/{token}/{i}.log",
         wildcard_constraints:
@@ -120,7 +120,7 @@ if VLLM_RUNS:
         resources:
             gpu=ENGINE_GPUS,
         params:
-            cache_dir=f"{OUT}/cache",
+            cache_dir=LAYOUT.cache(),
             name=get_assist_name,
             grace_seconds=30,
         script:
@@ -134,11 +134,11 @@ if REPLAY_RUNS:
             solutions=get_solutions,
             # The model card names the replayed files: a new `solutions` rewrites it, and the
             # replay job must then run again (the rerun contract: runs.*.solutions is a model key).
-            manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+            manifest=LAYOUT.manifest("{run}", "{ckpt}"),
             problems=get_problems_file,
         output:
-            generations=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
-            meta=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.meta.json",
+            generations=LAYOUT.generation(WILDCARDS),
+            meta=LAYOUT.generation_meta(WILDCARDS),
         log:
             "logs/replay/{run}/{ckpt}/{task}/{variant}.log",
         wildcard_constraints:
@@ -158,7 +158,7 @@ if OPENAI_RUNS or REPLAY_RUNS:
         input:
             unpack(get_model_redo),
         output:
-            manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+            manifest=LAYOUT.manifest("{run}", "{ckpt}"),
         log:
             "logs/model_card/{run}/{ckpt}.log",
         wildcard_constraints:
@@ -184,7 +184,7 @@ if OPENAI_RUNS or REPLAY_RUNS:
 # file runs again without the parse removing anything.
 rule redo:
     output:
-        f"{OUT}/staging/redo/{{key}}",
+        f"{LAYOUT.redo_root()}/{{key}}",
     log:
         "logs/redo/{key}.log",
     wildcard_constraints:
