@@ -649,33 +649,41 @@ def _vllm_run(
     else:
         ckpts = discover_checkpoints(path, r["patterns"], **found)
         unfinished = unfinished_checkpoints(path, r["patterns"], **found)
-    if (
-        not ckpts
-        and not unfinished
-        and not allow_empty_runs
-        and not Path(Layout(config["outdir"]).models_of(name)).is_dir()
-    ):
-        entries = (
-            sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
-            if s3_url is None
-            else []
-        )
-        raise UserError(
-            f"config: runs.{name}.patterns: nothing in {s3_url or path} matches "
-            f"{', '.join(r['patterns'])}"
-            + (
-                f" (it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"
-                if entries
-                else " (it is empty)"
-            )
-        )
     present = {c.name for c in ckpts} | {u.name for u in unfinished}
-    gone = deleted_checkpoints(
-        Path(Layout(config["outdir"]).models_of(name)), path, present | {"base"}, r["patterns"]
-    )
+    models = Path(Layout(config["outdir"]).models_of(name))
+    gone = deleted_checkpoints(models, path, present | {"base"}, r["patterns"])
+    if not ckpts and not unfinished and not allow_empty_runs:
+        _nothing_found(name, r["patterns"], s3_url or path, models, gone)
     if r.get("evaluate_base"):
         ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]
     return Run(name, path, r["format"], base_model, tuple(ckpts)), unfinished, gone
+
+
+def _nothing_found(
+    name: str, patterns: list[str], where: Path | str, models: Path, gone: list[Checkpoint]
+) -> None:
+    """A run that finds no checkpoint is a mistake, said in one line: where it looked, what is
+    there, and, when earlier results of the run exist, for how many checkpoints (a wrong or
+    parent directory, an empty one, a wrong S3 prefix: its results would silently drop out)."""
+    entries = (
+        sorted(p.name for p in where.iterdir() if not p.name.startswith("."))
+        if isinstance(where, Path)
+        else []
+    )
+    holds = (
+        f" (it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"
+        if entries
+        else " (it is empty)"
+    )
+    if gone:
+        raise UserError(
+            f"config: runs.{name}.path: no checkpoint in {where} matches {', '.join(patterns)}"
+            f"{holds}, but {models} has results for {len(gone)} checkpoint(s) of run {name}; "
+            "point it at the training run's output directory"
+        )
+    raise UserError(
+        f"config: runs.{name}.patterns: nothing in {where} matches {', '.join(patterns)}{holds}"
+    )
 
 
 def _endpoint_run(name: str, r: dict[str, Any], base_dir: Path) -> Run:
