@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 import yaml
 from conftest import REPO, dry_snakemake, forked_main
 
+from ckpteval.checkpoints import hash_source, sync_source_identity
 from ckpteval.config import build_plan, validate_config
 from ckpteval.contract import generation_identity, model_identity, scoring_identity
 from ckpteval.plan.layout import CellKey, Layout
@@ -28,6 +30,10 @@ from ckpteval.plan.sweep import SweepPlan
 from ckpteval.verbs import Verbs
 
 STEPS = (100, 200)
+SUMMARY_FILES = (
+    "metrics.parquet metrics.csv metrics.md seeds.csv configs.csv passk.csv errors.csv hacks.csv "
+    "truncation.csv deltas.csv flips.csv missing.csv summary.json report.html"
+).split()
 VARIANT = "greedy-s42"
 
 
@@ -81,8 +87,11 @@ def finish(work: Path) -> None:
         weights = f"w-{ckpt}"
         source = str(plan.checkpoint(run, ckpt).path)
         card = {**model_identity(plan, run, ckpt).record(), "source": source}
-        write(layout.manifest(run, ckpt), {**card, "weights_sha256": weights}, when)
+        card |= {"weights_sha256": weights, "source_files": hash_source(Path(source))}
+        write(layout.manifest(run, ckpt), card, when)
         Path(layout.model_dir(run, ckpt)).mkdir(exist_ok=True)
+        manifest = Path(layout.manifest(run, ckpt))
+        sync_source_identity(Path(source), Path(layout.source_id(run, ckpt)), manifest)
         text = '{"problem_id": 0, "completion": "42"}\n'
         write(layout.generation(cell), text, when + 1)
         meta = {
@@ -93,6 +102,12 @@ def finish(work: Path) -> None:
         write(layout.score_samples(cell), '{"passed": true}\n', when + 2)
         scoring = scoring_identity(plan, run, cell.task, cell.variant).settings
         write(layout.score(cell), {"scoring": scoring, "n": 1}, when + 2)
+    # the aggregate job's build, then rule summary's copy of it
+    for name in SUMMARY_FILES:
+        write(layout.summary_staged(name), "{}", when + 3)
+        write(layout.summary(name), "{}", when + 4)
+    for summary in (layout.summary_staged("plots"), layout.summary("plots")):
+        write(f"{summary}/arith-steps.png", "png", when + 4)
 
 
 def test_the_cells_of_a_config_and_their_files(tmp_path: Path) -> None:
@@ -179,3 +194,25 @@ def test_a_run_path_that_finds_no_checkpoints_where_results_exist_is_one_line(
         assert line.startswith("ckpteval: error: config: runs.r.path: no checkpoint in "), line
         assert f"has results for {len(STEPS)} checkpoint(s) of run r" in line
         assert ("(it is empty)" if where == "empty" else "(it holds config, empty, ") in line
+
+
+def test_a_deleted_plot_is_published_again(tmp_path: Path) -> None:
+    """The plots are a directory output, which Snakemake sees only as a whole: a plot deleted
+    from the published summary is a redo input of rule summary, which publishes the build
+    again (and nothing else runs); a finished sweep plans nothing."""
+    make_run(tmp_path)
+    finish(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(config(tmp_path)))
+    assert sweep(tmp_path).summary_redo() is None
+    plot = Path(sweep(tmp_path).layout.summary("plots")) / "arith-steps.png"
+    plot.unlink()
+    assert sweep(tmp_path).summary_redo() is not None
+    dry = dry_snakemake(tmp_path)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    stats = dry.stdout.split("Job stats:", 1)[1].split("total", 1)[0]
+    assert dict(re.findall(r"^(\w+)\s+(\d+)\s*$", stats, re.M)) == {
+        "all": "1",
+        "redo": "1",
+        "summary": "1",
+    }

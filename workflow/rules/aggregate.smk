@@ -23,10 +23,12 @@ rule aggregate:
         "../scripts/aggregate.py"
 
 
-# Every file of the summary is an output: a deleted one is published again from the build.
+# Every file of the summary is an output: a deleted one is published again from the build, and
+# so is a deleted plot (inside the plots directory) through a redo input (ckpteval.plan.sweep).
 # `snakemake --report report.zip` collects the outputs marked report() with their captions.
 rule summary:
     input:
+        unpack(get_summary_redo),
         staged=SUMMARY_STAGING,
     output:
         **SWEEP.summary_outputs(),

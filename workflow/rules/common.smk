@@ -1,9 +1,8 @@
-# Parse-time facts and the rules' input functions: one line each over the sweep's plan
-# (ckpteval.plan: `Layout` spells every path under outdir, `SweepPlan` decides every edge; both
-# are unit-tested without Snakemake). What only Snakemake expresses is added here: `ancient` for
-# inputs read by content, `storage.s3` for checkpoints on S3. A user mistake stops here with one
-# line, before any job.
-import re
+# Parse-time facts and the rules' input functions, each one line over the sweep's plan
+# (ckpteval.plan: `Layout` spells every path under outdir, `SweepPlan` decides every edge, and
+# both are unit-tested without Snakemake). What only Snakemake expresses is added here: `ancient`
+# for inputs read by content, `storage.s3` for checkpoints on S3. A user mistake stops here with
+# one line, before any job.
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from ckpteval.engine.gpus import engine_gpus
 from ckpteval.engine.plan import infer_rule_name
 from ckpteval.errors import UserError
 from ckpteval.plan.layout import WILDCARDS, CellKey
-from ckpteval.plan.sweep import ByContent, SweepPlan
+from ckpteval.plan.sweep import ByContent, SweepPlan, runs_regex
 from ckpteval.steps import generation, model_card, run_in_process, summary
 from ckpteval.tasks import check_harness_names
 from ckpteval.verbs import Verbs
@@ -28,8 +27,8 @@ except UserError as _error:
     print(f"ckpteval: error: {_error}", file=sys.stderr)
     sys.exit(1)
 
-# What this invocation was told to redo (-f, -R, -F): known once Snakemake builds its DAG, which
-# is when the input functions first run.
+# What this invocation was told to redo (-f, -R, -F) is known once Snakemake builds its DAG,
+# which is when the input functions first run.
 SWEEP = SweepPlan(
     PLAN,
     verbs=lambda: Verbs.from_settings(
@@ -38,12 +37,20 @@ SWEEP = SweepPlan(
     main=workflow.is_main_process,
 )
 LAYOUT = SWEEP.layout
+ENGINES = SWEEP.engines
 SUMMARY_STAGING = LAYOUT.summary_staging()
 VLLM_RUNS = PLAN.runs_with_backend("vllm")
 OPENAI_RUNS = PLAN.runs_with_backend("openai")
 REPLAY_RUNS = PLAN.runs_with_backend("replay")
 #: GPUs one engine job (infer, assist) asks for: its tensor parallelism (ckpteval.engine.gpus).
 ENGINE_GPUS = engine_gpus(config["engine"])
+_GPUS = workflow.global_resources.get("gpu")
+#: Tail assist: GPUs idle at a sweep's end help the infer jobs still running (infer.smk).
+ASSIST_RECORDS = SWEEP.assist_records(
+    int(_GPUS.value) if _GPUS is not None and _GPUS.value else 0,
+    ENGINE_GPUS,
+    config.get("assist", True),
+)
 
 if workflow.is_main_process:
     # Keep each checkpoint's content identity current, then say in words what this invocation
@@ -76,9 +83,26 @@ def aged(inputs):
     """Inputs the plan reads by content (ckpteval.plan.sweep.ByContent) as `ancient`."""
     if isinstance(inputs, dict):
         return {k: aged(v) for k, v in inputs.items()}
-    if isinstance(inputs, list):
+    if isinstance(inputs, (list, tuple)):
         return [aged(v) for v in inputs]
     return ancient(str(inputs)) if isinstance(inputs, ByContent) else inputs
+
+
+def per_checkpoint(ask):
+    """An input function: the plan's answer for the job's checkpoint."""
+    return lambda wildcards: aged(ask(wildcards.run, wildcards.ckpt))
+
+
+def per_cell(ask):
+    return lambda wildcards: aged(ask(CellKey.of(wildcards)))
+
+
+def per_task(ask):
+    return lambda wildcards: aged(ask(wildcards.task))
+
+
+def per_sweep(ask):
+    return lambda wildcards: aged(ask())
 
 
 def get_final_outputs(wildcards):
@@ -92,85 +116,19 @@ def get_final_outputs(wildcards):
     return [*rules.aggregate.output, *rules.summary.output, *SWEEP.cell_files(), *extra]
 
 
-def get_checkpoint_source(w):
-    sources = SWEEP.checkpoint_source(w.run, w.ckpt)
-    if PLAN.checkpoint(w.run, w.ckpt).url:
+def get_checkpoint_source(wildcards):
+    sources = SWEEP.checkpoint_source(wildcards.run, wildcards.ckpt)
+    if PLAN.checkpoint(wildcards.run, wildcards.ckpt).url:  # on S3: downloaded by Snakemake
         return [ancient(storage.s3(url)) for url in sources]
     return [ancient(path) for path in sources]
 
 
-def get_source_identity_file(w):
-    return SWEEP.source_identity_file(w.run, w.ckpt)
-
-
-def get_model_identity(w):
-    return SWEEP.fresh.model_identity(w.run, w.ckpt).text
-
-
-def get_base_model(w):
-    return aged(SWEEP.base_model(w.run))
-
-
-def get_model_redo(w):
-    found = SWEEP.model_redo(w.run, w.ckpt)
-    return {"redo": found} if found else {}
-
-
-def get_model_card_settings(w):
-    return SWEEP.model_card_settings(w.run, w.ckpt)
-
-
-def get_consolidate_priority(w):
-    return SWEEP.consolidate_priority(w.run, w.ckpt)
-
-
-# ---- infer side: engine groups x backends (rules are defined per group in infer.smk)
-
-
-def runs_regex(names):
-    """A wildcard constraint matching exactly these run names."""
-    return "|".join(re.escape(n) for n in names)
-
-
-def staging_dir(group):
-    return SWEEP.engines.staging_dir(group)
-
-
-def engine_done(group):
-    """An engine job's output: one done file per round, a name no file has at parse time."""
-    return f"{staging_dir(group)}.{{token}}.done"
-
-
-def engine_log(group):
-    return f"logs/infer/{{run}}/{{ckpt}}{f'.{group}' if group else ''}.{{token}}.log"
-
-
 def get_engine_request_path(group):
-    return lambda w: SWEEP.engines.request_file(group, w)
+    return lambda wildcards: ENGINES.request_file(group, wildcards)
 
 
 def get_infer_priority(group):
-    return lambda w: SWEEP.infer_priority(w.run, w.ckpt, group)
-
-
-def write_engine_requests(dag):
-    SWEEP.engines.write_requests(dag)
-
-
-def get_generation_inputs(w):
-    return SWEEP.engines.generation_inputs(w.run, w.ckpt, w.task, w.variant)
-
-
-def get_generation_identity(w):
-    return SWEEP.fresh.generation_identity(w.run, w.task, w.variant).text
-
-
-def get_solutions(w):
-    return SWEEP.solutions(CellKey.of(w))
-
-
-def get_task_options(w):
-    return SWEEP.task_options(w.task)
+    return lambda wildcards: SWEEP.infer_priority(wildcards.run, wildcards.ckpt, group)
 
 
 def get_infer_attempt(wildcards, attempt):
@@ -178,24 +136,7 @@ def get_infer_attempt(wildcards, attempt):
     return attempt
 
 
-# ---- tail assist: GPUs idle at a sweep's end help the infer jobs still running
-_GPUS = workflow.global_resources.get("gpu")
-ASSIST_RECORDS = SWEEP.assist_records(
-    int(_GPUS.value) if _GPUS is not None and _GPUS.value else 0,
-    ENGINE_GPUS,
-    config.get("assist", True),
-)
-
-
-def get_assist_inputs(w):
-    return SWEEP.assist_inputs()
-
-
-def get_assist_name(w):
-    return f"assist-{w.token}-{w.i}"
-
-
-def get_share_chunks(w):
+def get_share_chunks(wildcards):
     """1 when this sweep has assist jobs (a resource, not a param: a spare GPU must not rerun
     the job). A job re-run on a cluster node does not see the profile's resources."""
     if workflow.is_main_process:
@@ -203,68 +144,44 @@ def get_share_chunks(w):
     return 1 if config.get("assist", True) else 0
 
 
-# ---- evaluate and its self-tests
+def get_selftest_identity(wildcards):
+    return SWEEP.selftest_identity(wildcards.task, wildcards.key)
 
 
-def get_evaluate_inputs(w):
-    # one input function, not five: Snakemake inspects each function's signature per cell
-    return aged(SWEEP.evaluate_inputs(CellKey.of(w)))
+def get_assist_name(wildcards):
+    return f"assist-{wildcards.token}-{wildcards.i}"
 
 
-def get_cell(w):
-    return SWEEP.cell_params(CellKey.of(w))
-
-
-def get_scoring_identity(w):
-    return SWEEP.fresh.scoring_identity(w.run, w.task, w.variant).text
-
-
-def get_selftest_identity(w):
-    return SWEEP.selftest_identity(w.task, w.key).text
-
-
-def get_checker_files(w):
-    return aged(SWEEP.checker_files(w.task))
-
-
-def get_problems_file(w):
-    return aged([p] if (p := SWEEP.problems_file(w.task)) else [])
-
-
-# ---- aggregate, summary, publish
-
-
-def get_score_files(w):
-    return SWEEP.score_files()
-
-
-def get_summary_inputs_digest(w):
-    return SWEEP.summary_cells_digest()
-
-
-def get_summary_identity(w):
-    return summary_identity(config).text
-
-
-def get_final_checkpoints(w):
-    return PLAN.final_checkpoints()
-
-
-def get_sampling_settings(w):
-    return SWEEP.sampling_settings()
-
-
-def get_waiting_checkpoints(w):
-    return PLAN.waiting_lines(age=False)  # no age: the clock must not rebuild the report
-
-
-def get_broken_checkpoints(w):
-    return PLAN.broken_lines(age=False)
-
-
-def get_deleted_checkpoints(w):
-    return SWEEP.deleted_checkpoints()
-
-
-def get_publish_identity(w):
-    return publish_identity(config).text
+# consolidate, model_card
+get_source_identity_file = per_checkpoint(SWEEP.source_identity_file)
+get_model_identity = per_checkpoint(SWEEP.model_identity)
+get_base_model = per_checkpoint(lambda run, ckpt: SWEEP.base_model(run))
+get_model_redo = per_checkpoint(SWEEP.model_redo_input)
+get_model_card_settings = per_checkpoint(SWEEP.model_card_settings)
+get_consolidate_priority = per_checkpoint(SWEEP.consolidate_priority)
+# infer, generation, replay, assist
+get_generation_inputs = per_cell(
+    lambda c: ENGINES.generation_inputs(c.run, c.ckpt, c.task, c.variant)
+)
+get_generation_identity = per_cell(SWEEP.generation_identity)
+get_solutions = per_cell(SWEEP.solutions)
+get_task_options = per_task(SWEEP.task_options)
+get_assist_inputs = per_sweep(SWEEP.assist_inputs)
+# evaluate (one input function, not five: Snakemake inspects each one's signature per cell)
+get_evaluate_inputs = per_cell(SWEEP.evaluate_inputs)
+get_cell = per_cell(SWEEP.cell_params)
+get_scoring_identity = per_cell(SWEEP.scoring_identity)
+# selftest
+get_checker_files = per_task(SWEEP.checker_files)
+get_problems_file = per_task(lambda task: [p] if (p := SWEEP.problems_file(task)) else [])
+# aggregate (no age in the waiting lines: the clock must not rebuild the report), publish
+get_score_files = per_sweep(SWEEP.score_files)
+get_summary_redo = per_sweep(lambda: {"redo": r} if (r := SWEEP.summary_redo()) else {})
+get_summary_inputs_digest = per_sweep(SWEEP.summary_cells_digest)
+get_summary_identity = per_sweep(lambda: summary_identity(config).text)
+get_deleted_checkpoints = per_sweep(SWEEP.deleted_checkpoints)
+get_broken_checkpoints = per_sweep(lambda: PLAN.broken_lines(age=False))
+get_waiting_checkpoints = per_sweep(lambda: PLAN.waiting_lines(age=False))
+get_final_checkpoints = per_sweep(PLAN.final_checkpoints)
+get_sampling_settings = per_sweep(SWEEP.sampling_settings)
+get_publish_identity = per_sweep(lambda: publish_identity(config).text)

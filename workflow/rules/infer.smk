@@ -24,9 +24,9 @@ for _group in PLAN.engine_groups:
                 model=LAYOUT.model_dir("{run}", "{ckpt}"),
                 manifest=LAYOUT.manifest("{run}", "{ckpt}"),
             output:
-                done=engine_done(_group),
+                done=ENGINES.done_template(_group),
             log:
-                engine_log(_group),
+                ENGINES.log_template(_group),
             wildcard_constraints:
                 run=runs_regex(VLLM_RUNS),
                 token=r"r[0-9]+",
@@ -37,7 +37,7 @@ for _group in PLAN.engine_groups:
                 infer_attempt=get_infer_attempt,
                 share_chunks=get_share_chunks,
             params:
-                staging=staging_dir(_group),
+                staging=ENGINES.staging_dir(_group),
                 request=get_engine_request_path(_group),
                 cache_dir=LAYOUT.cache(),
             script:
@@ -51,14 +51,14 @@ for _group in PLAN.engine_groups:
             input:
                 manifest=LAYOUT.manifest("{run}", "{ckpt}"),
             output:
-                done=engine_done(_group),
+                done=ENGINES.done_template(_group),
             log:
-                engine_log(_group),
+                ENGINES.log_template(_group),
             wildcard_constraints:
                 run=runs_regex(OPENAI_RUNS),
                 token=r"r[0-9]+",
             params:
-                staging=staging_dir(_group),
+                staging=ENGINES.staging_dir(_group),
                 request=get_engine_request_path(_group),
                 cache_dir=LAYOUT.cache(),
             script:
@@ -67,7 +67,7 @@ for _group in PLAN.engine_groups:
 
 # The request file of every engine job a run will run (never in a dry run): ckpteval.verbs.
 onstart:
-    write_engine_requests(workflow.dag)
+    ENGINES.write_requests(workflow.dag)
 
 
 # A cell's generation file and meta, moved into place from its engine job's staging directory.

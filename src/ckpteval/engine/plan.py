@@ -54,6 +54,16 @@ class EnginePlan:
         """Where an engine job of `group` writes its checkpoint's cells (a wildcard pattern)."""
         return f"{self.layout.staging('{run}', '{ckpt}')}/{group or 'main'}"
 
+    def done_template(self, group: str) -> str:
+        """An engine job's output: one done file per round (`{token}`, ckpteval.verbs), a name
+        no file has when the workflow is parsed."""
+        return f"{self.staging_dir(group)}.{{token}}.done"
+
+    @staticmethod
+    def log_template(group: str) -> str:
+        suffix = f".{group}" if group else ""
+        return f"logs/infer/{{run}}/{{ckpt}}{suffix}.{{token}}.log"
+
     def _staging(self, run: str, ckpt: str, group: str) -> Path:
         return Path(self.staging_dir(group).format(run=run, ckpt=ckpt))
 

@@ -107,6 +107,10 @@ class Layout:
         named so that no run has it (run names start with a letter or digit)."""
         return f"{self.out}/staging/_summary"
 
+    def summary_staged(self, name: str) -> str:
+        """A file of the summary's build."""
+        return f"{self.summary_staging()}/{name}"
+
     def cache(self) -> str:
         """The engine jobs' content-addressed generation cache (not a declared output)."""
         return f"{self.out}/cache"

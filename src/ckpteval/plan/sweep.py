@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +36,11 @@ from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.publish import TRACKERS
 from ckpteval.selftest import selftest_identity, separate
 from ckpteval.verbs import Verbs, damaged_json, redo_path
+
+
+def runs_regex(names: list[str]) -> str:
+    """A wildcard constraint matching exactly these run names."""
+    return "|".join(re.escape(n) for n in names)
 
 
 class ByContent(str):
@@ -181,6 +187,15 @@ class SweepPlan:
         base = self.plan.runs[run].base_model
         return [ByContent(base)] if base else []
 
+    def model_identity(self, run: str, ckpt: str) -> str:
+        """The consolidate (or model card) job's identity param (ckpteval.contract)."""
+        return self.fresh.model_identity(run, ckpt).text
+
+    def model_redo_input(self, run: str, ckpt: str) -> dict[str, str]:
+        """A damaged model card's redo input (consolidate, model_card), or none."""
+        found = self.model_redo(run, ckpt)
+        return {"redo": found} if found else {}
+
     def model_card_settings(self, run: str, ckpt: str) -> dict[str, Any]:
         """What a weightless run's model card records (a change reruns it and everything
         after): the endpoint, or the replayed files by content (a moved project keeps them)."""
@@ -209,6 +224,10 @@ class SweepPlan:
         """The done files of the engine jobs with cells to (re)generate: targets of `all`."""
         weighted = [*self.plan.runs_with_backend("vllm"), *self.plan.runs_with_backend("openai")]
         return self.engines.targets(weighted)
+
+    def generation_identity(self, cell: CellKey) -> str:
+        """A generation job's identity param: the same for every checkpoint of a run."""
+        return self.fresh.generation_identity(cell.run, cell.task, cell.variant).text
 
     def solutions(self, cell: CellKey) -> list[str]:
         """A replay cell's solution files."""
@@ -281,7 +300,22 @@ class SweepPlan:
             if not c.deleted
         ]
         found += [self.score_redo(cell) for cell in self.cells()]
+        found.append(self.summary_redo())
         return sorted(f for f in found if f)
+
+    @functools.cache  # noqa: B019
+    def summary_redo(self) -> str | None:
+        """The summary job's redo input when a plot of the last build is missing from the
+        published `summary/plots/` (a directory output: Snakemake sees only that it exists).
+        The job then publishes the build again; nothing is rebuilt."""
+        published = self.layout.summary("plots")
+        try:
+            built = set(os.listdir(self.layout.summary_staged("plots")))
+            there = set(os.listdir(published))
+        except OSError:  # no build yet, or no plots published: Snakemake plans that itself
+            return None
+        missing = {n for n in built - there if not n.startswith(".")}
+        return self.redo_input(published) if missing else None
 
     # ---- evaluate and its self-tests
 
@@ -323,10 +357,10 @@ class SweepPlan:
                 found[(cell.task, identity.digest)] = identity
         return found
 
-    def selftest_identity(self, task: str, key: str) -> Identity:
+    def selftest_identity(self, task: str, key: str) -> str:
         """A selftest job's identity param, by its output's name."""
         try:
-            return self.selftest_identities()[(task, key)]
+            return self.selftest_identities()[(task, key)].text
         except KeyError:
             raise UserError(
                 f"no self-test {key} of task {task!r} in the plan: ask for the cells, not for "
@@ -373,6 +407,10 @@ class SweepPlan:
         job, which builds its own task only; its content is in the job's identity."""
         path = self.plan.tasks[task].options.get("problems")
         return None if path is None else ByContent(resolve_path(str(path), Path.cwd()))
+
+    def scoring_identity(self, cell: CellKey) -> str:
+        """An evaluate job's identity param."""
+        return self.fresh.scoring_identity(cell.run, cell.task, cell.variant).text
 
     def cell_params(self, cell: CellKey) -> dict[str, Any]:
         """The evaluate job's `cell` param."""
