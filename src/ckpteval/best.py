@@ -32,6 +32,7 @@ from ckpteval.aggregate.cells import load_cells, load_samples
 from ckpteval.aggregate.tables import main_metrics
 from ckpteval.errors import UserError
 from ckpteval.gate import read_summary_table
+from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.stats import bootstrap_weights, per_problem_means
 
 CONFIDENCE = 0.95
@@ -136,7 +137,7 @@ def select(
     rows = rows[[(r, c) in set(keep) for r, c in zip(rows["run"], rows["ckpt"])]]
     cells, problems = load_cells(
         [
-            outdir / "scores" / r.run / r.ckpt / r.task / f"{r.variant}.json"
+            Path(Layout(str(outdir)).score(CellKey(r.run, r.ckpt, r.task, r.variant)))
             for r in rows.itertuples()
         ]
     )
