@@ -307,7 +307,9 @@ class SweepPlan:
     def summary_redo(self) -> str | None:
         """The summary job's redo input when a plot of the last build is missing from the
         published `summary/plots/` (a directory output: Snakemake sees only that it exists).
-        The job then publishes the build again; nothing is rebuilt."""
+        The job then publishes the build again; nothing is rebuilt. A shard has no summary."""
+        if self.plan.shard is not None:
+            return None
         published = self.layout.summary("plots")
         try:
             built = set(os.listdir(self.layout.summary_staged("plots")))
