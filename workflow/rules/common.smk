@@ -88,6 +88,11 @@ def aged(inputs):
     return ancient(str(inputs)) if isinstance(inputs, ByContent) else inputs
 
 
+def one(path):
+    """A single input, or none (None): a list would reach the job as a list."""
+    return [] if path is None else path
+
+
 def per_checkpoint(ask):
     """An input function: the plan's answer for the job's checkpoint."""
     return lambda wildcards: aged(ask(wildcards.run, wildcards.ckpt))
@@ -120,7 +125,7 @@ def get_checkpoint_source(wildcards):
     sources = SWEEP.checkpoint_source(wildcards.run, wildcards.ckpt)
     if PLAN.checkpoint(wildcards.run, wildcards.ckpt).url:  # on S3: downloaded by Snakemake
         return [ancient(storage.s3(url)) for url in sources]
-    return [ancient(path) for path in sources]
+    return ancient(sources[0]) if sources else []
 
 
 def get_engine_request_path(group):
@@ -153,9 +158,9 @@ def get_assist_name(wildcards):
 
 
 # consolidate, model_card
-get_source_identity_file = per_checkpoint(SWEEP.source_identity_file)
+get_source_identity_file = per_checkpoint(lambda r, c: one(SWEEP.source_identity_file(r, c)))
 get_model_identity = per_checkpoint(SWEEP.model_identity)
-get_base_model = per_checkpoint(lambda run, ckpt: SWEEP.base_model(run))
+get_base_model = per_checkpoint(lambda run, ckpt: one(SWEEP.base_model(run)))
 get_model_redo = per_checkpoint(SWEEP.model_redo_input)
 get_model_card_settings = per_checkpoint(SWEEP.model_card_settings)
 get_consolidate_priority = per_checkpoint(SWEEP.consolidate_priority)
@@ -173,7 +178,7 @@ get_cell = per_cell(SWEEP.cell_params)
 get_scoring_identity = per_cell(SWEEP.scoring_identity)
 # selftest
 get_checker_files = per_task(SWEEP.checker_files)
-get_problems_file = per_task(lambda task: [p] if (p := SWEEP.problems_file(task)) else [])
+get_problems_file = per_task(lambda task: one(SWEEP.problems_file(task)))
 # aggregate (no age in the waiting lines: the clock must not rebuild the report), publish
 get_score_files = per_sweep(SWEEP.score_files)
 get_summary_redo = per_sweep(lambda: {"redo": r} if (r := SWEEP.summary_redo()) else {})

@@ -175,17 +175,17 @@ class SweepPlan:
             return [f"{found.url}/{o.rel}" if o.rel else found.url for o in found.objects]
         return [str(found.path)]
 
-    def source_identity_file(self, run: str, ckpt: str) -> list[str]:
+    def source_identity_file(self, run: str, ckpt: str) -> str | None:
         """The checkpoint's content identity (ckpteval.checkpoints.sync_source_identity): its
-        modification time moves only when the checkpoint's bytes do."""
+        modification time moves only when the checkpoint's bytes do. None when deleted."""
         if self.plan.checkpoint(run, ckpt).deleted:
-            return []
-        return [self.layout.source_id(run, ckpt)]
+            return None
+        return self.layout.source_id(run, ckpt)
 
-    def base_model(self, run: str) -> list[ByContent]:
+    def base_model(self, run: str) -> ByContent | None:
         """The run's base model: its content is in the identity param."""
         base = self.plan.runs[run].base_model
-        return [ByContent(base)] if base else []
+        return ByContent(base) if base else None
 
     def model_identity(self, run: str, ckpt: str) -> str:
         """The consolidate (or model card) job's identity param (ckpteval.contract)."""
