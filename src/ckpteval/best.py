@@ -33,6 +33,7 @@ from ckpteval.aggregate.cells import Cell, load_cells, load_samples
 from ckpteval.aggregate.tables import main_metrics
 from ckpteval.errors import UserError
 from ckpteval.gate import read_summary_table
+from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.stats import bootstrap_weights
 
 CONFIDENCE = 0.95
@@ -105,7 +106,7 @@ def select(
     tasks, keep, rows = candidates(tidy, weights, runs=runs, sampling=sampling)
     cells, problems = load_cells(
         [
-            outdir / "scores" / r.run / r.ckpt / r.task / f"{r.variant}.json"
+            Path(Layout(str(outdir)).score(CellKey(r.run, r.ckpt, r.task, r.variant)))
             for r in rows.itertuples()
         ]
     )

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import UserError
+from ckpteval.plan.layout import Layout
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "data" / "chat_templates"
 #: The record of plain prompts.
@@ -168,7 +169,7 @@ def missing_template_lines(plan: Any) -> list[str]:
     for run in plan.runs.values():
         if not run.has_weights or run.chat_template.mode != "auto":
             continue
-        models = Path(plan.outdir) / "models" / run.name
+        models = Path(Layout(plan.outdir).models_of(run.name))
         lacking = [
             c.name
             for c in run.checkpoints

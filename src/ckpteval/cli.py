@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ckpteval import __version__
 from ckpteval.errors import UserError
+from ckpteval.plan.layout import Layout
 
 
 def _add_check_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -73,7 +74,7 @@ def _run_aggregate(args: argparse.Namespace) -> int:
     validate_config(config)
     plan = build_plan(config)
     cells = [Path(p) for p in plan.score_files()]
-    summary = args.out or Path(plan.outdir) / "summary"
+    summary = args.out or Path(Layout(plan.outdir).summary_dir())
     summary.parent.mkdir(parents=True, exist_ok=True)
     # built beside it and published once complete: a failed build leaves the previous summary
     built = Path(tempfile.mkdtemp(prefix=f".{summary.name}.", dir=summary.parent))

@@ -52,6 +52,7 @@ from ckpteval.errored import errored_metrics, no_score
 from ckpteval.errors import UserError
 from ckpteval.io import atomic_open, iter_jsonl
 from ckpteval.jobs import chosen_main_metrics
+from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.stats import (
     MDE_ALPHA,
     MDE_POWER,
@@ -141,7 +142,7 @@ def parse_target(text: str) -> tuple[str, str]:
 def load_side(outdir: Path, run: str, ckpt: str, tasks: Sequence[str] = ()) -> Side:
     """The cells of one checkpoint (of `tasks` only, when given); an unknown run or checkpoint,
     or a cell that cannot be read, is a `UserError` (listing what exists)."""
-    scores = outdir / "scores"
+    scores = Path(Layout(str(outdir)).scores())
     if not (scores / run).is_dir():
         runs = sorted(p.name for p in scores.iterdir() if p.is_dir()) if scores.is_dir() else []
         raise UserError(
@@ -942,8 +943,8 @@ def _completions(
             for row in iter_jsonl(cell.samples_path, errors=[])
             if str(row.get("task_id")) in wanted
         }
-        generations = outdir / "generations" / cell.run / cell.ckpt / cell.task
-        path = generations / f"{cell.variant}.jsonl"
+        key = CellKey(cell.run, cell.ckpt, cell.task, cell.variant)
+        path = Path(Layout(str(outdir)).generation(key))
         if not path.is_file():
             for task_id in sorted({k[0] for k in verdicts}):
                 out.setdefault(task_id, []).append((f"seed {cell.seed}", f"no file {path}"))

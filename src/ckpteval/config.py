@@ -31,6 +31,7 @@ from ckpteval.checkpoints import (
 )
 from ckpteval.content import ContentIds, content_id, model_files, task_yaml_files
 from ckpteval.errors import UserError
+from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.reasoning import from_config
 from ckpteval.s3 import is_s3, local_path
 from ckpteval.shard import Shard, parse_shard, select
@@ -252,10 +253,13 @@ class Plan:
 
     def score_files(self) -> list[str]:
         """The evaluate step's cell metrics file of every cell, under `outdir`."""
-        return [
-            f"{self.outdir}/scores/{c['run']}/{c['ckpt']}/{c['task']}/{c['variant']}.json"
-            for c in self.cells()
-        ]
+        layout = Layout(self.outdir)
+        return [layout.score(cell) for cell in self.cell_keys]
+
+    @functools.cached_property
+    def cell_keys(self) -> tuple[CellKey, ...]:
+        """Every cell the config asks for, in step order (once per plan: input functions ask)."""
+        return tuple(CellKey(c["run"], c["ckpt"], c["task"], c["variant"]) for c in self._cells)
 
     def cells(self) -> list[dict[str, Any]]:
         """Every (run, ckpt, task, variant) the config asks for, in step order (a new list of
@@ -645,33 +649,41 @@ def _vllm_run(
     else:
         ckpts = discover_checkpoints(path, r["patterns"], **found)
         unfinished = unfinished_checkpoints(path, r["patterns"], **found)
-    if (
-        not ckpts
-        and not unfinished
-        and not allow_empty_runs
-        and not (Path(config["outdir"]) / "models" / name).is_dir()
-    ):
-        entries = (
-            sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
-            if s3_url is None
-            else []
-        )
-        raise UserError(
-            f"config: runs.{name}.patterns: nothing in {s3_url or path} matches "
-            f"{', '.join(r['patterns'])}"
-            + (
-                f" (it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"
-                if entries
-                else " (it is empty)"
-            )
-        )
     present = {c.name for c in ckpts} | {u.name for u in unfinished}
-    gone = deleted_checkpoints(
-        Path(config["outdir"]) / "models" / name, path, present | {"base"}, r["patterns"]
-    )
+    models = Path(Layout(config["outdir"]).models_of(name))
+    gone = deleted_checkpoints(models, path, present | {"base"}, r["patterns"])
+    if not ckpts and not unfinished and not allow_empty_runs:
+        _nothing_found(name, r["patterns"], s3_url or path, models, gone)
     if r.get("evaluate_base"):
         ckpts = [Checkpoint("base", 0, base_model, is_base=True), *ckpts]
     return Run(name, path, r["format"], base_model, tuple(ckpts)), unfinished, gone
+
+
+def _nothing_found(
+    name: str, patterns: list[str], where: Path | str, models: Path, gone: list[Checkpoint]
+) -> None:
+    """A run that finds no checkpoint is a mistake, said in one line: where it looked, what is
+    there, and, when earlier results of the run exist, for how many checkpoints (a wrong or
+    parent directory, an empty one, a wrong S3 prefix: its results would silently drop out)."""
+    entries = (
+        sorted(p.name for p in where.iterdir() if not p.name.startswith("."))
+        if isinstance(where, Path)
+        else []
+    )
+    holds = (
+        f" (it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"
+        if entries
+        else " (it is empty)"
+    )
+    if gone:
+        raise UserError(
+            f"config: runs.{name}.path: no checkpoint in {where} matches {', '.join(patterns)}"
+            f"{holds}, but {models} has results for {len(gone)} checkpoint(s) of run {name}; "
+            "point it at the training run's output directory"
+        )
+    raise UserError(
+        f"config: runs.{name}.patterns: nothing in {where} matches {', '.join(patterns)}{holds}"
+    )
 
 
 def _endpoint_run(name: str, r: dict[str, Any], base_dir: Path) -> Run:

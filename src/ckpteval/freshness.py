@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.contract import Identity, generation_identity, model_identity, scoring_identity
+from ckpteval.plan.layout import CellKey, Layout
 
 #: Why a cell whose files are there is stale all the same: a meta that does not parse, or a
 #: generation file whose size is not the one its meta recorded (a truncated copy).
@@ -79,14 +80,14 @@ class Freshness:
 
     def __init__(self, plan: Any, outdir: Path | None = None) -> None:
         self.plan = plan
-        self.out = Path(plan.outdir if outdir is None else outdir)
+        self.layout = Layout(str(plan.outdir if outdir is None else outdir))
 
     def manifest_path(self, run: str, ckpt: str) -> Path:
-        return self.out / "models" / run / f"{ckpt}.json"
+        return Path(self.layout.manifest(run, ckpt))
 
     def source_id_path(self, run: str, ckpt: str) -> Path:
         """The checkpoint's content identity file (ckpteval.checkpoints.sync_source_identity)."""
-        return self.out / "sources" / run / f"{ckpt}.json"
+        return Path(self.layout.source_id(run, ckpt))
 
     @functools.cache  # noqa: B019 - one Freshness per parse
     def generation_identity(self, run: str, task: str, variant: str) -> Identity:
@@ -138,7 +139,7 @@ class Freshness:
             return "; ".join(changes) if changes else "built by an older ckpteval"
         if not self.plan.runs[run].has_weights:
             return None
-        if not (self.out / "models" / run / ckpt).is_dir():
+        if not os.path.isdir(self.layout.model_dir(run, ckpt)):
             return "its directory is missing"
         source, built = (
             _mtime(self.source_id_path(run, ckpt)),
@@ -163,11 +164,11 @@ class Freshness:
     # What the per-cell questions read, as strings: pathlib's `/` per part cost more than the
     # reads themselves, paid per cell in every parse and `ckpteval status`.
     def _score_file(self, run: str, ckpt: str, task: str, variant: str) -> str:
-        return f"{self.out}/scores/{run}/{ckpt}/{task}/{variant}.json"
+        return self.layout.score(CellKey(run, ckpt, task, variant))
 
     def _generation_files(self, run: str, ckpt: str, task: str, variant: str) -> tuple[str, str]:
-        base = f"{self.out}/generations/{run}/{ckpt}/{task}/{variant}"
-        return f"{base}.jsonl", f"{base}.meta.json"
+        cell = CellKey(run, ckpt, task, variant)
+        return self.layout.generation(cell), self.layout.generation_meta(cell)
 
     @functools.cache  # noqa: B019
     def stale(self, run: str, ckpt: str, task: str, variant: str) -> StaleCell | None:

@@ -41,6 +41,7 @@ import yaml
 from ckpteval.aggregate.cells import load_cells, load_samples
 from ckpteval.aggregate.tables import main_metrics
 from ckpteval.errors import UserError
+from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.stats import drop_p_value, holm, per_problem_means
 
 POLICY_KEYS = ("checkpoint", "reference", "max_drop", "tasks", "alpha", "outdir")
@@ -144,7 +145,7 @@ def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict]]:
     rows = tidy[[(r, c) in sides for r, c in zip(tidy["run"], tidy["ckpt"])]]
     rows = rows.drop_duplicates(["run", "ckpt", "task", "variant"])
     paths = [
-        policy.outdir / "scores" / r.run / r.ckpt / r.task / f"{r.variant}.json"
+        Path(Layout(str(policy.outdir)).score(CellKey(r.run, r.ckpt, r.task, r.variant)))
         for r in rows.itertuples()
     ]
     cells, problems = load_cells(paths)
@@ -178,7 +179,7 @@ def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict]]:
 def read_summary_table(outdir: Path, command: str) -> pd.DataFrame:
     """The summary's tidy table, which names the cells a decision reads; a `UserError` naming
     `command` when the aggregate step has not written it."""
-    path = outdir / "summary" / "metrics.parquet"
+    path = Path(Layout(str(outdir)).summary("metrics.parquet"))
     if not path.exists():
         raise UserError(
             f"{command}: {path} not found; run the aggregate step first (or set outdir)"

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpteval.errors import UserError
 from ckpteval.io import read_json, sha256_json, write_json
+from ckpteval.plan.layout import Layout
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -685,7 +686,7 @@ def run_publish(args: Any) -> int:
 
         config = load_config(configfile)
         validate_config(config)
-    summary = args.summary or Path(config["outdir"]) / "summary"
+    summary = args.summary or Path(Layout(config["outdir"]).summary_dir())
     overrides: dict[str, Any] = {
         setting: getattr(args, flag[2:].replace("-", "_"))
         for flag, (setting, _) in {**_FLAGS, **_SWITCHES}.items()

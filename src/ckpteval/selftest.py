@@ -32,12 +32,12 @@ from typing import Any
 
 from ckpteval.contract import Identity
 from ckpteval.io import write_json
+from ckpteval.plan.layout import Layout
 
 #: Checkers whose self-test is a job of its own (rule `selftest`).
 SEPARATE_CHECKERS = frozenset({"reward_function"})
 #: Scoring identity keys the self-test does not read (what only a cell's metrics depend on).
 CELL_ONLY_KEYS = frozenset({"cell.format", "evaluate.ks"})
-SELFTEST_DIR = Path("staging") / "selftest"
 
 
 def separate(checker: str) -> bool:
@@ -52,7 +52,7 @@ def selftest_identity(scoring: Identity) -> Identity:
 
 def verdict_path(outdir: Path | str, task: str, identity: Identity) -> Path:
     """Where the self-test of `task` with `identity` records its verdict (the rule's output)."""
-    return Path(outdir) / SELFTEST_DIR / f"{task}.{identity.digest}.json"
+    return Path(Layout(str(outdir)).selftest_verdict(task, identity.digest))
 
 
 def failure_path(verdict: Path) -> Path:

@@ -61,6 +61,7 @@ import pandas as pd
 from ckpteval.errored import errored_metrics, no_score
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness
+from ckpteval.plan.layout import CellKey, Layout
 
 STATES = ("done", "stale", "running", "failed", "blocked", "missing")
 CELL_COLUMNS = ["run", "ckpt", "step", "task", "variant", "state", "detail", "errors"]
@@ -395,7 +396,7 @@ class _Evidence:
         return ev
 
     def state(self, outdir: Path, cell: Key) -> tuple[str, str]:
-        score = f"{outdir}/scores/{cell[0]}/{cell[1]}/{cell[2]}/{cell[3]}.json"
+        score = Layout(str(outdir)).score(CellKey(*cell))
         if os.path.exists(score):
             return "done", score
         prefixes = [cell[:n] for n in (4, 3, 2)]

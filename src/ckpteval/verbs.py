@@ -103,8 +103,7 @@ def requested(
 ) -> list[StaleCell]:
     """The cells of one engine job that a run of the workflow will (re)generate: stale on disk,
     older than their model, or forced by a verb."""
-    out = Path(fresh.plan.outdir)
-    model = out / "models" / run / ckpt
+    model = Path(fresh.layout.model_dir(run, ckpt))
     # The rule whose rerun rewrites this run's model: consolidate for a run with weights,
     # model_card for a weightless one (openai, replay); forcing the other leaves its cells alone.
     model_rule = "consolidate" if fresh.plan.runs[run].backend == "vllm" else "model_card"

@@ -23,7 +23,8 @@ rule aggregate:
         "../scripts/aggregate.py"
 
 
-# Every file of the summary is an output: a deleted one is published again from the build.
+# Every file of the summary is an output: a deleted one is published again from the build, and
+# so is a deleted plot (inside the plots directory) through a redo input (ckpteval.plan.sweep).
 # `snakemake --report report.zip` collects the outputs marked report() with their captions.
 # Each is update(): Snakemake removes a job's outputs before it runs and after it fails, which
 # for this job took the previous summary with it (a killed or failed publication left no
@@ -32,31 +33,32 @@ rule aggregate:
 # (from its backup, .snakemake/backups), and a killed job, marked incomplete, runs again.
 rule summary:
     input:
+        unpack(get_summary_redo),
         staged=SUMMARY_STAGING,
     output:
-        **{name: update(path) for name, path in get_training_curve_output().items()},
-        parquet=update(f"{OUT}/summary/metrics.parquet"),
+        **{name: update(path) for name, path in SWEEP.summary_outputs().items()},
+        parquet=update(LAYOUT.summary("metrics.parquet")),
         csv=update(
             report(
-                f"{OUT}/summary/metrics.csv", caption="../report/metrics.rst", category="Tables"
+                LAYOUT.summary("metrics.csv"), caption="../report/metrics.rst", category="Tables"
             )
         ),
-        md=update(f"{OUT}/summary/metrics.md"),
-        seeds=update(f"{OUT}/summary/seeds.csv"),
-        configs=update(f"{OUT}/summary/configs.csv"),
-        passk=update(f"{OUT}/summary/passk.csv"),
-        errors=update(f"{OUT}/summary/errors.csv"),
-        hacks=update(f"{OUT}/summary/hacks.csv"),
-        truncation=update(f"{OUT}/summary/truncation.csv"),
+        md=update(LAYOUT.summary("metrics.md")),
+        seeds=update(LAYOUT.summary("seeds.csv")),
+        configs=update(LAYOUT.summary("configs.csv")),
+        passk=update(LAYOUT.summary("passk.csv")),
+        errors=update(LAYOUT.summary("errors.csv")),
+        hacks=update(LAYOUT.summary("hacks.csv")),
+        truncation=update(LAYOUT.summary("truncation.csv")),
         deltas=update(
-            report(f"{OUT}/summary/deltas.csv", caption="../report/deltas.rst", category="Tables")
+            report(LAYOUT.summary("deltas.csv"), caption="../report/deltas.rst", category="Tables")
         ),
-        flips=update(f"{OUT}/summary/flips.csv"),
-        missing=update(f"{OUT}/summary/missing.csv"),
-        summary_json=update(f"{OUT}/summary/summary.json"),
+        flips=update(LAYOUT.summary("flips.csv")),
+        missing=update(LAYOUT.summary("missing.csv")),
+        summary_json=update(LAYOUT.summary("summary.json")),
         plots=update(
             report(
-                directory(f"{OUT}/summary/plots"),
+                directory(LAYOUT.summary("plots")),
                 patterns=["{name}.png"],
                 caption="../report/plots.rst",
                 category="Plots",
@@ -64,10 +66,10 @@ rule summary:
         ),
         report=update(
             report(
-                f"{OUT}/summary/report.html", caption="../report/summary.rst", category="Summary"
+                LAYOUT.summary("report.html"), caption="../report/summary.rst", category="Summary"
             )
         ),
-        report_files=directory(f"{OUT}/summary/report_files"),
+        report_files=update(directory(LAYOUT.summary("report_files"))),
     log:
         "logs/summary/summary.log",
     run:

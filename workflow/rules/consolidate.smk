@@ -12,8 +12,8 @@ rule consolidate:
         source_id=get_source_identity_file,
         base_model=get_base_model,
     output:
-        model=directory(f"{OUT}/models/{{run}}/{{ckpt}}"),
-        manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+        model=directory(LAYOUT.model_dir("{run}", "{ckpt}")),
+        manifest=LAYOUT.manifest("{run}", "{ckpt}"),
     log:
         "logs/consolidate/{run}/{ckpt}.log",
     priority: get_consolidate_priority

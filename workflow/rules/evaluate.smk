@@ -10,8 +10,8 @@ rule evaluate:
     input:
         unpack(get_evaluate_inputs),
     output:
-        samples=f"{OUT}/scores/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
-        metrics=f"{OUT}/scores/{{run}}/{{ckpt}}/{{task}}/{{variant}}.json",
+        samples=LAYOUT.score_samples(WILDCARDS),
+        metrics=LAYOUT.score(WILDCARDS),
     log:
         "logs/evaluate/{run}/{ckpt}/{task}/{variant}.log",
     threads: config["evaluate"]["workers"]
@@ -32,7 +32,7 @@ rule selftest:
         unpack(get_checker_files),
         problems=get_problems_file,
     output:
-        verdict=f"{OUT}/staging/selftest/{{task}}.{{key}}.json",
+        verdict=LAYOUT.selftest_verdict("{task}", "{key}"),
     log:
         "logs/selftest/{task}.{key}.log",
     threads: config["evaluate"]["workers"]

@@ -21,12 +21,12 @@ for _group in PLAN.engine_groups:
             name:
                 infer_rule_name("infer", _group)
             input:
-                model=f"{OUT}/models/{{run}}/{{ckpt}}",
-                manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+                model=LAYOUT.model_dir("{run}", "{ckpt}"),
+                manifest=LAYOUT.manifest("{run}", "{ckpt}"),
             output:
-                done=engine_done(_group),
+                done=ENGINES.done_template(_group),
             log:
-                engine_log(_group),
+                ENGINES.log_template(_group),
             wildcard_constraints:
                 run=runs_regex(VLLM_RUNS),
                 token=r"r[0-9]+",
@@ -37,9 +37,9 @@ for _group in PLAN.engine_groups:
                 infer_attempt=get_infer_attempt,
                 share_chunks=get_share_chunks,
             params:
-                staging=staging_dir(_group),
+                staging=ENGINES.staging_dir(_group),
                 request=get_engine_request_path(_group),
-                cache_dir=f"{OUT}/cache",
+                cache_dir=LAYOUT.cache(),
             script:
                 "../scripts/infer.py"
 
@@ -49,25 +49,25 @@ for _group in PLAN.engine_groups:
             name:
                 infer_rule_name("endpoint", _group)
             input:
-                manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+                manifest=LAYOUT.manifest("{run}", "{ckpt}"),
             output:
-                done=engine_done(_group),
+                done=ENGINES.done_template(_group),
             log:
-                engine_log(_group),
+                ENGINES.log_template(_group),
             wildcard_constraints:
                 run=runs_regex(OPENAI_RUNS),
                 token=r"r[0-9]+",
             params:
-                staging=staging_dir(_group),
+                staging=ENGINES.staging_dir(_group),
                 request=get_engine_request_path(_group),
-                cache_dir=f"{OUT}/cache",
+                cache_dir=LAYOUT.cache(),
             script:
                 "../scripts/infer.py"
 
 
 # The request file of every engine job a run will run (never in a dry run): ckpteval.verbs.
 onstart:
-    write_engine_requests(workflow.dag)
+    ENGINES.write_requests(workflow.dag)
 
 
 # A cell's generation file and meta, moved into place from its engine job's staging directory.
@@ -80,8 +80,8 @@ if VLLM_RUNS or OPENAI_RUNS:
         input:
             unpack(get_generation_inputs),
         output:
-            generations=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
-            meta=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.meta.json",
+            generations=LAYOUT.generation(WILDCARDS),
+            meta=LAYOUT.generation_meta(WILDCARDS),
         log:
             "logs/generation/{run}/{ckpt}/{task}/{variant}.log",
         wildcard_constraints:
@@ -110,7 +110,7 @@ if VLLM_RUNS:
         input:
             get_assist_inputs,
         output:
-            record=f"{OUT}/assist/{{token}}/{{i}}.json",
+            record=LAYOUT.assist_record("{token}", "{i}"),
         log:
             "logs/assist/{token}/{i}.log",
         wildcard_constraints:
@@ -120,7 +120,7 @@ if VLLM_RUNS:
         resources:
             gpu=ENGINE_GPUS,
         params:
-            cache_dir=f"{OUT}/cache",
+            cache_dir=LAYOUT.cache(),
             name=get_assist_name,
             grace_seconds=30,
         script:
@@ -134,11 +134,11 @@ if REPLAY_RUNS:
             solutions=get_solutions,
             # The model card names the replayed files: a new `solutions` rewrites it, and the
             # replay job must then run again (the rerun contract: runs.*.solutions is a model key).
-            manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+            manifest=LAYOUT.manifest("{run}", "{ckpt}"),
             problems=get_problems_file,
         output:
-            generations=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.jsonl",
-            meta=f"{OUT}/generations/{{run}}/{{ckpt}}/{{task}}/{{variant}}.meta.json",
+            generations=LAYOUT.generation(WILDCARDS),
+            meta=LAYOUT.generation_meta(WILDCARDS),
         log:
             "logs/replay/{run}/{ckpt}/{task}/{variant}.log",
         wildcard_constraints:
@@ -158,7 +158,7 @@ if OPENAI_RUNS or REPLAY_RUNS:
         input:
             unpack(get_model_redo),
         output:
-            manifest=f"{OUT}/models/{{run}}/{{ckpt}}.json",
+            manifest=LAYOUT.manifest("{run}", "{ckpt}"),
         log:
             "logs/model_card/{run}/{ckpt}.log",
         wildcard_constraints:
@@ -184,7 +184,7 @@ if OPENAI_RUNS or REPLAY_RUNS:
 # file runs again without the parse removing anything.
 rule redo:
     output:
-        f"{OUT}/staging/redo/{{key}}",
+        f"{LAYOUT.redo_root()}/{{key}}",
     log:
         "logs/redo/{key}.log",
     wildcard_constraints:

@@ -4,9 +4,9 @@
 # under summary/published/ make it idempotent: only new or changed points are sent.
 rule publish:
     input:
-        parquet=f"{OUT}/summary/metrics.parquet",
+        parquet=LAYOUT.summary("metrics.parquet"),
     output:
-        records=get_publish_records(),
+        records=SWEEP.publish_records(),
     log:
         "logs/publish/publish.log",
     params:

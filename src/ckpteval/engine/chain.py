@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.io import read_json
+from ckpteval.plan.layout import Layout
 
 log = logging.getLogger("ckpteval.engine.chain")
 
@@ -89,14 +90,15 @@ def scan(
     from ckpteval.verbs import done_path, staging_of
 
     found, pending = [], []
-    for request in (out / "staging" / run).glob(f"*/{glob.escape(group_dir)}.r*.request.json"):
+    layout = Layout(str(out))
+    for request in Path(layout.staging_of(run)).glob(f"*/{glob.escape(group_dir)}.r*.request.json"):
         name = request.parent.name
         try:
             body = read_json(request)
             staging = staging_of(request)
         except Exception:  # noqa: BLE001 - not a request file of this group: not ours to serve
             continue
-        manifest = out / "models" / run / f"{name}.json"
+        manifest = Path(layout.manifest(run, name))
         if staging.name != group_dir or name == ckpt:
             continue
         if body.get("invocation") != invocation or not body.get("cells"):

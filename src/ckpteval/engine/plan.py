@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.contract import engine_payload
+from ckpteval.plan.layout import Layout
 from ckpteval.verbs import (
     Verbs,
     done_path,
@@ -39,7 +40,7 @@ class EnginePlan:
 
     def __init__(self, plan: Any, fresh: Any, verbs: Callable[[], Verbs], invocation: str) -> None:
         self.plan, self.fresh, self.verbs, self.invocation = plan, fresh, verbs, invocation
-        self.out = plan.outdir
+        self.layout = Layout(plan.outdir)
         #: Engine rule name -> its engine group.
         self.rules = {
             infer_rule_name(prefix, group): group
@@ -51,7 +52,17 @@ class EnginePlan:
 
     def staging_dir(self, group: str) -> str:
         """Where an engine job of `group` writes its checkpoint's cells (a wildcard pattern)."""
-        return f"{self.out}/staging/{{run}}/{{ckpt}}/{group or 'main'}"
+        return f"{self.layout.staging('{run}', '{ckpt}')}/{group or 'main'}"
+
+    def done_template(self, group: str) -> str:
+        """An engine job's output: one done file per round (`{token}`, ckpteval.verbs), a name
+        no file has when the workflow is parsed."""
+        return f"{self.staging_dir(group)}.{{token}}.done"
+
+    @staticmethod
+    def log_template(group: str) -> str:
+        suffix = f".{group}" if group else ""
+        return f"logs/infer/{{run}}/{{ckpt}}{suffix}.{{token}}.log"
 
     def _staging(self, run: str, ckpt: str, group: str) -> Path:
         return Path(self.staging_dir(group).format(run=run, ckpt=ckpt))
@@ -75,7 +86,7 @@ class EnginePlan:
     def _staging_names(self, run: str, ckpt: str) -> tuple[str, ...]:
         """The names in a checkpoint's staging directory (one listing per checkpoint)."""
         try:
-            return tuple(os.listdir(f"{self.out}/staging/{run}/{ckpt}"))
+            return tuple(os.listdir(self.layout.staging(run, ckpt)))
         except OSError:
             return ()
 
@@ -124,7 +135,7 @@ class EnginePlan:
         reruns it (an `ancient()` input would not do, since Snakemake only holds back a rerun
         for ancient files that exist)."""
         group = self.group_of(task)
-        inputs = {"manifest": f"{self.out}/models/{run}/{ckpt}.json"}
+        inputs = {"manifest": self.layout.manifest(run, ckpt)}
         if (task, variant) in self._regenerates(run, ckpt, group):
             inputs["done"] = self.done_file(run, ckpt, group)
         return inputs

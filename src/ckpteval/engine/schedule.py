@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckpteval.plan.layout import Layout
+
 #: Requests assumed for an lm-eval task without `limit` until one of its generations is measured
 #: (its documents are not counted at parse time: that would load every dataset).
 HARNESS_REQUESTS = 1000
@@ -181,7 +183,7 @@ class InferCosts:
         if key not in self._measured:
             steps = {c.name: c.step for c in self.plan.runs[run].checkpoints}
             found = []
-            for meta in Path(self.plan.outdir, "generations", run).glob(
+            for meta in Path(Layout(self.plan.outdir).generations_of(run)).glob(
                 f"*/{task}/{variant}.meta.json"
             ):
                 ckpt = meta.parent.parent.name

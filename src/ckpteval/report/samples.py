@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from ckpteval.plan.layout import CellKey, Layout
+
 #: Generation-line fields kept besides the scalar ones (a chat prompt is a list: kept apart).
 GENERATION_FIELDS = ("completion", "reasoning", "answer", "finish_reason", "truncated_reasoning")
 #: Longest text kept per field in the report; the rest is named as cut (the file has it all).
@@ -56,7 +58,7 @@ def generation_path(source: str | Path) -> Path:
     `{root}/generations/{run}/{ckpt}/{task}/{variant}.jsonl`, the workflow's layout."""
     path = Path(source)
     root = path.parents[4] if len(path.parents) > 4 else path.parent
-    return root / "generations" / Path(*path.parts[-4:]).with_suffix(".jsonl")
+    return Path(Layout(str(root)).generation(CellKey(*path.parts[-4:-1], path.stem)))
 
 
 def read_cell_samples(source: str | Path, known_prompts: Container[str] = ()) -> CellSamples:

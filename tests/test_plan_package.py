@@ -1,0 +1,218 @@
+"""The workflow's planning (ckpteval.plan) asked without Snakemake: a config's cells, a cell made
+stale by an edited reward function, which cells a self-test gates, a checkpoint that waits; and a
+run path that finds no checkpoints where results exist, one line at `ckpteval check` and at
+`snakemake -n`.
+
+The sweeps are placeholder checkpoints (a directory with its completion marker) whose outputs
+are written here as the jobs would write them (identities by ckpteval.contract), so nothing runs
+a model: each test takes well under a second, the dry run a few.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import REPO, dry_snakemake, forked_main
+
+from ckpteval.checkpoints import hash_source, sync_source_identity
+from ckpteval.config import build_plan, validate_config
+from ckpteval.contract import generation_identity, model_identity, scoring_identity
+from ckpteval.plan.layout import CellKey, Layout
+from ckpteval.plan.sweep import SweepPlan
+from ckpteval.verbs import Verbs
+
+STEPS = (100, 200)
+SUMMARY_FILES = (
+    "metrics.parquet metrics.csv metrics.md seeds.csv configs.csv passk.csv errors.csv hacks.csv "
+    "truncation.csv deltas.csv flips.csv missing.csv summary.json report.html"
+).split()
+VARIANT = "greedy-s42"
+
+
+def make_run(work: Path, steps: tuple[int, ...] = STEPS) -> None:
+    """Placeholder checkpoints `run/step_<N>/`, each with its completion marker."""
+    for step in steps:
+        ckpt = work / "run" / f"step_{step}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "DONE").touch()
+    shutil.copy(REPO / "config/examples/verl/arith_reward.py", work / "reward.py")
+
+
+def config(work: Path) -> dict[str, Any]:
+    """A math task and a verl reward task (which self-tests in a job of its own)."""
+    cfg = {
+        "outdir": str(work / "results"),
+        "runs": {"r": {"path": str(work / "run"), "complete_marker": "DONE"}},
+        "tasks": {
+            "arith": {},
+            "arith_verl": {
+                "problems": str(REPO / "config/examples/verl/arith_val.jsonl"),
+                "checker": {
+                    "reward_function": str(work / "reward.py"),
+                    "self_test": "ground_truth",
+                },
+            },
+        },
+        "sampling": {"greedy": {"temperature": 0.0, "max_new_tokens": 8}},
+        "consolidate": {"smoke": "none"},
+    }
+    validate_config(cfg)
+    return cfg
+
+
+def sweep(work: Path, **kwargs: Any) -> SweepPlan:
+    return SweepPlan(build_plan(config(work), base_dir=work), **kwargs)
+
+
+def finish(work: Path) -> None:
+    """Every output of the sweep as its jobs write them, older along the graph."""
+    plan = build_plan(config(work), base_dir=work)
+    layout, when = Layout(plan.outdir), time.time() - 3600
+
+    def write(path: str, obj: Any, mtime: float) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+        os.utime(path, (mtime, mtime))
+
+    for cell in plan.cell_keys:
+        run, ckpt = cell.run, cell.ckpt
+        weights = f"w-{ckpt}"
+        source = str(plan.checkpoint(run, ckpt).path)
+        card = {**model_identity(plan, run, ckpt).record(), "source": source}
+        card |= {"weights_sha256": weights, "source_files": hash_source(Path(source))}
+        write(layout.manifest(run, ckpt), card, when)
+        Path(layout.model_dir(run, ckpt)).mkdir(exist_ok=True)
+        manifest = Path(layout.manifest(run, ckpt))
+        sync_source_identity(Path(source), Path(layout.source_id(run, ckpt)), manifest)
+        text = '{"problem_id": 0, "completion": "42"}\n'
+        write(layout.generation(cell), text, when + 1)
+        meta = {
+            **generation_identity(plan, run, cell.task, cell.variant).record(),
+            **{"model_hash": weights, "model_identity": None, "generation_bytes": len(text)},
+        }
+        write(layout.generation_meta(cell), meta, when + 1)
+        write(layout.score_samples(cell), '{"passed": true}\n', when + 2)
+        scoring = scoring_identity(plan, run, cell.task, cell.variant).settings
+        write(layout.score(cell), {"scoring": scoring, "n": 1}, when + 2)
+    # the aggregate job's build, then rule summary's copy of it
+    for name in SUMMARY_FILES:
+        write(layout.summary_staged(name), "{}", when + 3)
+        write(layout.summary(name), "{}", when + 4)
+    for summary in (layout.summary_staged("plots"), layout.summary("plots")):
+        write(f"{summary}/arith-steps.png", "png", when + 4)
+
+
+def test_the_cells_of_a_config_and_their_files(tmp_path: Path) -> None:
+    """Every checkpoint x task x variant, in step order, each file named once by the layout."""
+    make_run(tmp_path)
+    planned = sweep(tmp_path)
+    assert planned.cells() == tuple(
+        CellKey("r", f"step_{s}", t, VARIANT) for s in STEPS for t in ("arith", "arith_verl")
+    )
+    cell = CellKey("r", "step_100", "arith", VARIANT)
+    out = tmp_path / "results"
+    assert planned.layout.score(cell) == f"{out}/scores/r/step_100/arith/{VARIANT}.json"
+    assert f"{out}/generations/r/step_200/arith_verl/{VARIANT}.meta.json" in planned.cell_files()
+    assert len(planned.cell_files()) == 4 * 3 + 2  # per cell: 3 files; per checkpoint: a card
+    assert [planned.stale(c).reason for c in planned.cells()] == ["missing"] * 4
+
+
+def test_one_selftest_gates_the_reward_cells_to_score(tmp_path: Path) -> None:
+    """A fresh sweep: both reward cells wait for one self-test verdict, the math cells for none
+    (their checker self-tests in its evaluate job); a finished sweep gates nothing, unless the
+    invocation forces evaluate."""
+    make_run(tmp_path)
+    gates = sweep(tmp_path).gates()
+    [(verdict, cells)] = gates.items()
+    assert verdict.startswith(f"{tmp_path}/results/staging/selftest/arith_verl.")
+    assert cells == [CellKey("r", f"step_{s}", "arith_verl", VARIANT) for s in STEPS]
+    finish(tmp_path)
+    finished = sweep(tmp_path)
+    assert [finished.rescored(c) for c in finished.cells()] == [None] * 4
+    assert finished.gates() == {}
+    forced = sweep(tmp_path, verbs=lambda: Verbs(rules=frozenset({"evaluate"})))
+    assert list(forced.gates().values()) == [cells]
+
+
+def test_an_edited_reward_function_restales_its_cells_only(tmp_path: Path) -> None:
+    """A changed reward function rescores its task's cells, says why, and gates them on the
+    self-test of the new function; the other task's cells stay current."""
+    make_run(tmp_path)
+    finish(tmp_path)
+    reward = tmp_path / "reward.py"
+    reward.write_text(reward.read_text() + "\n# a changed reward\n")
+    planned = sweep(tmp_path)
+    why = {c.task: planned.rescored(c) for c in planned.cells()}
+    assert why["arith"] is None
+    assert why["arith_verl"] and "reward_function" in why["arith_verl"], why
+    [(verdict, cells)] = planned.gates().items()
+    assert {c.task for c in cells} == {"arith_verl"} and len(cells) == len(STEPS)
+    assert any("scores of arith_verl (2 cells)" in line for line in planned.rerun_lines())
+
+
+def test_a_checkpoint_being_written_waits(tmp_path: Path) -> None:
+    """A checkpoint without its completion marker, changed just now, waits: not a cell yet."""
+    make_run(tmp_path)
+    (tmp_path / "run" / "step_300").mkdir()
+    (tmp_path / "run" / "step_300" / "model.safetensors").write_bytes(b"half")
+    planned = sweep(tmp_path)
+    assert planned.waiting() == ["r/step_300"]
+    assert {c.ckpt for c in planned.cells()} == {"step_100", "step_200"}
+
+
+@pytest.mark.parametrize("where", ["empty", "parent"])
+def test_a_run_path_that_finds_no_checkpoints_where_results_exist_is_one_line(
+    tmp_path: Path, where: str
+) -> None:
+    """A wrong run path (an empty directory, the run's parent) in a project with results: one
+    line at `ckpteval check` and at `snakemake -n`, naming where it looked, what is there and
+    how many checkpoints of the run have results; no traceback, a non-zero exit."""
+    make_run(tmp_path)
+    finish(tmp_path)
+    cfg = config(tmp_path)
+    (tmp_path / "empty").mkdir()
+    cfg["runs"]["r"]["path"] = str(tmp_path / "empty" if where == "empty" else tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    from ckpteval.cli import main
+
+    check = forked_main(main, ["check"], tmp_path)
+    dry = dry_snakemake(tmp_path)
+    for proc in (check, dry):
+        assert proc.returncode != 0
+        assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr
+        # Snakemake's own line about the profiles it uses aside, one line
+        [line] = [s for s in proc.stderr.splitlines() if s.startswith("ckpteval:")]
+        assert line.startswith("ckpteval: error: config: runs.r.path: no checkpoint in "), line
+        assert f"has results for {len(STEPS)} checkpoint(s) of run r" in line
+        assert ("(it is empty)" if where == "empty" else "(it holds config, empty, ") in line
+
+
+def test_a_deleted_plot_is_published_again(tmp_path: Path) -> None:
+    """The plots are a directory output, which Snakemake sees only as a whole: a plot deleted
+    from the published summary is a redo input of rule summary, which publishes the build
+    again (and nothing else runs); a finished sweep plans nothing."""
+    make_run(tmp_path)
+    finish(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(config(tmp_path)))
+    assert sweep(tmp_path).summary_redo() is None
+    plot = Path(sweep(tmp_path).layout.summary("plots")) / "arith-steps.png"
+    plot.unlink()
+    assert sweep(tmp_path).summary_redo() is not None
+    dry = dry_snakemake(tmp_path)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    stats = dry.stdout.split("Job stats:", 1)[1].split("total", 1)[0]
+    assert dict(re.findall(r"^(\w+)\s+(\d+)\s*$", stats, re.M)) == {
+        "all": "1",
+        "redo": "1",
+        "summary": "1",
+    }
