@@ -56,6 +56,7 @@ def _has_gpu() -> bool:
 # does not need it, instead of waiting on the sweep's lock.
 LONGEST_FIRST = (
     "test_contract_verbs.py",
+    "test_reliability_interrupt.py",  # ~10 min quiet: a demo sweep interrupted at each rule x 3 signals
     "test_swap_workflow.py",
     "test_contract.py",
     "test_contract_walk.py",
