@@ -115,8 +115,9 @@ def finish(work: Path) -> int:
             "hacks.csv truncation.csv deltas.csv flips.csv missing.csv summary.json report.html"
         ).split():
             _write(summary / name, {}, mtime)
-        (summary / "plots").mkdir(exist_ok=True)
-        os.utime(summary / "plots", (mtime, mtime))
+        for folder in ("plots", "report_files"):
+            (summary / folder).mkdir(exist_ok=True)
+            os.utime(summary / folder, (mtime, mtime))
         os.utime(summary, (mtime, mtime))
     return cells
 

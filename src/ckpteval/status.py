@@ -200,12 +200,14 @@ def cell_states(
         except KeyError as exc:
             raise ValueError(f"expected cell {cell!r} lacks {exc}") from None
         state, detail = evidence.state(outdir, key)
+        score = detail if state == "done" else None
         # One read of a done cell: its errored samples and its freshness.
         record = _read_json(detail) if state == "done" else None
         if state == "done" and rescore is not None and (why := rescore(*key, record)):
             state, detail = "stale", why
         if blocked and key[2] in blocked:
-            kept = f"; scores kept from before: {detail}" if state == "done" else ""
+            # A blocked self-test holds back the rescoring a stale cell waits for: its scores stay.
+            kept = f"; scores kept from before: {score}" if score else ""
             state, detail = "blocked", blocked[key[2]] + kept
         errors = _errored_samples(record) if state == "done" else None
         if errors:
