@@ -193,13 +193,14 @@ def cell_states(
     logdir = Path(logdir).resolve() if logdir else outdir.parent / "logs"
     now = time.time() if now is None else now
     evidence = _Evidence.collect(outdir, workdir, logdir, now)
+    layout = Layout(str(outdir))
     rows = []
     for cell in expected:
         try:
             key = tuple(str(cell[k]) for k in ("run", "ckpt", "task", "variant"))
         except KeyError as exc:
             raise ValueError(f"expected cell {cell!r} lacks {exc}") from None
-        state, detail = evidence.state(outdir, key)
+        state, detail = evidence.state(layout, key)
         score = detail if state == "done" else None
         # One read of a done cell: its errored samples and its freshness.
         record = _read_json(detail) if state == "done" else None
@@ -397,8 +398,8 @@ class _Evidence:
                     ev.failed.setdefault(key, detail)
         return ev
 
-    def state(self, outdir: Path, cell: Key) -> tuple[str, str]:
-        score = Layout(str(outdir)).score(CellKey(*cell))
+    def state(self, layout: Layout, cell: Key) -> tuple[str, str]:
+        score = layout.score(CellKey(*cell))
         if os.path.exists(score):
             return "done", score
         prefixes = [cell[:n] for n in (4, 3, 2)]
