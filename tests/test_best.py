@@ -3,13 +3,16 @@ interval (wider than the winner's own), how often it wins, weights, and one-line
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
 import pytest
-from test_aggregate import write_solved
+from test_aggregate import write_cell, write_solved
 
 from ckpteval.cli import main
+from ckpteval.report.page import best_section
+from ckpteval.summary import build_summary
 
 N = 60
 #: Problems solved (of N) per checkpoint and task: step_300 is clearly best on `code`, step_100
@@ -61,3 +64,48 @@ def test_bad_rules_are_one_line(
     assert main(["best", "--outdir", str(results), *args]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_a_reward_task_with_errored_samples_says_the_rule_counts_them_as_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A float reward whose cell leaves 3 errored samples of 10 out of its reward_mean: `best`
+    averages the score lines, where they are 0, and says so beside the cell's own words (CLI,
+    JSON and the report's best section); a checkpoint without errors gets no line."""
+    for ckpt, errored in (("step_100", 0), ("step_200", 3)):
+        scores = [0.5] * (10 - errored) + [0.0] * errored
+        samples = [
+            {
+                "task_id": f"p{i}",
+                "sample_idx": 0,
+                "passed": False,
+                "score": score,
+                "error_type": "reward_error" if i >= 10 - errored else "wrong_answer",
+            }
+            for i, score in enumerate(scores)
+        ]
+        mean = {"value": 0.5, "stderr": 0.0, "n": 10 - errored}
+        metrics = {
+            "reward_error_rate": {"value": errored / 10, "stderr": 0.1, "n": 10},
+            "reward_mean": {**mean, **({"excludes_errors": errored} if errored else {})},
+        }
+        step = int(ckpt.split("_")[1])
+        path = write_cell(tmp_path, "r", ckpt, step, "gsm", "greedy-s42", metrics=metrics)
+        path.write_text(
+            json.dumps({**json.loads(path.read_text()), "primary_metric": "reward_mean"})
+        )
+        (path.with_suffix(".jsonl")).write_text("".join(json.dumps(s) + "\n" for s in samples))
+    build_summary(sorted((tmp_path / "scores").glob("*/*/*/*.json")), tmp_path / "summary")
+    line = (
+        "r:step_200 gsm: the reward function gave no score for 3 of 10 samples; the rule's score "
+        "counts them as 0; the cell's reward_mean: mean over the 7 samples that returned a "
+        "score; 3 of 10 errored and are excluded"
+    )
+    args = ["best", "--outdir", str(tmp_path), "--bootstrap", "50"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.splitlines()[3:] == [f"  note: {line}"]
+    assert main([*args, "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert chosen["errored"] == [line]
+    assert chosen["scores"] == pytest.approx([0.5, 0.35])  # step_200: (7 x 0.5 + 3 x 0) / 10
+    assert f"<p class='note'>{html.escape(line)}.</p>" in best_section(chosen)

@@ -191,7 +191,8 @@ def best_section(best: dict[str, Any] | None) -> str:
         f"[{best['naive_low']:.3f}, {best['naive_high']:.3f}]). It scores highest in "
         f"{best['wins'].get(best['best'], 0.0):.0%} of {best['n_boot']} resamples of the "
         f"problems{f' (others: {runners})' if runners else ''}.</p>"
-        "<p class='note'>The highest of many noisy scores is biased upward: the interval is the "
+        + "".join(f"<p class='note'>{html.escape(line)}.</p>" for line in best.get("errored", []))
+        + "<p class='note'>The highest of many noisy scores is biased upward: the interval is the "
         "chosen checkpoint's part of a band that holds every candidate's true score at once "
         "(a bootstrap over problems of the whole selection), so it holds however the choice "
         "was made.</p></div>"
