@@ -66,23 +66,20 @@ def test_bad_rules_are_one_line(
     assert len(err.splitlines()) == 1 and message in err, err
 
 
-def test_a_reward_task_with_errored_samples_says_the_rule_counts_them_as_0(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A float reward whose cell leaves 3 errored samples of 10 out of its reward_mean: `best`
-    averages the score lines, where they are 0, and says so beside the cell's own words (CLI,
-    JSON and the report's best section); a checkpoint without errors gets no line."""
+def write_errored_reward_run(root: Path) -> str:
+    """Two checkpoints of a float reward task `gsm` (10 problems, every score 0.5): step_200's
+    reward function gave 3 samples no score (score 0 on their lines), which its reward_mean
+    leaves out. Returns what the cell's main metric says of them."""
     for ckpt, errored in (("step_100", 0), ("step_200", 3)):
-        scores = [0.5] * (10 - errored) + [0.0] * errored
         samples = [
             {
                 "task_id": f"p{i}",
                 "sample_idx": 0,
                 "passed": False,
-                "score": score,
+                "score": 0.0 if i >= 10 - errored else 0.5,
                 "error_type": "reward_error" if i >= 10 - errored else "wrong_answer",
             }
-            for i, score in enumerate(scores)
+            for i in range(10)
         ]
         mean = {"value": 0.5, "stderr": 0.0, "n": 10 - errored}
         metrics = {
@@ -90,16 +87,28 @@ def test_a_reward_task_with_errored_samples_says_the_rule_counts_them_as_0(
             "reward_mean": {**mean, **({"excludes_errors": errored} if errored else {})},
         }
         step = int(ckpt.split("_")[1])
-        path = write_cell(tmp_path, "r", ckpt, step, "gsm", "greedy-s42", metrics=metrics)
+        path = write_cell(root, "r", ckpt, step, "gsm", "greedy-s42", metrics=metrics)
         path.write_text(
             json.dumps({**json.loads(path.read_text()), "primary_metric": "reward_mean"})
         )
-        (path.with_suffix(".jsonl")).write_text("".join(json.dumps(s) + "\n" for s in samples))
-    build_summary(sorted((tmp_path / "scores").glob("*/*/*/*.json")), tmp_path / "summary")
+        path.with_suffix(".jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    build_summary(sorted((root / "scores").glob("*/*/*/*.json")), root / "summary")
+    return (
+        "the cell's reward_mean: mean over the 7 samples that returned a score; 3 of 10 errored "
+        "and are excluded"
+    )
+
+
+def test_a_reward_task_with_errored_samples_says_the_rule_counts_them_as_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`best` averages the score lines, where errored samples are 0, and says so beside the
+    cell's own words (CLI, JSON and the report's best section); a checkpoint without errors
+    gets no line."""
+    own = write_errored_reward_run(tmp_path)
     line = (
         "r:step_200 gsm: the reward function gave no score for 3 of 10 samples; the rule's score "
-        "counts them as 0; the cell's reward_mean: mean over the 7 samples that returned a "
-        "score; 3 of 10 errored and are excluded"
+        f"counts them as 0; {own}"
     )
     args = ["best", "--outdir", str(tmp_path), "--bootstrap", "50"]
     assert main(args) == 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from test_aggregate import write_solved
+from test_best import write_errored_reward_run
 
 from ckpteval.cli import main
 
@@ -107,3 +108,23 @@ def test_a_results_dir_without_a_summary_is_one_line(
     path.write_text("checkpoint: r:latest\n")
     assert main(["gate", str(path), "--outdir", str(tmp_path / "none")]) == 2
     assert "run the aggregate step first" in capsys.readouterr().err
+
+
+def test_errored_reward_samples_are_said_to_count_as_0_in_the_change(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The change pairs the score lines, where a sample the reward function gave no score is 0:
+    one line says so for the side that has such samples, beside what its cell's number does."""
+    own = write_errored_reward_run(tmp_path / "results")
+    code = _gate(
+        tmp_path,
+        tmp_path / "results",
+        "checkpoint: r:step_200\nreference: r:step_100\nmax_drop: 0.5\n",
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert lines[0] == (
+        "gate: note: r:step_200 gsm: the reward function gave no score for 3 of 10 samples; the "
+        f"gate's change counts them as 0; {own}"
+    )
+    assert lines[1].startswith("gate: r:step_200 vs r:step_100: 1 of 1 task(s) pass")

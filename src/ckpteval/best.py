@@ -31,7 +31,7 @@ import pandas as pd
 
 from ckpteval.aggregate.cells import Cell, load_cells, load_samples
 from ckpteval.aggregate.tables import main_metrics
-from ckpteval.errored import REWARD_ERROR_RATE
+from ckpteval.errored import zero_counted_lines
 from ckpteval.errors import UserError
 from ckpteval.gate import read_summary_table
 from ckpteval.plan.layout import CellKey, Layout
@@ -219,43 +219,12 @@ def select_among(
         wins={labels[i]: float(wins[i]) for i in np.argsort(-wins, kind="stable") if wins[i] > 0},
         weights={t: float(w) for t, w in tasks.items()},
         n_boot=n_boot,
-        errored=errored_lines(
-            [c for i, c in enumerate(cells) if column[i] >= 0 and c.task in tasks], metrics
+        errored=zero_counted_lines(
+            [c for i, c in enumerate(cells) if column[i] >= 0 and c.task in tasks],
+            metrics,
+            "the rule's score",
         ),
     )
-
-
-def errored_lines(cells: Sequence[Cell], metrics: Mapping[str, str]) -> list[str]:
-    """Per (candidate, task) of `cells` with samples the reward function gave no score: how
-    many, that the rule's score counts them as 0 (it averages the score lines, where such a
-    sample's score is 0), and, for a single cell, what the cell's own main metric does with them
-    (`ckpteval.errored`: a reward mean of unknown range leaves them out)."""
-    grouped: dict[tuple[str, str, str], list[Cell]] = {}
-    for cell in cells:
-        grouped.setdefault((cell.run, cell.ckpt, cell.task), []).append(cell)
-    out = []
-    for (run, ckpt, task), group in grouped.items():
-        metric = metrics[task]
-        counts = [k for k in map(_no_score, group) if k]
-        if not counts:
-            continue
-        line = (
-            f"{run}:{ckpt} {task}: the reward function gave no score for "
-            f"{sum(k for k, _ in counts)} of {sum(n for _, n in counts)} samples; the rule's "
-            "score counts them as 0"
-        )
-        own = group[0].errored.get(metric) if len(group) == 1 else None
-        out.append(line + (f"; the cell's {own.words(metric)}" if own else ""))
-    return out
-
-
-def _no_score(cell: Cell) -> tuple[int, int] | None:
-    """(errored, all) samples of a reward cell with errored samples (its `reward_error_rate`)."""
-    value, _, n = cell.metrics.get(REWARD_ERROR_RATE, (math.nan, math.nan, math.nan))
-    if math.isnan(value) or math.isnan(n):
-        return None
-    errored = round(value * n)
-    return (errored, int(n)) if errored else None
 
 
 def _per_problem(

@@ -40,6 +40,7 @@ import yaml
 
 from ckpteval.aggregate.cells import load_cells, load_samples
 from ckpteval.aggregate.tables import main_metrics
+from ckpteval.errored import zero_counted_lines
 from ckpteval.errors import UserError
 from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.stats import drop_p_value, holm, per_problem_means
@@ -136,8 +137,10 @@ def _share(path: Path, key: str, value: Any) -> float:
     return float(value)
 
 
-def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict]]:
-    """(checkpoint label, reference label, a verdict per (task, sampling) both scored)."""
+def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict], list[str]]:
+    """(checkpoint label, reference label, a verdict per (task, sampling) both scored, a line
+    per side and gated task whose reward function gave samples no score:
+    `errored.zero_counted_lines`)."""
     tidy = read_summary_table(policy.outdir, "gate")
     run, ckpt = _checkpoint(tidy, *policy.checkpoint)
     ref_run, ref_ckpt = _reference(tidy, run, ckpt, policy.reference)
@@ -173,7 +176,11 @@ def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict]]:
         replace(v, p_holm=float(p), failed=bool(p <= policy.alpha))
         for v, p in zip(verdicts, adjusted)
     ]
-    return f"{run}:{ckpt}", f"{ref_run}:{ref_ckpt}", verdicts
+    gated = {(v.task, v.sampling) for v in verdicts}
+    errored = zero_counted_lines(
+        [c for c in cells if (c.task, c.sampling) in gated], metrics, "the gate's change"
+    )
+    return f"{run}:{ckpt}", f"{ref_run}:{ref_ckpt}", verdicts, errored
 
 
 def read_summary_table(outdir: Path, command: str) -> pd.DataFrame:
@@ -297,10 +304,12 @@ def run_gate(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     if args.outdir is not None:
         policy = replace(policy, outdir=args.outdir)
-    label, reference, verdicts = gate(policy)
+    label, reference, verdicts, errored = gate(policy)
     failed = [v for v in verdicts if v.failed]
     for verdict in failed:
         print(verdict.line(label, reference))
+    for line in errored:
+        print(f"gate: note: {line}")
     print(
         f"gate: {label} vs {reference}: {len(verdicts) - len(failed)} of {len(verdicts)} "
         f"task(s) pass (Holm-corrected, alpha {policy.alpha})"
