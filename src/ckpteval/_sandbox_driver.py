@@ -1,7 +1,8 @@
 """Runs inside one bubblewrap sandbox, as its root (a few capabilities, no others), and executes
 many commands one after another; `ckpteval.sandbox.Sandbox.run_many` starts it.
 
-Standard library only: it runs under the base interpreter with `-I -S`, passed as `-c` source.
+Standard library only: it runs under the base interpreter with `-I -S`, compiled by the host
+(`ckpteval.sandbox.write_driver`) and loaded by a `-c` bootstrap.
 
 For each command: fork; in the child, a new session, the command's stdin/stdout/stderr files,
 mount and IPC namespaces of its own (`_isolate`: a fresh tmpfs as /tmp, the batch's work
@@ -52,7 +53,7 @@ result line adds "judge": what the test runner reported.
 argv: spec.json. spec: {"uid", "results", "site_dirs": [dir, ...], "preload": [module, ...],
 "commands": [{"argv", "python_file", "python_tests", "warm", "warm_s", "cwd", "env", "stdin",
 "stdout", "stderr", "wall_s", "rlimits": {"RLIMIT_AS": n, ...}}]}.
-One JSON result line per command. `-c SOURCE --judge TESTS PROGRAM REPORT` runs one judged program
+One JSON result line per command. `--judge TESTS PROGRAM REPORT` runs one judged program
 without the sandbox (`sandbox: none`: same protocol, no uid split, so no protection).
 
 Warm zygotes
