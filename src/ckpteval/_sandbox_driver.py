@@ -2718,20 +2718,19 @@ def _mock_api():
 
 
 def _operate(obj, op, args, kwargs):
-    """`op` done to one of the tests' objects for the sample. Anything but a call and the next
-    items of an iterator only on a mock (`unittest.mock`'s): its attributes are children or
-    what the tests configured, while another object's attributes lead anywhere (a generator's
-    frame, its globals, `open`). A module-level builtin (`os.write`) never crosses."""
+    """`op` done to one of the tests' objects for the sample. Attributes only of a mock
+    (`unittest.mock`'s): its attributes are children or what the tests configured, while
+    another object's attributes lead anywhere (a generator's frame, its globals, `open`); a
+    module-level builtin (`os.write`) never crosses. The other operations run the object's own
+    code on data."""
     if op == "call":
         return obj(*args, **kwargs)
     if op == "next":
         return _next_items(obj, args)
-    mock = sys.modules.get("unittest.mock")
-    if mock is None or not isinstance(obj, mock.NonCallableMock):
-        raise TypeError(f"the tests' {type(obj).__name__} cannot be used in the sample's process")
     if op == "getattr":
-        if args[0].startswith("_"):
-            raise AttributeError(args[0])
+        mock = sys.modules.get("unittest.mock")
+        if mock is None or not isinstance(obj, mock.NonCallableMock) or args[0][:1] == "_":
+            raise AttributeError(f"the tests' {type(obj).__name__} has no {args[0][:50]!r} here")
         value = getattr(obj, args[0])
         if type(value) is type(len) and isinstance(value.__self__, (type(None), type(sys))):
             raise AttributeError(args[0])
@@ -3124,8 +3123,9 @@ class _Callback:
         return f"<tests' object {self._index}>"
 
 
-#: The tests' requests that start and stop their patches here, and the methods that serve them.
-_PATCH_OPS = {"patch": "patch", "environ": "patch_environ", "unpatch": "unpatch"}
+#: The tests' requests about the program as a whole (the names they take from it, their
+#: patches started and stopped here), and the methods that serve them.
+_REQUESTS = {"names": "names", "patch": "patch", "environ": "patch_environ", "unpatch": "unpatch"}
 
 
 class _SampleServer:
@@ -3435,7 +3435,7 @@ class _SampleServer:
             source = handle.read()
         exec(compile(source, self.path, "exec", dont_inherit=True), self.namespace)
 
-    def names(self, wanted):
+    def names(self, *wanted):
         found = {}
         for name in wanted:
             if name not in self.namespace:
@@ -3452,10 +3452,8 @@ class _SampleServer:
     def step(self, op, target, sent_args, sent_kwargs):
         """One request of the tests': names, or an operation on one of the program's objects."""
         args, kwargs = _load(sent_args, self), _load(sent_kwargs, self)
-        if op == "names":
-            return self.names(args)
-        if op in _PATCH_OPS:
-            return getattr(self, _PATCH_OPS[op])(*args)
+        if op in _REQUESTS:
+            return getattr(self, _REQUESTS[op])(*args)
         obj = self.lookup(target, None)
         if op == "call":
             result = obj(*args, **kwargs)
