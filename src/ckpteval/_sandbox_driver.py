@@ -1997,6 +1997,9 @@ class _Outbound:
             and not callable(value)
         ):
             return self.instance(value)
+        mock = sys.modules.get("unittest.mock")
+        if mock is not None and isinstance(value, mock.NonCallableMock):
+            return side.callable(value)  # `iter(mock)` below would be a call its record shows
         if getattr(kind, "__next__", None) is not None and iter(value) is value:
             return side.iterator(value)
         if callable(value) and not isinstance(value, type):
