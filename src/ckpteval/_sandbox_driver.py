@@ -118,9 +118,12 @@ write, secret tokens included. So the tests do not run in the sample's process a
   answering with the returned value as data (`_encode`: plain data inline; standard-library
   values by tag; instances of the program's classes by class name and attributes, shared and
   cyclic references kept; Enum members by class and name; iterators lazily, in chunks; see
-  `_Outbound`) or, for any other object, an opaque reference. The tests' callables the call
-  gets are callbacks: the sample's call of one comes back to the test process, which runs it
-  on the arguments as data (`_Callback`);
+  `_Outbound`) or, for any other object, an opaque reference. The tests' callables and other
+  objects the call gets are references: the sample's call of one (or, for a `unittest.mock`
+  mock, its attribute, item, iteration, `with`) comes back to the test process, which does
+  it on the arguments as data (`_Callback`, `_operate`). A patch the tests start is started
+  on the same module or class attribute here too (`_forward_patches`), its value such a
+  reference, and stopped with it;
 - the *test* process (a fork of this driver: uid 0 with every capability dropped, the command's
   rlimits, `no_new_privs`, its own session) runs the trusted code: the prompt (for its helpers),
   the tests and `check(candidate)`, where `candidate` and every other name the tests take from
@@ -3061,10 +3064,19 @@ def _serve_sample(path, env, tests_path):
         try:
             op, target, args, kwargs = ast.literal_eval(channel.receive_raw().decode())
         except _SampleGone:  # the tests ended: wait for the driver's kill (an exit is the sample's)
-            while True:
-                time.sleep(3600)
+            _wait_for_kill()
         # a partial, not a lambda: no frame of ours between the request and the sample's code
         reply = server.run(functools.partial(server.step, op, target, args, kwargs))
+
+
+_PAUSE = signal.pause  # bound here: the tests may have patched `time.sleep` in this process
+
+
+def _wait_for_kill():
+    """The sample process, once the tests ended: it waits for the driver's kill, so that it
+    ends as the driver ends it (its own exit would count as the sample's)."""
+    while True:
+        _PAUSE()
 
 
 class _Callback:
@@ -3289,7 +3301,10 @@ class _SampleServer:
         try:
             self.channel.send(("cb", op, index, _dump(list(args), self), _dump(kwargs, self)))
             while True:
-                message = ast.literal_eval(self.channel.receive_raw().decode())
+                try:
+                    message = ast.literal_eval(self.channel.receive_raw().decode())
+                except _SampleGone:  # the tests ended (they refused this call, or failed)
+                    _wait_for_kill()
                 if message[0] == "ret":
                     return _load(message[1], self)
                 if message[0] == "raise":
