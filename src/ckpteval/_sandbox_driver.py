@@ -3101,6 +3101,8 @@ class _Callback:
         return self._ask("call", *args, **kwargs)
 
     def __getattr__(self, name):
+        if name in _Callback.__slots__:  # unset: `copy` makes one without `__init__`
+            raise AttributeError(name)
         if name in self._local:
             return self._local[name]
         if name.startswith("_"):
@@ -3108,7 +3110,10 @@ class _Callback:
         return self._ask("getattr", name)
 
     def __setattr__(self, name, value):
-        self._local[name] = value
+        if name in _Callback.__slots__:
+            object.__setattr__(self, name, value)
+        else:
+            self._local[name] = value
 
     def __getitem__(self, key):
         return self._ask("getitem", key)
