@@ -2710,8 +2710,19 @@ class _Tests:
 
 
 #: What the sample may do with an object of the tests' (`_Tests._call_back`).
-_CALLBACK_OPS = ("call", "next", "getattr", "getitem", "iter", "len", "bool", "str", "contains")
-_CALLBACK_OPS += ("enter", "exit")
+_CALLBACK_OPS = (
+    "call",
+    "next",
+    "getattr",
+    "getitem",
+    "contains",
+    "iter",
+    "len",
+    "bool",
+    "str",
+    "enter",
+    "exit",
+)
 
 
 def _mock_api():
