@@ -205,7 +205,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=5.0)
     args = parser.parse_args()
     print(
-        f"{'set':<10} {'samples':>7} {'agree':>6} {'disagree':>8}   "
+        f"{'set':<12} {'samples':>7} {'agree':>6} {'disagree':>8}   "
         f"{'honest':>6} {'agree':>6} {'disagree':>8}"
     )
     honest_disagreements = 0
@@ -215,7 +215,7 @@ def main() -> int:
         honest_disagreements += row["honest"] - row["honest_agree"]
         every += disagreements
         print(
-            f"{name:<10} {row['samples']:>7} {row['agree']:>6} "
+            f"{name:<12} {row['samples']:>7} {row['agree']:>6} "
             f"{row['samples'] - row['agree']:>8}   {row['honest']:>6} "
             f"{row['honest_agree']:>6} {row['honest'] - row['honest_agree']:>8}"
         )

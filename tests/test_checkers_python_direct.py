@@ -673,6 +673,13 @@ CASES = [
         False,
     ),
     (
+        "unittest.SkipTest from the sample is no skip of a TestCase",
+        URLOPEN,
+        "    import unittest\n    raise unittest.SkipTest('no network here')\n",
+        True,
+        False,
+    ),
+    (
         "a sample that asks for a tests' generator's frame",
         problem("frame", "def f(xs):\n", check_body("assert candidate(x for x in [1, 2, 3]) == 6")),
         "    import gc\n"
