@@ -24,7 +24,7 @@ sandboxed (bubblewrap), tests and program in two processes. Sets:
   `random.randint`, `smtplib.SMTP`, `builtins.open` with `mock_open`, `patch.dict(os.environ)`),
   MagicMock return values with attributes, `side_effect` lists, exceptions and functions, then
   asserts on the mocks; honest and wrong solutions. Its reference is BigCodeBench's harness:
-  the program and the tests in one namespace, `TestCases` run, any failure or error fails.
+  the program and the tests as one module, `TestCases` run, any failure or error fails.
 
 Prints one row per set (samples, agreeing, disagreeing; the same for the honest samples, whose
 reference passes) and every disagreement with both sides' reason. Exit status 1 if any honest
@@ -115,15 +115,21 @@ SETS = {
     "bigcodebench": lambda limit: file_samples("bigcodebench_style.jsonl", limit),
 }
 
-#: BigCodeBench's harness after the program and the tests: `TestCases` run, any failure or
-#: error fails.
-TEST_CASES = """
-import unittest
-result = unittest.TestResult()
-unittest.defaultTestLoader.loadTestsFromTestCase(TestCases).run(result)
-if result.failures or result.errors:
-    raise AssertionError((result.failures + result.errors)[0][1][-300:])
-"""
+
+def bigcodebench_program(code: str) -> str:
+    """BigCodeBench's harness (`unsafe_execute`) for `code` (program and tests): one module,
+    `__test__`, registered in `sys.modules` (so a test may patch `f"{__name__}.helper"`), then
+    its `TestCases`; any failure or error fails."""
+    return (
+        "import sys, types, unittest\n"
+        "module = types.ModuleType('__test__')\n"
+        f"exec(compile({code!r}, '__test__.py', 'exec'), module.__dict__)\n"
+        "sys.modules['__test__'] = module\n"
+        "result = unittest.TestResult()\n"
+        "unittest.defaultTestLoader.loadTestsFromTestCase(module.TestCases).run(result)\n"
+        "if result.failures or result.errors:\n"
+        "    raise AssertionError((result.failures + result.errors)[0][1][-300:])\n"
+    )
 
 
 def reference_program(problem: dict, completion: str) -> str:
@@ -139,7 +145,7 @@ def reference_program(problem: dict, completion: str) -> str:
         ]
         return "\n".join(parts) + "\n"
     if "def check(" not in problem["test"]:
-        return problem["prompt"] + completion + "\n\n" + problem["test"] + TEST_CASES
+        return bigcodebench_program(problem["prompt"] + completion + "\n\n" + problem["test"])
     return (
         problem["prompt"]
         + completion

@@ -225,6 +225,17 @@ URLOPEN = problem(
     "        resp.status = 404\n"
     "        self.assertIsNone(f('http://h/b'))\n",
 )
+CONVERT = problem(
+    "helper",
+    "def fetch_rate(currency):\n    raise ConnectionError('no network')\n\n\n"
+    "def f(amounts, currency):\n",
+    "import unittest\nfrom unittest.mock import patch\n\n\n"
+    "class TestCases(unittest.TestCase):\n"
+    "    def test_rate(self):\n"
+    "        with patch(f'{__name__}.fetch_rate', return_value=2.0) as rate:\n"
+    "            self.assertEqual(f([1, 2.5], 'EUR'), [2.0, 5.0])\n"
+    "            rate.assert_called_once_with('EUR')\n",
+)
 COMMANDS = problem(
     "commands",
     "import os\nimport subprocess\n\ndef f(path):\n",
@@ -573,6 +584,20 @@ CASES = [
         False,
     ),
     (
+        "the prompt's helper patched by its module's name",
+        CONVERT,
+        "    rate = fetch_rate(currency)\n    return [a * rate for a in amounts]\n",
+        True,
+        True,
+    ),
+    (
+        "the helper called once per amount",
+        CONVERT,
+        "    return [a * fetch_rate(currency) for a in amounts]\n",
+        False,
+        False,
+    ),
+    (
         "listdir and check_output patched, side_effect with an exception",
         COMMANDS,
         "    out = {}\n    for name in os.listdir(path):\n        try:\n"
@@ -720,10 +745,12 @@ def direct_call(problem: dict[str, Any], completion: str) -> bool:
     program = python_program(problem, completion) + f"\n{problem['test']}\n"
     if "def check(" in problem["test"]:
         program += f"check({problem['entry_point']})\n"
-    else:  # BigCodeBench's harness: its TestCases, any failure or error fails
-        program += (
-            "import unittest\nresult = unittest.TestResult()\n"
-            "unittest.defaultTestLoader.loadTestsFromTestCase(TestCases).run(result)\n"
+    else:  # BigCodeBench's harness: one module `__test__`, its TestCases; a failure fails
+        program = (
+            "import sys, types, unittest\nmodule = types.ModuleType('__test__')\n"
+            f"exec(compile({program!r}, '__test__.py', 'exec'), module.__dict__)\n"
+            "sys.modules['__test__'] = module\nresult = unittest.TestResult()\n"
+            "unittest.defaultTestLoader.loadTestsFromTestCase(module.TestCases).run(result)\n"
             "assert not result.failures and not result.errors\n"
         )
     run = subprocess.run(

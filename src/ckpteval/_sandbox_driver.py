@@ -2773,10 +2773,13 @@ def _operate(obj, op, args, kwargs):
 
 def _patch_target(target, namespace):
     """How the sample's process finds a patch's target: ("module", name, ""), ("class",
-    module, qualname) or ("program", "", qualname) for a class the prompt defines; None for
-    anything else."""
+    module, qualname), ("program", "", qualname) for a class the prompt defines or
+    ("program", "", "") for the program's own names (the prompt's helper); None for anything
+    else."""
     if isinstance(target, type(sys)):
         name = target.__name__
+        if name == namespace.get("__name__") and target.__dict__ is namespace:
+            return ("program", "", "")  # the tests' own names: the program's, there
         return ("module", name, "") if sys.modules.get(name) is target else None
     if not isinstance(target, type):
         return None
@@ -3005,10 +3008,14 @@ def _judge(tests, runner):
 def _tests_namespace(tests):
     """The tests' globals before their own code: the prompt's helpers (its imports alone if it
     is a stub that needs its body), without the prompt's stub of the entry point; the tests'
-    imports and setup."""
+    imports and setup. They are a module's, registered as BigCodeBench's harness registers its
+    own, so that `patch(f"{__name__}.helper")` finds them (and is forwarded to the program's)."""
     import builtins
 
-    namespace = {"__name__": "__ckpteval_tests__", "__builtins__": builtins}
+    module = type(sys)("__ckpteval_tests__")
+    sys.modules[module.__name__] = module
+    namespace = module.__dict__
+    namespace["__builtins__"] = builtins
     if tests.get("prompt"):
         try:
             exec(compile(tests["prompt"], "<prompt>", "exec", dont_inherit=True), namespace)
@@ -3359,11 +3366,13 @@ class _SampleServer:
 
     def patch(self, kind, module, qualname, attribute, value):
         """Start a patch of the tests' here (`_Tests.patch`): `attribute` of the module, the
-        class or the program's class becomes `value`; returns its number (None: no such
-        target here)."""
+        class, the program's class or the program's own names becomes `value`; returns its
+        number (None: no such target here)."""
         import importlib
 
-        if kind == "program":
+        if kind == "program" and not qualname:
+            target = self.namespace
+        elif kind == "program":
             target = _program_class(self.namespace, qualname)
         else:
             target = importlib.import_module(module)
@@ -3372,8 +3381,12 @@ class _SampleServer:
         if target is None:
             return None
         number = max(self.patches, default=-1) + 1
-        self.patches[number] = (target, attribute, target.__dict__.get(attribute, _UNKNOWN))
-        setattr(target, attribute, value)
+        if target is self.namespace:
+            self.patches[number] = (target, attribute, target.get(attribute, _UNKNOWN))
+            target[attribute] = value
+        else:
+            self.patches[number] = (target, attribute, target.__dict__.get(attribute, _UNKNOWN))
+            setattr(target, attribute, value)
         return number
 
     def patch_environ(self, values, clear):
@@ -3389,6 +3402,11 @@ class _SampleServer:
         if attribute is None:
             target.clear()
             target.update(original)
+        elif target is self.namespace:
+            if original is _UNKNOWN:
+                target.pop(attribute, None)
+            else:
+                target[attribute] = original
         elif original is _UNKNOWN:
             delattr(target, attribute)
         else:
