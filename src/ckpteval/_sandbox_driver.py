@@ -1,7 +1,8 @@
 """Runs inside one bubblewrap sandbox, as its root (a few capabilities, no others), and executes
 many commands one after another; `ckpteval.sandbox.Sandbox.run_many` starts it.
 
-Standard library only: it runs under the base interpreter with `-I -S`, passed as `-c` source.
+Standard library only: it runs under the base interpreter with `-I -S`, compiled by the host
+(`ckpteval.sandbox.write_driver`) and loaded by a `-c` bootstrap.
 
 For each command: fork; in the child, a new session, the command's stdin/stdout/stderr files,
 mount and IPC namespaces of its own (`_isolate`: a fresh tmpfs as /tmp, the batch's work
@@ -52,7 +53,7 @@ result line adds "judge": what the test runner reported.
 argv: spec.json. spec: {"uid", "results", "site_dirs": [dir, ...], "preload": [module, ...],
 "commands": [{"argv", "python_file", "python_tests", "warm", "warm_s", "cwd", "env", "stdin",
 "stdout", "stderr", "wall_s", "rlimits": {"RLIMIT_AS": n, ...}}]}.
-One JSON result line per command. `-c SOURCE --judge TESTS PROGRAM REPORT` runs one judged program
+One JSON result line per command. `--judge TESTS PROGRAM REPORT` runs one judged program
 without the sandbox (`sandbox: none`: same protocol, no uid split, so no protection).
 
 Warm zygotes
@@ -118,9 +119,12 @@ write, secret tokens included. So the tests do not run in the sample's process a
   answering with the returned value as data (`_encode`: plain data inline; standard-library
   values by tag; instances of the program's classes by class name and attributes, shared and
   cyclic references kept; Enum members by class and name; iterators lazily, in chunks; see
-  `_Outbound`) or, for any other object, an opaque reference. The tests' callables the call
-  gets are callbacks: the sample's call of one comes back to the test process, which runs it
-  on the arguments as data (`_Callback`);
+  `_Outbound`) or, for any other object, an opaque reference. The tests' callables and other
+  objects the call gets are references: the sample's call of one (or, for a `unittest.mock`
+  mock, its attribute, item, iteration, `with`) comes back to the test process, which does
+  it on the arguments as data (`_Callback`, `_operate`). A patch the tests start is started
+  on the same module or class attribute here too (`_forward_patches`), its value such a
+  reference, and stopped with it;
 - the *test* process (a fork of this driver: uid 0 with every capability dropped, the command's
   rlimits, `no_new_privs`, its own session) runs the trusted code: the prompt (for its helpers),
   the tests and `check(candidate)`, where `candidate` and every other name the tests take from
@@ -1511,6 +1515,8 @@ def main():
     account.cgroup = _Cgroup(spec.get("cgroup"))
     _find_at_fork_hooks()  # before the preload: its packages' hooks are kept in every fork
     _preload(spec.get("site_dirs", []), spec.get("preload", []))
+    if any(command.get("python_tests") for command in spec["commands"]):
+        _preload((), _JUDGE_PRELOAD)
     import gc
 
     gc.freeze()  # a fork's collections never walk (so never copy) the preloaded heap
@@ -1552,6 +1558,10 @@ _TOOLING = (
     "pydoc",
 )  # read sources for honest reasons
 
+
+#: What every judged run's test process imports (tracebacks, the tests' modules), and a failing
+#: sample's process too: imported once per batch, not once per process (~5 ms of each sample).
+_JUDGE_PRELOAD = ("linecache", "importlib", "traceback")
 
 #: How long a sample whose channel closed is given to become a finished process: it closes its
 #: pipes on its way out, a moment before the kernel records its exit status.
@@ -1997,6 +2007,9 @@ class _Outbound:
             and not callable(value)
         ):
             return self.instance(value)
+        mock = sys.modules.get("unittest.mock")
+        if mock is not None and isinstance(value, mock.NonCallableMock):
+            return side.callable(value)  # `iter(mock)` below would be a call its record shows
         if getattr(kind, "__next__", None) is not None and iter(value) is value:
             return side.iterator(value)
         if callable(value) and not isinstance(value, type):
@@ -2411,6 +2424,7 @@ class _Tests:
         self.gone = None  # the first _SampleGone: the verdict, whatever the tests caught
         self.namespace = {}  # the tests' globals: the prompt's exception classes
         self.callbacks = []  # the tests' callables and iterators the sample holds, by index
+        self.callback_index = {}  # id of a callback (kept alive in `callbacks`) -> its index
 
     # -- what `_Outbound` and `_Inbound` ask of this side (see them)
 
@@ -2421,14 +2435,22 @@ class _Tests:
         return ("O", value._ckpteval_id, None)
 
     def refer(self, value):
-        raise TypeError(f"a test passes a {type(value).__name__} the sample process cannot get")
+        """A tests' object that is no data (a mock, what a mock returns): by reference, as a
+        callable is (`_operate` says what the sample may do with it). A module never crosses: its
+        functions would run here on the sample's word."""
+        if isinstance(value, type(sys)):
+            raise TypeError(f"a test passes a {type(value).__name__} the sample process cannot get")
+        return self.callable(value)
 
     def enum_extra(self, value):
         return None
 
     def callable(self, value):
-        self.callbacks.append(value)
-        return ("K", len(self.callbacks) - 1)
+        index = self.callback_index.get(id(value))
+        if index is None:  # one object, one index: the sample sees one object as one (`is`)
+            self.callbacks.append(value)
+            index = self.callback_index[id(value)] = len(self.callbacks) - 1
+        return ("K", index)
 
     def iterator(self, value):
         self.callbacks.append(value)
@@ -2630,13 +2652,15 @@ class _Tests:
         return exc
 
     def _call_back(self, request):
-        """Run one of the tests' callables the sample called ("cb", "call", index, args,
-        kwargs), or take the next items of one of their iterators ("cb", "next", index, [n]):
-        trusted code on the sample's arguments as data; the reply is its result or the name
-        and message of what it raised."""
+        """Do what the sample did with one of the tests' objects ("cb", op, index, args, kwargs):
+        call a callable, take the next items of an iterator ("next", [n]), or use a mock
+        (`_operate`): trusted code on the sample's arguments as data; the reply is its result or
+        what it raised (`_raised`). A read of a mock's own record (`call_count`,
+        `assert_called_once_with`, `reset_mock`...) is no library's attribute: a sample that
+        tries is tampering with the tests, and fails."""
         if (
             len(request) != 5
-            or request[1] not in ("call", "next")
+            or request[1] not in _CALLBACK_OPS
             or type(request[2]) is not int
             or not 0 <= request[2] < len(self.callbacks)
         ):
@@ -2645,18 +2669,198 @@ class _Tests:
         args, kwargs = _load(request[3], self), _load(request[4], self)
         if type(args) is not list or type(kwargs) is not dict:
             raise _SampleGone("a malformed callback request")
+        if request[1] == "getattr" and (len(args) != 1 or type(args[0]) is not str):
+            raise _SampleGone("a malformed callback request")
+        if request[1] == "getattr" and args[0] in _mock_api():
+            raise _SampleGone(f"the sample read the tests' mock's {args[0][:50]!r}", True)
         try:
-            if request[1] == "call":
-                value = target(*args, **kwargs)
-            else:
-                value = _next_items(target, args)
-            message = ("ret", _dump(value, self))
+            message = ("ret", _dump(_operate(target, request[1], args, kwargs), self))
         except Exception as exc:  # noqa: BLE001 - the sample's to catch, as in one process
-            message = ("raise", type(exc).__name__, str(exc)[:2000])
+            message = self._raised(exc)
         try:
             self.channel.send(message)
         except OSError:
             raise _SampleGone("the sample process ended while the tests ran") from None
+
+    def _raised(self, exc):
+        """The reply for an exception one of the tests' objects raised (a mock's `side_effect`):
+        its name and message, its classes (its MRO, by module and qualname: the sample takes the
+        first its process has) and its args."""
+        classes = [(str(c.__module__), str(c.__qualname__)) for c in type(exc).__mro__]
+        try:
+            args = _dump(tuple(exc.args), self)
+        except Exception:  # noqa: BLE001 - args that cannot cross: its message alone
+            args = _dump((str(exc)[:2000],), self)
+        return ("raise", type(exc).__name__, str(exc)[:2000], classes[:64], args)
+
+    def patch(self, target, attribute):
+        """The tests patched `attribute` of `target` (`unittest.mock`'s patch, started): the same
+        attribute of the same module or class in the sample's process becomes what the patch put
+        here, by reference (the sample's calls of it run the mock here, where the tests then
+        assert on it). Returns the sample's number for the patch (None: the target is no module
+        or class the sample's process has, such as an object of the tests': the patch stays
+        here, as before)."""
+        where = _patch_target(target, self.namespace)
+        if where is None:
+            return None
+        return self.ask("patch", None, [*where, attribute, getattr(target, attribute)])
+
+    def patch_environ(self, values, clear):
+        """`patch.dict(os.environ, values, clear=clear)` started: the same in the sample's
+        process (only the values the tests give cross, never this process's environment)."""
+        return self.ask("environ", None, [values, clear])
+
+    def unpatch(self, number):
+        """A patch the sample's process has (`patch`, `patch_environ`) stopped: undone there."""
+        if number is not None and self.gone is None:
+            self.ask("unpatch", None, [number])
+
+
+#: What the sample may do with an object of the tests' (`_Tests._call_back`).
+_CALLBACK_OPS = (
+    "call",
+    "next",
+    "getattr",
+    "getitem",
+    "contains",
+    "iter",
+    "len",
+    "bool",
+    "str",
+    "enter",
+    "exit",
+)
+
+
+def _mock_api():
+    """The names of a mock's own record and methods (`call_count`, `assert_called_with`,
+    `reset_mock`, ...): none is a library's attribute that honest code reads."""
+    mock = sys.modules.get("unittest.mock")
+    if mock is None:
+        return frozenset()
+    return frozenset(n for n in dir(mock.NonCallableMock) if not n.startswith("_"))
+
+
+def _operate(obj, op, args, kwargs):
+    """`op` done to one of the tests' objects for the sample. Attributes only of a mock
+    (`unittest.mock`'s): its attributes are children or what the tests configured, while
+    another object's attributes lead anywhere (a generator's frame, its globals, `open`); a
+    module-level builtin (`os.write`) never crosses. The other operations run the object's own
+    code on data."""
+    if op == "call":
+        return obj(*args, **kwargs)
+    if op == "next":
+        return _next_items(obj, args)
+    if op == "getattr":
+        mock = sys.modules.get("unittest.mock")
+        if mock is None or not isinstance(obj, mock.NonCallableMock) or args[0][:1] == "_":
+            raise AttributeError(f"the tests' {type(obj).__name__} has no {args[0][:50]!r} here")
+        value = getattr(obj, args[0])
+        if type(value) is type(len) and isinstance(value.__self__, (type(None), type(sys))):
+            raise AttributeError(args[0])
+        return value
+    if op == "getitem" and len(args) == 1:
+        return obj[args[0]]
+    if op == "contains" and len(args) == 1:
+        return args[0] in obj
+    if args:
+        raise TypeError(f"{op} takes no arguments")
+    if op == "iter":
+        return iter(obj)
+    if op == "len":
+        return len(obj)
+    if op == "bool":
+        return bool(obj)
+    if op == "str":
+        return str(obj)
+    if op == "enter":
+        return type(obj).__enter__(obj)
+    return type(obj).__exit__(obj, None, None, None)  # "exit"
+
+
+def _patch_target(target, namespace):
+    """How the sample's process finds a patch's target: ("module", name, ""), ("class",
+    module, qualname), ("program", "", qualname) for a class the prompt defines or
+    ("program", "", "") for the program's own names (the prompt's helper); None for anything
+    else."""
+    if isinstance(target, type(sys)):
+        name = target.__name__
+        if name == namespace.get("__name__") and target.__dict__ is namespace:
+            return ("program", "", "")  # the tests' own names: the program's, there
+        return ("module", name, "") if sys.modules.get(name) is target else None
+    if not isinstance(target, type):
+        return None
+    module, qualname = target.__module__, target.__qualname__
+    if module == namespace.get("__name__"):
+        found = _program_class(namespace, qualname)
+        return ("program", "", qualname) if found is target else None
+    found = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return ("class", module, qualname) if found is target else None
+
+
+def _forward_patches(runner):
+    """Make `unittest.mock`'s patches (decorators, `with`, `start`/`stop`, `patch.object`,
+    `patch.dict(os.environ)`) reach the sample's process as they reach code in one process:
+    each patch, once started here, is started there (`_Tests.patch`) and stopped there when it
+    stops here. Only in the tests' process, which is this sample's alone."""
+    from unittest import mock
+
+    enter, leave = mock._patch.__enter__, mock._patch.__exit__
+    start_dict, stop_dict = mock._patch_dict._patch_dict, mock._patch_dict._unpatch_dict
+
+    def forwarded_enter(patcher):
+        new = enter(patcher)
+        patcher.ckpteval_number = runner.patch(patcher.target, patcher.attribute)
+        return new
+
+    def forwarded_exit(patcher, *exc_info):
+        number = getattr(patcher, "ckpteval_number", None)
+        try:
+            return leave(patcher, *exc_info)
+        finally:
+            runner.unpatch(number)
+
+    def forwarded_start_dict(patcher):
+        start_dict(patcher)
+        patcher.ckpteval_number = None
+        if patcher.in_dict is os.environ:
+            values = {str(k): str(v) for k, v in dict(patcher.values).items()}
+            patcher.ckpteval_number = runner.patch_environ(values, bool(patcher.clear))
+
+    def forwarded_stop_dict(patcher):
+        try:
+            stop_dict(patcher)
+        finally:
+            runner.unpatch(getattr(patcher, "ckpteval_number", None))
+
+    mock._patch.__enter__, mock._patch.__exit__ = forwarded_enter, forwarded_exit
+    mock._patch_dict._patch_dict = forwarded_start_dict
+    mock._patch_dict._unpatch_dict = forwarded_stop_dict
+
+
+def _run_test_cases(namespace):
+    """BigCodeBench's shape: tests that are `unittest.TestCase` classes and no `check`. Every
+    class the tests define runs, as BigCodeBench's harness runs its `TestCases`; a failure or
+    an error of any test fails the sample (the first one's traceback is the reason)."""
+    import unittest
+
+    cases = [
+        value
+        for value in list(namespace.values())
+        if isinstance(value, type)
+        and issubclass(value, unittest.TestCase)
+        and value.__module__ == namespace["__name__"]
+    ]
+    loader = unittest.TestLoader()
+    suite = unittest.TestSuite(loader.loadTestsFromTestCase(case) for case in cases)
+    result = unittest.TestResult()
+    suite.run(result)
+    for test, text in result.failures + result.errors:
+        raise AssertionError(f"{test.id()}: {text[-2000:]}")
+    if not cases:
+        raise AssertionError("the tests define no check(candidate) and no unittest.TestCase")
 
 
 #: Modules whose exceptions mean something to a test runner (a skip, a test framework's own
@@ -2783,7 +2987,8 @@ def _run_tests(tests, channel, report_fd):
 
 def _judge(tests, runner):
     """The tests' one audited sequence: their namespace, the sample's names in it as proxies,
-    the tests, `check(candidate)`. Returns if they passed; raises whatever failed them."""
+    their patches forwarded to the sample, the tests, `check(candidate)` (or their
+    `unittest.TestCase` classes). Returns if they passed; raises whatever failed them."""
     import builtins
 
     namespace = _tests_namespace(tests)
@@ -2798,18 +3003,26 @@ def _judge(tests, runner):
     )
     runner.answer(ready=True)  # the program has run (or failed to)
     _bind_sample_names(runner, namespace, wanted)
+    if any("mock" in str(tests.get(part) or "") for part in ("prompt", "imports", "setup", "test")):
+        _forward_patches(runner)  # no test can patch without naming mock
     exec(code, namespace)
-    if entry:
+    if entry and "check" not in namespace:
+        _run_test_cases(namespace)
+    elif entry:
         namespace["check"](runner.named(entry))
 
 
 def _tests_namespace(tests):
     """The tests' globals before their own code: the prompt's helpers (its imports alone if it
     is a stub that needs its body), without the prompt's stub of the entry point; the tests'
-    imports and setup."""
+    imports and setup. They are a module's, registered as BigCodeBench's harness registers its
+    own, so that `patch(f"{__name__}.helper")` finds them (and is forwarded to the program's)."""
     import builtins
 
-    namespace = {"__name__": "__ckpteval_tests__", "__builtins__": builtins}
+    module = type(sys)("__ckpteval_tests__")
+    sys.modules[module.__name__] = module
+    namespace = module.__dict__
+    namespace["__builtins__"] = builtins
     if tests.get("prompt"):
         try:
             exec(compile(tests["prompt"], "<prompt>", "exec", dont_inherit=True), namespace)
@@ -2876,26 +3089,88 @@ def _serve_sample(path, env, tests_path):
         try:
             op, target, args, kwargs = ast.literal_eval(channel.receive_raw().decode())
         except _SampleGone:  # the tests ended: wait for the driver's kill (an exit is the sample's)
-            while True:
-                time.sleep(3600)
+            _wait_for_kill()
         # a partial, not a lambda: no frame of ours between the request and the sample's code
         reply = server.run(functools.partial(server.step, op, target, args, kwargs))
 
 
-class _Callback:
-    """A callable of the tests', seen from the program: calling it asks the tests' process to
-    run it on the arguments (as data) and returns its result (`_SampleServer.call_back`)."""
+_PAUSE = signal.pause  # bound here: the tests may have patched `time.sleep` in this process
 
-    __slots__ = ("_server", "_index")
+
+def _wait_for_kill():
+    """The sample process, once the tests ended: it waits for the driver's kill, so that it
+    ends as the driver ends it (its own exit would count as the sample's)."""
+    while True:
+        _PAUSE()
+
+
+class _Callback:
+    """An object of the tests' (a callable they pass, what a patch put in a module's place, what
+    a mock returns), seen from the program: what the program does with it (a call, an
+    attribute, items, iteration, `with`, `len`, truth, `str`) is asked of the tests' process,
+    which does it (`_operate`) and answers with the result, as data or as another such object
+    (`_SampleServer.call_back`). An attribute the program sets stays here: the tests' object is
+    never changed by the sample but through its calls."""
+
+    __slots__ = ("_server", "_index", "_local")
 
     def __init__(self, server, index):
-        self._server, self._index = server, index
+        object.__setattr__(self, "_server", server)
+        object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_local", {})
+
+    def _ask(self, op, *args, **kwargs):
+        return self._server.call_back(op, self._index, args, kwargs)
 
     def __call__(self, *args, **kwargs):
-        return self._server.call_back("call", self._index, args, kwargs)
+        return self._ask("call", *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name in _Callback.__slots__:  # unset: `copy` makes one without `__init__`
+            raise AttributeError(name)
+        if name in self._local:
+            return self._local[name]
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._ask("getattr", name)
+
+    def __setattr__(self, name, value):
+        if name in _Callback.__slots__:
+            object.__setattr__(self, name, value)
+        else:
+            self._local[name] = value
+
+    def __getitem__(self, key):
+        return self._ask("getitem", key)
+
+    def __contains__(self, item):
+        return self._ask("contains", item)
+
+    def __iter__(self):
+        return self._ask("iter")
+
+    def __len__(self):
+        return self._ask("len")
+
+    def __bool__(self):
+        return self._ask("bool")
+
+    def __enter__(self):
+        return self._ask("enter")
+
+    def __exit__(self, *exc_info):
+        return self._ask("exit")
+
+    def __str__(self):
+        return self._ask("str")
 
     def __repr__(self):
-        return f"<tests' callable {self._index}>"
+        return f"<tests' object {self._index}>"
+
+
+#: The tests' requests about the program as a whole (the names they take from it, their
+#: patches started and stopped here), and the methods that serve them.
+_REQUESTS = {"names": "names", "patch": "patch", "environ": "patch_environ", "unpatch": "unpatch"}
 
 
 class _SampleServer:
@@ -2914,6 +3189,8 @@ class _SampleServer:
         self.busy = False  # the hook's own calls (sys._getframe) are not the sample's
         self.workdir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
         self.objects = {}
+        self.proxies = {}  # the tests' objects, by their number: one object, one proxy
+        self.patches = {}  # number -> how to undo a patch of the tests' (`patch`)
         self.mutated = []
         self.namespace = {"__name__": "__main__", "__file__": path, "__builtins__": builtins}
 
@@ -3027,7 +3304,9 @@ class _SampleServer:
         if type(index) is not int:
             raise TypeError("a malformed reference")
         if tag == "K":
-            return _Callback(self, index)
+            if index not in self.proxies:
+                self.proxies[index] = _Callback(self, index)
+            return self.proxies[index]
         if tag == "J":
             return self.pull(index)
         return self.objects[index]
@@ -3045,7 +3324,6 @@ class _SampleServer:
     def call_back(self, op, index, args, kwargs):
         """Call one of the tests' callables (or take items of an iterator): the tests' process
         runs it and answers; calls the tests make meanwhile are served here first."""
-        import builtins
         import functools
 
         auditing = self.auditing
@@ -3053,17 +3331,93 @@ class _SampleServer:
         try:
             self.channel.send(("cb", op, index, _dump(list(args), self), _dump(kwargs, self)))
             while True:
-                message = ast.literal_eval(self.channel.receive_raw().decode())
+                try:
+                    message = ast.literal_eval(self.channel.receive_raw().decode())
+                except _SampleGone:  # the tests ended (they refused this call, or failed)
+                    _wait_for_kill()
                 if message[0] == "ret":
                     return _load(message[1], self)
                 if message[0] == "raise":
-                    cls = getattr(builtins, message[1], None)
-                    if not (isinstance(cls, type) and issubclass(cls, Exception)):
-                        cls = Exception
-                    raise cls(message[2])
+                    raise self.tests_exception(message)
                 self.channel.send(self.run(functools.partial(self.step, *message)))
         finally:
             self.auditing = auditing
+
+    def tests_exception(self, message):
+        """What one of the tests' objects raised ("raise", name, text, classes, args), as an
+        exception of this process: the first class of its MRO this process has (a builtin, one
+        of a module imported here, one the program defines as the prompt does), made with its
+        args, so that `except requests.RequestException` or `except CalledProcessError as e:
+        e.returncode` see it as in one process."""
+        import builtins
+
+        classes = message[3] if len(message) > 4 else [("builtins", message[1])]
+        cls = Exception
+        for module, qualname in classes:
+            if module == "__ckpteval_tests__":
+                found = _program_class(self.namespace, qualname)
+            else:
+                found = builtins if module == "builtins" else sys.modules.get(module)
+                for part in qualname.split("."):
+                    found = getattr(found, part, None)
+            if isinstance(found, type) and issubclass(found, Exception):
+                cls = found
+                break
+        args = tuple(_load(message[4], self)) if len(message) > 4 else (message[2],)
+        try:
+            return cls(*args)
+        except Exception:  # noqa: BLE001 - an __init__ that wants other arguments
+            exc = cls.__new__(cls)
+            exc.args = args
+            return exc
+
+    def patch(self, kind, module, qualname, attribute, value):
+        """Start a patch of the tests' here (`_Tests.patch`): `attribute` of the module, the
+        class, the program's class or the program's own names becomes `value`; returns its
+        number (None: no such target here)."""
+        import importlib
+
+        if kind == "program" and not qualname:
+            target = self.namespace
+        elif kind == "program":
+            target = _program_class(self.namespace, qualname)
+        else:
+            target = importlib.import_module(module)
+            for part in qualname.split(".") if kind == "class" else ():
+                target = getattr(target, part)
+        if target is None:
+            return None
+        number = max(self.patches, default=-1) + 1
+        if target is self.namespace:
+            self.patches[number] = (target, attribute, target.get(attribute, _UNKNOWN))
+            target[attribute] = value
+        else:
+            self.patches[number] = (target, attribute, target.__dict__.get(attribute, _UNKNOWN))
+            setattr(target, attribute, value)
+        return number
+
+    def patch_environ(self, values, clear):
+        number = max(self.patches, default=-1) + 1
+        self.patches[number] = (os.environ, None, dict(os.environ))
+        if clear:
+            os.environ.clear()
+        os.environ.update(values)
+        return number
+
+    def unpatch(self, number):
+        target, attribute, original = self.patches.pop(number)
+        if attribute is None:
+            target.clear()
+            target.update(original)
+        elif target is self.namespace:
+            if original is _UNKNOWN:
+                target.pop(attribute, None)
+            else:
+                target[attribute] = original
+        elif original is _UNKNOWN:
+            delattr(target, attribute)
+        else:
+            setattr(target, attribute, original)
 
     def lookup(self, ref, _info):
         if type(ref) is tuple and len(ref) == 2 and ref[0] == "name":
@@ -3140,7 +3494,7 @@ class _SampleServer:
             source = handle.read()
         exec(compile(source, self.path, "exec", dont_inherit=True), self.namespace)
 
-    def names(self, wanted):
+    def names(self, *wanted):
         found = {}
         for name in wanted:
             if name not in self.namespace:
@@ -3157,8 +3511,8 @@ class _SampleServer:
     def step(self, op, target, sent_args, sent_kwargs):
         """One request of the tests': names, or an operation on one of the program's objects."""
         args, kwargs = _load(sent_args, self), _load(sent_kwargs, self)
-        if op == "names":
-            return self.names(args)
+        if op in _REQUESTS:
+            return getattr(self, _REQUESTS[op])(*args)
         obj = self.lookup(target, None)
         if op == "call":
             result = obj(*args, **kwargs)

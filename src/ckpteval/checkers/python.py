@@ -54,8 +54,7 @@ from ckpteval.checkers import (
 )
 from ckpteval.checkers.extract import compilable_prompt, python_program
 from ckpteval.errors import UserError
-from ckpteval.sandbox import _DRIVER_SOURCE as DRIVER_SOURCE
-from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
+from ckpteval.sandbox import Command, Limits, RunResult, Sandbox, driver_command, write_driver
 
 #: Standard-library modules test programs commonly import, imported once per batch.
 PRELOAD = ("typing", "collections", "math", "re", "itertools", "functools", "heapq", "string")
@@ -77,7 +76,10 @@ class PythonChecker(Checker):
     #: 5: values of any type the tests use cross as in one process (callbacks, the prompt's class
     #: instances, enum members, dates, collections, views, lazy generators, any depth), where
     #: honest samples failed with a TypeError in the tests before.
-    version = "5"
+    #: 6: what the tests patch (`unittest.mock`) reaches the sample's process, and tests in
+    #: BigCodeBench's shape (`unittest.TestCase` classes, no `check`) run: such honest samples
+    #: failed before.
+    version = "6"
     default_timeout = 10.0
     compiles = True
     languages = ("python",)
@@ -139,6 +141,7 @@ class PythonChecker(Checker):
             hacks: dict[int, str | None] = {}
             command_limits: dict[int, Limits] = {}
             commands: list[Command] = []
+            driver = write_driver(workdir) if self.sandbox.mode != "bwrap" else None
             for i, job in enumerate(jobs):
                 program = python_program(job.problem, job.completion)
                 tree = parse_program(program)
@@ -166,24 +169,11 @@ class PythonChecker(Checker):
                         )
                     )
                 else:
-                    commands.append(
-                        Command(
-                            [
-                                self.interpreter,
-                                "-I",
-                                "-S",
-                                "-B",
-                                "-c",
-                                DRIVER_SOURCE,
-                                "--judge",
-                                str(tests),
-                                str(main),
-                                str(sample_dir / "report.json"),
-                            ],
-                            limits,
-                            cwd=sample_dir,
-                        )
+                    assert driver is not None
+                    argv = driver_command(
+                        driver, "--judge", str(tests), str(main), str(sample_dir / "report.json")
                     )
+                    commands.append(Command(argv, limits, cwd=sample_dir))
             results = self.sandbox.run_many(
                 commands, workdir=workdir, readable=[self.prefix], preload=PRELOAD
             )
