@@ -500,6 +500,7 @@ def _engine_job_files(tmp: Path, plan: Any, run: str) -> SimpleNamespace:
     file a run writes when it starts (every cell of the default engine group requested)."""
     from ckpteval.backends import model_card
     from ckpteval.contract import engine_payload, generation_identity, model_identity
+    from ckpteval.plan.layout import CellKey
     from ckpteval.verbs import StaleCell, request_body, request_path, write_request
 
     out = tmp / "results"
@@ -512,7 +513,10 @@ def _engine_job_files(tmp: Path, plan: Any, run: str) -> SimpleNamespace:
     staging = out / "staging" / run / "step_7" / "main"
     request = request_path(staging, "r1")
     pairs = [(t, v) for t, vs in plan.task_variants.items() for v in vs]
-    cells = [StaleCell(t, v, generation_identity(plan, run, t, v), "new") for t, v in pairs]
+    cells = [
+        StaleCell(CellKey(run, "step_7", t, v), generation_identity(plan, run, t, v), "new")
+        for t, v in pairs
+    ]
     payload = engine_payload(plan, run, list(plan.task_variants))
     write_request(request, request_body(cells, "inv-1", payload))
     done = staging.with_name("main.r1.done")

@@ -182,12 +182,11 @@ def cell_states(
     logdir: Path | None = None,
     now: float | None = None,
     blocked: Mapping[str, str] | None = None,
-    rescore: Callable[[str, str, str, str, Any], str | None] | None = None,
+    rescore: Callable[[CellKey, Any], str | None] | None = None,
 ) -> pd.DataFrame:
     """One row per expected cell: run, ckpt, step, task, variant, state, detail (why).
     `blocked` maps a task whose self-test failed to its line (`ckpteval.selftest.blocked_tasks`);
-    `rescore(run, ckpt, task, variant, cell)` says why a cell with a score file (`cell`, as read
-    here) is scored again by the next run, or None (`ckpteval.freshness.Freshness.rescore_reason`)."""
+    `rescore(key, cell)` says why a cell with a score file (`cell`, as read here) is scored again by the next run, or None (`ckpteval.freshness.Freshness.rescore_reason`)."""
     outdir = Path(outdir).resolve()
     workdir = Path(workdir).resolve() if workdir else outdir.parent
     logdir = Path(logdir).resolve() if logdir else outdir.parent / "logs"
@@ -204,7 +203,7 @@ def cell_states(
         score = detail if state == "done" else None
         # One read of a done cell: its errored samples and its freshness.
         record = _read_json(detail) if state == "done" else None
-        if state == "done" and rescore is not None and (why := rescore(*key, record)):
+        if state == "done" and rescore is not None and (why := rescore(CellKey(*key), record)):
             state, detail = "stale", why
         if blocked and key[2] in blocked:
             # A blocked self-test holds back the rescoring a stale cell waits for: its scores stay.

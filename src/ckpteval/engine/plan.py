@@ -104,7 +104,7 @@ class EnginePlan:
         set, since every generation job of the checkpoint asks (a scan of the cells per job
         was 1 s of a 300-checkpoint dry run under the profiler)."""
         cells, _ = self.cells_and_round(run, ckpt, group)
-        return frozenset((c.task, c.variant) for c in cells)
+        return frozenset((c.key.task, c.key.variant) for c in cells)
 
     def done_file(self, run: str, ckpt: str, group: str) -> str:
         _, token = self.cells_and_round(run, ckpt, group)

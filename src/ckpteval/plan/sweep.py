@@ -103,21 +103,20 @@ class SweepPlan:
 
     def stale(self, cell: CellKey) -> StaleCell | None:
         """The cell if its generation file must be (re)written, and why (ckpteval.freshness)."""
-        return self.fresh.stale(cell.run, cell.ckpt, cell.task, cell.variant)
+        return self.fresh.stale(cell)
 
     def rescored(self, cell: CellKey) -> str | None:
         """Why this invocation (re)scores a cell, or None for a current one: a missing or damaged
         score cell, a changed scoring setting, stale generations, a forced evaluate."""
-        r, c, t, v = cell.run, cell.ckpt, cell.task, cell.variant
         score = self.layout.score(cell)
         if not os.path.exists(score):
             return "not scored yet"
         if self.score_redo(cell):
             return "damaged"
-        change = self.fresh.score_change(r, c, t, v)
+        change = self.fresh.score_change(cell)
         if change:
             return change
-        stale = self.fresh.stale(r, c, t, v)
+        stale = self.fresh.stale(cell)
         if stale is not None:
             return f"generations: {stale.reason}"
         if self.verbs().forces_rule("evaluate") or self.verbs().forces_file(
@@ -217,7 +216,7 @@ class SweepPlan:
     def infer_priority(self, run: str, ckpt: str, group: str) -> float:
         """An engine job's expected GPU seconds (ckpteval.engine.schedule)."""
         cells, _ = self.engines.cells_and_round(run, ckpt, group)
-        stale = [(c.task, c.variant) for c in cells]
+        stale = [(c.key.task, c.key.variant) for c in cells]
         return float(f"{self.infer_costs(run, ckpt, stale):.6g}")
 
     def engine_targets(self) -> list[str]:
@@ -287,7 +286,7 @@ class SweepPlan:
     def score_redo(self, cell: CellKey) -> str | None:
         """A damaged score cell's redo input, or None (one read of the cell per parse, shared
         with the rerun explanation: ckpteval.freshness)."""
-        if not self.fresh.score_damaged(cell.run, cell.ckpt, cell.task, cell.variant):
+        if not self.fresh.score_damaged(cell):
             return None
         return self.redo_input(self.layout.score(cell))
 
@@ -437,12 +436,11 @@ class SweepPlan:
         for run, ckpts in self.plan.deleted.items():
             for ckpt in ckpts:
                 for task, variant in self.pairs:
-                    path = self.layout.score(CellKey(run, ckpt.name, task, variant))
+                    cell = CellKey(run, ckpt.name, task, variant)
+                    path = self.layout.score(cell)
                     if not os.path.exists(path):
                         continue
-                    if self.fresh.stale(run, ckpt.name, task, variant) or self.fresh.score_change(
-                        run, ckpt.name, task, variant
-                    ):
+                    if self.fresh.stale(cell) or self.fresh.score_change(cell):
                         self.warn(
                             f"run {run}: checkpoint {ckpt.name} was deleted; "
                             f"its {task} {variant} scores are outdated and left out"
