@@ -106,19 +106,15 @@ class SweepPlan:
         return self.fresh.stale(cell)
 
     def rescored(self, cell: CellKey) -> str | None:
-        """Why this invocation (re)scores a cell, or None for a current one: a missing or damaged
-        score cell, a changed scoring setting, stale generations, a forced evaluate."""
+        """Why this invocation (re)scores a cell, or None for a current one: not scored yet, a
+        reason its score file is outdated (`Freshness.rescore_reason`, which `ckpteval status`
+        and the deleted checkpoints' kept cells read too), or a forced evaluate."""
         score = self.layout.score(cell)
         if not os.path.exists(score):
             return "not scored yet"
-        if self.score_redo(cell):
-            return "damaged"
-        change = self.fresh.score_change(cell)
-        if change:
-            return change
-        stale = self.fresh.stale(cell)
-        if stale is not None:
-            return f"generations: {stale.reason}"
+        why = self.fresh.rescore_reason(cell)
+        if why is not None:
+            return why
         if self.verbs().forces_rule("evaluate") or self.verbs().forces_file(
             score, self.layout.score_samples(cell)
         ):
@@ -375,8 +371,10 @@ class SweepPlan:
         Snakemake reruns. Never an `ancient` input: a self-test that Snakemake reruns (an
         interrupted one, incomplete) hides the own reasons of the jobs it feeds through an
         ancient input, so the rerun ran the self-test alone, said done and left the cells
-        unscored (snakemake/snakemake#4166). A cell Snakemake rescores for a reason not named
-        here (a newer generation file) self-tests in its evaluate job, as other checkers do."""
+        unscored (snakemake/snakemake#4166). Which cells are rescored is `rescored`, the reasons
+        `ckpteval status` shows (a newer generation file or model card among them); a cell
+        Snakemake rescores for a reason of its own beyond those self-tests in its evaluate
+        job, as other checkers do."""
         identity = self.selftest_of(cell.run, cell.task, cell.variant)
         if identity is None or self.rescored(cell) is None:
             return None
@@ -431,7 +429,8 @@ class SweepPlan:
     def kept_deleted_cells(self) -> tuple[str, ...]:
         """Score files of checkpoints whose source is gone, still valid for the current config:
         they stay in the summary (marked). A deleted checkpoint's cell that a changed setting
-        outdated cannot be recomputed, and is left out with a warning."""
+        outdated (by the reason a live cell is rescored: `Freshness.rescore_reason`) cannot be
+        recomputed, and is left out with a warning."""
         kept = []
         for run, ckpts in self.plan.deleted.items():
             for ckpt in ckpts:
@@ -440,10 +439,11 @@ class SweepPlan:
                     path = self.layout.score(cell)
                     if not os.path.exists(path):
                         continue
-                    if self.fresh.stale(cell) or self.fresh.score_change(cell):
+                    why = self.fresh.rescore_reason(cell)
+                    if why is not None:
                         self.warn(
                             f"run {run}: checkpoint {ckpt.name} was deleted; "
-                            f"its {task} {variant} scores are outdated and left out"
+                            f"its {task} {variant} scores are outdated ({why}) and left out"
                         )
                         continue
                     kept.append(path)
