@@ -41,6 +41,11 @@ class CellKey:
 #: The cell whose paths are the rules' templates.
 WILDCARDS = CellKey("{run}", "{ckpt}", "{task}", "{variant}")
 
+#: The directories under `outdir` whose paths name a checkpoint or a cell below them
+#: (`run/ckpt[/task/variant]`, as `Layout` spells them): `ckpteval status` tells from a
+#: file's path which cells it concerns.
+CELL_STEPS = ("models", "generations", "scores")
+
 
 @dataclass(frozen=True)
 class Layout:
