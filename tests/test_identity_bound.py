@@ -611,7 +611,7 @@ def test_an_engine_job_whose_task_changed_after_the_parse_stops_with_one_line(
     files = _engine_job_files(tmp_path, plan, "ep")
     body = json.loads(files.request.read_text())
     manifest = json.loads(files.manifest.read_text())
-    job = EngineJob.decode(body, manifest, "ep")
+    job = EngineJob.decode(body, manifest, "ep", "step_7")
     cell = job.cell("arith", "greedy-s42")
     assert cell.build_task().config_hash() == plan.tasks["arith"].config_hash()
     assert cell.build_variant() == plan.variants["greedy-s42"]
@@ -621,4 +621,4 @@ def test_an_engine_job_whose_task_changed_after_the_parse_stops_with_one_line(
     }
     body["tasks"]["arith"]["options"]["limit"] = 4
     with pytest.raises(UserError, match="task arith: its definition changed"):
-        EngineJob.decode(body, manifest, "ep").cell("arith", "greedy-s42").build_task()
+        EngineJob.decode(body, manifest, "ep", "step_7").cell("arith", "greedy-s42").build_task()
