@@ -142,22 +142,24 @@ def parse_target(text: str) -> tuple[str, str]:
 def load_side(outdir: Path, run: str, ckpt: str, tasks: Sequence[str] = ()) -> Side:
     """The cells of one checkpoint (of `tasks` only, when given); an unknown run or checkpoint,
     or a cell that cannot be read, is a `UserError` (listing what exists)."""
-    scores = Path(Layout(str(outdir)).scores())
-    if not (scores / run).is_dir():
+    layout = Layout(str(outdir))
+    scores, of_run = Path(layout.scores()), Path(layout.scores_of(run))
+    of_ckpt = Path(layout.checkpoint_scores(run, ckpt))
+    if not of_run.is_dir():
         runs = sorted(p.name for p in scores.iterdir() if p.is_dir()) if scores.is_dir() else []
         raise UserError(
             f"compare: run {run!r} has no scores in {scores}; runs with scores: "
             + (", ".join(runs) or "none (run the workflow first, or pass --outdir)")
         )
-    if not (scores / run / ckpt).is_dir():
-        ckpts = sorted(p.name for p in (scores / run).iterdir() if p.is_dir())
+    if not of_ckpt.is_dir():
+        ckpts = sorted(p.name for p in of_run.iterdir() if p.is_dir())
         raise UserError(
-            f"compare: run {run!r} has no checkpoint {ckpt!r} in {scores / run}; its checkpoints: "
+            f"compare: run {run!r} has no checkpoint {ckpt!r} in {of_run}; its checkpoints: "
             + (", ".join(ckpts) or "none")
         )
     cells: list[Cell] = []
     raw: dict[str, dict[str, Any]] = {}
-    paths = sorted((scores / run / ckpt).glob("*/*.json"))
+    paths = sorted(of_ckpt.glob("*/*.json"))
     for path in paths:
         if tasks and path.parent.name not in tasks:
             continue

@@ -91,6 +91,14 @@ class Layout:
     def score_samples(self, cell: CellKey) -> str:
         return f"{self.out}/scores/{cell.rel}.jsonl"
 
+    def scores_of(self, run: str) -> str:
+        """Every score cell of a run, below a directory per checkpoint."""
+        return f"{self.out}/scores/{run}"
+
+    def checkpoint_scores(self, run: str, ckpt: str) -> str:
+        """Every score cell of a checkpoint, as `{task}/{variant}.json` below it."""
+        return f"{self.out}/scores/{run}/{ckpt}"
+
     # ---- what the jobs stage and cache
     def staging(self, run: str, ckpt: str) -> str:
         """An engine job's staging directory for one checkpoint (ckpteval.verbs)."""
