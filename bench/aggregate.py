@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.summary import build_summary
 
 RUNS = ("run-a", "run-b")
@@ -67,8 +68,9 @@ def _write_cell(
     is_baseline: bool,
 ) -> Path:
     variant = f"{SAMPLING}-s{seed}"
-    cell_dir = root / "scores" / run / ckpt / task
-    cell_dir.mkdir(parents=True, exist_ok=True)
+    key = CellKey(run, ckpt, task, variant)
+    layout = Layout(str(root))
+    Path(layout.score(key)).parent.mkdir(parents=True, exist_ok=True)
     passed = rng.random((PROBLEMS, SAMPLES)) < p_pass[:, None]
     error_index = rng.integers(0, len(ERRORS), (PROBLEMS, SAMPLES))
     code = task != "gsm"
@@ -82,7 +84,7 @@ def _write_cell(
                 f'"passed": {"true" if ok else "false"}, "score": {1.0 if ok else 0.0}, '
                 f'"error_type": {error}, "duration_s": 0.01}}\n'
             )
-    (cell_dir / f"{variant}.jsonl").write_text("".join(lines))
+    Path(layout.score_samples(key)).write_text("".join(lines))
     per_problem = passed.mean(axis=1)
     failures = ~passed
     if code:
@@ -116,7 +118,7 @@ def _write_cell(
         "generation_sha256": "0" * 64,
         "is_baseline": is_baseline,
     }
-    path = cell_dir / f"{variant}.json"
+    path = Path(layout.score(key))
     path.write_text(json.dumps(cell))
     return path
 

@@ -74,6 +74,7 @@ def finish(work: Path) -> int:
     from ckpteval.checkpoints import hash_source, sync_source_identity
     from ckpteval.config import build_plan, validate_config
     from ckpteval.contract import model_identity
+    from ckpteval.plan.layout import CellKey, Layout
 
     cfg = config()
     validate_config(cfg)
@@ -83,13 +84,13 @@ def finish(work: Path) -> int:
         plan = build_plan(cfg, base_dir=work)
     finally:
         os.chdir(cwd)
-    out = work / "results"
+    layout = Layout(str(work / "results"))
     base = time.time() - 3600
     cells = 0
     for run in plan.runs.values():
         for ckpt in run.checkpoints:
-            manifest = out / "models" / run.name / f"{ckpt.name}.json"
-            (manifest.with_suffix("")).mkdir(parents=True)
+            manifest = Path(layout.manifest(run.name, ckpt.name))
+            Path(layout.model_dir(run.name, ckpt.name)).mkdir(parents=True)
             weights = f"w-{run.name}-{ckpt.name}"
             card = {
                 **model_identity(plan, run.name, ckpt.name).record(),
@@ -98,18 +99,20 @@ def finish(work: Path) -> int:
                 "source_files": hash_source(Path(ckpt.path)),
             }
             _write(manifest, card, base + 1)
-            os.utime(manifest.with_suffix(""), (base + 1, base + 1))
+            os.utime(layout.model_dir(run.name, ckpt.name), (base + 1, base + 1))
             # The content identity as the first parse after the run leaves it (this cache is
             # written once per new content, not timed here).
             sync_source_identity(
-                Path(ckpt.path), out / "sources" / run.name / f"{ckpt.name}.json", manifest
+                Path(ckpt.path), Path(layout.source_id(run.name, ckpt.name)), manifest
             )
             for task, variants in plan.task_variants.items():
                 for variant in variants:
                     cells += 1
-                    _finish_cell(out, plan, run.name, ckpt.name, task, variant, weights, base)
+                    cell = CellKey(run.name, ckpt.name, task, variant)
+                    _finish_cell(layout, plan, cell, weights, base)
     # the aggregate job's build (staging/_summary/), then rule summary's copy of it (summary/)
-    for summary, mtime in ((out / "staging" / "_summary", base + 4), (out / "summary", base + 5)):
+    for where, mtime in ((layout.summary_staging(), base + 4), (layout.summary_dir(), base + 5)):
+        summary = Path(where)
         for name in (
             "metrics.parquet metrics.csv metrics.md seeds.csv configs.csv passk.csv errors.csv "
             "hacks.csv truncation.csv deltas.csv flips.csv missing.csv summary.json report.html"
@@ -122,13 +125,13 @@ def finish(work: Path) -> int:
     return cells
 
 
-def _finish_cell(
-    out: Path, plan: Any, run: str, ckpt: str, task: str, variant: str, weights: str, base: float
-) -> None:
+def _finish_cell(layout: Any, plan: Any, cell: Any, weights: str, base: float) -> None:
+    """A cell's generation pair and score pair as its jobs leave them (`layout`: the sweep's
+    ckpteval.plan.layout.Layout, `cell` its CellKey)."""
     from ckpteval.contract import generation_identity, scoring_identity
 
-    rel = Path(run) / ckpt / task / variant
-    jsonl = out / "generations" / f"{rel}.jsonl"
+    run, task, variant = cell.run, cell.task, cell.variant
+    jsonl = Path(layout.generation(cell))
     jsonl.parent.mkdir(parents=True, exist_ok=True)
     text = '{"problem_id": 0, "completion": "42"}\n'
     jsonl.write_text(text)
@@ -139,13 +142,13 @@ def _finish_cell(
         "model_identity": weights,
         "generation_bytes": len(text),
     }
-    _write(out / "generations" / f"{rel}.meta.json", meta, base + 2)
+    _write(Path(layout.generation_meta(cell)), meta, base + 2)
     score = scoring_identity(plan, run, task, variant)
-    samples = out / "scores" / f"{rel}.jsonl"
+    samples = Path(layout.score_samples(cell))
     samples.parent.mkdir(parents=True, exist_ok=True)
     samples.write_text('{"problem_id": 0, "passed": true}\n')
     os.utime(samples, (base + 3, base + 3))
-    _write(out / "scores" / f"{rel}.json", {"scoring": score.settings, "n": 1}, base + 3)
+    _write(Path(layout.score(cell)), {"scoring": score.settings, "n": 1}, base + 3)
 
 
 def _write(path: Path, obj: Any, mtime: float) -> None:

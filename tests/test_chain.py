@@ -18,6 +18,7 @@ import pytest
 import ckpteval.engine.job as steps
 from ckpteval.contract import Identity
 from ckpteval.freshness import StaleCell
+from ckpteval.plan.layout import CellKey
 from ckpteval.verbs import request_body, request_path, write_request
 
 RUN, INVOCATION = "r", "inv-1"
@@ -40,7 +41,8 @@ class StandIn:
 def _request(out: Path, ckpt: str) -> Path:
     """The request file a run writes when it starts for `ckpt`'s engine job (round r1)."""
     request = request_path(out / "staging" / RUN / ckpt / "main", "r1")
-    cell = StaleCell("arith", "greedy-s42", Identity({"task.definition": ckpt}), "missing")
+    key = CellKey(RUN, ckpt, "arith", "greedy-s42")
+    cell = StaleCell(key, Identity({"task.definition": ckpt}), "missing")
     write_request(request, request_body([cell], INVOCATION, {}))
     return request
 

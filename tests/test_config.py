@@ -63,7 +63,7 @@ def test_defaults_are_filled_and_checkpoints_ordered_by_step(run_dir: Path) -> N
         ("checkpoint-300", 300),
     ]
     assert plan.task_variants == {"arith": ("greedy-s42",)}
-    assert len(plan.cells()) == 3
+    assert len(plan.cell_keys) == 3
 
 
 @pytest.mark.parametrize(
@@ -173,7 +173,7 @@ def test_checkpoint_lookup_and_cells_are_computed_once_yet_answer_like_a_scan(
 ) -> None:
     """The plan indexes its checkpoints and cells once (input functions ask per job): every
     lookup, a deleted checkpoint's included, answers what a scan of the runs would, an unknown
-    name is one line, and the cells a caller gets are its own to change."""
+    name is one line, and the cells (with their steps) are read-only, shared by every caller."""
     import dataclasses
 
     for step in (10, 20, 30):
@@ -195,13 +195,12 @@ def test_checkpoint_lookup_and_cells_are_computed_once_yet_answer_like_a_scan(
         with pytest.raises(UserError) as error:
             plan.checkpoint(run, name)
         assert "\n" not in str(error.value) and name in str(error.value)
-    cells = plan.cells()
-    assert [(c["ckpt"], c["task"]) for c in cells] == [
+    assert [(c.ckpt, c.task) for c in plan.cell_keys] == [
         (c.name, t) for c in plan.runs["a"].checkpoints for t in ("arith", "pyfunc")
     ]
-    cells[0]["ckpt"] = "changed"
-    cells.clear()
-    assert plan.cells()[0]["ckpt"] == "step_10" and len(plan.cells()) == 6
+    assert list(plan.cell_steps.values()) == [c.step for c in scan[:3] for _ in range(2)]
+    with pytest.raises(TypeError):  # shared by every caller: read-only
+        plan.cell_steps[plan.cell_keys[0]] = 0  # type: ignore[index]
     assert plan.score_files()[0].endswith("/a/step_10/arith/greedy-s42.json")
 
 
@@ -250,7 +249,7 @@ def test_an_optional_task_is_left_out_in_one_line_where_its_checkers_program_is_
     monkeypatch.setenv("PATH", path_without(tmp_path / "bin", "rustc", "g++"))
     plan = build_plan(config)
     assert list(plan.tasks) == list(plan.task_variants) == ["arith"]
-    assert {c["task"] for c in plan.cells()} == {"arith"}
+    assert {c.task for c in plan.cell_keys} == {"arith"}
     assert plan.left_out == (
         "task rustfunc left out: it is optional and its checker runs rustc, not found on PATH; "
         "install rustc (Debian: sudo apt-get install rustc) to run it",

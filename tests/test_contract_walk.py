@@ -39,7 +39,7 @@ from ckpteval.contract import (
     PUBLISH,
     SCORES,
     SUMMARY,
-    Cell,
+    CellScope,
     lookup,
 )
 
@@ -84,7 +84,7 @@ def promise(row: Any) -> Counter[str]:
     head = row.key.split(".", 1)[0]
 
     def selected(c: tuple[str, ...]) -> bool:
-        cell = Cell(c[0], c[2], c[3], c[4], *KINDS[c[2]])
+        cell = CellScope(c[0], c[2], c[3], c[4], *KINDS[c[2]])
         picked = name is None or {"runs": c[0], "tasks": c[2], "sampling": c[3]}[head] == name
         return picked and cell.matches(row)
 

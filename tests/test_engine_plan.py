@@ -11,6 +11,7 @@ from safetensors.numpy import save_file
 from ckpteval.config import build_plan, validate_config
 from ckpteval.engine.plan import EnginePlan
 from ckpteval.freshness import Freshness
+from ckpteval.plan.layout import CellKey
 from ckpteval.verbs import Verbs
 
 
@@ -54,7 +55,7 @@ def test_a_new_sweep_plans_every_engine_job_and_writes_nothing(tmp_path: Path) -
         "infer_code": "code",
         "endpoint_code": "code",
     }
-    inputs = engines.generation_inputs("demo", "step_10", "pyfunc", "greedy-s42")
+    inputs = engines.generation_inputs(CellKey("demo", "step_10", "pyfunc", "greedy-s42"))
     assert inputs == {
         "manifest": f"{out}/models/demo/step_10.json",
         "done": f"{out}/staging/demo/step_10/code.r1.done",

@@ -500,6 +500,7 @@ def _engine_job_files(tmp: Path, plan: Any, run: str) -> SimpleNamespace:
     file a run writes when it starts (every cell of the default engine group requested)."""
     from ckpteval.backends import model_card
     from ckpteval.contract import engine_payload, generation_identity, model_identity
+    from ckpteval.plan.layout import CellKey
     from ckpteval.verbs import StaleCell, request_body, request_path, write_request
 
     out = tmp / "results"
@@ -512,7 +513,10 @@ def _engine_job_files(tmp: Path, plan: Any, run: str) -> SimpleNamespace:
     staging = out / "staging" / run / "step_7" / "main"
     request = request_path(staging, "r1")
     pairs = [(t, v) for t, vs in plan.task_variants.items() for v in vs]
-    cells = [StaleCell(t, v, generation_identity(plan, run, t, v), "new") for t, v in pairs]
+    cells = [
+        StaleCell(CellKey(run, "step_7", t, v), generation_identity(plan, run, t, v), "new")
+        for t, v in pairs
+    ]
     payload = engine_payload(plan, run, list(plan.task_variants))
     write_request(request, request_body(cells, "inv-1", payload))
     done = staging.with_name("main.r1.done")
@@ -607,7 +611,7 @@ def test_an_engine_job_whose_task_changed_after_the_parse_stops_with_one_line(
     files = _engine_job_files(tmp_path, plan, "ep")
     body = json.loads(files.request.read_text())
     manifest = json.loads(files.manifest.read_text())
-    job = EngineJob.decode(body, manifest, "ep")
+    job = EngineJob.decode(body, manifest, "ep", "step_7")
     cell = job.cell("arith", "greedy-s42")
     assert cell.build_task().config_hash() == plan.tasks["arith"].config_hash()
     assert cell.build_variant() == plan.variants["greedy-s42"]
@@ -617,4 +621,4 @@ def test_an_engine_job_whose_task_changed_after_the_parse_stops_with_one_line(
     }
     body["tasks"]["arith"]["options"]["limit"] = 4
     with pytest.raises(UserError, match="task arith: its definition changed"):
-        EngineJob.decode(body, manifest, "ep").cell("arith", "greedy-s42").build_task()
+        EngineJob.decode(body, manifest, "ep", "step_7").cell("arith", "greedy-s42").build_task()

@@ -216,3 +216,51 @@ def test_a_deleted_plot_is_published_again(tmp_path: Path) -> None:
         "redo": "1",
         "summary": "1",
     }
+
+
+def _damage_score(layout: Layout, cell: CellKey, cfg: dict[str, Any], work: Path) -> None:
+    Path(layout.score(cell)).write_text('{"scoring": ')
+
+
+def _edit_reward(layout: Layout, cell: CellKey, cfg: dict[str, Any], work: Path) -> None:
+    reward = work / "reward.py"
+    reward.write_text(reward.read_text() + "\n# a changed reward\n")
+
+
+def _change_task_setting(layout: Layout, cell: CellKey, cfg: dict[str, Any], work: Path) -> None:
+    cfg["tasks"]["arith_verl"]["system_prompt"] = "Answer with a number."
+
+
+def _newer_generations(layout: Layout, cell: CellKey, cfg: dict[str, Any], work: Path) -> None:
+    later = time.time()
+    os.utime(layout.generation(cell), (later, later))
+
+
+@pytest.mark.parametrize(
+    "change", [_damage_score, _edit_reward, _change_task_setting, _newer_generations]
+)
+def test_the_selftest_gate_and_a_deleted_checkpoints_kept_scores_agree(
+    tmp_path: Path, change: Any
+) -> None:
+    """A live cell waits for its self-test exactly when the same change leaves a deleted
+    checkpoint's cell out of the summary, for the same reason (`Freshness.rescore_reason`, the
+    one function both ask): before the change both are current, after it neither is."""
+    make_run(tmp_path)
+    finish(tmp_path)
+    shutil.rmtree(tmp_path / "run" / "step_200")  # its results stay: a deleted checkpoint
+    live = CellKey("r", "step_100", "arith_verl", VARIANT)
+    gone = CellKey("r", "step_200", "arith_verl", VARIANT)
+    cfg = config(tmp_path)
+    current = SweepPlan(build_plan(cfg, base_dir=tmp_path))
+    assert current.plan.deleted and live in current.cells() and gone not in current.cells()
+    assert current.selftest_input(live) is None
+    assert current.layout.score(gone) in current.kept_deleted_cells()
+    for cell in (live, gone):
+        change(current.layout, cell, cfg, tmp_path)
+    warnings: list[str] = []
+    planned = SweepPlan(build_plan(cfg, base_dir=tmp_path), warn=warnings.append)
+    why = planned.rescored(live)
+    assert why is not None and planned.selftest_input(live) is not None
+    assert planned.layout.score(gone) not in planned.kept_deleted_cells()
+    [warning] = warnings
+    assert f"({why.replace('step_100', 'step_200')})" in warning, (why, warning)

@@ -24,6 +24,7 @@ import pytest
 from ckpteval.aggregate.cells import Cell
 from ckpteval.aggregate.tables import seed_table, tidy_table
 from ckpteval.errors import UserError
+from ckpteval.plan.layout import CellKey
 from ckpteval.publish import mlflow_key, publish, table_points
 from ckpteval.summary import write_parquet
 
@@ -84,11 +85,8 @@ def table(cells: dict) -> pd.DataFrame:
     rows = [
         Cell(
             source=f"{run}/{ckpt}/{task}/{sampling}-s{seed}.json",
-            run=run,
-            ckpt=ckpt,
+            key=CellKey(run, ckpt, task, f"{sampling}-s{seed}"),
             step=step,
-            task=task,
-            variant=f"{sampling}-s{seed}",
             sampling=sampling,
             seed=seed,
             is_baseline=base,

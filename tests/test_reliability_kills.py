@@ -521,13 +521,14 @@ def test_locks_of_a_live_snakemake_stay_those_of_a_killed_one_go(tmp_path: Path)
 def test_status_calls_the_jobs_of_a_killed_snakemake_interrupted(tmp_path: Path) -> None:
     import base64
 
+    from ckpteval.plan.layout import CellKey
     from ckpteval.status import cell_states
 
     target = "results/scores/r/step_5/a/greedy-s1.json"
     smk = tmp_path / ".snakemake"
     (smk / "incomplete").mkdir(parents=True)
     (smk / "incomplete" / base64.urlsafe_b64encode(target.encode()).decode()).touch()
-    cell = [{"run": "r", "ckpt": "step_5", "step": 5, "task": "a", "variant": "greedy-s1"}]
+    cell = {CellKey("r", "step_5", "a", "greedy-s1"): 5}
     holder = _claim(smk, 300)
     assert holder.stdout.readline().strip() == "0"
     _fake_locks(smk, target)

@@ -850,12 +850,12 @@ PLUGIN_PROBE = """
 import json
 import math
 from ckpteval.checkers import readers_of, problem_file_checkers
-from ckpteval.contract import Cell, ROWS
+from ckpteval.contract import ROWS, CellScope
 from ckpteval.tasks import resolve_task
 
 spec = resolve_task("w", {"problems": PROBLEMS, "checker": "word"})
 problems = spec.problems()
-cell = Cell("r", "w", "greedy", "vllm", "generate", "word")
+cell = CellScope("r", "w", "greedy", "vllm", "generate", "word")
 print(json.dumps({
     "checkers": problem_file_checkers(),
     "timeout": "word" in readers_of("evaluate.timeout"),

@@ -26,6 +26,7 @@ from conftest import (
 
 from ckpteval.cli import main
 from ckpteval.errors import UserError
+from ckpteval.plan.layout import CellKey
 from ckpteval.status import (
     CELL_COLUMNS,
     add_status_parser,
@@ -38,13 +39,10 @@ from ckpteval.status import (
 
 def expected(
     ckpts: list[str], tasks: list[str], variants: tuple[str, ...] = ("greedy-s1",)
-) -> list[dict]:
-    return [
-        {"run": "r", "ckpt": c, "step": int(c.split("_")[1]), "task": t, "variant": v}
-        for c in ckpts
-        for t in tasks
-        for v in variants
-    ]
+) -> dict[CellKey, int]:
+    return {
+        CellKey("r", c, t, v): int(c.split("_")[1]) for c in ckpts for t in tasks for v in variants
+    }
 
 
 def touch(path: Path, text: str = "", age_s: float = 0.0) -> Path:
@@ -62,7 +60,7 @@ def marker(workdir: Path, output: str) -> None:
     touch(workdir / ".snakemake" / "incomplete" / name, '{"external_jobid": null}')
 
 
-def states(outdir: Path, cells: list[dict]) -> dict[tuple[str, str], str]:
+def states(outdir: Path, cells: dict[CellKey, int]) -> dict[tuple[str, str], str]:
     frame = cell_states(outdir, cells)
     return {(r.ckpt, r.task): r.state for r in frame.itertuples()}
 

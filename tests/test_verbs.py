@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 from ckpteval.contract import Identity
 from ckpteval.freshness import StaleCell
+from ckpteval.plan.layout import CellKey
 from ckpteval.verbs import (
     Verbs,
     damaged_json,
@@ -51,7 +52,7 @@ def test_rules_and_files_are_told_apart_and_targets_count_only_when_forced(
 
 
 def _cell(task: str, variant: str = "greedy-s42") -> StaleCell:
-    return StaleCell(task, variant, Identity({"task": task}), "missing")
+    return StaleCell(CellKey("r", "step_1", task, variant), Identity({"task": task}), "missing")
 
 
 def test_a_round_is_one_more_than_any_round_of_its_group_so_its_done_file_is_new(
@@ -135,8 +136,9 @@ def test_the_plans_shared_read_of_a_score_cell_finds_the_same_damage(tmp_path: P
         state()
         before = {p: p.read_bytes() for p in (metrics, samples) if p.exists()}
         fresh = Freshness(SimpleNamespace(outdir=str(tmp_path)))  # one per parse
-        assert fresh.score_path("r", "step_1", "arith", "t0.7-s1") == metrics
-        found = fresh.score_damaged("r", "step_1", "arith", "t0.7-s1")
+        cell = CellKey("r", "step_1", "arith", "t0.7-s1")
+        assert Path(fresh.layout.score(cell)) == metrics
+        found = fresh.score_damaged(cell)
         assert found == damaged_json(metrics, samples)
         assert {p: p.read_bytes() for p in (metrics, samples) if p.exists()} == before
         seen.append(found)

@@ -183,15 +183,19 @@ def select_among(
         raise UserError(f"best: --bootstrap {n_boot}: give at least 2 (1000 is usual)")
     candidate = {key: i for i, key in enumerate(keep)}
     samplings = {
-        c.task: c.sampling for c in cells if (c.run, c.ckpt) in candidate and c.task in tasks
+        c.key.task: c.sampling
+        for c in cells
+        if (c.key.run, c.key.ckpt) in candidate and c.key.task in tasks
     }
     column = np.array(
         [
-            candidate.get((c.run, c.ckpt), -1) if samplings.get(c.task) == c.sampling else -1
+            candidate.get((c.key.run, c.key.ckpt), -1)
+            if samplings.get(c.key.task) == c.sampling
+            else -1
             for c in cells
         ]
     )
-    task_of = np.array([c.task for c in cells], dtype=object)
+    task_of = np.array([c.key.task for c in cells], dtype=object)
     cell_of = samples["cell"].to_numpy()
     matrices = []
     for task in tasks:

@@ -47,7 +47,7 @@ def _run_check(args: argparse.Namespace) -> int:
             f"task {name}: {task.kind}, checker {task.checker}, "
             f"variants {', '.join(plan.task_variants[name])}"
         )
-    print(f"{len(plan.cells())} cells (checkpoint x task x variant)")
+    print(f"{len(plan.cell_keys)} cells (checkpoint x task x variant)")
     for line in [*plan.left_out, *plan.broken_lines(), *missing_template_lines(plan)]:
         print(f"warning: {line}")
     return 0

@@ -52,7 +52,7 @@ from ckpteval.errored import errored_metrics, no_score
 from ckpteval.errors import UserError
 from ckpteval.io import atomic_open, iter_jsonl
 from ckpteval.jobs import chosen_main_metrics
-from ckpteval.plan.layout import CellKey, Layout
+from ckpteval.plan.layout import Layout
 from ckpteval.stats import (
     MDE_ALPHA,
     MDE_POWER,
@@ -88,7 +88,7 @@ class Side:
         return f"{self.run}:{self.ckpt}"
 
     def cells_of(self, task: str, sampling: str) -> list[Cell]:
-        return [c for c in self.cells if c.task == task and c.sampling == sampling]
+        return [c for c in self.cells if c.key.task == task and c.sampling == sampling]
 
 
 @dataclass
@@ -142,22 +142,24 @@ def parse_target(text: str) -> tuple[str, str]:
 def load_side(outdir: Path, run: str, ckpt: str, tasks: Sequence[str] = ()) -> Side:
     """The cells of one checkpoint (of `tasks` only, when given); an unknown run or checkpoint,
     or a cell that cannot be read, is a `UserError` (listing what exists)."""
-    scores = Path(Layout(str(outdir)).scores())
-    if not (scores / run).is_dir():
+    layout = Layout(str(outdir))
+    scores, of_run = Path(layout.scores()), Path(layout.scores_of(run))
+    of_ckpt = Path(layout.checkpoint_scores(run, ckpt))
+    if not of_run.is_dir():
         runs = sorted(p.name for p in scores.iterdir() if p.is_dir()) if scores.is_dir() else []
         raise UserError(
             f"compare: run {run!r} has no scores in {scores}; runs with scores: "
             + (", ".join(runs) or "none (run the workflow first, or pass --outdir)")
         )
-    if not (scores / run / ckpt).is_dir():
-        ckpts = sorted(p.name for p in (scores / run).iterdir() if p.is_dir())
+    if not of_ckpt.is_dir():
+        ckpts = sorted(p.name for p in of_run.iterdir() if p.is_dir())
         raise UserError(
-            f"compare: run {run!r} has no checkpoint {ckpt!r} in {scores / run}; its checkpoints: "
+            f"compare: run {run!r} has no checkpoint {ckpt!r} in {of_run}; its checkpoints: "
             + (", ".join(ckpts) or "none")
         )
     cells: list[Cell] = []
     raw: dict[str, dict[str, Any]] = {}
-    paths = sorted((scores / run / ckpt).glob("*/*.json"))
+    paths = sorted(of_ckpt.glob("*/*.json"))
     for path in paths:
         if tasks and path.parent.name not in tasks:
             continue
@@ -400,7 +402,10 @@ def side_by_side(
     tasks = sorted({t for t, _, _ in wanted})
     sides = [load_side(outdir, *t, tasks) for t in targets]
     cells = [
-        c for side in sides for c in side.cells if (c.task, c.sampling) in {w[:2] for w in wanted}
+        c
+        for side in sides
+        for c in side.cells
+        if (c.key.task, c.sampling) in {w[:2] for w in wanted}
     ]
     samples, _ = load_samples(cells)
     seeds = seed_table(tidy_table(cells, samples))
@@ -481,7 +486,7 @@ def _natural(text: str) -> list[Any]:
 
 
 def _pairs(side: Side) -> set[tuple[str, str]]:
-    return {(c.task, c.sampling) for c in side.cells}
+    return {(c.key.task, c.sampling) for c in side.cells}
 
 
 def _names(names: Any) -> str:
@@ -661,7 +666,7 @@ def write_pair_html(
         cell.source
         for side in (load_side(outdir, *a), load_side(outdir, *b))
         for cell in side.cells
-        if (cell.task, cell.sampling) in wanted
+        if (cell.key.task, cell.sampling) in wanted
     ]
     label_a, label_b = ":".join(a), ":".join(b)
     summary = summarize(cells, title=f"{label_b} vs {label_a}", bootstrap=n_boot)
@@ -943,8 +948,7 @@ def _completions(
             for row in iter_jsonl(cell.samples_path, errors=[])
             if str(row.get("task_id")) in wanted
         }
-        key = CellKey(cell.run, cell.ckpt, cell.task, cell.variant)
-        path = Path(Layout(str(outdir)).generation(key))
+        path = Path(Layout(str(outdir)).generation(cell.key))
         if not path.is_file():
             for task_id in sorted({k[0] for k in verdicts}):
                 out.setdefault(task_id, []).append((f"seed {cell.seed}", f"no file {path}"))

@@ -14,8 +14,10 @@ import functools
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -259,27 +261,20 @@ class Plan:
     @functools.cached_property
     def cell_keys(self) -> tuple[CellKey, ...]:
         """Every cell the config asks for, in step order (once per plan: input functions ask)."""
-        return tuple(CellKey(c["run"], c["ckpt"], c["task"], c["variant"]) for c in self._cells)
-
-    def cells(self) -> list[dict[str, Any]]:
-        """Every (run, ckpt, task, variant) the config asks for, in step order (a new list of
-        new dicts per call: callers may change them)."""
-        return [dict(cell) for cell in self._cells]
+        return tuple(self.cell_steps)
 
     @functools.cached_property
-    def _cells(self) -> tuple[dict[str, Any], ...]:
-        return tuple(
+    def cell_steps(self) -> Mapping[CellKey, int]:
+        """Every cell the config asks for, in step order, with its checkpoint's step (what
+        `ckpteval status` shows beside each); read-only: callers share it."""
+        return MappingProxyType(
             {
-                "run": run.name,
-                "ckpt": ckpt.name,
-                "step": ckpt.step,
-                "task": task,
-                "variant": variant,
+                CellKey(run.name, ckpt.name, task, variant): ckpt.step
+                for run in self.runs.values()
+                for ckpt in run.checkpoints
+                for task, variants in self.task_variants.items()
+                for variant in variants
             }
-            for run in self.runs.values()
-            for ckpt in run.checkpoints
-            for task, variants in self.task_variants.items()
-            for variant in variants
         )
 
 

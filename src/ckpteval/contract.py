@@ -309,8 +309,10 @@ ROWS: dict[str, Row] = {row.key: row for row in CONTRACT}
 
 
 @dataclass(frozen=True)
-class Cell:
-    """What a `generations`/`scores` row needs to know about a cell to decide if it applies."""
+class CellScope:
+    """What a `generations`/`scores` row needs to know about a cell to decide if it applies: the
+    names its `*` stands for (run, task, sampling config) and the traits its `only` limits. Not
+    a cell's key (no checkpoint, a sampling config for a variant): ckpteval.plan.layout.CellKey."""
 
     run: str
     task: str
@@ -401,7 +403,7 @@ def rows_with(effect: str) -> Iterator[Row]:
 
 def cell_settings(
     config: Mapping[str, Any],
-    cell: Cell,
+    cell: CellScope,
     effect: str,
     extra: Mapping[str, Any] | None = None,
     sampling_values: Callable[[str], Any] | None = None,
@@ -461,9 +463,9 @@ def table_markdown() -> str:
 # ---- the identities of the workflow's jobs, from a Plan (ckpteval.config)
 
 
-def _cell(plan: Any, run: str, task: str, variant: str) -> Cell:
+def _cell(plan: Any, run: str, task: str, variant: str) -> CellScope:
     spec = plan.tasks[task]
-    return Cell(
+    return CellScope(
         run,
         task,
         plan.variants[variant].sampling.name,

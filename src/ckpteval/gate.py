@@ -156,9 +156,9 @@ def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict], list[str]]:
         raise UserError(f"gate: {problems[0].path}: {problems[0].reason}; rerun the workflow")
     samples, _ = load_samples(cells)
     metrics = main_metrics(cells)
-    side = np.array([sides[(c.run, c.ckpt)] for c in cells])
+    side = np.array([sides[(c.key.run, c.key.ckpt)] for c in cells])
     key = pd.DataFrame(
-        {"task": [c.task for c in cells], "sampling": [c.sampling for c in cells]}
+        {"task": [c.key.task for c in cells], "sampling": [c.sampling for c in cells]}
     ).assign(side=side, seed=[c.seed for c in cells])
     verdicts = []
     for (task, sampling), group in key.groupby(["task", "sampling"], sort=True):

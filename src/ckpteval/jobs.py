@@ -18,6 +18,7 @@ from typing import Any
 
 from ckpteval.contract import Identity
 from ckpteval.errors import UserError
+from ckpteval.plan.layout import CellKey
 
 
 @dataclass(frozen=True)
@@ -226,9 +227,8 @@ class CellJob:
     the task and variant built from it. The task's options travel beside the identity (its
     request entry, or the replay rule's param) and must hash to the definition it holds."""
 
+    key: CellKey
     identity: Identity
-    task: str
-    variant: str
     task_options: dict[str, Any] = field(hash=False)
     problems: str | None
 
@@ -239,10 +239,10 @@ class CellJob:
         options = dict(self.task_options)
         if self.problems is not None:
             options["problems"] = self.problems
-        spec = resolve_task(self.task, options)
+        spec = resolve_task(self.key.task, options)
         if spec.config_hash()[:16] != self.identity.settings["task.definition"]:
             raise UserError(
-                f"task {self.task}: its definition changed after the workflow planned this job "
+                f"task {self.key.task}: its definition changed after the workflow planned this job "
                 f"({self.problems or 'built-in'}); run the workflow again"
             )
         return spec
@@ -251,7 +251,7 @@ class CellJob:
         """The sampling values and seed the identity holds, under the variant's name."""
         from ckpteval.config import Sampling, Variant, parse_variant
 
-        name, _ = parse_variant(self.variant)
+        name, _ = parse_variant(self.key.variant)
         s = self.identity.settings
         values = {
             k: s[f"sampling.{name}.{k}"] for k in ("temperature", "top_p", "max_new_tokens", "n")
@@ -266,6 +266,7 @@ class EngineJob:
     cells' identities), the served model (from the model's identity) and the run's template."""
 
     run: str
+    ckpt: str
     cells: tuple[CellJob, ...]
     numerics: dict[str, Any] = field(hash=False)
     served: dict[str, Any] = field(hash=False)
@@ -273,12 +274,19 @@ class EngineJob:
     include_paths: tuple[str, ...]
 
     @classmethod
-    def decode(cls, body: dict[str, Any], manifest: dict[str, Any], run: str) -> EngineJob:
-        """`body`: the request file (ckpteval.verbs); `manifest`: the model or model card."""
+    def decode(
+        cls, body: dict[str, Any], manifest: dict[str, Any], run: str, ckpt: str
+    ) -> EngineJob:
+        """`body`: the request file (ckpteval.verbs) of checkpoint `ckpt` of `run`; `manifest`:
+        its model or model card."""
         tasks = body.get("tasks") or {}
-        cells = tuple(_request_cell_job(c, tasks) for c in body.get("cells") or [])
+        cells = tuple(
+            _request_cell_job(CellKey(run, ckpt, c["task"], c["variant"]), c, tasks)
+            for c in body.get("cells") or []
+        )
         return cls(
             run,
+            ckpt,
             cells,
             numerics={**_engine_numerics(cells), "seed": body.get("seed")},
             served=_served_model(manifest.get("settings") or {}, run),
@@ -287,7 +295,8 @@ class EngineJob:
         )
 
     def cell(self, task: str, variant: str) -> CellJob:
-        return next(c for c in self.cells if (c.task, c.variant) == (task, variant))
+        key = CellKey(self.run, self.ckpt, task, variant)
+        return next(c for c in self.cells if c.key == key)
 
     def run_cfg(self, endpoint_knobs: dict[str, Any]) -> dict[str, Any]:
         """The run's entry as the backends take it: the served model from the model's
@@ -312,12 +321,11 @@ class EngineJob:
                 )
 
 
-def _request_cell_job(cell: dict[str, Any], tasks: dict[str, Any]) -> CellJob:
-    task = tasks.get(cell["task"]) or {}
+def _request_cell_job(key: CellKey, cell: dict[str, Any], tasks: dict[str, Any]) -> CellJob:
+    task = tasks.get(key.task) or {}
     return CellJob(
+        key,
         Identity(dict(cell["record"]["settings"])),
-        task=cell["task"],
-        variant=cell["variant"],
         task_options=dict(task.get("options") or {}),
         problems=task.get("problems"),
     )

@@ -101,8 +101,8 @@ def blocked_tasks(plan: Any, outdir: Path | None = None) -> dict[str, str]:
 
     blocked: dict[str, str] = {}
     seen: set[tuple[str, str, str]] = set()
-    for cell in plan.cells():
-        task, where = cell["task"], (cell["run"], cell["task"], cell["variant"])
+    for cell in plan.cell_keys:
+        task, where = cell.task, (cell.run, cell.task, cell.variant)
         if task in blocked or where in seen or not separate(plan.tasks[task].checker):
             continue
         seen.add(where)

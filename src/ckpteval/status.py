@@ -52,7 +52,7 @@ import re
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +61,11 @@ import pandas as pd
 from ckpteval.errored import errored_metrics, no_score
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness
-from ckpteval.plan.layout import CellKey, Layout
+from ckpteval.plan.layout import CELL_STEPS, CellKey, Layout
 
 STATES = ("done", "stale", "running", "failed", "blocked", "missing")
 CELL_COLUMNS = ["run", "ckpt", "step", "task", "variant", "state", "detail", "errors"]
 STALE_AFTER_S = 600.0
-STEP_DIRS = ("models", "generations", "scores")
 _SUFFIXES = {".json", ".jsonl", ".log", ".txt", ".done", ".parquet", ".tmp"}
 _TMP = re.compile(r"^\.(?P<name>.+)\.[^.]+\.tmp$")
 _ERROR_LINE = re.compile(
@@ -84,7 +83,9 @@ _ROUND = re.compile(r"\.r[0-9]+$")
 #: even of SIGKILL, so "nobody holds it" means "no Snakemake of ours is alive here".
 OWNER_FILE = "ckpteval-owner.lock"
 
-Key = tuple[str, ...]
+#: The names a file's path gives below a step or rule directory: a prefix (2 to 4 long) of a
+#: cell's (run, ckpt, task, variant), so that a checkpoint's file concerns each of its cells.
+Prefix = tuple[str, ...]
 _owner_fd: int | None = None
 
 
@@ -176,18 +177,17 @@ def snakemake_alive(snakemake_dir: Path) -> bool:
 
 def cell_states(
     outdir: Path,
-    expected: Sequence[dict[str, Any]],
+    expected: Mapping[CellKey, int | None],
     *,
     workdir: Path | None = None,
     logdir: Path | None = None,
     now: float | None = None,
     blocked: Mapping[str, str] | None = None,
-    rescore: Callable[[str, str, str, str, Any], str | None] | None = None,
+    rescore: Callable[[CellKey, Any], str | None] | None = None,
 ) -> pd.DataFrame:
-    """One row per expected cell: run, ckpt, step, task, variant, state, detail (why).
-    `blocked` maps a task whose self-test failed to its line (`ckpteval.selftest.blocked_tasks`);
-    `rescore(run, ckpt, task, variant, cell)` says why a cell with a score file (`cell`, as read
-    here) is scored again by the next run, or None (`ckpteval.freshness.Freshness.rescore_reason`)."""
+    """One row per expected cell (`expected`: each with its checkpoint's step, as
+    `Plan.cell_steps`): run, ckpt, step, task, variant, state, detail (why). `blocked` maps a task whose self-test failed to its line (`ckpteval.selftest.blocked_tasks`);
+    `rescore(key, cell)` says why a cell with a score file (`cell`, as read here) is scored again by the next run, or None (`ckpteval.freshness.Freshness.rescore_reason`)."""
     outdir = Path(outdir).resolve()
     workdir = Path(workdir).resolve() if workdir else outdir.parent
     logdir = Path(logdir).resolve() if logdir else outdir.parent / "logs"
@@ -195,31 +195,27 @@ def cell_states(
     evidence = _Evidence.collect(outdir, workdir, logdir, now)
     layout = Layout(str(outdir))
     rows = []
-    for cell in expected:
-        try:
-            key = tuple(str(cell[k]) for k in ("run", "ckpt", "task", "variant"))
-        except KeyError as exc:
-            raise ValueError(f"expected cell {cell!r} lacks {exc}") from None
+    for key, step in expected.items():
         state, detail = evidence.state(layout, key)
         score = detail if state == "done" else None
         # One read of a done cell: its errored samples and its freshness.
         record = _read_json(detail) if state == "done" else None
-        if state == "done" and rescore is not None and (why := rescore(*key, record)):
+        if state == "done" and rescore is not None and (why := rescore(key, record)):
             state, detail = "stale", why
-        if blocked and key[2] in blocked:
+        if blocked and key.task in blocked:
             # A blocked self-test holds back the rescoring a stale cell waits for: its scores stay.
             kept = f"; scores kept from before: {score}" if score else ""
-            state, detail = "blocked", blocked[key[2]] + kept
+            state, detail = "blocked", blocked[key.task] + kept
         errors = _errored_samples(record) if state == "done" else None
         if errors:
             detail += f": {errors[1]}"
         rows.append(
             {
-                "run": key[0],
-                "ckpt": key[1],
-                "step": cell.get("step"),
-                "task": key[2],
-                "variant": key[3],
+                "run": key.run,
+                "ckpt": key.ckpt,
+                "step": step,
+                "task": key.task,
+                "variant": key.variant,
                 "state": state,
                 "detail": detail,
                 "errors": errors[0] if errors else 0,
@@ -258,7 +254,7 @@ def _errored_samples(cell: Any) -> tuple[int, str] | None:
 
 def status_matrix(
     outdir: Path,
-    expected: list[dict[str, Any]],
+    expected: Mapping[CellKey, int | None],
     *,
     workdir: Path | None = None,
     logdir: Path | None = None,
@@ -354,14 +350,14 @@ class _Evidence:
     """What the files say, indexed by the (run, ckpt[, task[, variant]]) prefixes they concern."""
 
     def __init__(self) -> None:
-        self.running: dict[Key, str] = {}
-        self.failed: dict[Key, str] = {}
-        self.job_logs: dict[Key, list[Path]] = defaultdict(list)
+        self.running: dict[Prefix, str] = {}
+        self.failed: dict[Prefix, str] = {}
+        self.job_logs: dict[Prefix, list[Path]] = defaultdict(list)
 
     @classmethod
     def collect(cls, outdir: Path, workdir: Path, logdir: Path, now: float) -> _Evidence:
         ev = cls()
-        for step in STEP_DIRS:
+        for step in CELL_STEPS:
             for tmp in _walk(outdir / step, hidden=True):
                 match = _TMP.match(tmp.name)
                 if match and now - _mtime(tmp) < STALE_AFTER_S:
@@ -398,11 +394,12 @@ class _Evidence:
                     ev.failed.setdefault(key, detail)
         return ev
 
-    def state(self, layout: Layout, cell: Key) -> tuple[str, str]:
-        score = layout.score(CellKey(*cell))
+    def state(self, layout: Layout, cell: CellKey) -> tuple[str, str]:
+        score = layout.score(cell)
         if os.path.exists(score):
             return "done", score
-        prefixes = [cell[:n] for n in (4, 3, 2)]
+        whole = (cell.run, cell.ckpt, cell.task, cell.variant)
+        prefixes = [whole[:n] for n in (4, 3, 2)]
         for prefix in prefixes:
             if prefix in self.running:
                 return "running", self.running[prefix]
@@ -425,7 +422,7 @@ def _walk(root: Path, *, hidden: bool = False) -> Iterable[Path]:
                 yield Path(dirpath) / name
 
 
-def _key(rel: Path) -> Key:
+def _key(rel: Path) -> Prefix:
     """Path parts after the step/rule directory, the last one without a known file suffix."""
     parts = list(rel.parts)
     suffix = Path(parts[-1]).suffix
@@ -434,13 +431,13 @@ def _key(rel: Path) -> Key:
     return tuple(parts)
 
 
-def _output_key(outdir: Path, path: Path) -> Key | None:
+def _output_key(outdir: Path, path: Path) -> Prefix | None:
     """The key of an output path under `outdir/<step>/`, or None for other paths."""
     try:
         rel = path.resolve().relative_to(outdir)
     except ValueError:
         return None
-    if len(rel.parts) < 3 or rel.parts[0] not in STEP_DIRS:
+    if len(rel.parts) < 3 or rel.parts[0] not in CELL_STEPS:
         return None
     return _key(Path(*rel.parts[1:]))
 
@@ -588,7 +585,7 @@ def _blocked(plan: Any, outdir: Path) -> dict[str, str]:
 
 def _expected_cells(
     configfile: Path,
-) -> tuple[list[dict[str, Any]], Path, list[str], list[str], Any]:
+) -> tuple[Mapping[CellKey, int], Path, list[str], list[str], Any]:
     """The cells a config asks for, its outdir (relative paths resolve against the cwd, as in
     the workflow), a warning line per task left out (`Plan.left_out`) and per checkpoint that
     looks broken, and one per checkpoint being written (read once: its age in the line is as
@@ -601,4 +598,4 @@ def _expected_cells(
     validate_config(config)
     plan = build_plan(config)
     broken = [*plan.left_out, *plan.broken_lines()]
-    return plan.cells(), Path(plan.outdir), broken, plan.waiting_lines(), plan
+    return plan.cell_steps, Path(plan.outdir), broken, plan.waiting_lines(), plan

@@ -195,12 +195,12 @@ def replay(smk: Any) -> None:
     from ckpteval.backends.replay import replay_solutions
     from ckpteval.io import write_json
     from ckpteval.jobs import CellJob
+    from ckpteval.plan.layout import CellKey
 
     identity = Identity.from_text(smk.params.identity)
     cell = CellJob(
+        CellKey.of(smk.wildcards),
         identity,
-        task=smk.wildcards.task,
-        variant=smk.wildcards.variant,
         task_options=json.loads(smk.params.task),
         problems=str(smk.input.problems) if smk.input.problems else None,
     )

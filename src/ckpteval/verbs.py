@@ -49,6 +49,7 @@ from typing import Any
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness, StaleCell
 from ckpteval.io import read_json, sha256_json, write_json
+from ckpteval.plan.layout import CellKey
 
 #: The per-cell rule.
 CELL_RULE = "generation"
@@ -110,8 +111,10 @@ def requested(
     model_forced = verbs.forces_rule(model_rule) or verbs.forces_file(model, f"{model}.json")
     cells = []
     for task, variant in pairs:
-        stale = fresh.stale(run, ckpt, task, variant)
-        jsonl, meta = fresh.generation_paths(run, ckpt, task, variant)
+        cell = CellKey(run, ckpt, task, variant)
+        stale = fresh.stale(cell)
+        jsonl = Path(fresh.layout.generation(cell))
+        meta = Path(fresh.layout.generation_meta(cell))
         reason = stale.reason if stale else None
         if reason is None and (
             model_forced
@@ -123,7 +126,7 @@ def requested(
             reason = "older than its model"
         if reason is not None:
             identity = fresh.generation_identity(run, task, variant)
-            cells.append(StaleCell(task, variant, identity, reason))
+            cells.append(StaleCell(cell, identity, reason))
     return cells
 
 
@@ -244,8 +247,8 @@ def redo_path(root: Path, damaged: Path, *, fresh: bool = True) -> Path:
 
 def _request_cell(cell: StaleCell) -> dict[str, Any]:
     return {
-        "task": cell.task,
-        "variant": cell.variant,
+        "task": cell.key.task,
+        "variant": cell.key.variant,
         "reason": cell.reason,
         "record": cell.identity.record(),
     }

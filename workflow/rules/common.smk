@@ -165,9 +165,7 @@ get_model_redo = per_checkpoint(SWEEP.model_redo_input)
 get_model_card_settings = per_checkpoint(SWEEP.model_card_settings)
 get_consolidate_priority = per_checkpoint(SWEEP.consolidate_priority)
 # infer, generation, replay, assist
-get_generation_inputs = per_cell(
-    lambda c: ENGINES.generation_inputs(c.run, c.ckpt, c.task, c.variant)
-)
+get_generation_inputs = per_cell(ENGINES.generation_inputs)
 get_generation_identity = per_cell(SWEEP.generation_identity)
 get_solutions = per_cell(SWEEP.solutions)
 get_task_options = per_task(SWEEP.task_options)

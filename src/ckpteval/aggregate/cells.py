@@ -32,6 +32,7 @@ import pyarrow.json as pa_json
 from ckpteval.errored import Errored, errored_metrics
 from ckpteval.errors import UserError
 from ckpteval.io import iter_jsonl
+from ckpteval.plan.layout import CellKey
 
 _SAMPLE_SCHEMA = pa.schema(
     [
@@ -48,14 +49,11 @@ _SAMPLE_PARSE = pa_json.ParseOptions(
 
 @dataclass(frozen=True)
 class Cell:
-    """One scored (run, ckpt, task, variant), as read from its `{variant}.json`."""
+    """One scored cell, as read from its `{variant}.json`."""
 
     source: str
-    run: str
-    ckpt: str
+    key: CellKey
     step: int | None
-    task: str
-    variant: str
     sampling: str
     seed: int
     is_baseline: bool
@@ -115,11 +113,8 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
     primary = raw.get("primary_metric")
     return Cell(
         source=os.fspath(path),
-        run=raw["run"],
-        ckpt=raw["ckpt"],
+        key=CellKey(raw["run"], raw["ckpt"], raw["task"], raw["variant"]),
         step=raw.get("step"),
-        task=raw["task"],
-        variant=raw["variant"],
         sampling=raw["sampling"],
         seed=raw["seed"],
         is_baseline=bool(raw.get("is_baseline", False)),
@@ -225,18 +220,17 @@ def load_cells(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Cell], lis
     """Read every cell json; unusable ones (and duplicates of a cell) become `Problem`s."""
     cells: list[Cell] = []
     problems: list[Problem] = []
-    seen: dict[tuple[str, str, str, str], str] = {}
+    seen: dict[CellKey, str] = {}
     for path in paths:
         try:
             cell = load_cell(path)
         except CellError as exc:
             problems.append(Problem("cell", os.fspath(path), str(exc)))
             continue
-        key = (cell.run, cell.ckpt, cell.task, cell.variant)
-        if key in seen:
-            problems.append(Problem("cell", cell.source, f"duplicate of {seen[key]}"))
+        if cell.key in seen:
+            problems.append(Problem("cell", cell.source, f"duplicate of {seen[cell.key]}"))
             continue
-        seen[key] = cell.source
+        seen[cell.key] = cell.source
         cells.append(cell)
     return cells, problems
 
@@ -326,11 +320,11 @@ def identity_frame(cells: Sequence[Cell]) -> pd.DataFrame:
     return pd.DataFrame(
         [
             {
-                "run": c.run,
-                "ckpt": c.ckpt,
+                "run": c.key.run,
+                "ckpt": c.key.ckpt,
                 "step": c.step,
                 "is_baseline": c.is_baseline,
-                "task": c.task,
+                "task": c.key.task,
                 "sampling": c.sampling,
                 "seed": c.seed,
                 "chat_template": c.chat_template,

@@ -183,11 +183,11 @@ def tidy_table(cells: Sequence[Cell], samples: pd.DataFrame | None = None) -> pd
     samples are)."""
     rows = [
         {
-            "run": c.run,
+            "run": c.key.run,
             "step": c.step,
-            "ckpt": c.ckpt,
-            "task": c.task,
-            "variant": c.variant,
+            "ckpt": c.key.ckpt,
+            "task": c.key.task,
+            "variant": c.key.variant,
             "sampling": c.sampling,
             "seed": c.seed,
             "metric": name,
@@ -291,7 +291,7 @@ def _unit_score_tasks(cells: Sequence[Cell], samples: pd.DataFrame | None) -> se
     if samples is None or samples.empty:
         return set()
     scored = samples[samples["score"].notna()]
-    task = np.array([c.task for c in cells], dtype=object)[scored["cell"].to_numpy()]
+    task = np.array([c.key.task for c in cells], dtype=object)[scored["cell"].to_numpy()]
     inside = scored["score"].between(0.0, 1.0).to_numpy()
     frame = pd.DataFrame({"task": task, "inside": inside})
     verdict = frame.groupby("task")["inside"].all()
@@ -332,9 +332,9 @@ def main_metrics(cells: Sequence[Cell], chosen: Mapping[str, str] | None = None)
     names: dict[str, dict[str, None]] = {}
     primary: dict[str, str] = {}
     for cell in cells:
-        names.setdefault(cell.task, {}).update(dict.fromkeys(cell.metrics))
+        names.setdefault(cell.key.task, {}).update(dict.fromkeys(cell.metrics))
         if cell.primary_metric is not None:
-            primary.setdefault(cell.task, cell.primary_metric)
+            primary.setdefault(cell.key.task, cell.primary_metric)
     for task, metric in (chosen or {}).items():
         if task in names and metric not in names[task]:
             raise UserError(
@@ -651,12 +651,12 @@ def missing_table(problems: Sequence[Problem]) -> pd.DataFrame:
 def _cell_key(c: Cell) -> dict[str, Any]:
     """The columns that name a cell in the per-cell tables (errors, hacks, truncation)."""
     return {
-        "run": c.run,
+        "run": c.key.run,
         "step": c.step,
-        "ckpt": c.ckpt,
+        "ckpt": c.key.ckpt,
         "is_baseline": c.is_baseline,
-        "task": c.task,
-        "variant": c.variant,
+        "task": c.key.task,
+        "variant": c.key.variant,
         "sampling": c.sampling,
         "seed": c.seed,
     }

@@ -129,7 +129,7 @@ def staged_current(staging: Path, cell: Any, model_hash: Any, invocation: Any) -
     invocation (by a chain that went ahead); anything else in a staging directory is a leftover."""
     from ckpteval.verbs import staged_paths
 
-    jsonl, meta = staged_paths(staging, cell.task, cell.variant)
+    jsonl, meta = staged_paths(staging, cell.key.task, cell.key.variant)
     try:
         recorded = read_json(meta)
     except Exception:  # noqa: BLE001 - missing or half-written: not staged

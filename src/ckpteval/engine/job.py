@@ -83,11 +83,12 @@ def run_engine_job(smk: Any) -> None:
     from ckpteval.verbs import write_done
 
     staging = Path(smk.params.staging)
-    job = _engine_job(smk, Path(smk.params.request), Path(smk.input.manifest))
+    run, ckpt = smk.wildcards.run, smk.wildcards.ckpt
+    job = _engine_job(run, ckpt, Path(smk.params.request), Path(smk.input.manifest))
     model_hash = read_meta(Path(smk.input.manifest)).get("weights_sha256")
     invocation = _invocation(smk)
     with claim(staging, wait=True):  # a chain that went ahead may be generating them now
-        _clear_staged(staging, {(c.task, c.variant) for c in job.cells})
+        _clear_staged(staging, {(c.key.task, c.key.variant) for c in job.cells})
         todo = [c for c in job.cells if not staged_current(staging, c, model_hash, invocation)]
         if len(todo) < len(job.cells):
             print(f"{len(job.cells) - len(todo)} cell(s) already staged by a chained engine")
@@ -95,18 +96,19 @@ def run_engine_job(smk: Any) -> None:
         with session as engine:
             if todo:
                 _generate(smk, engine, job, staging, todo, Path(smk.input.manifest))
-            write_done(Path(smk.output.done), [(c.task, c.variant) for c in job.cells])
+            write_done(Path(smk.output.done), [(c.key.task, c.key.variant) for c in job.cells])
             if engine is not None and runtime(smk.config, "engine.swap") is not False:
                 _chain(smk, engine, staging)
 
 
-def _engine_job(smk: Any, request: Path, manifest: Path) -> Any:
-    """The engine job a request file asks for (strict: one that does not parse is an error)."""
+def _engine_job(run: str, ckpt: str, request: Path, manifest: Path) -> Any:
+    """The engine job a request file of a checkpoint asks for (strict: one that does not parse
+    is an error)."""
     from ckpteval.jobs import EngineJob
     from ckpteval.verbs import read_request_body
 
     body = read_request_body(request, strict=True)
-    return EngineJob.decode(body, read_meta(manifest), smk.wildcards.run)
+    return EngineJob.decode(body, read_meta(manifest), run, ckpt)
 
 
 def _clear_staged(staging: Path, keep: set[tuple[str, str]]) -> None:
@@ -175,7 +177,7 @@ def _generate(
         Job(
             c.build_task(),
             c.build_variant(),
-            staged_paths(staging, c.task, c.variant)[0],
+            staged_paths(staging, c.key.task, c.key.variant)[0],
             record={**c.identity.record(), "staged_for": invocation},
         )
         for c in cells
@@ -283,7 +285,7 @@ def _serve_next(smk: Any, engine: EngineSession, nxt: Any, signature: str) -> in
                 "its own job starts an engine for it"
             )
             return 0
-        job = _engine_job(smk, nxt.request, nxt.manifest)
+        job = _engine_job(nxt.run, nxt.ckpt, nxt.request, nxt.manifest)
         model_hash = read_meta(nxt.manifest).get("weights_sha256")
         invocation = _invocation(smk)
         todo = [c for c in job.cells if not staged_current(nxt.staging, c, model_hash, invocation)]

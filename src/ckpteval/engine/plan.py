@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.contract import engine_payload
-from ckpteval.plan.layout import Layout
+from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.verbs import (
     Verbs,
     done_path,
@@ -104,7 +104,7 @@ class EnginePlan:
         set, since every generation job of the checkpoint asks (a scan of the cells per job
         was 1 s of a 300-checkpoint dry run under the profiler)."""
         cells, _ = self.cells_and_round(run, ckpt, group)
-        return frozenset((c.task, c.variant) for c in cells)
+        return frozenset((c.key.task, c.key.variant) for c in cells)
 
     def done_file(self, run: str, ckpt: str, group: str) -> str:
         _, token = self.cells_and_round(run, ckpt, group)
@@ -128,15 +128,15 @@ class EnginePlan:
             if self.cells_and_round(run, ckpt.name, group)[0]
         ]
 
-    def generation_inputs(self, run: str, ckpt: str, task: str, variant: str) -> dict[str, str]:
+    def generation_inputs(self, cell: CellKey) -> dict[str, str]:
         """A cell's generation job reads its model card and, if this invocation (re)generates
         the cell, its engine job's done file: missing, so Snakemake plans the engine job. Any
         other cell has no edge to the engine job: an engine job run for another cell never
         reruns it (an `ancient()` input would not do, since Snakemake only holds back a rerun
         for ancient files that exist)."""
-        group = self.group_of(task)
+        run, ckpt, group = cell.run, cell.ckpt, self.group_of(cell.task)
         inputs = {"manifest": self.layout.manifest(run, ckpt)}
-        if (task, variant) in self._regenerates(run, ckpt, group):
+        if (cell.task, cell.variant) in self._regenerates(run, ckpt, group):
             inputs["done"] = self.done_file(run, ckpt, group)
         return inputs
 

@@ -41,6 +41,11 @@ class CellKey:
 #: The cell whose paths are the rules' templates.
 WILDCARDS = CellKey("{run}", "{ckpt}", "{task}", "{variant}")
 
+#: The directories under `outdir` whose paths name a checkpoint or a cell below them
+#: (`run/ckpt[/task/variant]`, as `Layout` spells them): `ckpteval status` tells from a
+#: file's path which cells it concerns.
+CELL_STEPS = ("models", "generations", "scores")
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -85,6 +90,14 @@ class Layout:
 
     def score_samples(self, cell: CellKey) -> str:
         return f"{self.out}/scores/{cell.rel}.jsonl"
+
+    def scores_of(self, run: str) -> str:
+        """Every score cell of a run, below a directory per checkpoint."""
+        return f"{self.out}/scores/{run}"
+
+    def checkpoint_scores(self, run: str, ckpt: str) -> str:
+        """Every score cell of a checkpoint, as `{task}/{variant}.json` below it."""
+        return f"{self.out}/scores/{run}/{ckpt}"
 
     # ---- what the jobs stage and cache
     def staging(self, run: str, ckpt: str) -> str:

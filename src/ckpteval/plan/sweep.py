@@ -103,23 +103,18 @@ class SweepPlan:
 
     def stale(self, cell: CellKey) -> StaleCell | None:
         """The cell if its generation file must be (re)written, and why (ckpteval.freshness)."""
-        return self.fresh.stale(cell.run, cell.ckpt, cell.task, cell.variant)
+        return self.fresh.stale(cell)
 
     def rescored(self, cell: CellKey) -> str | None:
-        """Why this invocation (re)scores a cell, or None for a current one: a missing or damaged
-        score cell, a changed scoring setting, stale generations, a forced evaluate."""
-        r, c, t, v = cell.run, cell.ckpt, cell.task, cell.variant
+        """Why this invocation (re)scores a cell, or None for a current one: not scored yet, a
+        reason its score file is outdated (`Freshness.rescore_reason`, which `ckpteval status`
+        and the deleted checkpoints' kept cells read too), or a forced evaluate."""
         score = self.layout.score(cell)
         if not os.path.exists(score):
             return "not scored yet"
-        if self.score_redo(cell):
-            return "damaged"
-        change = self.fresh.score_change(r, c, t, v)
-        if change:
-            return change
-        stale = self.fresh.stale(r, c, t, v)
-        if stale is not None:
-            return f"generations: {stale.reason}"
+        why = self.fresh.rescore_reason(cell)
+        if why is not None:
+            return why
         if self.verbs().forces_rule("evaluate") or self.verbs().forces_file(
             score, self.layout.score_samples(cell)
         ):
@@ -217,7 +212,7 @@ class SweepPlan:
     def infer_priority(self, run: str, ckpt: str, group: str) -> float:
         """An engine job's expected GPU seconds (ckpteval.engine.schedule)."""
         cells, _ = self.engines.cells_and_round(run, ckpt, group)
-        stale = [(c.task, c.variant) for c in cells]
+        stale = [(c.key.task, c.key.variant) for c in cells]
         return float(f"{self.infer_costs(run, ckpt, stale):.6g}")
 
     def engine_targets(self) -> list[str]:
@@ -287,7 +282,7 @@ class SweepPlan:
     def score_redo(self, cell: CellKey) -> str | None:
         """A damaged score cell's redo input, or None (one read of the cell per parse, shared
         with the rerun explanation: ckpteval.freshness)."""
-        if not self.fresh.score_damaged(cell.run, cell.ckpt, cell.task, cell.variant):
+        if not self.fresh.score_damaged(cell):
             return None
         return self.redo_input(self.layout.score(cell))
 
@@ -376,8 +371,10 @@ class SweepPlan:
         Snakemake reruns. Never an `ancient` input: a self-test that Snakemake reruns (an
         interrupted one, incomplete) hides the own reasons of the jobs it feeds through an
         ancient input, so the rerun ran the self-test alone, said done and left the cells
-        unscored (snakemake/snakemake#4166). A cell Snakemake rescores for a reason not named
-        here (a newer generation file) self-tests in its evaluate job, as other checkers do."""
+        unscored (snakemake/snakemake#4166). Which cells are rescored is `rescored`, the reasons
+        `ckpteval status` shows (a newer generation file or model card among them); a cell
+        Snakemake rescores for a reason of its own beyond those self-tests in its evaluate
+        job, as other checkers do."""
         identity = self.selftest_of(cell.run, cell.task, cell.variant)
         if identity is None or self.rescored(cell) is None:
             return None
@@ -432,20 +429,21 @@ class SweepPlan:
     def kept_deleted_cells(self) -> tuple[str, ...]:
         """Score files of checkpoints whose source is gone, still valid for the current config:
         they stay in the summary (marked). A deleted checkpoint's cell that a changed setting
-        outdated cannot be recomputed, and is left out with a warning."""
+        outdated (by the reason a live cell is rescored: `Freshness.rescore_reason`) cannot be
+        recomputed, and is left out with a warning."""
         kept = []
         for run, ckpts in self.plan.deleted.items():
             for ckpt in ckpts:
                 for task, variant in self.pairs:
-                    path = self.layout.score(CellKey(run, ckpt.name, task, variant))
+                    cell = CellKey(run, ckpt.name, task, variant)
+                    path = self.layout.score(cell)
                     if not os.path.exists(path):
                         continue
-                    if self.fresh.stale(run, ckpt.name, task, variant) or self.fresh.score_change(
-                        run, ckpt.name, task, variant
-                    ):
+                    why = self.fresh.rescore_reason(cell)
+                    if why is not None:
                         self.warn(
                             f"run {run}: checkpoint {ckpt.name} was deleted; "
-                            f"its {task} {variant} scores are outdated and left out"
+                            f"its {task} {variant} scores are outdated ({why}) and left out"
                         )
                         continue
                     kept.append(path)
