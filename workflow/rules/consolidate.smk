@@ -1,6 +1,6 @@
 # Whatever a trainer wrote -> a verified HF directory vLLM loads, plus a manifest with the weights
 # hash every later file is traced to. The raw checkpoint is ancient(): its modification time says
-# nothing. What reruns this job is its content identity file (models/{run}/{ckpt}.source.json,
+# nothing. What reruns this job is its content identity file (sources/{run}/{ckpt}.json,
 # kept at parse time: its mtime moves only when the checkpoint's bytes change) or its identity
 # param (the settings that change the model: ckpteval.contract; the job reads its format, base
 # model and dtype from it, ckpteval.jobs). Its priority follows its infer
