@@ -224,7 +224,7 @@ def select_among(
         weights={t: float(w) for t, w in tasks.items()},
         n_boot=n_boot,
         errored=zero_counted_lines(
-            [c for i, c in enumerate(cells) if column[i] >= 0 and c.task in tasks],
+            [c for i, c in enumerate(cells) if column[i] >= 0 and c.key.task in tasks],
             metrics,
             "the rule's score",
         ),

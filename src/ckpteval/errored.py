@@ -132,7 +132,7 @@ def zero_counted_lines(cells: Sequence[Cell], metrics: Mapping[str, str], what: 
     them out)."""
     grouped: dict[tuple[str, str, str], list[Cell]] = {}
     for cell in cells:
-        grouped.setdefault((cell.run, cell.ckpt, cell.task), []).append(cell)
+        grouped.setdefault((cell.key.run, cell.key.ckpt, cell.key.task), []).append(cell)
     out = []
     for (run, ckpt, task), group in grouped.items():
         counts = [k for k in map(_cell_no_score, group) if k]

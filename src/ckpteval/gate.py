@@ -178,7 +178,7 @@ def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict], list[str]]:
     ]
     gated = {(v.task, v.sampling) for v in verdicts}
     errored = zero_counted_lines(
-        [c for c in cells if (c.task, c.sampling) in gated], metrics, "the gate's change"
+        [c for c in cells if (c.key.task, c.sampling) in gated], metrics, "the gate's change"
     )
     return f"{run}:{ckpt}", f"{ref_run}:{ref_ckpt}", verdicts, errored
 
