@@ -515,7 +515,7 @@ mod ckpteval_harness {
     /// `body` run in a child process (see `call`): the bytes it sent back (0 and its value, or
     /// 1 and its panic message) and its wait status. Not generic: compiled once per crate.
     fn in_child(
-        body: &mut dyn ::std::ops::FnMut() -> ::std::vec::Vec<u8>,
+        body: &mut dyn ::std::ops::FnMut(&mut ::std::vec::Vec<u8>),
     ) -> (::std::vec::Vec<u8>, ::std::os::raw::c_int) {
         let mut fds = [0 as ::std::os::raw::c_int; 2];
         if unsafe { pipe(fds.as_mut_ptr()) } != 0 {
@@ -546,12 +546,11 @@ mod ckpteval_harness {
                 *PANIC.lock().unwrap_or_else(|e| e.into_inner()) = ::std::string::ToString::to_string(info);
             }));
             let mut out = ::std::vec::Vec::new();
-            match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| body())) {
-                ::std::result::Result::Ok(value) => {
-                    out.push(0);
-                    out.extend_from_slice(&value);
-                }
+            out.push(0);
+            match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| body(&mut out))) {
+                ::std::result::Result::Ok(()) => {}
                 ::std::result::Result::Err(_) => {
+                    out.clear();
                     out.push(1);
                     PANIC.lock().unwrap_or_else(|e| e.into_inner()).put(&mut out);
                 }
@@ -617,19 +616,32 @@ mod ckpteval_harness {
     #[track_caller]
     {vis} fn call<R: Wire, F: ::std::ops::FnOnce() -> R>(f: F) -> R {
         let mut f = ::std::option::Option::Some(f);
-        let (bytes, status) = in_child(&mut || {
-            let mut out = ::std::vec::Vec::new();
+        let (bytes, status) = in_child(&mut |out| {
             if let ::std::option::Option::Some(f) = f.take() {
-                f().put(&mut out);
+                f().put(out);
             }
-            out
         });
-        let mut input = &bytes[..];
-        match take_bytes(&mut input, 1) {
-            ::std::option::Option::Some([0]) => match R::get(&mut input) {
-                ::std::option::Option::Some(value) if input.is_empty() => value,
+        received(&bytes, status)
+    }
+    /// The value the sample's process sent back, or the panic that says why there is none.
+    /// Generic over the return type only (`call`'s own code is compiled once per call of the
+    /// entry point in the tests, this once per return type).
+    #[track_caller]
+    fn received<R: Wire>(bytes: &[u8], status: ::std::os::raw::c_int) -> R {
+        let mut input = bytes;
+        if let ::std::option::Option::Some([0]) = take_bytes(&mut input, 1) {
+            match R::get(&mut input) {
+                ::std::option::Option::Some(value) if input.is_empty() => return value,
                 _ => ::std::panic!("ckpteval: the sample's process sent no value of its return type"),
-            },
+            }
+        }
+        not_returned(bytes, status)
+    }
+    /// Why the sample's process sent no value: its panic, the signal that killed it, or an exit.
+    #[track_caller]
+    fn not_returned(bytes: &[u8], status: ::std::os::raw::c_int) -> ! {
+        let mut input = bytes;
+        match take_bytes(&mut input, 1) {
             ::std::option::Option::Some([1]) => {
                 ::std::panic::panic_any(::std::string::String::get(&mut input).unwrap_or_default())
             }
