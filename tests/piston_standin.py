@@ -49,7 +49,7 @@ from typing import Any
 from fakes import JsonHandler, LoopbackServer
 
 from ckpteval.checkers.python import python_interpreter
-from ckpteval.checkers.rust import rust_sysroot
+from ckpteval.checkers.rust.checker import rust_sysroot
 
 #: api/src/config.js defaults.
 PISTON_DEFAULTS = {

@@ -8,7 +8,7 @@ import pytest
 
 from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers.extract import brace_depth, rust_program, rust_tests
-from ckpteval.checkers.rust import prompt_contract
+from ckpteval.checkers.rust.checker import prompt_contract
 from ckpteval.io import iter_jsonl
 
 #: Every test compiles Rust.

@@ -267,6 +267,6 @@ def test_a_checker_overriding_check_does_not_stream_unless_it_says_so() -> None:
 
     assert Whole.streams is False and Opted.streams is True
     from ckpteval.checkers.python import PythonChecker
-    from ckpteval.checkers.rust import RustChecker
+    from ckpteval.checkers.rust.checker import RustChecker
 
     assert PythonChecker.streams is True and RustChecker.streams is False

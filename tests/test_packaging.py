@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -57,3 +62,39 @@ def test_environment_pins_the_python_and_the_torch_setup_installs() -> None:
     setup = (REPO / "scripts" / "setup-env.sh").read_text()
     torch = next(line for line in _conda_pip() if line.startswith("torch"))
     assert f" {torch}\n" in setup
+
+
+def test_the_installed_package_reads_the_rust_harness(tmp_path: Path) -> None:
+    """The rust checker reads its harness, a `.rs` file beside it, as package data: a wheel
+    built from pyproject.toml ships it, and the checker imported from that wheel's files (not
+    this source tree) has it. Building the wheel takes a few seconds; only a built package shows
+    what package-data leaves out."""
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, tree / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+        + ["-w", str(tmp_path / "dist"), str(tree)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("ckpteval-*.whl")
+    installed = tmp_path / "installed"
+    zipfile.ZipFile(wheel).extractall(installed)
+    read = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from ckpteval.checkers.rust import checker; "
+            "print(checker.__file__); print(checker._ALONE_HARNESS)",
+        ],
+        env={**os.environ, "PYTHONPATH": str(installed)},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    where, harness = read.split("\n", 1)
+    assert Path(where).is_relative_to(installed)
+    assert harness.startswith("\n#[allow(dead_code, unused)]\nmod ckpteval_harness {")
+    assert "fn call<R: Wire" in harness

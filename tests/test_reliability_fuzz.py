@@ -627,7 +627,7 @@ def _analyse(text: str, math_checker: Any) -> None:
     from ckpteval.checkers import Job, Verdict
     from ckpteval.checkers.extract import python_program
     from ckpteval.checkers.python import parse_program, static_hack
-    from ckpteval.checkers.rust import _make_unit
+    from ckpteval.checkers.rust.checker import _make_unit
     from ckpteval.checkers.stdio import detect_program
 
     verdict = _timed("math", math_checker.check_one, Job("m", _MATH, text), 5.0)

@@ -40,9 +40,9 @@ from conftest import processes_with
 
 from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers import python as python_checker
-from ckpteval.checkers import rust as rust_checker
 from ckpteval.checkers.python import python_interpreter
-from ckpteval.checkers.rust import rust_sysroot
+from ckpteval.checkers.rust import checker as rust_checker
+from ckpteval.checkers.rust.checker import rust_sysroot
 from ckpteval.sandbox import Command, Limits, Sandbox
 
 #: The attacks are made in Python, Rust and C++ (the host fixture resolves the Rust toolchain).

@@ -44,7 +44,7 @@ from typing import Any
 import pytest
 
 from ckpteval.checkers import Job, Verdict, get_checker
-from ckpteval.checkers import rust as rust_checker
+from ckpteval.checkers.rust import checker as rust_checker
 from ckpteval.io import iter_jsonl
 
 #: Every test compiles Rust.

@@ -23,7 +23,7 @@ import pytest
 from test_rust_isolation import ADD, CORRECT, WORDS
 
 from ckpteval.checkers import Job, Verdict, get_checker
-from ckpteval.checkers import rust as rust_checker
+from ckpteval.checkers.rust import checker as rust_checker
 
 #: Every test compiles Rust.
 pytestmark = pytest.mark.needs("rustc")

@@ -5,7 +5,7 @@ comment, a string, a longer identifier, an enum variant, a `type Result<T>` alia
 hand-written `Ord`) compile, run and pass with no flag; each was refused before. Hostile samples
 whose answer is right must still be refused: `unsafe` after a nested comment, a quote char or a
 raw string with a false end closes, and patterns spelled with raw identifiers (`#[r#no_mangle]`,
-`r#include_str!`). The lexer itself (`ckpteval.checkers.rust_lexer`) is checked on the lexemes
+`r#include_str!`). The lexer itself (`ckpteval.checkers.rust.lexer`) is checked on the lexemes
 that decide where code starts and ends.
 """
 
@@ -17,8 +17,8 @@ import pytest
 from test_rust_isolation import ADD, CORRECT
 
 from ckpteval.checkers import Job, Verdict, get_checker
-from ckpteval.checkers.rust import static_hacks
-from ckpteval.checkers.rust_lexer import COMMENT, IDENT, LIFETIME, LITERAL, lex, tokens
+from ckpteval.checkers.rust.checker import static_hacks
+from ckpteval.checkers.rust.lexer import COMMENT, IDENT, LIFETIME, LITERAL, lex, tokens
 
 #: Honest answers to `add_two` that each hold words the checker once refused on raw text.
 HONEST = {

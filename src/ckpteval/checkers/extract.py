@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ckpteval.checkers.rust_lexer import blank_comments_and_literals
+from ckpteval.checkers.rust.lexer import blank_comments_and_literals
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.M | re.S)
 

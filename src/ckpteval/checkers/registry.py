@@ -126,7 +126,8 @@ def _load_builtins() -> None:
     if _loaded:
         return
     _loaded = True
-    from ckpteval.checkers import math, python, reward, rust, stdio  # noqa: F401
+    from ckpteval.checkers import math, python, reward, stdio  # noqa: F401
+    from ckpteval.checkers.rust import checker  # noqa: F401
 
     for entry in filter(None, os.environ.get(PLUGIN_ENV, "").split(os.pathsep)):
         _load_plugin(entry)

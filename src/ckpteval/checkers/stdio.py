@@ -83,7 +83,7 @@ from typing import Any
 from ckpteval.checkers import Checker, Job, Prompting, Verdict, register, tail, with_timeout_line
 from ckpteval.checkers.extract import code_block, utf8_safe
 from ckpteval.checkers.python import python_interpreter
-from ckpteval.checkers.rust import rust_sysroot
+from ckpteval.checkers.rust.checker import rust_sysroot
 from ckpteval.errors import UserError
 from ckpteval.sandbox import Limits, RunResult, Sandbox
 

@@ -1,4 +1,4 @@
-"""What a Rust sample's code attempts, read from its tokens (`rust_lexer`), never from raw text.
+"""What a Rust sample's code attempts, read from its tokens (`lexer`), never from raw text.
 
 Each function answers one question the rust checker asks of a sample (`rust.static_hacks`): does
 it hold binary-wide code, `unsafe`, a compile-time include, an item named like a std name, a
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ckpteval.checkers.rust_lexer import IDENT, LIFETIME, LITERAL, PUNCT, Token, tokens
+from ckpteval.checkers.rust.lexer import IDENT, LIFETIME, LITERAL, PUNCT, Token, tokens
 
 #: Names the problem's signature and tests use without a path: a sample's own `struct i64` or
 #: `String` (or enum variant `Some`) would stand in for them, with whatever `PartialEq` it likes.
