@@ -284,9 +284,13 @@ def _add_samples(summary: Summary, payload: Payload) -> None:
         group = groups.setdefault((row.task, row.sampling), {})
         ckpt = group.setdefault(f"{row.run}:{row.ckpt}", {"cells": [], "counts": {}})
         ckpt["cells"].append({"id": cell_id, "variant": row.variant})
+        counts = ckpt["counts"]
+        if not counts:  # the checkpoint's first cell (most often its only one)
+            ckpt["counts"] = samples.verdicts
+            continue
         for task_id, (passed, n) in samples.verdicts.items():
-            old = ckpt["counts"].get(task_id, (0, 0))
-            ckpt["counts"][task_id] = (old[0] + passed, old[1] + n)
+            old = counts.get(task_id, _NONE)
+            counts[task_id] = (old[0] + passed, old[1] + n)
     for task, table in prompts.items():
         payload.blobs[f"p-{task}"] = encode_blob(table)
     payload.data["groups"] = [
@@ -299,11 +303,12 @@ def _group(
 ) -> dict[str, Any]:
     """One (task, sampling): its checkpoints' cells and the verdict-matrix blob, whose
     `passed[c][p]` / `n[c][p]` are checkpoint c's passed and scored samples of problem p."""
-    problems = sorted({p for c in ckpts.values() for p in c["counts"]}, key=_natural)
+    problems = sorted(set().union(*(c["counts"] for c in ckpts.values())), key=_natural)
+    rows = [[c["counts"].get(p, _NONE) for p in problems] for c in ckpts.values()]
     matrix = {
         "problems": problems,
-        "passed": [[c["counts"].get(p, (0, 0))[0] for p in problems] for c in ckpts.values()],
-        "n": [[c["counts"].get(p, (0, 0))[1] for p in problems] for c in ckpts.values()],
+        "passed": [[passed for passed, _ in row] for row in rows],
+        "n": [[n for _, n in row] for row in rows],
     }
     blob = f"v{index}"
     payload.blobs[blob] = encode_blob(matrix)
@@ -316,6 +321,10 @@ def _group(
         "verdicts": blob,
         "prompts": f"p-{task}",
     }
+
+
+#: A problem's (passed, scored) samples at a checkpoint that has none of it.
+_NONE = (0, 0)
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
