@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ckpteval.report import files_dir, write_html, write_plots
+from ckpteval.report import cache_dir, files_dir, write_html, write_plots
 from ckpteval.report.page import CHROMIUM_ARGS
 from ckpteval.summary import summarize
 
@@ -213,6 +213,7 @@ def run(root: Path, ckpts: int, tasks: int, problems: int, *, plots: bool = True
         pngs = write_plots(summary, root / "summary" / "plots")
         print(f"PNG plots ({len(pngs)}): {_since(start)}")
     report = root / "summary" / "report.html"
+    shutil.rmtree(cache_dir(report), ignore_errors=True)  # the first build: nothing kept yet
     build(summary, pngs, report, "report build")
     # the aggregate step reruns after each new checkpoint: the same build again
     build(summary, pngs, report, "report rebuild (same cells)")
@@ -227,7 +228,7 @@ def run(root: Path, ckpts: int, tasks: int, problems: int, *, plots: bool = True
 def build(summary: Any, pngs: list[Any], report: Path, what: str) -> None:
     """Build the report and print its time and size."""
     start, cpu = time.perf_counter(), time.process_time()
-    write_html(summary, pngs, report)
+    write_html(summary, pngs, report, cache=cache_dir(report))
     files = [p for p in files_dir(report).glob("*") if p.is_file()]
     print(
         f"{what}: {_since(start)} wall, {time.process_time() - cpu:.1f} s CPU in this process "

@@ -178,7 +178,8 @@ def build_summary(
     plots = report.write_plots(summary, summary_dir / "plots")
     # report_files/ always exists: the workflow declares it (empty when the page holds its blobs)
     report.files_dir(summary_dir / "report.html").mkdir(parents=True, exist_ok=True)
-    report.write_html(summary, plots, summary_dir / "report.html")
+    page = summary_dir / "report.html"
+    report.write_html(summary, plots, page, cache=report.cache_dir(page))
     write_summary_json(cell_jsons, summary_dir / "summary.json")
     return summary
 

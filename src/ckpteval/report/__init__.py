@@ -42,6 +42,7 @@ __all__ = [
     "_lengths_figure",
     "_steps_figure",
     "_truncation_figure",
+    "cache_dir",
     "files_dir",
     "render_html",
     "write_html",
@@ -65,6 +66,12 @@ def render_html(
 EXTERNAL_BLOBS = 20_000_000
 
 
+def cache_dir(path: Path) -> Path:
+    """Where the aggregate step keeps, between builds, what the report at `path` read of each
+    cell: `report.html` -> `.report_cache/` beside it (not part of the report)."""
+    return path.with_name(f".{path.stem}_cache")
+
+
 def files_dir(path: Path) -> Path:
     """Where the report at `path` keeps its blobs when they are too large for it:
     `report.html` -> `report_files/` beside it."""
@@ -78,12 +85,15 @@ def write_html(
     focus: tuple[str, ...] | None = None,
     *,
     external_blobs: int = EXTERNAL_BLOBS,
+    cache: Path | None = None,
 ) -> None:
     """Write the report (atomically: a reader never sees half a file). When its blobs exceed
     `external_blobs` characters they go to `files_dir(path)`, written before the page that
-    loads them; otherwise the page holds them (and that directory, if there, is emptied)."""
+    loads them; otherwise the page holds them (and that directory, if there, is emptied).
+    `cache`: a directory where the build keeps what it read of each cell, so that the next
+    build reads only the cells whose files changed (`ckpteval.report.cache`)."""
     del plots
-    payload = build_payload(summary, focus)
+    payload = build_payload(summary, focus, cache)
     tables = table_sections(summary)
     directory = files_dir(path)
     external = sum(map(len, payload.blobs.values())) > external_blobs
