@@ -9,12 +9,14 @@ step, with a dip at two steps.
 
 Printed: writing the files (not a target), the aggregate's tables (`summarize`, not a target),
 the PNG plots (not a target), the report build (`write_html`; target < 60 s at 1,000 checkpoints,
-10M samples), the page's size and that of the blob files beside it (a report whose blobs exceed
-`ckpteval.report.EXTERNAL_BLOBS` keeps them in `report_files/`), and in Chromium the time until
-the overview is drawn (target < 3 s), until the page is ready and until a drill-down with its
-completions is shown.
+10M samples) and a rebuild of the same cells from the cache the first left (`cache_dir`;
+what the aggregate step does after each new checkpoint), the page's size and that of the blob
+files beside it (a report whose blobs exceed `ckpteval.report.EXTERNAL_BLOBS` keeps them in
+`report_files/`), and in Chromium the time until the overview is drawn (target < 3 s), until
+the page is ready and until a drill-down with its completions is shown.
 
-Usage: python bench/report.py [--keep DIR] [--ckpts 100] [--tasks 20] [--problems 500] [--no-plots]
+Usage: python bench/report.py [--keep DIR] [--ckpts 100] [--tasks 20] [--problems 500]
+[--no-plots]
 (--keep DIR: write the sweep there and keep it; a later run with the same DIR reuses it, and
 its aggregate tables, pickled there: at 10M samples they take longer than everything else;
 --no-plots: skip the PNG plots, which the report does not use)
