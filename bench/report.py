@@ -9,7 +9,7 @@ step, with a dip at two steps.
 
 Printed: writing the files (not a target), the aggregate's tables (`summarize`, not a target),
 the PNG plots (not a target), the report build (`write_html`; target < 60 s at 1,000 checkpoints,
-10M samples) and a rebuild of the same cells from the cache the first left (`cache_dir`;
+10M samples) and a rebuild of the same cells from the cache the first left (`cache`;
 what the aggregate step does after each new checkpoint), the page's size and that of the blob
 files beside it (a report whose blobs exceed `ckpteval.report.EXTERNAL_BLOBS` keeps them in
 `report_files/`), and in Chromium the time until the overview is drawn (target < 3 s), until
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ckpteval.report import cache_dir, files_dir, write_html, write_plots
+from ckpteval.report import files_dir, write_html, write_plots
 from ckpteval.report.page import CHROMIUM_ARGS
 from ckpteval.summary import summarize
 
@@ -215,7 +215,7 @@ def run(root: Path, ckpts: int, tasks: int, problems: int, *, plots: bool = True
         pngs = write_plots(summary, root / "summary" / "plots")
         print(f"PNG plots ({len(pngs)}): {_since(start)}")
     report = root / "summary" / "report.html"
-    shutil.rmtree(cache_dir(report), ignore_errors=True)  # the first build: nothing kept yet
+    shutil.rmtree(root / "report_cache", ignore_errors=True)  # the first build: nothing kept yet
     build(summary, pngs, report, "report build")
     # the aggregate step reruns after each new checkpoint: the same build again
     build(summary, pngs, report, "report rebuild (same cells)")
@@ -230,7 +230,7 @@ def run(root: Path, ckpts: int, tasks: int, problems: int, *, plots: bool = True
 def build(summary: Any, pngs: list[Any], report: Path, what: str) -> None:
     """Build the report and print its time and size."""
     start, cpu = time.perf_counter(), time.process_time()
-    write_html(summary, pngs, report, cache=cache_dir(report))
+    write_html(summary, pngs, report, cache=report.parent.parent / "report_cache")
     files = [p for p in files_dir(report).glob("*") if p.is_file()]
     print(
         f"{what}: {_since(start)} wall, {time.process_time() - cpu:.1f} s CPU in this process "

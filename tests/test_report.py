@@ -400,11 +400,11 @@ def _completions(page: str) -> set[str]:
 def test_a_rebuild_reads_only_the_cells_whose_files_changed(
     tmp_path: Path, sweep: list[Path]
 ) -> None:
-    """With a cache (what build_summary passes) a rebuild gives the page a build without one
+    """With a cache (what the aggregate step passes) a rebuild gives the page a build without one
     gives; a cell whose generation file changed is read again, one whose file kept its size
     and time is not (the key is the files' identity); a cell no longer summarized leaves no
     entry."""
-    from ckpteval.report import cache_dir, render_html, write_html
+    from ckpteval.report import render_html, write_html
     from ckpteval.report.samples import generation_path
 
     generations = {}
@@ -420,7 +420,7 @@ def test_a_rebuild_reads_only_the_cells_whose_files_changed(
         generations[path] = gen
     summary = summarize(sweep, bootstrap=50)
     page = tmp_path / "out" / "report.html"
-    cache = cache_dir(page)
+    cache = tmp_path / "cache"
     expected = render_html(summary)
     write_html(summary, [], page, cache=cache)
     assert page.read_text() == expected

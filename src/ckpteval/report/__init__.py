@@ -42,7 +42,6 @@ __all__ = [
     "_lengths_figure",
     "_steps_figure",
     "_truncation_figure",
-    "cache_dir",
     "files_dir",
     "render_html",
     "write_html",
@@ -64,12 +63,6 @@ def render_html(
 #: a browser parses a page of hundreds of megabytes for many seconds before drawing anything.
 #: Below it the report is one file, which `snakemake --report` and a mail attachment keep whole.
 EXTERNAL_BLOBS = 20_000_000
-
-
-def cache_dir(path: Path) -> Path:
-    """Where the aggregate step keeps, between builds, what the report at `path` read of each
-    cell: `report.html` -> `.report_cache/` beside it (not part of the report)."""
-    return path.with_name(f".{path.stem}_cache")
 
 
 def files_dir(path: Path) -> Path:

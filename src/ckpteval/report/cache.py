@@ -9,7 +9,8 @@ or regenerated cell has a new key, so its entry is never reused. A task's prompt
 every checkpoint) are kept once per task. Entries this build did not use are removed, so the
 cache holds the cells of the last build only.
 
-Layout of the directory (`.report_cache/` beside `report.html`, written by `build_summary`):
+Layout of the directory (the aggregate step's `staging/_report_cache/`, `ckpteval aggregate`'s
+`.summary_report_cache/` beside the summary):
 `<key>.json` per cell (`{"blob": str, "verdicts": [[task_id, passed, n], ...], "raw": {...}}`)
 and `prompts-<task hash>.json` per task (`{"task": str, "prompts": {task_id: prompt}}`).
 """
