@@ -9,13 +9,17 @@ step, with a dip at two steps.
 
 Printed: writing the files (not a target), the aggregate's tables (`summarize`, not a target),
 the PNG plots (not a target), the report build (`write_html`; target < 60 s at 1,000 checkpoints,
-10M samples), the page's size and that of the blob files beside it (a report whose blobs exceed
-`ckpteval.report.EXTERNAL_BLOBS` keeps them in `report_files/`), and in Chromium the time until
-the overview is drawn (target < 3 s), until the page is ready and until a drill-down with its
-completions is shown.
+10M samples) and a rebuild of the same cells from the cache the first left (`cache`;
+what the aggregate step does after each new checkpoint), the page's size and that of the blob
+files beside it (a report whose blobs exceed `ckpteval.report.EXTERNAL_BLOBS` keeps them in
+`report_files/`), and in Chromium the time until the overview is drawn (target < 3 s), until
+the page is ready and until a drill-down with its completions is shown.
 
 Usage: python bench/report.py [--keep DIR] [--ckpts 100] [--tasks 20] [--problems 500]
-(--keep DIR: write the sweep there and keep it; a later run with the same DIR reuses it)
+[--no-plots]
+(--keep DIR: write the sweep there and keep it; a later run with the same DIR reuses it, and
+its aggregate tables, pickled there: at 10M samples they take longer than everything else;
+--no-plots: skip the PNG plots, which the report does not use)
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -44,30 +49,54 @@ def write_sweep(root: Path, ckpts: int, tasks: int, problems: int) -> list[Path]
     for t in range(tasks):
         task = f"task{t:02d}"
         difficulty = rng.normal(0.3 * (t % 4), 1.0, problems)
+        prompts = [json.dumps(_prompt(task, p)) for p in range(problems)]
         for step in steps:
             skill = -1.5 + 3.0 * step / steps[-1] - (0.6 if step in (3000, 7000) else 0.0)
             passed = rng.random(problems) < 1.0 / (1.0 + np.exp(difficulty - skill))
             ckpt = "base" if step == 0 else f"step_{step}"
-            paths.append(_write_cell(root, rng, ckpt, step, task, passed))
+            paths.append(_write_cell(root, rng, ckpt, step, task, passed, prompts))
     return paths
 
 
 def _write_cell(
-    root: Path, rng: np.random.Generator, ckpt: str, step: int, task: str, passed: np.ndarray
+    root: Path,
+    rng: np.random.Generator,
+    ckpt: str,
+    step: int,
+    task: str,
+    passed: np.ndarray,
+    prompts: list[str],
 ) -> Path:
+    """One cell's three files. The lines are formatted from templates (what `json.dumps` of
+    `_generation` and `_score` would write; the prompt is JSON-encoded once per task): at 10M
+    samples a `json.dumps` per line took longer than the report build it feeds."""
     rel = Path("r") / ckpt / task / "greedy-s1"
     scores, generations = root / "scores" / rel, root / "generations" / rel
     scores.parent.mkdir(parents=True, exist_ok=True)
     generations.parent.mkdir(parents=True, exist_ok=True)
-    consts = rng.integers(2, 99, (len(passed), 3))
-    with (
-        open(generations.with_suffix(".jsonl"), "w") as gen,
-        open(scores.with_suffix(".jsonl"), "w") as out,
-    ):
-        for p, ok in enumerate(passed):
-            a, b, c = (int(v) for v in consts[p])
-            gen.write(json.dumps(_generation(task, p, a, b, c)) + "\n")
-            out.write(json.dumps(_score(f"{task}/{p}", bool(ok), a, b)) + "\n")
+    consts = rng.integers(2, 99, (len(passed), 3)).tolist()
+    gen_lines, score_lines = [], []
+    for p, ((a, b, c), ok) in enumerate(zip(consts, passed.tolist())):
+        completion = (
+            f"    total = 0\\n    for x in xs:\\n        if x % {a} == {b % a}:\\n"
+            f"            total += x * {c}\\n    return total\\n"
+        )
+        gen_lines.append(
+            f'{{"task_id": "{task}/{p}", "sample_idx": 0, "prompt": {prompts[p]}, '
+            f'"completion": "{completion}", "finish_reason": "stop", '
+            f'"completion_tokens": {40 + a % 7}}}\n'
+        )
+        score_lines.append(
+            f'{{"task_id": "{task}/{p}", "sample_idx": 0, "passed": true, "score": 1.0, '
+            '"error_type": null, "stderr_tail": ""}\n'
+            if ok
+            else f'{{"task_id": "{task}/{p}", "sample_idx": 0, "passed": false, "score": 0.0, '
+            '"error_type": "runtime_error", "stderr_tail": "Traceback (most recent call '
+            f'last):\\n  File \\"test.py\\", line {a}, in check\\nAssertionError: '
+            f'expected {a * b}, got {a + b}"}}\n'
+        )
+    generations.with_suffix(".jsonl").write_text("".join(gen_lines))
+    scores.with_suffix(".jsonl").write_text("".join(score_lines))
     n = len(passed)
     value = float(passed.mean())
     cell = {
@@ -90,42 +119,13 @@ def _write_cell(
     return scores.with_suffix(".json")
 
 
-def _generation(task: str, p: int, a: int, b: int, c: int) -> dict:
-    prompt = (
+def _prompt(task: str, p: int) -> str:
+    return (
         f'def solve_{p}(xs: list[int]) -> int:\n    """{task} problem {p}: given a list of '
         "integers, return the sum of the elements that leave the given remainder, each "
         "multiplied by the factor stated in the tests. Examples:\n    >>> solve([1, 2, 3])\n"
         '    6\n    >>> solve([])\n    0\n    """\n'
     )
-    completion = (
-        f"    total = 0\n    for x in xs:\n        if x % {a} == {b % a}:\n"
-        f"            total += x * {c}\n    return total\n"
-    )
-    return {
-        "task_id": f"{task}/{p}",
-        "sample_idx": 0,
-        "prompt": prompt,
-        "completion": completion,
-        "finish_reason": "stop",
-        "completion_tokens": 40 + a % 7,
-    }
-
-
-def _score(task_id: str, ok: bool, a: int, b: int) -> dict:
-    tail = (
-        ""
-        if ok
-        else f'Traceback (most recent call last):\n  File "test.py", line {a}, in check\n'
-        f"AssertionError: expected {a * b}, got {a + b}"
-    )
-    return {
-        "task_id": task_id,
-        "sample_idx": 0,
-        "passed": ok,
-        "score": float(ok),
-        "error_type": None if ok else "runtime_error",
-        "stderr_tail": tail,
-    }
 
 
 def open_in_chromium(path: Path) -> tuple[float, float, float]:
@@ -178,6 +178,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--problems", type=int, default=500)
     parser.add_argument("--open", type=Path, help="only open this report in Chromium")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     args = parser.parse_args()
     if args.open:
         overview, ready, drill = open_in_chromium(args.open)
@@ -185,13 +186,13 @@ def main() -> None:
         return
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-report-"))
     try:
-        run(root, args.ckpts, args.tasks, args.problems)
+        run(root, args.ckpts, args.tasks, args.problems, plots=not args.no_plots)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def run(root: Path, ckpts: int, tasks: int, problems: int) -> None:
+def run(root: Path, ckpts: int, tasks: int, problems: int, *, plots: bool = True) -> None:
     start = time.perf_counter()
     if (root / "scores").is_dir():  # --keep DIR of an earlier run: reuse its files
         paths = sorted((root / "scores").glob("*/*/*/*.json"))
@@ -200,26 +201,42 @@ def run(root: Path, ckpts: int, tasks: int, problems: int) -> None:
         paths = write_sweep(root, ckpts, tasks, problems)
         print(f"wrote {len(paths)} cells, {len(paths) * problems} samples: {_since(start)}")
     start = time.perf_counter()
-    summary = summarize(paths, bootstrap=200)
-    print(f"aggregate tables (summarize, bootstrap 200): {_since(start)}")
-    start = time.perf_counter()
-    plots = write_plots(summary, root / "summary" / "plots")
-    print(f"PNG plots ({len(plots)}): {_since(start)}")
-    start, cpu = time.perf_counter(), time.process_time()
+    cached = root / "summary.pickle"
+    if cached.is_file():
+        summary = pickle.loads(cached.read_bytes())
+        print(f"reusing the aggregate tables in {cached}")
+    else:
+        summary = summarize(paths, bootstrap=200)
+        cached.write_bytes(pickle.dumps(summary))
+        print(f"aggregate tables (summarize, bootstrap 200): {_since(start)}")
+    pngs = []
+    if plots:
+        start = time.perf_counter()
+        pngs = write_plots(summary, root / "summary" / "plots")
+        print(f"PNG plots ({len(pngs)}): {_since(start)}")
     report = root / "summary" / "report.html"
-    write_html(summary, plots, report)
-    files = [p for p in files_dir(report).glob("*") if p.is_file()]
-    print(
-        f"report build: {_since(start)} wall, {time.process_time() - cpu:.1f} s CPU "
-        f"(target < 60 s at 10M samples); page {report.stat().st_size / 1e6:.1f} MB, "
-        f"{len(files)} blob files beside it {sum(p.stat().st_size for p in files) / 1e6:.1f} MB"
-    )
+    shutil.rmtree(root / "report_cache", ignore_errors=True)  # the first build: nothing kept yet
+    build(summary, pngs, report, "report build")
+    # the aggregate step reruns after each new checkpoint: the same build again
+    build(summary, pngs, report, "report rebuild (same cells)")
     overview, ready, drill = open_in_chromium(report)
     print(
         f"chromium: overview drawn at {overview:.2f} s (target < 3 s); whole page read and ready "
         f"at {ready:.2f} s; drill-down with completions at {drill:.2f} s"
     )
     print(f"load average while measuring: {os.getloadavg()[0]:.1f} (2 cores)")
+
+
+def build(summary: Any, pngs: list[Any], report: Path, what: str) -> None:
+    """Build the report and print its time and size."""
+    start, cpu = time.perf_counter(), time.process_time()
+    write_html(summary, pngs, report, cache=report.parent.parent / "report_cache")
+    files = [p for p in files_dir(report).glob("*") if p.is_file()]
+    print(
+        f"{what}: {_since(start)} wall, {time.process_time() - cpu:.1f} s CPU in this process "
+        f"(target < 60 s at 10M samples); page {report.stat().st_size / 1e6:.1f} MB, "
+        f"{len(files)} blob files beside it {sum(p.stat().st_size for p in files) / 1e6:.1f} MB"
+    )
 
 
 def _since(start: float) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 
@@ -387,3 +388,56 @@ def test_a_large_report_keeps_its_blobs_in_files_the_page_loads(
         assert decode_blob(match.group(2)) == _blob(one_file, blob_id)
     write_html(summary, [], path)  # small: one file again
     assert "id='blob-" in path.read_text() and not list(files_dir(path).iterdir())
+
+
+def _completions(page: str) -> set[str]:
+    """Every completion in the cell blobs of a one-file report."""
+    data = page_data(page)
+    ids = [cell["id"] for group in data["groups"] for cells in group["cells"] for cell in cells]
+    return {text for i in ids for text in _blob(page, i)["g"].get("completion", [])}
+
+
+def test_a_rebuild_reads_only_the_cells_whose_files_changed(
+    tmp_path: Path, sweep: list[Path]
+) -> None:
+    """With a cache (what the aggregate step passes) a rebuild gives the page a build without one
+    gives; a cell whose generation file changed is read again, one whose file kept its size
+    and time is not (the key is the files' identity); a cell no longer summarized leaves no
+    entry."""
+    from ckpteval.report import render_html, write_html
+    from ckpteval.report.samples import generation_path
+
+    generations = {}
+    for path in sweep:
+        rows = [json.loads(line) for line in path.with_suffix(".jsonl").read_text().splitlines()]
+        lines = [
+            {**r, "prompt": f"solve {r['task_id']}", "completion": f"old {path.parent.parent.name}"}
+            for r in rows
+        ]
+        gen = generation_path(path)
+        gen.parent.mkdir(parents=True, exist_ok=True)
+        gen.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        generations[path] = gen
+    summary = summarize(sweep, bootstrap=50)
+    page = tmp_path / "out" / "report.html"
+    cache = tmp_path / "cache"
+    expected = render_html(summary)
+    write_html(summary, [], page, cache=cache)
+    assert page.read_text() == expected
+    assert len(list(cache.glob("*.json"))) == len(sweep) + 2  # a prompts file per task
+    write_html(summary, [], page, cache=cache)  # every cell from the cache
+    assert page.read_text() == expected
+
+    gen = generations[sweep[-1]]
+    stat = gen.stat()
+    gen.write_text(gen.read_text().replace("old step_400", "new step_400"))  # same size
+    os.utime(gen, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    write_html(summary, [], page, cache=cache)
+    assert "old step_400" in _completions(page.read_text())
+    os.utime(gen, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    write_html(summary, [], page, cache=cache)
+    assert "new step_400" in _completions(page.read_text())
+    assert page.read_text() == render_html(summary)
+
+    write_html(summarize(sweep[1:], bootstrap=50), [], page, cache=cache)
+    assert len(list(cache.glob("*.json"))) == len(sweep) - 1 + 2

@@ -447,11 +447,11 @@ def test_several_checkpoints_side_by_side_with_blobs_loaded_from_files(
     view.close()
 
 
-def test_a_long_checkpoint_table_gets_every_row_after_the_overview(
+def test_a_long_checkpoint_table_gets_every_row_as_the_reader_scrolls(
     browser: Any, tmp_path: Path
 ) -> None:
-    """Past the first 100 checkpoints the table's rows are added once the overview is drawn:
-    by "ready" all are there, and a late row's cell still opens its provenance."""
+    """Past the first 100 checkpoints the table's rows are added as the reader scrolls near
+    its end, and all of them before a sort; a late row's cell still opens its provenance."""
     for step in range(0, 120):
         ckpt = "base" if step == 0 else f"step_{step}"
         samples = [(f"p{i}", 0, (i + step) % 3 == 0) for i in range(3)]
@@ -467,10 +467,18 @@ def test_a_long_checkpoint_table_gets_every_row_after_the_overview(
             is_baseline=step == 0,
         )
     build_summary(sorted((tmp_path / "scores").glob("*/*/*/*.json")), tmp_path / "s", bootstrap=20)
+    every_row = "document.querySelectorAll('#ckpt-task tbody tr').length === 120"
     view = Page(browser)
     page = view.open(tmp_path / "s" / "report.html")
-    assert page.locator("#ckpt-task tbody tr").count() == 120
+    page.locator("#ckpt-task tbody tr").last.scroll_into_view_if_needed()
+    page.wait_for_function(every_row, timeout=10_000)
     page.click("#ckpt-task tr[data-ckpt='step_115'] td[data-prov]")
     page.wait_for_selector("#provenance:not([hidden])")
     assert "scores/r/step_115/code/greedy-s42.json" in page.locator("#provenance").inner_text()
+    view.close()
+    view = Page(browser)
+    page = view.open(tmp_path / "s" / "report.html")
+    assert page.locator("#ckpt-task tbody tr").count() < 120  # not scrolled: the first rows
+    page.click("#ckpt-task th[data-col='code']")
+    assert page.evaluate(every_row)
     view.close()

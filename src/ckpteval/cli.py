@@ -92,6 +92,7 @@ def _run_aggregate(args: argparse.Namespace) -> int:
                 if run.get("train_logs")
             },
             sampling=config.get("sampling") or {},
+            report_cache=summary.parent / f".{summary.name}_report_cache",
         )
         publish_summary(built, [summary / p.name for p in built.iterdir()])
     finally:

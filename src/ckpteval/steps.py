@@ -421,6 +421,8 @@ def aggregate(smk: Any) -> None:
         # the sampling configs by name, to compare with the trainer's validation settings (a
         # param: a changed one regenerates its cells, which rebuilds the summary anyway)
         sampling=dict(getattr(smk.params, "sampling", None) or {}),
+        # beside the staging directory, which Snakemake empties before each build
+        report_cache=Path(smk.output.staged).parent / "_report_cache",
     )
 
 

@@ -140,6 +140,7 @@ def build_summary(
     main_metric: Mapping[str, str] | None = None,
     train_logs: Mapping[str, Mapping[str, Any]] | None = None,
     sampling: Mapping[str, Mapping[str, Any]] | None = None,
+    report_cache: Path | None = None,
 ) -> Summary:
     """Build `summary_dir` from the cell jsons (see the module docstring for what is written);
     return what was built.
@@ -153,7 +154,9 @@ def build_summary(
     cell's score is flagged as a lower bound.
     `train_logs` maps a run to its `train_logs` setting (`path`, `val_kwargs`, ...), whose curves
     are put beside the cells' metrics; `sampling` the sampling configs by name, to say which
-    of the trainer's validation settings differ."""
+    of the trainer's validation settings differ. `report_cache`: a directory outside
+    `summary_dir` where the report keeps what it read of each cell for the next build
+    (`ckpteval.report.cache`; None: nothing kept)."""
     threshold = _checked_settings(bootstrap, truncation_threshold)
     summary_dir = Path(summary_dir)
     summary = summarize(
@@ -178,7 +181,7 @@ def build_summary(
     plots = report.write_plots(summary, summary_dir / "plots")
     # report_files/ always exists: the workflow declares it (empty when the page holds its blobs)
     report.files_dir(summary_dir / "report.html").mkdir(parents=True, exist_ok=True)
-    report.write_html(summary, plots, summary_dir / "report.html")
+    report.write_html(summary, plots, summary_dir / "report.html", cache=report_cache)
     write_summary_json(cell_jsons, summary_dir / "summary.json")
     return summary
 

@@ -78,12 +78,15 @@ def write_html(
     focus: tuple[str, ...] | None = None,
     *,
     external_blobs: int = EXTERNAL_BLOBS,
+    cache: Path | None = None,
 ) -> None:
     """Write the report (atomically: a reader never sees half a file). When its blobs exceed
     `external_blobs` characters they go to `files_dir(path)`, written before the page that
-    loads them; otherwise the page holds them (and that directory, if there, is emptied)."""
+    loads them; otherwise the page holds them (and that directory, if there, is emptied).
+    `cache`: a directory where the build keeps what it read of each cell, so that the next
+    build reads only the cells whose files changed (`ckpteval.report.cache`)."""
     del plots
-    payload = build_payload(summary, focus)
+    payload = build_payload(summary, focus, cache)
     tables = table_sections(summary)
     directory = files_dir(path)
     external = sum(map(len, payload.blobs.values())) > external_blobs

@@ -29,7 +29,8 @@ from ckpteval.aggregate.tables import (
     truncation_flags,
 )
 from ckpteval.metrics import LENGTH_METRICS
-from ckpteval.report.samples import encode_blob, read_cell_samples
+from ckpteval.report.cache import CellCache
+from ckpteval.report.samples import encode_blob, generation_path, read_cell_samples
 from ckpteval.sandbox import describe_isolation
 
 #: The deltas.csv columns the page reads (the Tables section has them all).
@@ -61,12 +62,17 @@ class Payload:
 
     data: dict[str, Any]
     blobs: dict[str, str] = field(default_factory=dict)
+    #: The verdict matrices (blob id -> matrix), as built, for the build's own use.
+    matrices: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def build_payload(summary: Summary, focus: tuple[str, ...] | None = None) -> Payload:
+def build_payload(
+    summary: Summary, focus: tuple[str, ...] | None = None, cache: Path | None = None
+) -> Payload:
     """Every table the page shows, plus per-cell sample blobs. `focus` is the (ckpt_a, ckpt_b)
     pair the drill-down opens on (`ckpteval compare --html`), as "run:ckpt" labels, and
-    optionally the "task|sampling" it opens on."""
+    optionally the "task|sampling" it opens on. `cache`: a directory where the build keeps
+    what it read of each cell for the next build (`ckpteval.report.cache`)."""
     payload = Payload(
         {
             "title": summary.title,
@@ -83,17 +89,17 @@ def build_payload(summary: Summary, focus: tuple[str, ...] | None = None) -> Pay
             "best": summary.best or None,
         }
     )
-    _add_provenance(summary.tidy, payload)
-    _add_samples(summary, payload)
+    raws = _add_samples(summary, payload, CellCache(cache))
+    _add_provenance(summary.tidy, raws, payload)
     return payload
 
 
-def _add_provenance(tidy: pd.DataFrame, payload: Payload) -> None:
+def _add_provenance(tidy: pd.DataFrame, raws: dict[str, Any], payload: Payload) -> None:
     """Per task a blob of its cells' provenance (`_provenance`), named in the data's
     `provenance` (task -> blob id): read only when a number's provenance is asked for, so the
     overview's data does not grow with it (6 MB at 1,000 checkpoints x 20 tasks)."""
     by_task: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for key, cells in _provenance(tidy).items():
+    for key, cells in _provenance(tidy, raws).items():
         by_task.setdefault(key.rsplit("|", 1)[1], {})[key] = cells
     for index, (task, table) in enumerate(by_task.items()):
         payload.blobs[f"prov{index}"] = encode_blob(table)
@@ -244,54 +250,86 @@ def _hack_flags(seeds: pd.DataFrame) -> list[dict[str, Any]]:
     ]
 
 
-def _provenance(tidy: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
-    """ "run|ckpt|task" -> its cells: file, variant, model hash, scorer version, settings and
-    sandbox (`bwrap (rootless); not counted: ...`)."""
+def _provenance(tidy: pd.DataFrame, raws: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """ "run|ckpt|task" -> its cells: file, variant, model hash, scorer version, and from the
+    cell's json (`raws`: source -> fields) settings and sandbox (`bwrap (rootless); not
+    counted: ...`)."""
     out: dict[str, list[dict[str, Any]]] = {}
     cells = tidy.drop_duplicates("source")
     for row in cells.itertuples(index=False):
-        raw = _read_json(row.source)
         out.setdefault(f"{row.run}|{row.ckpt}|{row.task}", []).append(
             {
                 "variant": row.variant,
                 "source": row.source,
                 "model_hash": row.model_hash,
                 "scorer_version": row.scorer_version,
-                "scoring": raw.get("scoring"),
-                "checker": raw.get("checker"),
-                "sandbox": describe_isolation(raw),
-                "chat_template": raw.get("chat_template"),
-                "generation_file": raw.get("generation_file"),
+                **raws[row.source],
             }
         )
     return out
 
 
-def _add_samples(summary: Summary, payload: Payload) -> None:
-    """Per cell a blob of its samples; per task a blob of its prompts; per (task, sampling) a
-    blob of its verdict matrix and a `groups` entry naming them. A group's checkpoints are
-    "run:ckpt" labels of every run, so any two can be compared, across runs too."""
+def _add_samples(summary: Summary, payload: Payload, cache: CellCache) -> dict[str, Any]:
+    """Per cell a blob of its samples; per task a blob of the prompts of its problems; per
+    (task, sampling) a blob of its verdict matrix and a `groups` entry naming them. A group's
+    checkpoints are "run:ckpt" labels of every run, so any two can be compared, across runs
+    too. A cell whose files `cache` has seen is not read again. Returns each cell's fields of
+    its json that the provenance shows (source -> fields)."""
     tidy = summary.tidy.drop_duplicates("source")
     groups: dict[tuple[str, str], dict[str, Any]] = {}
-    prompts: dict[str, dict[str, Any]] = {}
+    raws: dict[str, Any] = {}
     for index, row in enumerate(tidy.itertuples(index=False)):
-        task_prompts = prompts.setdefault(row.task, {})
-        samples = read_cell_samples(row.source, task_prompts)
+        entry = _cell_entry(row.source, row.task, cache)
         cell_id = f"c{index}"
-        payload.blobs[cell_id] = encode_blob(samples.blob())
-        for task_id, prompt in samples.prompts.items():
-            task_prompts.setdefault(task_id, prompt)
+        payload.blobs[cell_id] = entry["blob"]
+        raws[row.source] = entry["raw"]
         group = groups.setdefault((row.task, row.sampling), {})
         ckpt = group.setdefault(f"{row.run}:{row.ckpt}", {"cells": [], "counts": {}})
         ckpt["cells"].append({"id": cell_id, "variant": row.variant})
-        for task_id, (passed, n) in samples.verdicts.items():
-            old = ckpt["counts"].get(task_id, (0, 0))
-            ckpt["counts"][task_id] = (old[0] + passed, old[1] + n)
-    for task, table in prompts.items():
-        payload.blobs[f"p-{task}"] = encode_blob(table)
+        counts = ckpt["counts"]
+        verdicts = {task_id: (passed, n) for task_id, passed, n in entry["verdicts"]}
+        if not counts:  # the checkpoint's first cell (most often its only one)
+            ckpt["counts"] = verdicts
+            continue
+        for task_id, (passed, n) in verdicts.items():
+            old = counts.get(task_id, _NONE)
+            counts[task_id] = (old[0] + passed, old[1] + n)
     payload.data["groups"] = [
         _group(payload, index, key, ckpts) for index, (key, ckpts) in enumerate(groups.items())
     ]
+    for task in dict.fromkeys(task for task, _ in groups):
+        known = cache.task_prompts(task)
+        shown = set().union(*(g["problems"] for g in _matrices(payload, task)))
+        payload.blobs[f"p-{task}"] = encode_blob({k: v for k, v in known.items() if k in shown})
+    cache.close()
+    return raws
+
+
+def _cell_entry(source: str, task: str, cache: CellCache) -> dict[str, Any]:
+    """The cell's blob, verdict counts and provenance fields: from `cache` when its files are
+    the ones it saw, else read (and kept there), its prompts added to the task's."""
+    key = cache.key(
+        source, [Path(source), Path(source).with_suffix(".jsonl"), generation_path(source)]
+    )
+    entry = cache.get(key)
+    if entry is not None:
+        return entry
+    samples = read_cell_samples(source, cache.task_prompts(task))
+    cache.add_prompts(task, samples.prompts)
+    raw = _read_json(source)
+    entry = {
+        "blob": encode_blob(samples.blob()),
+        "verdicts": [[task_id, *counts] for task_id, counts in samples.verdicts.items()],
+        "raw": {
+            "scoring": raw.get("scoring"),
+            "checker": raw.get("checker"),
+            "sandbox": describe_isolation(raw),
+            "chat_template": raw.get("chat_template"),
+            "generation_file": raw.get("generation_file"),
+        },
+    }
+    cache.put(key, entry)
+    return entry
 
 
 def _group(
@@ -299,14 +337,16 @@ def _group(
 ) -> dict[str, Any]:
     """One (task, sampling): its checkpoints' cells and the verdict-matrix blob, whose
     `passed[c][p]` / `n[c][p]` are checkpoint c's passed and scored samples of problem p."""
-    problems = sorted({p for c in ckpts.values() for p in c["counts"]}, key=_natural)
+    problems = sorted(set().union(*(c["counts"] for c in ckpts.values())), key=_natural)
+    rows = [[c["counts"].get(p, _NONE) for p in problems] for c in ckpts.values()]
     matrix = {
         "problems": problems,
-        "passed": [[c["counts"].get(p, (0, 0))[0] for p in problems] for c in ckpts.values()],
-        "n": [[c["counts"].get(p, (0, 0))[1] for p in problems] for c in ckpts.values()],
+        "passed": [[passed for passed, _ in row] for row in rows],
+        "n": [[n for _, n in row] for row in rows],
     }
     blob = f"v{index}"
     payload.blobs[blob] = encode_blob(matrix)
+    payload.matrices[blob] = matrix
     task, sampling = key
     return {
         "task": task,
@@ -316,6 +356,15 @@ def _group(
         "verdicts": blob,
         "prompts": f"p-{task}",
     }
+
+
+#: A problem's (passed, scored) samples at a checkpoint that has none of it.
+_NONE = (0, 0)
+
+
+def _matrices(payload: Payload, task: str) -> list[dict[str, Any]]:
+    """The verdict matrices of `task`'s groups."""
+    return [payload.matrices[g["verdicts"]] for g in payload.data["groups"] if g["task"] == task]
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:

@@ -65,34 +65,48 @@ def read_cell_samples(source: str | Path, known_prompts: Container[str] = ()) ->
     """A cell's score lines (scalar fields) and generation lines (scalar fields and the texts),
     read with Arrow's JSON reader (a file it rejects is read line by line)."""
     scores = _read_columns(Path(source).with_suffix(".jsonl"))
-    scores = {k: v for k, v in scores.items() if k != "prompt" and _scalar(v)}
+    scores = {k: v for k, v in scores.items() if k != "prompt" and v is not _NESTED}
     gen_path = generation_path(source)
-    generations = _read_columns(gen_path) if gen_path.is_file() else {}
+    generations = _read_columns(gen_path, _KEPT) if gen_path.is_file() else {}
     prompts: dict[str, Any] = {}
     ids = generations.get("task_id", [])
-    if "prompt" in generations and any(str(i) not in known_prompts for i in ids):
-        for task_id, prompt in zip(ids, generations["prompt"]):
+    column = generations.pop("prompt", None)
+    if column is not None and not all(map(known_prompts.__contains__, map(str, ids))):
+        texts = column if isinstance(column, list) else _column(column)
+        for task_id, prompt in zip(ids, texts):
             prompts.setdefault(str(task_id), _cut(prompt))
-    generations = {
-        k: v
-        for k, v in generations.items()
-        if k in GENERATION_FIELDS or k != "prompt" and _scalar(v)
-    }
+    generations = {k: v for k, v in generations.items() if v is not _NESTED}
     note = "" if generations else f"no generation file at {gen_path}"
     return CellSamples(scores, generations, _verdicts(scores), prompts, note)
 
 
+#: `_read_columns`' value for a column of lists or objects (a list of tests), which a blob
+#: leaves out, unless the column is one of `_KEPT`.
+_NESTED: Any = object()
+#: The generation columns kept whatever they hold (a chat prompt is a list of messages).
+_KEPT = frozenset({"prompt", *GENERATION_FIELDS})
+
+
 def _verdicts(scores: Columns) -> dict[str, tuple[int, int]]:
+    """task_id -> (samples that passed, samples): a dict built in one pass (at 10M samples a
+    report's build spent seconds here)."""
+    ids = [str(i) for i in scores.get("task_id", [])]
+    passed = scores.get("passed") or [None] * len(ids)
+    if len(set(ids)) == len(ids):  # one sample per problem: the usual greedy cell
+        return {i: (int(p is True), 1) for i, p in zip(ids, passed)}
     counts: dict[str, list[int]] = {}
-    for task_id, passed in zip(scores.get("task_id", []), scores.get("passed", [])):
-        count = counts.setdefault(str(task_id), [0, 0])
-        count[0] += passed is True
+    for task_id, ok in zip(ids, passed):
+        count = counts.setdefault(task_id, [0, 0])
+        count[0] += ok is True
         count[1] += 1
     return {k: (v[0], v[1]) for k, v in counts.items()}
 
 
-def _read_columns(path: Path) -> Columns:
-    """Every field of a JSONL file as a column (null where a line lacks it), long texts cut."""
+def _read_columns(path: Path, kept: Container[str] = ()) -> dict[str, Any]:
+    """Every field of a JSONL file as a column (null where a line lacks it), long texts cut;
+    a column of lists or objects is `_NESTED` unless its name is in `kept` (told by Arrow's
+    type, without looking at the values). The prompts, the same at every checkpoint, are left
+    as Arrow's column (`_column` makes it a list): the caller most often needs none."""
     try:
         size = path.stat().st_size
         table = pa_json.read_json(
@@ -100,10 +114,17 @@ def _read_columns(path: Path) -> Columns:
             read_options=pa_json.ReadOptions(use_threads=False, block_size=max(size + 1, 1 << 16)),
         )
     except (OSError, pa.ArrowInvalid):
-        return _read_columns_slowly(path)
+        return _read_columns_slowly(path, kept)
     if any(pa.types.is_temporal(f.type) for f in table.schema):  # a text Arrow took for a date
-        return _read_columns_slowly(path)
-    return {name: _column(table[name]) for name in table.column_names}
+        return _read_columns_slowly(path, kept)
+    return {
+        name: table[name]
+        if name == "prompt"
+        else _NESTED
+        if name not in kept and pa.types.is_nested(table[name].type)
+        else _column(table[name])
+        for name in table.column_names
+    }
 
 
 def _column(column: pa.ChunkedArray) -> list[Any]:
@@ -115,10 +136,14 @@ def _column(column: pa.ChunkedArray) -> list[Any]:
     return values
 
 
-def _read_columns_slowly(path: Path) -> Columns:
+def _read_columns_slowly(path: Path, kept: Container[str] = ()) -> dict[str, Any]:
     rows = list(_lines(path))
     names = list(dict.fromkeys(name for row in rows for name in row))
-    return {name: [_cut(row.get(name)) for row in rows] for name in names}
+    columns = {name: [_cut(row.get(name)) for row in rows] for name in names}
+    return {
+        name: values if name in kept or _scalar(values) else _NESTED
+        for name, values in columns.items()
+    }
 
 
 def _scalar(values: list[Any]) -> bool:

@@ -119,14 +119,17 @@
     return `<a href='#tables'>${esc(f.text)}</a>`;
   }
 
-  function curveLayers(y, title, tooltip) {
+  // `points`: a marker per checkpoint on the curve (the hover target of its value). The
+  // overview leaves them out above DENSE checkpoints per curve: at 1,000 checkpoints x 20 tasks
+  // drawing 20,000 markers took most of its time, and the table below holds every value.
+  function curveLayers(y, title, tooltip, points = true) {
     const color = { field: "series", type: "nominal", title: "run" };
     const trained = { filter: "!datum.is_baseline && datum.step !== null" };
     return [
       { transform: [trained], mark: { type: "area", opacity: 0.2 },
         encoding: { x: { field: "step", type: "quantitative", title: "training step" },
           y: { field: "lo", type: "quantitative", title }, y2: { field: "hi" }, color } },
-      { transform: [trained], mark: { type: "line", point: true },
+      { transform: [trained], mark: { type: "line", point: points },
         encoding: { x: { field: "step", type: "quantitative" }, y: { field: y, type: "quantitative" },
           color, tooltip } },
       { transform: [{ filter: "datum.is_baseline" }], mark: { type: "rule", strokeDash: [4, 3] },
@@ -161,14 +164,52 @@
       document.getElementById("grid").innerHTML = "<p>No scored cells.</p>";
       return Promise.resolve();
     }
-    const [values, tooltip] = withErrors(rows, TOOLTIP);
+    const [thin, points] = thinned(rows);
+    const [values, tooltip] = withErrors(thin, TOOLTIP);
+    if (!points) {
+      document.getElementById("grid").insertAdjacentHTML("beforebegin", "<p class='note' " +
+        `id='grid-dense'>More than ${DENSE} checkpoints per curve: drawn without a marker per ` +
+        `checkpoint, through the lowest and the highest value of each of ${BUCKETS} equal ` +
+        "stretches of steps (every drop and baseline kept); the table below has every value.</p>");
+    }
     return embed("#grid", {
       data: { values },
       facet: { field: "task", type: "nominal", title: null, sort: D.tasks.map((t) => t.task) },
       columns: 4,
-      spec: { width: 240, height: 140, layer: curveLayers("mean", "main metric", tooltip) },
+      spec: { width: 240, height: 140, layer: curveLayers("mean", "main metric", tooltip, points) },
       resolve: { scale: { y: "independent" } },
     });
+  }
+
+  const DENSE = 150;
+  const BUCKETS = 120;
+  // The small multiples' rows, and whether each checkpoint gets a marker. A curve of more than
+  // DENSE checkpoints keeps, per BUCKETS equal stretches of its steps, the rows of its lowest
+  // and its highest value (a panel is 240 pixels wide: the same line to the eye), plus every
+  // baseline, drop and row without a step: at 1,000 checkpoints x 20 tasks Vega's dataflow
+  // over every row was most of the overview's time.
+  function thinned(rows) {
+    const curves = new Map();
+    for (const r of rows) {
+      const key = `${r.task}\u0000${r.series}`;
+      if (!curves.has(key)) curves.set(key, []);
+      curves.get(key).push(r);
+    }
+    if (Math.max(...Array.from(curves.values(), (c) => c.length)) <= DENSE) return [rows, true];
+    const kept = new Set();
+    for (const curve of curves.values()) {
+      const steps = curve.filter((r) => r.step !== null).map((r) => r.step);
+      const low = Math.min(...steps), span = Math.max(...steps) - low || 1;
+      const lowest = new Map(), highest = new Map();
+      for (const r of curve) {
+        if (r.is_baseline || r.drop || r.step === null || r.mean === null) { kept.add(r); continue; }
+        const b = Math.min(BUCKETS - 1, Math.floor(((r.step - low) / span) * BUCKETS));
+        if (!lowest.has(b) || r.mean < lowest.get(b).mean) lowest.set(b, r);
+        if (!highest.has(b) || r.mean > highest.get(b).mean) highest.set(b, r);
+      }
+      for (const r of [...lowest.values(), ...highest.values()]) kept.add(r);
+    }
+    return [rows.filter((r) => kept.has(r)), false];
   }
 
   // Checkpoint x task table ------------------------------------------------------------------
@@ -190,19 +231,35 @@
     const box = document.getElementById("matrix");
     box.innerHTML = `<table id='ckpt-task'><thead>${head}</tr></thead>` +
       `<tbody>${rowsHtml(D.checkpoints.slice(0, FIRST_ROWS))}</tbody></table>`;
-    box.querySelectorAll("th.sortable").forEach((th) => th.addEventListener("click", () => sortBy(th)));
+    // The rows past the first screenful: added MORE_ROWS at a time as the reader scrolls near
+    // the table's end, and all of them before a sort (at 1,000 checkpoints x 20 tasks the
+    // table's 20,000 cells cost the browser a second before the overview showed).
+    const tbody = box.querySelector("tbody");
+    let shown = Math.min(FIRST_ROWS, D.checkpoints.length);
+    const more = (count) => {
+      const next = D.checkpoints.slice(shown, shown + count);
+      shown += next.length;
+      if (next.length) tbody.insertAdjacentHTML("beforeend", rowsHtml(next));
+      return shown < D.checkpoints.length;
+    };
+    const observer = new IntersectionObserver((entries) => {
+      if (!entries.some((e) => e.isIntersecting)) return;
+      observer.disconnect();
+      if (more(MORE_ROWS)) observer.observe(tbody.lastElementChild);
+    }, { rootMargin: "1500px" });
+    if (shown < D.checkpoints.length) observer.observe(tbody.lastElementChild);
+    box.querySelectorAll("th.sortable").forEach((th) => th.addEventListener("click", () => {
+      observer.disconnect();
+      more(Infinity);
+      sortBy(th);
+    }));
     box.addEventListener("click", (e) => {
       const td = e.target.closest("td[data-prov]");
       if (td) showProvenance(td.dataset.prov);
     });
-    // The rows past the first screenful: added once the overview is drawn (at 1,000 checkpoints
-    // they cost a second of the browser's time before anything shows).
-    return () => {
-      if (D.checkpoints.length <= FIRST_ROWS) return;
-      box.querySelector("tbody").insertAdjacentHTML("beforeend", rowsHtml(D.checkpoints.slice(FIRST_ROWS)));
-    };
   }
   const FIRST_ROWS = 100;
+  const MORE_ROWS = 200;
   function matrixRow(c, byKey, range) {
     const step = c.step === null ? -1 : c.step;
     let tr = `<tr data-run='${esc(c.run)}' data-ckpt='${esc(c.ckpt)}'><td data-value='${step}'>${esc(c.run)} ${esc(c.ckpt)}${c.is_baseline ? " (baseline)" : ""}</td>`;
@@ -640,12 +697,11 @@
   // The script runs before the tables and the sample blobs are parsed: the overview first, the
   // views that read blobs once the document is complete.
   renderFlags();
-  const restOfMatrix = renderMatrix();
+  renderMatrix();
   const overview = renderGrid();
-  const matrixDone = overview.then(() => new Promise((resolve) => setTimeout(() => { restOfMatrix(); resolve(); }, 0)));
   const drill = new Promise((resolve) => document.addEventListener("DOMContentLoaded", resolve))
     .then(() => { renderTasks(); initCompare(); initLazySections(); return Promise.all([initSeveral(), initProblem()]); });
-  window.ckptevalReady = Promise.all([overview, drill, matrixDone]).then(() => {
+  window.ckptevalReady = Promise.all([overview, drill]).then(() => {
     document.body.dataset.ready = "yes";
   });
   overview.then(() => { document.body.dataset.overview = "yes"; });
