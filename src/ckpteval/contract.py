@@ -350,10 +350,11 @@ class Identity:
         (ckpteval.freshness), and `settings` is never changed after construction."""
         return sha256_json(self.settings)[:16]
 
-    @property
+    @functools.cached_property
     def text(self) -> str:
         """The job's param: the settings as JSON with sorted keys, so a reordered config gives
-        the same text and `snakemake -n` shows a changed setting by name, old and new."""
+        the same text and `snakemake -n` shows a changed setting by name, old and new. Computed
+        once per identity, as `digest` is: every job of a run's task and variant asks for it."""
         return json.dumps(self.settings, sort_keys=True)
 
     @classmethod

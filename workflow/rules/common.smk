@@ -6,6 +6,8 @@
 import sys
 from pathlib import Path
 
+from snakemake.common import get_function_params, overwrite_function_params
+
 from ckpteval.chat_templates import missing_template_lines
 from ckpteval.config import build_plan, validate_config
 from ckpteval.contract import publish_identity, summary_identity
@@ -88,6 +90,13 @@ def aged(inputs):
     return ancient(str(inputs)) if isinstance(inputs, ByContent) else inputs
 
 
+def signed(function):
+    """An input, params or resource function whose signature Snakemake reads once: it inspects
+    a function's signature twice on every call, per job (7% of a new sweep's dry run)."""
+    overwrite_function_params(function, get_function_params(function))
+    return function
+
+
 def one(path):
     """A single input, or none (None): a list would reach the job as a list."""
     return [] if path is None else path
@@ -95,21 +104,22 @@ def one(path):
 
 def per_checkpoint(ask):
     """An input function: the plan's answer for the job's checkpoint."""
-    return lambda wildcards: aged(ask(wildcards.run, wildcards.ckpt))
+    return signed(lambda wildcards: aged(ask(wildcards.run, wildcards.ckpt)))
 
 
 def per_cell(ask):
-    return lambda wildcards: aged(ask(CellKey.of(wildcards)))
+    return signed(lambda wildcards: aged(ask(CellKey.of(wildcards))))
 
 
 def per_task(ask):
-    return lambda wildcards: aged(ask(wildcards.task))
+    return signed(lambda wildcards: aged(ask(wildcards.task)))
 
 
 def per_sweep(ask):
-    return lambda wildcards: aged(ask())
+    return signed(lambda wildcards: aged(ask()))
 
 
+@signed
 def get_final_outputs(wildcards):
     # A shard (`--config shard=i/n`) scores its own checkpoints; an unsharded run aggregates all.
     # Every file of the summary, every cell's files, the aggregate job's build, assist records,
@@ -121,6 +131,7 @@ def get_final_outputs(wildcards):
     return [*rules.aggregate.output, *rules.summary.output, *SWEEP.cell_files(), *extra]
 
 
+@signed
 def get_checkpoint_source(wildcards):
     sources = SWEEP.checkpoint_source(wildcards.run, wildcards.ckpt)
     if PLAN.checkpoint(wildcards.run, wildcards.ckpt).url:  # on S3: downloaded by Snakemake
@@ -129,18 +140,20 @@ def get_checkpoint_source(wildcards):
 
 
 def get_engine_request_path(group):
-    return lambda wildcards: ENGINES.request_file(group, wildcards)
+    return signed(lambda wildcards: ENGINES.request_file(group, wildcards))
 
 
 def get_infer_priority(group):
-    return lambda wildcards: SWEEP.infer_priority(wildcards.run, wildcards.ckpt, group)
+    return signed(lambda wildcards: SWEEP.infer_priority(wildcards.run, wildcards.ckpt, group))
 
 
+@signed
 def get_infer_attempt(wildcards, attempt):
     """Snakemake's attempt number: a retry after a CUDA OOM asks vLLM for less memory."""
     return attempt
 
 
+@signed
 def get_share_chunks(wildcards):
     """1 when this sweep has assist jobs (a resource, not a param: a spare GPU must not rerun
     the job). A job re-run on a cluster node does not see the profile's resources."""
@@ -149,10 +162,12 @@ def get_share_chunks(wildcards):
     return 1 if config.get("assist", True) else 0
 
 
+@signed
 def get_selftest_identity(wildcards):
     return SWEEP.selftest_identity(wildcards.task, wildcards.key)
 
 
+@signed
 def get_assist_name(wildcards):
     return f"assist-{wildcards.token}-{wildcards.i}"
 
