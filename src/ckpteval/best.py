@@ -29,9 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ckpteval.aggregate.cells import Cell, load_cells, load_samples
+from ckpteval.aggregate.cells import Cell, load_cells, load_samples, zero_counted_lines
 from ckpteval.aggregate.tables import main_metrics
-from ckpteval.errored import zero_counted_lines
 from ckpteval.errors import UserError
 from ckpteval.gate import read_summary_table
 from ckpteval.plan.layout import CellKey, Layout

@@ -22,10 +22,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ckpteval.aggregate.cells import Cell
+from typing import Any
 
 #: Left out of the mean: `n` counts the samples that returned a score.
 EXCLUDED = "excluded"
@@ -122,35 +119,3 @@ def _count(value: Any) -> int:
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def zero_counted_lines(cells: Sequence[Cell], metrics: Mapping[str, str], what: str) -> list[str]:
-    """For `ckpteval best` and `gate`, which average the score lines (where a sample the reward
-    function gave no score has score 0): per (run, ckpt, task) of `cells` with such samples,
-    how many, that `what` counts them as 0, and, for a single cell, what the cell's own main
-    metric (`metrics`: task -> metric) does with them (a reward mean of unknown range leaves
-    them out)."""
-    grouped: dict[tuple[str, str, str], list[Cell]] = {}
-    for cell in cells:
-        grouped.setdefault((cell.key.run, cell.key.ckpt, cell.key.task), []).append(cell)
-    out = []
-    for (run, ckpt, task), group in grouped.items():
-        counts = [k for k in map(_cell_no_score, group) if k]
-        if not counts:
-            continue
-        line = (
-            f"{run}:{ckpt} {task}: the reward function gave no score for "
-            f"{sum(k for k, _ in counts)} of {sum(n for _, n in counts)} samples; {what} counts "
-            "them as 0"
-        )
-        own = group[0].errored.get(metrics[task]) if len(group) == 1 else None
-        out.append(line + (f"; the cell's {own.words(metrics[task])}" if own else ""))
-    return out
-
-
-def _cell_no_score(cell: Cell) -> tuple[int, int] | None:
-    """(errored, all) samples of a loaded cell with errored samples (its `reward_error_rate`)."""
-    value, _, n = cell.metrics.get(REWARD_ERROR_RATE, (math.nan, math.nan, math.nan))
-    if math.isnan(value) or math.isnan(n) or not round(value * n):
-        return None
-    return (round(value * n), int(n))

@@ -38,9 +38,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from ckpteval.aggregate.cells import load_cells, load_samples
+from ckpteval.aggregate.cells import load_cells, load_samples, zero_counted_lines
 from ckpteval.aggregate.tables import main_metrics
-from ckpteval.errored import zero_counted_lines
 from ckpteval.errors import UserError
 from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.stats import drop_p_value, holm, per_problem_means
@@ -140,7 +139,7 @@ def _share(path: Path, key: str, value: Any) -> float:
 def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict], list[str]]:
     """(checkpoint label, reference label, a verdict per (task, sampling) both scored, a line
     per side and gated task whose reward function gave samples no score:
-    `errored.zero_counted_lines`)."""
+    `aggregate.cells.zero_counted_lines`)."""
     tidy = read_summary_table(policy.outdir, "gate")
     run, ckpt = _checkpoint(tidy, *policy.checkpoint)
     ref_run, ref_ckpt = _reference(tidy, run, ckpt, policy.reference)
