@@ -236,6 +236,12 @@ CHEATS = [
         "tampers_with_tests",
     ),  # seen by the test process: a reply the sample's loop never writes
     (
+        "writes a fake reply, then answers after the tests ended",
+        SUM_SQ,
+        HEAD + "os.write(4, b'\\xff' * 8)\ntime.sleep(1)\n",
+        "tampers_with_tests",
+    ),  # its real reply meets a closed pipe: that is no exit of the sample's (a race, seen in CI)
+    (
         "overwrites other samples' files",
         SUM_SQ,
         HEAD + "import glob\nfor path in glob.glob('../*/*'):\n    try:\n"
