@@ -89,15 +89,23 @@ def test_every_module_is_in_the_program_after_those_it_imports_and_no_name_twice
     assert twice == []
 
 
-def test_the_program_is_one_marshalled_tuple_without_the_packages_imports() -> None:
-    """What `write_driver` ships: a code object per module, in order, none importing ckpteval."""
+def test_the_program_is_each_module_compiled_without_the_packages_imports() -> None:
+    """What `write_driver` ships: a code object per module, in order, equal to the module's
+    parsed tree less its top-level relative imports, compiled (the assembly finds them in the
+    text, which must leave every line where it was)."""
     import marshal
 
     codes = marshal.loads(sandbox_driver.program())
     assert [Path(code.co_filename).stem for code in codes] == list(sandbox_driver.MODULES)
-    for code in codes:
+    removed = 0
+    for name, code in zip(sandbox_driver.MODULES, codes, strict=True):
+        tree = ast.parse((PACKAGE / f"{name}.py").read_text())
+        kept = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.level)]
+        removed += len(tree.body) - len(kept)
+        tree.body = kept
+        assert code == compile(tree, code.co_filename, "exec", dont_inherit=True), name
         assert "ckpteval" not in code.co_names
-    assert "_child" in codes[sandbox_driver.MODULES.index("spawn")].co_names
+    assert removed > 20  # the modules' imports of each other, one-line and parenthesised
 
 
 def test_the_assembled_program_judges_unsandboxed() -> None:
