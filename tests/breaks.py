@@ -85,7 +85,7 @@ BREAKS = (
         "a sample sees only its own directory of the batch (here: the whole batch directory)",
         (
             Edit(
-                "src/ckpteval/_sandbox_driver.py",
+                "src/ckpteval/sandbox_driver/isolation.py",
                 'paths = sorted({cwd if p == workdir else p for p in spec["binds"]}, key=len)',
                 'paths = sorted(set(spec["binds"]), key=len)',
             ),

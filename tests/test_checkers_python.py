@@ -161,7 +161,7 @@ def test_sandbox_none_gives_the_same_verdicts(caplog: pytest.LogCaptureFixture) 
 
 
 # The tests run in a process of their own and see the sample's values as plain data (see
-# ckpteval/_sandbox_driver.py): what an in-process test would see must come across unchanged.
+# ckpteval/sandbox_driver/channel.py): what an in-process test would see must come across unchanged.
 VALUES = {
     "task_id": "values/1",
     "test_list": [

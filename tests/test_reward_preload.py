@@ -2,7 +2,7 @@
 
 In the bwrap sandbox the driver imports the installed packages a reward file imports
 (`ckpteval.checkers.reward.preload_modules`) before its first command, and each sample is a fork
-of it that drops privileges and only then runs the file (ckpteval._sandbox_driver). These tests
+of it that drops privileges and only then runs the file (ckpteval.sandbox_driver). These tests
 run the real checker in the real sandbox: no state of one sample's reaches another, a sample that
 attacks its process, its group or its parent fails alone, and a package is imported once per
 batch (counted by the pid that imported it), never the user's own code.

@@ -1,4 +1,4 @@
-"""A reward batch's samples fork from one warm zygote (ckpteval._sandbox_driver, "Warm
+"""A reward batch's samples fork from one warm zygote (ckpteval.sandbox_driver.zygote, "Warm
 zygotes"): nothing a sample leaves reaches the next, none can reach the zygote, and the zygote
 never sees a sample's text. One batch of attacks between honest neighbours, one reward file;
 each assertion names the guard it proves (a zygote without it fails here)."""
@@ -433,7 +433,7 @@ def test_the_check_after_emptying_sees_any_leftover_and_follows_no_link(tmp_path
     """What the driver compares after emptying a zygote's shared directories (a difference ends
     the zygote: fail closed): every entry on the directory's device, nested and locked ones too,
     symlinks listed but not followed."""
-    from ckpteval._sandbox_driver import _empty_dir, _tree
+    from ckpteval.sandbox_driver.zygote import _empty_dir, _tree
 
     shared = tmp_path / "shared"
     shared.mkdir()

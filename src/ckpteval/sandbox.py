@@ -5,7 +5,7 @@ Every generated program is hostile until proven otherwise. A sandbox is
     bwrap (as root: namespaces, mounts)  ->  driver (root, 5 capabilities)  ->  program (uid U)
 
 - bubblewrap runs as root so it can bind toolchains that live under `/root` (pyenv, rustup). Inside,
-  a small driver (`_sandbox_driver.py`, standard library only) keeps just the capabilities to
+  a small driver (`ckpteval.sandbox_driver`, standard library only) keeps just the capabilities to
   switch uid, kill and clean up, and starts each program as a non-root uid with no groups, no
   capabilities, `no_new_privs`, its own session and its rlimits (CPU, address space, file size,
   processes). The kernel ignores RLIMIT_NPROC for root, so the uid drop is what makes the process
@@ -68,7 +68,6 @@ import contextlib
 import functools
 import json
 import logging
-import marshal
 import math
 import os
 import resource
@@ -84,7 +83,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpteval import cgroups
+from ckpteval import cgroups, sandbox_driver
 from ckpteval.errors import UserError
 from ckpteval.io import first_free_lock
 
@@ -135,16 +134,16 @@ WALL_FACTOR = 2.0
 
 @functools.cache
 def _driver_code() -> bytes:
-    """The driver compiled once per process, marshalled: a batch's driver loads it in ~1 ms,
-    where compiling its source took 170-250 ms of every batch (a few samples' worth of a core).
-    The sandbox runs it with the base interpreter of this very Python: the same marshal format."""
-    source = Path(__file__).with_name("_sandbox_driver.py").read_bytes()
-    return marshal.dumps(compile(source, "_sandbox_driver.py", "exec", dont_inherit=True))
+    """The driver (`ckpteval.sandbox_driver.program`) compiled once per process, marshalled: a
+    batch's driver loads it in ~1 ms, where compiling its source took 170-250 ms of every batch
+    (a few samples' worth of a core). The sandbox runs it with the base interpreter of this very
+    Python: the same marshal format."""
+    return sandbox_driver.program()
 
 
-#: The driver's bootstrap: load its code object from the file named first (`write_driver`),
-#: leaving the driver's own arguments from `argv[1]` on.
-_DRIVER_BOOTSTRAP = "import marshal,sys;exec(marshal.load(open(sys.argv.pop(1),'rb')))"
+#: The driver's bootstrap: run its modules' code objects, in order, in one namespace, from the
+#: file named first (`write_driver`), leaving the driver's own arguments from `argv[1]` on.
+_DRIVER_BOOTSTRAP = "import marshal,sys\nfor c in marshal.load(open(sys.argv.pop(1),'rb')):exec(c)"
 
 
 def write_driver(directory: Path) -> Path:
@@ -235,14 +234,14 @@ class Command:
     #: with `run_many`'s `site_dirs` on its path and its `preload` modules already imported.
     python_file: Path | None = None
     #: With `python_file`: judge it, the tests (this JSON file, readable by root only) running in
-    #: a process of their own (see `_sandbox_driver.py`); `RunResult.judge` has their report.
+    #: a process of their own (see `ckpteval.sandbox_driver.judged`); `RunResult.judge` has their report.
     python_tests: Path | None = None
     #: bwrap mode: give the command a result channel as its fd 3 (a socket), on which only the
     #: command's own first process can deliver its result (`RunResult.channel`): not a process it
     #: starts, even one that inherited the descriptor.
     result_channel: bool = False
     #: bwrap mode, with `python_file` and `result_channel`: fork the command from a warm zygote,
-    #: one per batch (see "Warm zygotes" in `_sandbox_driver.py`): a process with the batch's
+    #: one per batch (see `ckpteval.sandbox_driver.zygote`): a process with the batch's
     #: isolation that ran the file once as `__ckpteval_zygote__`, this mapping (plain JSON data,
     #: never a command's input) as its `__ckpteval_warm__`; each command is a fork that calls the
     #: file's `main()`. Commands with equal `warm`, file, cwd, env and limits share the zygote;
@@ -344,7 +343,7 @@ class Sandbox:
         comes from.
 
         Starting a sandbox costs more than most generated programs take to run, so a batch shares
-        one: a driver (`_sandbox_driver.py`) runs as the sandbox's root with only the capabilities
+        one: a driver (`ckpteval.sandbox_driver`) runs as the sandbox's root with only the capabilities
         it needs, runs each command as the sandbox uid under its own limits, in mount and IPC
         namespaces of its own (a fresh /tmp; of `workdir` only the command's `cwd` is visible;
         its own SysV IPC), charges it the CPU of every process it started, and after it kills
@@ -493,7 +492,7 @@ def _batch_spec(
     binds: Sequence[Path],
     preload: tuple[Sequence[str], Sequence[Path]],
 ) -> dict:
-    """What the batch driver reads (`_sandbox_driver.py` documents the fields). `binds`: every
+    """What the batch driver reads (`ckpteval.sandbox_driver` documents the fields). `binds`: every
     path bound into the sandbox for all commands (a command sees, of `workdir`, its `cwd`).
     `preload`: the modules the driver imports first, and the site directories it adds for them."""
     return {

@@ -14,7 +14,7 @@ report and exit status, which only the sandbox's driver sees; the tests file is 
 sample. So what a sample does in its own process (printing a success marker, `exit(0)`, `atexit`,
 threads, patched builtins or `AssertionError`, frame and `gc` walks, reading its files or /proc,
 objects equal to anything) cannot make it pass. Standard-library modules the tests use as modules
-(`math.isclose(...)`) are the real ones in the test process, never the sample's names for them. `_sandbox_driver.py` explains why this holds.
+(`math.isclose(...)`) are the real ones in the test process, never the sample's names for them. `ckpteval.sandbox_driver.judged` explains why this holds.
 With `sandbox: none` the same two processes run as one uid: same verdicts, no such guarantee.
 
 Reward hacks are recorded, never rewarded (`Verdict.hack`, one of `HACK_TYPES`): what the run saw

@@ -31,7 +31,7 @@ timeout.
 What runs where, and what it costs. A reward function's imports (sympy, math_verify, ...) take
 0.3-1 s each and its first call may cost more than scoring (math_verify builds its parser:
 ~140 ms). So in the bwrap sandbox both are paid once per batch: the sandbox's driver
-(ckpteval._sandbox_driver), as the sandbox's root before any sample, adds this environment's
+(ckpteval.sandbox_driver), as the sandbox's root before any sample, adds this environment's
 site-packages to its path and imports the installed packages the file imports
 (`preload_modules`: found by reading the file, never by running it; the standard library's and
 the modules beside the file are left out, and one that fails to import is skipped). It then forks

@@ -35,7 +35,7 @@ A time limit is CPU time, as on a judge: a test's run fails as `timeout` when th
 its whole process tree exceeds the limit, whatever the machine's load. Two backends run solutions.
 `local` (default): compile once in the sandbox, then run each test in its own sandbox with the
 memory limit (address space, plus 64 MB for the runtime); the sandbox measures the CPU time
-exactly (`ckpteval._sandbox_driver`), RLIMIT_CPU at the next whole second above the limit stops
+exactly (`ckpteval.sandbox_driver`), RLIMIT_CPU at the next whole second above the limit stops
 endless loops, and a wall clock of 3 x the limit x the machine's load + 1 s (`wall_limit`) only
 catches programs that sleep or block.
 

@@ -1,0 +1,47 @@
+"""What a driver's process keeps and gives up: libc's `prctl`, root's capabilities, inherited
+descriptors.
+"""
+
+import ctypes
+import fcntl
+import os
+
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_DUMPABLE = 24, 28, 4
+#: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS and NO_CAP_AMBIENT_RAISE, each set (but KEEP_CAPS) and locked
+_SECUREBITS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+
+
+def _drop_root():
+    """Rootless (a user namespace with one uid): the command keeps the driver's uid, so it drops
+    what makes that uid root instead: every capability, the bounding set, and root's right to
+    regain them on exec (securebits, locked)."""
+    if _libc.prctl(PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECUREBITS)")
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # past the last capability this kernel knows
+    _drop_capabilities()
+
+
+def _keep_fds(keep):
+    """Close every fd from 3 up, except `keep`, which become 3, 4, ..."""
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in keep]  # above every target
+    for target, fd in enumerate(high, start=3):
+        os.dup2(fd, target)
+    os.closerange(3 + len(keep), 1 << 16)
+
+
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _drop_capabilities():
+    """Every capability of this process, gone: uid 0 that is no more than any other uid."""
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    if _libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")

@@ -1,0 +1,216 @@
+"""A command's process: becoming the command (`_child`), its result channel and row, and killing
+what it left.
+"""
+
+import ctypes
+import os
+import resource
+import signal
+import struct
+import sys
+import time
+
+from .accounting import _oom_first
+from .isolation import _isolate, _isolation_error, _isolation_report
+from .privileges import PR_SET_NO_NEW_PRIVS, _drop_root, _keep_fds, _libc
+from .sample import _serve_sample
+from .seccomp import _refuse_kernel_state
+
+
+def _child(command, uid, spec, keep=()):
+    """Become `command`: its stdio files, its own namespaces and /tmp (`_isolate`), rlimits, the
+    sandbox uid, exec (or run its Python file). `keep` are fds that stay open as 3, 4, ... (a
+    judged sample's channel)."""
+    os.setsid()
+    stdin = os.open(command["stdin"] or os.devnull, os.O_RDONLY)
+    stdout = os.open(command["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    stderr = os.open(command["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    _keep_fds(keep)  # the driver's files (results!) must not reach a forked command
+    try:
+        _oom_first()
+        _isolate(command, spec)
+        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        _refuse_kernel_state(protect=(os.getppid(),) if spec.get("rootless") else ())
+    except OSError as exc:  # the sandbox's failure, not the program's: say so to the driver
+        with open(_isolation_report(command), "w") as handle:
+            handle.write(f"{exc}\n")
+        os._exit(127)
+    os.chdir(command["cwd"])
+    for name, (soft, hard) in command["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    if spec.get("rootless"):
+        _drop_root()
+    else:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    if command.get("python_tests"):
+        _serve_sample(command["python_file"], command["env"], command["python_tests"])
+    if command.get("python_file"):
+        _exec_python(command["python_file"], command["env"])
+    # CPython ignores these at start-up and an ignored signal survives exec: a program must get
+    # SIGXFSZ at the output cap and SIGPIPE on a closed pipe like from any shell.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    os.execvpe(command["argv"][0], command["argv"], command["env"])
+
+
+def _exec_python(path, env):
+    """Run a Python file in this (forked) interpreter, as `python -I -S -B path` would, minus the
+    interpreter's start-up; exit with the status the interpreter would have."""
+    import builtins
+    import traceback
+
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [path]
+    status = 0
+    try:
+        with open(path, encoding="utf-8") as handle:
+            code = compile(handle.read(), path, "exec", dont_inherit=True)
+        exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
+    except SystemExit as exc:
+        if exc.code is None:
+            status = 0
+        elif isinstance(exc.code, int):
+            status = exc.code
+        else:
+            print(exc.code, file=sys.stderr)
+            status = 1
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        status = status or 120
+    os._exit(status & 0xFF)
+
+
+class _ResultChannel:
+    """A command's result channel (`result_channel` in the spec): a socket whose other end is
+    the command's fd 3, on which only the command's own first process can deliver its result.
+
+    Anything that process starts may inherit the descriptor (a fork keeps it whatever its
+    close-on-exec flag), so the driver does not trust the descriptor: it asks the kernel who
+    sent each message (SO_PASSCRED: the sender's pid, which only CAP_SYS_ADMIN could forge) and
+    keeps the first message of the command's pid. Others are counted ("forged_results")."""
+
+    def __init__(self):
+        import socket
+
+        self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+
+    def child_end(self):
+        return (self.theirs.fileno(),)
+
+    def started(self):
+        self.theirs.close()
+
+    def collect(self, pid, path):
+        """Write the command's own result (if it sent one) to `path`; the number of messages
+        that came from another process."""
+        kept, forged = self.take(pid)
+        _write_result(path, kept)
+        return forged
+
+    def take(self, pid):
+        """(the message the command's own process `pid` sent first, or None; how many came from
+        another process), once every process of the command has ended."""
+        import socket
+
+        self.ours.setblocking(False)
+        forged, kept = 0, None
+        while True:
+            try:
+                data, ancillary, _, _ = self.ours.recvmsg(1 << 20, socket.CMSG_SPACE(12))
+            except (BlockingIOError, OSError):
+                break
+            if not data and not ancillary:  # every sender closed its end: the end
+                break
+            sender = None
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    sender = struct.unpack("=iII", payload[:12])[0]
+            if sender == pid and kept is None:
+                kept = data
+            else:
+                forged += 1
+        self.ours.close()
+        return kept, forged
+
+    def close(self):
+        """A channel opened for a command that then did not run here: both ends go."""
+        self.ours.close()
+        self.theirs.close()
+
+
+def _write_result(path, kept):
+    if kept is not None:
+        with open(path, "wb") as handle:
+            handle.write(kept)
+
+
+def _row(command, usage_of, status, timed_out, duration, max_rss, reaped_elsewhere=0.0):
+    """A command's result line. CPU used past the budget is a timeout even when the command
+    ended before a poll saw it (what its processes did between polls, or after it exited)."""
+    cpu_s = usage_of.final(reaped_elsewhere)
+    return {
+        "status": status,
+        "timed_out": timed_out or cpu_s > command["cpu_budget_s"],
+        "duration_s": duration,
+        "cpu_s": cpu_s,
+        "max_rss_bytes": max_rss,
+        "oom_killed": usage_of.oom_killed(),
+        "cpu_account": usage_of.kind,
+        "isolation_error": _isolation_error(command),
+    }
+
+
+def _kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _clean(spare=()):
+    """Kill whatever the command left running and reap it (its CPU time counts). Its files went
+    with its mount namespace; nothing is walked or deleted here. `spare`: a warm zygote's pid,
+    the one process that outlives a command (its samples' files are emptied by `_Zygote`)."""
+    me = os.getpid()
+    keep = {1, me, *spare}
+    deadline = time.monotonic() + 10
+    others = []
+    while True:
+        if not spare:
+            others = ["-1"]  # every process but this one, the namespace's init
+        for pid in others:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap()
+        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in keep]
+        if not others:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"processes survived the cleanup: {others}")
+        time.sleep(0.001)
+
+
+def _reap():
+    """Reap every child that has ended: the command's orphans are re-parented to the driver."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
