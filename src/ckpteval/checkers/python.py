@@ -23,13 +23,19 @@ harness's files or /proc, frame / `gc` / trace hooks, from an audit hook in the 
 else what the completion's code shows (`static_hack`).
 
 The interpreter is the base interpreter of the Python running ckpteval (not its virtualenv), run
-with `-I -S -B`: standard library only, no user site, no bytecode writes.
+with `-I -S -B`: standard library only, no user site, no bytecode writes. Tests written for an
+environment with packages (BigCodeBench's `import requests`, `pandas`, patches of `requests.get`)
+fail there whatever the sample does, so `evaluate.python_env` names one, opt-in: its
+site-packages (`python_env_site`) is bound read-only into the sandbox and on the path of both the
+sample's process and the tests' (the driver adds it before either starts), and the cell records
+which environment it was (`python_env_record`).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.metadata
 import json
 import os
 import re
@@ -54,6 +60,7 @@ from ckpteval.checkers import (
 )
 from ckpteval.checkers.extract import compilable_prompt, python_program
 from ckpteval.errors import UserError
+from ckpteval.io import sha256_json
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox, driver_command, write_driver
 
 #: Standard-library modules test programs commonly import, imported once per batch.
@@ -65,6 +72,49 @@ _EXCEPTION_LINE = re.compile(rb"^(\w+(?:\.\w+)*)(?::|$)", re.M)
 def python_interpreter() -> tuple[str, Path]:
     """The base interpreter of this Python and the directory tree it needs (bound read-only)."""
     return os.path.realpath(sys._base_executable), Path(sys.base_prefix).resolve()  # type: ignore[attr-defined]
+
+
+def python_env_site(env: str | os.PathLike[str]) -> Path:
+    """The site-packages of the Python environment `env` (a venv's or conda environment's
+    directory, or its `bin/python`). The sandbox runs the base interpreter of ckpteval's Python,
+    which can import only packages built for its own version: so the environment must have a
+    `lib/python<that version>/site-packages`; anything else is a one-line `UserError`."""
+    path = Path(env).expanduser()
+    if path.parent.name == "bin" and path.name.startswith("python"):
+        path = path.parent.parent  # its interpreter: a symlink, read as named, never resolved
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = path / "lib" / version / "site-packages"
+    if not site.is_dir():
+        raise UserError(
+            f"evaluate.python_env: {env} is not a {version} environment "
+            f"(no lib/{version}/site-packages; the sandbox runs Python "
+            f"{sys.version_info.major}.{sys.version_info.minor})"
+        )
+    return site.resolve()
+
+
+def python_env_record(site: Path) -> dict[str, Any]:
+    """What a cell records of the environment its samples ran with: where its site-packages is,
+    for which Python, and every distribution installed there (`name==version`, sorted)."""
+    packages = sorted(
+        {
+            f"{dist.metadata['Name']}=={dist.version}"
+            for dist in importlib.metadata.distributions(path=[str(site)])
+            if dist.metadata["Name"]
+        },
+        key=str.lower,
+    )
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return {"site_packages": str(site), "python": python, "packages": packages}
+
+
+def python_env_identity(env: str) -> dict[str, str]:
+    """`evaluate.python_env` as a scoring identity holds it: where the environment is (the
+    evaluate job's to find) and what it holds (its Python and packages, hashed), so that a
+    package installed, upgraded or removed there rescores its cells, as a changed setting would."""
+    record = python_env_record(python_env_site(env))
+    content = {"python": record["python"], "packages": record["packages"]}
+    return {"path": str(env), "packages": f"sha256:{sha256_json(content)[:16]}"}
 
 
 class PythonChecker(Checker):
@@ -83,15 +133,38 @@ class PythonChecker(Checker):
     default_timeout = 10.0
     compiles = True
     languages = ("python",)
-    reads = ("evaluate.timeout", "evaluate.timeout_factor", "evaluate.sandbox")
+    reads = (
+        "evaluate.timeout",
+        "evaluate.timeout_factor",
+        "evaluate.sandbox",
+        "evaluate.python_env",
+    )
 
     def __init__(
-        self, *, sandbox: str = "bwrap", memory_bytes: int = 2 << 30, batch_size: int = 32
+        self,
+        *,
+        sandbox: str = "bwrap",
+        memory_bytes: int = 2 << 30,
+        batch_size: int = 32,
+        python_env: str | None = None,
     ) -> None:
         self.sandbox = Sandbox(sandbox)
         self.batch_size = batch_size
         self.memory_bytes = memory_bytes
         self.interpreter, self.prefix = python_interpreter()
+        #: `evaluate.python_env`'s site-packages, or none: the standard library only.
+        self.site_dirs = [python_env_site(python_env)] if python_env else []
+
+    @classmethod
+    def check_run_config(cls, tasks: Mapping[str, Any], evaluate: Mapping[str, Any]) -> None:
+        """`evaluate.python_env` must be an environment the sandbox's Python can use: one line
+        at parse time rather than in every evaluate job."""
+        if evaluate.get("python_env"):
+            python_env_site(evaluate["python_env"])
+
+    def cell_fields(self) -> dict[str, Any]:
+        """The environment the samples ran with (`evaluate.python_env`), if one was given."""
+        return {"python_env": python_env_record(self.site_dirs[0])} if self.site_dirs else {}
 
     @classmethod
     def check_problem(cls, task_id: str, problem: Mapping[str, Any]) -> None:
@@ -171,11 +244,20 @@ class PythonChecker(Checker):
                 else:
                     assert driver is not None
                     argv = driver_command(
-                        driver, "--judge", str(tests), str(main), str(sample_dir / "report.json")
+                        driver,
+                        "--judge",
+                        str(tests),
+                        str(main),
+                        str(sample_dir / "report.json"),
+                        *map(str, self.site_dirs),
                     )
                     commands.append(Command(argv, limits, cwd=sample_dir))
             results = self.sandbox.run_many(
-                commands, workdir=workdir, readable=[self.prefix], preload=PRELOAD
+                commands,
+                workdir=workdir,
+                readable=[self.prefix],
+                preload=PRELOAD,
+                site_dirs=self.site_dirs,
             )
             for i, result in zip(hacks, results):
                 if self.sandbox.mode != "bwrap":
