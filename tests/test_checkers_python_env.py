@@ -113,6 +113,7 @@ REQUESTS = {
 }
 
 
+# A few seconds: the sandbox's driver imports the real `requests` (and its dependencies) once.
 def test_a_real_installed_package_patched_as_bigcodebench_does() -> None:
     """`requests` from the environment ckpteval runs in: its exception class crosses from the
     tests' patch to the sample's `except` as in one process."""
@@ -153,3 +154,34 @@ def test_the_cell_records_the_environment(env: Path) -> None:
         "packages": ["netlib==1.2"],
     }
     assert get_checker("python").cell_fields() == {}
+
+
+# A few seconds: the evaluate step's self-test and its scoring are sandbox batches of their own,
+# and only that step writes the cell.
+def test_ckpteval_score_takes_the_environment_and_the_cell_records_it(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the command line and the evaluate step (self-test included): the honest sample
+    passes, the wrong one fails, the cell names the environment; another checker refuses it."""
+    import json
+
+    from ckpteval.cli import main
+
+    problems = tmp_path / "problems.jsonl"
+    problem = {**netlib_problem(env), "canonical_solution": HONEST}
+    problems.write_text(json.dumps(problem) + "\n")
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(
+        "".join(
+            json.dumps({"task_id": "env/netlib", "completion": c}) + "\n" for c in (HONEST, WRONG)
+        )
+    )
+    out = tmp_path / "r.jsonl"
+    argv = ["score", "python", "--problems", str(problems), "--samples", str(samples)]
+    assert main([*argv, "--out", str(out), "--workers", "1", "--python-env", str(env)]) == 0
+    assert [json.loads(line)["passed"] for line in out.read_text().splitlines()] == [True, False]
+    cell = json.loads(out.with_suffix(".json").read_text())
+    assert cell["python_env"]["packages"] == ["netlib==1.2"]
+    refused = ["score", "math", "--problems", str(problems), "--samples", str(samples)]
+    assert main([*refused, "--out", str(out), "--python-env", str(env)]) != 0
+    assert "--python-env applies to the python checker" in capsys.readouterr().err
