@@ -439,6 +439,7 @@ PATHS_HONEST = [
     "import os\ndef f(key):\n    os.environ['MODE'] = 'test'\n    return key in os.environ and os.environ[key]\n",
     "from pathlib import Path\ndef f(d, name):\n    return (Path(d) / name).read_text()\n",
     "import tempfile\ndef f(d, name):\n    return open(f'{d}/{name}.csv').read(), tempfile.mkdtemp()\n",
+    "def f(words):\n    return ' '.join(words + ['..'])\n",
 ]
 PATHS_HOSTILE = [
     "def f():\n    return open('../s1/main.py').read()\n",
