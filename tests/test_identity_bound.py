@@ -430,6 +430,32 @@ def test_a_checker_reads_only_the_evaluate_settings_in_its_identity() -> None:
     }
 
 
+def test_a_python_env_is_in_python_cells_by_its_packages(tmp_path: Path) -> None:
+    """`evaluate.python_env` reaches python cells only, as its path and a hash of what it holds:
+    a package installed there after the plan is refused by the job (a stale number otherwise); a
+    directory that is no environment is one line when the config is planned."""
+    import sys
+
+    site = tmp_path / "env" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    (site / "site-packages").mkdir(parents=True)
+    env = str(tmp_path / "env")
+    plan = _plan({"pyfunc": {"limit": 2}, "arith_harness": {"limit": 2}}, {"python_env": env})
+    held = scoring_identity(plan, "ep", "pyfunc", "greedy-s42").settings["evaluate.python_env"]
+    assert held["path"] == env and held["packages"].startswith("sha256:")
+    harness = scoring_identity(plan, "ep", "arith_harness", "greedy-s42")
+    assert "evaluate.python_env" not in harness.settings
+    job = ScoringJob.decode(scoring_identity(plan, "ep", "pyfunc", "greedy-s42").text, "pyfunc")
+    assert job.checker_options["python_env"] == env
+    assert job.scoring_kwargs()["checker_options"]["python_env"] == env
+    info = site / "site-packages" / "netlib-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: netlib\nVersion: 1.0\n")
+    with pytest.raises(UserError, match="packages of .* changed after the workflow planned"):
+        job.scoring_kwargs()
+    with pytest.raises(UserError, match="is not a python3"):
+        _plan({"pyfunc": {"limit": 2}}, {"python_env": str(tmp_path)})
+
+
 def test_the_smoke_tests_context_comes_from_the_model_not_the_engine_config(
     tmp_path: Path,
 ) -> None:

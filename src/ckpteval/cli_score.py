@@ -3,7 +3,7 @@
     ckpteval score {python,rust,stdio,math,gsm8k,reward_function} --problems P.jsonl \\
         --samples S.jsonl --out R.jsonl [--workers N] [--timeout S] [--timeout-factor F] \\
         [--k 1,10] [--sandbox bwrap|none] [--checker-options JSON|@FILE] \\
-        [--endpoint http://localhost:2000 [--piston-limit run_timeout=5000 ...]]
+        [--python-env VENV] [--endpoint http://localhost:2000 [--piston-limit run_timeout=5000 ...]]
 
 `--checker-options` gives what a task's `checker:` mapping gives in a config, as JSON or as
 `@file` (YAML or JSON): a reward function's `{reward_function: reward.py, name, kwargs,
@@ -95,6 +95,14 @@ def add_score_parser(subparsers: argparse._SubParsersAction) -> None:
         help="bwrap (default) or none: run generated code unconfined (warns)",
     )
     parser.add_argument(
+        "--python-env",
+        default=None,
+        metavar="VENV",
+        help="python: an environment (venv directory or its bin/python, ckpteval's Python "
+        "version) whose packages samples and tests may import, read-only; default: the "
+        "standard library only",
+    )
+    parser.add_argument(
         "--checker-options",
         default=None,
         metavar="JSON|@FILE",
@@ -130,6 +138,10 @@ def run_score(args: argparse.Namespace) -> int:
         **checker_options(args.checker, args.checker_options),
     }
     problems = load_problems(args.problems, args.checker)
+    if args.python_env:
+        if args.checker != "python":
+            raise UserError("--python-env applies to the python checker")
+        options["python_env"] = args.python_env
     if args.endpoint:
         options["endpoint"] = args.endpoint
         options["piston_limits"] = dict(args.piston_limits)

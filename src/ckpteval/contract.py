@@ -223,6 +223,12 @@ CONTRACT: tuple[Row, ...] = (
         read_by_checkers=True,
     ),
     Row("evaluate.sandbox", SCORES, "where code runs", read_by_checkers=True),
+    Row(
+        "evaluate.python_env",
+        SCORES,
+        "the packages sandboxed Python code may import",
+        read_by_checkers=True,
+    ),
     Row("evaluate.ks", SCORES, "which pass@k a cell reports"),
     Row(
         "evaluate.piston_url",
@@ -530,7 +536,19 @@ def scoring_identity(plan: Any, run: str, task: str, variant: str) -> Identity:
         key = f"tasks.{task}.checker.{option}"
         if key in settings:  # a file by its content: moving it reruns nothing
             settings[key] = f"sha256:{spec.checker_file_sha256(option)[:16]}"
+    if "evaluate.python_env" in settings:  # where it is, and what it holds
+        settings["evaluate.python_env"] = dict(
+            _python_env_identity(settings["evaluate.python_env"])
+        )
     return Identity(settings)
+
+
+@functools.lru_cache(maxsize=8)
+def _python_env_identity(env: str) -> dict[str, str]:
+    """Once per plan and environment (every python cell asks): ckpteval.checkers.python."""
+    from ckpteval.checkers.python import python_env_identity
+
+    return python_env_identity(env)
 
 
 def model_identity(plan: Any, run: str, ckpt: str) -> Identity:

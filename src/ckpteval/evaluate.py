@@ -24,7 +24,8 @@ Files written (the schemas live here):
      "timeouts": {"configured": float, "factor": float, "calibrated_problems": int,
                   "max_s": float, "median_s": float},
      "per_file": {source_file: {"n_samples", "n_passed", "n_problems", "pass_rate"}} (replay),
-     "duration_s", ...provenance}
+     "python_env": {"site_packages", "python", "packages": ["name==version", ...]} (python
+     cells with `evaluate.python_env`), "duration_s", ...provenance}
 
   pass@k is reported for every k up to the smallest number of samples of any problem (or the
   requested `ks` that fit); its `n` counts problems. compile_rate, accuracy and hack_rate (the
@@ -235,6 +236,7 @@ def score_samples(
         "checker_version": impl.version,
         "scorer_version": SCORER_VERSION,
         **isolation(_sandbox_mode(impl, options)),
+        **impl.cell_fields(),
         **totals.cell_metrics(problems, ks),
         "input_errors": errors,
         "self_test": self_test,

@@ -114,6 +114,15 @@ class ScoringJob:
                         "planned this job; run the workflow again"
                     )
                 options[option] = str(path)
+        env = self.identity.settings.get("evaluate.python_env")
+        if env:
+            from ckpteval.checkers.python import python_env_identity
+
+            if python_env_identity(env["path"]) != env:
+                raise UserError(
+                    f"evaluate.python_env: the packages of {env['path']} changed after the "
+                    "workflow planned this job; run the workflow again"
+                )
         out: dict[str, Any] = {
             "timeout": self.timeout,
             "ks": self.ks,
@@ -133,6 +142,8 @@ def _checker_options(settings: dict[str, Any]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if "evaluate.sandbox" in settings:
         options["sandbox"] = settings["evaluate.sandbox"]
+    if settings.get("evaluate.python_env"):  # its path, beside what it holds
+        options["python_env"] = settings["evaluate.python_env"]["path"]
     if settings.get("evaluate.piston_url"):
         prefix = "evaluate.piston_limits."
         options["endpoint"] = settings["evaluate.piston_url"]

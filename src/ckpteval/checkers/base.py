@@ -257,6 +257,11 @@ class Checker(abc.ABC):
     def known_wrong_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
         """Jobs built to fail (must fail): at least one, whatever the problems are."""
 
+    def cell_fields(self) -> dict[str, Any]:
+        """What the cell's file records of this checker's setup beyond its name and version (the
+        package environment its samples ran with, ...): none by default."""
+        return {}
+
     def close(self) -> None:
         """Release helper processes; the checker is not used afterwards."""
 

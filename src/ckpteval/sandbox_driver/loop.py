@@ -61,7 +61,8 @@ def _preload(site_dirs, modules):
 
 
 def main():
-    if sys.argv[1] == "--judge":
+    if sys.argv[1] == "--judge":  # then the site directories of `evaluate.python_env`, if any
+        _preload(sys.argv[5:], ())
         sys.exit(_judge_unsandboxed(*sys.argv[2:5]))
     if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise SystemExit("cannot become the commands' subreaper: CPU times would miss orphans")
