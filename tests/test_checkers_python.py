@@ -114,6 +114,8 @@ def test_failure_keeps_the_useful_stderr(verdicts: dict[str, Verdict]) -> None:
     assert "AssertionError" in verdicts["wrong answer"].stderr_tail
     assert "ValueError: boom" in verdicts["exception"].stderr_tail
     assert "/tmp/ckpteval-py-" not in verdicts["exception"].stderr_tail  # stable paths
+    for verdict in (verdicts["wrong answer"], verdicts["exception"]):  # no harness frames
+        assert "sandbox_driver/" not in verdict.stderr_tail, verdict.stderr_tail
 
 
 def test_code_block_prefers_the_language_block() -> None:

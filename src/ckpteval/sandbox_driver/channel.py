@@ -11,7 +11,6 @@ import sys
 _MAX_MESSAGE = 64 << 20  # bytes of one reply; more is a failure of the sample
 
 
-_MAX_ITEMS = 1 << 20  # items materialised from an iterator the sample returns
 _BIG_INT_BITS = 12000  # ints above this go as hex: decimal parsing is capped (and quadratic)
 
 
@@ -672,10 +671,15 @@ def _named_tuple(name, fields):
 
 
 def _format_failure(exc):
-    """A traceback without the harness's own frames (this file runs as `<string>`)."""
+    """A traceback without the harness's own frames (its modules run as `sandbox_driver/...`,
+    see the package's `program`)."""
     import traceback
 
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != "<string>"]
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith("sandbox_driver/")
+    ]
     lines = traceback.format_list(frames) if frames else []
     head = ["Traceback (most recent call last):\n"] if lines else []
     return "".join(head + lines + traceback.format_exception_only(type(exc), exc))
