@@ -145,7 +145,7 @@ class PythonChecker(Checker):
         *,
         sandbox: str = "bwrap",
         memory_bytes: int = 2 << 30,
-        batch_size: int = 32,
+        batch_size: int = 64,
         python_env: str | None = None,
     ) -> None:
         self.sandbox = Sandbox(sandbox)
@@ -219,9 +219,11 @@ class PythonChecker(Checker):
         )
 
     def batch_size_for(self, n_jobs: int, workers: int) -> int:
-        """Up to `batch_size`, and several batches per worker, so that a batch of slow samples
-        does not idle the others."""
-        return max(1, min(self.batch_size, -(-n_jobs // (4 * max(1, workers)))))
+        """Up to `batch_size`, and two batches per worker, so that a batch of slow samples
+        does not idle the others. A batch's sandbox costs as much CPU as 4-5 samples (bubblewrap,
+        the driver's interpreter and imports), so fewer, larger batches; the stream spreads a
+        problem's samples over batches and shares the last ones among the workers."""
+        return max(1, min(self.batch_size, -(-n_jobs // (2 * max(1, workers)))))
 
     def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
         """Samples sharing one sandbox, each in its own processes under its job's timeout, or
