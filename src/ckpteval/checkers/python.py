@@ -41,7 +41,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -61,7 +60,15 @@ from ckpteval.checkers import (
 from ckpteval.checkers.extract import compilable_prompt, python_program
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_json
-from ckpteval.sandbox import Command, Limits, RunResult, Sandbox, driver_command, write_driver
+from ckpteval.sandbox import (
+    Command,
+    Limits,
+    RunResult,
+    Sandbox,
+    driver_command,
+    scratch_dir,
+    write_driver,
+)
 
 #: Standard-library modules test programs commonly import, imported once per batch.
 PRELOAD = ("typing", "collections", "math", "re", "itertools", "functools", "heapq", "string")
@@ -229,8 +236,7 @@ class PythonChecker(Checker):
         """Samples sharing one sandbox, each in its own processes under its job's timeout, or
         else `timeout`."""
         verdicts: list[Verdict | None] = [None] * len(jobs)
-        with tempfile.TemporaryDirectory(prefix="ckpteval-py-") as tmp:
-            workdir = Path(tmp)
+        with scratch_dir("ckpteval-py-") as workdir:
             os.chmod(workdir, 0o755)
             hacks: dict[int, str | None] = {}
             command_limits: dict[int, Limits] = {}
