@@ -170,6 +170,30 @@ def test_a_streams_last_jobs_are_shared_among_the_workers(jobs: int) -> None:
         assert sizes == [38] * 7 + [34]
 
 
+class _Spread(_Echo):
+    """Records, per batch, how many of its jobs are one problem's (completions `ok slow ...`)."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__(batch)
+        self.slow_per_batch: list[int] = []
+
+    def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
+        self.slow_per_batch.append(sum(job.completion.startswith("ok slow") for job in jobs))
+        return super().check_batch(jobs, timeout)
+
+
+def test_a_problems_consecutive_samples_go_to_several_batches() -> None:
+    """8 consecutive samples of one problem (all endless, say) among 64, batches of 8 on two
+    workers: the first two batches take every other job, 4 of the 8 each, where consecutive
+    batches would give one worker all 8 timeouts to run one after another."""
+    checker = _Spread(batch=8)
+    items = [Job("t", {}, f"ok slow {i}") for i in range(8)]
+    items += [Job("t", {}, f"ok {i}") for i in range(8, 64)]
+    verdicts = checker.check(items, workers=2)
+    assert [v.stderr_tail for v in verdicts] == [job.completion for job in items]
+    assert checker.slow_per_batch[:2] == [4, 4] and sum(checker.slow_per_batch) == 8
+
+
 class _HeadWaits(_Echo):
     """The first job waits until the stream has read `release_at` jobs (or a second: then it
     `waited_out`); the others are quick. `read_when_released` is how many jobs had been read when

@@ -41,7 +41,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -61,7 +60,15 @@ from ckpteval.checkers import (
 from ckpteval.checkers.extract import compilable_prompt, python_program
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_json
-from ckpteval.sandbox import Command, Limits, RunResult, Sandbox, driver_command, write_driver
+from ckpteval.sandbox import (
+    Command,
+    Limits,
+    RunResult,
+    Sandbox,
+    driver_command,
+    scratch_dir,
+    write_driver,
+)
 
 #: Standard-library modules test programs commonly import, imported once per batch.
 PRELOAD = ("typing", "collections", "math", "re", "itertools", "functools", "heapq", "string")
@@ -145,7 +152,7 @@ class PythonChecker(Checker):
         *,
         sandbox: str = "bwrap",
         memory_bytes: int = 2 << 30,
-        batch_size: int = 32,
+        batch_size: int = 64,
         python_env: str | None = None,
     ) -> None:
         self.sandbox = Sandbox(sandbox)
@@ -219,16 +226,17 @@ class PythonChecker(Checker):
         )
 
     def batch_size_for(self, n_jobs: int, workers: int) -> int:
-        """Up to `batch_size`, and several batches per worker, so that a batch of slow samples
-        does not idle the others."""
-        return max(1, min(self.batch_size, -(-n_jobs // (4 * max(1, workers)))))
+        """Up to `batch_size`, and two batches per worker, so that a batch of slow samples
+        does not idle the others. A batch's sandbox costs as much CPU as 4-5 samples (bubblewrap,
+        the driver's interpreter and imports), so fewer, larger batches; the stream spreads a
+        problem's samples over batches and shares the last ones among the workers."""
+        return max(1, min(self.batch_size, -(-n_jobs // (2 * max(1, workers)))))
 
     def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
         """Samples sharing one sandbox, each in its own processes under its job's timeout, or
         else `timeout`."""
         verdicts: list[Verdict | None] = [None] * len(jobs)
-        with tempfile.TemporaryDirectory(prefix="ckpteval-py-") as tmp:
-            workdir = Path(tmp)
+        with scratch_dir("ckpteval-py-") as workdir:
             os.chmod(workdir, 0o755)
             hacks: dict[int, str | None] = {}
             command_limits: dict[int, Limits] = {}

@@ -39,7 +39,8 @@ def stream(
     free worker; what is held, shared among the free workers, when no more can be read
     yet; and what was left when the input ended, shared among all the workers (a full batch
     started last would end long after the others; a cell smaller than a batch per worker
-    is spread over all of them)."""
+    is spread over all of them). Its jobs are spread over those held, not consecutive
+    (`_spread`), so that a problem's samples go to several workers."""
     timeout = timeout or checker.default_timeout
     workers = max(1, workers)
     size = max(1, checker.batch_size_for(window, workers))
@@ -57,7 +58,7 @@ def stream(
 
         def start(n: int) -> None:
             nonlocal batch
-            taken, batch = batch[:n], batch[n:]
+            taken, batch = _spread(batch, n)
             future = pool.submit(checker.check_batch, [job for *_, job in taken], timeout)
             running[future] = (next(order), taken)
             future.add_done_callback(finished.put)
@@ -159,6 +160,20 @@ def _check_chunk(
     )
     for item in chunk:
         yield next(checked) if isinstance(item, Job) else item
+
+
+def _spread(held: list[Any], n: int) -> tuple[list[Any], list[Any]]:
+    """`n` of the `held` jobs, spread evenly over them (the oldest always among them), and the
+    others, both in order. A problem's samples come one after another and tend to behave alike
+    (all endless, all slow): a batch of consecutive jobs would hold them all, and its worker
+    would run their timeouts one after another while the other workers idle at the end."""
+    if n >= len(held):
+        return held, []
+    picked = [i * len(held) // n for i in range(n)]
+    rest: list[Any] = []
+    for before, after in zip([-1, *picked], [*picked, len(held)]):
+        rest += held[before + 1 : after]  # slices: a start costs O(n) steps, as `held[n:]` did
+    return [held[i] for i in picked], rest
 
 
 def _full(held: int, size: int, free: int) -> bool:
