@@ -27,7 +27,7 @@ _PANDAS_DTYPE = re.compile(r"[A-Za-z][\w\[\], :/+-]{0,63}")
 _MAX_DIMS = 64
 
 
-def _module(name):
+def _numeric_module(name):
     """numpy or pandas, for a value that says it is one of theirs."""
     module = sys.modules.get(name)
     if module is None:
@@ -48,7 +48,7 @@ def _dtype_spec(np, dtype):
     return spec if _DTYPE.fullmatch(spec) and np.dtype(spec) == dtype else None
 
 
-def _dtype(np, spec):
+def _array_dtype(np, spec):
     if type(spec) is not str or not _DTYPE.fullmatch(spec):
         raise ValueError("a malformed dtype")
     dtype = np.dtype(spec)
@@ -57,7 +57,7 @@ def _dtype(np, spec):
     return dtype
 
 
-def _shape(shape):
+def _array_shape(shape):
     if (
         type(shape) is not list
         or len(shape) > _MAX_DIMS
@@ -106,7 +106,7 @@ def _decode_array(np, tree, decode):
     if type(tree) is not tuple or not tree:
         raise ValueError("a malformed array")
     if tree[0] == "No" and len(tree) == 3:
-        shape = _shape(tree[1])
+        shape = _array_shape(tree[1])
         if type(tree[2]) is not list or len(tree[2]) != math.prod(shape):
             raise ValueError("an object array's elements do not fill its shape")
         array = np.empty(len(tree[2]), dtype=object)
@@ -115,7 +115,7 @@ def _decode_array(np, tree, decode):
         return array.reshape(shape)
     if tree[0] != "Na" or len(tree) != 5:
         raise ValueError("a malformed array")
-    dtype, shape, order, data = _dtype(np, tree[1]), _shape(tree[2]), tree[3], tree[4]
+    dtype, shape, order, data = _array_dtype(np, tree[1]), _array_shape(tree[2]), tree[3], tree[4]
     if order not in ("C", "F") or type(data) is not bytes:
         raise ValueError("a malformed array")
     if math.prod(shape) * dtype.itemsize != len(data):
@@ -128,7 +128,7 @@ def _decode_array(np, tree, decode):
 
 
 def _decode_scalar(np, rest):
-    dtype = _dtype(np, rest[0])
+    dtype = _array_dtype(np, rest[0])
     if type(rest[1]) is not bytes or len(rest[1]) != dtype.itemsize:
         raise ValueError("a malformed numpy scalar")
     if dtype.itemsize == 0:
@@ -147,16 +147,19 @@ def _encode_pandas(pd, value, encode):
     if kind is pd.RangeIndex:
         return ("Pr", value.start, value.stop, value.step, encode(value.name))
     if kind is pd.Index:
-        values = _encode_values(pd, value, encode)
+        values = _encode_pandas_values(pd, value, encode)
         return None if values is None else ("Pi", values, encode(value.name))
     if kind is pd.DatetimeIndex or kind is pd.TimedeltaIndex:  # `assert_frame_equal` checks freq
-        values = _encode_values(pd, value, encode)
+        values = _encode_pandas_values(pd, value, encode)
         freq = value.freqstr
         if values is None or values[0] != "n" or not (freq is None or type(freq) is str):
             return None
         return ("Pt", values, encode(value.name), freq)
     if kind is pd.Series:
-        values, index = _encode_values(pd, value, encode), _encode_pandas(pd, value.index, encode)
+        values, index = (
+            _encode_pandas_values(pd, value, encode),
+            _encode_pandas(pd, value.index, encode),
+        )
         if values is None or index is None:
             return None
         return ("Pe", values, index, encode(value.name))
@@ -165,12 +168,12 @@ def _encode_pandas(pd, value, encode):
         columns = _encode_pandas(pd, value.columns, encode)
         if index is None or columns is None or not value.columns.is_unique:
             return None
-        data = [_encode_values(pd, value.iloc[:, k], encode) for k in range(value.shape[1])]
+        data = [_encode_pandas_values(pd, value.iloc[:, k], encode) for k in range(value.shape[1])]
         return None if None in data else ("Pf", data, index, columns)
     return None
 
 
-def _encode_values(pd, value, encode):
+def _encode_pandas_values(pd, value, encode):
     """A Series's or an Index's values: ("n", array tree) for a numpy dtype, ("x", dtype name,
     elements) for a pandas dtype its name rebuilds; None for another (a category's categories)."""
     np = sys.modules.get("numpy")
@@ -188,11 +191,11 @@ def _encode_values(pd, value, encode):
     return ("x", name, [encode(item) for item in value.astype(object).tolist()])
 
 
-def _decode_values(pd, tree, decode):
+def _decode_pandas_values(pd, tree, decode):
     if type(tree) is not tuple or len(tree) not in (2, 3) or tree[0] not in ("n", "x"):
         raise ValueError("malformed pandas values")
     if tree[0] == "n":
-        return _decode_array(_module("numpy"), tree[1], decode)
+        return _decode_array(_numeric_module("numpy"), tree[1], decode)
     if (
         type(tree[1]) is not str
         or not _PANDAS_DTYPE.fullmatch(tree[1])
@@ -206,29 +209,34 @@ def _decode_pandas(pd, tag, rest, decode):  # noqa: C901 - the mirror of `_encod
     if tag == "Pm" and len(rest) == 1 and type(rest[0]) is bool:
         return pd.NA if rest[0] else pd.NaT
     if tag == "Pr" and len(rest) == 4 and all(type(n) is int for n in rest[:3]):
-        return pd.RangeIndex(rest[0], rest[1], rest[2], name=_name(decode(rest[3])))
+        return pd.RangeIndex(rest[0], rest[1], rest[2], name=_pandas_name(decode(rest[3])))
     if tag == "Pi" and len(rest) == 2:
         return pd.Index(
-            _decode_values(pd, rest[0], decode), name=_name(decode(rest[1])), copy=False
+            _decode_pandas_values(pd, rest[0], decode),
+            name=_pandas_name(decode(rest[1])),
+            copy=False,
         )
     if (
         tag == "Pt"
         and len(rest) == 3
         and (rest[2] is None or type(rest[2]) is str and len(rest[2]) < 64)
     ):
-        values = _decode_values(pd, rest[0], decode)
+        values = _decode_pandas_values(pd, rest[0], decode)
         kind = pd.TimedeltaIndex if values.dtype.kind == "m" else pd.DatetimeIndex
         if values.dtype.kind not in "mM":
             raise ValueError("a malformed datetime index")
-        return kind(values, freq=rest[2], name=_name(decode(rest[1])))
+        return kind(values, freq=rest[2], name=_pandas_name(decode(rest[1])))
     if tag == "Pe" and len(rest) == 3:
-        values, index = _decode_values(pd, rest[0], decode), _decode_index(pd, rest[1], decode)
+        values, index = (
+            _decode_pandas_values(pd, rest[0], decode),
+            _decode_index(pd, rest[1], decode),
+        )
         if len(values) != len(index):
             raise ValueError("a Series's index does not fit its values")
-        return pd.Series(values, index=index, name=_name(decode(rest[2])), copy=False)
+        return pd.Series(values, index=index, name=_pandas_name(decode(rest[2])), copy=False)
     if tag == "Pf" and len(rest) == 3 and type(rest[0]) is list:
         index, columns = _decode_index(pd, rest[1], decode), _decode_index(pd, rest[2], decode)
-        data = [_decode_values(pd, column, decode) for column in rest[0]]
+        data = [_decode_pandas_values(pd, column, decode) for column in rest[0]]
         if len(data) != len(columns) or any(len(column) != len(index) for column in data):
             raise ValueError("a DataFrame's columns do not fit its index")
         if not columns.is_unique:
@@ -245,7 +253,7 @@ def _decode_index(pd, tree, decode):
     return _decode_pandas(pd, tree[0], tree[1:], decode)
 
 
-def _name(name):
+def _pandas_name(name):
     """A Series's or an Index's name: a hashable."""
     hash(name)
     return name
@@ -259,7 +267,7 @@ def _decode_numeric(tag, rest, decode):
     """The value `_encode_numeric` made, from its tag ("N..." numpy, "P..." pandas) and fields
     (untrusted: anything unexpected is a ValueError or a TypeError)."""
     if tag in ("Na", "No"):
-        return _decode_array(_module("numpy"), (tag, *rest), decode)
+        return _decode_array(_numeric_module("numpy"), (tag, *rest), decode)
     if tag == "Ns" and len(rest) == 2:
-        return _decode_scalar(_module("numpy"), rest)
-    return _decode_pandas(_module("pandas"), tag, rest, decode)
+        return _decode_scalar(_numeric_module("numpy"), rest)
+    return _decode_pandas(_numeric_module("pandas"), tag, rest, decode)
