@@ -217,6 +217,21 @@ NUMPY_WRONG = (  # the row means, and a list where the tests want an array
     NUMPY_HONEST.replace("return means,", "return list(means),"),
 )
 
+SORT = {
+    "task_id": "env/sort",
+    "prompt": "import numpy as np\n\n\ndef task_func(values):\n"
+    '    """Sort the array `values` in place."""\n',
+    "test": "import unittest\n\nimport numpy as np\n\n\n"
+    "class TestCases(unittest.TestCase):\n"
+    "    def test_sorted(self):\n"
+    "        values = np.array([3, 1, 2])\n"
+    "        task_func(values)\n"
+    "        np.testing.assert_array_equal(values, [1, 2, 3])\n",
+    "entry_point": "task_func",
+}
+SORT_HONEST = "    values.sort()\n"
+SORT_WRONG = "    values = np.sort(values)\n"  # a sorted copy: the tests' array stays as it was
+
 PANDAS = {
     "task_id": "env/pandas",
     "prompt": "import pandas as pd\n\n\ndef task_func(df):\n"
@@ -244,13 +259,15 @@ PANDAS_WRONG = (  # >= where > is asked: the same here; ints where bools are ask
 # A few seconds: the sandbox's driver imports numpy and pandas once per batch.
 def test_numpy_and_pandas_values_cross_by_value_both_ways() -> None:
     """Honest samples that take and return arrays, numpy scalars, object arrays and frames pass
-    (`isinstance`, numpy's and pandas's asserts, dtypes, an index's freq and the tests' array's
-    memory order hold as in one process); wrong ones fail on what differs."""
+    (`isinstance`, numpy's and pandas's asserts, dtypes, an index's freq, the tests' array's
+    memory order and an in-place sort of it hold as in one process); wrong ones fail on what
+    differs."""
     checker = get_checker("python", python_env=sys.prefix)
     jobs = [Job("env/numpy", NUMPY, c) for c in (NUMPY_HONEST, *NUMPY_WRONG)]
     jobs += [Job("env/pandas", PANDAS, c) for c in (PANDAS_HONEST, *PANDAS_WRONG)]
+    jobs += [Job("env/sort", SORT, c) for c in (SORT_HONEST, SORT_WRONG)]
     verdicts = checker.check_batch(jobs, timeout=20)
-    assert [v.passed for v in verdicts] == [True, False, False, True, False, False], [
+    assert [v.passed for v in verdicts] == [True, False, False, True, False, False, True, False], [
         v.stderr_tail[-400:] for v in verdicts
     ]
     assert all(v.error_type == "wrong_answer" for v in verdicts if not v.passed)

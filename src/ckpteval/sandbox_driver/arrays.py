@@ -67,6 +67,12 @@ def _array_shape(shape):
     return tuple(shape)
 
 
+def _is_array(value):
+    """Whether `value` is a numpy array (no subclass), without importing numpy."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind is getattr(sys.modules.get("numpy"), "ndarray", None)
+
+
 def _encode_numeric(value, encode):
     """The tree of a numpy or pandas value (`encode`: an item's tree, for object elements), or
     None: it stays a reference."""
