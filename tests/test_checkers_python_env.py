@@ -314,3 +314,59 @@ def test_a_forged_array_fails_the_sample_as_a_malformed_reply() -> None:
         f"a malformed {tree[0]} value in a reply" in v.stderr_tail
         for tree, v in zip(FORGED, verdicts, strict=True)
     ), [v.stderr_tail[-300:] for v in verdicts]
+
+
+def _across(value: object) -> object:
+    """`value` as the channel carries it: encoded, written as a literal, read, decoded."""
+    import ast
+
+    from ckpteval.sandbox_driver.channel import _encode, _load, _PlainOnly
+
+    return _load(ast.literal_eval(repr(_encode(value, _PlainOnly()))), None)
+
+
+def test_numpy_and_pandas_values_keep_type_dtype_shape_and_names() -> None:
+    """In this process (the channel's functions, no sandbox): each kind of value comes back
+    equal, of its type and dtype; what its data cannot rebuild (a subclass, a structured dtype,
+    a category's categories) is no data, so it stays a reference."""
+    np = pytest.importorskip("numpy")
+    pd = pytest.importorskip("pandas")
+    arrays = [
+        np.arange(6, dtype=">i2").reshape(2, 3),
+        np.asfortranarray(np.arange(6.0).reshape(3, 2)),
+        np.array(["a", "bcd"]),
+        np.array([b"x", b""]),
+        np.array([1 + 2j, np.nan]),
+        np.array(["2024-01-01", "NaT"], dtype="datetime64[ns]"),
+        np.zeros((0, 3), dtype=bool),
+        np.array([1, "x", None, [2]], dtype=object),
+    ]
+    for array in arrays:
+        back = _across(array)
+        assert type(back) is np.ndarray and back.dtype == array.dtype, (array, back)
+        assert back.flags.f_contiguous == array.flags.f_contiguous
+        np.testing.assert_array_equal(back, array)
+    for scalar in (
+        np.float64(0.1),
+        np.int8(-3),
+        np.bool_(True),
+        np.str_("é"),
+        np.uint64(2**64 - 1),
+    ):
+        back = _across(scalar)
+        assert type(back) is type(scalar) and back == scalar
+    frame = pd.DataFrame(
+        {"n": [1, 2], "s": ["x", None], "i": pd.array([1, None], dtype="Int64")},
+        index=pd.Index([10, 20], name="k"),
+    )
+    pd.testing.assert_frame_equal(_across(frame), frame)
+    series = pd.Series([0.5, 1.5], index=pd.timedelta_range("1s", periods=2), name=("a", 1))
+    pd.testing.assert_series_equal(_across(series), series)
+    pd.testing.assert_index_equal(_across(pd.RangeIndex(2, 9, 3)), pd.RangeIndex(2, 9, 3))
+    for opaque in (
+        np.zeros(2).view(np.recarray),
+        np.zeros(2, dtype=[("a", "<i4")]),
+        pd.Series(["a"], dtype="category"),
+    ):
+        with pytest.raises(TypeError):
+            _across(opaque)
