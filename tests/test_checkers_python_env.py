@@ -9,6 +9,7 @@ as `requests.get` would: the tests patch it), and the real `requests` installed 
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -363,8 +364,11 @@ def test_numpy_and_pandas_values_keep_type_dtype_shape_and_names() -> None:
     series = pd.Series([0.5, 1.5], index=pd.timedelta_range("1s", periods=2), name=("a", 1))
     pd.testing.assert_series_equal(_across(series), series)
     pd.testing.assert_index_equal(_across(pd.RangeIndex(2, 9, 3)), pd.RangeIndex(2, 9, 3))
+    with warnings.catch_warnings():  # numpy's note that `matrix` is not recommended
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        matrix = np.asmatrix([[1, 2]])  # a subclass numpy defines: `type(x) is np.ndarray` fails
     for opaque in (
-        np.zeros(2).view(np.recarray),
+        matrix,
         np.zeros(2, dtype=[("a", "<i4")]),
         pd.Series(["a"], dtype="category"),
     ):
