@@ -8,6 +8,7 @@ as `requests.get` would: the tests patch it), and the real `requests` installed 
 
 from __future__ import annotations
 
+import base64
 import sys
 import warnings
 from pathlib import Path
@@ -286,16 +287,21 @@ def forged_reply(tree: tuple) -> str:
     )
 
 
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
 FORGED = (
-    ("Na", "|O8", [1], "C", b"\0" * 8),  # an object pointer as bytes
+    ("Na", "|O8", [1], "C", b64(b"\0" * 8)),  # an object pointer as bytes
     ("Ns", "|O8", b"\0" * 8),
-    ("Na", "<f8", [4], "C", b"\0" * 8),  # bytes short of the shape
-    ("Na", "<f8", [1 << 30, 1 << 30], "C", b""),
-    ("Na", "<M8[zz]", [1], "C", b"\0" * 8),  # numpy refuses the unit
+    ("Na", "<f8", [4], "C", b64(b"\0" * 8)),  # bytes short of the shape
+    ("Na", "<f8", [1 << 30, 1 << 30], "C", ""),
+    ("Na", "<f8", [1], "C", "AAAA!AAAAAA="),  # no base64
+    ("Na", "<M8[zz]", [1], "C", b64(b"\0" * 8)),  # numpy refuses the unit
     ("No", [3], [1, 2]),
     (
         "Pf",
-        [("n", ("Na", "<f8", [1], "C", b"\0" * 8))],
+        [("n", ("Na", "<f8", [1], "C", b64(b"\0" * 8)))],
         ("Pr", 0, 2, 1, None),
         ("Pr", 0, 1, 1, None),
     ),
