@@ -8,7 +8,9 @@ as `requests.get` would: the tests patch it), and the real `requests` installed 
 
 from __future__ import annotations
 
+import base64
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -185,3 +187,196 @@ def test_ckpteval_score_takes_the_environment_and_the_cell_records_it(
     refused = ["score", "math", "--problems", str(problems), "--samples", str(samples)]
     assert main([*refused, "--out", str(out), "--python-env", str(env)]) != 0
     assert "--python-env applies to the python checker" in capsys.readouterr().err
+
+
+NUMPY = {
+    "task_id": "env/numpy",
+    "prompt": "import numpy as np\n\n\ndef task_func(matrix):\n"
+    '    """The column means of `matrix` (an array), its element-wise object labels, and the\n'
+    '    index of the largest mean."""\n',
+    "test": "import unittest\n\nimport numpy as np\n\n\n"
+    "class TestCases(unittest.TestCase):\n"
+    "    def test_means(self):\n"
+    "        matrix = np.asfortranarray(np.array([[1, 2, 3], [3, 4, 9]], dtype=np.int32))\n"
+    "        means, labels, best = task_func(matrix)\n"
+    "        self.assertIsInstance(means, np.ndarray)\n"
+    "        self.assertEqual(means.dtype, np.float64)\n"
+    "        np.testing.assert_array_equal(means, [2.0, 3.0, 6.0])\n"
+    "        np.testing.assert_array_equal(labels, np.array(['a', 2, None], dtype=object))\n"
+    "        self.assertIsInstance(best, np.int64)\n"
+    "        self.assertEqual(best, 2)\n"
+    "        self.assertIsInstance(means.max(), np.float64)\n"
+    "        self.assertTrue(matrix.flags.f_contiguous)\n",
+    "entry_point": "task_func",
+}
+NUMPY_HONEST = (
+    "    assert isinstance(matrix, np.ndarray) and matrix.dtype == np.int32\n"
+    "    means = np.asarray(matrix, dtype=float).mean(axis=0)\n"
+    "    return means, np.array(['a', 2, None], dtype=object), np.argmax(means)\n"
+)
+NUMPY_WRONG = (  # the row means, and a list where the tests want an array
+    NUMPY_HONEST.replace("axis=0", "axis=1"),
+    NUMPY_HONEST.replace("return means,", "return list(means),"),
+)
+
+SORT = {
+    "task_id": "env/sort",
+    "prompt": "import numpy as np\n\n\ndef task_func(values):\n"
+    '    """Sort the array `values` in place."""\n',
+    "test": "import unittest\n\nimport numpy as np\n\n\n"
+    "class TestCases(unittest.TestCase):\n"
+    "    def test_sorted(self):\n"
+    "        values = np.array([3, 1, 2])\n"
+    "        task_func(values)\n"
+    "        np.testing.assert_array_equal(values, [1, 2, 3])\n",
+    "entry_point": "task_func",
+}
+SORT_HONEST = "    values.sort()\n"
+SORT_WRONG = "    values = np.sort(values)\n"  # a sorted copy: the tests' array stays as it was
+
+PANDAS = {
+    "task_id": "env/pandas",
+    "prompt": "import pandas as pd\n\n\ndef task_func(df):\n"
+    '    """`df` (columns "city", "temp"; a daily index) with a column "hot": temp above 20."""\n',
+    "test": "import unittest\n\nimport numpy as np\nimport pandas as pd\n\n\n"
+    "class TestCases(unittest.TestCase):\n"
+    "    def test_hot(self):\n"
+    "        index = pd.date_range('2024-06-01', periods=3, name='day')\n"
+    "        df = pd.DataFrame({'city': ['Oslo', 'Rome', None], 'temp': [12.5, 28.0, 21.0]},\n"
+    "                          index=index)\n"
+    "        want = df.assign(hot=[False, True, True])\n"
+    "        pd.testing.assert_frame_equal(task_func(df), want)\n"
+    "        pd.testing.assert_series_equal(task_func(df)['hot'], want['hot'])\n"
+    "        pd.testing.assert_index_equal(task_func(df).columns, want.columns)\n"
+    "        self.assertEqual(task_func(df).index.freqstr, 'D')\n",
+    "entry_point": "task_func",
+}
+PANDAS_HONEST = "    return df.assign(hot=df['temp'] > 20)\n"
+PANDAS_WRONG = (  # >= where > is asked: the same here; ints where bools are asked; a copy
+    "    return df.assign(hot=(df['temp'] > 20).astype(int))\n",  # without the index's freq
+    "    return df.assign(hot=df['temp'] > 20).reset_index(drop=True)\n",
+)
+
+
+# A few seconds: the sandbox's driver imports numpy and pandas once per batch.
+def test_numpy_and_pandas_values_cross_by_value_both_ways() -> None:
+    """Honest samples that take and return arrays, numpy scalars, object arrays and frames pass
+    (`isinstance`, numpy's and pandas's asserts, dtypes, an index's freq, the tests' array's
+    memory order and an in-place sort of it hold as in one process); wrong ones fail on what
+    differs."""
+    checker = get_checker("python", python_env=sys.prefix)
+    jobs = [Job("env/numpy", NUMPY, c) for c in (NUMPY_HONEST, *NUMPY_WRONG)]
+    jobs += [Job("env/pandas", PANDAS, c) for c in (PANDAS_HONEST, *PANDAS_WRONG)]
+    jobs += [Job("env/sort", SORT, c) for c in (SORT_HONEST, SORT_WRONG)]
+    verdicts = checker.check_batch(jobs, timeout=20)
+    assert [v.passed for v in verdicts] == [True, False, False, True, False, False, True, False], [
+        v.stderr_tail[-400:] for v in verdicts
+    ]
+    assert all(v.error_type == "wrong_answer" for v in verdicts if not v.passed)
+
+
+def forged_reply(tree: tuple) -> str:
+    """A sample that answers the tests' call with `tree` as its value, written to the reply pipe
+    as the channel frames it, then exits: the tests read the forgery first."""
+    reply = repr(("ok", tree, [], []))
+    return (
+        "    import os\n"
+        f"    data = {reply!r}.encode()\n"
+        "    os.write(4, len(data).to_bytes(8, 'big') + data)\n"
+        "    os._exit(0)\n"
+    )
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+FORGED = (
+    ("Na", "|O8", [1], "C", b64(b"\0" * 8)),  # an object pointer as bytes
+    ("Ns", "|O8", b"\0" * 8),
+    ("Na", "<f8", [4], "C", b64(b"\0" * 8)),  # bytes short of the shape
+    ("Na", "<f8", [1 << 30, 1 << 30], "C", ""),
+    ("Na", "<f8", [1], "C", "AAAA!AAAAAA="),  # no base64
+    ("Na", "<M8[zz]", [1], "C", b64(b"\0" * 8)),  # numpy refuses the unit
+    ("No", [3], [1, 2]),
+    (
+        "Pf",
+        [("n", ("Na", "<f8", [1], "C", b64(b"\0" * 8)))],
+        ("Pr", 0, 2, 1, None),
+        ("Pr", 0, 1, 1, None),
+    ),
+)
+
+
+# A few seconds: one batch.
+def test_a_forged_array_fails_the_sample_as_a_malformed_reply() -> None:
+    """The tests' process checks what the sample sends before numpy reads it: an object dtype,
+    bytes that do not fill the shape, a frame whose columns do not fit its index fail the
+    sample; the tests' process ends as it should, its report naming the malformed reply."""
+    checker = get_checker("python", python_env=sys.prefix)
+    jobs = [Job("env/numpy", NUMPY, forged_reply(tree)) for tree in FORGED]
+    verdicts = checker.check_batch(jobs, timeout=20)
+    assert [v.passed for v in verdicts] == [False] * len(FORGED)
+    assert all(
+        f"a malformed {tree[0]} value in a reply" in v.stderr_tail
+        for tree, v in zip(FORGED, verdicts, strict=True)
+    ), [v.stderr_tail[-300:] for v in verdicts]
+
+
+def _across(value: object) -> object:
+    """`value` as the channel carries it: encoded, written as a literal, read, decoded."""
+    import ast
+
+    from ckpteval.sandbox_driver.channel import _encode, _load, _PlainOnly
+
+    return _load(ast.literal_eval(repr(_encode(value, _PlainOnly()))), None)
+
+
+def test_numpy_and_pandas_values_keep_type_dtype_shape_and_names() -> None:
+    """In this process (the channel's functions, no sandbox): each kind of value comes back
+    equal, of its type and dtype; what its data cannot rebuild (a subclass, a structured dtype,
+    a category's categories) is no data, so it stays a reference."""
+    np = pytest.importorskip("numpy")
+    pd = pytest.importorskip("pandas")
+    arrays = [
+        np.arange(6, dtype=">i2").reshape(2, 3),
+        np.asfortranarray(np.arange(6.0).reshape(3, 2)),
+        np.array(["a", "bcd"]),
+        np.array([b"x", b""]),
+        np.array([1 + 2j, np.nan]),
+        np.array(["2024-01-01", "NaT"], dtype="datetime64[ns]"),
+        np.zeros((0, 3), dtype=bool),
+        np.array([1, "x", None, [2]], dtype=object),
+    ]
+    for array in arrays:
+        back = _across(array)
+        assert type(back) is np.ndarray and back.dtype == array.dtype, (array, back)
+        assert back.flags.f_contiguous == array.flags.f_contiguous
+        np.testing.assert_array_equal(back, array)
+    for scalar in (
+        np.float64(0.1),
+        np.int8(-3),
+        np.bool_(True),
+        np.str_("é"),
+        np.uint64(2**64 - 1),
+    ):
+        back = _across(scalar)
+        assert type(back) is type(scalar) and back == scalar
+    frame = pd.DataFrame(
+        {"n": [1, 2], "s": ["x", None], "i": pd.array([1, None], dtype="Int64")},
+        index=pd.Index([10, 20], name="k"),
+    )
+    pd.testing.assert_frame_equal(_across(frame), frame)
+    series = pd.Series([0.5, 1.5], index=pd.timedelta_range("1s", periods=2), name=("a", 1))
+    pd.testing.assert_series_equal(_across(series), series)
+    pd.testing.assert_index_equal(_across(pd.RangeIndex(2, 9, 3)), pd.RangeIndex(2, 9, 3))
+    with warnings.catch_warnings():  # numpy's note that `matrix` is not recommended
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        matrix = np.asmatrix([[1, 2]])  # a subclass numpy defines: `type(x) is np.ndarray` fails
+    for opaque in (
+        matrix,
+        np.zeros(2, dtype=[("a", "<i4")]),
+        pd.Series(["a"], dtype="category"),
+    ):
+        with pytest.raises(TypeError):
+            _across(opaque)

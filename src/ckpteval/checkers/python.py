@@ -136,7 +136,9 @@ class PythonChecker(Checker):
     #: 6: what the tests patch (`unittest.mock`) reaches the sample's process, and tests in
     #: BigCodeBench's shape (`unittest.TestCase` classes, no `check`) run: such honest samples
     #: failed before.
-    version = "6"
+    #: 7: numpy arrays and scalars and pandas Series, Index and DataFrames cross by value (an
+    #: honest sample's array reached the tests as an opaque reference, which no test accepts).
+    version = "7"
     default_timeout = 10.0
     compiles = True
     languages = ("python",)

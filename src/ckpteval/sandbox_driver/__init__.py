@@ -16,7 +16,7 @@ the standard library and each other (tests/test_sandbox_driver_package.py).
 Its modules, by concern: `privileges` (libc, capabilities, root, descriptors), `isolation` (a
 command's mount and IPC namespaces), `seccomp` (the kernel state a sample may not hold),
 `accounting` (CPU and memory: cgroups, process accounting), `channel` (the values and exceptions
-that cross between a judged run's two processes), `judge` (the tests' side), `sample` (the sample's
+that cross between a judged run's two processes; `arrays`: numpy's and pandas's, by value), `judge` (the tests' side), `sample` (the sample's
 side), `spawn` (a command's process), `judged` (a judged run), `zygote` (warm zygotes) and `loop`
 (the command loop, `main`).
 
@@ -83,6 +83,7 @@ MODULES = (
     "isolation",
     "seccomp",
     "accounting",
+    "arrays",
     "channel",
     "judge",
     "sample",

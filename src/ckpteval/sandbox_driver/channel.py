@@ -8,6 +8,8 @@ import math
 import os
 import sys
 
+from .arrays import _NUMERIC_TAGS, _decode_numeric, _encode_numeric
+
 _MAX_MESSAGE = 64 << 20  # bytes of one reply; more is a failure of the sample
 
 
@@ -118,6 +120,10 @@ def _encode(value, out, depth=0):  # noqa: C901 - one branch per plain type the 
     if isinstance(value, bool):
         return bool(value)
     module = kind.__module__
+    if module in ("numpy", "pandas") or module.startswith("pandas."):
+        tree = _encode_numeric(value, lambda item: _encode(item, out, depth + 2))
+        if tree is not None:
+            return tree
     if module in _TAGGED_MODULES:
         return out.rich(value, depth)
     fields = getattr(kind, "_fields", None)
@@ -548,6 +554,13 @@ def _decode_rich(tag, rest, inbound, depth):  # noqa: C901 - the mirror of `_Out
         return side.enum_member(rest[0], rest[1], rest[2], rest[3], inbound)
     if tag in ("G", "K", "J") and len(rest) == 1:
         return side.crossing(tag, rest[0])
+    if tag in _NUMERIC_TAGS:
+        try:
+            return _decode_numeric(tag, rest, lambda item: _decode(item, inbound, depth + 2))
+        except _SampleGone:
+            raise
+        except Exception as exc:  # noqa: BLE001 - numpy's or pandas's checks of the sender's data
+            raise _SampleGone(f"a malformed {tag} value in a reply: {exc}"[:300]) from None
     return _UNKNOWN
 
 

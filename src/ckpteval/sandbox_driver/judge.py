@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from .arrays import _is_array
 from .channel import (
     _decode,
     _dump,
@@ -212,9 +213,10 @@ class _Tests:
         return value
 
     def _mutate(self, arg, tree):
-        """What the call did to a list, dict or set or an instance of the prompt's class the tests
-        passed: done to the tests' own object too, as if the call had run here (the new contents
-        are the sample's, as data; an instance keeps its identity, so a cycle back to it too)."""
+        """What the call did to a list, dict, set or numpy array or an instance of the prompt's
+        class the tests passed: done to the tests' own object too, as if the call had run here
+        (the new contents are the sample's, as data; an instance keeps its identity, so a cycle
+        back to it too; an array keeps its shape and dtype, or stays as it was)."""
         instance = type(arg).__module__ == self.program_module and hasattr(arg, "__dict__")
         try:
             new = _load(tree, self, arg if instance else None)
@@ -225,6 +227,13 @@ class _Tests:
         elif type(arg) in (dict, set) and type(new) is type(arg):
             arg.clear()
             arg.update(new)
+        elif (
+            _is_array(arg)
+            and type(new) is type(arg)
+            and (new.shape, new.dtype) == (arg.shape, arg.dtype)
+            and arg.flags.writeable
+        ):
+            arg[...] = new
 
     def _gone(self, exc):
         if self.gone is None:

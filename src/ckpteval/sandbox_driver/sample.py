@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 
+from .arrays import _is_array
 from .channel import (
     _CHUNK,
     _UNKNOWN,
@@ -442,16 +443,17 @@ class _SampleServer:
             return self.failure(exc)
 
     def changed(self, args, kwargs, sent_args, sent_kwargs):
-        """The lists, dicts and sets among the arguments that the call changed (plain data
-        only), and the instances of the program's classes (as they are now), for the tests to
-        see the change (a test may check an in-place sort, or a linked list reordered)."""
+        """The lists, dicts, sets and numpy arrays among the arguments that the call changed
+        (plain data only), and the instances of the program's classes (as they are now), for
+        the tests to see the change (a test may check an in-place sort, a shuffled array, or a
+        linked list reordered)."""
         sent_args = sent_args[1] if sent_args[0] == "X" else sent_args
         sent_kwargs = sent_kwargs[1] if sent_kwargs[0] == "X" else sent_kwargs
         try:
             pairs = [(i, a, sent_args[1][i]) for i, a in enumerate(args)]
             pairs += [(k, v, sent[1]) for (k, v), sent in zip(kwargs.items(), sent_kwargs[1])]
             for key, value, before in pairs:
-                if type(value) in (list, dict, set):
+                if type(value) in (list, dict, set) or _is_array(value):
                     after = _encode(value, _PlainOnly())
                     if after != before:
                         self.mutated.append((key, after))
