@@ -357,8 +357,9 @@ def test_an_interrupted_publish_is_finished_by_the_next_run_of_its_target(
     nothing. Each signal publishes to a TensorBoard logdir of its own, from no ledger.
 
     Cost: no sweep of its own (the module's clean run, finished; a publish section changes only
-    the publish job's identity): per signal two Snakemake starts (~5-15 s of parse each), a
-    publish job of a few seconds and a dry run, ~30-60 s on a loaded 2-core box."""
+    the publish job's identity): per signal two Snakemake starts, a publish job of a few
+    seconds and a dry run; measured 55-220 s per signal on a 2-core box at load ~13 (most of it
+    the starts' parse and interpreter start under that load)."""
     work = clean_sweep
     config = yaml.safe_load((work / "config" / "config.yaml").read_text())
     logdir = tmp_path / "tb"
