@@ -93,7 +93,10 @@ def scan(
     found, pending = [], []
     layout = Layout(str(out))
     for request in Path(layout.staging_of(run)).glob(request_glob(group_dir)):
-        name = request.parent.name
+        name, match = request.parent.name, ROUND.match(request.name)
+        if match is None:  # not a request file: not ours to serve
+            continue
+        token = match["token"]
         try:
             body = read_json(request)
             staging = staging_of(request)
@@ -104,7 +107,6 @@ def scan(
             continue
         if body.get("invocation") != invocation or not body.get("cells"):
             continue
-        token = ROUND.match(request.name)["token"]  # type: ignore[index] - staging_of matched
         if done_path(staging, token).exists():  # its engine job has run in this invocation
             continue
         if not manifest.exists():
