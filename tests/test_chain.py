@@ -18,8 +18,8 @@ import pytest
 import ckpteval.engine.job as steps
 from ckpteval.contract import Identity
 from ckpteval.freshness import StaleCell
-from ckpteval.plan.layout import CellKey
-from ckpteval.verbs import request_body, request_path, write_request
+from ckpteval.plan.layout import CellKey, request_path
+from ckpteval.verbs import request_body, write_request
 
 RUN, INVOCATION = "r", "inv-1"
 

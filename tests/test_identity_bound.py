@@ -526,8 +526,8 @@ def _engine_job_files(tmp: Path, plan: Any, run: str) -> SimpleNamespace:
     file a run writes when it starts (every cell of the default engine group requested)."""
     from ckpteval.backends import model_card
     from ckpteval.contract import engine_payload, generation_identity, model_identity
-    from ckpteval.plan.layout import CellKey
-    from ckpteval.verbs import StaleCell, request_body, request_path, write_request
+    from ckpteval.plan.layout import CellKey, request_path
+    from ckpteval.verbs import StaleCell, request_body, write_request
 
     out = tmp / "results"
     manifest = out / "models" / run / "step_7.json"

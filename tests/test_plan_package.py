@@ -10,11 +10,14 @@ a model: each test takes well under a second, the dry run a few.
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import os
 import re
 import shutil
 import time
+import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +267,149 @@ def test_the_selftest_gate_and_a_deleted_checkpoints_kept_scores_agree(
     assert planned.layout.score(gone) not in planned.kept_deleted_cells()
     [warning] = warnings
     assert f"({why.replace('step_100', 'step_200')})" in warning, (why, warning)
+
+
+# ------------------------------------------------------------ Layout: the one place a path is spelled
+
+#: The directories under `outdir` that `Layout` spells (the first name after `out` in each of
+#: its paths, and the publish ledgers' under `summary`), and the names its helpers add beside
+#: a file a job is given.
+STEP_DIRS = "models sources generations scores staging cache assist summary published".split()
+SUFFIXES = (".meta.json", ".request.json")
+IN_FSTRING = (".done", ".claim")  # a round's done file, a staging directory's lock
+
+
+def _spells(piece: str, formatted: bool) -> bool:
+    """Whether a string literal's text (an f-string's text with `{}` for its fields) spells a
+    path under `outdir`: a step directory between slashes or at a path's start, or a name
+    `Layout`'s helpers put beside a file. Logs are not under `outdir` (`logs/<rule>/...`)."""
+    if piece.startswith("logs/"):
+        return False
+    if any(re.search(rf"(?:^|/){step}/", piece) for step in STEP_DIRS):
+        return True
+    if any(s in piece for s in SUFFIXES):
+        return True
+    return formatted and piece.endswith(IN_FSTRING)
+
+
+def _text(node: ast.expr) -> tuple[str, bool] | None:
+    """A str constant's text, or an f-string's with `{}` for its fields (and True)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value, False
+    if isinstance(node, ast.JoinedStr):
+        parts = [v.value if isinstance(v, ast.Constant) else "{}" for v in node.values]
+        return "".join(map(str, parts)), True
+    return None
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of a module, its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            if isinstance(body[0].value, ast.Constant | ast.JoinedStr):
+                found.add(id(body[0].value))
+    return found
+
+
+def _python_spellings(path: Path, source: str) -> list[str]:
+    tree = ast.parse(source)
+    skip, hits = _docstrings(tree), []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            for value in node.values:  # its pieces are walked too: not again as constants
+                skip.add(id(value))
+        text = _text(node) if isinstance(node, ast.expr) else None
+        if text is not None and _spells(*text):
+            hits.append(f"{path}:{node.lineno}: {text[0]!r}")
+        # `out / "scores"`: a step directory joined on as a path component
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            for side in (node.left, node.right):
+                if isinstance(side, ast.Constant) and side.value in STEP_DIRS:
+                    hits.append(f"{path}:{node.lineno}: / {side.value!r}")
+    return hits
+
+
+def _snakemake_spellings(path: Path, source: str) -> list[str]:
+    """The same over a Snakemake file's string tokens (not Python: its rules are not
+    statements `ast` reads), a function's docstring (the first string of its body) left out."""
+    hits, in_header, docstring_next = [], False, False
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE):
+            continue
+        if tok.type == tokenize.STRING and not docstring_next:
+            text = _text(ast.parse(tok.string, mode="eval").body)
+            if text is not None and _spells(*text):
+                hits.append(f"{path}:{tok.start[0]}: {text[0]!r}")
+        docstring_next = in_header and tok.type == tokenize.INDENT
+        in_header = (in_header and not docstring_next) or (tok.type, tok.string) == (
+            tokenize.NAME,
+            "def",
+        )
+    return hits
+
+
+def path_spellings(root: Path) -> list[str]:
+    """Every string in the code of the package and the workflow under `root`, outside
+    `plan/layout.py`, that spells a path under `outdir` (docstrings and comments may name
+    paths: they are prose)."""
+    package = root / "src" / "ckpteval"
+    hits = []
+    for path in sorted(package.rglob("*.py")):
+        if path != package / "plan" / "layout.py":
+            hits += _python_spellings(path.relative_to(root), path.read_text())
+    for path in sorted((root / "workflow").rglob("*.py")):
+        hits += _python_spellings(path.relative_to(root), path.read_text())
+    for path in [root / "Snakefile", *sorted((root / "workflow").rglob("*.smk"))]:
+        hits += _snakemake_spellings(path.relative_to(root), path.read_text())
+    return hits
+
+
+def test_layout_is_the_only_place_a_results_path_is_spelled() -> None:
+    """A path template spelled a second time drifts from Layout's (the score-cell path was once
+    written out eight times); the rules, the verbs, the engine jobs and the report ask Layout."""
+    assert path_spellings(REPO) == []
+
+
+def test_the_spelling_check_finds_a_path_spelled_by_hand(tmp_path: Path) -> None:
+    """The check above is no check if it cannot fail: each way of spelling a path by hand that
+    the package once had is found; prose and names that merely resemble one are not."""
+    package = tmp_path / "src" / "ckpteval"
+    package.mkdir(parents=True)
+    (tmp_path / "workflow" / "rules").mkdir(parents=True)
+    (tmp_path / "Snakefile").write_text('include: "workflow/rules/x.smk"\n')
+    (package / "by_hand.py").write_text(
+        '"""Reads `scores/{run}/{ckpt}/{task}/{variant}.json` (prose)."""\n'
+        "def cell(out, rel):\n"
+        '    """Under `out/scores/`: prose."""\n'
+        '    return f"{out}/scores/{rel}.json"\n'
+        "def meta(base):\n"
+        '    return base.with_suffix(".meta.json")\n'
+        "def memo(outdir):\n"
+        '    return outdir / "sources" / "content.json"\n'
+        "def done(staging, token):\n"
+        '    return staging.with_name(f"{staging.name}.{token}.done")\n'
+        'EFFECTS = ("summary", "scores")  # names, not paths\n'
+        'HTML = "<details><summary>prompt</summary></details>"\n'
+    )
+    (tmp_path / "workflow" / "rules" / "x.smk").write_text(
+        "def get_x(wildcards):\n"
+        '    """The file under results/scores/ (prose)."""\n'
+        "    return 1\n\n\n"
+        "rule redo:\n"
+        "    output:\n"
+        '        f"{OUT}/staging/redo/{{key}}",\n'
+        "    log:\n"
+        '        "logs/redo/{key}.log",\n'
+    )
+    hits = [hit.split(": ", 1)[0] for hit in path_spellings(tmp_path)]
+    assert hits == [
+        "src/ckpteval/by_hand.py:4",
+        "src/ckpteval/by_hand.py:6",
+        "src/ckpteval/by_hand.py:8",
+        "src/ckpteval/by_hand.py:10",
+        "workflow/rules/x.smk:8",
+    ]

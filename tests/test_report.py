@@ -404,8 +404,8 @@ def test_a_rebuild_reads_only_the_cells_whose_files_changed(
     gives; a cell whose generation file changed is read again, one whose file kept its size
     and time is not (the key is the files' identity); a cell no longer summarized leaves no
     entry."""
+    from ckpteval.plan.layout import generation_of_score
     from ckpteval.report import render_html, write_html
-    from ckpteval.report.samples import generation_path
 
     generations = {}
     for path in sweep:
@@ -414,7 +414,7 @@ def test_a_rebuild_reads_only_the_cells_whose_files_changed(
             {**r, "prompt": f"solve {r['task_id']}", "completion": f"old {path.parent.parent.name}"}
             for r in rows
         ]
-        gen = generation_path(path)
+        gen = generation_of_score(path)
         gen.parent.mkdir(parents=True, exist_ok=True)
         gen.write_text("".join(json.dumps(line) + "\n" for line in lines))
         generations[path] = gen

@@ -116,7 +116,7 @@ def _put(endpoint: str, bucket: str, key: str, body: bytes = b"{}") -> None:
     _client(endpoint).put_object(Bucket=bucket, Key=key, Body=body)
 
 
-def _plan(tmp_path: Path, path: str, **run: object):  # noqa: ANN202 - a Plan
+def _plan(tmp_path: Path, path: str, allow_empty_runs: bool = True, **run: object):  # noqa: ANN202 - a Plan
     cfg = tmp_path / "s3.yaml"
     extra = "".join(f", {k}: {v}" for k, v in run.items())
     cfg.write_text(
@@ -126,7 +126,7 @@ def _plan(tmp_path: Path, path: str, **run: object):  # noqa: ANN202 - a Plan
     )
     config = load_config(cfg)
     validate_config(config)
-    return build_plan(config, tmp_path, allow_empty_runs=True)
+    return build_plan(config, tmp_path, allow_empty_runs=allow_empty_runs)
 
 
 def test_checkpoints_are_found_from_the_listing_without_download(
@@ -238,6 +238,23 @@ def test_missing_credentials_and_bucket_are_one_line(
         _plan(tmp_path, "s3://partial/run")
     assert "\n" not in str(err.value)
     assert "no S3 credentials; set SNAKEMAKE_STORAGE_S3_ACCESS_KEY" in str(err.value)
+
+
+def test_a_prefix_without_checkpoints_says_what_it_holds(s3_env: str, tmp_path: Path) -> None:
+    """A parent prefix (the experiment's, not the run's) is one line naming what is there, as
+    a local parent directory's is: not "it is empty", which sends its user looking for an upload
+    that is not missing."""
+    _bucket(s3_env, "exps")
+    _put(s3_env, "exps", "exp1/grpo/step_10/config.json")
+    _put(s3_env, "exps", "exp1/notes.txt", b"a note")
+    with pytest.raises(UserError) as err:
+        _plan(tmp_path, "s3://exps/exp1", allow_empty_runs=False)
+    assert "\n" not in str(err.value)
+    assert str(err.value).startswith("config: runs.s3run.patterns: nothing in s3://exps/exp1 ")
+    assert str(err.value).endswith("(it holds grpo, notes.txt)")
+    with pytest.raises(UserError) as err:
+        _plan(tmp_path, "s3://exps/exp2", allow_empty_runs=False)
+    assert str(err.value).endswith("(it is empty)")
 
 
 def _workflow_config(tmp_path: Path, path: str) -> Path:

@@ -12,17 +12,14 @@ from types import SimpleNamespace
 
 from ckpteval.contract import Identity
 from ckpteval.freshness import StaleCell
-from ckpteval.plan.layout import CellKey
+from ckpteval.plan.layout import CellKey, done_path, request_path, staging_of
 from ckpteval.verbs import (
     Verbs,
     damaged_json,
-    done_path,
     next_round,
     read_request,
     redo_path,
     request_body,
-    request_path,
-    staging_of,
     write_done,
     write_request,
 )

@@ -35,7 +35,7 @@ from ckpteval.content import ContentIds, content_id, model_files, task_yaml_file
 from ckpteval.errors import UserError
 from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.reasoning import from_config
-from ckpteval.s3 import is_s3, local_path
+from ckpteval.s3 import is_s3, list_objects, local_path
 from ckpteval.shard import Shard, parse_shard, select
 from ckpteval.tasks import TaskSpec, resolve_task
 
@@ -659,12 +659,15 @@ def _nothing_found(
 ) -> None:
     """A run that finds no checkpoint is a mistake, said in one line: where it looked, what is
     there, and, when earlier results of the run exist, for how many checkpoints (a wrong or
-    parent directory, an empty one, a wrong S3 prefix: its results would silently drop out)."""
-    entries = (
-        sorted(p.name for p in where.iterdir() if not p.name.startswith("."))
-        if isinstance(where, Path)
-        else []
-    )
+    parent directory, an empty one, a wrong S3 prefix: its results would silently drop out).
+    What an S3 prefix holds takes one more listing, made only here."""
+    if isinstance(where, Path):
+        names = {p.name for p in where.iterdir()}
+    else:
+        names = {
+            key.split("/", 1)[0] for key, *_ in list_objects(where, f"config: runs.{name}.path")
+        }
+    entries = sorted(n for n in names if not n.startswith("."))
     holds = (
         f" (it holds {', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"
         if entries

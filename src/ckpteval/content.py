@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.io import sha256_file, sha256_json, write_json
+from ckpteval.plan.layout import Layout
 
 #: Files up to this size are hashed at every parse; larger ones once per (size, mtime_ns).
 ALWAYS_HASH_BYTES = 1 << 20
@@ -39,7 +40,7 @@ class ContentIds:
     """Content hashes of files, memoized per parse and (large files) across parses."""
 
     def __init__(self, outdir: str | os.PathLike[str]) -> None:
-        self.memo_path = Path(outdir) / "sources" / "content.json"
+        self.memo_path = Path(Layout(os.fspath(outdir)).content_memo())
         self._memo: dict[str, dict[str, dict[str, Any]]] | None = None
         self._ids: dict[tuple[str, str], str] = {}
         self._dirty = False

@@ -41,6 +41,7 @@ from ckpteval.backends import Backend, Prompt, SamplingSpec
 from ckpteval.errors import UserError
 from ckpteval.io import iter_jsonl, read_json, write_json, write_jsonl
 from ckpteval.metrics import LengthTotals, mean_and_stderr
+from ckpteval.plan.layout import generation_meta_of
 from ckpteval.reasoning import TRUNCATED, Reasoning, split, task_reasoning
 from ckpteval.tasks import HARNESS_TASK_DIR, TaskSpec
 
@@ -606,7 +607,7 @@ def score_harness_file(
     pass collects the problems (one per task), a second feeds the samples to `score_samples`.
     """
     errors: list[str] = []
-    meta_path = generations.with_suffix(".meta.json")
+    meta_path = generation_meta_of(generations)
     meta = read_json(meta_path) if meta_path.exists() else {}
     first = next(iter_jsonl(generations, errors=[]), None)
     if first is not None and "problem" in first:

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpteval.errors import UserError
 from ckpteval.io import read_json, sha256_json, write_json
-from ckpteval.plan.layout import Layout
+from ckpteval.plan.layout import Layout, published_in
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -496,7 +496,7 @@ def _slug(target: Mapping[str, Any]) -> str:
 
 
 def ledger_path(summary: Path, tracker: Tracker) -> Path:
-    return summary / "published" / f"{tracker.name}-{_slug(tracker.target())}.json"
+    return published_in(summary, f"{tracker.name}-{_slug(tracker.target())}")
 
 
 def publish(
@@ -578,7 +578,7 @@ def _publish_one(
         "runs": {run: states[run] for run in sorted(states)},
         "notes": list(notes),
     }
-    write_json(summary / "published" / f"{tracker.name}.json", report)
+    write_json(published_in(summary, tracker.name), report)
     return report
 
 

@@ -22,6 +22,7 @@ from ckpteval.contract import Identity
 from ckpteval.errors import UserError
 from ckpteval.io import read_meta, sha256_file
 from ckpteval.knobs import runtime
+from ckpteval.plan.layout import generation_meta_of
 
 
 def run_step(step: Callable[[Any], None], smk: Any) -> None:
@@ -235,7 +236,7 @@ def infer(smk: Any) -> None:
 def generation(smk: Any) -> None:
     """Move a cell's generation file and meta from its engine job's staging directory into
     place (rule `generation`; a rename: the file appears complete or not at all)."""
-    from ckpteval.verbs import staged_paths, staging_of
+    from ckpteval.plan.layout import staged_paths, staging_of
 
     task, variant = smk.wildcards.task, smk.wildcards.variant
     done = getattr(smk.input, "done", None)
@@ -392,7 +393,7 @@ def _score_provenance(
         "generation_sha256": sha256_file(generations),
         "scoring": job.identity.settings,
     }
-    template = read_meta(generations.with_suffix(".meta.json")).get("chat_template")
+    template = read_meta(generation_meta_of(generations)).get("chat_template")
     if template is not None:  # the chat template the prompts went through (infer._write_meta)
         provenance["chat_template"] = template
     return provenance

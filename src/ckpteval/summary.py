@@ -69,6 +69,7 @@ from ckpteval.aggregate.training import training_table
 from ckpteval.best import candidates, select_among
 from ckpteval.errors import UserError
 from ckpteval.io import atomic_open, iter_jsonl, write_json
+from ckpteval.plan.layout import score_samples_of
 
 
 def summarize(
@@ -313,7 +314,7 @@ def write_summary_json(cell_jsons: Sequence[Path], path: Path) -> None:
         ckpts = runs.setdefault(run, {})
         ckpts.setdefault(ckpt, {"step": cell.get("step"), "tasks": {}})["tasks"].setdefault(
             task, {}
-        )[variant] = _cell_entry(cell, cell_path.with_suffix(".jsonl"))
+        )[variant] = _cell_entry(cell, score_samples_of(cell_path))
     ordered = {
         run: dict(
             sorted(ckpts.items(), key=lambda kv: (kv[1]["step"] is None, kv[1]["step"] or 0, kv[0]))

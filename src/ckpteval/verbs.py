@@ -40,7 +40,6 @@ parse time) made by the trivial rule `redo`, which `all` asks for.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +48,7 @@ from typing import Any
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness, StaleCell
 from ckpteval.io import read_json, sha256_json, write_json
-from ckpteval.plan.layout import CellKey
+from ckpteval.plan.layout import ROUND, CellKey
 
 #: The per-cell rule.
 CELL_RULE = "generation"
@@ -86,12 +85,6 @@ class Verbs:
 
 def _norm(path: str | os.PathLike[str]) -> str:
     return os.path.normpath(os.path.abspath(path))
-
-
-def staged_paths(staging: Path, task: str, variant: str) -> tuple[Path, Path]:
-    """Where an engine job writes a cell's generation file and meta."""
-    base = staging / task / variant
-    return base.with_suffix(".jsonl"), base.with_suffix(".meta.json")
 
 
 def requested(
@@ -166,10 +159,6 @@ def read_request_body(path: Path, *, strict: bool = False) -> dict[str, Any]:
     return {"cells": []}
 
 
-#: A round token: `r` and a serial number (the wildcard `token` of the engine rules).
-ROUND = re.compile(r"^(?P<group>.+)\.(?P<token>r[0-9]+)\.(?:done|request\.json)$")
-
-
 def next_round(names: Iterable[str], group_dir: str) -> str:
     """The round token of a checkpoint's engine job of `group_dir`, given the names in its
     staging directory: one more than any round there, so its done file does not exist."""
@@ -179,24 +168,6 @@ def next_round(names: Iterable[str], group_dir: str) -> str:
         if (m := ROUND.match(name)) is not None and m["group"] == group_dir
     ]
     return f"r{max(rounds, default=0) + 1}"
-
-
-def done_path(staging: Path, token: str) -> Path:
-    """The engine job's output for round `token` (`staging` is its group's staging directory)."""
-    return staging.with_name(f"{staging.name}.{token}.done")
-
-
-def request_path(staging: Path, token: str) -> Path:
-    """Which cells the engine job of round `token` generates (written when the run starts)."""
-    return staging.with_name(f"{staging.name}.{token}.request.json")
-
-
-def staging_of(done: Path) -> Path:
-    """The staging directory of an engine job's done or request file."""
-    match = ROUND.match(done.name)
-    if match is None:
-        raise ValueError(f"{done}: not an engine job's done or request file")
-    return done.with_name(match["group"])
 
 
 def request_body(

@@ -184,7 +184,7 @@ if OPENAI_RUNS or REPLAY_RUNS:
 # file runs again without the parse removing anything.
 rule redo:
     output:
-        f"{LAYOUT.redo_root()}/{{key}}",
+        LAYOUT.redo("{key}"),
     log:
         "logs/redo/{key}.log",
     wildcard_constraints:

@@ -32,7 +32,7 @@ import pyarrow.json as pa_json
 from ckpteval.errored import REWARD_ERROR_RATE, Errored, errored_metrics
 from ckpteval.errors import UserError
 from ckpteval.io import iter_jsonl
-from ckpteval.plan.layout import CellKey
+from ckpteval.plan.layout import CellKey, score_samples_of
 
 _SAMPLE_SCHEMA = pa.schema(
     [
@@ -79,7 +79,7 @@ class Cell:
 
     @property
     def samples_path(self) -> Path:
-        return Path(self.source).with_suffix(".jsonl")
+        return score_samples_of(Path(self.source))
 
 
 @dataclass(frozen=True)
@@ -91,13 +91,12 @@ class Problem:
     reason: str
 
     def row(self) -> dict[str, str]:
-        parts = Path(self.path).with_suffix("").parts[-4:]
-        names = dict(zip(("run", "ckpt", "task", "variant"), parts)) if len(parts) == 4 else {}
+        cell = CellKey.at(self.path)
         return {
             "kind": self.kind,
             "path": self.path,
             "reason": self.reason,
-            **{k: names.get(k, "") for k in ("run", "ckpt", "task", "variant")},
+            **{k: getattr(cell, k) if cell else "" for k in ("run", "ckpt", "task", "variant")},
         }
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from ckpteval.environment import job_environment, versions
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_file, write_json, write_jsonl
+from ckpteval.plan.layout import generation_meta_of
 from ckpteval.problems import numbered_lines
 from ckpteval.reasoning import split, task_reasoning
 from ckpteval.tasks import TaskSpec
@@ -58,7 +59,7 @@ def replay_solutions(
     lines, missing = replay.finished(sources, where)
     write_jsonl(out, lines)
     stats = _meta(task, variant, sources, problems, lines, missing, replay.dropped, started)
-    write_json(out.with_suffix(".meta.json"), stats)
+    write_json(generation_meta_of(out), stats)
     log.info("replayed %d samples of task %s from %d file(s)", len(lines), task.name, len(sources))
     return stats
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
 import logging
 import os
 import re
@@ -32,7 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.io import read_json
-from ckpteval.plan.layout import Layout
+from ckpteval.plan.layout import (
+    ROUND,
+    Layout,
+    claim_path,
+    done_path,
+    request_glob,
+    staged_paths,
+    staging_of,
+)
 
 log = logging.getLogger("ckpteval.engine.chain")
 
@@ -52,10 +59,6 @@ class Checkpoint:
     @property
     def claim_path(self) -> Path:
         return claim_path(self.staging)
-
-
-def claim_path(staging: Path) -> Path:
-    return staging.with_name(staging.name + ".claim")
 
 
 @contextlib.contextmanager
@@ -87,12 +90,13 @@ def scan(
     """The other checkpoints of `run` whose engine jobs of this group have cells to generate in
     this invocation, consolidated already, in step order after `ckpt` first, then before it;
     and the names of those not consolidated yet (a chain may wait for them)."""
-    from ckpteval.verbs import done_path, staging_of
-
     found, pending = [], []
     layout = Layout(str(out))
-    for request in Path(layout.staging_of(run)).glob(f"*/{glob.escape(group_dir)}.r*.request.json"):
-        name = request.parent.name
+    for request in Path(layout.staging_of(run)).glob(request_glob(group_dir)):
+        name, match = request.parent.name, ROUND.match(request.name)
+        if match is None:  # not a request file: not ours to serve
+            continue
+        token = match["token"]
         try:
             body = read_json(request)
             staging = staging_of(request)
@@ -103,7 +107,6 @@ def scan(
             continue
         if body.get("invocation") != invocation or not body.get("cells"):
             continue
-        token = request.name.removesuffix(".request.json").rsplit(".", 1)[1]
         if done_path(staging, token).exists():  # its engine job has run in this invocation
             continue
         if not manifest.exists():
@@ -127,8 +130,6 @@ def scan(
 def staged_current(staging: Path, cell: Any, model_hash: Any, invocation: Any) -> bool:
     """A cell (ckpteval.jobs.CellJob) already staged for these settings and this model, in this
     invocation (by a chain that went ahead); anything else in a staging directory is a leftover."""
-    from ckpteval.verbs import staged_paths
-
     jsonl, meta = staged_paths(staging, cell.key.task, cell.key.variant)
     try:
         recorded = read_json(meta)

@@ -58,6 +58,7 @@ from ckpteval.engine.gpus import Lease, engine_gpus, lease_engine_device
 from ckpteval.environment import job_environment, versions
 from ckpteval.errors import UserError
 from ckpteval.io import read_json, sha256_json, write_json, write_jsonl
+from ckpteval.plan.layout import generation_meta_of
 from ckpteval.problems import earlier_turns
 from ckpteval.reasoning import engine_spec, split, task_reasoning
 from ckpteval.tasks import TaskSpec
@@ -83,7 +84,7 @@ class Job:
 
     @property
     def meta(self) -> Path:
-        return self.out.with_suffix(".meta.json")
+        return generation_meta_of(self.out)
 
     @property
     def template(self) -> TemplateUse:

@@ -20,6 +20,7 @@ from typing import Any
 from ckpteval.errors import UserError
 from ckpteval.io import read_meta
 from ckpteval.knobs import runtime
+from ckpteval.plan.layout import staged_paths
 
 
 @dataclass(frozen=True)
@@ -114,10 +115,11 @@ def _engine_job(run: str, ckpt: str, request: Path, manifest: Path) -> Any:
 def _clear_staged(staging: Path, keep: set[tuple[str, str]]) -> None:
     """Drop what was staged for cells this job does not generate: a staged file is only ever
     for the current request."""
-    for path in [*staging.glob("*/*.jsonl"), *staging.glob("*/*.meta.json")]:
-        variant = path.name.removesuffix(".jsonl").removesuffix(".meta.json")
-        if (path.parent.name, variant) not in keep:
-            path.unlink(missing_ok=True)
+    kept = {path for task, variant in keep for path in staged_paths(staging, task, variant)}
+    for pattern in staged_paths(staging, "*", "*"):
+        for path in staging.glob(str(pattern.relative_to(staging))):
+            if path not in kept:
+                path.unlink(missing_ok=True)
 
 
 def _endpoint_knobs(smk: Any, job: Any) -> dict[str, Any]:
@@ -169,7 +171,6 @@ def _generate(
     """Generate `cells` (ckpteval.jobs.CellJob, of engine job `job`) of the checkpoint whose
     model the engine holds into `staging`."""
     from ckpteval.engine.generate import Job, run_infer
-    from ckpteval.verbs import staged_paths
 
     run = smk.wildcards.run
     invocation = _invocation(smk)

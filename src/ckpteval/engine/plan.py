@@ -16,16 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.contract import engine_payload
-from ckpteval.plan.layout import CellKey, Layout
-from ckpteval.verbs import (
-    Verbs,
-    done_path,
-    next_round,
-    request_body,
-    request_path,
-    requested,
-    write_request,
-)
+from ckpteval.plan.layout import CellKey, Layout, done_path, request_path
+from ckpteval.verbs import Verbs, next_round, request_body, requested, write_request
 
 
 def infer_rule_name(prefix: str, group: str) -> str:
@@ -52,12 +44,12 @@ class EnginePlan:
 
     def staging_dir(self, group: str) -> str:
         """Where an engine job of `group` writes its checkpoint's cells (a wildcard pattern)."""
-        return f"{self.layout.staging('{run}', '{ckpt}')}/{group or 'main'}"
+        return self.layout.engine_staging("{run}", "{ckpt}", group or "main")
 
     def done_template(self, group: str) -> str:
         """An engine job's output: one done file per round (`{token}`, ckpteval.verbs), a name
         no file has when the workflow is parsed."""
-        return f"{self.staging_dir(group)}.{{token}}.done"
+        return str(done_path(Path(self.staging_dir(group)), "{token}"))
 
     @staticmethod
     def log_template(group: str) -> str:

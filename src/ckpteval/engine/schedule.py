@@ -25,6 +25,7 @@ once per (run, task, variant), so the Snakefile pays for a directory listing, no
 from __future__ import annotations
 
 import bisect
+import glob
 import json
 import statistics
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpteval.plan.layout import Layout
+from ckpteval.plan.layout import CellKey, Layout
 
 #: Requests assumed for an lm-eval task without `limit` until one of its generations is measured
 #: (its documents are not counted at parse time: that would load every dataset).
@@ -183,9 +184,9 @@ class InferCosts:
         if key not in self._measured:
             steps = {c.name: c.step for c in self.plan.runs[run].checkpoints}
             found = []
-            for meta in Path(Layout(self.plan.outdir).generations_of(run)).glob(
-                f"*/{task}/{variant}.meta.json"
-            ):
+            layout = Layout(glob.escape(self.plan.outdir))
+            metas = layout.generation_meta(CellKey(glob.escape(run), "*", task, variant))
+            for meta in map(Path, glob.glob(metas)):
                 ckpt = meta.parent.parent.name
                 seconds = _generation_seconds(meta)
                 if ckpt in steps and seconds is not None:

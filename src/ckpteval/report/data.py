@@ -29,8 +29,9 @@ from ckpteval.aggregate.tables import (
     truncation_flags,
 )
 from ckpteval.metrics import LENGTH_METRICS
+from ckpteval.plan.layout import generation_of_score, score_samples_of
 from ckpteval.report.cache import CellCache
-from ckpteval.report.samples import encode_blob, generation_path, read_cell_samples
+from ckpteval.report.samples import encode_blob, read_cell_samples
 from ckpteval.sandbox import describe_isolation
 
 #: The deltas.csv columns the page reads (the Tables section has them all).
@@ -309,7 +310,8 @@ def _cell_entry(source: str, task: str, cache: CellCache) -> dict[str, Any]:
     """The cell's blob, verdict counts and provenance fields: from `cache` when its files are
     the ones it saw, else read (and kept there), its prompts added to the task's."""
     key = cache.key(
-        source, [Path(source), Path(source).with_suffix(".jsonl"), generation_path(source)]
+        source,
+        [Path(source), score_samples_of(Path(source)), generation_of_score(Path(source))],
     )
     entry = cache.get(key)
     if entry is not None:

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from ckpteval.plan.layout import CellKey, Layout
+from ckpteval.plan.layout import generation_of_score, score_samples_of
 
 #: Generation-line fields kept besides the scalar ones (a chat prompt is a list: kept apart).
 GENERATION_FIELDS = ("completion", "reasoning", "answer", "finish_reason", "truncated_reasoning")
@@ -53,20 +53,12 @@ class CellSamples:
         return {"s": self.scores, "g": self.generations, "note": self.note}
 
 
-def generation_path(source: str | Path) -> Path:
-    """The generation file of the cell `{root}/scores/{run}/{ckpt}/{task}/{variant}.json`:
-    `{root}/generations/{run}/{ckpt}/{task}/{variant}.jsonl`, the workflow's layout."""
-    path = Path(source)
-    root = path.parents[4] if len(path.parents) > 4 else path.parent
-    return Path(Layout(str(root)).generation(CellKey(*path.parts[-4:-1], path.stem)))
-
-
 def read_cell_samples(source: str | Path, known_prompts: Container[str] = ()) -> CellSamples:
     """A cell's score lines (scalar fields) and generation lines (scalar fields and the texts),
     read with Arrow's JSON reader (a file it rejects is read line by line)."""
-    scores = _read_columns(Path(source).with_suffix(".jsonl"))
+    scores = _read_columns(score_samples_of(Path(source)))
     scores = {k: v for k, v in scores.items() if k != "prompt" and v is not _NESTED}
-    gen_path = generation_path(source)
+    gen_path = generation_of_score(Path(source))
     generations = _read_columns(gen_path, _KEPT) if gen_path.is_file() else {}
     prompts: dict[str, Any] = {}
     ids = generations.get("task_id", [])
