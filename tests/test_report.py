@@ -424,7 +424,9 @@ def test_a_rebuild_reads_only_the_cells_whose_files_changed(
     expected = render_html(summary)
     write_html(summary, [], page, cache=cache)
     assert page.read_text() == expected
-    assert len(list(cache.glob("*.json"))) == len(sweep) + 2  # a prompts file per task
+    assert _cache_entries(cache) == len(sweep)  # in a pack per checkpoint directory
+    assert len(list(cache.glob("pack-*.json"))) == len({p.parent.parent for p in sweep})
+    assert len(list(cache.glob("prompts-*.json"))) == 2  # a prompts file per task
     write_html(summary, [], page, cache=cache)  # every cell from the cache
     assert page.read_text() == expected
 
@@ -440,4 +442,11 @@ def test_a_rebuild_reads_only_the_cells_whose_files_changed(
     assert page.read_text() == render_html(summary)
 
     write_html(summarize(sweep[1:], bootstrap=50), [], page, cache=cache)
-    assert len(list(cache.glob("*.json"))) == len(sweep) - 1 + 2
+    assert _cache_entries(cache) == len(sweep) - 1
+    # the baseline's checkpoint had that one cell: its pack is gone
+    assert len(list(cache.glob("pack-*.json"))) == len({p.parent.parent for p in sweep[1:]})
+
+
+def _cache_entries(cache: Path) -> int:
+    """The cells a report cache keeps an entry of."""
+    return sum(len(json.loads(p.read_text())["entries"]) for p in cache.glob("pack-*.json"))
