@@ -450,3 +450,60 @@ def test_a_rebuild_reads_only_the_cells_whose_files_changed(
 def _cache_entries(cache: Path) -> int:
     """The cells a report cache keeps an entry of."""
     return sum(len(json.loads(p.read_text())["entries"]) for p in cache.glob("pack-*.json"))
+
+
+def test_the_aggregate_step_reads_again_only_the_cell_rescored_since_its_last_build(
+    tmp_path: Path, sweep: list[Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The aggregate job as the workflow runs it (`ckpteval.steps.aggregate`), twice, into a
+    staging directory emptied in between as Snakemake empties it, one cell rescored between
+    the two: the second build takes every other cell from the cache the first left beside the
+    staging directory (its log line counts them), reads the rescored one again, and its
+    report shows the new verdicts."""
+    import logging
+    import shutil
+    from types import SimpleNamespace
+
+    from ckpteval import steps
+    from ckpteval.contract import summary_identity
+
+    out = tmp_path / "results"
+    staged = out / "staging" / "summary"
+    config = {"aggregate": {"title": "t", "bootstrap": 20}, "runs": {}}
+    smk = SimpleNamespace(
+        input=SimpleNamespace(cells=[str(p) for p in sweep]),
+        output=SimpleNamespace(staged=str(staged)),
+        params=SimpleNamespace(
+            identity=summary_identity(config).text, deleted=[], broken=[], sampling={}
+        ),
+    )
+
+    def build() -> tuple[str, list[int]]:
+        """The build's log line of cells from the cache; the rescored checkpoint's row of
+        the math task's verdict matrix in its report."""
+        shutil.rmtree(staged, ignore_errors=True)  # Snakemake empties a directory output
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ckpteval.report.data"):
+            steps.aggregate(smk)
+        (line,) = [r.getMessage() for r in caplog.records if "from the cache" in r.getMessage()]
+        page = (staged / "report.html").read_text()
+        group = next(g for g in page_data(page)["groups"] if g["task"] == "math")
+        matrix = _blob(page, group["verdicts"])
+        return line, matrix["passed"][group["ckpts"].index("without:step_400")]
+
+    line, row = build()
+    assert line == f"report: 0 cells from the cache, {len(sweep)} read from their files"
+    assert (out / "staging" / "_report_cache").is_dir()
+    assert row == [1] * 4 + [0] * 6
+
+    rescored = sweep[-1]  # run `without`, step_400, math: 4 of 10 solved, now all 10
+    assert rescored.parts[-4:-1] == ("without", "step_400", "math")
+    scores = rescored.with_suffix(".jsonl")
+    rows = [json.loads(line) for line in scores.read_text().splitlines()]
+    scores.write_text("".join(json.dumps({**r, "passed": True, "score": 1.0}) + "\n" for r in rows))
+    cell = json.loads(rescored.read_text())
+    cell["metrics"]["accuracy"]["value"] = 1.0
+    rescored.write_text(json.dumps(cell))
+    line, row = build()
+    assert line == f"report: {len(sweep) - 1} cells from the cache, 1 read from their files"
+    assert row == [1] * 10
