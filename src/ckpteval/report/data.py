@@ -116,7 +116,8 @@ def _add_provenance(tidy: pd.DataFrame, raws: dict[str, Any], payload: Payload) 
 
 
 def _cpus() -> int:
-    return len(os.sched_getaffinity(0))
+    """The CPUs this process may use (a Slurm job's share, not the node's)."""
+    return max(1, len(os.sched_getaffinity(0)))
 
 
 def _checkpoints(tidy: pd.DataFrame) -> list[dict[str, Any]]:
