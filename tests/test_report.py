@@ -507,3 +507,30 @@ def test_the_aggregate_step_reads_again_only_the_cell_rescored_since_its_last_bu
     line, row = build()
     assert line == f"report: {len(sweep) - 1} cells from the cache, 1 read from their files"
     assert row == [1] * 10
+
+
+def test_cells_read_on_threads_give_the_report_one_thread_gives(
+    tmp_path: Path, sweep: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build reads its cells on several threads (each a run of consecutive cells): the blobs,
+    the verdict matrices and the prompts kept (a problem's first, in the cells' order) are
+    those of a build on one thread."""
+    from ckpteval.report import data
+    from ckpteval.report.data import build_payload
+    from ckpteval.report.samples import generation_path
+
+    for index, path in enumerate(sweep):
+        rows = [json.loads(line) for line in path.with_suffix(".jsonl").read_text().splitlines()]
+        gen = generation_path(path)
+        gen.parent.mkdir(parents=True, exist_ok=True)
+        lines = [
+            {**r, "prompt": f"solve {r['task_id']} ({index})", "completion": "x"} for r in rows
+        ]
+        gen.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    summary = summarize(sweep, bootstrap=20)
+    monkeypatch.setattr(data, "PARALLEL_CELLS", 1)  # this sweep's 17 cells: on threads too
+    one, three = (build_payload(summary, workers=n) for n in (1, 3))
+    assert one.blobs == three.blobs and one.data == three.data
+    prompts = decode_blob(one.blobs["p-math"])
+    first = min(i for i, p in enumerate(sweep) if p.parent.name == "math")
+    assert prompts["p0"] == f"solve p0 ({first})"
