@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -463,7 +464,7 @@ def _columns(frame: pd.DataFrame) -> dict[str, list[Any]]:
 def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, float) and not np.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):  # math: a 30th of numpy's time
         return None
     return value
 
