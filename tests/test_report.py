@@ -424,7 +424,9 @@ def test_a_rebuild_reads_only_the_cells_whose_files_changed(
     expected = render_html(summary)
     write_html(summary, [], page, cache=cache)
     assert page.read_text() == expected
-    assert len(list(cache.glob("*.json"))) == len(sweep) + 2  # a prompts file per task
+    assert _cache_entries(cache) == len(sweep)  # in a pack per checkpoint directory
+    assert len(list(cache.glob("pack-*.json"))) == len({p.parent.parent for p in sweep})
+    assert len(list(cache.glob("prompts-*.json"))) == 2  # a prompts file per task
     write_html(summary, [], page, cache=cache)  # every cell from the cache
     assert page.read_text() == expected
 
@@ -440,4 +442,95 @@ def test_a_rebuild_reads_only_the_cells_whose_files_changed(
     assert page.read_text() == render_html(summary)
 
     write_html(summarize(sweep[1:], bootstrap=50), [], page, cache=cache)
-    assert len(list(cache.glob("*.json"))) == len(sweep) - 1 + 2
+    assert _cache_entries(cache) == len(sweep) - 1
+    # the baseline's checkpoint had that one cell: its pack is gone
+    assert len(list(cache.glob("pack-*.json"))) == len({p.parent.parent for p in sweep[1:]})
+
+
+def _cache_entries(cache: Path) -> int:
+    """The cells a report cache keeps an entry of."""
+    return sum(len(json.loads(p.read_text())["entries"]) for p in cache.glob("pack-*.json"))
+
+
+def test_the_aggregate_step_reads_again_only_the_cell_rescored_since_its_last_build(
+    tmp_path: Path, sweep: list[Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The aggregate job as the workflow runs it (`ckpteval.steps.aggregate`), twice, into a
+    staging directory emptied in between as Snakemake empties it, one cell rescored between
+    the two: the second build takes every other cell from the cache the first left beside the
+    staging directory (its log line counts them), reads the rescored one again, and its
+    report shows the new verdicts."""
+    import logging
+    import shutil
+    from types import SimpleNamespace
+
+    from ckpteval import steps
+    from ckpteval.contract import summary_identity
+
+    out = tmp_path / "results"
+    staged = out / "staging" / "summary"
+    config = {"aggregate": {"title": "t", "bootstrap": 20}, "runs": {}}
+    smk = SimpleNamespace(
+        input=SimpleNamespace(cells=[str(p) for p in sweep]),
+        output=SimpleNamespace(staged=str(staged)),
+        params=SimpleNamespace(
+            identity=summary_identity(config).text, deleted=[], broken=[], sampling={}
+        ),
+    )
+
+    def build() -> tuple[str, list[int]]:
+        """The build's log line of cells from the cache; the rescored checkpoint's row of
+        the math task's verdict matrix in its report."""
+        shutil.rmtree(staged, ignore_errors=True)  # Snakemake empties a directory output
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ckpteval.report.data"):
+            steps.aggregate(smk)
+        (line,) = [r.getMessage() for r in caplog.records if "from the cache" in r.getMessage()]
+        page = (staged / "report.html").read_text()
+        group = next(g for g in page_data(page)["groups"] if g["task"] == "math")
+        matrix = _blob(page, group["verdicts"])
+        return line, matrix["passed"][group["ckpts"].index("without:step_400")]
+
+    line, row = build()
+    assert line == f"report: 0 cells from the cache, {len(sweep)} read from their files"
+    assert (out / "staging" / "_report_cache").is_dir()
+    assert row == [1] * 4 + [0] * 6
+
+    rescored = sweep[-1]  # run `without`, step_400, math: 4 of 10 solved, now all 10
+    assert rescored.parts[-4:-1] == ("without", "step_400", "math")
+    scores = rescored.with_suffix(".jsonl")
+    rows = [json.loads(line) for line in scores.read_text().splitlines()]
+    scores.write_text("".join(json.dumps({**r, "passed": True, "score": 1.0}) + "\n" for r in rows))
+    cell = json.loads(rescored.read_text())
+    cell["metrics"]["accuracy"]["value"] = 1.0
+    rescored.write_text(json.dumps(cell))
+    line, row = build()
+    assert line == f"report: {len(sweep) - 1} cells from the cache, 1 read from their files"
+    assert row == [1] * 10
+
+
+def test_cells_read_on_threads_give_the_report_one_thread_gives(
+    tmp_path: Path, sweep: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build reads its cells on several threads (each a run of consecutive cells): the blobs,
+    the verdict matrices and the prompts kept (a problem's first, in the cells' order) are
+    those of a build on one thread."""
+    from ckpteval.plan.layout import generation_of_score
+    from ckpteval.report import data
+    from ckpteval.report.data import build_payload
+
+    for index, path in enumerate(sweep):
+        rows = [json.loads(line) for line in path.with_suffix(".jsonl").read_text().splitlines()]
+        gen = generation_of_score(path)
+        gen.parent.mkdir(parents=True, exist_ok=True)
+        lines = [
+            {**r, "prompt": f"solve {r['task_id']} ({index})", "completion": "x"} for r in rows
+        ]
+        gen.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    summary = summarize(sweep, bootstrap=20)
+    monkeypatch.setattr(data, "PARALLEL_CELLS", 1)  # this sweep's 17 cells: on threads too
+    one, three = (build_payload(summary, workers=n) for n in (1, 3))
+    assert one.blobs == three.blobs and one.data == three.data
+    prompts = decode_blob(one.blobs["p-math"])
+    first = min(i for i, p in enumerate(sweep) if p.parent.name == "math")
+    assert prompts["p0"] == f"solve p0 ({first})"

@@ -200,12 +200,29 @@ def score_samples_of(score: Path) -> Path:
     return score.with_suffix(SAMPLES_SUFFIX)
 
 
+def score_samples_file(score: str) -> str:
+    """`score_samples_of` as a string (the report keys 20,000 cells by them)."""
+    return os.path.splitext(score)[0] + SAMPLES_SUFFIX
+
+
 def generation_of_score(score: Path) -> Path:
     """The generation file a score cell of a sweep (`Layout.score`: the outdir four levels up)
     was scored from; for a path too short to be one, a name no file has."""
-    cell = CellKey.at(score) or CellKey("", "", "", score.stem)
-    root = score.parents[4] if len(score.parents) > 4 else score.parent
-    return Path(Layout(os.fspath(root)).generation(cell))
+    return Path(generation_file_of_score(os.fspath(score)))
+
+
+def generation_file_of_score(score: str) -> str:
+    """`generation_of_score` as a string, by string operations where the path has its outdir
+    and four parts below it (pathlib's were a tenth of a report rebuild at 10M samples)."""
+    parts = os.path.normpath(score).split(os.sep)
+    *root, run, ckpt, task, name = parts if len(parts) > 6 and ".." not in parts else [""] * 5
+    if all(root[1:]) and name.endswith(".json") and len(name) > len(".json"):
+        cell = CellKey(run, ckpt, task, name[: -len(".json")])
+        return Layout(os.sep.join(root[:-1])).generation(cell)
+    path = Path(score)
+    cell = CellKey.at(path) or CellKey("", "", "", path.stem)
+    root_dir = path.parents[4] if len(path.parents) > 4 else path.parent
+    return Layout(os.fspath(root_dir)).generation(cell)
 
 
 def published_in(summary: Path, name: str) -> Path:

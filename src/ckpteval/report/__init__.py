@@ -79,14 +79,16 @@ def write_html(
     *,
     external_blobs: int = EXTERNAL_BLOBS,
     cache: Path | None = None,
+    workers: int | None = None,
 ) -> None:
     """Write the report (atomically: a reader never sees half a file). When its blobs exceed
     `external_blobs` characters they go to `files_dir(path)`, written before the page that
     loads them; otherwise the page holds them (and that directory, if there, is emptied).
     `cache`: a directory where the build keeps what it read of each cell, so that the next
-    build reads only the cells whose files changed (`ckpteval.report.cache`)."""
+    build reads only the cells whose files changed (`ckpteval.report.cache`). `workers`:
+    threads that read cells (None: one per CPU this process may use)."""
     del plots
-    payload = build_payload(summary, focus, cache)
+    payload = build_payload(summary, focus, cache, workers)
     tables = table_sections(summary)
     directory = files_dir(path)
     external = sum(map(len, payload.blobs.values())) > external_blobs

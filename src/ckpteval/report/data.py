@@ -11,8 +11,12 @@ one JSON document; per-sample data goes into compressed blobs (`ckpteval.report.
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,10 +33,12 @@ from ckpteval.aggregate.tables import (
     truncation_flags,
 )
 from ckpteval.metrics import LENGTH_METRICS
-from ckpteval.plan.layout import generation_of_score, score_samples_of
+from ckpteval.plan.layout import generation_file_of_score, score_samples_file
 from ckpteval.report.cache import CellCache
 from ckpteval.report.samples import encode_blob, read_cell_samples
 from ckpteval.sandbox import describe_isolation
+
+log = logging.getLogger(__name__)
 
 #: The deltas.csv columns the page reads (the Tables section has them all).
 DELTA_FIELDS = [
@@ -68,12 +74,16 @@ class Payload:
 
 
 def build_payload(
-    summary: Summary, focus: tuple[str, ...] | None = None, cache: Path | None = None
+    summary: Summary,
+    focus: tuple[str, ...] | None = None,
+    cache: Path | None = None,
+    workers: int | None = None,
 ) -> Payload:
     """Every table the page shows, plus per-cell sample blobs. `focus` is the (ckpt_a, ckpt_b)
     pair the drill-down opens on (`ckpteval compare --html`), as "run:ckpt" labels, and
     optionally the "task|sampling" it opens on. `cache`: a directory where the build keeps
-    what it read of each cell for the next build (`ckpteval.report.cache`)."""
+    what it read of each cell for the next build (`ckpteval.report.cache`). `workers`: threads
+    that read cells (None: one per CPU this process may use)."""
     payload = Payload(
         {
             "title": summary.title,
@@ -90,7 +100,7 @@ def build_payload(
             "best": summary.best or None,
         }
     )
-    raws = _add_samples(summary, payload, CellCache(cache))
+    raws = _add_samples(summary, payload, CellCache(cache), workers or _cpus())
     _add_provenance(summary.tidy, raws, payload)
     return payload
 
@@ -105,6 +115,11 @@ def _add_provenance(tidy: pd.DataFrame, raws: dict[str, Any], payload: Payload) 
     for index, (task, table) in enumerate(by_task.items()):
         payload.blobs[f"prov{index}"] = encode_blob(table)
         payload.data["provenance"][task] = f"prov{index}"
+
+
+def _cpus() -> int:
+    """The CPUs this process may use (a Slurm job's share, not the node's)."""
+    return max(1, len(os.sched_getaffinity(0)))
 
 
 def _checkpoints(tidy: pd.DataFrame) -> list[dict[str, Any]]:
@@ -270,31 +285,26 @@ def _provenance(tidy: pd.DataFrame, raws: dict[str, Any]) -> dict[str, list[dict
     return out
 
 
-def _add_samples(summary: Summary, payload: Payload, cache: CellCache) -> dict[str, Any]:
+def _add_samples(
+    summary: Summary, payload: Payload, cache: CellCache, workers: int
+) -> dict[str, Any]:
     """Per cell a blob of its samples; per task a blob of the prompts of its problems; per
     (task, sampling) a blob of its verdict matrix and a `groups` entry naming them. A group's
     checkpoints are "run:ckpt" labels of every run, so any two can be compared, across runs
     too. A cell whose files `cache` has seen is not read again. Returns each cell's fields of
     its json that the provenance shows (source -> fields)."""
-    tidy = summary.tidy.drop_duplicates("source")
+    rows = list(summary.tidy.drop_duplicates("source").itertuples(index=False))
+    entries = _cell_entries([(row.source, row.task) for row in rows], cache, workers)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     raws: dict[str, Any] = {}
-    for index, row in enumerate(tidy.itertuples(index=False)):
-        entry = _cell_entry(row.source, row.task, cache)
+    for index, (row, entry) in enumerate(zip(rows, entries)):
         cell_id = f"c{index}"
         payload.blobs[cell_id] = entry["blob"]
         raws[row.source] = entry["raw"]
         group = groups.setdefault((row.task, row.sampling), {})
-        ckpt = group.setdefault(f"{row.run}:{row.ckpt}", {"cells": [], "counts": {}})
+        ckpt = group.setdefault(f"{row.run}:{row.ckpt}", {"cells": [], "verdicts": []})
         ckpt["cells"].append({"id": cell_id, "variant": row.variant})
-        counts = ckpt["counts"]
-        verdicts = {task_id: (passed, n) for task_id, passed, n in entry["verdicts"]}
-        if not counts:  # the checkpoint's first cell (most often its only one)
-            ckpt["counts"] = verdicts
-            continue
-        for task_id, (passed, n) in verdicts.items():
-            old = counts.get(task_id, _NONE)
-            counts[task_id] = (old[0] + passed, old[1] + n)
+        ckpt["verdicts"].append(entry["verdicts"])
     payload.data["groups"] = [
         _group(payload, index, key, ckpts) for index, (key, ckpts) in enumerate(groups.items())
     ]
@@ -303,35 +313,84 @@ def _add_samples(summary: Summary, payload: Payload, cache: CellCache) -> dict[s
         shown = set().union(*(g["problems"] for g in _matrices(payload, task)))
         payload.blobs[f"p-{task}"] = encode_blob({k: v for k, v in known.items() if k in shown})
     cache.close()
+    log.info("report: %d cells from the cache, %d read from their files", cache.hits, cache.misses)
     return raws
 
 
-def _cell_entry(source: str, task: str, cache: CellCache) -> dict[str, Any]:
-    """The cell's blob, verdict counts and provenance fields: from `cache` when its files are
-    the ones it saw, else read (and kept there), its prompts added to the task's."""
-    key = cache.key(
-        source,
-        [Path(source), score_samples_of(Path(source)), generation_of_score(Path(source))],
-    )
-    entry = cache.get(key)
-    if entry is not None:
-        return entry
-    samples = read_cell_samples(source, cache.task_prompts(task))
-    cache.add_prompts(task, samples.prompts)
-    raw = _read_json(source)
-    entry = {
-        "blob": encode_blob(samples.blob()),
-        "verdicts": [[task_id, *counts] for task_id, counts in samples.verdicts.items()],
-        "raw": {
-            "scoring": raw.get("scoring"),
-            "checker": raw.get("checker"),
-            "sandbox": describe_isolation(raw),
-            "chat_template": raw.get("chat_template"),
-            "generation_file": raw.get("generation_file"),
-        },
-    }
-    cache.put(key, entry)
-    return entry
+#: Cells read at least to use more than one thread: below it (a rebuild after one new
+#: checkpoint) the threads' start costs more than they save.
+PARALLEL_CELLS = 64
+
+
+def _cell_entries(
+    cells: list[tuple[str, str]], cache: CellCache, workers: int
+) -> list[dict[str, Any]]:
+    """Each (source, task) cell's blob, verdict counts and provenance fields: from `cache` when
+    its files are the ones it saw, else read (and kept there), its prompts added to the task's.
+    Cells are read by `workers` threads: Arrow's JSON reader and zlib, most of a cell's time,
+    release the GIL. Each thread reads a run of consecutive cells, knowing the prompts the
+    cache knew and those its run found; the entries are taken in the cells' order, so the
+    prompts kept are the same whatever the number of threads."""
+    keys = [
+        cache.key(source, [source, score_samples_file(source), generation_file_of_score(source)])
+        for source, _ in cells
+    ]
+    entries: list[dict[str, Any] | None] = [
+        cache.get(source, key) for (source, _), key in zip(cells, keys)
+    ]
+    missing = [i for i, entry in enumerate(entries) if entry is None]
+    runs = _runs(missing, workers if len(missing) >= PARALLEL_CELLS else 1)
+    known = {task: set(cache.task_prompts(task)) for task in {cells[i][1] for i in missing}}
+    jobs = [([cells[i] for i in run], known) for run in runs]
+    if len(jobs) > 1:
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            results = list(pool.map(_read_entries, *zip(*jobs)))
+    else:
+        results = [_read_entries(*job) for job in jobs]
+    for run, read in zip(runs, results):
+        for i, (entry, prompts) in zip(run, read):
+            source, task = cells[i]
+            cache.add_prompts(task, prompts)
+            cache.put(source, keys[i], entry)
+            entries[i] = entry
+    return entries  # type: ignore[return-value]
+
+
+def _runs(indices: list[int], parts: int) -> list[list[int]]:
+    """`indices` cut into at most `parts` runs of consecutive items of near equal length."""
+    size = -(-len(indices) // max(parts, 1)) or 1
+    return [indices[start : start + size] for start in range(0, len(indices), size)]
+
+
+def _read_entries(
+    cells: list[tuple[str, str]], known: dict[str, set[str]]
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(entry, prompts it found) of each (source, task) cell, read in order; `known` (task ->
+    the task_ids whose prompts are known) is not changed."""
+    seen = {task: set(ids) for task, ids in known.items()}
+    out = []
+    for source, task in cells:
+        samples = read_cell_samples(source, seen.setdefault(task, set()))
+        seen[task].update(samples.prompts)
+        raw = _read_json(source)
+        verdicts = samples.verdicts
+        entry = {
+            "blob": encode_blob(samples.blob()),
+            "verdicts": {
+                "ids": list(verdicts),
+                "passed": [passed for passed, _ in verdicts.values()],
+                "n": [n for _, n in verdicts.values()],
+            },
+            "raw": {
+                "scoring": raw.get("scoring"),
+                "checker": raw.get("checker"),
+                "sandbox": describe_isolation(raw),
+                "chat_template": raw.get("chat_template"),
+                "generation_file": raw.get("generation_file"),
+            },
+        }
+        out.append((entry, samples.prompts))
+    return out
 
 
 def _group(
@@ -339,13 +398,15 @@ def _group(
 ) -> dict[str, Any]:
     """One (task, sampling): its checkpoints' cells and the verdict-matrix blob, whose
     `passed[c][p]` / `n[c][p]` are checkpoint c's passed and scored samples of problem p."""
-    problems = sorted(set().union(*(c["counts"] for c in ckpts.values())), key=_natural)
-    rows = [[c["counts"].get(p, _NONE) for p in problems] for c in ckpts.values()]
-    matrix = {
-        "problems": problems,
-        "passed": [[passed for passed, _ in row] for row in rows],
-        "n": [[n for _, n in row] for row in rows],
-    }
+    problems = sorted(
+        set().union(*(v["ids"] for c in ckpts.values() for v in c["verdicts"])), key=_natural
+    )
+    passed, n = [], []
+    for c in ckpts.values():
+        row_passed, row_n = _verdict_row(c["verdicts"], problems)
+        passed.append(row_passed)
+        n.append(row_n)
+    matrix = {"problems": problems, "passed": passed, "n": n}
     blob = f"v{index}"
     payload.blobs[blob] = encode_blob(matrix)
     payload.matrices[blob] = matrix
@@ -360,8 +421,27 @@ def _group(
     }
 
 
+def _verdict_row(
+    verdicts: list[dict[str, list[Any]]], problems: list[str]
+) -> tuple[list[int], list[int]]:
+    """A checkpoint's passed and scored samples of each of `problems`, summed over its cells'
+    verdict columns (0 where it has none). A checkpoint of one cell that scored every problem,
+    in order (the usual one), is its columns as they are: at 10M samples a lookup per problem
+    was seconds of a rebuild."""
+    if len(verdicts) == 1 and verdicts[0]["ids"] == problems:
+        return list(verdicts[0]["passed"]), list(verdicts[0]["n"])
+    counts: dict[str, list[int]] = {}
+    for cell in verdicts:
+        for task_id, passed, n in zip(cell["ids"], cell["passed"], cell["n"]):
+            count = counts.setdefault(task_id, [0, 0])
+            count[0] += passed
+            count[1] += n
+    rows = [counts.get(p, _NONE) for p in problems]
+    return [row[0] for row in rows], [row[1] for row in rows]
+
+
 #: A problem's (passed, scored) samples at a checkpoint that has none of it.
-_NONE = (0, 0)
+_NONE = [0, 0]
 
 
 def _matrices(payload: Payload, task: str) -> list[dict[str, Any]]:
@@ -385,7 +465,7 @@ def _columns(frame: pd.DataFrame) -> dict[str, list[Any]]:
 def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, float) and not np.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):  # math: a 30th of numpy's time
         return None
     return value
 
