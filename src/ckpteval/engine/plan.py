@@ -98,7 +98,10 @@ class EnginePlan:
         cells, _ = self.cells_and_round(run, ckpt, group)
         return frozenset((c.key.task, c.key.variant) for c in cells)
 
+    @functools.cache  # noqa: B019 - one object per parse
     def done_file(self, run: str, ckpt: str, group: str) -> str:
+        """An engine job's done file, built once per job rather than once per cell that waits
+        for it (every generation job of the checkpoint asks)."""
         _, token = self.cells_and_round(run, ckpt, group)
         return str(done_path(self._staging(run, ckpt, group), token))
 
