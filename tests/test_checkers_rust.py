@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ckpteval.checkers import Job, Verdict, get_checker
+from ckpteval.checkers import Job, OnVerdicts, Verdict, get_checker
 from ckpteval.checkers.extract import brace_depth, rust_program, rust_tests
-from ckpteval.checkers.rust.checker import prompt_contract
+from ckpteval.checkers.rust.checker import _batch_size, prompt_contract
 from ckpteval.io import iter_jsonl
 
 #: Every test compiles Rust.
@@ -150,18 +150,41 @@ CASES = [
 ]
 
 
-def _check(batch_size: int) -> dict[str, Verdict]:
+def _check(batch_size: int, on_verdicts: OnVerdicts | None = None) -> dict[str, Verdict]:
     checker = get_checker("rust", sandbox="bwrap", batch_size=batch_size)
     jobs = [Job(p["task_id"], p, completion) for _, p, completion, _ in CASES]
-    return {
-        name: v
-        for (name, *_), v in zip(CASES, checker.check(jobs, workers=2, timeout=3), strict=True)
-    }
+    verdicts = checker.check(jobs, workers=2, timeout=3, on_verdicts=on_verdicts)
+    return {name: v for (name, *_), v in zip(CASES, verdicts, strict=True)}
 
 
 @pytest.fixture(scope="module")
-def batched() -> dict[str, Verdict]:
-    return _check(batch_size=128)
+def checked() -> tuple[dict[str, Verdict], list[tuple[int, Verdict]]]:
+    """The cases batched, and the verdicts as `on_verdicts` reported them."""
+    reported: list[tuple[int, Verdict]] = []
+    return _check(batch_size=128, on_verdicts=reported.extend), reported
+
+
+@pytest.fixture(scope="module")
+def batched(checked: tuple[dict[str, Verdict], list[tuple[int, Verdict]]]) -> dict[str, Verdict]:
+    return checked[0]
+
+
+def test_every_verdict_is_reported_once(
+    checked: tuple[dict[str, Verdict], list[tuple[int, Verdict]]],
+) -> None:
+    """Compiles and test runs overlap (a batch's tests start when it is compiled), so verdicts
+    come in any order: each must still come exactly once, as `check` returns it."""
+    verdicts, reported = checked
+    assert sorted(i for i, _ in reported) == list(range(len(CASES)))
+    assert [v for _, v in sorted(reported, key=lambda r: r[0])] == list(verdicts.values())
+
+
+@pytest.mark.parametrize(
+    "n,workers,size",
+    [(584, 2, 98), (148, 2, 74), (128, 2, 64), (129, 1, 65), (5, 4, 2), (1, 4, 1), (0, 2, 1)],
+)
+def test_batches_are_even_and_a_multiple_of_workers(n: int, workers: int, size: int) -> None:
+    assert _batch_size(n, 128, workers) == size
 
 
 @pytest.mark.parametrize("name,expected", [(c[0], c[3]) for c in CASES])

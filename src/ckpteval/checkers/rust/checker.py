@@ -142,7 +142,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -226,8 +226,9 @@ _STD_MACROS = (
 _USE = re.compile(r"\buse\b[^;]*")
 _IMPL = re.compile(r"\bimpl\b[^{;]*")
 
-#: Test runs per sandbox: small enough that samples that time out spread over the workers.
-RUN_CHUNK = 16
+#: Test runs per sandbox: a sandbox costs ~50-100 ms of CPU to start, and chunks stay small enough
+#: that samples that time out spread over the workers (a batch of 98 makes 4 chunks).
+RUN_CHUNK = 32
 _TEST_LINE = re.compile(r"^test (\S+)(?: - should panic)? \.\.\. (\w+)", re.M)
 _RUNNING = re.compile(r"^running (\d+) tests?$", re.M)
 _RECORD = re.compile(r"^ckpteval-pass (\S+) (\S+)$", re.M)
@@ -383,19 +384,19 @@ class RustChecker(Checker):
         timeout: float | None = None,
         on_verdicts: OnVerdicts | None = None,
     ) -> list[Verdict]:
-        """Compile in batches (two per worker, up to `batch_size` samples), then run the tests in
-        small chunks so that slow samples spread over the workers."""
+        """Compile in batches (as many as a multiple of `workers`, each up to `batch_size`
+        samples), and run each batch's tests in small chunks as soon as it is compiled, so that
+        slow samples spread over the workers and no worker waits for the last compile."""
         timeout = timeout or self.default_timeout
         workers = max(1, workers)
         units = [_make_unit(i, job, job.timeout or timeout) for i, job in enumerate(jobs)]
-        todo = units
-        batched = [u for u in todo if not u.alone_only]
-        size = max(1, min(self.batch_size, -(-len(batched) // (2 * workers))))
+        batched = [u for u in units if not u.alone_only]
+        size = _batch_size(len(batched), self.batch_size, workers)
         groups = []
         for impls in (False, True):  # a sample without trait impls never shares a crate with one
             part = [u for u in batched if u.trait_impls == impls]
             groups += [part[i : i + size] for i in range(0, len(part), size)]
-        groups += [[u] for u in todo if u.alone_only]
+        groups += [[u] for u in units if u.alone_only]
         dirs: list[Path] = []
         lock = threading.Lock()
 
@@ -408,36 +409,27 @@ class RustChecker(Checker):
 
         try:
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                list(pool.map(lambda g: self._compile_group(g, new_dir), groups))
-                for unit in units:
-                    if unit.verdict is None and not unit.names:  # nothing to run (no filter: all)
-                        unit.verdict = Verdict(
-                            False,
-                            "no_tests",
-                            compile_ok=True,
-                            hack=_first(unit.hacks),
-                            duration_s=unit.compile_s,
-                            stderr_tail="the problem's tests define no #[test] function",
-                        )
-                _flag_replaced(units)
-                if on_verdicts:
-                    on_verdicts([(u.index, u.verdict) for u in units if u.verdict is not None])
-                chunks: list[list[_Unit]] = []
-                by_dir: dict[Path, list[_Unit]] = {}
-                for unit in todo:
-                    if unit.verdict is None:
-                        by_dir.setdefault(unit.binary.parent, []).append(unit)  # type: ignore[union-attr]
-                for runnable in by_dir.values():
-                    chunks += [
-                        runnable[i : i + RUN_CHUNK] for i in range(0, len(runnable), RUN_CHUNK)
-                    ]
-                futures = [pool.submit(self._run_chunk, chunk, timeout) for chunk in chunks]
-                with cancel_on_error(futures):
-                    for future, chunk in zip(futures, chunks):
-                        future.result()
-                        _flag_replaced(chunk)
-                        if on_verdicts:
-                            on_verdicts([(u.index, u.verdict) for u in chunk])  # type: ignore[misc]
+                # future -> (whether it compiles, its units); compiles are queued first, so a
+                # worker runs tests only when no compile is left to start
+                pending: dict[Future[None], tuple[bool, list[_Unit]]] = {
+                    pool.submit(self._compile_group, group, new_dir): (True, group)
+                    for group in groups
+                }
+                with cancel_on_error(pending):
+                    while pending:
+                        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                        for future in done:
+                            compiled, group = pending.pop(future)
+                            future.result()
+                            if compiled:
+                                _no_tests(group)
+                                for chunk in _run_chunks(group):
+                                    run = pool.submit(self._run_chunk, chunk, timeout)
+                                    pending[run] = (False, chunk)
+                            finished = [u for u in group if u.verdict is not None]
+                            _flag_replaced(finished)
+                            if on_verdicts and finished:
+                                on_verdicts([(u.index, u.verdict) for u in finished])  # type: ignore[misc]
         finally:
             for path in dirs:
                 shutil.rmtree(path, ignore_errors=True)
@@ -591,6 +583,45 @@ class RustChecker(Checker):
 
 
 # ------------------------------------------------------------------------------------- units
+
+
+def _batch_size(n: int, most: int, workers: int) -> int:
+    """Samples per batch: the fewest batches of at most `most` whose count is a multiple of
+    `workers`, sizes even. Each rustc run costs ~0.3 s of CPU however few samples it holds (the
+    harness, std's metadata, the link), and a last batch alone on one worker leaves the others
+    idle."""
+    batches = -(-max(n, 1) // most)
+    batches = -(-batches // workers) * workers
+    return max(1, -(-n // batches))
+
+
+def _no_tests(units: Sequence[_Unit]) -> None:
+    """A compiled unit whose problem has no test to run (no filter: libtest would run all) gets
+    its verdict now."""
+    for unit in units:
+        if unit.verdict is None and not unit.names:
+            unit.verdict = Verdict(
+                False,
+                "no_tests",
+                compile_ok=True,
+                hack=_first(unit.hacks),
+                duration_s=unit.compile_s,
+                stderr_tail="the problem's tests define no #[test] function",
+            )
+
+
+def _run_chunks(units: Sequence[_Unit]) -> list[list[_Unit]]:
+    """The compiled units still without a verdict, in chunks of `RUN_CHUNK` sharing a binary's
+    directory (one sandbox each)."""
+    by_dir: dict[Path, list[_Unit]] = {}
+    for unit in units:
+        if unit.verdict is None:
+            by_dir.setdefault(unit.binary.parent, []).append(unit)  # type: ignore[union-attr]
+    return [
+        runnable[i : i + RUN_CHUNK]
+        for runnable in by_dir.values()
+        for i in range(0, len(runnable), RUN_CHUNK)
+    ]
 
 
 def _flag_replaced(units: Sequence[_Unit]) -> None:
