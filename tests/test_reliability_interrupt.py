@@ -38,6 +38,7 @@ from conftest import (
     why_failed,
     write_config,
 )
+from test_publish import tensorboard_points
 
 from ckpteval.publish import table_points
 
@@ -330,20 +331,6 @@ def test_an_interrupt_at_any_rule_is_finished_by_the_next_plain_run(
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stderr
 
 
-def _tensorboard_points(logdir: Path) -> dict[tuple[str, str, int], list[float]]:
-    """Every scalar of the event files under `logdir`: (run, tag, step) -> its values."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out: dict[tuple[str, str, int], list[float]] = {}
-    for run_dir in sorted(p for p in logdir.iterdir() if p.is_dir()):
-        acc = EventAccumulator(str(run_dir))
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            for event in acc.Scalars(tag):
-                out.setdefault((run_dir.name, tag, event.step), []).append(event.value)
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"]
@@ -377,7 +364,7 @@ def test_an_interrupted_publish_is_finished_by_the_next_run_of_its_target(
     assert proc.returncode == 0, why_failed(proc, work)
     points, _ = table_points(pd.read_parquet(summary / "metrics.parquet"))
     assert points, "the demo's checkpoint has a step: it has points to publish"
-    sent = _tensorboard_points(logdir)
+    sent = tensorboard_points(logdir)
     assert sorted(sent) == sorted((p.run, p.key, p.step) for p in points)
     assert all(len(values) == 1 for values in sent.values()), "a point sent twice"
     for p in points:
