@@ -476,6 +476,7 @@ def test_the_aggregate_step_reads_again_only_the_cell_rescored_since_its_last_bu
         params=SimpleNamespace(
             identity=summary_identity(config).text, deleted=[], broken=[], sampling={}
         ),
+        threads=2,  # the rule's `evaluate.workers`: the report reads cells on as many threads
     )
 
     def build() -> tuple[str, list[int]]:

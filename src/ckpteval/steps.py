@@ -424,6 +424,7 @@ def aggregate(smk: Any) -> None:
         sampling=dict(getattr(smk.params, "sampling", None) or {}),
         # beside the staging directory, which Snakemake empties before each build
         report_cache=Path(smk.output.staged).parent / "_report_cache",
+        report_workers=smk.threads,  # the rule's threads: what the job was given, no more
     )
 
 

@@ -142,6 +142,7 @@ def build_summary(
     train_logs: Mapping[str, Mapping[str, Any]] | None = None,
     sampling: Mapping[str, Mapping[str, Any]] | None = None,
     report_cache: Path | None = None,
+    report_workers: int | None = None,
 ) -> Summary:
     """Build `summary_dir` from the cell jsons (see the module docstring for what is written);
     return what was built.
@@ -157,7 +158,8 @@ def build_summary(
     are put beside the cells' metrics; `sampling` the sampling configs by name, to say which
     of the trainer's validation settings differ. `report_cache`: a directory outside
     `summary_dir` where the report keeps what it read of each cell for the next build
-    (`ckpteval.report.cache`; None: nothing kept)."""
+    (`ckpteval.report.cache`; None: nothing kept). `report_workers`: the threads the report
+    reads cells on (None: one per CPU this process may use)."""
     threshold = _checked_settings(bootstrap, truncation_threshold)
     summary_dir = Path(summary_dir)
     summary = summarize(
@@ -182,7 +184,9 @@ def build_summary(
     plots = report.write_plots(summary, summary_dir / "plots")
     # report_files/ always exists: the workflow declares it (empty when the page holds its blobs)
     report.files_dir(summary_dir / "report.html").mkdir(parents=True, exist_ok=True)
-    report.write_html(summary, plots, summary_dir / "report.html", cache=report_cache)
+    report.write_html(
+        summary, plots, summary_dir / "report.html", cache=report_cache, workers=report_workers
+    )
     write_summary_json(cell_jsons, summary_dir / "summary.json")
     return summary
 

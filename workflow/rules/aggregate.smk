@@ -11,6 +11,8 @@ rule aggregate:
         staged=directory(SUMMARY_STAGING),
     log:
         "logs/aggregate/aggregate.log",
+    # the report reads cells on this many threads (Arrow and zlib release the GIL)
+    threads: config["evaluate"]["workers"]
     params:
         identity=get_summary_identity,
         cells=get_summary_inputs_digest,
