@@ -9,6 +9,7 @@ its program from the prompt and the code the way its language needs (`python_pro
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -53,6 +54,18 @@ def code_block(text: str, languages: Sequence[str]) -> str:
 
 
 # --------------------------------------------------------------------------------------- python
+
+
+def absolute_imports(tree: ast.AST) -> set[str]:
+    """The dotted modules a Python tree imports by absolute import, anywhere in it (`import a.b`
+    names `a.b`, `from a.b import c` names `a.b`): what the driver may import once per batch."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
 
 
 def python_program(problem: Mapping[str, Any], completion: str) -> str:

@@ -57,7 +57,7 @@ from ckpteval.checkers import (
     timeout_line,
     with_timeout_line,
 )
-from ckpteval.checkers.extract import compilable_prompt, python_program
+from ckpteval.checkers.extract import absolute_imports, compilable_prompt, python_program
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_json
 from ckpteval.sandbox import (
@@ -350,13 +350,7 @@ def _imported(source: str) -> set[str]:
             tree = ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return set()
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
-    return names
+    return {name.split(".")[0] for name in absolute_imports(tree)}
 
 
 def _prompt_field(problem: dict[str, Any]) -> str:

@@ -85,6 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.checkers import Checker, Job, Prompting, Verdict, register, timeout_line
+from ckpteval.checkers.extract import absolute_imports
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_file, sha256_json
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
@@ -1011,12 +1012,7 @@ def preload_modules(source: str, beside: Path) -> list[str]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
+    names = absolute_imports(tree)
     local = {entry.name.split(".")[0] for entry in beside.iterdir()} if beside.is_dir() else set()
     return sorted(
         name

@@ -139,7 +139,7 @@ class CellCache:
             kept: dict[str, Any] = {}
             try:
                 value = json.loads((self.directory / name).read_text("utf-8"))
-                # a killed build leaves no half pack (atomic_open); another format's is unused
+                # a pack cut short is no JSON (ValueError); another format's is unused
                 if value.get("format") == FORMAT and isinstance(value.get("entries"), dict):
                     kept = value["entries"]
             except (OSError, ValueError, AttributeError):

@@ -16,9 +16,9 @@ the standard library and each other (tests/test_sandbox_driver_package.py).
 Its modules, by concern: `privileges` (libc, capabilities, root, descriptors), `isolation` (a
 command's mount and IPC namespaces), `seccomp` (the kernel state a sample may not hold),
 `accounting` (CPU and memory: cgroups, process accounting), `channel` (the values and exceptions
-that cross between a judged run's two processes; `arrays`: numpy's and pandas's, by value), `judge` (the tests' side), `sample` (the sample's
-side), `spawn` (a command's process), `judged` (a judged run), `zygote` (warm zygotes) and `loop`
-(the command loop, `main`).
+that cross between a judged run's two processes; `arrays`: numpy's and pandas's, by value),
+`judge` (the tests' side), `sample` (the sample's side), `spawn` (a command's process), `judged`
+(a judged run), `zygote` (warm zygotes) and `loop` (the command loop, `main`).
 
 For each command: fork; in the child, a new session, the command's stdin/stdout/stderr files,
 mount and IPC namespaces of its own (`_isolate`: a fresh tmpfs as /tmp, the batch's work
