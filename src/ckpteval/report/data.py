@@ -294,11 +294,11 @@ def _provenance(tidy: pd.DataFrame, raws: dict[str, Any]) -> dict[str, list[dict
 class CellReading:
     """The cells of a build being read: each cell's entry (blob, verdict counts, provenance
     fields) from `cache` when its files are the ones it saw, the others read by `workers`
-    processes in the background (`start` returns at once; `entries` waits), so that the build
-    computes its tables meanwhile. Processes, not threads: a cell's JSON encoding, its columns
-    made Python lists and the rest of its Python work hold the GIL, about half of a cell's CPU
-    time (profiled on the bench's cells, bench/report.py). The processes are forked, so they start in milliseconds with the parent's modules
-    and a Snakemake script is not run again in them, as a spawned process would run it."""
+    processes in the background (the constructor returns at once, `entries` waits), so that
+    the build computes its tables meanwhile. Processes, not threads: all of a cell's work but
+    zlib's holds the GIL (msgspec's parsing and encoding, the Python between them). The
+    processes are forked, so they start in milliseconds with the parent's modules and a
+    Snakemake script is not run again in them, as a spawned process would run it."""
 
     def __init__(self, summary: Summary, cache: CellCache, workers: int) -> None:
         self.cache = cache

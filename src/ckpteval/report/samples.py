@@ -54,7 +54,7 @@ class CellSamples:
 
 def read_cell_samples(source: str | Path, known_prompts: Container[str] = ()) -> CellSamples:
     """A cell's score lines (scalar fields) and generation lines (scalar fields and the texts),
-    read with Arrow's JSON reader (a file it rejects is read line by line)."""
+    read with msgspec (a file it rejects is read line by line)."""
     scores = _read_columns(score_samples_of(Path(source)))
     scores = {k: v for k, v in scores.items() if k != "prompt" and v is not _NESTED}
     gen_path = generation_of_score(Path(source))
