@@ -476,7 +476,7 @@ def test_the_aggregate_step_reads_again_only_the_cell_rescored_since_its_last_bu
         params=SimpleNamespace(
             identity=summary_identity(config).text, deleted=[], broken=[], sampling={}
         ),
-        threads=2,  # the rule's `evaluate.workers`: the report reads cells on as many threads
+        threads=2,  # the rule's `evaluate.workers`: the report reads cells in as many processes
     )
 
     def build() -> tuple[str, list[int]]:
@@ -510,12 +510,12 @@ def test_the_aggregate_step_reads_again_only_the_cell_rescored_since_its_last_bu
     assert row == [1] * 10
 
 
-def test_cells_read_on_threads_give_the_report_one_thread_gives(
+def test_cells_read_in_processes_give_the_report_one_process_gives(
     tmp_path: Path, sweep: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A build reads its cells on several threads (each a run of consecutive cells): the blobs,
-    the verdict matrices and the prompts kept (a problem's first, in the cells' order) are
-    those of a build on one thread."""
+    """A build reads its cells in several processes (each job a run of one task's cells): the
+    blobs, the verdict matrices and the prompts kept (a problem's first, in the cells' order)
+    are those of a build in this process alone."""
     from ckpteval.plan.layout import generation_of_score
     from ckpteval.report import data
     from ckpteval.report.data import build_payload
@@ -529,7 +529,8 @@ def test_cells_read_on_threads_give_the_report_one_thread_gives(
         ]
         gen.write_text("".join(json.dumps(line) + "\n" for line in lines))
     summary = summarize(sweep, bootstrap=20)
-    monkeypatch.setattr(data, "PARALLEL_CELLS", 1)  # this sweep's 17 cells: on threads too
+    monkeypatch.setattr(data, "PARALLEL_CELLS", 1)  # this sweep's 17 cells: in processes too
+    monkeypatch.setattr(data, "JOB_CELLS", 2)  # a task's cells in several jobs
     one, three = (build_payload(summary, workers=n) for n in (1, 3))
     assert one.blobs == three.blobs and one.data == three.data
     prompts = decode_blob(one.blobs["p-math"])

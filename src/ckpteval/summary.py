@@ -158,8 +158,8 @@ def build_summary(
     are put beside the cells' metrics; `sampling` the sampling configs by name, to say which
     of the trainer's validation settings differ. `report_cache`: a directory outside
     `summary_dir` where the report keeps what it read of each cell for the next build
-    (`ckpteval.report.cache`; None: nothing kept). `report_workers`: the threads the report
-    reads cells on (None: one per CPU this process may use)."""
+    (`ckpteval.report.cache`; None: nothing kept). `report_workers`: the processes the report
+    reads cells in (None: one per CPU this process may use)."""
     threshold = _checked_settings(bootstrap, truncation_threshold)
     summary_dir = Path(summary_dir)
     summary = summarize(

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ckpteval.aggregate import Summary
 from ckpteval.io import atomic_open
-from ckpteval.report.data import build_payload
+from ckpteval.report.cache import CellCache
+from ckpteval.report.data import CellReading, build_payload, cpus
 from ckpteval.report.page import render_page, write_blob_files
 from ckpteval.report.plots import (
     HACK_PLOT,
@@ -86,10 +87,12 @@ def write_html(
     loads them; otherwise the page holds them (and that directory, if there, is emptied).
     `cache`: a directory where the build keeps what it read of each cell, so that the next
     build reads only the cells whose files changed (`ckpteval.report.cache`). `workers`:
-    threads that read cells (None: one per CPU this process may use)."""
+    processes that read cells, while this one builds the tables (None: one per CPU this
+    process may use)."""
     del plots
-    payload = build_payload(summary, focus, cache, workers)
-    tables = table_sections(summary)
+    with CellReading(summary, CellCache(cache), workers or cpus()) as reading:
+        tables = table_sections(summary)
+        payload = build_payload(summary, focus, reading=reading)
     directory = files_dir(path)
     external = sum(map(len, payload.blobs.values())) > external_blobs
     page = render_page(payload, tables, directory.name if external else None)

@@ -12,7 +12,8 @@ so the cache holds the cells of the last build only.
 The entries of the cells of one directory of cell directories (the workflow's
 `scores/{run}/{ckpt}/`: one checkpoint's tasks) share a pack file: a rebuild of 20,000 cells
 reads 1,000 files, not 20,000, and a new checkpoint adds one pack without rewriting the others.
-A pack is rewritten only when one of its entries was added or left unused.
+A pack is rewritten only when one of its entries was added or left unused. Packs are
+written and read by msgspec: at 10M samples they are 300 MB of JSON, most of it blob text.
 
 Layout of the directory (the aggregate step's `staging/_report_cache/`, `ckpteval aggregate`'s
 `.summary_report_cache/` beside the summary):
@@ -28,6 +29,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from ckpteval.io import atomic_open
 
@@ -117,8 +120,7 @@ class CellCache:
                 # a temp name and a rename without atomic_open's fsync (a thousand packs at
                 # 10M samples): a pack a crash cut short is no JSON object, so it is unused
                 tmp = self.directory / f".{name}.tmp"
-                text = json.dumps({"format": FORMAT, "entries": used}, separators=(",", ":"))
-                tmp.write_text(text, "utf-8")
+                tmp.write_bytes(msgspec.json.encode({"format": FORMAT, "entries": used}))
                 os.replace(tmp, self.directory / name)
         for task in self.changed:
             with atomic_open(self.directory / self._prompts_name(task), "w") as handle:
@@ -138,8 +140,9 @@ class CellCache:
             self.written.add(name)
             kept: dict[str, Any] = {}
             try:
-                value = json.loads((self.directory / name).read_text("utf-8"))
-                # a pack cut short is no JSON (ValueError); another format's is unused
+                value = msgspec.json.decode((self.directory / name).read_bytes())
+                # a pack cut short is no JSON (msgspec's DecodeError is a ValueError); another
+                # format's is unused
                 if value.get("format") == FORMAT and isinstance(value.get("entries"), dict):
                     kept = value["entries"]
             except (OSError, ValueError, AttributeError):

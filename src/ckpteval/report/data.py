@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import multiprocessing
 import os
 import re
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,12 +79,17 @@ def build_payload(
     focus: tuple[str, ...] | None = None,
     cache: Path | None = None,
     workers: int | None = None,
+    reading: CellReading | None = None,
 ) -> Payload:
     """Every table the page shows, plus per-cell sample blobs. `focus` is the (ckpt_a, ckpt_b)
     pair the drill-down opens on (`ckpteval compare --html`), as "run:ckpt" labels, and
     optionally the "task|sampling" it opens on. `cache`: a directory where the build keeps
-    what it read of each cell for the next build (`ckpteval.report.cache`). `workers`: threads
-    that read cells (None: one per CPU this process may use)."""
+    what it read of each cell for the next build (`ckpteval.report.cache`). `workers`:
+    processes that read cells (None: one per CPU this process may use). `reading`: the cells
+    as a caller started reading them (`CellReading`; then `cache` and `workers` are its)."""
+    if reading is None:
+        with CellReading(summary, CellCache(cache), workers or cpus()) as started:
+            return build_payload(summary, focus, reading=started)
     payload = Payload(
         {
             "title": summary.title,
@@ -100,7 +106,7 @@ def build_payload(
             "best": summary.best or None,
         }
     )
-    raws = _add_samples(summary, payload, CellCache(cache), workers or _cpus())
+    raws = _add_samples(summary, payload, reading)
     _add_provenance(summary.tidy, raws, payload)
     return payload
 
@@ -117,7 +123,7 @@ def _add_provenance(tidy: pd.DataFrame, raws: dict[str, Any], payload: Payload) 
         payload.data["provenance"][task] = f"prov{index}"
 
 
-def _cpus() -> int:
+def cpus() -> int:
     """The CPUs this process may use (a Slurm job's share, not the node's)."""
     return max(1, len(os.sched_getaffinity(0)))
 
@@ -285,16 +291,79 @@ def _provenance(tidy: pd.DataFrame, raws: dict[str, Any]) -> dict[str, list[dict
     return out
 
 
-def _add_samples(
-    summary: Summary, payload: Payload, cache: CellCache, workers: int
-) -> dict[str, Any]:
+class CellReading:
+    """The cells of a build being read: each cell's entry (blob, verdict counts, provenance
+    fields) from `cache` when its files are the ones it saw, the others read by `workers`
+    processes in the background (the constructor returns at once, `entries` waits), so that
+    the build computes its tables meanwhile. Processes, not threads: all of a cell's work but
+    zlib's holds the GIL (msgspec's parsing and encoding, the Python between them). The
+    processes are forked, so they start in milliseconds with the parent's modules and a
+    Snakemake script is not run again in them, as a spawned process would run it."""
+
+    def __init__(self, summary: Summary, cache: CellCache, workers: int) -> None:
+        self.cache = cache
+        self.rows = list(summary.tidy.drop_duplicates("source").itertuples(index=False))
+        cells = [(row.source, row.task) for row in self.rows]
+        self.cells = cells
+        self.keys = [
+            cache.key(
+                source, [source, score_samples_file(source), generation_file_of_score(source)]
+            )
+            for source, _ in cells
+        ]
+        self.found: list[dict[str, Any] | None] = [
+            cache.get(source, key) for (source, _), key in zip(cells, self.keys)
+        ]
+        missing = [i for i, entry in enumerate(self.found) if entry is None]
+        known = {task: set(cache.task_prompts(task)) for task in {cells[i][1] for i in missing}}
+        parallel = workers > 1 and len(missing) >= PARALLEL_CELLS
+        self.runs = _runs(missing, cells, workers) if parallel else [missing] if missing else []
+        self.pool = (
+            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+            if parallel
+            else None
+        )
+        jobs = [([cells[i] for i in run], known) for run in self.runs]
+        self.results: list[Any] = (
+            [self.pool.submit(_read_entries, *job) for job in jobs]
+            if self.pool
+            else [_read_entries(*job) for job in jobs]
+        )
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every cell's entry, in the cells' order; the read ones kept in the cache and their
+        prompts added to the task's in the cells' order, so the prompts kept (a problem's
+        first) are the same however the cells were shared among the processes."""
+        if self.pool is not None:
+            with self.pool:
+                self.results = [future.result() for future in self.results]
+        read: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        for run, result in zip(self.runs, self.results):
+            read.update(zip(run, result))
+        for i in sorted(read):
+            entry, prompts = read[i]
+            source, task = self.cells[i]
+            self.cache.add_prompts(task, prompts)
+            self.cache.put(source, self.keys[i], entry)
+            self.found[i] = entry
+        return self.found  # type: ignore[return-value]
+
+    def __enter__(self) -> CellReading:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The processes stopped (a build that failed meanwhile does not wait for them)."""
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+def _add_samples(summary: Summary, payload: Payload, reading: CellReading) -> dict[str, Any]:
     """Per cell a blob of its samples; per task a blob of the prompts of its problems; per
     (task, sampling) a blob of its verdict matrix and a `groups` entry naming them. A group's
     checkpoints are "run:ckpt" labels of every run, so any two can be compared, across runs
-    too. A cell whose files `cache` has seen is not read again. Returns each cell's fields of
-    its json that the provenance shows (source -> fields)."""
-    rows = list(summary.tidy.drop_duplicates("source").itertuples(index=False))
-    entries = _cell_entries([(row.source, row.task) for row in rows], cache, workers)
+    too. A cell whose files the cache has seen is not read again. Returns each cell's fields
+    of its json that the provenance shows (source -> fields)."""
+    rows, entries, cache = reading.rows, reading.entries(), reading.cache
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     raws: dict[str, Any] = {}
     for index, (row, entry) in enumerate(zip(rows, entries)):
@@ -317,49 +386,27 @@ def _add_samples(
     return raws
 
 
-#: Cells read at least to use more than one thread: below it (a rebuild after one new
-#: checkpoint) the threads' start costs more than they save.
+#: Cells read at least to use more than one process: below it (a rebuild after one new
+#: checkpoint) starting them costs more than they save.
 PARALLEL_CELLS = 64
+#: Cells per job of a process at most: jobs of one task each (its prompts found once per job)
+#: and small enough to share the cells evenly among the processes.
+JOB_CELLS = 250
 
 
-def _cell_entries(
-    cells: list[tuple[str, str]], cache: CellCache, workers: int
-) -> list[dict[str, Any]]:
-    """Each (source, task) cell's blob, verdict counts and provenance fields: from `cache` when
-    its files are the ones it saw, else read (and kept there), its prompts added to the task's.
-    Cells are read by `workers` threads: Arrow's JSON reader and zlib, most of a cell's time,
-    release the GIL. Each thread reads a run of consecutive cells, knowing the prompts the
-    cache knew and those its run found; the entries are taken in the cells' order, so the
-    prompts kept are the same whatever the number of threads."""
-    keys = [
-        cache.key(source, [source, score_samples_file(source), generation_file_of_score(source)])
-        for source, _ in cells
-    ]
-    entries: list[dict[str, Any] | None] = [
-        cache.get(source, key) for (source, _), key in zip(cells, keys)
-    ]
-    missing = [i for i, entry in enumerate(entries) if entry is None]
-    runs = _runs(missing, workers if len(missing) >= PARALLEL_CELLS else 1)
-    known = {task: set(cache.task_prompts(task)) for task in {cells[i][1] for i in missing}}
-    jobs = [([cells[i] for i in run], known) for run in runs]
-    if len(jobs) > 1:
-        with ThreadPoolExecutor(len(jobs)) as pool:
-            results = list(pool.map(_read_entries, *zip(*jobs)))
-    else:
-        results = [_read_entries(*job) for job in jobs]
-    for run, read in zip(runs, results):
-        for i, (entry, prompts) in zip(run, read):
-            source, task = cells[i]
-            cache.add_prompts(task, prompts)
-            cache.put(source, keys[i], entry)
-            entries[i] = entry
-    return entries  # type: ignore[return-value]
-
-
-def _runs(indices: list[int], parts: int) -> list[list[int]]:
-    """`indices` cut into at most `parts` runs of consecutive items of near equal length."""
-    size = -(-len(indices) // max(parts, 1)) or 1
-    return [indices[start : start + size] for start in range(0, len(indices), size)]
+def _runs(indices: list[int], cells: list[tuple[str, str]], workers: int) -> list[list[int]]:
+    """`indices` of `cells` cut into jobs: per task, runs of its cells in order, of near equal
+    length, at most `JOB_CELLS` and at least two jobs per worker overall."""
+    by_task: dict[str, list[int]] = {}
+    for i in indices:
+        by_task.setdefault(cells[i][1], []).append(i)
+    size = max(1, min(JOB_CELLS, -(-len(indices) // (2 * workers))))
+    jobs = []
+    for run in by_task.values():
+        parts = -(-len(run) // size)
+        step = -(-len(run) // parts)
+        jobs += [run[start : start + step] for start in range(0, len(run), step)]
+    return jobs
 
 
 def _read_entries(
