@@ -170,6 +170,24 @@ def test_a_streams_last_jobs_are_shared_among_the_workers(jobs: int) -> None:
         assert sizes == [38] * 7 + [34]
 
 
+class _TwoPerWorker(_Echo):
+    """Batches as the Python checker sizes them: two per worker, up to `batch`."""
+
+    def batch_size_for(self, n_jobs: int, workers: int) -> int:
+        return max(1, min(self.batch, -(-n_jobs // (2 * workers))))
+
+
+def test_a_check_calls_last_jobs_are_shared_among_the_workers() -> None:
+    """`check` (the self-test's call) knows where its jobs end before it starts the last
+    batches: 166 jobs on two workers are four batches, the last two sharing what is left,
+    not a third full one and two halves of the rest (a sandbox more)."""
+    checker = _TwoPerWorker(batch=64)
+    items = [Job("t", {}, f"ok {i}") for i in range(166)]
+    verdicts = checker.check(items, workers=2)
+    assert [v.stderr_tail for v in verdicts] == [job.completion for job in items]
+    assert sorted(checker.batches) == [41, 41, 42, 42], checker.batches
+
+
 class _Spread(_Echo):
     """Records, per batch, how many of its jobs are one problem's (completions `ok slow ...`)."""
 
