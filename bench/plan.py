@@ -13,16 +13,21 @@ seeds), in two states:
 
 The plain Snakefile has the same rules and files (consolidate, one engine job per checkpoint,
 generation and evaluate per cell, aggregate, summary) as `shell: touch` jobs with static inputs:
-what Snakemake itself costs for that graph. In one run it prints, per size and state, the seconds of
-each command, the ratio to the plain Snakefile, and how each grows with size; with `--profile`
-it also writes a cProfile of ckpteval's dry run (top costs printed).
+what Snakemake itself costs for that graph. A second plain Snakefile, printed as an extra row, runs
+the rules ckpteval runs as `script:` (consolidate, infer, evaluate, aggregate) as `script:` rules:
+what any workflow with script rules pays Snakemake per job (it opens and formats each job's script
+path), so the rest of the gap is ckpteval's own. In one run it prints, per size and state, the
+seconds of each command, the ratio to the plain Snakefile, and how each grows with size; with
+`--profile` it also writes a cProfile of ckpteval's new and finished dry runs (top costs printed;
+the profiled runs' seconds are not the figures).
 
     python bench/plan.py                       # 100, 300 and 1000 checkpoints
     python bench/plan.py --sizes 20 --profile  # one small size, profiled
 
-Goals (issue 35): new sweep within 1.3x the plain Snakefile at every size; finished sweep's
-no-op dry run at 1,000 x 20 within 2x; `ckpteval status` on 20,000 cells under 5 s; cost linear in
-cells. Run it alone on the machine (it is CPU-bound; under the shared lock on a shared box).
+Goals (issue 49): at 300 and 1,000 checkpoints x 20 cells, a new sweep's dry run within 1.3x the
+plain (`shell:`) Snakefile's, a finished sweep's within 1.5x, and `ckpteval status` on 20,000
+cells under 5 s. Run it alone on the machine (it is CPU-bound; under the shared lock on a shared
+box).
 """
 
 from __future__ import annotations
@@ -194,9 +199,31 @@ rule summary:
 """
 
 
-def make_plain(work: Path, source: Path) -> None:
-    """The plain Snakefile beside the same checkpoints and, if `source` is finished, the same
-    output files (copied with their times)."""
+#: The rules ckpteval runs as `script:` jobs (its generation, model card and summary are `run:`).
+SCRIPTED = ("consolidate", "infer", "evaluate", "aggregate")
+
+TOUCH = """from pathlib import Path
+
+for path in snakemake.output:
+    Path(path).touch()
+"""
+
+
+def scripted(snakefile: str) -> str:
+    """The plain Snakefile with SCRIPTED's rules as `script:` rules (one script, no params)."""
+    blocks = snakefile.split("\nrule ")
+    for i, block in enumerate(blocks):
+        if block.split(":", 1)[0] in SCRIPTED:
+            lines = block.splitlines()
+            at = next(j for j, text in enumerate(lines) if text.startswith("    shell:"))
+            lines[at] = '    script: "touch.py"'
+            blocks[i] = "\n".join(lines)
+    return "\nrule ".join(blocks)
+
+
+def make_plain(work: Path, source: Path, script: bool = False) -> None:
+    """The plain Snakefile (with `script:` rules if `script`) beside the same checkpoints and, if
+    `source` is finished, the same output files (copied with their times)."""
     ckpts = sorted(p.name for p in (source / "run").iterdir())
     cells = [f"{t}/{v}" for t in TASKS for v in ("greedy-s42", "hot-s1", "hot-s2", "hot-s3")]
     shutil.copytree(source / "run", work / "run")
@@ -206,7 +233,9 @@ def make_plain(work: Path, source: Path) -> None:
         )
     (work / "ckpts.json").write_text(json.dumps(ckpts))
     (work / "cells.json").write_text(json.dumps(cells))
-    (work / "Snakefile").write_text(PLAIN)
+    (work / "Snakefile").write_text(scripted(PLAIN) if script else PLAIN)
+    (work / "touch.py").write_text(TOUCH)
+    os.utime(work / "touch.py", (0, 0))  # older than the outputs: no code change to rerun
 
 
 def timed(cmd: list[str], cwd: Path, expect: str | None = None) -> float:
@@ -258,8 +287,10 @@ def measure(root: Path, checkpoints: int, profile: bool) -> dict[str, float]:
     """CPU seconds of each command at one size (and `<name>_wall`, its wall seconds)."""
     work = root / f"ckpteval-{checkpoints}"
     plain = root / f"plain-{checkpoints}"
+    script = root / f"script-{checkpoints}"
     make_sweep(work, checkpoints)
     make_plain(plain, work)
+    make_plain(script, work, script=True)
     row: dict[str, float] = {}
 
     def record(name: str, seconds: float) -> None:
@@ -269,19 +300,26 @@ def measure(root: Path, checkpoints: int, profile: bool) -> dict[str, float]:
             f"  {checkpoints} x 20 {name}: {seconds:.1f} s CPU [{WALL[-1]:.1f} s wall]", flush=True
         )
 
-    record("new", dry_run(work, REPO / "Snakefile", False))
+    profiles = {state: root / f"{state}-{checkpoints}.prof" for state in ("new", "finished")}
+    new_prof = profiles["new"] if profile else None
+    record("new", dry_run(work, REPO / "Snakefile", False, new_prof))
     record("new_plain", dry_run(plain, plain / "Snakefile", False))
+    record("new_script", dry_run(script, script / "Snakefile", False))
     shutil.rmtree(plain)
+    shutil.rmtree(script)
     row["cells"] = finish(work)
     make_plain(plain, work)
-    prof = root / f"finished-{checkpoints}.prof" if profile else None
-    record("finished", dry_run(work, REPO / "Snakefile", True, prof))
+    make_plain(script, work, script=True)
+    finished_prof = profiles["finished"] if profile else None
+    record("finished", dry_run(work, REPO / "Snakefile", True, finished_prof))
     record("finished_plain", dry_run(plain, plain / "Snakefile", True))
+    record("finished_script", dry_run(script, script / "Snakefile", True))
     record("status", ckpteval(work, "status"))
     record("check", ckpteval(work, "check"))
-    if prof is not None:
-        print(f"cProfile of the finished dry run, {checkpoints} checkpoints:")
-        pstats.Stats(str(prof)).sort_stats("cumulative").print_stats(25)
+    if profile:
+        for state, prof in profiles.items():
+            print(f"cProfile of the {state} sweep's dry run, {checkpoints} checkpoints:")
+            pstats.Stats(str(prof)).sort_stats("cumulative").print_stats(25)
     return row
 
 
@@ -296,7 +334,12 @@ def line(size: int, row: dict[str, float]) -> str:
         f"new {sec('new')} (plain {sec('new_plain')}, {row['new'] / row['new_plain']:.2f}x); "
         f"finished {sec('finished')} (plain {sec('finished_plain')}, "
         f"{row['finished'] / row['finished_plain']:.2f}x); "
-        f"status {sec('status')}; check {sec('check')}"
+        f"status {sec('status')}; check {sec('check')}\n"
+        f"  extra row, the plain Snakefile with script: rules: "
+        f"new {sec('new_script')} ({row['new_script'] / row['new_plain']:.2f}x plain; ckpteval "
+        f"{row['new'] / row['new_script']:.2f}x it); finished {sec('finished_script')} "
+        f"({row['finished_script'] / row['finished_plain']:.2f}x plain; ckpteval "
+        f"{row['finished'] / row['finished_script']:.2f}x it)"
     )
 
 

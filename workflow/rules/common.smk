@@ -82,7 +82,10 @@ wildcard_constraints:
 
 
 def aged(inputs):
-    """Inputs the plan reads by content (ckpteval.plan.sweep.ByContent) as `ancient`."""
+    """Inputs the plan reads by content (ckpteval.plan.sweep.ByContent) as `ancient`; no input
+    (None) as none: a list would reach the job as a list."""
+    if inputs is None:
+        return []
     if isinstance(inputs, dict):
         return {k: aged(v) for k, v in inputs.items()}
     if isinstance(inputs, (list, tuple)):
@@ -95,11 +98,6 @@ def signed(function):
     a function's signature twice on every call, per job (7% of a new sweep's dry run)."""
     overwrite_function_params(function, get_function_params(function))
     return function
-
-
-def one(path):
-    """A single input, or none (None): a list would reach the job as a list."""
-    return [] if path is None else path
 
 
 def per_checkpoint(ask):
@@ -167,15 +165,10 @@ def get_selftest_identity(wildcards):
     return SWEEP.selftest_identity(wildcards.task, wildcards.key)
 
 
-@signed
-def get_assist_name(wildcards):
-    return f"assist-{wildcards.token}-{wildcards.i}"
-
-
 # consolidate, model_card
-get_source_identity_file = per_checkpoint(lambda r, c: one(SWEEP.source_identity_file(r, c)))
+get_source_identity_file = per_checkpoint(SWEEP.source_identity_file)
 get_model_identity = per_checkpoint(SWEEP.model_identity)
-get_base_model = per_checkpoint(lambda run, ckpt: one(SWEEP.base_model(run)))
+get_base_model = per_checkpoint(lambda run, ckpt: SWEEP.base_model(run))
 get_model_redo = per_checkpoint(SWEEP.model_redo_input)
 get_model_card_settings = per_checkpoint(SWEEP.model_card_settings)
 get_consolidate_priority = per_checkpoint(SWEEP.consolidate_priority)
@@ -191,7 +184,7 @@ get_cell = per_cell(SWEEP.cell_params)
 get_scoring_identity = per_cell(SWEEP.scoring_identity)
 # selftest
 get_checker_files = per_task(SWEEP.checker_files)
-get_problems_file = per_task(lambda task: one(SWEEP.problems_file(task)))
+get_problems_file = per_task(SWEEP.problems_file)
 # aggregate (no age in the waiting lines: the clock must not rebuild the report), publish
 get_score_files = per_sweep(SWEEP.score_files)
 get_summary_redo = per_sweep(lambda: {"redo": r} if (r := SWEEP.summary_redo()) else {})

@@ -121,7 +121,7 @@ if VLLM_RUNS:
             gpu=ENGINE_GPUS,
         params:
             cache_dir=LAYOUT.cache(),
-            name=get_assist_name,
+            name="assist-{token}-{i}",
             grace_seconds=30,
         script:
             "../scripts/assist.py"
