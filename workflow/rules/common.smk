@@ -82,14 +82,14 @@ wildcard_constraints:
 
 
 def aged(inputs):
-    """Inputs the plan reads by content (ckpteval.plan.sweep.ByContent) as `ancient`; no input
-    (None) as none: a list would reach the job as a list."""
+    """Inputs the plan reads by content (ckpteval.plan.sweep.ByContent) as `ancient`; the plan's
+    None for no input as none (a list would reach the job as a list)."""
     if inputs is None:
         return []
-    if isinstance(inputs, dict):
-        return {k: aged(v) for k, v in inputs.items()}
+    if isinstance(inputs, dict):  # a None inside (a param's value) stays None
+        return {k: v if v is None else aged(v) for k, v in inputs.items()}
     if isinstance(inputs, (list, tuple)):
-        return [aged(v) for v in inputs]
+        return [v if v is None else aged(v) for v in inputs]
     return ancient(str(inputs)) if isinstance(inputs, ByContent) else inputs
 
 
