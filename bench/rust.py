@@ -16,6 +16,15 @@ turns a bare `1` into an int, which it cannot split; `1,10` crashes too). ckptev
 sandboxed (bwrap), self-test included. Both use the same number of workers and the same timeout
 (a sample that loops costs both tools the same `timeout` seconds of a core), so the ratio of
 throughputs is the ratio per core.
+
+Two ratios are printed. The first is over all samples, against the issue's target of 20x. That
+target is out of reach on this bench for any judge: a few mutants loop forever (5 of the 584 with
+the defaults), and each costs its full `timeout` of a core in both tools, 5 x 3 s = 15 core-seconds,
+7.5 s of wall on 2 workers however fast everything else is, while 20x of human-eval-rust's ~124 s
+(quiet machine) leaves 6.2 s; with an instant judge the ratio would still stop at 124 / 7.5 = 16.5x.
+The second ratio is what the judge itself achieves: both tools are run again on the samples that
+end (neither tool's verdict a timeout), so the endless samples' cost is measured in each tool (the
+difference of its two wall times, printed), not assumed.
 """
 
 from __future__ import annotations
@@ -169,6 +178,7 @@ def main() -> int:
         f"ckpteval (bwrap, self-test included): {ours_wall:7.1f} s  "
         f"{len(samples) / ours_wall * 60:8.0f} samples/min  pass@1 {cell['metrics']['pass@1']['value']:.4f}"
         f"  compile_rate {cell['metrics']['compile_rate']['value']:.4f}"
+        f"  hack_rate {cell['metrics']['hack_rate']['value']:.4f}"
     )
     print(
         f"human-eval-rust 3.0.0 (no sandbox):   {theirs_wall:7.1f} s  "
@@ -180,9 +190,42 @@ def main() -> int:
             f"human-eval-rust's compile timeout or watchdog fired on {len(their_timeouts)} samples "
             f"(machine load), not counted: {their_timeouts[:3]}"
         )
-    return report(
-        disagreements, len(samples) - len(their_timeouts), ours_wall, theirs_wall, target=10
+    endless = {
+        (row["task_id"], i)
+        for task_id, rows in mine_by_task.items()
+        for i, row in enumerate(rows)
+        if row["error_type"] == "timeout"
+        or theirs_by_task[task_id][i]["error_type"] == "test_timeout"
+    }
+    ending, seen = [], defaultdict(int)
+    for sample in samples:
+        at = seen[sample["task_id"]]
+        seen[sample["task_id"]] += 1
+        if (sample["task_id"], at) not in endless:
+            ending.append(sample)
+    rerun = work / "ending"
+    rerun.mkdir()
+    ending_file = write_jsonl(rerun / "samples.jsonl", ending)
+    ours_ending, _, _ = run_ckpteval("rust", kept, ending, rerun, args.workers, args.timeout)
+    theirs_ending, _ = run_human_eval_rust(
+        python, problems_file, ending_file, args.workers, args.timeout
     )
+    print(
+        f"the {len(ending)} samples that end ({len(endless)} endless left out, "
+        f"each a {args.timeout:g} s timeout in both tools): ckpteval {ours_ending:.1f} s, "
+        f"human-eval-rust {theirs_ending:.1f} s; the endless samples cost ckpteval "
+        f"{ours_wall - ours_ending:.1f} s and human-eval-rust {theirs_wall - theirs_ending:.1f} s "
+        f"of wall (each tool's two runs' difference)"
+    )
+    status = report(
+        disagreements, len(samples) - len(their_timeouts), ours_wall, theirs_wall, target=20
+    )
+    print(
+        f"throughput ratio over the samples that end: ckpteval is "
+        f"{theirs_ending / ours_ending:.2f}x as fast (the judge's own speed; the endless "
+        "samples' fixed timeouts left out of both tools)"
+    )
+    return status
 
 
 if __name__ == "__main__":

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from ckpteval.checkers import Job, OnVerdicts, Verdict, get_checker
 from ckpteval.checkers.extract import brace_depth, rust_program, rust_tests
-from ckpteval.checkers.rust.checker import _batch_size, prompt_contract
+from ckpteval.checkers.rust.checker import _batch_size, _make_unit, _write_batch, prompt_contract
 from ckpteval.io import iter_jsonl
 
 #: Every test compiles Rust.
@@ -201,11 +202,56 @@ def test_compile_errors_name_the_problem(batched: dict[str, Verdict]) -> None:
     assert "ckpteval_s" not in batched["wrong answer"].stderr_tail
 
 
-def test_batched_verdicts_equal_compiling_each_alone(batched: dict[str, Verdict]) -> None:
-    alone = _check(batch_size=1)
+@pytest.fixture(scope="module")
+def alone() -> dict[str, Verdict]:
+    return _check(batch_size=1)
+
+
+def test_batched_verdicts_equal_compiling_each_alone(
+    batched: dict[str, Verdict], alone: dict[str, Verdict]
+) -> None:
     assert {n: (v.passed, v.error_type, v.compile_ok, v.hack) for n, v in alone.items()} == {
         n: (v.passed, v.error_type, v.compile_ok, v.hack) for n, v in batched.items()
     }
+
+
+@pytest.mark.parametrize("name", ["wrong answer", "panic", "infinite loop"])
+def test_shared_tests_report_what_the_samples_own_tests_do(
+    batched: dict[str, Verdict], alone: dict[str, Verdict], name: str
+) -> None:
+    """The batch compiles the problem's tests once for all its samples (`_write_batch`); a
+    failure still names the lines and columns of the sample's own `tests.rs` and `main.rs`
+    (libtest's thread ids and its count of tests filtered out differ, as they did before)."""
+
+    def seen(verdict: Verdict) -> str:
+        return re.sub(r"\(\d+\)|\d+ filtered out|finished in \S+", "", verdict.stderr_tail)
+
+    assert "tests.rs:" in batched[name].stderr_tail or name == "infinite loop"
+    assert seen(batched[name]) == seen(alone[name])
+
+
+def test_samples_of_one_problem_share_its_tests_in_a_batch(tmp_path: Path) -> None:
+    """Samples of one problem share one copy of its tests; a problem whose contract imports its
+    own items (each sample's own types) or a sample with a trait impl keep their own."""
+    with_item = {
+        **ADD,
+        "task_id": "with an item",
+        "prompt": "struct P(i64);\n" + ADD["prompt"],
+    }
+    jobs = [
+        Job("a", ADD, "    a + b\n}\n"),
+        Job("b", ADD, "    a - b\n}\n"),
+        Job("c", ADD, "    a + b\n}\nstruct Q;\nimpl Clone for Q { fn clone(&self) -> Q { Q } }\n"),
+        Job("d", with_item, "    a + b\n}\n"),
+        Job("e", with_item, "    b + a\n}\n"),
+    ]
+    units = [_make_unit(i, job, 3.0) for i, job in enumerate(jobs)]
+    _source, shared = _write_batch(units, tmp_path)
+    assert shared == {0: [0, 1]}
+    assert [u.shared for u in units] == [0, 0, None, None, None]
+    assert "fn test_add_two" in (tmp_path / "ckpteval_p0" / "tests.rs").read_text()
+    assert "fn test_add_two" not in (tmp_path / "u0" / "tests.rs").read_text()
+    assert "fn test_add_two" in (tmp_path / "u3" / "tests.rs").read_text()
 
 
 def test_ordinary_samples_are_not_flagged(batched: dict[str, Verdict]) -> None:

@@ -36,6 +36,11 @@ vec![])` is "type annotations needed", an error that names neither the impls nor
 units whose program or tests have a trait impl (`impl X for Y`, or `impl` in a text with
 `macro_rules!`) are batched only with each other, never with units that have none, and a
 compile error among them is confirmed by compiling that unit alone.
+Samples of one problem in a batch share one copy of its tests when the contract holds none of
+a sample's own types (`_write_batch`): the tests' typing and code are about half of a batch's
+compile, and the shared copy calls the entry point of the sample its process runs for
+(`CKPTEVAL_SAMPLE`, read by the harness with the tokens), through each sample's own contract
+wrapper, so it compiles, runs and fails as the sample's own tests would, at the same lines.
 When the batch fails, rustc's JSON diagnostics name the files holding each error; the units
 owning them get a compile_error verdict with those errors, errors spanning several units send
 those units to be compiled alone, and the rest is recompiled until it compiles. Anything else
@@ -119,7 +124,8 @@ Known differences from compiling the sample truly alone: the tests module is dec
 the sample's code, so a test cannot use a `macro_rules!` the program defines; a program that
 starts with inner attributes other than simple `#![name(args)]` ones, or with a shebang, gets the
 declaration first and so a compile error. A sample can tell from its own command line
-(/proc/self/cmdline) whether it was batched; that can change its own verdict only.
+(/proc/self/cmdline) or its environment whether it was batched; that can change its own verdict
+only.
 
 Known differences from the upstream harnesses (by design): the tests see the prompt's contract
 only, so tests that call an item the prompt does not define (a helper only the reference
@@ -239,7 +245,7 @@ _EXITED_IN_CHILD = "ckpteval: the sample's process exited before its function re
 
 #: The harness's declaration of the tests, at the very start of `main.rs` (after simple inner
 #: attributes, which must come first in a crate root), on the program's first line.
-_TESTS_DECL = '#[cfg(test)] #[path = "tests.rs"] mod ckpteval_tests; '
+_TESTS_DECL = '#[cfg(test)] #[path = "tests.rs"] pub(crate) mod ckpteval_tests; '
 _LEADING_INNER = re.compile(r"\A(?:\s*(?:\#!\[[\w\s(),=:]*\]|//![^\n]*\n))+")
 
 #: The harness (`harness.rs`): a module the sample cannot name into (no glob import), whose `run`
@@ -253,7 +259,7 @@ _ROOT_HARNESS = _ALONE_HARNESS.replace("pub(super) ", "pub(crate) ").replace(
 )
 _BATCHED_HARNESS = (
     "\n#[allow(unused)]\nmod ckpteval_harness {\n"
-    "    pub(super) use crate::ckpteval_root_harness::{call, run, Outcome, Wire};\n}\n"
+    "    pub(super) use crate::ckpteval_root_harness::{call, run, sample, Outcome, Wire};\n}\n"
 )
 
 
@@ -302,6 +308,11 @@ class _Unit:
     timeout: float = 0.0
     replaced: int = 0  # code points UTF-8 cannot encode, replaced by U+FFFD
     trait_impls: bool = False  # its program implements a trait: batched only with such units
+    #: (prompt, entry point) and the tests after the contract, for tests shared in a batch
+    #: (`_write_batch`); None where the tests see the program's module (`use super::*`)
+    contract_of: tuple[str, str] | None = None
+    test_body: str = ""
+    shared: int | None = None  # in the current batch: the shared tests' `ckpteval_p<j>`
 
 
 class RustChecker(Checker):
@@ -452,6 +463,7 @@ class RustChecker(Checker):
                 env={
                     "RUST_BACKTRACE": "0",
                     TOKENS_VAR: ";".join(f"{n}={t}" for n, t in toks.items()),
+                    **({} if u.shared is None else {"CKPTEVAL_SAMPLE": str(u.index)}),
                 },
             )
             for u, toks in zip(units, tokens)
@@ -488,7 +500,7 @@ class RustChecker(Checker):
         while len(pending) > 1:
             attempt += 1
             name = f"batch{attempt}"
-            source = _write_batch(pending, workdir)  # type: ignore[arg-type]
+            source, shared = _write_batch(pending, workdir)  # type: ignore[arg-type]
             start = time.monotonic()
             result, diagnostics = self._rustc(
                 source,
@@ -501,10 +513,15 @@ class RustChecker(Checker):
                 unit.compile_s += share
             if result.exit_code == 0 and (workdir / name).exists():  # type: ignore[operator]
                 for unit in pending:
-                    unit.binary, unit.module = workdir / name, f"ckpteval_s{unit.index}::"  # type: ignore[operator]
+                    unit.binary = workdir / name  # type: ignore[operator]
+                    unit.module = (
+                        f"ckpteval_s{unit.index}::"
+                        if unit.shared is None
+                        else f"ckpteval_p{unit.shared}::"
+                    )
                 pending = []
                 break
-            blame = _blame(diagnostics)
+            blame = _blame(diagnostics, shared)
             if blame is None or attempt >= 8:
                 break
             broken, entangled = blame
@@ -532,6 +549,7 @@ class RustChecker(Checker):
     def _compile_alone(self, unit: _Unit, workdir: Path) -> None:
         """Compile `unit` as a crate of its own, in a directory holding nothing else."""
         start = time.monotonic()
+        unit.shared = None
         (workdir / "tests.rs").write_text(unit.tests + _ALONE_HARNESS, encoding="utf-8")
         result, diagnostics = self._rustc(unit.main, workdir, "main", self.compile_timeout)
         unit.compile_s += time.monotonic() - start
@@ -635,7 +653,9 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
     completion, replaced = utf8_safe(job.completion)
     program, in_program = utf8_safe(rust_program(job.problem, completion))
     tests, names = harnessed_tests(rust_tests(job.problem))
-    contract = prompt_contract(str(job.problem["prompt"]), rust_entry_point(job.problem))
+    prompt, entry = str(job.problem["prompt"]), rust_entry_point(job.problem)
+    contract = prompt_contract(prompt, entry)
+    body, _ = utf8_safe(tests)
     tests, in_tests = utf8_safe(f"{contract or 'use super::*;'}\n{tests}")
     hacks, refused = static_hacks(completion, job.problem)
     alone = (
@@ -658,13 +678,14 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
         trait_impls=_trait_impls(program) or _trait_impls(tests),
         timeout=timeout,
         replaced=replaced + in_program + in_tests,
+        contract_of=(prompt, entry) if contract is not None else None,
+        test_body=body,
     )
 
 
 # ---------------------------------------------------------------------------- the contract
 
 
-@lru_cache(maxsize=1024)
 def prompt_contract(prompt: str, entry: str) -> str | None:
     """What the tests see instead of the sample's module (the head of `tests.rs`, replacing a
     glob import of the program): the prompt's imports, the prompt's own items by name, and the
@@ -676,6 +697,17 @@ def prompt_contract(prompt: str, entry: str) -> str | None:
     fails to compile in the wrapper. None when the prompt's signature is not one this can copy
     (then the tests glob-import the program, as before).
     """
+    parts = _contract(prompt, entry)
+    if parts is None:
+        return None
+    head, signature, _args, call = parts
+    return "\n".join([*head, f"#[allow(dead_code)] {signature} {{ {call} }}"]) + "\n"
+
+
+@lru_cache(maxsize=1024)
+def _contract(prompt: str, entry: str) -> tuple[tuple[str, ...], str, str, str] | None:
+    """The contract's parts (`prompt_contract`): its lines before the wrapper, the wrapper's
+    signature, the arguments it passes on, and its call of the sample's function."""
     blank = _blank_comments_and_strings(prompt)
     signature = _entry_signature(prompt, blank, entry)
     if signature is None:
@@ -696,8 +728,30 @@ def prompt_contract(prompt: str, entry: str) -> str | None:
     call = f"super::{entry}({args})"
     if _crosses_processes(generics, params, rest, set(items)):
         call = f"self::ckpteval_harness::call(move || {call})"
-    lines.append(f"#[allow(dead_code)] fn {entry}{generics}({typed}) {rest} {{ {call} }}")
-    return "\n".join(line for line in lines if line) + "\n"
+    head = tuple(line for line in lines if line)
+    return head, f"fn {entry}{generics}({typed}) {rest}", args, call
+
+
+def _shared_contract(prompt: str, entry: str, indices: Sequence[int]) -> tuple[str, str] | None:
+    """The contract split for tests that a batch compiles once for several samples of a problem
+    (`indices`): (each sample's side, the shared tests' side), or None where they cannot be
+    shared (no contract, or one importing the prompt's items, which are each sample's own types).
+    The sample's side is its contract with the wrapper `pub(crate)`, for the shared tests to
+    reach; the shared side has the same lines with the wrapper's body choosing the sample the
+    test process runs for (`ckpteval_harness::sample`). Both keep the contract's lines, so
+    messages name the lines of the sample's own `tests.rs`."""
+    parts = _contract(prompt, entry)
+    if parts is None or any("use super::" in line for line in parts[0]):
+        return None
+    head, signature, args, call = parts
+    entry_path = f"ckpteval_tests::{entry}({args})"
+    arms = " ".join(f"{i} => crate::ckpteval_s{i}::{entry_path}," for i in indices)
+    choice = f"match self::ckpteval_harness::sample() {{ {arms} _ => ::std::unreachable!() }}"
+    # `pub(crate)` in the place of `#[allow(dead_code)] ` (the lint is off), so that a panic's
+    # column in the wrapper's line stays that of the sample's own `tests.rs`
+    mine = [*head, f"{'pub(crate)':{len('#[allow(dead_code)] ')}}{signature} {{ {call} }}"]
+    shared = [*head, f"#[allow(dead_code)] {signature} {{ {choice} }}"]
+    return "\n".join(mine) + "\n", "\n".join(shared) + "\n"
 
 
 #: Types whose values the harness's `Wire` carries from the sample's process to the tests'.
@@ -1125,16 +1179,53 @@ def _first(hacks: Sequence[str]) -> str | None:
     return hacks[0] if hacks else None
 
 
-def _write_batch(units: Sequence[_Unit], workdir: Path) -> str:
-    """Write each unit's files under `u<i>/`; the crate root declaring them as file modules."""
+def _write_batch(units: Sequence[_Unit], workdir: Path) -> tuple[str, dict[int, list[int]]]:
+    """Write each unit's files under `u<i>/`; the crate root declaring them as file modules.
+    Returns the root and the shared tests (`ckpteval_p<j>` -> its units).
+
+    Units with the same tests behind a contract that holds no sample's type (`_shared_contract`)
+    share them: the problem's tests are compiled once, in `ckpteval_p<j>/tests.rs` (the tests'
+    typing and code are about half of a batch's compile), calling the entry point of the sample
+    its process runs for; each unit's own `tests.rs` keeps only its contract. The shared tests
+    see exactly what each sample's own tests would (the prompt's signature and imports), so they
+    compile, run and fail as the sample's own do, with the same line numbers. Units with trait
+    impls (crate-wide, `_trait_impls`) keep their own tests."""
     lines = []
+    shared: dict[int, list[int]] = {}
+    sides: dict[int, str] = {}
+    by_tests: dict[str, list[_Unit]] = {}
+    for unit in units:
+        unit.shared = None
+        if unit.contract_of is not None and not unit.trait_impls:
+            by_tests.setdefault(unit.tests, []).append(unit)
+    for group in by_tests.values():
+        split = (
+            _shared_contract(*group[0].contract_of, [u.index for u in group])  # type: ignore[misc]
+            if len(group) > 1
+            else None
+        )
+        if split is None:
+            continue
+        mine, theirs = split
+        j = group[0].index
+        shared[j] = [u.index for u in group]
+        for unit in group:
+            unit.shared, sides[unit.index] = j, mine
+        shared_dir = workdir / f"ckpteval_p{j}"
+        shared_dir.mkdir(exist_ok=True)
+        text = f"{theirs}\n{group[0].test_body}{_BATCHED_HARNESS}"
+        (shared_dir / "tests.rs").write_text(text, encoding="utf-8")
+        lines.append(
+            f'#[cfg(test)] mod ckpteval_p{j} {{ #[path = "tests.rs"] mod ckpteval_tests; }}\n'
+        )
     for unit in units:
         unit_dir = workdir / f"u{unit.index}"
         unit_dir.mkdir(exist_ok=True)
         (unit_dir / "main.rs").write_text(unit.main, encoding="utf-8")
-        (unit_dir / "tests.rs").write_text(unit.tests + _BATCHED_HARNESS, encoding="utf-8")
+        tests = sides.get(unit.index, unit.tests)
+        (unit_dir / "tests.rs").write_text(tests + _BATCHED_HARNESS, encoding="utf-8")
         lines.append(f'#[path = "u{unit.index}/main.rs"] mod ckpteval_s{unit.index};\n')
-    return "".join(lines) + _ROOT_HARNESS
+    return "".join(lines) + _ROOT_HARNESS, shared
 
 
 def _seal(workdir: Path) -> None:
@@ -1151,12 +1242,15 @@ def _seal(workdir: Path) -> None:
         os.chmod(dirpath, 0o711)
 
 
-_UNIT_FILE = re.compile(r"^u(\d+)/")
+_UNIT_FILE = re.compile(r"^(?:u|ckpteval_p)(\d+)/")
 
 
-def _blame(diagnostics: list[dict[str, Any]]) -> tuple[set[int], set[int]] | None:
+def _blame(
+    diagnostics: list[dict[str, Any]], shared: Mapping[int, list[int]]
+) -> tuple[set[int], set[int]] | None:
     """(units whose own files hold errors, units tied up in an error spanning several), or None
-    if some error cannot be placed in any unit (then nothing in the batch is judged)."""
+    if some error cannot be placed in any unit (then nothing in the batch is judged). An error
+    in shared tests (`shared`, as `_write_batch` returns it) ties up all of their units."""
     broken: set[int] = set()
     entangled: set[int] = set()
     for diag in diagnostics:
@@ -1164,8 +1258,10 @@ def _blame(diagnostics: list[dict[str, Any]]) -> tuple[set[int], set[int]] | Non
             continue
         if not diag.get("spans") and str(diag.get("message", "")).startswith("aborting due to"):
             continue
-        units = set(_our_units(diag.get("spans") or [])) | {
-            u for child in diag.get("children") or [] for u in _our_units(child.get("spans") or [])
+        units = set(_our_units(diag.get("spans") or [], shared)) | {
+            u
+            for child in diag.get("children") or []
+            for u in _our_units(child.get("spans") or [], shared)
         }
         if not units:
             return None
@@ -1175,15 +1271,22 @@ def _blame(diagnostics: list[dict[str, Any]]) -> tuple[set[int], set[int]] | Non
     return broken - entangled, entangled
 
 
-def _our_units(spans: list[dict[str, Any]]) -> list[int]:
-    """Units whose files a diagnostic points at, following macro expansions back to them."""
+def _our_units(
+    spans: list[dict[str, Any]], shared: Mapping[int, list[int]] | None = None
+) -> list[int]:
+    """Units whose files a diagnostic points at, following macro expansions back to them (all
+    units of shared tests, `_blame`; none of them where `shared` is not given)."""
     units = []
     for span in spans:
         current: dict[str, Any] | None = span
         while current is not None:
-            found = _UNIT_FILE.match(str(current.get("file_name", "")))
-            if found:
+            name = str(current.get("file_name", ""))
+            found = _UNIT_FILE.match(name)
+            if found and name.startswith("u"):
                 units.append(int(found.group(1)))
+                break
+            if found:
+                units += (shared or {}).get(int(found.group(1)), [])
                 break
             expansion = current.get("expansion") or {}
             current = expansion.get("span")
@@ -1204,7 +1307,8 @@ def _messages(diagnostics: list[dict[str, Any]], unit: int | None) -> str:
 
 
 def _as_alone(text: str) -> str:
-    return re.sub(r"ckpteval_s\d+::", "", re.sub(r"\bu\d+/(main|tests)\.rs", r"\1.rs", text))
+    text = re.sub(r"\b(?:u\d+|ckpteval_p\d+)/(main|tests)\.rs", r"\1.rs", text)
+    return re.sub(r"ckpteval_[sp]\d+::", "", text)
 
 
 # -------------------------------------------------------------------------------- verdicts
@@ -1262,9 +1366,7 @@ def classify(
     hack = _first([*severe, *dynamic, *(h for h in hacks if h not in dynamic)])
     announced = _RUNNING.search(libtest)
     failures = libtest[libtest.find("\nfailures:") :] if "\nfailures:" in libtest else libtest
-    detail = tail(
-        _as_alone(re.sub(r"ckpteval_s\d+::", "", failures + ("\n" + stderr if stderr else "")))
-    )
+    detail = tail(_as_alone(failures + ("\n" + stderr if stderr else "")))
     if result.timed_out or result.signal == 24:
         return Verdict(False, "timeout", compile_ok=True, stderr_tail=detail, hack=hack)
     if result.output_limit or result.signal == 25:

@@ -4,6 +4,7 @@ mod ckpteval_harness {
     static TOKENS: ::std::sync::Mutex<::std::vec::Vec<(::std::string::String, ::std::string::String)>> =
         ::std::sync::Mutex::new(::std::vec::Vec::new());
     static TAKEN: ::std::sync::atomic::AtomicBool = ::std::sync::atomic::AtomicBool::new(false);
+    static SAMPLE: ::std::sync::atomic::AtomicUsize = ::std::sync::atomic::AtomicUsize::new(0);
     extern "C" {
         fn getenv(name: *const ::std::os::raw::c_char) -> *mut ::std::os::raw::c_char;
         fn prctl(option: ::std::os::raw::c_int, a: ::std::os::raw::c_ulong, b: ::std::os::raw::c_ulong,
@@ -41,6 +42,10 @@ mod ckpteval_harness {
             }
         };
         ::std::env::remove_var("CKPTEVAL_TOKENS");
+        if let ::std::result::Result::Ok(index) = ::std::env::var("CKPTEVAL_SAMPLE") {
+            SAMPLE.store(index.parse().unwrap_or(::std::primitive::usize::MAX), ::std::sync::atomic::Ordering::SeqCst);
+        }
+        ::std::env::remove_var("CKPTEVAL_SAMPLE");
         unsafe {
             prctl(4, 0, 0, 0, 0);  // PR_SET_DUMPABLE, 0
         }
@@ -51,6 +56,11 @@ mod ckpteval_harness {
                 tokens.push((name.into(), token.into()));
             }
         }
+    }
+    /// Which sample a batch's shared tests call (`CKPTEVAL_SAMPLE`, read with the tokens before
+    /// the first test body): the tests of a problem are compiled once for all its samples.
+    pub(super) fn sample() -> usize {
+        SAMPLE.load(::std::sync::atomic::Ordering::SeqCst)
     }
     fn emit(line: ::std::string::String) {
         let mut out = ::std::io::stdout().lock();
