@@ -1242,7 +1242,7 @@ def _seal(workdir: Path) -> None:
         os.chmod(dirpath, 0o711)
 
 
-_UNIT_FILE = re.compile(r"^(?:u|ckpteval_p)(\d+)/")
+_UNIT_FILE = re.compile(r"^(?P<kind>u|ckpteval_p)(?P<index>\d+)/")
 
 
 def _blame(
@@ -1280,13 +1280,10 @@ def _our_units(
     for span in spans:
         current: dict[str, Any] | None = span
         while current is not None:
-            name = str(current.get("file_name", ""))
-            found = _UNIT_FILE.match(name)
-            if found and name.startswith("u"):
-                units.append(int(found.group(1)))
-                break
+            found = _UNIT_FILE.match(str(current.get("file_name", "")))
             if found:
-                units += (shared or {}).get(int(found.group(1)), [])
+                index = int(found["index"])
+                units += [index] if found["kind"] == "u" else (shared or {}).get(index, [])
                 break
             expansion = current.get("expansion") or {}
             current = expansion.get("span")
