@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ckpteval.checkers import Checker, Job, Verdict
+from ckpteval.checkers.python import PythonChecker
 
 
 class _Echo(Checker):
@@ -171,17 +172,18 @@ def test_a_streams_last_jobs_are_shared_among_the_workers(jobs: int) -> None:
 
 
 class _TwoPerWorker(_Echo):
-    """Batches as the Python checker sizes them: two per worker, up to `batch`."""
+    """Batches as the Python checker sizes them (its own method): two per worker, up to
+    `batch_size`."""
 
-    def batch_size_for(self, n_jobs: int, workers: int) -> int:
-        return max(1, min(self.batch, -(-n_jobs // (2 * workers))))
+    batch_size = 64
+    batch_size_for = PythonChecker.batch_size_for
 
 
 def test_a_check_calls_last_jobs_are_shared_among_the_workers() -> None:
     """`check` (the self-test's call) knows where its jobs end before it starts the last
     batches: 166 jobs on two workers are four batches, the last two sharing what is left,
     not a third full one and two halves of the rest (a sandbox more)."""
-    checker = _TwoPerWorker(batch=64)
+    checker = _TwoPerWorker()
     items = [Job("t", {}, f"ok {i}") for i in range(166)]
     verdicts = checker.check(items, workers=2)
     assert [v.stderr_tail for v in verdicts] == [job.completion for job in items]
