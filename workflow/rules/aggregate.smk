@@ -11,7 +11,7 @@ rule aggregate:
         staged=directory(SUMMARY_STAGING),
     log:
         "logs/aggregate/aggregate.log",
-    # the report reads cells on this many threads (Arrow and zlib release the GIL)
+    # the report reads cells in this many processes, while the job builds its tables
     threads: config["evaluate"]["workers"]
     params:
         identity=get_summary_identity,
