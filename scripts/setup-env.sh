@@ -86,14 +86,19 @@ project_venv() {
 # The full `mlflow` package, for its tracking server (tests/test_publish.py starts one with a SQLite
 # backend), in an environment of its own: the server's dependencies are too heavy for the
 # project's, which has only the mlflow-skinny client. Same version as that client (so after the
-# venv part). Optional in a whole setup: the test skips without it; required when asked for alone.
+# venv part), else the newest one not newer: a registry can carry a release of mlflow before the
+# mlflow-tracing it pins (seen with 3.18.0), and the client speaks the REST API to an older server.
+# Optional in a whole setup: the test skips without it; required when asked for alone.
 mlflow_venv() {
   local required=$1
   MLFLOW_VENV=${MLFLOW_VENV:-.venv-mlflow}
   [ -x "$MLFLOW_VENV/bin/mlflow" ] && return 0
   mlflow_version=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mlflow-skinny"))')
   { "$PYTHON" -m venv "$MLFLOW_VENV" &&
-    "$MLFLOW_VENV/bin/pip" install --quiet --disable-pip-version-check "mlflow==$mlflow_version"; } && return 0
+    { "$MLFLOW_VENV/bin/pip" install --quiet --disable-pip-version-check "mlflow==$mlflow_version" ||
+      { echo "setup: mlflow==$mlflow_version did not install; taking the newest mlflow<=$mlflow_version" >&2 &&
+        "$MLFLOW_VENV/bin/pip" install --quiet --disable-pip-version-check "mlflow<=$mlflow_version"; }; }; } &&
+    return 0
   if [ "$required" = 1 ]; then
     echo "setup: the full mlflow package did not install into $MLFLOW_VENV" >&2
     exit 1
