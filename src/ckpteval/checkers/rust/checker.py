@@ -261,6 +261,18 @@ _BATCHED_HARNESS = (
     "\n#[allow(unused)]\nmod ckpteval_harness {\n"
     "    pub(super) use crate::ckpteval_root_harness::{call, run, sample, Outcome, Wire};\n}\n"
 )
+#: Where the harness holds its binary's key (`_keyed`).
+_KEY_MARK = '"ckpteval-binary-key"'
+
+
+def _keyed(harness: str, key: str) -> str:
+    """The harness with `key` as its binary's key: each test process gets it first in
+    `TOKENS_VAR`, and the harness runs no test body without it, so a sample that executes its
+    own binary (to read the values the tests expect in their assertion messages, as its own
+    sample or a neighbour's) gets nothing from it. Fresh per compile; it exists only in the
+    deleted source, the execute-only binary and each test process's environment, which the
+    harness erases before any sample code runs."""
+    return harness.replace(_KEY_MARK, f'"{key}"')
 
 
 @lru_cache(maxsize=1)
@@ -307,6 +319,7 @@ class _Unit:
     compile_s: float = 0.0
     timeout: float = 0.0
     replaced: int = 0  # code points UTF-8 cannot encode, replaced by U+FFFD
+    key: str = ""  # its binary's key (`_keyed`)
     trait_impls: bool = False  # its program implements a trait: batched only with such units
     #: (prompt, entry point) and the tests after the contract, for tests shared in a batch
     #: (`_write_batch`); None where the tests see the program's module (`use super::*`)
@@ -462,7 +475,7 @@ class RustChecker(Checker):
                 Limits(wall_s=u.timeout, memory_bytes=self.memory_bytes),
                 env={
                     "RUST_BACKTRACE": "0",
-                    TOKENS_VAR: ";".join(f"{n}={t}" for n, t in toks.items()),
+                    TOKENS_VAR: ";".join([u.key, *(f"{n}={t}" for n, t in toks.items())]),
                     **({} if u.shared is None else {"CKPTEVAL_SAMPLE": str(u.index)}),
                 },
             )
@@ -549,8 +562,9 @@ class RustChecker(Checker):
     def _compile_alone(self, unit: _Unit, workdir: Path) -> None:
         """Compile `unit` as a crate of its own, in a directory holding nothing else."""
         start = time.monotonic()
-        unit.shared = None
-        (workdir / "tests.rs").write_text(unit.tests + _ALONE_HARNESS, encoding="utf-8")
+        unit.shared, unit.key = None, secrets.token_hex(16)
+        harness = _keyed(_ALONE_HARNESS, unit.key)
+        (workdir / "tests.rs").write_text(unit.tests + harness, encoding="utf-8")
         result, diagnostics = self._rustc(unit.main, workdir, "main", self.compile_timeout)
         unit.compile_s += time.monotonic() - start
         _seal(workdir)
@@ -1191,11 +1205,12 @@ def _write_batch(units: Sequence[_Unit], workdir: Path) -> tuple[str, dict[int, 
     compile, run and fail as the sample's own do, with the same line numbers. Units with trait
     impls (crate-wide, `_trait_impls`) keep their own tests."""
     lines = []
+    key = secrets.token_hex(16)
     shared: dict[int, list[int]] = {}
     sides: dict[int, str] = {}
     by_tests: dict[str, list[_Unit]] = {}
     for unit in units:
-        unit.shared = None
+        unit.shared, unit.key = None, key
         if unit.contract_of is not None and not unit.trait_impls:
             by_tests.setdefault(unit.tests, []).append(unit)
     for group in by_tests.values():
@@ -1225,7 +1240,7 @@ def _write_batch(units: Sequence[_Unit], workdir: Path) -> tuple[str, dict[int, 
         tests = sides.get(unit.index, unit.tests)
         (unit_dir / "tests.rs").write_text(tests + _BATCHED_HARNESS, encoding="utf-8")
         lines.append(f'#[path = "u{unit.index}/main.rs"] mod ckpteval_s{unit.index};\n')
-    return "".join(lines) + _ROOT_HARNESS, shared
+    return "".join(lines) + _keyed(_ROOT_HARNESS, key), shared
 
 
 def _seal(workdir: Path) -> None:

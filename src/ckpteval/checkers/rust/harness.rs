@@ -5,6 +5,9 @@ mod ckpteval_harness {
         ::std::sync::Mutex::new(::std::vec::Vec::new());
     static TAKEN: ::std::sync::atomic::AtomicBool = ::std::sync::atomic::AtomicBool::new(false);
     static SAMPLE: ::std::sync::atomic::AtomicUsize = ::std::sync::atomic::AtomicUsize::new(0);
+    /// This binary's key, fresh per compile (the checker writes it here and puts it first in
+    /// `CKPTEVAL_TOKENS`): a run without it is one the sample's code started itself.
+    const KEY: &str = "ckpteval-binary-key";
     extern "C" {
         fn getenv(name: *const ::std::os::raw::c_char) -> *mut ::std::os::raw::c_char;
         fn prctl(option: ::std::os::raw::c_int, a: ::std::os::raw::c_ulong, b: ::std::os::raw::c_ulong,
@@ -26,6 +29,9 @@ mod ckpteval_harness {
     }
     /// Before the first test body: move the tokens out of the environment (erasing the original
     /// environment block too) and make the process non-dumpable (/proc/self/* become root's).
+    /// Without this binary's key no test body runs: a sample that runs the binary again
+    /// (`/proc/self/exe`, its own index or a neighbour's in `CKPTEVAL_SAMPLE`) would otherwise
+    /// read the values the tests expect in their assertion messages and return them.
     fn take() {
         if TAKEN.swap(true, ::std::sync::atomic::Ordering::SeqCst) {
             return;
@@ -50,8 +56,16 @@ mod ckpteval_harness {
             prctl(4, 0, 0, 0, 0);  // PR_SET_DUMPABLE, 0
         }
         let text = ::std::string::String::from_utf8_lossy(&raw).into_owned();
+        let (key, pairs) = text.split_once(';').unwrap_or((&text, ""));
+        if key != KEY {
+            let why = b"ckpteval: this test binary runs under the rust checker only\n";
+            unsafe {
+                write(2, why.as_ptr(), why.len());
+                _exit(99)
+            }
+        }
         let mut tokens = TOKENS.lock().unwrap_or_else(|e| e.into_inner());
-        for pair in text.split(';') {
+        for pair in pairs.split(';') {
             if let ::std::option::Option::Some((name, token)) = pair.split_once('=') {
                 tokens.push((name.into(), token.into()));
             }
