@@ -259,7 +259,7 @@ _ROOT_HARNESS = _ALONE_HARNESS.replace("pub(super) ", "pub(crate) ").replace(
 )
 _BATCHED_HARNESS = (
     "\n#[allow(unused)]\nmod ckpteval_harness {\n"
-    "    pub(super) use crate::ckpteval_root_harness::{call, run, sample, Outcome, Wire};\n}\n"
+    "    pub(super) use crate::ckpteval_root_harness::{call, run, sample, take, Outcome, Wire};\n}\n"
 )
 #: Where the harness holds its binary's key (`_keyed`).
 _KEY_MARK = '"ckpteval-binary-key"'
@@ -742,6 +742,8 @@ def _contract(prompt: str, entry: str) -> tuple[tuple[str, ...], str, str, str] 
     call = f"super::{entry}({args})"
     if _crosses_processes(generics, params, rest, set(items)):
         call = f"self::ckpteval_harness::call(move || {call})"
+    else:
+        call = f"self::ckpteval_harness::take(); {call}"  # the binary's key (`_keyed`)
     head = tuple(line for line in lines if line)
     return head, f"fn {entry}{generics}({typed}) {rest}", args, call
 
@@ -1080,7 +1082,13 @@ def static_hacks(
     if rust_hacks.redefines_assertions(code):
         hacks.append("redefines_assertions")
     sees_program = _tests_see_program(problem)
-    if (
+    if rust_hacks.names_harness(code):
+        hacks.append("tampers_with_tests")
+        refused = refused or (
+            "ckpteval: the sample names the checker's modules (ckpteval...), the only way "
+            "to another sample's entry point or the harness; not passed"
+        )
+    elif (
         rust_hacks.shadows_std_name(code)
         or sees_program
         and rust_hacks.prelude_variant_in_scope(code)

@@ -390,10 +390,20 @@ def hand_eq(code: Code) -> bool:
     return False
 
 
+def names_harness(code: Code) -> bool:
+    """An identifier that holds `ckpteval`: every module the checker adds to a crate is named
+    so (`ckpteval_s<i>`, a batched sample's; `ckpteval_p<j>`, a problem's shared tests;
+    `ckpteval_tests`, `ckpteval_root_harness`), and a path to another sample's entry point must
+    name one: `macro_rules!` cannot assemble an identifier, and a raw or non-ASCII one is
+    another name. Refused, so such a path cannot pass even where `crate`/`super` would not send
+    the sample to compile alone."""
+    return any("ckpteval" in name for name in code.names)
+
+
 def tampers(code: Code) -> bool:
-    """Names the harness, sets a panic hook or environment variables, or defines or imports
-    under a prelude name (flagged only)."""
-    if any("ckpteval" in text for text in (*code.names, *code.literals)):
+    """Names the harness (in a string too), sets a panic hook or environment variables, or
+    defines or imports under a prelude name (flagged only)."""
+    if names_harness(code) or any("ckpteval" in text for text in code.literals):
         return True
     if code.mentions("set_hook", "take_hook", "set_var", "remove_var"):
         return True

@@ -29,10 +29,12 @@ mod ckpteval_harness {
     }
     /// Before the first test body: move the tokens out of the environment (erasing the original
     /// environment block too) and make the process non-dumpable (/proc/self/* become root's).
-    /// Without this binary's key no test body runs: a sample that runs the binary again
+    /// Without this binary's key the process ends here: a sample that runs the binary again
     /// (`/proc/self/exe`, its own index or a neighbour's in `CKPTEVAL_SAMPLE`) would otherwise
-    /// read the values the tests expect in their assertion messages and return them.
-    fn take() {
+    /// read the values the tests expect in their assertion messages and return them. Called
+    /// before each test body (`start`) and on every way to the sample's function (the contract's
+    /// wrapper, `call`, `sample`), so a test the harness did not wrap reaches no sample either.
+    pub(super) fn take() {
         if TAKEN.swap(true, ::std::sync::atomic::Ordering::SeqCst) {
             return;
         }
@@ -74,6 +76,7 @@ mod ckpteval_harness {
     /// Which sample a batch's shared tests call (`CKPTEVAL_SAMPLE`, read with the tokens before
     /// the first test body): the tests of a problem are compiled once for all its samples.
     pub(super) fn sample() -> usize {
+        take();
         SAMPLE.load(::std::sync::atomic::Ordering::SeqCst)
     }
     fn emit(line: ::std::string::String) {
@@ -391,6 +394,7 @@ mod ckpteval_harness {
     /// exits, is killed or sends bytes that are no value of `R` makes the test fail here.
     #[track_caller]
     pub(super) fn call<R: Wire, F: ::std::ops::FnOnce() -> R>(f: F) -> R {
+        take();
         let mut f = ::std::option::Option::Some(f);
         let (bytes, status) = in_child(&mut |out| {
             if let ::std::option::Option::Some(f) = f.take() {
