@@ -41,6 +41,10 @@ a sample's own types (`_write_batch`): the tests' typing and code are about half
 compile, and the shared copy calls the entry point of the sample its process runs for
 (`CKPTEVAL_SAMPLE`, read by the harness with the tokens), through each sample's own contract
 wrapper, so it compiles, runs and fails as the sample's own tests would, at the same lines.
+No sample can make it call another's wrapper: that needs a path naming a `ckpteval_s<i>`
+module (refused, besides `crate`/`super` routing it alone) or another index in the variable
+before the harness reads it (code before `main` is refused), and a run the sample starts itself
+has no key (below).
 When the batch fails, rustc's JSON diagnostics name the files holding each error; the units
 owning them get a compile_error verdict with those errors, errors spanning several units send
 those units to be compiled alone, and the rest is recompiled until it compiles. Anything else
@@ -69,7 +73,10 @@ The tokens reach the process in an environment variable that the wrapper reads b
 test body runs (no sample code runs before that: code that could run before `main` is compiled
 alone and cannot pass, below), then erases from the process's original environment block and
 removes, and it marks the process non-dumpable, so `/proc/self/{environ,mem,fd}` become root's and
-unreadable to the sample's uid. The sample can reach neither the wrapper (private to the
+unreadable to the sample's uid. The variable starts with the binary's key (`_keyed`, fresh per
+compile): a run the sample starts itself (`/proc/self/exe`) has none, and the harness ends it
+before any test body or call of a sample, where its assertion messages would show the values the
+tests expect. The sample can reach neither the wrapper (private to the
 harness's module) nor the tests (private to theirs). A sample passes iff its process exits 0, libtest reports
 exactly its tests, each `ok`, an ok summary, and every test's record carries its token.
 
@@ -111,9 +118,10 @@ one),
 another type than the prompt's next to a hand-written `PartialEq`: the contract's wrapper makes
 that a compile error). A
 flag never makes a sample pass: the verdict comes from the tests. A sample flagged
-`binary_wide_code`, `always_equal_object`, `tampers_with_tests` for a shadowed name, or
-`reads_harness_files` for a compile-time include cannot pass whatever its tests say (its code
-could act before the harness, read the harness's tests, or make the tests' comparisons lie); it
+`binary_wide_code`, `always_equal_object`, `tampers_with_tests` for a shadowed name or for
+naming the checker's modules (an identifier holding `ckpteval`), or `reads_harness_files` for a
+compile-time include cannot pass whatever its tests say (its code could act before the harness,
+read the harness's tests, call a neighbour's function, or make the tests' comparisons lie); it
 gets `runtime_error` saying why. The bundled reference solutions get no flag (tests check it).
 Every flag and refusal reads the completion's tokens (`hacks`, on `lexer`: nested
 block comments, raw strings, chars and lifetimes, raw identifiers), never its raw text: a word
