@@ -25,7 +25,13 @@ correct and wrong neighbours of the same problem:
   (rust-lang/rust#25860), reads its test's token from the harness's stack frame, prints the
   harness's record with it and a libtest report, and exits 0: refused by its shape; with that
   refusal off it fails where the entry point runs in a process of its own and forges a pass
-  where it runs in the tests' process (`test_stack_reader_without_its_refusal`).
+  where it runs in the tests' process (`test_stack_reader_without_its_refusal`);
+- (issue 48, shared tests: a batch's one copy of a problem's tests calls the sample its process
+  runs for) paths to a correct neighbour's contract wrapper (`crate::`, `super::`, `$crate`,
+  pasted from macro arguments, raw and look-alike identifiers), the sample's index set by
+  `set_var`, `setenv` or an `.init_array` constructor, `include_str!` of the shared copy, a module
+  named like the tests', aborts of the sample's process, and re-running the test binary to read
+  the expected values from its assertion messages (which passed until the binary's key).
 
 Each attacker's own answer is wrong, so any pass would be forged. The tests check that every
 neighbour's verdict (and every attacker's) equals its verdict when compiled alone, that no
@@ -472,18 +478,11 @@ ATTACKS.update(
 
 #: Issue 48's shared tests: a batch compiles a problem's tests once, and the copy calls the
 #: entry point of the sample its process runs for (`CKPTEVAL_SAMPLE`). Each attack tries to make
-#: it call a correct neighbour's, to read the tests, or to abort the shared run.
+#: it call a correct neighbour's, to read the tests, or to abort the shared run. (The paths of
+#: `NEIGHBOUR_PATHS` would compile alone here: `test_defences_hold_without_routing` batches them.)
 _SAMPLE_VAR = '["CKPT", "EVAL_SAMPLE"].concat()'
 ATTACKS.update(
     {
-        **{
-            f"neighbour's wrapper by {name}": (
-                text.format(i=1),
-                "compile_error",
-                {"tampers_with_tests"},
-            )
-            for name, text in NEIGHBOUR_PATHS.items()
-        },
         # a Cyrillic `с` in `crate` and `ѕ` in the module: other names, which resolve to nothing
         # (non-ASCII identifiers also send a sample to compile alone)
         "neighbour's wrapper by look-alike identifiers": (
