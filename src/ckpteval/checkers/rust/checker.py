@@ -74,8 +74,8 @@ test body runs (no sample code runs before that: code that could run before `mai
 alone and cannot pass, below), then erases from the process's original environment block and
 removes, and it marks the process non-dumpable, so `/proc/self/{environ,mem,fd}` become root's and
 unreadable to the sample's uid. The variable starts with the binary's key (`_keyed`, fresh per
-compile): a run the sample starts itself (`/proc/self/exe`) has none, and the harness ends it
-before any test body or call of a sample, where its assertion messages would show the values the
+compile): a run the sample starts itself (`/proc/self/exe`) has none, and a constructor of the
+harness ends it before `main`, before any test whose assertion messages would show the values the
 tests expect. The sample can reach neither the wrapper (private to the
 harness's module) nor the tests (private to theirs). A sample passes iff its process exits 0, libtest reports
 exactly its tests, each `ok`, an ok summary, and every test's record carries its token.
@@ -267,7 +267,7 @@ _ROOT_HARNESS = _ALONE_HARNESS.replace("pub(super) ", "pub(crate) ").replace(
 )
 _BATCHED_HARNESS = (
     "\n#[allow(unused)]\nmod ckpteval_harness {\n"
-    "    pub(super) use crate::ckpteval_root_harness::{call, run, sample, take, Outcome, Wire};\n}\n"
+    "    pub(super) use crate::ckpteval_root_harness::{call, run, sample, Outcome, Wire};\n}\n"
 )
 #: Where the harness holds its binary's key (`_keyed`).
 _KEY_MARK = '"ckpteval-binary-key"'
@@ -275,9 +275,9 @@ _KEY_MARK = '"ckpteval-binary-key"'
 
 def _keyed(harness: str, key: str) -> str:
     """The harness with `key` as its binary's key: each test process gets it first in
-    `TOKENS_VAR`, and the harness runs no test body without it, so a sample that executes its
-    own binary (to read the values the tests expect in their assertion messages, as its own
-    sample or a neighbour's) gets nothing from it. Fresh per compile; it exists only in the
+    `TOKENS_VAR`, and a process without it ends before `main` (a constructor of the harness's),
+    so a sample that executes its own binary (to read the values the tests expect in their
+    assertion messages, as its own sample or a neighbour's) gets nothing from it. Fresh per compile; it exists only in the
     deleted source, the execute-only binary and each test process's environment, which the
     harness erases before any sample code runs."""
     return harness.replace(_KEY_MARK, f'"{key}"')
@@ -750,8 +750,6 @@ def _contract(prompt: str, entry: str) -> tuple[tuple[str, ...], str, str, str] 
     call = f"super::{entry}({args})"
     if _crosses_processes(generics, params, rest, set(items)):
         call = f"self::ckpteval_harness::call(move || {call})"
-    else:
-        call = f"self::ckpteval_harness::take(); {call}"  # the binary's key (`_keyed`)
     head = tuple(line for line in lines if line)
     return head, f"fn {entry}{generics}({typed}) {rest}", args, call
 

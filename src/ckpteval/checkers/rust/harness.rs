@@ -8,6 +8,27 @@ mod ckpteval_harness {
     /// This binary's key, fresh per compile (the checker writes it here and puts it first in
     /// `CKPTEVAL_TOKENS`): a run without it is one the sample's code started itself.
     const KEY: &str = "ckpteval-binary-key";
+    /// Before `main`, in every run of this binary (a sample's own code before `main` is
+    /// refused): without the key the process ends before libtest runs any test. A sample that
+    /// runs the binary again (`/proc/self/exe`, its own index or a neighbour's in
+    /// `CKPTEVAL_SAMPLE`) would otherwise read the values the tests expect in their assertion
+    /// messages and return them; ending before `main` covers every test, wrapped or not.
+    #[used]
+    #[link_section = ".init_array"]
+    static KEYED: extern "C" fn() = keyed;
+    extern "C" fn keyed() {
+        let given = unsafe {
+            let value = getenv(b"CKPTEVAL_TOKENS\0".as_ptr() as *const ::std::os::raw::c_char);
+            if value.is_null() { &[][..] } else { ::std::ffi::CStr::from_ptr(value).to_bytes() }
+        };
+        if given.split(|b| *b == b';').next() != ::std::option::Option::Some(KEY.as_bytes()) {
+            let why = b"ckpteval: this test binary runs under the rust checker only\n";
+            unsafe {
+                write(2, why.as_ptr(), why.len());
+                _exit(99)
+            }
+        }
+    }
     extern "C" {
         fn getenv(name: *const ::std::os::raw::c_char) -> *mut ::std::os::raw::c_char;
         fn prctl(option: ::std::os::raw::c_int, a: ::std::os::raw::c_ulong, b: ::std::os::raw::c_ulong,
@@ -27,14 +48,10 @@ mod ckpteval_harness {
         fn poll(fds: *mut PollFd, n: ::std::os::raw::c_ulong, timeout: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
         fn kill(pid: ::std::os::raw::c_int, signal: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
     }
-    /// Before the first test body: move the tokens out of the environment (erasing the original
-    /// environment block too) and make the process non-dumpable (/proc/self/* become root's).
-    /// Without this binary's key the process ends here: a sample that runs the binary again
-    /// (`/proc/self/exe`, its own index or a neighbour's in `CKPTEVAL_SAMPLE`) would otherwise
-    /// read the values the tests expect in their assertion messages and return them. Called
-    /// before each test body (`start`) and on every way to the sample's function (the contract's
-    /// wrapper, `call`, `sample`), so a test the harness did not wrap reaches no sample either.
-    pub(super) fn take() {
+    /// Before the first test body: move the tokens (after the key, `keyed`) out of the
+    /// environment (erasing the original environment block too) and make the process
+    /// non-dumpable (/proc/self/* become root's).
+    fn take() {
         if TAKEN.swap(true, ::std::sync::atomic::Ordering::SeqCst) {
             return;
         }
@@ -58,14 +75,7 @@ mod ckpteval_harness {
             prctl(4, 0, 0, 0, 0);  // PR_SET_DUMPABLE, 0
         }
         let text = ::std::string::String::from_utf8_lossy(&raw).into_owned();
-        let (key, pairs) = text.split_once(';').unwrap_or((&text, ""));
-        if key != KEY {
-            let why = b"ckpteval: this test binary runs under the rust checker only\n";
-            unsafe {
-                write(2, why.as_ptr(), why.len());
-                _exit(99)
-            }
-        }
+        let pairs = text.split_once(';').map_or("", |(_key, pairs)| pairs);
         let mut tokens = TOKENS.lock().unwrap_or_else(|e| e.into_inner());
         for pair in pairs.split(';') {
             if let ::std::option::Option::Some((name, token)) = pair.split_once('=') {
@@ -76,7 +86,6 @@ mod ckpteval_harness {
     /// Which sample a batch's shared tests call (`CKPTEVAL_SAMPLE`, read with the tokens before
     /// the first test body): the tests of a problem are compiled once for all its samples.
     pub(super) fn sample() -> usize {
-        take();
         SAMPLE.load(::std::sync::atomic::Ordering::SeqCst)
     }
     fn emit(line: ::std::string::String) {
@@ -394,7 +403,6 @@ mod ckpteval_harness {
     /// exits, is killed or sends bytes that are no value of `R` makes the test fail here.
     #[track_caller]
     pub(super) fn call<R: Wire, F: ::std::ops::FnOnce() -> R>(f: F) -> R {
-        take();
         let mut f = ::std::option::Option::Some(f);
         let (bytes, status) = in_child(&mut |out| {
             if let ::std::option::Option::Some(f) = f.take() {
