@@ -31,7 +31,8 @@ correct and wrong neighbours of the same problem:
   pasted from macro arguments, raw and look-alike identifiers), the sample's index set by
   `set_var`, `setenv` or an `.init_array` constructor, `include_str!` of the shared copy, a
   `#[no_mangle]` entry point, aborts of the sample's process, and re-running the test binary to
-  read the expected values from its assertion messages (which passed until the binary's key).
+  read the expected values from its assertion messages (which passed until the binary's key and
+  static linking).
 
 Each attacker's own answer is wrong, so any pass would be forged. The tests check that every
 neighbour's verdict (and every attacker's) equals its verdict when compiled alone, that no
@@ -556,6 +557,18 @@ ATTACKS.update(
         "re-runs its test binary from the tests' process (&mut)": (
             '    *total = learn(format!("{} {}", total, b), "test_add_two").unwrap_or(*total - b);\n}\n'
             + LEARN,
+            "wrong_answer",
+            set(),
+        ),
+        # A library built with the sandbox's gcc and preloaded into the run found the key in the
+        # binary's read-only data and set it before the harness's check (it passed, with the
+        # key); this sample passes exactly when a run it starts would load such a library.
+        "re-runs its test binary with a preloaded library": (
+            '    let run = std::process::Command::new("/proc/self/exe")\n'
+            '        .arg("--list")\n        .envs([("LD_PRELOAD", "/tmp/none.so")])\n'
+            "        .output();\n"
+            '    let loads = run.map(|o| String::from_utf8_lossy(&o.stderr).contains("LD_PRELOAD"));\n'
+            "    if loads.unwrap_or(false) { a + b } else { a - b }\n}\n",
             "wrong_answer",
             set(),
         ),

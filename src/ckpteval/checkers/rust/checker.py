@@ -76,7 +76,7 @@ removes, and it marks the process non-dumpable, so `/proc/self/{environ,mem,fd}`
 unreadable to the sample's uid. The variable starts with the binary's key (`_keyed`, fresh per
 compile): a run the sample starts itself (`/proc/self/exe`) has none, and a constructor of the
 harness ends it before `main`, before any test whose assertion messages would show the values the
-tests expect. The sample can reach neither the wrapper (private to the
+tests expect; the binary is static, so no library the sample preloads runs before it. The sample can reach neither the wrapper (private to the
 harness's module) nor the tests (private to theirs). A sample passes iff its process exits 0, libtest reports
 exactly its tests, each `ok`, an ok summary, and every test's record carries its token.
 
@@ -133,7 +133,8 @@ the sample's code, so a test cannot use a `macro_rules!` the program defines; a 
 starts with inner attributes other than simple `#![name(args)]` ones, or with a shebang, gets the
 declaration first and so a compile error. A sample can tell from its own command line
 (/proc/self/cmdline) or its environment whether it was batched; that can change its own verdict
-only.
+only. The test binary is linked statically (`crt-static`), so glibc's name lookups (users, hosts)
+would need shared NSS libraries at run time; the sandbox has neither network nor users to find.
 
 Known differences from the upstream harnesses (by design): the tests see the prompt's contract
 only, so tests that call an item the prompt does not define (a helper only the reference
@@ -197,6 +198,8 @@ RUSTC_FLAGS = (
     "debuginfo=0",
     "-C",
     "strip=debuginfo",
+    "-C",
+    "target-feature=+crt-static",  # no LD_PRELOAD into a run a sample starts (`_keyed`)
     "-A",
     "warnings",
     "--error-format=json",
@@ -277,7 +280,9 @@ def _keyed(harness: str, key: str) -> str:
     """The harness with `key` as its binary's key: each test process gets it first in
     `TOKENS_VAR`, and a process without it ends before `main` (a constructor of the harness's),
     so a sample that executes its own binary (to read the values the tests expect in their
-    assertion messages, as its own sample or a neighbour's) gets nothing from it. Fresh per compile; it exists only in the
+    assertion messages, as its own sample or a neighbour's) gets nothing from it. The binary is
+    linked statically (`RUSTC_FLAGS`): a library the sample preloads into that run (built with
+    the sandbox's compiler) found the key in the binary's read-only data and set it. Fresh per compile; it exists only in the
     deleted source, the execute-only binary and each test process's environment, which the
     harness erases before any sample code runs."""
     return harness.replace(_KEY_MARK, f'"{key}"')
@@ -347,7 +352,11 @@ class RustChecker(Checker):
     #: the pass tokens from the harness's stack and passed: the entry point now runs in a child
     #: process where its return type allows, and the hole's shape is refused. A sample's statics
     #: no longer carry over between its calls there.
-    version = "7"
+    #: 8: a sample that ran its own test binary again read the expected values from the tests'
+    #: assertion messages and passed: a run without the binary's key ends before `main`, and the
+    #: binary is linked statically (a preloaded library found the key). Naming the checker's
+    #: modules (a path to a neighbour's entry point) is refused.
+    version = "8"
     default_timeout = 10.0
     compiles = True
     streams = False  # a call's samples are compiled together
