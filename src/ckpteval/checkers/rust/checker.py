@@ -76,7 +76,8 @@ removes, and it marks the process non-dumpable, so `/proc/self/{environ,mem,fd}`
 unreadable to the sample's uid. The variable starts with the binary's key (`_keyed`, fresh per
 compile): a run the sample starts itself (`/proc/self/exe`) has none, and a constructor of the
 harness ends it before `main`, before any test whose assertion messages would show the values the
-tests expect; the binary is static, so no library the sample preloads runs before it. The sample can reach neither the wrapper (private to the
+tests expect; the binary is static where the toolchain can link it so
+(`static_link_flags`), and then no library the sample preloads runs before that. The sample can reach neither the wrapper (private to the
 harness's module) nor the tests (private to theirs). A sample passes iff its process exits 0, libtest reports
 exactly its tests, each `ok`, an ok summary, and every test's record carries its token.
 
@@ -133,8 +134,9 @@ the sample's code, so a test cannot use a `macro_rules!` the program defines; a 
 starts with inner attributes other than simple `#![name(args)]` ones, or with a shebang, gets the
 declaration first and so a compile error. A sample can tell from its own command line
 (/proc/self/cmdline) or its environment whether it was batched; that can change its own verdict
-only. The test binary is linked statically (`crt-static`), so glibc's name lookups (users, hosts)
-would need shared NSS libraries at run time; the sandbox has neither network nor users to find.
+only. The test binary is linked statically where the toolchain can, so glibc's name lookups
+(users, hosts) would need shared NSS libraries at run time; the sandbox has neither network nor
+users to find.
 
 Known differences from the upstream harnesses (by design): the tests see the prompt's contract
 only, so tests that call an item the prompt does not define (a helper only the reference
@@ -198,8 +200,6 @@ RUSTC_FLAGS = (
     "debuginfo=0",
     "-C",
     "strip=debuginfo",
-    "-C",
-    "target-feature=+crt-static",  # no LD_PRELOAD into a run a sample starts (`_keyed`)
     "-A",
     "warnings",
     "--error-format=json",
@@ -281,8 +281,9 @@ def _keyed(harness: str, key: str) -> str:
     `TOKENS_VAR`, and a process without it ends before `main` (a constructor of the harness's),
     so a sample that executes its own binary (to read the values the tests expect in their
     assertion messages, as its own sample or a neighbour's) gets nothing from it. The binary is
-    linked statically (`RUSTC_FLAGS`): a library the sample preloads into that run (built with
-    the sandbox's compiler) found the key in the binary's read-only data and set it. Fresh per compile; it exists only in the
+    linked statically where the toolchain can (`static_link_flags`): a library the sample
+    preloads into that run (built with the sandbox's compiler) found the key in the binary's
+    read-only data and set it. Fresh per compile; it exists only in the
     deleted source, the execute-only binary and each test process's environment, which the
     harness erases before any sample code runs."""
     return harness.replace(_KEY_MARK, f'"{key}"')
@@ -312,6 +313,29 @@ def rust_sysroot() -> Path:
             "(rustup) so `rustc` is on PATH"
         ) from None
     return Path(out).resolve()
+
+
+@lru_cache(maxsize=1)
+def static_link_flags() -> tuple[str, ...]:
+    """`-C target-feature=+crt-static` where the toolchain links statically (glibc's static
+    libraries: Debian's libc6-dev has them, Fedora's are glibc-static), else none. A static test
+    binary ignores `LD_PRELOAD`: a library a sample builds with the sandbox's compiler and
+    preloads into a run of its binary it starts found the binary's key (`_keyed`) in its
+    read-only data and set it, and the sample passed. Without static libraries that stays
+    possible (docs/evaluate.md says so)."""
+    rustc = rust_sysroot() / "bin" / "rustc"
+    with tempfile.TemporaryDirectory(prefix="ckpteval-rs-static-") as tmp:
+        try:
+            probe = subprocess.run(
+                [str(rustc), "-C", "target-feature=+crt-static", "-o", f"{tmp}/probe", "-"],
+                input="fn main() {}\n",
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return ()
+    return ("-C", "target-feature=+crt-static") if probe.returncode == 0 else ()
 
 
 @dataclass
@@ -354,8 +378,8 @@ class RustChecker(Checker):
     #: no longer carry over between its calls there.
     #: 8: a sample that ran its own test binary again read the expected values from the tests'
     #: assertion messages and passed: a run without the binary's key ends before `main`, and the
-    #: binary is linked statically (a preloaded library found the key). Naming the checker's
-    #: modules (a path to a neighbour's entry point) is refused.
+    #: binary is linked statically where it can be (a preloaded library found the key). Naming the
+    #: checker's modules (a path to a neighbour's entry point) is refused.
     version = "8"
     default_timeout = 10.0
     compiles = True
@@ -377,6 +401,7 @@ class RustChecker(Checker):
         self.memory_bytes = memory_bytes
         self.sysroot = rust_sysroot()
         self.rustc = str(self.sysroot / "bin" / "rustc")
+        self.link_flags = static_link_flags()
 
     @classmethod
     def programs(cls, language: str | None, evaluate: Mapping[str, Any]) -> tuple[str, ...]:
@@ -611,7 +636,16 @@ class RustChecker(Checker):
         its diagnostics."""
         (workdir / f"{name}.rs").write_text(source, encoding="utf-8")
         result = self.sandbox.run(
-            [self.rustc, *RUSTC_FLAGS, "--crate-name", "ckpteval", f"{name}.rs", "-o", name],
+            [
+                self.rustc,
+                *RUSTC_FLAGS,
+                *self.link_flags,
+                "--crate-name",
+                "ckpteval",
+                f"{name}.rs",
+                "-o",
+                name,
+            ],
             limits=Limits(
                 wall_s=timeout,
                 memory_bytes=4 << 30,
