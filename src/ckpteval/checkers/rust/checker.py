@@ -76,9 +76,9 @@ removes, and it marks the process non-dumpable, so `/proc/self/{environ,mem,fd}`
 unreadable to the sample's uid. The variable starts with the binary's key (`_keyed`, fresh per
 compile): a run the sample starts itself (`/proc/self/exe`) has none, and a constructor of the
 harness ends it before `main`, before any test whose assertion messages would show the values the
-tests expect; the binary is static where the toolchain can link it so
-(`static_link_flags`), and then no library the sample preloads runs before that. The sample can reach neither the wrapper (private to the
-harness's module) nor the tests (private to theirs). A sample passes iff its process exits 0, libtest reports
+tests expect; the binary is static where the toolchain can link it so (`static_link_flags`), and
+then no library the sample preloads runs before that. The sample can reach neither the wrapper
+(private to the harness's module) nor the tests (private to theirs). A sample passes iff its process exits 0, libtest reports
 exactly its tests, each `ok`, an ok summary, and every test's record carries its token.
 
 **The sample's process.** None of this can stop code that reads and writes the process's memory,
@@ -283,9 +283,9 @@ def _keyed(harness: str, key: str) -> str:
     assertion messages, as its own sample or a neighbour's) gets nothing from it. The binary is
     linked statically where the toolchain can (`static_link_flags`): a library the sample
     preloads into that run (built with the sandbox's compiler) found the key in the binary's
-    read-only data and set it. Fresh per compile; it exists only in the
-    deleted source, the execute-only binary and each test process's environment, which the
-    harness erases before any sample code runs."""
+    read-only data and set it. Fresh per compile; it exists only in the deleted source, the
+    execute-only binary and each test process's environment, which the harness erases before
+    any sample code runs."""
     return harness.replace(_KEY_MARK, f'"{key}"')
 
 
