@@ -7,6 +7,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -536,3 +537,27 @@ def test_cells_read_in_processes_give_the_report_one_process_gives(
     prompts = decode_blob(one.blobs["p-math"])
     first = min(i for i, p in enumerate(sweep) if p.parent.name == "math")
     assert prompts["p0"] == f"solve p0 ({first})"
+
+
+def test_a_process_reading_cells_that_fails_fails_the_build_with_its_traceback(
+    sweep: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reading process sends what failed in it (the build stops with its traceback, not a
+    report short of cells), and one that dies unannounced is named by its exit code."""
+    from ckpteval.report import data
+    from ckpteval.report.data import build_payload
+
+    def failing(cells: list[tuple[str, str]], known: dict[str, set[str]]) -> Any:
+        raise ValueError(f"unreadable {cells[0][0]}")
+
+    def dying(cells: list[tuple[str, str]], known: dict[str, set[str]]) -> Any:
+        os._exit(3)
+
+    summary = summarize(sweep, bootstrap=20)
+    monkeypatch.setattr(data, "PARALLEL_CELLS", 1)  # this sweep's 17 cells: in processes
+    monkeypatch.setattr(data, "_read_entries", failing)
+    with pytest.raises(RuntimeError, match="(?s)failed:.*ValueError: unreadable "):
+        build_payload(summary, workers=2)
+    monkeypatch.setattr(data, "_read_entries", dying)
+    with pytest.raises(RuntimeError, match=r"ended \(exit code 3\)"):
+        build_payload(summary, workers=2)

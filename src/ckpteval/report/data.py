@@ -16,9 +16,11 @@ import math
 import multiprocessing
 import os
 import re
+import traceback
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -318,25 +320,16 @@ class CellReading:
         known = {task: set(cache.task_prompts(task)) for task in {cells[i][1] for i in missing}}
         parallel = workers > 1 and len(missing) >= PARALLEL_CELLS
         self.runs = _runs(missing, cells, workers) if parallel else [missing] if missing else []
-        self.pool = (
-            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-            if parallel
-            else None
-        )
-        jobs = [([cells[i] for i in run], known) for run in self.runs]
-        self.results: list[Any] = (
-            [self.pool.submit(_read_entries, *job) for job in jobs]
-            if self.pool
-            else [_read_entries(*job) for job in jobs]
-        )
+        jobs = [[cells[i] for i in run] for run in self.runs]
+        self.readers = _Readers(jobs, known, workers) if parallel else None
+        self.results: list[Any] = [] if parallel else [_read_entries(job, known) for job in jobs]
 
     def entries(self) -> list[dict[str, Any]]:
         """Every cell's entry, in the cells' order; the read ones kept in the cache and their
         prompts added to the task's in the cells' order, so the prompts kept (a problem's
         first) are the same however the cells were shared among the processes."""
-        if self.pool is not None:
-            with self.pool:
-                self.results = [future.result() for future in self.results]
+        if self.readers is not None:
+            self.results = self.readers.results()
         read: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
         for run, result in zip(self.runs, self.results):
             read.update(zip(run, result))
@@ -353,8 +346,88 @@ class CellReading:
 
     def __exit__(self, *exc: object) -> None:
         """The processes stopped (a build that failed meanwhile does not wait for them)."""
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+        if self.readers is not None:
+            self.readers.stop()
+
+
+class _Readers:
+    """Forked processes that read `jobs` (lists of (source, task) cells): each takes the next
+    job from a counter they share and sends all it read when none is left. Nothing passes
+    through this process between two jobs: with a process pool each next job and each result
+    waited for this process's threads, which wait for the GIL its tables hold (at 10M samples
+    the readers stood idle seconds between jobs while the tables were built)."""
+
+    def __init__(
+        self, jobs: list[list[tuple[str, str]]], known: dict[str, set[str]], workers: int
+    ) -> None:
+        context = multiprocessing.get_context("fork")
+        self.count = len(jobs)
+        taken = context.Value("i", 0)
+        self.pipes: list[Connection] = []
+        self.processes: list[BaseProcess] = []
+        for _ in range(min(workers, len(jobs))):
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(
+                target=_read_jobs, args=(jobs, known, taken, send), daemon=True
+            )
+            process.start()
+            send.close()
+            self.pipes.append(receive)
+            self.processes.append(process)
+
+    def results(self) -> list[Any]:
+        """Each job's entries, in the jobs' order, once every process sent its own."""
+        out: list[Any] = [None] * self.count
+        waiting = dict(zip(self.pipes, self.processes))
+        while waiting:
+            for pipe in wait(list(waiting)):
+                process = waiting.pop(pipe)  # type: ignore[call-overload]
+                try:
+                    done = pipe.recv()
+                except EOFError:
+                    process.join()
+                    raise RuntimeError(
+                        f"report: a process reading cells ended (exit code {process.exitcode})"
+                    ) from None
+                if isinstance(done, str):
+                    raise RuntimeError(f"report: a process reading cells failed:\n{done}")
+                for index, result in done:
+                    out[index] = result
+                process.join()
+        return out
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
+        for pipe in self.pipes:
+            pipe.close()
+
+
+def _read_jobs(
+    jobs: list[list[tuple[str, str]]],
+    known: dict[str, set[str]],
+    taken: Any,
+    pipe: Connection,
+) -> None:
+    """A reading process: the next job not taken, until none is left; then (job index, its
+    entries) of each it read, or the traceback of what failed, sent on `pipe`."""
+    done = []
+    try:
+        while True:
+            with taken.get_lock():
+                index = taken.value
+                taken.value += 1
+            if index >= len(jobs):
+                break
+            done.append((index, _read_entries(jobs[index], known)))
+    except Exception:
+        pipe.send(traceback.format_exc())
+    else:
+        pipe.send(done)
+    finally:
+        pipe.close()
 
 
 def _add_samples(summary: Summary, payload: Payload, reading: CellReading) -> dict[str, Any]:
