@@ -314,3 +314,45 @@ def test_a_checker_overriding_check_does_not_stream_unless_it_says_so() -> None:
     from ckpteval.checkers.rust.checker import RustChecker
 
     assert PythonChecker.streams is True and RustChecker.streams is False
+
+
+class _Recorded(PythonChecker):
+    """The Python checker, real sandbox, sized to one batch per worker; records each batch's
+    jobs and the verdicts it returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.returned: list[tuple[list[Job], list[Verdict]]] = []
+
+    def batch_size_for(self, n_jobs: int, workers: int) -> int:
+        return n_jobs
+
+    def check_batch(self, jobs: Sequence[Job], timeout: float, claims: Any = None) -> list[Verdict]:
+        verdicts = super().check_batch(jobs, timeout, claims)
+        with self.lock:
+            self.returned.append((list(jobs), verdicts))
+        return verdicts
+
+
+def test_a_worker_left_idle_takes_the_jobs_queued_behind_an_endless_one() -> None:
+    """12 samples on two workers, two batches of 6, an endless sample first in one of them: the
+    worker whose batch ends first takes the 5 samples queued behind the endless one instead of
+    idling until its timeout. Each sample is judged once, by one batch, with the verdict it
+    gets alone. (A real sandbox and a 2 s timeout: ~4 s.)"""
+    problem = {
+        "prompt": "def inc(x):\n",
+        "test": "def check(candidate):\n    assert candidate(1) == 2\n",
+        "entry_point": "inc",
+    }
+    endless = "    while True:\n        pass\n"
+    right = [Job("t/0", problem, f"    return x + 1  # {i}\n") for i in range(11)]
+    jobs = [Job("t/0", problem, endless), *right]
+    checker = _Recorded()
+    verdicts = checker.check(jobs, workers=2, timeout=2)
+    assert [v.error_type for v in verdicts] == ["timeout"] + [None] * 11
+    assert all(v.passed for v in verdicts[1:])
+    victim = [(j, v) for j, v in checker.returned if j[0].completion == endless]
+    assert [len(v) for _, v in victim] == [1], checker.returned  # it kept only the endless one
+    judged = [id(job) for batch, returned in checker.returned for job in batch[: len(returned)]]
+    assert sorted(judged) == sorted(map(id, jobs))  # every sample once

@@ -13,7 +13,7 @@ from conftest import processes_with
 
 from ckpteval.checkers.python import python_interpreter
 from ckpteval.errors import UserError
-from ckpteval.sandbox import UID_POOL, Command, Limits, RunResult, Sandbox, SandboxError
+from ckpteval.sandbox import UID_POOL, Claims, Command, Limits, RunResult, Sandbox, SandboxError
 
 PYTHON, PREFIX = python_interpreter()
 
@@ -276,3 +276,72 @@ def test_a_scratch_dir_is_private_and_gone_once_the_process_exits(tmp_path: Path
     ).stdout.split()
     assert Path(out[0]).parent == tmp_path and out[1] == "0o700"
     assert not Path(out[0]).exists() and list(tmp_path.iterdir()) == []
+
+
+def test_run_many_gives_up_the_commands_another_worker_claims(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """A worker left idle takes the commands a batch has not started (`Claims.take`): here all
+    of those queued behind a slow first one. The driver runs exactly the others, a prefix: each
+    command runs once, and the batch's results are those of the commands it ran."""
+    os.chmod(tmp_path, 0o755)
+    dirs = []
+    for i in range(8):
+        (path := tmp_path / f"c{i}").mkdir(mode=0o777)
+        dirs.append(path)
+    slow = "import time\ntime.sleep(2)\nopen('ran', 'w').close()\n"
+    (dirs[0] / "main.py").write_text(slow)
+    for path in dirs[1:]:
+        (path / "main.py").write_text("open('ran', 'w').close()\n")
+    commands = [
+        Command([PYTHON, "-I", "-S", "main.py"], Limits(wall_s=5), cwd=p, python_file=p / "main.py")
+        for p in dirs
+    ]
+    claims = Claims(8)
+    claims.assign(range(8))
+    taken: list[int] = []
+    ended = threading.Event()
+
+    def idle_worker() -> None:
+        while not (taken and taken[-1]) and not ended.is_set():
+            time.sleep(0.05)
+            taken.append(claims.take())
+
+    thread = threading.Thread(target=idle_worker)
+    thread.start()
+    try:
+        results = sandbox.run_many(
+            commands, workdir=tmp_path, writable=True, readable=[PREFIX], claims=claims
+        )
+    finally:
+        ended.set()
+        thread.join()
+    assert taken[-1] == 7 and claims.kept == 1  # every command behind the slow one
+    assert [r.exit_code for r in results] == [0]
+    assert [(p / "ran").exists() for p in dirs] == [True] + [False] * 7
+    assert claims.take() == 0  # the batch ended: nothing more to take
+
+
+def test_claims_take_half_of_what_was_not_started_or_all_behind_a_slow_command(
+    tmp_path: Path,
+) -> None:
+    """`Claims.take` against a driver's claims (the files it makes before each command): half of
+    the commands not started when that is worth a sandbox, all of them once the running one is
+    slow, none that the driver claimed first; items without a command (decided before running)
+    go with the items around them."""
+    claims = Claims(40)
+    claims.assign([i for i in range(40) if i != 30])  # item 30: a compile error, no command
+    directory = tmp_path / "claims"
+    claims.open(directory)
+    for item in range(4):  # the driver started items 0-3 just now
+        (directory / str(item)).touch()
+    assert claims.take() == 18 and claims.kept == 22  # half of 36, from the end (item 30 too)
+    assert claims.take() == 9 and claims.kept == 13
+    assert claims.take() == 0  # 4 of 9 left: not worth a sandbox
+    past = time.time() - Claims.STUCK_S - 1
+    os.utime(directory / "3", (past, past))  # item 3 has run for a while: take all behind it
+    (directory / "12").touch()  # but the driver claimed the last one first
+    assert claims.take() == 0 and claims.kept == 13
+    os.remove(directory / "12")
+    assert claims.take() == 9 and claims.kept == 4
+    assert claims.close() == 4 and claims.take() == 0

@@ -281,6 +281,99 @@ class Command:
     warm_s: float = 0.0
 
 
+class Claims:
+    """Which commands of one `run_many` batch its driver runs, and which another worker takes
+    instead (`take`), while it runs: a worker left idle takes what the batch has not started
+    (the samples queued behind an endless one) rather than wait.
+
+    The batch's commands stand for items (a checker's jobs, `assign`), some of which may have no
+    command. Before each command the driver claims it: it creates the file named by its item in
+    the batch's claims directory (O_EXCL); `take` creates the files of the last items not yet
+    claimed, from the end down, and stops at the first the driver holds. A create succeeds for
+    one side only, so every command is run exactly once, by the driver or by whoever took it,
+    and what the driver runs is always a prefix of the items (`kept`): it stops at the first
+    command it finds taken. Only the driver and the host can reach the directory (the batch's io
+    directory, which no command can enter or see)."""
+
+    #: A command running this long is slow or endless (a HumanEval sample's takes ~20 ms): every
+    #: command behind it is taken.
+    STUCK_S = 0.5
+    #: Otherwise half the commands not started are taken only if they are at least this many: a
+    #: sandbox's start costs about as much as 4-8 samples.
+    LEAST = 8
+
+    def __init__(self, items: int) -> None:
+        self.items = items
+        #: Items 0..kept-1 are the driver's to run; the rest were taken.
+        self.kept = items
+        self._commands: list[int] = []  # the item of each command, ascending
+        self._has_command: set[int] = set()
+        self._directory: Path | None = None
+        self._lock = threading.Lock()
+
+    def assign(self, commands: Sequence[int]) -> None:
+        """The item each of the batch's commands stands for (ascending), before `run_many`."""
+        self._commands = list(commands)
+        self._has_command = set(self._commands)
+
+    def open(self, directory: Path) -> list[str]:
+        """Make the claims directory, before the driver starts; the commands' claim names."""
+        directory.mkdir(mode=0o700)
+        with self._lock:
+            self._directory = directory
+        return [str(item) for item in self._commands]
+
+    def close(self) -> int:
+        """After the driver ended: nothing more can be taken. How many commands it owned."""
+        with self._lock:
+            self._directory = None
+            return sum(item < self.kept for item in self._commands)
+
+    def take(self) -> int:
+        """Take items the driver has not started, the last ones of `kept` (which shrinks by as
+        many); returns how many. All of them when the command it runs has run `STUCK_S` (the
+        rest would wait for a slow or endless sample); else the later half, when that is at
+        least `LEAST`; none before the driver starts, after it ended, or when it started all.
+        Which jobs a batch keeps depends on timing; its verdicts do not."""
+        with self._lock:
+            directory = self._directory
+            if directory is None:
+                return 0
+            commands = [item for item in self._commands if item < self.kept]
+            started = _claimed_prefix(directory, commands)
+            first_free = commands[started] if started < len(commands) else self.kept
+            unstarted = self.kept - first_free
+            want = unstarted // 2 if unstarted // 2 >= self.LEAST else 0
+            if started and unstarted:
+                claimed = directory / str(commands[started - 1])
+                with contextlib.suppress(FileNotFoundError):
+                    if time.time() - claimed.stat().st_mtime >= self.STUCK_S:
+                        want = unstarted
+            taken = 0
+            for item in range(self.kept - 1, self.kept - 1 - want, -1):
+                if item in self._has_command:
+                    try:
+                        os.close(os.open(directory / str(item), os.O_CREAT | os.O_EXCL, 0o600))
+                    except FileExistsError:  # the driver got there first: it holds the rest
+                        break
+                taken += 1
+            self.kept -= taken
+            return taken
+
+
+def _claimed_prefix(directory: Path, items: Sequence[int]) -> int:
+    """How many of `items` (ascending) have a claim file: the driver claims them in order, so
+    those that have are a prefix (a binary search; the answer may lag the driver by a few)."""
+    low, high = 0, len(items)
+    while low < high:
+        middle = (low + high) // 2
+        if (directory / str(items[middle])).exists():
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
 def check_mode(mode: str) -> str:
     """Validate a sandbox mode name; a typo is a `UserError`."""
     if mode not in SANDBOX_MODES:
@@ -360,6 +453,7 @@ class Sandbox:
         readable: Sequence[Path] = (),
         preload: Sequence[str] = (),
         site_dirs: Sequence[Path] = (),
+        claims: Claims | None = None,
     ) -> list[RunResult]:
         """Run `commands` one after another in one sandbox; same contract as `run` for each.
 
@@ -378,6 +472,10 @@ class Sandbox:
         every leftover process. Commands cannot reach the driver (another uid) or each other
         (nothing survives a command, and no command sees another's files). Each command's `cwd`
         defaults to `workdir` and must lie under it.
+
+        With `claims` (bwrap mode; `Claims.assign` told it the commands' items), another worker
+        may take commands not yet started while the batch runs: the results are those of the
+        commands the driver kept, a prefix of `commands`.
         """
         if not commands:
             return []
@@ -400,6 +498,7 @@ class Sandbox:
             writable,
             [*readable, *site_dirs],
             (preload, site_dirs),
+            claims,
         )
 
 
@@ -409,9 +508,11 @@ def _run_batch(
     writable: bool,
     readable: Sequence[Path],
     preload: tuple[Sequence[str], Sequence[Path]],
+    claims: Claims | None = None,
 ) -> list[RunResult]:
-    """`Sandbox.run_many` in bwrap mode: one sandbox, its driver, every command's result.
-    `preload`: the modules the driver imports first, and the site directories it adds for them."""
+    """`Sandbox.run_many` in bwrap mode: one sandbox, its driver, the result of every command it
+    ran (all, or with `claims` those it kept). `preload`: the modules the driver imports first,
+    and the site directories it adds for them."""
     with contextlib.ExitStack() as stack:
         io_dir = stack.enter_context(scratch_dir("ckpteval-io-"))
         rootless = os.geteuid() != 0
@@ -425,6 +526,12 @@ def _run_batch(
         spec["cgroup"] = groups.spec
         if rootless:
             _rootless_spec(spec, commands, [io_dir, *groups.roots])
+        if claims is not None:
+            spec["claims"] = str(io_dir / "claims")
+            names = claims.open(io_dir / "claims")
+            for command_spec, name in zip(spec["commands"], names, strict=True):
+                command_spec["claim"] = name
+            stack.callback(claims.close)  # however the batch ends: nothing is taken after it
         (io_dir / "spec.json").write_text(json.dumps(spec))
         driver = write_driver(io_dir)
         bwrap = _bwrap_argv(
@@ -457,7 +564,8 @@ def _run_batch(
             )
         if writable and not rootless:
             _chown_tree(workdir, os.geteuid())
-        lines = _result_lines(io_dir, None if rootless else uid, outer, len(commands))
+        ran = claims.close() if claims is not None else len(commands)
+        lines = _result_lines(io_dir, None if rootless else uid, outer, ran)
         for line in outer.stderr.decode("utf-8", "replace").splitlines():
             if line.startswith("sandbox: warm zygote gone"):  # the driver's one line
                 log.warning("%s", line)

@@ -34,6 +34,10 @@ class Checker(abc.ABC):
     #: Whether `check_stream` may start jobs as they come (else it calls `check` on chunks).
     #: A subclass that overrides `check` does not stream unless it says so.
     streams: bool = True
+    #: Whether `check_batch` takes `claims` (a `ckpteval.sandbox.Claims` for its jobs): a worker
+    #: left idle then takes the jobs a running batch has not started (`streaming.stream`), and
+    #: `check_batch` returns the verdicts of those it kept, a prefix of its jobs.
+    takes_claims: bool = False
     #: Jobs an evaluate window holds per worker at least, so that each worker gets a full batch
     #: (0: the window as given; a window is bounded by its characters either way).
     window_per_worker: int = 0

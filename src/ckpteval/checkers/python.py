@@ -61,6 +61,7 @@ from ckpteval.checkers.extract import absolute_imports, compilable_prompt, pytho
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_json
 from ckpteval.sandbox import (
+    Claims,
     Command,
     Limits,
     RunResult,
@@ -140,6 +141,7 @@ class PythonChecker(Checker):
     #: honest sample's array reached the tests as an opaque reference, which no test accepts).
     version = "7"
     default_timeout = 10.0
+    takes_claims = True
     compiles = True
     languages = ("python",)
     reads = (
@@ -154,7 +156,7 @@ class PythonChecker(Checker):
         *,
         sandbox: str = "bwrap",
         memory_bytes: int = 2 << 30,
-        batch_size: int = 64,
+        batch_size: int = 128,
         python_env: str | None = None,
     ) -> None:
         self.sandbox = Sandbox(sandbox)
@@ -230,13 +232,18 @@ class PythonChecker(Checker):
     def batch_size_for(self, n_jobs: int, workers: int) -> int:
         """Up to `batch_size`, and two batches per worker, so that a batch of slow samples
         does not idle the others. A batch's sandbox costs as much CPU as 4-5 samples (bubblewrap,
-        the driver's interpreter and imports), so fewer, larger batches; the stream spreads a
-        problem's samples over batches and shares the last ones among the workers."""
+        the driver's interpreter and imports), so fewer, larger batches (128: with 64, the
+        HumanEval bench's 656 samples took 11 sandboxes, ~1 core-second more): the stream
+        spreads a problem's samples over batches, shares the last ones among the workers, and a
+        worker left idle takes the samples a batch has not started (`Claims`)."""
         return max(1, min(self.batch_size, -(-n_jobs // (2 * max(1, workers)))))
 
-    def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
+    def check_batch(
+        self, jobs: Sequence[Job], timeout: float, claims: Claims | None = None
+    ) -> list[Verdict]:
         """Samples sharing one sandbox, each in its own processes under its job's timeout, or
-        else `timeout`."""
+        else `timeout`. With `claims`, another worker may take the samples the sandbox has not
+        started (`Claims.take`): the verdicts are those of the jobs it kept, a prefix."""
         verdicts: list[Verdict | None] = [None] * len(jobs)
         with scratch_dir("ckpteval-py-") as workdir:
             os.chmod(workdir, 0o755)
@@ -281,12 +288,15 @@ class PythonChecker(Checker):
                         *map(str, self.site_dirs),
                     )
                     commands.append(Command(argv, limits, cwd=sample_dir))
+            if claims is not None:
+                claims.assign(list(hacks))
             results = self.sandbox.run_many(
                 commands,
                 workdir=workdir,
                 readable=[self.prefix],
                 preload=(*PRELOAD, *self.env_preload(jobs)),
                 site_dirs=self.site_dirs,
+                claims=claims,
             )
             for i, result in zip(hacks, results):
                 if self.sandbox.mode != "bwrap":
@@ -302,7 +312,7 @@ class PythonChecker(Checker):
                 verdict.stderr_tail = verdict.stderr_tail.replace(f"{workdir}/s{i}/", "")
                 verdict.duration_s = verdict.run_s = result.duration_s
                 verdicts[i] = verdict
-        return verdicts  # type: ignore[return-value]
+        return verdicts[: claims.kept if claims is not None else len(jobs)]  # type: ignore[return-value]
 
     def reference_jobs(self, problems: Mapping[str, Mapping[str, Any]]) -> list[Job]:
         jobs = []

@@ -17,6 +17,11 @@ from ckpteval.checkers.records import Job, OnVerdicts, Verdict
 
 if TYPE_CHECKING:
     from ckpteval.checkers.base import Checker
+    from ckpteval.sandbox import Claims
+
+#: How often a worker left idle looks again for jobs a running batch has not started, when it
+#: found none to take (the batch was still being set up, or had started them all).
+STEAL_POLL_S = 0.05
 
 
 def stream(
@@ -40,7 +45,13 @@ def stream(
     yet; and what was left when the input ended, shared among all the workers (a full batch
     started last would end long after the others; a cell smaller than a batch per worker
     is spread over all of them). Its jobs are spread over those held, not consecutive
-    (`_spread`), so that a problem's samples go to several workers."""
+    (`_spread`), so that a problem's samples go to several workers.
+
+    A worker left with nothing to start takes, from a running batch of a checker that
+    `takes_claims`, the later half of the jobs it has not started (`Claims.take`) and runs
+    them as a batch of its own: the samples queued behind an endless one no longer wait for it
+    while that worker idles. The running batch then returns the verdicts of the jobs it kept,
+    so each job gets one verdict, from one batch."""
     timeout = timeout or checker.default_timeout
     workers = max(1, workers)
     size = max(1, checker.batch_size_for(window, workers))
@@ -48,20 +59,16 @@ def stream(
     tail = size  # a batch's size once the input has ended
     source = enumerate(items)
     slots: deque[_Slot] = deque()  # items read and not yet yielded, in order
-    batch: list[tuple[int, _Slot, Job]] = []  # jobs read and not yet started
-    running: dict[Future[list[Verdict]], tuple[int, list[tuple[int, _Slot, Job]]]] = {}
-    finished: queue.SimpleQueue[Future[list[Verdict]]] = queue.SimpleQueue()
-    order = itertools.count()  # of the batches' starts
+    batch: list[_Entry] = []  # jobs read and not yet started
     held = held_chars = 0  # jobs read and not yet checked, and their characters
     exhausted = False
-    with ThreadPoolExecutor(max_workers=workers) as pool, cancel_on_error(running):
+    running = _Running(checker, workers, timeout)
+    with running.pool, cancel_on_error(running.batches):
 
         def start(n: int) -> None:
             nonlocal batch
             taken, batch = _spread(batch, n)
-            future = pool.submit(checker.check_batch, [job for *_, job in taken], timeout)
-            running[future] = (next(order), taken)
-            future.add_done_callback(finished.put)
+            running.launch(taken)
 
         while True:
             while (
@@ -80,23 +87,21 @@ def stream(
                     slots.append(slot := _Slot())
                     batch.append((index, slot, item))
                     held, held_chars = held + 1, held_chars + len(item.completion)
-                    while _full(len(batch), size, ahead - len(running)):
+                    while _full(len(batch), size, ahead - len(running.batches)):
                         start(size)
-            while batch and len(running) < ahead:
-                free = ahead - len(running)
+            while batch and len(running.batches) < ahead:
+                free = ahead - len(running.batches)
                 start(tail if exhausted else min(size, -(-len(batch) // free)))
+            idle = len(running.batches) < ahead  # nothing to start: take unstarted jobs
+            while idle and running.steal():
+                idle = len(running.batches) < ahead
             while slots and slots[0].verdict is not None:
                 yield slots.popleft().verdict  # type: ignore[misc]
             if not slots:
                 if exhausted:
                     return
                 continue
-            done = [finished.get()]
-            while not finished.empty():
-                done.append(finished.get_nowait())
-            for future in sorted(done, key=lambda f: running[f][0]):
-                verdicts = future.result()
-                _, entries = running.pop(future)
+            for entries, verdicts in running.collect(idle):
                 for (_, slot, job), verdict in zip(entries, verdicts, strict=True):
                     slot.verdict = verdict
                     held, held_chars = held - 1, held_chars - len(job.completion)
@@ -104,6 +109,65 @@ def stream(
                     on_verdicts(
                         [(index, verdict) for (index, *_), verdict in zip(entries, verdicts)]
                     )
+
+
+#: A job of a stream: its index among the items, its slot, the job.
+_Entry = tuple[int, "_Slot", Job]
+
+
+class _Running:
+    """The batches a stream started and has not collected: their jobs, in the order they
+    started, and the claims (`ckpteval.sandbox.Claims`) of those whose unstarted jobs a worker
+    left idle may take (a checker that `takes_claims`)."""
+
+    def __init__(self, checker: Checker, workers: int, timeout: float) -> None:
+        self.checker, self.timeout = checker, timeout
+        self.pool = ThreadPoolExecutor(max_workers=workers)
+        self.batches: dict[Future[list[Verdict]], tuple[int, list[_Entry]]] = {}
+        self.claims: dict[Future[list[Verdict]], Claims] = {}
+        self.finished: queue.SimpleQueue[Future[list[Verdict]]] = queue.SimpleQueue()
+        self.order = itertools.count()  # of the batches' starts
+
+    def launch(self, entries: list[_Entry]) -> None:
+        """Start a batch of these jobs on the pool."""
+        jobs = [job for *_, job in entries]
+        if self.checker.takes_claims:
+            from ckpteval.sandbox import Claims
+
+            claims = Claims(len(jobs))
+            future = self.pool.submit(self.checker.check_batch, jobs, self.timeout, claims)  # type: ignore[call-arg]
+            self.claims[future] = claims
+        else:
+            future = self.pool.submit(self.checker.check_batch, jobs, self.timeout)
+        self.batches[future] = (next(self.order), entries)
+        future.add_done_callback(self.finished.put)
+
+    def steal(self) -> bool:
+        """Start a batch of the jobs a running batch has not started, taken from it (the oldest
+        batch first); whether there were any."""
+        for future in sorted(self.claims, key=lambda f: self.batches[f][0]):
+            taken = self.claims[future].take()
+            if taken:
+                number, entries = self.batches[future]
+                self.batches[future] = (number, entries[:-taken])
+                self.launch(entries[-taken:])
+                return True
+        return False
+
+    def collect(self, idle: bool) -> Iterator[tuple[list[_Entry], list[Verdict]]]:
+        """The jobs and verdicts of the batches that finished, once one has, in the order they
+        started, each yielded before the next one's failure raises. With a worker `idle`, after
+        `STEAL_POLL_S` at most (then perhaps none), for it to look again for jobs to take."""
+        try:
+            done = [self.finished.get(timeout=STEAL_POLL_S if idle and self.claims else None)]
+        except queue.Empty:
+            return
+        while not self.finished.empty():
+            done.append(self.finished.get_nowait())
+        for future in sorted(done, key=lambda f: self.batches[f][0]):
+            verdicts = future.result()
+            self.claims.pop(future, None)
+            yield self.batches.pop(future)[1], verdicts
 
 
 def chunked(

@@ -67,9 +67,11 @@ A command with `python_file` *and* `python_tests` is judged: see `judged`. Its
 result line adds "judge": what the test runner reported.
 
 argv: spec.json. spec: {"uid", "results", "site_dirs": [dir, ...], "preload": [module, ...],
-"commands": [{"argv", "python_file", "python_tests", "warm", "warm_s", "cwd", "env", "stdin",
-"stdout", "stderr", "wall_s", "rlimits": {"RLIMIT_AS": n, ...}}]}.
-One JSON result line per command. `--judge TESTS PROGRAM REPORT` runs one judged program
+"claims", "commands": [{"argv", "python_file", "python_tests", "warm", "warm_s", "cwd", "env",
+"stdin", "stdout", "stderr", "wall_s", "claim", "rlimits": {"RLIMIT_AS": n, ...}}]}.
+One JSON result line per command; with "claims" (a directory), each command is first claimed
+there by its "claim" name, and the driver stops at the first another worker took
+(`ckpteval.sandbox.Claims`). `--judge TESTS PROGRAM REPORT` runs one judged program
 without the sandbox (`sandbox: none`: same protocol, no uid split, so no protection).
 """
 

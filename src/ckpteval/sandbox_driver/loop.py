@@ -60,6 +60,16 @@ def _preload(site_dirs, modules):
             os.write(2, f"sandbox: preload {module} skipped: {type(exc).__name__}\n".encode())
 
 
+def _claim(directory, name):
+    """Claim a command before running it (`ckpteval.sandbox.Claims`): whether it is still this
+    batch's, as opposed to taken by the host for another worker (its file made first)."""
+    try:
+        os.close(os.open(os.path.join(directory, name), os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
 def main():
     if sys.argv[1] == "--judge":  # then the site directories of `evaluate.python_env`, if any
         _preload(sys.argv[5:], ())
@@ -83,6 +93,8 @@ def main():
     commands = spec["commands"]
     with open(spec["results"], "w") as results:
         for i, command in enumerate(commands):
+            if spec.get("claims") and not _claim(spec["claims"], command["claim"]):
+                break  # another worker took this command and every later one
             upcoming = commands[i + 1] if i + 1 < len(commands) else None
             row = zygote.run(command, upcoming) if zygote and zygote.serves(command) else None
             if row is None and zygote:
