@@ -18,11 +18,14 @@ the rules ckpteval runs as `script:` (consolidate, infer, evaluate, aggregate) a
 what any workflow with script rules pays Snakemake per job (it opens and formats each job's script
 path), so the rest of the gap is ckpteval's own. In one run it prints, per size and state, the
 seconds of each command, the ratio to the plain Snakefile, and how each grows with size; with
-`--profile` it also writes a cProfile of ckpteval's new and finished dry runs (top costs printed;
-the profiled runs' seconds are not the figures).
+`--profile` it also writes a cProfile of each ckpteval command it times (ckpteval's new and
+finished dry runs, `status`, `check`; top costs printed; the profiled runs' seconds are not the
+figures). `--only` measures some of them: `--only status` builds and finishes the sweep and times
+`ckpteval status` alone, minutes at 1,000 checkpoints where every dry run takes 20 or more.
 
     python bench/plan.py                       # 100, 300 and 1000 checkpoints
     python bench/plan.py --sizes 20 --profile  # one small size, profiled
+    python bench/plan.py --sizes 1000 --only status
 
 Goals (issue 49): at 300 and 1,000 checkpoints x 20 cells, a new sweep's dry run within 1.3x the
 plain (`shell:`) Snakefile's, a finished sweep's within 1.5x, and `ckpteval status` on 20,000
@@ -279,18 +282,27 @@ def dry_run(cwd: Path, snakefile: Path, nothing: bool, profile: Path | None = No
     return timed([*prefix, *args], cwd, "Nothing to be done" if nothing else None)
 
 
-def ckpteval(cwd: Path, command: str) -> float:
-    return timed([sys.executable, "-m", "ckpteval.cli", command], cwd)
+def ckpteval(cwd: Path, command: str, profile: Path | None = None) -> float:
+    prefix = [sys.executable]
+    if profile is not None:
+        prefix = [sys.executable, "-m", "cProfile", "-o", str(profile)]
+    return timed([*prefix, "-m", "ckpteval.cli", command], cwd)
 
 
-def measure(root: Path, checkpoints: int, profile: bool) -> dict[str, float]:
-    """CPU seconds of each command at one size (and `<name>_wall`, its wall seconds)."""
+#: What one size measures, in this order (`--only` picks some): the new sweep's dry runs, the
+#: finished sweep's, and the two verbs on the finished sweep.
+MEASURES = ("new", "finished", "status", "check")
+
+
+def measure(
+    root: Path, checkpoints: int, profile: bool, only: tuple[str, ...] = MEASURES
+) -> dict[str, float]:
+    """CPU seconds of each command at one size (and `<name>_wall`, its wall seconds), for the
+    measures in `only`."""
     work = root / f"ckpteval-{checkpoints}"
     plain = root / f"plain-{checkpoints}"
     script = root / f"script-{checkpoints}"
     make_sweep(work, checkpoints)
-    make_plain(plain, work)
-    make_plain(script, work, script=True)
     row: dict[str, float] = {}
 
     def record(name: str, seconds: float) -> None:
@@ -300,64 +312,84 @@ def measure(root: Path, checkpoints: int, profile: bool) -> dict[str, float]:
             f"  {checkpoints} x 20 {name}: {seconds:.1f} s CPU [{WALL[-1]:.1f} s wall]", flush=True
         )
 
-    profiles = {state: root / f"{state}-{checkpoints}.prof" for state in ("new", "finished")}
-    new_prof = profiles["new"] if profile else None
-    record("new", dry_run(work, REPO / "Snakefile", False, new_prof))
-    record("new_plain", dry_run(plain, plain / "Snakefile", False))
-    record("new_script", dry_run(script, script / "Snakefile", False))
-    shutil.rmtree(plain)
-    shutil.rmtree(script)
-    row["cells"] = finish(work)
-    make_plain(plain, work)
-    make_plain(script, work, script=True)
-    finished_prof = profiles["finished"] if profile else None
-    record("finished", dry_run(work, REPO / "Snakefile", True, finished_prof))
-    record("finished_plain", dry_run(plain, plain / "Snakefile", True))
-    record("finished_script", dry_run(script, script / "Snakefile", True))
-    record("status", ckpteval(work, "status"))
-    record("check", ckpteval(work, "check"))
-    if profile:
-        for state, prof in profiles.items():
-            print(f"cProfile of the {state} sweep's dry run, {checkpoints} checkpoints:")
-            pstats.Stats(str(prof)).sort_stats("cumulative").print_stats(25)
+    profiles = {name: root / f"{name}-{checkpoints}.prof" for name in only if profile}
+    if "new" in only:
+        make_plain(plain, work)
+        make_plain(script, work, script=True)
+        record("new", dry_run(work, REPO / "Snakefile", False, profiles.get("new")))
+        record("new_plain", dry_run(plain, plain / "Snakefile", False))
+        record("new_script", dry_run(script, script / "Snakefile", False))
+        shutil.rmtree(plain)
+        shutil.rmtree(script)
+    if set(only) - {"new"}:
+        row["cells"] = finish(work)
+    if "finished" in only:
+        make_plain(plain, work)
+        make_plain(script, work, script=True)
+        record("finished", dry_run(work, REPO / "Snakefile", True, profiles.get("finished")))
+        record("finished_plain", dry_run(plain, plain / "Snakefile", True))
+        record("finished_script", dry_run(script, script / "Snakefile", True))
+    for verb in ("status", "check"):
+        if verb in only:
+            record(verb, ckpteval(work, verb, profiles.get(verb)))
+    for name, prof in profiles.items():
+        print(f"cProfile of ckpteval's {name} ({checkpoints} checkpoints; wall seconds):")
+        pstats.Stats(str(prof)).sort_stats("cumulative").print_stats(25)
     return row
 
 
 def line(size: int, row: dict[str, float]) -> str:
-    """One size's result: CPU seconds (wall in brackets) and the ratios to the plain Snakefile."""
+    """One size's result: CPU seconds (wall in brackets) and the ratios to the plain Snakefile,
+    of what was measured."""
 
     def sec(name: str) -> str:
         return f"{row[name]:.1f} s [{row[f'{name}_wall']:.1f}]"
 
-    return (
-        f"{size} checkpoints, {row['cells']:.0f} cells, CPU s [wall s]: "
-        f"new {sec('new')} (plain {sec('new_plain')}, {row['new'] / row['new_plain']:.2f}x); "
-        f"finished {sec('finished')} (plain {sec('finished_plain')}, "
-        f"{row['finished'] / row['finished_plain']:.2f}x); "
-        f"status {sec('status')}; check {sec('check')}\n"
-        f"  extra row, the plain Snakefile with script: rules: "
-        f"new {sec('new_script')} ({row['new_script'] / row['new_plain']:.2f}x plain; ckpteval "
-        f"{row['new'] / row['new_script']:.2f}x it); finished {sec('finished_script')} "
-        f"({row['finished_script'] / row['finished_plain']:.2f}x plain; ckpteval "
-        f"{row['finished'] / row['finished_script']:.2f}x it)"
-    )
+    parts, extra = [], []
+    for state in ("new", "finished"):
+        if state in row:
+            plain, script = row[f"{state}_plain"], row[f"{state}_script"]
+            parts.append(
+                f"{state} {sec(state)} (plain {sec(f'{state}_plain')}, {row[state] / plain:.2f}x)"
+            )
+            extra.append(
+                f"{state} {sec(f'{state}_script')} ({script / plain:.2f}x plain; ckpteval "
+                f"{row[state] / script:.2f}x it)"
+            )
+    parts += [f"{verb} {sec(verb)}" for verb in ("status", "check") if verb in row]
+    cells = f"{row['cells']:.0f}" if "cells" in row else f"{size * 20}"
+    text = f"{size} checkpoints, {cells} cells, CPU s [wall s]: " + "; ".join(parts)
+    if extra:
+        text += "\n  extra row, the plain Snakefile with script: rules: " + "; ".join(extra)
+    return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000])
-    parser.add_argument("--profile", action="store_true", help="cProfile the finished dry run")
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile ckpteval's dry runs and verbs measured"
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=MEASURES,
+        default=list(MEASURES),
+        help="measure only these (e.g. `--only status` at 1000: minutes, not the dry runs' 20+)",
+    )
     parser.add_argument("--keep", type=Path, help="build the sweeps here and keep them")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="ckpteval-plan-"))
     rows = {}
     try:
         for size in args.sizes:
-            rows[size] = measure(root, size, args.profile)
+            rows[size] = measure(
+                root, size, args.profile, tuple(m for m in MEASURES if m in args.only)
+            )
             print(line(size, rows[size]), flush=True)
         sizes = sorted(rows)
         for a, b in zip(sizes, sizes[1:]):
-            grow = {k: rows[b][k] / rows[a][k] for k in ("new", "finished", "status", "check")}
+            grow = {k: rows[b][k] / rows[a][k] for k in args.only}
             print(
                 f"{a} -> {b} checkpoints ({b / a:.1f}x cells): "
                 + ", ".join(f"{k} {v:.2f}x" for k, v in grow.items())

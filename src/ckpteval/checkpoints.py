@@ -70,10 +70,16 @@ def _entry_name(child: Path) -> str | None:
     return None
 
 
+def _name(child: Path) -> str:
+    """A run directory's entries sort by name: the order of sorting the paths themselves (one
+    parent), without pathlib's comparison per pair (~0.1 s at 1,000 checkpoints, every parse)."""
+    return child.name
+
+
 def _final_candidates(run_dir: Path, names: list[str]) -> Iterator[tuple[Path, str]]:
     """(path, name) of every entry named as a final checkpoint (`final`, `*_final`, ...)."""
     regexes = [re.compile(_glob(n) + r"\Z") for n in names]
-    for child in sorted(run_dir.iterdir()):
+    for child in sorted(run_dir.iterdir(), key=_name):
         name = _entry_name(child)
         if name is not None and any(rx.match(name) for rx in regexes):
             yield child, name
@@ -82,7 +88,7 @@ def _final_candidates(run_dir: Path, names: list[str]) -> Iterator[tuple[Path, s
 def _candidates(run_dir: Path, patterns: list[str]) -> Iterator[tuple[Path, str, int]]:
     """(path, checkpoint name, step) of every entry of `run_dir` a pattern matches."""
     regexes = [pattern_regex(p) for p in patterns]
-    for child in sorted(run_dir.iterdir()):
+    for child in sorted(run_dir.iterdir(), key=_name):
         name = _entry_name(child)
         if name is None:
             continue

@@ -293,14 +293,12 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> None:
-    """Validate against the JSON schema with Snakemake's validator, filling defaults in place.
-
-    Snakemake's own message is several lines with the whole schema; on failure we report the most
-    relevant error as `config: <key path>: <problem>` instead.
+    """Validate against the JSON schema, filling defaults in place, as Snakemake's
+    `snakemake.utils.validate(config, schema, set_default=True)` does (the same validator and
+    default rule); on failure, the most relevant error as one line, `config: <key path>:
+    <problem>`, where Snakemake's message is several lines with the whole schema.
     """
     import jsonschema
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
 
     if not isinstance(config, dict) or not config:
         raise UserError(
@@ -313,11 +311,10 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> 
                 config["tasks"][name] = {}
             elif isinstance(opts, dict):
                 _pasted_checker(name, opts)
+    schema = _schema(str(schema_path))
     try:
-        validate(config, str(schema_path), set_default=True)
-    except WorkflowError:
-        with open(schema_path, encoding="utf-8") as handle:
-            schema = yaml.safe_load(handle)
+        _defaulting_validator()(schema).validate(config)
+    except jsonschema.ValidationError:
         error = jsonschema.exceptions.best_match(
             jsonschema.Draft202012Validator(schema).iter_errors(copy.deepcopy(config))
         )
@@ -327,6 +324,34 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> 
         raise UserError(f"config: {key}: {_short(error)}") from None
     for name, opts in config["tasks"].items():
         _canonical_checker(name, opts)
+
+
+@functools.cache
+def _schema(path: str) -> dict[str, Any]:
+    """The config schema, read once per process with libyaml where PyYAML has it: Snakemake's
+    `validate` reads it with the pure-Python parser, ~0.3 s of every parse of the workflow
+    (each `snakemake`, each Slurm job's, `ckpteval status` and `check`). Never changed: the
+    defaults it holds are copied into a config, not shared."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with open(path, encoding="utf-8") as handle:
+        return yaml.load(handle, Loader=loader)
+
+
+@functools.cache
+def _defaulting_validator() -> Any:
+    """Draft 2020-12 that fills a missing property with its schema default, as Snakemake's
+    `validate(..., set_default=True)` (from jsonschema's FAQ); the default is a copy."""
+    from jsonschema import Draft202012Validator, validators
+
+    check_properties = Draft202012Validator.VALIDATORS["properties"]
+
+    def set_defaults(validator: Any, properties: Any, instance: Any, schema: Any) -> Any:
+        for name, subschema in properties.items():
+            if "default" in subschema:
+                instance.setdefault(name, copy.deepcopy(subschema["default"]))
+        yield from check_properties(validator, properties, instance, schema)
+
+    return validators.extend(Draft202012Validator, {"properties": set_defaults})
 
 
 def _pasted_val_files(config: dict[str, Any]) -> None:

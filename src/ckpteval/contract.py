@@ -30,12 +30,13 @@ option holding a file by its content): a new checker file adds its own rows.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpteval.io import sha256_json
+from ckpteval.io import canonical_json
 
 NONE, SUMMARY, SCORES, GENERATIONS, MODEL, PLAN, PUBLISH = (
     "none",
@@ -354,7 +355,13 @@ class Identity:
     def digest(self) -> str:
         """Computed once per identity: the plan asks it of the same cached identity per cell
         (ckpteval.freshness), and `settings` is never changed after construction."""
-        return sha256_json(self.settings)[:16]
+        return hashlib.sha256(self.canonical.encode("utf-8")).hexdigest()[:16]
+
+    @functools.cached_property
+    def canonical(self) -> str:
+        """The settings' canonical JSON, which `digest` hashes: a recorded identity with the
+        same text has the same digest, a cheaper test than hashing it (ckpteval.freshness)."""
+        return canonical_json(self.settings)
 
     @functools.cached_property
     def text(self) -> str:

@@ -13,13 +13,13 @@ lines `snakemake -n` prints: which setting changed, old -> new.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckpteval.contract import Identity, generation_identity, model_identity, scoring_identity
+from ckpteval.io import canonical_json, json_or_none
 from ckpteval.plan.layout import CellKey, Layout
 
 #: Why a cell whose files are there is stale all the same: a meta that does not parse, or a
@@ -37,34 +37,8 @@ class StaleCell:
 
 
 def _read(path: str | Path) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
+    data = json_or_none(path)
     return data if isinstance(data, dict) else None
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal as JSON, type for type (so the same digest): a cheaper answer than hashing a
-    recorded identity per cell. True == 1 and 10 == 10.0 in Python, not in JSON; a value only
-    Python equates (a tuple for a list) is not the same here and is left to the digest."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float):  # -0.0 == 0.0 and nan != nan in Python, not as JSON
-        return repr(a) == repr(b)
-    return bool(a == b)
-
-
-def _size(path: str | Path) -> int | None:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return None
 
 
 def _mtime(path: str | Path) -> float | None:
@@ -152,14 +126,24 @@ class Freshness:
         return manifest.get("weights_sha256"), manifest.get("identity_sha256")
 
     @functools.cache  # noqa: B019
+    def _generation_stat(self, cell: CellKey) -> os.stat_result | None:
+        """The generation file's stat, once per cell and parse: its size for `stale`, its
+        modification time for `rescore_reason`."""
+        try:
+            return os.stat(self.layout.generation(cell))
+        except OSError:
+            return None
+
+    @functools.cache  # noqa: B019
     def stale(self, cell: CellKey) -> StaleCell | None:
         """The cell if its generation file must be (re)written, else None."""
         run, ckpt = cell.run, cell.ckpt
         identity = self.generation_identity(run, cell.task, cell.variant)
         # Paths as strings: pathlib's `/` per part cost more than the reads themselves, paid
         # per cell in every parse and `ckpteval status`.
-        jsonl, meta_path = self.layout.generation(cell), self.layout.generation_meta(cell)
-        size = _size(jsonl)
+        meta_path = self.layout.generation_meta(cell)
+        stat = self._generation_stat(cell)
+        size = None if stat is None else stat.st_size
         meta = _read(meta_path) if size is not None else None
         if meta is None:
             damaged = size is not None or os.path.exists(meta_path)
@@ -189,9 +173,7 @@ class Freshness:
     def _scoring_change(self, cell: CellKey, recorded: Any) -> str | None:
         """`recorded`: the cell's `scoring` (its provenance is merged into its top level)."""
         identity = self.scoring_identity(cell.run, cell.task, cell.variant)
-        if recorded is None or _same(recorded, identity.settings):
-            return None
-        if Identity(recorded).digest == identity.digest:
+        if recorded is None or canonical_json(recorded) == identity.canonical:
             return None
         return "; ".join(identity.changes(recorded))
 
@@ -217,9 +199,9 @@ class Freshness:
         if stale is not None:
             return f"generations: {stale.reason}"
         scored = _mtime(self.layout.score(cell)) or 0.0
-        generations = self.layout.generation(cell)
-        if (_mtime(generations) or 0.0) > scored:
-            return f"{generations} is newer than its scores"
+        generated = self._generation_stat(cell)
+        if generated is not None and generated.st_mtime > scored:
+            return f"{self.layout.generation(cell)} is newer than its scores"
         if self._manifest_mtime(cell.run, cell.ckpt) > scored:
             return f"{self.manifest_path(cell.run, cell.ckpt)} is newer than its scores"
         return None
