@@ -313,22 +313,24 @@ def measure(
         )
 
     profiles = {name: root / f"{name}-{checkpoints}.prof" for name in only if profile}
-    if "new" in only:
+
+    def dry_runs(name: str, finished: bool) -> None:
+        """ckpteval's dry run of the sweep as it is, then the two plain Snakefiles' (made anew:
+        a plain one's outputs are the sweep's files as they are now)."""
         make_plain(plain, work)
         make_plain(script, work, script=True)
-        record("new", dry_run(work, REPO / "Snakefile", False, profiles.get("new")))
-        record("new_plain", dry_run(plain, plain / "Snakefile", False))
-        record("new_script", dry_run(script, script / "Snakefile", False))
+        record(name, dry_run(work, REPO / "Snakefile", finished, profiles.get(name)))
+        record(f"{name}_plain", dry_run(plain, plain / "Snakefile", finished))
+        record(f"{name}_script", dry_run(script, script / "Snakefile", finished))
         shutil.rmtree(plain)
         shutil.rmtree(script)
+
+    if "new" in only:
+        dry_runs("new", False)
     if set(only) - {"new"}:
         row["cells"] = finish(work)
     if "finished" in only:
-        make_plain(plain, work)
-        make_plain(script, work, script=True)
-        record("finished", dry_run(work, REPO / "Snakefile", True, profiles.get("finished")))
-        record("finished_plain", dry_run(plain, plain / "Snakefile", True))
-        record("finished_script", dry_run(script, script / "Snakefile", True))
+        dry_runs("finished", True)
     for verb in ("status", "check"):
         if verb in only:
             record(verb, ckpteval(work, verb, profiles.get(verb)))
