@@ -315,19 +315,18 @@ def rust_sysroot() -> Path:
     return Path(out).resolve()
 
 
-@lru_cache(maxsize=1)
-def static_link_flags() -> tuple[str, ...]:
+@lru_cache(maxsize=4)
+def static_link_flags(rustc: str) -> tuple[str, ...]:
     """`-C target-feature=+crt-static` where the toolchain links statically (glibc's static
     libraries: Debian's libc6-dev has them, Fedora's are glibc-static), else none. A static test
     binary ignores `LD_PRELOAD`: a library a sample builds with the sandbox's compiler and
     preloads into a run of its binary it starts found the binary's key (`_keyed`) in its
     read-only data and set it, and the sample passed. Without static libraries that stays
-    possible (docs/evaluate.md says so)."""
-    rustc = rust_sysroot() / "bin" / "rustc"
+    possible (docs/evaluate.md says so). Probed once per process for each `rustc`."""
     with tempfile.TemporaryDirectory(prefix="ckpteval-rs-static-") as tmp:
         try:
             probe = subprocess.run(
-                [str(rustc), "-C", "target-feature=+crt-static", "-o", f"{tmp}/probe", "-"],
+                [rustc, "-C", "target-feature=+crt-static", "-o", f"{tmp}/probe", "-"],
                 input="fn main() {}\n",
                 capture_output=True,
                 text=True,
@@ -401,7 +400,7 @@ class RustChecker(Checker):
         self.memory_bytes = memory_bytes
         self.sysroot = rust_sysroot()
         self.rustc = str(self.sysroot / "bin" / "rustc")
-        self.link_flags = static_link_flags()
+        self.link_flags = static_link_flags(self.rustc)
 
     @classmethod
     def programs(cls, language: str | None, evaluate: Mapping[str, Any]) -> tuple[str, ...]:
