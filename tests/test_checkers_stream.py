@@ -423,7 +423,12 @@ def test_a_driver_killed_after_its_tail_was_taken_leaves_each_sample_one_outcome
     thread = threading.Thread(target=victim)
     thread.start()
     deadline = time.monotonic() + 20
-    while not (taken := claims.take()):  # once the blocking sample counts as stuck
+    # Once the driver claimed the blocking sample (a slow first sample could count as stuck
+    # too on a loaded machine), and then once that one counts as stuck.
+    while not ((directory := getattr(claims, "directory", None)) and (directory / "1").exists()):
+        assert time.monotonic() < deadline and thread.is_alive(), failure
+        time.sleep(0.02)
+    while not (taken := claims.take()):
         assert time.monotonic() < deadline and thread.is_alive(), failure
         time.sleep(0.05)
     assert taken == 8 and claims.kept == 2
