@@ -4,16 +4,20 @@ those that are fed chunks."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ckpteval.checkers import Checker, Job, Verdict
 from ckpteval.checkers.python import PythonChecker
+from ckpteval.sandbox import Claims, SandboxError
 
 
 class _Echo(Checker):
@@ -357,3 +361,90 @@ def test_a_worker_left_idle_takes_the_jobs_queued_behind_an_endless_one() -> Non
     assert [len(v) for _, v in victim] == [1], checker.returned  # it kept only the endless one
     judged = [id(job) for batch, returned in checker.returned for job in batch[: len(returned)]]
     assert sorted(judged) == sorted(map(id, jobs))  # every sample once
+
+
+class _Watched(Claims):
+    """A batch's claims that keep their directory, and the items claimed there (by the driver or
+    by a worker that took them) when the batch ended."""
+
+    directory: Path
+    claimed: set[int] | None = None
+
+    def open(self, directory: Path) -> list[str]:
+        self.directory = directory
+        return super().open(directory)
+
+    def close(self) -> int:
+        if self.claimed is None:
+            self.claimed = {int(name) for name in os.listdir(self.directory)}
+        return super().close()
+
+
+def _driver_pid(io_dir: Path) -> int:
+    """The host pid of the batch driver that reads `io_dir`'s spec: the process bubblewrap
+    started (the driver's forks have its command line too, under another parent)."""
+    spec = str(io_dir / "spec.json").encode()
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            parent = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1]
+            if spec in argv and Path(f"/proc/{int(parent)}/comm").read_text().strip() == "bwrap":
+                return int(entry)
+        except (OSError, ValueError):
+            continue
+    raise AssertionError(f"no driver for {io_dir}")
+
+
+def test_a_driver_killed_after_its_tail_was_taken_leaves_each_sample_one_outcome() -> None:
+    """A batch of 10 whose second sample blocks: once it has run `Claims.STUCK_S`, a worker takes
+    the 8 behind it, then the batch's driver is killed (SIGKILL) mid-sample. The taker judges
+    its 8 (each right); the killed batch ends in its one-line error, counting only the 2 it kept
+    (1 finished); no sample was claimed by both; a rerun of the 10 judges all of them, and the
+    killed batch's claims go with its io directory. (A real sandbox, ~3 s: the half second is what makes
+    a sample count as stuck.)"""
+    problem = {
+        "prompt": "def inc(x):\n",
+        "test": "def check(candidate):\n    assert candidate(1) == 2\n",
+        "entry_point": "inc",
+    }
+    blocks = "    import time\n    time.sleep(60)\n"
+    right = [Job("t/0", problem, f"    return x + 1  # {i}\n") for i in range(10)]
+    jobs = [right[0], Job("t/0", problem, blocks), *right[2:]]
+    checker = PythonChecker()
+    claims = _Watched(len(jobs))
+    failure: list[BaseException] = []
+
+    def victim() -> None:
+        try:
+            checker.check_batch(jobs, 3.0, claims)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            failure.append(exc)
+
+    thread = threading.Thread(target=victim)
+    thread.start()
+    deadline = time.monotonic() + 20
+    # Once the driver claimed the blocking sample (a slow first sample could count as stuck
+    # too on a loaded machine), and then once that one counts as stuck.
+    while not ((directory := getattr(claims, "directory", None)) and (directory / "1").exists()):
+        assert time.monotonic() < deadline and thread.is_alive(), failure
+        time.sleep(0.02)
+    while not (taken := claims.take()):
+        assert time.monotonic() < deadline and thread.is_alive(), failure
+        time.sleep(0.05)
+    assert taken == 8 and claims.kept == 2
+    os.kill(_driver_pid(claims.directory.parent), signal.SIGKILL)
+    stolen = checker.check_batch(jobs[claims.kept :], 3.0)
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+
+    assert [v.passed for v in stolen] == [True] * 8
+    assert len(failure) == 1 and isinstance(failure[0], SandboxError), failure
+    message = str(failure[0])
+    assert "\n" not in message and "stopped after 1 of 2 commands" in message, message
+    assert claims.claimed == set(range(10))  # 0 and 1 by the driver, 2-9 by the taker: each once
+    rerun = _Watched(len(right))
+    assert [v.passed for v in checker.check_batch(right, 3.0, rerun)] == [True] * 10
+    assert rerun.kept == 10 and rerun.claimed == set(range(10))
+    while claims.directory.exists():  # removed with the killed batch's io directory
+        assert time.monotonic() < deadline
+        time.sleep(0.05)

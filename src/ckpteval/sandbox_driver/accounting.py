@@ -9,7 +9,7 @@ import select
 import struct
 import time
 
-from .privileges import _libc
+from .privileges import _libc, _write_small
 
 _ACCT_RECORD = struct.Struct("=BBHIIIIIIf8H16s")  # struct acct_v3 (linux/acct.h)
 _ACCT_HZ = 100  # AHZ: the unit of acct_v3's times
@@ -230,8 +230,7 @@ def _oom_first(score=1000):
     score, so it outranks the driver, whatever the driver holds (bubblewrap cannot give the
     driver CAP_SYS_RESOURCE alone, to make itself exempt)."""
     try:
-        with open("/proc/self/oom_score_adj", "w") as handle:
-            handle.write(f"{score}\n")
+        _write_small("/proc/self/oom_score_adj", f"{score}\n")
     except OSError:
         pass
 

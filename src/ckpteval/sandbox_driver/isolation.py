@@ -3,7 +3,7 @@
 import ctypes
 import os
 
-from .privileges import _libc
+from .privileges import _libc, _write_small
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
@@ -107,5 +107,4 @@ def _limit_ipc(shm_bytes):
         ("msgmni", _MSG_QUEUES),
         ("sem", _SEMAPHORES),
     ):
-        with open(f"/proc/sys/kernel/{name}", "w") as handle:
-            handle.write(f"{value}\n")
+        _write_small(f"/proc/sys/kernel/{name}", f"{value}\n")

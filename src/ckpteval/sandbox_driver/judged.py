@@ -43,7 +43,14 @@ import time
 from .accounting import _oom_first, _Usage, _wait
 from .channel import _Channel
 from .judge import _MAX_REPORT, _run_tests
-from .privileges import PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, _drop_capabilities, _keep_fds, _libc
+from .privileges import (
+    PR_SET_DUMPABLE,
+    PR_SET_NO_NEW_PRIVS,
+    _drop_capabilities,
+    _keep_fds,
+    _libc,
+    _read_small,
+)
 from .sample import _serve_sample
 from .spawn import _child, _clean, _kill_group, _row
 
@@ -171,8 +178,7 @@ def _test_child(command, replies, calls, report):
         os.dup2(null, target)
     os.close(null)
     _keep_fds((replies, calls, report))
-    with open(command["python_tests"], encoding="utf-8") as handle:
-        tests = json.load(handle)
+    tests = json.loads(_read_small(command["python_tests"]).decode("utf-8"))
     os.chdir("/")
     for name, (soft, hard) in command["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (soft, hard))

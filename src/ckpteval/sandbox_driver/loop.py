@@ -8,6 +8,7 @@ import time
 from .accounting import _Account, _Cgroup, _Usage, _wait
 from .judged import _JUDGE_PRELOAD, _judge_unsandboxed, _run_judged
 from .privileges import PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, _libc
+from .seccomp import _kernel_state_filter
 from .spawn import _child, _clean, _kill_group, _ResultChannel, _row
 from .zygote import _find_at_fork_hooks, _Zygote
 
@@ -86,6 +87,8 @@ def main():
     _preload(spec.get("site_dirs", []), spec.get("preload", []))
     if any(command.get("python_tests") for command in spec["commands"]):
         _preload((), _JUDGE_PRELOAD)
+    # The commands' seccomp filter (`_child` protects its parent, this driver, when rootless).
+    _kernel_state_filter((os.getpid(),) if spec.get("rootless") else ())
     import gc
 
     gc.freeze()  # a fork's collections never walk (so never copy) the preloaded heap

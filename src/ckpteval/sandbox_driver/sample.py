@@ -21,6 +21,7 @@ from .channel import (
     _program_class,
     _SampleGone,
 )
+from .privileges import _read_small
 
 _TOOLING = (
     "linecache",
@@ -463,8 +464,7 @@ class _SampleServer:
             pass
 
     def program(self):
-        with open(self.path, encoding="utf-8") as handle:
-            source = handle.read()
+        source = _read_small(self.path).decode("utf-8")  # compile() reads \r\n and \r as \n
         exec(compile(source, self.path, "exec", dont_inherit=True), self.namespace)
 
     def names(self, *wanted):
