@@ -16,6 +16,7 @@ rebuilds the same bytes from the same inputs.
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import json
 from collections.abc import Container, Iterator
@@ -64,7 +65,7 @@ def read_cell_samples(source: str | Path, known_prompts: Container[str] = ()) ->
     column = generations.pop("prompt", None)
     if column is not None and not all(map(known_prompts.__contains__, map(str, ids))):
         for task_id, prompt in zip(ids, column):
-            prompts.setdefault(str(task_id), _cut(prompt))
+            prompts.setdefault(str(task_id), _cut(_decoded(prompt)))
     generations = {k: v for k, v in generations.items() if v is not _NESTED}
     note = "" if generations else f"no generation file at {gen_path}"
     return CellSamples(scores, generations, _verdicts(scores), prompts, note)
@@ -100,18 +101,140 @@ _ENCODER = msgspec.json.Encoder()
 def _read_columns(path: Path, kept: Container[str] = ()) -> dict[str, Any]:
     """Every field of a JSONL file as a column (null where a line lacks it), long texts cut
     (but the prompts', which the caller cuts if it needs them: most often it needs none); a
-    column holding a list or an object is `_NESTED` unless its name is in `kept`. The lines are
-    parsed by msgspec's `decode_lines` (per cell of 500 samples it and its encoder take 3.6 ms
-    of CPU where Arrow's JSON reader, its columns as Python lists and `json` took 6.7 ms; joining
-    the lines into one array to parse took 0.5 ms more per cell) and the columns taken by
-    `map(dict.get)` (a third of a comprehension's time). Blank lines are skipped; a file it
-    rejects (a damaged line, a line that is no object) is read line by line, which skips those.
-    A file with no line longer than `MAX_TEXT` bytes has no text to cut."""
+    column holding a list or an object is `_NESTED` unless its name is in `kept`. A field that
+    is a string in the first line is read as `msgspec.Raw` (its JSON text, which the blob's
+    encoder copies as it is: the page decodes the same string), the lines by msgspec into a
+    struct of the first line's fields (`_line_decoder`): per cell of 500 samples 1.5 ms of CPU
+    less than dicts of decoded strings, most of it the completions' and prompts' unescaping.
+    A file where a later line has a field the first lacks is read as dicts
+    (`_read_dict_columns`); a file msgspec rejects (a damaged line, a line that is no object)
+    line by line, which skips those. Blank lines are skipped."""
     try:
         data = path.read_bytes()
-        rows = _LINES.decode_lines(data)
-    except (OSError, msgspec.DecodeError):
+    except OSError:
         return _read_columns_slowly(path, kept)
+    decoder = _line_decoder(data)
+    if decoder is not None:
+        try:
+            rows = decoder.decode_lines(data)
+        except msgspec.DecodeError:  # a field the first line lacks, or a damaged line
+            pass
+        else:
+            return _struct_columns(rows, decoder.type, kept)  # type: ignore[arg-type]
+    try:
+        return _read_dict_columns(data, kept)
+    except msgspec.DecodeError:
+        return _read_columns_slowly(path, kept)
+
+
+def _line_decoder(data: bytes) -> msgspec.json.Decoder | None:
+    """The decoder of lines with the fields of the first non-blank line of `data` (None when it
+    is no JSON object)."""
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        line = data[start:end]
+        start = end + 1
+        if line.strip():
+            try:
+                first = _LINES.decode(line)
+            except msgspec.DecodeError:
+                return None
+            return _decoder(tuple((k, _raw(v) and k != "task_id") for k, v in first.items()))
+    return None
+
+
+def _raw(value: Any) -> bool:
+    """Whether a field whose value is `value` in the first line is read as `msgspec.Raw`: a
+    text, or null (most often a text elsewhere, as an error type is); not a number or a
+    boolean, which the verdicts read and which cost little to decode."""
+    return value is None or isinstance(value, str)
+
+
+@functools.lru_cache(maxsize=64)
+def _decoder(fields: tuple[tuple[str, bool], ...]) -> msgspec.json.Decoder:
+    """A decoder of lines with these (name, read as `msgspec.Raw`) fields, each null where a
+    line lacks it; a line with another field fails (`forbid_unknown_fields`). The struct's
+    attributes are `f0`, `f1`, ... (a field's name need not be an identifier)."""
+    line = msgspec.defstruct(
+        "Line",
+        [
+            (f"f{i}", msgspec.Raw, _NULL) if raw else (f"f{i}", Any, None)
+            for i, (_, raw) in enumerate(fields)
+        ],
+        rename={f"f{i}": name for i, (name, _) in enumerate(fields)},
+        forbid_unknown_fields=True,
+    )
+    return msgspec.json.Decoder(line)
+
+
+#: A `msgspec.Raw` field's value where a line lacks it.
+_NULL = msgspec.Raw(b"null")
+
+
+def _struct_columns(rows: list[Any], line: type, kept: Container[str]) -> dict[str, Any]:
+    """`_read_columns`' columns of lines decoded by a `_decoder` struct (tuples, which the
+    blob's encoder writes as arrays)."""
+    names = line.__struct_encode_fields__  # type: ignore[attr-defined]
+    raws = {
+        name for name, kind in zip(names, msgspec.structs.fields(line)) if kind.type is msgspec.Raw
+    }
+    columns = {}
+    values: tuple[Any, ...]
+    for name, values in zip(names, zip(*map(msgspec.structs.astuple, rows))):
+        if name == "prompt":
+            columns[name] = values
+        elif name in raws:
+            if name not in kept and _nested(values):
+                columns[name] = _NESTED
+            elif max(map(len, values)) > MAX_TEXT:  # a JSON text at most that long is no
+                columns[name] = [_cut_raw(v) for v in values]  # longer a string
+            else:
+                columns[name] = values
+        else:
+            types = set(map(type, values))
+            if name not in kept and not _NESTED_TYPES.isdisjoint(types):
+                columns[name] = _NESTED
+            elif str in types:
+                columns[name] = [_cut(v) for v in values]
+            else:
+                columns[name] = values
+    return columns
+
+
+def _nested(values: tuple[msgspec.Raw, ...]) -> bool:
+    """Whether a JSON text of `values` is an array or an object (a look at each only when
+    one holds a bracket)."""
+    joined = b"".join(values)
+    if b"[" not in joined and b"{" not in joined:
+        return False
+    return any(memoryview(v)[0] in _OPENING for v in values)
+
+
+#: The first byte of a JSON array and of an object.
+_OPENING = frozenset(b"[{")
+
+
+def _decoded(value: Any) -> Any:
+    """A `msgspec.Raw` JSON text's value; any other value as it is."""
+    return msgspec.json.decode(value) if isinstance(value, msgspec.Raw) else value
+
+
+def _cut_raw(value: msgspec.Raw) -> Any:
+    """`_cut` of a JSON text: the text itself unless it is a string that is cut."""
+    if len(value) <= MAX_TEXT:
+        return value
+    text = _decoded(value)
+    cut = _cut(text)
+    return value if cut is text else cut
+
+
+def _read_dict_columns(data: bytes, kept: Container[str]) -> dict[str, Any]:
+    """`_read_columns` of lines whose fields vary: each line a dict, the columns taken by
+    `map(dict.get)` (a third of a comprehension's time). A file with no line longer than
+    `MAX_TEXT` bytes has no text to cut."""
+    rows = _LINES.decode_lines(data)
     long = len(data) > MAX_TEXT and max(map(len, data.split(b"\n"))) > MAX_TEXT
     columns = {}
     for name in dict.fromkeys(chain.from_iterable(rows)):
