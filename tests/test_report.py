@@ -573,9 +573,30 @@ def test_lines_read_as_structs_give_the_columns_lines_read_as_dicts_give(tmp_pat
 
     long = "é\\/\n" * samples.MAX_TEXT
     lines = [
-        {"task_id": "p0", "n": 1, "text": 'a\u00e9\\/"', "out": None, "odd key": "x", "chat": "q"},
-        {"task_id": "p1", "n": "n" * (samples.MAX_TEXT + 1), "text": long, "out": [1, 2]},
-        {"task_id": "p2", "n": 3, "text": "[no list]", "out": "y", "chat": [{"role": "user"}]},
+        {
+            "task_id": "p0",
+            "n": 1,
+            "text": 'a\u00e9\\/"',
+            "out": None,
+            "odd key": "x",
+            "chat": "q",
+            "passed": None,
+        },
+        {
+            "task_id": "p1",
+            "n": "n" * (samples.MAX_TEXT + 1),
+            "text": long,
+            "out": [1, 2],
+            "passed": True,
+        },
+        {
+            "task_id": "p2",
+            "n": 3,
+            "text": "[no list]",
+            "out": "y",
+            "chat": [{"role": "user"}],
+            "passed": False,
+        },
         {"task_id": "p3", "n": None, "text": "t" * (samples.MAX_TEXT - 1), "odd key": None},
     ]
     same = tmp_path / "same.jsonl"
@@ -599,7 +620,9 @@ def test_lines_read_as_structs_give_the_columns_lines_read_as_dicts_give(tmp_pat
             assert decoded["text"][1].endswith(f"({more_chars} more characters in the file)")
             assert decoded["n"][1].endswith("(1 more characters in the file)")
             assert decoded["text"][0] == 'a\u00e9\\/"' and decoded["odd key"][1:] == [None] * 3
-    decoder = samples._line_decoder(same.read_bytes())
-    assert decoder is not None and len(decoder.decode_lines(same.read_bytes())) == 4
+            assert samples._verdicts(fast)["passed"] == [0, 1, 0, 0]  # decoded, not JSON text
+    lines = samples._line_decoder(same.read_bytes())
+    assert lines is not None and len(lines[0].decode_lines(same.read_bytes())) == 4
+    lines = samples._line_decoder(more.read_bytes())
     with pytest.raises(msgspec.ValidationError):
-        samples._line_decoder(more.read_bytes()).decode_lines(more.read_bytes())
+        lines[0].decode_lines(more.read_bytes())

@@ -493,14 +493,9 @@ def _read_entries(
         samples = read_cell_samples(source, seen.setdefault(task, set()))
         seen[task].update(samples.prompts)
         raw = _read_json(source)
-        verdicts = samples.verdicts
         entry = {
             "blob": encode_blob(samples.blob()),
-            "verdicts": {
-                "ids": list(verdicts),
-                "passed": [passed for passed, _ in verdicts.values()],
-                "n": [n for _, n in verdicts.values()],
-            },
+            "verdicts": samples.verdicts,
             "raw": {
                 "scoring": raw.get("scoring"),
                 "checker": raw.get("checker"),

@@ -19,7 +19,8 @@ import base64
 import functools
 import gzip
 import json
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from pathlib import Path
@@ -43,8 +44,9 @@ class CellSamples:
 
     scores: Columns
     generations: Columns
-    #: task_id -> (passed samples, scored samples)
-    verdicts: dict[str, tuple[int, int]]
+    #: per problem: "ids" (task_id), "passed" (samples that passed), "n" (samples): columns,
+    #: as the cache and the verdict matrices keep them
+    verdicts: dict[str, list[Any]]
     #: task_id -> prompt, from the generation file (only those not in `known_prompts`)
     prompts: dict[str, Any] = field(default_factory=dict)
     note: str = ""
@@ -53,7 +55,9 @@ class CellSamples:
         return {"s": self.scores, "g": self.generations, "note": self.note}
 
 
-def read_cell_samples(source: str | Path, known_prompts: Container[str] = ()) -> CellSamples:
+def read_cell_samples(
+    source: str | Path, known_prompts: AbstractSet[str] = frozenset()
+) -> CellSamples:
     """A cell's score lines (scalar fields) and generation lines (scalar fields and the texts),
     read with msgspec (a file it rejects is read line by line)."""
     scores = _read_columns(score_samples_of(Path(source)))
@@ -63,7 +67,7 @@ def read_cell_samples(source: str | Path, known_prompts: Container[str] = ()) ->
     prompts: dict[str, Any] = {}
     ids = generations.get("task_id", [])
     column = generations.pop("prompt", None)
-    if column is not None and not all(map(known_prompts.__contains__, map(str, ids))):
+    if column is not None and not _keys(ids) <= known_prompts:
         for task_id, prompt in zip(ids, column):
             prompts.setdefault(str(task_id), _cut(_decoded(prompt)))
     generations = {k: v for k, v in generations.items() if v is not _NESTED}
@@ -78,19 +82,32 @@ _NESTED: Any = object()
 _KEPT = frozenset({"prompt", *GENERATION_FIELDS})
 
 
-def _verdicts(scores: Columns) -> dict[str, tuple[int, int]]:
-    """task_id -> (samples that passed, samples): a dict built in one pass (at 10M samples a
-    report's build spent seconds here)."""
-    ids = [str(i) for i in scores.get("task_id", [])]
+def _verdicts(scores: Columns) -> dict[str, list[Any]]:
+    """Per problem (in the order of its first sample) the samples that passed and the
+    samples, as columns, in one pass (at 10M samples a report's build spent seconds here)."""
+    column = scores.get("task_id", ())
+    ids = list(column) if set(map(type, column)) <= {str} else [str(i) for i in column]
     passed = scores.get("passed") or [None] * len(ids)
-    if len(set(ids)) == len(ids):  # one sample per problem: the usual greedy cell
-        return {i: (int(p is True), 1) for i, p in zip(ids, passed)}
+    if len(_keys(ids)) == len(ids):  # one sample per problem: the usual greedy cell
+        if set(map(type, passed)) == {bool}:
+            return {"ids": ids, "passed": list(map(int, passed)), "n": [1] * len(ids)}
+        return {"ids": ids, "passed": [int(p is True) for p in passed], "n": [1] * len(ids)}
     counts: dict[str, list[int]] = {}
     for task_id, ok in zip(ids, passed):
         count = counts.setdefault(task_id, [0, 0])
         count[0] += ok is True
         count[1] += 1
-    return {k: (v[0], v[1]) for k, v in counts.items()}
+    return {
+        "ids": list(counts),
+        "passed": [v[0] for v in counts.values()],
+        "n": [v[1] for v in counts.values()],
+    }
+
+
+def _keys(ids: Sequence[Any]) -> set[str]:
+    """The task_ids `ids` as strings, without a call per id when they are strings."""
+    keys = set(ids)
+    return keys if set(map(type, keys)) <= {str} else set(map(str, ids))
 
 
 #: A JSONL file's lines, each an object (`_read_columns`).
@@ -113,23 +130,24 @@ def _read_columns(path: Path, kept: Container[str] = ()) -> dict[str, Any]:
         data = path.read_bytes()
     except OSError:
         return _read_columns_slowly(path, kept)
-    decoder = _line_decoder(data)
-    if decoder is not None:
+    lines = _line_decoder(data)
+    if lines is not None:
+        decoder, raws = lines
         try:
             rows = decoder.decode_lines(data)
         except msgspec.DecodeError:  # a field the first line lacks, or a damaged line
             pass
         else:
-            return _struct_columns(rows, decoder.type, kept)  # type: ignore[arg-type]
+            return _struct_columns(rows, decoder.type, raws, kept)  # type: ignore[arg-type]
     try:
         return _read_dict_columns(data, kept)
     except msgspec.DecodeError:
         return _read_columns_slowly(path, kept)
 
 
-def _line_decoder(data: bytes) -> msgspec.json.Decoder | None:
-    """The decoder of lines with the fields of the first non-blank line of `data` (None when it
-    is no JSON object)."""
+def _line_decoder(data: bytes) -> tuple[msgspec.json.Decoder, frozenset[str]] | None:
+    """The decoder of lines with the fields of the first non-blank line of `data` and the
+    fields it reads as `msgspec.Raw` (None when that line is no JSON object)."""
     start = 0
     while start < len(data):
         end = data.find(b"\n", start)
@@ -141,8 +159,12 @@ def _line_decoder(data: bytes) -> msgspec.json.Decoder | None:
                 first = _LINES.decode(line)
             except msgspec.DecodeError:
                 return None
-            return _decoder(tuple((k, _raw(v) and k != "task_id") for k, v in first.items()))
+            return _decoder(tuple((k, _raw(v) and k not in _DECODED) for k, v in first.items()))
     return None
+
+
+#: The fields the verdicts read: decoded whatever the first line holds.
+_DECODED = frozenset({"task_id", "passed"})
 
 
 def _raw(value: Any) -> bool:
@@ -153,7 +175,7 @@ def _raw(value: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _decoder(fields: tuple[tuple[str, bool], ...]) -> msgspec.json.Decoder:
+def _decoder(fields: tuple[tuple[str, bool], ...]) -> tuple[msgspec.json.Decoder, frozenset[str]]:
     """A decoder of lines with these (name, read as `msgspec.Raw`) fields, each null where a
     line lacks it; a line with another field fails (`forbid_unknown_fields`). The struct's
     attributes are `f0`, `f1`, ... (a field's name need not be an identifier)."""
@@ -166,20 +188,19 @@ def _decoder(fields: tuple[tuple[str, bool], ...]) -> msgspec.json.Decoder:
         rename={f"f{i}": name for i, (name, _) in enumerate(fields)},
         forbid_unknown_fields=True,
     )
-    return msgspec.json.Decoder(line)
+    return msgspec.json.Decoder(line), frozenset(name for name, raw in fields if raw)
 
 
 #: A `msgspec.Raw` field's value where a line lacks it.
 _NULL = msgspec.Raw(b"null")
 
 
-def _struct_columns(rows: list[Any], line: type, kept: Container[str]) -> dict[str, Any]:
-    """`_read_columns`' columns of lines decoded by a `_decoder` struct (tuples, which the
-    blob's encoder writes as arrays)."""
+def _struct_columns(
+    rows: list[Any], line: type, raws: frozenset[str], kept: Container[str]
+) -> dict[str, Any]:
+    """`_read_columns`' columns of lines decoded by a `_decoder` struct, whose fields `raws`
+    are `msgspec.Raw` (tuples, which the blob's encoder writes as arrays)."""
     names = line.__struct_encode_fields__  # type: ignore[attr-defined]
-    raws = {
-        name for name, kind in zip(names, msgspec.structs.fields(line)) if kind.type is msgspec.Raw
-    }
     columns = {}
     values: tuple[Any, ...]
     for name, values in zip(names, zip(*map(msgspec.structs.astuple, rows))):
@@ -196,11 +217,17 @@ def _struct_columns(rows: list[Any], line: type, kept: Container[str]) -> dict[s
             types = set(map(type, values))
             if name not in kept and not _NESTED_TYPES.isdisjoint(types):
                 columns[name] = _NESTED
-            elif str in types:
+            elif str in types and _longest(values, types) > MAX_TEXT:
                 columns[name] = [_cut(v) for v in values]
             else:
                 columns[name] = values
     return columns
+
+
+def _longest(values: tuple[Any, ...], types: set[type]) -> int:
+    """The length of the longest string of `values` (whose types are `types`)."""
+    texts = values if len(types) == 1 else [v for v in values if isinstance(v, str)]
+    return max(map(len, texts))
 
 
 def _nested(values: tuple[msgspec.Raw, ...]) -> bool:
