@@ -315,10 +315,10 @@ def _cut(value: Any) -> Any:
     return value
 
 
-#: gzip level of the blobs. Measured on the bench's cells (bench/report.py): level 6 took 1.5 ms
-#: of CPU per cell of 500 samples, level 3 0.64 ms for blobs 16% larger, level 1 0.46 ms for 25%
-#: larger; at 20,000 cells level 3 saves 17 s of a first build.
-BLOB_LEVEL = 3
+#: gzip level of the blobs. Measured on the bench's cells (bench/report.py), CPU per cell of 500
+#: samples: level 6 1.6 ms (10.4 KB), 4 1.0 ms (11.8 KB), 3 0.62 ms (12.2 KB), 2 0.44 ms
+#: (12.6 KB), 1 0.43 ms (12.9 KB); at 20,000 cells level 2 saves 23 s of a first build over 6.
+BLOB_LEVEL = 2
 
 
 def encode_blob(value: Any) -> str:
