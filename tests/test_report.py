@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pandas as pd
 import pytest
 from test_aggregate import write_cell
@@ -561,3 +562,67 @@ def test_a_process_reading_cells_that_fails_fails_the_build_with_its_traceback(
     monkeypatch.setattr(data, "_read_entries", dying)
     with pytest.raises(RuntimeError, match=r"ended \(exit code 3\)"):
         build_payload(summary, workers=2)
+
+
+def test_lines_read_as_structs_give_the_columns_lines_read_as_dicts_give(tmp_path: Path) -> None:
+    """Lines whose fields are the first line's are read into structs, their texts as JSON text
+    (`msgspec.Raw`) copied into the blob: decoded, the columns are those of lines read as
+    dicts, with long texts cut, nested fields left out (a kept one kept), missing fields null
+    and escapes decoded; a file with a field its first line lacks is read as dicts."""
+    from ckpteval.report import samples
+
+    long = "é\\/\n" * samples.MAX_TEXT
+    lines = [
+        {
+            "task_id": "p0",
+            "n": 1,
+            "text": 'a\u00e9\\/"',
+            "out": None,
+            "odd key": "x",
+            "chat": "q",
+            "passed": None,
+        },
+        {
+            "task_id": "p1",
+            "n": "n" * (samples.MAX_TEXT + 1),
+            "text": long,
+            "out": [1, 2],
+            "passed": True,
+        },
+        {
+            "task_id": "p2",
+            "n": 3,
+            "text": "[no list]",
+            "out": "y",
+            "chat": [{"role": "user"}],
+            "passed": False,
+        },
+        {"task_id": "p3", "n": None, "text": "t" * (samples.MAX_TEXT - 1), "odd key": None},
+    ]
+    same = tmp_path / "same.jsonl"
+    same.write_text("".join(json.dumps(line) + "\n\n" for line in lines))
+    more = tmp_path / "more.jsonl"
+    more.write_text("".join(json.dumps({**line, "later": 1}) + "\n" for line in lines[1:]))
+    more.write_text(json.dumps(lines[0]) + "\n" + more.read_text())
+    for path in (same, more):
+        data = path.read_bytes()
+        for kept in ((), {"chat", "out"}):
+            fast = samples._read_columns(path, kept)
+            dicts = samples._read_dict_columns(data, kept)
+            assert fast.keys() == dicts.keys()
+            for name in ("out", "chat"):
+                assert (fast[name] is samples._NESTED) == (name not in kept)
+                assert (dicts[name] is samples._NESTED) == (name not in kept)
+            shown = {k: v for k, v in fast.items() if v is not samples._NESTED}
+            decoded = json.loads(samples._ENCODER.encode(shown))
+            assert decoded == {k: v for k, v in dicts.items() if v is not samples._NESTED}
+            more_chars = len(long) - samples.MAX_TEXT
+            assert decoded["text"][1].endswith(f"({more_chars} more characters in the file)")
+            assert decoded["n"][1].endswith("(1 more characters in the file)")
+            assert decoded["text"][0] == 'a\u00e9\\/"' and decoded["odd key"][1:] == [None] * 3
+            assert samples._verdicts(fast)["passed"] == [0, 1, 0, 0]  # decoded, not JSON text
+    lines = samples._line_decoder(same.read_bytes())
+    assert lines is not None and len(lines[0].decode_lines(same.read_bytes())) == 4
+    lines = samples._line_decoder(more.read_bytes())
+    with pytest.raises(msgspec.ValidationError):
+        lines[0].decode_lines(more.read_bytes())

@@ -486,21 +486,26 @@ def _read_entries(
     cells: list[tuple[str, str]], known: dict[str, set[str]]
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(entry, prompts it found) of each (source, task) cell, read in order; `known` (task ->
-    the task_ids whose prompts are known) is not changed."""
+    the task_ids whose prompts are known) is not changed. A verdict column ("ids", "n") equal
+    to the one of the task's cell before is that same list: the process pickles it once for
+    all its cells (at 10M samples 10M task_ids were unpickled by the build, alone, after the
+    processes ended) and the verdict matrices join the distinct lists only (`_group`)."""
     seen = {task: set(ids) for task, ids in known.items()}
+    before: dict[str, dict[str, list[Any]]] = {}
     out = []
     for source, task in cells:
         samples = read_cell_samples(source, seen.setdefault(task, set()))
         seen[task].update(samples.prompts)
-        raw = _read_json(source)
         verdicts = samples.verdicts
+        last = before.setdefault(task, verdicts)
+        for column in ("ids", "n"):
+            if verdicts[column] == last[column]:
+                verdicts[column] = last[column]
+        before[task] = verdicts
+        raw = _read_json(source)
         entry = {
             "blob": encode_blob(samples.blob()),
-            "verdicts": {
-                "ids": list(verdicts),
-                "passed": [passed for passed, _ in verdicts.values()],
-                "n": [n for _, n in verdicts.values()],
-            },
+            "verdicts": verdicts,
             "raw": {
                 "scoring": raw.get("scoring"),
                 "checker": raw.get("checker"),
@@ -518,9 +523,8 @@ def _group(
 ) -> dict[str, Any]:
     """One (task, sampling): its checkpoints' cells and the verdict-matrix blob, whose
     `passed[c][p]` / `n[c][p]` are checkpoint c's passed and scored samples of problem p."""
-    problems = sorted(
-        set().union(*(v["ids"] for c in ckpts.values() for v in c["verdicts"])), key=_natural
-    )
+    distinct = {id(v["ids"]): v["ids"] for c in ckpts.values() for v in c["verdicts"]}
+    problems = sorted(set().union(*distinct.values()), key=_natural)
     passed, n = [], []
     for c in ckpts.values():
         row_passed, row_n = _verdict_row(c["verdicts"], problems)

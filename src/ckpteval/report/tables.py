@@ -362,7 +362,7 @@ def _passk_wide(passk: pd.DataFrame) -> pd.DataFrame:
     if passk.empty:
         return passk
     keys = ["run", "ckpt", "step", "task", "sampling", "seeds", "n_problems"]
-    wide = passk.pivot_table(index=keys, columns="k", values="value", sort=False, dropna=False)
+    wide = _wide(passk, keys, "k", "value")
     wide.columns = [f"pass@{k}" for k in wide.columns]
     return wide.dropna(how="all").reset_index()
 
@@ -371,7 +371,14 @@ def _errors_wide(errors: pd.DataFrame) -> pd.DataFrame:
     if errors.empty:
         return errors
     keys = ["run", "ckpt", "step", "task", "variant"]
-    wide = errors.pivot_table(
-        index=keys, columns="error_type", values="fraction", sort=False, dropna=False
-    )
-    return wide.dropna(how="all").reset_index()
+    return _wide(errors, keys, "error_type", "fraction").dropna(how="all").reset_index()
+
+
+def _wide(frame: pd.DataFrame, keys: list[str], column: str, values: str) -> pd.DataFrame:
+    """`frame.pivot_table(index=keys, columns=column, values=values, sort=False,
+    dropna=False)` (mean per cell, rows with missing keys kept) without its product of every
+    key's values, which `dropna(how="all")` then drops: at 1,000 checkpoints x 20 tasks the
+    pass@k pivot made 20 billion rows' index, 27 s of a report build. The rows and columns
+    come in the same order."""
+    groups = frame.groupby([*keys, column], sort=False, dropna=False, observed=True)
+    return groups[values].mean().unstack(column)
