@@ -124,7 +124,7 @@ def test_the_cells_of_a_config_and_their_files(tmp_path: Path) -> None:
     out = tmp_path / "results"
     assert planned.layout.score(cell) == f"{out}/scores/r/step_100/arith/{VARIANT}.json"
     assert f"{out}/generations/r/step_200/arith_verl/{VARIANT}.meta.json" in planned.cell_files()
-    assert len(planned.cell_files()) == 4 * 3 + 2  # per cell: 3 files; per checkpoint: a card
+    assert len(planned.cell_files()) == 4 * 2  # per cell: its meta and its score cell
     assert [planned.stale(c).reason for c in planned.cells()] == ["missing"] * 4
 
 

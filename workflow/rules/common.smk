@@ -120,9 +120,9 @@ def per_sweep(ask):
 @signed
 def get_final_outputs(wildcards):
     # A shard (`--config shard=i/n`) scores its own checkpoints; an unsharded run aggregates all.
-    # Every file of the summary, every cell's files, the aggregate job's build, assist records,
-    # engine rounds and redo inputs with work to do are targets: Snakemake reruns a job for a
-    # missing output only when that output is requested (ckpteval.verbs).
+    # Every file of the summary, every cell's meta and score, the aggregate job's build, assist
+    # records, engine rounds and redo inputs with work to do are targets: Snakemake reruns a job
+    # for a missing output only when that output is requested (ckpteval.verbs).
     extra = [*ASSIST_RECORDS, *SWEEP.engine_targets(), *SWEEP.redo_targets()]
     if PLAN.shard is not None:
         return [*SWEEP.score_files(), *extra]
