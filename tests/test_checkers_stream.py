@@ -339,17 +339,21 @@ class _Recorded(PythonChecker):
         return verdicts
 
 
+#: A HumanEval-shaped problem whose right answer is `return x + 1` (the stealing tests').
+INC = {
+    "prompt": "def inc(x):\n",
+    "test": "def check(candidate):\n    assert candidate(1) == 2\n",
+    "entry_point": "inc",
+}
+
+
 def test_a_worker_left_idle_takes_the_jobs_queued_behind_an_endless_one() -> None:
     """12 samples on two workers, two batches of 6, an endless sample first in one of them: the
     worker whose batch ends first takes the 5 samples queued behind the endless one instead of
     idling until its timeout. Each sample is judged once, by one batch, with the verdict it
     gets alone. (A real sandbox, ~5 s. The endless sample's limit is CPU time, 3 s, some six
     times what the other batch needs, so load slows both alike and the steal still comes first.)"""
-    problem = {
-        "prompt": "def inc(x):\n",
-        "test": "def check(candidate):\n    assert candidate(1) == 2\n",
-        "entry_point": "inc",
-    }
+    problem = INC
     endless = "    while True:\n        pass\n"
     right = [Job("t/0", problem, f"    return x + 1  # {i}\n") for i in range(11)]
     jobs = [Job("t/0", problem, endless), *right]
@@ -402,11 +406,7 @@ def test_a_driver_killed_after_its_tail_was_taken_leaves_each_sample_one_outcome
     (1 finished); no sample was claimed by both; a rerun of the 10 judges all of them, and the
     killed batch's claims go with its io directory. (A real sandbox, ~3 s: the half second is what makes
     a sample count as stuck.)"""
-    problem = {
-        "prompt": "def inc(x):\n",
-        "test": "def check(candidate):\n    assert candidate(1) == 2\n",
-        "entry_point": "inc",
-    }
+    problem = INC
     blocks = "    import time\n    time.sleep(60)\n"
     right = [Job("t/0", problem, f"    return x + 1  # {i}\n") for i in range(10)]
     jobs = [right[0], Job("t/0", problem, blocks), *right[2:]]
