@@ -209,17 +209,9 @@ CHANNELS = {
     "SysV objects by id": (SYSV, "its warm-up left SysV IPC objects (shm, msg)"),
     "at-fork hooks": (AT_FORK, None),
     "dumpable zygote": (DUMPABLE, "its warm-up left the zygote dumpable"),
-    # The warm-up imports the file twice and the thread starts at the first import only: the
-    # zygote refuses it as a thread, or, when the thread holds its `listdir` descriptor open at
-    # the instant the second import's descriptors are counted (a loaded machine, seen in the full
-    # suite), the import's check refuses it first as a descriptor. Either is a refusal.
-    "thread": (
-        THREAD,
-        (
-            "its warm-up left 1 Python thread(s) running",
-            "the file's import leaves 1 descriptor(s) open, which no fork has",
-        ),
-    ),
+    # The thread starts at the warm-up's first import only (the file checks a flag it set):
+    # the import's check names it, before its `listdir` descriptor could be counted instead.
+    "thread": (THREAD, "the file's import leaves threads Thread-"),
     "signal handler": (SIGNAL, "its warm-up left a signal handler of its own"),
     "profile function": (PROFILE, "its warm-up left a trace or profile function"),
 }
@@ -240,8 +232,7 @@ def test_an_import_cannot_carry_one_samples_text_into_the_next(
         result = {"score": verdict.score, **verdict.extras["reward_info"]}
         assert result == fresh_call(path, completion), (completion, result)
     if refusal:
-        refusals = (refusal,) if isinstance(refusal, str) else refusal
-        assert any(r in caplog.text for r in refusals), caplog.text
+        assert refusal in caplog.text, caplog.text
     else:
         assert "warm zygote gone" not in caplog.text, caplog.text
 

@@ -429,12 +429,17 @@ def warm(spec):
     # has neither): each sample then imports the file itself. A file that fails here is run
     # again by each sample, which then fails alone.
     paths = spec["paths"]
+    running = set(threading.enumerate())
     try:
         reseed_globals()
         first = import_file(spec["reward_file"], paths)
         function = getattr(first, spec["name"])
     except BaseException:
         return
+    # Threads the first import started: the second may start none (a file that starts its
+    # thread once per process), yet they run in the zygote. Not those the warm-up's calls start
+    # (a pool's workers), which end with the first module.
+    imported = set(threading.enumerate()) - running
     first_generators = {where: state_of(g) for where, g in generators(own_modules(first, paths))}
     first_globals = global_states()
     stop = time.monotonic() + spec["budget_s"]
@@ -457,7 +462,11 @@ def warm(spec):
         function = getattr(module, spec["name"])
     except BaseException:
         return
-    started = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()]
+    started = [
+        t.name
+        for t in threading.enumerate()
+        if (t not in threads or t in imported) and t.is_alive()
+    ]
     opened = sorted(open_fds() - fds)
     if started or opened:
         what = f"threads {', '.join(started)}" if started else f"{len(opened)} descriptor(s)"
