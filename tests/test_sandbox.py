@@ -254,30 +254,6 @@ def test_run_many_isolates_commands_from_each_other(sandbox: Sandbox, tmp_path: 
     assert results[5].timed_out and results[5].signal == 9
 
 
-def test_a_scratch_dir_is_private_and_gone_once_the_process_exits(tmp_path: Path) -> None:
-    """A batch's scratch directory is removed off the worker's path, in the background: it is
-    private while used, and still gone when the process exits right after its block (exit waits
-    for the removals), even with hundreds of files in it."""
-    import subprocess
-    import sys
-
-    code = (
-        "import os, sys\n"
-        "from ckpteval.sandbox import scratch_dir\n"
-        "with scratch_dir('ckpteval-test-') as path:\n"
-        "    print(path, oct(os.stat(path).st_mode & 0o777), flush=True)\n"
-        "    for i in range(300):\n"
-        "        (path / f's{i}').mkdir()\n"
-        "        (path / f's{i}' / 'main.py').write_text('x')\n"
-    )
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert Path(out[0]).parent == tmp_path and out[1] == "0o700"
-    assert not Path(out[0]).exists() and list(tmp_path.iterdir()) == []
-
-
 def test_run_many_gives_up_the_commands_another_worker_claims(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:

@@ -64,7 +64,6 @@ Failures of the sandbox itself (bwrap missing, refusing to start, the driver dyi
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import json
@@ -87,6 +86,7 @@ from typing import Any
 from ckpteval import cgroups, sandbox_driver
 from ckpteval.errors import UserError
 from ckpteval.io import first_free_lock
+from ckpteval.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -140,33 +140,6 @@ def _driver_code() -> bytes:
     (a few samples' worth of a core). The sandbox runs it with the base interpreter of this very
     Python: the same marshal format."""
     return sandbox_driver.program()
-
-
-_removers: dict[int, concurrent.futures.ThreadPoolExecutor] = {}  # per process (pid)
-_removers_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def scratch_dir(prefix: str) -> Iterator[Path]:
-    """A private temporary directory (0700), removed in the background once the block ends. On
-    a journaling file system, removing a batch's few hundred small files is mostly waiting
-    (ext4 at load 12: 0.1-0.3 s for 64 samples' directories, a tenth of it CPU), which the
-    worker would otherwise spend idle before its next batch. Interpreter exit waits for the
-    removals (the executor's threads are joined then); a forked process gets its own thread."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield path
-    finally:
-        with _removers_lock:
-            remover = _removers.get(os.getpid())
-            if remover is None:
-                remover = _removers[os.getpid()] = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="ckpteval-scratch"
-                )
-        try:
-            remover.submit(shutil.rmtree, path, ignore_errors=True)
-        except RuntimeError:  # the interpreter is shutting down: no new threads
-            shutil.rmtree(path, ignore_errors=True)
 
 
 #: The driver's bootstrap: run its modules' code objects, in order, in one namespace, from the
@@ -434,7 +407,7 @@ class Sandbox:
             ),
             "--",
         ]
-        with tempfile.TemporaryDirectory(prefix="ckpteval-io-") as io_dir:
+        with scratch_dir("io") as io_dir:
             return _execute(
                 [*rlimits, *argv],
                 limits,
@@ -514,7 +487,7 @@ def _run_batch(
     ran (all, or with `claims` those it kept). `preload`: the modules the driver imports first,
     and the site directories it adds for them."""
     with contextlib.ExitStack() as stack:
-        io_dir = stack.enter_context(scratch_dir("ckpteval-io-"))
+        io_dir = stack.enter_context(scratch_dir("io"))
         rootless = os.geteuid() != 0
         uid = 0 if rootless else stack.enter_context(_uid_slot())
         groups = stack.enter_context(cgroups.make_batch())
@@ -542,7 +515,7 @@ def _run_batch(
         outer = _execute(
             [*bwrap, *driver_command(driver, str(io_dir / "spec.json"))],
             _batch_limits(commands),
-            stack.enter_context(scratch_dir("ckpteval-io-")),
+            stack.enter_context(scratch_dir("io")),
             None,
             _BASE_ENV,
             workdir,

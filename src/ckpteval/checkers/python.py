@@ -67,9 +67,9 @@ from ckpteval.sandbox import (
     RunResult,
     Sandbox,
     driver_command,
-    scratch_dir,
     write_driver,
 )
+from ckpteval.scratch import scratch_dir
 
 #: Standard-library modules test programs commonly import, imported once per batch.
 PRELOAD = ("typing", "collections", "math", "re", "itertools", "functools", "heapq", "string")
@@ -245,7 +245,7 @@ class PythonChecker(Checker):
         else `timeout`. With `claims`, another worker may take the samples the sandbox has not
         started (`Claims.take`): the verdicts are those of the jobs it kept, a prefix."""
         verdicts: list[Verdict | None] = [None] * len(jobs)
-        with scratch_dir("ckpteval-py-") as workdir:
+        with scratch_dir("py") as workdir:
             os.chmod(workdir, 0o755)
             hacks: dict[int, str | None] = {}
             command_limits: dict[int, Limits] = {}

@@ -89,6 +89,7 @@ from ckpteval.checkers.extract import absolute_imports
 from ckpteval.errors import UserError
 from ckpteval.io import sha256_file, sha256_json
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
+from ckpteval.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -721,8 +722,8 @@ class RewardFunctionChecker(Checker):
     def check_batch(self, jobs: Sequence[Job], timeout: float) -> list[Verdict]:
         """One sandbox for the batch, each sample a process of its own under its timeout."""
         with (
-            tempfile.TemporaryDirectory(prefix="ckpteval-reward-") as tmp,
-            tempfile.TemporaryDirectory(prefix="ckpteval-reward-jobs-") as jobs_dir,
+            scratch_dir("reward") as tmp,
+            scratch_dir("reward-jobs") as jobs_dir,
         ):
             workdir = Path(tmp)
             os.chmod(workdir, 0o755)

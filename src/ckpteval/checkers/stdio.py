@@ -86,6 +86,7 @@ from ckpteval.checkers.python import python_interpreter
 from ckpteval.checkers.rust.checker import rust_sysroot
 from ckpteval.errors import UserError
 from ckpteval.sandbox import Limits, RunResult, Sandbox
+from ckpteval.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -449,7 +450,7 @@ class _Judge:
         if self.checker is None:
             return outputs_match(str(test["output"]), actual, self.tolerance)
         workdir, argv = self.checker
-        with tempfile.TemporaryDirectory(prefix="ckpteval-judge-io-") as io_dir:
+        with scratch_dir("judge-io") as io_dir:
             os.chmod(io_dir, 0o755)
             for name, text in (
                 ("input.txt", test["input"]),
@@ -561,8 +562,8 @@ class _Local(_Backend):
         judge: _Judge,
     ) -> Verdict:
         with (
-            tempfile.TemporaryDirectory(prefix="ckpteval-stdio-") as work,
-            tempfile.TemporaryDirectory(prefix="ckpteval-stdin-") as stdin_dir,
+            scratch_dir("stdio") as work,
+            scratch_dir("stdin") as stdin_dir,
         ):
             compiled = _compile(self.sandbox, program, Path(work))
             if isinstance(compiled, Verdict):

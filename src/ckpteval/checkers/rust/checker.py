@@ -153,7 +153,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -190,6 +189,7 @@ from ckpteval.checkers.rust import hacks as rust_hacks
 from ckpteval.checkers.rust.lexer import tokens
 from ckpteval.errors import UserError
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox, SandboxError
+from ckpteval.scratch import scratch_dir
 
 RUSTC_FLAGS = (
     "--edition=2021",
@@ -462,17 +462,16 @@ class RustChecker(Checker):
             part = [u for u in batched if u.trait_impls == impls]
             groups += [part[i : i + size] for i in range(0, len(part), size)]
         groups += [[u] for u in units if u.alone_only]
-        dirs: list[Path] = []
+        dirs = contextlib.ExitStack()
         lock = threading.Lock()
 
         def new_dir() -> Path:
-            path = Path(tempfile.mkdtemp(prefix="ckpteval-rs-", dir=_work_root()))
-            os.chmod(path, 0o755)  # the compiler's uid is not ours
             with lock:
-                dirs.append(path)
+                path = dirs.enter_context(scratch_dir("rs", _work_root()))
+            os.chmod(path, 0o755)  # the compiler's uid is not ours
             return path
 
-        try:
+        with dirs:
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 # future -> (whether it compiles, its units); compiles are queued first, so a
                 # worker runs tests only when no compile is left to start
@@ -495,9 +494,6 @@ class RustChecker(Checker):
                             _flag_replaced(finished)
                             if on_verdicts and finished:
                                 on_verdicts([(u.index, u.verdict) for u in finished])  # type: ignore[misc]
-        finally:
-            for path in dirs:
-                shutil.rmtree(path, ignore_errors=True)
         return [u.verdict for u in units]  # type: ignore[misc]
 
     def _run_chunk(self, units: list[_Unit], timeout: float) -> None:
