@@ -10,10 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import processes_with
 
+from ckpteval import scratch
 from ckpteval.checkers.python import python_interpreter
-from ckpteval.scratch import PREFIX, sweep
+from ckpteval.scratch import PREFIX, UNHELD, scratch_dir, sweep
 
 PYTHON, _ = python_interpreter()
 
@@ -167,3 +169,23 @@ def test_a_killed_sandbox_run_leaves_its_io_directory_to_the_next_process(
 
 def test_a_sweep_of_a_missing_root_is_a_no_op(tmp_path: Path) -> None:
     assert sweep(str(tmp_path / "missing")) == []
+
+
+def test_where_flock_fails_a_directory_is_renamed_out_of_every_sweeps_sight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some NFS and Lustre mounts refuse `flock` (EBADF on a read-only descriptor, ENOSYS,
+    ENOLCK). Such a file system cannot run here, so its refusal is simulated: the directory is
+    then used unheld under a name no sweep reads, and a sweep that could lock it (the refusal
+    was passing) still leaves it."""
+    real = scratch.fcntl.flock
+
+    def refuse(fd: int, operation: int) -> None:
+        raise OSError(9, "Bad file descriptor")
+
+    monkeypatch.setattr(scratch.fcntl, "flock", refuse)
+    with scratch_dir("nfs", str(tmp_path)) as path:
+        assert path.is_dir() and path.name.startswith(UNHELD + "nfs-")
+        monkeypatch.setattr(scratch.fcntl, "flock", real)
+        backdate(path)
+        assert sweep(str(tmp_path), min_age=0) == [] and path.is_dir()

@@ -8,7 +8,9 @@ up. So each directory is held: its process keeps an exclusive `flock` on it from
 removal. The kernel drops the lock when the process ends, however it ends, so a directory whose
 lock can be taken belongs to no running process. The first scratch directory a process makes under
 a root sweeps that root of such directories (its own uid's only, unchanged for `MIN_AGE_S`: the
-age covers the instant between `mkdtemp` and the `flock` of a directory being made).
+age covers the instant between `mkdtemp` and the `flock` of a directory being made). Where the
+file system has no `flock` (some NFS and Lustre mounts of a cluster's temp dir), a directory is
+renamed to `UNHELD`'s prefix, which no sweep reads: a killed process leaves it, as before.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ log = logging.getLogger(__name__)
 
 #: Every held directory's name starts with this (then its kind): the sweep touches nothing else.
 PREFIX = "ckpteval-held-"
+#: A directory that could not be held (no `flock` on its file system) is renamed to this prefix.
+UNHELD = "ckpteval-unheld-"
 #: A directory modified this recently is never swept, held or not.
 MIN_AGE_S = 60.0
 
@@ -50,7 +54,12 @@ def scratch_dir(kind: str, root: str | None = None) -> Iterator[Path]:
     _sweep_once(root)
     path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-", dir=root))
     held = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+    except OSError:  # no flock on this file system: renamed out of every sweep's sight
+        unheld = path.with_name(UNHELD + path.name[len(PREFIX) :])
+        os.rename(path, unheld)
+        path = unheld
     try:
         yield path
     finally:
@@ -119,8 +128,8 @@ def sweep(root: str, min_age: float = MIN_AGE_S) -> list[str]:
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # its process is running
+                except OSError:
+                    continue  # its process is running (or this file system has no flock)
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed.append(entry.name)
             finally:
