@@ -62,7 +62,15 @@ from ckpteval.errored import errored_metrics, no_score
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness
 from ckpteval.io import json_or_none
-from ckpteval.plan.layout import CELL_STEPS, CellKey, Layout
+from ckpteval.plan.layout import (
+    CELL_STEPS,
+    ROUND,
+    CellKey,
+    Layout,
+    done_path,
+    request_path,
+    staging_of,
+)
 
 STATES = ("done", "stale", "running", "failed", "blocked", "missing")
 CELL_COLUMNS = ["run", "ckpt", "step", "task", "variant", "state", "detail", "errors"]
@@ -455,10 +463,17 @@ def _engine_cells(outdir: Path, path: Path) -> list[Prefix]:
         rel = path.resolve().relative_to(outdir)
     except ValueError:
         return []
-    if len(rel.parts) != 4 or rel.parts[0] != "staging" or not rel.name.endswith(".done"):
+    round_ = ROUND.match(rel.name)
+    if (
+        len(rel.parts) != 4
+        or round_ is None
+        or path != done_path(staging_of(path), round_["token"])
+    ):
         return []
     run, ckpt = rel.parts[1:3]
-    request = json_or_none(path.with_name(rel.name.removesuffix(".done") + ".request.json"))
+    if Path(Layout(str(outdir)).staging(run, ckpt)).resolve() != path.parent:
+        return []
+    request = json_or_none(request_path(staging_of(path), round_["token"]))
     cells = request.get("cells") if isinstance(request, dict) else None
     if not isinstance(cells, list) or not cells:
         return [(run, ckpt)]
