@@ -437,5 +437,19 @@ def test_status_and_a_dry_run_name_the_same_cells_to_rerun(tmp_path: Path) -> No
     assert _to_run(tmp_path) == _planned(tmp_path) == {("step_1", "b"), ("step_2", "b")}
     write_config(tmp_path, config)
 
+    # A generation file rewritten with the same bytes (`-f` on it, from the cache) is newer
+    # than its scores, yet Snakemake plans nothing for it (it compares the checksum it recorded
+    # for a file under 1 MB); status said stale. New bytes plan it in both.
+    generations = tmp_path / "results" / "generations" / "rep" / "step_1" / "a" / "greedy-s42.jsonl"
+    later = time.time() + 5
+    os.utime(generations, (later, later))
+    assert _to_run(tmp_path) == _planned(tmp_path) == set()
+    original = generations.read_bytes()
+    generations.write_bytes(original.replace(b"####", b"#### ", 1))
+    os.utime(generations, (later, later))
+    assert _to_run(tmp_path) == _planned(tmp_path) == {("step_1", "a")}
+    generations.write_bytes(original)
+    os.utime(generations, (later, later))
+
     (tmp_path / "results" / "scores" / "rep" / "step_2" / "b" / "greedy-s42.json").unlink()
     assert _to_run(tmp_path) == _planned(tmp_path) == {("step_2", "b")}
