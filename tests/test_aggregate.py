@@ -994,3 +994,36 @@ def test_deltas_say_when_errored_samples_count_as_zero_in_the_pair(tmp_path: Pat
         ("step_2", "base"): "",
         ("step_2", "step_1"): said,
     }
+
+
+def test_every_0_1_lm_eval_metric_gets_wilson_not_only_the_primary(tmp_path: Path) -> None:
+    """The demo's `arith_harness` reports `exact_match` under two filters; only the primary one
+    is the per-sample score, and the other got the normal interval: [-0.048, 0.148] at 0.05 and
+    zero-width [0, 0] at 0, against docs/statistics.md."""
+    cells = []
+    for ckpt, value in (("base", 0.0), ("step_1", 0.05)):
+        stderr = math.sqrt(value * (1 - value) / 19)
+        entry = {"value": value, "stderr": stderr, "n": 20}
+        path = write_cell(
+            tmp_path,
+            "r",
+            ckpt,
+            0 if ckpt == "base" else 1,
+            "h",
+            "greedy-s1",
+            metrics={
+                "exact_match,flexible-extract": entry,
+                "exact_match,strict-match": entry,
+                "acc,none": entry,
+                "acc_norm,none": entry,
+            },
+            samples=[(f"p{i}", 0, i < value * 20) for i in range(20)],
+            is_baseline=ckpt == "base",
+        )
+        cell = json.loads(path.read_text())
+        cell.update(n_problems=20, primary_metric="exact_match,flexible-extract")
+        path.write_text(json.dumps(cell))
+        cells.append(path)
+    tidy = summarize(cells).tidy
+    assert set(tidy["ci_method"]) == {"wilson"}
+    assert (tidy["ci_low"] >= 0).all() and (tidy["ci_high"] > tidy["value"]).all()

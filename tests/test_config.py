@@ -295,3 +295,21 @@ def test_a_rust_task_asked_for_without_rustc_fails_naming_it(tmp_path: Path) -> 
     )
     assert done.returncode != 0
     assert "rust checker: rustc not usable" in done.stderr.splitlines()[-1]
+
+
+def test_an_unreadable_config_is_one_line_naming_where(tmp_path: Path) -> None:
+    """A directory, bytes that are not UTF-8, and a YAML error, which names the line and column
+    where the parser gave up (before: a traceback, or "while parsing a flow mapping" alone)."""
+    from ckpteval.config import load_config
+
+    (tmp_path / "latin1.yaml").write_bytes(b"runs: {r: {path: caf\xe9}}\n")
+    (tmp_path / "bad.yaml").write_text("runs:\n  r: {path: run\ntasks: {arith: {}}\n")
+    for name, expected in [
+        (".", "a directory; give the config's YAML file"),
+        ("latin1.yaml", "unreadable ('utf-8' codec can't decode"),
+        ("bad.yaml", "not valid YAML at line 3, column 6: expected ',' or '}'"),
+    ]:
+        with pytest.raises(UserError) as caught:
+            load_config(tmp_path / name)
+        assert expected in str(caught.value) and "\n" not in str(caught.value)
+    assert "(while parsing a flow mapping from line 2)" in str(caught.value)

@@ -85,6 +85,7 @@ def test_per_task_allowance_and_other_references(
         ("checkpoint: r:step_9\n", "run 'r' has no checkpoint 'step_9'"),
         ("checkpoint: x:latest\n", "run 'x' is not in the summary"),
         ("checkpoint: r:base\nreference: previous\n", "has no earlier checkpoint"),
+        ("checkpoint: r:latest\ntasks: {cod: 0.1}\n", "tasks: 'cod' is not a task"),
     ],
 )
 def test_a_bad_policy_is_one_line_and_exit_2(

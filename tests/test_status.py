@@ -207,6 +207,36 @@ def test_a_cell_with_errored_samples_is_done_but_marked_and_a_failed_self_test_s
     assert cell_states(out, cells).set_index("ckpt").loc["step_1", "errors"] == 0
 
 
+def test_an_engine_jobs_cells_are_running_while_it_generates(tmp_path: Path) -> None:
+    """An engine job's only output is its done file beside the staging directory: while it runs,
+    the cells its request names are running (the demo's status showed all six as missing while
+    step_450's engine generated them); another task of the checkpoint is not. Without a request
+    file every cell of the checkpoint is concerned; with no Snakemake left, it was interrupted."""
+    out = tmp_path / "results"
+    cells = expected(["step_1", "step_2", "step_3"], ["a", "b"])
+    staging = out / "staging/r/step_1"
+    request = {"cells": [{"task": "a", "variant": "greedy-s1", "reason": "missing"}]}
+    touch(staging / "main.r1.request.json", json.dumps(request))
+    marker(tmp_path, "results/staging/r/step_1/main.r1.done")
+    marker(tmp_path, "results/staging/r/step_2/main.r1.done")
+    locks = "results/staging/r/step_1/main.r1.done\nresults/staging/r/step_2/main.r1.done\n"
+    touch(tmp_path / ".snakemake/locks/0.output.lock", locks)
+    got = states(out, cells)
+    assert got == {
+        ("step_1", "a"): "running",
+        ("step_1", "b"): "missing",
+        ("step_2", "a"): "running",
+        ("step_2", "b"): "running",
+        ("step_3", "a"): "missing",
+        ("step_3", "b"): "missing",
+    }
+    (tmp_path / ".snakemake/locks/0.output.lock").unlink()
+    after = cell_states(out, cells).set_index(["ckpt", "task"])
+    assert after.loc[("step_1", "a"), "state"] == "failed"
+    assert after.loc[("step_1", "a"), "detail"].startswith("interrupted")
+    assert after.loc[("step_1", "b"), "state"] == "missing"
+
+
 def test_nothing_expected() -> None:
     empty = pd.DataFrame(columns=CELL_COLUMNS)
     assert "No cells expected" in format_status(empty)
@@ -287,6 +317,32 @@ def test_status_command_reads_the_config(
     args = parser.parse_args(["status", "--configfile", "nope.yaml"])
     with pytest.raises(UserError, match="nope.yaml"):
         args.func(args)
+
+
+def test_status_with_an_outdir_elsewhere_reads_snakemakes_files_where_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`outdir: /scratch/...` beside a clone: Snakemake keeps `.snakemake/` and `logs/` in the
+    directory it runs in, not beside the outdir, so status run there must read them there (it
+    read the outdir's parent, and showed a failed engine job's cells as missing)."""
+    project = tmp_path / "clone"
+    for step in (5, 10):
+        touch(project / f"run/step_{step}/DONE")
+    outdir = tmp_path / "scratch" / "results"
+    (project / "cfg.yaml").write_text(
+        f"outdir: {outdir}\nruns:\n  r: {{path: run, complete_marker: DONE}}\n"
+        "tasks:\n  arith: {}\n"
+    )
+    touch(project / "logs/infer/r/step_10.r1.log", "RuntimeError: engine died\n")
+    (project / ".snakemake").mkdir()
+    monkeypatch.chdir(project)
+    parser = argparse.ArgumentParser()
+    add_status_parser(parser.add_subparsers())
+    args = parser.parse_args(["status", "--configfile", "cfg.yaml"])
+    assert args.func(args) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[2].split() == ["r/step_10", "(10)", "FAILED"]
+    assert printed[1].split() == ["r/step_5", "(5)", "missing"]
 
 
 # ------------------------------------------------------------ status and `snakemake -n` agree
@@ -380,6 +436,20 @@ def test_status_and_a_dry_run_name_the_same_cells_to_rerun(tmp_path: Path) -> No
     write_config(tmp_path, edited)
     assert _to_run(tmp_path) == _planned(tmp_path) == {("step_1", "b"), ("step_2", "b")}
     write_config(tmp_path, config)
+
+    # A generation file rewritten with the same bytes (`-f` on it, from the cache) is newer
+    # than its scores, yet Snakemake plans nothing for it (it compares the checksum it recorded
+    # for a file under 1 MB); status said stale. New bytes plan it in both.
+    generations = tmp_path / "results" / "generations" / "rep" / "step_1" / "a" / "greedy-s42.jsonl"
+    later = time.time() + 5
+    os.utime(generations, (later, later))
+    assert _to_run(tmp_path) == _planned(tmp_path) == set()
+    original = generations.read_bytes()
+    generations.write_bytes(original.replace(b"####", b"#### ", 1))
+    os.utime(generations, (later, later))
+    assert _to_run(tmp_path) == _planned(tmp_path) == {("step_1", "a")}
+    generations.write_bytes(original)
+    os.utime(generations, (later, later))
 
     (tmp_path / "results" / "scores" / "rep" / "step_2" / "b" / "greedy-s42.json").unlink()
     assert _to_run(tmp_path) == _planned(tmp_path) == {("step_2", "b")}

@@ -285,11 +285,30 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
             cfg = yaml.safe_load(handle)
     except FileNotFoundError:
         raise UserError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: a directory; give the config's YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: unreadable ({exc})") from None
     except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise UserError(f"{path}: not valid YAML{_yaml_problem(exc)}") from None
     if not isinstance(cfg, dict):
         raise UserError(f"{path}: a config must be a mapping of keys (runs:, tasks:, ...)")
     return cfg
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where the parser gave up and why, so a user finds the unclosed bracket without a YAML
+    linter: ` at line 3, column 6: expected ',' or '}', but got ':' (while parsing a flow
+    mapping from line 2)`; ` (first line of the error)` when the error carries no position."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return f" ({str(exc).splitlines()[0]})"
+    where = f" at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None:
+        where += f" ({context} from line {start.line + 1})"
+    return where
 
 
 def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> None:

@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.contract import Identity, generation_identity, model_identity, scoring_identity
-from ckpteval.io import canonical_json, json_or_none
+from ckpteval.io import canonical_json, json_or_none, sha256_file
 from ckpteval.plan.layout import CellKey, Layout
 
 #: Why a cell whose files are there is stale all the same: a meta that does not parse, or a
 #: generation file whose size is not the one its meta recorded (a truncated copy).
 DAMAGED = "damaged (truncated or unreadable)"
+#: Snakemake's `--max-checksum-file-size` default: an input newer than a job's output but no
+#: larger than this, with the checksum recorded when the job ran, does not rerun the job.
+SNAKEMAKE_CHECKSUM_MAX_BYTES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -200,11 +203,30 @@ class Freshness:
             return f"generations: {stale.reason}"
         scored = _mtime(self.layout.score(cell)) or 0.0
         generated = self._generation_stat(cell)
-        if generated is not None and generated.st_mtime > scored:
+        if (
+            generated is not None
+            and generated.st_mtime > scored
+            and not self._scored_these_bytes(cell, generated, read)
+        ):
             return f"{self.layout.generation(cell)} is newer than its scores"
         if self._manifest_mtime(cell.run, cell.ckpt) > scored:
             return f"{self.manifest_path(cell.run, cell.ckpt)} is newer than its scores"
         return None
+
+    def _scored_these_bytes(self, cell: CellKey, generated: os.stat_result, read: Any) -> bool:
+        """Whether a generation file newer than its scores holds the bytes they were scored
+        from (rewritten alike: `-f` on it, served from the cache). Snakemake then plans nothing
+        for a file within its checksum threshold (it compares the checksum it recorded when the
+        job ran); the score cell's `generation_sha256` is the same record. Only asked when the
+        file is newer, so a parse hashes nothing in a sweep left alone."""
+        if generated.st_size > SNAKEMAKE_CHECKSUM_MAX_BYTES:
+            return False
+        record = read if isinstance(read, dict) else _read(self.layout.score(cell))
+        recorded = record.get("generation_sha256") if isinstance(record, dict) else None
+        try:
+            return bool(recorded) and recorded == sha256_file(self.layout.generation(cell))
+        except OSError:
+            return False
 
     @functools.cache  # noqa: B019
     def _manifest_mtime(self, run: str, ckpt: str) -> float:

@@ -16,7 +16,7 @@ The policy (YAML), every key but `checkpoint` optional::
     checkpoint: main:latest     # RUN:CKPT, or RUN:latest (the last trained checkpoint by step)
     reference: baseline         # baseline (the run's), previous (by step) or RUN:CKPT
     max_drop: 0.02              # allowed drop of the main metric, in its units (default 0)
-    tasks: {code: 0.05}         # per-task max_drop; tasks not named use max_drop
+    tasks: {code: 0.05}         # per-task max_drop (tasks both scored); others use max_drop
     alpha: 0.05                 # chance of failing a checkpoint that dropped no more than allowed
     outdir: results             # the results directory (default results; --outdir overrides)
 
@@ -146,6 +146,7 @@ def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict], list[str]]:
     sides = {(run, ckpt): 1, (ref_run, ref_ckpt): 0}
     rows = tidy[[(r, c) in sides for r, c in zip(tidy["run"], tidy["ckpt"])]]
     rows = rows.drop_duplicates(["run", "ckpt", "task", "variant"])
+    _check_task_allowances(policy.tasks, rows)
     paths = [
         Path(Layout(str(policy.outdir)).score(CellKey(r.run, r.ckpt, r.task, r.variant)))
         for r in rows.itertuples()
@@ -180,6 +181,19 @@ def gate(policy: Policy) -> tuple[str, str, list[TaskVerdict], list[str]]:
         [c for c in cells if (c.key.task, c.sampling) in gated], metrics, "the gate's change"
     )
     return f"{run}:{ckpt}", f"{ref_run}:{ref_ckpt}", verdicts, errored
+
+
+def _check_task_allowances(allowances: Mapping[str, float], rows: pd.DataFrame) -> None:
+    """A per-task `max_drop` must name a task the gated checkpoints scored: a misspelt name
+    would otherwise leave that task gated at the default allowance, and the policy's author
+    would never learn it."""
+    scored = set(map(str, rows["task"]))
+    unknown = sorted(set(allowances) - scored)
+    if unknown:
+        raise UserError(
+            f"gate: tasks: {unknown[0]!r} is not a task the gated checkpoints scored; "
+            f"their tasks: {', '.join(sorted(scored)) or 'none'}"
+        )
 
 
 def read_summary_table(outdir: Path, command: str) -> pd.DataFrame:

@@ -8,7 +8,8 @@ Snakemake runs (locally or under Slurm), after it stopped, and from another shel
 - **running**: a temp file of one of its outputs (`.{name}.*.tmp`, as `ckpteval.io.atomic_open`
   makes them) was modified in the last `STALE_AFTER_S` seconds, or Snakemake marked one of the
   cell's outputs incomplete (`.snakemake/incomplete/`: its job started) and a running Snakemake
-  holds a lock on it (`.snakemake/locks/*.output.lock`). Locks count only while a Snakemake of
+  holds a lock on it (`.snakemake/locks/*.output.lock`); an engine job's output is its done
+  file, which stands for the cells its request file names. Locks count only while a Snakemake of
   this workflow is alive in the working directory (`claim_workdir`): a Snakemake killed with
   SIGKILL leaves its locks behind, and its started jobs then show as interrupted.
 - **failed**: not done or running, and one of
@@ -61,7 +62,15 @@ from ckpteval.errored import errored_metrics, no_score
 from ckpteval.errors import UserError
 from ckpteval.freshness import Freshness
 from ckpteval.io import json_or_none
-from ckpteval.plan.layout import CELL_STEPS, CellKey, Layout
+from ckpteval.plan.layout import (
+    CELL_STEPS,
+    ROUND,
+    CellKey,
+    Layout,
+    done_path,
+    request_path,
+    staging_of,
+)
 
 STATES = ("done", "stale", "running", "failed", "blocked", "missing")
 CELL_COLUMNS = ["run", "ckpt", "step", "task", "variant", "state", "detail", "errors"]
@@ -368,17 +377,16 @@ class _Evidence:
             else set()
         )
         for path in _incomplete_outputs(snakemake_dir, workdir):
-            key = _output_key(outdir, path)
-            if key is None:
-                continue
-            if path in locked:
-                ev.running.setdefault(key, f"Snakemake job running for {path}")
-            else:
-                ev.failed.setdefault(
-                    key,
-                    f"interrupted: {path} is marked incomplete by Snakemake "
-                    "but no Snakemake is running",
-                )
+            own = _output_key(outdir, path)
+            for key in [own] if own is not None else _engine_cells(outdir, path):
+                if path in locked:
+                    ev.running.setdefault(key, f"Snakemake job running for {path}")
+                else:
+                    ev.failed.setdefault(
+                        key,
+                        f"interrupted: {path} is marked incomplete by Snakemake "
+                        "but no Snakemake is running",
+                    )
         for outputs, detail in _snakemake_errors(snakemake_dir):
             for output in outputs:
                 path = Path(output) if Path(output).is_absolute() else workdir / output
@@ -444,6 +452,36 @@ def _output_key(outdir: Path, path: Path) -> Prefix | None:
     if len(rel.parts) < 3 or rel.parts[0] not in CELL_STEPS:
         return None
     return _key(Path(*rel.parts[1:]))
+
+
+def _engine_cells(outdir: Path, path: Path) -> list[Prefix]:
+    """The cells an engine job's output stands for. Its only output is a done file beside its
+    staging directory (`staging/{run}/{ckpt}/{group}.r<N>.done`), so while it generates, its
+    cells' own files do not exist yet; its request file beside it (written when the run starts)
+    names them, and without one every cell of the checkpoint is concerned."""
+    try:
+        rel = path.resolve().relative_to(outdir)
+    except ValueError:
+        return []
+    round_ = ROUND.match(rel.name)
+    if (
+        len(rel.parts) != 4
+        or round_ is None
+        or path != done_path(staging_of(path), round_["token"])
+    ):
+        return []
+    run, ckpt = rel.parts[1:3]
+    if Path(Layout(str(outdir)).staging(run, ckpt)).resolve() != path.parent:
+        return []
+    request = json_or_none(request_path(staging_of(path), round_["token"]))
+    cells = request.get("cells") if isinstance(request, dict) else None
+    if not isinstance(cells, list) or not cells:
+        return [(run, ckpt)]
+    return [
+        (run, ckpt, str(c["task"]), str(c["variant"]))
+        for c in cells
+        if isinstance(c, dict) and "task" in c and "variant" in c
+    ] or [(run, ckpt)]
 
 
 def _mtime(path: Path) -> float:
@@ -561,10 +599,18 @@ def run_status(args: argparse.Namespace) -> int:
     """Print the matrix; exit status 1 if any cell failed or is blocked, else 0."""
     expected, outdir, broken, waiting, plan = _expected_cells(args.configfile)
     outdir = args.outdir or outdir
+    workdir = _snakemake_workdir(Path(outdir))
     while True:
         # A new Freshness each round: it memoizes what it read, and a watched sweep moves on.
         rescore = Freshness(plan, outdir).rescore_reason
-        cells = cell_states(outdir, expected, blocked=_blocked(plan, outdir), rescore=rescore)
+        cells = cell_states(
+            outdir,
+            expected,
+            workdir=workdir,
+            logdir=workdir / "logs",
+            blocked=_blocked(plan, outdir),
+            rescore=rescore,
+        )
         text = format_status(cells) + "".join(f"\nwarning: {line}" for line in broken)
         text += "".join(f"\n{line}" for line in waiting)
         if args.watch:
@@ -578,6 +624,15 @@ def run_status(args: argparse.Namespace) -> int:
             time.sleep(args.watch)
         except KeyboardInterrupt:
             return 1 if stuck else 0
+
+
+def _snakemake_workdir(outdir: Path) -> Path:
+    """Where Snakemake keeps `.snakemake/` and the rules write `logs/`: the directory it runs in.
+    That is the current one when it holds a `.snakemake/` (status is run where snakemake is, as
+    the README shows, and an absolute `outdir` may be anywhere: its parent then holds neither),
+    else `outdir`'s parent (`results/` beside them)."""
+    here = Path.cwd()
+    return here if (here / ".snakemake").is_dir() else outdir.resolve().parent
 
 
 def _blocked(plan: Any, outdir: Path) -> dict[str, str]:

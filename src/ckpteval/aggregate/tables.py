@@ -163,8 +163,10 @@ MISSING_COLUMNS = ["kind", "path", "reason", "run", "ckpt", "task", "variant"]
 CONFIDENCE = 0.95
 #: The normal quantile of a two-sided `CONFIDENCE` interval.
 Z_95 = 1.959963984540054
-#: Metrics that are shares of samples or problems by construction: always in [0, 1].
-SHARE_METRICS = re.compile(r"pass@\d+|acc|(?!reward_extra/).*_rate")
+#: Metrics that are shares of samples or problems by construction: always in [0, 1]. lm-eval's
+#: `exact_match`, `acc` and `acc_norm` are 0/1 per document under any filter (`,strict-match`):
+#: only the task's primary one is its per-sample `score`, so the others are known by name.
+SHARE_METRICS = re.compile(r"pass@\d+|acc(_norm)?(,.*)?|exact_match(,.*)?|(?!reward_extra/).*_rate")
 #: Metrics that are the mean of the per-sample `score`: in [0, 1] when every score of the task is.
 SCORE_MEANS = re.compile(r"accuracy|reward_mean|val-core/.*/reward/mean@\d+")
 STDERR_LEGEND = (
