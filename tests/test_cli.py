@@ -77,3 +77,29 @@ def test_a_wrong_train_logs_path_is_one_line_at_check(tmp_path: Path) -> None:
     (tmp_path / "logs" / "exq" / "val.jsonl").write_text('{"step": 5, "acc": 0.5}\n')
     proc = _ckpteval("check", "--configfile", str(cfg), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_each_subcommand_parses_with_only_its_own_module_imported() -> None:
+    """`ckpteval status` (scripts call it in a loop) imports status's module, not compare's or
+    the scorers'; every subcommand's name is the one its module registers, and the top-level
+    help still lists them all."""
+    code = (
+        "import sys\n"
+        "from ckpteval.cli import _PLUGGED, build_parser\n"
+        "build_parser('status').parse_args(['status'])\n"
+        "print(sorted(m for m in ('ckpteval.compare', 'ckpteval.cli_score', 'ckpteval.gate') "
+        "if m in sys.modules))\n"
+        "for name in _PLUGGED:\n"
+        "    sub = build_parser(name)._subparsers._group_actions[0]\n"
+        "    assert name in sub.choices, name\n"
+        "print(sorted(build_parser()._subparsers._group_actions[0].choices))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[0] == "[]"
+    assert out[1] == str(
+        sorted(
+            ["aggregate", "best", "check", "compare", "gate", "publish", "score", "status", "watch"]
+        )
+    )

@@ -105,31 +105,36 @@ def _run_aggregate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand's parser; for `command`, one of `_PLUGGED`'s, only that one's module is
+    imported (the others bring the checkers and the aggregate tables: a quarter of a second of
+    every `ckpteval status`, which a script may call in a loop)."""
     parser = argparse.ArgumentParser(prog="ckpteval", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"ckpteval {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_check_parser(subparsers)
     _add_aggregate_parser(subparsers)
-    for module, adder in _PLUGGED:
+    plugged = {command: _PLUGGED[command]} if command in _PLUGGED else _PLUGGED
+    for module, adder in plugged.values():
         getattr(__import__(f"ckpteval.{module}", fromlist=[adder]), adder)(subparsers)
     return parser
 
 
-# Subcommands that live beside the code they drive: (module, function adding the subparser).
-_PLUGGED: list[tuple[str, str]] = [
-    ("cli_score", "add_score_parser"),
-    ("publish", "add_publish_parser"),
-    ("compare", "add_compare_parser"),
-    ("gate", "add_gate_parser"),
-    ("best", "add_best_parser"),
-    ("status", "add_status_parser"),
-    ("watch", "add_watch_parser"),
-]
+# Subcommands that live beside the code they drive: name -> (module, function adding its parser).
+_PLUGGED: dict[str, tuple[str, str]] = {
+    "score": ("cli_score", "add_score_parser"),
+    "publish": ("publish", "add_publish_parser"),
+    "compare": ("compare", "add_compare_parser"),
+    "gate": ("gate", "add_gate_parser"),
+    "best": ("best", "add_best_parser"),
+    "status": ("status", "add_status_parser"),
+    "watch": ("watch", "add_watch_parser"),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
