@@ -45,6 +45,12 @@ def test_mistakes_are_one_line_with_status_2(tmp_path: Path) -> None:
     proc = _ckpteval("check", "--configfile", "nope.yaml", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "ckpteval: error: nope.yaml: config file not found"
+    proc = _ckpteval("status", "--configfile", "nope.yaml", cwd=tmp_path)  # given: no hint
+    assert proc.stderr.strip() == "ckpteval: error: nope.yaml: config file not found"
+    proc = _ckpteval("status", cwd=tmp_path)  # the default, missing: say how to name another
+    assert proc.stderr.strip().endswith(
+        "config/config.yaml: config file not found; pass --configfile"
+    )
     (tmp_path / "bad.yaml").write_text("runs: [1, 2\n")
     proc = _ckpteval("check", "--configfile", "bad.yaml", cwd=tmp_path)
     assert proc.returncode == 2 and "bad.yaml: not valid YAML" in proc.stderr

@@ -400,7 +400,8 @@ def test_compare_reads_the_outdir_from_configfile_and_its_page_opens_on_the_bigg
     args = ["compare", "r:base", "r:step_200", "--configfile", str(config)]
     proc = _ckpteval(*args, "--json", "--html", str(page))
     assert proc.returncode == 0, proc.stderr
-    comparisons = json.loads(proc.stdout)["comparisons"]
+    assert proc.stderr == f"ckpteval: wrote {page}\n"
+    comparisons = json.loads(proc.stdout)["comparisons"]  # stdout is the JSON alone
     assert {c["task"] for c in comparisons} == {"code", "qa"}  # the config's outdir was read
     top = max(comparisons, key=lambda c: abs(c["delta"]))
     focus = page_data(page.read_text())["focus"]
@@ -557,7 +558,7 @@ def test_compare_three_checkpoints_text_and_page(
         str(page_path), "--bootstrap", "200", capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
-    assert err == ""
+    assert err == f"ckpteval: wrote {page_path}\n"  # where the page went, on stderr alone
     lines = out.splitlines()
     assert lines[0].startswith("r:step_1, q:step_9 against r:base")
     assert "Holm's correction over the 4 comparisons shown" in lines[0]

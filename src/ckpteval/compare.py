@@ -603,6 +603,8 @@ def run_compare(args: argparse.Namespace) -> int:
         write_pair_html(args.outdir, *targets, results, args.html, n_boot=args.bootstrap)
     elif args.html:
         write_compare_page(args.outdir, targets, views, args.html)
+    if args.html:  # on stderr: stdout stays the comparison (JSON with --json)
+        print(f"ckpteval: wrote {args.html}", file=sys.stderr)
     if args.json:
         document = {
             "checkpoints": labels,

@@ -725,7 +725,8 @@ def _warn_cpu_account(kind: str | None, stderr: bytes) -> None:
     if os.geteuid() != 0:
         log.warning(
             "sandbox: bwrap runs rootless (ckpteval is not root) and without a writable cgroup, "
-            "so these are not counted against the limits: %s",
+            "so these are not counted against the limits: %s. To count them, run as root or "
+            "inside a cgroup v2 subtree delegated to this user (docs/evaluate.md)",
             isolation("bwrap")["sandbox_uncounted"],
         )
         return

@@ -72,6 +72,8 @@ from ckpteval.plan.layout import (
     staging_of,
 )
 
+#: The config `status` reads when not told (`--configfile`), as Snakemake's profiles do.
+DEFAULT_CONFIG = Path("config/config.yaml")
 STATES = ("done", "stale", "running", "failed", "blocked", "missing")
 CELL_COLUMNS = ["run", "ckpt", "step", "task", "variant", "state", "detail", "errors"]
 STALE_AFTER_S = 600.0
@@ -581,7 +583,7 @@ def add_status_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--configfile",
         type=Path,
-        default=Path("config/config.yaml"),
+        default=DEFAULT_CONFIG,
         help="the workflow config (default: %(default)s)",
     )
     parser.add_argument("--outdir", type=Path, help="results directory (default: the config's)")
@@ -652,7 +654,8 @@ def _expected_cells(
     from ckpteval.config import build_plan, load_config, validate_config
 
     if not configfile.exists():
-        raise UserError(f"{configfile}: config file not found; pass --configfile")
+        hint = "" if configfile != DEFAULT_CONFIG else "; pass --configfile"
+        raise UserError(f"{configfile}: config file not found{hint}")
     config = load_config(configfile)
     validate_config(config)
     plan = build_plan(config)
