@@ -241,6 +241,8 @@ def test_score_files_and_the_log_say_rootless_and_what_it_does_not_count(as_nobo
         == f"bwrap (rootless); not counted: {record['sandbox_uncounted']}"
     )
     (line,) = [w for w in as_nobody["warnings"] if "not counted" in w]
-    assert line.startswith("sandbox: bwrap runs rootless") and line.endswith(
-        record["sandbox_uncounted"]
+    assert line.startswith("sandbox: bwrap runs rootless")
+    assert f"not counted against the limits: {record['sandbox_uncounted']}." in line
+    assert line.endswith(
+        "run as root or inside a cgroup v2 subtree delegated to this user (docs/evaluate.md)"
     )
