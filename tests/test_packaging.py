@@ -58,6 +58,25 @@ def test_the_trackers_extra_is_the_three_tracker_extras_and_setup_installs_it() 
     assert '-e ".[cpu,test,trackers,s3]"' in setup
 
 
+def test_the_readmes_gpu_install_names_what_pyproject_and_setup_name() -> None:
+    """The README's commands for GPU machines (not run here: no GPU) use extras pyproject has,
+    the production pin of vLLM beside the CPU build's, and the Slurm executor versions
+    setup-env.sh installs."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    readme = (REPO / "README.md").read_text()
+    assert '.venv/bin/pip install -e ".[gpu,s3,trackers]"' in readme
+    assert {"gpu", "s3", "trackers"} <= extras.keys()
+    (gpu,), (cpu,) = extras["gpu"], extras["cpu"]
+    assert _key(gpu)[0] == "vllm" and _key(gpu)[2] == _key(cpu)[2] == "==0.32.0"
+    setup = (REPO / "scripts" / "setup-env.sh").read_text()
+    slurm = next(line for line in setup.splitlines() if "snakemake-executor-plugin-slurm==" in line)
+    plugins = [word for word in slurm.split() if "snakemake-executor-plugin" in word]
+    assert len(plugins) == 2
+    assert f".venv/bin/pip install --no-deps {' '.join(plugins)}\n" in readme
+
+
 def test_environment_pins_the_python_and_the_torch_setup_installs() -> None:
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     assert "python=3.11" in env["dependencies"] and env["channels"][0] == "conda-forge"
