@@ -231,8 +231,8 @@ def _verl(key: str, block: Any) -> list[tuple[str, str, Any]]:
 
 RUNNER_SOURCE = (
     r"""
-import builtins, ctypes, importlib.util, itertools, json, math, os, pickle, random, site, socket
-import stat, sys, threading, time, traceback
+import builtins, ctypes, gc, importlib.util, itertools, json, math, os, pickle, random, site
+import socket, stat, sys, threading, time, traceback
 """
     + RESEED_SOURCE
     + r"""
@@ -451,11 +451,25 @@ def warm(spec):
             function(**call)
         except BaseException:
             pass
+    called = set(threading.enumerate()) - running - imported
     roots = tuple(os.path.join(path, "") for path in paths)
     for name, other in list(sys.modules.items()):
         where = getattr(other, "__file__", None)
         if isinstance(where, str) and where.startswith(roots):
             del sys.modules[name]
+    # Threads the warm-up's calls started end with the first module: a pool made at import
+    # (ThreadPoolExecutor) ends its workers when it is collected, and a module is a cycle
+    # (its functions' globals), collected only by a full pass, which came, or not, at whatever
+    # allocation it came: the zygote was refused for "1 Python thread(s) running". Collected
+    # here (40-60 ms with sympy and math_verify loaded: only when a call started a thread),
+    # then given up to a second in all to end, so the verdict on the zygote does not depend on
+    # timing; a thread still running after it refuses the zygote as before.
+    del first, function
+    if called:
+        gc.collect()
+        until = time.monotonic() + 1.0
+        for thread in called:
+            thread.join(max(0.0, until - time.monotonic()))
     threads, fds = set(threading.enumerate()), open_fds()
     try:
         reseed_globals()

@@ -491,11 +491,19 @@ class _ZygoteState:
         return _shared_mapping()
 
 
+#: The real-time signals the C library keeps for itself, below SIGRTMIN (glibc: 32 and 33,
+#: SIGCANCEL and SIGSETXID, whose handlers it installs when a process starts its first thread).
+_LIBC_SIGNALS = sum(1 << (number - 1) for number in range(32, signal.SIGRTMIN))
+
+
 def _signal_state():
     """The signals this process catches (the kernel's mask: C handlers too) and the Python
-    handler of each."""
+    handler of each. Not the C library's own (`_LIBC_SIGNALS`): a warm-up whose calls started a
+    thread (a pool made at import) has them, as a fresh process that started one does, and they
+    run none of the file's code."""
     with open("/proc/self/status") as handle:
-        caught = [line for line in handle if line.startswith("SigCgt:")]
+        line = next((line for line in handle if line.startswith("SigCgt:")), "SigCgt: 0")
+    caught = int(line.split()[1], 16) & ~_LIBC_SIGNALS
     handlers = []
     for number in signal.valid_signals():
         try:
