@@ -64,6 +64,16 @@ PROBES = {
     "            import time\n            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
     "except OSError:\n    pass\nprint(n < 2000)",
     "every_process": open(os.path.join(os.path.dirname(__file__), "every_process.py")).read(),
+    # What one command could leave in the sandbox's own tmpfs (its root, /etc, /dev) for the
+    # next: a library every later dynamic program loads, files, modes.
+    "plant": "import os\nmade = []\nfor p in ('/etc/ld.so.preload', '/evil', '/dev/evil', "
+    "'/dev/shm/evil'):\n    try:\n        open(p, 'w').write('/evil.so')\n        made.append(p)\n"
+    "    except OSError:\n        pass\nfor p in ('/', '/etc', '/dev', '/dev/shm'):\n    try:\n"
+    "        os.chmod(p, 0o777)\n        made.append('chmod ' + p)\n    except OSError:\n"
+    "        pass\nprint(made)",
+    "planted": "import os\nprint([p for p in ('/etc/ld.so.preload', '/evil', '/dev/evil', "
+    "'/dev/shm/evil') if os.path.exists(p)] + [p for p in ('/', '/etc', '/dev') "
+    "if os.stat(p).st_mode & 0o777 != 0o755])",
     "after": "print('still here')",
 }
 
@@ -208,6 +218,11 @@ def test_commands_are_isolated_and_bounded(as_nobody: dict) -> None:
     probes = as_nobody["probes"]
     assert probes["siblings"] == "['siblings']"
     assert probes["fork_bomb"] == "True"
+    # Until 12-03 the sandbox's root, /etc and /dev (bwrap's tmpfs, owned by the namespace's
+    # root: rootless, the commands' uid) took all four files and the modes, and the next
+    # command of the batch loaded the planted /etc/ld.so.preload. Read-only now, as for root.
+    assert probes["plant"] == "[]"
+    assert probes["planted"] == "[]"
 
 
 def test_judged_samples_cannot_read_or_stop_their_tests(as_nobody: dict) -> None:

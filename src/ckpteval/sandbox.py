@@ -764,6 +764,12 @@ def _bwrap_argv(
     argv = _bwrap_namespaces(status_fd, rootless) + _bwrap_system()
     rw = {Path(p).resolve() for p in private} | ({workdir} if writable else set())
     argv += _bwrap_binds([*(Path(p).resolve() for p in readable), workdir, *rw], rw)
+    # The empty root and /dev are tmpfs mounts bwrap makes, owned by the sandbox's root: rootless,
+    # that is the commands' uid, which could then write /, /etc and /dev (/dev/shm) and chmod
+    # them, and what one command left there (an /etc/ld.so.preload) every later command of the
+    # batch saw. Read-only once made, as for a command of another uid (root): only the binds
+    # asked writable and each command's own /tmp are.
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     return argv + ["--chdir", str(workdir), "--"]
 
 
