@@ -49,6 +49,7 @@ import fcntl
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -107,8 +108,9 @@ def claim_workdir(snakemake_dir: Path = Path(".snakemake")) -> list[Path]:
     (`.snakemake/locks/`) carry no process id, so after a SIGKILL they stay and every later
     `snakemake` refuses to start until `--unlock`. Here the locks are removed only if no other
     live Snakemake holds the owner file; then this process holds it (shared) until it exits.
-    Incomplete-output markers are kept: `--rerun-incomplete` redoes those jobs. Returns the lock
-    files removed. On a filesystem that cannot lock, nothing is removed (Snakemake then asks for
+    Incomplete-output markers are kept: `--rerun-incomplete` redoes those jobs; the backups of
+    their `update()` outputs (`.snakemake/backups/`) go, or the rerun could not start. Returns
+    the lock files (and the backup directory) removed. On a filesystem that cannot lock, nothing is removed (Snakemake then asks for
     `--unlock` as usual).
     """
     global _owner_fd
@@ -129,6 +131,18 @@ def claim_workdir(snakemake_dir: Path = Path(".snakemake")) -> list[Path]:
             with contextlib.suppress(FileNotFoundError):
                 lock.unlink()
                 removed.append(lock)
+        # The backups of an interrupted job's `update()` outputs (rule summary): Snakemake
+        # restores them only when the job fails while it runs, and backs a directory output up
+        # with `copytree`, which refuses an existing one. Left by a Ctrl-C or SIGKILL, they made
+        # every later run fail (FileExistsError: .snakemake/backups/.../summary/plots) before
+        # the rerun of that job, which publishes the whole build again, could start.
+        # (A finished job leaves only their empty parent directories: removed, not reported.)
+        backups = snakemake_dir / "backups"
+        if backups.is_dir():
+            kept = any(files for _, _, files in os.walk(backups))
+            shutil.rmtree(backups, ignore_errors=True)
+            if kept:
+                removed.append(backups)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while another process is cleaning up
     except OSError:
