@@ -221,6 +221,33 @@ def test_a_deleted_plot_is_published_again(tmp_path: Path) -> None:
     }
 
 
+def test_a_score_cell_copied_from_another_cell_is_redone(tmp_path: Path) -> None:
+    """A score cell copied over another one (its neighbour checkpoint's, or another task's)
+    parses and is newer than its inputs: before, `ckpteval status` called it done, `snakemake
+    -n` planned only the summary, which then showed one checkpoint's scores twice and the other
+    not at all (or, with `cp -p` from another task, status and the rerun line said stale and
+    Snakemake planned nothing, for good). It is redone like a damaged cell."""
+    from ckpteval.freshness import ANOTHER_CELL
+
+    make_run(tmp_path)
+    finish(tmp_path)
+    planned = sweep(tmp_path)
+    cell, other = (CellKey("r", f"step_{s}", "arith", VARIANT) for s in STEPS)
+    for source in (other, CellKey("r", "step_100", "arith_verl", VARIANT)):
+        copied = {"run": source.run, "ckpt": source.ckpt, "task": source.task}
+        copied |= {"variant": source.variant, "scoring": {"n": 1}}
+        Path(planned.layout.score(cell)).write_text(json.dumps(copied))
+        planned = sweep(tmp_path)
+        assert planned.rescored(cell) == ANOTHER_CELL
+        assert planned.fresh.rescore_reason(cell, copied) == ANOTHER_CELL  # as status asks
+        assert planned.evaluate_inputs(cell)["redo"] in planned.redo_targets()
+        assert [planned.rescored(c) for c in planned.cells() if c != cell] == [None] * 3
+    own = {"run": "r", "ckpt": "step_100", "task": "arith", "variant": VARIANT}
+    scoring = scoring_identity(planned.plan, "r", "arith", VARIANT).settings
+    Path(planned.layout.score(cell)).write_text(json.dumps({**own, "scoring": scoring}))
+    assert sweep(tmp_path).rescored(cell) is None
+
+
 def _damage_score(layout: Layout, cell: CellKey, cfg: dict[str, Any], work: Path) -> None:
     Path(layout.score(cell)).write_text('{"scoring": ')
 
