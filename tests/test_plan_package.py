@@ -440,3 +440,25 @@ def test_the_spelling_check_finds_a_path_spelled_by_hand(tmp_path: Path) -> None
         "src/ckpteval/by_hand.py:10",
         "workflow/rules/x.smk:8",
     ]
+
+
+def test_a_replay_runs_solution_files_are_read_by_content(tmp_path: Path) -> None:
+    """`runs.*.solutions` counts by content (its hash is in the model card): the replay job's
+    solution files are `ByContent` inputs (`ancient` in common.smk). Before, a touched
+    solutions file (or one copied without -p, same bytes) replayed and rescored its cell in
+    `snakemake -n` while `ckpteval status` called every cell done."""
+    from ckpteval.plan.sweep import ByContent
+
+    for step in (1, 2):
+        sol = tmp_path / "sol" / f"step_{step}" / "arith.jsonl"
+        sol.parent.mkdir(parents=True)
+        sol.write_text(json.dumps({"task_id": "arith/0", "completion": " #### 13"}) + "\n")
+    cfg = {
+        "outdir": str(tmp_path / "results"),
+        "runs": {"rep": {"backend": "replay", "solutions": "sol/step_{step}/{task}.jsonl"}},
+        "tasks": {"arith": {}},
+    }
+    validate_config(cfg)
+    planned = SweepPlan(build_plan(cfg, base_dir=tmp_path))
+    files = [f for cell in planned.cells() for f in planned.solutions(cell)]
+    assert len(files) == 2 and all(isinstance(f, ByContent) for f in files), files

@@ -224,11 +224,14 @@ class SweepPlan:
         """A generation job's identity param: the same for every checkpoint of a run."""
         return self.fresh.generation_identity(cell.run, cell.task, cell.variant).text
 
-    def solutions(self, cell: CellKey) -> list[str]:
-        """A replay cell's solution files."""
+    def solutions(self, cell: CellKey) -> list[ByContent]:
+        """A replay cell's solution files, read by content: their hash is in the model card
+        (`runs.*.solutions` is a model key), so new bytes rewrite the card and the replay job
+        reruns through it; a touched or copied file (same bytes, new mtime) reruns nothing, as
+        `ckpteval status` says."""
         step = self.plan.checkpoint(cell.run, cell.ckpt).step
         files = self.plan.runs[cell.run].solutions_files(cell.task, cell.variant, step)
-        return [str(p) for p in files]
+        return [ByContent(str(p)) for p in files]
 
     def task_options(self, task: str) -> str:
         """A replay job's task options (those that define the task, no paths): its step checks
