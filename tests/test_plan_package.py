@@ -462,3 +462,105 @@ def test_a_replay_runs_solution_files_are_read_by_content(tmp_path: Path) -> Non
     planned = SweepPlan(build_plan(cfg, base_dir=tmp_path))
     files = [f for cell in planned.cells() for f in planned.solutions(cell)]
     assert len(files) == 2 and all(isinstance(f, ByContent) for f in files), files
+
+
+def _replay_sweep(work: Path) -> dict[str, Any]:
+    """A finished replay sweep of one task at steps 1 and 2, its files as the jobs write them
+    (model card, generation file and meta, score cell, the summary), older along the graph."""
+    for step in (1, 2):
+        sol = work / "sol" / f"step_{step}" / "arith.jsonl"
+        sol.parent.mkdir(parents=True)
+        sol.write_text(json.dumps({"task_id": "arith/0", "completion": f" #### {step}"}) + "\n")
+    cfg = {
+        "outdir": str(work / "results"),
+        "runs": {"rep": {"backend": "replay", "solutions": "sol/step_{step}/{task}.jsonl"}},
+        "tasks": {"arith": {}},
+    }
+    validate_config(cfg)
+    (work / "config").mkdir()
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    plan = build_plan(cfg, base_dir=work)
+    layout, when = Layout(plan.outdir), time.time() - 3600
+
+    def write(path: str, obj: Any, mtime: float) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+        os.utime(path, (mtime, mtime))
+
+    for cell in plan.cell_keys:
+        card = {**model_identity(plan, cell.run, cell.ckpt).record(), "identity_sha256": "c"}
+        write(layout.manifest(cell.run, cell.ckpt), {**card, "weights_sha256": None}, when)
+        text = json.dumps({"task_id": "arith/0", "completion": cell.ckpt}) + "\n"
+        write(layout.generation(cell), text, when + 1)
+        meta = generation_identity(plan, cell.run, cell.task, cell.variant).record()
+        meta |= {"model_hash": None, "model_identity": "c", "generation_bytes": len(text)}
+        write(layout.generation_meta(cell), meta, when + 1)
+        write(layout.score_samples(cell), '{"passed": true}\n', when + 2)
+        scoring = scoring_identity(plan, cell.run, cell.task, cell.variant).settings
+        write(layout.score(cell), {"scoring": scoring}, when + 2)
+    for name in SUMMARY_FILES:
+        write(layout.summary_staged(name), "{}", when + 3)
+        write(layout.summary(name), "{}", when + 4)
+    for summary in (layout.summary_staged("plots"), layout.summary("plots")):
+        write(f"{summary}/arith-steps.png", "png", when + 4)
+    return cfg
+
+
+def _gone_generation(layout: Layout, cell: CellKey) -> None:
+    Path(layout.generation(cell)).unlink()
+
+
+def _truncated_generation(layout: Layout, cell: CellKey) -> None:
+    Path(layout.generation(cell)).write_text("")
+
+
+def _unreadable_meta(layout: Layout, cell: CellKey) -> None:
+    Path(layout.generation_meta(cell)).write_text("{")
+
+
+def _gone_model_card(layout: Layout, cell: CellKey) -> None:
+    Path(layout.manifest(cell.run, cell.ckpt)).unlink()
+
+
+def _copied_from_another_checkpoint(layout: Layout, cell: CellKey) -> None:
+    other = CellKey(cell.run, "step_2", cell.task, cell.variant)
+    for path in (layout.generation, layout.generation_meta):
+        shutil.copy2(path(other), path(cell))
+    meta = json.loads(Path(layout.generation_meta(cell)).read_text())
+    meta["model_identity"] = "another card"
+    Path(layout.generation_meta(cell)).write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _gone_generation,
+        _truncated_generation,
+        _unreadable_meta,
+        _gone_model_card,
+        _copied_from_another_checkpoint,
+    ],
+)
+def test_a_replay_cells_stale_generation_is_replayed(tmp_path: Path, damage: Any) -> None:
+    """A replay job has no engine job to request its cells: Snakemake replays a cell only for a
+    missing meta, a changed param or a newer input. Before, each damage here made the plan and
+    `ckpteval status` call the cell stale while `snakemake -n` planned nothing (or, for a
+    truncated file, scored it as it was), run after run. Now the replay job gets a redo input,
+    and the plan and Snakemake agree."""
+    cfg = _replay_sweep(tmp_path)
+    cell = CellKey("rep", "step_1", "arith", VARIANT)
+    assert SweepPlan(build_plan(cfg, base_dir=tmp_path)).replay_redo(cell) is None
+    damage(Layout(str(tmp_path / "results")), cell)
+    planned = SweepPlan(build_plan(cfg, base_dir=tmp_path))
+    assert planned.rescored(cell) is not None
+    redo = planned.replay_redo(cell)
+    assert redo is not None and redo in planned.redo_targets()
+    assert [planned.replay_redo(c) for c in planned.cells() if c != cell] == [None]
+    if damage is _unreadable_meta:  # one dry run: Snakemake replays and rescores the cell
+        dry = dry_snakemake(tmp_path)
+        assert dry.returncode == 0, dry.stderr[-3000:]
+        stats = dry.stdout.split("Job stats:", 1)[1].split("total", 1)[0]
+        jobs = dict(re.findall(r"^(\w+)\s+(\d+)\s*$", stats, re.M))
+        assert {k: jobs.get(k) for k in ("redo", "replay", "evaluate")} == dict.fromkeys(
+            ("redo", "replay", "evaluate"), "1"
+        ), jobs

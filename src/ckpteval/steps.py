@@ -220,6 +220,8 @@ def replay(smk: Any) -> None:
     model = {
         "model_hash": card.get("weights_sha256"),
         "model_identity": card.get("identity_sha256"),
+        # as an engine job records it: a truncated copy is then damaged (ckpteval.freshness)
+        "generation_bytes": Path(smk.output.generations).stat().st_size,
     }
     write_json(
         Path(smk.output.meta), {**read_meta(Path(smk.output.meta)), **model, **identity.record()}
