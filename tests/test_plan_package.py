@@ -564,3 +564,36 @@ def test_a_replay_cells_stale_generation_is_replayed(tmp_path: Path, damage: Any
         assert {k: jobs.get(k) for k in ("redo", "replay", "evaluate")} == dict.fromkeys(
             ("redo", "replay", "evaluate"), "1"
         ), jobs
+
+
+def test_a_model_card_rewritten_alike_rescores_nothing(tmp_path: Path) -> None:
+    """A model card newer than its scores with the bytes they were scored with (`-f` on it,
+    a touch): Snakemake compares the checksum it recorded and plans nothing, so neither may the
+    plan (before, `ckpteval status` called every cell of the checkpoint stale, for good). The
+    score cell records the card's sha256; a cell without that record (scored before it was
+    recorded), or with other bytes, goes by the modification time as Snakemake's does."""
+    from ckpteval.io import sha256_file
+
+    make_run(tmp_path)
+    finish(tmp_path)
+    layout = sweep(tmp_path).layout
+    for step, recorded in ((100, True), (200, False)):
+        card = layout.manifest("r", f"step_{step}")
+        for task in ("arith", "arith_verl"):
+            score = Path(layout.score(CellKey("r", f"step_{step}", task, VARIANT)))
+            cell = json.loads(score.read_text())
+            if recorded:
+                cell["manifest_sha256"] = sha256_file(card)
+            mtime = score.stat().st_mtime
+            score.write_text(json.dumps(cell))
+            os.utime(score, (mtime, mtime))
+        os.utime(card)  # touched: newer than its scores, same bytes
+    planned = sweep(tmp_path)
+    why = {(c.ckpt, c.task): planned.rescored(c) for c in planned.cells()}
+    assert why[("step_100", "arith")] is None and why[("step_100", "arith_verl")] is None
+    assert "is newer than its scores" in why[("step_200", "arith")]
+    card = Path(layout.manifest("r", "step_100"))
+    card.write_text(card.read_text() + " ")  # other bytes: Snakemake reruns, and so the plan
+    assert "is newer than its scores" in sweep(tmp_path).rescored(
+        CellKey("r", "step_100", "arith", VARIANT)
+    )

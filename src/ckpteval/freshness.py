@@ -223,9 +223,30 @@ class Freshness:
             and not self._scored_these_bytes(cell, generated, read)
         ):
             return f"{self.layout.generation(cell)} is newer than its scores"
-        if self._manifest_mtime(cell.run, cell.ckpt) > scored:
+        if self._manifest_mtime(cell.run, cell.ckpt) > scored and not self._scored_this_card(
+            cell, read
+        ):
             return f"{self.manifest_path(cell.run, cell.ckpt)} is newer than its scores"
         return None
+
+    def _scored_this_card(self, cell: CellKey, read: Any) -> bool:
+        """Whether a model card newer than the scores holds the bytes they were scored with
+        (rewritten alike: `-f` on it, a touch). Snakemake then plans nothing for it, as for a
+        generation file (`_scored_these_bytes`); the score cell's `manifest_sha256` is the same
+        record (cells scored before it was recorded: the modification time decides)."""
+        record = read if isinstance(read, dict) else _read(self.layout.score(cell))
+        recorded = record.get("manifest_sha256") if isinstance(record, dict) else None
+        return bool(recorded) and recorded == self._manifest_sha(cell.run, cell.ckpt)
+
+    @functools.cache  # noqa: B019
+    def _manifest_sha(self, run: str, ckpt: str) -> str | None:
+        path = self.manifest_path(run, ckpt)
+        try:
+            if path.stat().st_size > SNAKEMAKE_CHECKSUM_MAX_BYTES:
+                return None
+            return sha256_file(path)
+        except OSError:
+            return None
 
     def _scored_these_bytes(self, cell: CellKey, generated: os.stat_result, read: Any) -> bool:
         """Whether a generation file newer than its scores holds the bytes they were scored

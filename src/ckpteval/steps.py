@@ -391,6 +391,9 @@ def _score_provenance(
         "sampling": sampling,
         "seed": seed,
         "model_hash": read_json(manifest_path).get("weights_sha256"),
+        # the model card's bytes, as Snakemake records its input's checksum: a card rewritten
+        # alike (`-f` on it, a touch) reruns nothing (ckpteval.freshness)
+        "manifest_sha256": sha256_file(manifest_path),
         "generation_file": str(generations),
         "generation_sha256": sha256_file(generations),
         "scoring": job.identity.settings,
