@@ -597,3 +597,25 @@ def test_a_model_card_rewritten_alike_rescores_nothing(tmp_path: Path) -> None:
     assert "is newer than its scores" in sweep(tmp_path).rescored(
         CellKey("r", "step_100", "arith", VARIANT)
     )
+
+
+def test_a_damaged_self_test_verdict_is_made_again_when_a_cell_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """A verdict that does not parse (truncated, overwritten) exists, so Snakemake never made
+    it again: before, every evaluate job of its task that was rescored failed on it (a
+    JSONDecodeError in its log), run after run. It gets a redo input when a cell this
+    invocation scores waits for it, and none when no cell does."""
+    make_run(tmp_path)
+    finish(tmp_path)
+    forced = sweep(tmp_path, verbs=lambda: Verbs(rules=frozenset({"evaluate"})))
+    [verdict] = forced.gates()
+    Path(verdict).parent.mkdir(parents=True, exist_ok=True)
+    Path(verdict).write_text('{"self_test": ')
+    [(task, key)] = forced.selftest_identities()
+    assert forced.selftest_redo(task, key) in forced.redo_targets()
+    assert forced.selftest_redo_input(task, key) == {"redo": forced.selftest_redo(task, key)}
+    assert sweep(tmp_path).selftest_redo(task, key) is None  # no cell waits for it
+    Path(verdict).write_text("{}")
+    forced = sweep(tmp_path, verbs=lambda: Verbs(rules=frozenset({"evaluate"})))
+    assert forced.selftest_redo(task, key) is None

@@ -165,6 +165,11 @@ def get_selftest_identity(wildcards):
     return SWEEP.selftest_identity(wildcards.task, wildcards.key)
 
 
+@signed
+def get_selftest_redo(wildcards):
+    return SWEEP.selftest_redo_input(wildcards.task, wildcards.key)
+
+
 # consolidate, model_card
 get_source_identity_file = per_checkpoint(SWEEP.source_identity_file)
 get_model_identity = per_checkpoint(SWEEP.model_identity)

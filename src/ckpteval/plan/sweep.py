@@ -326,6 +326,7 @@ class SweepPlan:
         ]
         found += [self.score_redo(cell) for cell in self.cells()]
         found += [self.replay_redo(cell) for cell in self.cells()]
+        found += [self.selftest_redo(task, key) for task, key in self.selftest_identities()]
         found.append(self.summary_redo())
         return sorted(f for f in found if f)
 
@@ -410,6 +411,21 @@ class SweepPlan:
         if identity is None or self.rescored(cell) is None:
             return None
         return self.layout.selftest_verdict(cell.task, identity.digest)
+
+    @functools.cache  # noqa: B019
+    def selftest_redo(self, task: str, key: str) -> str | None:
+        """A self-test verdict's redo input when it does not parse and a cell this invocation
+        (re)scores waits for it, or None. Before, such a verdict failed every evaluate job of
+        its task that was rescored (a JSONDecodeError in its log), run after run: it exists,
+        so Snakemake never made it again."""
+        verdict = self.layout.selftest_verdict(task, key)
+        if verdict not in self.gates() or not damaged_json(Path(verdict)):
+            return None
+        return self.redo_input(verdict)
+
+    def selftest_redo_input(self, task: str, key: str) -> dict[str, str]:
+        found = self.selftest_redo(task, key)
+        return {"redo": found} if found else {}
 
     def gates(self) -> dict[str, list[CellKey]]:
         """Self-test verdict -> the cells this invocation (re)scores that wait for it."""
