@@ -310,11 +310,9 @@ class SweepPlan:
         stale = self.fresh.stale(cell)
         if stale is None or stale.reason not in REPLAY_REDO_REASONS:
             return None
-        meta, generation = self.layout.generation_meta(cell), self.layout.generation(cell)
-        for damaged in (meta, generation):
-            if os.path.exists(damaged):
-                return self.redo_input(damaged)
-        return None
+        meta = self.layout.generation_meta(cell)
+        # a missing meta is a target of `all`: Snakemake replays the cell by itself
+        return self.redo_input(meta) if os.path.exists(meta) else None
 
     def redo_targets(self) -> list[str]:
         """Every redo input of this invocation: targets of `all`."""
