@@ -34,12 +34,19 @@ if workflow.is_main_process:
 
     from ckpteval.status import claim_workdir, say_live_sweep_plainly
 
-    _stale_locks = claim_workdir()
+    _stale = claim_workdir()
     say_live_sweep_plainly()  # a dry run beside a live sweep: no "Error:" line for a good plan
+    _stale_locks = [p for p in _stale if p.name.endswith(".lock")]
     if _stale_locks:
         print(
             f"ckpteval: removed {len(_stale_locks)} stale Snakemake lock file(s) left by a killed "
             "run",
+            file=sys.stderr,
+        )
+    if len(_stale_locks) < len(_stale):
+        print(
+            "ckpteval: removed .snakemake/backups/, left by a job a killed run did not finish "
+            "(that job runs again)",
             file=sys.stderr,
         )
 

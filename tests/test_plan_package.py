@@ -221,6 +221,33 @@ def test_a_deleted_plot_is_published_again(tmp_path: Path) -> None:
     }
 
 
+def test_a_score_cell_copied_from_another_cell_is_redone(tmp_path: Path) -> None:
+    """A score cell copied over another one (its neighbour checkpoint's, or another task's)
+    parses and is newer than its inputs: before, `ckpteval status` called it done, `snakemake
+    -n` planned only the summary, which then showed one checkpoint's scores twice and the other
+    not at all (or, with `cp -p` from another task, status and the rerun line said stale and
+    Snakemake planned nothing, for good). It is redone like a damaged cell."""
+    from ckpteval.freshness import ANOTHER_CELL
+
+    make_run(tmp_path)
+    finish(tmp_path)
+    planned = sweep(tmp_path)
+    cell, other = (CellKey("r", f"step_{s}", "arith", VARIANT) for s in STEPS)
+    for source in (other, CellKey("r", "step_100", "arith_verl", VARIANT)):
+        copied = {"run": source.run, "ckpt": source.ckpt, "task": source.task}
+        copied |= {"variant": source.variant, "scoring": {"n": 1}}
+        Path(planned.layout.score(cell)).write_text(json.dumps(copied))
+        planned = sweep(tmp_path)
+        assert planned.rescored(cell) == ANOTHER_CELL
+        assert planned.fresh.rescore_reason(cell, copied) == ANOTHER_CELL  # as status asks
+        assert planned.evaluate_inputs(cell)["redo"] in planned.redo_targets()
+        assert [planned.rescored(c) for c in planned.cells() if c != cell] == [None] * 3
+    own = {"run": "r", "ckpt": "step_100", "task": "arith", "variant": VARIANT}
+    scoring = scoring_identity(planned.plan, "r", "arith", VARIANT).settings
+    Path(planned.layout.score(cell)).write_text(json.dumps({**own, "scoring": scoring}))
+    assert sweep(tmp_path).rescored(cell) is None
+
+
 def _damage_score(layout: Layout, cell: CellKey, cfg: dict[str, Any], work: Path) -> None:
     Path(layout.score(cell)).write_text('{"scoring": ')
 
@@ -413,3 +440,182 @@ def test_the_spelling_check_finds_a_path_spelled_by_hand(tmp_path: Path) -> None
         "src/ckpteval/by_hand.py:10",
         "workflow/rules/x.smk:8",
     ]
+
+
+def test_a_replay_runs_solution_files_are_read_by_content(tmp_path: Path) -> None:
+    """`runs.*.solutions` counts by content (its hash is in the model card): the replay job's
+    solution files are `ByContent` inputs (`ancient` in common.smk). Before, a touched
+    solutions file (or one copied without -p, same bytes) replayed and rescored its cell in
+    `snakemake -n` while `ckpteval status` called every cell done."""
+    from ckpteval.plan.sweep import ByContent
+
+    for step in (1, 2):
+        sol = tmp_path / "sol" / f"step_{step}" / "arith.jsonl"
+        sol.parent.mkdir(parents=True)
+        sol.write_text(json.dumps({"task_id": "arith/0", "completion": " #### 13"}) + "\n")
+    cfg = {
+        "outdir": str(tmp_path / "results"),
+        "runs": {"rep": {"backend": "replay", "solutions": "sol/step_{step}/{task}.jsonl"}},
+        "tasks": {"arith": {}},
+    }
+    validate_config(cfg)
+    planned = SweepPlan(build_plan(cfg, base_dir=tmp_path))
+    files = [f for cell in planned.cells() for f in planned.solutions(cell)]
+    assert len(files) == 2 and all(isinstance(f, ByContent) for f in files), files
+
+
+def _replay_sweep(work: Path) -> dict[str, Any]:
+    """A finished replay sweep of one task at steps 1 and 2, its files as the jobs write them
+    (model card, generation file and meta, score cell, the summary), older along the graph."""
+    for step in (1, 2):
+        sol = work / "sol" / f"step_{step}" / "arith.jsonl"
+        sol.parent.mkdir(parents=True)
+        sol.write_text(json.dumps({"task_id": "arith/0", "completion": f" #### {step}"}) + "\n")
+    cfg = {
+        "outdir": str(work / "results"),
+        "runs": {"rep": {"backend": "replay", "solutions": "sol/step_{step}/{task}.jsonl"}},
+        "tasks": {"arith": {}},
+    }
+    validate_config(cfg)
+    (work / "config").mkdir()
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    plan = build_plan(cfg, base_dir=work)
+    layout, when = Layout(plan.outdir), time.time() - 3600
+
+    def write(path: str, obj: Any, mtime: float) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+        os.utime(path, (mtime, mtime))
+
+    for cell in plan.cell_keys:
+        card = {**model_identity(plan, cell.run, cell.ckpt).record(), "identity_sha256": "c"}
+        write(layout.manifest(cell.run, cell.ckpt), {**card, "weights_sha256": None}, when)
+        text = json.dumps({"task_id": "arith/0", "completion": cell.ckpt}) + "\n"
+        write(layout.generation(cell), text, when + 1)
+        meta = generation_identity(plan, cell.run, cell.task, cell.variant).record()
+        meta |= {"model_hash": None, "model_identity": "c", "generation_bytes": len(text)}
+        write(layout.generation_meta(cell), meta, when + 1)
+        write(layout.score_samples(cell), '{"passed": true}\n', when + 2)
+        scoring = scoring_identity(plan, cell.run, cell.task, cell.variant).settings
+        write(layout.score(cell), {"scoring": scoring}, when + 2)
+    for name in SUMMARY_FILES:
+        write(layout.summary_staged(name), "{}", when + 3)
+        write(layout.summary(name), "{}", when + 4)
+    for summary in (layout.summary_staged("plots"), layout.summary("plots")):
+        write(f"{summary}/arith-steps.png", "png", when + 4)
+    return cfg
+
+
+def _gone_generation(layout: Layout, cell: CellKey) -> None:
+    Path(layout.generation(cell)).unlink()
+
+
+def _truncated_generation(layout: Layout, cell: CellKey) -> None:
+    Path(layout.generation(cell)).write_text("")
+
+
+def _unreadable_meta(layout: Layout, cell: CellKey) -> None:
+    Path(layout.generation_meta(cell)).write_text("{")
+
+
+def _gone_model_card(layout: Layout, cell: CellKey) -> None:
+    Path(layout.manifest(cell.run, cell.ckpt)).unlink()
+
+
+def _copied_from_another_checkpoint(layout: Layout, cell: CellKey) -> None:
+    other = CellKey(cell.run, "step_2", cell.task, cell.variant)
+    for path in (layout.generation, layout.generation_meta):
+        shutil.copy2(path(other), path(cell))
+    meta = json.loads(Path(layout.generation_meta(cell)).read_text())
+    meta["model_identity"] = "another card"
+    Path(layout.generation_meta(cell)).write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _gone_generation,
+        _truncated_generation,
+        _unreadable_meta,
+        _gone_model_card,
+        _copied_from_another_checkpoint,
+    ],
+)
+def test_a_replay_cells_stale_generation_is_replayed(tmp_path: Path, damage: Any) -> None:
+    """A replay job has no engine job to request its cells: Snakemake replays a cell only for a
+    missing meta, a changed param or a newer input. Before, each damage here made the plan and
+    `ckpteval status` call the cell stale while `snakemake -n` planned nothing (or, for a
+    truncated file, scored it as it was), run after run. Now the replay job gets a redo input,
+    and the plan and Snakemake agree."""
+    cfg = _replay_sweep(tmp_path)
+    cell = CellKey("rep", "step_1", "arith", VARIANT)
+    assert SweepPlan(build_plan(cfg, base_dir=tmp_path)).replay_redo(cell) is None
+    damage(Layout(str(tmp_path / "results")), cell)
+    planned = SweepPlan(build_plan(cfg, base_dir=tmp_path))
+    assert planned.rescored(cell) is not None
+    redo = planned.replay_redo(cell)
+    assert redo is not None and redo in planned.redo_targets()
+    assert [planned.replay_redo(c) for c in planned.cells() if c != cell] == [None]
+    if damage is _unreadable_meta:  # one dry run: Snakemake replays and rescores the cell
+        dry = dry_snakemake(tmp_path)
+        assert dry.returncode == 0, dry.stderr[-3000:]
+        stats = dry.stdout.split("Job stats:", 1)[1].split("total", 1)[0]
+        jobs = dict(re.findall(r"^(\w+)\s+(\d+)\s*$", stats, re.M))
+        assert {k: jobs.get(k) for k in ("redo", "replay", "evaluate")} == dict.fromkeys(
+            ("redo", "replay", "evaluate"), "1"
+        ), jobs
+
+
+def test_a_model_card_rewritten_alike_rescores_nothing(tmp_path: Path) -> None:
+    """A model card newer than its scores with the bytes they were scored with (`-f` on it,
+    a touch): Snakemake compares the checksum it recorded and plans nothing, so neither may the
+    plan (before, `ckpteval status` called every cell of the checkpoint stale, for good). The
+    score cell records the card's sha256; a cell without that record (scored before it was
+    recorded), or with other bytes, goes by the modification time as Snakemake's does."""
+    from ckpteval.io import sha256_file
+
+    make_run(tmp_path)
+    finish(tmp_path)
+    layout = sweep(tmp_path).layout
+    for step, recorded in ((100, True), (200, False)):
+        card = layout.manifest("r", f"step_{step}")
+        for task in ("arith", "arith_verl"):
+            score = Path(layout.score(CellKey("r", f"step_{step}", task, VARIANT)))
+            cell = json.loads(score.read_text())
+            if recorded:
+                cell["manifest_sha256"] = sha256_file(card)
+            mtime = score.stat().st_mtime
+            score.write_text(json.dumps(cell))
+            os.utime(score, (mtime, mtime))
+        os.utime(card)  # touched: newer than its scores, same bytes
+    planned = sweep(tmp_path)
+    why = {(c.ckpt, c.task): planned.rescored(c) for c in planned.cells()}
+    assert why[("step_100", "arith")] is None and why[("step_100", "arith_verl")] is None
+    assert "is newer than its scores" in why[("step_200", "arith")]
+    card = Path(layout.manifest("r", "step_100"))
+    card.write_text(card.read_text() + " ")  # other bytes: Snakemake reruns, and so the plan
+    assert "is newer than its scores" in sweep(tmp_path).rescored(
+        CellKey("r", "step_100", "arith", VARIANT)
+    )
+
+
+def test_a_damaged_self_test_verdict_is_made_again_when_a_cell_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """A verdict that does not parse (truncated, overwritten) exists, so Snakemake never made
+    it again: before, every evaluate job of its task that was rescored failed on it (a
+    JSONDecodeError in its log), run after run. It gets a redo input when a cell this
+    invocation scores waits for it, and none when no cell does."""
+    make_run(tmp_path)
+    finish(tmp_path)
+    forced = sweep(tmp_path, verbs=lambda: Verbs(rules=frozenset({"evaluate"})))
+    [verdict] = forced.gates()
+    Path(verdict).parent.mkdir(parents=True, exist_ok=True)
+    Path(verdict).write_text('{"self_test": ')
+    [(task, key)] = forced.selftest_identities()
+    assert forced.selftest_redo(task, key) in forced.redo_targets()
+    assert forced.selftest_redo_input(task, key) == {"redo": forced.selftest_redo(task, key)}
+    assert sweep(tmp_path).selftest_redo(task, key) is None  # no cell waits for it
+    Path(verdict).write_text("{}")
+    forced = sweep(tmp_path, verbs=lambda: Verbs(rules=frozenset({"evaluate"})))
+    assert forced.selftest_redo(task, key) is None

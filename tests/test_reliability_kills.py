@@ -537,3 +537,35 @@ def test_status_calls_the_jobs_of_a_killed_snakemake_interrupted(tmp_path: Path)
     holder.wait()
     state = cell_states(tmp_path / "results", cell).iloc[0]
     assert state["state"] == "failed" and "interrupted" in state["detail"]
+
+
+def test_backups_of_a_killed_runs_update_outputs_go_those_of_a_live_one_stay(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C or SIGKILL while rule `summary` publishes left Snakemake's backup of its `plots`
+    directory (an `update()` output) in `.snakemake/backups/`, and every later run failed
+    before the rerun could start: `FileExistsError: .../backups/results/summary/plots`
+    (Snakemake backs a directory up with `copytree`, which refuses an existing one, and
+    restores it only for a job that fails while it watches). A parse with no live Snakemake
+    removes them; a live one's stay; a finished job's empty parents go without a word."""
+    smk = tmp_path / ".snakemake"
+    plots = smk / "backups" / "results" / "summary" / "plots"
+    holder = _claim(smk, 300)
+    assert holder.stdout.readline().strip() == "0"
+    plots.mkdir(parents=True)  # its summary job backs up the published plots
+    (plots / "arith-steps.png").write_bytes(b"png")
+    second = _claim(smk, 0)  # beside a live Snakemake: its backups are real
+    assert second.stdout.readline().strip() == "0"
+    second.wait()
+    assert (plots / "arith-steps.png").exists()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    third = _claim(smk, 0)
+    assert third.stdout.readline().strip() == "1"
+    third.wait()
+    assert not (smk / "backups").exists()
+    (smk / "backups" / "results" / "summary").mkdir(parents=True)  # what a finished job leaves
+    fourth = _claim(smk, 0)
+    assert fourth.stdout.readline().strip() == "0"
+    fourth.wait()
+    assert not (smk / "backups").exists()

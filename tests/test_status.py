@@ -138,6 +138,28 @@ def test_states_from_files(tmp_path: Path) -> None:
     )
 
 
+def test_a_killed_or_interrupted_job_is_neither_running_nor_done(tmp_path: Path) -> None:
+    """Snakemake killed (SIGKILL of the whole tree) while a cell was being scored leaves the
+    job's temp file and its incomplete marker: before, status said running for ten minutes
+    (the temp file is recent), though no Snakemake was alive. Ctrl-C after the job wrote its
+    score cell whole leaves the cell and the marker: before, status said done while `snakemake
+    -n` planned the cell again (--rerun-incomplete). While a Snakemake holds the lock, both
+    are running."""
+    out = tmp_path / "results"
+    cells = expected(["step_1", "step_2"], ["a"])
+    touch(out / "scores/r/step_1/a/.greedy-s1.jsonl.kx19cblm.tmp")  # the killed writer's
+    marker(tmp_path, "results/scores/r/step_1/a/greedy-s1.json")
+    touch(out / "scores/r/step_2/a/greedy-s1.json", "{}")  # written whole, then Ctrl-C
+    marker(tmp_path, "results/scores/r/step_2/a/greedy-s1.json")
+    frame = cell_states(out, cells).set_index("ckpt")
+    assert frame["state"].to_dict() == {"step_1": "failed", "step_2": "stale"}
+    assert frame["detail"]["step_1"].startswith("interrupted")
+    assert "scores it again" in frame["detail"]["step_2"]
+    locks = "results/scores/r/step_1/a/greedy-s1.json\nresults/scores/r/step_2/a/greedy-s1.json\n"
+    touch(tmp_path / ".snakemake/locks/0.output.lock", locks)  # a live Snakemake's (no owner)
+    assert cell_states(out, cells)["state"].tolist() == ["running", "done"]
+
+
 def test_matrix_folds_variants_and_prints(tmp_path: Path) -> None:
     out = tmp_path / "results"
     cells = expected(["step_10", "step_2"], ["a", "b"], variants=("greedy-s1", "t7-s1"))

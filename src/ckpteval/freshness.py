@@ -25,6 +25,8 @@ from ckpteval.plan.layout import CellKey, Layout
 #: Why a cell whose files are there is stale all the same: a meta that does not parse, or a
 #: generation file whose size is not the one its meta recorded (a truncated copy).
 DAMAGED = "damaged (truncated or unreadable)"
+#: Why a score cell that parses is redone all the same: it names another cell (a copy).
+ANOTHER_CELL = "holds another cell's scores"
 #: Snakemake's `--max-checksum-file-size` default: an input newer than a job's output but no
 #: larger than this, with the checksum recorded when the job ran, does not rerun the job.
 SNAKEMAKE_CHECKSUM_MAX_BYTES = 1_000_000
@@ -42,6 +44,12 @@ class StaleCell:
 def _read(path: str | Path) -> dict[str, Any] | None:
     data = json_or_none(path)
     return data if isinstance(data, dict) else None
+
+
+def _names_cell(read: dict[str, Any], cell: CellKey) -> bool:
+    """Whether a score cell read from `cell`'s path names that cell (run, ckpt, task, variant,
+    as every evaluate job records them; a field it lacks is not held against it)."""
+    return all(read.get(f) in (None, getattr(cell, f)) for f in ("run", "ckpt", "task", "variant"))
 
 
 def _mtime(path: str | Path) -> float | None:
@@ -78,15 +86,19 @@ class Freshness:
 
     @functools.cache  # noqa: B019
     def _score(self, cell: CellKey) -> tuple[bool, Any]:
-        """(parses, its recorded scoring settings) of a score cell: read once per parse, however
-        many questions the plan asks of it (its rerun explanation, its redo input); only what
-        they need is kept, not the cell's metrics."""
+        """(parses and names this cell, its recorded scoring settings) of a score cell: read
+        once per parse, however many questions the plan asks of it (its rerun explanation, its
+        redo input); only what they need is kept, not the cell's metrics. A cell copied from
+        another one's path parses, but must be redone like a damaged one: Snakemake sees only
+        a file newer than its inputs, and would keep it."""
         read = _read(self.layout.score(cell))
-        return read is not None, None if read is None else read.get("scoring")
+        if read is None:
+            return False, None
+        return _names_cell(read, cell), read.get("scoring")
 
     def score_damaged(self, cell: CellKey) -> bool:
-        """A score cell that is there but does not parse, or whose samples file is gone
-        (ckpteval.verbs.damaged_json, sharing this parse's read of it)."""
+        """A score cell that is there but does not parse or names another cell, or whose
+        samples file is gone (ckpteval.verbs.damaged_json, sharing this parse's read of it)."""
         return os.path.exists(self.layout.score(cell)) and (
             not self._score(cell)[0] or not os.path.exists(self.layout.score_samples(cell))
         )
@@ -190,11 +202,13 @@ class Freshness:
         `snakemake -n` plans. `cell`: the score cell as the caller read it (status reads it
         anyway), else read here."""
         if isinstance(read, dict):
-            parses, recorded = True, read.get("scoring")
+            parses, recorded = _names_cell(read, cell), read.get("scoring")
         else:
             parses, recorded = self._score(cell)
-        if not parses or not os.path.exists(self.layout.score_samples(cell)):
+        if not os.path.exists(self.layout.score_samples(cell)):
             return DAMAGED
+        if not parses:
+            return DAMAGED if _read(self.layout.score(cell)) is None else ANOTHER_CELL
         change = self._scoring_change(cell, recorded)
         if change:
             return f"scoring: {change}"
@@ -209,9 +223,30 @@ class Freshness:
             and not self._scored_these_bytes(cell, generated, read)
         ):
             return f"{self.layout.generation(cell)} is newer than its scores"
-        if self._manifest_mtime(cell.run, cell.ckpt) > scored:
+        if self._manifest_mtime(cell.run, cell.ckpt) > scored and not self._scored_this_card(
+            cell, read
+        ):
             return f"{self.manifest_path(cell.run, cell.ckpt)} is newer than its scores"
         return None
+
+    def _scored_this_card(self, cell: CellKey, read: Any) -> bool:
+        """Whether a model card newer than the scores holds the bytes they were scored with
+        (rewritten alike: `-f` on it, a touch). Snakemake then plans nothing for it, as for a
+        generation file (`_scored_these_bytes`); the score cell's `manifest_sha256` is the same
+        record (cells scored before it was recorded: the modification time decides)."""
+        record = read if isinstance(read, dict) else _read(self.layout.score(cell))
+        recorded = record.get("manifest_sha256") if isinstance(record, dict) else None
+        return bool(recorded) and recorded == self._manifest_sha(cell.run, cell.ckpt)
+
+    @functools.cache  # noqa: B019
+    def _manifest_sha(self, run: str, ckpt: str) -> str | None:
+        path = self.manifest_path(run, ckpt)
+        try:
+            if path.stat().st_size > SNAKEMAKE_CHECKSUM_MAX_BYTES:
+                return None
+            return sha256_file(path)
+        except OSError:
+            return None
 
     def _scored_these_bytes(self, cell: CellKey, generated: os.stat_result, read: Any) -> bool:
         """Whether a generation file newer than its scores holds the bytes they were scored

@@ -11,7 +11,8 @@ Snakemake runs (locally or under Slurm), after it stopped, and from another shel
   holds a lock on it (`.snakemake/locks/*.output.lock`); an engine job's output is its done
   file, which stands for the cells its request file names. Locks count only while a Snakemake of
   this workflow is alive in the working directory (`claim_workdir`): a Snakemake killed with
-  SIGKILL leaves its locks behind, and its started jobs then show as interrupted.
+  SIGKILL leaves its locks behind, and its started jobs then show as interrupted (its temp
+  files too: an interrupted job's temp file is not a writer at work).
 - **failed**: not done or running, and one of
   - the newest Snakemake log (`.snakemake/log/*.snakemake.log`) has an `Error in rule` block whose
     outputs concern the cell;
@@ -26,7 +27,8 @@ Snakemake runs (locally or under Slurm), after it stopped, and from another shel
   gives: a damaged cell, a changed scoring setting or reward function, generations to be
   (re)written or newer than the scores. The same decision the workflow's rules read
   (`ckpteval.freshness.Freshness.rescore_reason`), so `snakemake -n` plans exactly these cells
-  (and the missing ones).
+  (and the missing ones); or its job was interrupted after writing it (Snakemake's incomplete
+  marker is there and no Snakemake is running: `--rerun-incomplete` scores it again).
 - **missing**: none of the above (not started, or waiting for an upstream job).
 
 Which files *concern* a cell: an output or log path whose parts after the step or rule directory
@@ -49,6 +51,7 @@ import fcntl
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -107,8 +110,9 @@ def claim_workdir(snakemake_dir: Path = Path(".snakemake")) -> list[Path]:
     (`.snakemake/locks/`) carry no process id, so after a SIGKILL they stay and every later
     `snakemake` refuses to start until `--unlock`. Here the locks are removed only if no other
     live Snakemake holds the owner file; then this process holds it (shared) until it exits.
-    Incomplete-output markers are kept: `--rerun-incomplete` redoes those jobs. Returns the lock
-    files removed. On a filesystem that cannot lock, nothing is removed (Snakemake then asks for
+    Incomplete-output markers are kept: `--rerun-incomplete` redoes those jobs; the backups of
+    their `update()` outputs (`.snakemake/backups/`) go, or the rerun could not start. Returns
+    the lock files (and the backup directory) removed. On a filesystem that cannot lock, nothing is removed (Snakemake then asks for
     `--unlock` as usual).
     """
     global _owner_fd
@@ -129,6 +133,18 @@ def claim_workdir(snakemake_dir: Path = Path(".snakemake")) -> list[Path]:
             with contextlib.suppress(FileNotFoundError):
                 lock.unlink()
                 removed.append(lock)
+        # The backups of an interrupted job's `update()` outputs (rule summary): Snakemake
+        # restores them only when the job fails while it runs, and backs a directory output up
+        # with `copytree`, which refuses an existing one. Left by a Ctrl-C or SIGKILL, they made
+        # every later run fail (FileExistsError: .snakemake/backups/.../summary/plots) before
+        # the rerun of that job, which publishes the whole build again, could start.
+        # (A finished job leaves only their empty parent directories: removed, not reported.)
+        backups = snakemake_dir / "backups"
+        if backups.is_dir():
+            kept = any(files for _, _, files in os.walk(backups))
+            shutil.rmtree(backups, ignore_errors=True)
+            if kept:
+                removed.append(backups)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while another process is cleaning up
     except OSError:
@@ -212,6 +228,10 @@ def cell_states(
         # One read of a done cell: its errored samples and its freshness.
         record = json_or_none(detail) if state == "done" else None
         if state == "done" and rescore is not None and (why := rescore(key, record)):
+            state, detail = "stale", why
+        if state == "done" and (
+            why := evidence.interrupted_scores.get((key.run, key.ckpt, key.task, key.variant))
+        ):
             state, detail = "stale", why
         if blocked and key.task in blocked:
             # A blocked self-test holds back the rescoring a stale cell waits for: its scores stay.
@@ -356,17 +376,22 @@ class _Evidence:
     def __init__(self) -> None:
         self.running: dict[Prefix, str] = {}
         self.failed: dict[Prefix, str] = {}
+        #: Score cells an interrupted job wrote whole but Snakemake marked incomplete: the next
+        #: run (`--rerun-incomplete`) scores them again.
+        self.interrupted_scores: dict[Prefix, str] = {}
         self.job_logs: dict[Prefix, list[Path]] = defaultdict(list)
 
     @classmethod
     def collect(cls, outdir: Path, workdir: Path, logdir: Path, now: float) -> _Evidence:
         ev = cls()
+        temps: list[tuple[Prefix, Path]] = []
         for step in CELL_STEPS:
             for tmp in _walk(outdir / step, hidden=True):
                 match = _TMP.match(tmp.name)
                 if match and now - _mtime(tmp) < STALE_AFTER_S:
-                    key = _key(tmp.with_name(match["name"]).relative_to(outdir / step))
-                    ev.running.setdefault(key, f"writing {tmp}")
+                    temps.append(
+                        (_key(tmp.with_name(match["name"]).relative_to(outdir / step)), tmp)
+                    )
         for log in _walk(logdir):
             rel = log.relative_to(logdir)
             if len(rel.parts) >= 3:  # <rule>/<run>/<ckpt>...
@@ -389,6 +414,17 @@ class _Evidence:
                         f"interrupted: {path} is marked incomplete by Snakemake "
                         "but no Snakemake is running",
                     )
+                    if own is not None and _in_step(outdir, path, "scores"):
+                        ev.interrupted_scores.setdefault(
+                            key,
+                            f"interrupted: {path} is marked incomplete by Snakemake "
+                            "(the next run scores it again)",
+                        )
+        # A recent temp file is a writer at work, unless its job was interrupted: a killed job
+        # leaves its temp file, which must not read as running while no Snakemake is alive.
+        for key, tmp in temps:
+            if key not in ev.failed:
+                ev.running.setdefault(key, f"writing {tmp}")
         for outputs, detail in _snakemake_errors(snakemake_dir):
             for output in outputs:
                 path = Path(output) if Path(output).is_absolute() else workdir / output
@@ -443,6 +479,14 @@ def _key(rel: Path) -> Prefix:
     if suffix in _SUFFIXES:
         parts[-1] = parts[-1][: -len(suffix)]
     return tuple(parts)
+
+
+def _in_step(outdir: Path, path: Path, step: str) -> bool:
+    """Whether `path` is under `outdir/<step>/`."""
+    try:
+        return path.resolve().relative_to(outdir).parts[0] == step
+    except (ValueError, IndexError):
+        return False
 
 
 def _output_key(outdir: Path, path: Path) -> Prefix | None:

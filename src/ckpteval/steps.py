@@ -220,6 +220,8 @@ def replay(smk: Any) -> None:
     model = {
         "model_hash": card.get("weights_sha256"),
         "model_identity": card.get("identity_sha256"),
+        # as an engine job records it: a truncated copy is then damaged (ckpteval.freshness)
+        "generation_bytes": Path(smk.output.generations).stat().st_size,
     }
     write_json(
         Path(smk.output.meta), {**read_meta(Path(smk.output.meta)), **model, **identity.record()}
@@ -389,6 +391,9 @@ def _score_provenance(
         "sampling": sampling,
         "seed": seed,
         "model_hash": read_json(manifest_path).get("weights_sha256"),
+        # the model card's bytes, as Snakemake records its input's checksum: a card rewritten
+        # alike (`-f` on it, a touch) reruns nothing (ckpteval.freshness)
+        "manifest_sha256": sha256_file(manifest_path),
         "generation_file": str(generations),
         "generation_sha256": sha256_file(generations),
         "scoring": job.identity.settings,

@@ -165,6 +165,11 @@ def get_selftest_identity(wildcards):
     return SWEEP.selftest_identity(wildcards.task, wildcards.key)
 
 
+@signed
+def get_selftest_redo(wildcards):
+    return SWEEP.selftest_redo_input(wildcards.task, wildcards.key)
+
+
 # consolidate, model_card
 get_source_identity_file = per_checkpoint(SWEEP.source_identity_file)
 get_model_identity = per_checkpoint(SWEEP.model_identity)
@@ -176,6 +181,7 @@ get_consolidate_priority = per_checkpoint(SWEEP.consolidate_priority)
 get_generation_inputs = per_cell(ENGINES.generation_inputs)
 get_generation_identity = per_cell(SWEEP.generation_identity)
 get_solutions = per_cell(SWEEP.solutions)
+get_replay_redo = per_cell(SWEEP.replay_redo)
 get_task_options = per_task(SWEEP.task_options)
 get_assist_inputs = per_sweep(SWEEP.assist_inputs)
 # evaluate (one input function, not five: Snakemake inspects each one's signature per cell)

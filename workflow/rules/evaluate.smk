@@ -30,6 +30,7 @@ rule evaluate:
 rule selftest:
     input:
         unpack(get_checker_files),
+        unpack(get_selftest_redo),
         problems=get_problems_file,
     output:
         verdict=LAYOUT.selftest_verdict("{task}", "{key}"),

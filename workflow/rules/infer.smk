@@ -136,6 +136,8 @@ if REPLAY_RUNS:
             # replay job must then run again (the rerun contract: runs.*.solutions is a model key).
             manifest=LAYOUT.manifest("{run}", "{ckpt}"),
             problems=get_problems_file,
+            # A stale cell Snakemake would not redo by itself (SweepPlan.replay_redo).
+            redo=get_replay_redo,
         output:
             generations=LAYOUT.generation(WILDCARDS),
             meta=LAYOUT.generation_meta(WILDCARDS),
