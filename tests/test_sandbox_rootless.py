@@ -64,6 +64,26 @@ PROBES = {
     "            import time\n            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
     "except OSError:\n    pass\nprint(n < 2000)",
     "every_process": open(os.path.join(os.path.dirname(__file__), "every_process.py")).read(),
+    # Signals the driver catches nothing of (it is the pid namespace's init): queued, through a
+    # pidfd of its /proc directory, and as SIGIO of a descriptor it owns. Before 12-03 the
+    # first two raised KeyboardInterrupt in the driver and the whole batch failed.
+    "queue_signal": "import ctypes, fcntl, os, signal\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "driver = os.getppid()\ninfo = (ctypes.c_int * 32)(signal.SIGINT, 0, -1)\n"
+    "libc.syscall(129, driver, signal.SIGINT, info)\ntry:\n"
+    "    fd = os.open(f'/proc/{driver}', os.O_RDONLY | os.O_DIRECTORY)\n"
+    "    libc.syscall(424, fd, signal.SIGINT, None, 0)\nexcept OSError:\n    pass\n"
+    "r, w = os.pipe()\ntry:\n    fcntl.fcntl(r, fcntl.F_SETOWN, driver)\n"
+    "    fcntl.fcntl(r, 10, signal.SIGINT)\n"
+    "    fcntl.fcntl(r, fcntl.F_SETFL, os.O_ASYNC | os.O_NONBLOCK)\n    os.write(w, b'x')\n"
+    "except OSError:\n    pass\nprint('sent')",
+    # The driver's /proc files that check only modes (rootless they belong to the commands'
+    # uid) and the IPC namespace's sysctls: before 12-03 all took the write, and the next
+    # command read the driver's oom_score_adj back.
+    "driver_proc": "import os\nmade = []\nfor p, v in ((f'/proc/{os.getppid()}/oom_score_adj', "
+    "'777'), (f'/proc/{os.getppid()}/coredump_filter', '0'), ('/proc/sys/kernel/shmmax', "
+    "'1')):\n    try:\n        with open(p, 'w') as f:\n            f.write(v)\n"
+    "        made.append(p)\n    except OSError:\n        pass\n"
+    "print(made, sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [os.getpid()])",
     # What one command could leave in the sandbox's own tmpfs (its root, /etc, /dev) for the
     # next: a library every later dynamic program loads, files, modes.
     "plant": "import os\nmade = []\nfor p in ('/etc/ld.so.preload', '/evil', '/dev/evil', "
@@ -198,6 +218,8 @@ def test_it_runs_as_a_user_who_is_not_root(as_nobody: dict) -> None:
 
 def test_commands_cannot_reach_the_driver(as_nobody: dict) -> None:
     probes = as_nobody["probes"]
+    assert probes["queue_signal"] == "sent"  # and the batch went on ("after", below)
+    assert probes["driver_proc"] == "[] True"  # nothing written; only itself in its /proc
     assert probes["kill_driver"] == "refused"
     assert probes["kill_all"] == "refused"
     assert probes["driver_fds"] == "opened 0"

@@ -8,6 +8,7 @@ from .privileges import _libc, _write_small
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 4096, 8192, 16384, 1 << 18
+MS_RDONLY, MS_NOEXEC, MS_REMOUNT = 1, 8, 32
 #: An empty directory outside /tmp where a command's covers are built (bubblewrap's /dev has it).
 _STAGE = "/dev/shm"
 #: SysV IPC limits of a command's own IPC namespace (shared memory: `tmp_bytes` in all).
@@ -79,6 +80,22 @@ def _isolate(command, spec):
         if os.path.isfile(path):  # e.g. a judged run's tests in the command's own directory
             _mount("/dev/null", path, None, MS_BIND)
     _limit_ipc(command["tmp_bytes"])
+    if spec.get("rootless"):
+        _own_proc()
+
+
+def _own_proc():
+    """Rootless, a /proc of the command's own: the /proc files of a process that is not
+    dumpable (the driver, the zygote, a judged run's tests) belong to the namespace's root,
+    which is the command's uid, and those that check only file modes (`oom_score_adj`,
+    `coredump_filter`, `clear_refs`, `autogroup`) took a command's writes, which the next
+    command read back (a channel between samples, and the driver made the first OOM victim or
+    niced to 19). With `hidepid=2` (invisible) a command sees no process it could not trace, so
+    none of these; and /proc/sys is read-only, as its IPC namespace's sysctls, also the
+    command's, would lift `_limit_ipc`'s bounds."""
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+    _mount("/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
+    _mount(None, "/proc/sys", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC)
 
 
 def _cover(root, paths, options):

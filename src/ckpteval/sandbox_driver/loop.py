@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -75,6 +76,13 @@ def main():
     if sys.argv[1] == "--judge":  # then the site directories of `evaluate.python_env`, if any
         _preload(sys.argv[5:], ())
         sys.exit(_judge_unsandboxed(*sys.argv[2:5]))
+    # No signal handler: the driver is its pid namespace's init, and the kernel drops any signal
+    # an init does not catch when it comes from inside (kill, sigqueue, a pidfd, SIGIO through
+    # F_SETOWN alike). CPython's SIGINT handler was the one it caught: rootless, a command
+    # raised KeyboardInterrupt in the driver (rt_sigqueueinfo, pidfd_send_signal of /proc/1)
+    # and its whole batch failed. Its children (the zygote, a judged run's tests) keep it
+    # ignored; each command gets Python's own back (`_child`, `_zygote_sample`).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise SystemExit("cannot become the commands' subreaper: CPU times would miss orphans")
     with open(sys.argv[1]) as handle:

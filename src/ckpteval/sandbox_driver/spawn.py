@@ -21,6 +21,9 @@ def _child(command, uid, spec, keep=()):
     """Become `command`: its stdio files, its own namespaces and /tmp (`_isolate`), rlimits, the
     sandbox uid, exec (or run its Python file). `keep` are fds that stay open as 3, 4, ... (a
     judged sample's channel)."""
+    signal.signal(
+        signal.SIGINT, signal.default_int_handler
+    )  # as any program's (the driver's: ignored)
     os.setsid()
     stdin = os.open(command["stdin"] or os.devnull, os.O_RDONLY)
     stdout = os.open(command["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

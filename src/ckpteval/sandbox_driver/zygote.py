@@ -643,6 +643,7 @@ def _zygote_sample(namespace, channel, command, refuse):
 
     status = 127
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the zygote's: ignored
         os.setsid()
         _, fds, _, _ = socket.recv_fds(channel, 64, 4)
         if len(fds) != 4:  # the driver gave up on the zygote before sending them
