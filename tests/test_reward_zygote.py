@@ -235,12 +235,13 @@ def verdicts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         checker.close()
 
 
-def _as_nobody() -> list[Any]:
+def _as_nobody(source: str = ATTACKS, batch: list[tuple[str, str]] = BATCH) -> list[Any]:
+    """The verdicts of `batch` scored by the function in `source`, run by `nobody`."""
     with tempfile.TemporaryDirectory(prefix="ckpteval-rootless-") as tmp:  # not root's tmp_path
         work = Path(tmp)
         os.chmod(work, 0o755)
         (work / "run.py").write_text(AS_NOBODY)
-        (work / "data.json").write_text(json.dumps({"source": ATTACKS, "batch": BATCH}))
+        (work / "data.json").write_text(json.dumps({"source": source, "batch": batch}))
         rows = as_nobody_json(work / "run.py", str(work / "data.json"), cwd=work, tmpdir="/tmp")
     return [
         Verdict(passed, error, score=score, extras=extras) for passed, error, score, extras in rows
@@ -441,28 +442,114 @@ def test_the_check_after_emptying_sees_any_leftover_and_follows_no_link(tmp_path
     try:
         dev = os.fstat(fd).st_dev
         baseline = _tree(fd, dev)
+        assert [path for path, *_ in baseline] == ["."]  # the directory itself: its mode, owner
         (shared / "a" / "b").mkdir(parents=True)
         (shared / "a" / "b" / "f").write_text("answer 42")
         (shared / "link").symlink_to("/etc")
         os.chmod(shared / "a" / "b", 0)
-        left = _tree(fd, dev)
+        left = {path: kind for path, kind, *_ in _tree(fd, dev)}
         if os.geteuid() == 0:  # the driver's case: root reads a directory whatever its mode
-            assert ("a/b/f", 0o100000) in left
+            assert left["a/b/f"] == 0o100000
         else:  # a user who is not root cannot: the unreadable directory is a leftover too
-            assert ("a/b/", "unreadable") in left
-        assert ("link", 0o120000) in left
-        assert not any(path.startswith("link/") for path, _ in left)  # /etc not walked
+            assert left["a/b/"] == "unreadable"
+        assert left["link"] == 0o120000
+        assert not any(path.startswith("link/") for path in left)  # /etc not walked
         _empty_dir(fd, dev)
         if os.geteuid() != 0:  # what it could not empty stays in sight: the zygote would end
-            assert ("a/b/", "unreadable") in _tree(fd, dev)
+            assert ("a/b/", "unreadable", 0, -1, -1) in _tree(fd, dev)
             os.chmod(shared / "a" / "b", 0o700)
             _empty_dir(fd, dev)
-        assert _tree(fd, dev) == baseline == []
+        assert _tree(fd, dev) == baseline
         assert Path("/etc/passwd").exists()
         (shared / "late").write_text("x")  # what an emptying that failed would leave
         assert _tree(fd, dev) != baseline
+        _empty_dir(fd, dev)
+        os.chmod(shared, 0o500)  # the directory's own mode (rootless, a sample owns it)
+        assert _tree(fd, dev) != baseline
     finally:
         os.close(fd)
+
+
+#: A reward function whose "mess" sample does to the directories every sample shares what their
+#: owner may (rootless, each sample is: the user namespace's one uid): /tmp made read-only and
+#: its times set (a message to the next sample), its cover (its cwd's parent: the work
+#: directory's tmpfs) made private. Each sample reports what it sees of them (and of /dev/shm,
+#: read-only) first.
+SHARED_DIRS = r"""
+import os
+
+SHARED = ("/tmp", "/dev/shm", os.path.dirname(os.getcwd()))
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str not in ("look", "mess"):  # the zygote's warm-up: it leaves /tmp as it was
+        return 0.0
+    seen = {}
+    for path in SHARED:
+        st = os.stat(path)
+        seen[path] = [oct(st.st_mode & 0o7777), st.st_uid, st.st_atime_ns, st.st_mtime_ns]
+    done = {}
+    if solution_str == "mess":
+        calls = [
+            ("chmod /tmp", lambda: os.chmod("/tmp", 0o500)),
+            ("utime /tmp", lambda: os.utime("/tmp", (1111111, 2222222))),
+            ("chmod cover", lambda: os.chmod(SHARED[2], 0o700)),
+        ]
+        for what, call in calls:
+            try:
+                call()
+                done[what] = "done"
+            except OSError as exc:
+                done[what] = exc.strerror
+    try:
+        with open("/tmp/mine", "w") as handle:
+            handle.write("x")
+        writes = True
+    except OSError:
+        writes = False
+    return {"score": 0.0, "seen": seen, "done": done, "writes": writes, "zygote": os.getppid()}
+"""
+
+
+@pytest.mark.parametrize("who", ["root", "rootless"])
+def test_the_shared_directories_modes_and_times_come_back_for_the_next_sample(
+    who: str, tmp_path: Path
+) -> None:
+    """Guard: after each sample the driver gives /tmp, /dev/shm and the covers (and their
+    skeleton directories) the mode and times they had before the first sample. As root a sample
+    may not change them (another uid); rootless it may (it owns them), and before this guard the
+    next sample found /tmp 0500 (not writable: sabotage) with the times the sample chose (a
+    64-bit channel). The zygote still serves (restored, not just failed closed)."""
+    batch = [("look", "x"), ("mess", "x"), ("look", "x")]
+    if who == "root":
+        infos = [v.extras["reward_info"] for v in _verdicts(tmp_path, SHARED_DIRS, batch)]
+    else:
+        infos = [v.extras["reward_info"] for v in _as_nobody(SHARED_DIRS, batch)]
+    first, mess, after = infos
+    if who == "rootless":  # what the guard is for: the sample may change them
+        assert set(mess["done"].values()) == {"done"}, mess["done"]
+    else:
+        assert "done" not in mess["done"].values(), mess["done"]
+    assert first["seen"]["/tmp"][0] == "0o1777"
+    assert after["seen"] == first["seen"] == mess["seen"]
+    assert first["writes"] and after["writes"]
+    assert len({info["zygote"] for info in infos}) == 1
+
+
+def _verdicts(folder: Path, source: str, batch: list[tuple[str, str]]) -> list[Any]:
+    """The verdicts of `batch` ((completion, ground truth) pairs), scored as root by `source`."""
+    (folder / "reward.py").write_text(source)
+    checker = get_checker(
+        "reward_function", reward_function=str(folder / "reward.py"), self_test="off: a test"
+    )
+    jobs = [
+        Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": gt}, completion)
+        for i, (completion, gt) in enumerate(batch)
+    ]
+    try:
+        return checker.check_batch(jobs, 2.0)
+    finally:
+        checker.close()
 
 
 #: A slow reward function (1 s a call): all the warm-up's calls would take longer than the

@@ -33,14 +33,16 @@ def child(code: str, root: Path, **popen: object) -> subprocess.Popen[str]:
 
 
 def killed_holder(root: Path, kind: str) -> Path:
-    """A directory a process made and filled as a sealed Rust batch is (a 0711 tree), then was
-    SIGKILLed in its block: it never reached the removal."""
+    """A directory a process made and filled as a sealed Rust batch is (an execute-only tree,
+    0111, its top included), then was SIGKILLed in its block: it never reached the removal."""
     proc = child(
         "from ckpteval.scratch import scratch_dir\n"
         f"with scratch_dir({kind!r}) as path:\n"
         "    (path / 'u0').mkdir()\n"
         "    (path / 'u0' / 'main').write_bytes(b'x' * 4096)\n"
-        "    os.chmod(path / 'u0', 0o711)\n"
+        "    os.chmod(path / 'u0' / 'main', 0o111)\n"
+        "    os.chmod(path / 'u0', 0o111)\n"
+        "    os.chmod(path, 0o111)\n"
         "    print(path, flush=True)\n"
         "    os.kill(os.getpid(), 9)\n",
         root,
@@ -113,7 +115,7 @@ def test_what_a_killed_process_left_is_removed_by_the_next_never_a_running_ones(
         )
         out, err = nxt.communicate()
         assert nxt.returncode == 0, err
-        assert not dead.exists()  # the killed process's, aged: removed with its 0711 tree
+        assert not dead.exists()  # the killed process's, aged: removed with its 0111 tree
         assert held.is_dir() and young.is_dir() and other.is_dir() and link.is_symlink()
         assert not Path(out.strip()).exists()  # the next process's own: removed at its end
         if os.geteuid() == 0:

@@ -78,9 +78,58 @@ def scratch_dir(kind: str, root: str | None = None) -> Iterator[Path]:
 def _remove(path: Path, held: int) -> None:
     """Remove `path`, then let go of it: a sweep never sees it unheld while it still exists."""
     try:
-        shutil.rmtree(path, ignore_errors=True)
+        _rmtree(path)
     finally:
         os.close(held)
+
+
+def _open_dir(path: str, info: os.stat_result) -> int:
+    """A descriptor of the directory `path` (`info`: its lstat), to take its lock. One this
+    uid may not read (a user who is not root: a sealed Rust batch's top, execute-only) is made
+    readable for the instant of the open, then given its mode back."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags)
+    except PermissionError:
+        if info.st_mode & 0o400:
+            raise
+    mode = stat.S_IMODE(info.st_mode)
+    os.chmod(path, mode | 0o400)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        os.chmod(path, mode)
+        raise
+    os.fchmod(fd, mode)
+    return fd
+
+
+def _rmtree(path: str | Path) -> None:
+    """Remove the tree `path`, errors ignored. What a first pass leaves (a user who is not root:
+    directories it owns but may not list or change, a sealed Rust batch's, execute-only) is
+    opened up to its owner, then removed."""
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        _open_up(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _open_up(path: str | Path) -> None:
+    """Give this uid rwx on each directory under `path` (itself included) that it owns and
+    that lacks some of them; symlinks not followed."""
+    uid, stack = os.geteuid(), [str(path)]
+    while stack:
+        current = stack.pop()
+        try:
+            info = os.lstat(current)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
+                continue
+            if info.st_mode & 0o700 != 0o700:
+                os.chmod(current, stat.S_IMODE(info.st_mode) | 0o700)
+            with os.scandir(current) as entries:
+                stack += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
 
 
 def _sweep_once(root: str) -> None:
@@ -120,9 +169,7 @@ def sweep(root: str, min_age: float = MIN_AGE_S) -> list[str]:
                     or now - info.st_mtime < min_age
                 ):
                     continue
-                fd = os.open(
-                    entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-                )
+                fd = _open_dir(entry.path, info)
             except OSError:
                 continue
             try:
@@ -130,7 +177,7 @@ def sweep(root: str, min_age: float = MIN_AGE_S) -> list[str]:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
                     continue  # its process is running (or this file system has no flock)
-                shutil.rmtree(entry.path, ignore_errors=True)
+                _rmtree(entry.path)
                 removed.append(entry.name)
             finally:
                 os.close(fd)

@@ -41,9 +41,11 @@ status, CPU and peak memory. The driver times, charges and kills it as any comma
 count while it ran; the zygote's warm-up is before, and its pid is left out of the /proc count),
 keeps only the fork's pid's result, then kills every process but the zygote and empties what the
 samples share, the zygote's /tmp, covers and /dev/shm, through directory descriptors the zygote
-sent it before dropping root: no symlink followed, no mount entered (`_empty_dir`). What
-the emptying leaves differs from what was there before the first sample? The zygote goes
-(fail closed). Samples run
+sent it before dropping root: no symlink followed, no mount entered (`_empty_dir`). Rootless
+a sample owns those directories (the user namespace's one uid) and may chmod or utime them, so
+the driver then gives each, and each directory in it (a mount's skeleton), its mode and times
+from before the first sample back (`_restore`). What the emptying leaves differs from what was
+there before the first sample (entries, modes, owners)? The zygote goes (fail closed). Samples run
 one at a time, so none sees another's files, processes or IPC; a sample's changes to the
 warmed modules die with its fork. A zygote that does not warm up, stops answering or dies is
 killed; the driver says so on its stderr once and runs the rest of the batch the usual way (the
@@ -57,6 +59,7 @@ import os
 import resource
 import select
 import signal
+import stat
 import sys
 import time
 
@@ -129,6 +132,13 @@ class _Zygote:
             self._die(ready.decode("utf-8", "replace") if ready else "its warm-up did not finish")
             return
         self.baseline = [_tree(fd, dev) for fd, dev in self.roots]  # what no sample wrote
+        # The mode and times of each root and each directory in it (a mount's skeleton), restored
+        # after each sample: rootless, a sample owns them (the user namespace's one uid), so it
+        # may chmod or utime them (`_empty`). Taken after a first listing (which may set atimes).
+        self.dirs = []
+        for fd, dev in self.roots:
+            self.dirs.append({})
+            _tree(fd, dev, self.dirs[-1])
         account.cgroup.base = None  # the memory limit counts from the warm zygote's pages
 
     @classmethod
@@ -276,18 +286,35 @@ class _Zygote:
         (a bound toolchain, a skeleton of one). Every process of the command is dead by now."""
         for fd, dev in self.roots:
             _empty_dir(fd, dev)
-        # Fail closed: whatever could not be removed (a deletion refused for any reason) must
-        # reach no later sample, so the zygote goes and the rest of the batch forks fresh.
+        # Rootless, every sample owns the roots and their skeleton directories: one could chmod
+        # /tmp 0500 (the next could not write it) or set its times (a 64-bit message to the
+        # next). Their modes back, then their times after the check below (whose listing may
+        # set an atime); all through descriptors, no symlink followed.
+        for (fd, dev), dirs in zip(self.roots, self.dirs):
+            _restore(fd, dev, dirs, times=False)  # what fails, the check below sees
+        # Fail closed: whatever could not be removed or restored (a deletion refused for any
+        # reason; another mode, another owner) must reach no later sample, so the zygote goes
+        # and the rest of the batch forks fresh.
         if [_tree(fd, dev) for fd, dev in self.roots] != self.baseline:
-            self._die("a sample left files that could not be removed")
+            self._die("a sample left files or modes that could not be removed")
+            return
+        for (fd, dev), dirs in zip(self.roots, self.dirs):
+            if not _restore(fd, dev, dirs, times=True):
+                self._die("the times of a directory its samples share could not be restored")
+                return
 
 
-def _tree(root, dev):
-    """Every entry under the directory `root` (an fd) on device `dev`, as sorted (path, kind)
-    pairs: symlinks not followed, mounts named but not entered."""
-    import stat
-
-    found, stack = [], [(os.dup(root), "")]
+def _tree(root, dev, dirs=None):
+    """The directory `root` (an fd; path ".") and every entry under it on device `dev`, as
+    sorted (path, kind, mode, uid, gid): symlinks not followed, mounts named (as their root
+    shows) but not entered. The mode and owner count too: rootless, a sample owns the roots and
+    could chmod them. `dirs`, if given, gets the (mode, atime, mtime) of the root and of each
+    directory on `dev` by path (`_restore`)."""
+    info = os.fstat(root)
+    found = [(".", stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)]
+    if dirs is not None:
+        dirs["."] = (stat.S_IMODE(info.st_mode), info.st_atime_ns, info.st_mtime_ns)
+    stack = [(os.dup(root), "")]
     while stack:
         fd, prefix = stack.pop()
         try:
@@ -296,18 +323,49 @@ def _tree(root, dev):
                 try:
                     info = os.stat(entry.name, dir_fd=fd, follow_symlinks=False)
                 except OSError:
-                    found.append((path, "?"))
+                    found.append((path, "?", 0, -1, -1))
                     continue
-                found.append((path, stat.S_IFMT(info.st_mode)))
+                mode = stat.S_IMODE(info.st_mode)
+                found.append((path, stat.S_IFMT(info.st_mode), mode, info.st_uid, info.st_gid))
                 if info.st_dev == dev and stat.S_ISDIR(info.st_mode):
+                    if dirs is not None:
+                        dirs[path] = (mode, info.st_atime_ns, info.st_mtime_ns)
                     try:
                         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
                         stack.append((os.open(entry.name, flags, dir_fd=fd), path + "/"))
                     except OSError:
-                        found.append((path + "/", "unreadable"))
+                        found.append((path + "/", "unreadable", 0, -1, -1))
         finally:
             os.close(fd)
     return sorted(found)
+
+
+def _restore(root, dev, dirs, times):
+    """Give the root (an fd) and each directory below it in `dirs` (`_tree`'s) its mode back,
+    or (`times`) its atime and mtime; False if one could not be. Each is opened a component at
+    a time, no symlink followed, and left alone off `dev` (a sample cannot mount; nor move a
+    mount point, only replace a skeleton, which the check after emptying sees). Only what
+    differs is set (a read-only root, /dev/shm, never does)."""
+    restored = True
+    for path, (mode, atime, mtime) in dirs.items():
+        fd = os.dup(root)
+        try:
+            for part in [] if path == "." else path.split("/"):
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                fd, parent = os.open(part, flags, dir_fd=fd), fd
+                os.close(parent)
+            info = os.fstat(fd)
+            if info.st_dev != dev:
+                restored = False
+            elif times and (info.st_atime_ns, info.st_mtime_ns) != (atime, mtime):
+                os.utime(fd, ns=(atime, mtime))
+            elif not times and stat.S_IMODE(info.st_mode) != mode:
+                os.fchmod(fd, mode)
+        except OSError:
+            restored = False
+        finally:
+            os.close(fd)
+    return restored
 
 
 def _empty_dir(root, dev):
@@ -336,8 +394,6 @@ def _empty_dir(root, dev):
 
 def _empty_entry(fd, name, dev):
     """Delete the file `name` in `fd`; a directory on `dev`: (its fd, name) to empty first."""
-    import stat
-
     try:
         info = os.stat(name, dir_fd=fd, follow_symlinks=False)
         if info.st_dev != dev:

@@ -53,8 +53,9 @@ the sandbox and sees only the toolchain and the batch's directory; a unit compil
 its own directory.
 
 Before any test runs, every `.rs` file is deleted and the binaries and directories are made
-execute-only (0711, root's), so no test process can read a sample's or a sibling's source, or the
-binary holding them. Each sample's tests then run in a process of their own,
+execute-only (0111, root's; rootless the test processes' own uid's, so the owner may not read
+either, and the read-only bind keeps it from a chmod), so no test process can read a sample's or a
+sibling's source, or the binary holding them. Each sample's tests then run in a process of their own,
 `<binary> --exact --test-threads=1 <its test names>`, under its own timeout (its job's `timeout`
 if set, else the call's; compiles keep `compile_timeout`), in chunks of `RUN_CHUNK` sharing one
 sandbox (`Sandbox.run_many` gives each process its own mount and IPC namespaces and a fresh
@@ -1295,9 +1296,17 @@ def _write_batch(units: Sequence[_Unit], workdir: Path) -> tuple[str, dict[int, 
     return "".join(lines) + _keyed(_ROOT_HARNESS, key), shared
 
 
+#: A sealed binary's and directory's mode: execute (traverse) only, for its owner too. Rootless,
+#: the test processes' uid is the owner (the user namespace's one uid): 0711 let them read the
+#: batch's binary (its siblings' code, the harness key). They cannot chmod it back: the work
+#: directory is bound read-only. `scratch_dir` opens it up again to remove it.
+SEALED_MODE = 0o111
+
+
 def _seal(workdir: Path) -> None:
     """After compiling: delete every source and leave the binaries executable but unreadable by
-    the test processes' uid (root's, 0711), the directories listable by root only."""
+    the test processes' uid (root's, or rootless theirs, `SEALED_MODE`), the directories
+    traversable only (listable by root only)."""
     for dirpath, _dirnames, filenames in os.walk(workdir):
         for name in filenames:
             path = Path(dirpath) / name
@@ -1305,8 +1314,8 @@ def _seal(workdir: Path) -> None:
                 path.unlink(missing_ok=True)
             else:
                 os.chown(path, os.geteuid(), os.getegid())
-                os.chmod(path, 0o711)
-        os.chmod(dirpath, 0o711)
+                os.chmod(path, SEALED_MODE)
+        os.chmod(dirpath, SEALED_MODE)
 
 
 _UNIT_FILE = re.compile(r"^(?P<kind>u|ckpteval_p)(?P<index>\d+)/")
