@@ -75,15 +75,17 @@ def sweep(work: Path, **kwargs: Any) -> SweepPlan:
     return SweepPlan(build_plan(config(work), base_dir=work), **kwargs)
 
 
+def write(path: str, obj: Any, mtime: float) -> None:
+    """A job's output file: `obj` as JSON (a string as it is), dated `mtime`."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+    os.utime(path, (mtime, mtime))
+
+
 def finish(work: Path) -> None:
     """Every output of the sweep as its jobs write them, older along the graph."""
     plan = build_plan(config(work), base_dir=work)
     layout, when = Layout(plan.outdir), time.time() - 3600
-
-    def write(path: str, obj: Any, mtime: float) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
-        os.utime(path, (mtime, mtime))
 
     for cell in plan.cell_keys:
         run, ckpt = cell.run, cell.ckpt
@@ -481,11 +483,6 @@ def _replay_sweep(work: Path) -> dict[str, Any]:
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
     plan = build_plan(cfg, base_dir=work)
     layout, when = Layout(plan.outdir), time.time() - 3600
-
-    def write(path: str, obj: Any, mtime: float) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
-        os.utime(path, (mtime, mtime))
 
     for cell in plan.cell_keys:
         card = {**model_identity(plan, cell.run, cell.ckpt).record(), "identity_sha256": "c"}

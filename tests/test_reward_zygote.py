@@ -220,19 +220,7 @@ def verdicts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     """The batch's verdicts, run by root (the sandbox's uid split) and by `nobody` (rootless)."""
     if request.param == "rootless":
         return _as_nobody()
-    folder = tmp_path_factory.mktemp("fn")
-    (folder / "reward.py").write_text(ATTACKS)
-    checker = get_checker(
-        "reward_function", reward_function=str(folder / "reward.py"), self_test="off: a test"
-    )
-    jobs = [
-        Job(str(i), {"task_id": str(i), "question": "q", "ground_truth": gt}, completion)
-        for i, (completion, gt) in enumerate(BATCH)
-    ]
-    try:
-        return checker.check_batch(jobs, 2.0)
-    finally:
-        checker.close()
+    return _verdicts(tmp_path_factory.mktemp("fn"), ATTACKS, BATCH)
 
 
 def _as_nobody(source: str = ATTACKS, batch: list[tuple[str, str]] = BATCH) -> list[Any]:
