@@ -217,51 +217,41 @@ class Freshness:
             return f"generations: {stale.reason}"
         scored = _mtime(self.layout.score(cell)) or 0.0
         generated = self._generation_stat(cell)
+        generation = self.layout.generation(cell)
         if (
             generated is not None
             and generated.st_mtime > scored
-            and not self._scored_these_bytes(cell, generated, read)
+            and not self._scored_these_bytes(cell, read, "generation_sha256", generation)
         ):
-            return f"{self.layout.generation(cell)} is newer than its scores"
-        if self._manifest_mtime(cell.run, cell.ckpt) > scored and not self._scored_this_card(
-            cell, read
+            return f"{generation} is newer than its scores"
+        card = self.manifest_path(cell.run, cell.ckpt)
+        if self._manifest_mtime(cell.run, cell.ckpt) > scored and not self._scored_these_bytes(
+            cell, read, "manifest_sha256", card
         ):
-            return f"{self.manifest_path(cell.run, cell.ckpt)} is newer than its scores"
+            return f"{card} is newer than its scores"
         return None
 
-    def _scored_this_card(self, cell: CellKey, read: Any) -> bool:
-        """Whether a model card newer than the scores holds the bytes they were scored with
-        (rewritten alike: `-f` on it, a touch). Snakemake then plans nothing for it, as for a
-        generation file (`_scored_these_bytes`); the score cell's `manifest_sha256` is the same
-        record (cells scored before it was recorded: the modification time decides)."""
+    def _scored_these_bytes(self, cell: CellKey, read: Any, key: str, path: str | Path) -> bool:
+        """Whether an input newer than the scores (the generation file, the model card) holds
+        the bytes they were made from (rewritten alike: `-f` on it, a touch, served from the
+        cache): the score cell records its sha256 as `key`. Snakemake then plans nothing for a
+        file within its checksum threshold (it compares the checksum it recorded when the job
+        ran). Only asked when the file is newer, so a parse hashes nothing in a sweep left
+        alone; a cell without the record goes by the modification time."""
         record = read if isinstance(read, dict) else _read(self.layout.score(cell))
-        recorded = record.get("manifest_sha256") if isinstance(record, dict) else None
-        return bool(recorded) and recorded == self._manifest_sha(cell.run, cell.ckpt)
+        recorded = record.get(key) if isinstance(record, dict) else None
+        return bool(recorded) and recorded == self._checksum(str(path))
 
     @functools.cache  # noqa: B019
-    def _manifest_sha(self, run: str, ckpt: str) -> str | None:
-        path = self.manifest_path(run, ckpt)
+    def _checksum(self, path: str) -> str | None:
+        """A file's sha256 where Snakemake would compare one (within its threshold), once per
+        parse: a model card is asked for by each of its checkpoint's cells."""
         try:
-            if path.stat().st_size > SNAKEMAKE_CHECKSUM_MAX_BYTES:
+            if os.stat(path).st_size > SNAKEMAKE_CHECKSUM_MAX_BYTES:
                 return None
             return sha256_file(path)
         except OSError:
             return None
-
-    def _scored_these_bytes(self, cell: CellKey, generated: os.stat_result, read: Any) -> bool:
-        """Whether a generation file newer than its scores holds the bytes they were scored
-        from (rewritten alike: `-f` on it, served from the cache). Snakemake then plans nothing
-        for a file within its checksum threshold (it compares the checksum it recorded when the
-        job ran); the score cell's `generation_sha256` is the same record. Only asked when the
-        file is newer, so a parse hashes nothing in a sweep left alone."""
-        if generated.st_size > SNAKEMAKE_CHECKSUM_MAX_BYTES:
-            return False
-        record = read if isinstance(read, dict) else _read(self.layout.score(cell))
-        recorded = record.get("generation_sha256") if isinstance(record, dict) else None
-        try:
-            return bool(recorded) and recorded == sha256_file(self.layout.generation(cell))
-        except OSError:
-            return False
 
     @functools.cache  # noqa: B019
     def _manifest_mtime(self, run: str, ckpt: str) -> float:

@@ -112,8 +112,8 @@ def claim_workdir(snakemake_dir: Path = Path(".snakemake")) -> list[Path]:
     live Snakemake holds the owner file; then this process holds it (shared) until it exits.
     Incomplete-output markers are kept: `--rerun-incomplete` redoes those jobs; the backups of
     their `update()` outputs (`.snakemake/backups/`) go, or the rerun could not start. Returns
-    the lock files (and the backup directory) removed. On a filesystem that cannot lock, nothing is removed (Snakemake then asks for
-    `--unlock` as usual).
+    the lock files (and the backup directory) removed. On a filesystem that cannot lock,
+    nothing is removed (Snakemake then asks for `--unlock` as usual).
     """
     global _owner_fd
     if _owner_fd is not None:
