@@ -156,7 +156,9 @@ def _finish_cell(layout: Any, plan: Any, cell: Any, weights: str, base: float) -
     samples.parent.mkdir(parents=True, exist_ok=True)
     samples.write_text('{"problem_id": 0, "passed": true}\n')
     os.utime(samples, (base + 3, base + 3))
-    _write(Path(layout.score(cell)), {"scoring": score.settings, "n": 1}, base + 3)
+    names = {"run": run, "ckpt": cell.ckpt, "task": task, "variant": variant}
+    cell_json = {**names, "scoring": score.settings, "metrics": {"acc": 1.0}, "n": 1}
+    _write(Path(layout.score(cell)), cell_json, base + 3)
 
 
 def _write(path: Path, obj: Any, mtime: float) -> None:

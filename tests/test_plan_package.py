@@ -28,6 +28,7 @@ from conftest import REPO, dry_snakemake, forked_main
 from ckpteval.checkpoints import hash_source, sync_source_identity
 from ckpteval.config import build_plan, validate_config
 from ckpteval.contract import generation_identity, model_identity, scoring_identity
+from ckpteval.freshness import DAMAGED
 from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.plan.sweep import SweepPlan
 from ckpteval.verbs import Verbs
@@ -106,7 +107,8 @@ def finish(work: Path) -> None:
         write(layout.generation_meta(cell), meta, when + 1)
         write(layout.score_samples(cell), '{"passed": true}\n', when + 2)
         scoring = scoring_identity(plan, run, cell.task, cell.variant).settings
-        write(layout.score(cell), {"scoring": scoring, "n": 1}, when + 2)
+        names = {"run": run, "ckpt": ckpt, "task": cell.task, "variant": cell.variant}
+        write(layout.score(cell), {**names, "scoring": scoring, "metrics": {"acc": 1.0}}, when + 2)
     # the aggregate job's build, then rule summary's copy of it
     for name in SUMMARY_FILES:
         write(layout.summary_staged(name), "{}", when + 3)
@@ -237,7 +239,7 @@ def test_a_score_cell_copied_from_another_cell_is_redone(tmp_path: Path) -> None
     cell, other = (CellKey("r", f"step_{s}", "arith", VARIANT) for s in STEPS)
     for source in (other, CellKey("r", "step_100", "arith_verl", VARIANT)):
         copied = {"run": source.run, "ckpt": source.ckpt, "task": source.task}
-        copied |= {"variant": source.variant, "scoring": {"n": 1}}
+        copied |= {"variant": source.variant, "scoring": {"n": 1}, "metrics": {}}
         Path(planned.layout.score(cell)).write_text(json.dumps(copied))
         planned = sweep(tmp_path)
         assert planned.rescored(cell) == ANOTHER_CELL
@@ -247,6 +249,34 @@ def test_a_score_cell_copied_from_another_cell_is_redone(tmp_path: Path) -> None
     own = {"run": "r", "ckpt": "step_100", "task": "arith", "variant": VARIANT}
     scoring = scoring_identity(planned.plan, "r", "arith", VARIANT).settings
     Path(planned.layout.score(cell)).write_text(json.dumps({**own, "scoring": scoring}))
+    assert sweep(tmp_path).rescored(cell) == DAMAGED  # no metrics: not a score cell
+    Path(planned.layout.score(cell)).write_text(
+        json.dumps({**own, "scoring": scoring, "metrics": {}})
+    )
+    assert sweep(tmp_path).rescored(cell) is None
+
+
+def test_a_score_cell_that_is_no_score_cell_is_redone(tmp_path: Path) -> None:
+    """`{}`, or a cell that lacks what every evaluate job records (the cell's names, its
+    scoring settings, its metrics), parses as JSON: before, no field was held against it, so
+    status called `{}` done, `snakemake -n` planned nothing, and the summary read it. It is
+    redone like a damaged cell, by the plan and as status asks."""
+    make_run(tmp_path)
+    finish(tmp_path)
+    planned = sweep(tmp_path)
+    cell = CellKey("r", f"step_{STEPS[0]}", "arith", VARIANT)
+    whole = json.loads(Path(planned.layout.score(cell)).read_text())
+    forged = [{}, [], {k: v for k, v in whole.items() if k != "metrics"}]
+    forged += [{**whole, "scoring": None}, {k: v for k, v in whole.items() if k != "variant"}]
+    for body in forged:
+        Path(planned.layout.score(cell)).write_text(json.dumps(body))
+        planned = sweep(tmp_path)
+        assert planned.rescored(cell) == DAMAGED, body
+        if isinstance(body, dict):
+            assert planned.fresh.rescore_reason(cell, body) == DAMAGED  # as status asks
+        assert planned.evaluate_inputs(cell)["redo"] in planned.redo_targets()
+        assert [planned.rescored(c) for c in planned.cells() if c != cell] == [None] * 3
+    Path(planned.layout.score(cell)).write_text(json.dumps(whole))
     assert sweep(tmp_path).rescored(cell) is None
 
 
@@ -494,7 +524,8 @@ def _replay_sweep(work: Path) -> dict[str, Any]:
         write(layout.generation_meta(cell), meta, when + 1)
         write(layout.score_samples(cell), '{"passed": true}\n', when + 2)
         scoring = scoring_identity(plan, cell.run, cell.task, cell.variant).settings
-        write(layout.score(cell), {"scoring": scoring}, when + 2)
+        names = {"run": cell.run, "ckpt": cell.ckpt, "task": cell.task, "variant": cell.variant}
+        write(layout.score(cell), {**names, "scoring": scoring, "metrics": {}}, when + 2)
     for name in SUMMARY_FILES:
         write(layout.summary_staged(name), "{}", when + 3)
         write(layout.summary(name), "{}", when + 4)

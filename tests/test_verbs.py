@@ -5,6 +5,7 @@ tests/test_plan_readonly.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -114,29 +115,33 @@ def test_a_redo_input_names_the_damage_and_never_exists_when_planned(tmp_path: P
 
 def test_the_plans_shared_read_of_a_score_cell_finds_the_same_damage(tmp_path: Path) -> None:
     """Freshness.score_damaged (the redo input's check, sharing the rerun explanation's read of
-    the cell) says what damaged_json says of the same files, in every state, and touches none."""
+    the cell) says what damaged_json says of the same files, in every state, and touches none;
+    and more: JSON that is no score cell of this path (`{"n": 3}`) is damaged too."""
     from ckpteval.freshness import Freshness
 
     metrics = tmp_path / "scores" / "r" / "step_1" / "arith" / "t0.7-s1.json"
     samples = metrics.with_suffix(".jsonl")
     metrics.parent.mkdir(parents=True)
+    cell = CellKey("r", "step_1", "arith", "t0.7-s1")
+    whole = {**dataclasses.asdict(cell), "scoring": {}, "metrics": {"acc": 1.0}}
     states = [
         lambda: None,  # nothing there
-        lambda: (metrics.write_text(json.dumps({"n": 3})), samples.write_text("{}\n")),
+        lambda: (metrics.write_text(json.dumps(whole)), samples.write_text("{}\n")),
         lambda: metrics.write_text('{"n": '),
         lambda: metrics.write_text("[1]"),
         lambda: metrics.write_text(""),
-        lambda: (metrics.write_text(json.dumps({"n": 3})), samples.unlink()),
+        lambda: (metrics.write_text(json.dumps(whole)), samples.unlink()),
+        lambda: (metrics.write_text(json.dumps({"n": 3})), samples.write_text("{}\n")),
     ]
     seen = []
     for state in states:
         state()
         before = {p: p.read_bytes() for p in (metrics, samples) if p.exists()}
         fresh = Freshness(SimpleNamespace(outdir=str(tmp_path)))  # one per parse
-        cell = CellKey("r", "step_1", "arith", "t0.7-s1")
         assert Path(fresh.layout.score(cell)) == metrics
         found = fresh.score_damaged(cell)
-        assert found == damaged_json(metrics, samples)
+        generic = damaged_json(metrics, samples)
+        assert found == generic or (found and json.loads(metrics.read_text()) != whole)
         assert {p: p.read_bytes() for p in (metrics, samples) if p.exists()} == before
         seen.append(found)
-    assert seen == [False, False, True, True, True, True]
+    assert seen == [False, False, True, True, True, True, True]

@@ -46,10 +46,22 @@ def _read(path: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _names_cell(read: dict[str, Any], cell: CellKey) -> bool:
-    """Whether a score cell read from `cell`'s path names that cell (run, ckpt, task, variant,
-    as every evaluate job records them; a field it lacks is not held against it)."""
-    return all(read.get(f) in (None, getattr(cell, f)) for f in ("run", "ckpt", "task", "variant"))
+#: What every evaluate job records in a score cell: the cell it scores, the settings it was
+#: scored with and its metrics. A cell without one of them (`{}`, a hand-edited file) is no
+#: score cell, whatever it parses as.
+_CELL_FIELDS = ("run", "ckpt", "task", "variant")
+
+
+def _cell_problem(read: dict[str, Any] | None, cell: CellKey) -> str | None:
+    """Why a score cell read from `cell`'s path is not that cell's scores, or None: DAMAGED when
+    it does not parse as one, ANOTHER_CELL when it names another cell (a copy)."""
+    if read is None or not all(f in read for f in _CELL_FIELDS):
+        return DAMAGED
+    if not isinstance(read.get("scoring"), dict) or not isinstance(read.get("metrics"), dict):
+        return DAMAGED
+    if any(read[f] != getattr(cell, f) for f in _CELL_FIELDS):
+        return ANOTHER_CELL
+    return None
 
 
 def _mtime(path: str | Path) -> float | None:
@@ -85,22 +97,20 @@ class Freshness:
         return scoring_identity(self.plan, run, task, variant)
 
     @functools.cache  # noqa: B019
-    def _score(self, cell: CellKey) -> tuple[bool, Any]:
-        """(parses and names this cell, its recorded scoring settings) of a score cell: read
-        once per parse, however many questions the plan asks of it (its rerun explanation, its
-        redo input); only what they need is kept, not the cell's metrics. A cell copied from
-        another one's path parses, but must be redone like a damaged one: Snakemake sees only
-        a file newer than its inputs, and would keep it."""
+    def _score(self, cell: CellKey) -> tuple[str | None, Any]:
+        """(why it is not this cell's scores, or None; its recorded scoring settings) of a
+        score cell: read once per parse, however many questions the plan asks of it (its rerun
+        explanation, its redo input); only what they need is kept, not the cell's metrics. A
+        cell copied from another one's path, or a `{}`, parses, but must be redone like a
+        damaged one: Snakemake sees only a file newer than its inputs, and would keep it."""
         read = _read(self.layout.score(cell))
-        if read is None:
-            return False, None
-        return _names_cell(read, cell), read.get("scoring")
+        return _cell_problem(read, cell), None if read is None else read.get("scoring")
 
     def score_damaged(self, cell: CellKey) -> bool:
-        """A score cell that is there but does not parse or names another cell, or whose
-        samples file is gone (ckpteval.verbs.damaged_json, sharing this parse's read of it)."""
+        """A score cell that is there but does not parse as this cell's (ckpteval.verbs.
+        damaged_json, sharing this parse's read of it), or whose samples file is gone."""
         return os.path.exists(self.layout.score(cell)) and (
-            not self._score(cell)[0] or not os.path.exists(self.layout.score_samples(cell))
+            self._score(cell)[0] is not None or not os.path.exists(self.layout.score_samples(cell))
         )
 
     @functools.cache  # noqa: B019
@@ -182,8 +192,8 @@ class Freshness:
 
     def score_change(self, cell: CellKey) -> str | None:
         """Why a cell that exists will be rescored for a changed setting, or None."""
-        parses, recorded = self._score(cell)
-        return self._scoring_change(cell, recorded) if parses else None
+        problem, recorded = self._score(cell)
+        return self._scoring_change(cell, recorded) if problem is None else None
 
     def _scoring_change(self, cell: CellKey, recorded: Any) -> str | None:
         """`recorded`: the cell's `scoring` (its provenance is merged into its top level)."""
@@ -202,13 +212,13 @@ class Freshness:
         `snakemake -n` plans. `cell`: the score cell as the caller read it (status reads it
         anyway), else read here."""
         if isinstance(read, dict):
-            parses, recorded = _names_cell(read, cell), read.get("scoring")
+            problem, recorded = _cell_problem(read, cell), read.get("scoring")
         else:
-            parses, recorded = self._score(cell)
+            problem, recorded = self._score(cell)
         if not os.path.exists(self.layout.score_samples(cell)):
             return DAMAGED
-        if not parses:
-            return DAMAGED if _read(self.layout.score(cell)) is None else ANOTHER_CELL
+        if problem is not None:
+            return problem
         change = self._scoring_change(cell, recorded)
         if change:
             return f"scoring: {change}"
