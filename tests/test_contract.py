@@ -426,11 +426,18 @@ def test_replay_solutions_rerun_that_runs_cells_only(tmp_path: Path) -> None:
     # Nor is a replayed cell said to be from another model (its meta names the model card).
     assert "rerun:" not in out, out[-3000:]
     _replay_verbs(sweep)
-    config["runs"]["two"]["solutions"] = str(tmp_path / "b")  # run two's chain, nothing of one
-    assert (
-        planned(sweep, config, "changed")
-        == Counter({"model_card": 1, "replay": 1, "evaluate": 1}) + SUMMARY_JOBS
-    )
+    config["runs"]["two"]["solutions"] = str(tmp_path / "b")  # run two's cell, nothing of one
+    # (its redo input: replayed whatever Snakemake's metadata in .snakemake/ holds)
+    changed = Counter({"redo": 1, "replay": 1, "evaluate": 1}) + SUMMARY_JOBS
+    assert planned(sweep, config, "changed") == changed
+    # A task added replays and scores its own cells alone (before, the model card held every
+    # task's files: each run's model card and every cell of the step were redone).
+    for run in ("a", "b"):
+        rows = [{"task_id": "math_qwen/0", "completion": "\\boxed{1}"}]
+        (tmp_path / run / "math_qwen.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    config["tasks"]["math_qwen"] = {}
+    config["runs"]["two"]["solutions"] = str(tmp_path / "a")  # as the sweep ran
+    assert planned(sweep, config, "task") == Counter({"replay": 2, "evaluate": 2}) + SUMMARY_JOBS
 
 
 def _replay_verbs(sweep: Sweep) -> None:

@@ -114,7 +114,7 @@ def _setup(
         for v in vs
     ]
     card = tmp_path / "models" / "r" / "step_0.json"
-    settings = run.get("endpoint") or {"solutions": run.get("solutions")}
+    settings = run.get("endpoint") or {"step": 0}
     write_json(card, model_card("r", config["runs"]["r"]["backend"], settings))
     return config, jobs, card
 

@@ -25,6 +25,7 @@ from safetensors.numpy import save_file
 import ckpteval.content as content
 from ckpteval.config import build_plan, validate_config
 from ckpteval.contract import generation_identity, model_identity, scoring_identity
+from ckpteval.plan.layout import CellKey
 
 PYFUNC = REPO / "src" / "ckpteval" / "data" / "tasks" / "pyfunc.jsonl"
 TASKS = ("arith", "mine", "arith_harness")
@@ -89,6 +90,9 @@ def identities(root: Path) -> dict[str, str]:
                         plan, run.name, task, variant
                     ).text
                     out[f"scoring {cell}"] = scoring_identity(plan, run.name, task, variant).text
+                    if run.solutions is not None:  # a replay cell's files (its job's param)
+                        key = CellKey(run.name, ckpt.name, task, variant)
+                        out[f"solutions {cell}"] = str(plan.solutions_id(key))
     return out
 
 
@@ -101,7 +105,7 @@ def project(tmp_path: Path) -> Path:
 
 def test_no_identity_holds_a_path(project: Path) -> None:
     ids = identities(project)
-    assert len(ids) == 2 + 2 * 2 * len(TASKS)
+    assert len(ids) == 2 + 2 * 2 * len(TASKS) + len(TASKS)
     assert not [job for job, text in ids.items() if str(project) in text]
 
 
@@ -156,7 +160,8 @@ CHANGES: list[tuple[str, Callable[[Path], None], set[str]]] = [
         _first_problem_only,
         _cells("mine") | {c.replace("generation", "scoring") for c in _cells("mine")},
     ),
-    ("sols/arith.jsonl", _append_byte, {"model rep/step_0"}),
+    # a replay cell's own files: that cell alone (before, the run's model card, so every cell)
+    ("sols/arith.jsonl", _append_byte, {"solutions rep/step_0/arith/greedy-s42"}),
     ("lmeval/mine.yaml", _append_byte, _cells("arith_harness")),
 ]
 

@@ -11,6 +11,7 @@ a model: each test takes well under a second, the dry run a few.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import io
 import json
 import os
@@ -496,17 +497,23 @@ def test_a_replay_runs_solution_files_are_read_by_content(tmp_path: Path) -> Non
     assert len(files) == 2 and all(isinstance(f, ByContent) for f in files), files
 
 
-def _replay_sweep(work: Path) -> dict[str, Any]:
-    """A finished replay sweep of one task at steps 1 and 2, its files as the jobs write them
+def _solutions(work: Path, task: str, steps: tuple[int, ...], answer: int = 0) -> None:
+    for step in steps:
+        sol = work / "sol" / f"step_{step}" / f"{task}.jsonl"
+        sol.parent.mkdir(parents=True, exist_ok=True)
+        line = {"task_id": f"{task}/0", "completion": f" #### {step + answer}"}
+        sol.write_text(json.dumps(line) + "\n")
+
+
+def _replay_sweep(work: Path, tasks: tuple[str, ...] = ("arith",)) -> dict[str, Any]:
+    """A finished replay sweep of `tasks` at steps 1 and 2, its files as the jobs write them
     (model card, generation file and meta, score cell, the summary), older along the graph."""
-    for step in (1, 2):
-        sol = work / "sol" / f"step_{step}" / "arith.jsonl"
-        sol.parent.mkdir(parents=True)
-        sol.write_text(json.dumps({"task_id": "arith/0", "completion": f" #### {step}"}) + "\n")
+    for task in tasks:
+        _solutions(work, task, (1, 2))
     cfg = {
         "outdir": str(work / "results"),
         "runs": {"rep": {"backend": "replay", "solutions": "sol/step_{step}/{task}.jsonl"}},
-        "tasks": {"arith": {}},
+        "tasks": dict.fromkeys(tasks, {}),
     }
     validate_config(cfg)
     (work / "config").mkdir()
@@ -521,6 +528,7 @@ def _replay_sweep(work: Path) -> dict[str, Any]:
         write(layout.generation(cell), text, when + 1)
         meta = generation_identity(plan, cell.run, cell.task, cell.variant).record()
         meta |= {"model_hash": None, "model_identity": "c", "generation_bytes": len(text)}
+        meta["solutions_id"] = plan.solutions_id(cell)
         write(layout.generation_meta(cell), meta, when + 1)
         write(layout.score_samples(cell), '{"passed": true}\n', when + 2)
         scoring = scoring_identity(plan, cell.run, cell.task, cell.variant).settings
@@ -592,6 +600,71 @@ def test_a_replay_cells_stale_generation_is_replayed(tmp_path: Path, damage: Any
         assert {k: jobs.get(k) for k in ("redo", "replay", "evaluate")} == dict.fromkeys(
             ("redo", "replay", "evaluate"), "1"
         ), jobs
+
+
+def test_a_replay_cells_own_files_decide_it(tmp_path: Path) -> None:
+    """A replay cell counts its own files by content (the replay job's `solutions` param, in
+    its meta). Before, the model card held every task's files: a task added to the config, or
+    one task's new file, rewrote the card and replayed and rescored every cell of the step."""
+    from ckpteval.freshness import NEW_SOLUTIONS
+
+    cfg = _replay_sweep(tmp_path)
+    arith = {s: CellKey("rep", f"step_{s}", "arith", VARIANT) for s in (1, 2)}
+    changed = tmp_path / "sol" / "step_1" / "arith.jsonl"
+    os.utime(changed)  # the same bytes, newer: nothing
+    planned = SweepPlan(build_plan(cfg, base_dir=tmp_path))
+    assert [planned.rescored(c) for c in planned.cells()] == [None, None]
+    _solutions(tmp_path, "arith", (1,), answer=5)  # new bytes at step 1: that cell alone
+    planned = SweepPlan(build_plan(cfg, base_dir=tmp_path))
+    stale = planned.fresh.stale(arith[1])
+    assert stale is not None and stale.reason == NEW_SOLUTIONS
+    assert planned.replay_redo(arith[1]) in planned.redo_targets()  # whatever .snakemake/ holds
+    assert planned.fresh.stale(arith[2]) is None and planned.rescored(arith[2]) is None
+    assert planned.fresh.model_change("rep", "step_1") is None  # the model card stays
+    # a task added: its own cells are new, the others' stay done
+    _solutions(tmp_path, "arith", (1,))
+    _solutions(tmp_path, "math_qwen", (1, 2))
+    cfg["tasks"]["math_qwen"] = {}
+    validate_config(cfg)
+    planned = SweepPlan(build_plan(cfg, base_dir=tmp_path))
+    assert {c: planned.rescored(c) for c in arith.values()} == dict.fromkeys(arith.values())
+    new = [c for c in planned.cells() if c.task == "math_qwen"]
+    assert len(new) == 2 and all(planned.fresh.stale(c).reason == "missing" for c in new)
+    assert [planned.fresh.model_change("rep", f"step_{s}") for s in (1, 2)] == [None, None]
+
+
+def test_a_replay_step_whose_files_go_keeps_its_scores_and_one_lacking_a_task_is_said(
+    tmp_path: Path,
+) -> None:
+    """A replay step whose files are all gone keeps its scores in the summary, marked as a
+    deleted checkpoint's are; a step that lacks one task's file is waiting, then broken, as a
+    checkpoint being written is. Before, both dropped out of the plan and the report without a
+    word (the summary lost the gone step's scores)."""
+    cfg = _replay_sweep(tmp_path)
+    gone = CellKey("rep", "step_2", "arith", VARIANT)
+    shutil.rmtree(tmp_path / "sol" / "step_2")
+    plan = build_plan(cfg, base_dir=tmp_path)
+    assert [c.name for c in plan.runs["rep"].checkpoints] == ["step_1"]
+    assert [(c.name, c.deleted) for c in plan.deleted["rep"]] == [("step_2", True)]
+    planned = SweepPlan(plan)
+    kept = [dataclasses.replace(gone, ckpt="step_1"), gone]
+    assert planned.score_files() == [planned.layout.score(c) for c in kept]
+    # a step with one task's file of two: waiting, then (settled) broken, never silent
+    _solutions(tmp_path, "arith", (1, 3))
+    _solutions(tmp_path, "math_qwen", (1,))
+    cfg["tasks"]["math_qwen"] = {}
+    validate_config(cfg)
+    plan = build_plan(cfg, base_dir=tmp_path)
+    assert [c.name for c in plan.runs["rep"].checkpoints] == ["step_1"]
+    [line] = plan.waiting_lines()
+    assert line.startswith("run rep: checkpoint step_3 waiting: being written (no file ")
+    assert "math_qwen.jsonl yet" in line
+    # step 2 (files gone) keeps its arith scores, and so would step 3 once scored
+    assert [c.name for c in plan.deleted["rep"]] == ["step_2"]
+    assert SweepPlan(plan).score_files()[-1] == planned.layout.score(gone)
+    cfg["runs"]["rep"]["settle_seconds"] = 0
+    [line] = build_plan(cfg, base_dir=tmp_path).broken_lines()
+    assert "checkpoint step_3 looks broken" in line and "math_qwen.jsonl" in line
 
 
 def test_a_model_card_rewritten_alike_rescores_nothing(tmp_path: Path) -> None:

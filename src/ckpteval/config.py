@@ -14,6 +14,7 @@ import functools
 import os
 import re
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from ckpteval.checkpoints import (
     discover_s3,
     unfinished_checkpoints,
 )
-from ckpteval.content import ContentIds, content_id, model_files, task_yaml_files
+from ckpteval.content import ContentIds, model_files, task_yaml_files
 from ckpteval.errors import UserError
 from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.reasoning import from_config
@@ -166,21 +167,24 @@ class Plan:
             return None
         return self._content().of_files(f"runs.{run}.base_model", base, model_files(base))
 
-    def solutions_id(self, run: str, step: int) -> str | None:
-        """`runs.<run>.solutions` by content: the files replayed at `step`, named by task and
-        variant (not by path). None: not a replay run."""
-        spec = self.runs[run]
+    def solutions_id(self, cell: CellKey) -> str | None:
+        """A replay cell's `runs.<run>.solutions` files by content (not by path): the replay
+        job's `solutions` param, recorded in its generation meta. Per cell, so that a task added
+        or one task's new files replay and rescore that task's cells alone. None: not a replay
+        run, or a checkpoint whose files are gone (its results are kept as they are)."""
+        spec = self.runs[cell.run]
         if spec.solutions is None:
             return None
-        shas: dict[str, str] = {}
-        for task, variants in self.task_variants.items():
-            for variant in variants:
-                files = spec.solutions_files(task, variant, step)
-                if files:
-                    root = files[0] if len(files) == 1 else _common_root(files)
-                    scope = f"runs.{run}.solutions/{task}/{variant}"
-                    shas[f"{task}/{variant}"] = self._content().of_files(scope, root, files)
-        return content_id(shas)
+        checkpoint = self.checkpoint(cell.run, cell.ckpt)
+        if checkpoint.deleted:
+            return None
+        files = spec.solutions_files(cell.task, cell.variant, checkpoint.step)
+        if not files:
+            return None
+        root = files[0] if len(files) == 1 else _common_root(files)
+        # by checkpoint too: the memo keeps one hash per file name in a scope
+        scope = f"runs.{cell.run}.solutions/{cell.task}/{cell.variant}/{cell.ckpt}"
+        return self._content().of_files(scope, root, files)
 
     def include_paths_id(self) -> Any:
         """`lm_eval.include_paths` by content: the task YAMLs (and Python files) under each
@@ -550,10 +554,14 @@ def build_plan(
         if r.get("train_logs") and not allow_empty_runs:
             _check_train_logs(name, r["train_logs"], base_dir)
         backend = r["backend"]
-        if backend != "vllm":
+        if backend == "openai":
             runs[name] = _weightless_run(name, r, base_dir, task_variants)
             continue
-        runs[name], unfinished, gone = _vllm_run(name, r, base_dir, config, allow_empty_runs)
+        if backend == "replay":
+            models = Path(Layout(config["outdir"]).models_of(name))
+            runs[name], unfinished, gone = _replay_run(name, r, base_dir, task_variants, models)
+        else:
+            runs[name], unfinished, gone = _vllm_run(name, r, base_dir, config, allow_empty_runs)
         for u in unfinished:
             (broken if u.idle_seconds >= r["settle_seconds"] else waiting).append((name, u))
         if gone:
@@ -748,7 +756,7 @@ def _weightless_run(
 
     An endpoint serves one model (checkpoint `step_<runs.<name>.step>`). Replay files come from
     the `solutions` pattern (`{task}`, optionally `{variant}` and `{step}`; a directory means
-    `<dir>/{task}.jsonl`); with `{step}`, every step whose files all exist is a checkpoint.
+    `<dir>/{task}.jsonl`); its checkpoints are `_replay_run`'s (none here).
     A directory per checkpoint (`model_solution_x/checkpoint_{step}`: a pattern with `{step}`
     and no `{task}`, or a directory holding `checkpoint_<N>/` directories and no `<task>.jsonl`)
     holds one or more JSONL files per task (`Run.solutions_files`).
@@ -792,8 +800,7 @@ def _weightless_run(
                     f"({', '.join(variants)}) but the pattern has no {{variant}}; add it, or "
                     f"give tasks.{task}.sampling one sampling config and seeds one seed"
                 )
-    files = [(t, v) for t, vs in task_variants.items() for v in vs]
-    run = Run(
+    return Run(
         name,
         None,
         backend,
@@ -805,34 +812,94 @@ def _weightless_run(
         dirs,
         tasks[0] if len(tasks) == 1 else None,
     )
+
+
+def _replay_run(
+    name: str,
+    r: dict[str, Any],
+    base_dir: Path,
+    task_variants: dict[str, tuple[str, ...]],
+    models: Path,
+) -> tuple[Run, list[Unfinished], list[Checkpoint]]:
+    """A replay run: its checkpoints (the steps whose files all exist), the steps that lack a
+    task's files (reported as waiting, then broken, as a checkpoint being written is), and the
+    steps not complete now whose results remain (`models`: a model card per step; kept and
+    marked, as a deleted checkpoint is). Before, a step missing one task's files, or all its
+    files, dropped out of the plan and the report without a word."""
+    key = f"config: runs.{name}"
+    run = _weightless_run(name, r, base_dir, task_variants)
+    pattern, dirs = str(run.solutions), run.per_checkpoint_dirs
+    files = [(t, v) for t, vs in task_variants.items() for v in vs]
     steps = _replay_steps(pattern, dirs) if "{step}" in pattern else [int(r["step"])]
-    complete = [
-        s
-        for s in steps
-        if all(
-            run.solutions_files(t, v, s) and all(p.is_file() for p in run.solutions_files(t, v, s))
-            for t, v in files
-        )
+
+    def missing(step: int) -> Path | None:
+        for t, v in files:
+            found = run.solutions_files(t, v, step)
+            if not found or not all(p.is_file() for p in found):
+                return run.solutions_file(t, v, step)
+        return None
+
+    lacking = {s: where for s in steps if (where := missing(s)) is not None}
+    complete = [s for s in steps if s not in lacking]
+    base = Path(pattern.split("{", 1)[0])
+    root = base if base.is_dir() else base.parent
+    recorded = _replay_steps_recorded(models)
+    # kept as a deleted checkpoint's are: a step whose files are gone, and one that lacks a
+    # task's files now (a task added to the config) but was scored before
+    gone = [
+        Checkpoint(f"step_{s}", s, root, deleted=True)
+        for s in sorted(recorded - set(complete))
+        if "{step}" in pattern
     ]
     if not steps:
-        raise UserError(f"{key}.solutions: no {'directory' if dirs else 'file'} matches {pattern}")
+        had = (
+            f", but {models} has results for {len(gone)} checkpoint(s) of run {name}"
+            if gone
+            else ""
+        )
+        raise UserError(
+            f"{key}.solutions: no {'directory' if dirs else 'file'} matches {pattern}{had}"
+        )
     if not complete:
+        step = steps[0]
         if dirs:
-            task = next(t for t, v in files if not run.solutions_files(t, v, steps[0]))
-            where = run.solutions_file(task, "", steps[0])
+            task = next(t for t, v in files if not run.solutions_files(t, v, step))
+            where = run.solutions_file(task, "", step)
             raise UserError(
                 f"{key}.solutions: no solutions of task {task} in {where} (with "
                 f"several tasks: {where}/{task}/*.jsonl or {where}/{task}.jsonl)"
             )
-        missing = next(
-            path for t, v in files if not (path := run.solutions_file(t, v, steps[0])).is_file()
+        raise UserError(f"{key}.solutions: no file {lacking[step]}")
+    unfinished = [
+        Unfinished(
+            f"step_{s}",
+            where,
+            _idle_seconds(run, files, s),
+            f"no solutions file {where} (the step's other files are there)",
+            f"no file {where.name} yet",
         )
-        raise UserError(f"{key}.solutions: no file {missing}")
-    base = Path(pattern.split("{", 1)[0])
-    ckpts = tuple(
-        Checkpoint(f"step_{s}", s, base if base.is_dir() else base.parent) for s in sorted(complete)
-    )
-    return dataclasses.replace(run, checkpoints=ckpts)
+        for s, where in sorted(lacking.items())
+    ]
+    ckpts = tuple(Checkpoint(f"step_{s}", s, root) for s in sorted(complete))
+    return dataclasses.replace(run, checkpoints=ckpts), unfinished, gone
+
+
+def _replay_steps_recorded(models: Path) -> set[int]:
+    """The steps of a replay run that have a model card (results) under `models`."""
+    if not models.is_dir():
+        return set()
+    return {int(m.group(1)) for p in models.glob("step_*.json") if (m := _STEP_CARD.match(p.name))}
+
+
+_STEP_CARD = re.compile(r"step_(\d+)\.json\Z")
+
+
+def _idle_seconds(run: Run, files: list[tuple[str, str]], step: int) -> float:
+    """Seconds since the newest of a replay step's files changed (0 when none can be read)."""
+    times = [
+        p.stat().st_mtime for t, v in files for p in run.solutions_files(t, v, step) if p.is_file()
+    ]
+    return max(0.0, time.time() - max(times)) if times else 0.0
 
 
 #: Directory names of checkpoints in a replay run's solutions directory: the prefix and the step.

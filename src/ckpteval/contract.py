@@ -95,8 +95,11 @@ CONTRACT: tuple[Row, ...] = (
     Row("runs.*.endpoint.timeout", NONE, "how long a request may take"),
     Row(
         "runs.*.solutions",
-        MODEL,
-        "what a replay run replays (by content: its model card names the files' hash)",
+        GENERATIONS,
+        "what a replay cell replays, by the content of its own files (the replay job's "
+        "`solutions` param): a task added, or one task's new files, replays that task's cells "
+        "alone; moved or copied files rerun nothing",
+        {"backend": ("replay",)},
     ),
     Row("runs.*.step", PLAN, "the step a weightless run's checkpoint is named after"),
     Row("runs.*.train_logs", NONE, "the train_logs section as a whole (its keys below decide)"),
@@ -510,6 +513,8 @@ def generation_identity(plan: Any, run: str, task: str, variant: str) -> Identit
     key = f"runs.{run}.chat_template"
     if key in settings:
         settings[key] = plan.runs[run].chat_template.identity
+    # a replay cell's files count by content, per checkpoint: the replay job's own param
+    settings.pop(f"runs.{run}.solutions", None)
     key = f"tasks.{task}.problems"
     if key in settings:
         settings[key] = f"sha256:{plan.tasks[task].problems_sha256()[:16]}"
@@ -581,7 +586,6 @@ def model_identity(plan: Any, run: str, ckpt: str) -> Identity:
 #: an identity, so a project moved or copied elsewhere keeps every identity it had.
 BY_CONTENT: dict[str, Callable[[Any, str, int], Any]] = {
     "runs.*.base_model": lambda plan, run, step: plan.base_model_id(run),
-    "runs.*.solutions": lambda plan, run, step: plan.solutions_id(run, step),
 }
 
 

@@ -27,6 +27,9 @@ from ckpteval.plan.layout import CellKey, Layout
 DAMAGED = "damaged (truncated or unreadable)"
 #: Why a score cell that parses is redone all the same: it names another cell (a copy).
 ANOTHER_CELL = "holds another cell's scores"
+#: Why a replay cell is replayed: its files' content is not what its generation meta recorded
+#: (new bytes, a task's files added, or a meta of an older ckpteval that recorded none).
+NEW_SOLUTIONS = "its replayed files have new content"
 #: Snakemake's `--max-checksum-file-size` default: an input newer than a job's output but no
 #: larger than this, with the checksum recorded when the job ran, does not rerun the job.
 SNAKEMAKE_CHECKSUM_MAX_BYTES = 1_000_000
@@ -178,6 +181,9 @@ class Freshness:
         if meta.get("identity") != identity.digest:
             changes = identity.changes(meta.get("settings"))
             return StaleCell(cell, identity, "; ".join(changes) or "older format")
+        solutions = self.plan.solutions_id(cell)
+        if solutions is not None and meta.get("solutions_id") != solutions:
+            return StaleCell(cell, identity, NEW_SOLUTIONS)
         model = self.model_change(run, ckpt)
         if model is not None:
             return StaleCell(cell, identity, f"model: {model}")

@@ -222,6 +222,8 @@ def replay(smk: Any) -> None:
         "model_identity": card.get("identity_sha256"),
         # as an engine job records it: a truncated copy is then damaged (ckpteval.freshness)
         "generation_bytes": Path(smk.output.generations).stat().st_size,
+        # what was replayed, by content: new bytes make this cell stale (ckpteval.freshness)
+        "solutions_id": smk.params.solutions,
     }
     write_json(
         Path(smk.output.meta), {**read_meta(Path(smk.output.meta)), **model, **identity.record()}

@@ -132,8 +132,7 @@ if REPLAY_RUNS:
     rule replay:
         input:
             solutions=get_solutions,
-            # The model card names the replayed files: a new `solutions` rewrites it, and the
-            # replay job must then run again (the rerun contract: runs.*.solutions is a model key).
+            # The model the generations stand for (recorded in the meta, as an engine job does).
             manifest=LAYOUT.manifest("{run}", "{ckpt}"),
             problems=get_problems_file,
             # A stale cell Snakemake would not redo by itself (SweepPlan.replay_redo).
@@ -148,6 +147,8 @@ if REPLAY_RUNS:
         params:
             identity=get_generation_identity,
             task=get_task_options,
+            # This cell's files by content: new bytes replay and rescore this cell alone.
+            solutions=get_solutions_id,
         script:
             "../scripts/replay.py"
 

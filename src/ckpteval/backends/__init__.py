@@ -169,7 +169,8 @@ def model_card(run: str, backend: str, settings: dict[str, Any]) -> dict[str, An
             "model": settings["model"],
         }
     else:
-        ident = {"backend": "replay", "solutions": settings["solutions"]}
+        # the replayed files count per cell (each generation meta records its files' content)
+        ident = {"backend": "replay", "run": run, "step": settings["step"]}
     return {
         "run": run,
         "backend": backend,
