@@ -118,7 +118,16 @@ def finish(work: Path) -> int:
                     cells += 1
                     cell = CellKey(run.name, ckpt.name, task, variant)
                     _finish_cell(layout, plan, cell, weights, base)
-    # the aggregate job's build (staging/_summary/), then rule summary's copy of it (summary/)
+    # the aggregate job's build (staging/_summary/, with the params it was built with), then
+    # rule summary's copy of it (summary/)
+    from ckpteval.plan.sweep import SweepPlan
+
+    os.chdir(work)
+    try:
+        params = SweepPlan(plan).aggregate_params()
+    finally:
+        os.chdir(cwd)
+    _write(Path(layout.summary_params()), params, base + 4)
     for where, mtime in ((layout.summary_staging(), base + 4), (layout.summary_dir(), base + 5)):
         summary = Path(where)
         for name in (

@@ -47,6 +47,7 @@ from ckpteval.contract import (
     Identity,
     concrete_keys,
 )
+from ckpteval.plan.layout import CellKey
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 
@@ -438,6 +439,30 @@ def test_replay_solutions_rerun_that_runs_cells_only(tmp_path: Path) -> None:
     config["tasks"]["math_qwen"] = {}
     config["runs"]["two"]["solutions"] = str(tmp_path / "a")  # as the sweep ran
     assert planned(sweep, config, "task") == Counter({"replay": 2, "evaluate": 2}) + SUMMARY_JOBS
+    _lost_metadata(sweep, config)
+
+
+def _lost_metadata(sweep: Sweep, config: dict[str, Any]) -> None:
+    """Snakemake's records are where ckpteval.verbs.snakemake_has_record looks (one per output
+    of a job that ran); with .snakemake/ removed, a changed scoring setting is redone all the
+    same (each cell through a redo input: before, nothing was planned, and `status` and the
+    rerun line said the cells would be rescored, run after run), and so is a new title."""
+    from ckpteval.plan.layout import Layout
+    from ckpteval.verbs import snakemake_has_record
+
+    del config["tasks"]["math_qwen"]
+    layout, work = Layout("results"), str(sweep.work)
+    outputs = [layout.manifest(r, "step_0") for r in ("one", "two")]
+    outputs += [layout.score(CellKey(r, "step_0", "arith", "greedy-s42")) for r in ("one", "two")]
+    outputs.append(layout.summary_staging())
+    assert all(snakemake_has_record(o, work) for o in outputs), outputs
+    shutil.rmtree(sweep.work / ".snakemake")
+    assert not any(snakemake_has_record(o, work) for o in outputs)
+    assert planned(sweep, config, "no-records") == Counter()  # nothing changed: nothing redone
+    config["evaluate"] = {"ks": [1, 2]}
+    config["aggregate"] = {"title": "Another"}
+    expected = Counter({"redo": 3, "evaluate": 2}) + SUMMARY_JOBS  # two cells, the summary
+    assert planned(sweep, config, "ks") == expected
 
 
 def _replay_verbs(sweep: Sweep) -> None:

@@ -110,7 +110,8 @@ def finish(work: Path) -> None:
         scoring = scoring_identity(plan, run, cell.task, cell.variant).settings
         names = {"run": run, "ckpt": ckpt, "task": cell.task, "variant": cell.variant}
         write(layout.score(cell), {**names, "scoring": scoring, "metrics": {"acc": 1.0}}, when + 2)
-    # the aggregate job's build, then rule summary's copy of it
+    # the aggregate job's build (with the params it was built with), then rule summary's copy
+    write(layout.summary_params(), SweepPlan(plan).aggregate_params(), when + 3)
     for name in SUMMARY_FILES:
         write(layout.summary_staged(name), "{}", when + 3)
         write(layout.summary(name), "{}", when + 4)
@@ -534,6 +535,7 @@ def _replay_sweep(work: Path, tasks: tuple[str, ...] = ("arith",)) -> dict[str, 
         scoring = scoring_identity(plan, cell.run, cell.task, cell.variant).settings
         names = {"run": cell.run, "ckpt": cell.ckpt, "task": cell.task, "variant": cell.variant}
         write(layout.score(cell), {**names, "scoring": scoring, "metrics": {}}, when + 2)
+    write(layout.summary_params(), SweepPlan(plan).aggregate_params(), when + 3)
     for name in SUMMARY_FILES:
         write(layout.summary_staged(name), "{}", when + 3)
         write(layout.summary(name), "{}", when + 4)
@@ -665,6 +667,52 @@ def test_a_replay_step_whose_files_go_keeps_its_scores_and_one_lacking_a_task_is
     cfg["runs"]["rep"]["settle_seconds"] = 0
     [line] = build_plan(cfg, base_dir=tmp_path).broken_lines()
     assert "checkpoint step_3 looks broken" in line and "math_qwen.jsonl" in line
+
+
+def _snakemake_record(work: Path, output: str) -> None:
+    """A record of the job that wrote `output` where Snakemake keeps it (.snakemake/metadata/,
+    the path in base64: names here stay under the file system's 255)."""
+    import base64
+
+    name = base64.urlsafe_b64encode(output.encode()).decode()
+    write(str(work / ".snakemake" / "metadata" / name), {"params": "..."}, time.time())
+
+
+def test_a_changed_setting_is_redone_when_snakemake_has_no_record_of_its_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Snakemake reruns a job for a changed param only when its metadata (.snakemake/) holds
+    the old one: with .snakemake/ removed (the usual cure for a stale lock) or a project copied
+    without it, a changed scoring setting, model setting or summary title planned nothing,
+    while the rerun line and `ckpteval status` said the cells would be rescored, run after run.
+    The plan compares what each output records (a score cell's `scoring`, a model card's
+    identity, the build's params) and gives the job a redo input when Snakemake has no record.
+    With a record, Snakemake sees the change itself, and the plan adds nothing."""
+    monkeypatch.chdir(tmp_path)  # Snakemake's working directory: where .snakemake/ is
+    make_run(tmp_path)
+    finish(tmp_path)
+    planned = sweep(tmp_path)
+    assert planned.redo_targets() == [] and planned.aggregate_redo() == {}
+    cfg = config(tmp_path)
+    cfg["evaluate"] = {"ks": [1, 2]}
+    cfg["consolidate"] = {"dtype": "float32"}
+    cfg["aggregate"] = {"title": "Another"}
+    validate_config(cfg)
+    planned = SweepPlan(build_plan(cfg, base_dir=tmp_path))
+    cells = planned.cells()
+    assert all(planned.score_redo(c) for c in cells)
+    assert all(planned.model_redo("r", f"step_{s}") for s in STEPS)
+    assert planned.aggregate_redo()["redo"] in planned.redo_targets()
+    assert len(planned.redo_targets()) == len(cells) + len(STEPS) + 1
+    # Snakemake's records of the jobs: it sees each change itself
+    for cell in cells:
+        _snakemake_record(tmp_path, planned.layout.score(cell))
+    for step in STEPS:
+        _snakemake_record(tmp_path, planned.layout.manifest("r", f"step_{step}"))
+    _snakemake_record(tmp_path, planned.layout.summary_staging())
+    planned = SweepPlan(build_plan(cfg, base_dir=tmp_path))
+    assert planned.redo_targets() == [] and planned.aggregate_redo() == {}
+    assert all(planned.rescored(c) for c in cells)  # stale all the same: a param says so
 
 
 def test_a_model_card_rewritten_alike_rescores_nothing(tmp_path: Path) -> None:

@@ -126,6 +126,14 @@ class Freshness:
     def manifest(self, run: str, ckpt: str) -> dict[str, Any] | None:
         return _read(self.manifest_path(run, ckpt))
 
+    def model_identity_changed(self, run: str, ckpt: str) -> bool:
+        """A model (card) built with other settings than this config's: its job's identity
+        param changed (what Snakemake's params trigger sees, given its metadata)."""
+        manifest = self.manifest(run, ckpt)
+        return manifest is not None and manifest.get("identity") != (
+            self.model_identity(run, ckpt).digest
+        )
+
     @functools.cache  # noqa: B019
     def model_change(self, run: str, ckpt: str) -> str | None:
         """Why this checkpoint's model (consolidation or model card) will be rebuilt, or None."""

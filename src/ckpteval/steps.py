@@ -433,6 +433,13 @@ def aggregate(smk: Any) -> None:
         report_cache=Path(smk.output.staged).parent / "_report_cache",
         report_workers=smk.threads,  # the rule's threads: what the job was given, no more
     )
+    # what it was built with: a parse that finds other params and no record of this job in
+    # .snakemake/ builds again (ckpteval.plan.sweep.SweepPlan.aggregate_redo)
+    from ckpteval.io import write_json
+    from ckpteval.plan.layout import SUMMARY_PARAMS
+
+    params = {name: value for name, value in smk.params.items()}
+    write_json(Path(smk.output.staged) / SUMMARY_PARAMS, params)
 
 
 def summary(smk: Any) -> None:

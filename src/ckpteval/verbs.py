@@ -40,6 +40,7 @@ parse time) made by the trivial rule `redo`, which `all` asks for.
 from __future__ import annotations
 
 import os
+from base64 import urlsafe_b64encode
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,6 +198,38 @@ def damaged_json(path: Path, *beside: Path) -> bool:
     except OSError:
         return False
     return exists and (_unreadable(path) or not all(p.exists() for p in beside))
+
+
+def snakemake_has_record(output: str, workdir: str = ".") -> bool:
+    """Whether Snakemake's metadata (`.snakemake/metadata/` under the working directory) holds a
+    record of the job that wrote `output`, keyed as Snakemake keys it (the output's path as the
+    rule names it, base64 in chunks of the file system's name limit). Without one (.snakemake/
+    removed, a project copied without it, `--persistence-backend db`), Snakemake's params
+    trigger does not see a changed setting: the plan then redoes the job through a redo input
+    (ckpteval.plan.sweep). A layout this does not know reads as no record: a redo too many,
+    never a stale result kept."""
+    root = os.path.join(workdir, ".snakemake", "metadata")
+    limit = _name_max(root)
+    if limit is None:
+        return False
+    b64 = urlsafe_b64encode(output.encode()).decode()
+    parts = [b64[i : i + limit - 1] for i in range(0, len(b64), limit - 1)]
+    return os.path.exists(os.path.join(root, *["@" + s for s in parts[:-1]], parts[-1]))
+
+
+_NAME_MAX: dict[str, int] = {}
+
+
+def _name_max(directory: str) -> int | None:
+    """The file system's name limit there (as Snakemake reads it), once per directory that
+    exists; None: no such directory (yet)."""
+    key = os.path.abspath(directory)
+    if key not in _NAME_MAX:
+        try:
+            _NAME_MAX[key] = os.pathconf(key, "PC_NAME_MAX") or 255
+        except OSError:
+            return None
+    return _NAME_MAX[key]
 
 
 def redo_path(root: Path, damaged: Path, *, fresh: bool = True) -> Path:

@@ -6,6 +6,8 @@
 # a failed build loses only its staging directory, and the previous summary stays whole.
 rule aggregate:
     input:
+        # its params changed while Snakemake has no record of its last build (SweepPlan)
+        unpack(get_aggregate_redo),
         cells=get_score_files,
     output:
         staged=directory(SUMMARY_STAGING),

@@ -10,7 +10,7 @@ from snakemake.common import get_function_params, overwrite_function_params
 
 from ckpteval.chat_templates import missing_template_lines
 from ckpteval.config import build_plan, validate_config
-from ckpteval.contract import publish_identity, summary_identity
+from ckpteval.contract import publish_identity
 from ckpteval.engine.gpus import engine_gpus
 from ckpteval.engine.plan import infer_rule_name
 from ckpteval.errors import UserError
@@ -195,11 +195,12 @@ get_problems_file = per_task(SWEEP.problems_file)
 # aggregate (no age in the waiting lines: the clock must not rebuild the report), publish
 get_score_files = per_sweep(SWEEP.score_files)
 get_summary_redo = per_sweep(lambda: {"redo": r} if (r := SWEEP.summary_redo()) else {})
-get_summary_inputs_digest = per_sweep(SWEEP.summary_cells_digest)
-get_summary_identity = per_sweep(lambda: summary_identity(config).text)
-get_deleted_checkpoints = per_sweep(SWEEP.deleted_checkpoints)
-get_broken_checkpoints = per_sweep(lambda: PLAN.broken_lines(age=False))
-get_waiting_checkpoints = per_sweep(lambda: PLAN.waiting_lines(age=False))
-get_final_checkpoints = per_sweep(PLAN.final_checkpoints)
-get_sampling_settings = per_sweep(SWEEP.sampling_settings)
+get_aggregate_redo = per_sweep(SWEEP.aggregate_redo)
+get_summary_inputs_digest = per_sweep(lambda: SWEEP.aggregate_params()["cells"])
+get_summary_identity = per_sweep(lambda: SWEEP.aggregate_params()["identity"])
+get_deleted_checkpoints = per_sweep(lambda: SWEEP.aggregate_params()["deleted"])
+get_broken_checkpoints = per_sweep(lambda: SWEEP.aggregate_params()["broken"])
+get_waiting_checkpoints = per_sweep(lambda: SWEEP.aggregate_params()["waiting"])
+get_final_checkpoints = per_sweep(lambda: SWEEP.aggregate_params()["finals"])
+get_sampling_settings = per_sweep(lambda: SWEEP.aggregate_params()["sampling"])
 get_publish_identity = per_sweep(lambda: publish_identity(config).text)

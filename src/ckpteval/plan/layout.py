@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: The file in the summary's build that holds the params the aggregate job built with.
+SUMMARY_PARAMS = ".params.json"
+
 
 @dataclass(frozen=True, order=True)
 class CellKey:
@@ -161,6 +164,11 @@ class Layout:
     def summary_staged(self, name: str) -> str:
         """A file of the summary's build."""
         return f"{self.summary_staging()}/{name}"
+
+    def summary_params(self) -> str:
+        """The params the aggregate job built with (hidden: rule `summary` publishes the
+        build's named files, not this one)."""
+        return self.summary_staged(SUMMARY_PARAMS)
 
     def content_memo(self) -> str:
         """Content hashes of large files kept across parses (ckpteval.content)."""

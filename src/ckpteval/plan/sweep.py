@@ -26,16 +26,16 @@ from typing import Any
 
 from ckpteval.checkpoints import sync_s3_identity, sync_source_identity
 from ckpteval.config import Plan, resolve_path, sampling_configs
-from ckpteval.contract import Identity, content_options
+from ckpteval.contract import Identity, content_options, summary_identity
 from ckpteval.engine.plan import EnginePlan
 from ckpteval.engine.schedule import InferCosts
 from ckpteval.errors import UserError
 from ckpteval.freshness import DAMAGED, NEW_SOLUTIONS, Freshness, StaleCell
-from ckpteval.io import sha256_json
+from ckpteval.io import canonical_json, json_or_none, sha256_json
 from ckpteval.plan.layout import CellKey, Layout
 from ckpteval.publish import TRACKERS
 from ckpteval.selftest import selftest_identity, separate
-from ckpteval.verbs import Verbs, damaged_json, redo_path
+from ckpteval.verbs import Verbs, damaged_json, redo_path, snakemake_has_record
 
 
 def runs_regex(names: list[str]) -> str:
@@ -288,19 +288,35 @@ class SweepPlan:
         planned (and rule `redo` made)."""
         return str(redo_path(Path(self.layout.redo_root()), Path(path), fresh=self.main))
 
+    def unrecorded(self, output: str) -> bool:
+        """Snakemake has no record of the job that wrote `output` (ckpteval.verbs.
+        snakemake_has_record): a setting its params changed is then redone through a redo
+        input, or Snakemake would keep the old output while the plan and `ckpteval status`
+        call it stale. A cluster job's own parse, before the job has run, finds the same."""
+        return not snakemake_has_record(output)
+
     @functools.cache  # noqa: B019
     def model_redo(self, run: str, ckpt: str) -> str | None:
-        """A damaged model card's redo input, or None."""
+        """A damaged model card's redo input, or one built with other settings that Snakemake
+        has no record of; else None."""
         path = self.layout.manifest(run, ckpt)
-        return self.redo_input(path) if damaged_json(Path(path)) else None
+        if damaged_json(Path(path)) or (
+            self.fresh.model_identity_changed(run, ckpt) and self.unrecorded(path)
+        ):
+            return self.redo_input(path)
+        return None
 
     @functools.cache  # noqa: B019
     def score_redo(self, cell: CellKey) -> str | None:
-        """A damaged score cell's redo input, or None (one read of the cell per parse, shared
-        with the rerun explanation: ckpteval.freshness)."""
-        if not self.fresh.score_damaged(cell):
-            return None
-        return self.redo_input(self.layout.score(cell))
+        """A damaged score cell's redo input, or one scored with other settings that Snakemake
+        has no record of; else None (one read of the cell per parse, shared with the rerun
+        explanation: ckpteval.freshness)."""
+        path = self.layout.score(cell)
+        if self.fresh.score_damaged(cell) or (
+            self.fresh.score_change(cell) is not None and self.unrecorded(path)
+        ):
+            return self.redo_input(path)
+        return None
 
     @functools.cache  # noqa: B019
     def replay_redo(self, cell: CellKey) -> str | None:
@@ -315,11 +331,15 @@ class SweepPlan:
         if self.plan.runs[cell.run].backend != "replay":
             return None
         stale = self.fresh.stale(cell)
-        if stale is None or stale.reason not in REPLAY_REDO_REASONS:
+        if stale is None:
             return None
         meta = self.layout.generation_meta(cell)
         # a missing meta is a target of `all`: Snakemake replays the cell by itself
-        return self.redo_input(meta) if os.path.exists(meta) else None
+        if not os.path.exists(meta):
+            return None
+        if stale.reason in REPLAY_REDO_REASONS or self.unrecorded(meta):
+            return self.redo_input(meta)
+        return None
 
     def redo_targets(self) -> list[str]:
         """Every redo input of this invocation: targets of `all`."""
@@ -333,6 +353,7 @@ class SweepPlan:
         found += [self.replay_redo(cell) for cell in self.cells()]
         found += [self.selftest_redo(task, key) for task, key in self.selftest_identities()]
         found.append(self.summary_redo())
+        found.append(self.aggregate_redo().get("redo"))
         return sorted(f for f in found if f)
 
     @functools.cache  # noqa: B019
@@ -528,6 +549,37 @@ class SweepPlan:
             }
             for name, s in sampling_configs(self.plan.config["sampling"]).items()
         }
+
+    @functools.cache  # noqa: B019
+    def aggregate_params(self) -> dict[str, Any]:
+        """The aggregate job's params, by name (common.smk's input functions read them here;
+        the job records them in its build, `aggregate_redo` compares): its identity (title,
+        bootstrap, ...: ckpteval.contract), which cells it reads, the checkpoints deleted,
+        broken, waiting and final, and the sampling configs (the trainer's settings)."""
+        return {
+            "identity": summary_identity(self.plan.config).text,
+            "cells": self.summary_cells_digest(),
+            "deleted": self.deleted_checkpoints(),
+            "broken": self.plan.broken_lines(age=False),
+            "waiting": self.plan.waiting_lines(age=False),
+            "finals": self.plan.final_checkpoints(),
+            "sampling": self.sampling_settings(),
+        }
+
+    def aggregate_redo(self) -> dict[str, str]:
+        """The aggregate job's redo input when its last build was made with other params and
+        Snakemake has no record of it (.snakemake/ removed or not copied: its params trigger
+        would keep a summary with the old title, or without a deleted checkpoint's mark); else
+        none. The build records its params (`Layout.summary_params`)."""
+        staged = self.layout.summary_staging()
+        if self.plan.shard is not None or not os.path.isdir(staged):
+            return {}
+        recorded = json_or_none(self.layout.summary_params())
+        if recorded is not None and canonical_json(recorded) == canonical_json(
+            self.aggregate_params()
+        ):
+            return {}
+        return {"redo": self.redo_input(staged)} if self.unrecorded(staged) else {}
 
     def deleted_checkpoints(self) -> list[str]:
         return sorted(f"{run}/{c.name}" for run, ckpts in self.plan.deleted.items() for c in ckpts)
