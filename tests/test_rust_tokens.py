@@ -140,6 +140,7 @@ def verdicts() -> dict[str, Verdict]:
     return dict(zip(names, checker.check(jobs, workers=2, timeout=5), strict=True))
 
 
+@pytest.mark.needs("rustc")
 @pytest.mark.parametrize("name", list(HONEST))
 def test_honest_code_with_suspicious_words_passes_unflagged(
     verdicts: dict[str, Verdict], name: str
@@ -148,6 +149,7 @@ def test_honest_code_with_suspicious_words_passes_unflagged(
     assert verdict.passed and verdict.hack is None, verdict
 
 
+@pytest.mark.needs("rustc")
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hidden_patterns_are_still_refused(verdicts: dict[str, Verdict], name: str) -> None:
     verdict = verdicts[name]
