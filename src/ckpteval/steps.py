@@ -438,7 +438,8 @@ def aggregate(smk: Any) -> None:
     from ckpteval.io import write_json
     from ckpteval.plan.layout import SUMMARY_PARAMS
 
-    params = {name: value for name, value in smk.params.items()}
+    named = smk.params  # Snakemake's Namedlist (a plain namespace when called directly)
+    params = dict(named.items()) if hasattr(named, "items") else dict(vars(named))
     write_json(Path(smk.output.staged) / SUMMARY_PARAMS, params)
 
 

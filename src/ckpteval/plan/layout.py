@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 #: The file in the summary's build that holds the params the aggregate job built with.
-SUMMARY_PARAMS = ".params.json"
+SUMMARY_PARAMS = "build-params.json"
 
 
 @dataclass(frozen=True, order=True)
@@ -166,8 +166,8 @@ class Layout:
         return f"{self.summary_staging()}/{name}"
 
     def summary_params(self) -> str:
-        """The params the aggregate job built with (hidden: rule `summary` publishes the
-        build's named files, not this one)."""
+        """The params the aggregate job built with (not published: rule `summary` publishes
+        the build's named files)."""
         return self.summary_staged(SUMMARY_PARAMS)
 
     def content_memo(self) -> str:
