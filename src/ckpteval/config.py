@@ -833,10 +833,13 @@ def _replay_run(
     steps = _replay_steps(pattern, dirs) if "{step}" in pattern else [int(r["step"])]
 
     def missing(step: int) -> Path | None:
+        """The first file the step lacks (in a directory per checkpoint: `<task>.jsonl`, one
+        of the forms `Run.solutions_files` accepts), or None."""
         for t, v in files:
             found = run.solutions_files(t, v, step)
             if not found or not all(p.is_file() for p in found):
-                return run.solutions_file(t, v, step)
+                where = run.solutions_file(t, v, step)
+                return where / f"{t}.jsonl" if dirs else where
         return None
 
     lacking = {s: where for s in steps if (where := missing(s)) is not None}
