@@ -667,6 +667,9 @@ def test_a_replay_step_whose_files_go_keeps_its_scores_and_one_lacking_a_task_is
     cfg["runs"]["rep"]["settle_seconds"] = 0
     [line] = build_plan(cfg, base_dir=tmp_path).broken_lines()
     assert "checkpoint step_3 looks broken" in line and "math_qwen.jsonl" in line
+    # as the aggregate job's param: no path of this machine (a moved project rebuilds nothing)
+    [line] = build_plan(cfg, base_dir=tmp_path).broken_lines(age=False)
+    assert str(tmp_path) not in line and "step_3/math_qwen.jsonl" in line, line
 
 
 def _snakemake_record(work: Path, output: str) -> None:

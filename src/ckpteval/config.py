@@ -223,7 +223,12 @@ class Plan:
         ]
 
     def _relative(self, run: str, text: str) -> str:
-        path = self.runs[run].path
+        """`text` with the run's directory left out of its paths (a replay run's: where its
+        solutions are), so that a job's params do not change when the project moves."""
+        found = self.runs[run]
+        path = found.path
+        if path is None and found.checkpoints:
+            path = found.checkpoints[0].path
         return text.replace(f"{path}{os.sep}", "") if path is not None else text
 
     @functools.cached_property
