@@ -123,7 +123,9 @@ class Freshness:
         return model_identity(self.plan, run, ckpt)
 
     @functools.cache  # noqa: B019
+    @functools.cache  # noqa: B019
     def manifest(self, run: str, ckpt: str) -> dict[str, Any] | None:
+        """The model card as this parse found it, read once (the plan asks per cell)."""
         return _read(self.manifest_path(run, ckpt))
 
     def model_identity_changed(self, run: str, ckpt: str) -> bool:
@@ -140,9 +142,8 @@ class Freshness:
         manifest = self.manifest(run, ckpt)
         if manifest is None:
             return "not built yet"
-        identity = self.model_identity(run, ckpt)
-        if manifest.get("identity") != identity.digest:
-            changes = identity.changes(manifest.get("settings"))
+        if self.model_identity_changed(run, ckpt):
+            changes = self.model_identity(run, ckpt).changes(manifest.get("settings"))
             return "; ".join(changes) if changes else "built by an older ckpteval"
         if not self.plan.runs[run].has_weights:
             return None
