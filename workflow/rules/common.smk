@@ -15,10 +15,13 @@ from ckpteval.engine.gpus import engine_gpus
 from ckpteval.engine.plan import infer_rule_name
 from ckpteval.errors import UserError
 from ckpteval.plan.layout import WILDCARDS, CellKey
+from ckpteval.plan.snakemake_speed import check_scripts_once_per_rule
 from ckpteval.plan.sweep import ByContent, SweepPlan, runs_regex
 from ckpteval.steps import generation, model_card, run_in_process, summary
 from ckpteval.tasks import check_harness_names
 from ckpteval.verbs import Verbs
+
+check_scripts_once_per_rule()
 
 try:
     validate_config(config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml")
