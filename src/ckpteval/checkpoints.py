@@ -414,7 +414,9 @@ def sync_source_identity(path: Path, id_file: Path, manifest: Path) -> str:
         or old.get("source") != str(path)
         or not id_file.exists()
     ):
-        write_json(id_file, {"source": str(path), "content": content, "files": files})
+        write_json(
+            id_file, {"source": str(path), "content": content, "files": files}, durable=False
+        )
     consolidated = _content(recorded) if recorded else None
     status = "unknown" if content is None else "same" if content == consolidated else "changed"
     _settle_mtime(status, id_file, manifest)
@@ -430,7 +432,11 @@ def sync_s3_identity(ckpt: Checkpoint, id_file: Path, manifest: Path) -> str:
     content = sha256_json(files)
     old = _read_id(id_file)
     if old.get("content") != content or old.get("source") != ckpt.url or not id_file.exists():
-        write_json(id_file, {"source": ckpt.url, "s3": True, "content": content, "files": files})
+        write_json(
+            id_file,
+            {"source": ckpt.url, "s3": True, "content": content, "files": files},
+            durable=False,
+        )
     recorded = _read_id(manifest).get("source_files") or {}
     status = "same" if recorded and sha256_json(recorded) == content else "changed"
     if not manifest.exists():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
 import hashlib
 import json
 import os
@@ -32,24 +31,29 @@ def user_cache_dir() -> Path:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
+def atomic_open(
+    path: str | os.PathLike[str], mode: str = "w", durable: bool = True
+) -> Iterator[IO[Any]]:
     """Open a temp file beside `path`; rename it over `path` only if the block completes.
 
     Temp files of `path` that a killed writer left behind are removed first: one job writes a
-    given output at a time, so an older temp file of the same name can only be debris.
+    given output at a time, so an older temp file of the same name can only be debris. With
+    `durable`, the bytes are on disk before the rename; without, a crash of the machine may
+    leave the file empty: only for files a reader checks and writes again (a per-parse cache
+    such as a checkpoint's source identity), where an fsync per file is a second on a shared
+    filesystem for a thousand checkpoints.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.????????.tmp"):
-        with contextlib.suppress(FileNotFoundError):
-            stale.unlink()
+    _remove_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are shared like any other file
     try:
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -57,9 +61,25 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
         raise
 
 
-def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write `obj` as indented JSON, atomically."""
-    with atomic_open(path) as handle:
+def _remove_stale_temps(path: Path) -> None:
+    """Remove `path`'s temp files (`.<name>.XXXXXXXX.tmp`, mkstemp's 8 random characters) in
+    one listing of its directory (a pathlib glob per write made a directory of n files cost
+    n^2 / 2 pattern matches to fill)."""
+    prefix, size = f".{path.name}.", len(path.name) + 14
+    with os.scandir(path.parent) as entries:
+        stale = [
+            e.path
+            for e in entries
+            if len(e.name) == size and e.name.startswith(prefix) and e.name.endswith(".tmp")
+        ]
+    for name in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+def write_json(path: str | os.PathLike[str], obj: Any, durable: bool = True) -> None:
+    """Write `obj` as indented JSON, atomically (`durable`: see `atomic_open`)."""
+    with atomic_open(path, durable=durable) as handle:
         json.dump(obj, handle, indent=2, sort_keys=True, default=_jsonable)
         handle.write("\n")
 
