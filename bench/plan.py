@@ -26,6 +26,7 @@ figures). `--only` measures some of them: `--only status` builds and finishes th
     python bench/plan.py                       # 100, 300 and 1000 checkpoints
     python bench/plan.py --sizes 20 --profile  # one small size, profiled
     python bench/plan.py --sizes 1000 --only status
+    python bench/plan.py --sizes 300 --only new --repeat 3   # medians of 3 runs each, in turn
 
 Goals (issue 49): at 300 and 1,000 checkpoints x 20 cells, a new sweep's dry run within 1.3x the
 plain (`shell:`) Snakefile's, a finished sweep's within 1.5x, and `ckpteval status` on 20,000
@@ -41,6 +42,7 @@ import os
 import pstats
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -306,19 +308,28 @@ MEASURES = ("new", "finished", "status", "check")
 
 
 def measure(
-    root: Path, checkpoints: int, profile: bool, only: tuple[str, ...] = MEASURES
+    root: Path,
+    checkpoints: int,
+    profile: bool,
+    only: tuple[str, ...] = MEASURES,
+    repeat: int = 1,
 ) -> dict[str, float]:
     """CPU seconds of each command at one size (and `<name>_wall`, its wall seconds), for the
-    measures in `only`."""
+    measures in `only`; with `repeat`, the dry runs are made that many times, ckpteval's and the
+    plain Snakefiles' in turn (a new sweep's from no results each time), and each figure is the
+    median of its runs."""
     work = root / f"ckpteval-{checkpoints}"
     plain = root / f"plain-{checkpoints}"
     script = root / f"script-{checkpoints}"
     make_sweep(work, checkpoints)
     row: dict[str, float] = {}
+    runs: dict[str, list[tuple[float, float]]] = {}
 
     def record(name: str, seconds: float) -> None:
         # Printed as soon as measured: a run stopped by a time limit still says what it got.
-        row[name], row[f"{name}_wall"] = seconds, WALL[-1]
+        runs.setdefault(name, []).append((seconds, WALL[-1]))
+        row[name] = statistics.median(cpu for cpu, _ in runs[name])
+        row[f"{name}_wall"] = statistics.median(wall for _, wall in runs[name])
         print(
             f"  {checkpoints} x 20 {name}: {seconds:.1f} s CPU [{WALL[-1]:.1f} s wall]", flush=True
         )
@@ -328,13 +339,17 @@ def measure(
     def dry_runs(name: str, finished: bool) -> None:
         """ckpteval's dry run of the sweep as it is, then the two plain Snakefiles' (made anew:
         a plain one's outputs are the sweep's files as they are now)."""
-        make_plain(plain, work)
-        make_plain(script, work, script=True)
-        record(name, dry_run(work, REPO / "Snakefile", finished, profiles.get(name)))
-        record(f"{name}_plain", dry_run(plain, plain / "Snakefile", finished))
-        record(f"{name}_script", dry_run(script, script / "Snakefile", finished))
-        shutil.rmtree(plain)
-        shutil.rmtree(script)
+        for attempt in range(repeat):
+            if attempt and not finished:  # the first parse of a new sweep writes identities
+                shutil.rmtree(work / "results", ignore_errors=True)
+                shutil.rmtree(work / ".snakemake", ignore_errors=True)
+            make_plain(plain, work)
+            make_plain(script, work, script=True)
+            record(name, dry_run(work, REPO / "Snakefile", finished, profiles.get(name)))
+            record(f"{name}_plain", dry_run(plain, plain / "Snakefile", finished))
+            record(f"{name}_script", dry_run(script, script / "Snakefile", finished))
+            shutil.rmtree(plain)
+            shutil.rmtree(script)
 
     if "new" in only:
         dry_runs("new", False)
@@ -391,13 +406,23 @@ def main() -> None:
         help="measure only these (e.g. `--only status` at 1000: minutes, not the dry runs' 20+)",
     )
     parser.add_argument("--keep", type=Path, help="build the sweeps here and keep them")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="make each dry run this many times, in turn with the plain ones; print medians",
+    )
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="ckpteval-plan-"))
     rows = {}
     try:
         for size in args.sizes:
             rows[size] = measure(
-                root, size, args.profile, tuple(m for m in MEASURES if m in args.only)
+                root,
+                size,
+                args.profile,
+                tuple(m for m in MEASURES if m in args.only),
+                repeat=args.repeat,
             )
             print(line(size, rows[size]), flush=True)
         sizes = sorted(rows)

@@ -1,7 +1,8 @@
 """ckpteval.plan.snakemake_speed: Snakemake's per-job check of a `script:` rule's script runs once
 per rule when the path has no braces, and still per job when it has; a missing script still stops
-the dry run with Snakemake's own error, as it does unpatched. Each case is a real `snakemake -n` of a small Snakefile
-that counts the checks it makes (Snakemake's `script.get_source`, which the check calls)."""
+the dry run with Snakemake's own error, as it does unpatched; a Snakemake whose check is not the
+one read is left alone. The counting cases are real `snakemake -n` runs of a small Snakefile that
+counts the checks it makes (Snakemake's `script.get_source`, which the check calls)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import snakemake
+import snakemake.api  # noqa: F401  (before snakemake.dag: a circular import otherwise)
+from snakemake.dag import ScriptProcessor
+
+from ckpteval.plan import snakemake_speed
 
 PATCHED = """
 import atexit
@@ -18,7 +24,7 @@ import snakemake.script as _script
 from ckpteval.plan.snakemake_speed import check_scripts_once_per_rule
 
 if {patch}:
-    assert check_scripts_once_per_rule()
+    check_scripts_once_per_rule()
 _calls = []
 _get_source = _script.get_source
 
@@ -83,7 +89,29 @@ def test_a_script_is_checked_once_per_rule_unless_its_path_has_braces(
     # rule c's path has wildcards: one check per job, patched or not
     assert sum(n for s, n in by_rule.items() if "wildcards" in s) == 5
     plain = {s: n for s, n in by_rule.items() if "wildcards" not in s}
-    assert plain == {"touch.py": 2 if patch else 10}, by_rule
+    applied = snakemake_speed.source_digest(ScriptProcessor.process_job) == snakemake_speed.READ
+    assert plain == {"touch.py": 2 if patch and applied else 10}, by_rule
+
+
+def test_the_check_it_replaces_is_the_one_read() -> None:
+    """The method was read in Snakemake 9.27; on another Snakemake, whatever the method's text,
+    the patch holds only if it is the same text."""
+    digest = snakemake_speed.source_digest(ScriptProcessor.process_job)
+    if snakemake.__version__.startswith("9.27."):
+        assert digest == snakemake_speed.READ
+    elif digest != snakemake_speed.READ:
+        pytest.skip(
+            f"Snakemake {snakemake.__version__} changed the script check: planned unpatched"
+        )
+
+
+def test_a_method_it_has_not_read_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    def process_job(self: object, job: object) -> None:  # another Snakemake's, say
+        return None
+
+    monkeypatch.setattr(ScriptProcessor, "process_job", process_job)
+    assert snakemake_speed.check_scripts_once_per_rule() is False
+    assert ScriptProcessor.process_job is process_job
 
 
 @pytest.mark.parametrize("patch", [False, True], ids=["as snakemake does", "once per rule"])

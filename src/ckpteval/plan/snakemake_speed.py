@@ -9,14 +9,22 @@ A script path without braces names the same file for every job of its rule: the 
 rule's first job answers for the rest. A path with braces (formatted with wildcards or params) is
 still checked per job, and a missing script still stops the first job's check with Snakemake's
 own error, in the dry run as before.
+
+It replaces a method of Snakemake's (`snakemake.dag.ScriptProcessor.process_job`), and only the
+method as read in Snakemake 9.27 (its source's digest, `READ`): another Snakemake, whose method
+may do more per job, plans as Snakemake does, only slower.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 from typing import Any
 
 #: Set on the patched method: the patch is applied once per process.
 _MARK = "_ckpteval_once_per_rule"
+#: The sha256 (first 16 hex digits) of the source of the `process_job` this module replaces.
+READ = "168fffa9284a4cdf"
 
 
 def check_scripts_once_per_rule() -> bool:
@@ -24,6 +32,7 @@ def check_scripts_once_per_rule() -> bool:
     in place; False when this Snakemake has no such check to patch (planning is then as
     Snakemake does it, only slower)."""
     try:
+        import snakemake.api  # noqa: F401  (snakemake.dag alone is a circular import)
         from snakemake.dag import ScriptProcessor
     except ImportError:
         return False
@@ -32,6 +41,8 @@ def check_scripts_once_per_rule() -> bool:
         return False
     if getattr(original, _MARK, False):
         return True
+    if source_digest(original) != READ:
+        return False
 
     def process_job(self: Any, job: Any) -> None:
         entry = getattr(job.rule, self.script_type, None)
@@ -47,3 +58,11 @@ def check_scripts_once_per_rule() -> bool:
     setattr(process_job, _MARK, True)
     ScriptProcessor.process_job = process_job
     return True
+
+
+def source_digest(function: Any) -> str | None:
+    """The sha256 (first 16 hex digits) of a function's source; None if it cannot be read."""
+    try:
+        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return None
