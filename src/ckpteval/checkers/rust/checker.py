@@ -199,6 +199,8 @@ RUSTC_FLAGS = (
     "-C",
     "opt-level=0",
     "-C",
+    "codegen-units=1",  # 8% less CPU per batch; the workers' batches keep every core busy
+    "-C",
     "debuginfo=0",
     "-C",
     "strip=debuginfo",
