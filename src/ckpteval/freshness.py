@@ -123,7 +123,6 @@ class Freshness:
         return model_identity(self.plan, run, ckpt)
 
     @functools.cache  # noqa: B019
-    @functools.cache  # noqa: B019
     def manifest(self, run: str, ckpt: str) -> dict[str, Any] | None:
         """The model card as this parse found it, read once (the plan asks per cell)."""
         return _read(self.manifest_path(run, ckpt))
