@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,9 +12,8 @@ from ckpteval.checkers import Job, Verdict, get_checker
 from ckpteval.checkers.extract import code_block, python_program
 from ckpteval.io import iter_jsonl
 
-PYFUNC = (
-    Path(__file__).resolve().parents[1] / "src" / "ckpteval" / "data" / "tasks" / "pyfunc.jsonl"
-)
+REPO = Path(__file__).resolve().parents[1]
+PYFUNC = REPO / "src" / "ckpteval" / "data" / "tasks" / "pyfunc.jsonl"
 PROBLEMS = {row["task_id"]: row for row in iter_jsonl(PYFUNC)}
 SUM_SQ = PROBLEMS["pyfunc/0"]  # sum_of_squares(nums)
 GOOD_BODY = "    return sum(n * n for n in nums)\n"
@@ -210,3 +211,46 @@ def test_values_reach_the_tests_as_they_would_in_process() -> None:
     checker = get_checker("python")
     (verdict,) = checker.check_batch([Job("values/1", VALUES, VALUES_CODE)], timeout=5)
     assert verdict.passed, verdict.stderr_tail
+
+
+RACE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from ckpteval.checkers import Job, get_checker
+problem = {
+    "task_id": "t/0",
+    "prompt": "import not_installed\\n\\n\\ndef f(x):\\n",
+    "test": "import not_installed\\n\\n\\ndef check(candidate):\\n    assert candidate(1) == 1\\n",
+    "entry_point": "f",
+}
+checker = get_checker("python")
+for _ in range(2):
+    verdicts = checker.check_batch([Job("t/0", problem, "    return x\\n")] * 40, timeout=5)
+    print(json.dumps(sorted({(v.passed, v.error_type) for v in verdicts})))
+"""
+
+
+def test_a_sample_killed_while_it_starts_neither_hangs_nor_fails_its_batch(
+    tmp_path: Path,
+) -> None:
+    """When a judged run's tests end at once (they import what is not installed), the driver
+    kills the sample's process, which may still be starting: killed before its `setsid`, its
+    group did not exist yet, so the kill missed it, it started, waited for a kill that had come
+    and gone, and the batch hung; killed before it opened its output files, the host's read of
+    them raised FileNotFoundError and failed the batch. Under two busy loops the old code did
+    one or the other in 5 of 6 such batches of 40 (12-03); each batch must now end, every
+    sample with its own verdict."""
+    load = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(2)]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", RACE, str(REPO / "src")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        for busy in load:
+            busy.kill()
+            busy.wait()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ['[[false, "runtime_error"]]'] * 2

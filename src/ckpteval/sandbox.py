@@ -969,8 +969,15 @@ def _cpu_killed(sig: int | None, cpu_s: float, limits: Limits) -> bool:
 
 
 def _read_capped(path: Path, cap: int) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read(cap)
+    """The first `cap` bytes a command wrote to its output file `path`; nothing if the file was
+    never made. The command's first process makes it: a judged run's sample process that the
+    driver kills while it starts (its tests' process had already ended: under load, before the
+    sample reached its `open`) leaves none, and its row is still the tests' verdict."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(cap)
+    except FileNotFoundError:
+        return b""
 
 
 def _read_all(fd: int) -> bytes:

@@ -98,8 +98,8 @@ def _run_judged(command, uid, spec, account):
     # Did the sample end on its own while the tests needed it? (before we kill it)
     judge = _judge_report(report)
     ended, sample_status, sample_usage = _sample_fate(sample, judge.get("sample_gone") is True)
-    for group in (tester, sample):
-        _kill_group(group)
+    _kill_group(tester)
+    _kill_group(sample, reaped=bool(ended))
     _, status, usage = os.wait4(tester, 0)
     if not ended:
         _, _, sample_usage = os.wait4(sample, 0)

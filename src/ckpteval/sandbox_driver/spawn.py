@@ -176,11 +176,19 @@ def _row(command, usage_of, status, timed_out, duration, max_rss, reaped_elsewhe
     }
 
 
-def _kill_group(pid):
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _kill_group(pid, reaped=False):
+    """Kill the process group a command's process `pid` leads, and, unless it was `reaped`
+    (then its number may be another's), `pid` itself: a process still starting, before its
+    `setsid`, leads no group yet. A judged run's sample process that the driver killed by its
+    group alone, before it got that far, went on to start once its tests had ended, waited for
+    a kill that had come and gone, and the driver waited for it: the batch hung (seen under
+    load)."""
+    kills = (os.killpg,) if reaped else (os.killpg, os.kill)
+    for kill in kills:
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _clean(spare=()):
