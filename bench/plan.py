@@ -127,8 +127,11 @@ def finish(work: Path) -> int:
     os.chdir(work)
     try:
         params = SweepPlan(plan).aggregate_params()
+        verdicts = _self_test_verdicts(plan, layout)
     finally:
         os.chdir(cwd)
+    for path, record in verdicts.items():  # each code task's self-test, before its scores
+        _write(path, record, base + 2)
     _write(Path(layout.summary_params()), params, base + 4)
     for where, mtime in ((layout.summary_staging(), base + 4), (layout.summary_dir(), base + 5)):
         summary = Path(where)
@@ -170,6 +173,26 @@ def _finish_cell(layout: Any, plan: Any, cell: Any, weights: str, base: float) -
     names = {"run": run, "ckpt": cell.ckpt, "task": task, "variant": variant}
     cell_json = {**names, "scoring": score.settings, "metrics": {"acc": 1.0}, "n": 1}
     _write(Path(layout.score(cell)), cell_json, base + 3)
+
+
+def _self_test_verdicts(plan: Any, layout: Any) -> dict[Path, dict[str, Any]]:
+    """The verdict of the self-test (rule selftest) of each code task and configuration, as a
+    passed one records it: path -> record."""
+    from ckpteval.contract import scoring_identity
+    from ckpteval.selftest import selftest_identity, separate
+
+    verdicts = {}
+    for cell in plan.cell_keys:
+        if separate(plan.tasks[cell.task].checker):
+            identity = selftest_identity(scoring_identity(plan, cell.run, cell.task, cell.variant))
+            path = Path(layout.selftest_verdict(cell.task, identity.digest))
+            verdicts[path] = {
+                "task": cell.task,
+                **identity.record(),
+                "self_test": {"references_passed": 1, "known_wrong_failed": 2},
+                "run_s": {},
+            }
+    return verdicts
 
 
 def _write(path: Path, obj: Any, mtime: float) -> None:

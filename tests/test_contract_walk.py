@@ -31,6 +31,7 @@ from contract_sweep import (
     shared_sweep,
 )
 
+from ckpteval.config import build_plan, validate_config
 from ckpteval.contract import (
     CONTRACT,
     GENERATIONS,
@@ -42,7 +43,9 @@ from ckpteval.contract import (
     SUMMARY,
     CellScope,
     lookup,
+    scoring_identity,
 )
+from ckpteval.selftest import selftest_identity, separate, verdict_path
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +281,25 @@ def case(row: Any, sweep: Sweep) -> tuple[dict[str, Any], Counter[str]]:
     return config, promise(row)
 
 
+def self_tests(config: dict[str, Any], sweep: Sweep) -> Counter[str]:
+    """The self-test jobs (rule selftest) a changed config plans besides its cells': one per
+    code task (pyfunc, or one the change adds) whose self-test has no verdict under `config`:
+    a new outdir or task, or a setting its self-test reads (the task's definition, what the
+    checker reads of `evaluate`). The finished sweep holds pyfunc's verdict, so any other
+    change plans none; the contract table promises the cells."""
+    checked = copy.deepcopy(config)
+    validate_config(checked)
+    plan = build_plan(checked, base_dir=sweep.work)
+    verdicts = {
+        verdict_path(plan.outdir, c.task, selftest_identity(scoring_identity(plan, *where)))
+        for c in plan.cell_keys
+        if separate(plan.tasks[c.task].checker)
+        for where in [(c.run, c.task, c.variant)]
+    }
+    missing = sum(not (sweep.work / path).exists() for path in verdicts)  # outdir may be relative
+    return Counter({"selftest": missing}) if missing else Counter()
+
+
 #: Keys of backends the walk's sweep has no run of: tested on a sweep of their own below; and
 #: the options of a checker's `checker:` mapping (no task of the sweep has one): the reward
 #: function's, on a sweep of their own in tests/test_reward.py.
@@ -295,6 +317,7 @@ ELSEWHERE = {
 )
 def test_changing_a_key_plans_exactly_what_the_contract_promises(sweep: Sweep, row: Any) -> None:
     config, expected = case(row, sweep)
+    expected += self_tests(config, sweep)
     jobs, out = dry_run(sweep, config, "walk")
     assert jobs == expected, f"{row.key} ({row.effect}): {row.why}"
     if row.effect in (SCORES, GENERATIONS) and expected:

@@ -118,6 +118,9 @@ SYN_SCORE = "results/scores/sweep/step_200/pyfunc/hot-s1.json"
 SYN_CELLS = 3 * 20
 SUMMARY = {"aggregate": 1, "summary": 1}
 ALL_CELLS = {"generation": SYN_CELLS, "evaluate": SYN_CELLS, **SUMMARY}
+#: The self-tests (rule selftest) of its code tasks, pyfunc, rustfunc and humaneval: forced by
+#: `-F`, kept by `--omit-from evaluate` (they come before the evaluate jobs, after no generation).
+SELF_TESTS = {"selftest": 3}
 
 #: (arguments, jobs per rule the dry run plans): docs/reruns.md's table, on 3 checkpoints x 20
 #: cells; None: a command that plans nothing to count (it prints a graph or a table).
@@ -136,9 +139,12 @@ SYNTHETIC_VERBS: list[tuple[tuple[str, ...], dict[str, int] | None]] = [
     (("-n", "-R", "consolidate"), {"consolidate": 3, "infer": 3, **ALL_CELLS}),
     (("-n", "-R", "evaluate"), {"evaluate": SYN_CELLS, **SUMMARY}),
     (("-n", "-R", "aggregate"), SUMMARY),
-    (("-n", "-F"), {"consolidate": 3, "infer": 3, **ALL_CELLS}),
+    (("-n", "-F"), {"consolidate": 3, "infer": 3, **ALL_CELLS, **SELF_TESTS}),
     (("-n", "-F", "--until", "generation"), {"consolidate": 3, "infer": 3, "generation": 60}),
-    (("-n", "-F", "--omit-from", "evaluate"), {"consolidate": 3, "infer": 3, "generation": 60}),
+    (
+        ("-n", "-F", "--omit-from", "evaluate"),
+        {"consolidate": 3, "infer": 3, "generation": 60, **SELF_TESTS},
+    ),
 ]
 
 

@@ -1,9 +1,11 @@
-"""A reward task's self-test as a job of its own, so that a failing one costs no score.
+"""A code task's self-test as a job of its own: a failing one costs no score, a passing one is
+paid once per configuration, not once per cell.
 
 Snakemake removes a job's outputs before the job runs. A self-test run inside the scoring
-(evaluate) job therefore took the cell's previous scores with it when it failed. The workflow's
-`selftest` rule runs it apart instead, once per task and checker configuration, and every evaluate
-job of the task that is (re)scored waits for it:
+(evaluate) job therefore took the cell's previous scores with it when it failed; and a Python or
+Rust self-test runs every problem's reference solution, which costs a fifth of a cell of 4
+samples per problem. The workflow's `selftest` rule runs it apart instead, once per task and
+checker configuration, and every evaluate job of the task that is (re)scored waits for it:
 
 - **Its verdict file**, `<outdir>/staging/selftest/<task>.<key>.json`, is named by `key`, the
   digest of the self-test's identity: the cell's scoring identity (the checker, its version, the
@@ -19,8 +21,9 @@ job of the task that is (re)scored waits for it:
   `ckpteval status` shows for every cell of the task as `blocked`, until a passing self-test
   removes it.
 
-Only reward-function tasks self-test apart (`SEPARATE_CHECKERS`); other checkers still self-test
-in their evaluate job, where their references' run times calibrate that job's own timeouts.
+Tasks whose checker runs code self-test apart (`SEPARATE_CHECKERS`: python, rust, stdio and
+reward functions); the math checkers, whose self-test takes milliseconds, still self-test in their
+evaluate job. `ckpteval score`, outside the workflow, self-tests before it scores.
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ from ckpteval.contract import Identity
 from ckpteval.io import write_json
 from ckpteval.plan.layout import Layout
 
-#: Checkers whose self-test is a job of its own (rule `selftest`).
-SEPARATE_CHECKERS = frozenset({"reward_function"})
+#: Checkers whose self-test is a job of its own (rule `selftest`): those that run code. Their
+#: self-test runs every problem's reference and the known-wrong samples (a fifth of a Rust or
+#: Python cell's checks on a bench of 4 samples per problem), once per configuration instead of
+#: once per cell; a math checker's self-test costs milliseconds and stays in its evaluate job.
+SEPARATE_CHECKERS = frozenset({"reward_function", "python", "rust", "stdio"})
 #: Scoring identity keys the self-test does not read (what only a cell's metrics depend on).
 CELL_ONLY_KEYS = frozenset({"cell.format", "evaluate.ks"})
 

@@ -4,8 +4,9 @@
 # rescores, a changed worker count does not. The job reads them from that param alone
 # (ckpteval.jobs), and its task's problem file, if it has one, as an input by content (ancient:
 # a moved or touched file reruns nothing; new content changes the identity), and so are the files
-# its checker's options name (a reward function: `checker_reward_function`). A reward task's cell
-# that is (re)scored waits for its task's self-test job (rule selftest, below).
+# its checker's options name (a reward function: `checker_reward_function`). A cell of a task whose
+# checker runs code (python, rust, stdio, a reward function) that is (re)scored waits for its task's
+# self-test job (rule selftest, below).
 rule evaluate:
     input:
         unpack(get_evaluate_inputs),
@@ -22,11 +23,12 @@ rule evaluate:
         "../scripts/evaluate.py"
 
 
-# A reward task's self-test, apart from its scoring (ckpteval.selftest): Snakemake removes a job's
+# A code task's self-test, apart from its scoring (ckpteval.selftest): Snakemake removes a job's
 # outputs before it runs, so a self-test failing inside the evaluate job took the cell's previous
 # scores with it. This job fails alone, and the evaluate jobs that wait for it never start. Its
 # output is named by the digest of its identity, so a changed function or setting is a verdict
-# not made yet, and the same configuration finds its old one.
+# not made yet, and the same configuration finds its old one. It runs once per configuration, not
+# once per cell: a Python or Rust self-test runs every problem's reference solution.
 rule selftest:
     input:
         unpack(get_checker_files),

@@ -423,7 +423,7 @@ class SweepPlan:
             ) from None
 
     def selftest_input(self, cell: CellKey) -> str | None:
-        """A reward cell's self-test verdict, a plain input of every cell this invocation
+        """A code cell's self-test verdict (`ckpteval.selftest.separate`), a plain input of every cell this invocation
         (re)scores and no input of a current one: a verdict not made yet, removed or forced
         never reruns a current cell, and a cell that is rescored always waits for a self-test
         Snakemake reruns. Never an `ancient` input: a self-test that Snakemake reruns (an
