@@ -423,16 +423,16 @@ class SweepPlan:
             ) from None
 
     def selftest_input(self, cell: CellKey) -> str | None:
-        """A code cell's self-test verdict (`ckpteval.selftest.separate`), a plain input of every cell this invocation
-        (re)scores and no input of a current one: a verdict not made yet, removed or forced
-        never reruns a current cell, and a cell that is rescored always waits for a self-test
-        Snakemake reruns. Never an `ancient` input: a self-test that Snakemake reruns (an
-        interrupted one, incomplete) hides the own reasons of the jobs it feeds through an
-        ancient input, so the rerun ran the self-test alone, said done and left the cells
-        unscored (snakemake/snakemake#4166). Which cells are rescored is `rescored`, the reasons
-        `ckpteval status` shows (a newer generation file or model card among them); a cell
-        Snakemake rescores for a reason of its own beyond those self-tests in its evaluate
-        job, as other checkers do."""
+        """A code cell's self-test verdict (`ckpteval.selftest.separate`), a plain input of every
+        cell this invocation (re)scores and no input of a current one: a verdict not made yet,
+        removed or forced never reruns a current cell, and a cell that is rescored always waits
+        for a self-test Snakemake reruns. Never an `ancient` input: a self-test that Snakemake
+        reruns (an interrupted one, incomplete) hides the own reasons of the jobs it feeds
+        through an ancient input, so the rerun ran the self-test alone, said done and left the
+        cells unscored (snakemake/snakemake#4166). Which cells are rescored is `rescored`, the
+        reasons `ckpteval status` shows (a newer generation file or model card among them); a
+        cell Snakemake rescores for a reason of its own beyond those self-tests in its evaluate
+        job, as the math checkers do."""
         identity = self.selftest_of(cell.run, cell.task, cell.variant)
         if identity is None or self.rescored(cell) is None:
             return None
