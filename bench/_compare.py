@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.checkers import get_checker
-from ckpteval.evaluate import run_self_test, score_samples
+from ckpteval.evaluate import score_samples, self_test_verdict
 
 
 def options(description: str, timeout_help: str) -> argparse.ArgumentParser:
@@ -54,7 +54,7 @@ def run_ckpteval(
     start = time.monotonic()
     impl = get_checker(checker, **opts)
     try:
-        report, _, run_s = run_self_test(impl, by_id, workers=workers, timeout=timeout)
+        verdict = self_test_verdict(impl, by_id, workers=workers, timeout=timeout)
     finally:
         impl.close()
     self_test_wall = time.monotonic() - start
@@ -68,7 +68,7 @@ def run_ckpteval(
         workers=workers,
         timeout=timeout,
         checker_options=opts,
-        passed_self_test={"self_test": report, "run_s": run_s},
+        passed_self_test=verdict,
     )
     wall = time.monotonic() - start
     return wall, self_test_wall, cell, read_jsonl(work / "ckpteval.jsonl")

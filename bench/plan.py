@@ -178,21 +178,17 @@ def _finish_cell(layout: Any, plan: Any, cell: Any, weights: str, base: float) -
 def _self_test_verdicts(plan: Any, layout: Any) -> dict[Path, dict[str, Any]]:
     """The verdict of the self-test (rule selftest) of each code task and configuration, as a
     passed one records it: path -> record."""
-    from ckpteval.contract import scoring_identity
-    from ckpteval.selftest import selftest_identity, separate
+    from ckpteval.selftest import plan_verdicts
 
-    verdicts = {}
-    for cell in plan.cell_keys:
-        if separate(plan.tasks[cell.task].checker):
-            identity = selftest_identity(scoring_identity(plan, cell.run, cell.task, cell.variant))
-            path = Path(layout.selftest_verdict(cell.task, identity.digest))
-            verdicts[path] = {
-                "task": cell.task,
-                **identity.record(),
-                "self_test": {"references_passed": 1, "known_wrong_failed": 2},
-                "run_s": {},
-            }
-    return verdicts
+    return {
+        path: {
+            "task": task,
+            **identity.record(),
+            "self_test": {"references_passed": 1, "known_wrong_failed": 2},
+            "run_s": {},
+        }
+        for path, (task, identity) in plan_verdicts(plan, layout.out).items()
+    }
 
 
 def _write(path: Path, obj: Any, mtime: float) -> None:

@@ -43,9 +43,8 @@ from ckpteval.contract import (
     SUMMARY,
     CellScope,
     lookup,
-    scoring_identity,
 )
-from ckpteval.selftest import selftest_identity, separate, verdict_path
+from ckpteval.selftest import plan_verdicts
 
 
 @pytest.fixture(scope="module")
@@ -290,12 +289,7 @@ def self_tests(config: dict[str, Any], sweep: Sweep) -> Counter[str]:
     checked = copy.deepcopy(config)
     validate_config(checked)
     plan = build_plan(checked, base_dir=sweep.work)
-    verdicts = {
-        verdict_path(plan.outdir, c.task, selftest_identity(scoring_identity(plan, *where)))
-        for c in plan.cell_keys
-        if separate(plan.tasks[c.task].checker)
-        for where in [(c.run, c.task, c.variant)]
-    }
+    verdicts = plan_verdicts(plan)
     missing = sum(not (sweep.work / path).exists() for path in verdicts)  # outdir may be relative
     return Counter({"selftest": missing}) if missing else Counter()
 

@@ -919,6 +919,25 @@ def run_self_test(
     return report, timeouts_from(checker, problems, timeout, timeout_factor, measured), measured
 
 
+def self_test_verdict(
+    checker: Checker,
+    problems: Mapping[str, Mapping[str, Any]],
+    *,
+    workers: int,
+    timeout: float | None,
+    timeout_factor: float = DEFAULT_TIMEOUT_FACTOR,
+) -> dict[str, Any]:
+    """What a passed self-test job records (ckpteval.selftest) and `score_samples` takes as
+    `passed_self_test`: `{"self_test": report, "run_s": {task_id: reference run seconds}}`.
+    The problems are validated first; `SelfTestError` if it fails."""
+    for task_id, problem in problems.items():
+        checker.validate_problem(task_id, problem)
+    report, _, run_s = run_self_test(
+        checker, problems, workers=workers, timeout=timeout, timeout_factor=timeout_factor
+    )
+    return {"self_test": report, "run_s": run_s}
+
+
 def self_test_report(
     checker: Checker, references: Sequence[Job], wrong: Sequence[Job], verdicts: Sequence[Verdict]
 ) -> dict[str, Any]:

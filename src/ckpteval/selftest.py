@@ -98,22 +98,32 @@ def failed_line(verdict: Path) -> str | None:
         return None
 
 
-def blocked_tasks(plan: Any, outdir: Path | None = None) -> dict[str, str]:
-    """`{task: why}` for the plan's tasks whose current self-test failed: their cells cannot be
-    (re)scored until it passes. One self-test per task and configuration (the first cell's; a
-    run whose settings differ has its own, read the same way), under `outdir` (the plan's by
-    default)."""
+def plan_verdicts(plan: Any, outdir: Path | str | None = None) -> dict[Path, tuple[str, Identity]]:
+    """Verdict path -> (task, identity) of every self-test the plan's cells wait for: one per
+    task of a `separate` checker and configuration (a run whose settings differ has its own),
+    under `outdir` (the plan's by default), in the order of the plan's cells."""
     from ckpteval.contract import scoring_identity
 
-    blocked: dict[str, str] = {}
+    found: dict[Path, tuple[str, Identity]] = {}
     seen: set[tuple[str, str, str]] = set()
     for cell in plan.cell_keys:
-        task, where = cell.task, (cell.run, cell.task, cell.variant)
-        if task in blocked or where in seen or not separate(plan.tasks[task].checker):
+        where = (cell.run, cell.task, cell.variant)
+        if where in seen or not separate(plan.tasks[cell.task].checker):
             continue
         seen.add(where)
         identity = selftest_identity(scoring_identity(plan, *where))
-        line = failed_line(verdict_path(outdir or plan.outdir, task, identity))
+        found.setdefault(
+            verdict_path(outdir or plan.outdir, cell.task, identity), (cell.task, identity)
+        )
+    return found
+
+
+def blocked_tasks(plan: Any, outdir: Path | None = None) -> dict[str, str]:
+    """`{task: why}` for the plan's tasks whose current self-test failed: their cells cannot be
+    (re)scored until it passes (`plan_verdicts`: the first failed configuration's line)."""
+    blocked: dict[str, str] = {}
+    for verdict, (task, _) in plan_verdicts(plan, outdir).items():
+        line = None if task in blocked else failed_line(verdict)
         if line is not None:
             blocked[task] = f"self-test failed: {line}"
     return blocked

@@ -333,7 +333,7 @@ def selftest(smk: Any) -> None:
     failed, it leaves its one line beside for `ckpteval status` and fails alone."""
     from ckpteval.checkers import get_checker
     from ckpteval.contract import Identity
-    from ckpteval.evaluate import DEFAULT_TIMEOUT_FACTOR, SelfTestError, run_self_test
+    from ckpteval.evaluate import DEFAULT_TIMEOUT_FACTOR, SelfTestError, self_test_verdict
     from ckpteval.jobs import ScoringJob
     from ckpteval.selftest import record, record_failure
 
@@ -348,13 +348,10 @@ def selftest(smk: Any) -> None:
     scoring = job.scoring_kwargs(files)
     verdict = Path(smk.output.verdict)
     checker = get_checker(task.checker, **scoring["checker_options"])
-    problems = task.problems()
     try:
-        for task_id, problem in problems.items():
-            checker.validate_problem(task_id, problem)
-        report, _, run_s = run_self_test(
+        outcome = self_test_verdict(
             checker,
-            problems,
+            task.problems(),
             workers=int(smk.threads),
             timeout=scoring["timeout"],
             timeout_factor=scoring.get("timeout_factor", DEFAULT_TIMEOUT_FACTOR),
@@ -364,12 +361,7 @@ def selftest(smk: Any) -> None:
         raise
     finally:
         checker.close()
-    record(
-        verdict,
-        task_name,
-        Identity.from_text(smk.params.identity),
-        {"self_test": report, "run_s": run_s},
-    )
+    record(verdict, task_name, Identity.from_text(smk.params.identity), outcome)
 
 
 def _optional_input(smk: Any, name: str) -> Path | None:
