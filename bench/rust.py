@@ -15,9 +15,9 @@ cargo hidden from PATH (its clippy step cannot pass without a `main`) and `--k="
 turns a bare `1` into an int, which it cannot split; `1,10` crashes too). ckpteval runs
 sandboxed (bwrap), as the workflow runs it: the task's self-test (rule `selftest`, once per task
 and configuration), then the cell (an evaluate job, one per checkpoint); the target is the
-cell's, and the ratio with the self-test included (a one-off `ckpteval score`) is printed too. Both use the same number of workers and the same timeout
-(a sample that loops costs both tools the same `timeout` seconds of a core), so the ratio of
-throughputs is the ratio per core.
+cell's, and the ratio with the self-test included (a one-off `ckpteval score`) is printed too.
+Both use the same number of workers and the same timeout (a sample that loops costs both tools
+the same `timeout` seconds of a core), so the ratio of throughputs is the ratio per core.
 
 Two ratios are printed. The first is over all samples, against the issue's target of 20x. That
 target is out of reach on this bench for any judge: a few mutants loop forever (5 of the 584 with

@@ -19,8 +19,8 @@ Only the problem's tests run, by exact name, so a completion's own `#[test]`s do
 
 **Isolation.** Compiling is batched: a rustc run costs ~0.25 s of CPU however few units it holds
 (the harness, std's metadata, the link; 12-03, this machine), so units are compiled together
-(~5-8 ms per unit: about a third type checking, two thirds code generation), each as a *file* module,
-`#[path = "u<i>/main.rs"] mod ckpteval_s<i>;`, of one crate. A file module is sealed: comments,
+(~5-8 ms per unit: about a third type checking, two thirds code generation), each as a *file*
+module, `#[path = "u<i>/main.rs"] mod ckpteval_s<i>;`, of one crate. A file module is sealed: comments,
 strings and delimiters cannot cross a file's end, and its `macro_rules!` do not leave it without
 `#[macro_use]`. What a module's text could still do to the rest of the crate, it is never allowed
 to do batched: a sample is compiled alone (its own crate, its own directory) if its raw text
@@ -32,9 +32,10 @@ or reaches outside its module (`crate`, `super`, inner attributes `#!`, `macro_e
 `debugger_visualizer`, attributes assembled by macros), implements a trait for a type it does not
 define at its top level (a crate-wide impl can change type inference in a sibling), has
 non-ASCII identifiers, or leaves a delimiter open in its program or its problem's tests (rustc
-stops the crate there and names only that file: each such unit would cost a failed compile). Trait impls are the one thing a sealed module does to the whole crate:
-with a dozen impls of `PartialEq<Own>` for `i64` in the crate, a sibling's `assert_eq!(got,
-vec![])` is "type annotations needed", an error that names neither the impls nor their file. So
+stops the crate there and names only that file: each such unit would cost a failed compile).
+Trait impls are the one thing a sealed module does to the whole crate: with a dozen impls of
+`PartialEq<Own>` for `i64` in the crate, a sibling's `assert_eq!(got, vec![])` is "type
+annotations needed", an error that names neither the impls nor their file. So
 units whose program or tests have a trait impl (`impl X for Y`, or `impl` in a text with
 `macro_rules!`) are batched only with each other, never with units that have none, and a
 compile error among them is confirmed by compiling that unit alone.
