@@ -258,6 +258,57 @@ def test_run_many_isolates_commands_from_each_other(sandbox: Sandbox, tmp_path: 
     assert results[5].timed_out and results[5].signal == 9
 
 
+def test_each_command_gets_exactly_its_own_output_whatever_it_leaves_writing(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Outputs are memfds the driver appends to one file per batch: every command, run by exec
+    or forked (`python_file`), gets back exactly what it wrote, whatever its size; a process it
+    leaves behind, still holding its stdout, writes nothing into it or into a later command's;
+    its descriptors are write-only; and the cap holds for both ways of running."""
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / "write.py").write_text(
+        "import os, sys\n"
+        "n = int(os.environ['N'])\n"
+        "sys.stdout.write(f'out{n}:' + 'o' * (n * 37_000))\n"
+        "sys.stderr.write(f'err{n}:' + 'e' * (n * 11_000))\n"
+        "sys.stdout.flush(); sys.stderr.flush()\n"
+        "for fd in (1, 2):\n"
+        "    try:\n"
+        "        os.pread(fd, 1, 0)\n"
+        "        raise SystemExit(f'read back fd {fd}')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "if n % 3 == 0 and os.fork() == 0:\n"  # left behind, writing once the command has ended
+        "    os.setsid()\n"
+        "    import time\n"
+        "    time.sleep(0.5)\n"
+        "    os.write(1, b'LATE'); os.write(2, b'LATE')\n"
+        "    os._exit(0)\n"
+    )
+    (tmp_path / "flood.py").write_text(
+        "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n"
+    )
+    commands = [
+        Command(
+            [PYTHON, "-I", "-S", "write.py"],
+            Limits(wall_s=5),
+            env={"N": str(n)},
+            python_file=tmp_path / "write.py" if n % 2 else None,
+        )
+        for n in range(12)
+    ]
+    commands.insert(
+        5, Command([PYTHON, "-I", "-S", "flood.py"], Limits(wall_s=5, file_bytes=1 << 20))
+    )
+    results = sandbox.run_many(commands, workdir=tmp_path, readable=[PREFIX])
+    flooded = results.pop(5)
+    assert flooded.output_limit and len(flooded.stdout) == 1 << 20
+    for n, result in enumerate(results):
+        assert result.exit_code == 0, (n, result.stderr[-300:])
+        assert result.stdout == f"out{n}:".encode() + b"o" * (n * 37_000), n
+        assert result.stderr == f"err{n}:".encode() + b"e" * (n * 11_000), n
+
+
 def test_run_many_gives_up_the_commands_another_worker_claims(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:

@@ -28,8 +28,11 @@ Every generated program is hostile until proven otherwise. A sandbox is
   and compilers need, the interpreter or toolchain the checker names, and the work directory
   (read-only or writable as asked); `/tmp` is a private size-limited tmpfs, fresh for each command.
   Home directories and the repository are not visible.
-- stdout and stderr go to files outside the program's reach; RLIMIT_FSIZE caps them (and any file
-  the program writes), so printing gigabytes ends the program instead of filling a disk or memory.
+- stdout and stderr go to memfds the program gets write-only; once all its processes have ended,
+  the driver appends them to the batch's outputs file, outside the program's reach (no file is
+  created per command: on ext4 that cost ~1 ms of a command's ~5). RLIMIT_FSIZE caps them (and
+  any file the program writes), so printing gigabytes ends the program instead of filling a disk
+  or memory; while it runs they count toward its memory.
 - The time limit is the CPU time of all of a command's processes together (`Limits.cpu_budget`),
   counted by the kernel in a cgroup of the command's own (`ckpteval.cgroups`: every thread, to
   the nanosecond), which also bounds its memory in all (`Limits.memory_bytes`: memfds and shared
@@ -81,7 +84,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ckpteval import cgroups, sandbox_driver
 from ckpteval.errors import UserError
@@ -542,10 +545,11 @@ def _run_batch(
         for line in outer.stderr.decode("utf-8", "replace").splitlines():
             if line.startswith("sandbox: warm zygote gone"):  # the driver's one line
                 log.warning("%s", line)
-        return [
-            _result(command, json.loads(line), io_dir / str(i), outer.stderr)
-            for i, (command, line) in enumerate(zip(commands, lines))
-        ]
+        with open(io_dir / "outputs", "a+b") as outputs:
+            return [
+                _result(command, json.loads(line), outputs, io_dir / str(i), outer.stderr)
+                for i, (command, line) in enumerate(zip(commands, lines))
+            ]
 
 
 def _memory_cap(limits: Limits) -> int:
@@ -607,6 +611,7 @@ def _batch_spec(
     return {
         "uid": uid,
         "results": str(io_dir / "results.jsonl"),
+        "outputs": str(io_dir / "outputs"),
         "acct": str(io_dir / "acct"),
         "workdir": str(workdir),
         "binds": [str(p) for p in binds],
@@ -620,8 +625,7 @@ def _batch_spec(
                 "python_tests": str(c.python_tests) if c.python_tests else None,
                 "env": {**_BASE_ENV, **(c.env or {})},
                 "stdin": str(c.stdin) if c.stdin else None,
-                "stdout": str(io_dir / f"{i}.out"),
-                "stderr": str(io_dir / f"{i}.err"),
+                "isolation": str(io_dir / f"{i}.isolation"),
                 "result_channel": c.result_channel,
                 "warm": c.warm,
                 "warm_s": c.warm_s,
@@ -637,9 +641,12 @@ def _batch_spec(
     }
 
 
-def _result(command: Command, row: dict, outputs: Path, driver_stderr: bytes) -> RunResult:
-    """One command's result from the driver's line and its output files (`outputs`.out/.err).
-    A command the driver could not isolate fails the whole batch: nothing ran unisolated."""
+def _result(
+    command: Command, row: dict, outputs: BinaryIO, files: Path, driver_stderr: bytes
+) -> RunResult:
+    """One command's result from the driver's line, the batch's `outputs` file (where its stdout
+    and stderr are: the line's "output") and its result file (`files`.result). A command the
+    driver could not isolate fails the whole batch: nothing ran unisolated."""
     if row.get("isolation_error"):
         raise SandboxError(
             "sandbox: could not give a command its own namespaces and /tmp "
@@ -649,8 +656,7 @@ def _result(command: Command, row: dict, outputs: Path, driver_stderr: bytes) ->
         _warn_cpu_account(row.get("cpu_account"), driver_stderr)
     code = os.waitstatus_to_exitcode(row["status"])
     cap = command.limits.file_bytes
-    stdout = _read_capped(outputs.with_suffix(".out"), cap)
-    stderr = _read_capped(outputs.with_suffix(".err"), cap)
+    stdout, stderr = (_read_at(outputs, *place, cap) for place in row["output"])
     sig = -code if code < 0 else None
     return RunResult(
         exit_code=code if code >= 0 else None,
@@ -664,8 +670,8 @@ def _result(command: Command, row: dict, outputs: Path, driver_stderr: bytes) ->
         max_rss_bytes=row["max_rss_bytes"],
         judge=row.get("judge"),
         memory_limit=row.get("oom_killed", False),
-        channel=_read_capped(outputs.with_suffix(".result"), 1 << 20)
-        if outputs.with_suffix(".result").exists()
+        channel=_read_capped(files.with_suffix(".result"), 1 << 20)
+        if files.with_suffix(".result").exists()
         else None,
         forged_results=row.get("forged_results", 0),
     )
@@ -968,11 +974,16 @@ def _cpu_killed(sig: int | None, cpu_s: float, limits: Limits) -> bool:
     return sig == signal.SIGKILL and cpu_s >= limits.cpu_limit - 0.05
 
 
+def _read_at(handle: BinaryIO, offset: int, size: int, cap: int) -> bytes:
+    """`size` bytes (at most `cap`) at `offset` of the batch's outputs file: a command's stdout or
+    stderr, as the driver appended it."""
+    handle.seek(offset)
+    return handle.read(min(size, cap))
+
+
 def _read_capped(path: Path, cap: int) -> bytes:
-    """The first `cap` bytes a command wrote to its output file `path`; nothing if the file was
-    never made. The command's first process makes it: a judged run's sample process that the
-    driver kills while it starts (its tests' process had already ended: under load, before the
-    sample reached its `open`) leaves none, and its row is still the tests' verdict."""
+    """The first `cap` bytes of the file `path` (a command's output unsandboxed, a result file);
+    nothing if it was never made."""
     try:
         with open(path, "rb") as handle:
             return handle.read(cap)

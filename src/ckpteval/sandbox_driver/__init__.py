@@ -20,7 +20,8 @@ that cross between a judged run's two processes; `arrays`: numpy's and pandas's,
 `judge` (the tests' side), `sample` (the sample's side), `spawn` (a command's process), `judged`
 (a judged run), `zygote` (warm zygotes) and `loop` (the command loop, `main`).
 
-For each command: fork; in the child, a new session, the command's stdin/stdout/stderr files,
+For each command: fork; in the child, a new session, the command's stdin, its stdout and stderr
+(memfds, `_Outputs`),
 mount and IPC namespaces of its own (`_isolate`: a fresh tmpfs as /tmp, the batch's work
 directory covered but for the command's own `cwd`, bounded SysV IPC), `no_new_privs` and a
 seccomp filter refusing the kernel state that would outlive it (`_refuse_kernel_state`:
@@ -66,10 +67,11 @@ Commands with `warm` (the reward checker's samples) are forked from a warm zygot
 A command with `python_file` *and* `python_tests` is judged: see `judged`. Its
 result line adds "judge": what the test runner reported.
 
-argv: spec.json. spec: {"uid", "results", "site_dirs": [dir, ...], "preload": [module, ...],
-"claims", "commands": [{"argv", "python_file", "python_tests", "warm", "warm_s", "cwd", "env",
-"stdin", "stdout", "stderr", "wall_s", "claim", "rlimits": {"RLIMIT_AS": n, ...}}]}.
-One JSON result line per command; with "claims" (a directory), each command is first claimed
+argv: spec.json. spec: {"uid", "results", "outputs", "site_dirs": [dir, ...], "preload":
+[module, ...], "claims", "commands": [{"argv", "python_file", "python_tests", "warm", "warm_s",
+"cwd", "env", "stdin", "isolation", "wall_s", "claim", "rlimits": {"RLIMIT_AS": n, ...}}]}.
+One JSON result line per command, whose "output" says where in the "outputs" file its stdout and
+its stderr are (`_Outputs`); with "claims" (a directory), each command is first claimed
 there by its "claim" name, and the driver stops at the first another worker took
 (`ckpteval.sandbox.Claims`). `--judge TESTS PROGRAM REPORT` runs one judged program
 without the sandbox (`sandbox: none`: same protocol, no uid split, so no protection).

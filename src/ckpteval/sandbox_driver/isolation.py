@@ -23,7 +23,7 @@ def _under(path, root):
 
 def _isolation_report(command):
     """Where a command's child says that its isolation failed (the driver's private directory)."""
-    return command["stdout"] + ".isolation"
+    return command["isolation"]
 
 
 def _isolation_error(command):

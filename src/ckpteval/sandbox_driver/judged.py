@@ -52,7 +52,7 @@ from .privileges import (
     _read_small,
 )
 from .sample import _serve_sample
-from .spawn import _child, _clean, _kill_group, _row
+from .spawn import _child, _clean, _kill_group, _Outputs, _row
 
 #: What every judged run's test process imports (tracebacks, the tests' modules), and a failing
 #: sample's process too: imported once per batch, not once per process (~5 ms of each sample).
@@ -92,7 +92,8 @@ def _run_judged(command, uid, spec, account):
     status is the test process's, with the sample process's fate and the report in "judge"."""
     start = time.monotonic()
     usage_of = _Usage(command, account)
-    sample, tester, report_r = _start_judged(command, uid, spec)
+    outputs = _Outputs()
+    sample, tester, report_r = _start_judged(command, uid, spec, outputs)
     pidfd = os.pidfd_open(tester)
     report, timed_out = _collect_report(command, pidfd, report_r, start, usage_of)
     # Did the sample end on its own while the tests needed it? (before we kill it)
@@ -109,23 +110,27 @@ def _run_judged(command, uid, spec, account):
     judge["sample_status"] = sample_status if ended else None
     judge["sample_cpu_s"] = sample_usage.ru_utime + sample_usage.ru_stime
     max_rss = max(usage.ru_maxrss, sample_usage.ru_maxrss) * 1024
-    return {**_row(command, usage_of, status, timed_out, duration, max_rss), "judge": judge}
+    row = {**_row(command, usage_of, status, timed_out, duration, max_rss), "judge": judge}
+    return outputs.save(row, command, spec)
 
 
-def _start_judged(command, uid, spec):
-    """Fork the sample process and the test process, joined by two pipes; returns their pids and
-    the read end of the test process's report pipe."""
+def _start_judged(command, uid, spec, outputs):
+    """Fork the sample process (`outputs`: its stdout and stderr) and the test process, joined
+    by two pipes; returns their pids and the read end of the test process's report pipe."""
     calls_r, calls_w = os.pipe()  # test -> sample
     replies_r, replies_w = os.pipe()  # sample -> test
     report_r, report_w = os.pipe()  # test -> driver
+    ends = outputs.ends()
     sample = os.fork()
     if sample == 0:
         try:
-            _child(command, uid, spec, keep=(calls_r, replies_w))
+            _child(command, uid, spec, ends, keep=(calls_r, replies_w))
         except BaseException as exc:  # noqa: BLE001
             os.write(2, f"sandbox: cannot run {command['argv'][0]}: {exc}\n".encode())
         finally:
             os._exit(127)
+    for fd in ends:  # not the test process's
+        os.close(fd)
     tester = os.fork()
     if tester == 0:
         status = 1

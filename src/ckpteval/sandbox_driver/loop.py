@@ -10,7 +10,7 @@ from .accounting import _Account, _Cgroup, _Usage, _wait
 from .judged import _JUDGE_PRELOAD, _judge_unsandboxed, _run_judged
 from .privileges import PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, _libc
 from .seccomp import _kernel_state_filter
-from .spawn import _child, _clean, _kill_group, _ResultChannel, _row
+from .spawn import _child, _clean, _kill_group, _Outputs, _ResultChannel, _row
 from .zygote import _find_at_fork_hooks, _Zygote
 
 
@@ -20,14 +20,18 @@ def _run(command, uid, spec, account):
     start = time.monotonic()
     usage_of = _Usage(command, account)
     channel = _ResultChannel() if command.get("result_channel") else None
+    outputs = _Outputs()
+    ends = outputs.ends()
     pid = os.fork()
     if pid == 0:
         try:
-            _child(command, uid, spec, keep=channel.child_end() if channel else ())
+            _child(command, uid, spec, ends, keep=channel.child_end() if channel else ())
         except BaseException as exc:  # noqa: BLE001 - report why, like a shell's 127
             os.write(2, f"sandbox: cannot run {command['argv'][0]}: {exc}\n".encode())
         finally:
             os._exit(127)
+    for fd in ends:
+        os.close(fd)
     if channel:
         channel.started()
     pidfd = os.pidfd_open(pid)
@@ -41,7 +45,7 @@ def _run(command, uid, spec, account):
     row = _row(command, usage_of, status, timed_out, duration, usage.ru_maxrss * 1024)
     if channel:
         row["forged_results"] = channel.collect(pid, command["result"])
-    return row
+    return outputs.save(row, command, spec)
 
 
 def _preload(site_dirs, modules):

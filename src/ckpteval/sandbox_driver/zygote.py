@@ -68,7 +68,7 @@ from .isolation import _STAGE, _isolate, _visible
 from .judged import _EXIT_GRACE_S
 from .privileges import PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, _drop_root, _keep_fds, _libc
 from .seccomp import _Filter, _refuse_kernel_state
-from .spawn import _clean, _kill_group, _ResultChannel, _row, _write_result
+from .spawn import _clean, _kill_group, _Outputs, _ResultChannel, _row, _write_result
 
 #: `__name__` of a command's Python file when a zygote runs it to warm up.
 ZYGOTE_NAME = "__ckpteval_zygote__"
@@ -209,7 +209,7 @@ class _Zygote:
         files are the driver's: no sample sees them before its own fork gets them."""
         self._write_pending()
         if command is not None and self.ahead is None and self.serves(command):
-            self.ahead = (command, _ResultChannel(), _command_files(command))
+            self.ahead = (command, _ResultChannel(), *_command_files(command))
 
     def _write_pending(self):
         if self.pending:
@@ -220,8 +220,9 @@ class _Zygote:
         """Write what is pending and close what was opened ahead and not used."""
         self._write_pending()
         if self.ahead:
-            _, channel, files = self.ahead
+            _, channel, files, outputs = self.ahead
             channel.close()
+            outputs.close()
             for fd in files:
                 os.close(fd)
             self.ahead = None
@@ -233,11 +234,11 @@ class _Zygote:
         import socket
 
         if self.ahead and self.ahead[0] is command:
-            _, channel, files = self.ahead
+            _, channel, files, outputs = self.ahead
             self.ahead = None
         else:
             self.settle()
-            channel, files = _ResultChannel(), _command_files(command)
+            channel, (files, outputs) = _ResultChannel(), _command_files(command)
         start = time.monotonic()
         usage_of = _Usage(command, self.account)
         try:  # the files go to the fork, once it is there: the zygote never holds them
@@ -252,6 +253,7 @@ class _Zygote:
                 os.close(fd)
             channel.started()
         if message is None or not message.startswith(b"pid "):
+            outputs.close()
             self._die("it did not fork")
             return None
         pid = int(message[4:])
@@ -270,6 +272,7 @@ class _Zygote:
         duration = time.monotonic() - start
         _clean(spare=(self.pid,) if fate else ())
         if fate is None:
+            outputs.close()
             self._die("it died while a command ran")
             return None
         self._empty()
@@ -278,7 +281,7 @@ class _Zygote:
         kept, row["forged_results"] = channel.take(pid)
         self.pending = (command["result"], kept)  # written while the next sample runs
         row["zygote"] = True
-        return row
+        return outputs.save(row, command, self.spec)
 
     def _empty(self):
         """Delete what the command left in the directories the zygote's samples share (its
@@ -409,11 +412,11 @@ def _empty_entry(fd, name, dev):
 
 def _command_files(command):
     """The command's stdin, stdout and stderr, opened by the driver (a zygote's sample cannot
-    open its stdin: a file of the sandbox's root, or in a directory hidden from it)."""
+    open its stdin: a file of the sandbox's root, or in a directory hidden from it), and its
+    `_Outputs`, which the driver keeps."""
     stdin = os.open(command["stdin"] or os.devnull, os.O_RDONLY)
-    stdout = os.open(command["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    stderr = os.open(command["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    return [stdin, stdout, stderr]
+    outputs = _Outputs()
+    return [stdin, *outputs.ends()], outputs
 
 
 def _zygote_main(command, spec, control):
