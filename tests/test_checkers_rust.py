@@ -189,6 +189,36 @@ def test_every_verdict_is_reported_once(
     assert [v for _, v in sorted(reported, key=lambda r: r[0])] == list(verdicts.values())
 
 
+def test_an_idle_worker_takes_the_samples_behind_an_endless_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each binary's tests run in one sandbox, from which a worker left idle takes the samples
+    not started (`Claims`): here all 11 queued behind an endless first sample, once it has run
+    `Claims.STUCK_S`, while the other batch's worker is done. Every sample is judged exactly
+    once, by one sandbox, and rightly. (~8 s: the endless sample's 6 s budget leaves a loaded
+    machine the time to finish the other batch first.)"""
+    from ckpteval.checkers.rust.checker import RustChecker
+
+    judged: list[list[int]] = []
+    run_chunk = RustChecker._run_chunk
+
+    def recorded(self, units, timeout, claims=None):  # type: ignore[no-untyped-def]
+        run_chunk(self, units, timeout, claims)
+        judged.append([u.index for u in units[: claims.kept if claims else len(units)]])
+
+    monkeypatch.setattr(RustChecker, "_run_chunk", recorded)
+    completions = ["    loop {}\n}\n"] + [f"    a + b // {i}\n}}\n" for i in range(1, 24)]
+    checker = get_checker("rust", sandbox="bwrap")
+    jobs = [
+        Job(ADD["task_id"], ADD, c, timeout=6.0 if i == 0 else None)
+        for i, c in enumerate(completions)
+    ]
+    verdicts = checker.check(jobs, workers=2, timeout=3)
+    assert [v.error_type for v in verdicts] == ["timeout"] + [None] * 23
+    assert sorted(i for run in judged for i in run) == list(range(24))  # each once
+    assert [0] in judged, judged  # the endless one's sandbox kept it alone
+
+
 @pytest.mark.parametrize(
     "n,workers,size",
     [(584, 2, 98), (148, 2, 74), (128, 2, 64), (129, 1, 65), (5, 4, 2), (1, 4, 1), (0, 2, 1)],

@@ -60,9 +60,11 @@ execute-only (0111, root's; rootless the test processes' own uid's, so the owner
 either, and the read-only bind keeps it from a chmod), so no test process can read a sample's or a
 sibling's source, or the binary holding them. Each sample's tests then run in a process of their own,
 `<binary> --exact --test-threads=1 <its test names>`, under its own timeout (its job's `timeout`
-if set, else the call's; compiles keep `compile_timeout`), in chunks of `RUN_CHUNK` sharing one
-sandbox (`Sandbox.run_many` gives each process its own mount and IPC namespaces and a fresh
-/tmp, the only writable place, and kills every leftover process before the next one). A sample's statics, panic hook, environment, working directory,
+if set, else the call's; compiles keep `compile_timeout`), all of a binary's in one sandbox
+(`Sandbox.run_many` gives each process its own mount and IPC namespaces and a fresh /tmp, the
+only writable place, and kills every leftover process before the next one), from which a worker
+left idle takes those not started (`Claims`: half of them, or all once a slow sample holds them
+up), so a sandbox is started ~4 times a binary instead of once every 32 samples. A sample's statics, panic hook, environment, working directory,
 threads, files or `process::exit` therefore end with its own process: every verdict is that of
 compiling and running the sample alone (tests/test_rust_isolation.py checks each channel).
 
@@ -191,8 +193,9 @@ from ckpteval.checkers.extract import (
 )
 from ckpteval.checkers.rust import hacks as rust_hacks
 from ckpteval.checkers.rust.lexer import tokens
+from ckpteval.checkers.streaming import STEAL_POLL_S
 from ckpteval.errors import UserError
-from ckpteval.sandbox import Command, Limits, RunResult, Sandbox, SandboxError
+from ckpteval.sandbox import Claims, Command, Limits, RunResult, Sandbox, SandboxError
 from ckpteval.scratch import scratch_dir
 
 RUSTC_FLAGS = (
@@ -249,9 +252,6 @@ _STD_MACROS = (
 _USE = re.compile(r"\buse\b[^;]*")
 _IMPL = re.compile(r"\bimpl\b[^{;]*")
 
-#: Test runs per sandbox: a sandbox costs ~50-100 ms of CPU to start, and chunks stay small enough
-#: that samples that time out spread over the workers (a batch of 98 makes 4 chunks).
-RUN_CHUNK = 32
 _TEST_LINE = re.compile(r"^test (\S+)(?: - should panic)? \.\.\. (\w+)", re.M)
 _RUNNING = re.compile(r"^running (\d+) tests?$", re.M)
 _RECORD = re.compile(r"^ckpteval-pass (\S+) (\S+)$", re.M)
@@ -456,8 +456,10 @@ class RustChecker(Checker):
         on_verdicts: OnVerdicts | None = None,
     ) -> list[Verdict]:
         """Compile in batches (as many as a multiple of `workers`, each up to `batch_size`
-        samples), and run each batch's tests in small chunks as soon as it is compiled, so that
-        slow samples spread over the workers and no worker waits for the last compile."""
+        samples), and run each batch's tests as soon as it is compiled, in one sandbox from
+        which a worker left idle takes the samples not started, so that slow samples spread
+        over the workers and no worker waits for the last compile. (Starting a batch's compile
+        while the next batch's samples are read gains nothing: both are Python, one GIL.)"""
         timeout = timeout or self.default_timeout
         workers = max(1, workers)
         units = [_make_unit(i, job, job.timeout or timeout) for i, job in enumerate(jobs)]
@@ -477,35 +479,19 @@ class RustChecker(Checker):
             os.chmod(path, 0o755)  # the compiler's uid is not ours
             return path
 
-        with dirs:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                # future -> (whether it compiles, its units); compiles are queued first, so a
-                # worker runs tests only when no compile is left to start
-                pending: dict[Future[None], tuple[bool, list[_Unit]]] = {
-                    pool.submit(self._compile_group, group, new_dir): (True, group)
-                    for group in groups
-                }
-                with cancel_on_error(pending):
-                    while pending:
-                        done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                        for future in done:
-                            compiled, group = pending.pop(future)
-                            future.result()
-                            if compiled:
-                                _no_tests(group)
-                                for chunk in _run_chunks(group):
-                                    run = pool.submit(self._run_chunk, chunk, timeout)
-                                    pending[run] = (False, chunk)
-                            finished = [u for u in group if u.verdict is not None]
-                            _flag_replaced(finished)
-                            if on_verdicts and finished:
-                                on_verdicts([(u.index, u.verdict) for u in finished])  # type: ignore[misc]
+        with dirs, ThreadPoolExecutor(max_workers=workers) as pool:
+            work = _Work(self, pool, workers, timeout, new_dir)
+            with cancel_on_error(work.pending):
+                for group in groups:  # compiles are queued first: tests run when none is left
+                    work.compile(group)
+                work.finish(on_verdicts)
         return [u.verdict for u in units]  # type: ignore[misc]
 
-    def _run_chunk(self, units: list[_Unit], timeout: float) -> None:
-        """Run the tests of compiled units (one sandbox for the chunk, one process per unit, each
-        under its unit's timeout, each with fresh tokens); `timeout`: the call's, which a
-        timeout verdict names (`timeout_line`)."""
+    def _run_chunk(self, units: list[_Unit], timeout: float, claims: Claims | None = None) -> None:
+        """Run the tests of compiled units (one sandbox, one process per unit, each under its
+        unit's timeout, each with fresh tokens); `timeout`: the call's, which a timeout verdict
+        names (`timeout_line`). With `claims`, another worker may take the units not started
+        (`Claims.take`): only those this sandbox ran get a verdict here."""
         tokens = [{name: secrets.token_hex(16) for name in u.names} for u in units]
         commands = [
             Command(
@@ -526,7 +512,7 @@ class RustChecker(Checker):
         ]
         workdir = units[0].binary.parent  # type: ignore[union-attr]
         for unit, toks, command, result in zip(
-            units, tokens, commands, self.sandbox.run_many(commands, workdir=workdir)
+            units, tokens, commands, self.sandbox.run_many(commands, workdir=workdir, claims=claims)
         ):
             verdict = classify(result, unit.module, toks, unit.hacks, unit.refused, unit.exits)
             if verdict.error_type == "timeout":
@@ -669,6 +655,66 @@ class RustChecker(Checker):
 # ------------------------------------------------------------------------------------- units
 
 
+class _Work:
+    """A check's compiles and test runs on a pool of `workers` threads (`pending`: each future's
+    units, and for a run the claims a worker left idle may take from)."""
+
+    def __init__(
+        self,
+        checker: RustChecker,
+        pool: ThreadPoolExecutor,
+        workers: int,
+        timeout: float,
+        new_dir: Callable[[], Path],
+    ) -> None:
+        self.checker, self.pool, self.workers, self.timeout = checker, pool, workers, timeout
+        self.new_dir = new_dir
+        self.pending: dict[Future[None], tuple[list[_Unit], Claims | None]] = {}
+
+    def compile(self, group: list[_Unit]) -> None:
+        future = self.pool.submit(self.checker._compile_group, group, self.new_dir)
+        self.pending[future] = (group, None)
+
+    def run(self, runnable: list[_Unit]) -> None:
+        claims = Claims(len(runnable))
+        claims.assign(range(len(runnable)))
+        future = self.pool.submit(self.checker._run_chunk, runnable, self.timeout, claims)
+        self.pending[future] = (runnable, claims)
+
+    def steal(self) -> bool:
+        """Give an idle worker the units a run has not started (the oldest run's first): the
+        later half of them, or all of them once it runs a slow sample."""
+        for future, (running, claims) in self.pending.items():
+            taken = claims.take() if claims is not None else 0
+            if taken:
+                self.pending[future] = (running[:-taken], claims)
+                self.run(running[-taken:])
+                return True
+        return False
+
+    def finish(self, on_verdicts: OnVerdicts | None) -> None:
+        """Wait for every compile and run: a compiled batch's tests start at once, one sandbox
+        per binary, and a worker left idle takes what a run has not started."""
+        while self.pending:
+            idle = len(self.pending) < self.workers
+            done, _ = wait(
+                self.pending, timeout=STEAL_POLL_S if idle else None, return_when=FIRST_COMPLETED
+            )
+            for future in done:
+                group, claims = self.pending.pop(future)
+                future.result()
+                if claims is None:  # compiled
+                    _no_tests(group)
+                    for runnable in _runs(group):
+                        self.run(runnable)
+                finished = [u for u in group if u.verdict is not None]
+                _flag_replaced(finished)
+                if on_verdicts and finished:
+                    on_verdicts([(u.index, u.verdict) for u in finished])  # type: ignore[misc]
+            while len(self.pending) < self.workers and self.steal():
+                pass
+
+
 def _batch_size(n: int, most: int, workers: int) -> int:
     """Samples per batch: the fewest batches of at most `most` whose count is a multiple of
     `workers`, sizes even. Each rustc run costs ~0.25 s of CPU however few samples it holds (the
@@ -696,18 +742,14 @@ def _no_tests(units: Sequence[_Unit]) -> None:
             )
 
 
-def _run_chunks(units: Sequence[_Unit]) -> list[list[_Unit]]:
-    """The compiled units still without a verdict, in chunks of `RUN_CHUNK` sharing a binary's
-    directory (one sandbox each)."""
+def _runs(units: Sequence[_Unit]) -> list[list[_Unit]]:
+    """The compiled units still without a verdict, by binary (its directory is a run's sandbox's
+    work directory)."""
     by_dir: dict[Path, list[_Unit]] = {}
     for unit in units:
         if unit.verdict is None:
             by_dir.setdefault(unit.binary.parent, []).append(unit)  # type: ignore[union-attr]
-    return [
-        runnable[i : i + RUN_CHUNK]
-        for runnable in by_dir.values()
-        for i in range(0, len(runnable), RUN_CHUNK)
-    ]
+    return list(by_dir.values())
 
 
 def _flag_replaced(units: Sequence[_Unit]) -> None:
