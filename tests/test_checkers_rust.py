@@ -299,7 +299,7 @@ def test_samples_with_an_open_delimiter_cost_their_batch_no_compile(
     """rustc stops a crate at an unclosed delimiter and names only that file: a batch holding
     samples cut at the token limit, or of a problem whose tests are cut short, failed once per
     such sample, and after eight attempts compiled the rest one by one. They compile alone
-    now, and the batch compiles once."""
+    now, and the batch compiles once (after the check of its programs, which passes)."""
     from ckpteval.checkers.rust.checker import RustChecker
 
     names: list[str] = []
@@ -307,9 +307,9 @@ def test_samples_with_an_open_delimiter_cost_their_batch_no_compile(
     monkeypatch.setattr(
         RustChecker,
         "_rustc",
-        lambda self, source, workdir, name, timeout: (
-            names.append(name),
-            rustc(self, source, workdir, name, timeout),
+        lambda self, source, workdir, name, timeout, programs=False: (
+            names.append(name + " (programs)" * programs),
+            rustc(self, source, workdir, name, timeout, programs),
         )[1],
     )
     jobs = [
@@ -320,7 +320,44 @@ def test_samples_with_an_open_delimiter_cost_their_batch_no_compile(
     checker = get_checker("rust", sandbox="bwrap", batch_size=128)
     verdicts = checker.check(jobs, workers=1, timeout=3)
     assert [v.error_type for v in verdicts] == [None] * 4 + ["compile_error"] * 6, verdicts
-    assert names == ["batch1"] + ["main"] * 6, names
+    assert names == ["batch1 (programs)", "batch2"] + ["main"] * 6, names
+
+
+def test_a_batch_checks_its_programs_first_and_still_finds_what_only_the_tests_show(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch's first rustc run checks the programs alone (no tests, no code): it finds the
+    error in a sample's body. A sample whose own signature differs from the prompt's compiles
+    alone, and only the tests (the contract's call) show its error: the full compile after the
+    check finds it, and the rest compiles. Each verdict is the one compiling it alone gives; a
+    program that uses a `#[cfg(test)]` item of its own passes, as under `cargo test`."""
+    from ckpteval.checkers.rust.checker import RustChecker
+
+    runs: list[tuple[str, bool, int | None]] = []
+    rustc = RustChecker._rustc
+
+    def recorded(self, source, workdir, name, timeout, programs=False):  # type: ignore[no-untyped-def]
+        result = rustc(self, source, workdir, name, timeout, programs)
+        runs.append((name, programs, result[0].exit_code))
+        return result
+
+    monkeypatch.setattr(RustChecker, "_rustc", recorded)
+    jobs = [
+        Job(ADD["task_id"], ADD, "    a + b\n}\n"),
+        Job(ADD["task_id"], ADD, "```rust\nfn add_two(a: i32, b: i32) -> i32 {\n    a + b\n}\n```"),
+        Job(ADD["task_id"], ADD, '    let x: i64 = "no";\n    a + b\n}\n'),
+        Job(ADD["task_id"], ADD, "    b + a\n}\n"),
+        # `cargo test` compiles the program with cfg(test) too, and so does the check
+        Job(
+            ADD["task_id"],
+            ADD,
+            "    helper(a, b)\n}\n#[cfg(test)]\nfn helper(a: i64, b: i64) -> i64 {\n    a + b\n}\n",
+        ),
+    ]
+    verdicts = get_checker("rust", sandbox="bwrap").check(jobs, workers=1, timeout=3)
+    assert [v.error_type for v in verdicts] == [None, "compile_error", "compile_error", None, None]
+    assert "expected `i64`, found `&str`" in verdicts[2].stderr_tail
+    assert runs == [("batch1", True, 1), ("batch2", False, 1), ("batch3", False, 0)], runs
 
 
 def test_ordinary_samples_are_not_flagged(batched: dict[str, Verdict]) -> None:
