@@ -48,6 +48,9 @@ No sample can make it call another's wrapper: that needs a path naming a `ckptev
 module (refused, besides `crate`/`super` routing it alone) or another index in the variable
 before the harness reads it (code before `main` is refused), and a run the sample starts itself
 has no key (below).
+A batch's first rustc run checks its programs alone (`PROGRAMS_FLAGS`: no tests, no code), which
+costs a third of a failing run of the whole crate and finds the programs that do not compile;
+then the whole crate is compiled with the tests.
 When the batch fails, rustc's JSON diagnostics name the files holding each error; the units
 owning them get a compile_error verdict with those errors, errors spanning several units send
 those units to be compiled alone, and the rest is recompiled until it compiles. Anything else
