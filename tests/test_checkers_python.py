@@ -147,6 +147,43 @@ def test_self_test_jobs_pass_and_fail_as_they_should() -> None:
     assert not any(v.passed for v in results[len(references) :])
 
 
+_NONE_AS_A_USER = """
+import json, subprocess, sys
+from ckpteval.checkers import Job, get_checker
+
+problem, good = json.loads(open(sys.argv[1]).read())
+busy = [subprocess.Popen(["sleep", "120"]) for _ in range(80)]  # the user's own processes
+try:
+    checker = get_checker("python", sandbox="none")
+    jobs = [Job("pyfunc/0", problem, good), Job("pyfunc/0", problem, "    return 0\\n")]
+    verdicts = checker.check(jobs, workers=1, timeout=5)
+finally:
+    for process in busy:
+        process.kill()
+print(json.dumps([[v.error_type, v.stderr_tail[-300:]] for v in verdicts]))
+"""
+
+
+def test_sandbox_none_judges_a_user_who_runs_more_processes_than_a_sample_may() -> None:
+    """`sandbox: none` as a user who is not root, with 80 processes of that user running (a
+    trainer's, vLLM's): RLIMIT_NPROC counts every thread of the uid, and the sample's limit of
+    64 left it none to fork, so every sample was a runtime_error. Now the sample's `nproc` comes
+    on top of what the user runs, and the verdicts are the sandbox's."""
+    import json
+    import os
+    import tempfile
+
+    from conftest import as_nobody_json
+
+    with tempfile.TemporaryDirectory(prefix="ckpteval-none-") as tmp:  # not root's tmp_path
+        work = Path(tmp)
+        os.chmod(work, 0o777)
+        (work / "run.py").write_text(_NONE_AS_A_USER)
+        (work / "data.json").write_text(json.dumps([SUM_SQ, GOOD_BODY]))
+        rows = as_nobody_json(work / "run.py", str(work / "data.json"), cwd=work, tmpdir=tmp)
+    assert [error for error, _ in rows] == [None, "wrong_answer"], rows
+
+
 def test_sandbox_none_gives_the_same_verdicts(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING"):
         checker = get_checker("python", sandbox="none")

@@ -406,7 +406,7 @@ class Sandbox:
             "prlimit",
             *(
                 f"--{_PRLIMIT_NAMES[name]}={soft}:{hard}"
-                for name, (soft, hard) in _rlimits(limits).items()
+                for name, (soft, hard) in _unsandboxed_rlimits(limits).items()
             ),
             "--",
         ]
@@ -873,6 +873,30 @@ def _rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
         "RLIMIT_NPROC": (limits.nproc, limits.nproc),
         "RLIMIT_CORE": (0, 0),
     }
+
+
+def _unsandboxed_rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
+    """`_rlimits` for a program run without the sandbox. RLIMIT_NPROC counts every thread of the
+    real uid, not the program's: for a user who is not root (root is exempt), the program's
+    `nproc` comes on top of the threads the user runs already (a trainer, vLLM's workers, a
+    desktop), else every sample of a user with more than `nproc` of them failed to fork."""
+    rlimits = _rlimits(limits)
+    if os.geteuid() != 0:
+        soft, hard = rlimits["RLIMIT_NPROC"]
+        running = _own_threads()
+        rlimits["RLIMIT_NPROC"] = (soft + running, hard + running)
+    return rlimits
+
+
+def _own_threads() -> int:
+    """How many threads this process's real uid runs now (what RLIMIT_NPROC counts)."""
+    uid, count = os.getuid(), 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry}/task"))
+    return count
 
 
 def _execute(
