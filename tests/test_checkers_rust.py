@@ -200,13 +200,13 @@ def test_an_idle_worker_takes_the_samples_behind_an_endless_one(
     from ckpteval.checkers.rust.checker import RustChecker
 
     judged: list[list[int]] = []
-    run_chunk = RustChecker._run_chunk
+    run_tests = RustChecker._run_tests
 
     def recorded(self, units, timeout, claims=None):  # type: ignore[no-untyped-def]
-        run_chunk(self, units, timeout, claims)
+        run_tests(self, units, timeout, claims)
         judged.append([u.index for u in units[: claims.kept if claims else len(units)]])
 
-    monkeypatch.setattr(RustChecker, "_run_chunk", recorded)
+    monkeypatch.setattr(RustChecker, "_run_tests", recorded)
     completions = ["    loop {}\n}\n"] + [f"    a + b // {i}\n}}\n" for i in range(1, 24)]
     checker = get_checker("rust", sandbox="bwrap")
     jobs = [
@@ -389,6 +389,11 @@ def test_program_shapes() -> None:
     assert tests.lstrip().startswith("#[test]") and "fn ckpteval_main()" in tests
     chat = rust_program(ADD, "use std::cmp;\nfn add_two(a: i64, b: i64) -> i64 {\n    a + b\n}\n")
     assert chat.count("fn add_two") == 1 and "/// Add two integers." in chat
+    # The entry point is found past a function whose name it begins: the prompt's head is kept.
+    helper = "fn f_helper(x: i32) -> i32 {\n    x\n}\n"
+    problem = {"prompt": helper + "/// Doc.\nfn f(x: i32) -> i32 {\n", "entry_point": "f"}
+    completion = "fn f(x: i32) -> i32 {\n    f_helper(x)\n}\n"
+    assert rust_program(problem, completion) == helper + "/// Doc.\n" + completion
 
 
 def test_assembly_never_drops_the_prompts_imports() -> None:

@@ -511,7 +511,7 @@ class RustChecker(Checker):
                 work.finish(on_verdicts)
         return [u.verdict for u in units]  # type: ignore[misc]
 
-    def _run_chunk(self, units: list[_Unit], timeout: float, claims: Claims | None = None) -> None:
+    def _run_tests(self, units: list[_Unit], timeout: float, claims: Claims | None = None) -> None:
         """Run the tests of compiled units (one sandbox, one process per unit, each under its
         unit's timeout, each with fresh tokens); `timeout`: the call's, which a timeout verdict
         names (`timeout_line`). With `claims`, another worker may take the units not started
@@ -707,7 +707,7 @@ class _Work:
     def run(self, runnable: list[_Unit]) -> None:
         claims = Claims(len(runnable))
         claims.assign(range(len(runnable)))
-        future = self.pool.submit(self.checker._run_chunk, runnable, self.timeout, claims)
+        future = self.pool.submit(self.checker._run_tests, runnable, self.timeout, claims)
         self.pending[future] = (runnable, claims)
 
     def steal(self) -> bool:
@@ -804,7 +804,7 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
         or not completion.isascii()
         and not _blank_comments_and_strings(program).isascii()
         or not delimiters_balanced(program)
-        or not delimiters_balanced(tests)
+        or not _tests_facts(tests)[0]
     )
     return _Unit(
         index,
@@ -815,12 +815,19 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
         hacks,
         refused,
         exits=rust_hacks.exits(rust_hacks.read(completion)),
-        trait_impls=_trait_impls(program) or _trait_impls(tests),
+        trait_impls=_trait_impls(program) or _tests_facts(tests)[1],
         timeout=timeout,
         replaced=replaced + in_program + in_tests,
         contract_of=(prompt, entry) if contract is not None else None,
         test_body=body,
     )
+
+
+@lru_cache(maxsize=1024)
+def _tests_facts(tests: str) -> tuple[bool, bool]:
+    """Whether a unit's tests balance their delimiters, and whether they implement a trait: the
+    same text for every sample of a problem, so read once."""
+    return delimiters_balanced(tests), _trait_impls(tests)
 
 
 # ---------------------------------------------------------------------------- the contract
@@ -931,13 +938,17 @@ def _depth_at(blank: str, at: int) -> int:
     return blank.count("{", 0, at) - blank.count("}", 0, at)
 
 
+#: `fn name` (one pattern for every entry point: a pattern per problem cost a compile each).
+_FN_NAME = re.compile(r"\bfn\s+(\w+)\b")
+
+
 def _entry_signature(prompt: str, blank: str, entry: str) -> tuple[str, list[str], str] | None:
     """(generics, parameter types, `-> R where ...`) of the prompt's top-level `fn entry`, as the
     prompt writes them; None for what a plain wrapper cannot forward (async or unsafe functions,
     `self`, a parameter without a type)."""
     found = None
-    for match in re.finditer(rf"\bfn\s+{re.escape(entry)}\b", blank):
-        if _depth_at(blank, match.start()) == 0:
+    for match in _FN_NAME.finditer(blank):
+        if match[1] == entry and _depth_at(blank, match.start()) == 0:
             found = match
     if found is None or re.search(
         r"\b(?:async|unsafe|extern)\s+(?:\"[^\"]*\"\s*)?$", blank[: found.start()]
@@ -1300,20 +1311,33 @@ def _lying_return_type(problem: Mapping[str, Any], completion: str) -> bool:
     defines, an alias, `impl Trait`) next to a hand-written `PartialEq` (which can say "equal" to
     anything). Flagged only: the contract's wrapper makes any other return type a compile error."""
     try:
-        entry = re.escape(rust_entry_point(problem))
+        entry = rust_entry_point(problem)
     except ValueError:
         return False
-    signature = re.compile(
-        rf"\bfn\s+{entry}\s*(?:<[^{{;]*?>)?\s*\((?:[^()]|\([^()]*\))*\)\s*"
-        r"(?:->\s*([^{;]*?))?\s*(?:where\b[^{;]*)?\{"
-    )
-    mine = signature.search(_blank_comments_and_strings(completion))
-    theirs = signature.search(_blank_comments_and_strings(str(problem.get("prompt", ""))))
+    mine = _signature_of(entry, _blank_comments_and_strings(completion))
+    theirs = _signature_of(entry, _blank_comments_and_strings(str(problem.get("prompt", ""))))
     if mine is None or theirs is None:
         return False
-    if _spelling(mine.group(1) or "") == _spelling(theirs.group(1) or ""):
+    if _spelling(mine.group(2) or "") == _spelling(theirs.group(2) or ""):
         return False
     return rust_hacks.hand_eq(rust_hacks.read(completion))  # its own type, an alias, `impl ...`
+
+
+#: A function's signature up to its body: its name, then its return type (if written).
+_SIGNATURE = re.compile(
+    r"\bfn\s+(\w+)\s*(?:<[^{;]*?>)?\s*\((?:[^()]|\([^()]*\))*\)\s*"
+    r"(?:->\s*([^{;]*?))?\s*(?:where\b[^{;]*)?\{"
+)
+
+
+def _signature_of(entry: str, blank: str) -> re.Match[str] | None:
+    """The first signature of `fn entry` in `blank` (one pattern for every entry point)."""
+    at = 0
+    while (match := _SIGNATURE.search(blank, at)) is not None:
+        if match[1] == entry:
+            return match
+        at = match.start() + 1
+    return None
 
 
 def _spelling(text: str) -> list[str]:
