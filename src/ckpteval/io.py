@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -212,7 +212,7 @@ def _jsonable(obj: Any) -> Any:
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_jsonable)
 
 
-def first_free_lock(pool: Sequence[tuple[T, Path]], mode: int) -> tuple[T, int] | None:
+def first_free_lock(pool: Iterable[tuple[T, Path]], mode: int) -> tuple[T, int] | None:
     """The first (item, lock file) of `pool` whose file no process holds, with an exclusive
     `flock` taken on it: (item, fd); closing `fd`, or the holder's death, frees it. None when all
     are held. Lock files are created with `mode`."""
