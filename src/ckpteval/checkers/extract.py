@@ -121,18 +121,18 @@ def rust_entry_point(problem: Mapping[str, Any]) -> str:
     return names[-1]
 
 
-#: A line that defines a function (one pattern for every entry point: a pattern per problem cost
-#: a compile each, a fifth of reading a sample of a problem seen for the first time).
+#: A line that defines a function, its name first (`first_named`).
 _RUST_FN_LINE = re.compile(
     r"^[ \t]*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+|async\s+|unsafe\s+)*fn\s+(\w+)\b", re.M
 )
 
 
-def _rust_fn_line(entry: str, blank: str) -> re.Match[str] | None:
-    """The first line of `blank` that defines `fn entry`."""
+def first_named(pattern: re.Pattern[str], name: str, text: str) -> re.Match[str] | None:
+    """The first match of `pattern` in `text` whose first group is `name`: one pattern serves
+    every entry point, where a pattern with the name in it cost a compile per problem."""
     at = 0
-    while (match := _RUST_FN_LINE.search(blank, at)) is not None:
-        if match[1] == entry:
+    while (match := pattern.search(text, at)) is not None:
+        if match[1] == name:
             return match
         at = match.start() + 1
     return None
@@ -153,8 +153,8 @@ def rust_program(problem: Mapping[str, Any], completion: str) -> str:
     code = code_block(completion, ("rust", "rs"))
     prompt = str(problem["prompt"])
     entry = rust_entry_point(problem)
-    if _rust_fn_line(entry, _blank_comments_and_strings(code)):
-        match = _rust_fn_line(entry, _blank_comments_and_strings(prompt))
+    if first_named(_RUST_FN_LINE, entry, _blank_comments_and_strings(code)):
+        match = first_named(_RUST_FN_LINE, entry, _blank_comments_and_strings(prompt))
         head = prompt[: match.start()] if match else ""
         repeated = _top_level_lines(code)
         head = "".join(

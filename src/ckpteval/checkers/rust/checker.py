@@ -189,6 +189,7 @@ from ckpteval.checkers import (
 from ckpteval.checkers.extract import (
     _blank_comments_and_strings,
     delimiters_balanced,
+    first_named,
     rust_entry_point,
     rust_program,
     rust_tests,
@@ -938,7 +939,7 @@ def _depth_at(blank: str, at: int) -> int:
     return blank.count("{", 0, at) - blank.count("}", 0, at)
 
 
-#: `fn name` (one pattern for every entry point: a pattern per problem cost a compile each).
+#: `fn name` (one pattern for every entry point; a pattern per problem cost a compile each).
 _FN_NAME = re.compile(r"\bfn\s+(\w+)\b")
 
 
@@ -1314,8 +1315,9 @@ def _lying_return_type(problem: Mapping[str, Any], completion: str) -> bool:
         entry = rust_entry_point(problem)
     except ValueError:
         return False
-    mine = _signature_of(entry, _blank_comments_and_strings(completion))
-    theirs = _signature_of(entry, _blank_comments_and_strings(str(problem.get("prompt", ""))))
+    mine = first_named(_SIGNATURE, entry, _blank_comments_and_strings(completion))
+    prompt = _blank_comments_and_strings(str(problem.get("prompt", "")))
+    theirs = first_named(_SIGNATURE, entry, prompt)
     if mine is None or theirs is None:
         return False
     if _spelling(mine.group(2) or "") == _spelling(theirs.group(2) or ""):
@@ -1323,21 +1325,11 @@ def _lying_return_type(problem: Mapping[str, Any], completion: str) -> bool:
     return rust_hacks.hand_eq(rust_hacks.read(completion))  # its own type, an alias, `impl ...`
 
 
-#: A function's signature up to its body: its name, then its return type (if written).
+#: A function's signature up to its body: its name, then its return type (`first_named`).
 _SIGNATURE = re.compile(
     r"\bfn\s+(\w+)\s*(?:<[^{;]*?>)?\s*\((?:[^()]|\([^()]*\))*\)\s*"
     r"(?:->\s*([^{;]*?))?\s*(?:where\b[^{;]*)?\{"
 )
-
-
-def _signature_of(entry: str, blank: str) -> re.Match[str] | None:
-    """The first signature of `fn entry` in `blank` (one pattern for every entry point)."""
-    at = 0
-    while (match := _SIGNATURE.search(blank, at)) is not None:
-        if match[1] == entry:
-            return match
-        at = match.start() + 1
-    return None
 
 
 def _spelling(text: str) -> list[str]:
