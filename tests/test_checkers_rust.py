@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -394,6 +395,18 @@ def test_program_shapes() -> None:
     problem = {"prompt": helper + "/// Doc.\nfn f(x: i32) -> i32 {\n", "entry_point": "f"}
     completion = "fn f(x: i32) -> i32 {\n    f_helper(x)\n}\n"
     assert rust_program(problem, completion) == helper + "/// Doc.\n" + completion
+
+
+def test_a_degenerate_completion_is_read_in_linear_time() -> None:
+    """A checkpoint stuck repeating a line (96 KB of `const` lines, of `fn add_two<`, of `pub(`)
+    is read in a fraction of a second: from each line start or each `fn add_two`, the function
+    line's and the signature's patterns read on to the text's end (6.1 s and 5.2 s a sample, in
+    the host's one Python thread, before). The bound leaves a loaded machine 10x (~0.2 s idle)."""
+    for text in ("const\n" * 16000, "fn add_two< " * 8000, "pub(\n" * 16000):
+        start = time.monotonic()
+        unit = _make_unit(0, Job(ADD["task_id"], ADD, text), 3.0)
+        assert time.monotonic() - start < 3.0, text[:12]
+        assert unit.main and not unit.hacks, text[:12]
 
 
 def test_assembly_never_drops_the_prompts_imports() -> None:

