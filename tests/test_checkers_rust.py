@@ -398,11 +398,12 @@ def test_program_shapes() -> None:
 
 
 def test_a_degenerate_completion_is_read_in_linear_time() -> None:
-    """A checkpoint stuck repeating a line (96 KB of `const` lines, of `fn add_two<`, of `pub(`)
-    is read in a fraction of a second: from each line start or each `fn add_two`, the function
-    line's and the signature's patterns read on to the text's end (6.1 s and 5.2 s a sample, in
-    the host's one Python thread, before). The bound leaves a loaded machine 10x (~0.2 s idle)."""
-    for text in ("const\n" * 16000, "fn add_two< " * 8000, "pub(\n" * 16000):
+    """A checkpoint stuck repeating a line (96 KB of `const` lines, of `fn add_two<`, of `pub(`,
+    of `#[`) is read in a fraction of a second: from each line start, each `fn add_two` or each
+    `#[`, the function line's, the signature's and the assembled attribute's patterns read on to
+    the text's end (6.1, 5.2 and ~8 s a sample, in the host's one Python thread, before). The
+    bound leaves a loaded machine 10x (~0.2-0.5 s idle)."""
+    for text in ("const\n" * 16000, "fn add_two< " * 8000, "pub(\n" * 16000, "#[" * 48000):
         start = time.monotonic()
         unit = _make_unit(0, Job(ADD["task_id"], ADD, text), 3.0)
         assert time.monotonic() - start < 3.0, text[:12]

@@ -698,6 +698,7 @@ def test_defences_hold_without_routing(
     the tests; both are refused (the checker's module names, compile-time includes)."""
     monkeypatch.setattr(rust_checker, "_ALONE_ONLY", re.compile(r"(?!)"))
     monkeypatch.setattr(rust_checker, "_ALONE_WITH_MACROS", re.compile(r"(?!)"))
+    monkeypatch.setattr(rust_checker, "_assembled_attribute", lambda text: False)
     monkeypatch.setattr(rust_checker, "delimiters_balanced", lambda source: True)
     monkeypatch.setattr(rust_checker, "_foreign_impls", lambda text: False)
     alone_compiled: list[tuple[int, bool]] = []
