@@ -395,6 +395,11 @@ def test_program_shapes() -> None:
     problem = {"prompt": helper + "/// Doc.\nfn f(x: i32) -> i32 {\n", "entry_point": "f"}
     completion = "fn f(x: i32) -> i32 {\n    f_helper(x)\n}\n"
     assert rust_program(problem, completion) == helper + "/// Doc.\n" + completion
+    # Qualifiers on lines of their own belong to the function (rustc reads them so): the prompt's
+    # are not kept in the head before the sample's own.
+    problem["prompt"] = helper + "/// Doc.\npub\nconst\nfn f(x: i32) -> i32 {\n"
+    qualified = "pub const fn f(x: i32) -> i32 {\n    f_helper(x)\n}\n"
+    assert rust_program(problem, qualified) == helper + "/// Doc.\n" + qualified
 
 
 def test_a_degenerate_completion_is_read_in_linear_time() -> None:

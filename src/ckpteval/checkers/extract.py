@@ -121,11 +121,12 @@ def rust_entry_point(problem: Mapping[str, Any]) -> str:
     return names[-1]
 
 
-#: A line that defines a function, its name first (`first_named`). Its qualifiers stay on its
-#: line: with `\s+` between them, each line start of a text of many `const` lines read on to the
-#: end (quadratic: 96 KB of them took 7 s).
+#: A line that defines a function, its name first (`first_named`). At most three qualifiers
+#: (Rust allows one each) and no parenthesis inside `pub(...)`: with any number, from each line
+#: start of a text of many `const` (or `pub(`) lines the pattern read on to the end (quadratic:
+#: 96 KB of them took 7 s). Qualifiers may still stand on lines of their own.
 _RUST_FN_LINE = re.compile(
-    r"^[ \t]*(?:pub(?:\([^)\n]*\))?[ \t]+)?(?:(?:const|async|unsafe)[ \t]+)*fn\s+(\w+)\b", re.M
+    r"^[ \t]*(?:pub(?:\([^()]*\))?\s+)?(?:(?:const|async|unsafe)\s+){0,3}fn\s+(\w+)\b", re.M
 )
 
 
