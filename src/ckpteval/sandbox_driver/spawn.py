@@ -97,7 +97,8 @@ class _Outputs:
     """A command's stdout and stderr: two memfds, which the command gets write-only (`ends`; what
     it could read back by reopening one is its own output), and which the driver appends to the
     batch's one outputs file once every process of the command has ended (`save`: their offsets
-    and sizes go in its row). No other command's process, the zygote included, ever holds them. A file created per command cost more than the rest of a command's start: on ext4 each
+    and sizes go in its row). No other command's process, the zygote included, ever holds them.
+    A file created per command cost more than the rest of a command's start: on ext4 each
     new inode took ~1 ms of CPU (`__ext4_new_inode` scans past recently deleted inodes, more so
     the longer a machine has run batches), a fifth of a Rust test run's. Their pages count
     toward the command's memory while it runs (its cgroup's), the file size limit (RLIMIT_FSIZE)

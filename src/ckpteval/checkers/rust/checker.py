@@ -819,6 +819,7 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
     body, _ = utf8_safe(tests)
     tests, in_tests = utf8_safe(f"{contract or 'use super::*;'}\n{tests}")
     hacks, refused = static_hacks(completion, job.problem)
+    tests_balanced, tests_impls = _tests_facts(tests)
     alone = (
         bool(_ALONE_ONLY.search(completion))
         or _assembled_attribute(completion)
@@ -827,7 +828,7 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
         or not completion.isascii()
         and not _blank_comments_and_strings(program).isascii()
         or not delimiters_balanced(program)
-        or not _tests_facts(tests)[0]
+        or not tests_balanced
     )
     return _Unit(
         index,
@@ -838,7 +839,7 @@ def _make_unit(index: int, job: Job, timeout: float) -> _Unit:
         hacks,
         refused,
         exits=rust_hacks.exits(rust_hacks.read(completion)),
-        trait_impls=_trait_impls(program) or _tests_facts(tests)[1],
+        trait_impls=_trait_impls(program) or tests_impls,
         timeout=timeout,
         replaced=replaced + in_program + in_tests,
         contract_of=(prompt, entry) if contract is not None else None,
