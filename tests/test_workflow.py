@@ -150,20 +150,19 @@ def test_rerun_of_one_target_file_touches_nothing_else(sweep: Path) -> None:
     ckpt = sorted(p.name for p in (sweep / "run").iterdir())[0]
     target = sweep / "results/scores/demo" / ckpt / "pyfunc/greedy-s42.json"
     before = {p: p.stat().st_mtime_ns for p in _cells(sweep)}
+    content = target.read_bytes()
     proc = run_snakemake(sweep, "-f", str(target.relative_to(sweep)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     after = {p: p.stat().st_mtime_ns for p in _cells(sweep)}
     assert [p for p in before if after[p] != before[p]] == [target]
-    # Only the summary is now older than one of its inputs.
+    # Only the summary is now older than one of its inputs, unless the rerun wrote the same
+    # bytes (its duration_s is rounded to ms): Snakemake then finds the checksum it recorded for
+    # the summary's input and, rightly, plans nothing.
+    expected = {} if target.read_bytes() == content else {"aggregate": "1"}
     proc = dry_snakemake(sweep, "-n")
     out = proc.stdout + proc.stderr
-    stamp = sweep / "results/staging/_summary/.snakemake_timestamp"
-    times = {  # what Snakemake compares (it once planned nothing here, and passed alone)
-        "score_before": before[target],
-        "score_after": after[target],
-        "staged_summary": stamp.stat().st_mtime_ns if stamp.exists() else None,
-    }
-    assert proc.returncode == 0 and _job_counts(out) == {"aggregate": "1"}, (times, out[-3000:])
+    assert proc.returncode == 0 and _job_counts(out) == expected, out[-3000:]
+    assert expected or "Nothing to be done" in out, out[-3000:]
 
 
 def test_a_new_checkpoint_is_picked_up_and_only_its_jobs_run(grown: Grown) -> None:
