@@ -390,3 +390,26 @@ def jobs_started_without_restart(log_text: str) -> Counter[str]:
         for line in log_text.splitlines()
         if line.startswith(("rule ", "localrule "))
     )
+
+
+#: The two ways a root sandbox starts a plain program: a fork of its driver, or the native
+#: launcher (`ckpteval.launcher`). Sandbox tests of what a command may see and do run on both.
+STARTS = ("fork", "launcher")
+
+
+def sandbox_starting_by(start: str) -> Any:
+    """A bwrap `Sandbox` whose plain programs start by `start` (one of `STARTS`). The launcher
+    needs root and builds with the Rust toolchain the tests install: as root a failed build is
+    a failure, not a skip."""
+    from ckpteval import launcher
+    from ckpteval.sandbox import Sandbox
+
+    if start == "fork":
+        return Sandbox("bwrap")
+    if os.geteuid() != 0:
+        pytest.skip("the launcher starts commands in a sandbox run as root only")
+    rustc = shutil.which("rustc")
+    assert rustc, "rustc not on PATH: the launcher is built with it"
+    path = launcher.ensure(rustc)
+    assert path is not None, "the launcher did not build (see the log)"
+    return Sandbox("bwrap", launcher=path)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import processes_with
+from conftest import STARTS, processes_with, sandbox_starting_by
 
 from ckpteval.checkers.python import python_interpreter
 from ckpteval.errors import UserError
@@ -18,9 +18,9 @@ from ckpteval.sandbox import UID_POOL, Claims, Command, Limits, RunResult, Sandb
 PYTHON, PREFIX = python_interpreter()
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Sandbox:
-    return Sandbox("bwrap")
+@pytest.fixture(scope="module", params=STARTS)
+def sandbox(request: pytest.FixtureRequest) -> Sandbox:
+    return sandbox_starting_by(request.param)
 
 
 def run_py(sandbox: Sandbox, tmp_path: Path, code: str, **limits: float) -> RunResult:

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import STARTS, sandbox_starting_by
 
 from ckpteval import cgroups
 from ckpteval import sandbox as sandbox_module
@@ -25,9 +26,9 @@ SHM = (
 )
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Sandbox:
-    return Sandbox("bwrap")
+@pytest.fixture(scope="module", params=STARTS)
+def sandbox(request: pytest.FixtureRequest) -> Sandbox:
+    return sandbox_starting_by(request.param)
 
 
 def run_batch(

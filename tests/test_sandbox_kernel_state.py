@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import STARTS, sandbox_starting_by
 
 from ckpteval.checkers.python import python_interpreter
 from ckpteval.sandbox import Command, Limits, RunResult, Sandbox
@@ -75,11 +76,11 @@ PLACES = {
 }
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Sandbox:
+@pytest.fixture(scope="module", params=STARTS)
+def sandbox(request: pytest.FixtureRequest) -> Sandbox:
     if os.uname().machine != "x86_64":
         pytest.skip("the probes use x86_64 system call numbers")
-    return Sandbox("bwrap")
+    return sandbox_starting_by(request.param)
 
 
 def run_batch(sandbox: Sandbox, workdir: Path, programs: list[str]) -> list[RunResult]:

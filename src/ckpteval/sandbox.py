@@ -360,8 +360,11 @@ def check_mode(mode: str) -> str:
 class Sandbox:
     """Runs commands under one isolation mode; safe to share between threads."""
 
-    def __init__(self, mode: str = "bwrap") -> None:
+    def __init__(self, mode: str = "bwrap", launcher: Path | None = None) -> None:
+        """`launcher`: the native launcher (`ckpteval.launcher.ensure`), with which a sandbox run
+        as root starts plain programs without a fork of its driver; None: by the fork."""
         self.mode = check_mode(mode)
+        self.launcher = launcher
         if mode == "bwrap":
             if shutil.which("bwrap") is None:
                 raise SandboxError(
@@ -475,6 +478,7 @@ class Sandbox:
             [*readable, *site_dirs],
             (preload, site_dirs),
             claims,
+            self.launcher,
         )
 
 
@@ -485,10 +489,11 @@ def _run_batch(
     readable: Sequence[Path],
     preload: tuple[Sequence[str], Sequence[Path]],
     claims: Claims | None = None,
+    launcher: Path | None = None,
 ) -> list[RunResult]:
     """`Sandbox.run_many` in bwrap mode: one sandbox, its driver, the result of every command it
     ran (all, or with `claims` those it kept). `preload`: the modules the driver imports first,
-    and the site directories it adds for them."""
+    and the site directories it adds for them. `launcher`: see `Sandbox` (as root only)."""
     with contextlib.ExitStack() as stack:
         io_dir = stack.enter_context(scratch_dir("io"))
         rootless = os.geteuid() != 0
@@ -500,6 +505,12 @@ def _run_batch(
         binds = [*(Path(p).resolve() for p in readable), Path(sys.base_prefix), *stdins]
         spec = _batch_spec(commands, uid, io_dir, workdir, [*binds, workdir], preload)
         spec["cgroup"] = groups.spec
+        if launcher is not None and not rootless:
+            # a copy in the driver's own directory, which no command sees (a bind of the cache
+            # would show in every command's mount table, and root would run what it holds then)
+            shutil.copyfile(launcher, io_dir / "launch")
+            os.chmod(io_dir / "launch", 0o700)
+            spec["launcher"] = str(io_dir / "launch")
         if rootless:
             _rootless_spec(spec, commands, [io_dir, *groups.roots])
         if claims is not None:
@@ -543,7 +554,7 @@ def _run_batch(
         ran = claims.close() if claims is not None else len(commands)
         lines = _result_lines(io_dir, None if rootless else uid, outer, ran)
         for line in outer.stderr.decode("utf-8", "replace").splitlines():
-            if line.startswith("sandbox: warm zygote gone"):  # the driver's one line
+            if line.startswith(("sandbox: warm zygote gone", "sandbox: launcher failed")):
                 log.warning("%s", line)
         # "a+b": the driver makes the file with its first command's output; none may have run
         with open(io_dir / "outputs", "a+b") as outputs:

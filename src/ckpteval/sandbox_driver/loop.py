@@ -10,7 +10,7 @@ from .accounting import _Account, _Cgroup, _Usage, _wait
 from .judged import _JUDGE_PRELOAD, _judge_unsandboxed, _run_judged
 from .privileges import PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, _libc
 from .seccomp import _kernel_state_filter
-from .spawn import _child, _clean, _kill_group, _Outputs, _ResultChannel, _row
+from .spawn import _child, _clean, _kill_group, _launches, _Outputs, _ResultChannel, _row, _spawn
 from .zygote import _find_at_fork_hooks, _Zygote
 
 
@@ -22,7 +22,17 @@ def _run(command, uid, spec, account):
     channel = _ResultChannel() if command.get("result_channel") else None
     outputs = _Outputs()
     ends = outputs.ends()
-    pid = os.fork()
+    pid = None
+    if _launches(command, spec):
+        try:
+            pid = _spawn(command, uid, spec, ends)
+        except OSError as exc:  # the launcher cannot start: this command and the next fork
+            os.write(2, f"sandbox: launcher failed ({exc}); commands start by fork\n".encode())
+            spec["launcher"] = None
+        except ValueError:  # text the launcher cannot take: this command forks (and fails so)
+            pass
+    if pid is None:
+        pid = os.fork()
     if pid == 0:
         try:
             _child(command, uid, spec, ends, keep=channel.child_end() if channel else ())

@@ -11,10 +11,10 @@ import sys
 import time
 
 from .accounting import _oom_first
-from .isolation import _isolate, _isolation_error, _isolation_report
+from .isolation import _isolate, _isolation_error, _isolation_report, _visible
 from .privileges import PR_SET_NO_NEW_PRIVS, _drop_root, _keep_fds, _libc
 from .sample import _serve_sample
-from .seccomp import _refuse_kernel_state
+from .seccomp import _kernel_state_filter, _refuse_kernel_state
 
 
 def _child(command, uid, spec, outputs, keep=()):
@@ -58,6 +58,63 @@ def _child(command, uid, spec, outputs, keep=()):
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     os.execvpe(command["argv"][0], command["argv"], command["env"])
+
+
+def _launches(command, spec):
+    """Whether the command starts by the spec's native launcher (`ckpteval.launcher`) instead of
+    a fork of this driver: a plain program (no Python file, no result channel, nothing hidden
+    in its own directory) in a sandbox run as root."""
+    return bool(
+        spec.get("launcher")
+        and not spec.get("rootless")
+        and not command.get("python_file")
+        and not command.get("result_channel")
+        and not command.get("hide")
+    )
+
+
+def _spawn(command, uid, spec, outputs):
+    """Start the command through the launcher (vfork and exec: this driver's memory is neither
+    copied nor run): a new session, its stdin, `outputs` (`_Outputs.ends`) as its stdout and
+    stderr, and default SIGINT, SIGPIPE and SIGXFSZ here; the rest of `_child` (`_isolate`,
+    no_new_privs, the seccomp filter, its directory, rlimits, no groups, the uid, exec) there,
+    in the same order, with the same failures (an isolation report and 127, or `sandbox: cannot
+    run` and 127). Returns its pid; raises OSError if the launcher itself cannot start, and
+    ValueError for a command whose text it cannot take (a NUL byte, a lone surrogate)."""
+    if "filter" not in _LAUNCH:
+        _LAUNCH["filter"] = _kernel_state_filter(()).buffer.raw.hex()
+    argv = [spec["launcher"], _isolation_report(command), _LAUNCH["filter"], command["cwd"]]
+    argv += [str(uid), str(command["tmp_bytes"])]
+    visible = _visible(command, spec)
+    argv.append(str(len(visible)))
+    for root, paths in visible.items():
+        size, mode = (command["tmp_bytes"], "1777") if root == "/tmp" else (1 << 16, "0755")
+        argv += [root, str(size), mode, str(len(paths)), *paths]
+    argv.append(str(len(command["rlimits"])))
+    for name, (soft, hard) in command["rlimits"].items():
+        argv += [str(getattr(resource, name)), str(soft), str(hard)]
+    argv += ["--", *command["argv"]]
+    for arg in argv:  # the launcher reads UTF-8 text: anything else starts by the fork
+        if "\0" in arg:
+            raise ValueError("a NUL byte in an argument")
+        arg.encode("utf-8")  # UnicodeEncodeError, a ValueError, for a lone surrogate
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, command["stdin"] or os.devnull, os.O_RDONLY, 0),
+        *((os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(outputs, (1, 2))),
+    ]
+    defaults = (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ)
+    return os.posix_spawn(
+        spec["launcher"],
+        argv,
+        command["env"],
+        file_actions=actions,
+        setsid=True,
+        setsigdef=defaults,
+    )
+
+
+#: `_spawn`'s seccomp filter in hex, made once per driver.
+_LAUNCH = {}
 
 
 def _exec_python(path, env):

@@ -175,6 +175,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ckpteval import launcher
 from ckpteval.checkers import (
     Checker,
     Job,
@@ -453,6 +454,8 @@ class RustChecker(Checker):
         self.sysroot = rust_sysroot()
         self.rustc = str(self.sysroot / "bin" / "rustc")
         self.link_flags = static_link_flags(self.rustc)
+        if self.sandbox.mode == "bwrap":  # a test run a sample: its start without a fork
+            self.sandbox.launcher = launcher.ensure(self.rustc)
 
     @classmethod
     def programs(cls, language: str | None, evaluate: Mapping[str, Any]) -> tuple[str, ...]:

@@ -1,0 +1,321 @@
+//! A sandboxed command's start, natively: what `ckpteval.sandbox_driver.spawn._child` does in a
+//! forked copy of the driver, done by a small static program that the driver spawns (vfork and
+//! exec: no copy of the driver's memory, no Python run before the command's exec). The driver
+//! uses it for plain programs as root (no Python file, no result channel, not rootless); the
+//! steps and their order are `_child`'s, and tests/test_sandbox_launcher.py compares what a
+//! command sees on both paths. The driver has already given it a new session, the command's
+//! stdin, stdout and stderr, and default SIGINT, SIGPIPE and SIGXFSZ (posix_spawn).
+//!
+//! argv: launch REPORT FILTER_HEX CWD UID TMP_BYTES
+//!              NROOTS (ROOT SIZE MODE NPATHS PATH...)...
+//!              NRLIMITS (RESOURCE SOFT HARD)...  -- PROGRAM ARG...
+//! REPORT: where a failure of the isolation is written (then exit 127, as `_child`);
+//! FILTER_HEX: the seccomp filter's instructions (`_kernel_state_filter`), in hex;
+//! the roots and paths: `_visible` (each root covered by a fresh tmpfs showing only its paths).
+
+use std::ffi::{CString, OsStr};
+use std::io::Write;
+use std::os::raw::{c_char, c_int, c_long, c_ulong, c_void};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+
+extern "C" {
+    fn unshare(flags: c_int) -> c_int;
+    fn mount(
+        source: *const c_char,
+        target: *const c_char,
+        fstype: *const c_char,
+        flags: c_ulong,
+        data: *const c_void,
+    ) -> c_int;
+    fn prctl(option: c_int, arg2: c_ulong, arg3: c_ulong, arg4: c_ulong, arg5: c_ulong) -> c_int;
+    fn setrlimit(resource: c_int, rlim: *const [u64; 2]) -> c_int;
+    fn setgroups(size: usize, list: *const u32) -> c_int;
+    fn setresgid(rgid: u32, egid: u32, sgid: u32) -> c_int;
+    fn setresuid(ruid: u32, euid: u32, suid: u32) -> c_int;
+    fn chdir(path: *const c_char) -> c_int;
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn syscall(number: c_long, ...) -> c_long;
+    fn sysconf(name: c_int) -> c_long;
+    static environ: *const *const c_char;
+}
+
+const CLONE_NEWNS: c_int = 0x0002_0000;
+const CLONE_NEWIPC: c_int = 0x0800_0000;
+const MS_NOSUID: c_ulong = 2;
+const MS_NODEV: c_ulong = 4;
+const MS_BIND: c_ulong = 4096;
+const MS_MOVE: c_ulong = 8192;
+const MS_REC: c_ulong = 16384;
+const MS_PRIVATE: c_ulong = 1 << 18;
+const PR_SET_NO_NEW_PRIVS: c_int = 38;
+const PR_SET_SECCOMP: c_int = 22;
+const SECCOMP_MODE_FILTER: c_ulong = 2;
+const SYS_RT_SIGACTION: c_long = 13;
+const SYS_CLOSE_RANGE: c_long = 436;
+const SC_PAGESIZE: c_int = 30;
+const STAGE: &str = "/dev/shm"; // `isolation._STAGE`
+const SHM_SEGMENTS: u64 = 64; // `isolation._SHM_SEGMENTS`, `_MSG_QUEUES`, `_SEMAPHORES`
+const MSG_QUEUES: u64 = 16;
+const SEMAPHORES: &str = "250 8000 32 32";
+
+#[repr(C)]
+struct SockFprog {
+    len: u16,
+    filter: *const u8,
+}
+
+fn c(text: &str) -> CString {
+    CString::new(text).unwrap_or_else(|_| fail_usage("a NUL byte in an argument"))
+}
+
+fn fail_usage(what: &str) -> ! {
+    let _ = writeln!(std::io::stderr(), "ckpteval-launch: {what}");
+    std::process::exit(127)
+}
+
+fn errno_error(what: &str) -> String {
+    let err = std::io::Error::last_os_error();
+    format!("[Errno {}] {what}: {}", err.raw_os_error().unwrap_or(0), strerror(&err))
+}
+
+fn strerror(err: &std::io::Error) -> String {
+    // "Operation not permitted (os error 1)" -> "Operation not permitted", as Python says it
+    let text = err.to_string();
+    match text.rfind(" (os error") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
+fn check(result: c_int, what: &str) -> Result<(), String> {
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(errno_error(what))
+    }
+}
+
+fn do_mount(source: Option<&str>, target: &str, fstype: Option<&str>, flags: c_ulong, data: Option<&str>) -> Result<(), String> {
+    let (source, target) = (source.map(c), c(target));
+    let (fstype, data) = (fstype.map(c), data.map(c));
+    let ptr = |v: &Option<CString>| v.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    let result = unsafe {
+        mount(ptr(&source), target.as_ptr(), ptr(&fstype), flags, ptr(&data) as *const c_void)
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        let err = std::io::Error::last_os_error();
+        Err(format!(
+            "[Errno {}] mount {}: {}",
+            err.raw_os_error().unwrap_or(0),
+            target.to_string_lossy(),
+            strerror(&err)
+        ))
+    }
+}
+
+fn write_small(path: &str, text: &str) -> Result<(), String> {
+    let io = |e: std::io::Error| format!("[Errno {}] {}: '{path}'", e.raw_os_error().unwrap_or(0), strerror(&e));
+    let mut file = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
+    file.write_all(text.as_bytes()).map_err(io)
+}
+
+/// `isolation._cover`: a fresh tmpfs over `root` showing only `paths` of what was there.
+fn cover(root: &str, paths: &[String], options: &str) -> Result<(), String> {
+    do_mount(Some("tmpfs"), STAGE, Some("tmpfs"), MS_NOSUID | MS_NODEV, Some(options))?;
+    let io = |e: std::io::Error, p: &str| format!("[Errno {}] {}: '{p}'", e.raw_os_error().unwrap_or(0), strerror(&e));
+    for path in paths {
+        let staged = format!("{STAGE}{}", &path[root.len()..]);
+        if std::path::Path::new(path).is_dir() {
+            std::fs::DirBuilder::new().recursive(true).mode(0o755).create(&staged).map_err(|e| io(e, &staged))?;
+        } else {
+            let parent = std::path::Path::new(&staged).parent().map(|p| p.to_path_buf()).unwrap_or_default();
+            std::fs::DirBuilder::new().recursive(true).mode(0o755).create(&parent).map_err(|e| io(e, &staged))?;
+            std::fs::OpenOptions::new().create(true).write(true).mode(0o600).open(&staged).map_err(|e| io(e, &staged))?;
+        }
+        do_mount(Some(path), &staged, None, MS_BIND | MS_REC, None)?;
+    }
+    do_mount(Some(STAGE), root, None, MS_MOVE, None)
+}
+
+/// `isolation._limit_ipc`.
+fn limit_ipc(shm_bytes: u64) -> Result<(), String> {
+    let page = unsafe { sysconf(SC_PAGESIZE) } as u64;
+    write_small("/proc/sys/kernel/shmmax", &format!("{shm_bytes}\n"))?;
+    write_small("/proc/sys/kernel/shmall", &format!("{}\n", std::cmp::max(1, shm_bytes / page)))?;
+    write_small("/proc/sys/kernel/shmmni", &format!("{SHM_SEGMENTS}\n"))?;
+    write_small("/proc/sys/kernel/msgmni", &format!("{MSG_QUEUES}\n"))?;
+    write_small("/proc/sys/kernel/sem", &format!("{SEMAPHORES}\n"))
+}
+
+fn hex(text: &str) -> Vec<u8> {
+    let digit = |b: u8| match b {
+        b'0'..=b'9' => b - b'0',
+        b'a'..=b'f' => b - b'a' + 10,
+        _ => fail_usage("the filter is not lowercase hex"),
+    };
+    text.as_bytes().chunks(2).map(|p| digit(p[0]) << 4 | digit(p[1])).collect()
+}
+
+struct Plan {
+    report: String,
+    filter: Vec<u8>,
+    cwd: String,
+    uid: u32,
+    tmp_bytes: u64,
+    roots: Vec<(String, String, String, Vec<String>)>,
+    rlimits: Vec<(c_int, u64, u64)>,
+    argv: Vec<CString>,
+}
+
+fn plan() -> Plan {
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string().unwrap_or_else(|_| fail_usage("an argument is not UTF-8")))
+        .collect();
+    let mut it = args.into_iter();
+    let mut next = || it.next().unwrap_or_else(|| fail_usage("too few arguments"));
+    // a number; -1 is RLIM_INFINITY, as Python's `resource.setrlimit` takes it
+    let num = |s: String| s.parse::<i64>().unwrap_or_else(|_| fail_usage("a number expected")) as u64;
+    let (report, filter, cwd) = (next(), hex(&next()), next());
+    let uid = num(next()) as u32;
+    let tmp_bytes = num(next());
+    let mut roots = Vec::new();
+    for _ in 0..num(next()) {
+        let (root, size, mode) = (next(), next(), next());
+        let paths = (0..num(next())).map(|_| next()).collect();
+        roots.push((root, size, mode, paths));
+    }
+    let mut rlimits = Vec::new();
+    for _ in 0..num(next()) {
+        rlimits.push((num(next()) as c_int, num(next()), num(next())));
+    }
+    if next() != "--" {
+        fail_usage("-- expected before the program");
+    }
+    let argv: Vec<CString> = std::iter::from_fn(|| it.next()).map(|a| c(&a)).collect();
+    if argv.is_empty() {
+        fail_usage("no program");
+    }
+    Plan { report, filter, cwd, uid, tmp_bytes, roots, rlimits, argv }
+}
+
+/// `_oom_first`, `_isolate`, `no_new_privs` and `_refuse_kernel_state`, in `_child`'s order.
+fn isolate(plan: &Plan) -> Result<(), String> {
+    let _ = write_small("/proc/self/oom_score_adj", "1000\n"); // as `_oom_first`: best effort
+    check(unsafe { unshare(CLONE_NEWNS | CLONE_NEWIPC) }, "unshare(CLONE_NEWNS | CLONE_NEWIPC)")?;
+    do_mount(None, "/", None, MS_REC | MS_PRIVATE, None)?;
+    for (root, size, mode, paths) in &plan.roots {
+        cover(root, paths, &format!("size={size},mode={mode}"))?;
+    }
+    limit_ipc(plan.tmp_bytes)?;
+    check(unsafe { prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }, "prctl(PR_SET_NO_NEW_PRIVS)")?;
+    let fprog = SockFprog { len: (plan.filter.len() / 8) as u16, filter: plan.filter.as_ptr() };
+    let result = unsafe {
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog as *const SockFprog as c_ulong, 0, 0)
+    };
+    check(result, "prctl(PR_SET_SECCOMP)")
+}
+
+/// Every signal's action the default, as in a forked child (the driver ignores none but SIGINT,
+/// SIGPIPE and SIGXFSZ, which `_child` resets): an ignored signal survives exec, and here glibc's
+/// posix_spawn ignored its two internal ones and Rust's start-up SIGPIPE. The raw system call:
+/// glibc's `sigaction` refuses its internal signals.
+fn default_signals() {
+    let action = [0u64; 4]; // handler SIG_DFL, no flags, no restorer, an empty mask
+    for signum in 1..=64 {
+        if signum != 9 && signum != 19 {
+            unsafe { syscall(SYS_RT_SIGACTION, signum as c_long, action.as_ptr(), std::ptr::null::<u64>(), 8 as c_long) };
+        }
+    }
+}
+
+/// The rest of `_child`: directory, rlimits, no groups, the sandbox uid, exec. An error here is
+/// the program's (a shell's 127 with `sandbox: cannot run ...` on its stderr), as in `_child`.
+fn become_program(plan: &Plan) -> Result<std::convert::Infallible, String> {
+    check(unsafe { chdir(c(&plan.cwd).as_ptr()) }, &format!("chdir '{}'", plan.cwd))?;
+    for &(resource, soft, hard) in &plan.rlimits {
+        check(unsafe { setrlimit(resource, &[soft, hard]) }, "setrlimit")?;
+    }
+    let uid = plan.uid;
+    check(unsafe { setgroups(0, std::ptr::null()) }, "setgroups")?;
+    check(unsafe { setresgid(uid, uid, uid) }, "setresgid")?;
+    check(unsafe { setresuid(uid, uid, uid) }, "setresuid")?;
+    default_signals();
+    let argv: Vec<*const c_char> =
+        plan.argv.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let program = plan.argv[0].as_bytes();
+    // os.execvpe: a name with a slash as it is, else each directory of the command's PATH
+    // (os.defpath without one); the first error other than "not found" is raised, else the last
+    let candidates: Vec<Vec<u8>> = if program.contains(&b'/') {
+        vec![program.to_vec()]
+    } else {
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+        path.as_bytes()
+            .split(|&b| b == b':')
+            .map(|dir| if dir.is_empty() { program.to_vec() } else { [dir, b"/", program].concat() })
+            .collect()
+    };
+    let (mut saved, mut last) = (None, None);
+    let searched = !program.contains(&b'/');
+    for full in candidates {
+        let name = if searched { bytes_repr(&full) } else { str_repr(&full) };
+        let full = CString::new(full).unwrap_or_else(|_| fail_usage("a NUL byte in PATH"));
+        unsafe { execve(full.as_ptr(), argv.as_ptr(), environ) };
+        let err = std::io::Error::last_os_error();
+        let missing = matches!(err.raw_os_error(), Some(2) | Some(20)); // ENOENT, ENOTDIR
+        if !missing && saved.is_none() {
+            saved = Some((err, name));
+        } else {
+            last = Some((err, name));
+        }
+    }
+    let (err, name) = saved.or(last).unwrap_or_else(|| fail_usage("nothing to execute"));
+    Err(format!("[Errno {}] {}: {name}", err.raw_os_error().unwrap_or(0), strerror(&err)))
+}
+
+/// Python's repr of a path: `'name'`, or `b'name'` for one os.execvpe found on PATH (it searches
+/// with bytes).
+fn str_repr(text: &[u8]) -> String {
+    format!("'{}'", OsStr::from_bytes(text).to_string_lossy())
+}
+
+fn bytes_repr(text: &[u8]) -> String {
+    let quote = if text.contains(&b'\'') && !text.contains(&b'"') { b'"' } else { b'\'' };
+    let mut out = String::from("b");
+    out.push(quote as char);
+    for &b in text {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            b'\t' => out.push_str("\\t"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            _ if b == quote => {
+                out.push('\\');
+                out.push(b as char);
+            }
+            0x20..=0x7e => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out.push(quote as char);
+    out
+}
+
+fn main() {
+    unsafe { syscall(SYS_CLOSE_RANGE, 3 as c_ulong, !0u32 as c_ulong, 0 as c_ulong) };
+    let plan = plan();
+    if let Err(message) = isolate(&plan) {
+        // the sandbox's failure, not the program's: say so to the driver (`_isolation_report`)
+        if let Ok(mut file) = std::fs::File::create(&plan.report) {
+            let _ = writeln!(file, "{message}");
+        }
+        std::process::exit(127);
+    }
+    let Err(message) = become_program(&plan);
+    let name = plan.argv[0].to_string_lossy();
+    let _ = writeln!(std::io::stderr(), "sandbox: cannot run {name}: {message}");
+    std::process::exit(127);
+}
