@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import stat
 import subprocess
@@ -52,10 +53,10 @@ def cache_root() -> Path:
 @lru_cache(maxsize=4)
 def ensure(rustc: str) -> Path | None:
     """The launcher built by `rustc` (built now if this toolchain and source have none yet), or
-    None where it cannot be: not root (the sandbox is rootless and forks), or the build failed
-    (said once in the log). A cached build is used only if this user owns it and nobody else may
+    None where it cannot be: not root (the sandbox is rootless and forks), not x86_64, or the
+    build failed (said once in the log). A cached build is used only if this user owns it and nobody else may
     write to it: the sandbox runs it as root."""
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or platform.machine() != "x86_64":  # its system call numbers: x86_64's
         return None
     source = SOURCE.read_bytes()
     try:

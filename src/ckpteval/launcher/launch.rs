@@ -37,6 +37,7 @@ extern "C" {
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn syscall(number: c_long, ...) -> c_long;
     fn sysconf(name: c_int) -> c_long;
+    fn close(fd: c_int) -> c_int;
     static environ: *const *const c_char;
 }
 
@@ -305,7 +306,12 @@ fn bytes_repr(text: &[u8]) -> String {
 }
 
 fn main() {
-    unsafe { syscall(SYS_CLOSE_RANGE, 3 as c_ulong, !0u32 as c_ulong, 0 as c_ulong) };
+    // every descriptor from 3 up, as `_keep_fds` (the driver's are close-on-exec besides)
+    if unsafe { syscall(SYS_CLOSE_RANGE, 3 as c_ulong, !0u32 as c_ulong, 0 as c_ulong) } != 0 {
+        for fd in 3..65536 {
+            unsafe { close(fd) };
+        }
+    }
     let plan = plan();
     if let Err(message) = isolate(&plan) {
         // the sandbox's failure, not the program's: say so to the driver (`_isolation_report`)
