@@ -136,25 +136,38 @@ def test_a_launcher_that_cannot_start_falls_back_to_the_fork(
     assert len(said) == 1 and "Exec format error" in said[0], said
 
 
-def test_a_cached_launcher_others_may_write_is_rebuilt(
+def test_a_launcher_others_could_change_is_never_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The sandbox runs the launcher as root: a cached build that another user could have
-    replaced (group or world writable) is not used; a fresh one is built in its place."""
+    replaced (group or world writable) is not used, a fresh one is built in its place; under a
+    directory another user may write, nothing is built (and nothing is made there)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     rustc = shutil.which("rustc")
     assert rustc
-    launcher.ensure.cache_clear()
+
+    def fresh() -> Path | None:
+        launcher.ensure.cache_clear()
+        launcher._PROGRAMS.clear()
+        return launcher.ensure(rustc)
+
     try:
-        built = launcher.ensure(rustc)
+        built = fresh()
         assert built is not None and built.is_relative_to(tmp_path)
         os.chmod(built, 0o777)
-        launcher.ensure.cache_clear()
-        rebuilt = launcher.ensure(rustc)
+        rebuilt = fresh()
         assert rebuilt == built
         assert not os.stat(rebuilt).st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        # a cache under a directory others may write: nothing is built or made there
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        os.chmod(shared, 0o777)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(shared))
+        assert fresh() is None
+        assert list(shared.iterdir()) == []
     finally:
         launcher.ensure.cache_clear()
+        launcher._PROGRAMS.clear()
 
 
 def test_an_argument_the_launcher_cannot_take_starts_by_the_fork(tmp_path: Path) -> None:

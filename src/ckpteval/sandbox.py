@@ -87,6 +87,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ckpteval import cgroups, sandbox_driver
+from ckpteval import launcher as launch
 from ckpteval.errors import UserError
 from ckpteval.io import first_free_lock
 from ckpteval.scratch import scratch_dir
@@ -505,11 +506,13 @@ def _run_batch(
         binds = [*(Path(p).resolve() for p in readable), Path(sys.base_prefix), *stdins]
         spec = _batch_spec(commands, uid, io_dir, workdir, [*binds, workdir], preload)
         spec["cgroup"] = groups.spec
-        if launcher is not None and not rootless:
-            # a copy in the driver's own directory, which no command sees (a bind of the cache
-            # would show in every command's mount table, and root would run what it holds then)
-            shutil.copyfile(launcher, io_dir / "launch")
-            os.chmod(io_dir / "launch", 0o700)
+        program = launch.program(launcher) if launcher is not None and not rootless else None
+        if program is not None:
+            # a copy, as read and checked once, in the driver's own directory, which no command
+            # sees (a bind of the cache would show in every command's mount table)
+            fd = os.open(io_dir / "launch", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(program)
             spec["launcher"] = str(io_dir / "launch")
         if rootless:
             _rootless_spec(spec, commands, [io_dir, *groups.roots])

@@ -14,6 +14,7 @@ fails) starts commands by the fork, as before.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -53,9 +54,11 @@ def cache_root() -> Path:
 @lru_cache(maxsize=4)
 def ensure(rustc: str) -> Path | None:
     """The launcher built by `rustc` (built now if this toolchain and source have none yet), or
-    None where it cannot be: not root (the sandbox is rootless and forks), not x86_64, or the
-    build failed (said once in the log). A cached build is used only if this user owns it and nobody else may
-    write to it: the sandbox runs it as root."""
+    None where it cannot be: not root (the sandbox is rootless and forks), not x86_64, a cache
+    directory another user could change, or a failed build (each said once in the log). The
+    sandbox runs it as root: a cached build is used only if it and every directory above it are
+    this user's or root's and writable by nobody else (`_safe`), and each process reads it once
+    (`program`), so what runs is what was checked."""
     if os.geteuid() != 0 or platform.machine() != "x86_64":  # its system call numbers: x86_64's
         return None
     source = SOURCE.read_bytes()
@@ -65,16 +68,26 @@ def ensure(rustc: str) -> Path | None:
         log.warning("sandbox launcher: rustc not usable (%s); commands start by fork", exc)
         return None
     key = hashlib.sha256(source + b"\0" + version + b"\0" + " ".join(FLAGS).encode())
-    home = cache_root() / f"launch-{key.hexdigest()[:16]}"
+    root = cache_root()
+    home = root / f"launch-{key.hexdigest()[:16]}"
     binary = home / NAME
-    if _trusted(binary):
+    if program(binary) is not None:
         return binary
-    try:
-        cache_root().mkdir(parents=True, exist_ok=True)
-        build = Path(tempfile.mkdtemp(prefix="launch-build-", dir=cache_root()))
-    except OSError as exc:
-        log.warning("sandbox launcher: no cache directory (%s); commands start by fork", exc)
+    existing = next(p for p in (root, *root.parents) if p.exists())
+    if _safe(existing):  # nothing is made where another user could change it
+        try:
+            root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("sandbox launcher: no cache directory (%s); commands start by fork", exc)
+            return None
+    if not _safe(root):
+        log.warning(
+            "sandbox launcher: %s or a directory above it is writable by another user; "
+            "commands start by fork",
+            root,
+        )
         return None
+    build = Path(tempfile.mkdtemp(prefix="launch-build-", dir=root))
     try:
         os.chmod(build, 0o755)
         result = subprocess.run(
@@ -88,16 +101,11 @@ def ensure(rustc: str) -> Path | None:
             log.warning("sandbox launcher: build failed (%s); commands start by fork", message)
             return None
         os.chmod(build / NAME, 0o755)
-        if binary.parent.exists():  # untrusted (or another process's build just landed)
-            if _trusted(binary):
-                return binary
-            shutil.rmtree(binary.parent, ignore_errors=True)
-        try:
+        if home.exists():  # one not to trust: made anew
+            shutil.rmtree(home, ignore_errors=True)
+        with contextlib.suppress(OSError):  # another process's build landed first: that one
             os.rename(build, home)
-        except OSError:  # another process renamed its build first
-            if not _trusted(binary):
-                return None
-        return binary if _trusted(binary) else None
+        return binary if program(binary) is not None else None
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("sandbox launcher: build failed (%s); commands start by fork", exc)
         return None
@@ -105,13 +113,52 @@ def ensure(rustc: str) -> Path | None:
         shutil.rmtree(build, ignore_errors=True)
 
 
-def _trusted(binary: Path) -> bool:
-    """Whether `binary` and its directory are this user's, writable by nobody else."""
+def program(binary: Path) -> bytes | None:
+    """The launcher's bytes, read once per process from a file this user owns and nobody else
+    may write, under directories only this user or root may change; None otherwise. The sandbox
+    writes them into each batch's private directory: a file swapped later is never run."""
+    if binary not in _PROGRAMS:
+        read = _read_checked(binary)
+        if read is None:
+            return None
+        _PROGRAMS[binary] = read
+    return _PROGRAMS[binary]
+
+
+#: `program`'s reads that passed, by path.
+_PROGRAMS: dict[Path, bytes] = {}
+
+
+def _read_checked(binary: Path) -> bytes | None:
     try:
-        for path in (binary.parent, binary):
-            info = os.lstat(path)
-            if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                return False
-        return stat.S_ISREG(os.lstat(binary).st_mode)
+        fd = os.open(binary, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or info.st_uid != os.geteuid()
+            or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            or not _safe(binary.parent)
+        ):
+            return None
+        return handle.read()
+
+
+def _safe(directory: Path) -> bool:
+    """Whether `directory` and every one above it are this user's or root's, and none is writable
+    by others but a sticky one (as /tmp: nobody else may rename what is ours in it)."""
+    path = directory.absolute()
+    for part in (path, *path.parents):
+        try:
+            info = os.lstat(part)
+        except OSError:
+            return False
+        if stat.S_ISLNK(info.st_mode):
+            return _safe(Path(os.path.realpath(part))) and _safe(part.parent)
+        if info.st_uid not in (0, os.geteuid()):
+            return False
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+            return False
+    return True
