@@ -141,7 +141,8 @@ def test_a_launcher_others_could_change_is_never_run(
 ) -> None:
     """The sandbox runs the launcher as root: a cached build that another user could have
     replaced (group or world writable) is not used, a fresh one is built in its place; under a
-    directory another user may write, nothing is built (and nothing is made there)."""
+    directory another user may write nothing is made: the build goes to this user's private
+    directory under the system's temporary directory."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     rustc = shutil.which("rustc")
     assert rustc
@@ -163,8 +164,9 @@ def test_a_launcher_others_could_change_is_never_run(
         shared.mkdir()
         os.chmod(shared, 0o777)
         monkeypatch.setenv("XDG_CACHE_HOME", str(shared))
-        assert fresh() is None
+        elsewhere = fresh()
         assert list(shared.iterdir()) == []
+        assert elsewhere is not None and elsewhere.is_relative_to(launcher._private_root())
     finally:
         launcher.ensure.cache_clear()
         launcher._PROGRAMS.clear()

@@ -51,6 +51,30 @@ def cache_root() -> Path:
     return Path(base) / "ckpteval"
 
 
+def _private_root() -> Path:
+    """The second choice: this user's directory under the system's temporary directory."""
+    return Path(tempfile.gettempdir()) / f"ckpteval-{os.geteuid()}-cache"
+
+
+def _cache_dir() -> Path | None:
+    """The first of `cache_root()` and `_private_root()` that is, or can be made, a directory
+    only this user or root may change (`_safe`), nothing made where that does not hold (a home
+    another user may write); None if neither."""
+    for root in (cache_root(), _private_root()):
+        if not root.is_absolute():
+            continue
+        existing = next(p for p in (root, *root.parents) if p.exists())
+        if not _safe(existing):
+            continue
+        try:
+            root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if _safe(root):
+            return root
+    return None
+
+
 @lru_cache(maxsize=4)
 def ensure(rustc: str) -> Path | None:
     """The launcher built by `rustc` (built now if this toolchain and source have none yet), or
@@ -68,25 +92,19 @@ def ensure(rustc: str) -> Path | None:
         log.warning("sandbox launcher: rustc not usable (%s); commands start by fork", exc)
         return None
     key = hashlib.sha256(source + b"\0" + version + b"\0" + " ".join(FLAGS).encode())
-    root = cache_root()
+    root = _cache_dir()
+    if root is None:
+        log.warning(
+            "sandbox launcher: no cache directory only this user may change (%s, %s); "
+            "commands start by fork",
+            cache_root(),
+            _private_root(),
+        )
+        return None
     home = root / f"launch-{key.hexdigest()[:16]}"
     binary = home / NAME
     if program(binary) is not None:
         return binary
-    existing = next(p for p in (root, *root.parents) if p.exists())
-    if _safe(existing):  # nothing is made where another user could change it
-        try:
-            root.mkdir(mode=0o755, parents=True, exist_ok=True)
-        except OSError as exc:
-            log.warning("sandbox launcher: no cache directory (%s); commands start by fork", exc)
-            return None
-    if not _safe(root):
-        log.warning(
-            "sandbox launcher: %s or a directory above it is writable by another user; "
-            "commands start by fork",
-            root,
-        )
-        return None
     build = Path(tempfile.mkdtemp(prefix="launch-build-", dir=root))
     try:
         os.chmod(build, 0o755)
