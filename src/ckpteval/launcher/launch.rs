@@ -34,7 +34,8 @@ extern "C" {
     fn setresgid(rgid: u32, egid: u32, sgid: u32) -> c_int;
     fn setresuid(ruid: u32, euid: u32, suid: u32) -> c_int;
     fn chdir(path: *const c_char) -> c_int;
-    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char)
+        -> c_int;
     fn syscall(number: c_long, ...) -> c_long;
     fn sysconf(name: c_int) -> c_long;
     fn close(fd: c_int) -> c_int;
@@ -77,7 +78,11 @@ fn fail_usage(what: &str) -> ! {
 
 fn errno_error(what: &str) -> String {
     let err = std::io::Error::last_os_error();
-    format!("[Errno {}] {what}: {}", err.raw_os_error().unwrap_or(0), strerror(&err))
+    format!(
+        "[Errno {}] {what}: {}",
+        err.raw_os_error().unwrap_or(0),
+        strerror(&err)
+    )
 }
 
 fn strerror(err: &std::io::Error) -> String {
@@ -97,12 +102,24 @@ fn check(result: c_int, what: &str) -> Result<(), String> {
     }
 }
 
-fn do_mount(source: Option<&str>, target: &str, fstype: Option<&str>, flags: c_ulong, data: Option<&str>) -> Result<(), String> {
+fn do_mount(
+    source: Option<&str>,
+    target: &str,
+    fstype: Option<&str>,
+    flags: c_ulong,
+    data: Option<&str>,
+) -> Result<(), String> {
     let (source, target) = (source.map(c), c(target));
     let (fstype, data) = (fstype.map(c), data.map(c));
     let ptr = |v: &Option<CString>| v.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
     let result = unsafe {
-        mount(ptr(&source), target.as_ptr(), ptr(&fstype), flags, ptr(&data) as *const c_void)
+        mount(
+            ptr(&source),
+            target.as_ptr(),
+            ptr(&fstype),
+            flags,
+            ptr(&data) as *const c_void,
+        )
     };
     if result == 0 {
         Ok(())
@@ -118,23 +135,60 @@ fn do_mount(source: Option<&str>, target: &str, fstype: Option<&str>, flags: c_u
 }
 
 fn write_small(path: &str, text: &str) -> Result<(), String> {
-    let io = |e: std::io::Error| format!("[Errno {}] {}: '{path}'", e.raw_os_error().unwrap_or(0), strerror(&e));
-    let mut file = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
+    let io = |e: std::io::Error| {
+        format!(
+            "[Errno {}] {}: '{path}'",
+            e.raw_os_error().unwrap_or(0),
+            strerror(&e)
+        )
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io)?;
     file.write_all(text.as_bytes()).map_err(io)
 }
 
 /// `isolation._cover`: a fresh tmpfs over `root` showing only `paths` of what was there.
 fn cover(root: &str, paths: &[String], options: &str) -> Result<(), String> {
-    do_mount(Some("tmpfs"), STAGE, Some("tmpfs"), MS_NOSUID | MS_NODEV, Some(options))?;
-    let io = |e: std::io::Error, p: &str| format!("[Errno {}] {}: '{p}'", e.raw_os_error().unwrap_or(0), strerror(&e));
+    do_mount(
+        Some("tmpfs"),
+        STAGE,
+        Some("tmpfs"),
+        MS_NOSUID | MS_NODEV,
+        Some(options),
+    )?;
+    let io = |e: std::io::Error, p: &str| {
+        format!(
+            "[Errno {}] {}: '{p}'",
+            e.raw_os_error().unwrap_or(0),
+            strerror(&e)
+        )
+    };
     for path in paths {
         let staged = format!("{STAGE}{}", &path[root.len()..]);
         if std::path::Path::new(path).is_dir() {
-            std::fs::DirBuilder::new().recursive(true).mode(0o755).create(&staged).map_err(|e| io(e, &staged))?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&staged)
+                .map_err(|e| io(e, &staged))?;
         } else {
-            let parent = std::path::Path::new(&staged).parent().map(|p| p.to_path_buf()).unwrap_or_default();
-            std::fs::DirBuilder::new().recursive(true).mode(0o755).create(&parent).map_err(|e| io(e, &staged))?;
-            std::fs::OpenOptions::new().create(true).write(true).mode(0o600).open(&staged).map_err(|e| io(e, &staged))?;
+            let parent = std::path::Path::new(&staged)
+                .parent()
+                .map(|p| p.to_path_buf())
+                .unwrap_or_default();
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&parent)
+                .map_err(|e| io(e, &staged))?;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .mode(0o600)
+                .open(&staged)
+                .map_err(|e| io(e, &staged))?;
         }
         do_mount(Some(path), &staged, None, MS_BIND | MS_REC, None)?;
     }
@@ -145,7 +199,10 @@ fn cover(root: &str, paths: &[String], options: &str) -> Result<(), String> {
 fn limit_ipc(shm_bytes: u64) -> Result<(), String> {
     let page = unsafe { sysconf(SC_PAGESIZE) } as u64;
     write_small("/proc/sys/kernel/shmmax", &format!("{shm_bytes}\n"))?;
-    write_small("/proc/sys/kernel/shmall", &format!("{}\n", std::cmp::max(1, shm_bytes / page)))?;
+    write_small(
+        "/proc/sys/kernel/shmall",
+        &format!("{}\n", std::cmp::max(1, shm_bytes / page)),
+    )?;
     write_small("/proc/sys/kernel/shmmni", &format!("{SHM_SEGMENTS}\n"))?;
     write_small("/proc/sys/kernel/msgmni", &format!("{MSG_QUEUES}\n"))?;
     write_small("/proc/sys/kernel/sem", &format!("{SEMAPHORES}\n"))
@@ -157,7 +214,10 @@ fn hex(text: &str) -> Vec<u8> {
         b'a'..=b'f' => b - b'a' + 10,
         _ => fail_usage("the filter is not lowercase hex"),
     };
-    text.as_bytes().chunks(2).map(|p| digit(p[0]) << 4 | digit(p[1])).collect()
+    text.as_bytes()
+        .chunks(2)
+        .map(|p| digit(p[0]) << 4 | digit(p[1]))
+        .collect()
 }
 
 struct Plan {
@@ -174,12 +234,18 @@ struct Plan {
 fn plan() -> Plan {
     let args: Vec<String> = std::env::args_os()
         .skip(1)
-        .map(|a| a.into_string().unwrap_or_else(|_| fail_usage("an argument is not UTF-8")))
+        .map(|a| {
+            a.into_string()
+                .unwrap_or_else(|_| fail_usage("an argument is not UTF-8"))
+        })
         .collect();
     let mut it = args.into_iter();
     let mut next = || it.next().unwrap_or_else(|| fail_usage("too few arguments"));
     // a number; -1 is RLIM_INFINITY, as Python's `resource.setrlimit` takes it
-    let num = |s: String| s.parse::<i64>().unwrap_or_else(|_| fail_usage("a number expected")) as u64;
+    let num = |s: String| {
+        s.parse::<i64>()
+            .unwrap_or_else(|_| fail_usage("a number expected")) as u64
+    };
     let (report, filter, cwd) = (next(), hex(&next()), next());
     let uid = num(next()) as u32;
     let tmp_bytes = num(next());
@@ -200,22 +266,46 @@ fn plan() -> Plan {
     if argv.is_empty() {
         fail_usage("no program");
     }
-    Plan { report, filter, cwd, uid, tmp_bytes, roots, rlimits, argv }
+    Plan {
+        report,
+        filter,
+        cwd,
+        uid,
+        tmp_bytes,
+        roots,
+        rlimits,
+        argv,
+    }
 }
 
 /// `_oom_first`, `_isolate`, `no_new_privs` and `_refuse_kernel_state`, in `_child`'s order.
 fn isolate(plan: &Plan) -> Result<(), String> {
     let _ = write_small("/proc/self/oom_score_adj", "1000\n"); // as `_oom_first`: best effort
-    check(unsafe { unshare(CLONE_NEWNS | CLONE_NEWIPC) }, "unshare(CLONE_NEWNS | CLONE_NEWIPC)")?;
+    check(
+        unsafe { unshare(CLONE_NEWNS | CLONE_NEWIPC) },
+        "unshare(CLONE_NEWNS | CLONE_NEWIPC)",
+    )?;
     do_mount(None, "/", None, MS_REC | MS_PRIVATE, None)?;
     for (root, size, mode, paths) in &plan.roots {
         cover(root, paths, &format!("size={size},mode={mode}"))?;
     }
     limit_ipc(plan.tmp_bytes)?;
-    check(unsafe { prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }, "prctl(PR_SET_NO_NEW_PRIVS)")?;
-    let fprog = SockFprog { len: (plan.filter.len() / 8) as u16, filter: plan.filter.as_ptr() };
+    check(
+        unsafe { prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) },
+        "prctl(PR_SET_NO_NEW_PRIVS)",
+    )?;
+    let fprog = SockFprog {
+        len: (plan.filter.len() / 8) as u16,
+        filter: plan.filter.as_ptr(),
+    };
     let result = unsafe {
-        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog as *const SockFprog as c_ulong, 0, 0)
+        prctl(
+            PR_SET_SECCOMP,
+            SECCOMP_MODE_FILTER,
+            &fprog as *const SockFprog as c_ulong,
+            0,
+            0,
+        )
     };
     check(result, "prctl(PR_SET_SECCOMP)")
 }
@@ -228,7 +318,15 @@ fn default_signals() {
     let action = [0u64; 4]; // handler SIG_DFL, no flags, no restorer, an empty mask
     for signum in 1..=64 {
         if signum != 9 && signum != 19 {
-            unsafe { syscall(SYS_RT_SIGACTION, signum as c_long, action.as_ptr(), std::ptr::null::<u64>(), 8 as c_long) };
+            unsafe {
+                syscall(
+                    SYS_RT_SIGACTION,
+                    signum as c_long,
+                    action.as_ptr(),
+                    std::ptr::null::<u64>(),
+                    8 as c_long,
+                )
+            };
         }
     }
 }
@@ -236,7 +334,10 @@ fn default_signals() {
 /// The rest of `_child`: directory, rlimits, no groups, the sandbox uid, exec. An error here is
 /// the program's (a shell's 127 with `sandbox: cannot run ...` on its stderr), as in `_child`.
 fn become_program(plan: &Plan) -> Result<std::convert::Infallible, String> {
-    check(unsafe { chdir(c(&plan.cwd).as_ptr()) }, &format!("chdir '{}'", plan.cwd))?;
+    check(
+        unsafe { chdir(c(&plan.cwd).as_ptr()) },
+        &format!("chdir '{}'", plan.cwd),
+    )?;
     for &(resource, soft, hard) in &plan.rlimits {
         check(unsafe { setrlimit(resource, &[soft, hard]) }, "setrlimit")?;
     }
@@ -245,8 +346,12 @@ fn become_program(plan: &Plan) -> Result<std::convert::Infallible, String> {
     check(unsafe { setresgid(uid, uid, uid) }, "setresgid")?;
     check(unsafe { setresuid(uid, uid, uid) }, "setresuid")?;
     default_signals();
-    let argv: Vec<*const c_char> =
-        plan.argv.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let argv: Vec<*const c_char> = plan
+        .argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
     let program = plan.argv[0].as_bytes();
     // os.execvpe: a name with a slash as it is, else each directory of the command's PATH
     // (os.defpath without one); the first error other than "not found" is raised, else the last
@@ -256,13 +361,23 @@ fn become_program(plan: &Plan) -> Result<std::convert::Infallible, String> {
         let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
         path.as_bytes()
             .split(|&b| b == b':')
-            .map(|dir| if dir.is_empty() { program.to_vec() } else { [dir, b"/", program].concat() })
+            .map(|dir| {
+                if dir.is_empty() {
+                    program.to_vec()
+                } else {
+                    [dir, b"/", program].concat()
+                }
+            })
             .collect()
     };
     let (mut saved, mut last) = (None, None);
     let searched = !program.contains(&b'/');
     for full in candidates {
-        let name = if searched { bytes_repr(&full) } else { str_repr(&full) };
+        let name = if searched {
+            bytes_repr(&full)
+        } else {
+            str_repr(&full)
+        };
         let full = CString::new(full).unwrap_or_else(|_| fail_usage("a NUL byte in PATH"));
         unsafe { execve(full.as_ptr(), argv.as_ptr(), environ) };
         let err = std::io::Error::last_os_error();
@@ -273,8 +388,14 @@ fn become_program(plan: &Plan) -> Result<std::convert::Infallible, String> {
             last = Some((err, name));
         }
     }
-    let (err, name) = saved.or(last).unwrap_or_else(|| fail_usage("nothing to execute"));
-    Err(format!("[Errno {}] {}: {name}", err.raw_os_error().unwrap_or(0), strerror(&err)))
+    let (err, name) = saved
+        .or(last)
+        .unwrap_or_else(|| fail_usage("nothing to execute"));
+    Err(format!(
+        "[Errno {}] {}: {name}",
+        err.raw_os_error().unwrap_or(0),
+        strerror(&err)
+    ))
 }
 
 /// Python's repr of a path: `'name'`, or `b'name'` for one os.execvpe found on PATH (it searches
@@ -284,7 +405,11 @@ fn str_repr(text: &[u8]) -> String {
 }
 
 fn bytes_repr(text: &[u8]) -> String {
-    let quote = if text.contains(&b'\'') && !text.contains(&b'"') { b'"' } else { b'\'' };
+    let quote = if text.contains(&b'\'') && !text.contains(&b'"') {
+        b'"'
+    } else {
+        b'\''
+    };
     let mut out = String::from("b");
     out.push(quote as char);
     for &b in text {
@@ -307,7 +432,15 @@ fn bytes_repr(text: &[u8]) -> String {
 
 fn main() {
     // every descriptor from 3 up, as `_keep_fds` (the driver's are close-on-exec besides)
-    if unsafe { syscall(SYS_CLOSE_RANGE, 3 as c_ulong, !0u32 as c_ulong, 0 as c_ulong) } != 0 {
+    if unsafe {
+        syscall(
+            SYS_CLOSE_RANGE,
+            3 as c_ulong,
+            !0u32 as c_ulong,
+            0 as c_ulong,
+        )
+    } != 0
+    {
         for fd in 3..65536 {
             unsafe { close(fd) };
         }
