@@ -26,6 +26,8 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from ckpteval.io import user_cache_dir
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("launch.rs")
@@ -45,22 +47,16 @@ FLAGS = (
 )
 
 
-def cache_root() -> Path:
-    """`$XDG_CACHE_HOME/ckpteval`, or `~/.cache/ckpteval`."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ckpteval"
-
-
 def _private_root() -> Path:
     """The second choice: this user's directory under the system's temporary directory."""
     return Path(tempfile.gettempdir()) / f"ckpteval-{os.geteuid()}-cache"
 
 
 def _cache_dir() -> Path | None:
-    """The first of `cache_root()` and `_private_root()` that is, or can be made, a directory
-    only this user or root may change (`_safe`), nothing made where that does not hold (a home
-    another user may write); None if neither."""
-    for root in (cache_root(), _private_root()):
+    """The first of `ckpteval.io.user_cache_dir()` and `_private_root()` that is, or can be made,
+    a directory only this user or root may change (`_safe`), nothing made where that does not
+    hold (a home another user may write); None if neither."""
+    for root in (user_cache_dir(), _private_root()):
         if not root.is_absolute():
             continue
         existing = next(p for p in (root, *root.parents) if p.exists())
@@ -97,7 +93,7 @@ def ensure(rustc: str) -> Path | None:
         log.warning(
             "sandbox launcher: no cache directory only this user may change (%s, %s); "
             "commands start by fork",
-            cache_root(),
+            user_cache_dir(),
             _private_root(),
         )
         return None

@@ -6,12 +6,15 @@
 //! command sees on both paths. The driver has already given it a new session, the command's
 //! stdin, stdout and stderr, and default SIGINT, SIGPIPE and SIGXFSZ (posix_spawn).
 //!
-//! argv: launch REPORT FILTER_HEX CWD UID TMP_BYTES
-//!              NROOTS (ROOT SIZE MODE NPATHS PATH...)...
+//! argv: launch REPORT FILTER_HEX CWD UID STAGE
+//!              NROOTS (ROOT OPTIONS NPATHS PATH...)...  NSETTINGS (PATH TEXT)...
 //!              NRLIMITS (RESOURCE SOFT HARD)...  -- PROGRAM ARG...
 //! REPORT: where a failure of the isolation is written (then exit 127, as `_child`);
 //! FILTER_HEX: the seccomp filter's instructions (`_kernel_state_filter`), in hex;
-//! the roots and paths: `_visible` (each root covered by a fresh tmpfs showing only its paths).
+//! STAGE and the roots: `isolation._STAGE` and `_covers` (each root covered by a fresh tmpfs
+//! with those options, showing only its paths); the settings: `isolation._ipc_settings`.
+//! What the isolation is (which paths, sizes, limits) is the driver's, passed in: this program
+//! only carries it out.
 
 use std::ffi::{CString, OsStr};
 use std::io::Write;
@@ -37,7 +40,6 @@ extern "C" {
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char)
         -> c_int;
     fn syscall(number: c_long, ...) -> c_long;
-    fn sysconf(name: c_int) -> c_long;
     fn close(fd: c_int) -> c_int;
     static environ: *const *const c_char;
 }
@@ -55,11 +57,6 @@ const PR_SET_SECCOMP: c_int = 22;
 const SECCOMP_MODE_FILTER: c_ulong = 2;
 const SYS_RT_SIGACTION: c_long = 13;
 const SYS_CLOSE_RANGE: c_long = 436;
-const SC_PAGESIZE: c_int = 30;
-const STAGE: &str = "/dev/shm"; // `isolation._STAGE`
-const SHM_SEGMENTS: u64 = 64; // `isolation._SHM_SEGMENTS`, `_MSG_QUEUES`, `_SEMAPHORES`
-const MSG_QUEUES: u64 = 16;
-const SEMAPHORES: &str = "250 8000 32 32";
 
 #[repr(C)]
 struct SockFprog {
@@ -76,12 +73,21 @@ fn fail_usage(what: &str) -> ! {
     std::process::exit(127)
 }
 
-fn errno_error(what: &str) -> String {
-    let err = std::io::Error::last_os_error();
+/// Python's words for a failed call: `[Errno N] what: reason`, as `OSError(errno, what)`.
+fn failed(err: &std::io::Error, what: &str) -> String {
     format!(
         "[Errno {}] {what}: {}",
         err.raw_os_error().unwrap_or(0),
-        strerror(&err)
+        strerror(err)
+    )
+}
+
+/// ... and for a failed call on a file: `[Errno N] reason: 'name'` (`name` as Python shows it).
+fn failed_on(err: &std::io::Error, name: &str) -> String {
+    format!(
+        "[Errno {}] {}: {name}",
+        err.raw_os_error().unwrap_or(0),
+        strerror(err)
     )
 }
 
@@ -98,7 +104,7 @@ fn check(result: c_int, what: &str) -> Result<(), String> {
     if result == 0 {
         Ok(())
     } else {
-        Err(errno_error(what))
+        Err(failed(&std::io::Error::last_os_error(), what))
     }
 }
 
@@ -121,27 +127,11 @@ fn do_mount(
             ptr(&data) as *const c_void,
         )
     };
-    if result == 0 {
-        Ok(())
-    } else {
-        let err = std::io::Error::last_os_error();
-        Err(format!(
-            "[Errno {}] mount {}: {}",
-            err.raw_os_error().unwrap_or(0),
-            target.to_string_lossy(),
-            strerror(&err)
-        ))
-    }
+    check(result, &format!("mount {}", target.to_string_lossy()))
 }
 
 fn write_small(path: &str, text: &str) -> Result<(), String> {
-    let io = |e: std::io::Error| {
-        format!(
-            "[Errno {}] {}: '{path}'",
-            e.raw_os_error().unwrap_or(0),
-            strerror(&e)
-        )
-    };
+    let io = |e: std::io::Error| failed_on(&e, &format!("'{path}'"));
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .open(path)
@@ -149,63 +139,38 @@ fn write_small(path: &str, text: &str) -> Result<(), String> {
     file.write_all(text.as_bytes()).map_err(io)
 }
 
-/// `isolation._cover`: a fresh tmpfs over `root` showing only `paths` of what was there.
-fn cover(root: &str, paths: &[String], options: &str) -> Result<(), String> {
-    do_mount(
-        Some("tmpfs"),
-        STAGE,
-        Some("tmpfs"),
-        MS_NOSUID | MS_NODEV,
-        Some(options),
-    )?;
-    let io = |e: std::io::Error, p: &str| {
-        format!(
-            "[Errno {}] {}: '{p}'",
-            e.raw_os_error().unwrap_or(0),
-            strerror(&e)
-        )
-    };
+/// `isolation._cover`: a fresh tmpfs over `root` showing only `paths` of what was there, built
+/// on `stage`.
+fn cover(stage: &str, root: &str, paths: &[String], options: &str) -> Result<(), String> {
+    let tmpfs = Some("tmpfs");
+    do_mount(tmpfs, stage, tmpfs, MS_NOSUID | MS_NODEV, Some(options))?;
     for path in paths {
-        let staged = format!("{STAGE}{}", &path[root.len()..]);
-        if std::path::Path::new(path).is_dir() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(&staged)
-                .map_err(|e| io(e, &staged))?;
+        let staged = format!("{stage}{}", &path[root.len()..]);
+        let io = |e: std::io::Error| failed_on(&e, &format!("'{staged}'"));
+        let is_dir = std::path::Path::new(path).is_dir();
+        let dir = if is_dir {
+            std::path::Path::new(&staged)
         } else {
-            let parent = std::path::Path::new(&staged)
+            std::path::Path::new(&staged)
                 .parent()
-                .map(|p| p.to_path_buf())
-                .unwrap_or_default();
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(&parent)
-                .map_err(|e| io(e, &staged))?;
-            std::fs::OpenOptions::new()
-                .create(true)
+                .unwrap_or(std::path::Path::new(stage))
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(io)?;
+        if !is_dir {
+            let mut file = std::fs::OpenOptions::new();
+            file.create(true)
                 .write(true)
                 .mode(0o600)
                 .open(&staged)
-                .map_err(|e| io(e, &staged))?;
+                .map_err(io)?;
         }
         do_mount(Some(path), &staged, None, MS_BIND | MS_REC, None)?;
     }
-    do_mount(Some(STAGE), root, None, MS_MOVE, None)
-}
-
-/// `isolation._limit_ipc`.
-fn limit_ipc(shm_bytes: u64) -> Result<(), String> {
-    let page = unsafe { sysconf(SC_PAGESIZE) } as u64;
-    write_small("/proc/sys/kernel/shmmax", &format!("{shm_bytes}\n"))?;
-    write_small(
-        "/proc/sys/kernel/shmall",
-        &format!("{}\n", std::cmp::max(1, shm_bytes / page)),
-    )?;
-    write_small("/proc/sys/kernel/shmmni", &format!("{SHM_SEGMENTS}\n"))?;
-    write_small("/proc/sys/kernel/msgmni", &format!("{MSG_QUEUES}\n"))?;
-    write_small("/proc/sys/kernel/sem", &format!("{SEMAPHORES}\n"))
+    do_mount(Some(stage), root, None, MS_MOVE, None)
 }
 
 fn hex(text: &str) -> Vec<u8> {
@@ -225,8 +190,9 @@ struct Plan {
     filter: Vec<u8>,
     cwd: String,
     uid: u32,
-    tmp_bytes: u64,
-    roots: Vec<(String, String, String, Vec<String>)>,
+    stage: String,
+    covers: Vec<(String, String, Vec<String>)>,
+    settings: Vec<(String, String)>,
     rlimits: Vec<(c_int, u64, u64)>,
     argv: Vec<CString>,
 }
@@ -247,18 +213,18 @@ fn plan() -> Plan {
             .unwrap_or_else(|_| fail_usage("a number expected")) as u64
     };
     let (report, filter, cwd) = (next(), hex(&next()), next());
-    let uid = num(next()) as u32;
-    let tmp_bytes = num(next());
-    let mut roots = Vec::new();
-    for _ in 0..num(next()) {
-        let (root, size, mode) = (next(), next(), next());
-        let paths = (0..num(next())).map(|_| next()).collect();
-        roots.push((root, size, mode, paths));
-    }
-    let mut rlimits = Vec::new();
-    for _ in 0..num(next()) {
-        rlimits.push((num(next()) as c_int, num(next()), num(next())));
-    }
+    let (uid, stage) = (num(next()) as u32, next());
+    let covers = (0..num(next()))
+        .map(|_| {
+            let (root, options) = (next(), next());
+            let paths = (0..num(next())).map(|_| next()).collect();
+            (root, options, paths)
+        })
+        .collect();
+    let settings = (0..num(next())).map(|_| (next(), next())).collect();
+    let rlimits = (0..num(next()))
+        .map(|_| (num(next()) as c_int, num(next()), num(next())))
+        .collect();
     if next() != "--" {
         fail_usage("-- expected before the program");
     }
@@ -271,8 +237,9 @@ fn plan() -> Plan {
         filter,
         cwd,
         uid,
-        tmp_bytes,
-        roots,
+        stage,
+        covers,
+        settings,
         rlimits,
         argv,
     }
@@ -286,10 +253,12 @@ fn isolate(plan: &Plan) -> Result<(), String> {
         "unshare(CLONE_NEWNS | CLONE_NEWIPC)",
     )?;
     do_mount(None, "/", None, MS_REC | MS_PRIVATE, None)?;
-    for (root, size, mode, paths) in &plan.roots {
-        cover(root, paths, &format!("size={size},mode={mode}"))?;
+    for (root, options, paths) in &plan.covers {
+        cover(&plan.stage, root, paths, options)?;
     }
-    limit_ipc(plan.tmp_bytes)?;
+    for (path, text) in &plan.settings {
+        write_small(path, text)?; // `_limit_ipc`
+    }
     check(
         unsafe { prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) },
         "prctl(PR_SET_NO_NEW_PRIVS)",
@@ -355,7 +324,8 @@ fn become_program(plan: &Plan) -> Result<std::convert::Infallible, String> {
     let program = plan.argv[0].as_bytes();
     // os.execvpe: a name with a slash as it is, else each directory of the command's PATH
     // (os.defpath without one); the first error other than "not found" is raised, else the last
-    let candidates: Vec<Vec<u8>> = if program.contains(&b'/') {
+    let searched = !program.contains(&b'/');
+    let candidates: Vec<Vec<u8>> = if !searched {
         vec![program.to_vec()]
     } else {
         let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
@@ -371,7 +341,6 @@ fn become_program(plan: &Plan) -> Result<std::convert::Infallible, String> {
             .collect()
     };
     let (mut saved, mut last) = (None, None);
-    let searched = !program.contains(&b'/');
     for full in candidates {
         let name = if searched {
             bytes_repr(&full)
@@ -391,11 +360,7 @@ fn become_program(plan: &Plan) -> Result<std::convert::Infallible, String> {
     let (err, name) = saved
         .or(last)
         .unwrap_or_else(|| fail_usage("nothing to execute"));
-    Err(format!(
-        "[Errno {}] {}: {name}",
-        err.raw_os_error().unwrap_or(0),
-        strerror(&err)
-    ))
+    Err(failed_on(&err, &name))
 }
 
 /// Python's repr of a path: `'name'`, or `b'name'` for one os.execvpe found on PATH (it searches

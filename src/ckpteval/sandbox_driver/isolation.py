@@ -73,9 +73,8 @@ def _isolate(command, spec):
     if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS | CLONE_NEWIPC)")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing of this namespace leaks back
-    for root, paths in _visible(command, spec).items():
-        size, mode = (command["tmp_bytes"], "1777") if root == "/tmp" else (1 << 16, "0755")
-        _cover(root, paths, f"size={size},mode={mode}")
+    for root, paths, options in _covers(command, spec):
+        _cover(root, paths, options)
     for path in command.get("hide", ()):
         if os.path.isfile(path):  # e.g. a judged run's tests in the command's own directory
             _mount("/dev/null", path, None, MS_BIND)
@@ -98,6 +97,16 @@ def _own_proc():
     _mount(None, "/proc/sys", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC)
 
 
+def _covers(command, spec):
+    """Each root the command's mount namespace covers (`_visible`), the paths it shows of it and
+    its tmpfs's options: `/tmp` the command's size and mode 1777, the work directory 64 KiB."""
+    covers = []
+    for root, paths in _visible(command, spec).items():
+        size, mode = (command["tmp_bytes"], "1777") if root == "/tmp" else (1 << 16, "0755")
+        covers.append((root, paths, f"size={size},mode={mode}"))
+    return covers
+
+
 def _cover(root, paths, options):
     """Mount a fresh tmpfs over `root` showing only `paths` of what was there: built on a staging
     mount point (the paths are still reachable), then moved over `root`."""
@@ -116,12 +125,20 @@ def _cover(root, paths, options):
 def _limit_ipc(shm_bytes):
     """Bound the command's own IPC namespace: shared memory `shm_bytes` in all (detached
     segments count too), a few message queues and semaphores."""
+    for path, text in _ipc_settings(shm_bytes):
+        _write_small(path, text)
+
+
+def _ipc_settings(shm_bytes):
+    """`_limit_ipc`'s writes: (the setting's path, its text)."""
     page = os.sysconf("SC_PAGE_SIZE")
-    for name, value in (
-        ("shmmax", shm_bytes),
-        ("shmall", max(1, shm_bytes // page)),
-        ("shmmni", _SHM_SEGMENTS),
-        ("msgmni", _MSG_QUEUES),
-        ("sem", _SEMAPHORES),
-    ):
-        _write_small(f"/proc/sys/kernel/{name}", f"{value}\n")
+    return [
+        (f"/proc/sys/kernel/{name}", f"{value}\n")
+        for name, value in (
+            ("shmmax", shm_bytes),
+            ("shmall", max(1, shm_bytes // page)),
+            ("shmmni", _SHM_SEGMENTS),
+            ("msgmni", _MSG_QUEUES),
+            ("sem", _SEMAPHORES),
+        )
+    ]

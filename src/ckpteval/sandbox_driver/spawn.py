@@ -11,7 +11,7 @@ import sys
 import time
 
 from .accounting import _oom_first
-from .isolation import _isolate, _isolation_error, _isolation_report, _visible
+from .isolation import _STAGE, _covers, _ipc_settings, _isolate, _isolation_error, _isolation_report
 from .privileges import PR_SET_NO_NEW_PRIVS, _drop_root, _keep_fds, _libc
 from .sample import _serve_sample
 from .seccomp import _kernel_state_filter, _refuse_kernel_state
@@ -81,15 +81,16 @@ def _spawn(command, uid, spec, outputs):
     in the same order, with the same failures (an isolation report and 127, or `sandbox: cannot
     run` and 127). Returns its pid; raises OSError if the launcher itself cannot start, and
     ValueError for a command whose text it cannot take (a NUL byte, a lone surrogate)."""
-    if "filter" not in _LAUNCH:
-        _LAUNCH["filter"] = _kernel_state_filter(()).buffer.raw.hex()
-    argv = [spec["launcher"], _isolation_report(command), _LAUNCH["filter"], command["cwd"]]
-    argv += [str(uid), str(command["tmp_bytes"])]
-    visible = _visible(command, spec)
-    argv.append(str(len(visible)))
-    for root, paths in visible.items():
-        size, mode = (command["tmp_bytes"], "1777") if root == "/tmp" else (1 << 16, "0755")
-        argv += [root, str(size), mode, str(len(paths)), *paths]
+    seccomp = _kernel_state_filter(()).buffer.raw.hex()
+    argv = [spec["launcher"], _isolation_report(command), seccomp, command["cwd"], str(uid)]
+    covers = _covers(command, spec)
+    argv += [_STAGE, str(len(covers))]
+    for root, paths, options in covers:
+        argv += [root, options, str(len(paths)), *paths]
+    settings = _ipc_settings(command["tmp_bytes"])
+    argv.append(str(len(settings)))
+    for path, text in settings:
+        argv += [path, text]
     argv.append(str(len(command["rlimits"])))
     for name, (soft, hard) in command["rlimits"].items():
         argv += [str(getattr(resource, name)), str(soft), str(hard)]
@@ -111,10 +112,6 @@ def _spawn(command, uid, spec, outputs):
         setsid=True,
         setsigdef=defaults,
     )
-
-
-#: `_spawn`'s seccomp filter in hex, made once per driver.
-_LAUNCH = {}
 
 
 def _exec_python(path, env):
