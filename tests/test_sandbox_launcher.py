@@ -184,3 +184,25 @@ def test_an_argument_the_launcher_cannot_take_starts_by_the_fork(tmp_path: Path)
     )[0]
     assert result.exit_code == 0, result
     assert result.stdout.split() == [b"61", b"ff", b"62"]
+
+
+def test_a_launcher_swapped_in_the_cache_after_its_check_is_never_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bytes a process checked are the ones every batch runs: a file put in the cache's
+    place afterwards (here one that cannot run at all) changes nothing."""
+    built = sandbox_starting_by("launcher").launcher
+    swapped = tmp_path / "cache" / launcher.NAME
+    swapped.parent.mkdir()
+    shutil.copyfile(built, swapped)
+    assert launcher.program(swapped) == launcher.program(built)
+    swapped.write_text("not a program\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chmod(work, 0o755)
+    result = Sandbox("bwrap", launcher=swapped).run_many(
+        [Command(["sh", "-c", "grep SigIgn /proc/self/status"], Limits(wall_s=10))], workdir=work
+    )[0]
+    assert result.exit_code == 0, result
+    assert not [r for r in caplog.records if "launcher failed" in r.getMessage()]
+    launcher._PROGRAMS.pop(swapped)
