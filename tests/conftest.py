@@ -392,6 +392,30 @@ def jobs_started_without_restart(log_text: str) -> Counter[str]:
     )
 
 
+#: Signals a sandbox's caller may have ignored, which an ignored signal's survival of fork and
+#: exec would pass to every command: nohup's SIGHUP, any ignored one (SIGUSR1), and glibc's own
+#: two (32, 33), which its posix_spawn leaves ignored in what it starts (GNU make 4.4 spawns so).
+INHERITED_IGNORES = (signal.SIGHUP, signal.SIGUSR1, 32, 33)
+
+
+@contextmanager
+def ignoring_signals(numbers: tuple[int, ...] = INHERITED_IGNORES) -> Iterator[None]:
+    """This process ignores `numbers` meanwhile (what its children inherit), by the raw
+    rt_sigaction (glibc's `sigaction` refuses 32 and 33); each old action is put back exactly."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ignore = (ctypes.c_uint64 * 4)(1)  # SIG_IGN, no flags, no restorer, an empty mask
+    saved = {number: (ctypes.c_uint64 * 4)() for number in numbers}
+    for number, old in saved.items():
+        assert libc.syscall(13, number, ignore, old, 8) == 0, ctypes.get_errno()
+    try:
+        yield
+    finally:
+        for number, old in saved.items():
+            libc.syscall(13, number, old, None, 8)
+
+
 #: The two ways a root sandbox starts a plain program: a fork of its driver, or the native
 #: launcher (`ckpteval.launcher`). Sandbox tests of what a command may see and do run on both.
 STARTS = ("fork", "launcher")

@@ -279,10 +279,11 @@ fn isolate(plan: &Plan) -> Result<(), String> {
     check(result, "prctl(PR_SET_SECCOMP)")
 }
 
-/// Every signal's action the default, as in a forked child (the driver ignores none but SIGINT,
-/// SIGPIPE and SIGXFSZ, which `_child` resets): an ignored signal survives exec, and here glibc's
-/// posix_spawn ignored its two internal ones and Rust's start-up SIGPIPE. The raw system call:
-/// glibc's `sigaction` refuses its internal signals.
+/// Every signal's action the default, as in a forked child (the driver gives back at its start
+/// every signal its caller ignored, and ignores none but SIGINT, SIGPIPE and SIGXFSZ, which
+/// `_child` resets): an ignored signal survives exec, and here glibc's posix_spawn ignored its
+/// two internal ones and Rust's start-up SIGPIPE. The raw system call: glibc's `sigaction`
+/// refuses its internal signals.
 fn default_signals() {
     let action = [0u64; 4]; // handler SIG_DFL, no flags, no restorer, an empty mask
     for signum in 1..=64 {

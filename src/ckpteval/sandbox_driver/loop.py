@@ -8,7 +8,12 @@ import time
 
 from .accounting import _Account, _Cgroup, _Usage, _wait
 from .judged import _JUDGE_PRELOAD, _judge_unsandboxed, _run_judged
-from .privileges import PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, _libc
+from .privileges import (
+    PR_SET_CHILD_SUBREAPER,
+    PR_SET_DUMPABLE,
+    _default_inherited_signals,
+    _libc,
+)
 from .seccomp import _kernel_state_filter
 from .spawn import _child, _clean, _kill_group, _launches, _Outputs, _ResultChannel, _row, _spawn
 from .zygote import _find_at_fork_hooks, _Zygote
@@ -97,6 +102,7 @@ def main():
     # and its whole batch failed. Its children (the zygote, a judged run's tests) keep it
     # ignored; each command gets Python's own back (`_child`, `_zygote_sample`).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _default_inherited_signals()
     if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise SystemExit("cannot become the commands' subreaper: CPU times would miss orphans")
     with open(sys.argv[1]) as handle:

@@ -5,6 +5,7 @@ descriptors.
 import ctypes
 import fcntl
 import os
+import signal
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
@@ -26,6 +27,34 @@ def _drop_root():
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             break  # past the last capability this kernel knows
     _drop_capabilities()
+
+
+#: rt_sigaction's system call number (x86_64) and the size of the kernel's signal set
+_SYS_RT_SIGACTION, _SIGSET_BYTES = 13, 8
+
+
+def _default_inherited_signals():
+    """Give back the default action of every signal this driver was started with ignored (by
+    nohup: SIGHUP; by a glibc posix_spawn up the process tree, such as GNU make 4.4's: its
+    internal 32), but the three Python and the driver keep ignored themselves (SIGINT, SIGPIPE,
+    SIGXFSZ; each command gets those back in `_child` or the launcher's spawn). An ignored signal
+    survives fork and exec: without this a forked command had them ignored where the launcher,
+    which resets every signal, did not, and where a fresh shell's program does not. glibc's
+    `sigaction` refuses its own two signals (32, 33): those by the system call, when ignored
+    only (a handler glibc installed is kept; it installs one before it uses them)."""
+    with open("/proc/self/status") as handle:
+        line = next((line for line in handle if line.startswith("SigIgn:")), "SigIgn: 0")
+    ignored = int(line.split()[1], 16)
+    kept = {signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ}
+    known = signal.valid_signals()
+    default = (ctypes.c_uint64 * 4)()  # handler SIG_DFL, no flags, no restorer, an empty mask
+    for number in range(1, 65):
+        if not ignored >> (number - 1) & 1 or number in kept:
+            continue
+        if number in known:
+            signal.signal(number, signal.SIG_DFL)
+        elif _libc.syscall(_SYS_RT_SIGACTION, number, default, None, _SIGSET_BYTES) != 0:
+            raise OSError(ctypes.get_errno(), f"rt_sigaction({number})")
 
 
 def _keep_fds(keep):
