@@ -95,6 +95,9 @@ PROBES = {
     "'/dev/shm/evil') if os.path.exists(p)] + [p for p in ('/', '/etc', '/dev') "
     "if os.stat(p).st_mode & 0o777 != 0o755])",
     "after": "print('still here')",
+    # Run while this script ignores SIGHUP, SIGUSR1 and glibc's 32 and 33 (`probes`): a command
+    # gets the default action of each; Python ignores SIGPIPE and SIGXFSZ itself (0x1001000).
+    "signals": "print(open('/proc/self/status').read().split('SigIgn:')[1].split()[0])",
 }
 
 def probes():
@@ -108,7 +111,14 @@ def probes():
         commands.append(
             Command([sys.executable, "-I", "-S", "main.py"], Limits(wall_s=10), cwd=work / name)
         )
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    ignore = (ctypes.c_uint64 * 4)(1)  # SIG_IGN; the raw call: glibc refuses 32 and 33
+    for number in (1, 10, 32, 33):
+        assert libc.syscall(13, number, ignore, None, 8) == 0
     results = sandbox.run_many(commands, workdir=work, readable=[Path(sys.base_prefix)])
+    for number in (1, 10, 32, 33):
+        libc.syscall(13, number, (ctypes.c_uint64 * 4)(0), None, 8)
     return {n: r.stdout.decode().strip() for n, r in zip(PROBES, results)}
 
 PROBLEM = {
@@ -245,6 +255,9 @@ def test_commands_are_isolated_and_bounded(as_nobody: dict) -> None:
     # command of the batch loaded the planted /etc/ld.so.preload. Read-only now, as for root.
     assert probes["plant"] == "[]"
     assert probes["planted"] == "[]"
+    # a caller's ignored signals (nohup's SIGHUP, glibc's 32 and 33 left by a posix_spawn) do
+    # not reach the commands: only what Python ignores itself (SIGPIPE, SIGXFSZ)
+    assert probes["signals"] == "0000000001001000"
 
 
 def test_judged_samples_cannot_read_or_stop_their_tests(as_nobody: dict) -> None:
