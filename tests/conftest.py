@@ -394,7 +394,7 @@ def jobs_started_without_restart(log_text: str) -> Counter[str]:
 
 #: Signals a sandbox's caller may have ignored, which an ignored signal's survival of fork and
 #: exec would pass to every command: nohup's SIGHUP, any ignored one (SIGUSR1), and glibc's own
-#: two (32, 33), which its posix_spawn leaves ignored in what it starts (GNU make 4.4 spawns so).
+#: two (32, 33), which its posix_spawn leaves ignored in what it starts (GNU make spawns so).
 INHERITED_IGNORES = (signal.SIGHUP, signal.SIGUSR1, 32, 33)
 
 

@@ -29,14 +29,16 @@ def _drop_root():
     _drop_capabilities()
 
 
-#: rt_sigaction's system call number (x86_64) and the size of the kernel's signal set
-_SYS_RT_SIGACTION, _SIGSET_BYTES = 13, 8
+#: rt_sigaction's system call number by machine (none known: glibc's two stay as inherited)
+_SYS_RT_SIGACTION = {"x86_64": 13, "aarch64": 134}.get(os.uname().machine)
+#: the size of the kernel's signal set
+_SIGSET_BYTES = 8
 
 
 def _default_inherited_signals():
     """Give back the default action of every signal this driver was started with ignored (by
-    nohup: SIGHUP; by a glibc posix_spawn up the process tree, such as GNU make 4.4's: its
-    internal 32), but the three Python and the driver keep ignored themselves (SIGINT, SIGPIPE,
+    nohup: SIGHUP; by a glibc posix_spawn up the process tree, such as GNU make's: its internal
+    32 and 33), but the three Python and the driver keep ignored themselves (SIGINT, SIGPIPE,
     SIGXFSZ; each command gets those back in `_child` or the launcher's spawn). An ignored signal
     survives fork and exec: without this a forked command had them ignored where the launcher,
     which resets every signal, did not, and where a fresh shell's program does not. glibc's
@@ -53,8 +55,8 @@ def _default_inherited_signals():
             continue
         if number in known:
             signal.signal(number, signal.SIG_DFL)
-        elif _libc.syscall(_SYS_RT_SIGACTION, number, default, None, _SIGSET_BYTES) != 0:
-            raise OSError(ctypes.get_errno(), f"rt_sigaction({number})")
+        elif _SYS_RT_SIGACTION is not None:  # a failure leaves it ignored, as it came
+            _libc.syscall(_SYS_RT_SIGACTION, number, default, None, _SIGSET_BYTES)
 
 
 def _keep_fds(keep):
