@@ -114,11 +114,12 @@ def probes():
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     ignore = (ctypes.c_uint64 * 4)(1)  # SIG_IGN; the raw call: glibc refuses 32 and 33
-    for number in (1, 10, 32, 33):
-        assert libc.syscall(13, number, ignore, None, 8) == 0
+    saved = {number: (ctypes.c_uint64 * 4)() for number in (1, 10, 32, 33)}
+    for number, old in saved.items():
+        assert libc.syscall(13, number, ignore, old, 8) == 0
     results = sandbox.run_many(commands, workdir=work, readable=[Path(sys.base_prefix)])
-    for number in (1, 10, 32, 33):
-        libc.syscall(13, number, (ctypes.c_uint64 * 4)(0), None, 8)
+    for number, old in saved.items():  # each old action back exactly
+        libc.syscall(13, number, old, None, 8)
     return {n: r.stdout.decode().strip() for n, r in zip(PROBES, results)}
 
 PROBLEM = {
