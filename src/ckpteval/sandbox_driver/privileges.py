@@ -1,5 +1,5 @@
 """What a driver's process keeps and gives up: libc's `prctl`, root's capabilities, inherited
-descriptors.
+descriptors and ignored signals.
 """
 
 import ctypes
